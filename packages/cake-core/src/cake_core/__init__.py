@@ -1,0 +1,39 @@
+"""cake-core: the shared contract of cake's deterministic training kernels.
+
+Importing this package is cheap: it does not import Triton. Triton helpers live in
+:mod:`cake_core.triton_utils`, test helpers in :mod:`cake_core.testing`.
+"""
+
+from cake_core.checks import (
+    check_cu_seqlens,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_ndim,
+    check_positive_finite,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
+from cake_core.mode import Mode, require_mode
+from cake_core.plan import Plan
+from cake_core.saved import SavedSet
+from cake_core.workspace import Workspace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Mode",
+    "Plan",
+    "SavedSet",
+    "Workspace",
+    "__version__",
+    "check_cu_seqlens",
+    "check_dtype",
+    "check_last_dim_contiguous",
+    "check_ndim",
+    "check_positive_finite",
+    "check_same_device",
+    "check_shape",
+    "check_tensor",
+    "require_mode",
+]

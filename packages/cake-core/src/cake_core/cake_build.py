@@ -1,0 +1,18 @@
+"""Build manifest of cake-core (plain data; see cake_core.build)."""
+
+FAMILY = {
+    "name": "cake-core",
+    "import_name": "cake_core",
+    "version": "0.1.0",
+    "mode": "none",
+    "kind": "tool",
+    "entry_points": ["Mode", "Plan", "Workspace", "SavedSet", "require_mode"],
+}
+
+MANIFEST = {
+    **FAMILY,
+    "kernels": [{"module": "cake_core.triton_utils", "function": "dot"}],
+    "plans": [],
+    "package_data": [],
+    "source_digest": None,  # cake-core has no kernels/ folder; dot() is a helper
+}

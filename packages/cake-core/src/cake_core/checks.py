@@ -1,0 +1,108 @@
+"""Input checks shared by every family, with uniform ``ValueError`` messages.
+
+Each check runs on the host before any allocation or launch and never modifies its
+arguments. Messages start with the argument's name: ``"x: expected dtype ..."``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+
+
+def check_tensor(t: object, name: str) -> torch.Tensor:
+    """Raise ``ValueError`` unless ``t`` is a ``torch.Tensor``; return it."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_dtype(t: torch.Tensor, name: str, allowed: Iterable[torch.dtype]) -> None:
+    """Raise ``ValueError`` unless ``t.dtype`` is one of ``allowed``."""
+    allowed = tuple(allowed)
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise ValueError(f"{name}: expected dtype in ({names}), got {str(t.dtype)[6:]}")
+
+
+def check_ndim(t: torch.Tensor, name: str, *, min_ndim: int | None = None,
+               ndim: int | None = None) -> None:
+    """Raise ``ValueError`` unless ``t`` has exactly ``ndim`` or at least ``min_ndim`` dims."""
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim}-D tensor, got {t.dim()}-D {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(
+            f"{name}: expected at least {min_ndim}-D tensor, got {t.dim()}-D {tuple(t.shape)}"
+        )
+
+
+def check_shape(t: torch.Tensor, name: str, shape: Sequence[int | None]) -> None:
+    """Raise ``ValueError`` unless ``t.shape`` matches ``shape`` (``None`` = any size)."""
+    ok = t.dim() == len(shape) and all(
+        s is None or s == d for s, d in zip(shape, t.shape, strict=False))
+    if not ok:
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+
+
+def check_same_device(*named: tuple[str, torch.Tensor | None]) -> torch.device:
+    """Raise ``ValueError`` unless every given tensor is on the same device; return it."""
+    present = [(n, t) for n, t in named if t is not None]
+    dev = present[0][1].device
+    for n, t in present[1:]:
+        if t.device != dev:
+            raise ValueError(
+                f"{n}: on {t.device}, but {present[0][0]} is on {dev}; all inputs must share "
+                "one device"
+            )
+    return dev
+
+
+def check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` unless the last dimension has stride 1 (or size <= 1)."""
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: last dimension must be contiguous (stride 1), got strides {t.stride()}"
+        )
+
+
+def check_positive_finite(v: object, name: str) -> float:
+    """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}: expected a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def check_cu_seqlens(cu_seqlens: object, n_tokens: int, device: torch.device | None = None,
+                     *, name: str = "cu_seqlens") -> None:
+    """Validate packed-sequence offsets.
+
+    ``cu_seqlens`` must be a 1-D int32 or int64 tensor of length ``N + 1`` (N >= 1
+    documents) that starts at 0, never decreases and ends at ``n_tokens``. Empty documents
+    (equal neighbours) are allowed. This check reads the values, so it syncs a GPU tensor
+    once, on the host, before any launch.
+
+    Raises:
+        ValueError: naming the first rule broken.
+    """
+    t = check_tensor(cu_seqlens, name)
+    check_dtype(t, name, (torch.int32, torch.int64))
+    check_ndim(t, name, ndim=1)
+    if t.numel() < 2:
+        raise ValueError(f"{name}: expected at least 2 entries (one document), got {t.numel()}")
+    if device is not None and t.device.type != torch.device(device).type:
+        raise ValueError(f"{name}: on {t.device}, inputs on {device}")
+    v = t.detach().to("cpu", torch.int64)
+    if int(v[0]) != 0:
+        raise ValueError(f"{name}: must start at 0, got {int(v[0])}")
+    d = v[1:] - v[:-1]
+    if bool((d < 0).any()):
+        i = int(torch.nonzero(d < 0)[0])
+        raise ValueError(
+            f"{name}: must be non-decreasing, but entry {i + 1} ({int(v[i + 1])}) < "
+            f"entry {i} ({int(v[i])})"
+        )
+    if int(v[-1]) != n_tokens:
+        raise ValueError(f"{name}: must end at the token count {n_tokens}, got {int(v[-1])}")

@@ -1,0 +1,93 @@
+"""The Plan base: frozen, hashable, serialisable execution plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, ClassVar, TypeVar
+
+from cake_core.mode import Mode
+
+P = TypeVar("P", bound="Plan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Base of every family plan.
+
+    A plan is a frozen dataclass of plain fields (ints, floats, bools, strings, the mode)
+    chosen by rules from shapes, dtypes and device properties, never by timing. Two calls
+    with equal plans launch the same kernels with the same reduction order.
+
+    Subclasses are ``@dataclasses.dataclass(frozen=True)`` and set ``family`` (the
+    canonical distribution name) and ``format_version``.
+    """
+
+    family: ClassVar[str] = "cake-core"
+    format_version: ClassVar[int] = 1
+    mode: Mode = dataclasses.field(default=Mode.DET, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode(self.mode))
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, (int, float, bool, str)) or v is None:
+                raise ValueError(
+                    f"{type(self).__name__}.{f.name}: plan fields must be int, float, bool or "
+                    f"str, got {type(v).__name__}"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict, with ``family``, ``plan`` (class name) and ``version``."""
+        d: dict[str, Any] = {"family": self.family, "plan": type(self).__name__,
+                             "version": self.format_version}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = v.value if isinstance(v, Mode) else v
+        return d
+
+    @classmethod
+    def from_dict(cls: type[P], d: dict[str, Any]) -> P:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: if the dict names another plan class or format version, or has
+                unknown or missing fields.
+        """
+        d = dict(d)
+        plan_name = d.pop("plan", cls.__name__)
+        version = d.pop("version", cls.format_version)
+        d.pop("family", None)
+        if plan_name != cls.__name__:
+            raise ValueError(f"from_dict: dict describes {plan_name}, not {cls.__name__}")
+        if version != cls.format_version:
+            raise ValueError(
+                f"from_dict: {cls.__name__} format version {version} is not "
+                f"{cls.format_version}"
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"from_dict: unknown {cls.__name__} fields {sorted(unknown)}")
+        try:
+            return cls(**d)
+        except TypeError as e:  # missing fields
+            raise ValueError(f"from_dict: {e}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def key(self) -> str:
+        """Stable key: the same across processes and machines for equal plans."""
+        digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+        return f"{type(self).__name__}:{digest}"
+
+    def fields(self) -> tuple[Any, ...]:
+        """Field values in declaration order (mode as its string), for custom-op calls."""
+        return tuple(
+            (v.value if isinstance(v, Mode) else v)
+            for v in (getattr(self, f.name) for f in dataclasses.fields(self))
+        )

@@ -1,0 +1,120 @@
+"""Testing tools every family uses: float64 references, bitwise repeats, ragged batches,
+output poisoning. Imported by tests and benchmarks only, never by kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+#: Largest relative Frobenius error accepted against a float64 reference, by the dtype the
+#: kernel computed in (inputs and outputs). Elementwise-with-reduction kernels sit well
+#: below these; chunked recurrences may pass their own, looser, tolerance.
+TOLERANCES: dict[torch.dtype, float] = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+def rel_fro_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    """``||actual - reference||_F / max(||reference||_F, tiny)``, computed in float64."""
+    if actual.shape != reference.shape:
+        raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(reference.shape)}")
+    a = actual.detach().to("cpu", torch.float64)
+    r = reference.detach().to("cpu", torch.float64)
+    if a.numel() == 0:
+        return 0.0
+    den = max(float(torch.linalg.vector_norm(r)), 1e-30)
+    return float(torch.linalg.vector_norm(a - r)) / den
+
+
+def assert_close_to_reference(actual: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype,
+                              name: str = "output", tol: float | None = None) -> float:
+    """Assert ``rel_fro_error(actual, reference) <= tol`` (default ``TOLERANCES[dtype]``)
+    and that ``actual`` is finite; return the error."""
+    tol = TOLERANCES[dtype] if tol is None else tol
+    if not bool(torch.isfinite(actual.detach().float()).all()):
+        raise AssertionError(f"{name}: non-finite values (poison left behind?)")
+    err = rel_fro_error(actual, reference)
+    if not err <= tol:
+        raise AssertionError(f"{name}: relative Frobenius error {err:.3e} > {tol:.1e} ({dtype})")
+    return err
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits as an integer tensor (so NaN and -0.0 compare exactly)."""
+    int_of = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    t = t.detach().contiguous()
+    if t.is_floating_point() or t.is_complex():
+        return t.view(int_of[t.element_size()])
+    return t
+
+
+def bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """True when both are None, or have equal shape, dtype and bits."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+
+
+def assert_bitwise_repeat(fn: Callable[[], Sequence[torch.Tensor | None] | torch.Tensor],
+                          repeats: int = 3, between: Callable[[], Any] | None = None) -> list:
+    """Call ``fn`` ``repeats`` times (``between`` runs before each repeat, e.g. to launch
+    other kernels) and assert every output is bitwise equal to the first call's.
+    Returns the first call's outputs."""
+    def as_list(out):
+        return [out] if isinstance(out, torch.Tensor) or out is None else list(out)
+
+    first = [None if t is None else t.detach().clone() for t in as_list(fn())]
+    for r in range(1, repeats):
+        if between is not None:
+            between()
+        again = as_list(fn())
+        for i, (a, b) in enumerate(zip(first, again, strict=True)):
+            if not bitwise_equal(a, b):
+                raise AssertionError(f"output {i} differs in bits on repeat {r}")
+    return first
+
+
+def ragged_cu_seqlens(n_docs: int, max_len: int, *, generator: torch.Generator | None = None,
+                      include_empty: bool = True, include_one: bool = True,
+                      dtype: torch.dtype = torch.int32,
+                      device: torch.device | str = "cpu") -> torch.Tensor:
+    """Random ``cu_seqlens`` for ``n_docs`` documents of length 0..max_len.
+
+    With ``include_empty`` / ``include_one`` the batch holds at least one empty and one
+    length-1 document (when ``n_docs`` allows), at random positions.
+    """
+    if n_docs < 1:
+        raise ValueError("n_docs must be >= 1")
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    lens = torch.randint(2, max(3, max_len + 1), (n_docs,), generator=g)
+    forced = ([0] if include_empty else []) + ([1] if include_one else [])
+    pos = torch.randperm(n_docs, generator=g)[: len(forced)]
+    for p, v in zip(pos.tolist(), forced, strict=False):
+        lens[p] = v
+    cu = torch.zeros(n_docs + 1, dtype=torch.int64)
+    cu[1:] = torch.cumsum(lens, 0)
+    return cu.to(device=device, dtype=dtype)
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with NaN (floating) or the dtype's max (integer), in place; return it.
+
+    Use it on output buffers before a launch so an element the kernel forgot shows up."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+    return t
+
+
+def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str = "cpu",
+          seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    """Fresh normal random values (never zeros) from a seeded CPU generator, then moved."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(tuple(shape), generator=g, dtype=torch.float64) * scale).to(device, dtype)

@@ -1,0 +1,127 @@
+"""Triton helpers: the CUDA-or-interpreter rule, interpreter detection, a safe ``dot``.
+
+The rule (:func:`select_backend`), applied once before any family defines kernels:
+a CUDA device present -> kernels compile for the GPU; no CUDA device and
+``TRITON_INTERPRET`` unset -> cake sets ``TRITON_INTERPRET=1`` so kernels run on the CPU
+through Triton's interpreter. Setting ``TRITON_INTERPRET`` yourself always wins. At call
+time :func:`launch_device_check` refuses tensors the chosen backend cannot run on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+_BACKEND: str | None = None
+
+
+def select_backend() -> str:
+    """Decide, once per process, where Triton kernels run: ``"cuda"`` or ``"interpreter"``.
+
+    Must run before Triton kernels are defined (family kernel modules call it at import).
+    """
+    global _BACKEND
+    if _BACKEND is None:
+        env = os.environ.get("TRITON_INTERPRET")
+        if env is None and not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+            env = "1"
+            if "triton" in sys.modules:
+                import warnings
+
+                warnings.warn(
+                    "triton was imported before cake chose the interpreter; Triton's own "
+                    "helpers (tl.zeros, tl.cdiv, ...) are then compiled-mode functions and "
+                    "kernels fail. Import cake families first, or set TRITON_INTERPRET=1 "
+                    "before importing triton.", RuntimeWarning, stacklevel=2)
+        _BACKEND = "interpreter" if env not in (None, "", "0", "false", "False") else "cuda"
+        if _BACKEND == "interpreter":
+            _warn_numpy()
+    return _BACKEND
+
+
+def _warn_numpy() -> None:
+    # Triton 3.6's interpreter runs loops with runtime bounds through int() of 1-element
+    # numpy arrays, which numpy >= 2.4 refuses. Install cake-core[interpreter] (numpy<2.4).
+    try:
+        import numpy
+    except ImportError:
+        return
+    major, minor = (int(p) for p in numpy.__version__.split(".")[:2])
+    if (major, minor) >= (2, 4):
+        import warnings
+
+        warnings.warn(
+            f"numpy {numpy.__version__} breaks loops in Triton's interpreter; install "
+            "'cake-core[interpreter]' (numpy<2.4) to run cake kernels on the CPU",
+            RuntimeWarning, stacklevel=3)
+
+
+def is_interpreting() -> bool:
+    """True when Triton kernels run through the interpreter (``TRITON_INTERPRET=1``)."""
+    return select_backend() == "interpreter"
+
+
+def launch_device_check(device: torch.device, name: str = "inputs") -> None:
+    """Raise ``ValueError`` unless kernels can run on ``device`` under the chosen backend."""
+    backend = select_backend()
+    if backend == "cuda" and device.type != "cuda":
+        raise ValueError(
+            f"{name}: on {device}, but Triton compiles for CUDA in this process; move the "
+            "tensors to a CUDA device, or set TRITON_INTERPRET=1 before importing cake "
+            "families to run on the CPU"
+        )
+    if backend == "interpreter" and device.type != "cpu":
+        raise ValueError(
+            f"{name}: on {device}, but TRITON_INTERPRET=1 runs kernels on the CPU; use CPU "
+            "tensors or unset TRITON_INTERPRET"
+        )
+
+
+def sm_count(device: torch.device) -> int:
+    """Number of streaming multiprocessors (a fixed 4 under the interpreter or on CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def device_signature(device: torch.device) -> str:
+    """A short string naming the hardware (for plan rules and benchmark records)."""
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return f"{p.name}|sm_{p.major}{p.minor}|{p.multi_processor_count}"
+    return "cpu-interpreter"
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+select_backend()
+
+import triton  # noqa: E402  (after the backend rule sets TRITON_INTERPRET)
+import triton.language as tl  # noqa: E402
+
+INTERPRETING: tl.constexpr = tl.constexpr(is_interpreting())
+
+
+@triton.jit
+def dot(a, b, acc):
+    """``acc + a @ b`` in fp32. Under the interpreter, bf16 operands are upcast first
+    (the interpreter's bf16 ``tl.dot`` returns garbage in triton 3.6); compiled code keeps
+    the operands' dtype so tensor cores run at full rate.
+
+    Pass ``acc`` as a variable: Triton 3.6's interpreter fails on a nested ``@triton.jit``
+    call inside the argument list (``dot(a, b, tl.zeros(...))``)."""
+    if INTERPRETING:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        return tl.dot(a, b, acc)
+
+
+def default_device() -> torch.device:
+    """``cuda`` when kernels compile for CUDA in this process, else ``cpu``."""
+    return torch.device("cuda" if select_backend() == "cuda" else "cpu")

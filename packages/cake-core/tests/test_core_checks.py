@@ -1,0 +1,63 @@
+"""Input checks: uniform ValueErrors."""
+
+import pytest
+import torch
+from cake_core import (
+    check_cu_seqlens,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_ndim,
+    check_positive_finite,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
+
+
+def test_tensor_dtype_ndim_shape():
+    x = torch.zeros(2, 3)
+    assert check_tensor(x, "x") is x
+    with pytest.raises(ValueError, match="x: expected a torch.Tensor"):
+        check_tensor([1], "x")
+    with pytest.raises(ValueError, match=r"x: expected dtype in \(bfloat16\), got float32"):
+        check_dtype(x, "x", (torch.bfloat16,))
+    with pytest.raises(ValueError, match="x: expected 3-D"):
+        check_ndim(x, "x", ndim=3)
+    with pytest.raises(ValueError, match="at least 3-D"):
+        check_ndim(x, "x", min_ndim=3)
+    check_shape(x, "x", [None, 3])
+    with pytest.raises(ValueError, match=r"x: expected shape \[\*, 4\], got \[2, 3\]"):
+        check_shape(x, "x", [None, 4])
+
+
+def test_device_stride_scalar():
+    a, b = torch.zeros(2), torch.zeros(2, device="meta")
+    assert check_same_device(("a", a), ("n", None)) == a.device
+    with pytest.raises(ValueError, match="b: on meta"):
+        check_same_device(("a", a), ("b", b))
+    with pytest.raises(ValueError, match="last dimension must be contiguous"):
+        check_last_dim_contiguous(torch.zeros(4, 4).t(), "x")
+    check_last_dim_contiguous(torch.zeros(4, 1).t(), "x")
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="eps"):
+            check_positive_finite(bad, "eps")
+    assert check_positive_finite(1e-6, "eps") == 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_cu_seqlens_ok(dtype):
+    check_cu_seqlens(torch.tensor([0, 0, 1, 5, 5, 9], dtype=dtype), 9)
+
+
+@pytest.mark.parametrize("cu, n, msg", [
+    (torch.tensor([0, 3], dtype=torch.float32), 3, "dtype"),
+    (torch.tensor([[0, 3]], dtype=torch.int32), 3, "1-D"),
+    (torch.tensor([0], dtype=torch.int32), 0, "at least 2"),
+    (torch.tensor([1, 3], dtype=torch.int32), 3, "start at 0"),
+    (torch.tensor([0, 4, 3], dtype=torch.int32), 3, "non-decreasing"),
+    (torch.tensor([0, 2], dtype=torch.int32), 3, "end at the token count 3"),
+    ([0, 3], 3, "torch.Tensor"),
+])
+def test_cu_seqlens_bad(cu, n, msg):
+    with pytest.raises(ValueError, match=msg):
+        check_cu_seqlens(cu, n)

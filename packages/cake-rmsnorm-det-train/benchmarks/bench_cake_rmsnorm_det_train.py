@@ -1,0 +1,700 @@
+"""Benchmark cake's deterministic RMSNorm (forward, backward, forward+backward) against anchors.
+
+Anchors: torch eager (``F.rms_norm``), ``torch.compile`` of the same function, Liger-Kernel
+(``LigerRMSNormFunction``) and FLA (``fla.modules.norm.layernorm.rms_norm``). Each one is
+imported and run inside its own ``try``: a failing import or run is recorded, not fatal.
+
+Typical GPU run (anchor wheels installed with ``pip install --no-deps --target /tmp/site``)::
+
+    PYTHONPATH=/tmp/site:$(ls -d packages/*/src | paste -sd:) python3 \\
+        packages/cake-rmsnorm-det-train/benchmarks/bench_cake_rmsnorm_det_train.py \\
+        --out $OUT/rmsnorm_bench.json
+
+CPU smoke test (perf_counter timer, CUDA-only anchors skipped)::
+
+    python3 .../bench_cake_rmsnorm_det_train.py --device cpu --shapes 256x128 --quick \\
+        --impls cake,torch_eager
+
+Timing on CUDA uses ``triton.testing.do_bench`` (warmup/rep in ms, L2 flushed before each
+repetition) and reports the median (p20/p80 are kept in the JSON). Forward is timed with inputs
+that require grad (a training forward); backward times ``torch.autograd.grad(y, (x, w), dy,
+retain_graph=True)`` on a pre-built graph; forward+backward times a fresh forward plus that grad.
+Bytes model: fwd = 2*T*H*elt (read x, write y), bwd = 3*T*H*elt (read x, dy, write dx),
+fwd+bwd = 5*T*H*elt; weight, rstd and dw traffic are ignored. Ratios are cake_time / anchor_time,
+so a value below 1 means cake is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime
+import gc
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_SHAPES = ((32768, 4096), (16384, 8192), (65536, 2048))
+ALL_IMPLS = ("cake", "torch_eager", "torch_compile", "liger", "fla")
+ANCHORS = ("torch_eager", "torch_compile", "liger", "fla")
+NEEDS_CUDA = {"liger", "fla"}
+PHASES = ("fwd", "bwd", "fwdbwd")
+PHASE_LABEL = {"fwd": "fwd", "bwd": "bwd", "fwdbwd": "f+b"}
+# Bytes moved per phase, in units of T*H*element_size.
+PHASE_BYTES = {"fwd": 2, "bwd": 3, "fwdbwd": 5}
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+# --------------------------------------------------------------------------------------------
+# argument parsing and environment
+# --------------------------------------------------------------------------------------------
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if not item:
+            continue
+        parts = item.split("x")
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected TxH, e.g. 1024x512")
+        t, h = (int(p) for p in parts)
+        if t <= 0 or h <= 0:
+            raise argparse.ArgumentTypeError(f"bad shape {item!r}; sizes must be positive")
+        shapes.append((t, h))
+    if not shapes:
+        raise argparse.ArgumentTypeError("no shapes given")
+    return shapes
+
+
+def parse_impls(text: str) -> list[str]:
+    impls = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in impls if s not in ALL_IMPLS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown impls {unknown}; known: {list(ALL_IMPLS)}")
+    return impls
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None, help="write all results to this JSON file")
+    p.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=list(DEFAULT_SHAPES),
+        help="comma-separated TxH list (default: 32768x4096,16384x8192,65536x2048)",
+    )
+    p.add_argument(
+        "--impls",
+        type=parse_impls,
+        default=list(ALL_IMPLS),
+        help=f"comma-separated subset of {','.join(ALL_IMPLS)} (default: all)",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer warmup/rep (smoke test)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--eps", type=float, default=1e-6)
+    p.add_argument("--warmup", type=float, default=None, help="do_bench warmup in ms (25)")
+    p.add_argument("--rep", type=float, default=None, help="do_bench rep in ms (100)")
+    p.add_argument("--peak-gbps", type=float, default=4300.0, help="bandwidth for %% of peak")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--keep-caches",
+        action="store_true",
+        help="reuse existing Triton/Inductor caches (default: fresh temp dirs, so the "
+        "first-call time includes compilation)",
+    )
+    p.add_argument("--no-check", action="store_true", help="skip accuracy/repeat checks")
+    return p
+
+
+def setup_fresh_caches(keep: bool) -> dict[str, str]:
+    """Point Triton and Inductor at empty cache dirs (before torch/triton are imported)."""
+    if keep:
+        return {}
+    root = tempfile.mkdtemp(prefix="cake_rmsnorm_bench_")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    dirs = {
+        "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+    }
+    for key, value in dirs.items():
+        os.makedirs(value, exist_ok=True)
+        os.environ[key] = value
+    return dirs
+
+
+def dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except Exception:
+            continue
+    return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def short_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()[:2000]
+
+
+def tb_tail(limit: int = 1500) -> str:
+    return traceback.format_exc()[-limit:]
+
+
+# --------------------------------------------------------------------------------------------
+# implementations
+# --------------------------------------------------------------------------------------------
+
+
+class Impl:
+    """One implementation: how to import it once and how to build ``fn(x, w) -> y``."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.module: Any = None
+        self.version: str | None = None
+        self.import_error: str | None = None
+        self.import_traceback: str | None = None
+        self.api: str = ""
+
+    def load(self) -> None:
+        raise NotImplementedError
+
+    def make_fn(self, eps: float) -> Callable:
+        raise NotImplementedError
+
+    def try_load(self) -> None:
+        try:
+            self.load()
+        except BaseException as exc:  # noqa: BLE001 - record everything, keep going
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            self.import_error = short_error(exc)
+            self.import_traceback = tb_tail()
+
+
+class CakeImpl(Impl):
+    def load(self) -> None:
+        self.module = importlib.import_module("cake_rmsnorm_det_train")
+        self.fn = self.module.rmsnorm_det
+        self.version = getattr(self.module, "__version__", None) or dist_version(
+            "cake-rmsnorm-det-train"
+        )
+        self.api = "cake_rmsnorm_det_train.rmsnorm_det(x, weight, eps=eps)"
+
+    def make_fn(self, eps: float) -> Callable:
+        rmsnorm_det = self.fn
+        return lambda x, w: rmsnorm_det(x, w, eps=eps)
+
+
+class TorchEagerImpl(Impl):
+    def load(self) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        self.F = F
+        self.version = torch.__version__
+        self.api = "torch.nn.functional.rms_norm(x, (H,), weight, eps)"
+
+    def make_fn(self, eps: float) -> Callable:
+        F = self.F
+        return lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+class TorchCompileImpl(Impl):
+    def load(self) -> None:
+        import torch
+        import torch._functorch.config
+        import torch.nn.functional as F
+
+        self.torch = torch
+        self.F = F
+        self.version = torch.__version__
+        # AOTAutograd donates saved buffers to the compiled backward by default, which forbids
+        # retain_graph=True; the backward-only timing needs it, so turn donation off.
+        torch._functorch.config.donated_buffer = False
+        self.api = (
+            "torch.compile(lambda x, w: F.rms_norm(x, (H,), w, eps), dynamic=False) "
+            "with torch._functorch.config.donated_buffer=False"
+        )
+
+    def make_fn(self, eps: float) -> Callable:
+        F = self.F
+
+        def eager(x, w):
+            return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+        # A fresh compiled function per shape (dynamo is reset between shapes), so the
+        # first call of each shape includes the compilation of forward and backward.
+        return self.torch.compile(eager, dynamic=False)
+
+
+class LigerImpl(Impl):
+    def load(self) -> None:
+        # The submodule path always gives Liger's default Triton implementation.
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        self.cls = LigerRMSNormFunction
+        self.version = dist_version("liger-kernel", "liger_kernel")
+        self.api = (
+            "liger_kernel.ops.rms_norm.LigerRMSNormFunction.apply(x, w, eps, offset=0.0, "
+            "casting_mode='llama', in_place=False, row_mode=None)"
+        )
+
+    def make_fn(self, eps: float) -> Callable:
+        apply = self.cls.apply
+        # in_place=False: Liger's default (True) overwrites dy with dx in backward, which would
+        # corrupt the shared dy across repeated timed backward calls and across implementations.
+        return lambda x, w: apply(x, w, eps, 0.0, "llama", False, None)
+
+
+class FlaImpl(Impl):
+    def load(self) -> None:
+        try:
+            mod = importlib.import_module("fla.modules.norm.layernorm")  # fla-core >= 0.5
+        except ModuleNotFoundError:
+            mod = importlib.import_module("fla.modules.layernorm")  # older layouts
+        self.rms_norm = mod.rms_norm
+        fla = importlib.import_module("fla")
+        self.version = getattr(fla, "__version__", None) or dist_version("fla-core")
+        self.api = (
+            f"{mod.__name__}.rms_norm(x, weight, bias=None, residual=None, eps=eps, "
+            "prenorm=False, residual_in_fp32=False)"
+        )
+
+    def make_fn(self, eps: float) -> Callable:
+        rms_norm = self.rms_norm
+        return lambda x, w: rms_norm(x, w, None, residual=None, eps=eps)
+
+
+IMPL_CLASSES = {
+    "cake": CakeImpl,
+    "torch_eager": TorchEagerImpl,
+    "torch_compile": TorchCompileImpl,
+    "liger": LigerImpl,
+    "fla": FlaImpl,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------------
+
+
+class Timer:
+    def __init__(self, device: str, quick: bool, warmup: float | None, rep: float | None):
+        import torch
+
+        self.torch = torch
+        self.device = device
+        if device == "cuda":
+            self.warmup = warmup if warmup is not None else (5.0 if quick else 25.0)
+            self.rep = rep if rep is not None else (20.0 if quick else 100.0)
+            self.kind = "triton.testing.do_bench (ms budgets, L2 flushed, quantiles 0.5/0.2/0.8)"
+        else:
+            # On CPU warmup/rep are iteration counts.
+            self.warmup = int(warmup) if warmup is not None else (1 if quick else 3)
+            self.rep = int(rep) if rep is not None else (3 if quick else 10)
+            self.kind = "time.perf_counter loop (iterations)"
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def bench(self, fn: Callable[[], Any]) -> dict[str, float]:
+        if self.device == "cuda":
+            from triton.testing import do_bench
+
+            q = do_bench(fn, warmup=self.warmup, rep=self.rep, quantiles=[0.5, 0.2, 0.8])
+            med, p20, p80 = (float(v) for v in q)
+            return {"ms": med, "p20_ms": p20, "p80_ms": p80}
+        for _ in range(max(self.warmup, 0)):
+            fn()
+        times = []
+        for _ in range(max(self.rep, 1)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        n = len(times)
+        return {
+            "ms": statistics.median(times),
+            "p20_ms": times[int(0.2 * (n - 1))],
+            "p80_ms": times[int(0.8 * (n - 1))],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# one shape
+# --------------------------------------------------------------------------------------------
+
+
+def reference(x, w, dy, eps: float):
+    """fp32 reference y, dx, dw in closed form (no autograd graph kept)."""
+    import torch
+
+    xf, wf, gf = x.detach().float(), w.detach().float(), dy.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xhat = xf * rstd
+    y = xhat * wf
+    dw = (gf * xhat).sum(0)
+    g = gf * wf
+    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    del xf, gf, g, rstd, xhat
+    return y, dx, dw
+
+
+def err_stats(out, ref) -> dict[str, float]:
+    diff = (out.detach().float() - ref).abs()
+    max_abs = float(diff.max())
+    scale = float(ref.abs().max())
+    return {"max_abs": max_abs, "max_rel_to_max": max_abs / scale if scale > 0 else max_abs}
+
+
+def free_memory(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def bench_backward(fn, x, w, dy, timer: Timer) -> dict[str, float]:
+    import torch
+
+    y = fn(x, w)  # freed (with its graph) when this function returns
+    return timer.bench(lambda: torch.autograd.grad(y, (x, w), dy, retain_graph=True))
+
+
+def run_impl(impl: Impl, x, w, dy, ref, args, timer: Timer) -> dict[str, Any]:
+    import torch
+
+    rec: dict[str, Any] = {"status": "ok", "api": impl.api}
+    grad = torch.autograd.grad
+    fn = impl.make_fn(args.eps)
+
+    # First call (compilation / autotuning included), fwd+bwd.
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    timer.sync()
+    t0 = time.perf_counter()
+    y = fn(x, w)
+    dx, dw = grad(y, (x, w), dy)
+    timer.sync()
+    rec["first_call_s"] = time.perf_counter() - t0
+    if args.device == "cuda":
+        rec["first_call_extra_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    if not args.no_check:
+        ry, rdx, rdw = ref
+        rec["err_vs_fp32_ref"] = {
+            "y": err_stats(y, ry),
+            "dx": err_stats(dx, rdx),
+            "dw": err_stats(dw, rdw),
+        }
+        y2 = fn(x, w)
+        dx2, dw2 = grad(y2, (x, w), dy)
+        timer.sync()
+        rec["bitwise_repeat"] = {
+            "y": bool(torch.equal(y, y2)),
+            "dx": bool(torch.equal(dx, dx2)),
+            "dw": bool(torch.equal(dw, dw2)),
+        }
+        del y2, dx2, dw2
+    del y, dx, dw
+
+    # Forward (training forward: inputs require grad, so the autograd graph is built).
+    rec["fwd"] = timer.bench(lambda: fn(x, w))
+
+    # Backward on a pre-built graph.
+    rec["bwd"] = bench_backward(fn, x, w, dy, timer)
+
+    # Fresh forward + backward.
+    def fwd_bwd():
+        yy = fn(x, w)
+        return grad(yy, (x, w), dy)
+
+    rec["fwdbwd"] = timer.bench(fwd_bwd)
+    return rec
+
+
+def run_shape(T: int, H: int, impls: dict[str, Impl], args, timer: Timer) -> dict[str, Any]:
+    import torch
+
+    dtype = getattr(torch, DTYPES[args.dtype])
+    elt = torch.empty((), dtype=dtype).element_size()
+    n = T * H
+    bytes_ = {ph: PHASE_BYTES[ph] * n * elt for ph in PHASES}
+    res: dict[str, Any] = {"T": T, "H": H, "dtype": args.dtype, "bytes": bytes_, "impls": {}}
+
+    if args.device == "cuda":
+        torch._dynamo.reset()
+    gen = torch.Generator(device=args.device).manual_seed(args.seed + T * 7919 + H)
+    x = torch.randn(T, H, device=args.device, dtype=dtype, generator=gen).requires_grad_(True)
+    w = (1.0 + 0.1 * torch.randn(H, device=args.device, generator=gen)).to(dtype)
+    w.requires_grad_(True)
+    dy = torch.randn(T, H, device=args.device, dtype=dtype, generator=gen)
+    ref = None if args.no_check else reference(x, w, dy, args.eps)
+
+    for name in args.impls:
+        impl = impls[name]
+        if impl.import_error is not None:
+            res["impls"][name] = {"status": "import_error", "error": impl.import_error}
+            continue
+        if args.device != "cuda" and name in NEEDS_CUDA:
+            res["impls"][name] = {"status": "skipped", "error": "needs CUDA"}
+            continue
+        if name == "torch_compile":
+            torch._dynamo.reset()
+        try:
+            rec = run_impl(impl, x, w, dy, ref, args, timer)
+        except BaseException as exc:  # noqa: BLE001 - one failing impl must not kill the run
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            rec = {"status": "error", "error": short_error(exc), "traceback": tb_tail()}
+        x.grad = None
+        w.grad = None
+        free_memory(args.device)
+        for ph in PHASES:
+            if ph in rec:
+                ms = rec[ph]["ms"]
+                gbps = bytes_[ph] / (ms * 1e-3) / 1e9 if ms > 0 else float("nan")
+                rec[ph]["gbps"] = gbps
+                rec[ph]["pct_peak"] = 100.0 * gbps / args.peak_gbps
+        res["impls"][name] = rec
+
+    # Ratios cake_time / anchor_time (< 1: cake faster).
+    cake = res["impls"].get("cake", {})
+    ratios: dict[str, dict[str, float | None]] = {}
+    for name in ANCHORS:
+        anchor = res["impls"].get(name)
+        if anchor is None:
+            continue
+        ratios[name] = {}
+        for ph in PHASES:
+            c = cake.get(ph, {}).get("ms")
+            a = anchor.get(ph, {}).get("ms")
+            ratios[name][ph] = c / a if (c is not None and a) else None
+    res["ratio_cake_over_anchor"] = ratios
+
+    del x, w, dy, ref
+    if args.device == "cuda":
+        torch._dynamo.reset()
+    free_memory(args.device)
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# reporting
+# --------------------------------------------------------------------------------------------
+
+
+def fmt(v: float | None, spec: str) -> str:
+    if v is None or v != v:  # None or NaN
+        return "—"
+    return format(v, spec)
+
+
+def markdown_shape(res: dict[str, Any]) -> str:
+    T, H = res["T"], res["H"]
+    head = [f"### T={T} H={H} {res['dtype']}", ""]
+    cols = ["impl"]
+    for ph in PHASES:
+        lab = PHASE_LABEL[ph]
+        cols += [f"{lab} ms", f"{lab} GB/s", f"{lab} %peak"]
+    cols += ["first call s"] + [f"cake/x {PHASE_LABEL[ph]}" for ph in PHASES]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(["---"] + ["---:"] * (len(cols) - 1))]
+    lines[-1] += "|"
+    ratios = res.get("ratio_cake_over_anchor", {})
+    notes = []
+    for name, rec in res["impls"].items():
+        if rec.get("status") != "ok":
+            notes.append(f"- {name}: {rec.get('status')}: {rec.get('error', '')[:300]}")
+            lines.append("| " + " | ".join([name] + ["—"] * (len(cols) - 1)) + " |")
+            continue
+        row = [name]
+        for ph in PHASES:
+            p = rec[ph]
+            row += [fmt(p["ms"], ".4f"), fmt(p["gbps"], ".0f"), fmt(p["pct_peak"], ".1f")]
+        row.append(fmt(rec.get("first_call_s"), ".2f"))
+        r = ratios.get(name)
+        row += [fmt(r.get(ph) if r else None, ".3f") for ph in PHASES]
+        lines.append("| " + " | ".join(row) + " |")
+
+    # Accuracy / determinism table.
+    acc = [
+        "",
+        "| impl | y max abs err | dx max abs err | dw max abs err | dw rel err "
+        "| bitwise repeat y/dx/dw |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    any_acc = False
+    for name, rec in res["impls"].items():
+        e = rec.get("err_vs_fp32_ref")
+        if not e:
+            continue
+        any_acc = True
+        rep = rec.get("bitwise_repeat", {})
+        rep_s = "/".join("yes" if rep.get(k) else "no" for k in ("y", "dx", "dw"))
+        acc.append(
+            f"| {name} | {e['y']['max_abs']:.3g} | {e['dx']['max_abs']:.3g} "
+            f"| {e['dw']['max_abs']:.3g} | {e['dw']['max_rel_to_max']:.3g} | {rep_s} |"
+        )
+    out = head + lines
+    if any_acc:
+        out += acc
+    if notes:
+        out += [""] + notes
+    return "\n".join(out)
+
+
+def markdown_header(meta: dict[str, Any]) -> str:
+    keys = [
+        ("date", "date"),
+        ("device", "device"),
+        ("torch", "torch"),
+        ("cuda", "torch.version.cuda"),
+        ("triton", "triton"),
+        ("cake", "cake_rmsnorm_det_train"),
+        ("liger", "liger-kernel"),
+        ("fla", "fla-core"),
+        ("timer", "timer"),
+        ("peak_gbps", "peak GB/s for %peak"),
+        ("git_commit", "git commit"),
+    ]
+    lines = ["## cake rmsnorm_det benchmark", ""]
+    for k, label in keys:
+        lines.append(f"- {label}: {meta.get(k)}")
+    for name, err in meta.get("import_errors", {}).items():
+        lines.append(f"- import error {name}: {err[:300]}")
+    lines += [
+        "- bytes: fwd 2·T·H·elt, bwd 3·T·H·elt, f+b 5·T·H·elt; cake/x < 1 means cake is faster",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, payload: dict[str, Any]) -> None:
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cache_dirs = setup_fresh_caches(args.keep_caches)
+
+    import torch
+    import triton
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("CUDA is not available; use --device cpu for a smoke test", file=sys.stderr)
+        return 2
+
+    impls: dict[str, Impl] = {}
+    for name in args.impls:
+        impl = IMPL_CLASSES[name](name)
+        impl.try_load()
+        impls[name] = impl
+
+    if args.device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        mem_gib = props.total_memory / 2**30
+        device_desc = f"{props.name} ({mem_gib:.0f} GiB, {props.multi_processor_count} SMs)"
+    else:
+        device_desc = f"cpu ({platform.processor() or platform.machine()})"
+    timer = Timer(args.device, args.quick, args.warmup, args.rep)
+
+    def ver(name: str) -> str | None:
+        impl = impls.get(name)
+        if impl is None:
+            return None
+        return impl.version if impl.import_error is None else "import failed"
+
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_desc,
+        "host": platform.node(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "cake": ver("cake"),
+        "liger": ver("liger"),
+        "fla": ver("fla"),
+        "timer": timer.kind,
+        "warmup": timer.warmup,
+        "rep": timer.rep,
+        "peak_gbps": args.peak_gbps,
+        "eps": args.eps,
+        "dtype": args.dtype,
+        "git_commit": git_commit(),
+        "fresh_caches": cache_dirs or None,
+        "fwd_mode": "training forward (x and w require grad)",
+        "import_errors": {n: i.import_error for n, i in impls.items() if i.import_error},
+        "import_tracebacks": {n: i.import_traceback for n, i in impls.items() if i.import_error},
+        "apis": {n: i.api for n, i in impls.items() if not i.import_error},
+        "argv": sys.argv if argv is None else argv,
+    }
+    print(markdown_header(meta), flush=True)
+
+    payload: dict[str, Any] = {"meta": meta, "results": []}
+    for T, H in args.shapes:
+        try:
+            res = run_shape(T, H, impls, args, timer)
+        except BaseException as exc:  # noqa: BLE001 - e.g. OOM allocating the inputs
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            res = {"T": T, "H": H, "status": "error", "error": short_error(exc)}
+            res["traceback"] = tb_tail()
+            free_memory(args.device)
+            print(f"### T={T} H={H}: shape failed: {res['error']}\n", flush=True)
+        else:
+            print(markdown_shape(res) + "\n", flush=True)
+        payload["results"].append(res)
+        write_json(args.out, payload)  # after every shape, so a timeout keeps what was done
+
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

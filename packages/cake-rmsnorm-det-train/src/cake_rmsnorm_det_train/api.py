@@ -1,0 +1,322 @@
+"""Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of det RMSNorm.
+
+Math: y = h * rsqrt(mean(h**2, -1) + eps) * weight with h = x (+ residual)
+(Zhang & Sennrich, 2019). Backward, with xhat = h * rstd:
+    dh = rstd * (w*dy - xhat * mean(xhat * w*dy, -1)) (+ grad of the returned h)
+    dweight = sum over rows of dy * xhat  (fixed-order partials, see kernels/bwd.py)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_ndim,
+    check_positive_finite,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    require_mode,
+)
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.triton_utils import launch_device_check, triton
+
+from cake_rmsnorm_det_train.kernels.bwd import rmsnorm_bwd_kernel
+from cake_rmsnorm_det_train.kernels.fwd import rmsnorm_fwd_kernel
+from cake_rmsnorm_det_train.kernels.reduce import dweight_reduce_kernel
+from cake_rmsnorm_det_train.plan import MAX_HIDDEN, RMSNormDetPlan, make_plan
+from cake_rmsnorm_det_train.saved import RMSNormDetSavedSet, RMSNormDetWorkspace
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class RMSNormDetGrads(NamedTuple):
+    """Gradients of :func:`rmsnorm_det_bwd`; ``None`` where there is none.
+
+    dx: like x. dweight: like weight (``None`` when a ``dweight_accumulator`` received it).
+    dresidual: like x, only with a residual (equal to dx).
+    """
+
+    dx: torch.Tensor | None
+    dweight: torch.Tensor | None
+    dresidual: torch.Tensor | None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device:
+    check_tensor(x, "x")
+    check_ndim(x, "x", min_ndim=1)
+    check_dtype(x, "x", _FLOATS)
+    H = x.shape[-1]
+    if not 1 <= H <= MAX_HIDDEN:
+        raise ValueError(f"x: last dimension (H) must be in [1, {MAX_HIDDEN}], got {H}")
+    check_last_dim_contiguous(x, "x")
+    check_tensor(weight, "weight")
+    check_shape(weight, "weight", [H])
+    check_dtype(weight, "weight", (torch.float32, x.dtype))
+    check_last_dim_contiguous(weight, "weight")
+    check_positive_finite(eps, "eps")
+    if residual is not None:
+        check_tensor(residual, "residual")
+        check_shape(residual, "residual", list(x.shape))
+        check_dtype(residual, "residual", (x.dtype,))
+        check_last_dim_contiguous(residual, "residual")
+    if dweight_accumulator is not None:
+        check_tensor(dweight_accumulator, "dweight_accumulator")
+        check_shape(dweight_accumulator, "dweight_accumulator", [H])
+        check_dtype(dweight_accumulator, "dweight_accumulator", (torch.float32,))
+        if not dweight_accumulator.is_contiguous():
+            raise ValueError("dweight_accumulator: must be contiguous")
+    device = check_same_device(("x", x), ("weight", weight), ("residual", residual),
+                               ("dweight_accumulator", dweight_accumulator))
+    launch_device_check(device, "x")
+    return device
+
+
+def _resolve_plan(plan, H: int, dtype: torch.dtype, device: torch.device) -> RMSNormDetPlan:
+    if plan is None:
+        return make_plan(H, dtype, device)
+    require_mode(plan, RMSNormDetPlan, Mode.DET, name="plan")
+    if plan.hidden_size != H:
+        raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, inputs have H={H}")
+    return plan
+
+
+def _resolve_workspace(workspace, plan: RMSNormDetPlan, device: torch.device):
+    if workspace is None:
+        return None
+    require_mode(workspace, RMSNormDetWorkspace, Mode.DET, name="workspace")
+    workspace.check(plan, device)
+    return workspace["partials"]
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def _rows(t: torch.Tensor, n_rows: int, H: int) -> torch.Tensor:
+    t2 = t.reshape(n_rows, H)
+    return t2 if H == 1 or t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan):
+    H = x.shape[-1]
+    n_rows = x.numel() // H
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(x.shape if residual is not None else (0,), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
+    if n_rows == 0:
+        return y, h, rstd
+    x2 = _rows(x, n_rows, H)
+    r2 = _rows(residual, n_rows, H) if residual is not None else x2
+    y2 = y.view(n_rows, H)
+    h2 = h.view(n_rows, H) if residual is not None else y2
+    grid = (triton.cdiv(n_rows, plan.block_m_fwd),)
+    rmsnorm_fwd_kernel[grid](
+        x2, r2, weight, y2, h2, rstd,
+        n_rows, H, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps,
+        HAS_RESIDUAL=residual is not None, BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h,
+        num_warps=plan.num_warps_fwd,
+    )
+    return y, h, rstd
+
+
+def _launch_bwd(dy, dh, xh, weight, rstd, plan: RMSNormDetPlan, partials, acc):
+    """Returns (dx, dweight); dweight is an empty tensor when ``acc`` took the sum."""
+    H = xh.shape[-1]
+    n_rows = xh.numel() // H
+    dx = torch.empty(xh.shape, dtype=xh.dtype, device=xh.device)
+    dw = torch.empty((H,) if acc is None else (0,), dtype=weight.dtype, device=xh.device)
+    if n_rows == 0:
+        if acc is None:
+            dw.zero_()
+        return dx, dw
+    if partials is None:
+        partials = torch.empty((plan.bwd_programs, H), dtype=torch.float32, device=xh.device)
+    dy2 = _rows(dy, n_rows, H)
+    x2 = _rows(xh, n_rows, H)
+    dx2 = dx.view(n_rows, H)
+    dh2 = _rows(dh, n_rows, H) if dh is not None else dy2
+    rmsnorm_bwd_kernel[(plan.bwd_programs,)](
+        dy2, dh2, x2, weight, rstd, dx2, partials,
+        n_rows, H, plan.bwd_programs, dy2.stride(0), dh2.stride(0), x2.stride(0), dx2.stride(0),
+        HAS_DH=dh is not None, BLOCK_M=plan.block_m_bwd, BLOCK_H=plan.block_h,
+        num_warps=plan.num_warps_bwd,
+    )
+    dweight_reduce_kernel[(triton.cdiv(H, plan.reduce_block_c),)](
+        partials, dw, acc if acc is not None else partials, plan.bwd_programs, H,
+        HAS_ACC=acc is not None, BLOCK_P=plan.reduce_block_p, BLOCK_C=plan.reduce_block_c,
+        num_warps=4,
+    )
+    return dx, dw
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op("cake_rmsnorm_det_train::fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float,
+            plan_fields: list[int], partials: torch.Tensor | None,
+            dweight_accumulator: torch.Tensor | None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan = plan_from_op_fields(RMSNormDetPlan, plan_fields)
+    return _launch_fwd(x, weight, residual, eps, plan)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(x, weight, residual, eps, plan_fields, partials, dweight_accumulator):
+    n_rows = x.numel() // x.shape[-1]
+    y = x.new_empty(x.shape)
+    h = x.new_empty(x.shape if residual is not None else (0,))
+    return y, h, x.new_empty((n_rows,), dtype=torch.float32)
+
+
+@torch.library.custom_op("cake_rmsnorm_det_train::bwd",
+                         mutates_args=("partials", "dweight_accumulator"))
+def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, xh: torch.Tensor, weight: torch.Tensor,
+            rstd: torch.Tensor, plan_fields: list[int], partials: torch.Tensor | None,
+            dweight_accumulator: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = plan_from_op_fields(RMSNormDetPlan, plan_fields)
+    return _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dy, dh, xh, weight, rstd, plan_fields, partials, dweight_accumulator):
+    H = xh.shape[-1]
+    dw = weight.new_empty((H,) if dweight_accumulator is None else (0,))
+    return xh.new_empty(xh.shape), dw
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, residual, eps, plan_fields, partials, acc = inputs
+    _, h, rstd = output
+    ctx.has_residual = residual is not None
+    ctx.plan_fields = plan_fields
+    ctx.save_for_backward(h if residual is not None else x, weight, rstd, partials, acc)
+
+
+def _backward(ctx, dy, dh, drstd):
+    xh, weight, rstd, partials, acc = ctx.saved_tensors
+    dh = dh if ctx.has_residual else None
+    dx, dw = torch.ops.cake_rmsnorm_det_train.bwd(
+        dy, dh, xh, weight, rstd, ctx.plan_fields, partials, acc)
+    dweight = dw if acc is None and ctx.needs_input_grad[1] else None
+    dres = dx if ctx.has_residual else None
+    return dx, dweight, dres, None, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def rmsnorm_det(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                residual: torch.Tensor | None = None, plan: RMSNormDetPlan | None = None,
+                workspace: RMSNormDetWorkspace | None = None,
+                dweight_accumulator: torch.Tensor | None = None):
+    """Deterministic RMSNorm with autograd: ``y = h * rsqrt(mean(h**2, -1) + eps) * weight``.
+
+    Args:
+        x: ``[..., H]``, any leading dims, last dim contiguous; fp32, bf16 or fp16.
+            1 <= H <= 65536.
+        weight: ``[H]``, fp32 or x's dtype.
+        eps: > 0, added to the mean square (default 1e-6).
+        residual: optional, like x (same shape and dtype). Then h = x + residual (rounded to
+            x's dtype) is normalized and returned too.
+        plan: an :class:`RMSNormDetPlan` for H (default: ``make_plan(H, x.dtype, device)``).
+        workspace: an :class:`RMSNormDetWorkspace` for that plan (default: allocated per
+            backward).
+        dweight_accumulator: optional fp32 ``[H]`` (like Megatron's ``main_grad``). The
+            backward adds dweight into it in the fixed order and ``weight`` gets no
+            autograd gradient.
+
+    Returns:
+        ``y`` like x, or ``(y, h)`` with a residual.
+
+    Determinism: dx, dresidual and dweight are bitwise repeatable for equal inputs, plan,
+    hardware and accumulator contents (fixed-order partial sums, no atomics).
+
+    Raises:
+        ValueError: bad shape, dtype, device, stride, eps, plan, workspace or mode, before
+            any launch; the caller's tensors are not modified.
+    """
+    device = _check_inputs(x, weight, eps, residual, dweight_accumulator)
+    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device)
+    partials = _resolve_workspace(workspace, plan, device)
+    y, h, _ = torch.ops.cake_rmsnorm_det_train.fwd(
+        x, weight, residual, float(eps), plan_to_op_fields(plan), partials,
+        dweight_accumulator)
+    return (y, h) if residual is not None else y
+
+
+def rmsnorm_det_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                    residual: torch.Tensor | None = None, plan: RMSNormDetPlan | None = None):
+    """Low-level forward without autograd: returns ``(outputs, saved)``.
+
+    ``outputs`` is what :func:`rmsnorm_det` returns (``y`` or ``(y, h)``); ``saved`` is an
+    :class:`RMSNormDetSavedSet` for :func:`rmsnorm_det_bwd`. Arguments, shapes and errors
+    as in :func:`rmsnorm_det`.
+    """
+    device = _check_inputs(x, weight, eps, residual, None)
+    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device)
+    with torch.no_grad():
+        y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan)
+    saved = RMSNormDetSavedSet(
+        Mode.DET, {"xh": h if residual is not None else x, "weight": weight, "rstd": rstd},
+        meta={"has_residual": residual is not None, "plan": plan})
+    return ((y, h) if residual is not None else y), saved
+
+
+def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDetSavedSet, *,
+                    plan: RMSNormDetPlan | None = None,
+                    workspace: RMSNormDetWorkspace | None = None,
+                    dweight_accumulator: torch.Tensor | None = None) -> RMSNormDetGrads:
+    """Low-level backward: gradients from ``dy`` (grad of y) and ``dh`` (grad of the
+    returned h, only with a residual; ``None`` means zero).
+
+    Args:
+        dy: like x (the saved input), float dtype; dh: like x or ``None``.
+        saved: the :class:`RMSNormDetSavedSet` of :func:`rmsnorm_det_fwd`.
+        plan: default: the forward's plan. workspace, dweight_accumulator: as in
+            :func:`rmsnorm_det`.
+
+    Returns:
+        :class:`RMSNormDetGrads` ``(dx, dweight, dresidual)``.
+
+    Raises:
+        ValueError: a saved set, plan or workspace of another type or mode, shape/dtype/
+            device mismatches, ``dh`` without a residual; before any launch.
+    """
+    require_mode(saved, RMSNormDetSavedSet, Mode.DET, name="saved")
+    xh, weight, rstd = saved.tensors()
+    H = xh.shape[-1]
+    check_tensor(dy, "dy")
+    check_shape(dy, "dy", list(xh.shape))
+    check_dtype(dy, "dy", _FLOATS)
+    if dh is not None:
+        if not saved.has_residual:
+            raise ValueError("dh: given, but the forward had no residual")
+        check_tensor(dh, "dh")
+        check_shape(dh, "dh", list(xh.shape))
+        check_dtype(dh, "dh", _FLOATS)
+    if dweight_accumulator is not None:
+        check_tensor(dweight_accumulator, "dweight_accumulator")
+        check_shape(dweight_accumulator, "dweight_accumulator", [H])
+        check_dtype(dweight_accumulator, "dweight_accumulator", (torch.float32,))
+        if not dweight_accumulator.is_contiguous():
+            raise ValueError("dweight_accumulator: must be contiguous")
+    device = check_same_device(("saved", xh), ("dy", dy), ("dh", dh),
+                               ("dweight_accumulator", dweight_accumulator))
+    launch_device_check(device, "dy")
+    plan = _resolve_plan(plan if plan is not None else saved.plan, H, xh.dtype, device)
+    partials = _resolve_workspace(workspace, plan, device)
+    with torch.no_grad():
+        dx, dw = _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
+    return RMSNormDetGrads(dx, dw if dweight_accumulator is None else None,
+                           dx if saved.has_residual else None)

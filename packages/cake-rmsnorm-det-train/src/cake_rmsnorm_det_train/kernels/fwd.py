@@ -1,0 +1,31 @@
+"""Forward: y = h * rstd * w, h = x (+ residual), one tile of BLOCK_M whole rows/program."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rmsnorm_fwd_kernel(
+    X, R, W, Y, HOUT, RSTD,
+    n_rows, n_cols, stride_x, stride_r, stride_y, stride_h, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    rmask = rows < n_rows
+    cmask = cols < n_cols
+    mask = rmask[:, None] & cmask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        h = (x + r.to(tl.float32)).to(HOUT.dtype.element_ty)
+        tl.store(HOUT + rows[:, None] * stride_h + cols[None, :], h, mask=mask)
+        x = h.to(tl.float32)
+    ms = tl.sum(x * x, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt(ms + eps)
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=rmask)

@@ -1,0 +1,63 @@
+"""nn.Module drop-ins."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import nn
+
+from cake_rmsnorm_det_train.api import rmsnorm_det
+
+
+class RMSNorm(nn.Module):
+    """Drop-in for ``torch.nn.RMSNorm`` running cake's deterministic kernels.
+
+    Same constructor arguments and ``state_dict`` keys (``weight``). Normalizes over the
+    trailing ``normalized_shape`` dims (flattened to H; they must be contiguous). ``eps``
+    defaults, like torch's, to ``torch.finfo(x.dtype).eps``. Without
+    ``elementwise_affine`` a non-persistent ones buffer stands in for the weight.
+
+    Raises:
+        ValueError: as :func:`cake_rmsnorm_det_train.rmsnorm_det`, and if x's trailing dims
+            do not equal ``normalized_shape``.
+    """
+
+    def __init__(self, normalized_shape, eps: float | None = None,
+                 elementwise_affine: bool = True, device=None, dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(s) for s in normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        kw = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **kw))
+        else:
+            self.register_parameter("weight", None)
+            self.register_buffer("_ones", torch.ones(self.normalized_shape, **kw),
+                                 persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = len(self.normalized_shape)
+        if not isinstance(x, torch.Tensor) or tuple(x.shape[x.dim() - k:]) != \
+                self.normalized_shape or x.dim() < k:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x: trailing dims must be {self.normalized_shape}, got {got}")
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        w = self.weight if self.weight is not None else self._ones
+        if k != 1:
+            H = w.numel()
+            y = rmsnorm_det(x.reshape(*x.shape[: x.dim() - k], H), w.reshape(H), eps)
+            return y.reshape(x.shape)
+        return rmsnorm_det(x, w, eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")

@@ -1,0 +1,99 @@
+"""RMSNormDetPlan and the rule that picks it (shapes, dtypes, device; never timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan
+from cake_core.triton_utils import next_power_of_2, sm_count
+
+#: Largest hidden size one row-tile holds (the whole row stays in registers).
+MAX_HIDDEN = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormDetPlan(Plan):
+    """Execution plan of the det RMSNorm kernels.
+
+    Fields:
+        hidden_size: H, the normalized (last) dimension.
+        block_h: columns per tile, a power of two >= H (a whole row per tile).
+        block_m_fwd / num_warps_fwd: rows per forward program and its warps.
+        block_m_bwd / num_warps_bwd: rows per backward step and its warps.
+        bwd_programs: P, the fixed number of backward programs. Program p owns row blocks
+            p, p + P, p + 2P, ... in that order and writes one fp32 partial dweight row;
+            the reduce kernel sums the P partials in index order. Changing P changes the
+            summation order, so dweight bits are promised only for equal plans.
+        reduce_block_p / reduce_block_c: partial rows and columns per reduce step.
+    """
+
+    family: ClassVar[str] = "cake-rmsnorm-det-train"
+    format_version: ClassVar[int] = 1
+
+    hidden_size: int
+    block_h: int
+    block_m_fwd: int
+    num_warps_fwd: int
+    block_m_bwd: int
+    num_warps_bwd: int
+    bwd_programs: int
+    reduce_block_p: int
+    reduce_block_c: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.hidden_size <= MAX_HIDDEN:
+            raise ValueError(f"RMSNormDetPlan: hidden_size must be in [1, {MAX_HIDDEN}], "
+                             f"got {self.hidden_size}")
+        if self.block_h < self.hidden_size:
+            raise ValueError("RMSNormDetPlan: block_h must be >= hidden_size")
+        for n in ("block_h", "block_m_fwd", "block_m_bwd", "reduce_block_p", "reduce_block_c"):
+            v = getattr(self, n)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"RMSNormDetPlan: {n} must be a power of two, got {v}")
+        if self.bwd_programs < 1:
+            raise ValueError("RMSNormDetPlan: bwd_programs must be >= 1")
+        if self.mode != Mode.DET:
+            raise ValueError(f"RMSNormDetPlan: mode must be det, got {self.mode}")
+
+
+def _warps(elements: int) -> int:
+    return max(1, min(16, elements // 512))
+
+
+def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) -> RMSNormDetPlan:
+    """Pick the plan for rows of ``hidden_size`` elements of ``dtype`` on ``device``.
+
+    Rules (no timing): a whole row per tile; forward tiles of about 4096 elements on CUDA
+    (16384 under the interpreter, where each program costs Python time); the backward
+    runs 2 programs per SM on CUDA (1 per SM for rows over 4096 elements), 4 on the CPU.
+
+    Raises:
+        ValueError: if ``hidden_size`` is outside [1, 65536].
+    """
+    device = torch.device(device)
+    if not isinstance(hidden_size, int) or not 1 <= hidden_size <= MAX_HIDDEN:
+        raise ValueError(f"hidden_size: must be an int in [1, {MAX_HIDDEN}], got {hidden_size!r}")
+    block_h = next_power_of_2(hidden_size)
+    cuda = device.type == "cuda"
+    tile = 4096 if cuda else 16384
+    block_m_fwd = max(1, min(64, tile // block_h))
+    block_m_bwd = max(1, min(64, (2048 if cuda else 16384) // block_h))
+    if cuda:
+        bwd_programs = sm_count(device) * (2 if block_h <= 4096 else 1)
+    else:
+        bwd_programs = 4
+    reduce_block_c = min(block_h, 128 if cuda else 4096)
+    return RMSNormDetPlan(
+        hidden_size=hidden_size,
+        block_h=block_h,
+        block_m_fwd=block_m_fwd,
+        num_warps_fwd=_warps(block_m_fwd * block_h),
+        block_m_bwd=block_m_bwd,
+        num_warps_bwd=_warps(block_m_bwd * block_h),
+        bwd_programs=bwd_programs,
+        reduce_block_p=min(32, next_power_of_2(bwd_programs)),
+        reduce_block_c=reduce_block_c,
+    )

@@ -1,0 +1,66 @@
+"""Every plan configuration, not only the default, against the float64 reference.
+
+Triton miscompiles have hit other kernels on Hopper for some configurations only, so the
+sweep covers tile heights, warp counts, program counts and reduce tiles.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from cake_core.testing import assert_close_to_reference, randn
+from cake_core.triton_utils import default_device
+from cake_rmsnorm_det_train import (
+    RMSNormDetWorkspace,
+    make_plan,
+    rmsnorm_det,
+    rmsnorm_reference,
+)
+
+DEV = default_device()
+
+VARIANTS = {
+    "default": {},
+    "one-row-one-program": dict(block_m_fwd=1, block_m_bwd=1, bwd_programs=1, reduce_block_p=1),
+    "tall-tiles-few-warps": dict(block_m_fwd=8, num_warps_fwd=1, block_m_bwd=4,
+                                 num_warps_bwd=2, bwd_programs=7, reduce_block_p=4),
+    "many-warps-many-programs": dict(num_warps_fwd=16, num_warps_bwd=16, bwd_programs=300,
+                                     reduce_block_p=32, reduce_block_c=32),
+    "odd-programs-wide-reduce": dict(num_warps_fwd=4, num_warps_bwd=8, bwd_programs=133,
+                                     reduce_block_p=8, reduce_block_c=1024),
+}
+
+SHAPES = [(7, 5), (1000, 129), (4096, 67)]
+if DEV.type == "cuda":
+    SHAPES += [(8192, 4096), (2048, 20000), (16384, 1024)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("H,rows", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_plan_variant_matches_float64(variant, H, rows, dtype):
+    base = make_plan(H, dtype, DEV)
+    kw = dict(VARIANTS[variant])
+    # keep tiles within 16384 elements so a row tile fits the register file
+    for k in ("block_m_fwd", "block_m_bwd"):
+        if k in kw:
+            kw[k] = max(1, min(kw[k], 16384 // base.block_h))
+    if DEV.type == "cpu" and "bwd_programs" in kw:  # the interpreter pays per program
+        kw["bwd_programs"] = min(kw["bwd_programs"], 9)
+    kw["reduce_block_c"] = min(kw.get("reduce_block_c", base.reduce_block_c), base.block_h)
+    plan = dataclasses.replace(base, **kw)
+    ws = RMSNormDetWorkspace.for_plan(plan, DEV)
+    x = randn((rows, H), dtype, DEV, seed=rows + H).requires_grad_()
+    r = randn((rows, H), dtype, DEV, seed=rows + H + 1).requires_grad_()
+    w = randn((H,), dtype, DEV, seed=H, scale=0.3).add_(1).requires_grad_()
+    dy = randn((rows, H), dtype, DEV, seed=3)
+    dh = randn((rows, H), dtype, DEV, seed=4)
+    y, h = rmsnorm_det(x, w, 1e-6, residual=r, plan=plan, workspace=ws)
+    torch.autograd.backward([y, h], [dy, dh])
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+    y64, h64 = rmsnorm_reference(x64, w64, 1e-6, r64, dtype=torch.float64)
+    torch.autograd.backward([y64, h64], [dy.double(), dh.double()])
+    assert_close_to_reference(y, y64, dtype, "y")
+    assert_close_to_reference(x.grad, x64.grad, dtype, "dx")
+    assert_close_to_reference(r.grad, r64.grad, dtype, "dresidual")
+    assert_close_to_reference(w.grad, w64.grad, dtype, "dweight")
