@@ -622,6 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     cache_dirs = setup_fresh_caches(args.keep_caches)
 
     import torch
+
+    try:  # let cake choose CUDA or the interpreter before Triton is first imported
+        import cake_core.triton_utils  # noqa: F401
+    except ImportError:
+        pass
     import triton
 
     if args.device == "cuda" and not torch.cuda.is_available():

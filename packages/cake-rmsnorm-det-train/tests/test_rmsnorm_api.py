@@ -103,3 +103,20 @@ def test_manifest():
 
     for k in m["kernels"]:
         assert hasattr(importlib.import_module(k["module"]), k["function"])
+
+
+def test_shared_workspace_and_accumulator_across_calls():
+    """Two calls share one workspace and one accumulator (tied weights) before backward."""
+    H = 48
+    plan = make_plan(H, torch.float32, DEV)
+    ws = RMSNormDetWorkspace.for_plan(plan, DEV)
+    acc = torch.zeros(H, device=DEV)
+    w = randn((H,), torch.float32, DEV, seed=1).requires_grad_()
+    a = randn((7, H), torch.float32, DEV, seed=2).requires_grad_()
+    b = randn((9, H), torch.float32, DEV, seed=3).requires_grad_()
+    ya = rmsnorm_det(a, w, plan=plan, workspace=ws, dweight_accumulator=acc)
+    yb = rmsnorm_det(b, w, plan=plan, workspace=ws, dweight_accumulator=acc)
+    (ya.sum() + yb.sum()).backward()
+    w2 = w.detach().clone().requires_grad_()
+    (rmsnorm_det(a.detach(), w2).sum() + rmsnorm_det(b.detach(), w2).sum()).backward()
+    torch.testing.assert_close(acc, w2.grad, rtol=1e-6, atol=1e-6)

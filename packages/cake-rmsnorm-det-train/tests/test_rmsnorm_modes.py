@@ -55,15 +55,18 @@ def test_foreign_workspaces_refused():
     plan = saved.plan
     nondet_plan = dataclasses.replace(plan)  # same fields...
     object.__setattr__(nondet_plan, "mode", Mode.NONDET)  # ...but another mode
-    ws_nondet = RMSNormDetWorkspace(nondet_plan, DEV, {"partials": torch.zeros(1, 1)})
+    ws_nondet = RMSNormDetWorkspace(nondet_plan, DEV, {"partials": torch.zeros(1, 1, device=DEV)})
     with pytest.raises(ValueError, match="mode=nondet"):
         rmsnorm_det_bwd(dy, None, saved, workspace=ws_nondet)
-    ws_other = RMSNormNondetWorkspace(plan, DEV, {"partials": torch.zeros(1, 1)})
+    ws_other = RMSNormNondetWorkspace(plan, DEV, {"partials": torch.zeros(1, 1, device=DEV)})
     with pytest.raises(ValueError, match="workspace: got RMSNormNondetWorkspace"):
         rmsnorm_det_bwd(dy, None, saved, workspace=ws_other)
     ws_wrong_plan = RMSNormDetWorkspace.for_plan(make_plan(64, torch.float32, DEV), DEV)
     with pytest.raises(ValueError, match="was made for plan"):
         rmsnorm_det_bwd(dy, None, saved, workspace=ws_wrong_plan)
+    ws_bad_buffer = RMSNormDetWorkspace(plan, DEV, {"partials": torch.zeros(1, 1, device=DEV)})
+    with pytest.raises(ValueError, match="'partials' must be a contiguous fp32 tensor"):
+        rmsnorm_det_bwd(dy, None, saved, workspace=ws_bad_buffer)
     x = randn((6, 32), torch.float32, DEV, seed=1).requires_grad_()
     w = randn((32,), torch.float32, DEV, seed=2)
     with pytest.raises(ValueError, match="was made for plan"):

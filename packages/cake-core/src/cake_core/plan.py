@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import Any, ClassVar, TypeVar
@@ -79,7 +80,7 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Stable key: the same across processes and machines for equal plans."""
         digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]

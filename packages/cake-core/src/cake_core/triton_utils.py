@@ -36,7 +36,9 @@ def select_backend() -> str:
                     "helpers (tl.zeros, tl.cdiv, ...) are then compiled-mode functions and "
                     "kernels fail. Import cake families first, or set TRITON_INTERPRET=1 "
                     "before importing triton.", RuntimeWarning, stacklevel=2)
-        _BACKEND = "interpreter" if env not in (None, "", "0", "false", "False") else "cuda"
+        # the same truthy spellings Triton's own knob accepts
+        truthy = env is not None and env.strip().lower() in ("1", "true", "yes", "on", "y")
+        _BACKEND = "interpreter" if truthy else "cuda"
         if _BACKEND == "interpreter":
             _warn_numpy()
     return _BACKEND

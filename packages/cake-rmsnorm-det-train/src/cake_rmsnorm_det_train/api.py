@@ -93,7 +93,15 @@ def _resolve_workspace(workspace, plan: RMSNormDetPlan, device: torch.device):
         return None
     require_mode(workspace, RMSNormDetWorkspace, Mode.DET, name="workspace")
     workspace.check(plan, device)
-    return workspace["partials"]
+    partials = workspace["partials"]
+    want = (plan.bwd_programs, plan.hidden_size)
+    if tuple(partials.shape) != want or partials.dtype != torch.float32 or \
+            not partials.is_contiguous():
+        raise ValueError(
+            f"workspace: 'partials' must be a contiguous fp32 tensor of shape {list(want)}, got "
+            f"{str(partials.dtype)[6:]} {list(partials.shape)}; build it with "
+            "RMSNormDetWorkspace.for_plan(plan, device)")
+    return partials
 
 
 # ----------------------------------------------------------------------------- launches
@@ -213,6 +221,32 @@ def _backward(ctx, dy, dh, drstd):
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _RMSNormDetFunction(torch.autograd.Function):
+    """Eager path (lower host overhead than the custom op); same launches, same bits.
+
+    The workspace buffer and the accumulator stay on ctx as attributes, not saved tensors,
+    so reusing them across calls before the backward (shared workspace, tied weights,
+    pipeline schedules) does not trip autograd's version check."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, plan, partials, acc):
+        y, h, rstd = _launch_fwd(x, weight, residual, eps, plan)
+        ctx.has_residual = residual is not None
+        ctx.plan, ctx.partials, ctx.acc = plan, partials, acc
+        ctx.save_for_backward(h if residual is not None else x, weight, rstd)
+        if residual is not None:
+            return y, h
+        return y
+
+    @staticmethod
+    def backward(ctx, dy, dh=None):
+        xh, weight, rstd = ctx.saved_tensors
+        dx, dw = _launch_bwd(dy, dh if ctx.has_residual else None, xh, weight, rstd, ctx.plan,
+                             ctx.partials, ctx.acc)
+        dweight = dw if ctx.acc is None and ctx.needs_input_grad[1] else None
+        return dx, dweight, (dx if ctx.has_residual else None), None, None, None, None
+
+
 # ----------------------------------------------------------------------------- public API
 
 
@@ -249,6 +283,9 @@ def rmsnorm_det(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     device = _check_inputs(x, weight, eps, residual, dweight_accumulator)
     plan = _resolve_plan(plan, x.shape[-1], x.dtype, device)
     partials = _resolve_workspace(workspace, plan, device)
+    if not torch.compiler.is_compiling():
+        return _RMSNormDetFunction.apply(x, weight, residual, float(eps), plan, partials,
+                                         dweight_accumulator)
     y, h, _ = torch.ops.cake_rmsnorm_det_train.fwd(
         x, weight, residual, float(eps), plan_to_op_fields(plan), partials,
         dweight_accumulator)
@@ -281,7 +318,7 @@ def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDet
     returned h, only with a residual; ``None`` means zero).
 
     Args:
-        dy: like x (the saved input), float dtype; dh: like x or ``None``.
+        dy: like x (the saved input: same shape and dtype); dh: like x or ``None``.
         saved: the :class:`RMSNormDetSavedSet` of :func:`rmsnorm_det_fwd`.
         plan: default: the forward's plan. workspace, dweight_accumulator: as in
             :func:`rmsnorm_det`.
@@ -298,13 +335,13 @@ def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDet
     H = xh.shape[-1]
     check_tensor(dy, "dy")
     check_shape(dy, "dy", list(xh.shape))
-    check_dtype(dy, "dy", _FLOATS)
+    check_dtype(dy, "dy", (xh.dtype,))
     if dh is not None:
         if not saved.has_residual:
             raise ValueError("dh: given, but the forward had no residual")
         check_tensor(dh, "dh")
         check_shape(dh, "dh", list(xh.shape))
-        check_dtype(dh, "dh", _FLOATS)
+        check_dtype(dh, "dh", (xh.dtype,))
     if dweight_accumulator is not None:
         check_tensor(dweight_accumulator, "dweight_accumulator")
         check_shape(dweight_accumulator, "dweight_accumulator", [H])

@@ -66,9 +66,12 @@ def _warps(elements: int) -> int:
 def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) -> RMSNormDetPlan:
     """Pick the plan for rows of ``hidden_size`` elements of ``dtype`` on ``device``.
 
-    Rules (no timing): a whole row per tile; forward tiles of about 4096 elements on CUDA
-    (16384 under the interpreter, where each program costs Python time); the backward
-    runs 2 programs per SM on CUDA (1 per SM for rows over 4096 elements), 4 on the CPU.
+    Rules (no timing at call time; derived once from an H200 sweep recorded in
+    docs/benchmarks/rmsnorm.md): a whole row per tile; forward tiles of about 4096
+    elements on CUDA (16384 under the interpreter, where each program costs Python time);
+    backward tiles of about 4096 elements with 8 warps (16 for 8192-wide rows), 2 programs
+    per SM on CUDA (1 per SM for rows over 4096 elements), 4 on the CPU. ``dtype`` is part
+    of the signature for rules to come; today's rules depend on H and the device only.
 
     Raises:
         ValueError: if ``hidden_size`` is outside [1, 65536].
@@ -80,7 +83,7 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) 
     cuda = device.type == "cuda"
     tile = 4096 if cuda else 16384
     block_m_fwd = max(1, min(64, tile // block_h))
-    block_m_bwd = max(1, min(64, (2048 if cuda else 16384) // block_h))
+    block_m_bwd = max(1, min(64, (4096 if cuda else 16384) // block_h))
     if cuda:
         bwd_programs = sm_count(device) * (2 if block_h <= 4096 else 1)
     else:
@@ -92,7 +95,8 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) 
         block_m_fwd=block_m_fwd,
         num_warps_fwd=_warps(block_m_fwd * block_h),
         block_m_bwd=block_m_bwd,
-        num_warps_bwd=_warps(block_m_bwd * block_h),
+        num_warps_bwd=(8 if block_m_bwd * block_h <= 4096 or block_h >= 16384 else 16)
+        if cuda else _warps(block_m_bwd * block_h),
         bwd_programs=bwd_programs,
         reduce_block_p=min(32, next_power_of_2(bwd_programs)),
         reduce_block_c=reduce_block_c,

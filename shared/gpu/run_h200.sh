@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
+# and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
+# parts: any of env tests det bench tinylm (default: all)
+set -uo pipefail
+OUT=${OUT:-/tmp/cake-gpu-out}; mkdir -p "$OUT"
+PARTS=${*:-env tests det bench tinylm}
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+if has env; then
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())"
+    date -u; } 2>&1 | tee "$OUT/env.txt"
+fi
+if has tests; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider packages/cake-core/tests \
+    packages/cake-rmsnorm-det-train/tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -15
+fi
+if has det; then
+  for i in 1 2; do python3 shared/gpu/det_hash.py 32768 4096 bfloat16; done 2>&1 | tee "$OUT/det_hash.txt"
+  python3 shared/gpu/det_hash.py 16384 8192 float32 2>&1 | tee -a "$OUT/det_hash.txt"
+  python3 shared/gpu/det_hash.py 16384 8192 float32 2>&1 | tee -a "$OUT/det_hash.txt"
+fi
+if has bench; then
+  timeout 420 python3 packages/cake-rmsnorm-det-train/benchmarks/bench_cake_rmsnorm_det_train.py \
+    --out "$OUT/rmsnorm_bench.json" 2>&1 | tee "$OUT/bench.txt"
+fi
+if has tinylm; then
+  timeout 300 python3 -m cake_tinylm train --out "$OUT/tinylm" 2>&1 | tail -30 | tee "$OUT/tinylm.txt"
+fi
