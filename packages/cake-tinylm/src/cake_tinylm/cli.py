@@ -1,0 +1,110 @@
+"""Command line: ``cake-tinylm train [options]`` (also ``python -m cake_tinylm train``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from . import __version__
+
+__all__ = ["build_parser", "main"]
+
+# Options whose default depends on the device (TrainConfig defaults on CPU, CUDA_DEFAULTS).
+_SIZED = ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "lr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``cake-tinylm`` argument parser (subcommand ``train``)."""
+    from .train import CUDA_DEFAULTS, TrainConfig
+
+    cpu = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+
+    def sized(name: str) -> str:
+        return f"default: {cpu[name]} on CPU, {CUDA_DEFAULTS[name]} on CUDA"
+
+    parser = argparse.ArgumentParser(
+        prog="cake-tinylm",
+        description="cake's main job: a tiny byte-level decoder LM built from cake kernels.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "train",
+        help="train twice with cake (bitwise check) and once with torch (reference)",
+        description=(
+            "Train the tiny LM twice with cake RMSNorm from the same initial weights and batch "
+            "order, check the two runs are bitwise identical (per-step losses and final "
+            "weights), and train the same model with torch.nn.RMSNorm for comparison. Prints "
+            "a summary table, writes report.json and loss.png into --out. Exit code 0 if the "
+            "two cake runs are identical, 1 if not, 2 on bad arguments."
+        ),
+    )
+    p.add_argument("--steps", type=int, help=f"optimizer steps per run ({sized('steps')})")
+    p.add_argument("--batch-size", type=int, help=f"sequences per step ({sized('batch_size')})")
+    p.add_argument("--seq-len", type=int, help=f"bytes per sequence ({sized('seq_len')})")
+    p.add_argument("--d-model", type=int, help=f"model width ({sized('d_model')})")
+    p.add_argument("--n-layers", type=int, help=f"decoder blocks ({sized('n_layers')})")
+    p.add_argument("--n-heads", type=int, help=f"attention heads ({sized('n_heads')})")
+    p.add_argument("--lr", type=float, help=f"AdamW learning rate ({sized('lr')})")
+    p.add_argument("--seed", type=int, default=cpu["seed"], help="seed (default: %(default)s)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=cpu["dtype"],
+        help="parameter/activation dtype (default: %(default)s)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default=cpu["device"],
+        help="auto = cuda if available (default: %(default)s)",
+    )
+    p.add_argument(
+        "--text",
+        default=None,
+        help="text file or directory of text files (default: this Python's stdlib sources)",
+    )
+    p.add_argument(
+        "--bytes",
+        type=int,
+        default=cpu["bytes"],
+        help="corpus byte budget; the last 5%% is validation (default: %(default)s)",
+    )
+    p.add_argument("--out", default=cpu["out"], help="output directory (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. Returns the exit code: 0 if the cake runs are bitwise identical, 1 if
+    not, 2 on invalid arguments (argparse errors also exit 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    from .report import format_summary, write_report
+    from .train import default_config, run_job
+
+    overrides = {k: getattr(args, k) for k in _SIZED if getattr(args, k) is not None}
+    try:
+        cfg = default_config(
+            args.device,
+            seed=args.seed,
+            dtype=args.dtype,
+            text=args.text,
+            bytes=args.bytes,
+            out=args.out,
+            **overrides,
+        )
+        result = run_job(cfg, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"cake-tinylm: error: {exc}", file=sys.stderr)
+        return 2
+    json_path, png_path = write_report(result, cfg.out)
+    print(format_summary(result))
+    print(f"wrote {json_path} and {png_path}")
+    return 0 if result.identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

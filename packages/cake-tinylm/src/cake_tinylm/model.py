@@ -1,0 +1,295 @@
+"""A tiny byte-level pre-norm decoder LM built from cake modules.
+
+Structure (``x`` is ``[B, T, d_model]``)::
+
+    x = tok_emb(idx) + pos_emb(arange(T))
+    for block in blocks:
+        x = x + block.mixer(block.norm1(x))     # causal self-attention
+        x = x + block.mlp(block.norm2(x))       # Linear -> GELU/SiLU -> Linear
+    logits = lm_head(norm_f(x))                 # [B, T, vocab]
+
+Every norm is built by :func:`make_norm`, every mixer by :func:`make_mixer`, every MLP by
+:func:`make_mlp`; ``impl="cake"`` uses cake's modules, ``impl="torch"`` the torch ones with
+the same parameter names, so one ``state_dict`` loads into both.
+
+Attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V`` with an explicit
+causal mask) rather than ``scaled_dot_product_attention``, so that its CUDA backward stays
+deterministic under ``torch.use_deterministic_algorithms(True)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from cake_rmsnorm_det_train import RMSNorm as CakeRMSNorm
+from torch import nn
+
+__all__ = [
+    "CausalSelfAttention",
+    "Block",
+    "MLP",
+    "ModelConfig",
+    "TinyLM",
+    "build_model",
+    "make_mixer",
+    "make_mlp",
+    "make_norm",
+]
+
+Impl = Literal["cake", "torch"]
+IMPLS: tuple[str, ...] = ("cake", "torch")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of :class:`TinyLM`.
+
+    Attributes:
+        vocab_size: number of token ids (256 for bytes).
+        d_model: residual width; must be divisible by ``n_heads``.
+        n_layers: number of blocks.
+        n_heads: attention heads.
+        max_seq_len: longest sequence (size of the learned position table).
+        mlp_ratio: MLP hidden width = ``mlp_ratio * d_model``.
+        activation: ``"gelu"`` (tanh approximation) or ``"silu"``.
+        norm_eps: epsilon of every RMSNorm.
+    """
+
+    vocab_size: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    max_seq_len: int = 128
+    mlp_ratio: int = 4
+    activation: str = "gelu"
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "mlp_ratio"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}"
+            )
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain ``dict`` of the fields (JSON-serialisable)."""
+        return asdict(self)
+
+
+_ACTIVATIONS = {"gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
+
+
+def _check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+
+
+# --------------------------------------------------------------------------- factories
+def make_norm(dim: int, eps: float, impl: Impl = "cake") -> nn.Module:
+    """Build one RMSNorm over the last dimension (``weight`` ``[dim]``).
+
+    Args:
+        dim: normalized size ``H``; input ``[..., H]``, output same shape and dtype.
+        eps: epsilon added to the mean square.
+        impl: ``"cake"`` -> ``cake_rmsnorm_det_train.RMSNorm`` (deterministic backward),
+            ``"torch"`` -> ``torch.nn.RMSNorm``.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+    _check_impl(impl)
+    cls = CakeRMSNorm if impl == "cake" else nn.RMSNorm
+    return cls(dim, eps=eps)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention in plain torch (no SDPA).
+
+    Parameters: ``qkv`` (``Linear(d, 3d)``), ``proj`` (``Linear(d, d)``).
+    Input ``[B, T, d]`` with ``T <= max_seq_len``; output ``[B, T, d]``, same dtype.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        mask = torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool).tril()
+        self.register_buffer("causal_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # [B, nh, T, T]
+        att = att.masked_fill(~self.causal_mask[:t, :t], float("-inf"))
+        att = torch.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    """``fc2(act(fc1(x)))``; input/output ``[..., d]``, hidden ``mlp_ratio * d``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden = cfg.mlp_ratio * cfg.d_model
+        self.fc1 = nn.Linear(cfg.d_model, hidden)
+        self.fc2 = nn.Linear(hidden, cfg.d_model)
+        self.act = _ACTIVATIONS[cfg.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
+    """Build a block's token mixer: :class:`CausalSelfAttention` (plain torch for now).
+
+    ``impl`` is accepted so that a later cake mixer family can be swapped in here.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+    _check_impl(impl)
+    return CausalSelfAttention(cfg)
+
+
+def make_mlp(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
+    """Build a block's channel MLP: :class:`MLP` (plain torch for now).
+
+    ``impl`` is accepted so that a later cake MLP family can be swapped in here.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+    _check_impl(impl)
+    return MLP(cfg)
+
+
+# --------------------------------------------------------------------------- model
+class Block(nn.Module):
+    """Pre-norm residual block: ``x + mixer(norm1(x))`` then ``x + mlp(norm2(x))``."""
+
+    def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
+        super().__init__()
+        self.norm1 = make_norm(cfg.d_model, cfg.norm_eps, impl)
+        self.mixer = make_mixer(cfg, impl)
+        self.norm2 = make_norm(cfg.d_model, cfg.norm_eps, impl)
+        self.mlp = make_mlp(cfg, impl)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.mixer(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    """Byte-level decoder LM.
+
+    Args:
+        cfg: the :class:`ModelConfig`.
+        impl: ``"cake"`` (cake RMSNorm everywhere) or ``"torch"`` (``torch.nn.RMSNorm``);
+            both have identical parameter names and shapes.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+
+    def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
+        super().__init__()
+        _check_impl(impl)
+        self.cfg = cfg
+        self.impl = impl
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, impl) for _ in range(cfg.n_layers))
+        self.norm_f = make_norm(cfg.d_model, cfg.norm_eps, impl)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # GPT-2 style: N(0, 0.02) for embeddings and linears, zero biases, residual
+        # projections scaled by 1/sqrt(2 * n_layers). RMSNorm weights stay at one.
+        std = 0.02
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif name.endswith(("proj.weight", "fc2.weight")):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers))
+            elif p.dim() == 2:
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the LM.
+
+        Args:
+            idx: ``int64`` token ids ``[B, T]`` in ``[0, vocab_size)``,
+                ``1 <= T <= max_seq_len``.
+            targets: optional ``int64`` ``[B, T]`` next-token ids.
+
+        Returns:
+            ``(logits, loss)``: logits ``[B, T, vocab_size]`` in the parameter dtype; loss a
+            ``float32`` scalar (mean cross entropy, computed in fp32) or ``None`` without
+            targets.
+
+        Raises:
+            ValueError: if ``idx`` is not 2-D or ``T`` exceeds ``max_seq_len``, or
+                ``targets`` has a different shape.
+        """
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be [B, T], got shape {tuple(idx.shape)}")
+        t = idx.shape[1]
+        if not 1 <= t <= self.cfg.max_seq_len:
+            raise ValueError(f"sequence length {t} not in [1, {self.cfg.max_seq_len}]")
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(
+                f"targets shape {tuple(targets.shape)} != idx shape {tuple(idx.shape)}"
+            )
+        pos = torch.arange(t, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)[None]
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.norm_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
+            )
+        return logits, loss
+
+
+def build_model(
+    cfg: ModelConfig,
+    impl: Impl = "cake",
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> TinyLM:
+    """Construct a :class:`TinyLM` (initialised from the current torch RNG state).
+
+    Args:
+        cfg: model hyper-parameters.
+        impl: ``"cake"`` or ``"torch"`` norms.
+        device: target device.
+        dtype: parameter dtype (``torch.float32`` or ``torch.bfloat16``).
+
+    Raises:
+        ValueError: on an unknown ``impl`` or an unsupported ``dtype``.
+    """
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+    return TinyLM(cfg, impl).to(device=device, dtype=dtype)

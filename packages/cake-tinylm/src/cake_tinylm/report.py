@@ -1,0 +1,137 @@
+"""Summary table, ``report.json`` and ``loss.png`` of a :class:`~cake_tinylm.train.JobResult`."""
+
+from __future__ import annotations
+
+import json
+import platform
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from .train import JobResult
+
+__all__ = ["format_summary", "package_versions", "report_dict", "write_report"]
+
+_CAKE_PACKAGES = {
+    "cake-core": "cake_core",
+    "cake-rmsnorm-det-train": "cake_rmsnorm_det_train",
+    "cake-tinylm": "cake_tinylm",
+}
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of python, torch, triton and the cake packages (``None`` if not importable).
+
+    Installed distributions are asked first; when running from source (``PYTHONPATH``) the
+    module's ``__version__`` is used.
+    """
+    import triton
+
+    out: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    for dist, module in _CAKE_PACKAGES.items():
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            try:
+                out[dist] = getattr(__import__(module), "__version__", None)
+            except ImportError:
+                out[dist] = None
+    return out
+
+
+def report_dict(result: JobResult) -> dict[str, object]:
+    """The JSON-serialisable content of ``report.json``."""
+    return {
+        "config": result.config_dict(),
+        "device": result.device,
+        "device_name": result.device_name,
+        "corpus": result.corpus,
+        "versions": package_versions(),
+        "identical": result.identical,
+        "losses_identical": result.losses_identical,
+        "weights_identical": result.weights_identical,
+        "max_abs_loss_gap_cake_vs_torch": result.max_gap_torch,
+        "seconds_total": result.seconds,
+        "runs": {
+            r.name: {
+                "impl": r.impl,
+                "final_train_loss": r.final_train_loss,
+                "val_loss": r.val_loss,
+                "tokens_per_s": r.tokens_per_s,
+                "seconds": r.seconds,
+                "losses": r.losses.tolist(),
+            }
+            for r in result.runs
+        },
+    }
+
+
+def format_summary(result: JobResult) -> str:
+    """Plain-text summary table (one row per run) plus the verdict lines."""
+    header = f"{'run':<8}{'final train loss':>18}{'val loss':>10}{'tokens/s':>12}{'seconds':>10}"
+    lines = [header, "-" * len(header)]
+    for r in result.runs:
+        lines.append(
+            f"{r.name:<8}{r.final_train_loss:>18.6f}{r.val_loss:>10.4f}"
+            f"{r.tokens_per_s:>12,.0f}{r.seconds:>10.1f}"
+        )
+    yes = {True: "yes", False: "NO"}
+    lines += [
+        "",
+        f"cake-a vs cake-b losses bitwise identical: {yes[result.losses_identical]}",
+        f"cake-a vs cake-b final weights identical:  {yes[result.weights_identical]}",
+        f"largest |loss gap| cake-a vs torch:       {result.max_gap_torch:.3e}",
+        f"device: {result.device_name}; total {result.seconds:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(result: JobResult, out: str | Path) -> tuple[Path, Path]:
+    """Write ``report.json`` and ``loss.png`` into ``out`` (created if missing).
+
+    Returns:
+        ``(json_path, png_path)``.
+
+    Raises:
+        OSError: if ``out`` cannot be created or written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "report.json"
+    json_path.write_text(json.dumps(report_dict(result), indent=2) + "\n")
+
+    png_path = out / "loss.png"
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {"cake-a": ("-", 2.5), "cake-b": ("--", 1.5), "torch": (":", 1.5)}
+    for r in result.runs:
+        ls, lw = styles.get(r.name, ("-", 1.0))
+        ax.plot(
+            range(1, r.losses.numel() + 1),
+            r.losses.numpy(),
+            ls,
+            lw=lw,
+            label=f"{r.name} ({r.impl} RMSNorm), val {r.val_loss:.3f}",
+        )
+    cfg = result.config
+    ax.set_xlabel("step")
+    ax.set_ylabel("train loss (nats/byte)")
+    ax.set_title(
+        f"cake-tinylm: d{cfg.d_model} L{cfg.n_layers} T{cfg.seq_len} B{cfg.batch_size} "
+        f"{cfg.dtype} on {result.device}; cake runs identical: {result.identical}"
+    )
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return json_path, png_path

@@ -1,0 +1,443 @@
+"""The main job: train the tiny LM three times and compare.
+
+1. Build the cake model once from ``seed`` (on CPU, fp32) and clone its initial state.
+2. Train cake run A and cake run B from that state on the same batches (offsets drawn
+   up front from a ``torch.Generator`` seeded by ``seed``); their per-step losses must
+   agree bit for bit and their final parameters must be ``torch.equal``.
+3. Train the torch reference (``torch.nn.RMSNorm``, same parameter names) from the same
+   state on the same batches; report the largest absolute gap between its loss curve and
+   cake run A's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .data import DEFAULT_BYTES, ByteCorpus, batch_starts, get_batch, load_corpus, split_train_val
+from .data import val_windows as make_val_windows
+from .model import ModelConfig, TinyLM, build_model
+
+__all__ = [
+    "CUDA_DEFAULTS",
+    "JobResult",
+    "RunResult",
+    "TrainConfig",
+    "default_config",
+    "deterministic_mode",
+    "evaluate",
+    "resolve_device",
+    "run_job",
+    "train_once",
+]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+#: Overrides of the :class:`TrainConfig` defaults (which are sized for the CPU interpreter)
+#: used when the job runs on CUDA.
+CUDA_DEFAULTS: dict[str, object] = dict(
+    steps=300, batch_size=32, seq_len=512, d_model=512, n_layers=6, n_heads=8, lr=1e-3
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines one job. Field defaults are the CPU defaults: the whole job
+    (three trainings) finishes in a few minutes on a 2-core CPU through the Triton
+    interpreter; :data:`CUDA_DEFAULTS` replaces some of them on a GPU.
+
+    Attributes:
+        steps: optimizer steps per run.
+        batch_size: windows per step ``B``.
+        seq_len: tokens per window ``T``.
+        d_model, n_layers, n_heads: model size (see :class:`~cake_tinylm.model.ModelConfig`).
+        lr: AdamW learning rate (constant after a linear warm-up of ``warmup`` steps).
+        seed: seed of the initial weights and of the batch order.
+        dtype: ``"float32"`` or ``"bfloat16"`` (parameter and activation dtype).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"`` (``auto`` = cuda if available).
+        text: corpus path (file or directory) or ``None`` for the stdlib sources.
+        bytes: corpus byte budget.
+        out: output directory for ``report.json`` and ``loss.png``.
+        weight_decay: AdamW weight decay.
+        warmup: linear warm-up steps.
+        grad_clip: max global gradient norm (``0`` disables clipping).
+        val_windows: at most this many validation windows of ``seq_len`` are scored.
+        activation: MLP activation, ``"gelu"`` or ``"silu"``.
+    """
+
+    steps: int = 120
+    batch_size: int = 8
+    seq_len: int = 64
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    lr: float = 2e-3
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "auto"
+    text: str | None = None
+    bytes: int = DEFAULT_BYTES
+    out: str = "runs/tinylm"
+    weight_decay: float = 0.1
+    warmup: int = 10
+    grad_clip: float = 1.0
+    val_windows: int = 64
+    activation: str = "gelu"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len", "bytes", "val_windows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if self.warmup < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("warmup, grad_clip and weight_decay must be >= 0")
+
+    def model_config(self) -> ModelConfig:
+        """The :class:`ModelConfig` this job trains (raises ``ValueError`` if inconsistent)."""
+        return ModelConfig(
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            max_seq_len=self.seq_len,
+            activation=self.activation,
+        )
+
+
+def default_config(device: str = "auto", **overrides: object) -> TrainConfig:
+    """A :class:`TrainConfig` with the defaults for ``device`` (CPU or CUDA), then overrides.
+
+    Raises:
+        ValueError: on an invalid device or override value.
+        TypeError: on an unknown override name.
+    """
+    base = CUDA_DEFAULTS if resolve_device(device).type == "cuda" else {}
+    return TrainConfig(**{**base, "device": device, **overrides})
+
+
+@dataclass
+class RunResult:
+    """One training run.
+
+    Attributes:
+        name: ``"cake-a"``, ``"cake-b"`` or ``"torch"``.
+        impl: ``"cake"`` or ``"torch"`` norms.
+        losses: ``float32`` CPU tensor ``[steps]`` of per-step training losses.
+        val_loss: mean cross entropy over the validation windows after training (nats/byte).
+        seconds: wall time of the training loop (validation excluded).
+        tokens_per_s: ``steps * batch_size * seq_len / seconds``.
+        model: the trained model.
+    """
+
+    name: str
+    impl: str
+    losses: torch.Tensor
+    val_loss: float
+    seconds: float
+    tokens_per_s: float
+    model: TinyLM = field(repr=False)
+
+    @property
+    def final_train_loss(self) -> float:
+        """Training loss of the last step."""
+        return float(self.losses[-1])
+
+
+@dataclass
+class JobResult:
+    """Outcome of :func:`run_job`.
+
+    Attributes:
+        config: the job's :class:`TrainConfig`.
+        model_config: the :class:`ModelConfig` trained.
+        device: resolved device string; ``device_name`` its human name.
+        corpus: ``{"source", "n_bytes", "n_files", "n_train", "n_val"}``.
+        runs: ``[cake-a, cake-b, torch]``.
+        losses_identical: per-step losses of the cake runs equal bit for bit.
+        weights_identical: every final parameter of the cake runs ``torch.equal``.
+        max_gap_torch: ``max |loss_cake_a - loss_torch|`` over steps.
+        seconds: wall time of the whole job.
+    """
+
+    config: TrainConfig
+    model_config: ModelConfig
+    device: str
+    device_name: str
+    corpus: dict[str, object]
+    runs: list[RunResult]
+    losses_identical: bool
+    weights_identical: bool
+    max_gap_torch: float
+    seconds: float
+
+    @property
+    def identical(self) -> bool:
+        """Both cake runs identical in losses and in final weights."""
+        return self.losses_identical and self.weights_identical
+
+    def run(self, name: str) -> RunResult:
+        """The run called ``name`` (raises ``KeyError`` if absent)."""
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def config_dict(self) -> dict[str, object]:
+        """JSON-serialisable config: train config plus model config."""
+        return {"train": asdict(self.config), "model": self.model_config.to_dict()}
+
+
+def resolve_device(device: str) -> torch.device:
+    """Map ``"auto" | "cpu" | "cuda"`` to a ``torch.device``.
+
+    Raises:
+        ValueError: on another name, or ``"cuda"`` without an available GPU.
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+        return torch.device("cuda")
+    raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+
+
+@contextlib.contextmanager
+def deterministic_mode() -> Iterator[None]:
+    """Run the body with ``torch.use_deterministic_algorithms(True)``; restore the previous
+    setting on exit. Also sets ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless already set (cuBLAS
+    reads it when its first handle is created, so it must precede the first CUDA matmul;
+    it is left set)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+
+
+class _Bar:
+    """Minimal text progress bar on stderr (redraws in place on a TTY, else ~10 lines)."""
+
+    def __init__(self, label: str, total: int, enabled: bool) -> None:
+        self.label, self.total, self.enabled = label, total, enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.every = max(1, total // (50 if self.tty else 10))
+        self.t0 = time.perf_counter()
+
+    def wants(self, step: int) -> bool:
+        return self.enabled and (step % self.every == 0 or step == self.total)
+
+    def update(self, step: int, loss: float, tokens: int) -> None:
+        width = 30
+        filled = width * step // self.total
+        rate = tokens / max(time.perf_counter() - self.t0, 1e-9)
+        line = (
+            f"{self.label:>7} |{'#' * filled}{'-' * (width - filled)}| "
+            f"{step}/{self.total} loss {loss:.4f} {rate:,.0f} tok/s"
+        )
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if step == self.total else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def evaluate(
+    model: TinyLM, data: torch.Tensor, starts: torch.Tensor, seq_len: int, batch_size: int
+) -> float:
+    """Mean cross entropy (nats/byte) of ``model`` over windows at ``starts`` of ``data``.
+
+    Args:
+        model: the LM (its device is used).
+        data: ``uint8`` CPU tensor ``[N]``.
+        starts: ``int64`` ``[W]`` offsets with ``start + seq_len < N``.
+        seq_len, batch_size: window length and windows per forward.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    for i in range(0, starts.numel(), batch_size):
+        chunk = starts[i : i + batch_size]
+        x, y = get_batch(data, chunk, seq_len, device)
+        _, loss = model(x, y)
+        total += loss.double() * chunk.numel()
+        count += chunk.numel()
+    model.train(was_training)
+    return float(total / count)
+
+
+def train_once(
+    name: str,
+    model: TinyLM,
+    train_data: torch.Tensor,
+    starts: torch.Tensor,
+    cfg: TrainConfig,
+    *,
+    val_data: torch.Tensor,
+    val_starts: torch.Tensor,
+    progress: bool = True,
+) -> RunResult:
+    """Train ``model`` in place on the batches given by ``starts`` and score validation.
+
+    Args:
+        name: label of the run (progress bar, report).
+        model: freshly initialised model on its target device and dtype.
+        train_data: ``uint8`` CPU tensor ``[N]``.
+        starts: ``int64`` ``[steps, B]`` window offsets (from :func:`batch_starts`).
+        cfg: the job config (``lr``, ``weight_decay``, ``warmup``, ``grad_clip``,
+            ``seq_len``).
+        val_data, val_starts: validation split and its window offsets.
+        progress: draw a progress bar on stderr.
+
+    Returns:
+        A :class:`RunResult` (losses as an fp32 CPU tensor ``[steps]``).
+    """
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+    )
+    steps, bsz = starts.shape
+    tokens_per_step = bsz * cfg.seq_len
+    bar = _Bar(name, steps, progress)
+    losses: list[torch.Tensor] = []
+    model.train()
+    _sync(device)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if cfg.warmup:
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+        x, y = get_batch(train_data, starts[step], cfg.seq_len, device)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(loss.detach())
+        if bar.wants(step + 1):
+            bar.update(step + 1, float(loss.detach()), (step + 1) * tokens_per_step)
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    loss_curve = torch.stack(losses).float().cpu()
+    val_loss = evaluate(model, val_data, val_starts, cfg.seq_len, bsz)
+    return RunResult(
+        name=name,
+        impl=model.impl,
+        losses=loss_curve,
+        val_loss=val_loss,
+        seconds=seconds,
+        tokens_per_s=steps * tokens_per_step / max(seconds, 1e-9),
+        model=model,
+    )
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _same_weights(a: TinyLM, b: TinyLM) -> bool:
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def run_job(
+    cfg: TrainConfig, *, progress: bool = True, corpus: ByteCorpus | None = None
+) -> JobResult:
+    """Run the main job (three trainings) and compare them.
+
+    Args:
+        cfg: the job config.
+        progress: draw per-run progress bars on stderr.
+        corpus: a pre-loaded corpus; default loads ``cfg.text`` / stdlib with ``cfg.bytes``.
+
+    Returns:
+        A :class:`JobResult`; ``result.identical`` is the determinism verdict.
+
+    Raises:
+        ValueError: on an inconsistent config, ``--device cuda`` without a GPU, or a corpus
+            too small for ``seq_len`` (the validation split needs ``seq_len + 1`` bytes).
+        FileNotFoundError: if ``cfg.text`` does not exist.
+    """
+    t_job = time.perf_counter()
+    device = resolve_device(cfg.device)
+    mcfg = cfg.model_config()
+    dtype = DTYPES[cfg.dtype]
+
+    if corpus is None:
+        corpus = load_corpus(cfg.text, cfg.bytes)
+    train_data, val_data = split_train_val(corpus.data)
+    starts = batch_starts(train_data.numel(), cfg.steps, cfg.batch_size, cfg.seq_len, cfg.seed)
+    val_starts = make_val_windows(val_data, cfg.seq_len, cfg.val_windows)
+
+    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
+        torch.manual_seed(cfg.seed)
+        init_state = {k: v.clone() for k, v in build_model(mcfg, "cake").state_dict().items()}
+
+    runs: list[RunResult] = []
+    with deterministic_mode():
+        for name, impl in (("cake-a", "cake"), ("cake-b", "cake"), ("torch", "torch")):
+            model = build_model(mcfg, impl, device=device, dtype=dtype)
+            model.load_state_dict(init_state)
+            runs.append(
+                train_once(
+                    name,
+                    model,
+                    train_data,
+                    starts,
+                    cfg,
+                    val_data=val_data,
+                    val_starts=val_starts,
+                    progress=progress,
+                )
+            )
+    a, b, ref = runs
+    return JobResult(
+        config=cfg,
+        model_config=mcfg,
+        device=str(device),
+        device_name=_device_name(device),
+        corpus={
+            "source": corpus.source,
+            "n_bytes": corpus.n_bytes,
+            "n_files": len(corpus.files),
+            "n_train": int(train_data.numel()),
+            "n_val": int(val_data.numel()),
+        },
+        runs=runs,
+        losses_identical=_same_bits(a.losses, b.losses),
+        weights_identical=_same_weights(a.model, b.model),
+        max_gap_torch=float((a.losses.double() - ref.losses.double()).abs().max()),
+        seconds=time.perf_counter() - t_job,
+    )

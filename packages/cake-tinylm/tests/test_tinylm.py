@@ -1,0 +1,207 @@
+"""Fast unit tests of cake-tinylm: data selection, model shapes, cake-vs-torch parity, CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from cake_tinylm import (
+    ModelConfig,
+    TrainConfig,
+    batch_starts,
+    build_model,
+    get_batch,
+    load_corpus,
+    split_train_val,
+    stdlib_files,
+)
+from cake_tinylm.cli import main
+
+SMALL = ModelConfig(d_model=32, n_layers=2, n_heads=4, max_seq_len=16)
+
+
+def test_stdlib_selection_is_deterministic_and_filtered():
+    files = stdlib_files()
+    assert files == stdlib_files()
+    assert files == sorted(files)
+    assert files and all(f.endswith(".py") for f in files)
+    for f in files:
+        parts = f.split("/")[:-1]
+        assert not {"site-packages", "dist-packages", "test", "tests", "__pycache__"} & set(parts)
+    a = load_corpus(max_bytes=50_000)
+    b = load_corpus(max_bytes=50_000)
+    assert a.n_bytes == 50_000 and a.data.dtype == torch.uint8
+    assert torch.equal(a.data, b.data) and a.files == b.files
+    assert a.files[0] == files[0]
+
+
+def test_text_directory_and_file(tmp_path):
+    (tmp_path / "b.txt").write_bytes(b"world")
+    (tmp_path / "a.txt").write_bytes(b"hello ")
+    (tmp_path / ".hidden").write_bytes(b"nope")
+    c = load_corpus(tmp_path, max_bytes=None)
+    assert bytes(c.data.tolist()) == b"hello world" and c.files == ("a.txt", "b.txt")
+    assert bytes(load_corpus(tmp_path / "b.txt", max_bytes=3).data.tolist()) == b"wor"
+    with pytest.raises(FileNotFoundError):
+        load_corpus(tmp_path / "missing")
+    with pytest.raises(ValueError):
+        load_corpus(tmp_path, max_bytes=0)
+
+
+def test_split_and_batches_deterministic():
+    data = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
+    train, val = split_train_val(data)
+    assert val.numel() == 50 and train.numel() == 950
+    s1 = batch_starts(train.numel(), 5, 3, 16, seed=7)
+    s2 = batch_starts(train.numel(), 5, 3, 16, seed=7)
+    assert s1.shape == (5, 3) and torch.equal(s1, s2)
+    assert not torch.equal(s1, batch_starts(train.numel(), 5, 3, 16, seed=8))
+    assert int(s1.min()) >= 0 and int(s1.max()) + 16 < train.numel()
+    x, y = get_batch(train, s1[0], 16)
+    assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError):
+        batch_starts(10, 1, 1, 16, seed=0)
+
+
+def test_forward_shapes_and_errors():
+    torch.manual_seed(0)
+    model = build_model(SMALL, "cake")
+    idx = torch.randint(0, 256, (2, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, 256) and logits.dtype == torch.float32
+    assert loss.shape == () and loss.dtype == torch.float32
+    logits, loss = model(idx[:, :5])
+    assert logits.shape == (2, 5, 256) and loss is None
+    with pytest.raises(ValueError):
+        model(torch.randint(0, 256, (2, 17)))
+    with pytest.raises(ValueError):
+        model(idx[0])
+    with pytest.raises(ValueError):
+        ModelConfig(d_model=30, n_heads=4)
+    with pytest.raises(ValueError):
+        build_model(SMALL, "jax")
+
+
+def test_cake_and_torch_models_match_from_same_weights():
+    from cake_rmsnorm_det_train import RMSNorm
+
+    torch.manual_seed(0)
+    cake = build_model(SMALL, "cake")
+    ref = build_model(SMALL, "torch")
+    assert cake.state_dict().keys() == ref.state_dict().keys()
+    ref.load_state_dict(cake.state_dict())
+    # Every norm of the cake model is cake's RMSNorm (exact type), every torch one torch's.
+    norms = [m for m in cake.modules() if "RMSNorm" in type(m).__name__]
+    assert len(norms) == 2 * SMALL.n_layers + 1 and all(type(m) is RMSNorm for m in norms)
+    assert all(type(m) is torch.nn.RMSNorm for m in ref.modules() if "RMSNorm" in type(m).__name__)
+    idx = torch.randint(0, 256, (2, 16))
+    lc, loss_c = cake(idx, idx)
+    lr, loss_r = ref(idx, idx)
+    torch.testing.assert_close(lc, lr, rtol=1e-5, atol=1e-5)
+    loss_c.backward()
+    loss_r.backward()
+    gc = dict(cake.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_train_config_validation():
+    with pytest.raises(ValueError):
+        TrainConfig(steps=0)
+    with pytest.raises(ValueError):
+        TrainConfig(dtype="float16")
+    with pytest.raises(ValueError):
+        TrainConfig(device="tpu")
+
+
+def test_cli_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for opt in (
+        "--steps",
+        "--batch-size",
+        "--seq-len",
+        "--d-model",
+        "--n-layers",
+        "--n-heads",
+        "--lr",
+        "--seed",
+        "--dtype",
+        "--out",
+        "--text",
+        "--bytes",
+        "--device",
+    ):
+        assert opt in out
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cake_tinylm", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "train" in proc.stdout
+
+
+def test_cli_bad_arguments_exit_2(tmp_path, capsys):
+    assert main(["train", "--d-model", "30", "--n-heads", "4", "--out", str(tmp_path)]) == 2
+    assert main(["train", "--text", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_identity_checks_can_fail():
+    from cake_tinylm.train import _same_bits, _same_weights
+
+    a = torch.tensor([1.0, 2.0])
+    b = torch.nextafter(a, torch.tensor(3.0))  # one ulp away
+    assert _same_bits(a, a.clone()) and not _same_bits(a, b)
+    nan = torch.tensor([float("nan")])
+    assert _same_bits(nan, nan.clone())  # bits, not ==
+    torch.manual_seed(0)
+    m1 = build_model(SMALL, "torch")
+    m2 = build_model(SMALL, "torch")
+    m2.load_state_dict(m1.state_dict())
+    assert _same_weights(m1, m2)
+    with torch.no_grad():
+        m2.norm_f.weight[0] = torch.nextafter(m2.norm_f.weight[0], torch.tensor(2.0))
+    assert not _same_weights(m1, m2)
+
+
+def test_cli_train_exit_code_follows_verdict(tmp_path, monkeypatch, capsys):
+    import cake_tinylm.train as train_mod
+
+    args = [
+        "train",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--d-model",
+        "16",
+        "--n-layers",
+        "1",
+        "--n-heads",
+        "2",
+        "--bytes",
+        "4000",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(args) == 0
+    assert (tmp_path / "report.json").exists() and (tmp_path / "loss.png").exists()
+    assert "bitwise identical: yes" in capsys.readouterr().out
+    monkeypatch.setattr(train_mod, "_same_weights", lambda a, b: False)
+    assert main(args) == 1
+    assert "final weights identical:  NO" in capsys.readouterr().out
