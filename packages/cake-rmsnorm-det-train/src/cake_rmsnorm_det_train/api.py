@@ -23,7 +23,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
-from cake_core.triton_utils import launch_device_check, triton
+from cake_core.triton_utils import launch_device_check
 
 from cake_rmsnorm_det_train.kernels.bwd import rmsnorm_bwd_kernel
 from cake_rmsnorm_det_train.kernels.fwd import rmsnorm_fwd_kernel
@@ -107,6 +107,10 @@ def _resolve_workspace(workspace, plan: RMSNormDetPlan, device: torch.device):
 # ----------------------------------------------------------------------------- launches
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # host-side; triton.cdiv is a JIT function with a costly host call
+
+
 def _rows(t: torch.Tensor, n_rows: int, H: int) -> torch.Tensor:
     t2 = t.reshape(n_rows, H)
     return t2 if H == 1 or t2.stride(-1) == 1 else t2.contiguous()
@@ -116,7 +120,7 @@ def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan):
     H = x.shape[-1]
     n_rows = x.numel() // H
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    h = torch.empty(x.shape if residual is not None else (0,), dtype=x.dtype, device=x.device)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
     rstd = torch.empty((n_rows,), dtype=torch.float32, device=x.device)
     if n_rows == 0:
         return y, h, rstd
@@ -124,7 +128,7 @@ def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan):
     r2 = _rows(residual, n_rows, H) if residual is not None else x2
     y2 = y.view(n_rows, H)
     h2 = h.view(n_rows, H) if residual is not None else y2
-    grid = (triton.cdiv(n_rows, plan.block_m_fwd),)
+    grid = (_cdiv(n_rows, plan.block_m_fwd),)
     rmsnorm_fwd_kernel[grid](
         x2, r2, weight, y2, h2, rstd,
         n_rows, H, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps,
@@ -156,7 +160,7 @@ def _launch_bwd(dy, dh, xh, weight, rstd, plan: RMSNormDetPlan, partials, acc):
         HAS_DH=dh is not None, BLOCK_M=plan.block_m_bwd, BLOCK_H=plan.block_h,
         num_warps=plan.num_warps_bwd,
     )
-    dweight_reduce_kernel[(triton.cdiv(H, plan.reduce_block_c),)](
+    dweight_reduce_kernel[(_cdiv(H, plan.reduce_block_c),)](
         partials, dw, acc if acc is not None else partials, plan.bwd_programs, H,
         HAS_ACC=acc is not None, BLOCK_P=plan.reduce_block_p, BLOCK_C=plan.reduce_block_c,
         num_warps=4,
@@ -173,7 +177,8 @@ def _fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None
             dweight_accumulator: torch.Tensor | None,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(RMSNormDetPlan, plan_fields)
-    return _launch_fwd(x, weight, residual, eps, plan)
+    y, h, rstd = _launch_fwd(x, weight, residual, eps, plan)
+    return y, (h if h is not None else x.new_empty((0,))), rstd
 
 
 @_fwd_op.register_fake

@@ -63,6 +63,9 @@ def _warps(elements: int) -> int:
     return max(1, min(16, elements // 512))
 
 
+_PLANS: dict[tuple, RMSNormDetPlan] = {}
+
+
 def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) -> RMSNormDetPlan:
     """Pick the plan for rows of ``hidden_size`` elements of ``dtype`` on ``device``.
 
@@ -79,6 +82,16 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) 
     device = torch.device(device)
     if not isinstance(hidden_size, int) or not 1 <= hidden_size <= MAX_HIDDEN:
         raise ValueError(f"hidden_size: must be an int in [1, {MAX_HIDDEN}], got {hidden_size!r}")
+    if torch.compiler.is_compiling():  # traced once; the cache would only add guards
+        return _rule(hidden_size, device)
+    key = (hidden_size, device.type, device.index)
+    plan = _PLANS.get(key)
+    if plan is None:  # a pure function of the key: caching saves host time, changes nothing
+        plan = _PLANS[key] = _rule(hidden_size, device)
+    return plan
+
+
+def _rule(hidden_size: int, device: torch.device) -> RMSNormDetPlan:
     block_h = next_power_of_2(hidden_size)
     cuda = device.type == "cuda"
     tile = 4096 if cuda else 16384
