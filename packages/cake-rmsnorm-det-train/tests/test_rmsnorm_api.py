@@ -120,3 +120,42 @@ def test_shared_workspace_and_accumulator_across_calls():
     w2 = w.detach().clone().requires_grad_()
     (rmsnorm_det(a.detach(), w2).sum() + rmsnorm_det(b.detach(), w2).sum()).backward()
     torch.testing.assert_close(acc, w2.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_module_meta_init_dtype_mix_and_strides():
+    with torch.device("meta"):
+        m = RMSNorm(32, elementwise_affine=False)
+    m.to_empty(device=DEV)
+    m.reset_parameters()
+    x = randn((4, 32), torch.float32, DEV, seed=4)
+    torch.testing.assert_close(m(x), torch.nn.functional.rms_norm(x, (32,)))
+    bf = RMSNorm(32, dtype=torch.bfloat16, device=DEV)  # module dtype != input dtype
+    torch.testing.assert_close(bf(x), torch.nn.functional.rms_norm(x, (32,)))
+    xt = randn((32, 4), torch.float32, DEV, seed=5).t()  # last dim not contiguous
+    torch.testing.assert_close(RMSNorm(32, device=DEV)(xt),
+                               torch.nn.functional.rms_norm(xt, (32,)))
+    with pytest.raises(ValueError, match="normalized_shape"):
+        RMSNorm(0)
+
+
+def test_double_backward_refused_not_silent():
+    x = randn((4, 32), torch.float32, DEV, seed=6).requires_grad_()
+    w = randn((32,), torch.float32, DEV, seed=7).requires_grad_()
+    (g,) = torch.autograd.grad(rmsnorm_det(x, w).pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
+        g.pow(2).sum().backward()
+
+
+def test_plan_field_types():
+    good = make_plan(32, torch.float32, DEV).to_dict()
+    for field, bad in (("bwd_programs", 1.5), ("hidden_size", 32.0), ("num_warps_fwd", 0),
+                       ("block_h", True)):
+        with pytest.raises(ValueError, match=field):
+            RMSNormDetPlan.from_dict({**good, field: bad})
+    with pytest.raises(ValueError, match="hidden_size"):
+        make_plan(True, torch.float32, DEV)
+    with pytest.raises(ValueError, match="device"):
+        make_plan(32, torch.float32, "nope")
+    import numpy as np
+
+    assert make_plan(np.int64(32), torch.float32, DEV) == make_plan(32, torch.float32, DEV)

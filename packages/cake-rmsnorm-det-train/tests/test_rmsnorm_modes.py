@@ -80,3 +80,9 @@ def test_foreign_plan_refused():
     with pytest.raises(ValueError, match="plan: got dict"):
         rmsnorm_det(randn((2, 32), torch.float32, DEV), randn((32,), torch.float32, DEV),
                     plan=saved.plan.to_dict())
+
+
+def test_tensor_as_workspace_message_is_clean():
+    x = randn((6, 32), torch.float32, DEV, seed=1)
+    with pytest.raises(ValueError, match=r"workspace: got Tensor \(mode=none\)"):
+        rmsnorm_det(x, torch.ones(32, device=DEV), workspace=torch.zeros(4, 32))

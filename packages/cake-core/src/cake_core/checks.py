@@ -7,6 +7,7 @@ arguments. Messages start with the argument's name: ``"x: expected dtype ..."``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -70,7 +71,7 @@ def check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
 
 def check_positive_finite(v: object, name: str) -> float:
     """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
         raise ValueError(f"{name}: expected a finite number > 0, got {v!r}")
     return float(v)
 

@@ -36,6 +36,8 @@ def require_mode(obj: object, expected_type: type | tuple[type, ...], mode: Mode
     types = expected_type if isinstance(expected_type, tuple) else (expected_type,)
     expected = " or ".join(t.__name__ for t in types)
     actual_mode = getattr(obj, "mode", None)
+    if not isinstance(actual_mode, Mode):
+        actual_mode = "none"
     if not isinstance(obj, types):
         raise ValueError(
             f"{name}: got {type(obj).__name__} (mode={actual_mode}), expected {expected} "

@@ -244,6 +244,7 @@ class _RMSNormDetFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy, dh=None):
         xh, weight, rstd = ctx.saved_tensors
         dx, dw = _launch_bwd(dy, dh if ctx.has_residual else None, xh, weight, rstd, ctx.plan,

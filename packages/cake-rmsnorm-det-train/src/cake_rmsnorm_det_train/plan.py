@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import ClassVar
 
 import torch
@@ -44,6 +45,10 @@ class RMSNormDetPlan(Plan):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name != "mode" and type(v) is not int:
+                raise ValueError(f"RMSNormDetPlan: {f.name} must be an int, got {v!r}")
         if not 1 <= self.hidden_size <= MAX_HIDDEN:
             raise ValueError(f"RMSNormDetPlan: hidden_size must be in [1, {MAX_HIDDEN}], "
                              f"got {self.hidden_size}")
@@ -55,6 +60,10 @@ class RMSNormDetPlan(Plan):
                 raise ValueError(f"RMSNormDetPlan: {n} must be a power of two, got {v}")
         if self.bwd_programs < 1:
             raise ValueError("RMSNormDetPlan: bwd_programs must be >= 1")
+        for n in ("num_warps_fwd", "num_warps_bwd"):
+            v = getattr(self, n)
+            if v not in (1, 2, 4, 8, 16, 32):
+                raise ValueError(f"RMSNormDetPlan: {n} must be 1, 2, 4, 8, 16 or 32, got {v}")
         if self.mode != Mode.DET:
             raise ValueError(f"RMSNormDetPlan: mode must be det, got {self.mode}")
 
@@ -79,9 +88,14 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) 
     Raises:
         ValueError: if ``hidden_size`` is outside [1, 65536].
     """
-    device = torch.device(device)
-    if not isinstance(hidden_size, int) or not 1 <= hidden_size <= MAX_HIDDEN:
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {e}") from None
+    if isinstance(hidden_size, bool) or not isinstance(hidden_size, numbers.Integral) or \
+            not 1 <= hidden_size <= MAX_HIDDEN:
         raise ValueError(f"hidden_size: must be an int in [1, {MAX_HIDDEN}], got {hidden_size!r}")
+    hidden_size = int(hidden_size)
     if torch.compiler.is_compiling():  # traced once; the cache would only add guards
         return _rule(hidden_size, device)
     key = (hidden_size, device.type, device.index)
