@@ -1,6 +1,9 @@
 """dweight is bitwise repeatable under one plan; a reordered sum is not (the test can fail)."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import torch
 from cake_core.testing import assert_bitwise_repeat, bitwise_equal, randn
@@ -74,3 +77,31 @@ def test_other_plan_other_order():
         _, saved = rmsnorm_det_fwd(x, w, plan=plan)
         dws.append(rmsnorm_det_bwd(dy, None, saved).dweight)
     assert any(not bitwise_equal(dws[0], d) for d in dws[1:])
+
+
+_HASH_SCRIPT = """
+import hashlib, torch
+from cake_core.testing import bits, randn
+from cake_core.triton_utils import default_device
+from cake_rmsnorm_det_train import rmsnorm_det
+dev = default_device()
+x = randn((300, 200), torch.bfloat16, dev, seed=1, scale=3.0).requires_grad_()
+r = randn((300, 200), torch.bfloat16, dev, seed=2).requires_grad_()
+w = randn((200,), torch.bfloat16, dev, seed=3).requires_grad_()
+dy = randn((300, 200), torch.bfloat16, dev, seed=4, scale=10.0)
+y, h = rmsnorm_det(x, w, residual=r)
+torch.autograd.backward([y, h], [dy, dy])
+d = hashlib.sha256()
+for t in (y, h, x.grad, r.grad, w.grad):
+    d.update(bits(t).cpu().numpy().tobytes())
+print(d.hexdigest())
+"""
+
+
+def test_same_bits_process_after_process():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    outs = [subprocess.run([sys.executable, "-c", _HASH_SCRIPT], capture_output=True,
+                           text=True, env=env, timeout=300) for _ in range(2)]
+    for o in outs:
+        assert o.returncode == 0, o.stderr[-2000:]
+    assert outs[0].stdout.strip() == outs[1].stdout.strip() != ""

@@ -85,10 +85,3 @@ class Plan:
         """Stable key: the same across processes and machines for equal plans."""
         digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
         return f"{type(self).__name__}:{digest}"
-
-    def fields(self) -> tuple[Any, ...]:
-        """Field values in declaration order (mode as its string), for custom-op calls."""
-        return tuple(
-            (v.value if isinstance(v, Mode) else v)
-            for v in (getattr(self, f.name) for f in dataclasses.fields(self))
-        )

@@ -13,9 +13,11 @@ class SavedSet:
     """Tensors (and plain metadata) a family's forward keeps for its backward.
 
     Carries ``mode`` and ``format_version``; a det backward refuses a saved set of another
-    type or mode (:func:`cake_core.require_mode`). Inside autograd the tensors travel through
-    ``ctx.save_for_backward`` (``tensors()`` / ``from_tensors()``), so
-    ``torch.utils.checkpoint`` and saved-tensor hooks work.
+    type or mode (:func:`cake_core.require_mode`). It is the low-level API's currency
+    (``<op>_fwd`` returns one, ``<op>_bwd`` takes one). Inside autograd a family saves the
+    same tensors with ``ctx.save_for_backward`` (``tensors()`` / ``from_tensors()`` give the
+    order), never as ctx attributes, so ``torch.utils.checkpoint`` and saved-tensor hooks
+    work.
 
     Subclasses set ``tensor_names`` (the order of ``tensors()``) and ``format_version``.
     """

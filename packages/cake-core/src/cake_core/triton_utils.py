@@ -112,7 +112,7 @@ INTERPRETING: tl.constexpr = tl.constexpr(is_interpreting())
 
 @triton.jit
 def dot(a, b, acc):
-    """``acc + a @ b`` in fp32. Under the interpreter, bf16 operands are upcast first
+    """``acc + a @ b`` in fp32. Under the interpreter, operands are upcast to fp32 first
     (the interpreter's bf16 ``tl.dot`` returns garbage in triton 3.6); compiled code keeps
     the operands' dtype so tensor cores run at full rate.
 
