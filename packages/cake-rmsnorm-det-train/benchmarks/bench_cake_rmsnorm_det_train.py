@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         "first-call time includes compilation)",
     )
     p.add_argument("--no-check", action="store_true", help="skip accuracy/repeat checks")
+    p.add_argument(
+        "--graph",
+        action="store_true",
+        help="also time fwd+bwd replayed from a CUDA graph (device time without host time)",
+    )
     return p
 
 
@@ -443,7 +448,32 @@ def run_impl(impl: Impl, x, w, dy, ref, args, timer: Timer) -> dict[str, Any]:
         return grad(yy, (x, w), dy)
 
     rec["fwdbwd"] = timer.bench(fwd_bwd)
+    if getattr(args, "graph", False) and args.device == "cuda":
+        rec["fwdbwd_graph"] = bench_graphed(fwd_bwd, timer)
     return rec
+
+
+def bench_graphed(fn: Callable[[], Any], timer: Timer) -> dict[str, Any]:
+    """fwd+bwd captured once in a CUDA graph and replayed: the same kernels without the
+    host time between launches. Returns {"ms": ...} or {"error": ...}."""
+    import torch
+
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        out = timer.bench(g.replay)
+        del g
+        return out
+    except Exception as exc:  # some anchors may not be capturable
+        return {"error": short_error(exc)}
 
 
 def run_shape(T: int, H: int, impls: dict[str, Impl], args, timer: Timer) -> dict[str, Any]:
@@ -569,6 +599,19 @@ def markdown_shape(res: dict[str, Any]) -> str:
             f"| {e['dw']['max_abs']:.3g} | {e['dw']['max_rel_to_max']:.3g} | {rep_s} |"
         )
     out = head + lines
+    graphed = {n: r["fwdbwd_graph"] for n, r in res["impls"].items()
+               if r.get("status") == "ok" and "fwdbwd_graph" in r}
+    if graphed:
+        cake_g = graphed.get("cake", {}).get("ms")
+        out += ["", "| impl | f+b eager ms | f+b CUDA graph ms | cake/x graph |",
+                "|---|---:|---:|---:|"]
+        for name, g in graphed.items():
+            ms = g.get("ms")
+            ratio = cake_g / ms if cake_g and ms else None
+            eager = res["impls"][name]["fwdbwd"]["ms"]
+            out.append(f"| {name} | {fmt(eager, '.4f')} | "
+                       f"{fmt(ms, '.4f') if ms else g.get('error', '—')[:80]} | "
+                       f"{fmt(ratio, '.3f')} |")
     if any_acc:
         out += acc
     if notes:

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def rmsnorm_bwd_kernel(
     DY, DH, XH, W, RSTD, DX, DW_PART,
     n_rows, n_cols, n_programs, stride_dy, stride_dh, stride_x, stride_dx,

@@ -1,10 +1,13 @@
-"""Forward: y = h * rstd * w, h = x (+ residual), one tile of BLOCK_M whole rows/program."""
+"""Forward: y = h * rstd * w, h = x (+ residual), one tile of BLOCK_M whole rows/program.
+
+``n_rows`` is not specialized on: a new batch size does not compile a new kernel.
+"""
 
 import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def rmsnorm_fwd_kernel(
     X, R, W, Y, HOUT, RSTD,
     n_rows, n_cols, stride_x, stride_r, stride_y, stride_h, eps,

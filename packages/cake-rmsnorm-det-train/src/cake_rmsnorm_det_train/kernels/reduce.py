@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_parts"])
 def dweight_reduce_kernel(
     PART, DW, ACC, n_parts, n_cols,
     HAS_ACC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
