@@ -11,8 +11,12 @@ FAMILY = {
 
 MANIFEST = {
     **FAMILY,
-    "kernels": [{"module": "cake_core.triton_utils", "function": "dot"}],
+    "kernels": [
+        {"module": "cake_core.triton_utils", "function": "dot"},
+        {"module": "cake_core.gemm", "function": "matmul_kernel"},
+        {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
+    ],
     "plans": [],
     "package_data": [],
-    "source_digest": None,  # cake-core has no kernels/ folder; dot() is a helper
+    "source_digest": None,  # cake-core has no kernels/ folder; families digest what they use
 }

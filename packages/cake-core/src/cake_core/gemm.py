@@ -1,0 +1,191 @@
+"""Shared deterministic GEMM kernels: a strided, split-able matmul and an ordered sum.
+
+Families that multiply (dense projection, LM-head loss, MoE grouped GEMM) reuse these:
+
+- :func:`matmul_kernel`: ``C[s] (+)= A[:, Kslice_s] @ B[Kslice_s, :] (+ bias)`` over arbitrary
+  strides (a transposed operand is a strided view, never a copy), fp32 accumulation, grouped
+  tile order (``GROUP_M`` row tiles share their B columns while resident in L2). Grid axis 0
+  walks the output tiles, axis 1 the ``SPLIT`` fixed slices of the reduction dimension: slice
+  ``s`` covers ``[s * k_per_split, (s + 1) * k_per_split)`` and writes its own fp32 partial
+  plane ``C + s * stride_cs``. With ``SPLIT == 1`` C is the output itself, in any dtype.
+- :func:`ordered_sum_kernel`: ``out = partial[0] + partial[1] + ... + partial[S-1]`` in index
+  order, in fp32 (one sequential add per slice, the same order in every tile), written cast
+  to ``out``'s dtype or added into an fp32 accumulator (Megatron's ``main_grad``).
+
+No atomics anywhere, so equal inputs, launch parameters and hardware give equal bits. The
+host helpers :func:`matmul` and :func:`ordered_sum` launch them; kernels and helpers never
+allocate (outputs and partial planes come from the caller). Importing this module imports
+Triton (after :mod:`cake_core.triton_utils` picked the backend).
+
+Precision: bf16/fp16 operands multiply on tensor cores with fp32 accumulation (through
+:func:`cake_core.triton_utils.dot`, interpreter-safe). fp32 operands use
+``input_precision="ieee"`` (exact fp32 products) unless ``allow_tf32`` is set; the
+interpreter always computes in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cake_core.triton_utils import dot, select_backend, tl, triton
+
+select_backend()
+
+__all__ = ["matmul", "matmul_kernel", "ordered_sum", "ordered_sum_kernel"]
+
+
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return dot(a, b, acc)
+
+
+@triton.jit
+def matmul_kernel(
+    A, B, C, BIAS,
+    M, N, K, k_per_split, n_tiles_m, n_tiles_n,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """One output tile of one reduction slice; see the module docstring."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    # grouped order: GROUP_M row tiles walk the column tiles together (L2 reuse of B)
+    in_group = GROUP_M * n_tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_m
+    pid_n = (pid % in_group) // group_m
+
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K).to(tl.int64)
+    mm = rm < M
+    nm = rn < N
+    k_lo = s * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        ks = k0 + rk
+        km = ks < k_hi
+        a = tl.load(A + rm[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=mm[:, None] & km[None, :], other=0.0)
+        b = tl.load(B + ks[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=km[:, None] & nm[None, :], other=0.0)
+        acc = _mma(a, b, acc, IEEE)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = C + s.to(tl.int64) * stride_cs + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    cmask = mm[:, None] & nm[None, :]
+    if ACCUMULATE:
+        acc = tl.load(c_ptrs, mask=cmask, other=0.0) + acc
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def ordered_sum_kernel(P, OUT, n_parts, numel, stride_p,
+                       ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr):
+    """``OUT[i] (= | +=) sum_s P[s * stride_p + i]`` for s = 0, 1, ..., n_parts-1 in order."""
+    pid = tl.program_id(0)
+    offs = (pid * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    m = offs < numel
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    ptrs = P + offs
+    for _ in range(0, n_parts):
+        acc += tl.load(ptrs, mask=m, other=0.0)
+        ptrs += stride_p  # pointer steps: no int32 overflow of s * stride_p
+    if ACCUMULATE:
+        acc = tl.load(OUT + offs, mask=m, other=0.0) + acc
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=m)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
+           bias: torch.Tensor | None = None, accumulate: bool = False, split: int = 1,
+           partials: torch.Tensor | None = None, allow_tf32: bool = False,
+           block_m: int = 64, block_n: int = 64, block_k: int = 32, group_m: int = 8,
+           num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+    """``out (+)= a @ b (+ bias)`` with fp32 accumulation; returns ``out``.
+
+    Args:
+        a: ``[M, K]``, any strides (pass ``w.t()`` for ``x @ w.T``); b: ``[K, N]``, same dtype
+            (fp32, bf16 or fp16).
+        out: ``[M, N]``, any strides. Without ``accumulate``: written, cast to its dtype.
+            With ``accumulate``: must be fp32 and receives ``out + a @ b`` (read-modify-write).
+        bias: optional ``[N]`` (contiguous), added in fp32 before the cast.
+        split: number S of fixed slices of the reduction dimension (deterministic split-K).
+            With ``S > 1`` the slices' fp32 products go to ``partials`` (fp32 ``[S, M, N]``,
+            contiguous), then :func:`ordered_sum` adds them in slice order into ``out``
+            (``bias`` is added to slice 0 only). Slice length: ``cdiv(cdiv(K, S), block_k) *
+            block_k``; trailing slices may be empty (their plane is written with zeros).
+        allow_tf32: fp32 operands multiply as tf32 (faster, not exact). Ignored otherwise.
+        block_m / block_n / block_k (powers of two, >= 16), group_m, num_warps, num_stages:
+            launch parameters. Equal parameters give equal bits; other ones may not.
+
+    The caller checks shapes and devices; this helper only launches (no allocation).
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0:
+        return out
+    ieee = a.dtype == torch.float32 and not allow_tf32
+    tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)
+    kw = dict(IEEE=ieee, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+              num_warps=num_warps, num_stages=num_stages)
+    if split == 1:
+        matmul_kernel[(tiles_m * tiles_n, 1)](
+            a, b, out, bias if bias is not None else out,
+            M, N, K, max(K, 1), tiles_m, tiles_n,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), 0, out.stride(0),
+            out.stride(1), HAS_BIAS=bias is not None, ACCUMULATE=accumulate, **kw)
+        return out
+    if partials is None or tuple(partials.shape) != (split, M, N) or \
+            partials.dtype != torch.float32 or not partials.is_contiguous():
+        raise ValueError(f"partials: need a contiguous fp32 tensor [{split}, {M}, {N}]")
+    k_per_split = _cdiv(_cdiv(K, split), block_k) * block_k
+    matmul_kernel[(tiles_m * tiles_n, split)](
+        a, b, partials, bias if bias is not None else partials,
+        M, N, K, k_per_split, tiles_m, tiles_n,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), partials.stride(0),
+        partials.stride(1), partials.stride(2), HAS_BIAS=False, ACCUMULATE=False, **kw)
+    if bias is not None:  # bias belongs to no slice; add it once, in a fixed place
+        partials[0].add_(bias.float())
+    ordered_sum(partials, out=None if accumulate else out,
+                accumulate_into=out if accumulate else None)
+    return out
+
+
+def ordered_sum(partials: torch.Tensor, out: torch.Tensor | None = None,
+                accumulate_into: torch.Tensor | None = None, *, block: int = 1024,
+                num_warps: int = 4) -> torch.Tensor:
+    """Sum ``partials`` (fp32 ``[S, ...]``, contiguous) over dim 0 in index order.
+
+    Exactly one of ``out`` (contiguous, ``partials.shape[1:]``, any float dtype: written,
+    cast once) and ``accumulate_into`` (contiguous fp32 of that shape: ``acc + sum``) is given.
+    Per element the order is ``((p[0] + p[1]) + p[2]) + ...``, then the cast or the add.
+    Returns the tensor written.
+    """
+    if (out is None) == (accumulate_into is None):
+        raise ValueError("ordered_sum: give exactly one of out and accumulate_into")
+    dst = out if out is not None else accumulate_into
+    shape = tuple(partials.shape[1:])
+    if tuple(dst.shape) != shape or not dst.is_contiguous() or not partials.is_contiguous() \
+            or partials.dtype != torch.float32:
+        raise ValueError(f"ordered_sum: need contiguous fp32 partials [S, *{list(shape)}] and a "
+                         f"contiguous destination of shape {list(shape)}")
+    if accumulate_into is not None and accumulate_into.dtype != torch.float32:
+        raise ValueError("ordered_sum: accumulate_into must be fp32")
+    numel = dst.numel()
+    if numel == 0:
+        return dst
+    ordered_sum_kernel[(_cdiv(numel, block),)](
+        partials, dst, partials.shape[0], numel, partials.stride(0) if partials.dim() else 0,
+        ACCUMULATE=accumulate_into is not None, BLOCK=block, num_warps=num_warps)
+    return dst

@@ -1,0 +1,108 @@
+"""cake_core.gemm: the shared strided split-K matmul and the ordered sum (interpreter on CPU)."""
+
+import pytest
+import torch
+from cake_core.gemm import matmul, ordered_sum
+from cake_core.testing import assert_close_to_reference, bitwise_equal, poison_, randn
+from cake_core.triton_utils import default_device
+
+DEV = default_device()
+TILES = dict(block_m=32, block_n=32, block_k=16, group_m=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_matmul_strided_bias_and_poison(dtype):
+    a = randn((70, 45), dtype, DEV, seed=1)
+    bt = randn((37, 45), dtype, DEV, seed=2)   # b = bt.t(): a transposed view, no copy
+    bias = randn((37,), dtype, DEV, seed=3)
+    out = poison_(torch.empty(70, 37, dtype=dtype, device=DEV))
+    matmul(a, bt.t(), out, bias=bias, **TILES)  # 3×2 tiles, GROUP_M=2: a ragged last group
+    ref = a.double() @ bt.double().t() + bias.double()
+    assert_close_to_reference(out, ref, dtype, "out")
+    out_t = poison_(torch.empty(37, 70, dtype=dtype, device=DEV)).t()  # strided output
+    matmul(a, bt.t(), out_t, bias=bias, **TILES)
+    assert bitwise_equal(out_t.contiguous(), out)
+
+
+@pytest.mark.parametrize("split", [1, 2, 5])
+def test_matmul_split_and_accumulate(split):
+    a = randn((20, 150), torch.bfloat16, DEV, seed=4)
+    b = randn((150, 24), torch.bfloat16, DEV, seed=5)
+    ref = a.double() @ b.double()
+    parts = poison_(torch.empty(split, 20, 24, device=DEV)) if split > 1 else None
+    out = poison_(torch.empty(20, 24, dtype=torch.bfloat16, device=DEV))
+    matmul(a, b, out, split=split, partials=parts, **TILES)
+    assert_close_to_reference(out, ref, torch.bfloat16)
+    if split > 1:  # the partials are the slices' products, summed in order
+        cdiv = lambda n, d: -(-n // d)
+        k = cdiv(cdiv(150, split), 16) * 16  # slice length, a multiple of block_k
+        for s in range(split):
+            sl = slice(s * k, min(150, (s + 1) * k))
+            torch.testing.assert_close(parts[s].double(), a[:, sl].double() @ b[sl].double(),
+                                       rtol=1e-5, atol=1e-4)
+        seq = torch.zeros(20, 24, device=DEV)
+        for s in range(split):
+            seq = seq + parts[s]
+        out32 = poison_(torch.empty(20, 24, device=DEV))
+        matmul(a, b, out32, split=split, partials=parts, **TILES)
+        assert bitwise_equal(out32, seq)
+        # bf16 output: the same ordered fp32 sum, cast in-kernel (the interpreter's
+        # fp32 -> bf16 cast truncates where CUDA rounds to nearest even, so compare with
+        # the kernel's own cast rather than torch's)
+        assert bitwise_equal(out, ordered_sum(parts, out=torch.empty_like(out)))
+    acc = randn((20, 24), torch.float32, DEV, seed=6)
+    start = acc.clone()
+    matmul(a, b, acc, accumulate=True, split=split, partials=parts, **TILES)
+    assert_close_to_reference(acc - start, ref, torch.float32, tol=1e-5)
+
+
+def test_matmul_fp32_is_exact_unless_tf32():
+    a = randn((16, 64), torch.float32, DEV, seed=7)
+    b = randn((64, 16), torch.float32, DEV, seed=8)
+    out = torch.empty(16, 16, device=DEV)
+    matmul(a, b, out, block_m=16, block_n=16, block_k=16)
+    assert_close_to_reference(out, a.double() @ b.double(), torch.float32, tol=1e-6)
+    matmul(a, b, out, allow_tf32=True, block_m=16, block_n=16, block_k=16)  # runs
+    assert torch.isfinite(out).all()
+
+
+def test_matmul_bad_partials():
+    a, b = torch.ones(4, 8, device=DEV), torch.ones(8, 4, device=DEV)
+    with pytest.raises(ValueError, match="partials"):
+        matmul(a, b, torch.empty(4, 4, device=DEV), split=2)
+    with pytest.raises(ValueError, match="partials"):
+        matmul(a, b, torch.empty(4, 4, device=DEV), split=2,
+               partials=torch.empty(2, 4, 4, dtype=torch.float16, device=DEV))
+
+
+def test_ordered_sum_order_and_accumulate():
+    parts = randn((6, 33, 9), torch.float32, DEV, seed=9, scale=1e3)
+    parts[3] *= 1e-7
+    seq = torch.zeros(33, 9, device=DEV)
+    for s in range(6):
+        seq = seq + parts[s]
+    out = poison_(torch.empty(33, 9, device=DEV))
+    ordered_sum(parts, out=out, block=64)
+    assert bitwise_equal(out, seq)
+    half = poison_(torch.empty(33, 9, dtype=torch.float16, device=DEV))
+    assert bitwise_equal(ordered_sum(parts, out=half, block=64), seq.half())
+    acc = randn((33, 9), torch.float32, DEV, seed=10)
+    expect = acc + seq
+    ordered_sum(parts, accumulate_into=acc, block=64)
+    assert bitwise_equal(acc, expect)
+    rev = torch.zeros(33, 9, device=DEV)
+    for s in reversed(range(6)):
+        rev = rev + parts[s]
+    assert not bitwise_equal(rev, seq)  # the order matters on this input
+
+
+def test_ordered_sum_bad_arguments():
+    parts = torch.zeros(2, 4, device=DEV)
+    with pytest.raises(ValueError, match="exactly one"):
+        ordered_sum(parts)
+    with pytest.raises(ValueError, match="exactly one"):
+        ordered_sum(parts, out=torch.empty(4), accumulate_into=torch.empty(4))
+    with pytest.raises(ValueError, match="shape"):
+        ordered_sum(parts, out=torch.empty(5, device=DEV))
+    with pytest.raises(ValueError, match="fp32"):
+        ordered_sum(parts, accumulate_into=torch.empty(4, dtype=torch.float16, device=DEV))

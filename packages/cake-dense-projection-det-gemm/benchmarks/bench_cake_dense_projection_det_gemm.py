@@ -1,0 +1,238 @@
+"""Benchmark cake's deterministic dense projection GEMMs against torch.matmul (cuBLAS).
+
+Phases, for y[M, N] = x[M, K] · W[N, K]ᵀ (2·M·N·K flops each):
+
+- ``fwd``: y = x · Wᵀ                         (torch: ``x @ w.t()``)
+- ``dgrad``: dx = dy · W                      (torch: ``dy @ w``)
+- ``wgrad``: dW = dyᵀ · x (plan's split-K)    (torch: ``dy.t() @ x``)
+- ``wgrad_acc``: main_grad += dyᵀ · x in fp32 (torch: ``main_grad.add_(dy.t() @ x)``,
+  which rounds dW to bf16 first: an anchor for time, not for numerics)
+
+cake phases call the family's launch functions directly (no autograd, no input checks), with
+the plan ``make_plan`` picks (recorded in the JSON) and a workspace built once. Ratios are
+cake_time / torch_time: below 1 means cake is faster. Each shape also checks cake against a
+float64 reference (relative Frobenius error) and that wgrad repeats bit for bit.
+
+GPU run (one H200)::
+
+    cd packages/cake-dense-projection-det-gemm/benchmarks
+    PYTHONPATH=$(ls -d ../../*/src | paste -sd:) python3 \\
+        bench_cake_dense_projection_det_gemm.py --out $OUT/dense_bench.json
+
+CPU smoke test (Triton interpreter, perf_counter timer, tiny shapes)::
+
+    python3 .../bench_cake_dense_projection_det_gemm.py --device cpu --quick
+
+Timing on CUDA: ``triton.testing.do_bench`` (warmup/rep in ms, L2 flushed), median reported
+(p20/p80 kept in the JSON). ``torch.use_deterministic_algorithms(True)`` is on for the torch
+anchors, as in a det training run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336),
+                  (4096, 128, 8192))
+QUICK_CPU_SHAPES = ((200, 48, 96), (512, 16, 64))
+PHASES = ("fwd", "dgrad", "wgrad", "wgrad_acc")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(
+                f"bad shape {item!r}; expected MxNxK, e.g. 4096x128x8192")
+        shapes.append(tuple(int(p) for p in parts))
+    return shapes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="write all results to this JSON file")
+    p.add_argument("--shapes", type=parse_shapes, default=None,
+                   help="comma-separated MxNxK (default: the issue's four; CPU --quick: tiny)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--quick", action="store_true", help="fewer warmup/rep (smoke test)")
+    p.add_argument("--warmup", type=float, default=None, help="do_bench warmup in ms (25)")
+    p.add_argument("--rep", type=float, default=None, help="do_bench rep in ms (100)")
+    p.add_argument("--no-check", action="store_true", help="skip accuracy/repeat checks")
+    return p
+
+
+class Timer:
+    def __init__(self, device: str, quick: bool, warmup: float | None, rep: float | None):
+        self.device = device
+        if device == "cuda":
+            self.warmup = warmup if warmup is not None else (5.0 if quick else 25.0)
+            self.rep = rep if rep is not None else (20.0 if quick else 100.0)
+            self.kind = "triton.testing.do_bench (ms budgets, L2 flushed, quantiles 0.5/0.2/0.8)"
+        else:  # iteration counts on the CPU
+            self.warmup = int(warmup) if warmup is not None else (0 if quick else 1)
+            self.rep = int(rep) if rep is not None else (1 if quick else 3)
+            self.kind = "time.perf_counter loop (iterations)"
+
+    def bench(self, fn: Callable[[], Any]) -> dict[str, float]:
+        if self.device == "cuda":
+            from triton.testing import do_bench
+
+            med, p20, p80 = (float(v) for v in do_bench(fn, warmup=self.warmup, rep=self.rep,
+                                                        quantiles=[0.5, 0.2, 0.8]))
+            return {"ms": med, "p20_ms": p20, "p80_ms": p80}
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(max(self.rep, 1)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        times.sort()
+        n = len(times)
+        return {"ms": statistics.median(times), "p20_ms": times[int(0.2 * (n - 1))],
+                "p80_ms": times[int(0.8 * (n - 1))]}
+
+
+def rel_err(a, ref) -> float:
+    import torch
+
+    a = a.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    return float(torch.linalg.vector_norm(a - ref) / max(float(torch.linalg.vector_norm(ref)),
+                                                           1e-30))
+
+
+def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer, check: bool):
+    import torch
+    from cake_core.testing import bitwise_equal
+    from cake_dense_projection_det_gemm import DenseProjectionDetWorkspace, make_plan
+    from cake_dense_projection_det_gemm.api import _launch_bwd, _launch_fwd
+
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(M, K, device=device, dtype=dtype, generator=g)
+    w = torch.randn(N, K, device=device, dtype=dtype, generator=g) * K ** -0.5
+    dy = torch.randn(M, N, device=device, dtype=dtype, generator=g)
+    main_grad = torch.zeros(N, K, device=device, dtype=torch.float32)
+    plan = make_plan(M, N, K, dtype, device)
+    ws = DenseProjectionDetWorkspace.for_plan(plan, device)
+    parts, bparts = ws["partials"], ws["bias_partials"]
+
+    cake = {
+        "fwd": lambda: _launch_fwd(x, w, None, plan),
+        "dgrad": lambda: _launch_bwd(dy, x, w, plan, parts, bparts, None, True, False, False),
+        "wgrad": lambda: _launch_bwd(dy, x, w, plan, parts, bparts, None, False, True, False),
+        "wgrad_acc": lambda: _launch_bwd(dy, x, w, plan, parts, bparts, main_grad, False, True,
+                                         False),
+    }
+    anchor = {
+        "fwd": lambda: x @ w.t(),
+        "dgrad": lambda: dy @ w,
+        "wgrad": lambda: dy.t() @ x,
+        "wgrad_acc": lambda: main_grad.add_(dy.t() @ x),
+    }
+    flops = 2.0 * M * N * K
+    res: dict[str, Any] = {"M": M, "N": N, "K": K, "plan": plan.to_dict(), "phases": {}}
+    if check:
+        x64, w64, dy64 = x.double(), w.double(), dy.double()
+        res["rel_err"] = {
+            "fwd": rel_err(cake["fwd"](), x64 @ w64.t()),
+            "dgrad": rel_err(cake["dgrad"]()[0], dy64 @ w64),
+            "wgrad": rel_err(cake["wgrad"]()[1], dy64.t() @ x64),
+        }
+        del x64, w64, dy64
+        res["wgrad_bitwise_repeat"] = bitwise_equal(cake["wgrad"]()[1], cake["wgrad"]()[1])
+    for ph in PHASES:
+        row = {}
+        for name, fns in (("cake", cake), ("torch", anchor)):
+            try:
+                t = timer.bench(fns[ph])
+                t["tflops"] = flops / (t["ms"] * 1e-3) / 1e12
+                row[name] = t
+            except Exception as exc:  # noqa: BLE001 - recorded, not fatal
+                row[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        if "ms" in row["cake"] and "ms" in row["torch"]:
+            row["ratio"] = row["cake"]["ms"] / row["torch"]["ms"]
+        res["phases"][ph] = row
+    return res
+
+
+def markdown_shape(res: dict[str, Any]) -> str:
+    lines = [f"### M={res['M']} N={res['N']} K={res['K']} (wgrad_splits="
+             f"{res['plan']['wgrad_splits']})", "",
+             "| phase | cake ms | cake TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | cake/cuBLAS |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for ph, row in res["phases"].items():
+        c, t = row["cake"], row["torch"]
+        cells = [f"{c['ms']:.3f}" if "ms" in c else c.get("error", "?"),
+                 f"{c['tflops']:.1f}" if "ms" in c else "",
+                 f"{t['ms']:.3f}" if "ms" in t else t.get("error", "?"),
+                 f"{t['tflops']:.1f}" if "ms" in t else "",
+                 f"{row['ratio']:.2f}" if "ratio" in row else ""]
+        lines.append(f"| {ph} | " + " | ".join(cells) + " |")
+    if "rel_err" in res:
+        errs = ", ".join(f"{k} {v:.2e}" for k, v in res["rel_err"].items())
+        lines += ["", f"rel. error vs float64: {errs}; wgrad bitwise repeat: "
+                      f"{res['wgrad_bitwise_repeat']}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import cake_core.triton_utils  # noqa: F401  (cake picks CUDA or the interpreter first)
+    import torch
+    import triton
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("CUDA is not available; use --device cpu for a smoke test", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        props = torch.cuda.get_device_properties(0)
+        desc = f"{props.name} ({props.total_memory / 2**30:.0f} GiB, " \
+               f"{props.multi_processor_count} SMs)"
+    else:
+        desc = f"cpu ({platform.processor() or platform.machine()}), Triton interpreter"
+    shapes = args.shapes or (QUICK_CPU_SHAPES if args.device == "cpu" else DEFAULT_SHAPES)
+    dtype = getattr(torch, DTYPES[args.dtype])
+    timer = Timer(args.device, args.quick, args.warmup, args.rep)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": desc, "python": sys.version.split()[0], "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton.__version__, "dtype": args.dtype,
+            "timer": timer.kind, "warmup": timer.warmup, "rep": timer.rep,
+            "argv": sys.argv if argv is None else argv}
+    print(f"## cake-dense-projection-det-gemm vs torch.matmul ({desc}, {args.dtype})\n",
+          flush=True)
+    payload: dict[str, Any] = {"meta": meta, "results": []}
+    for M, N, K in shapes:
+        try:
+            res = run_shape(M, N, K, dtype, args.device, timer, not args.no_check)
+        except Exception as exc:  # noqa: BLE001 - e.g. OOM; recorded, next shape runs
+            res = {"M": M, "N": N, "K": K, "status": "error",
+                   "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            print(f"### M={M} N={N} K={K}: failed: {res['error']}\n", flush=True)
+        else:
+            print(markdown_shape(res) + "\n", flush=True)
+        payload["results"].append(res)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(payload, f, indent=1)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    return 0 if all(r.get("status") != "error" for r in payload["results"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""DenseProjectionDetPlan and the rule that picks it (shapes, dtypes, device; never timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan
+from cake_core.triton_utils import sm_count
+
+#: Most wgrad slices a plan may ask for (the workspace holds S fp32 [N, K] planes).
+MAX_WGRAD_SPLITS = 16
+
+_POW2_FIELDS = ("block_m", "block_n", "block_k", "wgrad_block_m", "wgrad_block_n",
+                "wgrad_block_k", "reduce_block")
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseProjectionDetPlan(Plan):
+    """Execution plan of the det dense projection ``y = x · weightᵀ + bias``.
+
+    All fields are ints, so a plan crosses a custom op as ``list[int]``.
+
+    Fields:
+        out_features / in_features: N and K, weight ``[N, K]``; a plan serves any token
+            count M (M only steers the rule).
+        block_m / block_n / block_k, group_m, num_warps, num_stages: tiles and launch
+            parameters of the token-major GEMMs, forward ``y[M, N] = x[M, K] · Wᵀ`` and
+            dgrad ``dx[M, K] = dy[M, N] · W`` (block_n is the output column tile of both).
+        wgrad_block_m / wgrad_block_n / wgrad_block_k, wgrad_group_m, wgrad_num_warps,
+            wgrad_num_stages: tiles of the wgrad GEMM ``dW[N, K] = dyᵀ[N, M] · x[M, K]``
+            (wgrad_block_k runs over tokens).
+        wgrad_splits: S, the fixed number of token slices of the wgrad (and dbias)
+            reduction. Slice s writes an fp32 partial ``[N, K]`` plane to the workspace and
+            the planes are summed in slice order (deterministic split-K). S = 1: one pass,
+            written (or added into ``main_grad``) directly. Another S regroups the sum, so
+            dweight bits are promised only for equal plans.
+        reduce_block: elements per program of the ordered sum of the S planes.
+        allow_tf32: 1 lets fp32 inputs multiply as tf32 (not exact); 0 (default) keeps
+            fp32 products exact. No effect on bf16/fp16.
+        cublas_fwd_dgrad: 1 routes the forward and dgrad GEMMs to cuBLAS (``torch.addmm`` /
+            ``torch.mm``; deterministic per cuBLAS's own rules, with
+            ``torch.use_deterministic_algorithms(True)``). 0 (default) keeps them on cake's
+            kernels. The wgrad (split-K and ``main_grad``-fused) is always cake's.
+    """
+
+    family: ClassVar[str] = "cake-dense-projection-det-gemm"
+    format_version: ClassVar[int] = 1
+
+    out_features: int
+    in_features: int
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    wgrad_block_m: int
+    wgrad_block_n: int
+    wgrad_block_k: int
+    wgrad_group_m: int
+    wgrad_num_warps: int
+    wgrad_num_stages: int
+    wgrad_splits: int
+    reduce_block: int
+    allow_tf32: int
+    cublas_fwd_dgrad: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name != "mode" and type(v) is not int:
+                raise ValueError(f"{name}: {f.name} must be an int, got {v!r}")
+        for n in ("out_features", "in_features"):
+            if getattr(self, n) < 1:
+                raise ValueError(f"{name}: {n} must be >= 1, got {getattr(self, n)}")
+        for n in _POW2_FIELDS:
+            v = getattr(self, n)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name}: {n} must be a power of two >= 16, got {v}")
+        for n in ("group_m", "wgrad_group_m", "num_stages", "wgrad_num_stages"):
+            if getattr(self, n) < 1:
+                raise ValueError(f"{name}: {n} must be >= 1, got {getattr(self, n)}")
+        for n in ("num_warps", "wgrad_num_warps"):
+            v = getattr(self, n)
+            if v not in (1, 2, 4, 8, 16, 32):
+                raise ValueError(f"{name}: {n} must be 1, 2, 4, 8, 16 or 32, got {v}")
+        if not 1 <= self.wgrad_splits <= MAX_WGRAD_SPLITS:
+            raise ValueError(f"{name}: wgrad_splits must be in [1, {MAX_WGRAD_SPLITS}], "
+                             f"got {self.wgrad_splits}")
+        for n in ("allow_tf32", "cublas_fwd_dgrad"):
+            if getattr(self, n) not in (0, 1):
+                raise ValueError(f"{name}: {n} must be 0 or 1, got {getattr(self, n)}")
+        if self.mode != Mode.DET:
+            raise ValueError(f"{name}: mode must be det, got {self.mode}")
+
+
+_PLANS: dict[tuple, DenseProjectionDetPlan] = {}
+
+
+def _int(v, name: str, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+        raise ValueError(f"{name}: must be an int >= {lo}, got {v!r}")
+    return int(v)
+
+
+def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
+              device: torch.device | str) -> DenseProjectionDetPlan:
+    """Pick the plan for ``y[M, N] = x[M, K] · W[N, K]ᵀ`` in ``dtype`` on ``device``.
+
+    Rules (read M, N, K, dtype and the SM count; never timing). They are starting rules,
+    not yet checked against an H200 sweep (benchmarks/ holds the script):
+
+    - CUDA, bf16/fp16, forward and dgrad: tiles 128×256×64 (8 warps, 3 stages,
+      group_m 8) when the output ``[M, max(N, K)]`` fills at least one wave of SMs with
+      them, else 128×128×64 (4 stages), else 64×128×64 (4 warps, 4 stages). fp32:
+      half the block_k (32) and 3 stages (the tiles hold 4-byte operands).
+    - CUDA wgrad ``dW[N, K]``: 128×128 output tiles, 64 tokens per step (32 for fp32),
+      8 warps, 3 stages.
+    - Split rule (wgrad and dbias): with T = number of wgrad output tiles,
+      ``S = 1`` when T >= SMs, else ``S = clamp(min(SMs // T, M // MIN_SLICE), 1, 16)``,
+      MIN_SLICE = 1024 tokens on CUDA. So S > 1 only when tokens are many and N×K tiles
+      are few (e.g. M=4096, N=128, K=8192 on 132 SMs: T = 64, S = 2).
+    - CPU (Triton interpreter; every program costs Python time): all tiles 128 (the
+      interpreter multiplies a 128³ block in one numpy call), 4 "SMs", MIN_SLICE 128.
+    - ``allow_tf32 = 0`` and ``cublas_fwd_dgrad = 0`` always (until measured on GPU).
+    - ``reduce_block`` 1024 (4096 on the CPU).
+
+    Equal arguments give the equal plan (cached; a pure function of its key).
+
+    Raises:
+        ValueError: M < 0, N or K < 1 (or not ints), dtype not fp32/bf16/fp16, bad device.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {e}") from None
+    M, N, K = _int(M, "M", 0), _int(N, "N", 1), _int(K, "K", 1)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+    if torch.compiler.is_compiling():  # traced once; the cache would only add guards
+        return _rule(M, N, K, dtype, device)
+    key = (M, N, K, dtype, device.type, device.index)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _rule(M, N, K, dtype, device)
+    return plan
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
+    cuda = device.type == "cuda"
+    sms = sm_count(device)
+    fp32 = dtype == torch.float32
+    if cuda:
+        wide = max(N, K)
+        bk = 32 if fp32 else 64
+        if _cdiv(M, 128) * _cdiv(wide, 256) >= sms and not fp32:
+            bm, bn, warps, stages = 128, 256, 8, 3
+        elif _cdiv(M, 128) * _cdiv(wide, 128) >= sms:
+            bm, bn, warps, stages = 128, 128, 8, 3 if fp32 else 4
+        else:
+            bm, bn, warps, stages = 64, 128, 4, 3 if fp32 else 4
+        wbm, wbn, wbk, wwarps, wstages = 128, 128, bk, 8, 3
+        min_slice, reduce_block = 1024, 1024
+    else:
+        bm = bn = bk = wbm = wbn = wbk = 128
+        warps = wwarps = 4
+        stages = wstages = 1
+        min_slice, reduce_block = 128, 4096
+    tiles = _cdiv(N, wbm) * _cdiv(K, wbn)
+    splits = 1 if tiles >= sms else max(1, min(sms // tiles, M // min_slice, MAX_WGRAD_SPLITS))
+    return DenseProjectionDetPlan(
+        out_features=N, in_features=K,
+        block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages,
+        wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk, wgrad_group_m=8,
+        wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
+        reduce_block=reduce_block, allow_tf32=0, cublas_fwd_dgrad=0,
+    )

@@ -1,0 +1,55 @@
+"""DenseProjectionDetSavedSet and DenseProjectionDetWorkspace (modes checked via cake_core)."""
+
+from __future__ import annotations
+
+import torch
+from cake_core import Mode, SavedSet, Workspace
+
+from cake_dense_projection_det_gemm.plan import DenseProjectionDetPlan
+
+
+class DenseProjectionDetSavedSet(SavedSet):
+    """What the det forward keeps for the backward.
+
+    Tensors:
+        x: ``[..., K]``, the input (its dtype).
+        weight: ``[N, K]``.
+    Meta: ``has_bias`` (bool), ``plan`` (the forward's DenseProjectionDetPlan).
+    """
+
+    tensor_names = ("x", "weight")
+    format_version = 1
+
+
+def workspace_shapes(plan: DenseProjectionDetPlan) -> dict[str, tuple[int, ...]]:
+    """Shapes of the fp32 buffers ``plan`` needs: ``partials`` ``[S, N, K]`` and
+    ``bias_partials`` ``[S, N]`` when ``wgrad_splits`` S > 1, else empty ``(0,)`` buffers.
+    Independent of the token count M."""
+    S, N, K = plan.wgrad_splits, plan.out_features, plan.in_features
+    if S == 1:
+        return {"partials": (0,), "bias_partials": (0,)}
+    return {"partials": (S, N, K), "bias_partials": (S, N)}
+
+
+class DenseProjectionDetWorkspace(Workspace):
+    """fp32 split-K partial planes for one plan: ``partials`` ``[S, N, K]`` (dweight) and
+    ``bias_partials`` ``[S, N]`` (dbias), S = ``plan.wgrad_splits`` (both ``(0,)`` when
+    S = 1). Independent of the token count, so one workspace serves every batch shape.
+
+    Build with :meth:`for_plan`. Its contents are overwritten each backward (no state
+    carries over).
+    """
+
+    @classmethod
+    def for_plan(cls, plan: DenseProjectionDetPlan, device: torch.device | str
+                 ) -> DenseProjectionDetWorkspace:
+        """Allocate the buffers ``plan`` needs on ``device``."""
+        if not isinstance(plan, DenseProjectionDetPlan):
+            raise ValueError(f"plan: expected DenseProjectionDetPlan, got {type(plan).__name__}")
+        bufs = {n: torch.empty(s, dtype=torch.float32, device=device)
+                for n, s in workspace_shapes(plan).items()}
+        return cls(plan, device, bufs)
+
+
+__all__ = ["DenseProjectionDetSavedSet", "DenseProjectionDetWorkspace", "Mode",
+           "workspace_shapes"]
