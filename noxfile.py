@@ -24,6 +24,7 @@ nox.options.sessions = ["lint", "tests"]
 FAMILIES = {
     "core": "cake-core",
     "rmsnorm": "cake-rmsnorm-det-train",
+    "lmhead": "cake-lm-head-loss-det-train",
     "dense": "cake-dense-projection-det-gemm",
     "tinylm": "cake-tinylm",
 }

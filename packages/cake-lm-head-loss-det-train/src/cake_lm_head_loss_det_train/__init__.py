@@ -1,0 +1,66 @@
+"""cake-lm-head-loss-det-train: deterministic fused LM head + cross entropy in Triton.
+
+loss = cross_entropy(hidden @ weight.T (+ bias), labels), computed over token chunks so
+the whole ``[T, V]`` logits never exist, with label smoothing, z-loss (PaLM) and tanh
+logit soft-capping (Gemma 2), and bitwise repeatable gradients.
+
+Public names are imported lazily: importing this package (or its ``cake_build``
+manifest) does not import Triton or the kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "lm_head_loss_det": "api",
+    "lm_head_loss_det_fwd": "api",
+    "lm_head_loss_det_bwd": "api",
+    "LMHeadLossDetGrads": "api",
+    "LMHeadLoss": "modules",
+    "LMHeadLossDetPlan": "plan",
+    "make_plan": "plan",
+    "LMHeadLossDetSavedSet": "saved",
+    "LMHeadLossDetWorkspace": "saved",
+    "lm_head_loss_reference": "reference",
+}
+
+__all__ = [
+    "LMHeadLoss",
+    "LMHeadLossDetGrads",
+    "LMHeadLossDetPlan",
+    "LMHeadLossDetSavedSet",
+    "LMHeadLossDetWorkspace",
+    "__version__",
+    "lm_head_loss_det",
+    "lm_head_loss_det_bwd",
+    "lm_head_loss_det_fwd",
+    "lm_head_loss_reference",
+    "make_plan",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cake_lm_head_loss_det_train.api import (
+        LMHeadLossDetGrads,
+        lm_head_loss_det,
+        lm_head_loss_det_bwd,
+        lm_head_loss_det_fwd,
+    )
+    from cake_lm_head_loss_det_train.modules import LMHeadLoss
+    from cake_lm_head_loss_det_train.plan import LMHeadLossDetPlan, make_plan
+    from cake_lm_head_loss_det_train.reference import lm_head_loss_reference
+    from cake_lm_head_loss_det_train.saved import LMHeadLossDetSavedSet, LMHeadLossDetWorkspace
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        mod = importlib.import_module(f"{__name__}.{_LAZY[name]}")
+        return getattr(mod, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,654 @@
+"""Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of the det
+LM-head loss: cross entropy of ``hidden @ weight.T (+ bias)`` against ``labels``.
+
+Math (s the logits, soft-capped s = c tanh(z / c) when ``logit_softcap`` = c is set, Gemma 2;
+p = softmax(s); eps the label smoothing; zl the z-loss coefficient, PaLM):
+    loss_t  = lse_t - (1 - eps) s_{t,y} - eps/V sum_j s_{t,j} + zl lse_t^2   (ignored: 0)
+    dlogits = g_t (p (1 + 2 zl lse) - (1 - eps) onehot(y) - eps/V) (1 - (s/c)^2)
+    dhidden = dlogits @ W;  dweight = sum over chunks (in order) of dlogits_c^T @ h_c;
+    dbias   = ordered sum of dlogits over tokens.
+Tokens run in chunks of ``plan.chunk_tokens``: only ``[chunk, V]`` logits ever exist.
+GEMMs: cake_core.gemm; the softmax/CE part: kernels/ce.py; the loss sum: kernels/reduce.py.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    require_mode,
+)
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.gemm import matmul, ordered_sum
+from cake_core.triton_utils import launch_device_check
+
+from cake_lm_head_loss_det_train.kernels.ce import ce_chunk_kernel
+from cake_lm_head_loss_det_train.kernels.reduce import loss_sum_kernel
+from cake_lm_head_loss_det_train.plan import (
+    MAX_HIDDEN,
+    MAX_VOCAB,
+    REDUCTIONS,
+    LMHeadLossDetPlan,
+    make_plan,
+)
+from cake_lm_head_loss_det_train.saved import LMHeadLossDetSavedSet, LMHeadLossDetWorkspace
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_RED = {"none": 0, "mean": 1, "sum": 2}
+_NONE, _MEAN, _SUM = 0, 1, 2
+
+
+class LMHeadLossDetGrads(NamedTuple):
+    """Gradients of :func:`lm_head_loss_det_bwd`; ``None`` where there is none.
+
+    dhidden: like hidden. dweight: like weight (``None`` when ``main_grad`` received it).
+    dbias: like bias, only with a bias.
+    """
+
+    dhidden: torch.Tensor | None
+    dweight: torch.Tensor | None
+    dbias: torch.Tensor | None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_scalar(v, name: str, lo: float, hi: float | None = None) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or \
+            v < lo or (hi is not None and v > hi):
+        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name}: expected a finite number {rng}, got {v!r}")
+    return float(v)
+
+
+def _check_main_grad(main_grad, V: int, H: int) -> None:
+    if main_grad is None:
+        return
+    check_tensor(main_grad, "main_grad")
+    check_shape(main_grad, "main_grad", [V, H])
+    check_dtype(main_grad, "main_grad", (torch.float32,))
+    if not main_grad.is_contiguous():
+        raise ValueError("main_grad: must be contiguous")
+
+
+def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing,
+                  z_loss, logit_softcap, main_grad):
+    """Returns (device, cfg) with cfg = (ignore_index, reduction code, label_smoothing,
+    z_loss, softcap or 0.0)."""
+    check_tensor(hidden, "hidden")
+    if hidden.dim() not in (2, 3):
+        raise ValueError(f"hidden: expected a 2-D [T, H] or 3-D [B, S, H] tensor, got "
+                         f"{hidden.dim()}-D {tuple(hidden.shape)}")
+    check_dtype(hidden, "hidden", _FLOATS)
+    H = hidden.shape[-1]
+    if not 1 <= H <= MAX_HIDDEN:
+        raise ValueError(f"hidden: last dimension (H) must be in [1, {MAX_HIDDEN}], got {H}")
+    check_last_dim_contiguous(hidden, "hidden")
+    check_tensor(weight, "weight")
+    if weight.dim() != 2 or weight.shape[1] != H:
+        raise ValueError(f"weight: expected shape [V, {H}], got {list(weight.shape)}")
+    V = weight.shape[0]
+    if not 1 <= V <= MAX_VOCAB:
+        raise ValueError(f"weight: vocabulary size (V) must be in [1, {MAX_VOCAB}], got {V}")
+    check_dtype(weight, "weight", (hidden.dtype,))
+    check_last_dim_contiguous(weight, "weight")
+    check_tensor(labels, "labels")
+    check_dtype(labels, "labels", (torch.int64,))
+    check_shape(labels, "labels", list(hidden.shape[:-1]))
+    if bias is not None:
+        check_tensor(bias, "bias")
+        check_shape(bias, "bias", [V])
+        check_dtype(bias, "bias", (hidden.dtype, torch.float32))
+        if not bias.is_contiguous():
+            raise ValueError("bias: must be contiguous")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral) or \
+            not -(2**63) <= ignore_index < 2**63:
+        raise ValueError(f"ignore_index: expected an int, got {ignore_index!r}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
+    ls = _check_scalar(label_smoothing, "label_smoothing", 0.0, 1.0)
+    zl = _check_scalar(z_loss, "z_loss", 0.0)
+    cap = 0.0
+    if logit_softcap is not None:
+        cap = _check_scalar(logit_softcap, "logit_softcap", 0.0)
+        if cap <= 0.0:
+            raise ValueError(f"logit_softcap: expected None or a finite number > 0, got "
+                             f"{logit_softcap!r}")
+    _check_main_grad(main_grad, V, H)
+    device = check_same_device(("hidden", hidden), ("weight", weight), ("labels", labels),
+                               ("bias", bias), ("main_grad", main_grad))
+    launch_device_check(device, "hidden")
+    return device, (int(ignore_index), _RED[reduction], ls, zl, cap)
+
+
+def _check_labels(labels: torch.Tensor, V: int, ignore_index: int) -> None:
+    """One reduction and one host sync: labels outside [0, V) other than ignore_index."""
+    if labels.numel() == 0:
+        return
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= V))
+    if bool(bad.any()):
+        first = int(labels[bad].reshape(-1)[0])
+        raise ValueError(f"labels: values must be in [0, {V}) or ignore_index={ignore_index}, "
+                         f"got {first}")
+
+
+def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str):
+    if plan is None:
+        return make_plan(H, V, dtype, device, reduction=reduction)
+    require_mode(plan, LMHeadLossDetPlan, Mode.DET, name="plan")
+    if plan.hidden_size != H or plan.vocab_size != V:
+        raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, vocab_size="
+                         f"{plan.vocab_size}; inputs have H={H}, V={V}")
+    if plan.grad_in_forward and reduction == "none":
+        raise ValueError("plan: grad_in_forward=1 needs reduction 'mean' or 'sum' (per-token "
+                         "upstream gradients exist only at backward time)")
+    return plan
+
+
+def _resolve_workspace(workspace, plan: LMHeadLossDetPlan, device, dtype):
+    """(logits, dlogits, dh_partials) buffers, or (None, None, None) without a workspace."""
+    if workspace is None:
+        return None, None, None
+    require_mode(workspace, LMHeadLossDetWorkspace, Mode.DET, name="workspace")
+    workspace.check(plan, device)
+    C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
+    want = {"logits": ((C, V), torch.float32)}
+    if dtype != torch.float32:
+        want["dlogits"] = ((C, V), dtype)
+    if plan.dh_split > 1:
+        want["dh_partials"] = ((plan.dh_split * C * H,), torch.float32)
+    for name, (shape, dt) in want.items():
+        t = workspace[name] if name in workspace.names else None
+        if t is None or tuple(t.shape) != shape or t.dtype != dt or not t.is_contiguous():
+            got = "missing" if t is None else f"{str(t.dtype)[6:]} {list(t.shape)}"
+            raise ValueError(
+                f"workspace: {name!r} must be a contiguous {str(dt)[6:]} tensor of shape "
+                f"{list(shape)}, got {got}; build it with "
+                "LMHeadLossDetWorkspace.for_plan(plan, device, dtype)")
+    return (workspace["logits"], workspace["dlogits"] if "dlogits" in want else None,
+            workspace["dh_partials"] if "dh_partials" in want else None)
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _gemm_kw(plan: LMHeadLossDetPlan, which: str) -> dict:
+    return dict(block_m=getattr(plan, f"{which}_block_m"),
+                block_n=getattr(plan, f"{which}_block_n"),
+                block_k=getattr(plan, f"{which}_block_k"), group_m=plan.gemm_group_m,
+                num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
+
+
+def _buffers(plan, h2, bufs):
+    logits, dlogits, dh_parts = bufs
+    C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
+    dev = h2.device
+    if logits is None:
+        logits = torch.empty((min(C, h2.shape[0]), V), dtype=torch.float32, device=dev)
+    if dlogits is None and h2.dtype != torch.float32:
+        dlogits = torch.empty((logits.shape[0], V), dtype=h2.dtype, device=dev)
+    if dh_parts is None and plan.dh_split > 1:
+        dh_parts = torch.empty((plan.dh_split * logits.shape[0] * H,), dtype=torch.float32,
+                               device=dev)
+    return logits, dlogits, dh_parts
+
+
+def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n_valid,
+                loss_tok, lse, dh, dw32, db32):
+    """The chunk loop. fwd: write loss_tok and lse; g_kind/g: the upstream gradient of the
+    CE kernel (-1: no gradient); dh / dw32 / db32: None or where the gradients go (dw32 and
+    db32 are written by the first chunk and accumulated in fp32 by the next ones)."""
+    ignore_index, red, ls, zl, cap = cfg
+    T, H = h2.shape
+    V = weight.shape[0]
+    logits, dlogits, dh_parts = _buffers(plan, h2, bufs)
+    grad = g_kind >= 0
+    kw_logits, kw_dh, kw_dw = (_gemm_kw(plan, k) for k in ("logits", "dh", "dw"))
+    wt = weight.t()
+    for t0 in range(0, T, plan.chunk_tokens):
+        t1 = min(T, t0 + plan.chunk_tokens)
+        n = t1 - t0
+        hc = h2[t0:t1]
+        lg = logits[:n]
+        matmul(hc, wt, lg, bias=bias, **kw_logits)
+        dl = (dlogits[:n] if dlogits is not None else lg) if grad else lg
+        ce_chunk_kernel[(_cdiv(n, plan.block_m),)](
+            lg, dl, labels1[t0:t1], loss_tok[t0:t1] if fwd else lg,
+            lse[t0:t1], (g[t0:t1] if g_kind == 2 else g) if g is not None else lg, n_valid,
+            n, V, lg.stride(0), dl.stride(0), ignore_index, ls, zl, cap if cap > 0 else 1.0,
+            FWD=fwd, GRAD=grad, G_KIND=max(g_kind, 0), MEAN=red == _MEAN, SOFTCAP=cap > 0,
+            STORE_F32=grad and db32 is not None and dlogits is not None,
+            BLOCK_M=plan.block_m, BLOCK_V=plan.block_v, num_warps=plan.num_warps,
+        )
+        if not grad:
+            continue
+        if dh is not None:
+            parts = None
+            if plan.dh_split > 1:
+                parts = dh_parts[: plan.dh_split * n * H].view(plan.dh_split, n, H)
+            matmul(dl, weight, dh[t0:t1], split=plan.dh_split, partials=parts, **kw_dh)
+        if dw32 is not None:
+            matmul(dl.t(), hc, dw32, accumulate=t0 > 0, **kw_dw)
+        if db32 is not None:  # lg now holds the fp32 dlogits of the chunk
+            if t0 == 0:
+                ordered_sum(lg, out=db32)
+            else:
+                ordered_sum(lg, accumulate_into=db32)
+
+
+def _forward_impl(h2, weight, bias, labels1, cfg, plan, bufs, need_dh, need_dw, need_db):
+    """Returns (loss, lse, n_valid, dh, dw32, db32); the last three are empty ``(0,)``
+    tensors unless the plan computes gradients in the forward and they are needed."""
+    ignore_index, red, _, _, _ = cfg
+    T, H = h2.shape
+    V = weight.shape[0]
+    dev = h2.device
+    n_valid = (labels1 != ignore_index).sum()
+    loss_tok = torch.empty((T,), dtype=torch.float32, device=dev)
+    lse = torch.empty((T,), dtype=torch.float32, device=dev)
+    gif = bool(plan.grad_in_forward) and red != _NONE
+    need_db = need_db and bias is not None
+    empty = lambda dt: torch.empty((0,), dtype=dt, device=dev)
+    dh = torch.empty((T, H), dtype=h2.dtype, device=dev) if gif and need_dh else empty(h2.dtype)
+    dw32 = torch.empty((V, H), dtype=torch.float32, device=dev) if gif and need_dw \
+        else empty(torch.float32)
+    db32 = torch.empty((V,), dtype=torch.float32, device=dev) if gif and need_db \
+        else empty(torch.float32)
+    any_grad = gif and (need_dh or need_dw or need_db)
+    if T > 0:
+        _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, fwd=True, g=None,
+                    g_kind=0 if any_grad else -1, n_valid=n_valid, loss_tok=loss_tok, lse=lse,
+                    dh=dh if gif and need_dh else None, dw32=dw32 if gif and need_dw else None,
+                    db32=db32 if gif and need_db else None)
+    else:
+        dw32.zero_()
+        db32.zero_()
+    if red == _NONE:
+        loss = loss_tok
+    else:
+        loss = torch.empty((), dtype=torch.float32, device=dev)
+        if T == 0:
+            loss.zero_()
+        else:
+            loss_sum_kernel[(1,)](loss_tok, n_valid, loss, T, MEAN=red == _MEAN,
+                                  BLOCK=plan.loss_block, num_warps=4)
+    return loss, lse, n_valid, dh, dw32, db32
+
+
+def _scaled_rows(src32, g, dst, *, accumulate: bool, rows_per_step: int = 0):
+    """``dst = (src32 * g).to(dst.dtype)`` or ``dst += src32 * g`` (fp32), in row blocks so
+    the fp32 product never exists whole: the same elementwise roundings as the one-shot
+    torch expression (product rounded to fp32, then the cast or the add), hence the same
+    bits, with a transient of at most ~64 MiB."""
+    V, H = src32.shape
+    step = rows_per_step or max(1, (1 << 24) // max(H, 1))
+    for r0 in range(0, V, step):
+        prod = src32[r0:r0 + step] * g
+        if accumulate:
+            dst[r0:r0 + step].add_(prod)
+        else:
+            dst[r0:r0 + step].copy_(prod)
+    return dst
+
+
+def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, cfg,
+                   plan, bufs, main_grad, need_dh, need_dw, need_db, gif):
+    """Returns (dh, dw, db) as tensors, empty ``(0,)`` where not needed (dw also when
+    main_grad took it). ``gif``: the forward computed the gradients (dh_s, dw32_s, db32_s)."""
+    red = cfg[1]
+    T, H = h2.shape
+    V = weight.shape[0]
+    dev = h2.device
+    need_db = need_db and bias is not None
+    empty = lambda dt: torch.empty((0,), dtype=dt, device=dev)
+    if gif:  # gradients of the loss for g = 1 exist: scale by the scalar upstream gradient
+        g = dloss.reshape(()).to(torch.float32)
+        dh = dh_s * g if need_dh else empty(h2.dtype)
+        db = (db32_s * g).to(bias.dtype) if need_db else empty(torch.float32)
+        if not need_dw:
+            dw = empty(weight.dtype)
+        elif main_grad is not None:
+            _scaled_rows(dw32_s, g, main_grad, accumulate=True)
+            dw = empty(weight.dtype)
+        else:
+            dw = _scaled_rows(dw32_s, g, torch.empty_like(weight), accumulate=False)
+        return dh, dw, db
+    # recompute: the logits again, chunk by chunk, with the upstream gradient in the kernel
+    dh = torch.empty((T, H), dtype=h2.dtype, device=dev) if need_dh else None
+    dw32 = None
+    if need_dw:
+        dw32 = torch.empty((V, H), dtype=torch.float32, device=dev)
+    db32 = torch.empty((V,), dtype=torch.float32, device=dev) if need_db else None
+    if T > 0 and (need_dh or need_dw or need_db):
+        gk = 2 if red == _NONE else 1
+        g = dloss.reshape(-1 if red == _NONE else ()).to(torch.float32).contiguous()
+        _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, fwd=False, g=g,
+                    g_kind=gk, n_valid=n_valid, loss_tok=None, lse=lse, dh=dh, dw32=dw32,
+                    db32=db32)
+    else:
+        for t in (dh, dw32, db32):
+            if t is not None:
+                t.zero_()
+    dh = dh if dh is not None else empty(h2.dtype)
+    db = db32.to(bias.dtype) if db32 is not None else empty(torch.float32)
+    if dw32 is None:
+        dw = empty(weight.dtype)
+    elif main_grad is not None:
+        main_grad.add_(dw32)  # the fp32 chunk-ordered sum, added once
+        dw = empty(weight.dtype)
+    else:
+        dw = dw32.to(weight.dtype)
+    return dh, dw, db
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+# The forward op must be functional to carry an autograd formula: it receives the workspace
+# buffers only to save them for the backward op (which mutates them) and allocates its own
+# chunk buffers. The eager path uses the workspace in both directions.
+@torch.library.custom_op("cake_lm_head_loss_det_train::fwd", mutates_args=())
+def _fwd_op(hidden2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            labels1: torch.Tensor, ignore_index: int, reduction: int, label_smoothing: float,
+            z_loss: float, logit_softcap: float, plan_fields: list[int],
+            logits_ws: torch.Tensor | None, dlogits_ws: torch.Tensor | None,
+            dh_partials_ws: torch.Tensor | None, main_grad: torch.Tensor | None,
+            check_labels: bool, need_dh: bool, need_dw: bool, need_db: bool,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                       torch.Tensor]:
+    plan = plan_from_op_fields(LMHeadLossDetPlan, plan_fields)
+    if check_labels:
+        _check_labels(labels1, weight.shape[0], ignore_index)
+    cfg = (ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
+    return _forward_impl(hidden2, weight, bias, labels1, cfg, plan, (None, None, None),
+                         need_dh, need_dw, need_db)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(hidden2, weight, bias, labels1, ignore_index, reduction, label_smoothing, z_loss,
+              logit_softcap, plan_fields, logits_ws, dlogits_ws, dh_partials_ws, main_grad,
+              check_labels, need_dh, need_dw, need_db):
+    T, H = hidden2.shape
+    V = weight.shape[0]
+    plan = plan_from_op_fields(LMHeadLossDetPlan, plan_fields)
+    gif = bool(plan.grad_in_forward) and reduction != _NONE
+    f32 = torch.float32
+    loss = hidden2.new_empty((T,) if reduction == _NONE else (), dtype=f32)
+    return (loss, hidden2.new_empty((T,), dtype=f32), hidden2.new_empty((), dtype=torch.int64),
+            hidden2.new_empty((T, H) if gif and need_dh else (0,)),
+            hidden2.new_empty((V, H) if gif and need_dw else (0,), dtype=f32),
+            hidden2.new_empty((V,) if gif and need_db and bias is not None else (0,),
+                              dtype=f32))
+
+
+@torch.library.custom_op("cake_lm_head_loss_det_train::bwd",
+                         mutates_args=("logits_ws", "dlogits_ws", "dh_partials_ws", "main_grad"))
+def _bwd_op(dloss: torch.Tensor, hidden2: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None, labels1: torch.Tensor, lse: torch.Tensor,
+            n_valid: torch.Tensor, dh_s: torch.Tensor, dw32_s: torch.Tensor,
+            db32_s: torch.Tensor, ignore_index: int, reduction: int, label_smoothing: float,
+            z_loss: float, logit_softcap: float, plan_fields: list[int],
+            logits_ws: torch.Tensor | None, dlogits_ws: torch.Tensor | None,
+            dh_partials_ws: torch.Tensor | None, main_grad: torch.Tensor | None,
+            need_dh: bool, need_dw: bool, need_db: bool,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    plan = plan_from_op_fields(LMHeadLossDetPlan, plan_fields)
+    cfg = (ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
+    return _backward_impl(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
+                          db32_s, cfg, plan, (logits_ws, dlogits_ws, dh_partials_ws), main_grad,
+                          need_dh, need_dw, need_db,
+                          bool(plan.grad_in_forward) and reduction != _NONE)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s,
+              ignore_index, reduction, label_smoothing, z_loss, logit_softcap, plan_fields,
+              logits_ws, dlogits_ws, dh_partials_ws, main_grad, need_dh, need_dw, need_db):
+    dh = hidden2.new_empty(hidden2.shape if need_dh else (0,))
+    dw = weight.new_empty(weight.shape if need_dw and main_grad is None else (0,))
+    has_db = need_db and bias is not None
+    db = (bias.new_empty(bias.shape) if has_db else hidden2.new_empty((0,), dtype=torch.float32))
+    return dh, dw, db
+
+
+def _setup_context(ctx, inputs, output):
+    (hidden2, weight, bias, labels1, ii, red, ls, zl, cap, plan_fields, lws, dws, pws, mg, _chk,
+     need_dh, need_dw, need_db) = inputs
+    _, lse, n_valid, dh, dw32, db32 = output
+    ctx.args = (ii, red, ls, zl, cap, plan_fields)
+    ctx.needs = (need_dh, need_dw, need_db)
+    ctx.save_for_backward(hidden2, weight, bias, labels1, lse, n_valid, dh, dw32, db32, lws,
+                          dws, pws, mg)
+
+
+def _backward(ctx, dloss, dlse, dn, ddh, ddw, ddb):
+    (hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, lws, dws, pws,
+     mg) = ctx.saved_tensors
+    dh, dw, db = torch.ops.cake_lm_head_loss_det_train.bwd(
+        dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, *ctx.args,
+        lws, dws, pws, mg, *ctx.needs)
+    need_dh, need_dw, need_db = ctx.needs
+    return ((dh if need_dh else None), (dw if need_dw and mg is None else None),
+            (db if need_db and bias is not None else None), *([None] * 15))
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _LMHeadLossDetFunction(torch.autograd.Function):
+    """Eager path (lower host overhead than the custom op); same launches, same bits.
+
+    Workspace buffers and ``main_grad`` stay on ctx as attributes, not saved tensors, so
+    reusing them across calls before the backward does not trip autograd's version check."""
+
+    @staticmethod
+    def forward(ctx, hidden2, weight, bias, labels1, cfg, plan, bufs, main_grad, needs):
+        loss, lse, n_valid, dh, dw32, db32 = _forward_impl(hidden2, weight, bias, labels1, cfg,
+                                                           plan, bufs, *needs)
+        ctx.cfg, ctx.plan, ctx.bufs, ctx.main_grad, ctx.needs = cfg, plan, bufs, main_grad, needs
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(hidden2, weight, bias, labels1, lse, n_valid, dh, dw32, db32)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dloss, dlse):
+        hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s = ctx.saved_tensors
+        need_dh, need_dw, need_db = ctx.needs
+        dh, dw, db = _backward_impl(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s,
+                                    dw32_s, db32_s, ctx.cfg, ctx.plan, ctx.bufs, ctx.main_grad,
+                                    need_dh, need_dw, need_db,
+                                    bool(ctx.plan.grad_in_forward) and ctx.cfg[1] != _NONE)
+        return ((dh if need_dh else None),
+                (dw if need_dw and ctx.main_grad is None else None),
+                (db if need_db and ctx.has_bias else None), None, None, None, None, None, None)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def _prepare(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing, z_loss,
+             logit_softcap, plan, workspace, main_grad):
+    device, cfg = _check_inputs(hidden, weight, labels, bias, ignore_index, reduction,
+                                label_smoothing, z_loss, logit_softcap, main_grad)
+    H = hidden.shape[-1]
+    V = weight.shape[0]
+    plan = _resolve_plan(plan, H, V, hidden.dtype, device, reduction)
+    bufs = _resolve_workspace(workspace, plan, device, hidden.dtype)
+    return device, cfg, plan, bufs
+
+
+def lm_head_loss_det(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                     bias: torch.Tensor | None = None, ignore_index: int = -100,
+                     reduction: str = "mean", label_smoothing: float = 0.0,
+                     z_loss: float = 0.0, logit_softcap: float | None = None,
+                     return_lse: bool = False, plan: LMHeadLossDetPlan | None = None,
+                     workspace: LMHeadLossDetWorkspace | None = None,
+                     main_grad: torch.Tensor | None = None):
+    """Deterministic fused LM head + cross entropy with autograd, never materializing the
+    whole ``[T, V]`` logits.
+
+    Equals ``F.cross_entropy((hidden @ weight.T + bias).float(), labels, ignore_index=...,
+    reduction=..., label_smoothing=...)``, plus ``z_loss * lse**2`` per non-ignored token
+    (PaLM) and, with ``logit_softcap`` = c, logits soft-capped to ``c * tanh(z / c)``
+    first (Gemma 2; the lse of the capped logits enters the z-loss). "mean" divides by the
+    count of non-ignored tokens; with none, the loss is 0 and every gradient 0 (never NaN).
+
+    Args:
+        hidden: ``[T, H]`` or ``[B, S, H]``, fp32, bf16 or fp16, last dim contiguous;
+            1 <= H <= 65536.
+        weight: ``[V, H]``, hidden's dtype, last dim contiguous; 1 <= V <= 2**22.
+        labels: int64, hidden's leading shape; values in ``[0, V)`` or ``ignore_index``.
+        bias: optional ``[V]``, hidden's dtype or fp32, contiguous.
+        ignore_index: label value whose tokens count for nothing (default -100).
+        reduction: "mean" (default), "sum" or "none" (per-token fp32 losses, labels' shape).
+        label_smoothing: in [0, 1], as torch's. z_loss: coefficient >= 0 (0: off).
+        logit_softcap: ``None`` (off) or c > 0.
+        return_lse: also return the fp32 logsumexp of every token's (capped) logits,
+            labels' shape (computed for ignored tokens too; not differentiable).
+        plan: an :class:`LMHeadLossDetPlan` for (H, V) (default: :func:`make_plan`).
+        workspace: an :class:`LMHeadLossDetWorkspace` for that plan and hidden's dtype
+            (default: chunk buffers allocated per call).
+        main_grad: optional fp32 ``[V, H]`` (Megatron's ``main_grad``): the backward adds
+            the fp32 dweight into it once and ``weight`` gets no autograd gradient.
+
+    Returns:
+        ``loss`` (fp32; ``[]`` for "mean"/"sum", labels' shape for "none"), or
+        ``(loss, lse)`` with ``return_lse``.
+
+    Determinism: loss, lse and every gradient are bitwise repeatable for equal inputs,
+    plan, hardware and ``main_grad`` contents (fixed chunk order, fixed vocabulary blocks,
+    fixed-order partial sums, no atomics).
+
+    Raises:
+        ValueError: bad shape, dtype, device, stride, option, plan, workspace or mode, or a
+            label outside ``[0, V)`` other than ``ignore_index`` (unless
+            ``plan.check_labels == 0``), before any launch; inputs are not modified.
+    """
+    device, cfg, plan, bufs = _prepare(hidden, weight, labels, bias, ignore_index, reduction,
+                                       label_smoothing, z_loss, logit_softcap, plan, workspace,
+                                       main_grad)
+    H = hidden.shape[-1]
+    lead = tuple(labels.shape)
+    h2 = hidden.reshape(-1, H)
+    l1 = labels.reshape(-1)
+    ge = torch.is_grad_enabled()
+    needs = (ge and hidden.requires_grad,
+             ge and (weight.requires_grad or main_grad is not None),
+             ge and bias is not None and bias.requires_grad)
+    if not torch.compiler.is_compiling():
+        if plan.check_labels:
+            _check_labels(l1, weight.shape[0], cfg[0])
+        loss, lse = _LMHeadLossDetFunction.apply(h2, weight, bias, l1, cfg, plan, bufs,
+                                                 main_grad, needs)
+    else:
+        loss, lse, *_ = torch.ops.cake_lm_head_loss_det_train.fwd(
+            h2, weight, bias, l1, *cfg, plan_to_op_fields(plan), *bufs, main_grad,
+            bool(plan.check_labels), *needs)
+    if cfg[1] == _NONE:
+        loss = loss.reshape(lead)
+    return (loss, lse.reshape(lead)) if return_lse else loss
+
+
+def lm_head_loss_det_fwd(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                         bias: torch.Tensor | None = None, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         z_loss: float = 0.0, logit_softcap: float | None = None,
+                         plan: LMHeadLossDetPlan | None = None,
+                         workspace: LMHeadLossDetWorkspace | None = None):
+    """Low-level forward without autograd: returns ``((loss, lse), saved)``.
+
+    ``loss`` and ``lse`` as :func:`lm_head_loss_det` with ``return_lse=True``; ``saved`` an
+    :class:`LMHeadLossDetSavedSet` for :func:`lm_head_loss_det_bwd`. With
+    ``plan.grad_in_forward`` (reduction "mean"/"sum") the gradients of every input
+    (dhidden, dweight, and dbias with a bias) are computed here and kept in ``saved``.
+    Arguments, shapes and errors as in :func:`lm_head_loss_det`.
+    """
+    device, cfg, plan, bufs = _prepare(hidden, weight, labels, bias, ignore_index, reduction,
+                                       label_smoothing, z_loss, logit_softcap, plan, workspace,
+                                       None)
+    H = hidden.shape[-1]
+    h2 = hidden.reshape(-1, H)
+    l1 = labels.reshape(-1)
+    if plan.check_labels:
+        _check_labels(l1, weight.shape[0], cfg[0])
+    with torch.no_grad():
+        loss, lse, n_valid, dh, dw32, db32 = _forward_impl(h2, weight, bias, l1, cfg, plan,
+                                                           bufs, True, True, True)
+    gif = bool(plan.grad_in_forward) and cfg[1] != _NONE
+    lead = tuple(labels.shape)
+    saved = LMHeadLossDetSavedSet(
+        Mode.DET,
+        {"hidden": h2, "weight": weight, "bias": bias, "labels": l1, "lse": lse,
+         "n_valid": n_valid, "dhidden": dh if gif else None, "dweight32": dw32 if gif else None,
+         "dbias32": db32 if gif and bias is not None else None},
+        meta={"plan": plan, "reduction": reduction, "ignore_index": cfg[0],
+              "label_smoothing": cfg[2], "z_loss": cfg[3], "logit_softcap": cfg[4],
+              "grad_in_forward": gif, "lead_shape": lead, "hidden_shape": tuple(hidden.shape)})
+    if cfg[1] == _NONE:
+        loss = loss.reshape(lead)
+    return (loss, lse.reshape(lead)), saved
+
+
+def lm_head_loss_det_bwd(dloss: torch.Tensor, saved: LMHeadLossDetSavedSet, *,
+                         plan: LMHeadLossDetPlan | None = None,
+                         workspace: LMHeadLossDetWorkspace | None = None,
+                         main_grad: torch.Tensor | None = None) -> LMHeadLossDetGrads:
+    """Low-level backward: the gradients for the upstream gradient ``dloss`` of the loss.
+
+    Args:
+        dloss: fp32; ``[]`` for "mean"/"sum", labels' shape for "none".
+        saved: the :class:`LMHeadLossDetSavedSet` of :func:`lm_head_loss_det_fwd`.
+        plan: default: the forward's. A saved set holding forward-computed gradients
+            accepts only the forward's plan; otherwise any plan for (H, V).
+        workspace, main_grad: as in :func:`lm_head_loss_det`.
+
+    Returns:
+        :class:`LMHeadLossDetGrads` ``(dhidden, dweight, dbias)``: dhidden of hidden's
+        shape and dtype, dweight of weight's dtype (``None`` with ``main_grad``), dbias of
+        bias's dtype (``None`` without a bias).
+
+    Raises:
+        ValueError: a saved set, plan or workspace of another type or mode, a plan other
+            than the forward's for forward-computed gradients, ``dloss`` or ``main_grad``
+            of the wrong shape or dtype, devices that differ; before any launch.
+    """
+    require_mode(saved, LMHeadLossDetSavedSet, Mode.DET, name="saved")
+    h2, weight, bias, l1, lse, n_valid, dh_s, dw32_s, db32_s = saved.tensors()
+    T, H = h2.shape
+    V = weight.shape[0]
+    check_tensor(dloss, "dloss")
+    check_dtype(dloss, "dloss", (torch.float32,))
+    check_shape(dloss, "dloss", list(saved.lead_shape) if saved.reduction == "none" else [])
+    _check_main_grad(main_grad, V, H)
+    device = check_same_device(("saved", h2), ("dloss", dloss), ("main_grad", main_grad))
+    launch_device_check(device, "dloss")
+    if saved.grad_in_forward and plan is not None and plan != saved.plan:
+        raise ValueError("plan: the forward computed the gradients with its own plan "
+                         f"({saved.plan.key}); pass that plan or none")
+    # "mean": grad_in_forward concerns the forward only; the backward accepts any plan flag
+    plan = _resolve_plan(plan if plan is not None else saved.plan, H, V, h2.dtype, device,
+                         "mean")
+    bufs = _resolve_workspace(workspace, plan, device, h2.dtype)
+    cfg = (saved.ignore_index, _RED[saved.reduction], saved.label_smoothing, saved.z_loss,
+           saved.logit_softcap)
+    with torch.no_grad():
+        dh, dw, db = _backward_impl(dloss, h2, weight, bias, l1, lse, n_valid, dh_s, dw32_s,
+                                    db32_s, cfg, plan, bufs, main_grad, True, True, True,
+                                    bool(saved.grad_in_forward))
+    return LMHeadLossDetGrads(dh.reshape(saved.hidden_shape),
+                              dw if main_grad is None else None,
+                              db if bias is not None else None)

@@ -1,0 +1,187 @@
+"""LMHeadLossDetPlan and the rule that picks it (shapes, dtypes, device; never timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan
+from cake_core.triton_utils import next_power_of_2
+
+#: Largest hidden size and vocabulary the plan rule accepts (int32-safe chunk offsets).
+MAX_HIDDEN = 65536
+MAX_VOCAB = 1 << 22
+
+REDUCTIONS = ("none", "mean", "sum")
+
+#: logits elements per chunk the rule aims for: fp32 logits (+ low-precision dlogits) of
+#: ``chunk_tokens x V`` are the extra memory (README, "Memory").
+CHUNK_BUDGET_CUDA = 1 << 27
+CHUNK_BUDGET_CPU = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class LMHeadLossDetPlan(Plan):
+    """Execution plan of the det LM-head loss.
+
+    Fields (all ints; booleans as 0/1 so the plan crosses a custom op as ``list[int]``):
+        hidden_size, vocab_size: H and V.
+        chunk_tokens: tokens per chunk. Chunk ``c`` covers tokens ``[c*C, (c+1)*C)``; the
+            chunks run in increasing order and dweight / dbias are summed over them in
+            that order, so changing ``chunk_tokens`` changes their bits.
+        block_m, block_v, num_warps: the softmax/CE kernel's tile (rows x vocab columns per
+            step; the vocabulary is walked in fixed ``block_v`` steps) and warps.
+        loss_block: tokens per step of the fixed-order loss sum.
+        logits_block_{m,n,k}, dh_block_{m,n,k}, dw_block_{m,n,k}: tiles of the three chunk
+            GEMMs (cake_core.gemm.matmul): logits = h_c @ W^T (M=chunk, N=V, K=H),
+            dhidden_c = dlogits @ W (M=chunk, N=H, K=V), dweight += dlogits^T @ h_c
+            (M=V, N=H, K=chunk). gemm_group_m, gemm_warps, gemm_stages: shared by all three.
+        dh_split: fixed split of the vocabulary (the reduction dim of dhidden = dlogits @ W)
+            into fp32 partial planes summed in order (1: no split).
+        check_labels: 1 to check labels are in [0, V) or ignore_index (one host sync), 0 to
+            skip (out-of-range labels then give undefined loss values, never a bad access).
+        grad_in_forward: 1 to compute the gradients in the forward (one logits pass; mean
+            and sum only), 0 to recompute the logits in the backward.
+    """
+
+    family: ClassVar[str] = "cake-lm-head-loss-det-train"
+    format_version: ClassVar[int] = 1
+
+    hidden_size: int
+    vocab_size: int
+    chunk_tokens: int
+    block_m: int
+    block_v: int
+    num_warps: int
+    loss_block: int
+    logits_block_m: int
+    logits_block_n: int
+    logits_block_k: int
+    dh_block_m: int
+    dh_block_n: int
+    dh_block_k: int
+    dw_block_m: int
+    dw_block_n: int
+    dw_block_k: int
+    gemm_group_m: int
+    gemm_warps: int
+    gemm_stages: int
+    dh_split: int
+    check_labels: int
+    grad_in_forward: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name != "mode" and type(v) is not int:
+                raise ValueError(f"LMHeadLossDetPlan: {f.name} must be an int, got {v!r}")
+        if not 1 <= self.hidden_size <= MAX_HIDDEN:
+            raise ValueError(f"LMHeadLossDetPlan: hidden_size must be in [1, {MAX_HIDDEN}], "
+                             f"got {self.hidden_size}")
+        if not 1 <= self.vocab_size <= MAX_VOCAB:
+            raise ValueError(f"LMHeadLossDetPlan: vocab_size must be in [1, {MAX_VOCAB}], "
+                             f"got {self.vocab_size}")
+        for n in ("chunk_tokens", "dh_split", "gemm_group_m", "gemm_stages"):
+            if getattr(self, n) < 1:
+                raise ValueError(f"LMHeadLossDetPlan: {n} must be >= 1, got {getattr(self, n)}")
+        for n in ("block_m", "block_v", "loss_block"):
+            v = getattr(self, n)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"LMHeadLossDetPlan: {n} must be a power of two, got {v}")
+        for n in [f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"]:
+            v = getattr(self, n)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"LMHeadLossDetPlan: {n} must be a power of two >= 16, got {v}")
+        for n in ("num_warps", "gemm_warps"):
+            v = getattr(self, n)
+            if v not in (1, 2, 4, 8, 16, 32):
+                raise ValueError(f"LMHeadLossDetPlan: {n} must be 1, 2, 4, 8, 16 or 32, got {v}")
+        for n in ("check_labels", "grad_in_forward"):
+            if getattr(self, n) not in (0, 1):
+                raise ValueError(f"LMHeadLossDetPlan: {n} must be 0 or 1, got {getattr(self, n)}")
+        if self.mode != Mode.DET:
+            raise ValueError(f"LMHeadLossDetPlan: mode must be det, got {self.mode}")
+
+
+def _prev_power_of_2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def _int_arg(v, name: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+        raise ValueError(f"{name}: must be an int in [{lo}, {hi}], got {v!r}")
+    return int(v)
+
+
+_PLANS: dict[tuple, LMHeadLossDetPlan] = {}
+
+
+def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
+              device: torch.device | str, *, reduction: str = "mean") -> LMHeadLossDetPlan:
+    """Pick the plan for rows of ``hidden_size`` against a ``vocab_size`` vocabulary,
+    ``dtype`` inputs on ``device``, for ``reduction``. The token count is not an input: one
+    plan serves every batch (chunk buffers are sized ``min(T, chunk_tokens)`` rows when no
+    workspace is given), and ``torch.compile`` with dynamic shapes needs no guard on it.
+
+    Rules (no timing): ``chunk_tokens`` is the largest power of two with
+    ``chunk_tokens * V <= 2**27`` logits elements on CUDA (``2**16`` under the interpreter),
+    clamped to ``[16, 4096]``. CE tile: 1 row x
+    ``min(4096, next_power_of_2(V))`` columns, 8 warps on CUDA; 16 rows x
+    ``min(2048, next_power_of_2(V))`` on the CPU. GEMM tiles 128x128x64 (8 warps, 3 stages)
+    for bf16/fp16 on CUDA, 64x64x32 (4 warps) for fp32, the same for the three GEMMs; on
+    the CPU each GEMM's tile follows its dims (``next_power_of_2`` of M, N, K clamped to
+    [16, 256]: fewer, fuller interpreted programs). No split of the dhidden GEMM. Labels
+    are checked. ``grad_in_forward`` is 1 for "mean" and "sum", 0 for "none" (per-token
+    upstream gradients exist only at backward time).
+
+    Raises:
+        ValueError: a size out of range, an unknown reduction or device.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {e}") from None
+    hidden_size = _int_arg(hidden_size, "hidden_size", 1, MAX_HIDDEN)
+    vocab_size = _int_arg(vocab_size, "vocab_size", 1, MAX_VOCAB)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: must be one of {REDUCTIONS}, got {reduction!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype: expected a torch.dtype, got {dtype!r}")
+    key = (hidden_size, vocab_size, dtype, device.type, reduction)
+    if torch.compiler.is_compiling():  # traced once; the cache would only add guards
+        return _rule(*key)
+    plan = _PLANS.get(key)
+    if plan is None:  # a pure function of the key: caching saves host time, changes nothing
+        plan = _PLANS[key] = _rule(*key)
+    return plan
+
+
+def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: str,
+          reduction: str) -> LMHeadLossDetPlan:
+    cuda = device_type == "cuda"
+    budget = CHUNK_BUDGET_CUDA if cuda else CHUNK_BUDGET_CPU
+    chunk = max(16, min(4096, _prev_power_of_2(budget // vocab_size)))
+    vp2 = next_power_of_2(vocab_size)
+    gm = 8
+    if cuda:
+        block_m, block_v, warps, loss_block = 1, min(4096, vp2), 8, 1024
+        bm, bn, bk, gw, gs = (64, 64, 32, 4, 3) if dtype == torch.float32 else \
+            (128, 128, 64, 8, 3)
+        tiles = {g: (bm, bn, bk) for g in ("logits", "dh", "dw")}
+    else:
+        block_m, block_v, warps, loss_block = 16, min(2048, vp2), 4, 4096
+        gw, gs = 4, 1
+        fit = lambda d: max(16, min(256, next_power_of_2(d)))
+        tiles = {"logits": (fit(chunk), fit(vocab_size), fit(hidden_size)),
+                 "dh": (fit(chunk), fit(hidden_size), fit(vocab_size)),
+                 "dw": (fit(vocab_size), fit(hidden_size), fit(chunk))}
+    return LMHeadLossDetPlan(
+        hidden_size=hidden_size, vocab_size=vocab_size, chunk_tokens=chunk,
+        block_m=block_m, block_v=block_v, num_warps=warps, loss_block=loss_block,
+        **{f"{g}_block_{d}": v for g, t in tiles.items() for d, v in zip("mnk", t, strict=True)},
+        gemm_group_m=gm, gemm_warps=gw, gemm_stages=gs, dh_split=1, check_labels=1,
+        grad_in_forward=0 if reduction == "none" else 1,
+    )

@@ -1,0 +1,60 @@
+"""LMHeadLossDetSavedSet and LMHeadLossDetWorkspace (modes checked through cake_core)."""
+
+from __future__ import annotations
+
+import torch
+from cake_core import Mode, SavedSet, Workspace
+
+from cake_lm_head_loss_det_train.plan import LMHeadLossDetPlan
+
+
+class LMHeadLossDetSavedSet(SavedSet):
+    """What the det forward keeps for the backward.
+
+    Tensors (``None`` where unused):
+        hidden: ``[T, H]`` (the input, flattened; not a copy). weight: ``[V, H]``.
+        bias: ``[V]`` or ``None``. labels: ``[T]`` int64. lse: fp32 ``[T]``, the
+        logsumexp of each token's (soft-capped) logits. n_valid: int64 ``[]``, the count of
+        non-ignored tokens.
+        dhidden, dweight32, dbias32: with ``grad_in_forward`` only, the gradients of the
+        returned loss for an upstream gradient of 1 (``dhidden`` in hidden's dtype, the
+        others fp32; ``None`` where that input needs no gradient).
+    Meta: ``plan``, ``reduction``, ``ignore_index``, ``label_smoothing``, ``z_loss``,
+    ``logit_softcap`` (0.0 = off), ``grad_in_forward`` (bool), ``lead_shape`` (labels'
+    shape).
+    """
+
+    tensor_names = ("hidden", "weight", "bias", "labels", "lse", "n_valid", "dhidden",
+                    "dweight32", "dbias32")
+    format_version = 1
+
+
+class LMHeadLossDetWorkspace(Workspace):
+    """Chunk buffers for one plan and one input dtype.
+
+    Buffers: ``logits`` fp32 ``[chunk_tokens, V]``; ``dlogits`` ``[chunk_tokens, V]`` in
+    the inputs' dtype (absent for fp32 inputs: the fp32 dlogits overwrite ``logits``);
+    ``dh_partials`` fp32 ``[dh_split * chunk_tokens * H]`` when ``plan.dh_split > 1``.
+    Build with :meth:`for_plan`; reusable call after call (every buffer a kernel reads is
+    written first by the same call).
+    """
+
+    @classmethod
+    def for_plan(cls, plan: LMHeadLossDetPlan, device: torch.device | str,
+                 dtype: torch.dtype = torch.bfloat16) -> LMHeadLossDetWorkspace:
+        """Allocate the buffers ``plan`` needs on ``device`` for ``dtype`` inputs."""
+        if not isinstance(plan, LMHeadLossDetPlan):
+            raise ValueError(f"plan: expected LMHeadLossDetPlan, got {type(plan).__name__}")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+        C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
+        bufs = {"logits": torch.empty(C, V, dtype=torch.float32, device=device)}
+        if dtype != torch.float32:
+            bufs["dlogits"] = torch.empty(C, V, dtype=dtype, device=device)
+        if plan.dh_split > 1:
+            bufs["dh_partials"] = torch.empty(plan.dh_split * C * H, dtype=torch.float32,
+                                              device=device)
+        return cls(plan, device, bufs)
+
+
+__all__ = ["LMHeadLossDetSavedSet", "LMHeadLossDetWorkspace", "Mode"]
