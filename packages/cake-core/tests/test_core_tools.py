@@ -121,3 +121,20 @@ def test_interpreter_safe_dot():
     _dot_kernel[(1,)](a, b, c, N=16)
     ref = a.double() @ b.double()
     assert testing.rel_fro_error(c, ref) < 1e-5
+
+
+def test_lazy_exports():
+    from cake_core.lazy import lazy_exports
+
+    ga, di = lazy_exports("cake_core", {"check_name": "naming"}, ["check_name"])
+    assert ga("check_name") is naming.check_name and di() == ["check_name"]
+    with pytest.raises(AttributeError):
+        ga("nothing")
+
+
+def test_same_output_across_processes_can_fail():
+    assert testing.assert_same_output_across_processes("print(6 * 7)") == "42"
+    with pytest.raises(AssertionError, match="differ across processes"):
+        testing.assert_same_output_across_processes("import os; print(os.getpid())")
+    with pytest.raises(AssertionError, match="process failed"):
+        testing.assert_same_output_across_processes("raise SystemExit(3)")

@@ -1,12 +1,14 @@
 """dweight is bitwise repeatable under one plan; a reordered sum is not (the test can fail)."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import torch
-from cake_core.testing import assert_bitwise_repeat, bitwise_equal, randn
+from cake_core.testing import (
+    assert_bitwise_repeat,
+    assert_same_output_across_processes,
+    bitwise_equal,
+    randn,
+)
 from cake_core.triton_utils import default_device
 from cake_rmsnorm_det_train import (
     RMSNormDetWorkspace,
@@ -99,9 +101,4 @@ print(d.hexdigest())
 
 
 def test_same_bits_process_after_process():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    outs = [subprocess.run([sys.executable, "-c", _HASH_SCRIPT], capture_output=True,
-                           text=True, env=env, timeout=300) for _ in range(2)]
-    for o in outs:
-        assert o.returncode == 0, o.stderr[-2000:]
-    assert outs[0].stdout.strip() == outs[1].stdout.strip() != ""
+    assert_same_output_across_processes(_HASH_SCRIPT)

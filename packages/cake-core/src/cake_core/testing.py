@@ -4,6 +4,9 @@ output poisoning. Imported by tests and benchmarks only, never by kernels.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -118,3 +121,21 @@ def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str =
     """Fresh normal random values (never zeros) from a seeded CPU generator, then moved."""
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(tuple(shape), generator=g, dtype=torch.float64) * scale).to(device, dtype)
+
+
+def assert_same_output_across_processes(code: str, processes: int = 2,
+                                        timeout: float = 300.0) -> str:
+    """Run ``code`` (a Python script that prints, e.g., a hash of output bits) in
+    ``processes`` fresh interpreters with this process's ``sys.path``; assert each exits 0
+    and all print the same non-empty text. Returns that text."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    outs = []
+    for _ in range(processes):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=timeout)
+        if r.returncode != 0:
+            raise AssertionError(f"process failed: {r.stderr[-2000:]}")
+        outs.append(r.stdout.strip())
+    if not outs[0] or any(o != outs[0] for o in outs):
+        raise AssertionError(f"outputs differ across processes: {outs}")
+    return outs[0]

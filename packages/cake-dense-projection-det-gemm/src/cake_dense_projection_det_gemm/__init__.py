@@ -9,8 +9,9 @@ manifest) does not import Triton or the kernels.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from cake_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -57,12 +58,4 @@ if TYPE_CHECKING:  # pragma: no cover
     )
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        mod = importlib.import_module(f"{__name__}.{_LAZY[name]}")
-        return getattr(mod, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
