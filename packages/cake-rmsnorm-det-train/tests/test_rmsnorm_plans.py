@@ -30,9 +30,11 @@ VARIANTS = {
                                      reduce_block_p=8, reduce_block_c=1024),
 }
 
+# (H, rows). On the GPU the tiny shapes give way to large ones: each plan configuration is
+# a fresh Triton compile there, so the sweep is kept to what it must cover.
 SHAPES = [(7, 5), (1000, 129), (4096, 67)]
 if DEV.type == "cuda":
-    SHAPES += [(8192, 4096), (20000, 512), (16384, 1024)]
+    SHAPES = [(1000, 129), (8192, 4096), (20000, 512), (16384, 1024)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
