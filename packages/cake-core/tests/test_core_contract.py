@@ -97,3 +97,41 @@ def test_saved_set_roundtrip():
         ToySaved(Mode.DET, {"a": a})
     with pytest.raises(AttributeError):
         _ = s.nothing
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedPlan(Plan):
+    block: int
+    warps: int = 4
+    flag: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.require_int_fields()
+        self.require_power_of_two("block", minimum=16)
+        self.require_warps("warps")
+        self.require_flags("flag")
+        self.require_mode(Mode.DET)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"block": 16.0}, "block must be an int"),
+    ({"block": True}, "block must be an int"),
+    ({"block": 8}, "block must be a power of two >= 16"),
+    ({"block": 48}, "block must be a power of two >= 16"),
+    ({"block": 16, "warps": 3}, "warps must be 1, 2, 4"),
+    ({"block": 16, "flag": 2}, "flag must be 0 or 1"),
+    ({"block": 16, "mode": Mode.NONDET}, "mode must be det"),
+])
+def test_plan_field_checks(kw, msg):
+    with pytest.raises(ValueError, match=f"CheckedPlan: {msg}"):
+        CheckedPlan(**kw)
+
+
+def test_cached_plan():
+    from cake_core.plan import cached_plan
+
+    cache, calls = {}, []
+    rule = lambda: calls.append(1) or ToyPlan(block=8)
+    assert cached_plan(cache, ("k",), rule) is cached_plan(cache, ("k",), rule)
+    assert len(calls) == 1

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from cake_core.mode import Mode
@@ -39,6 +40,50 @@ class Plan:
                     f"{type(self).__name__}.{f.name}: plan fields must be int, float, bool or "
                     f"str, got {type(v).__name__}"
                 )
+
+    # ---- field checks family plans call from their own __post_init__ (ValueError each) ----
+
+    def _fail(self, what: str) -> None:
+        raise ValueError(f"{type(self).__name__}: {what}")
+
+    def require_int_fields(self) -> None:
+        """Every field but ``mode`` is exactly ``int`` (no bool, float or numpy scalar), so
+        the plan crosses a custom op as ``list[int]``."""
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name != "mode" and type(v) is not int:
+                self._fail(f"{f.name} must be an int, got {v!r}")
+
+    def require_power_of_two(self, *names: str, minimum: int = 1) -> None:
+        for n in names:
+            v = getattr(self, n)
+            if v < minimum or v & (v - 1):
+                more = f" >= {minimum}" if minimum > 1 else ""
+                self._fail(f"{n} must be a power of two{more}, got {v}")
+
+    def require_at_least(self, *names: str, minimum: int = 1) -> None:
+        for n in names:
+            if getattr(self, n) < minimum:
+                self._fail(f"{n} must be >= {minimum}, got {getattr(self, n)}")
+
+    def require_in_range(self, name: str, lo: int, hi: int) -> None:
+        v = getattr(self, name)
+        if not lo <= v <= hi:
+            self._fail(f"{name} must be in [{lo}, {hi}], got {v}")
+
+    def require_flags(self, *names: str) -> None:
+        for n in names:
+            if getattr(self, n) not in (0, 1):
+                self._fail(f"{n} must be 0 or 1, got {getattr(self, n)}")
+
+    def require_warps(self, *names: str) -> None:
+        for n in names:
+            if getattr(self, n) not in (1, 2, 4, 8, 16, 32):
+                self._fail(f"{n} must be 1, 2, 4, 8, 16 or 32, got {getattr(self, n)}")
+
+    def require_mode(self, mode: Mode) -> None:
+        if self.mode != mode:
+            self._fail(f"mode must be {mode}, got {self.mode}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict, with ``family``, ``plan`` (class name) and ``version``."""
@@ -85,3 +130,17 @@ class Plan:
         """Stable key: the same across processes and machines for equal plans."""
         digest = hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
         return f"{type(self).__name__}:{digest}"
+
+
+def cached_plan(cache: dict, key: tuple, rule: Callable[[], P]) -> P:
+    """``rule()`` memoised in ``cache`` under ``key`` (a plan rule is a pure function of its
+    key, so caching saves host time and changes nothing). Under ``torch.compile`` the rule
+    runs directly: it is traced once, and a cache lookup would only add guards."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return rule()
+    plan = cache.get(key)
+    if plan is None:
+        plan = cache[key] = rule()
+    return plan

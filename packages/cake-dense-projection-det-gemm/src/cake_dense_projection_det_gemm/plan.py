@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 from cake_core import Mode, Plan
+from cake_core.plan import cached_plan
 from cake_core.triton_utils import sm_count
 
 #: Most wgrad slices a plan may ask for (the workspace holds S fp32 [N, K] planes).
@@ -70,34 +71,14 @@ class DenseProjectionDetPlan(Plan):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = type(self).__name__
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name != "mode" and type(v) is not int:
-                raise ValueError(f"{name}: {f.name} must be an int, got {v!r}")
-        for n in ("out_features", "in_features"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"{name}: {n} must be >= 1, got {getattr(self, n)}")
-        for n in _POW2_FIELDS:
-            v = getattr(self, n)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name}: {n} must be a power of two >= 16, got {v}")
-        for n in ("group_m", "wgrad_group_m", "num_stages", "wgrad_num_stages"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"{name}: {n} must be >= 1, got {getattr(self, n)}")
-        for n in ("num_warps", "wgrad_num_warps"):
-            v = getattr(self, n)
-            if v not in (1, 2, 4, 8, 16, 32):
-                raise ValueError(f"{name}: {n} must be 1, 2, 4, 8, 16 or 32, got {v}")
-        if not 1 <= self.wgrad_splits <= MAX_WGRAD_SPLITS:
-            raise ValueError(f"{name}: wgrad_splits must be in [1, {MAX_WGRAD_SPLITS}], "
-                             f"got {self.wgrad_splits}")
-        for n in ("allow_tf32", "cublas_fwd_dgrad"):
-            if getattr(self, n) not in (0, 1):
-                raise ValueError(f"{name}: {n} must be 0 or 1, got {getattr(self, n)}")
-        if self.mode != Mode.DET:
-            raise ValueError(f"{name}: mode must be det, got {self.mode}")
-
+        self.require_int_fields()
+        self.require_at_least("out_features", "in_features")
+        self.require_power_of_two(*_POW2_FIELDS, minimum=16)
+        self.require_at_least("group_m", "wgrad_group_m", "num_stages", "wgrad_num_stages")
+        self.require_warps("num_warps", "wgrad_num_warps")
+        self.require_in_range("wgrad_splits", 1, MAX_WGRAD_SPLITS)
+        self.require_flags("allow_tf32", "cublas_fwd_dgrad")
+        self.require_mode(Mode.DET)
 
 _PLANS: dict[tuple, DenseProjectionDetPlan] = {}
 
@@ -142,13 +123,8 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
     M, N, K = _int(M, "M", 0), _int(N, "N", 1), _int(K, "K", 1)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-    if torch.compiler.is_compiling():  # traced once; the cache would only add guards
-        return _rule(M, N, K, dtype, device)
-    key = (M, N, K, dtype, device.type, device.index)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _rule(M, N, K, dtype, device)
-    return plan
+    return cached_plan(_PLANS, (M, N, K, dtype, device.type, device.index),
+                       lambda: _rule(M, N, K, dtype, device))
 
 
 def _cdiv(a: int, b: int) -> int:

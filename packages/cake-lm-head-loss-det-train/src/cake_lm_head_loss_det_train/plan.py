@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 from cake_core import Mode, Plan
+from cake_core.plan import cached_plan
 from cake_core.triton_utils import next_power_of_2
 
 #: Largest hidden size and vocabulary the plan rule accepts (int32-safe chunk offsets).
@@ -74,37 +75,16 @@ class LMHeadLossDetPlan(Plan):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name != "mode" and type(v) is not int:
-                raise ValueError(f"LMHeadLossDetPlan: {f.name} must be an int, got {v!r}")
-        if not 1 <= self.hidden_size <= MAX_HIDDEN:
-            raise ValueError(f"LMHeadLossDetPlan: hidden_size must be in [1, {MAX_HIDDEN}], "
-                             f"got {self.hidden_size}")
-        if not 1 <= self.vocab_size <= MAX_VOCAB:
-            raise ValueError(f"LMHeadLossDetPlan: vocab_size must be in [1, {MAX_VOCAB}], "
-                             f"got {self.vocab_size}")
-        for n in ("chunk_tokens", "dh_split", "gemm_group_m", "gemm_stages"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"LMHeadLossDetPlan: {n} must be >= 1, got {getattr(self, n)}")
-        for n in ("block_m", "block_v", "loss_block"):
-            v = getattr(self, n)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"LMHeadLossDetPlan: {n} must be a power of two, got {v}")
-        for n in [f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"]:
-            v = getattr(self, n)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"LMHeadLossDetPlan: {n} must be a power of two >= 16, got {v}")
-        for n in ("num_warps", "gemm_warps"):
-            v = getattr(self, n)
-            if v not in (1, 2, 4, 8, 16, 32):
-                raise ValueError(f"LMHeadLossDetPlan: {n} must be 1, 2, 4, 8, 16 or 32, got {v}")
-        for n in ("check_labels", "grad_in_forward"):
-            if getattr(self, n) not in (0, 1):
-                raise ValueError(f"LMHeadLossDetPlan: {n} must be 0 or 1, got {getattr(self, n)}")
-        if self.mode != Mode.DET:
-            raise ValueError(f"LMHeadLossDetPlan: mode must be det, got {self.mode}")
-
+        self.require_int_fields()
+        self.require_in_range("hidden_size", 1, MAX_HIDDEN)
+        self.require_in_range("vocab_size", 1, MAX_VOCAB)
+        self.require_at_least("chunk_tokens", "dh_split", "gemm_group_m", "gemm_stages")
+        self.require_power_of_two("block_m", "block_v", "loss_block")
+        self.require_power_of_two(
+            *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
+        self.require_warps("num_warps", "gemm_warps")
+        self.require_flags("check_labels", "grad_in_forward")
+        self.require_mode(Mode.DET)
 
 def _prev_power_of_2(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
@@ -151,12 +131,7 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype: expected a torch.dtype, got {dtype!r}")
     key = (hidden_size, vocab_size, dtype, device.type, reduction)
-    if torch.compiler.is_compiling():  # traced once; the cache would only add guards
-        return _rule(*key)
-    plan = _PLANS.get(key)
-    if plan is None:  # a pure function of the key: caching saves host time, changes nothing
-        plan = _PLANS[key] = _rule(*key)
-    return plan
+    return cached_plan(_PLANS, key, lambda: _rule(*key))
 
 
 def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: str,

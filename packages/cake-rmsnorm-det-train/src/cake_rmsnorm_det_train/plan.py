@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import torch
 from cake_core import Mode, Plan
+from cake_core.plan import cached_plan
 from cake_core.triton_utils import next_power_of_2, sm_count
 
 #: Largest hidden size one row-tile holds (the whole row stays in registers).
@@ -45,28 +46,15 @@ class RMSNormDetPlan(Plan):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name != "mode" and type(v) is not int:
-                raise ValueError(f"RMSNormDetPlan: {f.name} must be an int, got {v!r}")
-        if not 1 <= self.hidden_size <= MAX_HIDDEN:
-            raise ValueError(f"RMSNormDetPlan: hidden_size must be in [1, {MAX_HIDDEN}], "
-                             f"got {self.hidden_size}")
+        self.require_int_fields()
+        self.require_in_range("hidden_size", 1, MAX_HIDDEN)
         if self.block_h < self.hidden_size:
-            raise ValueError("RMSNormDetPlan: block_h must be >= hidden_size")
-        for n in ("block_h", "block_m_fwd", "block_m_bwd", "reduce_block_p", "reduce_block_c"):
-            v = getattr(self, n)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"RMSNormDetPlan: {n} must be a power of two, got {v}")
-        if self.bwd_programs < 1:
-            raise ValueError("RMSNormDetPlan: bwd_programs must be >= 1")
-        for n in ("num_warps_fwd", "num_warps_bwd"):
-            v = getattr(self, n)
-            if v not in (1, 2, 4, 8, 16, 32):
-                raise ValueError(f"RMSNormDetPlan: {n} must be 1, 2, 4, 8, 16 or 32, got {v}")
-        if self.mode != Mode.DET:
-            raise ValueError(f"RMSNormDetPlan: mode must be det, got {self.mode}")
-
+            self._fail("block_h must be >= hidden_size")
+        self.require_power_of_two("block_h", "block_m_fwd", "block_m_bwd", "reduce_block_p",
+                                  "reduce_block_c")
+        self.require_at_least("bwd_programs")
+        self.require_warps("num_warps_fwd", "num_warps_bwd")
+        self.require_mode(Mode.DET)
 
 def _warps(elements: int) -> int:
     return max(1, min(16, elements // 512))
@@ -96,13 +84,8 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) 
             not 1 <= hidden_size <= MAX_HIDDEN:
         raise ValueError(f"hidden_size: must be an int in [1, {MAX_HIDDEN}], got {hidden_size!r}")
     hidden_size = int(hidden_size)
-    if torch.compiler.is_compiling():  # traced once; the cache would only add guards
-        return _rule(hidden_size, device)
-    key = (hidden_size, device.type, device.index)
-    plan = _PLANS.get(key)
-    if plan is None:  # a pure function of the key: caching saves host time, changes nothing
-        plan = _PLANS[key] = _rule(hidden_size, device)
-    return plan
+    return cached_plan(_PLANS, (hidden_size, device.type, device.index),
+                       lambda: _rule(hidden_size, device))
 
 
 def _rule(hidden_size: int, device: torch.device) -> RMSNormDetPlan:
