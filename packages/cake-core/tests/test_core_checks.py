@@ -61,3 +61,14 @@ def test_cu_seqlens_ok(dtype):
 def test_cu_seqlens_bad(cu, n, msg):
     with pytest.raises(ValueError, match=msg):
         check_cu_seqlens(cu, n)
+
+
+def test_accumulator():
+    from cake_core import check_accumulator
+
+    check_accumulator(None, "main_grad", (2, 3))
+    check_accumulator(torch.zeros(2, 3), "main_grad", (2, 3))
+    for bad, msg in ((torch.zeros(3, 2), "shape"), (torch.zeros(2, 3, dtype=torch.float16),
+                     "dtype"), (torch.zeros(3, 2).t(), "contiguous"), ([0.0], "Tensor")):
+        with pytest.raises(ValueError, match=f"main_grad: .*{msg}"):
+            check_accumulator(bad, "main_grad", (2, 3))

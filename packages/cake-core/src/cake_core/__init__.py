@@ -5,6 +5,7 @@ Importing this package is cheap: it does not import Triton. Triton helpers live 
 """
 
 from cake_core.checks import (
+    check_accumulator,
     check_cu_seqlens,
     check_dtype,
     check_last_dim_contiguous,
@@ -27,6 +28,7 @@ __all__ = [
     "SavedSet",
     "Workspace",
     "__version__",
+    "check_accumulator",
     "check_cu_seqlens",
     "check_dtype",
     "check_last_dim_contiguous",

@@ -69,6 +69,18 @@ def check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:
         )
 
 
+def check_accumulator(t: object, name: str, shape: Sequence[int]) -> None:
+    """Validate an fp32 gradient accumulator (Megatron's ``main_grad``): ``None`` passes;
+    otherwise a contiguous fp32 tensor of exactly ``shape``, or ``ValueError``."""
+    if t is None:
+        return
+    check_tensor(t, name)
+    check_shape(t, name, list(shape))
+    check_dtype(t, name, (torch.float32,))
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
 def check_positive_finite(v: object, name: str) -> float:
     """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:

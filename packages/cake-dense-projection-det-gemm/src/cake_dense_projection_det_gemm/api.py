@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 from cake_core import (
     Mode,
+    check_accumulator,
     check_dtype,
     check_ndim,
     check_same_device,
@@ -53,13 +54,7 @@ class DenseProjectionDetGrads(NamedTuple):
 
 
 def _check_main_grad(main_grad, N: int, K: int) -> None:
-    if main_grad is None:
-        return
-    check_tensor(main_grad, "main_grad")
-    check_shape(main_grad, "main_grad", [N, K])
-    check_dtype(main_grad, "main_grad", (torch.float32,))
-    if not main_grad.is_contiguous():
-        raise ValueError("main_grad: must be contiguous")
+    check_accumulator(main_grad, "main_grad", (N, K))
 
 
 def _check_inputs(x, weight, bias, main_grad) -> torch.device:

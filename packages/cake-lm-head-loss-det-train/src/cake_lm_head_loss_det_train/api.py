@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 from cake_core import (
     Mode,
+    check_accumulator,
     check_dtype,
     check_last_dim_contiguous,
     check_same_device,
@@ -71,13 +72,7 @@ def _check_scalar(v, name: str, lo: float, hi: float | None = None) -> float:
 
 
 def _check_main_grad(main_grad, V: int, H: int) -> None:
-    if main_grad is None:
-        return
-    check_tensor(main_grad, "main_grad")
-    check_shape(main_grad, "main_grad", [V, H])
-    check_dtype(main_grad, "main_grad", (torch.float32,))
-    if not main_grad.is_contiguous():
-        raise ValueError("main_grad: must be contiguous")
+    check_accumulator(main_grad, "main_grad", (V, H))
 
 
 def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing,

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 from cake_core import (
     Mode,
+    check_accumulator,
     check_dtype,
     check_last_dim_contiguous,
     check_ndim,
@@ -67,12 +68,7 @@ def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device
         check_shape(residual, "residual", list(x.shape))
         check_dtype(residual, "residual", (x.dtype,))
         check_last_dim_contiguous(residual, "residual")
-    if dweight_accumulator is not None:
-        check_tensor(dweight_accumulator, "dweight_accumulator")
-        check_shape(dweight_accumulator, "dweight_accumulator", [H])
-        check_dtype(dweight_accumulator, "dweight_accumulator", (torch.float32,))
-        if not dweight_accumulator.is_contiguous():
-            raise ValueError("dweight_accumulator: must be contiguous")
+    check_accumulator(dweight_accumulator, "dweight_accumulator", (H,))
     device = check_same_device(("x", x), ("weight", weight), ("residual", residual),
                                ("dweight_accumulator", dweight_accumulator))
     launch_device_check(device, "x")
@@ -348,12 +344,7 @@ def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDet
         check_tensor(dh, "dh")
         check_shape(dh, "dh", list(xh.shape))
         check_dtype(dh, "dh", (xh.dtype,))
-    if dweight_accumulator is not None:
-        check_tensor(dweight_accumulator, "dweight_accumulator")
-        check_shape(dweight_accumulator, "dweight_accumulator", [H])
-        check_dtype(dweight_accumulator, "dweight_accumulator", (torch.float32,))
-        if not dweight_accumulator.is_contiguous():
-            raise ValueError("dweight_accumulator: must be contiguous")
+    check_accumulator(dweight_accumulator, "dweight_accumulator", (H,))
     device = check_same_device(("saved", xh), ("dy", dy), ("dh", dh),
                                ("dweight_accumulator", dweight_accumulator))
     launch_device_check(device, "dy")
