@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -50,11 +48,8 @@ class LMHeadLoss(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """``nn.Linear``'s initialization."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0
-            nn.init.uniform_(self.bias, -bound, bound)
+        """``nn.Linear``'s initialization (torch's own code; reads only weight and bias)."""
+        nn.Linear.reset_parameters(self)
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         w, b = self.weight, self.bias
