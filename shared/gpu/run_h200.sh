@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm (default: all). Seen 2026-11-29: the GPU test
+# parts: any of env tests det bench tinylm profile dense lmhead tests3 (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
 set -uo pipefail
@@ -31,6 +31,23 @@ fi
 if has bench; then
   timeout 420 python3 packages/cake-rmsnorm-det-train/benchmarks/bench_cake_rmsnorm_det_train.py \
     --graph --out "$OUT/rmsnorm_bench.json" 2>&1 | tee "$OUT/bench.txt"
+fi
+if has profile; then
+  timeout 150 python3 shared/gpu/profile_rmsnorm.py 2>&1 | tee "$OUT/profile_rmsnorm.txt"
+fi
+if has lmhead; then
+  timeout ${LMHEAD_TIMEOUT:-240} python3 \
+    packages/cake-lm-head-loss-det-train/benchmarks/bench_cake_lm_head_loss_det_train.py \
+    --out "$OUT/lmhead_bench.json" 2>&1 | tee "$OUT/lmhead_bench.txt"
+fi
+if has dense; then
+  timeout ${DENSE_TIMEOUT:-280} python3 \
+    packages/cake-dense-projection-det-gemm/benchmarks/bench_cake_dense_projection_det_gemm.py \
+    --sweep --out "$OUT/dense_bench.json" 2>&1 | tee "$OUT/dense_bench.txt"
+fi
+if has tests3; then
+  timeout 560 python3 -m pytest -q -p no:cacheprovider packages/cake-dense-projection-det-gemm/tests \
+    packages/cake-lm-head-loss-det-train/tests 2>&1 | tee "$OUT/pytest_gpu3.txt" | tail -25
 fi
 if has tinylm; then
   timeout 300 python3 -m cake_tinylm train --out "$OUT/tinylm" 2>&1 | tail -30 | tee "$OUT/tinylm.txt"

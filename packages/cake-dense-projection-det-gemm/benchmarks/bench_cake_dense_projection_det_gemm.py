@@ -70,7 +70,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=None, help="do_bench warmup in ms (25)")
     p.add_argument("--rep", type=float, default=None, help="do_bench rep in ms (100)")
     p.add_argument("--no-check", action="store_true", help="skip accuracy/repeat checks")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time tile/split variants of the plan per phase (each checked "
+                        "against an fp32 product): the data behind make_plan's rules")
     return p
+
+
+#: (block_m, block_n, block_k, num_warps, num_stages) variants tried by --sweep.
+SWEEP_TILES = ((128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
+               (128, 128, 64, 8, 4), (128, 128, 64, 4, 4), (128, 128, 128, 8, 3),
+               (64, 256, 64, 4, 4), (64, 128, 64, 4, 4))
+SWEEP_SPLITS = (1, 2, 4, 8)
+
+
+def sweep_shape(M, N, K, x, w, dy, plan, timer: Timer) -> list[dict[str, Any]]:
+    """Time each tile variant for fwd/dgrad/wgrad (and each split count for wgrad)."""
+    import dataclasses
+
+    import torch
+    from cake_dense_projection_det_gemm import DenseProjectionDetWorkspace
+    from cake_dense_projection_det_gemm.api import _launch_bwd, _launch_fwd
+
+    flops = 2.0 * M * N * K
+    xf, wf, dyf = x.float(), w.float(), dy.float()
+    refs = {"fwd": xf @ wf.t(), "dgrad": dyf @ wf, "wgrad": dyf.t() @ xf}
+    del xf, wf, dyf
+    rows = []
+    variants = [("tiles", t, plan.wgrad_splits) for t in SWEEP_TILES]
+    variants += [("splits", None, s) for s in SWEEP_SPLITS if s != plan.wgrad_splits]
+    for kind, tiles, splits in variants:
+        if tiles is None:
+            p = dataclasses.replace(plan, wgrad_splits=splits)
+            phases = ("wgrad",)
+        else:
+            bm, bn, bk, wp, st = tiles
+            p = dataclasses.replace(plan, block_m=bm, block_n=bn, block_k=bk, num_warps=wp,
+                                    num_stages=st, wgrad_block_m=bm, wgrad_block_n=bn,
+                                    wgrad_block_k=bk, wgrad_num_warps=wp,
+                                    wgrad_num_stages=st, wgrad_splits=splits)
+            phases = ("fwd", "dgrad", "wgrad")
+        ws = DenseProjectionDetWorkspace.for_plan(p, x.device)
+        parts, bparts = ws["partials"], ws["bias_partials"]
+        fns = {"fwd": lambda p=p: _launch_fwd(x, w, None, p),
+               "dgrad": lambda p=p, a=parts, b=bparts: _launch_bwd(
+                   dy, x, w, p, a, b, None, True, False, False)[0],
+               "wgrad": lambda p=p, a=parts, b=bparts: _launch_bwd(
+                   dy, x, w, p, a, b, None, False, True, False)[1]}
+        for ph in phases:
+            row = {"phase": ph, "tiles": tiles, "splits": splits}
+            try:
+                out = fns[ph]().float()
+                ref = refs[ph]
+                row["rel_err"] = float(torch.linalg.vector_norm(out - ref)
+                                       / torch.linalg.vector_norm(ref))
+                del out
+                t = timer.bench(fns[ph])
+                row["ms"] = t["ms"]
+                row["tflops"] = flops / (t["ms"] * 1e-3) / 1e12
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            rows.append(row)
+            print(f"  sweep {ph:6s} tiles={tiles} splits={splits}: "
+                  + (f"{row['ms']:.3f} ms {row['tflops']:.0f} TFLOP/s err {row['rel_err']:.1e}"
+                     if "ms" in row else row["error"]), flush=True)
+        del ws, parts, bparts
+    return rows
 
 
 class Timer:
@@ -114,7 +178,8 @@ def rel_err(a, ref) -> float:
                                                            1e-30))
 
 
-def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer, check: bool):
+def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer, check: bool,
+              sweep: bool = False):
     import torch
     from cake_core.testing import bitwise_equal
     from cake_dense_projection_det_gemm import DenseProjectionDetWorkspace, make_plan
@@ -165,6 +230,8 @@ def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer, check: b
         if "ms" in row["cake"] and "ms" in row["torch"]:
             row["ratio"] = row["cake"]["ms"] / row["torch"]["ms"]
         res["phases"][ph] = row
+    if sweep:
+        res["sweep"] = sweep_shape(M, N, K, x, w, dy, plan, timer)
     return res
 
 
@@ -218,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     payload: dict[str, Any] = {"meta": meta, "results": []}
     for M, N, K in shapes:
         try:
-            res = run_shape(M, N, K, dtype, args.device, timer, not args.no_check)
+            res = run_shape(M, N, K, dtype, args.device, timer, not args.no_check, args.sweep)
         except Exception as exc:  # noqa: BLE001 - e.g. OOM; recorded, next shape runs
             res = {"M": M, "N": N, "K": K, "status": "error",
                    "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
