@@ -98,7 +98,7 @@ def sweep_shape(M, N, K, x, w, dy, plan, timer: Timer) -> list[dict[str, Any]]:
     rows = []
     variants = [("tiles", t, plan.wgrad_splits) for t in SWEEP_TILES]
     variants += [("splits", None, s) for s in SWEEP_SPLITS if s != plan.wgrad_splits]
-    for kind, tiles, splits in variants:
+    for _kind, tiles, splits in variants:
         if tiles is None:
             p = dataclasses.replace(plan, wgrad_splits=splits)
             phases = ("wgrad",)
