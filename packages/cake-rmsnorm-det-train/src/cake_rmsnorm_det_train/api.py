@@ -24,7 +24,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
-from cake_core.triton_utils import launch_device_check
+from cake_core.triton_utils import launch_device_check, select_backend
 
 from cake_rmsnorm_det_train.kernels.bwd import rmsnorm_bwd_kernel
 from cake_rmsnorm_det_train.kernels.fwd import rmsnorm_fwd_kernel
@@ -50,7 +50,37 @@ class RMSNormDetGrads(NamedTuple):
 # ----------------------------------------------------------------------------- checks
 
 
+_Tensor = torch.Tensor
+_FAST_EPS = (float,)
+
+
+def _fast_ok(x, weight, eps) -> bool:
+    """True when the common call (no residual, no accumulator) passes every check of
+    :func:`_check_inputs`; a False sends the call through the full checks and messages.
+    Exists for host time: a 0.13 ms kernel does not hide tens of microseconds of checks."""
+    if type(x) is not _Tensor or type(weight) is not _Tensor or type(eps) not in _FAST_EPS:
+        return False
+    dt = x.dtype
+    if dt not in _FLOATS or (weight.dtype is not dt and weight.dtype is not torch.float32):
+        return False
+    if x.dim() < 1 or weight.dim() != 1:
+        return False
+    H = x.shape[-1]
+    if not 1 < H <= MAX_HIDDEN or weight.shape[0] != H or x.stride(-1) != 1 or \
+            weight.stride(0) != 1:
+        return False
+    if not 0.0 < eps < float("inf"):
+        return False
+    dev = x.device
+    return dev == weight.device and dev.type == _LAUNCH_DEVICE_TYPE
+
+
+_LAUNCH_DEVICE_TYPE = "cpu" if select_backend() == "interpreter" else "cuda"
+
+
 def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device:
+    if residual is None and dweight_accumulator is None and _fast_ok(x, weight, eps):
+        return x.device
     check_tensor(x, "x")
     check_ndim(x, "x", min_ndim=1)
     check_dtype(x, "x", _FLOATS)
@@ -75,9 +105,18 @@ def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device
     return device
 
 
+_DEFAULT_PLANS: dict[tuple, RMSNormDetPlan] = {}
+
+
 def _resolve_plan(plan, H: int, dtype: torch.dtype, device: torch.device) -> RMSNormDetPlan:
     if plan is None:
-        return make_plan(H, dtype, device)
+        key = (H, dtype, device)
+        plan = _DEFAULT_PLANS.get(key)
+        if plan is None:
+            plan = make_plan(H, dtype, device)
+            if not torch.compiler.is_compiling():
+                _DEFAULT_PLANS[key] = plan
+        return plan
     require_mode(plan, RMSNormDetPlan, Mode.DET, name="plan")
     if plan.hidden_size != H:
         raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, inputs have H={H}")
