@@ -116,7 +116,7 @@ def test_plan_rules_and_roundtrip():
     p = make_plan(1000, 33, 96, torch.bfloat16, DEV)
     assert (p.out_features, p.in_features) == (33, 96) and p.mode.value == "det"
     assert make_plan(1000, 33, 96, torch.bfloat16, DEV) is p  # rule, cached
-    assert p.allow_tf32 == 0 and p.cublas_fwd_dgrad == 0
+    assert p.allow_tf32 == 0 and p.cublas_fwd_dgrad == int(DEV.type == "cuda")
     assert DenseProjectionDetPlan.from_dict(p.to_dict()) == p
     assert plan_from_op_fields(DenseProjectionDetPlan, plan_to_op_fields(p)) == p
     if DEV.type == "cpu":
@@ -133,11 +133,14 @@ def test_cuda_plan_rule_on_an_h200_sized_device(monkeypatch):
     cuda = torch.device("cuda", 0)
     big = plan_mod._rule(16384, 4096, 4096, torch.bfloat16, cuda)
     assert (big.block_m, big.block_n, big.block_k, big.num_warps) == (128, 256, 64, 8)
-    assert big.wgrad_splits == 1
+    assert big.wgrad_splits == 1 and big.cublas_fwd_dgrad == 1
+    assert (big.wgrad_block_m, big.wgrad_block_n, big.wgrad_block_k) == (128, 256, 64)
     thin = plan_mod._rule(4096, 128, 8192, torch.bfloat16, cuda)
-    assert thin.wgrad_splits == 2  # 64 wgrad tiles on 132 SMs, 4096 tokens
-    assert plan_mod._rule(1024, 128, 8192, torch.bfloat16, cuda).wgrad_splits == 1
-    assert plan_mod._rule(16384, 4096, 4096, torch.float32, cuda).block_k == 32
+    assert thin.wgrad_splits == 1  # 64 wgrad tiles, but 4096 tokens make one slice
+    assert (thin.wgrad_block_m, thin.wgrad_block_n) == (128, 128)
+    assert plan_mod._rule(65536, 128, 8192, torch.bfloat16, cuda).wgrad_splits == 2
+    fp32 = plan_mod._rule(16384, 4096, 4096, torch.float32, cuda)
+    assert fp32.block_k == 32 and fp32.cublas_fwd_dgrad == 0 and fp32.wgrad_block_n == 128
 
 
 def test_plan_validation():

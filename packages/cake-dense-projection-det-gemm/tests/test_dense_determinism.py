@@ -3,6 +3,7 @@ not (the test can fail)."""
 
 import dataclasses
 
+import pytest
 import torch
 from cake_core.testing import (
     assert_bitwise_repeat,
@@ -49,6 +50,31 @@ def test_repeat_bitwise_with_other_kernels_between():
         (a @ a).sum().item()
 
     assert_bitwise_repeat(step, repeats=3, between=noise)
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="the cuBLAS route exists on CUDA only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_cublas_route_repeats_bitwise(dtype):
+    """The plan's cuBLAS forward/dgrad (the CUDA default for 16-bit) repeats bit for bit,
+    with other GEMMs of other shapes launched between the repeats; the evidence the plan
+    rule rests on."""
+    Mb, Nb, Kb = 4096, 1024, 2048
+    x = randn((Mb, Kb), dtype, DEV, seed=11)
+    w = randn((Nb, Kb), dtype, DEV, seed=12, scale=Kb ** -0.5)
+    dy = randn((Mb, Nb), dtype, DEV, seed=13)
+    plan = make_plan(Mb, Nb, Kb, dtype, DEV)
+    assert plan.cublas_fwd_dgrad == 1
+
+    def step():
+        y, saved = dense_projection_det_fwd(x, w, plan=plan)
+        g = dense_projection_det_bwd(dy, saved)
+        return y, g.dx, g.dweight
+
+    def noise():
+        a = torch.randn(777, 333, device=DEV, dtype=dtype)
+        (a @ a.t()).sum().item()
+
+    assert_bitwise_repeat(step, repeats=5, between=noise)
 
 
 def test_reordered_split_sum_changes_bits():

@@ -156,10 +156,15 @@ def test_strided_views_need_no_copies_and_give_same_bits():
     assert bitwise_equal(w.grad, wc.grad)
 
 
-@pytest.mark.parametrize("change", [{"cublas_fwd_dgrad": 1}, {"wgrad_splits": 5},
+@pytest.mark.parametrize("change", [{"cublas_fwd_dgrad": 1}, {"cublas_fwd_dgrad": 0},
+                                    {"wgrad_splits": 5},
                                     {"block_m": 16, "block_n": 32, "block_k": 16,
-                                     "group_m": 2}],
-                         ids=["cublas", "splits5", "small-tiles"])
+                                     "group_m": 2, "cublas_fwd_dgrad": 0},
+                                    {"block_m": 128, "block_n": 256, "block_k": 64,
+                                     "num_warps": 8, "num_stages": 3, "wgrad_block_m": 128,
+                                     "wgrad_block_n": 256, "wgrad_block_k": 64,
+                                     "cublas_fwd_dgrad": 0}],
+                         ids=["cublas", "cake-fwd", "splits5", "small-tiles", "big-tiles"])
 def test_other_plans_meet_the_reference(change):
     x, w, b, dy = _inputs((3, 47, 40), 35, torch.bfloat16, True, seed=41)
     plan = dataclasses.replace(make_plan(141, 35, 40, torch.bfloat16, DEV), **change)

@@ -93,23 +93,30 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
               device: torch.device | str) -> DenseProjectionDetPlan:
     """Pick the plan for ``y[M, N] = x[M, K] · W[N, K]ᵀ`` in ``dtype`` on ``device``.
 
-    Rules (read M, N, K, dtype and the SM count; never timing). They are starting rules,
-    not yet checked against an H200 sweep (benchmarks/ holds the script):
+    Rules (read M, N, K, dtype and the SM count; never timing), from the H200 sweep in
+    docs/benchmarks/dense_projection.md (``bench_... --sweep``):
 
-    - CUDA, bf16/fp16, forward and dgrad: tiles 128×256×64 (8 warps, 3 stages,
-      group_m 8) when the output ``[M, max(N, K)]`` fills at least one wave of SMs with
-      them, else 128×128×64 (4 stages), else 64×128×64 (4 warps, 4 stages). fp32:
-      half the block_k (32) and 3 stages (the tiles hold 4-byte operands).
-    - CUDA wgrad ``dW[N, K]``: 128×128 output tiles, 64 tokens per step (32 for fp32),
-      8 warps, 3 stages.
+    - CUDA, bf16/fp16, forward and dgrad: routed to cuBLAS (``cublas_fwd_dgrad = 1``): it
+      was 1.2-1.4x faster than every cake tile configuration tried on the large shapes and
+      3.6x on the skinny one, and it repeats bitwise on the H200 (tested on the GPU by
+      ``test_cuda_cublas_route_repeats_bitwise``). The cake tiles below stay in the plan
+      for fp32 and for callers who set ``cublas_fwd_dgrad = 0``.
+    - CUDA cake forward/dgrad tiles: 128×256×64 (8 warps, 3 stages, group_m 8) when the
+      output ``[M, max(N, K)]`` fills at least one wave of SMs with them, else 128×128×64
+      (4 stages), else 64×128×64 (4 warps, 4 stages). fp32: block_k 32, 3 stages.
+    - CUDA wgrad ``dW[N, K]`` (always cake: fixed order): 128×256 output tiles, 64 tokens
+      per step, 8 warps, 3 stages when ``cdiv(N, 128) · cdiv(K, 256)`` fills the SMs (the
+      sweep's best on all three large shapes: 0.81-0.93x cuBLAS), else 128×128 tiles.
+      fp32: 32 tokens per step, 128×128.
     - Split rule (wgrad and dbias): with T = number of wgrad output tiles,
       ``S = 1`` when T >= SMs, else ``S = clamp(min(SMs // T, M // MIN_SLICE), 1, 16)``,
-      MIN_SLICE = 1024 tokens on CUDA. So S > 1 only when tokens are many and N×K tiles
-      are few (e.g. M=4096, N=128, K=8192 on 132 SMs: T = 64, S = 2).
+      MIN_SLICE = 4096 tokens on CUDA (at M=4096, N=128, K=8192 the sweep timed S=1 at
+      0.050 ms, S=2 at 0.154 ms, S=4 at 0.058 ms: slices shorter than 4096 tokens do not
+      pay for their partial planes).
     - CPU (Triton interpreter; every program costs Python time): all tiles 128 (the
-      interpreter multiplies a 128³ block in one numpy call), 4 "SMs", MIN_SLICE 128.
-    - ``allow_tf32 = 0`` and ``cublas_fwd_dgrad = 0`` always (until measured on GPU).
-    - ``reduce_block`` 1024 (4096 on the CPU).
+      interpreter multiplies a 128³ block in one numpy call), 4 "SMs", MIN_SLICE 128, no
+      cuBLAS.
+    - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
@@ -144,8 +151,12 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
             bm, bn, warps, stages = 128, 128, 8, 3 if fp32 else 4
         else:
             bm, bn, warps, stages = 64, 128, 4, 3 if fp32 else 4
-        wbm, wbn, wbk, wwarps, wstages = 128, 128, bk, 8, 3
-        min_slice, reduce_block = 1024, 1024
+        if not fp32 and _cdiv(N, 128) * _cdiv(K, 256) >= sms:
+            wbm, wbn = 128, 256
+        else:
+            wbm, wbn = 128, 128
+        wbk, wwarps, wstages = bk, 8, 3
+        min_slice, reduce_block = 4096, 1024
     else:
         bm = bn = bk = wbm = wbn = wbk = 128
         warps = wwarps = 4
@@ -158,5 +169,5 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         block_m=bm, block_n=bn, block_k=bk, group_m=8, num_warps=warps, num_stages=stages,
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk, wgrad_group_m=8,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
-        reduce_block=reduce_block, allow_tf32=0, cublas_fwd_dgrad=0,
+        reduce_block=reduce_block, allow_tf32=0, cublas_fwd_dgrad=int(cuda and not fp32),
     )
