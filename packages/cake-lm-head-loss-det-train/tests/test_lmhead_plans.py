@@ -42,3 +42,38 @@ def test_plan_variant_matches_float64(variant, reduction):
     for name, a, r in (("loss", loss, ref), ("lse", lse, lse64), ("dhidden", h.grad, h64.grad),
                        ("dweight", w.grad, w64.grad), ("dbias", b.grad, b64.grad)):
         assert_close_to_reference(a, r, torch.float32, name)
+
+
+def test_cublas_flag_needs_cuda_and_16_bit():
+    H, V = 24, 300
+    plan = dataclasses.replace(make_plan(H, V, torch.float32, DEV), cublas_gemms=1)
+    h = randn((5, H), torch.float32, DEV, seed=1)
+    w = randn((V, H), torch.float32, DEV, seed=2)
+    before = (h.clone(), w.clone())
+    with pytest.raises(ValueError, match="cublas_gemms"):
+        lm_head_loss_det(h, w, torch.zeros(5, dtype=torch.long, device=DEV), plan=plan)
+    assert torch.equal(h, before[0]) and torch.equal(w, before[1])
+
+
+@pytest.mark.parametrize("cublas", [0, 1], ids=["cake-gemms", "cublas-gemms"])
+def test_bf16_gemm_routes_match_float64(cublas):
+    """Both GEMM routes of a 16-bit plan (cuBLAS is the CUDA default) against float64,
+    with a bias, ragged chunks and ignored rows."""
+    if cublas and DEV.type != "cuda":
+        pytest.skip("the cuBLAS route exists on CUDA only")
+    T, H, V = 301, 64, 1000
+    plan = dataclasses.replace(make_plan(H, V, torch.bfloat16, DEV), cublas_gemms=cublas,
+                               chunk_tokens=128)
+    h = randn((T, H), torch.bfloat16, DEV, seed=1).requires_grad_()
+    w = randn((V, H), torch.bfloat16, DEV, seed=2, scale=0.3).requires_grad_()
+    b = randn((V,), torch.bfloat16, DEV, seed=3).requires_grad_()
+    y = (torch.arange(T) * 37 % V).to(DEV)
+    y[::5] = -100
+    loss = lm_head_loss_det(h, w, y, bias=b, plan=plan, z_loss=1e-3)
+    loss.backward()
+    h64, w64, b64 = (t.detach().double().requires_grad_() for t in (h, w, b))
+    ref = lm_head_loss_reference(h64, w64, y, b64, dtype=torch.float64, z_loss=1e-3)
+    ref.backward()
+    for name, a, r in (("loss", loss, ref), ("dhidden", h.grad, h64.grad),
+                       ("dweight", w.grad, w64.grad), ("dbias", b.grad, b64.grad)):
+        assert_close_to_reference(a, r, torch.bfloat16, name)

@@ -146,6 +146,10 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str):
     if plan.grad_in_forward and reduction == "none":
         raise ValueError("plan: grad_in_forward=1 needs reduction 'mean' or 'sum' (per-token "
                          "upstream gradients exist only at backward time)")
+    if plan.cublas_gemms and (device.type != "cuda" or
+                              dtype not in (torch.bfloat16, torch.float16)):
+        raise ValueError(f"plan: cublas_gemms=1 needs bf16/fp16 inputs on CUDA, got "
+                         f"{str(dtype)[6:]} on {device.type}")
     return plan
 
 
@@ -213,12 +217,18 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
     grad = g_kind >= 0
     kw_logits, kw_dh, kw_dw = (_gemm_kw(plan, k) for k in ("logits", "dh", "dw"))
     wt = weight.t()
+    cublas = bool(plan.cublas_gemms)
     for t0 in range(0, T, plan.chunk_tokens):
         t1 = min(T, t0 + plan.chunk_tokens)
         n = t1 - t0
         hc = h2[t0:t1]
         lg = logits[:n]
-        matmul(hc, wt, lg, bias=bias, **kw_logits)
+        if cublas:
+            torch.mm(hc, wt, out_dtype=torch.float32, out=lg)
+            if bias is not None:
+                lg.add_(bias)
+        else:
+            matmul(hc, wt, lg, bias=bias, **kw_logits)
         dl = (dlogits[:n] if dlogits is not None else lg) if grad else lg
         ce_chunk_kernel[(_cdiv(n, plan.block_m),)](
             lg, dl, labels1[t0:t1], loss_tok[t0:t1] if fwd else lg,
@@ -234,7 +244,10 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
             parts = None
             if plan.dh_split > 1:
                 parts = dh_parts[: plan.dh_split * n * H].view(plan.dh_split, n, H)
-            matmul(dl, weight, dh[t0:t1], split=plan.dh_split, partials=parts, **kw_dh)
+            if cublas and plan.dh_split == 1:
+                torch.mm(dl, weight, out=dh[t0:t1])
+            else:
+                matmul(dl, weight, dh[t0:t1], split=plan.dh_split, partials=parts, **kw_dh)
         if dw32 is not None:
             matmul(dl.t(), hc, dw32, accumulate=t0 > 0, **kw_dw)
         if db32 is not None:  # lg now holds the fp32 dlogits of the chunk

@@ -45,10 +45,16 @@ class LMHeadLossDetPlan(Plan):
             skip (out-of-range labels then give undefined loss values, never a bad access).
         grad_in_forward: 1 to compute the gradients in the forward (one logits pass; mean
             and sum only), 0 to recompute the logits in the backward.
+        cublas_gemms: 1 routes the two plain GEMMs of a chunk to cuBLAS: the logits
+            (``torch.mm(h_c, W^T, out_dtype=float32)``, fp32 logits from 16-bit operands;
+            a bias is then added in fp32) and dhidden (``torch.mm(dlogits, W)``, only with
+            ``dh_split == 1``). The dweight GEMM, which sums over chunks in chunk order,
+            always stays cake's. CUDA with bf16/fp16 only; cuBLAS repeats bitwise on the
+            H200 (GPU test ``test_cuda_cublas_route_repeats_bitwise``).
     """
 
     family: ClassVar[str] = "cake-lm-head-loss-det-train"
-    format_version: ClassVar[int] = 1
+    format_version: ClassVar[int] = 2
 
     hidden_size: int
     vocab_size: int
@@ -72,6 +78,7 @@ class LMHeadLossDetPlan(Plan):
     dh_split: int
     check_labels: int
     grad_in_forward: int
+    cublas_gemms: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -83,7 +90,7 @@ class LMHeadLossDetPlan(Plan):
         self.require_power_of_two(
             *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
         self.require_warps("num_warps", "gemm_warps")
-        self.require_flags("check_labels", "grad_in_forward")
+        self.require_flags("check_labels", "grad_in_forward", "cublas_gemms")
         self.require_mode(Mode.DET)
 
 def _prev_power_of_2(n: int) -> int:
@@ -110,8 +117,12 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     ``chunk_tokens * V <= 2**27`` logits elements on CUDA (``2**16`` under the interpreter),
     clamped to ``[16, 4096]``. CE tile: 1 row x
     ``min(4096, next_power_of_2(V))`` columns, 8 warps on CUDA; 16 rows x
-    ``min(2048, next_power_of_2(V))`` on the CPU. GEMM tiles 128x128x64 (8 warps, 3 stages)
-    for bf16/fp16 on CUDA, 64x64x32 (4 warps) for fp32, the same for the three GEMMs; on
+    ``min(2048, next_power_of_2(V))`` on the CPU. On CUDA with bf16/fp16 the logits and
+    dhidden GEMMs go to cuBLAS (``cublas_gemms = 1``; an H200 run had cake's tiles at
+    1.2-1.4x cuBLAS's time on GEMMs of this size, docs/benchmarks/dense_projection.md) and
+    the dweight GEMM uses 128x256x64 tiles (8 warps, 3 stages; the sweep's best for a
+    weight gradient); the cake tiles of the other two stay 128x128x64. fp32 on CUDA:
+    64x64x32 (4 warps) for the three, no cuBLAS; on
     the CPU each GEMM's tile follows its dims (``next_power_of_2`` of M, N, K clamped to
     [16, 256]: fewer, fuller interpreted programs). No split of the dhidden GEMM. Labels
     are checked. ``grad_in_forward`` is 1 for "mean" and "sum", 0 for "none" (per-token
@@ -146,6 +157,8 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
         bm, bn, bk, gw, gs = (64, 64, 32, 4, 3) if dtype == torch.float32 else \
             (128, 128, 64, 8, 3)
         tiles = {g: (bm, bn, bk) for g in ("logits", "dh", "dw")}
+        if dtype != torch.float32:
+            tiles["dw"] = (128, 256, 64)
     else:
         block_m, block_v, warps, loss_block = 16, min(2048, vp2), 4, 4096
         gw, gs = 4, 1
@@ -159,4 +172,5 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
         **{f"{g}_block_{d}": v for g, t in tiles.items() for d, v in zip("mnk", t, strict=True)},
         gemm_group_m=gm, gemm_warps=gw, gemm_stages=gs, dh_split=1, check_labels=1,
         grad_in_forward=0 if reduction == "none" else 1,
+        cublas_gemms=int(cuda and dtype in (torch.bfloat16, torch.float16)),
     )
