@@ -38,7 +38,9 @@ def test_linear_matches_torch(bias):
     torch.testing.assert_close(y, y2, rtol=1e-5, atol=1e-5)
     y.square().sum().backward()
     y2.square().sum().backward()
-    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-5)
+    # two fp32 GEMMs that sum in other orders (cake's kernel vs cuBLAS on a GPU): values
+    # near 60 after cancellation differ by a few fp32 ulps of the summands
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(ours.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-4)
     if bias:
         torch.testing.assert_close(ours.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-4)

@@ -30,9 +30,12 @@ class DenseProjectionNondetWorkspace(Workspace):
 
 
 def _fwd(M=600, N=12, K=20):
+    """A forward whose plan splits the wgrad (the workspace then has partial planes; the
+    CUDA rule splits only beyond 4096 tokens, so the split is set here)."""
     x = randn((M, K), torch.float32, DEV, seed=1)
     w = randn((N, K), torch.float32, DEV, seed=2)
-    return dense_projection_det_fwd(x, w)
+    plan = dataclasses.replace(make_plan(M, N, K, torch.float32, DEV), wgrad_splits=3)
+    return dense_projection_det_fwd(x, w, plan=plan)
 
 
 def test_foreign_saved_sets_refused():

@@ -113,9 +113,11 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     plan serves every batch (chunk buffers are sized ``min(T, chunk_tokens)`` rows when no
     workspace is given), and ``torch.compile`` with dynamic shapes needs no guard on it.
 
-    Rules (no timing): ``chunk_tokens`` is the largest power of two with
-    ``chunk_tokens * V <= 2**27`` logits elements on CUDA (``2**16`` under the interpreter),
-    clamped to ``[16, 4096]``. CE tile: 1 row x
+    Rules (no timing): on CUDA ``chunk_tokens`` is the largest multiple of 128 with
+    ``chunk_tokens * V <= max(2**27, V * H / 3)`` logits elements, clamped to
+    ``[128, 4096]`` (at H = 4096: 4096 tokens for V = 32000, 1280 for V = 128256 and
+    151936); under the interpreter the largest power of two with ``chunk_tokens * V <=
+    2**16``, clamped to ``[16, 4096]``. CE tile: 1 row x
     ``min(4096, next_power_of_2(V))`` columns, 8 warps on CUDA; 16 rows x
     ``min(2048, next_power_of_2(V))`` on the CPU. On CUDA with bf16/fp16 the logits and
     dhidden GEMMs go to cuBLAS (``cublas_gemms = 1``; an H200 run had cake's tiles at
@@ -149,7 +151,15 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
           reduction: str) -> LMHeadLossDetPlan:
     cuda = device_type == "cuda"
     budget = CHUNK_BUDGET_CUDA if cuda else CHUNK_BUDGET_CPU
-    chunk = max(16, min(4096, _prev_power_of_2(budget // vocab_size)))
+    if cuda:
+        # a multiple of 128 tokens; the budget grows to V*H/3 elements where that is more
+        # (the chunk buffers, 6 bytes per logit, then stay within the 2*V*H bytes of the
+        # 16-bit dweight the backward returns anyway), so large vocabularies are not cut
+        # into many chunks, each of which re-reads and re-writes the fp32 dweight sum
+        budget = max(budget, vocab_size * hidden_size // 3)
+        chunk = max(128, min(4096, budget // vocab_size // 128 * 128))
+    else:
+        chunk = max(16, min(4096, _prev_power_of_2(budget // vocab_size)))
     vp2 = next_power_of_2(vocab_size)
     gm = 8
     if cuda:
