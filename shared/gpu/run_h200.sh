@@ -43,7 +43,7 @@ fi
 if has dense; then
   timeout ${DENSE_TIMEOUT:-280} python3 \
     packages/cake-dense-projection-det-gemm/benchmarks/bench_cake_dense_projection_det_gemm.py \
-    --sweep --out "$OUT/dense_bench.json" 2>&1 | tee "$OUT/dense_bench.txt"
+    ${DENSE_ARGS---sweep} --out "$OUT/dense_bench.json" 2>&1 | tee "$OUT/dense_bench.txt"
 fi
 if has tests3; then
   timeout 560 python3 -m pytest -q -p no:cacheprovider packages/cake-dense-projection-det-gemm/tests \
