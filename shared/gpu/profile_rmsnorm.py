@@ -76,7 +76,40 @@ def kernels(fn, n=5):
     return rows
 
 
+def fwd_paths():
+    """Kernel-only forward, the generic 2-D path vs the one-row / even-H path (same bits
+    expected in y up to the reduction shape; both timed, L2 flushed)."""
+    from cake_rmsnorm_det_train.api import _launch_fwd
+    from cake_rmsnorm_det_train.kernels.fwd import rmsnorm_fwd_kernel
+    from cake_rmsnorm_det_train.plan import make_plan
+
+    for T, H in ((32768, 4096), (65536, 2048), (16384, 8192)):
+        x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(H, device="cuda")).bfloat16()
+        plan = make_plan(H, torch.bfloat16, x.device)
+        y = torch.empty_like(x)
+        rstd = torch.empty(T, device="cuda")
+
+        def generic():
+            rmsnorm_fwd_kernel[(-(-T // plan.block_m_fwd),)](
+                x, x, w, y, y, rstd, T, H, H, H, H, H, 1e-6, HAS_RESIDUAL=False,
+                BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h, num_warps=plan.num_warps_fwd)
+
+        def current():
+            return _launch_fwd(x, w, None, 1e-6, plan)
+
+        generic()
+        y0 = y.clone()
+        y1 = current()[0]
+        print(f"fwd kernel T={T} H={H}: generic 2-D {do_bench(generic, warmup=25, rep=100)*1e3:.1f} us"
+              f", current {do_bench(current, warmup=25, rep=100)*1e3:.1f} us, "
+              f"y max diff {float((y0.float() - y1.float()).abs().max()):.3g}, "
+              f"bitwise {torch.equal(y0, y1)}", flush=True)
+
+
 def main():
+    if sys.argv[1:2] == ["fwd"]:
+        return fwd_paths()
     T, H = (int(a) for a in sys.argv[1:3]) if len(sys.argv) >= 3 else (32768, 4096)
     bench = load_bench()
     g = torch.Generator(device="cuda").manual_seed(0)

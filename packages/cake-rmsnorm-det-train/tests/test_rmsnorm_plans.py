@@ -66,3 +66,19 @@ def test_plan_variant_matches_float64(variant, H, rows, dtype):
     assert_close_to_reference(x.grad, x64.grad, dtype, "dx")
     assert_close_to_reference(r.grad, r64.grad, dtype, "dresidual")
     assert_close_to_reference(w.grad, w64.grad, dtype, "dweight")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("H", [7, 64, 1000])
+def test_one_row_forward_without_residual(H, dtype):
+    """The forward's one-row paths (masked and, for a power-of-two H, unmasked), no residual."""
+    plan = dataclasses.replace(make_plan(H, dtype, DEV), block_m_fwd=1)
+    x = randn((37, H), dtype, DEV, seed=H + 5).requires_grad_()
+    w = randn((H,), dtype, DEV, seed=H, scale=0.3).add_(1).requires_grad_()
+    y = rmsnorm_det(x, w, 1e-6, plan=plan)
+    y.backward(randn((37, H), dtype, DEV, seed=6))
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    ref = rmsnorm_reference(x64, w64, 1e-6)
+    ref.backward(randn((37, H), dtype, DEV, seed=6).double())
+    for name, a, r in (("y", y, ref), ("dx", x.grad, x64.grad), ("dweight", w.grad, w64.grad)):
+        assert_close_to_reference(a, r, dtype, name)
