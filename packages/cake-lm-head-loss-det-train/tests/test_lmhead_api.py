@@ -112,9 +112,10 @@ def test_recompute_and_grad_in_forward_agree():
 
 @pytest.mark.parametrize("gif", [1, 0])
 def test_main_grad_is_start_plus_fp32_dweight(gif):
+    """The chunked route (defer_dw_tokens=0): one fp32 sum, added once or cast once."""
     h, w, b, y = _data(dtype=torch.bfloat16)
     plan = dataclasses.replace(make_plan(24, 300, torch.bfloat16, DEV), chunk_tokens=16,
-                               grad_in_forward=gif)
+                               grad_in_forward=gif, defer_dw_tokens=0)
     start = randn((300, 24), torch.float32, DEV, seed=9)
     main_grad = start.clone()
     hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
@@ -126,6 +127,33 @@ def test_main_grad_is_start_plus_fp32_dweight(gif):
     ww2 = w.clone().requires_grad_()
     lm_head_loss_det(h, ww2, y, plan=plan).backward()
     assert torch.equal(ww2.grad, zero.to(torch.bfloat16))  # the same sum, cast once
+
+
+def test_deferred_dweight_route():
+    """16-bit, T <= defer_dw_tokens: dweight from the kept dlogits in one GEMM, scaled by the
+    upstream gradient in the kernel; it agrees with the chunked fp32 sum to bf16 rounding,
+    and with main_grad it adds g * (dlogitsᵀ · hidden) into the start values."""
+    h, w, b, y = _data(dtype=torch.bfloat16)
+    T = h.shape[0]
+    base = dataclasses.replace(make_plan(24, 300, torch.bfloat16, DEV), chunk_tokens=16)
+    assert base.defer_dw_tokens == 48 >= T
+    grads = {}
+    for name, defer in (("deferred", T), ("chunked", 0)):
+        plan = dataclasses.replace(base, defer_dw_tokens=defer)
+        hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+        lm_head_loss_det(hh, ww, y, bias=bb, plan=plan).backward(torch.tensor(0.7))
+        grads[name] = (hh.grad, ww.grad, bb.grad)
+    torch.testing.assert_close(grads["deferred"][1].float(), grads["chunked"][1].float(),
+                               rtol=2e-2, atol=2e-4)
+    # dhidden and dbias come from the same kernels on both routes
+    assert bitwise_equal(grads["deferred"][0], grads["chunked"][0])
+    assert bitwise_equal(grads["deferred"][2], grads["chunked"][2])
+    start = randn((300, 24), torch.float32, DEV, seed=9)
+    mg = start.clone()
+    lm_head_loss_det(h, w.clone().requires_grad_(), y, plan=base, main_grad=mg).backward()
+    zero = torch.zeros_like(start)
+    lm_head_loss_det(h, w.clone().requires_grad_(), y, plan=base, main_grad=zero).backward()
+    assert torch.equal(mg, start + zero)
 
 
 def test_explicit_plan_workspace_reuse_and_no_grad():

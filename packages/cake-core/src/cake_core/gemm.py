@@ -44,10 +44,11 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def matmul_kernel(
-    A, B, C, BIAS,
+    A, B, C, BIAS, SCALE,
     M, N, K, k_per_split, n_tiles_m, n_tiles_n,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -77,6 +78,8 @@ def matmul_kernel(
         b = tl.load(B + ks[:, None] * stride_bk + rn[None, :] * stride_bn,
                     mask=km[:, None] & nm[None, :], other=0.0)
         acc = _mma(a, b, acc, IEEE)
+    if HAS_SCALE:  # a device scalar (no host sync): C (+)= scale * (A @ B) (+ bias)
+        acc = acc * tl.load(SCALE).to(tl.float32)
     if HAS_BIAS:
         acc += tl.load(BIAS + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     c_ptrs = C + s.to(tl.int64) * stride_cs + rm[:, None] * stride_cm + rn[None, :] * stride_cn
@@ -111,8 +114,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
            bias: torch.Tensor | None = None, accumulate: bool = False, split: int = 1,
            partials: torch.Tensor | None = None, allow_tf32: bool = False,
            block_m: int = 64, block_n: int = 64, block_k: int = 32, group_m: int = 8,
-           num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
-    """``out (+)= a @ b (+ bias)`` with fp32 accumulation; returns ``out``.
+           num_warps: int = 4, num_stages: int = 3,
+           scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``out (+)= scale * (a @ b) (+ bias)`` with fp32 accumulation; returns ``out``.
 
     Args:
         a: ``[M, K]``, any strides (pass ``w.t()`` for ``x @ w.T``); b: ``[K, N]``, same dtype
@@ -126,6 +130,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
             (``bias`` is added to slice 0 only). Slice length: ``cdiv(cdiv(K, S), block_k) *
             block_k``; trailing slices may be empty (their plane is written with zeros).
         allow_tf32: fp32 operands multiply as tf32 (faster, not exact). Ignored otherwise.
+        scale: optional one-element fp32 tensor on the device, read by the kernel (no host
+            sync): the fp32 product is multiplied by it before the bias, the accumulate and
+            the cast. Only with ``split == 1``.
         block_m / block_n / block_k (powers of two, >= 16), group_m, num_warps, num_stages:
             launch parameters. Equal parameters give equal bits; other ones may not.
 
@@ -136,12 +143,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
     if M == 0 or N == 0:
         return out
     ieee = a.dtype == torch.float32 and not allow_tf32
+    if scale is not None and split != 1:
+        raise ValueError("matmul: scale is supported with split == 1 only")
     tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)
-    kw = dict(IEEE=ieee, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-              num_warps=num_warps, num_stages=num_stages)
+    kw = dict(IEEE=ieee, HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+              BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     if split == 1:
         matmul_kernel[(tiles_m * tiles_n, 1)](
-            a, b, out, bias if bias is not None else out,
+            a, b, out, bias if bias is not None else out, scale if scale is not None else out,
             M, N, K, max(K, 1), tiles_m, tiles_n,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), 0, out.stride(0),
             out.stride(1), HAS_BIAS=bias is not None, ACCUMULATE=accumulate, **kw)
@@ -151,7 +160,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
         raise ValueError(f"partials: need a contiguous fp32 tensor [{split}, {M}, {N}]")
     k_per_split = _cdiv(_cdiv(K, split), block_k) * block_k
     matmul_kernel[(tiles_m * tiles_n, split)](
-        a, b, partials, bias if bias is not None else partials,
+        a, b, partials, bias if bias is not None else partials, partials,
         M, N, K, k_per_split, tiles_m, tiles_n,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), partials.stride(0),
         partials.stride(1), partials.stride(2), HAS_BIAS=False, ACCUMULATE=False, **kw)

@@ -191,13 +191,13 @@ def _gemm_kw(plan: LMHeadLossDetPlan, which: str) -> dict:
                 num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
 
 
-def _buffers(plan, h2, bufs):
+def _buffers(plan, h2, bufs, need_dlogits=True):
     logits, dlogits, dh_parts = bufs
     C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
     dev = h2.device
     if logits is None:
         logits = torch.empty((min(C, h2.shape[0]), V), dtype=torch.float32, device=dev)
-    if dlogits is None and h2.dtype != torch.float32:
+    if dlogits is None and h2.dtype != torch.float32 and need_dlogits:
         dlogits = torch.empty((logits.shape[0], V), dtype=h2.dtype, device=dev)
     if dh_parts is None and plan.dh_split > 1:
         dh_parts = torch.empty((plan.dh_split * logits.shape[0] * H,), dtype=torch.float32,
@@ -206,14 +206,16 @@ def _buffers(plan, h2, bufs):
 
 
 def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n_valid,
-                loss_tok, lse, dh, dw32, db32):
+                loss_tok, lse, dh, dw32, db32, dl_all=None):
     """The chunk loop. fwd: write loss_tok and lse; g_kind/g: the upstream gradient of the
     CE kernel (-1: no gradient); dh / dw32 / db32: None or where the gradients go (dw32 and
-    db32 are written by the first chunk and accumulated in fp32 by the next ones)."""
+    db32 are written by the first chunk and accumulated in fp32 by the next ones);
+    dl_all: ``[T, V]`` 16-bit, where each chunk's dlogits are kept (the deferred-dweight
+    route; then dw32 is None)."""
     ignore_index, red, ls, zl, cap = cfg
     T, H = h2.shape
     V = weight.shape[0]
-    logits, dlogits, dh_parts = _buffers(plan, h2, bufs)
+    logits, dlogits, dh_parts = _buffers(plan, h2, bufs, need_dlogits=dl_all is None)
     grad = g_kind >= 0
     kw_logits, kw_dh, kw_dw = (_gemm_kw(plan, k) for k in ("logits", "dh", "dw"))
     wt = weight.t()
@@ -229,13 +231,16 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
                 lg.add_(bias)
         else:
             matmul(hc, wt, lg, bias=bias, **kw_logits)
-        dl = (dlogits[:n] if dlogits is not None else lg) if grad else lg
+        if dl_all is not None:
+            dl = dl_all[t0:t1]
+        else:
+            dl = (dlogits[:n] if dlogits is not None else lg) if grad else lg
         ce_chunk_kernel[(_cdiv(n, plan.block_m),)](
             lg, dl, labels1[t0:t1], loss_tok[t0:t1] if fwd else lg,
             lse[t0:t1], (g[t0:t1] if g_kind == 2 else g) if g is not None else lg, n_valid,
             n, V, lg.stride(0), dl.stride(0), ignore_index, ls, zl, cap if cap > 0 else 1.0,
             FWD=fwd, GRAD=grad, G_KIND=max(g_kind, 0), MEAN=red == _MEAN, SOFTCAP=cap > 0,
-            STORE_F32=grad and db32 is not None and dlogits is not None,
+            STORE_F32=grad and db32 is not None and (dlogits is not None or dl_all is not None),
             BLOCK_M=plan.block_m, BLOCK_V=plan.block_v, num_warps=plan.num_warps,
         )
         if not grad:
@@ -259,7 +264,9 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
 
 def _forward_impl(h2, weight, bias, labels1, cfg, plan, bufs, need_dh, need_dw, need_db):
     """Returns (loss, lse, n_valid, dh, dw32, db32); the last three are empty ``(0,)``
-    tensors unless the plan computes gradients in the forward and they are needed."""
+    tensors unless the plan computes gradients in the forward and they are needed. On the
+    deferred-dweight route ``dw32`` holds the 16-bit dlogits ``[T, V]`` instead of the fp32
+    ``[V, H]`` sum (told apart by dtype)."""
     ignore_index, red, _, _, _ = cfg
     T, H = h2.shape
     V = weight.shape[0]
@@ -271,16 +278,22 @@ def _forward_impl(h2, weight, bias, labels1, cfg, plan, bufs, need_dh, need_dw, 
     need_db = need_db and bias is not None
     empty = lambda dt: torch.empty((0,), dtype=dt, device=dev)
     dh = torch.empty((T, H), dtype=h2.dtype, device=dev) if gif and need_dh else empty(h2.dtype)
-    dw32 = torch.empty((V, H), dtype=torch.float32, device=dev) if gif and need_dw \
-        else empty(torch.float32)
+    defer = gif and need_dw and h2.dtype != torch.float32 and 0 < T <= plan.defer_dw_tokens
+    if defer:  # keep the dlogits; the backward makes dweight in one GEMM (plan docstring)
+        dw32 = torch.empty((T, V), dtype=h2.dtype, device=dev)
+    elif gif and need_dw:
+        dw32 = torch.empty((V, H), dtype=torch.float32, device=dev)
+    else:
+        dw32 = empty(torch.float32)
     db32 = torch.empty((V,), dtype=torch.float32, device=dev) if gif and need_db \
         else empty(torch.float32)
     any_grad = gif and (need_dh or need_dw or need_db)
     if T > 0:
         _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, fwd=True, g=None,
                     g_kind=0 if any_grad else -1, n_valid=n_valid, loss_tok=loss_tok, lse=lse,
-                    dh=dh if gif and need_dh else None, dw32=dw32 if gif and need_dw else None,
-                    db32=db32 if gif and need_db else None)
+                    dh=dh if gif and need_dh else None,
+                    dw32=dw32 if gif and need_dw and not defer else None,
+                    db32=db32 if gif and need_db else None, dl_all=dw32 if defer else None)
     else:
         dw32.zero_()
         db32.zero_()
@@ -328,6 +341,14 @@ def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
         db = (db32_s * g).to(bias.dtype) if need_db else empty(torch.float32)
         if not need_dw:
             dw = empty(weight.dtype)
+        elif dw32_s.dtype != torch.float32:  # deferred route: dw32_s is dlogits [T, V]
+            g1 = g.reshape(1)
+            kw = _gemm_kw(plan, "dw")
+            if main_grad is not None:
+                matmul(dw32_s.t(), h2, main_grad, accumulate=True, scale=g1, **kw)
+                dw = empty(weight.dtype)
+            else:
+                dw = matmul(dw32_s.t(), h2, torch.empty_like(weight), scale=g1, **kw)
         elif main_grad is not None:
             _scaled_rows(dw32_s, g, main_grad, accumulate=True)
             dw = empty(weight.dtype)
@@ -396,7 +417,9 @@ def _fwd_fake(hidden2, weight, bias, labels1, ignore_index, reduction, label_smo
     loss = hidden2.new_empty((T,) if reduction == _NONE else (), dtype=f32)
     return (loss, hidden2.new_empty((T,), dtype=f32), hidden2.new_empty((), dtype=torch.int64),
             hidden2.new_empty((T, H) if gif and need_dh else (0,)),
-            hidden2.new_empty((V, H) if gif and need_dw else (0,), dtype=f32),
+            (hidden2.new_empty((T, V)) if hidden2.dtype != f32 and 0 < T <= plan.defer_dw_tokens
+             else hidden2.new_empty((V, H), dtype=f32)) if gif and need_dw
+            else hidden2.new_empty((0,), dtype=f32),
             hidden2.new_empty((V,) if gif and need_db and bias is not None else (0,),
                               dtype=f32))
 
@@ -601,7 +624,9 @@ def lm_head_loss_det_fwd(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     saved = LMHeadLossDetSavedSet(
         Mode.DET,
         {"hidden": h2, "weight": weight, "bias": bias, "labels": l1, "lse": lse,
-         "n_valid": n_valid, "dhidden": dh if gif else None, "dweight32": dw32 if gif else None,
+         "n_valid": n_valid, "dhidden": dh if gif else None,
+         "dweight32": dw32 if gif and dw32.dtype == torch.float32 else None,
+         "dlogits": dw32 if gif and dw32.dtype != torch.float32 else None,
          "dbias32": db32 if gif and bias is not None else None},
         meta={"plan": plan, "reduction": reduction, "ignore_index": cfg[0],
               "label_smoothing": cfg[2], "z_loss": cfg[3], "logit_softcap": cfg[4],
@@ -635,7 +660,8 @@ def lm_head_loss_det_bwd(dloss: torch.Tensor, saved: LMHeadLossDetSavedSet, *,
             of the wrong shape or dtype, devices that differ; before any launch.
     """
     require_mode(saved, LMHeadLossDetSavedSet, Mode.DET, name="saved")
-    h2, weight, bias, l1, lse, n_valid, dh_s, dw32_s, db32_s = saved.tensors()
+    h2, weight, bias, l1, lse, n_valid, dh_s, dw32_s, dl_s, db32_s = saved.tensors()
+    dw32_s = dl_s if dl_s is not None else dw32_s
     T, H = h2.shape
     V = weight.shape[0]
     check_tensor(dloss, "dloss")

@@ -51,6 +51,14 @@ class LMHeadLossDetPlan(Plan):
             ``dh_split == 1``). The dweight GEMM, which sums over chunks in chunk order,
             always stays cake's. CUDA with bf16/fp16 only; cuBLAS repeats bitwise on the
             H200 (GPU test ``test_cuda_cublas_route_repeats_bitwise``).
+        defer_dw_tokens: with ``grad_in_forward`` and 16-bit inputs, calls of at most this
+            many tokens keep every chunk's dlogits (``[T, V]`` in the inputs' dtype)
+            instead of summing ``dweight`` chunk by chunk into an fp32 ``[V, H]``; the
+            backward then computes ``dweight = g · dlogitsᵀ · hidden`` in one GEMM over all
+            T tokens (in token order) with the upstream gradient g applied in its epilogue
+            and writes the weight's dtype directly (or adds into ``main_grad``). Less
+            memory when ``2·T·V < 4·V·H`` and no per-chunk read-modify-write of the fp32
+            sum. 0: never.
     """
 
     family: ClassVar[str] = "cake-lm-head-loss-det-train"
@@ -79,6 +87,7 @@ class LMHeadLossDetPlan(Plan):
     check_labels: int
     grad_in_forward: int
     cublas_gemms: int
+    defer_dw_tokens: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +95,7 @@ class LMHeadLossDetPlan(Plan):
         self.require_in_range("hidden_size", 1, MAX_HIDDEN)
         self.require_in_range("vocab_size", 1, MAX_VOCAB)
         self.require_at_least("chunk_tokens", "dh_split", "gemm_group_m", "gemm_stages")
+        self.require_at_least("defer_dw_tokens", minimum=0)
         self.require_power_of_two("block_m", "block_v", "loss_block")
         self.require_power_of_two(
             *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
@@ -128,7 +138,9 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     the CPU each GEMM's tile follows its dims (``next_power_of_2`` of M, N, K clamped to
     [16, 256]: fewer, fuller interpreted programs). No split of the dhidden GEMM. Labels
     are checked. ``grad_in_forward`` is 1 for "mean" and "sum", 0 for "none" (per-token
-    upstream gradients exist only at backward time).
+    upstream gradients exist only at backward time). ``defer_dw_tokens = 2·H`` for 16-bit
+    inputs (the kept dlogits, 2·T·V bytes, then never exceed the 4·V·H bytes of the fp32
+    dweight sum they replace), 0 for fp32.
 
     Raises:
         ValueError: a size out of range, an unknown reduction or device.
@@ -183,4 +195,5 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
         gemm_group_m=gm, gemm_warps=gw, gemm_stages=gs, dh_split=1, check_labels=1,
         grad_in_forward=0 if reduction == "none" else 1,
         cublas_gemms=int(cuda and dtype in (torch.bfloat16, torch.float16)),
+        defer_dw_tokens=2 * hidden_size if dtype in (torch.bfloat16, torch.float16) else 0,
     )

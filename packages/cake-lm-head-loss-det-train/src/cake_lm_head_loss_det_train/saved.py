@@ -19,14 +19,17 @@ class LMHeadLossDetSavedSet(SavedSet):
         dhidden, dweight32, dbias32: with ``grad_in_forward`` only, the gradients of the
         returned loss for an upstream gradient of 1 (``dhidden`` in hidden's dtype, the
         others fp32; ``None`` where that input needs no gradient).
+        dlogits: ``[T, V]`` in hidden's dtype, instead of ``dweight32``, on the deferred
+        route (``T <= plan.defer_dw_tokens``, 16-bit inputs): the backward makes dweight
+        from it in one GEMM.
     Meta: ``plan``, ``reduction``, ``ignore_index``, ``label_smoothing``, ``z_loss``,
     ``logit_softcap`` (0.0 = off), ``grad_in_forward`` (bool), ``lead_shape`` (labels'
     shape).
     """
 
     tensor_names = ("hidden", "weight", "bias", "labels", "lse", "n_valid", "dhidden",
-                    "dweight32", "dbias32")
-    format_version = 1
+                    "dweight32", "dlogits", "dbias32")
+    format_version = 2
 
 
 class LMHeadLossDetWorkspace(Workspace):
