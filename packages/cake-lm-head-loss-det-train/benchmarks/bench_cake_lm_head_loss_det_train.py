@@ -40,7 +40,7 @@ from typing import Any
 
 DEFAULT_SHAPES = [(t, 4096, v) for t in (4096, 16384) for v in (32000, 128256, 151936)]
 CPU_QUICK_SHAPES = [(64, 32, 1000)]
-ALL_IMPLS = ("cake", "torch_eager", "torch_compile", "liger", "fla")
+ALL_IMPLS = ("cake", "torch_eager", "torch_compile", "liger", "fla", "cake_chunked")
 NEEDS_CUDA = {"liger", "fla"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", type=parse_shapes, default=None,
                    help="comma-separated TxHxV (default: T in {4096, 16384}, H 4096, V in "
                    "{32000, 128256, 151936}; on the CPU 64x32x1000)")
-    p.add_argument("--impls", type=parse_impls, default=list(ALL_IMPLS))
+    p.add_argument("--impls", type=parse_impls, default=list(ALL_IMPLS[:5]),
+                   help="default: the first five; cake_chunked = cake with defer_dw_tokens=0 "
+                        "(the chunked fp32 dweight sum even where the plan defers)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (smoke test)")
@@ -104,6 +106,17 @@ def make_impl(name: str) -> tuple[Callable, str, str | None]:
         mod = importlib.import_module("cake_lm_head_loss_det_train")
         return (lambda h, w, y: mod.lm_head_loss_det(h, w, y),
                 "cake_lm_head_loss_det_train.lm_head_loss_det(h, w, y)", mod.__version__)
+    if name == "cake_chunked":
+        import dataclasses
+
+        mod = importlib.import_module("cake_lm_head_loss_det_train")
+
+        def chunked(h, w, y):
+            plan = dataclasses.replace(mod.make_plan(h.shape[-1], w.shape[0], h.dtype, h.device),
+                                       defer_dw_tokens=0)
+            return mod.lm_head_loss_det(h, w, y, plan=plan)
+        return (chunked, "lm_head_loss_det(h, w, y, plan=<default, defer_dw_tokens=0>)",
+                mod.__version__)
     if name in ("torch_eager", "torch_compile"):
         def unfused(h, w, y):
             return F.cross_entropy((h @ w.T).float(), y)
