@@ -26,6 +26,15 @@ def test_tinylm_short_job_is_bitwise_deterministic(tmp_path):
     a, b, ref = result.runs
     assert (a.name, b.name, ref.name) == ("cake-a", "cake-b", "torch")
 
+    # The cake runs train cake's kernels: norms, every projection, the fused head + loss.
+    from cake_dense_projection_det_gemm import Linear
+    from cake_lm_head_loss_det_train import LMHeadLoss
+    from cake_rmsnorm_det_train import RMSNorm
+
+    kinds = {type(m) for m in a.model.modules()}
+    assert {RMSNorm, Linear, LMHeadLoss} <= kinds and torch.nn.Linear not in kinds
+    assert not {RMSNorm, Linear, LMHeadLoss} & {type(m) for m in ref.model.modules()}
+
     # Bitwise-identical per-step losses (compare the float bits) and final weights.
     assert a.losses.shape == (20,) and a.losses.dtype == torch.float32
     assert torch.equal(a.losses.view(torch.int32), b.losses.view(torch.int32))

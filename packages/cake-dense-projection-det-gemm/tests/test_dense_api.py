@@ -122,7 +122,13 @@ def test_plan_rules_and_roundtrip():
     assert DenseProjectionDetPlan.from_dict(p.to_dict()) == p
     assert plan_from_op_fields(DenseProjectionDetPlan, plan_to_op_fields(p)) == p
     if DEV.type == "cpu":
-        assert p.wgrad_splits == 4 and p.block_m == 128  # few N×K tiles, many tokens
+        assert p.wgrad_splits == 4  # few N×K tiles, many tokens
+        # interpreter tiles follow the dims: next power of two in [16, 256]
+        assert (p.block_m, p.block_n, p.block_k) == (256, 128, 128)
+        assert (p.wgrad_block_m, p.wgrad_block_n, p.wgrad_block_k) == (128, 128, 128)
+        small = make_plan(17, 7, 33, torch.float32, DEV)
+        assert (small.block_m, small.block_n, small.block_k, small.wgrad_block_k) == \
+            (32, 64, 64, 32)
         assert make_plan(100, 33, 96, torch.bfloat16, DEV).wgrad_splits == 1  # few tokens
         assert make_plan(4096, 512, 512, torch.bfloat16, DEV).wgrad_splits == 1  # many tiles
 

@@ -72,10 +72,14 @@ def test_forward_shapes_and_errors():
     model = build_model(SMALL, "cake")
     idx = torch.randint(0, 256, (2, 16))
     logits, loss = model(idx, idx)
-    assert logits.shape == (2, 16, 256) and logits.dtype == torch.float32
+    assert logits is None  # fused head + loss: the logits are never materialized
     assert loss.shape == () and loss.dtype == torch.float32
+    logits, loss = model(idx)
+    assert logits.shape == (2, 16, 256) and logits.dtype == torch.float32 and loss is None
     logits, loss = model(idx[:, :5])
     assert logits.shape == (2, 5, 256) and loss is None
+    ref_logits, ref_loss = build_model(SMALL, "torch")(idx, idx)
+    assert ref_logits.shape == (2, 16, 256) and ref_loss.shape == ()
     with pytest.raises(ValueError):
         model(torch.randint(0, 256, (2, 17)))
     with pytest.raises(ValueError):
@@ -87,21 +91,38 @@ def test_forward_shapes_and_errors():
 
 
 def test_cake_and_torch_models_match_from_same_weights():
+    from cake_dense_projection_det_gemm import Linear
+    from cake_lm_head_loss_det_train import LMHeadLoss
     from cake_rmsnorm_det_train import RMSNorm
 
     torch.manual_seed(0)
     cake = build_model(SMALL, "cake")
     ref = build_model(SMALL, "torch")
     assert cake.state_dict().keys() == ref.state_dict().keys()
+    for k, v in ref.state_dict().items():
+        assert cake.state_dict()[k].shape == v.shape, k
     ref.load_state_dict(cake.state_dict())
     # Every norm of the cake model is cake's RMSNorm (exact type), every torch one torch's.
     norms = [m for m in cake.modules() if "RMSNorm" in type(m).__name__]
     assert len(norms) == 2 * SMALL.n_layers + 1 and all(type(m) is RMSNorm for m in norms)
     assert all(type(m) is torch.nn.RMSNorm for m in ref.modules() if "RMSNorm" in type(m).__name__)
+    # Every projection (qkv, proj, fc1, fc2) is cake's Linear; the head is cake's LMHeadLoss.
+    linears = [n for n, m in cake.named_modules() if type(m) is Linear]
+    assert len(linears) == 4 * SMALL.n_layers
+    assert not [n for n, m in cake.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert type(cake.lm_head) is LMHeadLoss and cake.lm_head.weight.shape == (256, 32)
+    ref_linears = [n for n, m in ref.named_modules() if type(m) is torch.nn.Linear]
+    assert ref_linears == linears + ["lm_head"]
+    kernel_pkgs = ("cake_rmsnorm_det_train", "cake_dense_projection_det_gemm",
+                   "cake_lm_head_loss_det_train")
+    assert not [m for m in ref.modules() if type(m).__module__.startswith(kernel_pkgs)]
     idx = torch.randint(0, 256, (2, 16))
-    lc, loss_c = cake(idx, idx)
-    lr, loss_r = ref(idx, idx)
+    lc, _ = cake(idx)
+    lr, _ = ref(idx)
     torch.testing.assert_close(lc, lr, rtol=1e-5, atol=1e-5)
+    _, loss_c = cake(idx, idx)
+    _, loss_r = ref(idx, idx)
+    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
     loss_c.backward()
     loss_r.backward()
     gc = dict(cake.named_parameters())

@@ -9,10 +9,17 @@ from typing import ClassVar
 import torch
 from cake_core import Mode, Plan
 from cake_core.plan import cached_plan
-from cake_core.triton_utils import sm_count
+from cake_core.triton_utils import next_power_of_2, sm_count
 
 #: Most wgrad slices a plan may ask for (the workspace holds S fp32 [N, K] planes).
 MAX_WGRAD_SPLITS = 16
+#: CPU (interpreter) tiles follow the GEMM dims: next power of two, clamped to these bounds.
+CPU_TILE_MIN, CPU_TILE_MAX = 16, 256
+#: CPU (interpreter): most tokens per step of the wgrad reduction (a split slice is a
+#: whole number of steps, so short steps keep a split's regrouping visible in the tests).
+CPU_WGRAD_TOKENS = 128
+#: CPU (interpreter): least tokens per wgrad slice.
+CPU_MIN_SLICE = 128
 
 _POW2_FIELDS = ("block_m", "block_n", "block_k", "wgrad_block_m", "wgrad_block_n",
                 "wgrad_block_k", "reduce_block")
@@ -113,9 +120,16 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
       MIN_SLICE = 4096 tokens on CUDA (at M=4096, N=128, K=8192 the sweep timed S=1 at
       0.050 ms, S=2 at 0.154 ms, S=4 at 0.058 ms: slices shorter than 4096 tokens do not
       pay for their partial planes).
-    - CPU (Triton interpreter; every program costs Python time): all tiles 128 (the
-      interpreter multiplies a 128³ block in one numpy call), 4 "SMs", MIN_SLICE 128, no
-      cuBLAS.
+    - CPU (Triton interpreter; every launch, program and K step costs Python time, while
+      numpy multiplies a whole block in one call): tiles follow the GEMM dims, ``fit(d)`` =
+      the next power of two of d clamped to [16, 256] (``CPU_TILE_MIN``, ``CPU_TILE_MAX``).
+      Forward and dgrad: ``block_m = fit(M)``, ``block_n = block_k = fit(max(N, K))`` (the
+      forward's output columns are N and its reduction K, the dgrad's the other way round);
+      wgrad: ``fit(max(N, K))`` square output tiles and ``min(128, fit(M))`` tokens per step
+      (``CPU_WGRAD_TOKENS``; a split slice is a whole number of steps). So a projection
+      whose dims are all <= 256 (and M <= 128) runs each GEMM as one program of one step.
+      The split rule counts these wgrad tiles with 4 "SMs" and MIN_SLICE 128 tokens
+      (``CPU_MIN_SLICE``); no cuBLAS.
     - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
 
     Equal arguments give the equal plan (cached; a pure function of its key).
@@ -158,10 +172,15 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         wbk, wwarps, wstages = bk, 8, 3
         min_slice, reduce_block = 4096, 1024
     else:
-        bm = bn = bk = wbm = wbn = wbk = 128
+        def fit(d: int) -> int:
+            return max(CPU_TILE_MIN, min(CPU_TILE_MAX, next_power_of_2(d)))
+
+        bm, bn = fit(M), fit(max(N, K))
+        bk = wbm = wbn = bn
+        wbk = min(CPU_WGRAD_TOKENS, fit(M))
         warps = wwarps = 4
         stages = wstages = 1
-        min_slice, reduce_block = 128, 4096
+        min_slice, reduce_block = CPU_MIN_SLICE, 4096
     tiles = _cdiv(N, wbm) * _cdiv(K, wbn)
     splits = 1 if tiles >= sms else max(1, min(sms // tiles, M // min_slice, MAX_WGRAD_SPLITS))
     return DenseProjectionDetPlan(

@@ -1,14 +1,26 @@
 """cake-tinylm: cake's main job, a tiny byte-level decoder LM trained on real text.
 
-The model (:class:`TinyLM`) is a pre-norm decoder whose every RMSNorm is
-``cake_rmsnorm_det_train.RMSNorm``. :func:`run_job` trains it twice from the same initial
-weights on the same batches, checks that the two runs are bitwise identical (losses and
-final weights), and trains the same model built from torch modules for comparison.
+The model (:class:`TinyLM`) is a pre-norm decoder built from cake kernels: every RMSNorm is
+``cake_rmsnorm_det_train.RMSNorm``, every projection (attention qkv/out, MLP) is
+``cake_dense_projection_det_gemm.Linear``, and the output head with its cross entropy is
+``cake_lm_head_loss_det_train.LMHeadLoss`` (fused, chunked, logits never materialized).
+:func:`run_job` trains it twice from the same initial weights on the same batches, checks
+that the two runs are bitwise identical (losses and final weights), and trains the same
+model built from torch modules for comparison.
 ``cake-tinylm train`` (or ``python -m cake_tinylm train``) runs it from the shell.
 """
 
 from .data import ByteCorpus, batch_starts, get_batch, load_corpus, split_train_val, stdlib_files
-from .model import ModelConfig, TinyLM, build_model, make_mixer, make_mlp, make_norm
+from .model import (
+    ModelConfig,
+    TinyLM,
+    build_model,
+    make_head,
+    make_linear,
+    make_mixer,
+    make_mlp,
+    make_norm,
+)
 from .report import format_summary, write_report
 from .train import CUDA_DEFAULTS, JobResult, RunResult, TrainConfig, default_config, run_job
 
@@ -29,6 +41,8 @@ __all__ = [
     "format_summary",
     "get_batch",
     "load_corpus",
+    "make_head",
+    "make_linear",
     "make_mixer",
     "make_mlp",
     "make_norm",

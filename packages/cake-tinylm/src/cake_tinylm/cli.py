@@ -33,9 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train twice with cake (bitwise check) and once with torch (reference)",
         description=(
-            "Train the tiny LM twice with cake RMSNorm from the same initial weights and batch "
-            "order, check the two runs are bitwise identical (per-step losses and final "
-            "weights), and train the same model with torch.nn.RMSNorm for comparison. Prints "
+            "Train the tiny LM twice with cake kernels (RMSNorm, every Linear projection, "
+            "fused LM head + cross entropy) from the same initial weights and batch order, "
+            "check the two runs are bitwise identical (per-step losses and final weights), "
+            "and train the same model built from torch modules for comparison. Prints "
             "a summary table, writes report.json and loss.png into --out. Exit code 0 if the "
             "two cake runs are identical, 1 if not, 2 on bad arguments."
         ),

@@ -4,13 +4,23 @@ Structure (``x`` is ``[B, T, d_model]``)::
 
     x = tok_emb(idx) + pos_emb(arange(T))
     for block in blocks:
-        x = x + block.mixer(block.norm1(x))     # causal self-attention
+        x = x + block.mixer(block.norm1(x))     # causal self-attention (qkv, proj Linears)
         x = x + block.mlp(block.norm2(x))       # Linear -> GELU/SiLU -> Linear
-    logits = lm_head(norm_f(x))                 # [B, T, vocab]
+    loss = cross_entropy(lm_head(norm_f(x)), targets)   # fused in the cake model
 
-Every norm is built by :func:`make_norm`, every mixer by :func:`make_mixer`, every MLP by
-:func:`make_mlp`; ``impl="cake"`` uses cake's modules, ``impl="torch"`` the torch ones with
-the same parameter names, so one ``state_dict`` loads into both.
+Every norm is built by :func:`make_norm`, every projection by :func:`make_linear`, the
+output head by :func:`make_head`, every mixer by :func:`make_mixer`, every MLP by
+:func:`make_mlp`. ``impl="cake"`` uses cake's modules:
+
+- norms: ``cake_rmsnorm_det_train.RMSNorm``;
+- projections (attention ``qkv``/``proj``, MLP ``fc1``/``fc2``):
+  ``cake_dense_projection_det_gemm.Linear``;
+- head + loss: ``cake_lm_head_loss_det_train.LMHeadLoss`` (``lm_head.weight`` ``[V, d]``),
+  which computes the cross entropy chunk by chunk without materializing the logits.
+
+``impl="torch"`` uses ``torch.nn.RMSNorm``, ``torch.nn.Linear`` and ``nn.Linear`` +
+``F.cross_entropy`` with the same parameter names and shapes, so one ``state_dict`` loads
+into both. Token and position embeddings and the attention core are plain torch in both.
 
 Attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V`` with an explicit
 causal mask) rather than ``scaled_dot_product_attention``, so that its CUDA backward stays
@@ -25,6 +35,9 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from cake_dense_projection_det_gemm import Linear as CakeLinear
+from cake_dense_projection_det_gemm import dense_projection_det
+from cake_lm_head_loss_det_train import LMHeadLoss as CakeLMHeadLoss
 from cake_rmsnorm_det_train import RMSNorm as CakeRMSNorm
 from torch import nn
 
@@ -35,6 +48,8 @@ __all__ = [
     "ModelConfig",
     "TinyLM",
     "build_model",
+    "make_head",
+    "make_linear",
     "make_mixer",
     "make_mlp",
     "make_norm",
@@ -114,19 +129,61 @@ def make_norm(dim: int, eps: float, impl: Impl = "cake") -> nn.Module:
     return cls(dim, eps=eps)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention in plain torch (no SDPA).
+def make_linear(in_features: int, out_features: int, bias: bool = True,
+                impl: Impl = "cake") -> nn.Module:
+    """Build one dense projection ``y = x Wᵀ + b`` (``weight`` ``[out, in]``, ``bias`` ``[out]``).
 
-    Parameters: ``qkv`` (``Linear(d, 3d)``), ``proj`` (``Linear(d, d)``).
+    Args:
+        in_features, out_features: ``K`` and ``N``; input ``[..., K]``, output ``[..., N]``
+            in the input's dtype.
+        bias: whether the projection has a bias.
+        impl: ``"cake"`` -> ``cake_dense_projection_det_gemm.Linear`` (deterministic GEMMs,
+            fixed-order weight-gradient sum), ``"torch"`` -> ``torch.nn.Linear``. Same
+            arguments, parameter names and initialization.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+    _check_impl(impl)
+    cls = CakeLinear if impl == "cake" else nn.Linear
+    return cls(in_features, out_features, bias=bias)
+
+
+def make_head(d_model: int, vocab_size: int, impl: Impl = "cake") -> nn.Module:
+    """Build the output head (no bias, ``weight`` ``[vocab_size, d_model]``).
+
+    Args:
+        d_model: hidden size ``H``.
+        vocab_size: number of classes ``V``.
+        impl: ``"cake"`` -> ``cake_lm_head_loss_det_train.LMHeadLoss`` (head and mean cross
+            entropy fused, called as ``head(hidden, labels) -> loss``; the logits are never
+            materialized), ``"torch"`` -> ``torch.nn.Linear(d_model, vocab_size,
+            bias=False)`` (called as ``head(hidden) -> logits``; :class:`TinyLM` applies
+            ``F.cross_entropy``). Both own ``weight`` ``[V, H]`` with ``nn.Linear``'s init.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+    _check_impl(impl)
+    if impl == "cake":
+        return CakeLMHeadLoss(d_model, vocab_size, bias=False)
+    return nn.Linear(d_model, vocab_size, bias=False)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention; the attention core in plain torch (no SDPA).
+
+    Parameters: ``qkv`` (``Linear(d, 3d)``), ``proj`` (``Linear(d, d)``), both built by
+    :func:`make_linear` (cake's ``Linear`` for ``impl="cake"``).
     Input ``[B, T, d]`` with ``T <= max_seq_len``; output ``[B, T, d]``, same dtype.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.d_model // cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.qkv = make_linear(cfg.d_model, 3 * cfg.d_model, impl=impl)
+        self.proj = make_linear(cfg.d_model, cfg.d_model, impl=impl)
         mask = torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool).tril()
         self.register_buffer("causal_mask", mask, persistent=False)
 
@@ -142,13 +199,16 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """``fc2(act(fc1(x)))``; input/output ``[..., d]``, hidden ``mlp_ratio * d``."""
+    """``fc2(act(fc1(x)))``; input/output ``[..., d]``, hidden ``mlp_ratio * d``.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    ``fc1``, ``fc2`` are built by :func:`make_linear` (cake's ``Linear`` for ``impl="cake"``).
+    """
+
+    def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
         super().__init__()
         hidden = cfg.mlp_ratio * cfg.d_model
-        self.fc1 = nn.Linear(cfg.d_model, hidden)
-        self.fc2 = nn.Linear(hidden, cfg.d_model)
+        self.fc1 = make_linear(cfg.d_model, hidden, impl=impl)
+        self.fc2 = make_linear(hidden, cfg.d_model, impl=impl)
         self.act = _ACTIVATIONS[cfg.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,27 +216,24 @@ class MLP(nn.Module):
 
 
 def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
-    """Build a block's token mixer: :class:`CausalSelfAttention` (plain torch for now).
-
-    ``impl`` is accepted so that a later cake mixer family can be swapped in here.
+    """Build a block's token mixer: :class:`CausalSelfAttention` whose ``qkv`` and ``proj``
+    projections are ``impl``'s Linear (the attention core itself is plain torch).
 
     Raises:
         ValueError: on an unknown ``impl``.
     """
     _check_impl(impl)
-    return CausalSelfAttention(cfg)
+    return CausalSelfAttention(cfg, impl)
 
 
 def make_mlp(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
-    """Build a block's channel MLP: :class:`MLP` (plain torch for now).
-
-    ``impl`` is accepted so that a later cake MLP family can be swapped in here.
+    """Build a block's channel MLP: :class:`MLP` with ``impl``'s Linear for ``fc1``, ``fc2``.
 
     Raises:
         ValueError: on an unknown ``impl``.
     """
     _check_impl(impl)
-    return MLP(cfg)
+    return MLP(cfg, impl)
 
 
 # --------------------------------------------------------------------------- model
@@ -200,8 +257,10 @@ class TinyLM(nn.Module):
 
     Args:
         cfg: the :class:`ModelConfig`.
-        impl: ``"cake"`` (cake RMSNorm everywhere) or ``"torch"`` (``torch.nn.RMSNorm``);
-            both have identical parameter names and shapes.
+        impl: ``"cake"`` (cake RMSNorm, cake Linear for every projection, cake fused
+            LM head + cross entropy) or ``"torch"`` (``torch.nn.RMSNorm``,
+            ``torch.nn.Linear``, ``F.cross_entropy``); both have identical parameter names
+            and shapes.
 
     Raises:
         ValueError: on an unknown ``impl``.
@@ -216,7 +275,7 @@ class TinyLM(nn.Module):
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, impl) for _ in range(cfg.n_layers))
         self.norm_f = make_norm(cfg.d_model, cfg.norm_eps, impl)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = make_head(cfg.d_model, cfg.vocab_size, impl)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -242,9 +301,11 @@ class TinyLM(nn.Module):
             targets: optional ``int64`` ``[B, T]`` next-token ids.
 
         Returns:
-            ``(logits, loss)``: logits ``[B, T, vocab_size]`` in the parameter dtype; loss a
-            ``float32`` scalar (mean cross entropy, computed in fp32) or ``None`` without
-            targets.
+            ``(logits, loss)``. Without targets: logits ``[B, T, vocab_size]`` in the
+            parameter dtype (the cake model runs the head through cake's dense projection)
+            and ``None``. With targets: loss is a ``float32`` scalar (mean cross entropy,
+            computed in fp32); the cake model fuses head and loss and never materializes
+            the logits, so its logits are ``None``; the torch model returns them.
 
         Raises:
             ValueError: if ``idx`` is not 2-D or ``T`` exceeds ``max_seq_len``, or
@@ -263,12 +324,15 @@ class TinyLM(nn.Module):
         x = self.tok_emb(idx) + self.pos_emb(pos)[None]
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.norm_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(
-                logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
-            )
+        h = self.norm_f(x)
+        if targets is None:
+            if self.impl == "cake":
+                return dense_projection_det(h, self.lm_head.weight), None
+            return self.lm_head(h), None
+        if self.impl == "cake":
+            return None, self.lm_head(h, targets)
+        logits = self.lm_head(h)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
 
 
@@ -283,7 +347,7 @@ def build_model(
 
     Args:
         cfg: model hyper-parameters.
-        impl: ``"cake"`` or ``"torch"`` norms.
+        impl: ``"cake"`` or ``"torch"`` modules (see :class:`TinyLM`).
         device: target device.
         dtype: parameter dtype (``torch.float32`` or ``torch.bfloat16``).
 

@@ -16,6 +16,8 @@ __all__ = ["format_summary", "package_versions", "report_dict", "write_report"]
 _CAKE_PACKAGES = {
     "cake-core": "cake_core",
     "cake-rmsnorm-det-train": "cake_rmsnorm_det_train",
+    "cake-dense-projection-det-gemm": "cake_dense_projection_det_gemm",
+    "cake-lm-head-loss-det-train": "cake_lm_head_loss_det_train",
     "cake-tinylm": "cake_tinylm",
 }
 
@@ -120,7 +122,7 @@ def write_report(result: JobResult, out: str | Path) -> tuple[Path, Path]:
             r.losses.numpy(),
             ls,
             lw=lw,
-            label=f"{r.name} ({r.impl} RMSNorm), val {r.val_loss:.3f}",
+            label=f"{r.name} ({r.impl} modules), val {r.val_loss:.3f}",
         )
     cfg = result.config
     ax.set_xlabel("step")
