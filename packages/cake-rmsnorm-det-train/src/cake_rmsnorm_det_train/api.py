@@ -168,7 +168,7 @@ def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan):
         x2, r2, weight, y2, h2, rstd,
         n_rows, H, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h,
-        EVEN_H=H == plan.block_h, ONE_ROW=plan.block_m_fwd == 1, num_warps=plan.num_warps_fwd,
+        num_warps=plan.num_warps_fwd,
     )
     return y, h, rstd
 
