@@ -26,6 +26,7 @@ FAMILIES = {
     "rmsnorm": "cake-rmsnorm-det-train",
     "lmhead": "cake-lm-head-loss-det-train",
     "dense": "cake-dense-projection-det-gemm",
+    "gdn": "cake-gdn-det-train",
     "tinylm": "cake-tinylm",
 }
 

@@ -1,0 +1,533 @@
+"""Autograd entry and low-level forward/backward of the det chunked Gated DeltaNet.
+
+Math (FLA's ``chunk_gated_delta_rule``; Yang, Kautz & Hatamizadeh, 2024, arXiv:2412.06464):
+per sequence and value head, state S ``[K, V]`` in fp32, for each token
+
+    S <- exp(g_t) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = scale S^T q_t
+
+computed on 64-token chunks in the WY/UT form (kernels/fwd_prep.py, fwd_h.py, fwd_o.py;
+backward: kernels/bwd_dh.py, bwd_local.py, after recomputing the forward's chunk quantities).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_cu_seqlens,
+    check_dtype,
+    check_ndim,
+    check_positive_finite,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    require_mode,
+)
+from cake_core.triton_utils import launch_device_check
+
+from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel
+from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
+from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
+from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
+from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
+from cake_gdn_det_train.kernels.l2norm import gdn_l2norm_fwd_kernel
+from cake_gdn_det_train.plan import CHUNK_SIZE, MAX_HEAD_DIM, GDNDetPlan, make_plan
+from cake_gdn_det_train.reference import L2NORM_EPS
+from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class GDNDetGrads(NamedTuple):
+    """Gradients of :func:`chunk_gdn_det_bwd`.
+
+    dq, dk: like q and k. dv: like v. dg, dbeta: like g and beta (their dtypes).
+    dh0: fp32 ``[N, HV, K, V]`` when the forward had an initial state, else ``None``.
+    """
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dg: torch.Tensor
+    dbeta: torch.Tensor
+    dh0: torch.Tensor | None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_flag(v: object, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name}: expected a bool, got {v!r}")
+    return v
+
+
+def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
+                  use_qk_l2norm_in_kernel, cu_seqlens):
+    """All checks of :func:`chunk_gdn_det_fwd`; returns ``(device, N, scale)``."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")):
+        check_tensor(t, name)
+    check_ndim(q, "q", ndim=4)
+    B, T, H, K = q.shape
+    if H < 1:
+        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
+    if not 1 <= K <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim K must be in [1, {MAX_HEAD_DIM}], got {K}")
+    check_dtype(q, "q", _FLOATS)
+    check_shape(k, "k", [B, T, H, K])
+    check_dtype(k, "k", (q.dtype,))
+    check_ndim(v, "v", ndim=4)
+    check_shape(v, "v", [B, T, None, None])
+    HV, V = v.shape[2], v.shape[3]
+    if HV < 1 or HV % H:
+        raise ValueError(f"v: value heads HV = {HV} must be a positive multiple of the q/k "
+                         f"heads H = {H}")
+    if not 1 <= V <= MAX_HEAD_DIM:
+        raise ValueError(f"v: head dim V must be in [1, {MAX_HEAD_DIM}], got {V}")
+    check_dtype(v, "v", (q.dtype,))
+    check_shape(g, "g", [B, T, HV])
+    check_dtype(g, "g", (torch.float32, q.dtype))
+    check_shape(beta, "beta", [B, T, HV])
+    check_dtype(beta, "beta", (torch.float32, q.dtype))
+    scale = float(K) ** -0.5 if scale is None else check_positive_finite(scale, "scale")
+    _check_flag(output_final_state, "output_final_state")
+    _check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
+    device = check_same_device(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
+                               ("initial_state", initial_state))
+    launch_device_check(device, "q")
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
+        check_cu_seqlens(cu_seqlens, T, device)
+        N = cu_seqlens.numel() - 1
+    else:
+        N = B
+    if initial_state is not None:
+        check_tensor(initial_state, "initial_state")
+        check_shape(initial_state, "initial_state", [N, HV, K, V])
+        check_dtype(initial_state, "initial_state", (torch.float32,))
+    return device, N, scale
+
+
+_DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
+
+
+def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
+    if plan is None:
+        key = (K, V, dtype, device)
+        plan = _DEFAULT_PLANS.get(key)
+        if plan is None:
+            plan = _DEFAULT_PLANS[key] = make_plan(K, V, dtype, device)
+        return plan
+    require_mode(plan, GDNDetPlan, Mode.DET, name="plan")
+    if (plan.head_k_dim, plan.head_v_dim) != (K, V):
+        raise ValueError(f"plan: made for K={plan.head_k_dim}, V={plan.head_v_dim}; inputs have "
+                         f"K={K}, V={V}")
+    return plan
+
+
+def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: int, NT: int,
+                       NC: int):
+    if workspace is None:
+        return None
+    require_mode(workspace, GDNDetWorkspace, Mode.DET, name="workspace")
+    workspace.check(plan, device)
+    K, V = plan.head_k_dim, plan.head_v_dim
+    want = {"w": (None, HV, K), "u": (None, HV, V), "v_new": (None, HV, V),
+            "h": (None, HV, K, V)}
+    for name, shape in want.items():
+        t = workspace[name] if name in workspace.names else None
+        if t is None or t.dtype != torch.float32 or not t.is_contiguous() or \
+                t.dim() != len(shape) or tuple(t.shape[1:]) != shape[1:]:
+            raise ValueError(
+                f"workspace: buffer {name!r} must be a contiguous fp32 tensor of shape "
+                f"[*, {', '.join(map(str, shape[1:]))}]; build it with "
+                "GDNDetWorkspace.for_plan(plan, device, num_v_heads=HV, max_tokens=..., "
+                "max_seqs=...)")
+    cap_t = min(workspace["w"].shape[0], workspace["u"].shape[0], workspace["v_new"].shape[0])
+    cap_c = workspace["h"].shape[0]
+    if NT > cap_t or NC > cap_c:
+        raise ValueError(f"workspace: holds {cap_t} tokens and {cap_c} chunks, the call needs "
+                         f"{NT} and {NC}")
+    return workspace
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _offsets(cu_seqlens, B: int, T: int) -> torch.Tensor:
+    """int64 CPU offsets ``[N + 1]`` of the sequences in the flattened ``B * T`` tokens."""
+    if cu_seqlens is None:
+        return torch.arange(B + 1, dtype=torch.int64) * T
+    return cu_seqlens.detach().to("cpu", torch.int64)
+
+
+def _chunk_tables(cu: torch.Tensor):
+    """From CPU int64 offsets: chunk starts and ends ``[NC]``, each sequence's first chunk
+    ``[N + 1]`` (all int32, CPU) and NC. Chunks of a sequence are consecutive, in order."""
+    bos, eos = cu[:-1], cu[1:]
+    per_seq = (eos - bos + CHUNK_SIZE - 1) // CHUNK_SIZE
+    chunk_off = torch.zeros(cu.numel(), dtype=torch.int64)
+    chunk_off[1:] = torch.cumsum(per_seq, 0)
+    NC = int(chunk_off[-1])
+    seq = torch.repeat_interleave(torch.arange(per_seq.numel()), per_seq)
+    local = torch.arange(NC, dtype=torch.int64) - chunk_off[seq]
+    starts = bos[seq] + CHUNK_SIZE * local
+    ends = torch.minimum(starts + CHUNK_SIZE, eos[seq])
+    i32 = torch.int32
+    return starts.to(i32), ends.to(i32), chunk_off.to(i32), NC
+
+
+def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
+    """fp32 ``x * rsqrt(sum(x**2) + eps)`` over the last dim, and the fp32 rstd per row."""
+    K = x.shape[-1]
+    rows = x.numel() // K
+    y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if rows:
+        gdn_l2norm_fwd_kernel[(_cdiv(rows, plan.l2norm_block_rows),)](
+            x, y, rstd, rows, K, L2NORM_EPS,
+            BLOCK_R=plan.l2norm_block_rows, BK=plan.block_k, num_warps=plan.num_warps_l2norm)
+    return y, rstd
+
+
+def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev):
+    """w, u, v_new ``[NT, HV, *]`` and h ``[NC, HV, K, V]`` (fp32): views of the workspace's
+    leading rows, or fresh tensors."""
+    if workspace is None:
+        f32 = torch.float32
+        return (torch.empty((NT, HV, K), dtype=f32, device=dev),
+                torch.empty((NT, HV, V), dtype=f32, device=dev),
+                torch.empty((NT, HV, V), dtype=f32, device=dev),
+                torch.empty((NC, HV, K, V), dtype=f32, device=dev))
+    return (workspace["w"][:NT], workspace["u"][:NT], workspace["v_new"][:NT],
+            workspace["h"][:NC])
+
+
+def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum, A, scratch):
+    """Chunk prep (G, T, w, u) and the forward state recurrence (h, v_new, final state)."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    starts, ends, chunk_off, cu_dev, NC = dev_tables
+    N = cu_dev.numel() - 1
+    w, u, v_new, h = scratch
+    BT = CHUNK_SIZE
+    gdn_fwd_prep_kernel[(NC, HV)](
+        k, v, g, beta, starts, ends, g_cumsum, A, w, u,
+        H, HV, HV // H, K, V,
+        DOT_PRECISION=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
+        BVF=max(16, _np2(V)), num_warps=plan.num_warps_prep)
+    h0 = initial_state if initial_state is not None else g_cumsum
+    gdn_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
+        k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
+        H, HV, HV // H, K, V,
+        DOT_PRECISION=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v,
+        HAS_H0=initial_state is not None, STORE_FINAL=ht is not None, num_warps=plan.num_warps_h)
+
+
+def _device_tables(tables, cu, dev):
+    starts, ends, chunk_off, NC = tables
+    return (starts.to(dev), ends.to(dev), chunk_off.to(dev), cu.to(dev), NC)
+
+
+def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu,
+                plan: GDNDetPlan, workspace, tables):
+    """Allocates outputs and saved tensors, launches; inputs are contiguous."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    NT, N = B * T, cu.numel() - 1
+    dev = q.device
+    f32 = torch.float32
+    NC = tables[3]
+    q_rstd = k_rstd = None
+    if use_l2:
+        q, q_rstd = _l2norm(q, plan)
+        k, k_rstd = _l2norm(k, plan)
+    o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
+    g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
+    A = torch.empty((NT, HV, CHUNK_SIZE), dtype=f32, device=dev)
+    ht = torch.empty((N, HV, K, V), dtype=f32, device=dev) if output_final_state else None
+    if NC == 0:  # no tokens at all: every final state is its initial state
+        if ht is not None:
+            if initial_state is not None:
+                ht.copy_(initial_state)
+            else:
+                ht.zero_()
+        return o, ht, (q_rstd, k_rstd, g_cumsum, A)
+    scratch = _scratch(workspace, NT, NC, HV, K, V, dev)
+    dt = _device_tables(tables, cu, dev)
+    _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
+    _, _, v_new, h = scratch
+    gdn_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
+        q, k, v_new, g_cumsum, h, dt[0], dt[1], o,
+        scale, H, HV, HV // H, K, V,
+        DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
+        num_warps=plan.num_warps_o)
+    return o, ht, (q_rstd, k_rstd, g_cumsum, A)
+
+
+def _group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
+    """``[NT, HV, K]`` per value head -> ``[NT, H, K]``: each q/k head's value heads added in
+    index order (fixed order; no atomics, no library reduction)."""
+    NT, HV, K = x.shape
+    group = HV // H
+    if group == 1:
+        return x
+    x = x.view(NT, H, group, K)
+    acc = x[:, :, 0].clone()
+    for j in range(1, group):
+        acc += x[:, :, j]
+    return acc
+
+
+def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """Gradient through y = x * rstd, rstd = rsqrt(sum(x**2) + eps): rstd (dy - y sum(dy y))."""
+    y = x.float() * rstd[..., None]
+    return rstd[..., None] * (dy - y * (dy * y).sum(-1, keepdim=True))
+
+
+def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
+    q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
+    h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    NT = B * T
+    cu = saved.cu_seqlens.detach().to("cpu", torch.int64)
+    N = cu.numel() - 1
+    tables = _chunk_tables(cu)
+    NC = tables[3]
+    dev = q.device
+    f32 = torch.float32
+    if saved.use_qk_l2norm:
+        qn, _ = _l2norm(q, plan)
+        kn, _ = _l2norm(k, plan)
+    else:
+        qn, kn = q, k
+    dq_hv = torch.zeros((NT, HV, K), dtype=f32, device=dev)
+    dk_hv = torch.zeros((NT, HV, K), dtype=f32, device=dev)
+    dv = torch.zeros((NT, HV, V), dtype=f32, device=dev)
+    dg = torch.zeros((NT, HV), dtype=f32, device=dev)
+    dbeta = torch.zeros((NT, HV), dtype=f32, device=dev)
+    dh0 = None
+    if h0 is not None:
+        dh0 = torch.empty((N, HV, K, V), dtype=f32, device=dev)
+    if NC == 0:
+        if dh0 is not None:
+            if dht is not None:
+                dh0.copy_(dht)
+            else:
+                dh0.zero_()
+    else:
+        scratch = _scratch(workspace, NT, NC, HV, K, V, dev)
+        dt = _device_tables(tables, cu, dev)
+        g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
+        A = torch.empty((NT, HV, CHUNK_SIZE), dtype=f32, device=dev)
+        _prep_and_state(kn, v, g, beta, h0, None, plan, dt, g_cumsum, A, scratch)
+        w, _, v_new, h = scratch
+        dh = torch.empty((NC, HV, K, V), dtype=f32, device=dev)
+        dv_new = torch.empty((NT, HV, V), dtype=f32, device=dev)
+        do_c = do.contiguous()
+        dht_c = dht.contiguous() if dht is not None else None
+        gdn_bwd_dh_kernel[(N, HV, _cdiv(V, plan.block_v))](
+            qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
+            dh, dv_new, dh0 if dh0 is not None else dh,
+            saved.scale, H, HV, HV // H, K, V,
+            DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
+            HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=plan.num_warps_h)
+        gdn_bwd_local_kernel[(NC, HV)](
+            qn, kn, v, beta, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+            dq_hv, dk_hv, dv, dg, dbeta,
+            saved.scale, H, HV, HV // H, K, V,
+            DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
+            BVF=max(16, _np2(V)), num_warps=plan.num_warps_prep)
+    dq = _group_sum(dq_hv, H).view(B, T, H, K)
+    dk = _group_sum(dk_hv, H).view(B, T, H, K)
+    if saved.use_qk_l2norm:
+        dq = _l2norm_bwd(q, saved.q_rstd, dq)
+        dk = _l2norm_bwd(k, saved.k_rstd, dk)
+    return GDNDetGrads(
+        dq.to(q.dtype), dk.to(k.dtype), dv.view(B, T, HV, V).to(v.dtype),
+        dg.view(B, T, HV).to(g.dtype), dbeta.view(B, T, HV).to(beta.dtype), dh0)
+
+
+def _np2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                      beta: torch.Tensor, scale: float | None = None,
+                      initial_state: torch.Tensor | None = None,
+                      output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                      cu_seqlens: torch.Tensor | None = None, *,
+                      plan: GDNDetPlan | None = None,
+                      workspace: GDNDetWorkspace | None = None):
+    """Deterministic chunked Gated DeltaNet forward, without autograd.
+
+    Same arguments and semantics as FLA's ``chunk_gated_delta_rule`` (forward only; for
+    autograd use :func:`chunk_gated_delta_rule_det`).
+
+    Args:
+        q, k: ``[B, T, H, K]``, fp32, bf16 or fp16 (k of q's dtype). 1 <= K <= 256.
+        v: ``[B, T, HV, V]`` of q's dtype, HV a positive multiple of H (value head ``j``
+            reads q/k head ``j // (HV // H)``). 1 <= V <= 256.
+        g: ``[B, T, HV]`` log-space decay (state multiplied by ``exp(g_t)``), fp32 or q's
+            dtype. beta: ``[B, T, HV]``, fp32 or q's dtype.
+        scale: > 0, default ``K ** -0.5``.
+        initial_state: fp32 ``[N, HV, K, V]`` or ``None`` (zeros); N = B, or the number of
+            sequences in ``cu_seqlens``.
+        output_final_state: bool; also return the fp32 state after each sequence.
+        use_qk_l2norm_in_kernel: bool; L2-normalise q and k per head first
+            (``x * rsqrt(sum(x**2) + 1e-6)``, in fp32, in a small kernel).
+        cu_seqlens: int32/int64 ``[N + 1]`` offsets of packed sequences (then B == 1); empty
+            sequences are allowed. Sequences never mix. Read on the host (one sync).
+        plan: a :class:`GDNDetPlan` for (K, V) (default ``make_plan(K, V, q.dtype, device)``).
+        workspace: a :class:`GDNDetWorkspace` for that plan with room for the call
+            (default: scratch allocated per call).
+
+    Returns:
+        ``(o, final_state, saved)``: o ``[B, T, HV, V]`` in q's dtype; final_state fp32
+        ``[N, HV, K, V]`` or ``None``; saved a :class:`GDNDetSavedSet` for
+        :func:`chunk_gdn_det_bwd`.
+
+    Numerics: every kernel loads its inputs as fp32 and computes in fp32 (state, chunk
+    solve, outputs); o is cast once to q's dtype. Determinism: no atomics; each output
+    element is written by one program, the chunk recurrence runs in a fixed order, so o and
+    final_state are bitwise repeatable for equal inputs, plan and hardware.
+
+    Raises:
+        ValueError: bad shapes, dtypes, devices, flags, scale, cu_seqlens (with B > 1, not
+            starting at 0, decreasing, not ending at T), initial_state of the wrong N,
+            plan or workspace; before any allocation or launch. Inputs are never modified.
+    """
+    device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                     use_qk_l2norm_in_kernel, cu_seqlens)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    plan = _resolve_plan(plan, K, V, q.dtype, device)
+    cu = _offsets(cu_seqlens, B, T)
+    tables = _chunk_tables(cu)
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, tables[3])
+    with torch.no_grad():
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        h0 = initial_state.contiguous() if initial_state is not None else None
+        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu,
+            plan, workspace, tables)
+    saved = GDNDetSavedSet(
+        Mode.DET,
+        {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
+         "initial_state": initial_state, "cu_seqlens": cu.to(device), "q_rstd": q_rstd,
+         "k_rstd": k_rstd},
+        meta={"scale": scale, "use_qk_l2norm": use_qk_l2norm_in_kernel, "plan": plan,
+              "varlen": cu_seqlens is not None})
+    return o, ht, saved
+
+
+def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetSavedSet, *,
+                      plan: GDNDetPlan | None = None,
+                      workspace: GDNDetWorkspace | None = None) -> GDNDetGrads:
+    """Low-level backward of :func:`chunk_gdn_det_fwd`.
+
+    Recomputes the chunk quantities (w, u, the states at chunk starts, v_new) from the saved
+    inputs, runs the state-gradient recurrence over the chunks in reverse (fixed order), then
+    the chunk-local gradients; q/k gradients of value heads sharing a q/k head are added in
+    index order. No atomics: the result is bitwise repeatable for equal inputs and plan.
+
+    Args:
+        do: gradient of o, ``[B, T, HV, V]``, fp32/bf16/fp16.
+        dht: gradient of final_state, fp32 ``[N, HV, K, V]``, or ``None`` (zero).
+        saved: the :class:`GDNDetSavedSet` of the forward.
+        plan: default: the forward's. workspace: as in :func:`chunk_gdn_det_fwd`.
+
+    Returns:
+        :class:`GDNDetGrads` ``(dq, dk, dv, dg, dbeta, dh0)``.
+
+    Raises:
+        ValueError: a saved set of another type or mode, ``do``/``dht`` of the wrong shape,
+            dtype or device, a foreign plan or workspace; before any launch.
+    """
+    require_mode(saved, GDNDetSavedSet, Mode.DET, name="saved")
+    v = saved.v
+    B, T, H, K = saved.q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = saved.cu_seqlens.numel() - 1
+    check_tensor(do, "do")
+    check_shape(do, "do", list(v.shape))
+    check_dtype(do, "do", _FLOATS)
+    if dht is not None:
+        check_tensor(dht, "dht")
+        check_shape(dht, "dht", [N, HV, K, V])
+        check_dtype(dht, "dht", (torch.float32,))
+    device = check_same_device(("saved", v), ("do", do), ("dht", dht))
+    launch_device_check(device, "do")
+    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
+    cu = saved.cu_seqlens.detach().to("cpu", torch.int64)
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, _chunk_tables(cu)[3])
+    with torch.no_grad():
+        return _launch_bwd(do, dht, saved, plan, workspace)
+
+
+class _GDNDetFunction(torch.autograd.Function):
+    """Autograd of the det chunked GDN: the SavedSet's tensors go through
+    ``ctx.save_for_backward`` (checkpointing and saved-tensor hooks work)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
+                use_l2, plan):
+        B, T = q.shape[:2]
+        cu = _offsets(cu_seqlens, B, T)
+        tables = _chunk_tables(cu)
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        h0 = initial_state.contiguous() if initial_state is not None else None
+        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, cu, plan, None, tables)
+        saved = GDNDetSavedSet(
+            Mode.DET,
+            {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
+             "initial_state": initial_state, "cu_seqlens": cu.to(q.device), "q_rstd": q_rstd,
+             "k_rstd": k_rstd},
+            meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan,
+                  "varlen": cu_seqlens is not None})
+        ctx.save_for_backward(*saved.tensors())
+        ctx.meta = saved.meta
+        return o, ht
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dht):
+        saved = GDNDetSavedSet.from_tensors(Mode.DET, ctx.saved_tensors, ctx.meta)
+        grads = _launch_bwd(do, dht, saved, saved.plan, None)
+        dh0 = grads.dh0 if ctx.needs_input_grad[5] else None
+        return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0,
+                None, None, None, None, None)
+
+
+def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               g: torch.Tensor, beta: torch.Tensor, scale: float | None = None,
+                               initial_state: torch.Tensor | None = None,
+                               output_final_state: bool = False,
+                               use_qk_l2norm_in_kernel: bool = False,
+                               cu_seqlens: torch.Tensor | None = None, *,
+                               plan: GDNDetPlan | None = None):
+    """Deterministic drop-in for FLA's ``chunk_gated_delta_rule``, with autograd.
+
+    Arguments, shapes and errors as :func:`chunk_gdn_det_fwd`. Returns ``(o, final_state)``
+    (``final_state`` is ``None`` without ``output_final_state``). Gradients flow to q, k, v,
+    g, beta and initial_state (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for
+    equal inputs, upstream gradients, plan and hardware. Eager mode only so far (no custom
+    op for ``torch.compile`` yet); not twice differentiable.
+    """
+    device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                     use_qk_l2norm_in_kernel, cu_seqlens)
+    plan = _resolve_plan(plan, q.shape[-1], v.shape[-1], q.dtype, device)
+    return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+                                 output_final_state, use_qk_l2norm_in_kernel, plan)

@@ -1,0 +1,143 @@
+"""Chunk-local gradients, one program per (chunk, value head), the whole V per program.
+
+Given the chunk's state S = h[c] at its start, dS = dh[c] the gradient of the state at its
+end, dv_new (from bwd_dh.py), v_new, T = A (saved) and the inputs, this kernel takes the
+chunk's forward apart in reverse (G cumulative log-decay, gam = exp(G),
+lam = exp(G_last - G), P = (q k^T) * exp(G_i - G_j) for i >= j):
+
+    o      = scale (gam q S + P v_new)           -> dq, dk, dG
+    S_next = exp(G_last) S + (lam k)^T v_new     -> dk, dG (G_last and G_i)
+    v_new  = u - w S                             -> du = dv_new, dw = -dv_new S^T
+    u = T (beta v),  w = T (beta gam k)          -> dT, dv, dbeta, dk, dG
+    T = (I + A_raw)^-1                           -> dA_raw = -T^T dT T^T (strictly lower)
+    A_raw = beta_i (k_i . k_j) exp(G_i - G_j)    -> dbeta, dk, dG
+
+then dg = the reverse cumulative sum of dG inside the chunk. dq and dk are per VALUE head
+(fp32 ``[NT, HV, K]``); the entry sums each q/k head's group in a fixed order. No atomics.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gdn_bwd_local_kernel(
+    Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, DVNEW, VNEW, CHUNK_START, CHUNK_END,
+    DQ, DK, DV, DG, DBETA,
+    scale, H, HV, GROUP, KD, VD,
+    DOT_PRECISION: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    ck = tl.arange(0, BK)
+    cv = tl.arange(0, BVF)
+    kcol = ck < KD
+    vcol = cv < VD
+    kmask = tmask[:, None] & kcol[None, :]
+    vmask = tmask[:, None] & vcol[None, :]
+    smask = kcol[:, None] & vcol[None, :]
+    s_off = (c * HV + hv) * KD * VD + ck[:, None] * VD + cv[None, :]
+    v_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+    last_local = end - 1 - start
+
+    qb = tl.load(Qp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
+                 other=0.0).to(tl.float32)
+    kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
+                 other=0.0).to(tl.float32)
+    vb = tl.load(Vp + v_off, mask=vmask, other=0.0).to(tl.float32)
+    beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+    gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
+    g_last = tl.load(GCUM + (end - 1) * HV + hv)
+    tm = tl.load(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                 mask=tmask[:, None], other=0.0)
+    s = tl.load(HBUF + s_off, mask=smask, other=0.0)
+    ds = tl.load(DH + s_off, mask=smask, other=0.0)
+    dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(tl.float32)
+    dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0)
+    vn = tl.load(VNEW + v_off, mask=vmask, other=0.0)
+
+    gam = tl.exp(gc)
+    lam = tl.exp(tl.where(tmask, g_last - gc, 0.0))
+    # rows past the chunk's end are masked too: their G (0) would overflow exp(G_i - G_j)
+    incl = (rows[:, None] >= rows[None, :]) & tmask[:, None]
+    strict = (rows[:, None] > rows[None, :]) & tmask[:, None]
+    diff = gc[:, None] - gc[None, :]
+
+    # o = scale (gam q S + P v_new)
+    dq = tl.zeros([BT, BK], dtype=tl.float32)
+    dq = tl.dot(dob, tl.trans(s), dq, input_precision=DOT_PRECISION)
+    dq = dq * (scale * gam)[:, None]
+    dg_acc = tl.sum(qb * dq, axis=1)
+    dp = tl.zeros([BT, BT], dtype=tl.float32)
+    dp = tl.dot(dob, tl.trans(vn), dp, input_precision=DOT_PRECISION)
+    d_incl = tl.where(incl, tl.exp(tl.where(incl, diff, 0.0)), 0.0)
+    dp = tl.where(incl, dp * scale, 0.0)
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    qk = tl.dot(qb, tl.trans(kb), qk, input_precision=DOT_PRECISION)
+    dpp = dp * qk * d_incl
+    dg_acc += tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0)
+    dpd = dp * d_incl
+    dq = tl.dot(dpd, kb, dq, input_precision=DOT_PRECISION)
+    dk = tl.zeros([BT, BK], dtype=tl.float32)
+    dk = tl.dot(tl.trans(dpd), qb, dk, input_precision=DOT_PRECISION)
+
+    # S_next = exp(G_last) S + (lam k)^T v_new
+    vds = tl.zeros([BT, BK], dtype=tl.float32)
+    vds = tl.dot(vn, tl.trans(ds), vds, input_precision=DOT_PRECISION)
+    dk += lam[:, None] * vds
+    t3 = lam * tl.sum(kb * vds, axis=1)
+    dg_acc -= t3
+    dg_last = tl.sum(t3, axis=0) + tl.exp(g_last) * tl.sum(tl.sum(s * ds, axis=1), axis=0)
+
+    # v_new = u - w S ; u = T (beta v) ; w = T (beta gam k)
+    dw = tl.zeros([BT, BK], dtype=tl.float32)
+    dw = tl.dot(dvn, tl.trans(s), dw, input_precision=DOT_PRECISION)
+    dw = -dw
+    bv = vb * beta[:, None]
+    bk = kb * (beta * gam)[:, None]
+    dt = tl.zeros([BT, BT], dtype=tl.float32)
+    dt = tl.dot(dvn, tl.trans(bv), dt, input_precision=DOT_PRECISION)
+    dt = tl.dot(dw, tl.trans(bk), dt, input_precision=DOT_PRECISION)
+    dbv = tl.zeros([BT, BVF], dtype=tl.float32)
+    dbv = tl.dot(tl.trans(tm), dvn, dbv, input_precision=DOT_PRECISION)
+    dv = dbv * beta[:, None]
+    dbeta = tl.sum(vb * dbv, axis=1)
+    dbk = tl.zeros([BT, BK], dtype=tl.float32)
+    dbk = tl.dot(tl.trans(tm), dw, dbk, input_precision=DOT_PRECISION)
+    dk += dbk * (beta * gam)[:, None]
+    kdbk = tl.sum(kb * dbk, axis=1)
+    dbeta += gam * kdbk
+    dg_acc += beta * gam * kdbk
+
+    # T = (I + A_raw)^-1 -> dA_raw = -T^T dT T^T on the strictly lower triangle
+    dtt = tl.zeros([BT, BT], dtype=tl.float32)
+    dtt = tl.dot(dt, tl.trans(tm), dtt, input_precision=DOT_PRECISION)
+    da = tl.zeros([BT, BT], dtype=tl.float32)
+    da = tl.dot(tl.trans(tm), dtt, da, input_precision=DOT_PRECISION)
+    da = tl.where(strict, -da, 0.0)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    kk = tl.dot(kb, tl.trans(kb), kk, input_precision=DOT_PRECISION)
+    d_strict = tl.where(strict, tl.exp(tl.where(strict, diff, 0.0)), 0.0)
+    e = kk * d_strict
+    dbeta += tl.sum(da * e, axis=1)
+    daa = da * e * beta[:, None]
+    dg_acc += tl.sum(daa, axis=1) - tl.sum(daa, axis=0)
+    z = da * d_strict * beta[:, None]
+    dk = tl.dot(z, kb, dk, input_precision=DOT_PRECISION)
+    dk = tl.dot(tl.trans(z), kb, dk, input_precision=DOT_PRECISION)
+
+    # G_last is G at the chunk's last token; g's gradient is the reverse cumsum of dG
+    dg_acc += tl.where(rows == last_local, dg_last, 0.0)
+    dg = tl.sum(tl.where(rows[None, :] >= rows[:, None], dg_acc[None, :], 0.0), axis=1)
+
+    tl.store(DQ + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], dq, mask=kmask)
+    tl.store(DK + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], dk, mask=kmask)
+    tl.store(DV + v_off, dv, mask=vmask)
+    tl.store(DG + tok * HV + hv, dg, mask=tmask)
+    tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)

@@ -1,0 +1,83 @@
+"""Chunk prep of the forward, one program per (chunk, value head).
+
+For the chunk's tokens i, j (rows of one 64-token chunk, ``G`` the within-chunk cumulative
+sum of g, ``M`` the strictly lower mask):
+
+    A_raw = M * beta_i (k_i . k_j) exp(G_i - G_j)
+    T     = (I + A_raw)^-1            (recursive block doubling, log2(BT) steps)
+    w     = T @ (beta * exp(G) * k)
+    u     = T @ (beta * v)
+
+so the chunk's delta-rule corrections are ``u - w @ S0`` for the state S0 at the chunk's
+start (the WY/UT form). Everything is fp32; the exponent is masked before exp so the upper
+triangle never overflows. Stores G ``[NT, HV]``, T ``[NT, HV, BT]``, w ``[NT, HV, K]`` and
+u ``[NT, HV, V]`` (rows past the chunk's end are not stored). No atomics: each program
+writes only its own chunk's rows.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gdn_fwd_prep_kernel(
+    Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
+    GCUM, Ap, W, U,
+    H, HV, GROUP, KD, VD,
+    DOT_PRECISION: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
+    BVF: tl.constexpr,
+):
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    ck = tl.arange(0, BK)
+    cv = tl.arange(0, BVF)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+    vmask = tmask[:, None] & (cv < VD)[None, :]
+
+    g = tl.load(Gp + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+    beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+    gc = tl.cumsum(g, axis=0)
+    kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
+                 other=0.0).to(tl.float32)
+    vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask,
+                 other=0.0).to(tl.float32)
+
+    zero_tt = tl.zeros([BT, BT], dtype=tl.float32)
+    kkt = tl.dot(kb, tl.trans(kb), zero_tt, input_precision=DOT_PRECISION)
+    # rows past the chunk's end are masked too: their G (0) would overflow exp(G_i - G_j)
+    lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
+    decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0))
+    a_raw = tl.where(lower, beta[:, None] * kkt * decay, 0.0)
+
+    # T = (I + a_raw)^-1 by recursive block doubling, in a fixed order: with T the inverse
+    # of the s x s diagonal blocks and E the strictly-lower s x s blocks inside each
+    # 2s x 2s diagonal block, (D + E)^-1 = T - T E T (exact: E T E = 0). s = 1, 2, ..., BT/2.
+    tm = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    s = 1
+    for _ in range(LOG2_BT):
+        e_mask = ((rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))) & \
+            ((rows[:, None] // s) > (rows[None, :] // s))
+        e = tl.where(e_mask, a_raw, 0.0)
+        et = tl.zeros([BT, BT], dtype=tl.float32)
+        et = tl.dot(e, tm, et, input_precision=DOT_PRECISION)
+        tet = tl.zeros([BT, BT], dtype=tl.float32)
+        tet = tl.dot(tm, et, tet, input_precision=DOT_PRECISION)
+        tm = tm - tet
+        s = s * 2
+
+    zero_tk = tl.zeros([BT, BK], dtype=tl.float32)
+    zero_tv = tl.zeros([BT, BVF], dtype=tl.float32)
+    w = tl.dot(tm, kb * (beta * tl.exp(gc))[:, None], zero_tk, input_precision=DOT_PRECISION)
+    u = tl.dot(tm, vb * beta[:, None], zero_tv, input_precision=DOT_PRECISION)
+
+    tl.store(GCUM + tok * HV + hv, gc, mask=tmask)
+    tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :], tm,
+             mask=tmask[:, None] & (rows < BT)[None, :])
+    tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], w, mask=kmask)
+    tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], u, mask=vmask)

@@ -1,0 +1,84 @@
+"""GDNDetSavedSet and GDNDetWorkspace (modes checked through cake_core)."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from cake_core import Mode, SavedSet, Workspace
+
+from cake_gdn_det_train.plan import CHUNK_SIZE, GDNDetPlan
+
+
+class GDNDetSavedSet(SavedSet):
+    """What the det forward keeps for the backward (:func:`chunk_gdn_det_bwd` recomputes
+    w, u, the chunk states and v_new from these).
+
+    Tensors (token dims flattened: ``NT = B * T``):
+        q, k: ``[B, T, H, K]`` as given (before any L2 norm). v: ``[B, T, HV, V]``.
+        g, beta: ``[B, T, HV]`` as given.
+        g_cumsum: fp32 ``[NT, HV]``, the within-chunk cumulative sum of g.
+        A: fp32 ``[NT, HV, 64]``, per chunk ``(I + strictlower(beta_i k_i.k_j
+            exp(G_i - G_j)))^-1`` (row i of a chunk at token i; columns past the chunk's
+            length are 0).
+        initial_state: fp32 ``[N, HV, K, V]`` or ``None``.
+        cu_seqlens: int64 ``[N + 1]`` token offsets (built from B and T when none was given).
+        q_rstd, k_rstd: fp32 ``[B, T, H]`` rsqrt(sum(x**2) + 1e-6) with the L2 norm, else
+            ``None``.
+    Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's GDNDetPlan),
+    ``varlen`` (bool: cu_seqlens was given).
+    """
+
+    tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
+                    "q_rstd", "k_rstd")
+    format_version = 1
+
+
+def _count(v: object, name: str, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
+    return int(v)
+
+
+class GDNDetWorkspace(Workspace):
+    """fp32 scratch of the forward (and of the backward's recompute) for one plan, sized for
+    a token and sequence capacity.
+
+    Buffers (``cap = max_tokens``, ``nc`` = the most chunks ``max_seqs`` sequences of
+    ``max_tokens`` tokens in all can form): ``w`` ``[cap, HV, K]``, ``u`` and ``v_new``
+    ``[cap, HV, V]``, ``h`` ``[nc, HV, K, V]`` (the state at each chunk's start). A call
+    uses the leading part; contents are overwritten each call (no state carries over), and
+    nothing in it is needed after the call returns, so one workspace can serve many calls.
+    Build with :meth:`for_plan`.
+    """
+
+    @classmethod
+    def for_plan(cls, plan: GDNDetPlan, device: torch.device | str, *, num_v_heads: int,
+                 max_tokens: int, max_seqs: int = 1) -> GDNDetWorkspace:
+        """Allocate the buffers for calls of ``plan`` with ``num_v_heads`` (HV) value heads,
+        at most ``max_tokens`` tokens (B * T) and at most ``max_seqs`` sequences."""
+        if not isinstance(plan, GDNDetPlan):
+            raise ValueError(f"plan: expected GDNDetPlan, got {type(plan).__name__}")
+        HV = _count(num_v_heads, "num_v_heads", 1)
+        cap = _count(max_tokens, "max_tokens", 0)
+        seqs = _count(max_seqs, "max_seqs", 1)
+        nc = max_chunks(cap, seqs)
+        K, V = plan.head_k_dim, plan.head_v_dim
+        f32 = torch.float32
+        bufs = {
+            "w": torch.empty(cap, HV, K, dtype=f32, device=device),
+            "u": torch.empty(cap, HV, V, dtype=f32, device=device),
+            "v_new": torch.empty(cap, HV, V, dtype=f32, device=device),
+            "h": torch.empty(nc, HV, K, V, dtype=f32, device=device),
+        }
+        ws = cls(plan, device, bufs)
+        ws.num_v_heads, ws.max_tokens, ws.max_chunks = HV, cap, nc
+        return ws
+
+
+def max_chunks(num_tokens: int, num_seqs: int) -> int:
+    """The most 64-token chunks ``num_seqs`` sequences of ``num_tokens`` tokens can form."""
+    return min(num_tokens, (num_tokens + (CHUNK_SIZE - 1) * num_seqs) // CHUNK_SIZE)
+
+
+__all__ = ["GDNDetSavedSet", "GDNDetWorkspace", "Mode", "max_chunks"]

@@ -1,0 +1,104 @@
+"""Package surface: lazy imports, manifest, plans, saved set, reference self-consistency."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+from cake_core import Mode
+from cake_core.testing import assert_close_to_reference
+from cake_core.triton_utils import default_device
+from cake_gdn_det_train import (
+    GDNDetPlan,
+    GDNDetSavedSet,
+    chunk_gdn_det_fwd,
+    gdn_reference,
+    make_plan,
+)
+
+DEV = default_device()
+
+
+def test_import_is_lazy():
+    code = ("import sys, cake_gdn_det_train, cake_gdn_det_train.cake_build; "
+            "print('triton' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_public_names():
+    import cake_gdn_det_train as pkg
+
+    for name in pkg.__all__:
+        assert getattr(pkg, name) is not None
+    assert callable(pkg.chunk_gated_delta_rule_det) and callable(pkg.chunk_gdn_det_bwd)
+
+
+def test_manifest():
+    from cake_core.build import validate_manifest
+    from cake_gdn_det_train.cake_build import FAMILY, manifest
+
+    m = manifest()
+    assert validate_manifest(m) == []
+    assert m["source_digest"].startswith("sha256:") and FAMILY["name"] == "cake-gdn-det-train"
+    import importlib
+
+    for k in m["kernels"]:
+        assert hasattr(importlib.import_module(k["module"]), k["function"])
+
+
+@pytest.mark.parametrize("K,V", [(16, 16), (64, 64), (128, 128), (100, 48), (256, 256)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_plan_rule_and_roundtrip(K, V, dtype):
+    plan = make_plan(K, V, dtype, DEV)
+    assert plan.chunk_size == 64 and plan.block_k >= max(K, 16) and plan.mode == Mode.DET
+    assert plan.ieee_dots == 1 and plan.dot_precision == "ieee"
+    assert GDNDetPlan.from_dict(plan.to_dict()) == plan
+    assert make_plan(K, V, dtype, DEV) is plan  # cached: a pure function of its key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.block_k = 32
+
+
+def test_saved_set_contents(gdn_inputs):
+    q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 16, 16, seed=3, h0=True)
+    _, _, saved = chunk_gdn_det_fwd(q, k, v, g, beta, initial_state=h0, scale=0.5)
+    assert isinstance(saved, GDNDetSavedSet) and saved.mode == Mode.DET
+    assert saved.q is q and saved.initial_state is h0 and saved.q_rstd is None
+    assert saved.scale == 0.5 and not saved.use_qk_l2norm and not saved.varlen
+    assert saved.cu_seqlens.tolist() == [0, 70]
+    assert saved.A.shape == (70, 2, 64) and saved.g_cumsum.shape == (70, 2)
+
+
+def test_inputs_not_modified_and_noncontiguous_ok(gdn_inputs):
+    q, k, v, g, beta, h0 = gdn_inputs(1, 40, 2, 2, 16, 16, seed=5, h0=True)
+    qt = q.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    before = [t.clone() for t in (q, k, v, g, beta, h0)]
+    o, ht, _ = chunk_gdn_det_fwd(qt, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o2, ht2, _ = chunk_gdn_det_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    for a, b in zip(before, (q, k, v, g, beta, h0), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_reference_fixed_equals_packed_and_is_differentiable(gdn_inputs):
+    q, k, v, g, beta, h0 = gdn_inputs(2, 9, 1, 2, 16, 8, seed=9, h0=True)
+    o, ht = gdn_reference(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                          dtype=torch.float64)
+    flat = [t.reshape(1, 18, *t.shape[2:]) for t in (q, k, v, g, beta)]
+    cu = torch.tensor([0, 9, 18])
+    o2, ht2 = gdn_reference(*flat, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                            dtype=torch.float64)
+    assert_close_to_reference(o2, o.reshape(1, 18, 2, 8), torch.float64, "o")
+    assert_close_to_reference(ht2, ht, torch.float64, "final_state")
+    args = [t.detach().double()[:1, :3].requires_grad_() for t in (q, k, v, g, beta)]
+    h064 = h0.double()[:1].requires_grad_()
+
+    def f(*a):
+        out, fin = gdn_reference(*a[:5], initial_state=a[5], output_final_state=True,
+                                 use_qk_l2norm_in_kernel=True)
+        return out, fin
+
+    assert torch.autograd.gradcheck(f, (*args, h064), eps=1e-6, atol=1e-5)
