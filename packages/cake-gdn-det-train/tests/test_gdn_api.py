@@ -70,6 +70,8 @@ def test_saved_set_contents(gdn_inputs):
     assert saved.scale == 0.5 and not saved.use_qk_l2norm and not saved.varlen
     assert saved.cu_seqlens.tolist() == [0, 70]
     assert saved.A.shape == (70, 2, 64) and saved.g_cumsum.shape == (70, 2)
+    assert saved.A_log is None and saved.dt_bias is None
+    assert not saved.use_gate_in_kernel and not saved.use_beta_sigmoid_in_kernel
 
 
 def test_inputs_not_modified_and_noncontiguous_ok(gdn_inputs):

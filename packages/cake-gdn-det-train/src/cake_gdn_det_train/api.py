@@ -7,6 +7,9 @@ per sequence and value head, state S ``[K, V]`` in fp32, for each token
 
 computed on 64-token chunks in the WY/UT form (kernels/fwd_prep.py, fwd_h.py, fwd_o.py;
 backward: kernels/bwd_dh.py, bwd_local.py, after recomputing the forward's chunk quantities).
+FLA's in-kernel gate (``g_t = -exp(A_log) * softplus(g_raw + dt_bias)``) and beta sigmoid
+are an elementwise fp32 kernel before the chunk kernels and one after the backward's
+(kernels/gate.py), with dA_log / ddt_bias summed in a fixed two-stage order.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.gemm import ordered_sum
 from cake_core.triton_utils import launch_device_check
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel
@@ -32,6 +36,11 @@ from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
 from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
 from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
 from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
+from cake_gdn_det_train.kernels.gate import (
+    SOFTPLUS_THRESHOLD,
+    gdn_gate_bwd_kernel,
+    gdn_gate_fwd_kernel,
+)
 from cake_gdn_det_train.kernels.l2norm import gdn_l2norm_fwd_kernel
 from cake_gdn_det_train.plan import CHUNK_SIZE, MAX_HEAD_DIM, GDNDetPlan, make_plan
 from cake_gdn_det_train.reference import L2NORM_EPS
@@ -43,8 +52,11 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 class GDNDetGrads(NamedTuple):
     """Gradients of :func:`chunk_gdn_det_bwd`.
 
-    dq, dk: like q and k. dv: like v. dg, dbeta: like g and beta (their dtypes).
-    dh0: fp32 ``[N, HV, K, V]`` when the forward had an initial state, else ``None``.
+    dq, dk: like q and k. dv: like v. dg, dbeta: like g and beta (their dtypes), w.r.t. the
+    g and beta given (the raw gate / pre-sigmoid beta with the in-kernel options).
+    dinitial_state: fp32 ``[N, HV, K, V]`` when the forward had an initial state, else
+    ``None``. dA_log, ddt_bias: ``[HV]`` in A_log's / dt_bias's dtype with
+    ``use_gate_in_kernel`` (ddt_bias only with a dt_bias), else ``None``.
     """
 
     dq: torch.Tensor
@@ -52,7 +64,9 @@ class GDNDetGrads(NamedTuple):
     dv: torch.Tensor
     dg: torch.Tensor
     dbeta: torch.Tensor
-    dh0: torch.Tensor | None
+    dinitial_state: torch.Tensor | None
+    dA_log: torch.Tensor | None = None
+    ddt_bias: torch.Tensor | None = None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -65,8 +79,10 @@ def _check_flag(v: object, name: str) -> bool:
 
 
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
-                  use_qk_l2norm_in_kernel, cu_seqlens):
-    """All checks of :func:`chunk_gdn_det_fwd`; returns ``(device, N, scale)``."""
+                  use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
+                  dt_bias=None, use_beta_sigmoid_in_kernel=False):
+    """All checks of :func:`chunk_gdn_det_fwd`; returns ``(device, N, scale)``. A_log and
+    dt_bias are checked (and used) only with ``use_gate_in_kernel``, as in FLA."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")):
         check_tensor(t, name)
     check_ndim(q, "q", ndim=4)
@@ -94,8 +110,22 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     scale = float(K) ** -0.5 if scale is None else check_positive_finite(scale, "scale")
     _check_flag(output_final_state, "output_final_state")
     _check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
+    _check_flag(use_gate_in_kernel, "use_gate_in_kernel")
+    _check_flag(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel")
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise ValueError("A_log: required with use_gate_in_kernel=True (the gate is "
+                             "-exp(A_log) * softplus(g + dt_bias))")
+        for t, name in ((A_log, "A_log"), (dt_bias, "dt_bias")):
+            if t is not None:
+                check_tensor(t, name)
+                check_shape(t, name, [HV])
+                check_dtype(t, name, (torch.float32, q.dtype))
+    else:
+        A_log = dt_bias = None
     device = check_same_device(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
-                               ("initial_state", initial_state))
+                               ("initial_state", initial_state), ("A_log", A_log),
+                               ("dt_bias", dt_bias))
     launch_device_check(device, "q")
     if cu_seqlens is not None:
         if B != 1:
@@ -231,14 +261,70 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         HAS_H0=initial_state is not None, STORE_FINAL=ht is not None, num_warps=plan.num_warps_h)
 
 
+def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: bool, plan: GDNDetPlan):
+    """The log-decay and beta the chunk kernels use: fp32 ``[B, T, HV]`` computed from the
+    raw g (``-exp(A_log) * softplus(g + dt_bias)``) and pre-sigmoid beta where the options
+    say so, else the tensors given. Inputs contiguous."""
+    if not (use_gate or use_sigmoid):
+        return g, beta
+    HV = g.shape[-1]
+    NT = g.numel() // HV if HV else 0
+    f32 = torch.float32
+    g_out = torch.empty(g.shape, dtype=f32, device=g.device) if use_gate else g
+    b_out = torch.empty(beta.shape, dtype=f32, device=g.device) if use_sigmoid else beta
+    if NT:
+        gdn_gate_fwd_kernel[(_cdiv(NT, plan.gate_block_t),)](
+            g, beta, A_log if use_gate else g, dt_bias if dt_bias is not None else g,
+            g_out, b_out, NT, HV,
+            USE_GATE=use_gate, HAS_BIAS=dt_bias is not None, BETA_SIGMOID=use_sigmoid,
+            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, _np2(HV)),
+            num_warps=plan.num_warps_gate)
+    return g_out, b_out
+
+
+def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: bool,
+              plan: GDNDetPlan):
+    """In place: dg, dbeta (fp32 ``[NT, HV]``, w.r.t. the gate / post-sigmoid beta) become
+    the gradients w.r.t. the raw g / pre-sigmoid beta. Returns ``(dA_log, ddt_bias)``
+    (``None`` where not used): per-block fp32 partials, then a sum over the blocks in index
+    order (ordered_sum; no atomics), cast once to A_log's / dt_bias's dtype."""
+    if not (use_gate or use_sigmoid):
+        return None, None
+    NT, HV = dg.shape
+    NB = _cdiv(NT, plan.gate_block_t)
+    dev = dg.device
+    f32 = torch.float32
+    has_bias = use_gate and dt_bias is not None
+    da_part = torch.empty((NB, HV), dtype=f32, device=dev) if use_gate else dg
+    db_part = torch.empty((NB, HV), dtype=f32, device=dev) if has_bias else dg
+    if NB:
+        gdn_gate_bwd_kernel[(NB,)](
+            g, beta, A_log if use_gate else g, dt_bias if has_bias else g,
+            dg, dbeta, da_part, db_part, NT, HV,
+            USE_GATE=use_gate, HAS_BIAS=has_bias, BETA_SIGMOID=use_sigmoid,
+            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, _np2(HV)),
+            num_warps=plan.num_warps_gate)
+    if not use_gate:
+        return None, None
+    # fp32 sums, cast once on the host (the interpreter's in-kernel bf16 cast truncates)
+    dA_log = ordered_sum(da_part, out=torch.empty((HV,), dtype=f32, device=dev))
+    ddt_bias = None
+    if has_bias:
+        ddt_bias = ordered_sum(db_part, out=torch.empty((HV,), dtype=f32, device=dev))
+        ddt_bias = ddt_bias.to(dt_bias.dtype)
+    return dA_log.to(A_log.dtype), ddt_bias
+
+
 def _device_tables(tables, cu, dev):
     starts, ends, chunk_off, NC = tables
     return (starts.to(dev), ends.to(dev), chunk_off.to(dev), cu.to(dev), NC)
 
 
 def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu,
-                plan: GDNDetPlan, workspace, tables):
-    """Allocates outputs and saved tensors, launches; inputs are contiguous."""
+                plan: GDNDetPlan, workspace, tables, gate=(False, None, None, False)):
+    """Allocates outputs and saved tensors, launches; inputs are contiguous. ``gate``:
+    ``(use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)``, tensors
+    contiguous."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT, N = B * T, cu.numel() - 1
@@ -260,6 +346,8 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
             else:
                 ht.zero_()
         return o, ht, (q_rstd, k_rstd, g_cumsum, A)
+    use_gate, A_log, dt_bias, use_sigmoid = gate
+    g, beta = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
     scratch = _scratch(workspace, NT, NC, HV, K, V, dev)
     dt = _device_tables(tables, cu, dev)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
@@ -295,6 +383,9 @@ def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
     h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
+    use_gate, use_sigmoid = saved.use_gate_in_kernel, saved.use_beta_sigmoid_in_kernel
+    A_log = saved.A_log.contiguous() if use_gate else None
+    dt_bias = saved.dt_bias.contiguous() if use_gate and saved.dt_bias is not None else None
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = B * T
@@ -328,7 +419,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         dt = _device_tables(tables, cu, dev)
         g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
         A = torch.empty((NT, HV, CHUNK_SIZE), dtype=f32, device=dev)
-        _prep_and_state(kn, v, g, beta, h0, None, plan, dt, g_cumsum, A, scratch)
+        g_eff, beta_eff = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
+        _prep_and_state(kn, v, g_eff, beta_eff, h0, None, plan, dt, g_cumsum, A, scratch)
         w, _, v_new, h = scratch
         dh = torch.empty((NC, HV, K, V), dtype=f32, device=dev)
         dv_new = torch.empty((NT, HV, V), dtype=f32, device=dev)
@@ -341,11 +433,14 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
             HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=plan.num_warps_h)
         gdn_bwd_local_kernel[(NC, HV)](
-            qn, kn, v, beta, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+            qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
             dq_hv, dk_hv, dv, dg, dbeta,
             saved.scale, H, HV, HV // H, K, V,
             DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
             BVF=max(16, _np2(V)), num_warps=plan.num_warps_prep)
+    # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
+    dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate, use_sigmoid,
+                                 plan)
     dq = _group_sum(dq_hv, H).view(B, T, H, K)
     dk = _group_sum(dk_hv, H).view(B, T, H, K)
     if saved.use_qk_l2norm:
@@ -353,7 +448,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         dk = _l2norm_bwd(k, saved.k_rstd, dk)
     return GDNDetGrads(
         dq.to(q.dtype), dk.to(k.dtype), dv.view(B, T, HV, V).to(v.dtype),
-        dg.view(B, T, HV).to(g.dtype), dbeta.view(B, T, HV).to(beta.dtype), dh0)
+        dg.view(B, T, HV).to(g.dtype), dbeta.view(B, T, HV).to(beta.dtype), dh0, dA_log,
+        ddt_bias)
 
 
 def _np2(n: int) -> int:
@@ -369,7 +465,10 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
                       output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                       cu_seqlens: torch.Tensor | None = None, *,
                       plan: GDNDetPlan | None = None,
-                      workspace: GDNDetWorkspace | None = None):
+                      workspace: GDNDetWorkspace | None = None,
+                      use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+                      dt_bias: torch.Tensor | None = None,
+                      use_beta_sigmoid_in_kernel: bool = False):
     """Deterministic chunked Gated DeltaNet forward, without autograd.
 
     Same arguments and semantics as FLA's ``chunk_gated_delta_rule`` (forward only; for
@@ -392,6 +491,14 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         plan: a :class:`GDNDetPlan` for (K, V) (default ``make_plan(K, V, q.dtype, device)``).
         workspace: a :class:`GDNDetWorkspace` for that plan with room for the call
             (default: scratch allocated per call).
+        use_gate_in_kernel: bool; ``g`` is FLA's raw gate and the log-decay used is
+            ``-exp(A_log[h]) * softplus(g + dt_bias[h])`` per value head h (fp32; softplus
+            is ``x`` for ``x >= 20``, as in FLA).
+        A_log: ``[HV]``, fp32 or q's dtype; required with ``use_gate_in_kernel``.
+        dt_bias: ``[HV]``, fp32 or q's dtype, or ``None`` (0). A_log and dt_bias are
+            ignored (not checked) without ``use_gate_in_kernel``, as in FLA.
+        use_beta_sigmoid_in_kernel: bool; ``beta`` is pre-sigmoid and ``sigmoid(beta)``
+            (fp32) is used.
 
     Returns:
         ``(o, final_state, saved)``: o ``[B, T, HV, V]`` in q's dtype; final_state fp32
@@ -406,10 +513,15 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     Raises:
         ValueError: bad shapes, dtypes, devices, flags, scale, cu_seqlens (with B > 1, not
             starting at 0, decreasing, not ending at T), initial_state of the wrong N,
-            plan or workspace; before any allocation or launch. Inputs are never modified.
+            plan or workspace, A_log missing with ``use_gate_in_kernel``, A_log / dt_bias
+            not ``[HV]`` of fp32 or q's dtype on the inputs' device; before any allocation
+            or launch. Inputs are never modified.
     """
     device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                     use_qk_l2norm_in_kernel, cu_seqlens)
+                                     use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
+                                     A_log, dt_bias, use_beta_sigmoid_in_kernel)
+    if not use_gate_in_kernel:
+        A_log = dt_bias = None
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     plan = _resolve_plan(plan, K, V, q.dtype, device)
@@ -419,17 +531,31 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
+        gate = _gate_args(use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu,
-            plan, workspace, tables)
-    saved = GDNDetSavedSet(
+            plan, workspace, tables, gate)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(device), q_rstd,
+                       k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
+                       cu_seqlens is not None, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    return o, ht, saved
+
+
+def _gate_args(use_gate, A_log, dt_bias, use_sigmoid):
+    """``(use_gate, A_log, dt_bias, use_sigmoid)`` with contiguous tensors (or None)."""
+    return (use_gate, A_log.contiguous() if A_log is not None else None,
+            dt_bias.contiguous() if dt_bias is not None else None, use_sigmoid)
+
+
+def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log,
+               dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid) -> GDNDetSavedSet:
+    return GDNDetSavedSet(
         Mode.DET,
         {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
-         "initial_state": initial_state, "cu_seqlens": cu.to(device), "q_rstd": q_rstd,
-         "k_rstd": k_rstd},
-        meta={"scale": scale, "use_qk_l2norm": use_qk_l2norm_in_kernel, "plan": plan,
-              "varlen": cu_seqlens is not None})
-    return o, ht, saved
+         "initial_state": initial_state, "cu_seqlens": cu, "q_rstd": q_rstd,
+         "k_rstd": k_rstd, "A_log": A_log, "dt_bias": dt_bias},
+        meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan, "varlen": varlen,
+              "use_gate_in_kernel": use_gate, "use_beta_sigmoid_in_kernel": use_sigmoid})
 
 
 def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetSavedSet, *,
@@ -449,7 +575,10 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
         plan: default: the forward's. workspace: as in :func:`chunk_gdn_det_fwd`.
 
     Returns:
-        :class:`GDNDetGrads` ``(dq, dk, dv, dg, dbeta, dh0)``.
+        :class:`GDNDetGrads` ``(dq, dk, dv, dg, dbeta, dinitial_state, dA_log, ddt_bias)``;
+        with the in-kernel gate / beta sigmoid, dg and dbeta are w.r.t. the raw g and the
+        pre-sigmoid beta, and dA_log / ddt_bias are sums over all tokens of all sequences in
+        a fixed order (per-block partials, then the blocks in index order; no atomics).
 
     Raises:
         ValueError: a saved set of another type or mode, ``do``/``dht`` of the wrong shape,
@@ -482,21 +611,19 @@ class _GDNDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
-                use_l2, plan):
+                use_l2, plan, A_log, dt_bias, use_gate, use_sigmoid):
         B, T = q.shape[:2]
         cu = _offsets(cu_seqlens, B, T)
         tables = _chunk_tables(cu)
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
+        gate = _gate_args(use_gate, A_log, dt_bias, use_sigmoid)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
-            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, cu, plan, None, tables)
-        saved = GDNDetSavedSet(
-            Mode.DET,
-            {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
-             "initial_state": initial_state, "cu_seqlens": cu.to(q.device), "q_rstd": q_rstd,
-             "k_rstd": k_rstd},
-            meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan,
-                  "varlen": cu_seqlens is not None})
+            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, cu, plan, None, tables,
+            gate)
+        saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(q.device),
+                           q_rstd, k_rstd, A_log, dt_bias, scale, use_l2, plan,
+                           cu_seqlens is not None, use_gate, use_sigmoid)
         ctx.save_for_backward(*saved.tensors())
         ctx.meta = saved.meta
         return o, ht
@@ -506,9 +633,11 @@ class _GDNDetFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         saved = GDNDetSavedSet.from_tensors(Mode.DET, ctx.saved_tensors, ctx.meta)
         grads = _launch_bwd(do, dht, saved, saved.plan, None)
-        dh0 = grads.dh0 if ctx.needs_input_grad[5] else None
+        dh0 = grads.dinitial_state if ctx.needs_input_grad[5] else None
+        dA_log = grads.dA_log if ctx.needs_input_grad[11] else None
+        ddt_bias = grads.ddt_bias if ctx.needs_input_grad[12] else None
         return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0,
-                None, None, None, None, None)
+                None, None, None, None, None, dA_log, ddt_bias, None, None)
 
 
 def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -517,17 +646,27 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                output_final_state: bool = False,
                                use_qk_l2norm_in_kernel: bool = False,
                                cu_seqlens: torch.Tensor | None = None, *,
-                               plan: GDNDetPlan | None = None):
+                               plan: GDNDetPlan | None = None,
+                               use_gate_in_kernel: bool = False,
+                               A_log: torch.Tensor | None = None,
+                               dt_bias: torch.Tensor | None = None,
+                               use_beta_sigmoid_in_kernel: bool = False):
     """Deterministic drop-in for FLA's ``chunk_gated_delta_rule``, with autograd.
 
-    Arguments, shapes and errors as :func:`chunk_gdn_det_fwd`. Returns ``(o, final_state)``
-    (``final_state`` is ``None`` without ``output_final_state``). Gradients flow to q, k, v,
-    g, beta and initial_state (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for
-    equal inputs, upstream gradients, plan and hardware. Eager mode only so far (no custom
-    op for ``torch.compile`` yet); not twice differentiable.
+    Arguments, shapes and errors as :func:`chunk_gdn_det_fwd` (including FLA's
+    ``use_gate_in_kernel``, ``A_log``, ``dt_bias`` and ``use_beta_sigmoid_in_kernel``).
+    Returns ``(o, final_state)`` (``final_state`` is ``None`` without
+    ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
+    dt_bias (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for equal inputs,
+    upstream gradients, plan and hardware. Eager mode only so far (no custom op for
+    ``torch.compile`` yet); not twice differentiable.
     """
     device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                     use_qk_l2norm_in_kernel, cu_seqlens)
+                                     use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
+                                     A_log, dt_bias, use_beta_sigmoid_in_kernel)
+    if not use_gate_in_kernel:
+        A_log = dt_bias = None
     plan = _resolve_plan(plan, q.shape[-1], v.shape[-1], q.dtype, device)
     return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
-                                 output_final_state, use_qk_l2norm_in_kernel, plan)
+                                 output_final_state, use_qk_l2norm_in_kernel, plan, A_log,
+                                 dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel)

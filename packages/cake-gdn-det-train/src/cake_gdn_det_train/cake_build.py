@@ -15,6 +15,8 @@ MANIFEST = {
     **FAMILY,
     "kernels": [
         {"module": "cake_gdn_det_train.kernels.l2norm", "function": "gdn_l2norm_fwd_kernel"},
+        {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
+        {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},

@@ -31,12 +31,16 @@ class GDNDetPlan(Plan):
         num_warps_prep / num_warps_h / num_warps_o: warps of the chunk-prep (cumulative
             decay, triangular solve, w and u), state-recurrence and output kernels.
         l2norm_block_rows / num_warps_l2norm: rows per program of the q/k L2-norm kernel.
+        gate_block_t / num_warps_gate: tokens per program of the in-kernel gate / beta
+            sigmoid kernels (power of two); also the first stage of the fixed-order sums
+            dA_log and ddt_bias (one partial per block of ``gate_block_t`` tokens), so
+            their bits depend on it.
         ieee_dots: 1 = fp32 ``tl.dot`` in full IEEE fp32 ("ieee"), 0 = TF32 on CUDA
             ("tf32"). Every dot takes fp32 operands; the interpreter always computes fp32.
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 1
+    format_version: ClassVar[int] = 2
 
     head_k_dim: int
     head_v_dim: int
@@ -49,6 +53,8 @@ class GDNDetPlan(Plan):
     l2norm_block_rows: int
     num_warps_l2norm: int
     ieee_dots: int
+    gate_block_t: int
+    num_warps_gate: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,13 +64,14 @@ class GDNDetPlan(Plan):
         if self.chunk_size != CHUNK_SIZE:
             self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
         self.require_power_of_two("block_k", "block_v", minimum=16)
-        self.require_power_of_two("l2norm_block_rows")
+        self.require_power_of_two("l2norm_block_rows", "gate_block_t")
         if self.block_k < self.head_k_dim:
             self._fail("block_k must be >= head_k_dim")
         if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_flags("ieee_dots")
-        self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_l2norm")
+        self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_l2norm",
+                           "num_warps_gate")
         self.require_mode(Mode.DET)
 
     @property
@@ -89,7 +96,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``;
     on CUDA ``block_v = min(64, next_power_of_2(max(V, 16)))`` with 4 warps per kernel
     (8 for the state kernel when ``block_k * block_v >= 8192``); under the interpreter the
-    whole V in one block (fewer programs, each costing Python time). Every dtype gets IEEE
+    whole V in one block (fewer programs, each costing Python time). The gate kernels take
+    128 tokens per program on CUDA, 256 under the interpreter. Every dtype gets IEEE
     fp32 dots (``ieee_dots=1``): with TF32 dots (``ieee_dots=0``, faster) an H200 run gave a
     final state off the float64 one by more than 1e-5 for bf16/fp16 inputs, and tolerances
     for that mode are not settled yet. ``dtype`` is checked and kept in the cache key for
@@ -126,5 +134,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
         ieee_dots=1,
+        gate_block_t=128 if cuda else 256,
+        num_warps_gate=4,
     )
 

@@ -13,9 +13,20 @@ with state ``S`` of shape ``[K, V]``::
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 #: eps of the optional q/k L2 normalisation: x * rsqrt(sum(x**2) + eps), as in FLA.
 L2NORM_EPS = 1e-6
+#: softplus(x) = x for x above this (FLA's and torch's threshold).
+SOFTPLUS_THRESHOLD = 20.0
+
+
+def gdn_gate_reference(g: torch.Tensor, A_log: torch.Tensor,
+                       dt_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """FLA's in-kernel gate: ``-exp(A_log[h]) * softplus(g + dt_bias[h])`` over the last
+    (value head) dim, in g's dtype (differentiable)."""
+    x = g + dt_bias.to(g.dtype) if dt_bias is not None else g
+    return -torch.exp(A_log.to(g.dtype)) * F.softplus(x, threshold=SOFTPLUS_THRESHOLD)
 
 
 def l2norm_reference(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
@@ -28,7 +39,9 @@ def gdn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                   use_qk_l2norm_in_kernel: bool = False,
                   cu_seqlens: torch.Tensor | None = None, *,
-                  dtype: torch.dtype | None = None):
+                  dtype: torch.dtype | None = None, use_gate_in_kernel: bool = False,
+                  A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+                  use_beta_sigmoid_in_kernel: bool = False):
     """The gated delta rule, one token at a time (slow; for tests and as the spec).
 
     Args:
@@ -43,6 +56,9 @@ def gdn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         cu_seqlens: ``[N + 1]`` offsets of packed sequences (then B == 1), or ``None``
             (N = B sequences of T tokens).
         dtype: compute dtype (default q's dtype; pass ``torch.float64`` for the reference).
+        use_gate_in_kernel, A_log, dt_bias: as in FLA: g is the raw gate and the log-decay
+            is ``-exp(A_log) * softplus(g + dt_bias)`` (:func:`gdn_gate_reference`).
+        use_beta_sigmoid_in_kernel: beta is pre-sigmoid; ``sigmoid(beta)`` is used.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` and the ``[N, HV, K, V]`` final states (or
@@ -54,6 +70,11 @@ def gdn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     group = HV // H
     scale = K ** -0.5 if scale is None else scale
     q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
+    if use_gate_in_kernel:
+        g = gdn_gate_reference(g, A_log.to(dtype),
+                               dt_bias.to(dtype) if dt_bias is not None else None)
+    if use_beta_sigmoid_in_kernel:
+        beta = torch.sigmoid(beta)
     if use_qk_l2norm_in_kernel:
         q, k = l2norm_reference(q), l2norm_reference(k)
     # value head j uses q/k head j // group

@@ -16,8 +16,10 @@ class GDNDetSavedSet(SavedSet):
 
     Tensors (token dims flattened: ``NT = B * T``):
         q, k: ``[B, T, H, K]`` as given (before any L2 norm). v: ``[B, T, HV, V]``.
-        g, beta: ``[B, T, HV]`` as given.
-        g_cumsum: fp32 ``[NT, HV]``, the within-chunk cumulative sum of g.
+        g, beta: ``[B, T, HV]`` as given (the raw gate / pre-sigmoid beta with the in-kernel
+            options; the backward recomputes the gate and sigmoid from them).
+        g_cumsum: fp32 ``[NT, HV]``, the within-chunk cumulative sum of the log-decay (g, or
+            the gate computed from g with ``use_gate_in_kernel``).
         A: fp32 ``[NT, HV, 64]``, per chunk ``(I + strictlower(beta_i k_i.k_j
             exp(G_i - G_j)))^-1`` (row i of a chunk at token i; columns past the chunk's
             length are 0).
@@ -25,13 +27,16 @@ class GDNDetSavedSet(SavedSet):
         cu_seqlens: int64 ``[N + 1]`` token offsets (built from B and T when none was given).
         q_rstd, k_rstd: fp32 ``[B, T, H]`` rsqrt(sum(x**2) + 1e-6) with the L2 norm, else
             ``None``.
+        A_log, dt_bias: ``[HV]`` as given with ``use_gate_in_kernel`` (dt_bias may be
+            ``None``), else ``None``.
     Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's GDNDetPlan),
-    ``varlen`` (bool: cu_seqlens was given).
+    ``varlen`` (bool: cu_seqlens was given), ``use_gate_in_kernel``,
+    ``use_beta_sigmoid_in_kernel`` (bools).
     """
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
-                    "q_rstd", "k_rstd")
-    format_version = 1
+                    "q_rstd", "k_rstd", "A_log", "dt_bias")
+    format_version = 2
 
 
 def _count(v: object, name: str, minimum: int) -> int:
