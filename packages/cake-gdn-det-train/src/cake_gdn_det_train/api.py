@@ -28,6 +28,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.triton_utils import launch_device_check
 
@@ -130,7 +131,12 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-        check_cu_seqlens(cu_seqlens, T, device)
+        if torch.compiler.is_compiling():
+            # no value reads while tracing (a data-dependent graph break); the fwd custom op
+            # runs check_cu_seqlens on the real tensor before any launch
+            _check_cu_seqlens_meta(cu_seqlens, device)
+        else:
+            check_cu_seqlens(cu_seqlens, T, device)
         N = cu_seqlens.numel() - 1
     else:
         N = B
@@ -141,6 +147,19 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     return device, N, scale
 
 
+def _check_cu_seqlens_meta(cu_seqlens, device: torch.device) -> None:
+    """The checks of ``check_cu_seqlens`` that read no values (type, dtype, rank, length,
+    device), with its messages: what the entry checks while ``torch.compile`` traces."""
+    name = "cu_seqlens"
+    t = check_tensor(cu_seqlens, name)
+    check_dtype(t, name, (torch.int32, torch.int64))
+    check_ndim(t, name, ndim=1)
+    if t.numel() < 2:
+        raise ValueError(f"{name}: expected at least 2 entries (one document), got {t.numel()}")
+    if t.device.type != device.type:
+        raise ValueError(f"{name}: on {t.device}, inputs on {device}")
+
+
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
 
 
@@ -149,7 +168,9 @@ def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device
         key = (K, V, dtype, device)
         plan = _DEFAULT_PLANS.get(key)
         if plan is None:
-            plan = _DEFAULT_PLANS[key] = make_plan(K, V, dtype, device)
+            plan = make_plan(K, V, dtype, device)
+            if not torch.compiler.is_compiling():  # no global side effect in a traced graph
+                _DEFAULT_PLANS[key] = plan
         return plan
     require_mode(plan, GDNDetPlan, Mode.DET, name="plan")
     if (plan.head_k_dim, plan.head_v_dim) != (K, V):
@@ -605,8 +626,119 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
         return _launch_bwd(do, dht, saved, plan, workspace)
 
 
+# ----------------------------------------------------------------------------- custom ops
+# What torch.compile traces (the eager entry keeps _GDNDetFunction: less host time). The
+# plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
+# (final state, L2-norm rstd, gradients of absent inputs) are empty fp32 tensors ``[0]``.
+# g_cumsum and A are not outputs: the backward recomputes them (as the eager one does).
+
+
+def _none0(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return t if t is not None else like.new_empty((0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("cake_gdn_det_train::fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+            beta: torch.Tensor, initial_state: torch.Tensor | None,
+            cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
+            dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
+            use_l2: bool, use_gate: bool, use_sigmoid: bool, plan_fields: list[int],
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, final_state or [0], q_rstd or [0], k_rstd or [0])``; arguments checked by the
+    entry, except the values of cu_seqlens (checked here, before any launch)."""
+    plan = plan_from_op_fields(GDNDetPlan, plan_fields)
+    B, T = q.shape[:2]
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, T, q.device)
+    cu = _offsets(cu_seqlens, B, T)
+    qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    o, ht, (q_rstd, k_rstd, _, _) = _launch_fwd(
+        qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, cu, plan, None,
+        _chunk_tables(cu), _gate_args(use_gate, A_log, dt_bias, use_sigmoid))
+    return o, _none0(ht, q), _none0(q_rstd, q), _none0(k_rstd, q)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+              output_final_state, use_l2, use_gate, use_sigmoid, plan_fields):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+    f32 = torch.float32
+    ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
+    rstd = (B, T, H) if use_l2 else (0,)
+    return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
+            q.new_empty(rstd, dtype=f32))
+
+
+@torch.library.custom_op("cake_gdn_det_train::bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+            q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
+            A_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
+            use_l2: bool, use_gate: bool, use_sigmoid: bool, plan_fields: list[int],
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                       torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or [0])``:
+    :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
+    plan = plan_from_op_fields(GDNDetPlan, plan_fields)
+    B, T = q.shape[:2]
+    cu = _offsets(cu_seqlens, B, T).to(q.device)
+    saved = _saved_set(q, k, v, g, beta, None, None, initial_state, cu,
+                       q_rstd if use_l2 else None, k_rstd if use_l2 else None,
+                       A_log if use_gate else None, dt_bias if use_gate else None,
+                       float(scale), use_l2, plan, cu_seqlens is not None, use_gate, use_sigmoid)
+    gr = _launch_bwd(do, dht, saved, plan, None)
+    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, _none0(gr.dinitial_state, q),
+            _none0(gr.dA_log, q), _none0(gr.ddt_bias, q))
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, dht, q, k, v, g, beta, initial_state, cu_seqlens, q_rstd, k_rstd, A_log,
+              dt_bias, scale, use_l2, use_gate, use_sigmoid, plan_fields):
+    f32 = torch.float32
+    HV = v.shape[2]
+    dh0 = (initial_state.new_empty(initial_state.shape) if initial_state is not None
+           else q.new_empty((0,), dtype=f32))
+    dA = A_log.new_empty((HV,)) if use_gate else q.new_empty((0,), dtype=f32)
+    ddt = dt_bias.new_empty((HV,)) if use_gate and dt_bias is not None else \
+        q.new_empty((0,), dtype=f32)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            g.new_empty(g.shape), beta.new_empty(beta.shape), dh0, dA, ddt)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
+     use_l2, use_gate, use_sigmoid, plan_fields) = inputs
+    _, _, q_rstd, k_rstd = output
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, q_rstd, k_rstd, A_log,
+                          dt_bias)
+    ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
+    ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields = use_gate, use_sigmoid, plan_fields
+
+
+def _backward(ctx, do, dht, _dq_rstd, _dk_rstd):
+    q, k, v, g, beta, h0, cu, q_rstd, k_rstd, A_log, dt_bias = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = torch.ops.cake_gdn_det_train.bwd(
+        do, dht if ctx.output_final_state else None, q, k, v, g, beta, h0, cu, q_rstd, k_rstd,
+        A_log, dt_bias, ctx.scale, ctx.use_l2, ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields)
+    need = ctx.needs_input_grad
+    return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
+            dA_log if A_log is not None and ctx.use_gate and need[7] else None,
+            ddt_bias if dt_bias is not None and ctx.use_gate and need[8] else None,
+            None, None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 class _GDNDetFunction(torch.autograd.Function):
-    """Autograd of the det chunked GDN: the SavedSet's tensors go through
+    """Autograd of the det chunked GDN (the eager path; lower host overhead than the custom
+    ops, same launches, same bits): the SavedSet's tensors go through
     ``ctx.save_for_backward`` (checkpointing and saved-tensor hooks work)."""
 
     @staticmethod
@@ -658,8 +790,12 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Returns ``(o, final_state)`` (``final_state`` is ``None`` without
     ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
     dt_bias (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for equal inputs,
-    upstream gradients, plan and hardware. Eager mode only so far (no custom op for
-    ``torch.compile`` yet); not twice differentiable.
+    upstream gradients, plan and hardware; not twice differentiable.
+
+    Under ``torch.compile`` (``fullgraph=True`` works) the call becomes the custom ops
+    ``cake_gdn_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), which launch
+    the same kernels as the eager path: same bits. The values of ``cu_seqlens`` are then
+    checked when the op runs, not while tracing.
     """
     device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
@@ -667,6 +803,12 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if not use_gate_in_kernel:
         A_log = dt_bias = None
     plan = _resolve_plan(plan, q.shape[-1], v.shape[-1], q.dtype, device)
-    return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
-                                 output_final_state, use_qk_l2norm_in_kernel, plan, A_log,
-                                 dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    if not torch.compiler.is_compiling():
+        return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+                                     output_final_state, use_qk_l2norm_in_kernel, plan, A_log,
+                                     dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    o, ht, _, _ = torch.ops.cake_gdn_det_train.fwd(
+        q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+        plan_to_op_fields(plan))
+    return o, (ht if output_final_state else None)
