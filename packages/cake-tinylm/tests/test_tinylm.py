@@ -158,6 +158,7 @@ def test_cli_help(capsys):
         "--text",
         "--bytes",
         "--device",
+        "--mixer",
     ):
         assert opt in out
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -226,3 +227,60 @@ def test_cli_train_exit_code_follows_verdict(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(train_mod, "_same_weights", lambda a, b: False)
     assert main(args) == 1
     assert "final weights identical:  NO" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- --mixer gdn
+GDN_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, mixer="gdn")
+
+
+def test_gdn_mixer_cake_and_torch_match_from_same_weights():
+    from cake_dense_projection_det_gemm import Linear
+    from cake_tinylm.model import GatedDeltaNet, gated_delta_rule_torch
+
+    assert ModelConfig().mixer == "attention" and TrainConfig().mixer == "attention"
+    with pytest.raises(ValueError):
+        ModelConfig(mixer="rwkv")
+    torch.manual_seed(0)
+    cake = build_model(GDN_SMALL, "cake")
+    ref = build_model(GDN_SMALL, "torch")
+    assert cake.state_dict().keys() == ref.state_dict().keys()
+    ref.load_state_dict(cake.state_dict())
+    mixer = cake.blocks[0].mixer
+    assert type(mixer) is GatedDeltaNet and type(ref.blocks[0].mixer) is GatedDeltaNet
+    assert {type(mixer.qkv), type(mixer.ab), type(mixer.proj)} == {Linear}
+    assert mixer.ab.weight.shape == (4, 32) and mixer.A_log.shape == mixer.dt_bias.shape == (2,)
+    assert bool((mixer.dt_bias != 0).all())  # FLA's init survives TinyLM's zero-bias init
+    assert type(ref.blocks[0].mixer.qkv) is torch.nn.Linear
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss_c = cake(idx, idx)
+    _, loss_r = ref(idx, idx)
+    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
+    loss_c.backward()
+    loss_r.backward()
+    gc = dict(cake.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # The torch recurrence: one token, zero state -> o = scale * beta * (q.k) v.
+    q, k, v = torch.randn(3, 1, 1, 1, 4).unbind(0)
+    beta = torch.full((1, 1, 1), 0.5)
+    o = gated_delta_rule_torch(q, k, v, torch.zeros(1, 1, 1), beta)
+    torch.testing.assert_close(o, 0.5 * 0.5 * (q * k).sum(-1, keepdim=True) * v)
+    bf = gated_delta_rule_torch(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta * 0, beta)
+    assert bf.dtype == torch.bfloat16 and bf.shape == v.shape
+
+
+def test_gdn_mixer_short_job_is_bitwise_deterministic(tmp_path):
+    from cake_tinylm import run_job
+
+    cfg = TrainConfig(
+        steps=4, batch_size=2, seq_len=16, d_model=32, n_layers=1, n_heads=2, lr=3e-3,
+        bytes=20_000, device="cpu", out=str(tmp_path), val_windows=4, mixer="gdn",
+    )
+    result = run_job(cfg, progress=False)
+    a, b, ref = result.runs
+    assert result.model_config.mixer == "gdn"
+    assert type(a.model.blocks[0].mixer).__name__ == "GatedDeltaNet"
+    assert torch.equal(a.losses.view(torch.int32), b.losses.view(torch.int32))
+    assert result.losses_identical and result.weights_identical and result.identical
+    assert result.max_gap_torch < 1e-4
+    assert abs(a.val_loss - ref.val_loss) < 1e-4

@@ -6,7 +6,9 @@ The model (:class:`TinyLM`) is a pre-norm decoder built from cake kernels: every
 ``cake_lm_head_loss_det_train.LMHeadLoss`` (fused, chunked, logits never materialized).
 :func:`run_job` trains it twice from the same initial weights on the same batches, checks
 that the two runs are bitwise identical (losses and final weights), and trains the same
-model built from torch modules for comparison.
+model built from torch modules for comparison. With ``mixer="gdn"`` (``--mixer gdn``) every
+block's token mixer is a Gated DeltaNet layer whose core is
+``cake_gdn_det_train.chunk_gated_delta_rule_det`` in the cake model.
 ``cake-tinylm train`` (or ``python -m cake_tinylm train``) runs it from the shell.
 """
 

@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-layers", type=int, help=f"decoder blocks ({sized('n_layers')})")
     p.add_argument("--n-heads", type=int, help=f"attention heads ({sized('n_heads')})")
     p.add_argument("--lr", type=float, help=f"AdamW learning rate ({sized('lr')})")
+    p.add_argument(
+        "--mixer",
+        choices=("attention", "gdn"),
+        default=cpu["mixer"],
+        help="token mixer of every block: causal self-attention or Gated DeltaNet "
+        "(cake's chunk_gated_delta_rule_det in the cake runs) (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=cpu["seed"], help="seed (default: %(default)s)")
     p.add_argument(
         "--dtype",
@@ -91,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = default_config(
             args.device,
             seed=args.seed,
+            mixer=args.mixer,
             dtype=args.dtype,
             text=args.text,
             bytes=args.bytes,

@@ -4,7 +4,7 @@ Structure (``x`` is ``[B, T, d_model]``)::
 
     x = tok_emb(idx) + pos_emb(arange(T))
     for block in blocks:
-        x = x + block.mixer(block.norm1(x))     # causal self-attention (qkv, proj Linears)
+        x = x + block.mixer(block.norm1(x))     # causal self-attention or Gated DeltaNet
         x = x + block.mlp(block.norm2(x))       # Linear -> GELU/SiLU -> Linear
     loss = cross_entropy(lm_head(norm_f(x)), targets)   # fused in the cake model
 
@@ -16,11 +16,14 @@ output head by :func:`make_head`, every mixer by :func:`make_mixer`, every MLP b
 - projections (attention ``qkv``/``proj``, MLP ``fc1``/``fc2``):
   ``cake_dense_projection_det_gemm.Linear``;
 - head + loss: ``cake_lm_head_loss_det_train.LMHeadLoss`` (``lm_head.weight`` ``[V, d]``),
-  which computes the cross entropy chunk by chunk without materializing the logits.
+  which computes the cross entropy chunk by chunk without materializing the logits;
+- with ``mixer="gdn"``, the Gated DeltaNet core (q/k L2 norm, gate, beta sigmoid, chunked
+  recurrence): ``cake_gdn_det_train.chunk_gated_delta_rule_det`` (imported only then).
 
 ``impl="torch"`` uses ``torch.nn.RMSNorm``, ``torch.nn.Linear`` and ``nn.Linear`` +
 ``F.cross_entropy`` with the same parameter names and shapes, so one ``state_dict`` loads
-into both. Token and position embeddings and the attention core are plain torch in both.
+into both. Token and position embeddings and the attention core are plain torch in both;
+the torch build's Gated DeltaNet core is :func:`gated_delta_rule_torch` (token by token).
 
 Attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V`` with an explicit
 causal mask) rather than ``scaled_dot_product_attention``, so that its CUDA backward stays
@@ -44,10 +47,13 @@ from torch import nn
 __all__ = [
     "CausalSelfAttention",
     "Block",
+    "GatedDeltaNet",
+    "MIXERS",
     "MLP",
     "ModelConfig",
     "TinyLM",
     "build_model",
+    "gated_delta_rule_torch",
     "make_head",
     "make_linear",
     "make_mixer",
@@ -57,6 +63,7 @@ __all__ = [
 
 Impl = Literal["cake", "torch"]
 IMPLS: tuple[str, ...] = ("cake", "torch")
+MIXERS: tuple[str, ...] = ("attention", "gdn")
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,9 @@ class ModelConfig:
         mlp_ratio: MLP hidden width = ``mlp_ratio * d_model``.
         activation: ``"gelu"`` (tanh approximation) or ``"silu"``.
         norm_eps: epsilon of every RMSNorm.
+        mixer: token mixer of every block: ``"attention"`` (causal self-attention) or
+            ``"gdn"`` (Gated DeltaNet, ``n_heads`` heads of ``d_model // n_heads`` for q, k
+            and v).
     """
 
     vocab_size: int = 256
@@ -82,6 +92,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     activation: str = "gelu"
     norm_eps: float = 1e-5
+    mixer: str = "attention"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "mlp_ratio"):
@@ -95,6 +106,8 @@ class ModelConfig:
             raise ValueError(
                 f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}"
             )
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}")
 
@@ -198,6 +211,113 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y)
 
 
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x * rsqrt(sum(x**2) + eps)`` over the last dimension, in fp32 (FLA's q/k norm)."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gated_delta_rule_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """The gated delta rule token by token in plain torch (fp32 state), differentiable.
+
+    Per sequence and head, state ``S`` ``[K, V]`` from zero; for each token ``t``::
+
+        S   <- exp(g_t) * S
+        u_t  = beta_t * (v_t - S^T k_t)
+        S   <- S + k_t u_t^T
+        o_t  = scale * S^T q_t
+
+    Args:
+        q, k: ``[B, T, H, K]`` (used as given: normalize them first if wanted).
+        v: ``[B, T, H, V]``.
+        g: ``[B, T, H]`` log-space decay (``<= 0``).
+        beta: ``[B, T, H]`` write strength in ``(0, 1)``.
+        scale: output scale, default ``K ** -0.5``.
+
+    Returns:
+        ``o`` ``[B, T, H, V]`` in ``v``'s dtype (all arithmetic in fp32).
+    """
+    b, t, h, dk = q.shape
+    if scale is None:
+        scale = dk**-0.5
+    out_dtype = v.dtype
+    q, k, v, g, beta = (z.float() for z in (q, k, v, g, beta))
+    state = q.new_zeros(b, h, dk, v.shape[-1])
+    outs = []
+    for i in range(t):
+        state = state * g[:, i].exp()[..., None, None]
+        k_i = k[:, i, :, :, None]                                    # [B, H, K, 1]
+        u = beta[:, i, :, None] * (v[:, i] - (state * k_i).sum(-2))  # [B, H, V]
+        state = state + k_i * u[:, :, None, :]
+        outs.append(scale * (state * q[:, i, :, :, None]).sum(-2))
+    return torch.stack(outs, dim=1).to(out_dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet token mixer (Yang, Kautz & Hatamizadeh, 2024; FLA's gate).
+
+    ``n_heads`` heads with ``K = V = d_model // n_heads``. Parameters: ``qkv``
+    (``Linear(d, 3d)``: q, k, v), ``ab`` (``Linear(d, 2 n_heads)``: the raw gate ``a`` and
+    pre-sigmoid ``b`` per head), ``proj`` (``Linear(d, d)``), all built by
+    :func:`make_linear`; ``A_log`` and ``dt_bias`` ``[n_heads]`` (FLA's init). Per head::
+
+        q, k = l2norm(q), l2norm(k)          # x * rsqrt(sum(x**2) + 1e-6)
+        g    = -exp(A_log) * softplus(a + dt_bias)
+        beta = sigmoid(b)
+        o    = gated delta rule(q, k, v, g, beta), scale K ** -0.5, state from zero
+
+    ``impl="cake"`` runs the whole core (l2 norm, gate, sigmoid, chunked recurrence) in
+    ``cake_gdn_det_train.chunk_gated_delta_rule_det`` (``use_qk_l2norm_in_kernel``,
+    ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``); ``impl="torch"`` computes it
+    in plain torch with :func:`gated_delta_rule_torch` (token by token, fp32), calling no
+    cake code. Input ``[B, T, d]``; output ``[B, T, d]``, same dtype.
+    """
+
+    def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
+        super().__init__()
+        self.impl = impl
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.qkv = make_linear(cfg.d_model, 3 * cfg.d_model, impl=impl)
+        self.ab = make_linear(cfg.d_model, 2 * cfg.n_heads, impl=impl)
+        self.proj = make_linear(cfg.d_model, cfg.d_model, impl=impl)
+        # FLA's GatedDeltaNet init: A ~ U(0, 16); dt log-uniform in [1e-3, 0.1], dt_bias its
+        # inverse softplus. TinyLM's init leaves these two alone.
+        a = torch.empty(cfg.n_heads).uniform_(0, 16)
+        dt = torch.exp(torch.rand(cfg.n_heads) * (math.log(0.1) - math.log(1e-3))
+                       + math.log(1e-3)).clamp(min=1e-4)
+        self.A_log = nn.Parameter(torch.log(a))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        shape = (b, t, self.n_heads, self.head_dim)
+        q, k, v = (z.reshape(shape) for z in self.qkv(x).split(d, dim=-1))
+        a, beta = self.ab(x).split(self.n_heads, dim=-1)  # [B, T, H] each
+        if self.impl == "cake":
+            from cake_gdn_det_train import chunk_gated_delta_rule_det
+
+            o, _ = chunk_gated_delta_rule_det(
+                q, k, v, a, beta,
+                use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True,
+                A_log=self.A_log,
+                dt_bias=self.dt_bias,
+                use_beta_sigmoid_in_kernel=True,
+            )
+        else:
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+            o = gated_delta_rule_torch(_l2norm(q), _l2norm(k), v, g, beta.float().sigmoid())
+        return self.proj(o.reshape(b, t, d))
+
+
 class MLP(nn.Module):
     """``fc2(act(fc1(x)))``; input/output ``[..., d]``, hidden ``mlp_ratio * d``.
 
@@ -216,13 +336,18 @@ class MLP(nn.Module):
 
 
 def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
-    """Build a block's token mixer: :class:`CausalSelfAttention` whose ``qkv`` and ``proj``
-    projections are ``impl``'s Linear (the attention core itself is plain torch).
+    """Build a block's token mixer, by ``cfg.mixer``: ``"attention"`` ->
+    :class:`CausalSelfAttention` whose ``qkv`` and ``proj`` projections are ``impl``'s Linear
+    (the attention core itself is plain torch); ``"gdn"`` -> :class:`GatedDeltaNet`
+    (``impl``'s Linear for ``qkv``, ``ab``, ``proj``; core in cake's
+    ``chunk_gated_delta_rule_det`` or in plain torch).
 
     Raises:
         ValueError: on an unknown ``impl``.
     """
     _check_impl(impl)
+    if cfg.mixer == "gdn":
+        return GatedDeltaNet(cfg, impl)
     return CausalSelfAttention(cfg, impl)
 
 
@@ -283,6 +408,8 @@ class TinyLM(nn.Module):
         # projections scaled by 1/sqrt(2 * n_layers). RMSNorm weights stay at one.
         std = 0.02
         for name, p in self.named_parameters():
+            if name.endswith(("A_log", "dt_bias")):  # GatedDeltaNet's own init
+                continue
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif name.endswith(("proj.weight", "fc2.weight")):

@@ -18,6 +18,7 @@ _CAKE_PACKAGES = {
     "cake-rmsnorm-det-train": "cake_rmsnorm_det_train",
     "cake-dense-projection-det-gemm": "cake_dense_projection_det_gemm",
     "cake-lm-head-loss-det-train": "cake_lm_head_loss_det_train",
+    "cake-gdn-det-train": "cake_gdn_det_train",
     "cake-tinylm": "cake_tinylm",
 }
 
@@ -90,6 +91,8 @@ def format_summary(result: JobResult) -> str:
         f"largest |loss gap| cake-a vs torch:       {result.max_gap_torch:.3e}",
         f"device: {result.device_name}; total {result.seconds:.1f} s",
     ]
+    if result.config.mixer != "attention":
+        lines.append(f"token mixer: {result.config.mixer}")
     return "\n".join(lines)
 
 
@@ -125,11 +128,12 @@ def write_report(result: JobResult, out: str | Path) -> tuple[Path, Path]:
             label=f"{r.name} ({r.impl} modules), val {r.val_loss:.3f}",
         )
     cfg = result.config
+    mixer = "" if cfg.mixer == "attention" else f"{cfg.mixer} "
     ax.set_xlabel("step")
     ax.set_ylabel("train loss (nats/byte)")
     ax.set_title(
         f"cake-tinylm: d{cfg.d_model} L{cfg.n_layers} T{cfg.seq_len} B{cfg.batch_size} "
-        f"{cfg.dtype} on {result.device}; cake runs identical: {result.identical}"
+        f"{mixer}{cfg.dtype} on {result.device}; cake runs identical: {result.identical}"
     )
     ax.legend()
     ax.grid(alpha=0.3)

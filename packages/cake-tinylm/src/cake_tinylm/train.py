@@ -76,6 +76,8 @@ class TrainConfig:
         grad_clip: max global gradient norm (``0`` disables clipping).
         val_windows: at most this many validation windows of ``seq_len`` are scored.
         activation: MLP activation, ``"gelu"`` or ``"silu"``.
+        mixer: token mixer, ``"attention"`` or ``"gdn"`` (Gated DeltaNet; see
+            :class:`~cake_tinylm.model.GatedDeltaNet`).
     """
 
     steps: int = 64
@@ -96,6 +98,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     val_windows: int = 64
     activation: str = "gelu"
+    mixer: str = "attention"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "bytes", "val_windows"):
@@ -118,6 +121,7 @@ class TrainConfig:
             n_heads=self.n_heads,
             max_seq_len=self.seq_len,
             activation=self.activation,
+            mixer=self.mixer,
         )
 
 
