@@ -753,7 +753,9 @@ class _GDNDetFunction(torch.autograd.Function):
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, cu, plan, None, tables,
             gate)
-        saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(q.device),
+        # g_cumsum and A are not kept: the backward recomputes them (no fp32 [B*T, HV, 64]
+        # held from forward to backward)
+        saved = _saved_set(q, k, v, g, beta, None, None, initial_state, cu.to(q.device),
                            q_rstd, k_rstd, A_log, dt_bias, scale, use_l2, plan,
                            cu_seqlens is not None, use_gate, use_sigmoid)
         ctx.save_for_backward(*saved.tensors())
