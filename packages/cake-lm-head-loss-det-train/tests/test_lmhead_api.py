@@ -213,7 +213,8 @@ def test_plan_rules_and_roundtrip():
         make_plan(8, 8, torch.float32, DEV, reduction="avg")
     good = p.to_dict()
     for field, v in (("chunk_tokens", 0), ("block_v", 3), ("dw_block_k", 8),
-                     ("grad_in_forward", 2), ("num_warps", 3), ("hidden_size", 8.0)):
+                     ("grad_in_forward", 2), ("num_warps", 3), ("hidden_size", 8.0),
+                     ("cublas_gemms", 2), ("defer_dw_tokens", -1)):
         with pytest.raises(ValueError, match=field):
             LMHeadLossDetPlan.from_dict({**good, field: v})
 
