@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm profile dense lmhead tests3 (default: the first five). Seen 2026-11-29: the GPU test
+# parts: any of env tests det bench tinylm profile dense lmhead tests3 gdntests gdnbench (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
 set -uo pipefail
@@ -48,6 +48,15 @@ fi
 if has tests3; then
   timeout 560 python3 -m pytest -q -p no:cacheprovider packages/cake-dense-projection-det-gemm/tests \
     packages/cake-lm-head-loss-det-train/tests 2>&1 | tee "$OUT/pytest_gpu3.txt" | tail -25
+fi
+if has gdntests; then
+  timeout ${GDN_TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider \
+    packages/cake-gdn-det-train/tests 2>&1 | tee "$OUT/pytest_gdn.txt" | tail -25
+fi
+if has gdnbench; then
+  timeout ${GDN_BENCH_TIMEOUT:-400} python3 \
+    packages/cake-gdn-det-train/benchmarks/bench_cake_gdn_det_train.py \
+    ${GDN_ARGS-} --out "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.txt"
 fi
 if has tinylm; then
   timeout 300 python3 -m cake_tinylm train --out "$OUT/tinylm" 2>&1 | tail -30 | tee "$OUT/tinylm.txt"

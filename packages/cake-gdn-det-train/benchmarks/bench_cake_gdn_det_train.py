@@ -1,52 +1,260 @@
-"""Time the det chunked GDN forward on CUDA (first numbers only; no anchors yet).
+"""Benchmark cake's det chunked Gated DeltaNet against FLA's ``chunk_gated_delta_rule``.
 
-    python benchmarks/bench_cake_gdn_det_train.py [--shapes B,T,H,HV,K,V ...]
+    python benchmarks/bench_cake_gdn_det_train.py [--impls cake,fla] [--cases ...]
+        [--plan key=val ...] [--err] [--hash] [--profile CASE] [--out file.json]
 
-Prints one line per shape: the median forward time in ms over 20 runs after 3 warm-ups.
+Cases (the issue's shapes; bf16, K = V = 128, k L2-normalised outside the kernel):
+
+* ``a``: B=1, T=32768, H=16, HV=32
+* ``b``: B=1, T=32768 packed as 8 x 4096 (``cu_seqlens``), H=HV=16
+* ``c``: B=1, T=32768 packed as 8 documents of random lengths (seed 0), H=16, HV=32
+* ``d``: B=4, T=4096, H=HV=16
+
+Per case and implementation: forward (autograd forward, inputs requiring grad), backward
+(``torch.autograd.backward`` of (o, final_state) with fixed upstream gradients) and
+forward+backward, each the median of CUDA-event times over ``--reps`` runs after warm-up,
+and the first call (compile and, for FLA, autotune included). Ratios are cake / FLA
+(below 1: cake faster). ``--plan`` replaces fields of cake's plan (``block_v=32``, ...).
+
+FLA refuses its backward on Hopper with Triton 3.4 to 3.7.0 (it cites a miscompile of its
+``chunk_bwd_dqkwg`` kernel); ``--fla-bypass`` (default on) lifts that guard so it can be
+timed, and ``--err`` shows what its gradients are then worth: both implementations against
+the float64 token-by-token recurrence on a smaller shape (max |err| / max |ref| per tensor).
+``--hash`` prints sha256 of o, final_state and all gradients over 5 runs per
+implementation (run twice, in two processes, to compare across processes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
+import time
 
 import torch
 import torch.nn.functional as F
-from cake_gdn_det_train import chunk_gdn_det_fwd
 
-DEFAULT = ["1,8192,16,16,128,128", "4,4096,8,16,128,128", "1,32768,16,32,128,128"]
+CASES = {
+    "a": dict(B=1, T=32768, H=16, HV=32, docs=None),
+    "b": dict(B=1, T=32768, H=16, HV=16, docs="even8"),
+    "c": dict(B=1, T=32768, H=16, HV=32, docs="random8"),
+    "d": dict(B=4, T=4096, H=16, HV=16, docs=None),
+}
 
 
-def _time(fn, reps=20, warm=3):
+def make_case(B, T, H, HV, docs, K=128, V=128, dtype=torch.bfloat16, dev="cuda", seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rn(*shape):
+        return torch.randn(*shape, generator=gen).to(dev)
+
+    q = rn(B, T, H, K).to(dtype)
+    k = F.normalize(rn(B, T, H, K), dim=-1).to(dtype)
+    v = rn(B, T, HV, V).to(dtype)
+    g = F.logsigmoid(rn(B, T, HV)).to(dtype)
+    beta = torch.sigmoid(rn(B, T, HV)).to(dtype)
+    cu = None
+    if docs == "even8":
+        cu = torch.arange(0, T + 1, T // 8, dtype=torch.int32)
+    elif docs == "random8":
+        cuts = torch.randperm(T - 1, generator=gen)[:7].add(1).sort().values
+        cu = torch.cat([torch.tensor([0]), cuts, torch.tensor([T])]).to(torch.int32)
+    N = B if cu is None else len(cu) - 1
+    h0 = 0.1 * rn(N, HV, K, V)
+    cu = cu.to(dev) if cu is not None else None
+    do = rn(B, T, HV, V).to(dtype)
+    dht = 0.1 * rn(N, HV, K, V)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu=cu, do=do, dht=dht)
+
+
+def cake_fn(plan_over):
+    from cake_gdn_det_train import chunk_gated_delta_rule_det, make_plan
+
+    def run(q, k, v, g, beta, h0, cu):
+        plan = make_plan(q.shape[-1], v.shape[-1], q.dtype, q.device)
+        if plan_over:
+            plan = dataclasses.replace(plan, **plan_over)
+        return chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,
+                                          output_final_state=True, cu_seqlens=cu, plan=plan)
+    return run
+
+
+def fla_fn(bypass):
+    import fla.ops.common.chunk_o as fla_chunk_o
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    if bypass:
+        fla_chunk_o.TRITON_ABOVE_3_7_1 = True
+
+    def run(q, k, v, g, beta, h0, cu):
+        return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                      output_final_state=True,
+                                      cu_seqlens=cu.long() if cu is not None else None)
+    return run
+
+
+def leaves(c):
+    out = {}
+    for name in ("q", "k", "v", "g", "beta", "h0"):
+        out[name] = c[name].detach().clone().requires_grad_()
+    return out
+
+
+def step(fn, c, x):
+    o, ht = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], x["h0"], c["cu"])
+    return o, ht
+
+
+def grads_of(fn, c):
+    x = leaves(c)
+    o, ht = step(fn, c, x)
+    torch.autograd.backward([o, ht], [c["do"], c["dht"]])
+    return [o, ht] + [x[n].grad for n in ("q", "k", "v", "g", "beta", "h0")]
+
+
+def cuda_ms(f, reps, warm=2):
     for _ in range(warm):
-        fn()
-    times = []
+        f()
+    torch.cuda.synchronize()
+    ts = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        f()
         b.record()
         torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+        ts.append(a.elapsed_time(b))
+    return sorted(ts)[len(ts) // 2]
+
+
+def time_impl(fn, c, reps):
+    t0 = time.perf_counter()
+    grads_of(fn, c)
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    x = leaves(c)
+    fwd = cuda_ms(lambda: step(fn, c, x), reps)
+    o, ht = step(fn, c, x)
+    bwd = cuda_ms(lambda: torch.autograd.backward([o, ht], [c["do"], c["dht"]],
+                                                  retain_graph=True), reps)
+
+    def fb():
+        o2, ht2 = step(fn, c, x)
+        torch.autograd.backward([o2, ht2], [c["do"], c["dht"]])
+    both = cuda_ms(fb, reps)
+    return dict(first_s=first_s, fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=both)
+
+
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def errors(impls):
+    from cake_gdn_det_train import gdn_reference
+    c = make_case(B=1, T=1000, H=2, HV=4, docs=None)
+    cu = torch.tensor([0, 1, 63, 64, 330, 600, 1000], dtype=torch.int32, device="cuda")
+    c["h0"] = c["h0"][:1].expand(6, -1, -1, -1).contiguous()
+    c["dht"] = c["dht"][:1].expand(6, -1, -1, -1).contiguous()
+    res = {}
+    for cu_name, cu_t in (("fixed", None), ("varlen", cu)):
+        cc = dict(c, cu=cu_t)
+        if cu_t is None:
+            cc["h0"], cc["dht"] = c["h0"][:1], c["dht"][:1]
+        x = {n: t.detach().double().requires_grad_() for n, t in leaves(cc).items()}
+        o, ht = gdn_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
+                              output_final_state=True, cu_seqlens=cu_t, dtype=torch.float64)
+        torch.autograd.backward([o, ht], [cc["do"].double(), cc["dht"].double()])
+        ref = [o, ht] + [x[n].grad for n in ("q", "k", "v", "g", "beta", "h0")]
+        for name, fn in impls.items():
+            try:
+                got = grads_of(fn, cc)
+                res[f"{name}/{cu_name}"] = {
+                    n: float((a.double() - r).abs().max() / r.abs().max().clamp_min(1e-30))
+                    for n, a, r in zip(NAMES, got, ref)}
+            except Exception as e:  # noqa: BLE001 - recorded, not fatal
+                res[f"{name}/{cu_name}"] = f"failed: {type(e).__name__}: {e}"[:300]
+            print(f"err {name}/{cu_name}: {res[f'{name}/{cu_name}']}", flush=True)
+    return res
+
+
+def hashes(fn, c, runs=5):
+    hs = []
+    for _ in range(runs):
+        h = hashlib.sha256()
+        for t in grads_of(fn, c):
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+        hs.append(h.hexdigest()[:16])
+    return hs
+
+
+def profile(fn, c):
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    x = leaves(c)
+    for _ in range(2):
+        o, ht = step(fn, c, x)
+        torch.autograd.backward([o, ht], [c["do"], c["dht"]])
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(3):
+            o, ht = step(fn, c, x)
+            torch.autograd.backward([o, ht], [c["do"], c["dht"]])
+        torch.cuda.synchronize()
+    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--shapes", nargs="*", default=DEFAULT)
-    p.add_argument("--dtype", default="bfloat16")
-    args = p.parse_args()
-    dtype = getattr(torch, args.dtype)
-    dev = "cuda"
-    for s in args.shapes:
-        B, T, H, HV, K, V = (int(x) for x in s.split(","))
-        q = torch.randn(B, T, H, K, device=dev, dtype=dtype)
-        k = F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dtype)
-        v = torch.randn(B, T, HV, V, device=dev, dtype=dtype)
-        g = F.logsigmoid(torch.randn(B, T, HV, device=dev))
-        beta = torch.rand(B, T, HV, device=dev).sigmoid()
-        args_ = (q, k, v, g, beta)
-        ms = _time(lambda a=args_: chunk_gdn_det_fwd(*a, output_final_state=True))
-        print(f"B={B} T={T} H={H} HV={HV} K={K} V={V} {args.dtype}: fwd {ms:.3f} ms")
+    p.add_argument("--impls", default="cake,fla")
+    p.add_argument("--cases", default="a,b,c,d")
+    p.add_argument("--plan", nargs="*", default=[], help="cake plan overrides key=int")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--err", action="store_true")
+    p.add_argument("--hash", action="store_true")
+    p.add_argument("--profile", default="")
+    p.add_argument("--no-time", action="store_true")
+    p.add_argument("--fla-bypass", type=int, default=1)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
+    impls = {}
+    for name in a.impls.split(","):
+        try:
+            impls[name] = cake_fn(over) if name == "cake" else fla_fn(a.fla_bypass)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: unavailable ({type(e).__name__}: {e})")
+    print("torch", torch.__version__, "device", torch.cuda.get_device_name(), "plan over", over,
+          flush=True)
+    result = {"plan_over": over, "cases": {}}
+    if a.err:
+        result["err"] = errors(impls)
+    for cname in [s for s in a.cases.split(",") if s]:
+        c = make_case(**CASES[cname])
+        row = {}
+        for name, fn in impls.items():
+            try:
+                if a.hash:
+                    row[name + "_hash"] = hashes(fn, c)
+                    print(cname, name, "hashes", row[name + "_hash"], flush=True)
+                if not a.no_time:
+                    row[name] = time_impl(fn, c, a.reps)
+                    print(cname, name, {k: round(v, 3) for k, v in row[name].items()},
+                          flush=True)
+                if a.profile == cname:
+                    profile(fn, c)
+            except Exception as e:  # noqa: BLE001
+                row[name] = f"failed: {type(e).__name__}: {e}"[:300]
+                print(cname, name, row[name], flush=True)
+        if isinstance(row.get("cake"), dict) and isinstance(row.get("fla"), dict):
+            row["ratio"] = {k: row["cake"][k] / row["fla"][k]
+                            for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
+            print(cname, "cake/fla", {k: round(v, 3) for k, v in row["ratio"].items()},
+                  flush=True)
+        result["cases"][cname] = row
+        del c
+        torch.cuda.empty_cache()
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
