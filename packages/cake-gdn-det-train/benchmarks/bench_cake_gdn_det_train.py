@@ -169,7 +169,7 @@ def errors(impls):
                 got = grads_of(fn, cc)
                 res[f"{name}/{cu_name}"] = {
                     n: float((a.double() - r).abs().max() / r.abs().max().clamp_min(1e-30))
-                    for n, a, r in zip(NAMES, got, ref)}
+                    for n, a, r in zip(NAMES, got, ref, strict=True)}
             except Exception as e:  # noqa: BLE001 - recorded, not fatal
                 res[f"{name}/{cu_name}"] = f"failed: {type(e).__name__}: {e}"[:300]
             print(f"err {name}/{cu_name}: {res[f'{name}/{cu_name}']}", flush=True)
@@ -209,6 +209,7 @@ def main() -> None:
     p.add_argument("--plan", nargs="*", default=[], help="cake plan overrides key=int")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--err", action="store_true")
+    p.add_argument("--err-impls", default="", help="implementations for --err (default all)")
     p.add_argument("--hash", action="store_true")
     p.add_argument("--profile", default="")
     p.add_argument("--no-time", action="store_true")
@@ -226,7 +227,8 @@ def main() -> None:
           flush=True)
     result = {"plan_over": over, "cases": {}}
     if a.err:
-        result["err"] = errors(impls)
+        pick = a.err_impls.split(",") if a.err_impls else list(impls)
+        result["err"] = errors({n: f for n, f in impls.items() if n in pick})
     for cname in [s for s in a.cases.split(",") if s]:
         c = make_case(**CASES[cname])
         row = {}

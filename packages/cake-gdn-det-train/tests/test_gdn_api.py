@@ -55,7 +55,11 @@ def test_manifest():
 def test_plan_rule_and_roundtrip(K, V, dtype):
     plan = make_plan(K, V, dtype, DEV)
     assert plan.chunk_size == 64 and plan.block_k >= max(K, 16) and plan.mode == Mode.DET
-    assert plan.ieee_dots == 1 and plan.dot_precision == "ieee"
+    assert plan.store_16bit == 1
+    if DEV.type == "cuda":  # ieee spills registers at these tiles; tf32x3 is close to fp32
+        assert plan.fp32_dots == 2 and plan.dot_precision == "tf32x3"
+    else:                   # the interpreter computes fp32 whatever the field says
+        assert plan.fp32_dots == 1 and plan.dot_precision == "ieee"
     assert GDNDetPlan.from_dict(plan.to_dict()) == plan
     assert make_plan(K, V, dtype, DEV) is plan  # cached: a pure function of its key
     with pytest.raises(dataclasses.FrozenInstanceError):

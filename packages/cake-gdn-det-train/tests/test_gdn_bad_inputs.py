@@ -161,7 +161,8 @@ def test_make_plan_and_plan_fields_refused():
     for field, value, msg in (("chunk_size", 32, "chunk_size must be 64"),
                               ("block_k", 8, "block_k must be a power of two >= 16"),
                               ("block_v", 24, "block_v must be a power of two"),
-                              ("ieee_dots", 2, "ieee_dots must be 0 or 1"),
+                              ("fp32_dots", 3, "fp32_dots"),
+                              ("store_16bit", 2, "store_16bit must be 0 or 1"),
                               ("gate_block_t", 24, "gate_block_t must be a power of two"),
                               ("num_warps_gate", 3, "num_warps_gate"),
                               ("num_warps_h", 3, "num_warps_h")):

@@ -113,7 +113,8 @@ def test_low_level_matches_autograd_and_repeats_bitwise(gdn_inputs):
     assert low.dA_log is None and low.ddt_bias is None  # no in-kernel gate
     for a, b in zip(first, low[:6], strict=True):
         assert bitwise_equal(a, b)
-    ws = GDNDetWorkspace.for_plan(saved.plan, DEV, num_v_heads=2, max_tokens=90)
+    ws = GDNDetWorkspace.for_plan(saved.plan, DEV, num_v_heads=2, max_tokens=90,
+                                  dtype=torch.bfloat16)
     for name in ws.names:
         poison_(ws[name])
     with_ws = chunk_gdn_det_bwd(do, dht, saved, workspace=ws)

@@ -21,8 +21,10 @@ def _check(q, k, v, g, beta, h0, *, dtype, cu=None, scale=None, l2=False, final=
     assert_close_to_reference(o, o64, dtype, "o")
     if final:
         assert ht.dtype == torch.float32 and ht.shape == ht64.shape
-        # the state is fp32 whatever the input dtype; its error comes from fp32 arithmetic
-        assert_close_to_reference(ht, ht64, torch.float32, "final_state", tol=1e-5)
+        # the state is fp32 whatever the input dtype; with 16-bit inputs the default plan
+        # feeds it 16-bit intermediates (as FLA), so its error is the inputs' dtype's
+        tol = 1e-5 if dtype == torch.float32 else None
+        assert_close_to_reference(ht, ht64, dtype, "final_state", tol=tol)
     else:
         assert ht is None
     return o, ht, saved

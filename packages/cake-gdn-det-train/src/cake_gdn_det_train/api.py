@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import triton.language as tl
 from cake_core import (
     Mode,
     check_cu_seqlens,
@@ -30,7 +31,7 @@ from cake_core import (
 )
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
-from cake_core.triton_utils import launch_device_check
+from cake_core.triton_utils import is_interpreting, launch_device_check
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -179,8 +180,22 @@ def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device
     return plan
 
 
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _inter_dtype(plan: GDNDetPlan, dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of the chunk intermediates (T, w, u, v_new, h, dh, dv_new)."""
+    return dtype if plan.store_16bit and dtype != torch.float32 else torch.float32
+
+
+def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
+    """``DT`` of the kernels: the intermediates' dtype on CUDA, fp32 under the interpreter
+    (its bf16 ``tl.dot`` is wrong in Triton 3.6)."""
+    return tl.float32 if is_interpreting() else _TL[_inter_dtype(plan, dtype)]
+
+
 def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: int, NT: int,
-                       NC: int):
+                       NC: int, dtype: torch.dtype):
     if workspace is None:
         return None
     require_mode(workspace, GDNDetWorkspace, Mode.DET, name="workspace")
@@ -190,13 +205,14 @@ def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: in
             "h": (None, HV, K, V)}
     for name, shape in want.items():
         t = workspace[name] if name in workspace.names else None
-        if t is None or t.dtype != torch.float32 or not t.is_contiguous() or \
+        want_dt = _inter_dtype(plan, dtype)
+        if t is None or t.dtype != want_dt or not t.is_contiguous() or \
                 t.dim() != len(shape) or tuple(t.shape[1:]) != shape[1:]:
             raise ValueError(
-                f"workspace: buffer {name!r} must be a contiguous fp32 tensor of shape "
+                f"workspace: buffer {name!r} must be a contiguous {want_dt} tensor of shape "
                 f"[*, {', '.join(map(str, shape[1:]))}]; build it with "
                 "GDNDetWorkspace.for_plan(plan, device, num_v_heads=HV, max_tokens=..., "
-                "max_seqs=...)")
+                "max_seqs=..., dtype=q.dtype)")
     cap_t = min(workspace["w"].shape[0], workspace["u"].shape[0], workspace["v_new"].shape[0])
     cap_c = workspace["h"].shape[0]
     if NT > cap_t or NC > cap_c:
@@ -236,10 +252,11 @@ def _chunk_tables(cu: torch.Tensor):
 
 
 def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
-    """fp32 ``x * rsqrt(sum(x**2) + eps)`` over the last dim, and the fp32 rstd per row."""
+    """``x * rsqrt(sum(x**2) + eps)`` over the last dim (computed in fp32, stored in x's
+    dtype, as FLA), and the fp32 rstd per row."""
     K = x.shape[-1]
     rows = x.numel() // K
-    y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if rows:
         gdn_l2norm_fwd_kernel[(_cdiv(rows, plan.l2norm_block_rows),)](
@@ -248,11 +265,11 @@ def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
     return y, rstd
 
 
-def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev):
-    """w, u, v_new ``[NT, HV, *]`` and h ``[NC, HV, K, V]`` (fp32): views of the workspace's
-    leading rows, or fresh tensors."""
+def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: torch.dtype):
+    """w, u, v_new ``[NT, HV, *]`` and h ``[NC, HV, K, V]`` (dtype ``idt``): views of the
+    workspace's leading rows, or fresh tensors."""
     if workspace is None:
-        f32 = torch.float32
+        f32 = idt
         return (torch.empty((NT, HV, K), dtype=f32, device=dev),
                 torch.empty((NT, HV, V), dtype=f32, device=dev),
                 torch.empty((NT, HV, V), dtype=f32, device=dev),
@@ -269,16 +286,17 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
     N = cu_dev.numel() - 1
     w, u, v_new, h = scratch
     BT = CHUNK_SIZE
+    DT = _dot_dtype(plan, k.dtype)
     gdn_fwd_prep_kernel[(NC, HV)](
         k, v, g, beta, starts, ends, g_cumsum, A, w, u,
         H, HV, HV // H, K, V,
-        DOT_PRECISION=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
+        DT=DT, PREC=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
         BVF=max(16, _np2(V)), num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
     gdn_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
-        DOT_PRECISION=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v,
+        DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v,
         HAS_H0=initial_state is not None, STORE_FINAL=ht is not None, num_warps=plan.num_warps_h)
 
 
@@ -358,7 +376,8 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         k, k_rstd = _l2norm(k, plan)
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
-    A = torch.empty((NT, HV, CHUNK_SIZE), dtype=f32, device=dev)
+    idt = _inter_dtype(plan, q.dtype)
+    A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
     ht = torch.empty((N, HV, K, V), dtype=f32, device=dev) if output_final_state else None
     if NC == 0:  # no tokens at all: every final state is its initial state
         if ht is not None:
@@ -369,15 +388,15 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         return o, ht, (q_rstd, k_rstd, g_cumsum, A)
     use_gate, A_log, dt_bias, use_sigmoid = gate
     g, beta = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
-    scratch = _scratch(workspace, NT, NC, HV, K, V, dev)
+    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
     dt = _device_tables(tables, cu, dev)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
     _, _, v_new, h = scratch
     gdn_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
         q, k, v_new, g_cumsum, h, dt[0], dt[1], o,
         scale, H, HV, HV // H, K, V,
-        DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
-        num_warps=plan.num_warps_o)
+        DT=_dot_dtype(plan, q.dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
+        BK=plan.block_k, BV=plan.block_v, num_warps=plan.num_warps_o)
     return o, ht, (q_rstd, k_rstd, g_cumsum, A)
 
 
@@ -421,11 +440,12 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         kn, _ = _l2norm(k, plan)
     else:
         qn, kn = q, k
-    dq_hv = torch.zeros((NT, HV, K), dtype=f32, device=dev)
-    dk_hv = torch.zeros((NT, HV, K), dtype=f32, device=dev)
-    dv = torch.zeros((NT, HV, V), dtype=f32, device=dev)
-    dg = torch.zeros((NT, HV), dtype=f32, device=dev)
-    dbeta = torch.zeros((NT, HV), dtype=f32, device=dev)
+    # every token lies in a chunk, so the local kernel writes every row of these
+    dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
+    dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
+    dv = torch.empty((NT, HV, V), dtype=f32, device=dev)
+    dg = torch.empty((NT, HV), dtype=f32, device=dev)
+    dbeta = torch.empty((NT, HV), dtype=f32, device=dev)
     dh0 = None
     if h0 is not None:
         dh0 = torch.empty((N, HV, K, V), dtype=f32, device=dev)
@@ -436,29 +456,31 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             else:
                 dh0.zero_()
     else:
-        scratch = _scratch(workspace, NT, NC, HV, K, V, dev)
+        idt = _inter_dtype(plan, q.dtype)
+        DT = _dot_dtype(plan, q.dtype)
+        scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
         dt = _device_tables(tables, cu, dev)
         g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
-        A = torch.empty((NT, HV, CHUNK_SIZE), dtype=f32, device=dev)
+        A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
         g_eff, beta_eff = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
         _prep_and_state(kn, v, g_eff, beta_eff, h0, None, plan, dt, g_cumsum, A, scratch)
         w, _, v_new, h = scratch
-        dh = torch.empty((NC, HV, K, V), dtype=f32, device=dev)
-        dv_new = torch.empty((NT, HV, V), dtype=f32, device=dev)
+        dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
+        dv_new = torch.empty((NT, HV, V), dtype=idt, device=dev)
         do_c = do.contiguous()
         dht_c = dht.contiguous() if dht is not None else None
         gdn_bwd_dh_kernel[(N, HV, _cdiv(V, plan.block_v))](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,
-            DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
+            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
             HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=plan.num_warps_h)
         gdn_bwd_local_kernel[(NC, HV)](
             qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
             dq_hv, dk_hv, dv, dg, dbeta,
             saved.scale, H, HV, HV // H, K, V,
-            DOT_PRECISION=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
-            BVF=max(16, _np2(V)), num_warps=plan.num_warps_prep)
+            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
+            BVF=max(16, _np2(V)), num_warps=plan.num_warps_local)
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate, use_sigmoid,
                                  plan)
@@ -526,10 +548,13 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         ``[N, HV, K, V]`` or ``None``; saved a :class:`GDNDetSavedSet` for
         :func:`chunk_gdn_det_bwd`.
 
-    Numerics: every kernel loads its inputs as fp32 and computes in fp32 (state, chunk
-    solve, outputs); o is cast once to q's dtype. Determinism: no atomics; each output
-    element is written by one program, the chunk recurrence runs in a fixed order, so o and
-    final_state are bitwise repeatable for equal inputs, plan and hardware.
+    Numerics: states, cumulative decays, the chunk solve and every accumulation are fp32;
+    with bf16/fp16 inputs and ``plan.store_16bit`` (the default) the chunk intermediates
+    are stored, and the big dots take operands, in the inputs' dtype, as FLA does (fp32
+    inputs: fp32 operands at ``plan.fp32_dots`` precision). o is cast once to q's dtype.
+    Determinism: no atomics; each output element is written by one program, the chunk
+    recurrence runs in a fixed order, so o and final_state are bitwise repeatable for equal
+    inputs, plan and hardware.
 
     Raises:
         ValueError: bad shapes, dtypes, devices, flags, scale, cu_seqlens (with B > 1, not
@@ -548,7 +573,7 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     plan = _resolve_plan(plan, K, V, q.dtype, device)
     cu = _offsets(cu_seqlens, B, T)
     tables = _chunk_tables(cu)
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, tables[3])
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, tables[3], q.dtype)
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
@@ -621,7 +646,8 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
     launch_device_check(device, "do")
     plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
     cu = saved.cu_seqlens.detach().to("cpu", torch.int64)
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, _chunk_tables(cu)[3])
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, _chunk_tables(cu)[3],
+                                   saved.q.dtype)
     with torch.no_grad():
         return _launch_bwd(do, dht, saved, plan, workspace)
 

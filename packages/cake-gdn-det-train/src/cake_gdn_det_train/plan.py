@@ -28,19 +28,29 @@ class GDNDetPlan(Plan):
         block_v: columns of V per program in the state and output kernels (power of two
             >= 16); V is split into ``ceil(V / block_v)`` independent column blocks (the
             recurrence never mixes columns of V). Bits are promised per plan only.
-        num_warps_prep / num_warps_h / num_warps_o: warps of the chunk-prep (cumulative
-            decay, triangular solve, w and u), state-recurrence and output kernels.
+        num_warps_prep / num_warps_h / num_warps_o / num_warps_local: warps of the
+            chunk-prep (cumulative decay, triangular solve, w and u), state-recurrence
+            (forward and backward), output and backward chunk-local kernels.
         l2norm_block_rows / num_warps_l2norm: rows per program of the q/k L2-norm kernel.
         gate_block_t / num_warps_gate: tokens per program of the in-kernel gate / beta
             sigmoid kernels (power of two); also the first stage of the fixed-order sums
             dA_log and ddt_bias (one partial per block of ``gate_block_t`` tokens), so
             their bits depend on it.
-        ieee_dots: 1 = fp32 ``tl.dot`` in full IEEE fp32 ("ieee"), 0 = TF32 on CUDA
-            ("tf32"). Every dot takes fp32 operands; the interpreter always computes fp32.
+        fp32_dots: precision of the dots whose operands are fp32 (the in-chunk triangular
+            solve always; every dot when the inputs are fp32): 0 = "tf32", 1 = "ieee" (full
+            fp32 on CUDA cores: slow, and it spills registers at these tile sizes),
+            2 = "tf32x3" (three TF32 products, close to fp32). The interpreter always
+            computes fp32.
+        store_16bit: 1 = with bf16/fp16 inputs, the chunk intermediates (T, w, u, v_new, the
+            chunk states h, and the backward's dh and dv_new) are stored in the inputs'
+            dtype and the big dots take 16-bit operands with fp32 accumulation (as FLA:
+            half the memory traffic, tensor cores at full rate); 0 = all fp32. States
+            carried across chunks, g's cumulative sum and all gradients accumulate in
+            fp32 either way. fp32 inputs ignore it.
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 2
+    format_version: ClassVar[int] = 3
 
     head_k_dim: int
     head_v_dim: int
@@ -50,9 +60,11 @@ class GDNDetPlan(Plan):
     num_warps_prep: int
     num_warps_h: int
     num_warps_o: int
+    num_warps_local: int
     l2norm_block_rows: int
     num_warps_l2norm: int
-    ieee_dots: int
+    fp32_dots: int
+    store_16bit: int
     gate_block_t: int
     num_warps_gate: int
 
@@ -69,15 +81,17 @@ class GDNDetPlan(Plan):
             self._fail("block_k must be >= head_k_dim")
         if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
-        self.require_flags("ieee_dots")
-        self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_l2norm",
+        self.require_in_range("fp32_dots", 0, 2)
+        self.require_flags("store_16bit")
+        self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_local",
+                           "num_warps_l2norm",
                            "num_warps_gate")
         self.require_mode(Mode.DET)
 
     @property
     def dot_precision(self) -> str:
-        """``input_precision`` of the kernels' ``tl.dot`` calls."""
-        return "ieee" if self.ieee_dots else "tf32"
+        """``input_precision`` of the kernels' fp32 ``tl.dot`` calls."""
+        return ("tf32", "ieee", "tf32x3")[self.fp32_dots]
 
 
 _PLANS: dict[tuple, GDNDetPlan] = {}
@@ -97,11 +111,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     on CUDA ``block_v = min(64, next_power_of_2(max(V, 16)))`` with 4 warps per kernel
     (8 for the state kernel when ``block_k * block_v >= 8192``); under the interpreter the
     whole V in one block (fewer programs, each costing Python time). The gate kernels take
-    128 tokens per program on CUDA, 256 under the interpreter. Every dtype gets IEEE
-    fp32 dots (``ieee_dots=1``): with TF32 dots (``ieee_dots=0``, faster) an H200 run gave a
-    final state off the float64 one by more than 1e-5 for bf16/fp16 inputs, and tolerances
-    for that mode are not settled yet. ``dtype`` is checked and kept in the cache key for
-    rules to come. These rules are first guesses, not yet tuned on a GPU.
+    128 tokens per program on CUDA, 256 under the interpreter. On CUDA fp32 dots are
+    "tf32x3" (``fp32_dots=2``; "ieee" spills registers and compiles for minutes) and 16-bit
+    inputs keep 16-bit intermediates (``store_16bit=1``); under the interpreter
+    ``fp32_dots=1`` (it computes fp32 regardless) and ``store_16bit=1``.
 
     Raises:
         ValueError: if K or V is outside [1, 256], or ``dtype`` is not fp32/bf16/fp16.
@@ -131,9 +144,11 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_prep=4,
         num_warps_h=8 if cuda and block_k * block_v >= 8192 else 4,
         num_warps_o=4,
+        num_warps_local=8 if cuda else 4,
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
-        ieee_dots=1,
+        fp32_dots=2 if cuda else 1,
+        store_16bit=1,
         gate_block_t=128 if cuda else 256,
         num_warps_gate=4,
     )

@@ -20,7 +20,8 @@ class GDNDetSavedSet(SavedSet):
             options; the backward recomputes the gate and sigmoid from them).
         g_cumsum: fp32 ``[NT, HV]``, the within-chunk cumulative sum of the log-decay (g, or
             the gate computed from g with ``use_gate_in_kernel``).
-        A: fp32 ``[NT, HV, 64]``, per chunk ``(I + strictlower(beta_i k_i.k_j
+        A: ``[NT, HV, 64]`` (the intermediates' dtype: q's with ``plan.store_16bit`` and
+            bf16/fp16 inputs, else fp32), per chunk ``(I + strictlower(beta_i k_i.k_j
             exp(G_i - G_j)))^-1`` (row i of a chunk at token i; columns past the chunk's
             length are 0).
         initial_state: fp32 ``[N, HV, K, V]`` or ``None``.
@@ -46,12 +47,14 @@ def _count(v: object, name: str, minimum: int) -> int:
 
 
 class GDNDetWorkspace(Workspace):
-    """fp32 scratch of the forward (and of the backward's recompute) for one plan, sized for
+    """Scratch of the forward (and of the backward's recompute) for one plan, sized for
     a token and sequence capacity.
 
     Buffers (``cap = max_tokens``, ``nc`` = the most chunks ``max_seqs`` sequences of
     ``max_tokens`` tokens in all can form): ``w`` ``[cap, HV, K]``, ``u`` and ``v_new``
-    ``[cap, HV, V]``, ``h`` ``[nc, HV, K, V]`` (the state at each chunk's start). A call
+    ``[cap, HV, V]``, ``h`` ``[nc, HV, K, V]`` (the state at each chunk's start), in the
+    intermediates' dtype (the inputs' dtype for bf16/fp16 inputs with ``plan.store_16bit``,
+    else fp32; a workspace serves calls of that input dtype only). A call
     uses the leading part; contents are overwritten each call (no state carries over), and
     nothing in it is needed after the call returns, so one workspace can serve many calls.
     Build with :meth:`for_plan`.
@@ -59,17 +62,25 @@ class GDNDetWorkspace(Workspace):
 
     @classmethod
     def for_plan(cls, plan: GDNDetPlan, device: torch.device | str, *, num_v_heads: int,
-                 max_tokens: int, max_seqs: int = 1) -> GDNDetWorkspace:
+                 max_tokens: int, max_seqs: int = 1,
+                 dtype: torch.dtype = torch.float32) -> GDNDetWorkspace:
         """Allocate the buffers for calls of ``plan`` with ``num_v_heads`` (HV) value heads,
-        at most ``max_tokens`` tokens (B * T) and at most ``max_seqs`` sequences."""
+        at most ``max_tokens`` tokens (B * T), at most ``max_seqs`` sequences and inputs
+        (q, k, v) of ``dtype``.
+
+        Raises:
+            ValueError: a plan of another type, counts that are not ints (HV, max_seqs >= 1,
+                max_tokens >= 0), ``dtype`` not fp32/bf16/fp16."""
         if not isinstance(plan, GDNDetPlan):
             raise ValueError(f"plan: expected GDNDetPlan, got {type(plan).__name__}")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
         HV = _count(num_v_heads, "num_v_heads", 1)
         cap = _count(max_tokens, "max_tokens", 0)
         seqs = _count(max_seqs, "max_seqs", 1)
         nc = max_chunks(cap, seqs)
         K, V = plan.head_k_dim, plan.head_v_dim
-        f32 = torch.float32
+        f32 = dtype if plan.store_16bit and dtype != torch.float32 else torch.float32
         bufs = {
             "w": torch.empty(cap, HV, K, dtype=f32, device=device),
             "u": torch.empty(cap, HV, V, dtype=f32, device=device),

@@ -8,7 +8,9 @@ last chunk), P the chunk's causal decayed scores ``(q k^T) * exp(G_i - G_j)`` (i
     dv_new = scale P^T do + (k * exp(G_last - G)) @ dS   (stored)
     dS     = exp(G_last) dS + scale (q * exp(G))^T do - w^T dv_new
 
-and dS after the first chunk is the gradient of the initial state.
+and dS after the first chunk is the gradient of the initial state. dS is fp32; dots take
+``DT`` operands (the inputs' dtype on CUDA) with fp32 accumulation; dh and dv_new are
+stored in their buffers' dtypes.
 """
 
 import triton
@@ -20,8 +22,8 @@ def gdn_bwd_dh_kernel(
     Qp, Kp, W, GCUM, DO, CU, CHUNK_OFF, DHT,
     DH, DVNEW, DH0,
     scale, H, HV, GROUP, KD, VD,
-    DOT_PRECISION: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -51,36 +53,38 @@ def gdn_bwd_dh_kernel(
         tok = start + rows
         tmask = tok < eos
         last = tl.minimum(start + BT, eos) - 1
-        tl.store(DH + ((c0 + ic) * HV + hv) * KD * VD + s_off, ds, mask=smask)
+        tl.store(DH + ((c0 + ic) * HV + hv) * KD * VD + s_off, ds.to(DH.dtype.element_ty),
+                 mask=smask)
         kmask = tmask[:, None] & kcol[None, :]
         vmask = tmask[:, None] & vcol[None, :]
         qb = tl.load(Qp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
-                     other=0.0).to(tl.float32)
+                     other=0.0)
         kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
-                     other=0.0).to(tl.float32)
+                     other=0.0)
         wb = tl.load(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], mask=kmask,
                      other=0.0)
         dob = tl.load(DO + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask,
-                      other=0.0).to(tl.float32)
+                      other=0.0).to(DT)
         gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
         g_last = tl.load(GCUM + last * HV + hv)
 
         incl_t = (rows[None, :] >= rows[:, None]) & tmask[None, :]  # [j, i]: i >= j, i valid
         kq = tl.zeros([BT, BT], dtype=tl.float32)
-        kq = tl.dot(kb, tl.trans(qb), kq, input_precision=DOT_PRECISION)
+        kq = tl.dot(kb.to(DT), tl.trans(qb.to(DT)), kq, input_precision=PREC)
         p_t = tl.where(incl_t, kq * tl.exp(tl.where(incl_t, gc[None, :] - gc[:, None], 0.0)),
                        0.0)
         dv = tl.zeros([BT, BV], dtype=tl.float32)
-        dv = tl.dot(p_t, dob, dv, input_precision=DOT_PRECISION)
+        dv = tl.dot(p_t.to(DT), dob, dv, input_precision=PREC)
         dv = dv * scale
-        kdec = kb * tl.exp(tl.where(tmask, g_last - gc, 0.0))[:, None]
-        dv = tl.dot(kdec, ds, dv, input_precision=DOT_PRECISION)
+        kdec = (kb * tl.exp(tl.where(tmask, g_last - gc, 0.0))[:, None]).to(DT)
+        dv = tl.dot(kdec, ds.to(DT), dv, input_precision=PREC)
+        dv = dv.to(DVNEW.dtype.element_ty)
         tl.store(DVNEW + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], dv, mask=vmask)
 
         qo = tl.zeros([BK, BV], dtype=tl.float32)
-        qo = tl.dot(tl.trans(qb * tl.exp(gc)[:, None]), dob, qo, input_precision=DOT_PRECISION)
+        qo = tl.dot(tl.trans((qb * tl.exp(gc)[:, None]).to(DT)), dob, qo, input_precision=PREC)
         wd = tl.zeros([BK, BV], dtype=tl.float32)
-        wd = tl.dot(tl.trans(wb), dv, wd, input_precision=DOT_PRECISION)
+        wd = tl.dot(tl.trans(wb.to(DT)), dv.to(DT), wd, input_precision=PREC)
         ds = ds * tl.exp(g_last) + qo * scale - wd
 
     if STORE_DH0:

@@ -14,6 +14,7 @@ lam = exp(G_last - G), P = (q k^T) * exp(G_i - G_j) for i >= j):
 
 then dg = the reverse cumulative sum of dG inside the chunk. dq and dk are per VALUE head
 (fp32 ``[NT, HV, K]``); the entry sums each q/k head's group in a fixed order. No atomics.
+Dots take ``DT`` operands (the inputs' dtype on CUDA) with fp32 accumulation.
 """
 
 import triton
@@ -25,7 +26,8 @@ def gdn_bwd_local_kernel(
     Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, DVNEW, VNEW, CHUNK_START, CHUNK_END,
     DQ, DK, DV, DG, DBETA,
     scale, H, HV, GROUP, KD, VD,
-    DOT_PRECISION: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BVF: tl.constexpr,
 ):
     c = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -55,12 +57,12 @@ def gdn_bwd_local_kernel(
     gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
     g_last = tl.load(GCUM + (end - 1) * HV + hv)
     tm = tl.load(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                 mask=tmask[:, None], other=0.0)
-    s = tl.load(HBUF + s_off, mask=smask, other=0.0)
-    ds = tl.load(DH + s_off, mask=smask, other=0.0)
+                 mask=tmask[:, None], other=0.0).to(tl.float32)
+    s = tl.load(HBUF + s_off, mask=smask, other=0.0).to(tl.float32)
+    ds = tl.load(DH + s_off, mask=smask, other=0.0).to(tl.float32)
     dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(tl.float32)
-    dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0)
-    vn = tl.load(VNEW + v_off, mask=vmask, other=0.0)
+    dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0).to(tl.float32)
+    vn = tl.load(VNEW + v_off, mask=vmask, other=0.0).to(tl.float32)
 
     gam = tl.exp(gc)
     lam = tl.exp(tl.where(tmask, g_last - gc, 0.0))
@@ -71,25 +73,25 @@ def gdn_bwd_local_kernel(
 
     # o = scale (gam q S + P v_new)
     dq = tl.zeros([BT, BK], dtype=tl.float32)
-    dq = tl.dot(dob, tl.trans(s), dq, input_precision=DOT_PRECISION)
+    dq = tl.dot(dob.to(DT), (tl.trans(s)).to(DT), dq, input_precision=PREC)
     dq = dq * (scale * gam)[:, None]
     dg_acc = tl.sum(qb * dq, axis=1)
     dp = tl.zeros([BT, BT], dtype=tl.float32)
-    dp = tl.dot(dob, tl.trans(vn), dp, input_precision=DOT_PRECISION)
+    dp = tl.dot(dob.to(DT), (tl.trans(vn)).to(DT), dp, input_precision=PREC)
     d_incl = tl.where(incl, tl.exp(tl.where(incl, diff, 0.0)), 0.0)
     dp = tl.where(incl, dp * scale, 0.0)
     qk = tl.zeros([BT, BT], dtype=tl.float32)
-    qk = tl.dot(qb, tl.trans(kb), qk, input_precision=DOT_PRECISION)
+    qk = tl.dot(qb.to(DT), (tl.trans(kb)).to(DT), qk, input_precision=PREC)
     dpp = dp * qk * d_incl
     dg_acc += tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0)
     dpd = dp * d_incl
-    dq = tl.dot(dpd, kb, dq, input_precision=DOT_PRECISION)
+    dq = tl.dot(dpd.to(DT), kb.to(DT), dq, input_precision=PREC)
     dk = tl.zeros([BT, BK], dtype=tl.float32)
-    dk = tl.dot(tl.trans(dpd), qb, dk, input_precision=DOT_PRECISION)
+    dk = tl.dot((tl.trans(dpd)).to(DT), qb.to(DT), dk, input_precision=PREC)
 
     # S_next = exp(G_last) S + (lam k)^T v_new
     vds = tl.zeros([BT, BK], dtype=tl.float32)
-    vds = tl.dot(vn, tl.trans(ds), vds, input_precision=DOT_PRECISION)
+    vds = tl.dot(vn.to(DT), (tl.trans(ds)).to(DT), vds, input_precision=PREC)
     dk += lam[:, None] * vds
     t3 = lam * tl.sum(kb * vds, axis=1)
     dg_acc -= t3
@@ -97,19 +99,19 @@ def gdn_bwd_local_kernel(
 
     # v_new = u - w S ; u = T (beta v) ; w = T (beta gam k)
     dw = tl.zeros([BT, BK], dtype=tl.float32)
-    dw = tl.dot(dvn, tl.trans(s), dw, input_precision=DOT_PRECISION)
+    dw = tl.dot(dvn.to(DT), (tl.trans(s)).to(DT), dw, input_precision=PREC)
     dw = -dw
     bv = vb * beta[:, None]
     bk = kb * (beta * gam)[:, None]
     dt = tl.zeros([BT, BT], dtype=tl.float32)
-    dt = tl.dot(dvn, tl.trans(bv), dt, input_precision=DOT_PRECISION)
-    dt = tl.dot(dw, tl.trans(bk), dt, input_precision=DOT_PRECISION)
+    dt = tl.dot(dvn.to(DT), (tl.trans(bv)).to(DT), dt, input_precision=PREC)
+    dt = tl.dot(dw.to(DT), (tl.trans(bk)).to(DT), dt, input_precision=PREC)
     dbv = tl.zeros([BT, BVF], dtype=tl.float32)
-    dbv = tl.dot(tl.trans(tm), dvn, dbv, input_precision=DOT_PRECISION)
+    dbv = tl.dot((tl.trans(tm)).to(DT), dvn.to(DT), dbv, input_precision=PREC)
     dv = dbv * beta[:, None]
     dbeta = tl.sum(vb * dbv, axis=1)
     dbk = tl.zeros([BT, BK], dtype=tl.float32)
-    dbk = tl.dot(tl.trans(tm), dw, dbk, input_precision=DOT_PRECISION)
+    dbk = tl.dot((tl.trans(tm)).to(DT), dw.to(DT), dbk, input_precision=PREC)
     dk += dbk * (beta * gam)[:, None]
     kdbk = tl.sum(kb * dbk, axis=1)
     dbeta += gam * kdbk
@@ -117,20 +119,20 @@ def gdn_bwd_local_kernel(
 
     # T = (I + A_raw)^-1 -> dA_raw = -T^T dT T^T on the strictly lower triangle
     dtt = tl.zeros([BT, BT], dtype=tl.float32)
-    dtt = tl.dot(dt, tl.trans(tm), dtt, input_precision=DOT_PRECISION)
+    dtt = tl.dot(dt.to(DT), (tl.trans(tm)).to(DT), dtt, input_precision=PREC)
     da = tl.zeros([BT, BT], dtype=tl.float32)
-    da = tl.dot(tl.trans(tm), dtt, da, input_precision=DOT_PRECISION)
+    da = tl.dot((tl.trans(tm)).to(DT), dtt.to(DT), da, input_precision=PREC)
     da = tl.where(strict, -da, 0.0)
     kk = tl.zeros([BT, BT], dtype=tl.float32)
-    kk = tl.dot(kb, tl.trans(kb), kk, input_precision=DOT_PRECISION)
+    kk = tl.dot(kb.to(DT), (tl.trans(kb)).to(DT), kk, input_precision=PREC)
     d_strict = tl.where(strict, tl.exp(tl.where(strict, diff, 0.0)), 0.0)
     e = kk * d_strict
     dbeta += tl.sum(da * e, axis=1)
     daa = da * e * beta[:, None]
     dg_acc += tl.sum(daa, axis=1) - tl.sum(daa, axis=0)
     z = da * d_strict * beta[:, None]
-    dk = tl.dot(z, kb, dk, input_precision=DOT_PRECISION)
-    dk = tl.dot(tl.trans(z), kb, dk, input_precision=DOT_PRECISION)
+    dk = tl.dot(z.to(DT), kb.to(DT), dk, input_precision=PREC)
+    dk = tl.dot((tl.trans(z)).to(DT), kb.to(DT), dk, input_precision=PREC)
 
     # G_last is G at the chunk's last token; g's gradient is the reverse cumsum of dG
     dg_acc += tl.where(rows == last_local, dg_last, 0.0)

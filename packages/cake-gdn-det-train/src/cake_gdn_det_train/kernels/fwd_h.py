@@ -8,7 +8,8 @@ last token):
     v_new = u - w @ S                           (the chunk's delta-rule corrections)
     S     = exp(G_last) S + (k * exp(G_last - G))^T @ v_new
 
-Columns of V never mix, so each V block (``BV``) is independent. S is fp32; it
+Columns of V never mix, so each V block (``BV``) is independent. S is fp32 (rounded to
+``DT`` only as a dot operand, and to h's dtype when stored); it
 starts from the initial state (or 0) and, with ``STORE_FINAL``, is written to the final
 state after the last chunk (an empty sequence gives back its initial state).
 """
@@ -22,8 +23,8 @@ def gdn_fwd_h_kernel(
     Kp, W, U, GCUM, CU, CHUNK_OFF, H0,
     HBUF, VNEW, HT,
     H, HV, GROUP, KD, VD,
-    DOT_PRECISION: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -52,23 +53,24 @@ def gdn_fwd_h_kernel(
         tok = start + rows
         tmask = tok < eos
         last = tl.minimum(start + BT, eos) - 1
-        tl.store(HBUF + ((c0 + ic) * HV + hv) * KD * VD + s_off, s, mask=smask)
+        tl.store(HBUF + ((c0 + ic) * HV + hv) * KD * VD + s_off, s.to(HBUF.dtype.element_ty),
+                 mask=smask)
         wb = tl.load(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :],
                      mask=tmask[:, None] & kcol[None, :], other=0.0)
         ub = tl.load(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :],
                      mask=tmask[:, None] & vcol[None, :], other=0.0)
         ws = tl.zeros([BT, BV], dtype=tl.float32)
-        ws = tl.dot(wb, s, ws, input_precision=DOT_PRECISION)
-        v_new = ub - ws
+        ws = tl.dot(wb.to(DT), s.to(DT), ws, input_precision=PREC)
+        v_new = (ub.to(tl.float32) - ws).to(VNEW.dtype.element_ty)
         tl.store(VNEW + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], v_new,
                  mask=tmask[:, None] & vcol[None, :])
         gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
         g_last = tl.load(GCUM + last * HV + hv)
         kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :],
-                     mask=tmask[:, None] & kcol[None, :], other=0.0).to(tl.float32)
-        kdec = kb * tl.exp(tl.where(tmask, g_last - gc, 0.0))[:, None]
+                     mask=tmask[:, None] & kcol[None, :], other=0.0)
+        kdec = (kb * tl.exp(tl.where(tmask, g_last - gc, 0.0))[:, None]).to(DT)
         s = s * tl.exp(g_last)
-        s = tl.dot(tl.trans(kdec), v_new, s, input_precision=DOT_PRECISION)
+        s = tl.dot(tl.trans(kdec), v_new.to(DT), s, input_precision=PREC)
 
     if STORE_FINAL:
         tl.store(HT + (n * HV + hv) * KD * VD + s_off, s, mask=smask)

@@ -9,10 +9,12 @@ sum of g, ``M`` the strictly lower mask):
     u     = T @ (beta * v)
 
 so the chunk's delta-rule corrections are ``u - w @ S0`` for the state S0 at the chunk's
-start (the WY/UT form). Everything is fp32; the exponent is masked before exp so the upper
-triangle never overflows. Stores G ``[NT, HV]``, T ``[NT, HV, BT]``, w ``[NT, HV, K]`` and
-u ``[NT, HV, V]`` (rows past the chunk's end are not stored). No atomics: each program
-writes only its own chunk's rows.
+start (the WY/UT form). k k^T, w and u are dots of ``DT`` operands (the inputs' dtype on
+CUDA, fp32 under the interpreter) with fp32 accumulation; the solve is fp32 at ``PREC``.
+The exponent is masked before exp so the upper triangle never overflows. Stores G
+``[NT, HV]`` (fp32), and T ``[NT, HV, BT]``, w ``[NT, HV, K]``, u ``[NT, HV, V]`` in their
+buffers' dtypes (rows past the chunk's end are not stored). No atomics: each program writes
+only its own chunk's rows.
 """
 
 import triton
@@ -24,8 +26,8 @@ def gdn_fwd_prep_kernel(
     Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
     GCUM, Ap, W, U,
     H, HV, GROUP, KD, VD,
-    DOT_PRECISION: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr, BK: tl.constexpr,
-    BVF: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -43,13 +45,11 @@ def gdn_fwd_prep_kernel(
     g = tl.load(Gp + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
     beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
     gc = tl.cumsum(g, axis=0)
-    kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
-                 other=0.0).to(tl.float32)
-    vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask,
-                 other=0.0).to(tl.float32)
+    kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask, other=0.0)
+    vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask, other=0.0)
 
-    zero_tt = tl.zeros([BT, BT], dtype=tl.float32)
-    kkt = tl.dot(kb, tl.trans(kb), zero_tt, input_precision=DOT_PRECISION)
+    kkt = tl.zeros([BT, BT], dtype=tl.float32)
+    kkt = tl.dot(kb.to(DT), tl.trans(kb.to(DT)), kkt, input_precision=PREC)
     # rows past the chunk's end are masked too: their G (0) would overflow exp(G_i - G_j)
     lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
     decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0))
@@ -65,19 +65,21 @@ def gdn_fwd_prep_kernel(
             ((rows[:, None] // s) > (rows[None, :] // s))
         e = tl.where(e_mask, a_raw, 0.0)
         et = tl.zeros([BT, BT], dtype=tl.float32)
-        et = tl.dot(e, tm, et, input_precision=DOT_PRECISION)
+        et = tl.dot(e, tm, et, input_precision=PREC)
         tet = tl.zeros([BT, BT], dtype=tl.float32)
-        tet = tl.dot(tm, et, tet, input_precision=DOT_PRECISION)
+        tet = tl.dot(tm, et, tet, input_precision=PREC)
         tm = tm - tet
         s = s * 2
 
-    zero_tk = tl.zeros([BT, BK], dtype=tl.float32)
-    zero_tv = tl.zeros([BT, BVF], dtype=tl.float32)
-    w = tl.dot(tm, kb * (beta * tl.exp(gc))[:, None], zero_tk, input_precision=DOT_PRECISION)
-    u = tl.dot(tm, vb * beta[:, None], zero_tv, input_precision=DOT_PRECISION)
+    w = tl.zeros([BT, BK], dtype=tl.float32)
+    w = tl.dot(tm.to(DT), (kb * (beta * tl.exp(gc))[:, None]).to(DT), w, input_precision=PREC)
+    u = tl.zeros([BT, BVF], dtype=tl.float32)
+    u = tl.dot(tm.to(DT), (vb * beta[:, None]).to(DT), u, input_precision=PREC)
 
     tl.store(GCUM + tok * HV + hv, gc, mask=tmask)
-    tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :], tm,
-             mask=tmask[:, None] & (rows < BT)[None, :])
-    tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], w, mask=kmask)
-    tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], u, mask=vmask)
+    tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+             tm.to(Ap.dtype.element_ty), mask=tmask[:, None] & (rows < BT)[None, :])
+    tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], w.to(W.dtype.element_ty),
+             mask=kmask)
+    tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], u.to(U.dtype.element_ty),
+             mask=vmask)
