@@ -53,9 +53,13 @@ def test_manifest():
 @pytest.mark.parametrize("K,V", [(16, 16), (64, 64), (128, 128), (100, 48), (256, 256)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_plan_rule_and_roundtrip(K, V, dtype):
+    if DEV.type == "cuda" and (max(K, V) > 128 or (dtype == torch.float32 and K > 64)):
+        with pytest.raises(ValueError, match="on CUDA"):
+            make_plan(K, V, dtype, DEV)
+        return
     plan = make_plan(K, V, dtype, DEV)
     assert plan.chunk_size == 64 and plan.block_k >= max(K, 16) and plan.mode == Mode.DET
-    assert plan.store_16bit == 1
+    assert plan.store_16bit == int(plan.block_k >= 32 and V > 16)
     if DEV.type == "cuda":  # ieee spills registers at these tiles; tf32x3 is close to fp32
         assert plan.fp32_dots == 2 and plan.dot_precision == "tf32x3"
     else:                   # the interpreter computes fp32 whatever the field says
@@ -64,6 +68,13 @@ def test_plan_rule_and_roundtrip(K, V, dtype):
     assert make_plan(K, V, dtype, DEV) is plan  # cached: a pure function of its key
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.block_k = 32
+
+
+def test_plan_refuses_16bit_dots_on_16_wide_tiles():
+    d = make_plan(32, 32, torch.bfloat16, DEV).to_dict()
+    GDNDetPlan.from_dict({**d, "store_16bit": 0})
+    with pytest.raises(ValueError, match="store_16bit=1 needs"):
+        GDNDetPlan.from_dict({**d, "head_v_dim": 16, "block_v": 16})
 
 
 def test_saved_set_contents(gdn_inputs):

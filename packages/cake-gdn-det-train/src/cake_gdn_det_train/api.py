@@ -44,7 +44,13 @@ from cake_gdn_det_train.kernels.gate import (
     gdn_gate_fwd_kernel,
 )
 from cake_gdn_det_train.kernels.l2norm import gdn_l2norm_fwd_kernel
-from cake_gdn_det_train.plan import CHUNK_SIZE, MAX_HEAD_DIM, GDNDetPlan, make_plan
+from cake_gdn_det_train.plan import (
+    CHUNK_SIZE,
+    MAX_HEAD_DIM,
+    GDNDetPlan,
+    cuda_plan_problem,
+    make_plan,
+)
 from cake_gdn_det_train.reference import L2NORM_EPS
 from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace
 
@@ -177,6 +183,10 @@ def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device
     if (plan.head_k_dim, plan.head_v_dim) != (K, V):
         raise ValueError(f"plan: made for K={plan.head_k_dim}, V={plan.head_v_dim}; inputs have "
                          f"K={K}, V={V}")
+    if device.type == "cuda":
+        problem = cuda_plan_problem(plan, dtype)
+        if problem is not None:
+            raise ValueError(f"plan: {problem}")
     return plan
 
 
@@ -297,7 +307,8 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v,
-        HAS_H0=initial_state is not None, STORE_FINAL=ht is not None, num_warps=plan.num_warps_h)
+        HAS_H0=initial_state is not None, STORE_FINAL=ht is not None, num_warps=plan.num_warps_h,
+        num_stages=plan.num_stages_h)
 
 
 def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: bool, plan: GDNDetPlan):
@@ -474,7 +485,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
-            HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=plan.num_warps_h)
+            HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=plan.num_warps_h,
+            num_stages=plan.num_stages_h)
         gdn_bwd_local_kernel[(NC, HV)](
             qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
             dq_hv, dk_hv, dv, dg, dbeta,
@@ -518,7 +530,8 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     autograd use :func:`chunk_gated_delta_rule_det`).
 
     Args:
-        q, k: ``[B, T, H, K]``, fp32, bf16 or fp16 (k of q's dtype). 1 <= K <= 256.
+        q, k: ``[B, T, H, K]``, fp32, bf16 or fp16 (k of q's dtype). 1 <= K <= 256 (on
+            CUDA K, V <= 128, and K <= 64 for fp32 inputs: :func:`cuda_plan_problem`).
         v: ``[B, T, HV, V]`` of q's dtype, HV a positive multiple of H (value head ``j``
             reads q/k head ``j // (HV // H)``). 1 <= V <= 256.
         g: ``[B, T, HV]`` log-space decay (state multiplied by ``exp(g_t)``), fp32 or q's

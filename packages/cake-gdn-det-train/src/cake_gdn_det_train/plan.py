@@ -46,7 +46,15 @@ class GDNDetPlan(Plan):
             dtype and the big dots take 16-bit operands with fp32 accumulation (as FLA:
             half the memory traffic, tensor cores at full rate); 0 = all fp32. States
             carried across chunks, g's cumulative sum and all gradients accumulate in
-            fp32 either way. fp32 inputs ignore it.
+            fp32 either way. fp32 inputs ignore it. Needs block_k >= 32 and V > 16: with
+            16-wide 16-bit dots an H200 (Triton 3.6) gave wrong outputs (K=32, V=16).
+        num_stages_h: software-pipelining stages of the two chunk-recurrence kernels
+            (shared memory grows with it).
+
+    Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
+    plan runs on CUDA: K, V <= 128; fp32 inputs K <= 64 (larger fp32 tiles overflow the
+    227 KiB of shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
+    on 16 x 16 tiles made an illegal memory access).
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
@@ -61,6 +69,7 @@ class GDNDetPlan(Plan):
     num_warps_h: int
     num_warps_o: int
     num_warps_local: int
+    num_stages_h: int
     l2norm_block_rows: int
     num_warps_l2norm: int
     fp32_dots: int
@@ -83,6 +92,11 @@ class GDNDetPlan(Plan):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
         self.require_flags("store_16bit")
+        self.require_in_range("num_stages_h", 1, 4)
+        if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
+                                 or self.block_v < 32):
+            self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16 "
+                       "(16-wide 16-bit dots gave wrong results on an H200, Triton 3.6)")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_local",
                            "num_warps_l2norm",
                            "num_warps_gate")
@@ -97,6 +111,24 @@ class GDNDetPlan(Plan):
 _PLANS: dict[tuple, GDNDetPlan] = {}
 
 
+def _bvf(V: int) -> int:
+    """Width of the whole-V tiles (chunk prep, backward local kernel)."""
+    return next_power_of_2(max(V, 16))
+
+
+def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
+    """Why ``plan`` cannot run inputs of ``dtype`` on CUDA (None when it can): the limits
+    an H200 run with Triton 3.6 found (see :class:`GDNDetPlan`)."""
+    if max(plan.head_k_dim, plan.head_v_dim) > 128:
+        return "on CUDA K and V must be <= 128 (larger tiles are not built yet)"
+    if dtype == torch.float32 and plan.block_k > 64:
+        return ("on CUDA fp32 inputs need K <= 64 (fp32 tiles of K = 128 overflow shared "
+                "memory; use bf16/fp16 inputs)")
+    if plan.num_warps_local > 4 and plan.block_k * _bvf(plan.head_v_dim) < 4096:
+        return "on CUDA num_warps_local > 4 needs block_k * V >= 4096"
+    return None
+
+
 def _check_dim(v: object, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= MAX_HEAD_DIM:
         raise ValueError(f"{name}: must be an int in [1, {MAX_HEAD_DIM}], got {v!r}")
@@ -109,15 +141,19 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 
     Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``;
     on CUDA ``block_v = min(64, next_power_of_2(max(V, 16)))`` with 4 warps per kernel
-    (8 for the state kernel when ``block_k * block_v >= 8192``); under the interpreter the
+    (8 for the state kernel when ``block_k * block_v >= 8192``, 8 for the backward local
+    kernel when ``block_k * V >= 4096``), recurrence kernels pipelined on 2 stages with
+    16-bit intermediates, 1 with fp32; under the interpreter the
     whole V in one block (fewer programs, each costing Python time). The gate kernels take
     128 tokens per program on CUDA, 256 under the interpreter. On CUDA fp32 dots are
     "tf32x3" (``fp32_dots=2``; "ieee" spills registers and compiles for minutes) and 16-bit
     inputs keep 16-bit intermediates (``store_16bit=1``); under the interpreter
-    ``fp32_dots=1`` (it computes fp32 regardless) and ``store_16bit=1``.
+    ``fp32_dots=1`` (it computes fp32 regardless). ``store_16bit=1`` when block_k >= 32 and
+    V > 16, else 0.
 
     Raises:
-        ValueError: if K or V is outside [1, 256], or ``dtype`` is not fp32/bf16/fp16.
+        ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
+            CUDA the limits of :func:`cuda_plan_problem` (K, V <= 128; fp32: K <= 64).
     """
     try:
         device = torch.device(device)
@@ -127,7 +163,12 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     V = _check_dim(head_v_dim, "head_v_dim")
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-    return cached_plan(_PLANS, (K, V, dtype, device.type), lambda: _rule(K, V, dtype, device))
+    plan = cached_plan(_PLANS, (K, V, dtype, device.type), lambda: _rule(K, V, dtype, device))
+    if device.type == "cuda":
+        problem = cuda_plan_problem(plan, dtype)
+        if problem is not None:
+            raise ValueError(f"make_plan(K={K}, V={V}, {dtype}): {problem}")
+    return plan
 
 
 def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
@@ -135,6 +176,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     block_k = next_power_of_2(max(K, 16))
     block_v_full = next_power_of_2(max(V, 16))
     block_v = min(64, block_v_full) if cuda else block_v_full
+    store_16bit = int(block_k >= 32 and block_v_full >= 32)
+    wide = dtype != torch.float32 and store_16bit
     return GDNDetPlan(
         head_k_dim=K,
         head_v_dim=V,
@@ -144,11 +187,12 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_prep=4,
         num_warps_h=8 if cuda and block_k * block_v >= 8192 else 4,
         num_warps_o=4,
-        num_warps_local=8 if cuda else 4,
+        num_warps_local=8 if cuda and block_k * block_v_full >= 4096 else 4,
+        num_stages_h=2 if wide else 1,
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
         fp32_dots=2 if cuda else 1,
-        store_16bit=1,
+        store_16bit=store_16bit,
         gate_block_t=128 if cuda else 256,
         num_warps_gate=4,
     )
