@@ -38,7 +38,7 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     return o, [t.grad for t in leaves] + [s.grad if s is not None else None]
 
 
-def _check(inputs, h0, *, dtype, cu=None, l2=False, with_dht=True, seed=0):
+def _check(inputs, h0, *, dtype, cu=None, l2=False, with_dht=True, seed=0, tol=None):
     q, k, v, g, beta = inputs
     N = q.shape[0] if cu is None else cu.numel() - 1
     do = randn(v.shape, dtype, DEV, seed=seed + 100)
@@ -56,7 +56,7 @@ def _check(inputs, h0, *, dtype, cu=None, l2=False, with_dht=True, seed=0):
             continue
         assert a.dtype == t.dtype and a.shape == t.shape, name
         # dg/dbeta/dinitial_state come out in their own (fp32) dtype but from inputs of `dtype`
-        assert_close_to_reference(a, b, dtype, f"d{name}")
+        assert_close_to_reference(a, b, dtype, f"d{name}", tol=tol)
     return got
 
 
@@ -84,7 +84,10 @@ def test_packed_edge_lengths(gdn_inputs):
 @pytest.mark.parametrize("g_mode", ["strong", "near0"])
 def test_decay_regimes(g_mode, gdn_inputs):
     q, k, v, g, beta, h0 = gdn_inputs(1, 100, 1, 1, 16, 16, seed=59, g_mode=g_mode, h0=True)
-    _check((q, k, v, g, beta), h0, dtype=torch.float32, seed=59)
+    # CUDA's fp32 dots are tf32x3 (three TF32 products), not IEEE: an H200 run gave dg off
+    # by 3.6e-5 (relative Frobenius) with decays down to -20 per token
+    tol = 1e-4 if DEV.type == "cuda" and g_mode == "strong" else None
+    _check((q, k, v, g, beta), h0, dtype=torch.float32, seed=59, tol=tol)
 
 
 def test_qk_l2norm(gdn_inputs):
