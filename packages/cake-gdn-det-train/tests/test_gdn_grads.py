@@ -179,3 +179,24 @@ def test_every_cuda_rule_configuration(K, V, dtype, gdn_inputs):
     inputs = gdn_inputs(1, sum(lens), 1, 2, K, V, dtype, seed=K + V, n_states=len(lens),
                         h0=True)
     _check(inputs[:5], inputs[5], dtype=dtype, cu=cu, seed=K * V)
+
+
+def test_local_backward_over_v_blocks(gdn_inputs):
+    # the local kernel's loop over V blocks (CUDA's plan takes 32 columns per step; the
+    # interpreter's takes the whole V): 3 blocks of 16 for V = 40, the last one ragged
+    import dataclasses
+
+    from cake_gdn_det_train import make_plan
+    inputs = gdn_inputs(1, 100, 1, 2, 32, 40, seed=83, h0=True)
+    plan = dataclasses.replace(make_plan(32, 40, torch.float32, DEV), block_v_local=16)
+    q, k, v, g, beta, h0 = inputs
+    do = randn(v.shape, torch.float32, DEV, seed=84)
+    dht = randn(h0.shape, torch.float32, DEV, seed=85)
+    _, got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, plan=plan)
+    _, want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                     [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                     dht.double())
+    for name, a, b in zip(NAMES, got, want, strict=True):
+        assert_close_to_reference(a, b, torch.float32, f"d{name}")
+    with pytest.raises(ValueError, match="block_v_local must be"):
+        dataclasses.replace(plan, block_v_local=128)

@@ -492,7 +492,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             dq_hv, dk_hv, dv, dg, dbeta,
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
-            BVF=max(16, _np2(V)), num_warps=plan.num_warps_local)
+            BV=plan.block_v_local, NV=_cdiv(V, plan.block_v_local),
+            num_warps=plan.num_warps_local)
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate, use_sigmoid,
                                  plan)

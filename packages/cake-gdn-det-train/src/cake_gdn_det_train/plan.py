@@ -48,6 +48,9 @@ class GDNDetPlan(Plan):
             carried across chunks, g's cumulative sum and all gradients accumulate in
             fp32 either way. fp32 inputs ignore it. Needs block_k >= 32 and V > 16: with
             16-wide 16-bit dots an H200 (Triton 3.6) gave wrong outputs (K=32, V=16).
+        block_v_local: columns of V per step of the backward local kernel's loop over V
+            (power of two >= 16, <= V rounded up); its sums over V blocks run in index
+            order, so bits depend on it.
         num_stages_h: software-pipelining stages of the two chunk-recurrence kernels
             (shared memory grows with it).
 
@@ -58,7 +61,7 @@ class GDNDetPlan(Plan):
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 3
+    format_version: ClassVar[int] = 4
 
     head_k_dim: int
     head_v_dim: int
@@ -70,6 +73,7 @@ class GDNDetPlan(Plan):
     num_warps_o: int
     num_warps_local: int
     num_stages_h: int
+    block_v_local: int
     l2norm_block_rows: int
     num_warps_l2norm: int
     fp32_dots: int
@@ -84,7 +88,9 @@ class GDNDetPlan(Plan):
         self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
         if self.chunk_size != CHUNK_SIZE:
             self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
-        self.require_power_of_two("block_k", "block_v", minimum=16)
+        self.require_power_of_two("block_k", "block_v", "block_v_local", minimum=16)
+        if self.block_v_local > _bvf(self.head_v_dim):
+            self._fail("block_v_local must be <= head_v_dim rounded up to a power of two")
         self.require_power_of_two("l2norm_block_rows", "gate_block_t")
         if self.block_k < self.head_k_dim:
             self._fail("block_k must be >= head_k_dim")
@@ -192,6 +198,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_o=4,
         num_warps_local=8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=2 if wide else 1,
+        block_v_local=min(32, block_v_full) if cuda else block_v_full,
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,

@@ -1,0 +1,130 @@
+"""CausalConv1dDetPlan and the rule that picks it (shapes, dtypes, device; never timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan
+from cake_core.plan import cached_plan
+from cake_core.triton_utils import next_power_of_2
+
+#: Kernel widths W the kernels take (the tests cover 2, 3, 4 and 5).
+MIN_KERNEL_SIZE = 2
+MAX_KERNEL_SIZE = 8
+#: Largest channel count D (any D in between, not only powers of two).
+MAX_HIDDEN = 1 << 20
+#: CUDA's limit on grid axis 1, which walks the channel blocks.
+_MAX_GRID_Y = 65535
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalConv1dDetPlan(Plan):
+    """Execution plan of the det causal conv1d kernels.
+
+    Fields:
+        hidden_size: D, the channels. kernel_size: W, the taps (2 <= W <= 8).
+        block_t_fwd / block_d_fwd / num_warps_fwd: tokens and channels per forward program
+            (one program per block of tokens of one sequence and block of channels) and
+            its warps.
+        block_t_bwd / block_d_bwd / num_warps_bwd: the same for the backward. block_t_bwd
+            also fixes the first stage of the dweight / dbias sums: one fp32 partial per
+            block of ``block_t_bwd`` tokens of a sequence, summed over the blocks in index
+            order. Another block_t_bwd regroups the sum: dweight / dbias bits are promised
+            per plan only (y, final_state, dx and dinitial_state do not depend on the plan).
+        block_d_state / num_warps_state: channels per program of the two per-sequence
+            kernels (final state, d(initial_state)).
+        reduce_block / num_warps_reduce: elements per program of the ordered sum
+            (:func:`cake_core.gemm.ordered_sum`); elementwise, no effect on bits.
+    """
+
+    family: ClassVar[str] = "cake-causal-conv1d-det-train"
+    format_version: ClassVar[int] = 1
+
+    hidden_size: int
+    kernel_size: int
+    block_t_fwd: int
+    block_d_fwd: int
+    num_warps_fwd: int
+    block_t_bwd: int
+    block_d_bwd: int
+    num_warps_bwd: int
+    block_d_state: int
+    num_warps_state: int
+    reduce_block: int
+    num_warps_reduce: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_int_fields()
+        self.require_in_range("hidden_size", 1, MAX_HIDDEN)
+        self.require_in_range("kernel_size", MIN_KERNEL_SIZE, MAX_KERNEL_SIZE)
+        self.require_power_of_two("block_t_fwd", "block_d_fwd", "block_t_bwd", "block_d_bwd",
+                                  "block_d_state", "reduce_block")
+        self.require_warps("num_warps_fwd", "num_warps_bwd", "num_warps_state",
+                           "num_warps_reduce")
+        for name in ("block_d_fwd", "block_d_bwd", "block_d_state"):
+            if -(-self.hidden_size // getattr(self, name)) > _MAX_GRID_Y:
+                self._fail(f"{name}: {self.hidden_size} channels need more than "
+                           f"{_MAX_GRID_Y} channel blocks")
+        self.require_mode(Mode.DET)
+
+
+def _int(v: object, name: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+        raise ValueError(f"{name}: must be an int in [{lo}, {hi}], got {v!r}")
+    return int(v)
+
+
+_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
+
+
+def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
+              device: torch.device | str) -> CausalConv1dDetPlan:
+    """Pick the plan for ``hidden_size`` (D) channels, ``kernel_size`` (W) taps, inputs of
+    ``dtype`` on ``device``.
+
+    Rules (no timing; not tuned on hardware yet): on CUDA, 64-token blocks; forward tiles of
+    64 x min(64, D') channels, backward 64 x min(32, D') (D' = D rounded up to a power of
+    two, halved again for W > 4: the kernels hold [tokens, next_pow2(W), channels] windows),
+    8 warps for forward tiles of 16384 window elements, else 4; per-sequence kernels 128
+    channels, 4 warps. Under the interpreter (CPU) every program costs Python time: 16-token
+    blocks (so short test documents still span several blocks) and up to 64 channels.
+    ``dtype`` is part of the signature for rules to come.
+
+    Raises:
+        ValueError: ``hidden_size`` not an int in [1, 2**20], ``kernel_size`` not an int in
+            [2, 8], or a bad ``device``.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {e}") from None
+    D = _int(hidden_size, "hidden_size", 1, MAX_HIDDEN)
+    W = _int(kernel_size, "kernel_size", MIN_KERNEL_SIZE, MAX_KERNEL_SIZE)
+    return cached_plan(_PLANS, (D, W, device.type), lambda: _rule(D, W, device))
+
+
+def _rule(D: int, W: int, device: torch.device) -> CausalConv1dDetPlan:
+    d2 = next_power_of_2(D)
+    bw = next_power_of_2(W)
+    if device.type == "cuda":
+        bt = 64
+        bd_fwd = min(d2, 64 if bw <= 4 else 32)
+        bd_bwd = min(d2, 32 if bw <= 4 else 16)
+        warps_fwd = 8 if bt * bw * bd_fwd >= 16384 else 4
+        return CausalConv1dDetPlan(
+            hidden_size=D, kernel_size=W,
+            block_t_fwd=bt, block_d_fwd=max(bd_fwd, min(d2, 16)), num_warps_fwd=warps_fwd,
+            block_t_bwd=bt, block_d_bwd=max(bd_bwd, min(d2, 16)), num_warps_bwd=4,
+            block_d_state=min(d2, 128), num_warps_state=4,
+            reduce_block=1024, num_warps_reduce=4)
+    bd = min(d2, 64)
+    return CausalConv1dDetPlan(
+        hidden_size=D, kernel_size=W,
+        block_t_fwd=16, block_d_fwd=bd, num_warps_fwd=1,
+        block_t_bwd=16, block_d_bwd=bd, num_warps_bwd=1,
+        block_d_state=bd, num_warps_state=1,
+        reduce_block=1024, num_warps_reduce=1)

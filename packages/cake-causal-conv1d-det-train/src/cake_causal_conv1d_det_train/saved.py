@@ -1,0 +1,79 @@
+"""CausalConv1dDetSavedSet and CausalConv1dDetWorkspace (modes checked through cake_core)."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from cake_core import Mode, SavedSet, Workspace
+
+from cake_causal_conv1d_det_train.plan import CausalConv1dDetPlan
+
+
+class CausalConv1dDetSavedSet(SavedSet):
+    """What the det forward keeps for the backward. The pre-activation is not kept: the
+    backward recomputes it from x (a [tokens, W, channels] window per program, the same
+    loads the gradient needs anyway), so no [B, T, D] tensor lives from forward to backward.
+
+    Tensors:
+        x: ``[B, T, D]`` as given (any batch/time strides, channels contiguous).
+        weight: ``[D, W]``. bias: ``[D]`` or ``None``.
+        initial_state: ``[N, D, W - 1]`` or ``None``.
+        cu_seqlens: ``[N + 1]`` int32/int64 as given, or ``None`` (fixed length).
+    Meta: ``activation`` (``None`` or ``"silu"``), ``plan`` (the forward's
+    CausalConv1dDetPlan), ``offsets`` (CPU int64 ``[N + 1]`` sequence offsets, so the
+    backward reads no device values), ``n_seqs`` (N).
+    """
+
+    tensor_names = ("x", "weight", "bias", "initial_state", "cu_seqlens")
+    format_version = 1
+
+
+def max_blocks(num_tokens: int, num_seqs: int, block_t: int) -> int:
+    """The most ``block_t``-token blocks ``num_seqs`` sequences of ``num_tokens`` tokens in
+    all can form (each sequence is cut into its own blocks; empty sequences form none)."""
+    return min(num_tokens, (num_tokens + (block_t - 1) * num_seqs) // block_t)
+
+
+def _count(v: object, name: str, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
+    return int(v)
+
+
+class CausalConv1dDetWorkspace(Workspace):
+    """fp32 partial sums of the backward for one plan, sized for a token and sequence
+    capacity.
+
+    Buffers (``P = max_blocks(max_tokens, max_seqs, plan.block_t_bwd)``):
+    ``dweight_partials`` ``[P, D, W]`` and ``dbias_partials`` ``[P, D]``, one row per block
+    of ``plan.block_t_bwd`` tokens of a sequence. A call uses the leading rows; contents
+    are overwritten each backward (no state carries over). Build with :meth:`for_plan`.
+    """
+
+    @classmethod
+    def for_plan(cls, plan: CausalConv1dDetPlan, device: torch.device | str, *,
+                 max_tokens: int, max_seqs: int = 1) -> CausalConv1dDetWorkspace:
+        """Allocate the buffers for backwards of ``plan`` over at most ``max_tokens`` tokens
+        (B * T) in at most ``max_seqs`` sequences (B, or the documents of ``cu_seqlens``).
+
+        Raises:
+            ValueError: a plan of another type, ``max_tokens`` not an int >= 0,
+                ``max_seqs`` not an int >= 1.
+        """
+        if not isinstance(plan, CausalConv1dDetPlan):
+            raise ValueError(f"plan: expected CausalConv1dDetPlan, got {type(plan).__name__}")
+        cap = _count(max_tokens, "max_tokens", 0)
+        seqs = _count(max_seqs, "max_seqs", 1)
+        P = max_blocks(cap, seqs, plan.block_t_bwd)
+        D, W = plan.hidden_size, plan.kernel_size
+        bufs = {
+            "dweight_partials": torch.empty(P, D, W, dtype=torch.float32, device=device),
+            "dbias_partials": torch.empty(P, D, dtype=torch.float32, device=device),
+        }
+        ws = cls(plan, device, bufs)
+        ws.max_blocks = P
+        return ws
+
+
+__all__ = ["CausalConv1dDetSavedSet", "CausalConv1dDetWorkspace", "Mode", "max_blocks"]

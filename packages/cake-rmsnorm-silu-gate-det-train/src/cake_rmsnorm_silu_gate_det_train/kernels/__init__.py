@@ -1,0 +1,6 @@
+"""Triton kernels of cake-rmsnorm-silu-gate-det-train, one file per stage. Kernels never
+allocate."""
+
+from cake_core.triton_utils import select_backend
+
+select_backend()  # decide CUDA or the interpreter before any @triton.jit below runs

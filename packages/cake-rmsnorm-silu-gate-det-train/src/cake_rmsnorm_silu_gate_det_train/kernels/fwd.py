@@ -1,0 +1,56 @@
+"""Forward: one program per tile of BLOCK_M whole rows; rstd saved per row and group.
+
+A row of D elements is read as a ``[BLOCK_NG, BLOCK_G]`` tile: group ``g`` holds columns
+``g * G ... g * G + G - 1`` (padding masked). With ``s = sigmoid(z)`` and
+``gate = silu(z) = z * s`` (fp32):
+
+    NORM_BEFORE_GATE:      u = x,        y = u * rstd * w * gate
+    not NORM_BEFORE_GATE:  u = x * gate, y = u * rstd * w
+    rstd = 1 / sqrt(sum_group(u * u) / G + eps)
+
+``n_rows`` is not specialized on: a new token count does not compile a new kernel.
+"""
+
+import triton
+import triton.language as tl
+
+from cake_rmsnorm_silu_gate_det_train.kernels.silu import sigmoid_and_complement
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def rmsnorm_silu_gate_fwd_kernel(
+    X, Z, W, Y, RSTD,
+    n_rows, group_size, n_groups, stride_x, stride_z, stride_y, eps,
+    NORM_BEFORE_GATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    grp = tl.arange(0, BLOCK_NG)
+    cin = tl.arange(0, BLOCK_G)
+    rmask = rows < n_rows
+    gmask = grp < n_groups
+    cmask = cin < group_size
+    wcols = grp[:, None] * group_size + cin[None, :]  # [BLOCK_NG, BLOCK_G] column index
+    wmask = gmask[:, None] & cmask[None, :]
+    mask = rmask[:, None, None] & wmask[None, :, :]
+    x = tl.load(X + rows[:, None, None] * stride_x + wcols[None, :, :], mask=mask, other=0.0)
+    z = tl.load(Z + rows[:, None, None] * stride_z + wcols[None, :, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    z = z.to(tl.float32)
+    s, _ = sigmoid_and_complement(z)
+    gate = z * s
+    if NORM_BEFORE_GATE:
+        u = x
+    else:
+        u = x * gate
+    ms = tl.sum(u * u, axis=2) / group_size  # [BLOCK_M, BLOCK_NG]
+    rstd = 1.0 / tl.sqrt(ms + eps)
+    w = tl.load(W + wcols, mask=wmask, other=0.0).to(tl.float32)
+    y = u * rstd[:, :, None] * w[None, :, :]
+    if NORM_BEFORE_GATE:
+        y = y * gate
+    tl.store(Y + rows[:, None, None] * stride_y + wcols[None, :, :], y.to(Y.dtype.element_ty),
+             mask=mask)
+    tl.store(RSTD + rows[:, None] * n_groups + grp[None, :], rstd,
+             mask=rmask[:, None] & gmask[None, :])

@@ -1,0 +1,49 @@
+"""RMSNormSiluGateDetSavedSet and RMSNormSiluGateDetWorkspace (modes checked via cake_core)."""
+
+from __future__ import annotations
+
+import torch
+from cake_core import Mode, SavedSet, Workspace
+
+from cake_rmsnorm_silu_gate_det_train.plan import RMSNormSiluGateDetPlan
+
+
+class RMSNormSiluGateDetSavedSet(SavedSet):
+    """What the det forward keeps for the backward.
+
+    Tensors:
+        x, z: ``[..., D]`` the inputs as given (x's dtype; the backward recomputes
+            ``silu(z)`` and, without ``norm_before_gate``, ``x * silu(z)`` in fp32).
+        weight: ``[D]``.
+        rstd: ``[rows, D // G]`` fp32, ``1 / sqrt(mean(u**2) + eps)`` per row and group.
+    Meta: ``norm_before_gate`` (bool), ``group_size`` (int G), ``eps`` (float), ``plan``
+    (the forward's RMSNormSiluGateDetPlan).
+    """
+
+    tensor_names = ("x", "z", "weight", "rstd")
+    format_version = 1
+
+
+class RMSNormSiluGateDetWorkspace(Workspace):
+    """fp32 partial-dweight rows ``[plan.bwd_programs, plan.hidden_size]`` for one plan.
+
+    Build with :meth:`for_plan`. Reusing one workspace across steps avoids an allocation
+    per backward; its contents are overwritten each call (no state carries over).
+    """
+
+    @classmethod
+    def for_plan(cls, plan: RMSNormSiluGateDetPlan,
+                 device: torch.device | str) -> RMSNormSiluGateDetWorkspace:
+        """Allocate the buffers ``plan`` needs on ``device``.
+
+        Raises:
+            ValueError: ``plan`` is not an RMSNormSiluGateDetPlan.
+        """
+        if not isinstance(plan, RMSNormSiluGateDetPlan):
+            raise ValueError(f"plan: expected RMSNormSiluGateDetPlan, got {type(plan).__name__}")
+        partials = torch.empty(plan.bwd_programs, plan.hidden_size, dtype=torch.float32,
+                               device=device)
+        return cls(plan, device, {"partials": partials})
+
+
+__all__ = ["Mode", "RMSNormSiluGateDetSavedSet", "RMSNormSiluGateDetWorkspace"]
