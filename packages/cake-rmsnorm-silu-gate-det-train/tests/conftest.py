@@ -1,5 +1,7 @@
-"""Shared input factory and float64 reference gradients of the cake-rmsnorm-silu-gate tests."""
+"""Shared fixtures of the cake-rmsnorm-silu-gate-det-train tests: an input factory (fresh
+random values, never zeros) and float64 reference gradients."""
 
+import pytest
 import torch
 from cake_core.testing import randn
 from cake_core.triton_utils import default_device
@@ -8,8 +10,8 @@ from cake_rmsnorm_silu_gate_det_train import rmsnorm_silu_gate_reference
 DEV = default_device()
 
 
-def make_inputs(shape, dtype=torch.float32, *, seed=0, z_scale=2.0, w_dtype=None):
-    """x, z, weight (around 1), dy: fresh random values, never zeros."""
+def _make_inputs(shape, dtype=torch.float32, *, seed=0, z_scale=2.0, w_dtype=None):
+    """x, z, weight (around 1), dy."""
     D = shape[-1]
     x = randn(shape, dtype, DEV, seed=seed)
     z = randn(shape, dtype, DEV, seed=seed + 1, scale=z_scale)
@@ -18,9 +20,19 @@ def make_inputs(shape, dtype=torch.float32, *, seed=0, z_scale=2.0, w_dtype=None
     return x, z, w, dy
 
 
-def reference_grads(x, z, w, dy, eps=1e-6, **kw):
+def _reference_grads(x, z, w, dy, eps=1e-6, **kw):
     """float64 y, dx, dz, dweight by autograd through the reference."""
     x64, z64, w64 = (t.detach().double().requires_grad_() for t in (x, z, w))
     y = rmsnorm_silu_gate_reference(x64, z64, w64, eps, dtype=torch.float64, **kw)
     y.backward(dy.double())
     return y.detach(), x64.grad, z64.grad, w64.grad
+
+
+@pytest.fixture
+def make_inputs():
+    return _make_inputs
+
+
+@pytest.fixture
+def reference_grads():
+    return _reference_grads

@@ -33,7 +33,7 @@ from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.triton_utils import is_interpreting, launch_device_check
 
-from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel
+from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
 from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
 from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
@@ -480,6 +480,11 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         dv_new = torch.empty((NT, HV, V), dtype=idt, device=dev)
         do_c = do.contiguous()
         dht_c = dht.contiguous() if dht is not None else None
+        gdn_bwd_dv_local_kernel[(NC, HV, _cdiv(V, plan.block_v))](
+            qn, kn, g_cumsum, do_c, dt[0], dt[1], dv_new,
+            saved.scale, H, HV, HV // H, K, V,
+            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
+            num_warps=plan.num_warps_o)
         gdn_bwd_dh_kernel[(N, HV, _cdiv(V, plan.block_v))](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,

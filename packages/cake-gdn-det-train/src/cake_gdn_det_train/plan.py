@@ -30,7 +30,8 @@ class GDNDetPlan(Plan):
             recurrence never mixes columns of V). Bits are promised per plan only.
         num_warps_prep / num_warps_h / num_warps_o / num_warps_local: warps of the
             chunk-prep (cumulative decay, triangular solve, w and u), state-recurrence
-            (forward and backward), output and backward chunk-local kernels.
+            (forward and backward), output (and the backward's dv_local) and backward
+            chunk-local kernels.
         l2norm_block_rows / num_warps_l2norm: rows per program of the q/k L2-norm kernel.
         gate_block_t / num_warps_gate: tokens per program of the in-kernel gate / beta
             sigmoid kernels (power of two); also the first stage of the fixed-order sums

@@ -1,11 +1,13 @@
 """Backward state recurrence, one program per (sequence, value head, V block), chunks in
-reverse order (fixed order, no atomics).
+reverse order (fixed order, no atomics), after a parallel kernel for its chunk-local part.
 
 With dS the gradient of the state at the END of chunk c (dS = d final_state, or 0, for the
 last chunk), P the chunk's causal decayed scores ``(q k^T) * exp(G_i - G_j)`` (i >= j):
 
+    dv_loc = scale P^T do                   (gdn_bwd_dv_local_kernel, every chunk at once,
+                                             written into the dv_new buffer)
     dh[c]  = dS                                          (stored for the local kernel)
-    dv_new = scale P^T do + (k * exp(G_last - G)) @ dS   (stored)
+    dv_new = dv_loc + (k * exp(G_last - G)) @ dS         (overwrites dv_loc)
     dS     = exp(G_last) dS + scale (q * exp(G))^T do - w^T dv_new
 
 and dS after the first chunk is the gradient of the initial state. dS is fp32; dots take
@@ -15,6 +17,44 @@ stored in their buffers' dtypes.
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def gdn_bwd_dv_local_kernel(
+    Qp, Kp, GCUM, DO, CHUNK_START, CHUNK_END,
+    DVL,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """dv_loc = scale P^T do for one (chunk, value head, V block), stored in DVL's dtype."""
+    c = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    iv = tl.program_id(2)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    ck = tl.arange(0, BK)
+    cv = iv * BV + tl.arange(0, BV)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+    vmask = tmask[:, None] & (cv < VD)[None, :]
+    qb = tl.load(Qp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask, other=0.0)
+    kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask, other=0.0)
+    dob = tl.load(DO + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask,
+                  other=0.0)
+    gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
+    incl_t = (rows[None, :] >= rows[:, None]) & tmask[None, :]  # [j, i]: i >= j, i valid
+    kq = tl.zeros([BT, BT], dtype=tl.float32)
+    kq = tl.dot(kb.to(DT), tl.trans(qb.to(DT)), kq, input_precision=PREC)
+    p_t = tl.where(incl_t, kq * tl.exp(tl.where(incl_t, gc[None, :] - gc[:, None], 0.0)), 0.0)
+    dv = tl.zeros([BT, BV], dtype=tl.float32)
+    dv = tl.dot(p_t.to(DT), dob.to(DT), dv, input_precision=PREC)
+    dv = dv * scale
+    tl.store(DVL + tok[:, None] * (HV * VD) + hv * VD + cv[None, :],
+             dv.to(DVL.dtype.element_ty), mask=vmask)
 
 
 @triton.jit
@@ -68,14 +108,9 @@ def gdn_bwd_dh_kernel(
         gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
         g_last = tl.load(GCUM + last * HV + hv)
 
-        incl_t = (rows[None, :] >= rows[:, None]) & tmask[None, :]  # [j, i]: i >= j, i valid
-        kq = tl.zeros([BT, BT], dtype=tl.float32)
-        kq = tl.dot(kb.to(DT), tl.trans(qb.to(DT)), kq, input_precision=PREC)
-        p_t = tl.where(incl_t, kq * tl.exp(tl.where(incl_t, gc[None, :] - gc[:, None], 0.0)),
-                       0.0)
-        dv = tl.zeros([BT, BV], dtype=tl.float32)
-        dv = tl.dot(p_t.to(DT), dob, dv, input_precision=PREC)
-        dv = dv * scale
+        # the local part, from gdn_bwd_dv_local_kernel; this program overwrites it below
+        dv = tl.load(DVNEW + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask,
+                     other=0.0).to(tl.float32)
         kdec = (kb * tl.exp(tl.where(tmask, g_last - gc, 0.0))[:, None]).to(DT)
         dv = tl.dot(kdec, ds.to(DT), dv, input_precision=PREC)
         dv = dv.to(DVNEW.dtype.element_ty)

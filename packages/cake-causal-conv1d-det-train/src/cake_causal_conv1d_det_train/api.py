@@ -1,0 +1,610 @@
+"""Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of the det
+causal depthwise conv1d.
+
+Math (Dao-AILab causal-conv1d ``causal_conv1d_fn``; FLA ``ShortConvolution`` /
+``causal_conv1d``), per sequence, channel c, position t, with inputs before the sequence
+start read from the initial state (or 0)::
+
+    pre[t, c] = bias[c] + sum_{j<W} weight[c, j] * x[t - W + 1 + j, c]
+    y[t, c]   = act(pre[t, c])                    act: identity or SiLU
+    final[c, j] = x[L - W + 1 + j, c]            (j < W - 1; the state's tail if L < W - 1)
+
+Backward, with dpre = dy * act'(pre) (pre recomputed from x, not saved)::
+
+    dx[t, c]      = sum_j weight[c, j] * dpre[t + W - 1 - j, c]   (+ dfinal where t is in it)
+    dweight[c, j] = sum_t dpre[t, c] * x[t - W + 1 + j, c]
+    dbias[c]      = sum_t dpre[t, c]
+    dinitial_state: like dx, for the W - 1 positions before each sequence.
+
+dweight / dbias: one fp32 partial per block of ``plan.block_t_bwd`` tokens, then
+:func:`cake_core.gemm.ordered_sum` over the blocks in index order; no atomics anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_cu_seqlens,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_ndim,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    require_mode,
+)
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.gemm import ordered_sum
+from cake_core.triton_utils import is_interpreting, launch_device_check, next_power_of_2
+
+from cake_causal_conv1d_det_train.kernels.bwd import causal_conv1d_bwd_kernel
+from cake_causal_conv1d_det_train.kernels.fwd import causal_conv1d_fwd_kernel
+from cake_causal_conv1d_det_train.kernels.state import (
+    causal_conv1d_dh0_kernel,
+    causal_conv1d_final_state_kernel,
+)
+from cake_causal_conv1d_det_train.plan import (
+    MAX_HIDDEN,
+    MAX_KERNEL_SIZE,
+    MIN_KERNEL_SIZE,
+    CausalConv1dDetPlan,
+    make_plan,
+)
+from cake_causal_conv1d_det_train.saved import (
+    CausalConv1dDetSavedSet,
+    CausalConv1dDetWorkspace,
+    max_blocks,
+)
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+#: activation name -> the kernels' flag (FLA accepts "swish" as an alias of "silu")
+_ACTIVATIONS = {None: 0, "silu": 1, "swish": 1}
+
+
+class CausalConv1dDetGrads(NamedTuple):
+    """Gradients of :func:`causal_conv1d_det_bwd`; ``None`` where there is none.
+
+    dx: ``[B, T, D]`` in x's dtype (contiguous). dweight: ``[D, W]`` in weight's dtype.
+    dbias: ``[D]`` in bias's dtype, only with a bias. dinitial_state: ``[N, D, W - 1]`` in
+    the initial state's dtype, only with an initial state.
+    """
+
+    dx: torch.Tensor
+    dweight: torch.Tensor
+    dbias: torch.Tensor | None
+    dinitial_state: torch.Tensor | None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _activation(activation) -> int:
+    if not (activation is None or isinstance(activation, str)) or \
+            activation not in _ACTIVATIONS:
+        raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")
+    return _ACTIVATIONS[activation]
+
+
+def _dtypes(*ds: torch.dtype) -> tuple[torch.dtype, ...]:
+    return tuple(dict.fromkeys(ds))
+
+
+def _check_cu_seqlens_meta(cu_seqlens, device: torch.device) -> None:
+    """The checks of ``check_cu_seqlens`` that read no values (what the entry checks while
+    ``torch.compile`` traces; the fwd op checks the values before any launch)."""
+    name = "cu_seqlens"
+    t = check_tensor(cu_seqlens, name)
+    check_dtype(t, name, (torch.int32, torch.int64))
+    check_ndim(t, name, ndim=1)
+    if t.numel() < 2:
+        raise ValueError(f"{name}: expected at least 2 entries (one document), got {t.numel()}")
+    if t.device.type != device.type:
+        raise ValueError(f"{name}: on {t.device}, inputs on {device}")
+
+
+def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output_final_state):
+    """All checks of the forward entries; returns ``(device, N, act)``. Reads cu_seqlens'
+    values (one host sync) unless torch.compile is tracing."""
+    check_tensor(x, "x")
+    check_ndim(x, "x", ndim=3)
+    check_dtype(x, "x", _FLOATS)
+    B, T, D = x.shape
+    if not 1 <= D <= MAX_HIDDEN:
+        raise ValueError(f"x: channels D (last dim) must be in [1, {MAX_HIDDEN}], got {D}")
+    check_last_dim_contiguous(x, "x")
+    check_tensor(weight, "weight")
+    if weight.dim() != 2 or weight.shape[0] != D:
+        raise ValueError(f"weight: expected shape [{D}, W], got {list(weight.shape)}")
+    W = weight.shape[1]
+    if not MIN_KERNEL_SIZE <= W <= MAX_KERNEL_SIZE:
+        raise ValueError(f"weight: kernel size W must be in [{MIN_KERNEL_SIZE}, "
+                         f"{MAX_KERNEL_SIZE}], got {W}")
+    check_dtype(weight, "weight", _dtypes(torch.float32, x.dtype))
+    check_last_dim_contiguous(weight, "weight")
+    if bias is not None:
+        check_tensor(bias, "bias")
+        check_shape(bias, "bias", [D])
+        check_dtype(bias, "bias", _dtypes(torch.float32, x.dtype))
+        check_last_dim_contiguous(bias, "bias")
+    act = _activation(activation)
+    if not isinstance(output_final_state, bool):
+        raise ValueError(f"output_final_state: expected a bool, got {output_final_state!r}")
+    if initial_state is not None:
+        check_tensor(initial_state, "initial_state")
+    device = check_same_device(("x", x), ("weight", weight), ("bias", bias),
+                               ("initial_state", initial_state))
+    launch_device_check(device, "x")
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
+        if torch.compiler.is_compiling():
+            _check_cu_seqlens_meta(cu_seqlens, device)
+        else:
+            check_cu_seqlens(cu_seqlens, T, device)
+        N = cu_seqlens.numel() - 1
+    else:
+        N = B
+    if initial_state is not None:
+        check_shape(initial_state, "initial_state", [N, D, W - 1])
+        check_dtype(initial_state, "initial_state", (x.dtype,))
+    return device, N, act
+
+
+_DEFAULT_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
+
+
+def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype,
+                  device: torch.device) -> CausalConv1dDetPlan:
+    if plan is None:
+        key = (D, W, dtype, device)
+        plan = _DEFAULT_PLANS.get(key)
+        if plan is None:
+            plan = make_plan(D, W, dtype, device)
+            if not torch.compiler.is_compiling():
+                _DEFAULT_PLANS[key] = plan
+        return plan
+    require_mode(plan, CausalConv1dDetPlan, Mode.DET, name="plan")
+    if (plan.hidden_size, plan.kernel_size) != (D, W):
+        raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, "
+                         f"kernel_size={plan.kernel_size}; inputs have D={D}, W={W}")
+    return plan
+
+
+def _resolve_workspace(workspace, plan: CausalConv1dDetPlan, device: torch.device,
+                       n_tokens: int, n_seqs: int):
+    """``(dweight_partials, dbias_partials)`` of a checked workspace, or ``(None, None)``.
+    The capacity asked is :func:`max_blocks` of the call's token and sequence counts
+    (reads no cu_seqlens values)."""
+    if workspace is None:
+        return None, None
+    require_mode(workspace, CausalConv1dDetWorkspace, Mode.DET, name="workspace")
+    workspace.check(plan, device)
+    D, W = plan.hidden_size, plan.kernel_size
+    need = max_blocks(n_tokens, n_seqs, plan.block_t_bwd)
+    want = {"dweight_partials": (D, W), "dbias_partials": (D,)}
+    bufs = []
+    for name, tail in want.items():
+        t = workspace[name] if name in workspace.names else None
+        if t is None or t.dtype != torch.float32 or not t.is_contiguous() or \
+                t.dim() != 1 + len(tail) or tuple(t.shape[1:]) != tail:
+            raise ValueError(
+                f"workspace: buffer {name!r} must be a contiguous fp32 tensor of shape "
+                f"[*, {', '.join(map(str, tail))}]; build it with "
+                "CausalConv1dDetWorkspace.for_plan(plan, device, max_tokens=..., max_seqs=...)")
+        if t.shape[0] < need:
+            raise ValueError(f"workspace: {name!r} holds {t.shape[0]} token blocks, the call "
+                             f"may need {need} ({n_tokens} tokens in {n_seqs} sequences)")
+        bufs.append(t)
+    return bufs[0], bufs[1]
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _offsets(cu_seqlens, B: int, T: int) -> torch.Tensor:
+    """CPU int64 ``[N + 1]`` sequence offsets in the flattened ``B * T`` tokens."""
+    if cu_seqlens is None:
+        return torch.arange(B + 1, dtype=torch.int64) * T
+    return cu_seqlens.detach().to("cpu", torch.int64)
+
+
+def _block_table(offsets: torch.Tensor, block_t: int) -> torch.Tensor:
+    """int32 CPU ``[n_blocks, 2]``: (sequence, first token in it) of each block of
+    ``block_t`` tokens, sequences in order, blocks of a sequence in order."""
+    lens = offsets[1:] - offsets[:-1]
+    per_seq = (lens + block_t - 1) // block_t
+    seq = torch.repeat_interleave(torch.arange(per_seq.numel(), dtype=torch.int64), per_seq)
+    first = torch.zeros(per_seq.numel() + 1, dtype=torch.int64)
+    first[1:] = torch.cumsum(per_seq, 0)
+    local = torch.arange(seq.numel(), dtype=torch.int64) - first[:-1][seq]
+    return torch.stack([seq, local * block_t], 1).to(torch.int32)
+
+
+def _blocks(x, cu_seqlens, offsets, block_t: int):
+    """``(n_blocks, n_blk_seq, table)`` of a launch: fixed length walks B * cdiv(T, bt)
+    blocks arithmetically; packed sequences use a (sequence, start) table on x's device."""
+    B, T = x.shape[:2]
+    if cu_seqlens is None:
+        nbs = _cdiv(T, block_t)
+        return B * nbs, max(nbs, 1), None
+    table = _block_table(offsets, block_t)
+    return table.shape[0], 1, table.to(x.device, non_blocking=True)
+
+
+def _h0_strides(h0) -> tuple[int, int, int]:
+    return tuple(h0.stride()) if h0 is not None else (0, 0, 0)
+
+
+def _rne(dtype: torch.dtype) -> bool:
+    """Round bf16 outputs by hand: the interpreter's fp32 -> bf16 cast truncates."""
+    return dtype == torch.bfloat16 and is_interpreting()
+
+
+def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final_state: bool,
+                plan: CausalConv1dDetPlan):
+    B, T, D = x.shape
+    W = weight.shape[1]
+    N = offsets.numel() - 1
+    y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
+    fs = torch.empty((N, D, W - 1), dtype=x.dtype, device=x.device) if output_final_state \
+        else None
+    BW = next_power_of_2(W)
+    cu = cu_seqlens if cu_seqlens is not None else x
+    hs = _h0_strides(h0)
+    nb, nbs, table = _blocks(x, cu_seqlens, offsets, plan.block_t_fwd)
+    if nb:
+        causal_conv1d_fwd_kernel[(nb, _cdiv(D, plan.block_d_fwd))](
+            x, weight, bias if bias is not None else weight, h0 if h0 is not None else x, y,
+            table if table is not None else cu, cu,
+            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *hs,
+            W=W, BW=BW, SILU=bool(act), HAS_BIAS=bias is not None, HAS_H0=h0 is not None,
+            VARLEN=cu_seqlens is not None, RNE=_rne(x.dtype), BLOCK_T=plan.block_t_fwd,
+            BLOCK_D=plan.block_d_fwd, num_warps=plan.num_warps_fwd)
+    if fs is not None and N:
+        causal_conv1d_final_state_kernel[(N, _cdiv(D, plan.block_d_state))](
+            x, h0 if h0 is not None else x, fs, cu,
+            T, D, x.stride(0), x.stride(1), *hs,
+            W=W, BW=BW, HAS_H0=h0 is not None, VARLEN=cu_seqlens is not None,
+            BLOCK_D=plan.block_d_state, num_warps=plan.num_warps_state)
+    return y, fs
+
+
+def _sum_partials(partials: torch.Tensor, dtype: torch.dtype, plan: CausalConv1dDetPlan):
+    """The partials summed over dim 0 in index order, cast once to ``dtype``."""
+    out = torch.empty(partials.shape[1:], dtype=dtype, device=partials.device)
+    if _rne(dtype):  # the interpreter's in-kernel bf16 cast truncates: cast on the host
+        tmp = torch.empty(partials.shape[1:], dtype=torch.float32, device=partials.device)
+        ordered_sum(partials, out=tmp, block=plan.reduce_block,
+                    num_warps=plan.num_warps_reduce)
+        return out.copy_(tmp)
+    return ordered_sum(partials, out=out, block=plan.reduce_block,
+                       num_warps=plan.num_warps_reduce)
+
+
+def _launch_bwd(dy, dht, x, weight, bias, h0, cu_seqlens, offsets, act: int,
+                plan: CausalConv1dDetPlan, wpart=None, bpart=None):
+    """Returns ``(dx, dweight, dbias or None, dinitial_state or None)``. ``dy``: last dim
+    contiguous. ``wpart`` / ``bpart``: workspace buffers (leading rows used) or None."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    N = offsets.numel() - 1
+    dev = x.device
+    dx = torch.empty((B, T, D), dtype=x.dtype, device=dev)
+    nb, nbs, table = _blocks(x, cu_seqlens, offsets, plan.block_t_bwd)
+    f32 = torch.float32
+    wpart = wpart[:nb] if wpart is not None else torch.empty((nb, D, W), dtype=f32, device=dev)
+    if bias is not None:
+        bpart = bpart[:nb] if bpart is not None else torch.empty((nb, D), dtype=f32, device=dev)
+    BW = next_power_of_2(W)
+    cu = cu_seqlens if cu_seqlens is not None else x
+    hs = _h0_strides(h0)
+    ts = tuple(dht.stride()) if dht is not None else (0, 0, 0)
+    common = dict(W=W, BW=BW, SILU=bool(act), HAS_BIAS=bias is not None,
+                  HAS_DHT=dht is not None, VARLEN=cu_seqlens is not None, RNE=_rne(x.dtype))
+    if nb:
+        causal_conv1d_bwd_kernel[(nb, _cdiv(D, plan.block_d_bwd))](
+            x, weight, bias if bias is not None else weight, h0 if h0 is not None else x,
+            dy, dht if dht is not None else dy, dx, wpart,
+            bpart if bias is not None else wpart, table if table is not None else cu, cu,
+            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *hs,
+            dy.stride(0), dy.stride(1), *ts,
+            HAS_H0=h0 is not None, BLOCK_T=plan.block_t_bwd, BLOCK_D=plan.block_d_bwd,
+            num_warps=plan.num_warps_bwd, **common)
+    dweight = _sum_partials(wpart, weight.dtype, plan)
+    dbias = _sum_partials(bpart, bias.dtype, plan) if bias is not None else None
+    dh0 = None
+    if h0 is not None:
+        dh0 = torch.empty((N, D, W - 1), dtype=h0.dtype, device=dev)
+        if N:
+            common["RNE"] = _rne(h0.dtype)
+            causal_conv1d_dh0_kernel[(N, _cdiv(D, plan.block_d_state))](
+                x, weight, bias if bias is not None else weight, h0, dy,
+                dht if dht is not None else dy, dh0, cu,
+                T, D, x.stride(0), x.stride(1), weight.stride(0), *hs,
+                dy.stride(0), dy.stride(1), *ts,
+                BLOCK_D=plan.block_d_state, num_warps=plan.num_warps_state, **common)
+    return dx, dweight, dbias, dh0
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+# ----------------------------------------------------------------------------- custom ops
+# What torch.compile traces (the eager entry keeps _CausalConv1dDetFunction: less host
+# time, same launches, same bits). The plan crosses as its int fields; outputs that may not
+# exist (final state, dbias, dinitial_state) are empty tensors ``[0]``.
+
+
+def _empty0(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,))
+
+
+@torch.library.custom_op("cake_causal_conv1d_det_train::fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, act: int,
+            output_final_state: bool, plan_fields: list[int],
+            dweight_partials: torch.Tensor | None, dbias_partials: torch.Tensor | None,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, final_state or [0])``; arguments checked by the entry, except the values of
+    cu_seqlens (checked here, before any launch). The partial buffers are only carried to
+    the backward."""
+    plan = plan_from_op_fields(CausalConv1dDetPlan, plan_fields)
+    B, T = x.shape[:2]
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, T, x.device)
+    y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens,
+                        _offsets(cu_seqlens, B, T), act, output_final_state, plan)
+    return y, (fs if fs is not None else _empty0(x))
+
+
+@_fwd_op.register_fake
+def _fwd_fake(x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
+              plan_fields, dweight_partials, dbias_partials):
+    B, T, D = x.shape
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+    W = weight.shape[1]
+    fs = x.new_empty((N, D, W - 1) if output_final_state else (0,))
+    return x.new_empty((B, T, D)), fs
+
+
+@torch.library.custom_op("cake_causal_conv1d_det_train::bwd",
+                         mutates_args=("dweight_partials", "dbias_partials"))
+def _bwd_op(dy: torch.Tensor, dfinal_state: torch.Tensor | None, x: torch.Tensor,
+            weight: torch.Tensor, bias: torch.Tensor | None,
+            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, act: int,
+            plan_fields: list[int], dweight_partials: torch.Tensor | None,
+            dbias_partials: torch.Tensor | None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dweight, dbias or [0], dinitial_state or [0])``."""
+    plan = plan_from_op_fields(CausalConv1dDetPlan, plan_fields)
+    B, T = x.shape[:2]
+    dx, dw, db, dh0 = _launch_bwd(_last_dim_contiguous(dy), dfinal_state, x, weight, bias,
+                                  initial_state, cu_seqlens, _offsets(cu_seqlens, B, T), act,
+                                  plan, dweight_partials, dbias_partials)
+    return (dx, dw, db if db is not None else _empty0(x),
+            dh0 if dh0 is not None else _empty0(x))
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dy, dfinal_state, x, weight, bias, initial_state, cu_seqlens, act, plan_fields,
+              dweight_partials, dbias_partials):
+    db = bias.new_empty(bias.shape) if bias is not None else x.new_empty((0,))
+    dh0 = initial_state.new_empty(initial_state.shape) if initial_state is not None else \
+        x.new_empty((0,))
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), db, dh0
+
+
+def _setup_context(ctx, inputs, output):
+    (x, weight, bias, initial_state, cu_seqlens, act, output_final_state, plan_fields,
+     wpart, bpart) = inputs
+    ctx.save_for_backward(x, weight, bias, initial_state, cu_seqlens, wpart, bpart)
+    ctx.act, ctx.output_final_state, ctx.plan_fields = act, output_final_state, plan_fields
+
+
+def _backward(ctx, dy, dfs):
+    x, weight, bias, h0, cu, wpart, bpart = ctx.saved_tensors
+    if dy is None:
+        dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    dfs = dfs if ctx.output_final_state else None
+    dx, dw, db, dh0 = torch.ops.cake_causal_conv1d_det_train.bwd(
+        dy, dfs, x, weight, bias, h0, cu, ctx.act, ctx.plan_fields, wpart, bpart)
+    need = ctx.needs_input_grad
+    return (dx, dw if need[1] else None, db if bias is not None and need[2] else None,
+            dh0 if h0 is not None and need[3] else None, None, None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _CausalConv1dDetFunction(torch.autograd.Function):
+    """Eager autograd (lower host overhead than the custom ops; same launches, same bits).
+    The saved set's tensors go through ``ctx.save_for_backward`` (checkpointing and
+    saved-tensor hooks work); the CPU offsets and the workspace buffers are ctx attributes
+    (host metadata / scratch overwritten by each backward)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, initial_state, cu_seqlens, offsets, act,
+                output_final_state, plan, wpart, bpart):
+        y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
+                            output_final_state, plan)
+        ctx.save_for_backward(x, weight, bias, initial_state, cu_seqlens)
+        ctx.offsets, ctx.act, ctx.plan, ctx.wpart, ctx.bpart = offsets, act, plan, wpart, bpart
+        ctx.output_final_state = output_final_state
+        return y, fs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, dfs):
+        x, weight, bias, h0, cu = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        dx, dw, db, dh0 = _launch_bwd(_last_dim_contiguous(dy),
+                                      dfs if ctx.output_final_state else None, x, weight,
+                                      bias, h0, cu, ctx.offsets, ctx.act, ctx.plan, ctx.wpart,
+                                      ctx.bpart)
+        need = ctx.needs_input_grad
+        return (dx, dw if need[1] else None, db if need[2] else None,
+                dh0 if need[3] else None, None, None, None, None, None, None, None)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      *, activation: str | None = None, cu_seqlens: torch.Tensor | None = None,
+                      initial_state: torch.Tensor | None = None,
+                      output_final_state: bool = False,
+                      plan: CausalConv1dDetPlan | None = None,
+                      workspace: CausalConv1dDetWorkspace | None = None):
+    """Deterministic causal depthwise conv1d with autograd (FLA ``causal_conv1d`` /
+    Dao-AILab ``causal_conv1d_fn`` semantics, token-major layout).
+
+    ``y[t, c] = act(bias[c] + sum_{j<W} weight[c, j] * x[t - W + 1 + j, c])`` within each
+    sequence; positions before a sequence start read ``initial_state`` (or 0), never the
+    previous sequence.
+
+    Args:
+        x: ``[B, T, D]`` (fixed length), or ``[1, T, D]`` packed with ``cu_seqlens``;
+            fp32, bf16 or fp16; channels contiguous (stride 1), any batch/time strides.
+            1 <= D <= 2**20 (any D); T = 0 allowed.
+        weight: ``[D, W]``, 2 <= W <= 8, fp32 or x's dtype, last dim contiguous
+            (``ShortConvolution`` passes its ``[D, 1, W]`` weight viewed as ``[D, W]``).
+        bias: ``[D]`` (fp32 or x's dtype) or None.
+        activation: None, ``"silu"`` or ``"swish"`` (an alias of silu, as in FLA).
+        cu_seqlens: int32/int64 ``[N + 1]`` offsets of N packed sequences (B must be 1):
+            starting at 0, non-decreasing, ending at T; empty sequences allowed. Its values
+            are read on the host (one sync).
+        initial_state: ``[N, D, W - 1]`` in x's dtype (N = B, or the number of sequences),
+            any strides: slot k holds the input at position k - (W - 1) before the sequence
+            start. (FLA's cache is ``[N, D, W]``; its slots 1..W-1 are this state.)
+        output_final_state: also return ``final_state`` ``[N, D, W - 1]`` in x's dtype:
+            each sequence's last W - 1 inputs (left-padded with the tail of its initial
+            state, or zeros, when it is shorter than W - 1). Exact copies of the inputs.
+        plan: a :class:`CausalConv1dDetPlan` for (D, W) (default :func:`make_plan`).
+        workspace: a :class:`CausalConv1dDetWorkspace` of ``plan`` for the backward's fp32
+            partials (default: allocated per backward).
+
+    Returns:
+        ``(y, final_state)``: y ``[B, T, D]`` contiguous in x's dtype (computed in fp32);
+        final_state as above, or None without ``output_final_state``. Gradients flow to x,
+        weight, bias and initial_state, including the gradient that reaches final_state;
+        bitwise repeatable for equal inputs, upstream gradients, plan and hardware. Not
+        twice differentiable.
+
+    Raises:
+        ValueError: before any allocation or launch, naming the argument: a non-tensor,
+            wrong rank / shape / dtype, D or W out of range, non-contiguous channels,
+            tensors on different devices or on one the backend cannot run,
+            ``cu_seqlens`` with B > 1 or values that are not sorted offsets ending at T,
+            an unknown activation, a plan / workspace of another type, mode or shape.
+
+    Under ``torch.compile`` (``fullgraph=True`` works) the call becomes the custom ops
+    ``cake_causal_conv1d_det_train::fwd`` / ``::bwd`` (same kernels, same bits); the values
+    of ``cu_seqlens`` are then checked when the op runs, not while tracing.
+    """
+    device, N, act = _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state,
+                                   output_final_state)
+    B, T, D = x.shape
+    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
+    wpart, bpart = _resolve_workspace(workspace, plan, device, B * T, N)
+    if not torch.compiler.is_compiling():
+        return _CausalConv1dDetFunction.apply(
+            x, weight, bias, initial_state, cu_seqlens, _offsets(cu_seqlens, B, T), act,
+            output_final_state, plan, wpart, bpart)
+    y, fs = torch.ops.cake_causal_conv1d_det_train.fwd(
+        x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
+        plan_to_op_fields(plan), wpart, bpart)
+    return y, (fs if output_final_state else None)
+
+
+def causal_conv1d_det_fwd(x: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None = None, *, activation: str | None = None,
+                          cu_seqlens: torch.Tensor | None = None,
+                          initial_state: torch.Tensor | None = None,
+                          output_final_state: bool = False,
+                          plan: CausalConv1dDetPlan | None = None):
+    """Low-level forward of :func:`causal_conv1d_det` (no autograd).
+
+    Arguments, shapes, dtypes and errors as :func:`causal_conv1d_det` (the workspace
+    belongs to :func:`causal_conv1d_det_bwd`).
+
+    Returns:
+        ``(y, final_state, saved)``: ``final_state`` is None without
+        ``output_final_state``; ``saved`` a :class:`CausalConv1dDetSavedSet` (x, weight,
+        bias, initial_state, cu_seqlens; the pre-activation is recomputed by the backward).
+    """
+    device, N, act = _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state,
+                                   output_final_state)
+    B, T, D = x.shape
+    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
+    offsets = _offsets(cu_seqlens, B, T)
+    with torch.no_grad():
+        y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
+                            output_final_state, plan)
+    saved = CausalConv1dDetSavedSet(
+        Mode.DET, {"x": x, "weight": weight, "bias": bias, "initial_state": initial_state,
+                   "cu_seqlens": cu_seqlens},
+        meta={"activation": "silu" if act else None, "plan": plan, "offsets": offsets,
+              "n_seqs": N})
+    return y, fs, saved
+
+
+def causal_conv1d_det_bwd(dy: torch.Tensor, dfinal_state: torch.Tensor | None,
+                          saved: CausalConv1dDetSavedSet, *,
+                          plan: CausalConv1dDetPlan | None = None,
+                          workspace: CausalConv1dDetWorkspace | None = None
+                          ) -> CausalConv1dDetGrads:
+    """Low-level backward of :func:`causal_conv1d_det_fwd`.
+
+    Recomputes the pre-activation from the saved inputs (with SiLU), then per tile dx and
+    one fp32 partial dweight / dbias per block of ``plan.block_t_bwd`` tokens, summed over
+    the blocks in index order (:func:`cake_core.gemm.ordered_sum`), cast once to weight's /
+    bias's dtype; d(initial_state) by one program per (sequence, channel block). No atomics.
+
+    Args:
+        dy: gradient of y, ``[B, T, D]``, fp32/bf16/fp16, channels contiguous.
+        dfinal_state: gradient of final_state, ``[N, D, W - 1]``, fp32/bf16/fp16 (any
+            strides), or None (zero). It reaches dx (a sequence's last W - 1 tokens) and,
+            for sequences shorter than W - 1, dinitial_state.
+        saved: the :class:`CausalConv1dDetSavedSet` of the forward.
+        plan: default: the forward's. workspace: a :class:`CausalConv1dDetWorkspace` of
+            ``plan`` holding at least ``max_blocks(B * T, N, plan.block_t_bwd)`` rows.
+
+    Returns:
+        :class:`CausalConv1dDetGrads` ``(dx, dweight, dbias, dinitial_state)``.
+
+    Raises:
+        ValueError: a saved set of another type or mode; dy / dfinal_state of the wrong
+            shape, dtype, layout or device; a plan or workspace of another type, mode or
+            shape, or a workspace too small; before any launch.
+    """
+    require_mode(saved, CausalConv1dDetSavedSet, Mode.DET, name="saved")
+    x, weight = saved.x, saved.weight
+    B, T, D = x.shape
+    W = weight.shape[1]
+    N = saved.n_seqs
+    check_tensor(dy, "dy")
+    check_shape(dy, "dy", [B, T, D])
+    check_dtype(dy, "dy", _FLOATS)
+    check_last_dim_contiguous(dy, "dy")
+    if dfinal_state is not None:
+        check_tensor(dfinal_state, "dfinal_state")
+        check_shape(dfinal_state, "dfinal_state", [N, D, W - 1])
+        check_dtype(dfinal_state, "dfinal_state", _FLOATS)
+    device = check_same_device(("saved", x), ("dy", dy), ("dfinal_state", dfinal_state))
+    launch_device_check(device, "dy")
+    plan = _resolve_plan(plan if plan is not None else saved.plan, D, W, x.dtype, device)
+    wpart, bpart = _resolve_workspace(workspace, plan, device, B * T, N)
+    with torch.no_grad():
+        dx, dw, db, dh0 = _launch_bwd(dy, dfinal_state, x, weight, saved.bias,
+                                      saved.initial_state, saved.cu_seqlens, saved.offsets,
+                                      _ACTIVATIONS[saved.activation], plan, wpart, bpart)
+    return CausalConv1dDetGrads(dx, dw, db, dh0)
