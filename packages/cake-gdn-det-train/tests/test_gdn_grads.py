@@ -200,3 +200,22 @@ def test_local_backward_over_v_blocks(gdn_inputs):
         assert_close_to_reference(a, b, torch.float32, f"d{name}")
     with pytest.raises(ValueError, match="block_v_local must be"):
         dataclasses.replace(plan, block_v_local=128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_keep_a_or_recompute_same_bits(dtype, gdn_inputs):
+    # keep_a=1: the backward loads the forward's T; keep_a=0: it recomputes T; both paths
+    # must give the same bits (the forward rounds T to its stored dtype before using it)
+    import dataclasses
+
+    from cake_gdn_det_train import make_plan
+    q, k, v, g, beta, h0 = gdn_inputs(1, 100, 1, 2, 32, 32, dtype, seed=87, h0=True)
+    do = randn(v.shape, dtype, DEV, seed=88)
+    dht = randn(h0.shape, torch.float32, DEV, seed=89)
+    keep = make_plan(32, 32, dtype, DEV)
+    assert keep.keep_a == 1
+    redo = dataclasses.replace(keep, keep_a=0)
+    _, a = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, plan=keep)
+    _, b = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, plan=redo)
+    for name, x, y in zip(NAMES, a, b, strict=True):
+        assert bitwise_equal(x, y), name

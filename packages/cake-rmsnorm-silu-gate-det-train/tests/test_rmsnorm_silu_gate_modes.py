@@ -80,7 +80,8 @@ def test_foreign_workspaces_refused():
     ws_wrong_plan = RMSNormSiluGateDetWorkspace.for_plan(make_plan(64, torch.float32, DEV), DEV)
     with pytest.raises(ValueError, match="was made for plan"):
         rmsnorm_silu_gate_det_bwd(dy, saved, workspace=ws_wrong_plan)
-    ws_bad_buffer = RMSNormSiluGateDetWorkspace(plan, DEV, {"partials": torch.zeros(1, 1)})
+    ws_bad_buffer = RMSNormSiluGateDetWorkspace(plan, DEV,
+                                                {"partials": torch.zeros(1, 1, device=DEV)})
     with pytest.raises(ValueError, match="'partials' must be a contiguous fp32 tensor"):
         rmsnorm_silu_gate_det_bwd(dy, saved, workspace=ws_bad_buffer)
     with pytest.raises(ValueError, match="was made for plan"):

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 from cake_core.testing import TOLERANCES, assert_close_to_reference, poison_, rel_fro_error
+from cake_core.triton_utils import default_device
 from cake_rmsnorm_silu_gate_det_train import (
     RMSNormSiluGateDetWorkspace,
     make_plan,
@@ -12,7 +13,6 @@ from cake_rmsnorm_silu_gate_det_train import (
     rmsnorm_silu_gate_det_bwd,
     rmsnorm_silu_gate_det_fwd,
 )
-from cake_core.triton_utils import default_device
 
 DEV = default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -44,7 +44,8 @@ def test_parity(dtype, norm_before_gate, group_size, make_inputs, reference_grad
 
 
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["fla", "mamba"])
-def test_parity_small_tiles_padded_groups_fp32_weight(norm_before_gate, make_inputs, reference_grads):
+def test_parity_small_tiles_padded_groups_fp32_weight(norm_before_gate, make_inputs,
+                                                      reference_grads):
     """Many row blocks per program, padded groups (D=96 as 2 groups of 48 -> 2x64 tile),
     an fp32 weight with bf16 activations, eps 1e-5."""
     D, G = 96, 48

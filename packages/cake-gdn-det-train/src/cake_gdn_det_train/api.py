@@ -288,7 +288,8 @@ def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: tor
             workspace["h"][:NC])
 
 
-def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum, A, scratch):
+def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum, A, scratch,
+                    load_a: bool = False):
     """Chunk prep (G, T, w, u) and the forward state recurrence (h, v_new, final state)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -301,7 +302,7 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         k, v, g, beta, starts, ends, g_cumsum, A, w, u,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
-        BVF=max(16, _np2(V)), num_warps=plan.num_warps_prep)
+        BVF=max(16, _np2(V)), LOAD_A=load_a, num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
     gdn_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
@@ -472,9 +473,15 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
         dt = _device_tables(tables, cu, dev)
         g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
-        A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
+        # the forward's T when it kept one of this plan's dtype (same bits as recomputing)
+        kept = saved.A
+        load_a = bool(plan.keep_a) and kept is not None and kept.dtype == idt and \
+            tuple(kept.shape) == (NT, HV, CHUNK_SIZE)
+        A = kept.contiguous() if load_a else \
+            torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
         g_eff, beta_eff = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
-        _prep_and_state(kn, v, g_eff, beta_eff, h0, None, plan, dt, g_cumsum, A, scratch)
+        _prep_and_state(kn, v, g_eff, beta_eff, h0, None, plan, dt, g_cumsum, A, scratch,
+                        load_a)
         w, _, v_new, h = scratch
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
         dv_new = torch.empty((NT, HV, V), dtype=idt, device=dev)
@@ -798,9 +805,9 @@ class _GDNDetFunction(torch.autograd.Function):
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, cu, plan, None, tables,
             gate)
-        # g_cumsum and A are not kept: the backward recomputes them (no fp32 [B*T, HV, 64]
-        # held from forward to backward)
-        saved = _saved_set(q, k, v, g, beta, None, None, initial_state, cu.to(q.device),
+        # g_cumsum is not kept (the backward recomputes it); A (T) only when the plan says
+        saved = _saved_set(q, k, v, g, beta, None, A if plan.keep_a else None, initial_state,
+                           cu.to(q.device),
                            q_rstd, k_rstd, A_log, dt_bias, scale, use_l2, plan,
                            cu_seqlens is not None, use_gate, use_sigmoid)
         ctx.save_for_backward(*saved.tensors())

@@ -52,6 +52,12 @@ class GDNDetPlan(Plan):
         block_v_local: columns of V per step of the backward local kernel's loop over V
             (power of two >= 16, <= V rounded up); its sums over V blocks run in index
             order, so bits depend on it.
+        keep_a: 1 = the autograd forward keeps each chunk's T = (I + A_raw)^-1 for the
+            backward, which then skips k k^T and the triangular solve (as FLA does): 64
+            values per token and value head in the intermediates' dtype (128 bytes per
+            token and head with bf16; 0.13 GB for 32768 tokens x 32 heads). 0 = keep
+            nothing beyond the inputs; the backward recomputes T. Same bits either way
+            (the forward rounds T to its stored dtype before using it).
         num_stages_h: software-pipelining stages of the two chunk-recurrence kernels
             (shared memory grows with it).
 
@@ -75,6 +81,7 @@ class GDNDetPlan(Plan):
     num_warps_local: int
     num_stages_h: int
     block_v_local: int
+    keep_a: int
     l2norm_block_rows: int
     num_warps_l2norm: int
     fp32_dots: int
@@ -98,7 +105,7 @@ class GDNDetPlan(Plan):
         if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit")
+        self.require_flags("store_16bit", "keep_a")
         self.require_in_range("num_stages_h", 1, 4)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or self.block_v < 32):
@@ -200,6 +207,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_local=8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=2 if wide else 1,
         block_v_local=min(32, block_v_full) if cuda else block_v_full,
+        keep_a=1,
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,

@@ -8,7 +8,8 @@ sum of g, ``M`` the strictly lower mask):
     w     = T @ (beta * exp(G) * k)
     u     = T @ (beta * v)
 
-so the chunk's delta-rule corrections are ``u - w @ S0`` for the state S0 at the chunk's
+(with ``LOAD_A``, the backward's recompute, T is loaded from the forward's instead), so the
+chunk's delta-rule corrections are ``u - w @ S0`` for the state S0 at the chunk's
 start (the WY/UT form). k k^T, w and u are dots of ``DT`` operands (the inputs' dtype on
 CUDA, fp32 under the interpreter) with fp32 accumulation; the solve is fp32 at ``PREC``.
 The exponent is masked before exp so the upper triangle never overflows. Stores G
@@ -27,7 +28,7 @@ def gdn_fwd_prep_kernel(
     GCUM, Ap, W, U,
     H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -48,28 +49,37 @@ def gdn_fwd_prep_kernel(
     kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask, other=0.0)
     vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask, other=0.0)
 
-    kkt = tl.zeros([BT, BT], dtype=tl.float32)
-    kkt = tl.dot(kb.to(DT), tl.trans(kb.to(DT)), kkt, input_precision=PREC)
-    # rows past the chunk's end are masked too: their G (0) would overflow exp(G_i - G_j)
-    lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
-    decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0))
-    a_raw = tl.where(lower, beta[:, None] * kkt * decay, 0.0)
+    a_ptr = Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :]
+    if LOAD_A:  # the backward, with the T its forward kept
+        tm = tl.load(a_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
+    else:
+        kkt = tl.zeros([BT, BT], dtype=tl.float32)
+        kkt = tl.dot(kb.to(DT), tl.trans(kb.to(DT)), kkt, input_precision=PREC)
+        # rows past the chunk's end are masked too: their G (0) would overflow exp(Gi - Gj)
+        lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
+        decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0))
+        a_raw = tl.where(lower, beta[:, None] * kkt * decay, 0.0)
 
-    # T = (I + a_raw)^-1 by recursive block doubling, in a fixed order: with T the inverse
-    # of the s x s diagonal blocks and E the strictly-lower s x s blocks inside each
-    # 2s x 2s diagonal block, (D + E)^-1 = T - T E T (exact: E T E = 0). s = 1, 2, ..., BT/2.
-    tm = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    s = 1
-    for _ in range(LOG2_BT):
-        e_mask = ((rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))) & \
-            ((rows[:, None] // s) > (rows[None, :] // s))
-        e = tl.where(e_mask, a_raw, 0.0)
-        et = tl.zeros([BT, BT], dtype=tl.float32)
-        et = tl.dot(e, tm, et, input_precision=PREC)
-        tet = tl.zeros([BT, BT], dtype=tl.float32)
-        tet = tl.dot(tm, et, tet, input_precision=PREC)
-        tm = tm - tet
-        s = s * 2
+        # T = (I + a_raw)^-1 by recursive block doubling, in a fixed order: with T the
+        # inverse of the s x s diagonal blocks and E the strictly-lower s x s blocks inside
+        # each 2s x 2s diagonal block, (D + E)^-1 = T - T E T (exact: E T E = 0).
+        # s = 1, 2, ..., BT/2.
+        tm = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+        s = 1
+        for _ in range(LOG2_BT):
+            e_mask = ((rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))) & \
+                ((rows[:, None] // s) > (rows[None, :] // s))
+            e = tl.where(e_mask, a_raw, 0.0)
+            et = tl.zeros([BT, BT], dtype=tl.float32)
+            et = tl.dot(e, tm, et, input_precision=PREC)
+            tet = tl.zeros([BT, BT], dtype=tl.float32)
+            tet = tl.dot(tm, et, tet, input_precision=PREC)
+            tm = tm - tet
+            s = s * 2
+        # rounded to A's dtype before use, so a backward that loads the kept T computes
+        # w and u from the same values as one that recomputes it (same bits either way)
+        tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
+        tl.store(a_ptr, tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
 
     w = tl.zeros([BT, BK], dtype=tl.float32)
     w = tl.dot(tm.to(DT), (kb * (beta * tl.exp(gc))[:, None]).to(DT), w, input_precision=PREC)
@@ -77,8 +87,6 @@ def gdn_fwd_prep_kernel(
     u = tl.dot(tm.to(DT), (vb * beta[:, None]).to(DT), u, input_precision=PREC)
 
     tl.store(GCUM + tok * HV + hv, gc, mask=tmask)
-    tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-             tm.to(Ap.dtype.element_ty), mask=tmask[:, None] & (rows < BT)[None, :])
     tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], w.to(W.dtype.element_ty),
              mask=kmask)
     tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], u.to(U.dtype.element_ty),
