@@ -168,3 +168,32 @@ def test_options_off_ignore_params_and_reference_gate(gdn_inputs):
     a, _ = gdn_reference(*d, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
     b, _ = gdn_reference(d[0], d[1], d[2], gd, d[4])
     assert torch.equal(a, b)
+
+
+def test_allow_neg_eigval(gdn_inputs):
+    # FLA's allow_neg_eigval: beta' = 2 sigmoid(beta) (needs the in-kernel sigmoid); every
+    # gradient against float64, packed, with the gate
+    inputs, h0, A_log, dt_bias = _gate_inputs(gdn_inputs, 1, 90, 1, 2, 16, 16, seed=301,
+                                              n_states=2)
+    cu = torch.tensor([0, 37, 90], dtype=torch.int32, device=DEV)
+    q, k, v, g, beta = inputs
+    do = randn(v.shape, torch.float32, DEV, seed=302)
+    dht = randn(h0.shape, torch.float32, DEV, seed=303)
+    kw = {"cu_seqlens": cu, "allow_neg_eigval": True}
+    o, ht, got = _run(chunk_gated_delta_rule_det, inputs, h0, A_log, dt_bias, do, dht, **kw)
+    _, _, plain = _run(chunk_gated_delta_rule_det, inputs, h0, A_log, dt_bias, do, dht,
+                       cu_seqlens=cu)
+    assert not bitwise_equal(got[4], plain[4])  # the flag changes the math
+
+    def ref(*a, **k):
+        return gdn_reference(*a, **k, dtype=torch.float64)
+
+    d64 = [t.double() for t in (h0, A_log, dt_bias)]
+    o_r, ht_r, want = _run(ref, [t.double() for t in inputs], *d64, do.double(),
+                           dht.double(), **kw)
+    assert_close_to_reference(o, o_r, torch.float32, "o")
+    assert_close_to_reference(ht, ht_r, torch.float32, "final_state")
+    for name, a, b in zip(NAMES, got, want, strict=True):
+        assert_close_to_reference(a, b, torch.float32, f"d{name}")
+    with pytest.raises(ValueError, match="allow_neg_eigval=True requires"):
+        chunk_gated_delta_rule_det(q, k, v, g, beta, allow_neg_eigval=True)

@@ -88,7 +88,7 @@ def _check_flag(v: object, name: str) -> bool:
 
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
-                  dt_bias=None, use_beta_sigmoid_in_kernel=False):
+                  dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
     """All checks of :func:`chunk_gdn_det_fwd`; returns ``(device, N, scale)``. A_log and
     dt_bias are checked (and used) only with ``use_gate_in_kernel``, as in FLA."""
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")):
@@ -120,6 +120,10 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     _check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
     _check_flag(use_gate_in_kernel, "use_gate_in_kernel")
     _check_flag(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel")
+    _check_flag(allow_neg_eigval, "allow_neg_eigval")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (the "
+                         "kernel then uses beta' = 2 * sigmoid(beta), as FLA)")
     if use_gate_in_kernel:
         if A_log is None:
             raise ValueError("A_log: required with use_gate_in_kernel=True (the gate is "
@@ -312,7 +316,12 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         num_stages=plan.num_stages_h)
 
 
-def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: bool, plan: GDNDetPlan):
+def _beta_code(use_sigmoid: bool, allow_neg_eigval: bool) -> int:
+    """0: beta as given; 1: sigmoid(beta); 2: 2 * sigmoid(beta) (FLA's allow_neg_eigval)."""
+    return (2 if allow_neg_eigval else 1) if use_sigmoid else 0
+
+
+def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: int, plan: GDNDetPlan):
     """The log-decay and beta the chunk kernels use: fp32 ``[B, T, HV]`` computed from the
     raw g (``-exp(A_log) * softplus(g + dt_bias)``) and pre-sigmoid beta where the options
     say so, else the tensors given. Inputs contiguous."""
@@ -333,7 +342,7 @@ def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: bool, plan: 
     return g_out, b_out
 
 
-def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: bool,
+def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: int,
               plan: GDNDetPlan):
     """In place: dg, dbeta (fp32 ``[NT, HV]``, w.r.t. the gate / post-sigmoid beta) become
     the gradients w.r.t. the raw g / pre-sigmoid beta. Returns ``(dA_log, ddt_bias)``
@@ -435,7 +444,8 @@ def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
     h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
-    use_gate, use_sigmoid = saved.use_gate_in_kernel, saved.use_beta_sigmoid_in_kernel
+    use_gate = saved.use_gate_in_kernel
+    use_sigmoid = _beta_code(saved.use_beta_sigmoid_in_kernel, saved.allow_neg_eigval)
     A_log = saved.A_log.contiguous() if use_gate else None
     dt_bias = saved.dt_bias.contiguous() if use_gate and saved.dt_bias is not None else None
     B, T, H, K = q.shape
@@ -536,7 +546,8 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
                       workspace: GDNDetWorkspace | None = None,
                       use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
                       dt_bias: torch.Tensor | None = None,
-                      use_beta_sigmoid_in_kernel: bool = False):
+                      use_beta_sigmoid_in_kernel: bool = False,
+                      allow_neg_eigval: bool = False):
     """Deterministic chunked Gated DeltaNet forward, without autograd.
 
     Same arguments and semantics as FLA's ``chunk_gated_delta_rule`` (forward only; for
@@ -568,6 +579,10 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             ignored (not checked) without ``use_gate_in_kernel``, as in FLA.
         use_beta_sigmoid_in_kernel: bool; ``beta`` is pre-sigmoid and ``sigmoid(beta)``
             (fp32) is used.
+        allow_neg_eigval: bool; with ``use_beta_sigmoid_in_kernel`` (required, as in FLA),
+            ``2 * sigmoid(beta)`` is used (beta in (0, 2): the transition may have negative
+            eigenvalues; Grazzi et al., 2025, "Unlocking State-Tracking in Linear RNNs
+            Through Negative Eigenvalues").
 
     Returns:
         ``(o, final_state, saved)``: o ``[B, T, HV, V]`` in q's dtype; final_state fp32
@@ -591,9 +606,11 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     """
     device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
-                                     A_log, dt_bias, use_beta_sigmoid_in_kernel)
+                                     A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                                     allow_neg_eigval)
     if not use_gate_in_kernel:
         A_log = dt_bias = None
+    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     plan = _resolve_plan(plan, K, V, q.dtype, device)
@@ -603,13 +620,13 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
-        gate = _gate_args(use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
+        gate = _gate_args(use_gate_in_kernel, A_log, dt_bias, sig)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu,
             plan, workspace, tables, gate)
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(device), q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+                       cu_seqlens is not None, use_gate_in_kernel, sig)
     return o, ht, saved
 
 
@@ -627,7 +644,8 @@ def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd,
          "initial_state": initial_state, "cu_seqlens": cu, "q_rstd": q_rstd,
          "k_rstd": k_rstd, "A_log": A_log, "dt_bias": dt_bias},
         meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan, "varlen": varlen,
-              "use_gate_in_kernel": use_gate, "use_beta_sigmoid_in_kernel": use_sigmoid})
+              "use_gate_in_kernel": use_gate, "use_beta_sigmoid_in_kernel": bool(use_sigmoid),
+              "allow_neg_eigval": use_sigmoid == 2})
 
 
 def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetSavedSet, *,
@@ -694,7 +712,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
             beta: torch.Tensor, initial_state: torch.Tensor | None,
             cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
             dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
-            use_l2: bool, use_gate: bool, use_sigmoid: bool, plan_fields: list[int],
+            use_l2: bool, use_gate: bool, use_sigmoid: int, plan_fields: list[int],
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(o, final_state or [0], q_rstd or [0], k_rstd or [0])``; arguments checked by the
     entry, except the values of cu_seqlens (checked here, before any launch)."""
@@ -730,7 +748,7 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
             initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
             q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
             A_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
-            use_l2: bool, use_gate: bool, use_sigmoid: bool, plan_fields: list[int],
+            use_l2: bool, use_gate: bool, use_sigmoid: int, plan_fields: list[int],
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                        torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or [0])``:
@@ -836,7 +854,8 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                use_gate_in_kernel: bool = False,
                                A_log: torch.Tensor | None = None,
                                dt_bias: torch.Tensor | None = None,
-                               use_beta_sigmoid_in_kernel: bool = False):
+                               use_beta_sigmoid_in_kernel: bool = False,
+                               allow_neg_eigval: bool = False):
     """Deterministic drop-in for FLA's ``chunk_gated_delta_rule``, with autograd.
 
     Arguments, shapes and errors as :func:`chunk_gdn_det_fwd` (including FLA's
@@ -853,16 +872,18 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """
     device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                                      use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
-                                     A_log, dt_bias, use_beta_sigmoid_in_kernel)
+                                     A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                                     allow_neg_eigval)
     if not use_gate_in_kernel:
         A_log = dt_bias = None
+    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = _resolve_plan(plan, q.shape[-1], v.shape[-1], q.dtype, device)
     if not torch.compiler.is_compiling():
         return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
                                      output_final_state, use_qk_l2norm_in_kernel, plan, A_log,
-                                     dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+                                     dt_bias, use_gate_in_kernel, sig)
     o, ht, _, _ = torch.ops.cake_gdn_det_train.fwd(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
-        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, sig,
         plan_to_op_fields(plan))
     return o, (ht if output_final_state else None)

@@ -41,7 +41,7 @@ def gdn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   cu_seqlens: torch.Tensor | None = None, *,
                   dtype: torch.dtype | None = None, use_gate_in_kernel: bool = False,
                   A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
-                  use_beta_sigmoid_in_kernel: bool = False):
+                  use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False):
     """The gated delta rule, one token at a time (slow; for tests and as the spec).
 
     Args:
@@ -58,7 +58,8 @@ def gdn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         dtype: compute dtype (default q's dtype; pass ``torch.float64`` for the reference).
         use_gate_in_kernel, A_log, dt_bias: as in FLA: g is the raw gate and the log-decay
             is ``-exp(A_log) * softplus(g + dt_bias)`` (:func:`gdn_gate_reference`).
-        use_beta_sigmoid_in_kernel: beta is pre-sigmoid; ``sigmoid(beta)`` is used.
+        use_beta_sigmoid_in_kernel: beta is pre-sigmoid; ``sigmoid(beta)`` is used
+            (``2 * sigmoid(beta)`` with ``allow_neg_eigval``, as in FLA).
 
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` and the ``[N, HV, K, V]`` final states (or
@@ -74,7 +75,7 @@ def gdn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         g = gdn_gate_reference(g, A_log.to(dtype),
                                dt_bias.to(dtype) if dt_bias is not None else None)
     if use_beta_sigmoid_in_kernel:
-        beta = torch.sigmoid(beta)
+        beta = (2.0 if allow_neg_eigval else 1.0) * torch.sigmoid(beta)
     if use_qk_l2norm_in_kernel:
         q, k = l2norm_reference(q), l2norm_reference(k)
     # value head j uses q/k head j // group

@@ -32,7 +32,7 @@ class GDNDetSavedSet(SavedSet):
             ``None``), else ``None``.
     Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's GDNDetPlan),
     ``varlen`` (bool: cu_seqlens was given), ``use_gate_in_kernel``,
-    ``use_beta_sigmoid_in_kernel`` (bools).
+    ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools).
     """
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",

@@ -3,14 +3,16 @@
 Per token t and value head h (tensors flattened to ``[NT, HV]``), FLA's definitions:
 
     gate  = -exp(A_log[h]) * softplus(g[t, h] + dt_bias[h])     (use_gate_in_kernel)
-    beta' = sigmoid(beta[t, h])                                  (use_beta_sigmoid_in_kernel)
+    beta' = c * sigmoid(beta[t, h])                              (use_beta_sigmoid_in_kernel)
+
+with c = ``BETA_SIGMOID`` = 1, or 2 with FLA's ``allow_neg_eigval`` (beta' in (0, 2)),
 
 with FLA's softplus: ``x`` for ``x >= 20``, else ``log(1 + exp(x))`` (torch's default
 threshold of 20; the exponent is clamped so the unused branch never overflows). The
 backward, from the gradients dgate, dbeta' the chunk kernels produce (fp32):
 
     dg      = dgate * (-exp(A_log[h])) * sigmoid(g + dt_bias)   (softplus' = sigmoid)
-    dbeta   = dbeta' * s * (1 - s),  s = sigmoid(beta)
+    dbeta   = dbeta' * c * s * (1 - s),  s = sigmoid(beta)
     dA_log  = sum_t dgate * gate       ddt_bias = sum_t dg
 
 The two sums are taken in two fixed stages: each program reduces its ``BLOCK_T`` tokens
@@ -47,7 +49,7 @@ def gdn_gate_fwd_kernel(
         tl.store(G_OUT + off, neg_a[None, :] * sp, mask=mask)
     if BETA_SIGMOID:
         b = tl.load(BETA + off, mask=mask, other=0.0).to(tl.float32)
-        tl.store(BETA_OUT + off, tl.sigmoid(b), mask=mask)
+        tl.store(BETA_OUT + off, tl.sigmoid(b) * BETA_SIGMOID, mask=mask)
 
 
 @triton.jit(do_not_specialize=["n_tok"])
@@ -84,4 +86,4 @@ def gdn_gate_bwd_kernel(
         b = tl.load(BETA + off, mask=mask, other=0.0).to(tl.float32)
         s = tl.sigmoid(b)
         db = tl.load(DBETA + off, mask=mask, other=0.0)
-        tl.store(DBETA + off, db * s * (1.0 - s), mask=mask)
+        tl.store(DBETA + off, db * BETA_SIGMOID * s * (1.0 - s), mask=mask)
