@@ -27,6 +27,7 @@ FAMILIES = {
     "lmhead": "cake-lm-head-loss-det-train",
     "dense": "cake-dense-projection-det-gemm",
     "gdn": "cake-gdn-det-train",
+    "gate_norm": "cake-rmsnorm-silu-gate-det-train",
     "tinylm": "cake-tinylm",
 }
 
