@@ -28,6 +28,7 @@ FAMILIES = {
     "dense": "cake-dense-projection-det-gemm",
     "gdn": "cake-gdn-det-train",
     "gate_norm": "cake-rmsnorm-silu-gate-det-train",
+    "conv": "cake-causal-conv1d-det-train",
     "tinylm": "cake-tinylm",
 }
 

@@ -10,9 +10,9 @@ from cake_core.testing import randn
 from cake_core.triton_utils import default_device
 
 DEV = default_device()
-# packed documents: empty, length 1, shorter than W - 1, around W, and long ones that span
-# several 16-token blocks without being a multiple of 16 (CPU plans use 16-token blocks)
-CU_RAGGED = (0, 0, 1, 3, 7, 41, 41, 75)
+# packed documents: empty, length 1, shorter than W - 1, around W, and long ones (one spans
+# two 32-token blocks, neither is a multiple of 32: CPU plans use 32-token blocks)
+CU_RAGGED = (0, 0, 1, 3, 7, 47, 75)
 
 
 def make_inputs(B, T, D, W, dtype=torch.float32, *, cu=None, bias=True, h0=True, seed=0,

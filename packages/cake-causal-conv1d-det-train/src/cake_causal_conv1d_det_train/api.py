@@ -42,10 +42,6 @@ from cake_core.triton_utils import is_interpreting, launch_device_check, next_po
 
 from cake_causal_conv1d_det_train.kernels.bwd import causal_conv1d_bwd_kernel
 from cake_causal_conv1d_det_train.kernels.fwd import causal_conv1d_fwd_kernel
-from cake_causal_conv1d_det_train.kernels.state import (
-    causal_conv1d_dh0_kernel,
-    causal_conv1d_final_state_kernel,
-)
 from cake_causal_conv1d_det_train.plan import (
     MAX_HIDDEN,
     MAX_KERNEL_SIZE,
@@ -217,9 +213,11 @@ def _offsets(cu_seqlens, B: int, T: int) -> torch.Tensor:
 
 def _block_table(offsets: torch.Tensor, block_t: int) -> torch.Tensor:
     """int32 CPU ``[n_blocks, 2]``: (sequence, first token in it) of each block of
-    ``block_t`` tokens, sequences in order, blocks of a sequence in order."""
+    ``block_t`` tokens, sequences in order, blocks of a sequence in order. Every sequence
+    has at least one block (an empty one: a block of masked rows, whose program writes the
+    sequence's final state / d(initial_state) and a zero partial)."""
     lens = offsets[1:] - offsets[:-1]
-    per_seq = (lens + block_t - 1) // block_t
+    per_seq = ((lens + block_t - 1) // block_t).clamp_(min=1)
     seq = torch.repeat_interleave(torch.arange(per_seq.numel(), dtype=torch.int64), per_seq)
     first = torch.zeros(per_seq.numel() + 1, dtype=torch.int64)
     first[1:] = torch.cumsum(per_seq, 0)
@@ -228,12 +226,13 @@ def _block_table(offsets: torch.Tensor, block_t: int) -> torch.Tensor:
 
 
 def _blocks(x, cu_seqlens, offsets, block_t: int):
-    """``(n_blocks, n_blk_seq, table)`` of a launch: fixed length walks B * cdiv(T, bt)
-    blocks arithmetically; packed sequences use a (sequence, start) table on x's device."""
+    """``(n_blocks, n_blk_seq, table)`` of a launch: fixed length walks
+    B * max(1, cdiv(T, bt)) blocks arithmetically; packed sequences use a (sequence,
+    start) table on x's device."""
     B, T = x.shape[:2]
     if cu_seqlens is None:
-        nbs = _cdiv(T, block_t)
-        return B * nbs, max(nbs, 1), None
+        nbs = max(_cdiv(T, block_t), 1)
+        return B * nbs, nbs, None
     table = _block_table(offsets, block_t)
     return table.shape[0], 1, table.to(x.device, non_blocking=True)
 
@@ -255,24 +254,17 @@ def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final
     y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
     fs = torch.empty((N, D, W - 1), dtype=x.dtype, device=x.device) if output_final_state \
         else None
-    BW = next_power_of_2(W)
     cu = cu_seqlens if cu_seqlens is not None else x
-    hs = _h0_strides(h0)
     nb, nbs, table = _blocks(x, cu_seqlens, offsets, plan.block_t_fwd)
     if nb:
         causal_conv1d_fwd_kernel[(nb, _cdiv(D, plan.block_d_fwd))](
             x, weight, bias if bias is not None else weight, h0 if h0 is not None else x, y,
-            table if table is not None else cu, cu,
-            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *hs,
-            W=W, BW=BW, SILU=bool(act), HAS_BIAS=bias is not None, HAS_H0=h0 is not None,
-            VARLEN=cu_seqlens is not None, RNE=_rne(x.dtype), BLOCK_T=plan.block_t_fwd,
-            BLOCK_D=plan.block_d_fwd, num_warps=plan.num_warps_fwd)
-    if fs is not None and N:
-        causal_conv1d_final_state_kernel[(N, _cdiv(D, plan.block_d_state))](
-            x, h0 if h0 is not None else x, fs, cu,
-            T, D, x.stride(0), x.stride(1), *hs,
-            W=W, BW=BW, HAS_H0=h0 is not None, VARLEN=cu_seqlens is not None,
-            BLOCK_D=plan.block_d_state, num_warps=plan.num_warps_state)
+            fs if fs is not None else y, table if table is not None else cu, cu,
+            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *_h0_strides(h0),
+            W=W, BW=next_power_of_2(W), SILU=bool(act), HAS_BIAS=bias is not None,
+            HAS_H0=h0 is not None, HAS_FS=fs is not None, VARLEN=cu_seqlens is not None,
+            RNE=_rne(x.dtype), BLOCK_T=plan.block_t_fwd, BLOCK_D=plan.block_d_fwd,
+            num_warps=plan.num_warps_fwd)
     return y, fs
 
 
@@ -297,39 +289,27 @@ def _launch_bwd(dy, dht, x, weight, bias, h0, cu_seqlens, offsets, act: int,
     N = offsets.numel() - 1
     dev = x.device
     dx = torch.empty((B, T, D), dtype=x.dtype, device=dev)
+    dh0 = torch.empty((N, D, W - 1), dtype=h0.dtype, device=dev) if h0 is not None else None
     nb, nbs, table = _blocks(x, cu_seqlens, offsets, plan.block_t_bwd)
     f32 = torch.float32
     wpart = wpart[:nb] if wpart is not None else torch.empty((nb, D, W), dtype=f32, device=dev)
     if bias is not None:
         bpart = bpart[:nb] if bpart is not None else torch.empty((nb, D), dtype=f32, device=dev)
-    BW = next_power_of_2(W)
     cu = cu_seqlens if cu_seqlens is not None else x
-    hs = _h0_strides(h0)
     ts = tuple(dht.stride()) if dht is not None else (0, 0, 0)
-    common = dict(W=W, BW=BW, SILU=bool(act), HAS_BIAS=bias is not None,
-                  HAS_DHT=dht is not None, VARLEN=cu_seqlens is not None, RNE=_rne(x.dtype))
     if nb:
         causal_conv1d_bwd_kernel[(nb, _cdiv(D, plan.block_d_bwd))](
             x, weight, bias if bias is not None else weight, h0 if h0 is not None else x,
-            dy, dht if dht is not None else dy, dx, wpart,
+            dy, dht if dht is not None else dy, dx, dh0 if dh0 is not None else dx, wpart,
             bpart if bias is not None else wpart, table if table is not None else cu, cu,
-            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *hs,
+            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *_h0_strides(h0),
             dy.stride(0), dy.stride(1), *ts,
-            HAS_H0=h0 is not None, BLOCK_T=plan.block_t_bwd, BLOCK_D=plan.block_d_bwd,
-            num_warps=plan.num_warps_bwd, **common)
+            W=W, BW=next_power_of_2(W), SILU=bool(act), HAS_BIAS=bias is not None,
+            HAS_H0=h0 is not None, HAS_DHT=dht is not None, VARLEN=cu_seqlens is not None,
+            RNE=_rne(x.dtype), BLOCK_T=plan.block_t_bwd, BLOCK_D=plan.block_d_bwd,
+            num_warps=plan.num_warps_bwd)
     dweight = _sum_partials(wpart, weight.dtype, plan)
     dbias = _sum_partials(bpart, bias.dtype, plan) if bias is not None else None
-    dh0 = None
-    if h0 is not None:
-        dh0 = torch.empty((N, D, W - 1), dtype=h0.dtype, device=dev)
-        if N:
-            common["RNE"] = _rne(h0.dtype)
-            causal_conv1d_dh0_kernel[(N, _cdiv(D, plan.block_d_state))](
-                x, weight, bias if bias is not None else weight, h0, dy,
-                dht if dht is not None else dy, dh0, cu,
-                T, D, x.stride(0), x.stride(1), weight.stride(0), *hs,
-                dy.stride(0), dy.stride(1), *ts,
-                BLOCK_D=plan.block_d_state, num_warps=plan.num_warps_state, **common)
     return dx, dweight, dbias, dh0
 
 

@@ -19,8 +19,6 @@ MANIFEST = {
     "kernels": [
         {"module": f"{_K}.fwd", "function": "causal_conv1d_fwd_kernel"},
         {"module": f"{_K}.bwd", "function": "causal_conv1d_bwd_kernel"},
-        {"module": f"{_K}.state", "function": "causal_conv1d_final_state_kernel"},
-        {"module": f"{_K}.state", "function": "causal_conv1d_dh0_kernel"},
         # the fixed-order sum of the dweight / dbias partials (cake-core's shared kernel)
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -61,7 +63,8 @@ class ShortConvolution(nn.Conv1d):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, cache: torch.Tensor | None = None,
                 output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
-                *, initial_state: torch.Tensor | None = None):
+                chunk_indices: torch.Tensor | None = None, *,
+                initial_state: torch.Tensor | None = None):
         """``(y, final_state)``.
 
         Args:
@@ -74,6 +77,8 @@ class ShortConvolution(nn.Conv1d):
                 name; not both).
             output_final_state: also return ``final_state`` ``[N, D, W - 1]``.
             cu_seqlens: ``[N + 1]`` offsets of packed sequences (B must be 1).
+            chunk_indices: accepted for FLA call compatibility and ignored (FLA's
+                precomputed block table; cake builds its own from ``cu_seqlens``).
         """
         if cache is not None and initial_state is not None:
             raise ValueError("cache / initial_state: give one of them, not both")
@@ -84,7 +89,7 @@ class ShortConvolution(nn.Conv1d):
         shape = x.shape
         D = self.hidden_size
         if x.shape[-1] != D or x.dim() != 3:
-            if x[0, 0].numel() != D:
+            if math.prod(shape[2:]) != D:
                 raise ValueError(f"x: trailing dims must flatten to hidden_size={D}, got "
                                  f"{tuple(shape)}")
             x = x.reshape(shape[0], shape[1], D)

@@ -32,10 +32,10 @@ class CausalConv1dDetPlan(Plan):
         block_t_bwd / block_d_bwd / num_warps_bwd: the same for the backward. block_t_bwd
             also fixes the first stage of the dweight / dbias sums: one fp32 partial per
             block of ``block_t_bwd`` tokens of a sequence, summed over the blocks in index
-            order. Another block_t_bwd regroups the sum: dweight / dbias bits are promised
-            per plan only (y, final_state, dx and dinitial_state do not depend on the plan).
-        block_d_state / num_warps_state: channels per program of the two per-sequence
-            kernels (final state, d(initial_state)).
+            order. Another block_t_bwd regroups the sum, so dweight / dbias bits are
+            promised per plan only. (y, dx and dinitial_state are computed per element in
+            an order no field changes; other tile shapes compile to other code, though, so
+            equal bits across plans are not promised for them either.)
         reduce_block / num_warps_reduce: elements per program of the ordered sum
             (:func:`cake_core.gemm.ordered_sum`); elementwise, no effect on bits.
     """
@@ -51,8 +51,6 @@ class CausalConv1dDetPlan(Plan):
     block_t_bwd: int
     block_d_bwd: int
     num_warps_bwd: int
-    block_d_state: int
-    num_warps_state: int
     reduce_block: int
     num_warps_reduce: int
 
@@ -62,10 +60,9 @@ class CausalConv1dDetPlan(Plan):
         self.require_in_range("hidden_size", 1, MAX_HIDDEN)
         self.require_in_range("kernel_size", MIN_KERNEL_SIZE, MAX_KERNEL_SIZE)
         self.require_power_of_two("block_t_fwd", "block_d_fwd", "block_t_bwd", "block_d_bwd",
-                                  "block_d_state", "reduce_block")
-        self.require_warps("num_warps_fwd", "num_warps_bwd", "num_warps_state",
-                           "num_warps_reduce")
-        for name in ("block_d_fwd", "block_d_bwd", "block_d_state"):
+                                  "reduce_block")
+        self.require_warps("num_warps_fwd", "num_warps_bwd", "num_warps_reduce")
+        for name in ("block_d_fwd", "block_d_bwd"):
             if -(-self.hidden_size // getattr(self, name)) > _MAX_GRID_Y:
                 self._fail(f"{name}: {self.hidden_size} channels need more than "
                            f"{_MAX_GRID_Y} channel blocks")
@@ -86,12 +83,13 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
     """Pick the plan for ``hidden_size`` (D) channels, ``kernel_size`` (W) taps, inputs of
     ``dtype`` on ``device``.
 
-    Rules (no timing; not tuned on hardware yet): on CUDA, 64-token blocks; forward tiles of
-    64 x min(64, D') channels, backward 64 x min(32, D') (D' = D rounded up to a power of
-    two, halved again for W > 4: the kernels hold [tokens, next_pow2(W), channels] windows),
-    8 warps for forward tiles of 16384 window elements, else 4; per-sequence kernels 128
-    channels, 4 warps. Under the interpreter (CPU) every program costs Python time: 16-token
-    blocks (so short test documents still span several blocks) and up to 64 channels.
+    Rules (no timing; not yet timed on hardware: chosen so that ptxas reports no register
+    spills for sm_90 in the kernel variants checked, W <= 8): on CUDA, 64-token blocks;
+    forward tiles of 64 x min(64, D') channels (32 for W > 4; D' = D rounded up to a power
+    of two) with 8 warps (4 below 2048 elements); backward tiles of 64 x min(16, D')
+    channels with 8 warps (4 below 1024 elements): it keeps W^2 taps in flight. Under the
+    interpreter (CPU) every program costs Python time: 32-token blocks (short test
+    documents still span two) and up to 64 channels.
     ``dtype`` is part of the signature for rules to come.
 
     Raises:
@@ -109,22 +107,18 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
 
 def _rule(D: int, W: int, device: torch.device) -> CausalConv1dDetPlan:
     d2 = next_power_of_2(D)
-    bw = next_power_of_2(W)
     if device.type == "cuda":
-        bt = 64
-        bd_fwd = min(d2, 64 if bw <= 4 else 32)
-        bd_bwd = min(d2, 32 if bw <= 4 else 16)
-        warps_fwd = 8 if bt * bw * bd_fwd >= 16384 else 4
+        # about 16 (forward) / 4 (backward, W^2 taps in flight) elements per thread
+        bd_fwd = min(d2, 32 if W > 4 else 64)
+        bd_bwd = min(d2, 16)
         return CausalConv1dDetPlan(
             hidden_size=D, kernel_size=W,
-            block_t_fwd=bt, block_d_fwd=max(bd_fwd, min(d2, 16)), num_warps_fwd=warps_fwd,
-            block_t_bwd=bt, block_d_bwd=max(bd_bwd, min(d2, 16)), num_warps_bwd=4,
-            block_d_state=min(d2, 128), num_warps_state=4,
+            block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
+            block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=8 if 64 * bd_bwd >= 1024 else 4,
             reduce_block=1024, num_warps_reduce=4)
     bd = min(d2, 64)
     return CausalConv1dDetPlan(
         hidden_size=D, kernel_size=W,
-        block_t_fwd=16, block_d_fwd=bd, num_warps_fwd=1,
-        block_t_bwd=16, block_d_bwd=bd, num_warps_bwd=1,
-        block_d_state=bd, num_warps_state=1,
+        block_t_fwd=32, block_d_fwd=bd, num_warps_fwd=1,
+        block_t_bwd=32, block_d_bwd=bd, num_warps_bwd=1,
         reduce_block=1024, num_warps_reduce=1)

@@ -12,8 +12,8 @@ from cake_causal_conv1d_det_train.plan import CausalConv1dDetPlan
 
 class CausalConv1dDetSavedSet(SavedSet):
     """What the det forward keeps for the backward. The pre-activation is not kept: the
-    backward recomputes it from x (a [tokens, W, channels] window per program, the same
-    loads the gradient needs anyway), so no [B, T, D] tensor lives from forward to backward.
+    backward recomputes it from x and the state, tap by tap in the forward's order, so no
+    [B, T, D] tensor lives from forward to backward.
 
     Tensors:
         x: ``[B, T, D]`` as given (any batch/time strides, channels contiguous).
@@ -30,9 +30,11 @@ class CausalConv1dDetSavedSet(SavedSet):
 
 
 def max_blocks(num_tokens: int, num_seqs: int, block_t: int) -> int:
-    """The most ``block_t``-token blocks ``num_seqs`` sequences of ``num_tokens`` tokens in
-    all can form (each sequence is cut into its own blocks; empty sequences form none)."""
-    return min(num_tokens, (num_tokens + (block_t - 1) * num_seqs) // block_t)
+    """A bound on the ``block_t``-token blocks of ``num_seqs`` sequences of ``num_tokens``
+    tokens in all: each sequence is cut into its own ``max(1, cdiv(L, block_t))`` blocks
+    (an empty sequence has one, of masked rows), so at most
+    ``num_tokens // block_t + num_seqs``."""
+    return num_tokens // block_t + num_seqs
 
 
 def _count(v: object, name: str, minimum: int) -> int:

@@ -1,30 +1,30 @@
-"""Backward: dx per tile, and one fp32 partial dweight / dbias row per token block.
+"""Backward: dx per tile, d(initial_state) per sequence, and one fp32 partial dweight / dbias
+row per token block.
 
-Program (g, cb) owns token block g (as in the forward) and channel block cb. For the W
-output shifts k = 0, 1, ..., W - 1 in order it recomputes the pre-activation at t + k from
-a [BLOCK_T, BW, BLOCK_D] window of x (and the initial state), forms
-dpre = dy * act'(pre) (outputs past the sequence end give 0), and adds
-weight[:, W - 1 - k] * dpre[t + k] to dx[t]; then the gradient that reached the final state
-(rows among the sequence's last W - 1). The k = 0 terms also give the block's partial
-dweight[c, i] = sum_t dpre[t] * input[t - (W - 1) + i] and dbias[c] = sum_t dpre[t],
-written to DWP[g] / DBP[g]; the host sums the partials over g in index order
-(cake_core.gemm.ordered_sum). No atomics.
+Program (g, cb) owns token block g (as in the forward; every sequence has at least one
+block) and channel block cb. For the W output shifts k = 0, 1, ..., W - 1 in order it
+recomputes the pre-activation at t + k tap by tap, exactly as the forward did (common.py;
+the pre-activation is not saved), forms dpre = dy * act'(pre) (outputs past the sequence end
+give 0), and adds weight[:, W - 1 - k] * dpre[t + k] to dx[t]; then the gradient that
+reached the final state (rows among the sequence's last W - 1).
+
+Partials of the block, written to DWP[g] / DBP[g] and summed over g in index order by the
+host (cake_core.gemm.ordered_sum): dbias[c] = sum over the block's outputs of dpre, and
+dweight[c, W - 1 - k] = sum over the block's inputs x[t] of dpre[t + k] * x[t] (each
+(output, input) pair is counted by the block that holds the input); the pairs whose input
+is in the initial state are added by the sequence's first block, which also writes
+d(initial_state). No atomics.
 """
 
 import triton
 import triton.language as tl
 
-from cake_causal_conv1d_det_train.kernels.common import (
-    pre_activation,
-    round_bf16,
-    silu_grad,
-    x_window,
-)
+from cake_causal_conv1d_det_train.kernels.common import round_bf16
 
 
 @triton.jit(do_not_specialize=["T", "n_blk_seq"])
 def causal_conv1d_bwd_kernel(
-    X, WT, BIAS, H0, DY, DHT, DX, DWP, DBP, TABLE, CU,
+    X, WT, BIAS, H0, DY, DHT, DX, DH0, DWP, DBP, TABLE, CU,
     T, D, n_blk_seq, stride_xb, stride_xt, stride_w, s_hn, s_hd, s_hk,
     stride_dyb, stride_dyt, s_tn, s_td, s_tk,
     W: tl.constexpr, BW: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -50,31 +50,46 @@ def causal_conv1d_bwd_kernel(
         dx_off = n * T * D
     cols = cb * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    taps = tl.arange(0, BW)
-    tmask = (taps < W)[:, None] & cmask[None, :]
-    w2 = tl.load(WT + cols[None, :] * stride_w + taps[:, None], mask=tmask,
-                 other=0.0).to(tl.float32)
     if HAS_BIAS:
         b = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
-    else:
-        b = tl.zeros([BLOCK_D], dtype=tl.float32)
     rows = start + tl.arange(0, BLOCK_T).to(tl.int64)
+    taps = tl.arange(0, BW)
+    xp = X + x_off + rows[:, None] * stride_xt + cols[None, :]
+    dyp = DY + dy_off + rows[:, None] * stride_dyt + cols[None, :]
+    x_own = tl.load(xp, mask=(rows < L)[:, None] & cmask[None, :], other=0.0).to(tl.float32)
     dx = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    dw = tl.zeros([BW, BLOCK_D], dtype=tl.float32)
     for k in tl.static_range(W):
         u = rows + k
-        um = (u < L)[:, None] & cmask[None, :]
-        dpre = tl.load(DY + dy_off + u[:, None] * stride_dyt + cols[None, :], mask=um,
+        dpre = tl.load(dyp + k * stride_dyt, mask=(u < L)[:, None] & cmask[None, :],
                        other=0.0).to(tl.float32)
-        if SILU or k == 0:
-            win = x_window(X, H0, x_off, n, u, L, cols, cmask, stride_xt, s_hn, s_hd, s_hk,
-                           W, BW, HAS_H0)
-        if SILU:
-            dpre = silu_grad(dpre, pre_activation(win, w2, b))
+        if SILU:  # recompute pre[t + k] as the forward did
+            pre = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+            if HAS_BIAS:
+                pre += b[None, :]
+            for i in tl.static_range(W):
+                p = u + (i - (W - 1))
+                xi = tl.load(xp + (k + i - (W - 1)) * stride_xt,
+                             mask=((p >= 0) & (p < L))[:, None] & cmask[None, :], other=0.0)
+                wi = tl.load(WT + cols * stride_w + i, mask=cmask, other=0.0).to(tl.float32)
+                pre += wi[None, :] * xi.to(tl.float32)
+            if HAS_H0:
+                if start + k < W - 1:
+                    for h_i in tl.static_range(W):
+                        h_p = u + (h_i - (W - 1))
+                        h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
+                                      + (h_p + (W - 1))[:, None] * s_hk,
+                                      mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
+                        h_w = tl.load(WT + cols * stride_w + h_i, mask=cmask,
+                                      other=0.0).to(tl.float32)
+                        pre += h_w[None, :] * h_v.to(tl.float32)
+            sig = 1.0 / (1.0 + tl.exp(-pre))
+            dpre = dpre * (sig * (1.0 + pre * (1.0 - sig)))
         if k == 0:
-            dw = tl.sum(dpre[:, None, :] * win, axis=0)
-            tl.store(DWP + g * D * W + cols[None, :] * W + taps[:, None], dw, mask=tmask)
             if HAS_BIAS:
                 tl.store(DBP + g * D + cols, tl.sum(dpre, axis=0), mask=cmask)
+        # x[t] is tap W - 1 - k of the output t + k
+        dw += tl.where((taps == W - 1 - k)[:, None], tl.sum(dpre * x_own, axis=0)[None, :], 0.0)
         wk = tl.load(WT + cols * stride_w + (W - 1 - k), mask=cmask, other=0.0).to(tl.float32)
         dx += dpre * wk[None, :]
     if HAS_DHT:
@@ -87,3 +102,58 @@ def causal_conv1d_bwd_kernel(
     mask = (rows < L)[:, None] & cmask[None, :]
     tl.store(DX + dx_off + rows[:, None] * D + cols[None, :], dx.to(DX.dtype.element_ty),
              mask=mask)
+    if HAS_H0:
+        if start == 0:  # the sequence's first block: d(initial_state)
+            # DH0[n, c, k] (slot k is position k - (W - 1)) = sum_u weight[c, k - u] * dpre[u]
+            # over the outputs u = 0 .. W - 2 that read it (0 <= k - u < W, u < L), plus
+            # DHT[n, c, k - L] when the slot is still inside the final state (k >= L).
+            h_r = tl.arange(0, BW).to(tl.int64)  # slot k of the state, or output u
+            h_rmask = h_r < W - 1
+            h_dpre = tl.load(DY + dy_off + h_r[:, None] * stride_dyt + cols[None, :],
+                             mask=(h_rmask & (h_r < L))[:, None] & cmask[None, :],
+                             other=0.0).to(tl.float32)
+            if SILU:  # pre at outputs u = 0 .. W - 2, in the forward's order
+                h_pre = tl.zeros([BW, BLOCK_D], dtype=tl.float32)
+                if HAS_BIAS:
+                    h_pre += b[None, :]
+                for h_i in tl.static_range(W):
+                    h_p = h_r + (h_i - (W - 1))
+                    h_x = tl.load(X + x_off + h_p[:, None] * stride_xt + cols[None, :],
+                                  mask=((h_p >= 0) & (h_p < L))[:, None] & cmask[None, :],
+                                  other=0.0)
+                    h_w = tl.load(WT + cols * stride_w + h_i, mask=cmask,
+                                  other=0.0).to(tl.float32)
+                    h_pre += h_w[None, :] * h_x.to(tl.float32)
+                for h_i in tl.static_range(W):
+                    h_p = h_r + (h_i - (W - 1))
+                    h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
+                                  + (h_p + (W - 1))[:, None] * s_hk,
+                                  mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
+                    h_w = tl.load(WT + cols * stride_w + h_i, mask=cmask,
+                                  other=0.0).to(tl.float32)
+                    h_pre += h_w[None, :] * h_v.to(tl.float32)
+                h_sig = 1.0 / (1.0 + tl.exp(-h_pre))
+                h_dpre = h_dpre * (h_sig * (1.0 + h_pre * (1.0 - h_sig)))
+            # band[k, u, c] = weight[c, k - u], the tap output u applies to slot k
+            h_j = h_r[:, None] - h_r[None, :]
+            h_bm = ((h_j >= 0) & (h_j < W))[:, :, None] & cmask[None, None, :]
+            h_band = tl.load(WT + cols[None, None, :] * stride_w + h_j[:, :, None], mask=h_bm,
+                             other=0.0).to(tl.float32)
+            h_dh = tl.sum(h_band * h_dpre[None, :, :], axis=1)
+            if HAS_DHT:
+                h_m = (h_rmask & (h_r >= L))[:, None] & cmask[None, :]
+                h_dh += tl.load(DHT + n * s_tn + cols[None, :] * s_td
+                                + (h_r - L)[:, None] * s_tk, mask=h_m,
+                                other=0.0).to(tl.float32)
+            if RNE:
+                h_dh = round_bf16(h_dh)
+            tl.store(DH0 + n * D * (W - 1) + cols[None, :] * (W - 1) + h_r[:, None],
+                     h_dh.to(DH0.dtype.element_ty), mask=h_rmask[:, None] & cmask[None, :])
+            # dweight pairs whose input is in the state: output u reads slot u + i at tap i
+            h_slot = h_r[:, None] + taps[None, :]
+            h_sm = (h_rmask[:, None] & (h_slot < W - 1))[:, :, None] & cmask[None, None, :]
+            h_s = tl.load(H0 + n * s_hn + cols[None, None, :] * s_hd + h_slot[:, :, None] * s_hk,
+                          mask=h_sm, other=0.0).to(tl.float32)
+            dw += tl.sum(h_dpre[:, None, :] * h_s, axis=0)
+    tl.store(DWP + g * D * W + cols[None, :] * W + taps[:, None], dw,
+             mask=(taps < W)[:, None] & cmask[None, :])
