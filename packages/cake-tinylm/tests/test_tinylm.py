@@ -247,7 +247,13 @@ def test_gdn_mixer_cake_and_torch_match_from_same_weights():
     ref.load_state_dict(cake.state_dict())
     mixer = cake.blocks[0].mixer
     assert type(mixer) is GatedDeltaNet and type(ref.blocks[0].mixer) is GatedDeltaNet
-    assert {type(mixer.qkv), type(mixer.ab), type(mixer.proj)} == {Linear}
+    assert {type(mixer.qkv), type(mixer.ab), type(mixer.gate), type(mixer.proj)} == {Linear}
+    from cake_causal_conv1d_det_train import ShortConvolution
+    from cake_rmsnorm_silu_gate_det_train import RMSNormGated
+
+    assert type(mixer.conv) is ShortConvolution and type(mixer.o_norm) is RMSNormGated
+    assert mixer.conv.weight.shape == (96, 1, 4) and mixer.o_norm.weight.shape == (16,)
+    assert float(mixer.conv.weight.detach().abs().max()) > 0.1  # own init, not N(0, 0.02)
     assert mixer.ab.weight.shape == (4, 32) and mixer.A_log.shape == mixer.dt_bias.shape == (2,)
     assert bool((mixer.dt_bias != 0).all())  # FLA's init survives TinyLM's zero-bias init
     assert type(ref.blocks[0].mixer.qkv) is torch.nn.Linear

@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--mixer",
         choices=("attention", "gdn"),
         default=cpu["mixer"],
-        help="token mixer of every block: causal self-attention or Gated DeltaNet "
-        "(cake's chunk_gated_delta_rule_det in the cake runs) (default: %(default)s)",
+        help="token mixer of every block: causal self-attention or a Gated DeltaNet block "
+        "(short conv, chunk_gated_delta_rule_det, gated output norm on cake in the cake runs) "
+        "(default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=cpu["seed"], help="seed (default: %(default)s)")
     p.add_argument(

@@ -17,8 +17,10 @@ output head by :func:`make_head`, every mixer by :func:`make_mixer`, every MLP b
   ``cake_dense_projection_det_gemm.Linear``;
 - head + loss: ``cake_lm_head_loss_det_train.LMHeadLoss`` (``lm_head.weight`` ``[V, d]``),
   which computes the cross entropy chunk by chunk without materializing the logits;
-- with ``mixer="gdn"``, the Gated DeltaNet core (q/k L2 norm, gate, beta sigmoid, chunked
-  recurrence): ``cake_gdn_det_train.chunk_gated_delta_rule_det`` (imported only then).
+- with ``mixer="gdn"``, the Gated DeltaNet block: short conv
+  (``cake_causal_conv1d_det_train``), the core (q/k L2 norm, gate, beta sigmoid, chunked
+  recurrence: ``cake_gdn_det_train.chunk_gated_delta_rule_det``) and the gated output norm
+  (``cake_rmsnorm_silu_gate_det_train``), imported only then.
 
 ``impl="torch"`` uses ``torch.nn.RMSNorm``, ``torch.nn.Linear`` and ``nn.Linear`` +
 ``F.cross_entropy`` with the same parameter names and shapes, so one ``state_dict`` loads
@@ -260,24 +262,58 @@ def gated_delta_rule_torch(
     return torch.stack(outs, dim=1).to(out_dtype)
 
 
+#: kernel size of the Gated DeltaNet block's short causal convolution (FLA's default).
+GDN_CONV_SIZE = 4
+
+
+def short_conv_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Depthwise causal conv1d with SiLU in plain torch: x ``[B, T, D]``, weight
+    ``[D, 1, W]`` (``nn.Conv1d`` layout); ``silu(sum_j w[c, j] x[t - W + 1 + j, c])``."""
+    w = weight.shape[-1]
+    y = F.conv1d(x.transpose(1, 2), weight, padding=w - 1, groups=x.shape[-1])
+    return F.silu(y[..., : x.shape[1]]).transpose(1, 2)
+
+
+class _GatedNormTorch(nn.Module):
+    """``rmsnorm(x) * weight * silu(z)`` over the last dim in fp32 (FLA's FusedRMSNormGated,
+    norm before gate), plain torch; parameter ``weight`` (ones), as cake's RMSNormGated."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float() * F.silu(z.float())).to(x.dtype)
+
+
 class GatedDeltaNet(nn.Module):
-    """Gated DeltaNet token mixer (Yang, Kautz & Hatamizadeh, 2024; FLA's gate).
+    """Gated DeltaNet block (Yang, Kautz & Hatamizadeh, 2024), laid out as FLA's layer.
 
     ``n_heads`` heads with ``K = V = d_model // n_heads``. Parameters: ``qkv``
-    (``Linear(d, 3d)``: q, k, v), ``ab`` (``Linear(d, 2 n_heads)``: the raw gate ``a`` and
-    pre-sigmoid ``b`` per head), ``proj`` (``Linear(d, d)``), all built by
-    :func:`make_linear`; ``A_log`` and ``dt_bias`` ``[n_heads]`` (FLA's init). Per head::
+    (``Linear(d, 3d)``: q, k, v), ``conv`` (depthwise causal conv of size 4 over the 3d
+    q/k/v channels, ``weight`` ``[3d, 1, 4]``, no bias, SiLU; FLA's three ShortConvolutions
+    in one), ``ab`` (``Linear(d, 2 n_heads)``: the raw gate ``a`` and pre-sigmoid ``b``),
+    ``gate`` (``Linear(d, d)``: the output gate z), ``o_norm`` (gated RMSNorm over each
+    head, ``weight`` ``[K]``), ``proj`` (``Linear(d, d)``); ``A_log`` and ``dt_bias``
+    ``[n_heads]`` (FLA's init). Per head::
 
+        q, k, v = silu(conv(qkv(x)))
         q, k = l2norm(q), l2norm(k)          # x * rsqrt(sum(x**2) + 1e-6)
         g    = -exp(A_log) * softplus(a + dt_bias)
         beta = sigmoid(b)
         o    = gated delta rule(q, k, v, g, beta), scale K ** -0.5, state from zero
+        o    = rmsnorm(o) * o_norm.weight * silu(z)
+        out  = proj(o)
 
-    ``impl="cake"`` runs the whole core (l2 norm, gate, sigmoid, chunked recurrence) in
-    ``cake_gdn_det_train.chunk_gated_delta_rule_det`` (``use_qk_l2norm_in_kernel``,
-    ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``); ``impl="torch"`` computes it
-    in plain torch with :func:`gated_delta_rule_torch` (token by token, fp32), calling no
-    cake code. Input ``[B, T, d]``; output ``[B, T, d]``, same dtype.
+    ``impl="cake"`` runs the conv (``cake_causal_conv1d_det_train.ShortConvolution``), the
+    core (``cake_gdn_det_train.chunk_gated_delta_rule_det`` with the L2 norm, gate and
+    sigmoid in the kernel) and the gated norm (``cake_rmsnorm_silu_gate_det_train``'s
+    ``RMSNormGated``) on cake; ``impl="torch"`` computes all of it in plain torch
+    (``F.conv1d``, :func:`gated_delta_rule_torch`, fp32 gated norm), calling no cake code.
+    Both builds have the same ``state_dict`` keys. Input ``[B, T, d]``; output ``[B, T, d]``.
     """
 
     def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
@@ -285,9 +321,21 @@ class GatedDeltaNet(nn.Module):
         self.impl = impl
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.d_model // cfg.n_heads
-        self.qkv = make_linear(cfg.d_model, 3 * cfg.d_model, impl=impl)
-        self.ab = make_linear(cfg.d_model, 2 * cfg.n_heads, impl=impl)
-        self.proj = make_linear(cfg.d_model, cfg.d_model, impl=impl)
+        d = cfg.d_model
+        self.qkv = make_linear(d, 3 * d, impl=impl)
+        if impl == "cake":
+            from cake_causal_conv1d_det_train import ShortConvolution
+            from cake_rmsnorm_silu_gate_det_train import RMSNormGated
+
+            self.conv = ShortConvolution(3 * d, GDN_CONV_SIZE, bias=False, activation="silu")
+            self.o_norm = RMSNormGated(self.head_dim, eps=cfg.norm_eps)
+        else:
+            self.conv = nn.Conv1d(3 * d, 3 * d, GDN_CONV_SIZE, groups=3 * d, bias=False,
+                                  padding=GDN_CONV_SIZE - 1)
+            self.o_norm = _GatedNormTorch(self.head_dim, cfg.norm_eps)
+        self.ab = make_linear(d, 2 * cfg.n_heads, impl=impl)
+        self.gate = make_linear(d, d, impl=impl)
+        self.proj = make_linear(d, d, impl=impl)
         # FLA's GatedDeltaNet init: A ~ U(0, 16); dt log-uniform in [1e-3, 0.1], dt_bias its
         # inverse softplus. TinyLM's init leaves these two alone.
         a = torch.empty(cfg.n_heads).uniform_(0, 16)
@@ -299,7 +347,11 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         shape = (b, t, self.n_heads, self.head_dim)
-        q, k, v = (z.reshape(shape) for z in self.qkv(x).split(d, dim=-1))
+        if self.impl == "cake":
+            qkv, _ = self.conv(self.qkv(x))
+        else:
+            qkv = short_conv_torch(self.qkv(x), self.conv.weight)
+        q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
         a, beta = self.ab(x).split(self.n_heads, dim=-1)  # [B, T, H] each
         if self.impl == "cake":
             from cake_gdn_det_train import chunk_gated_delta_rule_det
@@ -315,6 +367,7 @@ class GatedDeltaNet(nn.Module):
         else:
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
             o = gated_delta_rule_torch(_l2norm(q), _l2norm(k), v, g, beta.float().sigmoid())
+        o = self.o_norm(o, self.gate(x).reshape(shape))
         return self.proj(o.reshape(b, t, d))
 
 
