@@ -219,3 +219,18 @@ def test_keep_a_or_recompute_same_bits(dtype, gdn_inputs):
     _, b = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, plan=redo)
     for name, x, y in zip(NAMES, a, b, strict=True):
         assert bitwise_equal(x, y), name
+
+
+def test_backward_uses_the_forwards_host_offsets(gdn_inputs):
+    # the saved set carries the CPU offsets the forward read (no device read in backward);
+    # without them the backward reads cu_seqlens: same bits
+    q, k, v, g, beta, h0 = gdn_inputs(1, 90, 1, 2, 16, 16, seed=91, n_states=3, h0=True)
+    cu = torch.tensor([0, 20, 20, 90], dtype=torch.int32, device=DEV)
+    do = randn(v.shape, torch.float32, DEV, seed=92)
+    _, _, saved = chunk_gdn_det_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
+    assert saved.cu_host.device.type == "cpu" and saved.cu_host.tolist() == [0, 20, 20, 90]
+    a = chunk_gdn_det_bwd(do, None, saved)
+    saved.meta["cu_host"] = None
+    b = chunk_gdn_det_bwd(do, None, saved)
+    for x, y in zip(a[:6], b[:6], strict=True):
+        assert bitwise_equal(x, y)

@@ -451,7 +451,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = B * T
-    cu = saved.cu_seqlens.detach().to("cpu", torch.int64)
+    cu = _host_offsets(saved)
     N = cu.numel() - 1
     tables = _chunk_tables(cu)
     NC = tables[3]
@@ -626,7 +626,7 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             plan, workspace, tables, gate)
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(device), q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, sig)
+                       cu_seqlens is not None, use_gate_in_kernel, sig, cu_host=cu)
     return o, ht, saved
 
 
@@ -637,7 +637,8 @@ def _gate_args(use_gate, A_log, dt_bias, use_sigmoid):
 
 
 def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log,
-               dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid) -> GDNDetSavedSet:
+               dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid,
+               cu_host=None) -> GDNDetSavedSet:
     return GDNDetSavedSet(
         Mode.DET,
         {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
@@ -645,7 +646,16 @@ def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd,
          "k_rstd": k_rstd, "A_log": A_log, "dt_bias": dt_bias},
         meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan, "varlen": varlen,
               "use_gate_in_kernel": use_gate, "use_beta_sigmoid_in_kernel": bool(use_sigmoid),
-              "allow_neg_eigval": use_sigmoid == 2})
+              "allow_neg_eigval": use_sigmoid == 2,
+              # the int64 CPU offsets the forward read, so the backward needs no host sync
+              "cu_host": cu_host})
+
+
+def _host_offsets(saved: GDNDetSavedSet) -> torch.Tensor:
+    """int64 CPU offsets of the saved set's sequences (read from the device only when the
+    saved set does not carry the forward's copy)."""
+    cu = saved.meta.get("cu_host")
+    return cu if cu is not None else saved.cu_seqlens.detach().to("cpu", torch.int64)
 
 
 def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetSavedSet, *,
@@ -689,7 +699,7 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
     device = check_same_device(("saved", v), ("do", do), ("dht", dht))
     launch_device_check(device, "do")
     plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
-    cu = saved.cu_seqlens.detach().to("cpu", torch.int64)
+    cu = _host_offsets(saved)
     workspace = _resolve_workspace(workspace, plan, device, HV, B * T, _chunk_tables(cu)[3],
                                    saved.q.dtype)
     with torch.no_grad():
@@ -755,11 +765,12 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
     :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
     plan = plan_from_op_fields(GDNDetPlan, plan_fields)
     B, T = q.shape[:2]
-    cu = _offsets(cu_seqlens, B, T).to(q.device)
-    saved = _saved_set(q, k, v, g, beta, None, None, initial_state, cu,
+    cu = _offsets(cu_seqlens, B, T)
+    saved = _saved_set(q, k, v, g, beta, None, None, initial_state, cu.to(q.device),
                        q_rstd if use_l2 else None, k_rstd if use_l2 else None,
                        A_log if use_gate else None, dt_bias if use_gate else None,
-                       float(scale), use_l2, plan, cu_seqlens is not None, use_gate, use_sigmoid)
+                       float(scale), use_l2, plan, cu_seqlens is not None, use_gate, use_sigmoid,
+                       cu_host=cu)
     gr = _launch_bwd(do, dht, saved, plan, None)
     return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, _none0(gr.dinitial_state, q),
             _none0(gr.dA_log, q), _none0(gr.ddt_bias, q))
@@ -827,7 +838,7 @@ class _GDNDetFunction(torch.autograd.Function):
         saved = _saved_set(q, k, v, g, beta, None, A if plan.keep_a else None, initial_state,
                            cu.to(q.device),
                            q_rstd, k_rstd, A_log, dt_bias, scale, use_l2, plan,
-                           cu_seqlens is not None, use_gate, use_sigmoid)
+                           cu_seqlens is not None, use_gate, use_sigmoid, cu_host=cu)
         ctx.save_for_backward(*saved.tensors())
         ctx.meta = saved.meta
         return o, ht

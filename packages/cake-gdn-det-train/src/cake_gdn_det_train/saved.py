@@ -32,7 +32,9 @@ class GDNDetSavedSet(SavedSet):
             ``None``), else ``None``.
     Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's GDNDetPlan),
     ``varlen`` (bool: cu_seqlens was given), ``use_gate_in_kernel``,
-    ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools).
+    ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools), ``cu_host`` (the int64
+    CPU copy of the offsets the forward read, so the backward reads nothing back from the
+    device; ``None`` makes the backward read ``cu_seqlens``).
     """
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
