@@ -88,19 +88,6 @@ def _dtypes(*ds: torch.dtype) -> tuple[torch.dtype, ...]:
     return tuple(dict.fromkeys(ds))
 
 
-def _check_cu_seqlens_meta(cu_seqlens, device: torch.device) -> None:
-    """The checks of ``check_cu_seqlens`` that read no values (what the entry checks while
-    ``torch.compile`` traces; the fwd op checks the values before any launch)."""
-    name = "cu_seqlens"
-    t = check_tensor(cu_seqlens, name)
-    check_dtype(t, name, (torch.int32, torch.int64))
-    check_ndim(t, name, ndim=1)
-    if t.numel() < 2:
-        raise ValueError(f"{name}: expected at least 2 entries (one document), got {t.numel()}")
-    if t.device.type != device.type:
-        raise ValueError(f"{name}: on {t.device}, inputs on {device}")
-
-
 def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output_final_state):
     """All checks of the forward entries; returns ``(device, N, act)``. Reads cu_seqlens'
     values (one host sync) unless torch.compile is tracing."""
@@ -136,10 +123,9 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-        if torch.compiler.is_compiling():
-            _check_cu_seqlens_meta(cu_seqlens, device)
-        else:
-            check_cu_seqlens(cu_seqlens, T, device)
+        # no value reads while torch.compile traces; the op checks them before launching
+        check_cu_seqlens(cu_seqlens, T, device,
+                         read_values=not torch.compiler.is_compiling())
         N = cu_seqlens.numel() - 1
     else:
         N = B

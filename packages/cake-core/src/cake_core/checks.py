@@ -89,13 +89,16 @@ def check_positive_finite(v: object, name: str) -> float:
 
 
 def check_cu_seqlens(cu_seqlens: object, n_tokens: int, device: torch.device | None = None,
-                     *, name: str = "cu_seqlens") -> None:
+                     *, name: str = "cu_seqlens", read_values: bool = True) -> None:
     """Validate packed-sequence offsets.
 
     ``cu_seqlens`` must be a 1-D int32 or int64 tensor of length ``N + 1`` (N >= 1
     documents) that starts at 0, never decreases and ends at ``n_tokens``. Empty documents
     (equal neighbours) are allowed. This check reads the values, so it syncs a GPU tensor
-    once, on the host, before any launch.
+    once, on the host, before any launch. With ``read_values=False`` only the checks that
+    read no values run (type, dtype, rank, length, device): what an entry checks while
+    ``torch.compile`` traces (a value read would break the graph); its op then checks the
+    values before any launch.
 
     Raises:
         ValueError: naming the first rule broken.
@@ -107,6 +110,8 @@ def check_cu_seqlens(cu_seqlens: object, n_tokens: int, device: torch.device | N
         raise ValueError(f"{name}: expected at least 2 entries (one document), got {t.numel()}")
     if device is not None and t.device.type != torch.device(device).type:
         raise ValueError(f"{name}: on {t.device}, inputs on {device}")
+    if not read_values:
+        return
     v = t.detach().to("cpu", torch.int64)
     if int(v[0]) != 0:
         raise ValueError(f"{name}: must start at 0, got {int(v[0])}")

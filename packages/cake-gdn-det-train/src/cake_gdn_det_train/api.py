@@ -142,12 +142,9 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-        if torch.compiler.is_compiling():
-            # no value reads while tracing (a data-dependent graph break); the fwd custom op
-            # runs check_cu_seqlens on the real tensor before any launch
-            _check_cu_seqlens_meta(cu_seqlens, device)
-        else:
-            check_cu_seqlens(cu_seqlens, T, device)
+        # no value reads while torch.compile traces; the op checks them before launching
+        check_cu_seqlens(cu_seqlens, T, device,
+                         read_values=not torch.compiler.is_compiling())
         N = cu_seqlens.numel() - 1
     else:
         N = B
@@ -156,19 +153,6 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
         check_shape(initial_state, "initial_state", [N, HV, K, V])
         check_dtype(initial_state, "initial_state", (torch.float32,))
     return device, N, scale
-
-
-def _check_cu_seqlens_meta(cu_seqlens, device: torch.device) -> None:
-    """The checks of ``check_cu_seqlens`` that read no values (type, dtype, rank, length,
-    device), with its messages: what the entry checks while ``torch.compile`` traces."""
-    name = "cu_seqlens"
-    t = check_tensor(cu_seqlens, name)
-    check_dtype(t, name, (torch.int32, torch.int64))
-    check_ndim(t, name, ndim=1)
-    if t.numel() < 2:
-        raise ValueError(f"{name}: expected at least 2 entries (one document), got {t.numel()}")
-    if t.device.type != device.type:
-        raise ValueError(f"{name}: on {t.device}, inputs on {device}")
 
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
