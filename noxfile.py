@@ -7,10 +7,17 @@
     nox -s lint                ruff
 
 Runs on the CPU through Triton's interpreter when no CUDA device is present.
+
+Each env holds its own torch and Triton (about 1.6 GB). A session that installs them deletes
+its env when it ends, so `nox -s tests` needs disk for one env at a time, not ten (a CI
+machine ran out of disk otherwise). Set CAKE_NOX_KEEP_ENVS=1 to keep them (with `-r`).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import nox
@@ -57,6 +64,17 @@ def _local_closure(dist: str) -> list[str]:
     return [str(ROOT / "packages" / n) for n in seen]
 
 
+@contextmanager
+def _env_dropped_after(session: nox.Session):
+    """Delete the session's env when the block ends, unless CAKE_NOX_KEEP_ENVS=1."""
+    try:
+        yield
+    finally:
+        location = getattr(session.virtualenv, "location", None)
+        if location and os.environ.get("CAKE_NOX_KEEP_ENVS") != "1":
+            shutil.rmtree(location, ignore_errors=True)
+
+
 def _install(session: nox.Session, dists: list[str]) -> None:
     session.install(*BASE)
     paths: list[str] = []
@@ -72,16 +90,19 @@ def _install(session: nox.Session, dists: list[str]) -> None:
 def family(session: nox.Session, family: str) -> None:
     """One package's tests, alone with its declared dependencies."""
     dist = FAMILIES[family]
-    _install(session, [dist])
-    session.run("pytest", "-q", "-p", "no:cacheprovider", f"packages/{dist}/tests",
-                *session.posargs)
+    with _env_dropped_after(session):
+        _install(session, [dist])
+        session.run("pytest", "-q", "-p", "no:cacheprovider", f"packages/{dist}/tests",
+                    *session.posargs)
 
 
 @nox.session
 def integration(session: nox.Session) -> None:
     """tests-integration/, with every package installed."""
-    _install(session, list(FAMILIES.values()))
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests-integration", *session.posargs)
+    with _env_dropped_after(session):
+        _install(session, list(FAMILIES.values()))
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "tests-integration",
+                    *session.posargs)
 
 
 @nox.session
@@ -95,8 +116,9 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job on its embedded defaults."""
-    _install(session, ["cake-tinylm"])
-    session.run("cake-tinylm", "train", *session.posargs)
+    with _env_dropped_after(session):
+        _install(session, ["cake-tinylm"])
+        session.run("cake-tinylm", "train", *session.posargs)
 
 
 @nox.session
