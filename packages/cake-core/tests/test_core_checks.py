@@ -5,6 +5,7 @@ import torch
 from cake_core import (
     check_cu_seqlens,
     check_dtype,
+    check_flag,
     check_last_dim_contiguous,
     check_ndim,
     check_positive_finite,
@@ -72,3 +73,12 @@ def test_accumulator():
                      "dtype"), (torch.zeros(3, 2).t(), "contiguous"), ([0.0], "Tensor")):
         with pytest.raises(ValueError, match=f"main_grad: .*{msg}"):
             check_accumulator(bad, "main_grad", (2, 3))
+
+
+def test_flag():
+    assert check_flag(True, "f") is True and check_flag(False, "f") is False
+    for bad in (1, 0, None, "True", torch.tensor(True), 1.0):
+        with pytest.raises(ValueError, match=r"^use_x: expected a bool, got "):
+            check_flag(bad, "use_x")
+    with pytest.raises(ValueError, match=r"^f: expected a bool, got 1$"):
+        check_flag(1, "f")

@@ -50,6 +50,20 @@ def test_manifest():
         assert hasattr(importlib.import_module(k["module"]), k["function"])
 
 
+def test_shared_helpers_from_cake_core():
+    """The reference's eps is the kernels' (cake-core's), and the workspace's chunk bound is
+    cake-core's with GDN's chunk size."""
+    from cake_core import l2norm, varlen
+    from cake_gdn_det_train.plan import CHUNK_SIZE
+    from cake_gdn_det_train.reference import L2NORM_EPS
+    from cake_gdn_det_train.saved import max_chunks
+
+    assert L2NORM_EPS == l2norm.L2NORM_EPS == 1e-6
+    for n, s in ((0, 1), (63, 1), (64, 1), (65, 2), (200, 5)):
+        assert max_chunks(n, s) == varlen.max_chunks(n, s, CHUNK_SIZE)
+    assert max_chunks(65, 2) == 2 and max_chunks(200, 5) == 8
+
+
 @pytest.mark.parametrize("K,V", [(16, 16), (64, 64), (128, 128), (100, 48), (256, 256)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_plan_rule_and_roundtrip(K, V, dtype):

@@ -15,6 +15,7 @@ MANIFEST = {
         {"module": "cake_core.triton_utils", "function": "dot"},
         {"module": "cake_core.gemm", "function": "matmul_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
+        {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     ],
     "plans": [],
     "package_data": [],

@@ -81,6 +81,14 @@ def check_accumulator(t: object, name: str, shape: Sequence[int]) -> None:
         raise ValueError(f"{name}: must be contiguous")
 
 
+def check_flag(value: object, name: str) -> bool:
+    """Raise ``ValueError`` unless ``value`` is a real ``bool`` (not ``0``/``1``, not a numpy
+    or torch bool); return it."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected a bool, got {value!r}")
+    return value
+
+
 def check_positive_finite(v: object, name: str) -> float:
     """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:

@@ -22,6 +22,7 @@ from cake_core import (
     Mode,
     check_cu_seqlens,
     check_dtype,
+    check_flag,
     check_ndim,
     check_positive_finite,
     check_same_device,
@@ -31,7 +32,9 @@ from cake_core import (
 )
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
+from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.triton_utils import is_interpreting, launch_device_check
+from cake_core.varlen import chunk_tables, group_sum, seq_offsets
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -43,7 +46,6 @@ from cake_gdn_det_train.kernels.gate import (
     gdn_gate_bwd_kernel,
     gdn_gate_fwd_kernel,
 )
-from cake_gdn_det_train.kernels.l2norm import gdn_l2norm_fwd_kernel
 from cake_gdn_det_train.plan import (
     CHUNK_SIZE,
     MAX_HEAD_DIM,
@@ -51,7 +53,6 @@ from cake_gdn_det_train.plan import (
     cuda_plan_problem,
     make_plan,
 )
-from cake_gdn_det_train.reference import L2NORM_EPS
 from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -78,12 +79,6 @@ class GDNDetGrads(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def _check_flag(v: object, name: str) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"{name}: expected a bool, got {v!r}")
-    return v
 
 
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
@@ -116,11 +111,11 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     check_shape(beta, "beta", [B, T, HV])
     check_dtype(beta, "beta", (torch.float32, q.dtype))
     scale = float(K) ** -0.5 if scale is None else check_positive_finite(scale, "scale")
-    _check_flag(output_final_state, "output_final_state")
-    _check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
-    _check_flag(use_gate_in_kernel, "use_gate_in_kernel")
-    _check_flag(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel")
-    _check_flag(allow_neg_eigval, "allow_neg_eigval")
+    check_flag(output_final_state, "output_final_state")
+    check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
+    check_flag(use_gate_in_kernel, "use_gate_in_kernel")
+    check_flag(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel")
+    check_flag(allow_neg_eigval, "allow_neg_eigval")
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (the "
                          "kernel then uses beta' = 2 * sigmoid(beta), as FLA)")
@@ -226,41 +221,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _offsets(cu_seqlens, B: int, T: int) -> torch.Tensor:
-    """int64 CPU offsets ``[N + 1]`` of the sequences in the flattened ``B * T`` tokens."""
-    if cu_seqlens is None:
-        return torch.arange(B + 1, dtype=torch.int64) * T
-    return cu_seqlens.detach().to("cpu", torch.int64)
-
-
-def _chunk_tables(cu: torch.Tensor):
-    """From CPU int64 offsets: chunk starts and ends ``[NC]``, each sequence's first chunk
-    ``[N + 1]`` (all int32, CPU) and NC. Chunks of a sequence are consecutive, in order."""
-    bos, eos = cu[:-1], cu[1:]
-    per_seq = (eos - bos + CHUNK_SIZE - 1) // CHUNK_SIZE
-    chunk_off = torch.zeros(cu.numel(), dtype=torch.int64)
-    chunk_off[1:] = torch.cumsum(per_seq, 0)
-    NC = int(chunk_off[-1])
-    seq = torch.repeat_interleave(torch.arange(per_seq.numel()), per_seq)
-    local = torch.arange(NC, dtype=torch.int64) - chunk_off[seq]
-    starts = bos[seq] + CHUNK_SIZE * local
-    ends = torch.minimum(starts + CHUNK_SIZE, eos[seq])
-    i32 = torch.int32
-    return starts.to(i32), ends.to(i32), chunk_off.to(i32), NC
-
-
 def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
-    """``x * rsqrt(sum(x**2) + eps)`` over the last dim (computed in fp32, stored in x's
-    dtype, as FLA), and the fp32 rstd per row."""
-    K = x.shape[-1]
-    rows = x.numel() // K
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    if rows:
-        gdn_l2norm_fwd_kernel[(_cdiv(rows, plan.l2norm_block_rows),)](
-            x, y, rstd, rows, K, L2NORM_EPS,
-            BLOCK_R=plan.l2norm_block_rows, BK=plan.block_k, num_warps=plan.num_warps_l2norm)
-    return y, rstd
+    """cake-core's q/k L2 norm (``x * rsqrt(sum(x**2) + 1e-6)`` over the last dim, computed
+    in fp32, stored in x's dtype, as FLA) with this plan's launch fields; returns
+    ``(y, fp32 rstd per row)``. x is contiguous."""
+    return l2norm_fwd(x, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
+                      num_warps=plan.num_warps_l2norm)
 
 
 def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: torch.dtype):
@@ -405,26 +371,6 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     return o, ht, (q_rstd, k_rstd, g_cumsum, A)
 
 
-def _group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
-    """``[NT, HV, K]`` per value head -> ``[NT, H, K]``: each q/k head's value heads added in
-    index order (fixed order; no atomics, no library reduction)."""
-    NT, HV, K = x.shape
-    group = HV // H
-    if group == 1:
-        return x
-    x = x.view(NT, H, group, K)
-    acc = x[:, :, 0].clone()
-    for j in range(1, group):
-        acc += x[:, :, j]
-    return acc
-
-
-def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """Gradient through y = x * rstd, rstd = rsqrt(sum(x**2) + eps): rstd (dy - y sum(dy y))."""
-    y = x.float() * rstd[..., None]
-    return rstd[..., None] * (dy - y * (dy * y).sum(-1, keepdim=True))
-
-
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
     h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
@@ -437,7 +383,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     NT = B * T
     cu = _host_offsets(saved)
     N = cu.numel() - 1
-    tables = _chunk_tables(cu)
+    tables = chunk_tables(cu, CHUNK_SIZE)
     NC = tables[3]
     dev = q.device
     f32 = torch.float32
@@ -503,11 +449,11 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate, use_sigmoid,
                                  plan)
-    dq = _group_sum(dq_hv, H).view(B, T, H, K)
-    dk = _group_sum(dk_hv, H).view(B, T, H, K)
+    dq = group_sum(dq_hv, H).view(B, T, H, K)
+    dk = group_sum(dk_hv, H).view(B, T, H, K)
     if saved.use_qk_l2norm:
-        dq = _l2norm_bwd(q, saved.q_rstd, dq)
-        dk = _l2norm_bwd(k, saved.k_rstd, dk)
+        dq = l2norm_bwd(q, saved.q_rstd, dq)
+        dk = l2norm_bwd(k, saved.k_rstd, dk)
     return GDNDetGrads(
         dq.to(q.dtype), dk.to(k.dtype), dv.view(B, T, HV, V).to(v.dtype),
         dg.view(B, T, HV).to(g.dtype), dbeta.view(B, T, HV).to(beta.dtype), dh0, dA_log,
@@ -598,8 +544,8 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     plan = _resolve_plan(plan, K, V, q.dtype, device)
-    cu = _offsets(cu_seqlens, B, T)
-    tables = _chunk_tables(cu)
+    cu = seq_offsets(cu_seqlens, B, T)
+    tables = chunk_tables(cu, CHUNK_SIZE)
     workspace = _resolve_workspace(workspace, plan, device, HV, B * T, tables[3], q.dtype)
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
@@ -684,8 +630,8 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
     launch_device_check(device, "do")
     plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
     cu = _host_offsets(saved)
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, _chunk_tables(cu)[3],
-                                   saved.q.dtype)
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T,
+                                   chunk_tables(cu, CHUNK_SIZE)[3], saved.q.dtype)
     with torch.no_grad():
         return _launch_bwd(do, dht, saved, plan, workspace)
 
@@ -714,12 +660,12 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     B, T = q.shape[:2]
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, T, q.device)
-    cu = _offsets(cu_seqlens, B, T)
+    cu = seq_offsets(cu_seqlens, B, T)
     qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
     h0 = initial_state.contiguous() if initial_state is not None else None
     o, ht, (q_rstd, k_rstd, _, _) = _launch_fwd(
         qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, cu, plan, None,
-        _chunk_tables(cu), _gate_args(use_gate, A_log, dt_bias, use_sigmoid))
+        chunk_tables(cu, CHUNK_SIZE), _gate_args(use_gate, A_log, dt_bias, use_sigmoid))
     return o, _none0(ht, q), _none0(q_rstd, q), _none0(k_rstd, q)
 
 
@@ -749,7 +695,7 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
     :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
     plan = plan_from_op_fields(GDNDetPlan, plan_fields)
     B, T = q.shape[:2]
-    cu = _offsets(cu_seqlens, B, T)
+    cu = seq_offsets(cu_seqlens, B, T)
     saved = _saved_set(q, k, v, g, beta, None, None, initial_state, cu.to(q.device),
                        q_rstd if use_l2 else None, k_rstd if use_l2 else None,
                        A_log if use_gate else None, dt_bias if use_gate else None,
@@ -810,8 +756,8 @@ class _GDNDetFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
                 use_l2, plan, A_log, dt_bias, use_gate, use_sigmoid):
         B, T = q.shape[:2]
-        cu = _offsets(cu_seqlens, B, T)
-        tables = _chunk_tables(cu)
+        cu = seq_offsets(cu_seqlens, B, T)
+        tables = chunk_tables(cu, CHUNK_SIZE)
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         gate = _gate_args(use_gate, A_log, dt_bias, use_sigmoid)

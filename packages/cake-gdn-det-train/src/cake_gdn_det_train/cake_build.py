@@ -14,7 +14,9 @@ FAMILY = {
 MANIFEST = {
     **FAMILY,
     "kernels": [
-        {"module": "cake_gdn_det_train.kernels.l2norm", "function": "gdn_l2norm_fwd_kernel"},
+        # the q/k L2 norm and the fixed-order dA_log / ddt_bias sum (cake-core's shared kernels)
+        {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
+        {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
@@ -29,7 +31,14 @@ MANIFEST = {
 
 
 def manifest() -> dict:
-    """The manifest with the digest of the kernel sources filled in."""
+    """The manifest with the digest of the kernel sources filled in: this package's
+    ``kernels/`` and cake-core's ``l2norm.py`` and ``gemm.py``, whose kernels it launches."""
+    import hashlib
+    import importlib.util
+
     from cake_core.build import source_digest
 
-    return {**MANIFEST, "source_digest": source_digest(Path(__file__).parent)}
+    h = hashlib.sha256(source_digest(Path(__file__).parent).encode() + b"\0")
+    for mod in ("cake_core.l2norm", "cake_core.gemm"):  # found, not imported (no Triton)
+        h.update(Path(importlib.util.find_spec(mod).origin).read_bytes() + b"\0")
+    return {**MANIFEST, "source_digest": "sha256:" + h.hexdigest()}

@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-#: eps of the optional q/k L2 normalisation: x * rsqrt(sum(x**2) + eps), as in FLA.
+#: eps of the optional q/k L2 normalisation: x * rsqrt(sum(x**2) + eps), as in FLA. The
+#: kernels use cake_core.l2norm.L2NORM_EPS, the same value (tested); written out here so the
+#: reference stays plain torch (cake_core.l2norm imports Triton).
 L2NORM_EPS = 1e-6
 #: softplus(x) = x for x above this (FLA's and torch's threshold).
 SOFTPLUS_THRESHOLD = 20.0

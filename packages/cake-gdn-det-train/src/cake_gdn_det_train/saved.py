@@ -6,6 +6,7 @@ import numbers
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.varlen import max_chunks as _max_chunks
 
 from cake_gdn_det_train.plan import CHUNK_SIZE, GDNDetPlan
 
@@ -95,8 +96,9 @@ class GDNDetWorkspace(Workspace):
 
 
 def max_chunks(num_tokens: int, num_seqs: int) -> int:
-    """The most 64-token chunks ``num_seqs`` sequences of ``num_tokens`` tokens can form."""
-    return min(num_tokens, (num_tokens + (CHUNK_SIZE - 1) * num_seqs) // CHUNK_SIZE)
+    """The most 64-token chunks ``num_seqs`` sequences of ``num_tokens`` tokens can form
+    (:func:`cake_core.varlen.max_chunks` with GDN's chunk size)."""
+    return _max_chunks(num_tokens, num_seqs, CHUNK_SIZE)
 
 
 __all__ = ["GDNDetSavedSet", "GDNDetWorkspace", "Mode", "max_chunks"]

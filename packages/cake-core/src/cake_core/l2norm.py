@@ -1,0 +1,96 @@
+"""Row-wise L2 norm (FLA's q/k ``use_qk_l2norm_in_kernel``), shared by the linear-attention
+families (GDN, KDA).
+
+Forward: ``y = x * rstd`` with ``rstd = 1 / sqrt(sum(x**2) + eps)`` over the last dim,
+computed in fp32, ``y`` stored in x's dtype, ``rstd`` kept in fp32 for the backward.
+Backward (plain torch): ``dx = rstd * (dy - y * sum(dy * y))`` with ``y`` recomputed in fp32.
+
+:func:`l2norm_fwd_kernel` runs one program per ``BLOCK_R`` rows; rows are independent and
+each row's sum is one in-register reduction, so equal inputs and launch parameters give
+equal bits (no atomics). Importing this module imports Triton (after
+:mod:`cake_core.triton_utils` picked the backend).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cake_core.triton_utils import select_backend, tl, triton
+
+select_backend()
+
+__all__ = ["L2NORM_EPS", "l2norm_bwd", "l2norm_fwd", "l2norm_fwd_kernel"]
+
+#: eps of the q/k L2 norm: x * rsqrt(sum(x**2) + eps), as in FLA.
+L2NORM_EPS = 1e-6
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def l2norm_fwd_kernel(
+    X, Y, RSTD, n_rows, KD, eps,
+    BLOCK_R: tl.constexpr, BK: tl.constexpr,
+):
+    """Rows ``[pid * BLOCK_R, (pid + 1) * BLOCK_R)`` of the contiguous ``[n_rows, KD]`` X:
+    ``Y = X * RSTD``, ``RSTD = 1 / sqrt(sum(X**2) + eps)`` (fp32), ``BK >= KD``."""
+    pid = tl.program_id(0)
+    r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    ck = tl.arange(0, BK)
+    rmask = r < n_rows
+    mask = rmask[:, None] & (ck < KD)[None, :]
+    x = tl.load(X + r[:, None] * KD + ck[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) + eps)
+    tl.store(Y + r[:, None] * KD + ck[None, :], x * rstd[:, None], mask=mask)
+    tl.store(RSTD + r, rstd, mask=rmask)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def l2norm_fwd(x: torch.Tensor, *, block_rows: int, block_k: int,
+               num_warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x * rsqrt(sum(x**2) + L2NORM_EPS)`` over the last dim, and the per-row fp32 rstd.
+
+    Args:
+        x: contiguous ``[..., K]`` tensor (fp32/bf16/fp16) on the backend's device.
+        block_rows: rows per program (a power of two); block_k: a power of two ``>= K``;
+            num_warps: warps per program. Launch parameters (a family's plan fields): equal
+            parameters give equal bits.
+
+    Returns:
+        ``(y, rstd)``: ``y`` like x (computed in fp32, stored in x's dtype, as FLA), ``rstd``
+        fp32 ``x.shape[:-1]``. With no rows nothing is launched.
+
+    Raises:
+        ValueError: ``x`` not contiguous, or ``block_k < K``. The caller checks dtypes and
+            devices; this helper allocates the outputs and launches.
+    """
+    K = x.shape[-1]
+    if not x.is_contiguous():
+        raise ValueError(f"x: must be contiguous, got strides {x.stride()}")
+    if block_k < K:
+        raise ValueError(f"block_k: must be >= K = {K}, got {block_k}")
+    rows = x.numel() // K if K else 0
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if rows:
+        l2norm_fwd_kernel[(_cdiv(rows, block_rows),)](
+            x, y, rstd, rows, K, L2NORM_EPS,
+            BLOCK_R=block_rows, BK=block_k, num_warps=num_warps)
+    return y, rstd
+
+
+def l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """Gradient through ``y = x * rstd``, ``rstd = rsqrt(sum(x**2) + eps)``:
+    ``dx = rstd * (dy - y * sum(dy * y))``, ``y = x.float() * rstd`` recomputed.
+
+    Args:
+        x: the forward's input ``[..., K]``; rstd: its fp32 ``[...]`` from :func:`l2norm_fwd`;
+            dy: the gradient of y, ``[..., K]``.
+
+    Returns:
+        dx ``[..., K]`` in fp32 (torch's promotion of dy with the fp32 ``y``), in plain torch
+        elementwise ops and one last-dim sum (deterministic on one device for equal shapes).
+    """
+    y = x.float() * rstd[..., None]
+    return rstd[..., None] * (dy - y * (dy * y).sum(-1, keepdim=True))

@@ -1,0 +1,88 @@
+"""cake_core.l2norm: the row-wise L2 norm kernel and its torch backward."""
+
+import pytest
+import torch
+from cake_core.l2norm import L2NORM_EPS, l2norm_bwd, l2norm_fwd
+from cake_core.testing import (
+    assert_bitwise_repeat,
+    assert_close_to_reference,
+    bitwise_equal,
+    randn,
+)
+from cake_core.triton_utils import default_device
+
+DEV = default_device()
+LAUNCH = {"block_rows": 16, "num_warps": 4}
+
+
+def _ref(x64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rstd = torch.rsqrt(x64.pow(2).sum(-1) + L2NORM_EPS)
+    return x64 * rstd[..., None], rstd
+
+
+@pytest.mark.parametrize("shape,block_k", [
+    ((2, 7, 3, 16), 16),     # 42 rows: not a multiple of block_rows
+    ((1, 5, 2, 100), 128),   # K not a power of two, masked columns
+    ((33, 64), 64),
+    ((1, 1, 1, 8), 16),      # one row
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_fwd_matches_float64(shape, block_k, dtype):
+    x = randn(shape, dtype, DEV, seed=3)
+    before = x.clone()
+    y, rstd = l2norm_fwd(x, block_k=block_k, **LAUNCH)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert rstd.dtype == torch.float32 and rstd.shape == x.shape[:-1]
+    y_ref, rstd_ref = _ref(x.double())
+    assert_close_to_reference(y, y_ref, dtype, name="y")
+    assert_close_to_reference(rstd, rstd_ref, torch.float32, name="rstd")
+    assert bitwise_equal(x, before)
+
+
+def test_fwd_small_rows_use_eps():
+    x = torch.zeros(3, 16, device=DEV)
+    x[1, 0] = 1e-4
+    y, rstd = l2norm_fwd(x, block_k=16, **LAUNCH)
+    assert torch.equal(y[0], torch.zeros(16, device=DEV))
+    want = 1.0 / (1e-8 + L2NORM_EPS) ** 0.5
+    assert abs(float(rstd[0]) - L2NORM_EPS ** -0.5) <= 1e-5 * L2NORM_EPS ** -0.5
+    assert abs(float(rstd[1]) - want) <= 1e-5 * want
+
+
+def test_fwd_repeat_and_launch_parameters():
+    x = randn((4, 9, 2, 32), torch.bfloat16, DEV, seed=5)
+    assert_bitwise_repeat(lambda: l2norm_fwd(x, block_k=32, **LAUNCH), repeats=2)
+    # rows are independent: other row blocks give the same bits
+    a = l2norm_fwd(x, block_k=32, block_rows=16, num_warps=4)
+    b = l2norm_fwd(x, block_k=32, block_rows=64, num_warps=2)
+    assert bitwise_equal(a[0], b[0]) and bitwise_equal(a[1], b[1])
+
+
+def test_fwd_no_rows():
+    x = torch.empty(0, 3, 16, device=DEV)
+    y, rstd = l2norm_fwd(x, block_k=16, **LAUNCH)
+    assert y.shape == (0, 3, 16) and rstd.shape == (0, 3) and rstd.dtype == torch.float32
+
+
+def test_fwd_bad_arguments():
+    x = randn((8, 32), torch.float32, DEV)
+    with pytest.raises(ValueError, match="x: must be contiguous"):
+        l2norm_fwd(randn((32, 8), torch.float32, DEV).t(), block_k=32, **LAUNCH)
+    with pytest.raises(ValueError, match="block_k: must be >= K = 32, got 16"):
+        l2norm_fwd(x, block_k=16, **LAUNCH)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_bwd_matches_autograd(dtype):
+    shape = (2, 11, 3, 24)
+    x = randn(shape, dtype, DEV, seed=7)
+    dy = randn(shape, torch.float32, DEV, seed=8)
+    _, rstd = l2norm_fwd(x, block_k=32, **LAUNCH)
+    dx = l2norm_bwd(x, rstd, dy)
+    assert dx.dtype == torch.float32 and dx.shape == shape
+    x64 = x.double().requires_grad_(True)
+    (g64,) = torch.autograd.grad(_ref(x64)[0], x64, dy.double())
+    # x (any dtype) is exact in fp32 and dy is fp32: only fp32 rounding separates dx from
+    # float64 autograd, so the fp32 tolerance holds for bf16 x too
+    assert_close_to_reference(dx, g64, torch.float32, name="dx")
+    assert bitwise_equal(l2norm_bwd(x, rstd, dy), dx)

@@ -1,0 +1,103 @@
+"""cake_core.varlen: sequence offsets, chunk tables, the chunk bound, the value-head sum."""
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import torch
+from cake_core.testing import bitwise_equal
+from cake_core.varlen import chunk_tables, group_sum, max_chunks, seq_offsets
+
+
+def test_import_does_not_import_triton():
+    code = ("import sys, cake_core.varlen; "
+            "assert 'triton' not in sys.modules, 'triton imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
+    assert r.returncode == 0, r.stderr
+
+
+def test_seq_offsets():
+    cu = seq_offsets(None, 3, 5)
+    assert cu.dtype == torch.int64 and cu.device.type == "cpu" and cu.tolist() == [0, 5, 10, 15]
+    assert seq_offsets(None, 2, 0).tolist() == [0, 0, 0]
+    given = torch.tensor([0, 0, 1, 7], dtype=torch.int32)
+    cu = seq_offsets(given, 1, 7)
+    assert cu.dtype == torch.int64 and cu.device.type == "cpu" and cu.tolist() == [0, 0, 1, 7]
+    assert given.dtype == torch.int32  # the argument is not modified
+
+
+def _chunks_by_loop(cu: list[int], c: int):
+    starts, ends, off = [], [], [0]
+    for bos, eos in itertools.pairwise(cu):
+        for s in range(bos, eos, c):
+            starts.append(s)
+            ends.append(min(s + c, eos))
+        off.append(len(starts))
+    return starts, ends, off
+
+
+@pytest.mark.parametrize("cu,chunk", [
+    ([0, 0, 1, 65, 129, 129, 200], 64),  # empty, length-1, 64, 64, empty, 71 tokens
+    ([0, 1], 64),                        # one length-1 sequence
+    ([0, 0], 64),                        # one empty sequence: no chunk
+    ([0, 0, 0, 0], 16),                  # only empty sequences
+    ([0, 17, 34, 35, 51], 16),           # lengths 17, 17, 1, 16
+    ([0, 5, 6, 13], 1),                  # chunk of one token
+    ([0, 300], 128),
+])
+def test_chunk_tables_match_a_loop(cu, chunk):
+    starts, ends, off, nc = chunk_tables(torch.tensor(cu, dtype=torch.int64), chunk)
+    want_s, want_e, want_off = _chunks_by_loop(cu, chunk)
+    assert isinstance(nc, int) and nc == len(want_s)
+    for t in (starts, ends, off):
+        assert t.dtype == torch.int32 and t.device.type == "cpu"
+    assert starts.tolist() == want_s and ends.tolist() == want_e and off.tolist() == want_off
+    assert tuple(starts.shape) == tuple(ends.shape) == (nc,) and off.numel() == len(cu)
+    assert nc <= max_chunks(cu[-1], len(cu) - 1, chunk)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 64])
+def test_max_chunks_is_the_tight_bound(chunk):
+    """For every split of n tokens into s sequences the chunk count is <= max_chunks, and
+    some split reaches it."""
+    for n in range(0, 13):
+        for s in range(1, 5):
+            best = 0
+            for cuts in itertools.combinations_with_replacement(range(n + 1), s - 1):
+                cu = [0, *cuts, n]
+                best = max(best, sum(-(-(b - a) // chunk) for a, b in itertools.pairwise(cu)))
+            assert max_chunks(n, s, chunk) == best, (n, s, chunk)
+    assert max_chunks(200, 5, 64) == 8 and max_chunks(65, 2, 64) == 2
+
+
+def test_group_sum_heads_and_order():
+    NT, H, G, K = 3, 2, 4, 5
+    # head h gets value heads h*G .. h*G+G-1 (consecutive), exact in fp32
+    x = torch.arange(NT * H * G * K, dtype=torch.float32).view(NT, H * G, K)
+    want = x.view(NT, H, G, K).sum(2)
+    assert torch.equal(group_sum(x, H), want)
+    # values where float order matters: left to right gives ((1e8 + 1) - 1e8) + 1 = 1
+    vals = torch.tensor([1e8, 1.0, -1e8, 1.0], dtype=torch.float32)
+    x = vals.view(1, 4, 1).expand(NT, 4, K).contiguous()
+    out = group_sum(x, 1)
+    assert tuple(out.shape) == (NT, 1, K) and out.dtype == torch.float32
+    assert bool((out == 1.0).all())
+    ordered = x[:, 0:1].clone()
+    for j in range(1, 4):
+        ordered = ordered + x[:, j:j + 1]
+    assert bitwise_equal(out, ordered)
+    # another order gives other bits on this input: the order is what the sum fixes
+    other = ((x[:, 0:1] + x[:, 2:3]) + x[:, 1:2]) + x[:, 3:4]
+    assert not torch.equal(out, other)
+
+
+def test_group_sum_identity_and_input_untouched():
+    x = torch.randn(4, 3, 8, generator=torch.Generator().manual_seed(0))
+    assert group_sum(x, 3) is x
+    y = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(1))
+    before = y.clone()
+    out = group_sum(y, 3)
+    assert bitwise_equal(y, before) and tuple(out.shape) == (4, 3, 8)
+    assert bitwise_equal(out, y[:, 0::2] + y[:, 1::2])
