@@ -39,6 +39,7 @@ from cake_core import (
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.triton_utils import is_interpreting, launch_device_check, next_power_of_2
+from cake_core.varlen import seq_offsets
 
 from cake_causal_conv1d_det_train.kernels.bwd import causal_conv1d_bwd_kernel
 from cake_causal_conv1d_det_train.kernels.fwd import causal_conv1d_fwd_kernel
@@ -190,13 +191,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _offsets(cu_seqlens, B: int, T: int) -> torch.Tensor:
-    """CPU int64 ``[N + 1]`` sequence offsets in the flattened ``B * T`` tokens."""
-    if cu_seqlens is None:
-        return torch.arange(B + 1, dtype=torch.int64) * T
-    return cu_seqlens.detach().to("cpu", torch.int64)
-
-
 def _block_table(offsets: torch.Tensor, block_t: int) -> torch.Tensor:
     """int32 CPU ``[n_blocks, 2]``: (sequence, first token in it) of each block of
     ``block_t`` tokens, sequences in order, blocks of a sequence in order. Every sequence
@@ -327,7 +321,7 @@ def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, T, x.device)
     y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens,
-                        _offsets(cu_seqlens, B, T), act, output_final_state, plan)
+                        seq_offsets(cu_seqlens, B, T), act, output_final_state, plan)
     return y, (fs if fs is not None else _empty0(x))
 
 
@@ -353,7 +347,7 @@ def _bwd_op(dy: torch.Tensor, dfinal_state: torch.Tensor | None, x: torch.Tensor
     plan = plan_from_op_fields(CausalConv1dDetPlan, plan_fields)
     B, T = x.shape[:2]
     dx, dw, db, dh0 = _launch_bwd(_last_dim_contiguous(dy), dfinal_state, x, weight, bias,
-                                  initial_state, cu_seqlens, _offsets(cu_seqlens, B, T), act,
+                                  initial_state, cu_seqlens, seq_offsets(cu_seqlens, B, T), act,
                                   plan, dweight_partials, dbias_partials)
     return (dx, dw, db if db is not None else _empty0(x),
             dh0 if dh0 is not None else _empty0(x))
@@ -483,7 +477,7 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     wpart, bpart = _resolve_workspace(workspace, plan, device, B * T, N)
     if not torch.compiler.is_compiling():
         return _CausalConv1dDetFunction.apply(
-            x, weight, bias, initial_state, cu_seqlens, _offsets(cu_seqlens, B, T), act,
+            x, weight, bias, initial_state, cu_seqlens, seq_offsets(cu_seqlens, B, T), act,
             output_final_state, plan, wpart, bpart)
     y, fs = torch.ops.cake_causal_conv1d_det_train.fwd(
         x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
@@ -511,7 +505,7 @@ def causal_conv1d_det_fwd(x: torch.Tensor, weight: torch.Tensor,
                                    output_final_state)
     B, T, D = x.shape
     plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
-    offsets = _offsets(cu_seqlens, B, T)
+    offsets = seq_offsets(cu_seqlens, B, T)
     with torch.no_grad():
         y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
                             output_final_state, plan)
