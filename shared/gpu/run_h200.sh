@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm profile dense lmhead tests3 gdntests gdnbench (default: the first five). Seen 2026-11-29: the GPU test
+# parts: any of env tests det bench tinylm profile dense lmhead tests3, and <fam>tests
+# <fam>bench <fam>configs for fam in gdn kda conv gate (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
 set -uo pipefail
@@ -49,21 +50,33 @@ if has tests3; then
   timeout 560 python3 -m pytest -q -p no:cacheprovider packages/cake-dense-projection-det-gemm/tests \
     packages/cake-lm-head-loss-det-train/tests 2>&1 | tee "$OUT/pytest_gpu3.txt" | tail -25
 fi
-if has gdntests; then  # test files in parallel processes (compiling dominates; 16 cores)
-  i=0
-  for f in packages/cake-gdn-det-train/tests/test_*.py; do
+# <fam>tests: a family's test files in parallel processes (compiling dominates; 16 cores);
+# <fam>bench: its benchmark with $<FAM>_ARGS; <fam>configs: every plan configuration of
+# shared/gpu/plan_configs.py against float64. fam: gdn, kda, conv, gate (gated norm).
+famtests() {  # $1 id, $2 package folder
+  local i=0
+  for f in packages/$2/tests/test_*.py; do
     i=$((i+1))
-    timeout ${GDN_TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rf "$f" \
-      > "$OUT/pytest_gdn_$i.txt" 2>&1 &
+    timeout ${FAM_TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rf "$f" \
+      > "$OUT/pytest_$1_$i.txt" 2>&1 &
   done
   wait
-  for f in "$OUT"/pytest_gdn_*.txt; do echo "== $f"; grep -E "passed|failed|FAILED|Error" "$f" | tail -12; done
-fi
-if has gdnbench; then
-  timeout ${GDN_BENCH_TIMEOUT:-400} python3 \
-    packages/cake-gdn-det-train/benchmarks/bench_cake_gdn_det_train.py \
-    ${GDN_ARGS-} --out "$OUT/gdn_bench.json" 2>&1 | tee "$OUT/gdn_bench.txt"
-fi
+  for f in "$OUT"/pytest_$1_*.txt; do echo "== $f"; grep -E "passed|failed|FAILED|Error" "$f" | tail -12; done
+}
+fambench() {  # $1 id, $2 package folder, $3 extra args
+  local mod=${2//-/_}
+  timeout ${FAM_BENCH_TIMEOUT:-400} python3 packages/$2/benchmarks/bench_$mod.py $3 \
+    --out "$OUT/$1_bench.json" 2>&1 | tee "$OUT/$1_bench.txt"
+}
+declare -A FAMPKG=([gdn]=cake-gdn-det-train [kda]=cake-kda-det-train
+                   [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train)
+for fam in "${!FAMPKG[@]}"; do
+  has ${fam}tests && famtests $fam ${FAMPKG[$fam]}
+  argvar=${fam^^}_ARGS
+  has ${fam}bench && fambench $fam ${FAMPKG[$fam]} "${!argvar-}"
+  has ${fam}configs && timeout ${FAM_CONFIGS_TIMEOUT:-400} python3 shared/gpu/plan_configs.py \
+    $fam 2>&1 | tee "$OUT/${fam}_configs.txt"
+done
 if has tinylm; then
   timeout 300 python3 -m cake_tinylm train --out "$OUT/tinylm" 2>&1 | tail -30 | tee "$OUT/tinylm.txt"
 fi

@@ -1,0 +1,105 @@
+"""Check plan configurations of the chunked linear-attention families (gdn, kda) on the GPU
+against their float64 token recurrence, one subprocess per configuration (an illegal
+access poisons only its own process).
+
+    python shared/gpu/plan_configs.py gdn          # the family's built-in list, 8 at a time
+    python shared/gpu/plan_configs.py kda "128 128 bfloat16 block_v=32" ...
+    python shared/gpu/plan_configs.py kda one K V dtype key=val ...   (one configuration)
+
+Prints, per configuration, the max relative error of o, final_state and every gradient,
+or the failure (the launch that failed, with CUDA_LAUNCH_BLOCKING=1). Inputs: 4 packed
+sequences of 1, 63, 1 and 85 tokens (lengths off the 64-token chunk), 2 value heads per
+q/k head, an initial state; kda adds strong per-channel decays (down to -20 per token).
+"""
+import dataclasses
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+_COMMON = [
+    "16 16 float32", "32 16 bfloat16", "32 32 float32", "64 64 float32", "64 128 float32",
+    "128 128 bfloat16", "128 128 float16", "128 64 bfloat16", "100 48 bfloat16",
+    "128 128 bfloat16 block_v=32", "128 128 bfloat16 num_warps_h=4",
+    "128 128 bfloat16 fp32_dots=0", "128 128 bfloat16 store_16bit=0",
+    "64 64 float32 fp32_dots=0", "128 128 bfloat16 num_stages_h=1",
+    "128 128 bfloat16 num_warps_prep=4", "128 128 bfloat16 num_warps_prep=8",
+    "128 128 bfloat16 keep_a=0",
+]
+CONFIGS = {
+    "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4"],
+    "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "128 128 bfloat16 block_v_bwd=64",
+                      "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16"],
+}
+
+
+def _family(name):
+    """(entry, reference, make_plan, g shape suffix, g sampler) of a family."""
+    import torch
+    if name == "gdn":
+        from cake_gdn_det_train import chunk_gated_delta_rule_det, gdn_reference, make_plan
+        return (chunk_gated_delta_rule_det, gdn_reference, make_plan, lambda K: (),
+                lambda x: torch.nn.functional.logsigmoid(x))
+    from cake_kda_det_train import chunk_kda_det, kda_recurrence_ref, make_plan
+
+    def kda_g(x):  # per-channel decays, a few channels at -20 per token
+        g = torch.nn.functional.logsigmoid(x)
+        g[..., :2] = -20.0
+        return g
+    return chunk_kda_det, kda_recurrence_ref, make_plan, lambda K: (K,), kda_g
+
+
+def one(fam, K, V, dtype, *over):
+    import torch
+    entry, reference, make_plan, gdim, gsample = _family(fam)
+    dt = getattr(torch, dtype)
+    plan = make_plan(K, V, dt, "cuda")
+    kw = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in over}
+    plan = dataclasses.replace(plan, **kw)
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, HV = 1, 150, 1, 2
+    cu = torch.tensor([0, 1, 64, 65, 150], dtype=torch.int32, device="cuda")
+    rn = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).cuda()  # noqa: E731
+    x = {"q": rn(B, T, H, K), "k": torch.nn.functional.normalize(rn(B, T, H, K), dim=-1),
+         "v": rn(B, T, HV, V), "g": gsample(rn(B, T, HV, *gdim(K))),
+         "beta": torch.sigmoid(rn(B, T, HV)), "h0": 0.3 * rn(4, HV, K, V)}
+    do, dht = rn(B, T, HV, V), rn(4, HV, K, V)
+    lo = {n: (t.to(dt) if n in "qkv" else t.float()).requires_grad_() for n, t in x.items()}
+    hi = {n: t.clone().requires_grad_() for n, t in x.items()}
+    o, ht = entry(lo["q"], lo["k"], lo["v"], lo["g"], lo["beta"], initial_state=lo["h0"],
+                  output_final_state=True, cu_seqlens=cu, plan=plan)
+    torch.autograd.backward([o, ht], [do.to(dt), dht.float()])
+    torch.cuda.synchronize()
+    o2, ht2 = reference(hi["q"], hi["k"], hi["v"], hi["g"], hi["beta"], initial_state=hi["h0"],
+                        output_final_state=True, cu_seqlens=cu, dtype=torch.float64)
+    torch.autograd.backward([o2, ht2], [do, dht])
+    errs = {}
+    for n, a, r in [("o", o, o2), ("ht", ht, ht2)] + [("d" + n, lo[n].grad, hi[n].grad)
+                                                     for n in x]:
+        errs[n] = float((a.double() - r).abs().max() / r.abs().max())
+    print("ERRS", " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
+
+
+def run(fam, cfg):
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    p = subprocess.run([sys.executable, __file__, fam, "one", *cfg.split()],
+                       capture_output=True, text=True, env=env, timeout=240)
+    out = [ln for ln in p.stdout.splitlines() if ln.startswith("ERRS")]
+    if out:
+        return f"{fam} {cfg:45s} {out[-1][5:]}"
+    tb = [ln for ln in p.stderr.splitlines() if "kernel[" in ln or "Error" in ln]
+    return f"{fam} {cfg:45s} FAILED rc={p.returncode} {' | '.join(tb[-3:])[:400]}"
+
+
+if __name__ == "__main__":
+    fam = sys.argv[1] if len(sys.argv) > 1 else "gdn"
+    if fam not in CONFIGS:
+        sys.exit(f"family must be one of {sorted(CONFIGS)}, got {fam!r}")
+    if len(sys.argv) > 2 and sys.argv[2] == "one":
+        a = sys.argv[3:]
+        one(fam, int(a[0]), int(a[1]), a[2], *a[3:])
+    else:
+        cfgs = sys.argv[2:] or CONFIGS[fam]
+        with ThreadPoolExecutor(8) as ex:
+            for line in ex.map(lambda c: run(fam, c), cfgs):
+                print(line, flush=True)
