@@ -2,15 +2,16 @@
 
 Anchors, each imported and run inside its own ``try`` (a failure is recorded, not fatal):
 
-- ``fla``: FLA's ``rms_norm_gated(x, z, weight, None, activation="swish", eps=eps)`` (what
+- ``fla``: FLA's ``rms_norm_gated(x, z, weight, None, activation=..., eps=eps)`` (what
   ``FusedRMSNormGated`` calls), norm-before-gate order only;
 - ``mamba``: ``mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn`` (Mamba2's RMSNormGated),
-  both orders;
+  both orders, SiLU gate only;
 - ``torch_compile``: ``torch.compile`` of cake's plain-torch reference (fp32 math, output
   cast to x's dtype), both orders.
 
 Shapes are rows x D with rows = tokens x value heads, as Qwen3-Next's gated DeltaNet output
 norm ([T*HV, 128]); the defaults are T=16384, HV=32 -> 524288x128 and 1048576x128, bf16.
+``--activation sigmoid`` times Kimi Delta Attention's gate (cake, fla, torch_compile).
 
 Typical GPU run (anchor wheels installed with ``pip install --no-deps --target /tmp/site``)::
 
@@ -104,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--orders", type=_parse_list(tuple(ORDERS)), default=list(ORDERS),
                    help="gate orders: fla (norm before gate), mamba (gate before norm)")
     p.add_argument("--group-size", type=int, default=None, help="G (default: D, no groups)")
+    p.add_argument("--activation", choices=("silu", "sigmoid"), default="silu",
+                   help="the gate (FLA's names; 'swish' is 'silu')")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--eps", type=float, default=1e-6)
@@ -172,8 +175,8 @@ def bench(fn: Callable[[], Any], device: str, warmup: int, rep: int) -> dict[str
 
 
 def load_impls(names: list[str]) -> dict[str, dict[str, Any]]:
-    """name -> {"make": make(norm_before_gate, G, eps) -> fn(x, z, w) | None, "version",
-    "api"} or {"error": ...}."""
+    """name -> {"make": make(norm_before_gate, G, eps, activation) -> fn(x, z, w) | None,
+    "version", "api"} or {"error": ...}."""
     import torch
 
     out: dict[str, dict[str, Any]] = {}
@@ -183,12 +186,13 @@ def load_impls(names: list[str]) -> dict[str, dict[str, Any]]:
                 mod = importlib.import_module("cake_rmsnorm_silu_gate_det_train")
                 f = mod.rmsnorm_silu_gate_det
 
-                def make(nbg, G, eps, f=f):
-                    return lambda x, z, w: f(x, z, w, eps, norm_before_gate=nbg, group_size=G)
+                def make(nbg, G, eps, act, f=f):
+                    return lambda x, z, w: f(x, z, w, eps, norm_before_gate=nbg, group_size=G,
+                                             activation=act)
 
                 out[name] = {"make": make, "version": mod.__version__,
                              "api": "rmsnorm_silu_gate_det(x, z, w, eps, norm_before_gate, "
-                                    "group_size)"}
+                                    "group_size, activation)"}
             elif name == "fla":
                 try:
                     mod = importlib.import_module("fla.modules.norm.fused_norm_gate")
@@ -197,19 +201,21 @@ def load_impls(names: list[str]) -> dict[str, dict[str, Any]]:
                 f = mod.rms_norm_gated
                 _ = mod.FusedRMSNormGated  # the module calls rms_norm_gated
 
-                def make(nbg, G, eps, f=f):
+                def make(nbg, G, eps, act, f=f):
                     if not nbg or G is not None:
                         return None  # FLA has the norm-before-gate order only, no groups
-                    return lambda x, z, w: f(x, z, w, None, activation="swish", eps=eps)
+                    return lambda x, z, w: f(x, z, w, None, activation=act, eps=eps)
 
                 out[name] = {"make": make, "version": dist_version("fla-core", "fla"),
                              "api": f"{mod.__name__}.rms_norm_gated(x, z, w, None, "
-                                    "activation='swish', eps=eps)"}
+                                    "activation=activation, eps=eps)"}
             elif name == "mamba":
                 mod = importlib.import_module("mamba_ssm.ops.triton.layernorm_gated")
                 f = mod.rmsnorm_fn
 
-                def make(nbg, G, eps, f=f):
+                def make(nbg, G, eps, act, f=f):
+                    if act != "silu":
+                        return None  # Mamba's gated norm has the SiLU gate only
                     return lambda x, z, w: f(x, w, None, z=z, eps=eps, group_size=G,
                                              norm_before_gate=nbg)
 
@@ -220,10 +226,10 @@ def load_impls(names: list[str]) -> dict[str, dict[str, Any]]:
                 ref = importlib.import_module(
                     "cake_rmsnorm_silu_gate_det_train.reference").rmsnorm_silu_gate_reference
 
-                def make(nbg, G, eps, ref=ref):
+                def make(nbg, G, eps, act, ref=ref):
                     def eager(x, z, w):
                         return ref(x, z, w, eps, norm_before_gate=nbg, group_size=G,
-                                   dtype=torch.float32).to(x.dtype)
+                                   activation=act, dtype=torch.float32).to(x.dtype)
 
                     return torch.compile(eager, dynamic=False)
 
@@ -289,7 +295,8 @@ def run_case(rows: int, D: int, order: str, impls, args) -> dict[str, Any]:
     n = rows * D
     bytes_ = {ph: PHASE_BYTES[ph] * n * elt for ph in PHASES}
     res: dict[str, Any] = {"rows": rows, "D": D, "order": order, "norm_before_gate": nbg,
-                           "group_size": G, "dtype": args.dtype, "bytes": bytes_, "impls": {}}
+                           "group_size": G, "activation": args.activation, "dtype": args.dtype,
+                           "bytes": bytes_, "impls": {}}
     gen = torch.Generator(device=args.device).manual_seed(args.seed + rows + D)
     x = torch.randn(rows, D, device=args.device, dtype=dtype, generator=gen).requires_grad_()
     z = (3 * torch.randn(rows, D, device=args.device, generator=gen)).to(dtype).requires_grad_()
@@ -302,7 +309,7 @@ def run_case(rows: int, D: int, order: str, impls, args) -> dict[str, Any]:
 
         leaves = [t.detach().float().requires_grad_() for t in (x, z, w)]
         yr = rmsnorm_silu_gate_reference(*leaves, args.eps, norm_before_gate=nbg, group_size=G,
-                                         dtype=torch.float32)
+                                         activation=args.activation, dtype=torch.float32)
         ref = (yr.detach(), *torch.autograd.grad(yr, leaves, dy.float()))
         del yr, leaves
 
@@ -317,9 +324,10 @@ def run_case(rows: int, D: int, order: str, impls, args) -> dict[str, Any]:
         if name == "torch_compile":
             torch._dynamo.reset()
         try:
-            fn = info["make"](nbg, G, args.eps)
+            fn = info["make"](nbg, G, args.eps, args.activation)
             if fn is None:
-                res["impls"][name] = {"status": "skipped", "error": "order/groups not supported"}
+                res["impls"][name] = {"status": "skipped",
+                                      "error": "order/groups/activation not supported"}
                 continue
             rec = run_impl(fn, x, z, w, dy, ref, args)
         except BaseException as exc:  # noqa: BLE001 - one failing impl must not kill the run
@@ -362,7 +370,7 @@ def fmt(v: float | None, spec: str) -> str:
 
 def markdown_case(res: dict[str, Any]) -> str:
     head = [f"### rows={res['rows']} D={res['D']} {res['dtype']} order={res['order']} "
-            f"group_size={res['group_size']}", ""]
+            f"group_size={res['group_size']} activation={res['activation']}", ""]
     cols = ["impl"]
     for ph in PHASES:
         lab = PHASE_LABEL[ph]

@@ -28,12 +28,14 @@ class _FLAOrMambaLike(torch.nn.Module):
         self.register_parameter("bias", None)
 
 
-@pytest.mark.parametrize("norm_before_gate,group_size", [(True, None), (False, 16)])
+@pytest.mark.parametrize("norm_before_gate,group_size,activation",
+                         [(True, None, "swish"), (False, 16, "silu"), (True, 24, "sigmoid")])
 def test_module_matches_functional_and_loads_state_dict(norm_before_gate, group_size,
-                                                        make_inputs):
+                                                        activation, make_inputs):
     D = 48
     m = RMSNormGated(D, 1e-5, norm_before_gate=norm_before_gate, group_size=group_size,
-                     device=DEV)
+                     activation=activation, device=DEV)
+    assert m.activation == activation
     assert list(m.state_dict()) == ["weight"] and torch.equal(m.weight, torch.ones(D, device=DEV))
     other = _FLAOrMambaLike(D).to(DEV)
     m.load_state_dict(other.state_dict(), strict=True)
@@ -46,11 +48,26 @@ def test_module_matches_functional_and_loads_state_dict(norm_before_gate, group_
     x2, z2 = x.clone().requires_grad_(), z.clone().requires_grad_()
     w2 = other.weight.detach().clone().requires_grad_()
     y2 = rmsnorm_silu_gate_det(x2, z2, w2, 1e-5, norm_before_gate=norm_before_gate,
-                               group_size=group_size)
+                               group_size=group_size, activation=activation)
     y2.backward(dy)
     for a, b in ((y, y2), (x1.grad, x2.grad), (z1.grad, z2.grad), (m.weight.grad, w2.grad)):
         assert torch.equal(a, b)
-    assert "norm_before_gate" in repr(m)
+    assert "norm_before_gate" in repr(m) and f"activation={activation}" in repr(m)
+
+
+def test_module_activation_argument_as_fla(make_inputs):
+    """FLA's FusedRMSNormGated names it ``activation``, default ``"swish"`` (= SiLU); the
+    default module gives the "silu" bits, and KDA's "sigmoid" another output."""
+    import inspect
+
+    param = inspect.signature(RMSNormGated).parameters["activation"]
+    assert param.default == "swish"
+    x, z, _, _ = make_inputs((6, 32), seed=12)
+    default = RMSNormGated(32, device=DEV)
+    assert default.activation == "swish"
+    y = default(x, z)
+    assert torch.equal(y, RMSNormGated(32, activation="silu", device=DEV)(x, z))
+    assert not torch.equal(y, RMSNormGated(32, activation="sigmoid", device=DEV)(x, z))
 
 
 def test_module_dtypes_strides_and_errors(make_inputs):
@@ -81,7 +98,9 @@ def test_torch_compile_fullgraph_same_bits(make_inputs):
         a = rmsnorm_silu_gate_det(x, z, w, group_size=16)
         b = rmsnorm_silu_gate_det(x * 2, z, w, norm_before_gate=False,
                                   dweight_accumulator=acc)
-        return a + b
+        c = rmsnorm_silu_gate_det(x, z * 0.5, w, group_size=8, activation="sigmoid")
+        d = rmsnorm_silu_gate_det(x * 0.5, z, w, norm_before_gate=False, activation="sigmoid")
+        return a + b + c + d
 
     def run(fn):
         leaves = [t.clone().requires_grad_() for t in (x, z, w)]
@@ -99,20 +118,21 @@ def test_torch_compile_fullgraph_same_bits(make_inputs):
         assert torch.equal(a, b)
 
 
-def test_custom_ops_opcheck(make_inputs):
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_custom_ops_opcheck(activation, make_inputs):
     """Schema, fake implementations and autograd registration of the custom ops."""
     from cake_core.compile import plan_to_op_fields
 
     x, z, w, dy = make_inputs((6, 24), seed=9)
     x, z, w = (t.requires_grad_() for t in (x, z, w))
     fields = plan_to_op_fields(make_plan(24, torch.float32, DEV, group_size=8))
-    args = (x, z, w, 1e-6, False, fields, None, None)
+    args = (x, z, w, 1e-6, False, activation, fields, None, None)
     torch.library.opcheck(torch.ops.cake_rmsnorm_silu_gate_det_train.fwd, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
     with torch.no_grad():
         _, rstd = torch.ops.cake_rmsnorm_silu_gate_det_train.fwd(*args)
-        bwd_args = (dy, x, z, w, rstd, False, fields, None, None)
+        bwd_args = (dy, x, z, w, rstd, False, activation, fields, None, None)
     assert rstd.shape == (6, 3)
     torch.library.opcheck(torch.ops.cake_rmsnorm_silu_gate_det_train.bwd, bwd_args,
                           test_utils=("test_schema", "test_faketensor"))

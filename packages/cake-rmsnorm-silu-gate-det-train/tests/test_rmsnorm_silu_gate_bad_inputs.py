@@ -67,6 +67,10 @@ CASES = {
     "group_size bool": (lambda: _ok(), {"group_size": True}, "group_size"),
     "norm_before_gate not bool": (lambda: _ok(), {"norm_before_gate": "yes"},
                                   "norm_before_gate"),
+    "activation relu": (lambda: _ok(), {"activation": "relu"}, "activation: expected one of"),
+    "activation upper case": (lambda: _ok(), {"activation": "SiLU"}, "activation"),
+    "activation None": (lambda: _ok(), {"activation": None}, "activation"),
+    "activation list": (lambda: _ok(), {"activation": ["silu"]}, "activation"),
     "accumulator dtype": (lambda: _ok(), {"dweight_accumulator": _t((16,), torch.bfloat16)},
                           "dweight_accumulator: expected dtype"),
     "accumulator shape": (lambda: _ok(), {"dweight_accumulator": _t((4, 16))},
@@ -102,6 +106,45 @@ def test_bad_backward_inputs_raise_before_launch(monkeypatch):
                     (torch.ones(4, 16, device="meta"), "dy: on meta")):
         with pytest.raises(ValueError, match=msg):
             rmsnorm_silu_gate_det_bwd(dy, saved)
+
+
+def test_bad_activation_refused_by_module_reference_saved_set_and_ops(no_launch):
+    """Outside the entry points too: the module's constructor, the reference, a saved set
+    whose meta lost its gate, and the custom ops called directly."""
+    from cake_core.compile import plan_to_op_fields
+    from cake_rmsnorm_silu_gate_det_train import (
+        RMSNormGated,
+        make_plan,
+        rmsnorm_silu_gate_reference,
+    )
+
+    x, z, w = _ok()
+    with pytest.raises(ValueError, match="activation"):
+        RMSNormGated(16, activation="gelu")
+    with pytest.raises(ValueError, match="activation"):
+        rmsnorm_silu_gate_reference(x, z, w, activation="tanh")
+    fields = plan_to_op_fields(make_plan(16, torch.float32, DEV))
+    with pytest.raises(ValueError, match="activation"):
+        torch.ops.cake_rmsnorm_silu_gate_det_train.fwd(x, z, w, 1e-6, True, "relu", fields,
+                                                       None, None)
+    rstd = torch.ones(4, 1, device=DEV)
+    with pytest.raises(ValueError, match="activation"):
+        torch.ops.cake_rmsnorm_silu_gate_det_train.bwd(x, x, z, w, rstd, True, "relu", fields,
+                                                       None, None)
+
+
+def test_saved_set_without_a_valid_activation_refused(monkeypatch):
+    x, z, w = _ok()
+    y, saved = rmsnorm_silu_gate_det_fwd(x, z, w, activation="sigmoid")
+    monkeypatch.setattr(api, "_launch_bwd",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("launched")))
+    for bad in (None, "relu"):
+        if bad is None:
+            del saved.meta["activation"]
+        else:
+            saved.meta["activation"] = bad
+        with pytest.raises(ValueError, match="saved: meta 'activation'"):
+            rmsnorm_silu_gate_det_bwd(torch.ones_like(y), saved)
 
 
 def test_wrong_backend_device_refused(no_launch):

@@ -30,13 +30,16 @@ def _inputs(rows=300, D=128, dtype=torch.bfloat16):
     return x, z, w, dy
 
 
-@pytest.mark.parametrize("norm_before_gate", [True, False], ids=["fla", "mamba"])
-def test_repeat_bitwise_with_other_kernels_between(norm_before_gate):
+@pytest.mark.parametrize("norm_before_gate,activation",
+                         [(True, "silu"), (False, "silu"), (True, "sigmoid")],
+                         ids=["fla", "mamba", "fla-sigmoid"])
+def test_repeat_bitwise_with_other_kernels_between(norm_before_gate, activation):
     x, z, w, dy = _inputs()
 
     def step():
         xx, zz, ww = (t.clone().requires_grad_() for t in (x, z, w))
-        y = rmsnorm_silu_gate_det(xx, zz, ww, norm_before_gate=norm_before_gate, group_size=64)
+        y = rmsnorm_silu_gate_det(xx, zz, ww, norm_before_gate=norm_before_gate, group_size=64,
+                                  activation=activation)
         y.backward(dy)
         return y, xx.grad, zz.grad, ww.grad
 
@@ -98,14 +101,14 @@ from cake_core.triton_utils import default_device
 from cake_rmsnorm_silu_gate_det_train import rmsnorm_silu_gate_det
 dev = default_device()
 d = hashlib.sha256()
-for nbg, G in ((True, None), (False, 50)):
+for nbg, G, act in ((True, None, "silu"), (False, 50, "silu"), (True, 40, "sigmoid")):
     x = randn((130, 200), torch.bfloat16, dev, seed=1, scale=3.0).requires_grad_()
     z = randn((130, 200), torch.bfloat16, dev, seed=2, scale=3.0).requires_grad_()
     w = randn((200,), torch.bfloat16, dev, seed=3).requires_grad_()
     dy = randn((130, 200), torch.bfloat16, dev, seed=4, scale=10.0)
     acc = randn((200,), torch.float32, dev, seed=5)
-    y = rmsnorm_silu_gate_det(x, z, w, norm_before_gate=nbg, group_size=G)
-    y2 = rmsnorm_silu_gate_det(x, z, w, norm_before_gate=nbg, group_size=G,
+    y = rmsnorm_silu_gate_det(x, z, w, norm_before_gate=nbg, group_size=G, activation=act)
+    y2 = rmsnorm_silu_gate_det(x, z, w, norm_before_gate=nbg, group_size=G, activation=act,
                                dweight_accumulator=acc)
     torch.autograd.backward([y, y2], [dy, dy])
     for t in (y, x.grad, z.grad, w.grad, acc):

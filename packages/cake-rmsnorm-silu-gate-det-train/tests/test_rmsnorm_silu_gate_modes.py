@@ -112,3 +112,18 @@ def test_foreign_plans_refused():
         RMSNormSiluGateDetPlan.from_dict({**saved.plan.to_dict(), "mode": "nondet"})
     with pytest.raises(ValueError, match="plan: expected RMSNormSiluGateDetPlan"):
         RMSNormSiluGateDetWorkspace.for_plan(OtherFamilyPlan(), DEV)
+
+
+def test_saved_set_format_carries_the_gate():
+    """Format 2: the saved set's meta holds the forward's canonical gate, which the
+    backward uses ("swish" is saved as "silu")."""
+    x, z, w = _inputs()
+    assert RMSNormSiluGateDetSavedSet.format_version == 2
+    for given, kept in (("swish", "silu"), ("silu", "silu"), ("sigmoid", "sigmoid")):
+        _, saved = rmsnorm_silu_gate_det_fwd(x, z, w, activation=given)
+        assert saved.version == 2 and saved.mode == Mode.DET
+        assert saved.activation == kept
+    # the plan does not carry the gate: one plan (and workspace) serves both
+    _, silu = rmsnorm_silu_gate_det_fwd(x, z, w)
+    _, sig = rmsnorm_silu_gate_det_fwd(x, z, w, activation="sigmoid")
+    assert silu.plan == sig.plan and "activation" not in silu.plan.to_dict()

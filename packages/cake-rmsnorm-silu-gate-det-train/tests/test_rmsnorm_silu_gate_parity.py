@@ -1,4 +1,5 @@
-"""Parity with the float64 reference: y, dx, dz, dweight, both gate orders, groups, dtypes."""
+"""Parity with the float64 reference: y, dx, dz, dweight, both gate orders, groups, dtypes,
+both gates (SiLU, sigmoid)."""
 
 import dataclasses
 
@@ -43,6 +44,34 @@ def test_parity(dtype, norm_before_gate, group_size, make_inputs, reference_grad
     _check(got, reference_grads(x, z, w, dy, **kw), dtype)
 
 
+@pytest.mark.parametrize("norm_before_gate,group_size", [(True, None), (False, 32), (True, 24)],
+                         ids=["fla", "mamba-groups", "fla-groups"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_parity_sigmoid_gate(dtype, norm_before_gate, group_size, make_inputs, reference_grads):
+    """activation="sigmoid" (Kimi Delta Attention's output norm): gate = sigmoid(z),
+    d gate / dz = s (1 - s); 75 rows over 2 forward tiles and 4 backward programs."""
+    x, z, w, dy = make_inputs((3, 25, 96), dtype, seed=17)
+    kw = dict(norm_before_gate=norm_before_gate, group_size=group_size, activation="sigmoid")
+    got = _run(x, z, w, dy, 1e-5, **kw)
+    assert got[0].dtype == got[1].dtype == got[2].dtype == got[3].dtype == dtype
+    want = reference_grads(x, z, w, dy, 1e-5, **kw)
+    _check(got, want, dtype)
+    silu = reference_grads(x, z, w, dy, 1e-5, **{**kw, "activation": "silu"})
+    assert rel_fro_error(got[0], silu[0]) > 0.1  # the sigmoid gate is a different function
+
+
+def test_activation_spellings_and_gates_differ(make_inputs):
+    """"swish" is "silu" (FLA's two names), bit for bit; "sigmoid" is another gate."""
+    x, z, w, dy = make_inputs((21, 64), torch.float32, seed=19)
+    silu = _run(x, z, w, dy, activation="silu")
+    for a, b in zip(_run(x, z, w, dy), silu, strict=True):  # the default is silu
+        assert torch.equal(a, b)
+    for a, b in zip(_run(x, z, w, dy, activation="swish"), silu, strict=True):
+        assert torch.equal(a, b)
+    sig = _run(x, z, w, dy, activation="sigmoid")
+    assert not any(torch.equal(a, b) for a, b in zip(sig, silu, strict=True))
+
+
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["fla", "mamba"])
 def test_parity_small_tiles_padded_groups_fp32_weight(norm_before_gate, make_inputs,
                                                       reference_grads):
@@ -58,15 +87,18 @@ def test_parity_small_tiles_padded_groups_fp32_weight(norm_before_gate, make_inp
     _check(got, reference_grads(x, z, w, dy, 1e-5, **kw), torch.bfloat16)
 
 
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
 @pytest.mark.parametrize("norm_before_gate", [True, False], ids=["fla", "mamba"])
-def test_large_gate_magnitude_is_finite_and_right(norm_before_gate, make_inputs, reference_grads):
-    """z = +-30 (and +-88 where exp(+z) overflows fp32): no inf/NaN in y or any gradient."""
+def test_large_gate_magnitude_is_finite_and_right(norm_before_gate, activation, make_inputs,
+                                                  reference_grads):
+    """z = +-30 (and +-88 where exp(+z) overflows fp32): no inf/NaN in y or any gradient,
+    for both gates."""
     x, _, w, dy = make_inputs((24, 64), torch.float32, seed=11)
     sign = torch.where(torch.arange(24 * 64, device=DEV).reshape(24, 64) % 3 == 0, 1.0, -1.0)
     z = 30.0 * sign
     z[::4] = 88.0 * sign[::4]
     z[1] = -30.0  # a whole row gated to about -1e-12 (Mamba order: eps dominates)
-    kw = dict(norm_before_gate=norm_before_gate)
+    kw = dict(norm_before_gate=norm_before_gate, activation=activation)
     got = _run(x, z, w, dy, **kw)
     for t in got:
         assert torch.isfinite(t).all()
@@ -96,13 +128,17 @@ def test_one_column_rows(make_inputs, reference_grads):
                reference_grads(x, z, w, dy, 0.5, norm_before_gate=nbg), torch.float32)
 
 
-def test_low_level_matches_autograd_bitwise(make_inputs):
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_low_level_matches_autograd_bitwise(activation, make_inputs):
     x, z, w, dy = make_inputs((33, 80), torch.float32, seed=13)
     for nbg in (True, False):
-        y, saved = rmsnorm_silu_gate_det_fwd(x, z, w, norm_before_gate=nbg, group_size=40)
+        y, saved = rmsnorm_silu_gate_det_fwd(x, z, w, norm_before_gate=nbg, group_size=40,
+                                             activation=activation)
         assert saved.rstd.shape == (33, 2) and saved.rstd.dtype == torch.float32
-        g = rmsnorm_silu_gate_det_bwd(dy, saved)
-        y2, dx2, dz2, dw2 = _run(x, z, w, dy, norm_before_gate=nbg, group_size=40)
+        assert saved.activation == activation
+        g = rmsnorm_silu_gate_det_bwd(dy, saved)  # the forward's gate
+        y2, dx2, dz2, dw2 = _run(x, z, w, dy, norm_before_gate=nbg, group_size=40,
+                                 activation=activation)
         assert torch.equal(y, y2) and torch.equal(g.dx, dx2) and torch.equal(g.dz, dz2)
         assert torch.equal(g.dweight, dw2)
 

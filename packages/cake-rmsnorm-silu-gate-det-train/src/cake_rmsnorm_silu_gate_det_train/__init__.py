@@ -1,10 +1,12 @@
 """cake-rmsnorm-silu-gate-det-train: deterministic gated RMSNorm forward and backward in Triton.
 
-RMSNorm with a SiLU output gate, in the two orders models use:
+RMSNorm with an output gate, ``gate(z) = silu(z)`` (``activation="silu"`` / ``"swish"``,
+the default) or ``sigmoid(z)`` (``activation="sigmoid"``, Kimi Delta Attention), in the two
+orders models use:
 
-- ``norm_before_gate=True`` (FLA ``FusedRMSNormGated`` / ``rms_norm_gated``, Qwen3-Next):
-  ``y = rmsnorm(x) * weight * silu(z)``;
-- ``norm_before_gate=False`` (Mamba2 ``RMSNormGated``): ``y = rmsnorm(x * silu(z)) * weight``;
+- ``norm_before_gate=True`` (FLA ``FusedRMSNormGated`` / ``rms_norm_gated``, Qwen3-Next, KDA):
+  ``y = rmsnorm(x) * weight * gate(z)``;
+- ``norm_before_gate=False`` (Mamba2 ``RMSNormGated``): ``y = rmsnorm(x * gate(z)) * weight``;
 
 with ``rmsnorm(u) = u * rsqrt(mean(u**2) + eps)`` over the last dim or over contiguous
 groups of ``group_size`` in it. dweight is summed in a fixed order (bitwise repeatable).

@@ -1,17 +1,20 @@
 """Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of det gated RMSNorm.
 
-Math (fp32 inside), per row and per group of G contiguous elements, with
-``gate = silu(z) = z * sigmoid(z)``:
+Math (fp32 inside), per row and per group of G contiguous elements, with the gate of
+``activation`` (FLA's names), ``s = sigmoid(z)``:
+
+    "silu" / "swish" (default; FLA, Qwen3-Next, Mamba2): gate = z * s, dgate = s * (1 + z * (1 - s))
+    "sigmoid" (Kimi Delta Attention's output norm):      gate = s,     dgate = s * (1 - s)
 
     norm_before_gate=True  (FLA rms_norm_gated, Qwen3-Next): u = x,        y = u*rstd*w*gate
     norm_before_gate=False (Mamba2 RMSNormGated):            u = x * gate, y = u*rstd*w
     rstd = 1 / sqrt(mean_group(u**2) + eps)
 
-Backward (xhat = u * rstd, dsilu = sigmoid(z) * (1 + z * (1 - sigmoid(z)))):
+Backward (xhat = u * rstd, dgate = d gate / dz):
     g  = w * dy * gate (before gate) or w * dy (after)
     du = rstd * (g - xhat * mean_group(xhat * g))
-    before gate: dx = du,        dz = dy * xhat * w * dsilu, dweight = sum_rows dy*gate*xhat
-    after gate:  dx = du * gate, dz = du * x * dsilu,        dweight = sum_rows dy*xhat
+    before gate: dx = du,        dz = dy * xhat * w * dgate, dweight = sum_rows dy*gate*xhat
+    after gate:  dx = du * gate, dz = du * x * dgate,        dweight = sum_rows dy*xhat
 dweight: fixed-order fp32 partials (kernels/bwd.py), then cake_core.gemm.ordered_sum.
 """
 
@@ -44,6 +47,7 @@ from cake_rmsnorm_silu_gate_det_train.plan import (
     check_group_size,
     make_plan,
 )
+from cake_rmsnorm_silu_gate_det_train.reference import ACTIVATIONS, check_activation
 from cake_rmsnorm_silu_gate_det_train.saved import (
     RMSNormSiluGateDetSavedSet,
     RMSNormSiluGateDetWorkspace,
@@ -95,13 +99,15 @@ def _fast_ok(x, z, weight, eps, norm_before_gate, group_size) -> bool:
     return dev == z.device and dev == weight.device and dev.type == _LAUNCH_DEVICE_TYPE
 
 
-def _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
-                  dweight_accumulator) -> tuple[torch.device, int]:
-    """All argument checks of the entry points; returns ``(device, G)``. Raises ValueError
-    before anything is allocated or launched."""
-    if dweight_accumulator is None and _fast_ok(x, z, weight, eps, norm_before_gate,
-                                                group_size):
-        return x.device, x.shape[-1]
+def _check_inputs(x, z, weight, eps, norm_before_gate, group_size, activation,
+                  dweight_accumulator) -> tuple[torch.device, int, str]:
+    """All argument checks of the entry points; returns ``(device, G, gate)`` with ``gate``
+    the canonical activation (``"silu"`` or ``"sigmoid"``). Raises ValueError before
+    anything is allocated or launched."""
+    act = ACTIVATIONS.get(activation) if type(activation) is str else None
+    if act is not None and dweight_accumulator is None and \
+            _fast_ok(x, z, weight, eps, norm_before_gate, group_size):
+        return x.device, x.shape[-1], act
     check_tensor(x, "x")
     check_ndim(x, "x", min_ndim=1)
     check_dtype(x, "x", _FLOATS)
@@ -120,12 +126,13 @@ def _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
     check_positive_finite(eps, "eps")
     if not isinstance(norm_before_gate, bool):
         raise ValueError(f"norm_before_gate: expected a bool, got {norm_before_gate!r}")
+    act = check_activation(activation)
     G = check_group_size(group_size, D)
     check_accumulator(dweight_accumulator, "dweight_accumulator", (D,))
     device = check_same_device(("x", x), ("z", z), ("weight", weight),
                                ("dweight_accumulator", dweight_accumulator))
     launch_device_check(device, "x")
-    return device, G
+    return device, G, act
 
 
 _DEFAULT_PLANS: dict[tuple, RMSNormSiluGateDetPlan] = {}
@@ -179,8 +186,9 @@ def _rows(t: torch.Tensor, n_rows: int, D: int) -> torch.Tensor:
     return t2 if D == 1 or t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _launch_fwd(x, z, weight, eps: float, norm_before_gate: bool,
+def _launch_fwd(x, z, weight, eps: float, norm_before_gate: bool, activation: str,
                 plan: RMSNormSiluGateDetPlan):
+    """Returns ``(y, rstd)``; ``activation`` is canonical (``"silu"`` or ``"sigmoid"``)."""
     D = x.shape[-1]
     G = plan.group_size
     n_rows = x.numel() // D
@@ -194,16 +202,16 @@ def _launch_fwd(x, z, weight, eps: float, norm_before_gate: bool,
     rmsnorm_silu_gate_fwd_kernel[(_cdiv(n_rows, plan.block_m_fwd),)](
         x2, z2, weight, y2, rstd,
         n_rows, G, D // G, x2.stride(0), z2.stride(0), y2.stride(0), eps,
-        NORM_BEFORE_GATE=norm_before_gate, BLOCK_M=plan.block_m_fwd,
+        NORM_BEFORE_GATE=norm_before_gate, ACTIVATION=activation, BLOCK_M=plan.block_m_fwd,
         BLOCK_NG=plan.block_ng, BLOCK_G=plan.block_g, num_warps=plan.num_warps_fwd,
     )
     return y, rstd
 
 
-def _launch_bwd(dy, x, z, weight, rstd, norm_before_gate: bool,
+def _launch_bwd(dy, x, z, weight, rstd, norm_before_gate: bool, activation: str,
                 plan: RMSNormSiluGateDetPlan, partials, acc):
     """Returns ``(dx, dz, dweight)``; dweight is an empty ``[0]`` tensor when ``acc`` took
-    the sum (``acc += ordered sum``)."""
+    the sum (``acc += ordered sum``). ``activation`` is the forward's, canonical."""
     D = x.shape[-1]
     G = plan.group_size
     n_rows = x.numel() // D
@@ -224,7 +232,7 @@ def _launch_bwd(dy, x, z, weight, rstd, norm_before_gate: bool,
         dy2, x2, z2, weight, rstd, dx2, dz2, partials,
         n_rows, D, G, D // G, plan.bwd_programs,
         dy2.stride(0), x2.stride(0), z2.stride(0), dx2.stride(0), dz2.stride(0),
-        NORM_BEFORE_GATE=norm_before_gate, BLOCK_M=plan.block_m_bwd,
+        NORM_BEFORE_GATE=norm_before_gate, ACTIVATION=activation, BLOCK_M=plan.block_m_bwd,
         BLOCK_NG=plan.block_ng, BLOCK_G=plan.block_g, num_warps=plan.num_warps_bwd,
     )
     if acc is not None:
@@ -246,14 +254,16 @@ def _launch_bwd(dy, x, z, weight, rstd, norm_before_gate: bool,
 
 @torch.library.custom_op("cake_rmsnorm_silu_gate_det_train::fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
-            norm_before_gate: bool, plan_fields: list[int], partials: torch.Tensor | None,
+            norm_before_gate: bool, activation: str, plan_fields: list[int],
+            partials: torch.Tensor | None,
             dweight_accumulator: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(RMSNormSiluGateDetPlan, plan_fields)
-    return _launch_fwd(x, z, weight, eps, norm_before_gate, plan)
+    return _launch_fwd(x, z, weight, eps, norm_before_gate, check_activation(activation), plan)
 
 
 @_fwd_op.register_fake
-def _fwd_fake(x, z, weight, eps, norm_before_gate, plan_fields, partials, dweight_accumulator):
+def _fwd_fake(x, z, weight, eps, norm_before_gate, activation, plan_fields, partials,
+              dweight_accumulator):
     D = x.shape[-1]
     plan = plan_from_op_fields(RMSNormSiluGateDetPlan, plan_fields)
     n_rows = x.numel() // D
@@ -264,16 +274,17 @@ def _fwd_fake(x, z, weight, eps, norm_before_gate, plan_fields, partials, dweigh
 @torch.library.custom_op("cake_rmsnorm_silu_gate_det_train::bwd",
                          mutates_args=("partials", "dweight_accumulator"))
 def _bwd_op(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
-            rstd: torch.Tensor, norm_before_gate: bool, plan_fields: list[int],
-            partials: torch.Tensor | None, dweight_accumulator: torch.Tensor | None,
+            rstd: torch.Tensor, norm_before_gate: bool, activation: str,
+            plan_fields: list[int], partials: torch.Tensor | None,
+            dweight_accumulator: torch.Tensor | None,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(RMSNormSiluGateDetPlan, plan_fields)
-    return _launch_bwd(dy, x, z, weight, rstd, norm_before_gate, plan, partials,
-                       dweight_accumulator)
+    return _launch_bwd(dy, x, z, weight, rstd, norm_before_gate, check_activation(activation),
+                       plan, partials, dweight_accumulator)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(dy, x, z, weight, rstd, norm_before_gate, plan_fields, partials,
+def _bwd_fake(dy, x, z, weight, rstd, norm_before_gate, activation, plan_fields, partials,
               dweight_accumulator):
     D = x.shape[-1]
     dw = weight.new_empty((D,) if dweight_accumulator is None else (0,))
@@ -281,9 +292,10 @@ def _bwd_fake(dy, x, z, weight, rstd, norm_before_gate, plan_fields, partials,
 
 
 def _setup_context(ctx, inputs, output):
-    x, z, weight, eps, norm_before_gate, plan_fields, partials, acc = inputs
+    x, z, weight, eps, norm_before_gate, activation, plan_fields, partials, acc = inputs
     _, rstd = output
     ctx.norm_before_gate = norm_before_gate
+    ctx.activation = activation
     ctx.plan_fields = plan_fields
     ctx.save_for_backward(x, z, weight, rstd, partials, acc)
 
@@ -291,10 +303,11 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, drstd):
     x, z, weight, rstd, partials, acc = ctx.saved_tensors
     dx, dz, dw = torch.ops.cake_rmsnorm_silu_gate_det_train.bwd(
-        dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.plan_fields, partials, acc)
+        dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.activation, ctx.plan_fields,
+        partials, acc)
     dweight = dw if acc is None and ctx.needs_input_grad[2] else None
     return (dx if ctx.needs_input_grad[0] else None, dz if ctx.needs_input_grad[1] else None,
-            dweight, None, None, None, None, None)
+            dweight, None, None, None, None, None, None)
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -308,9 +321,10 @@ class _RMSNormSiluGateDetFunction(torch.autograd.Function):
     pipeline schedules) does not trip autograd's version check."""
 
     @staticmethod
-    def forward(ctx, x, z, weight, eps, norm_before_gate, plan, partials, acc):
-        y, rstd = _launch_fwd(x, z, weight, eps, norm_before_gate, plan)
+    def forward(ctx, x, z, weight, eps, norm_before_gate, activation, plan, partials, acc):
+        y, rstd = _launch_fwd(x, z, weight, eps, norm_before_gate, activation, plan)
         ctx.norm_before_gate = norm_before_gate
+        ctx.activation = activation
         ctx.plan, ctx.partials, ctx.acc = plan, partials, acc
         ctx.save_for_backward(x, z, weight, rstd)
         return y
@@ -319,11 +333,12 @@ class _RMSNormSiluGateDetFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, z, weight, rstd = ctx.saved_tensors
-        dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.plan,
-                                 ctx.partials, ctx.acc)
+        dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.activation,
+                                 ctx.plan, ctx.partials, ctx.acc)
         dweight = dw if ctx.acc is None and ctx.needs_input_grad[2] else None
         return (dx if ctx.needs_input_grad[0] else None,
-                dz if ctx.needs_input_grad[1] else None, dweight, None, None, None, None, None)
+                dz if ctx.needs_input_grad[1] else None, dweight, None, None, None, None, None,
+                None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -331,22 +346,25 @@ class _RMSNormSiluGateDetFunction(torch.autograd.Function):
 
 def rmsnorm_silu_gate_det(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
                           eps: float = 1e-6, *, norm_before_gate: bool = True,
-                          group_size: int | None = None,
+                          group_size: int | None = None, activation: str = "silu",
                           plan: RMSNormSiluGateDetPlan | None = None,
                           workspace: RMSNormSiluGateDetWorkspace | None = None,
                           dweight_accumulator: torch.Tensor | None = None) -> torch.Tensor:
-    """Deterministic gated RMSNorm with a SiLU gate, with autograd.
+    """Deterministic gated RMSNorm (SiLU or sigmoid gate), with autograd.
 
-    ``norm_before_gate=True`` (FLA ``rms_norm_gated`` / ``FusedRMSNormGated`` with
-    ``activation="swish"``, used by Qwen3-Next's gated DeltaNet output norm)::
+    ``norm_before_gate=True`` (FLA ``rms_norm_gated`` / ``FusedRMSNormGated``; Qwen3-Next's
+    gated DeltaNet output norm with ``activation="silu"``, Kimi Delta Attention's with
+    ``activation="sigmoid"``)::
 
-        y = x * rsqrt(mean(x**2) + eps) * weight * silu(z)
+        y = x * rsqrt(mean(x**2) + eps) * weight * gate(z)
 
     ``norm_before_gate=False`` (Mamba2 ``RMSNormGated``, ``mamba_ssm`` layernorm_gated)::
 
-        u = x * silu(z);  y = u * rsqrt(mean(u**2) + eps) * weight
+        u = x * gate(z);  y = u * rsqrt(mean(u**2) + eps) * weight
 
-    ``silu(z) = z * sigmoid(z)``. The mean runs over the last dim D, or over each
+    ``gate(z) = silu(z) = z * sigmoid(z)`` (``activation="silu"`` or ``"swish"``, FLA's
+    name for it) or ``gate(z) = sigmoid(z)`` (``activation="sigmoid"``), the gates of
+    FLA's ``rms_norm_gated``. The mean runs over the last dim D, or over each
     contiguous group of ``group_size`` elements of it (Mamba2's ``ngroups``). ``eps`` is
     added to the mean square inside the square root (as FLA and Mamba). ``weight``
     multiplies the normalized value before the gate (FLA's order; the same value up to
@@ -355,6 +373,7 @@ def rmsnorm_silu_gate_det(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     in between (as FLA's and Mamba's kernels; HF's eager Qwen3-Next reference rounds
     ``norm(x)`` to x's dtype first); ``y`` is stored once in x's dtype. ``sigmoid`` is
     evaluated from ``exp(-|z|)``, so no z overflows (z = +-30 and beyond are finite).
+    The SiLU path runs the same operations as before ``activation`` existed (same bits).
 
     Args:
         x: ``[..., D]``, any leading dims (rows = their product, e.g. tokens x heads),
@@ -365,6 +384,8 @@ def rmsnorm_silu_gate_det(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
         norm_before_gate: the order above (default True, FLA's).
         group_size: G, dividing D (``None``: G = D); the padded row
             ``next_pow2(D // G) * next_pow2(G)`` must be <= 65536.
+        activation: the gate, ``"silu"`` (default), ``"swish"`` (the same gate) or
+            ``"sigmoid"``; the backward uses the forward's.
         plan: an :class:`RMSNormSiluGateDetPlan` for (D, G) (default:
             ``make_plan(D, x.dtype, device, group_size=G)``).
         workspace: an :class:`RMSNormSiluGateDetWorkspace` for that plan (default:
@@ -384,42 +405,44 @@ def rmsnorm_silu_gate_det(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
 
     Raises:
         ValueError: bad shape, dtype, device, stride, eps, group_size, norm_before_gate,
-            plan, workspace or mode, before any allocation or launch; the caller's tensors
-            are not modified.
+            activation (not ``"silu"``, ``"swish"`` or ``"sigmoid"``), plan, workspace or
+            mode, before any allocation or launch; the caller's tensors are not modified.
     """
-    device, G = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
-                              dweight_accumulator)
+    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
+                                   activation, dweight_accumulator)
     plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device)
     partials = _resolve_workspace(workspace, plan, device)
     if not torch.compiler.is_compiling():
         return _RMSNormSiluGateDetFunction.apply(x, z, weight, float(eps), norm_before_gate,
-                                                 plan, partials, dweight_accumulator)
+                                                 act, plan, partials, dweight_accumulator)
     y, _ = torch.ops.cake_rmsnorm_silu_gate_det_train.fwd(
-        x, z, weight, float(eps), norm_before_gate, plan_to_op_fields(plan), partials,
+        x, z, weight, float(eps), norm_before_gate, act, plan_to_op_fields(plan), partials,
         dweight_accumulator)
     return y
 
 
 def rmsnorm_silu_gate_det_fwd(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
                               eps: float = 1e-6, *, norm_before_gate: bool = True,
-                              group_size: int | None = None,
+                              group_size: int | None = None, activation: str = "silu",
                               plan: RMSNormSiluGateDetPlan | None = None,
                               ) -> tuple[torch.Tensor, RMSNormSiluGateDetSavedSet]:
     """Low-level forward without autograd: returns ``(y, saved)``.
 
     ``y`` is what :func:`rmsnorm_silu_gate_det` returns; ``saved`` is an
-    :class:`RMSNormSiluGateDetSavedSet` (x, z, weight, fp32 rstd ``[rows, D // G]``) for
-    :func:`rmsnorm_silu_gate_det_bwd`. Arguments, math, shapes and errors as in
-    :func:`rmsnorm_silu_gate_det`.
+    :class:`RMSNormSiluGateDetSavedSet` (x, z, weight, fp32 rstd ``[rows, D // G]``; meta
+    with the canonical ``activation``, ``"silu"`` or ``"sigmoid"``) for
+    :func:`rmsnorm_silu_gate_det_bwd`, which uses that gate. Arguments (``activation``
+    included), math, shapes and errors as in :func:`rmsnorm_silu_gate_det`.
     """
-    device, G = _check_inputs(x, z, weight, eps, norm_before_gate, group_size, None)
+    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
+                                   activation, None)
     plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device)
     with torch.no_grad():
-        y, rstd = _launch_fwd(x, z, weight, float(eps), norm_before_gate, plan)
+        y, rstd = _launch_fwd(x, z, weight, float(eps), norm_before_gate, act, plan)
     saved = RMSNormSiluGateDetSavedSet(
         Mode.DET, {"x": x, "z": z, "weight": weight, "rstd": rstd},
         meta={"norm_before_gate": norm_before_gate, "group_size": G, "eps": float(eps),
-              "plan": plan})
+              "activation": act, "plan": plan})
     return y, saved
 
 
@@ -429,6 +452,8 @@ def rmsnorm_silu_gate_det_bwd(dy: torch.Tensor, saved: RMSNormSiluGateDetSavedSe
                               dweight_accumulator: torch.Tensor | None = None,
                               ) -> RMSNormSiluGateDetGrads:
     """Low-level backward: gradients of x, z and weight from ``dy`` (the gradient of y).
+
+    The gate (``activation``) and the order are the forward's, read from ``saved``.
 
     Args:
         dy: like x (the saved input: same shape and dtype); any strides.
@@ -441,11 +466,12 @@ def rmsnorm_silu_gate_det_bwd(dy: torch.Tensor, saved: RMSNormSiluGateDetSavedSe
         when ``dweight_accumulator`` received it.
 
     Raises:
-        ValueError: a saved set, plan or workspace of another type or mode; ``dy`` not of
-            x's shape and dtype; a bad accumulator; tensors on different devices; before
-            any launch.
+        ValueError: a saved set, plan or workspace of another type or mode; a saved set
+            whose meta has no valid ``activation``; ``dy`` not of x's shape and dtype; a bad
+            accumulator; tensors on different devices; before any launch.
     """
     require_mode(saved, RMSNormSiluGateDetSavedSet, Mode.DET, name="saved")
+    act = check_activation(saved.meta.get("activation"), "saved: meta 'activation'")
     x, z, weight, rstd = saved.tensors()
     D = x.shape[-1]
     check_tensor(dy, "dy")
@@ -459,6 +485,6 @@ def rmsnorm_silu_gate_det_bwd(dy: torch.Tensor, saved: RMSNormSiluGateDetSavedSe
                          x.dtype, device)
     partials = _resolve_workspace(workspace, plan, device)
     with torch.no_grad():
-        dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, saved.norm_before_gate, plan,
+        dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, saved.norm_before_gate, act, plan,
                                  partials, dweight_accumulator)
     return RMSNormSiluGateDetGrads(dx, dz, dw if dweight_accumulator is None else None)

@@ -12,16 +12,19 @@ class RMSNormSiluGateDetSavedSet(SavedSet):
     """What the det forward keeps for the backward.
 
     Tensors:
-        x, z: ``[..., D]`` the inputs as given (x's dtype; the backward recomputes
-            ``silu(z)`` and, without ``norm_before_gate``, ``x * silu(z)`` in fp32).
+        x, z: ``[..., D]`` the inputs as given (x's dtype; the backward recomputes the
+            gate and, without ``norm_before_gate``, ``x * gate`` in fp32).
         weight: ``[D]``.
         rstd: ``[rows, D // G]`` fp32, ``1 / sqrt(mean(u**2) + eps)`` per row and group.
-    Meta: ``norm_before_gate`` (bool), ``group_size`` (int G), ``eps`` (float), ``plan``
-    (the forward's RMSNormSiluGateDetPlan).
+    Meta: ``norm_before_gate`` (bool), ``group_size`` (int G), ``eps`` (float),
+    ``activation`` (the forward's gate, canonical: ``"silu"`` or ``"sigmoid"``; the
+    backward uses it), ``plan`` (the forward's RMSNormSiluGateDetPlan).
+
+    Format 2: ``activation`` added to the meta (format 1 had a SiLU gate only).
     """
 
     tensor_names = ("x", "z", "weight", "rstd")
-    format_version = 1
+    format_version = 2
 
 
 class RMSNormSiluGateDetWorkspace(Workspace):

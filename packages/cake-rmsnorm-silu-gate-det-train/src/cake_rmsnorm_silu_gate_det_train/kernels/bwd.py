@@ -3,14 +3,15 @@
 Program p of P handles row blocks p, p + P, p + 2P, ... in increasing order, accumulating
 the dweight terms in fp32 registers, and writes its partial to ``DW_PART[p, :]`` (every
 program writes its row, zeros when it owned no block). No atomics. Per row and group, with
-``s = sigmoid(z)``, ``gate = z * s``, ``dsilu = s * (1 + z * (1 - s))`` and
-``xhat = u * rstd``:
+``s = sigmoid(z)``, ``xhat = u * rstd`` and the gate chosen by the constexpr ``ACTIVATION``:
+``"silu"``: ``gate = z * s``, ``dgate = d gate / dz = s * (1 + z * (1 - s))``;
+``"sigmoid"``: ``gate = s``, ``dgate = s * (1 - s)``:
 
-    NORM_BEFORE_GATE (u = x):        g = dy * gate * w,  dz = dy * xhat * w * dsilu,
+    NORM_BEFORE_GATE (u = x):        g = dy * gate * w,  dz = dy * xhat * w * dgate,
                                      dweight += dy * gate * xhat
     not NORM_BEFORE_GATE (u = x*gate): g = dy * w,       dweight += dy * xhat
     du = rstd * (g - xhat * mean_group(xhat * g))
-    NORM_BEFORE_GATE: dx = du;  otherwise: dx = du * gate, dz = du * x * dsilu
+    NORM_BEFORE_GATE: dx = du;  otherwise: dx = du * gate, dz = du * x * dgate
 """
 
 import triton
@@ -24,7 +25,7 @@ def rmsnorm_silu_gate_bwd_kernel(
     DY, X, Z, W, RSTD, DX, DZ, DW_PART,
     n_rows, n_cols, group_size, n_groups, n_programs,
     stride_dy, stride_x, stride_z, stride_dx, stride_dz,
-    NORM_BEFORE_GATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -49,13 +50,17 @@ def rmsnorm_silu_gate_bwd_kernel(
         rstd = tl.load(RSTD + rows[:, None] * n_groups + grp[None, :],
                        mask=rmask[:, None] & gmask[None, :], other=0.0)[:, :, None]
         s, sc = sigmoid_and_complement(z)
-        gate = z * s
-        dsilu = s * (1.0 + z * sc)
+        if ACTIVATION == "sigmoid":
+            gate = s
+            dgate = s * sc
+        else:  # "silu"
+            gate = z * s
+            dgate = s * (1.0 + z * sc)
         if NORM_BEFORE_GATE:
             xhat = x * rstd
             dyg = dy * gate
             g = dyg * w[None, :, :]
-            dz = dy * xhat * w[None, :, :] * dsilu
+            dz = dy * xhat * w[None, :, :] * dgate
             acc += dyg * xhat
         else:
             xhat = x * gate * rstd
@@ -67,7 +72,7 @@ def rmsnorm_silu_gate_bwd_kernel(
             dx = du
         else:
             dx = du * gate
-            dz = du * x * dsilu
+            dz = du * x * dgate
         tl.store(DX + r3 * stride_dx + c3, dx.to(DX.dtype.element_ty), mask=mask)
         tl.store(DZ + r3 * stride_dz + c3, dz.to(DZ.dtype.element_ty), mask=mask)
     dw = tl.sum(acc, axis=0)

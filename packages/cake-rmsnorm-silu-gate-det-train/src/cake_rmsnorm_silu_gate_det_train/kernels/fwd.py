@@ -1,8 +1,9 @@
 """Forward: one program per tile of BLOCK_M whole rows; rstd saved per row and group.
 
 A row of D elements is read as a ``[BLOCK_NG, BLOCK_G]`` tile: group ``g`` holds columns
-``g * G ... g * G + G - 1`` (padding masked). With ``s = sigmoid(z)`` and
-``gate = silu(z) = z * s`` (fp32):
+``g * G ... g * G + G - 1`` (padding masked). With ``s = sigmoid(z)`` (fp32) and the gate
+chosen by the constexpr ``ACTIVATION``: ``gate = silu(z) = z * s`` (``"silu"``) or
+``gate = s`` (``"sigmoid"``):
 
     NORM_BEFORE_GATE:      u = x,        y = u * rstd * w * gate
     not NORM_BEFORE_GATE:  u = x * gate, y = u * rstd * w
@@ -21,7 +22,7 @@ from cake_rmsnorm_silu_gate_det_train.kernels.silu import sigmoid_and_complement
 def rmsnorm_silu_gate_fwd_kernel(
     X, Z, W, Y, RSTD,
     n_rows, group_size, n_groups, stride_x, stride_z, stride_y, eps,
-    NORM_BEFORE_GATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -39,7 +40,10 @@ def rmsnorm_silu_gate_fwd_kernel(
     x = x.to(tl.float32)
     z = z.to(tl.float32)
     s, _ = sigmoid_and_complement(z)
-    gate = z * s
+    if ACTIVATION == "sigmoid":
+        gate = s
+    else:  # "silu"
+        gate = z * s
     if NORM_BEFORE_GATE:
         u = x
     else:

@@ -1,9 +1,11 @@
-"""Overflow-free sigmoid for the SiLU gate, shared by the forward and backward kernels.
+"""Overflow-free sigmoid for both gates (``silu(z) = z * sigmoid(z)`` and ``sigmoid(z)``),
+shared by the forward and backward kernels.
 
 ``sigmoid(z)`` and ``1 - sigmoid(z)`` from ``e = exp(-|z|)`` (never above 1, so never inf):
 for z >= 0, ``s = 1 / (1 + e)`` and ``1 - s = e / (1 + e)``; for z < 0 the two swap. The
 complement is computed directly, not as ``1 - s``, so it keeps its relative precision
-where s rounds to 1 (z of +30 and more).
+where s rounds to 1 (z of +30 and more): the derivatives ``s * (1 + z * (1 - s))`` (SiLU)
+and ``s * (1 - s)`` (sigmoid) stay accurate in both tails.
 """
 
 import triton
