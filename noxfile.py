@@ -36,6 +36,7 @@ FAMILIES = {
     "gdn": "cake-gdn-det-train",
     "gate_norm": "cake-rmsnorm-silu-gate-det-train",
     "conv": "cake-causal-conv1d-det-train",
+    "kda": "cake-kda-det-train",
     "tinylm": "cake-tinylm",
 }
 

@@ -1,0 +1,754 @@
+"""Autograd entry and low-level forward/backward of the det chunked Kimi Delta Attention.
+
+Math (FLA's ``chunk_kda``; Kimi Team, 2025, "Kimi Linear: An Expressive, Efficient
+Attention Architecture", arXiv:2510.26692): per sequence and value head, state S ``[K, V]``
+in fp32, per-channel log decay g_t ``[K]``, for each token
+
+    S <- diag(exp(g_t)) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;
+    o_t = scale S^T q_t
+
+computed on 64-token chunks by :mod:`cake_kda_det_train.chunk`. Around it, this module
+runs FLA's in-kernel options: the q/k L2 norm (:mod:`cake_core.l2norm`), the gate from the
+raw g and the beta sigmoid (an elementwise fp32 kernel, kernels/gate.py, with dA_log /
+ddt_bias summed in a fixed two-stage order), and checks every argument before any
+allocation or launch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_cu_seqlens,
+    check_dtype,
+    check_flag,
+    check_ndim,
+    check_positive_finite,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    require_mode,
+)
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.gemm import ordered_sum
+from cake_core.l2norm import l2norm_bwd, l2norm_fwd
+from cake_core.triton_utils import launch_device_check
+from cake_core.varlen import chunk_tables, seq_offsets
+
+from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd
+from cake_kda_det_train.kernels.gate import (
+    SOFTPLUS_THRESHOLD,
+    kda_gate_bwd_kernel,
+    kda_gate_fwd_kernel,
+)
+from cake_kda_det_train.plan import (
+    CHUNK_SIZE,
+    MAX_HEAD_DIM,
+    KDADetPlan,
+    cuda_plan_problem,
+    inter_dtype,
+    make_plan,
+)
+from cake_kda_det_train.saved import KDADetSavedSet, KDADetWorkspace, workspace_shapes
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+#: FLA's safe range of ``lower_bound`` with ``safe_gate`` and the in-kernel gate.
+SAFE_GATE_RANGE = (-5.0, 0.0)
+
+
+class KDADetGrads(NamedTuple):
+    """Gradients of :func:`chunk_kda_det_bwd`.
+
+    dq, dk: like q and k (``[B, T, H, K]``, their dtype). dv: like v. dg: like g
+    (``[B, T, HV, K]``, g's dtype), dbeta: like beta (``[B, T, HV]``), both w.r.t. the g and
+    beta given (the raw gate / pre-sigmoid beta with the in-kernel options).
+    dinitial_state: fp32 ``[N, HV, K, V]`` when the forward had an initial state, else
+    ``None``. dA_log: ``[HV]`` in A_log's dtype with ``use_gate_in_kernel`` and an A_log,
+    else ``None``. ddt_bias: ``[HV * K]`` in dt_bias's dtype with ``use_gate_in_kernel`` and
+    a dt_bias, else ``None``.
+    """
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dg: torch.Tensor
+    dbeta: torch.Tensor
+    dinitial_state: torch.Tensor | None
+    dA_log: torch.Tensor | None = None
+    ddt_bias: torch.Tensor | None = None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_lower_bound(lower_bound: object) -> float | None:
+    if lower_bound is None:
+        return None
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, numbers.Real) or \
+            not math.isfinite(lower_bound) or lower_bound >= 0:
+        raise ValueError(f"lower_bound: expected None or a finite number < 0, got "
+                         f"{lower_bound!r}")
+    return float(lower_bound)
+
+
+def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
+                  use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
+                  dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
+                  allow_neg_eigval=False, safe_gate=False):
+    """All checks of :func:`chunk_kda_det_fwd`; returns ``(device, N, scale, A_log,
+    dt_bias, lower_bound)`` with the gate parameters set to ``None`` where FLA ignores them
+    (without ``use_gate_in_kernel``). Reads nothing but shapes, dtypes and devices, except
+    the values of ``cu_seqlens`` (one host sync; skipped while torch.compile traces)."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")):
+        check_tensor(t, name)
+    check_ndim(q, "q", ndim=4)
+    B, T, H, K = q.shape
+    if H < 1:
+        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
+    if not 1 <= K <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim K must be in [1, {MAX_HEAD_DIM}], got {K}")
+    check_dtype(q, "q", _FLOATS)
+    check_shape(k, "k", [B, T, H, K])
+    check_dtype(k, "k", (q.dtype,))
+    check_ndim(v, "v", ndim=4)
+    check_shape(v, "v", [B, T, None, None])
+    HV, V = v.shape[2], v.shape[3]
+    if HV < 1 or HV % H:
+        raise ValueError(f"v: value heads HV = {HV} must be a positive multiple of the q/k "
+                         f"heads H = {H}")
+    if not 1 <= V <= MAX_HEAD_DIM:
+        raise ValueError(f"v: head dim V must be in [1, {MAX_HEAD_DIM}], got {V}")
+    check_dtype(v, "v", (q.dtype,))
+    check_shape(g, "g", [B, T, HV, K])
+    check_dtype(g, "g", (torch.float32, q.dtype))
+    check_shape(beta, "beta", [B, T, HV])
+    check_dtype(beta, "beta", (torch.float32, q.dtype))
+    scale = float(K) ** -0.5 if scale is None else check_positive_finite(scale, "scale")
+    for flag, name in ((output_final_state, "output_final_state"),
+                       (use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel"),
+                       (use_gate_in_kernel, "use_gate_in_kernel"),
+                       (use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel"),
+                       (allow_neg_eigval, "allow_neg_eigval"), (safe_gate, "safe_gate")):
+        check_flag(flag, name)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (the "
+                         "kernel then uses beta' = 2 * sigmoid(beta), as FLA)")
+    lower_bound = _check_lower_bound(lower_bound)
+    if use_gate_in_kernel:
+        if safe_gate:
+            lo, hi = SAFE_GATE_RANGE
+            if lower_bound is None or not lo <= lower_bound < hi:
+                raise ValueError(f"lower_bound: safe_gate=True with use_gate_in_kernel=True "
+                                 f"needs lower_bound in [{lo:g}, {hi:g}) (FLA's rule), got "
+                                 f"{lower_bound!r}")
+        if A_log is None and lower_bound is None:
+            raise ValueError("A_log: required with use_gate_in_kernel=True unless lower_bound "
+                             "is given (the gate is -exp(A_log) * softplus(g + dt_bias))")
+        for t, name, shape in ((A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV * K])):
+            if t is not None:
+                check_tensor(t, name)
+                check_shape(t, name, shape)
+                check_dtype(t, name, (torch.float32, q.dtype))
+    else:
+        A_log = dt_bias = lower_bound = None
+    device = check_same_device(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
+                               ("initial_state", initial_state), ("A_log", A_log),
+                               ("dt_bias", dt_bias))
+    launch_device_check(device, "q")
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
+        # no value reads while torch.compile traces; the op checks them before launching
+        check_cu_seqlens(cu_seqlens, T, device, read_values=not torch.compiler.is_compiling())
+        N = cu_seqlens.numel() - 1
+    else:
+        N = B
+    if initial_state is not None:
+        check_tensor(initial_state, "initial_state")
+        check_shape(initial_state, "initial_state", [N, HV, K, V])
+        check_dtype(initial_state, "initial_state", (torch.float32,))
+    return device, N, scale, A_log, dt_bias, lower_bound
+
+
+_DEFAULT_PLANS: dict[tuple, KDADetPlan] = {}
+
+
+def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
+    if plan is None:
+        key = (K, V, dtype, device)
+        plan = _DEFAULT_PLANS.get(key)
+        if plan is None:
+            plan = make_plan(K, V, dtype, device)
+            if not torch.compiler.is_compiling():  # no global side effect in a traced graph
+                _DEFAULT_PLANS[key] = plan
+        return plan
+    require_mode(plan, KDADetPlan, Mode.DET, name="plan")
+    if (plan.head_k_dim, plan.head_v_dim) != (K, V):
+        raise ValueError(f"plan: made for K={plan.head_k_dim}, V={plan.head_v_dim}; inputs have "
+                         f"K={K}, V={V}")
+    if device.type == "cuda":
+        problem = cuda_plan_problem(plan, dtype)
+        if problem is not None:
+            raise ValueError(f"plan: {problem}")
+    return plan
+
+
+def _resolve_workspace(workspace, plan: KDADetPlan, device: torch.device, HV: int, NT: int,
+                       NC: int, dtype: torch.dtype):
+    """``None``, or the caller's workspace after every check (type, mode, plan, device,
+    buffer dtype/shape/contiguity, capacity for NT tokens and NC chunks)."""
+    if workspace is None:
+        return None
+    require_mode(workspace, KDADetWorkspace, Mode.DET, name="workspace")
+    workspace.check(plan, device)
+    want_dt = inter_dtype(plan, dtype)
+    for name, shape in workspace_shapes(plan, HV).items():
+        t = workspace[name] if name in workspace.names else None
+        if t is None or t.dtype != want_dt or not t.is_contiguous() or \
+                t.dim() != len(shape) + 1 or tuple(t.shape[1:]) != shape:
+            raise ValueError(
+                f"workspace: buffer {name!r} must be a contiguous {want_dt} tensor of shape "
+                f"[*, {', '.join(map(str, shape))}]; build it with "
+                "KDADetWorkspace.for_plan(plan, device, num_v_heads=HV, max_tokens=..., "
+                "max_seqs=..., dtype=q.dtype)")
+    cap_t = min(workspace[n].shape[0] for n in ("w", "u", "v_new", "aqk"))
+    cap_c = workspace["h"].shape[0]
+    if NT > cap_t or NC > cap_c:
+        raise ValueError(f"workspace: holds {cap_t} tokens and {cap_c} chunks, the call needs "
+                         f"{NT} and {NC}")
+    return workspace
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _beta_code(use_sigmoid: bool, allow_neg_eigval: bool) -> int:
+    """0: beta as given; 1: sigmoid(beta); 2: 2 * sigmoid(beta) (FLA's allow_neg_eigval)."""
+    return (2 if allow_neg_eigval else 1) if use_sigmoid else 0
+
+
+def _l2norm(x: torch.Tensor, plan: KDADetPlan):
+    return l2norm_fwd(x, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
+                      num_warps=plan.num_warps_l2norm)
+
+
+def _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate: bool, use_sigmoid: int,
+              plan: KDADetPlan):
+    """The per-token log decay and beta the chunk computation uses: fp32 ``g`` ``[B, T, HV,
+    K]`` computed from the raw g and fp32 ``beta`` ``[B, T, HV]`` from the pre-sigmoid
+    beta where the options say so, else the tensors given. Inputs contiguous."""
+    if not (use_gate or use_sigmoid):
+        return g, beta
+    B, T, HV = beta.shape
+    K = g.shape[-1]
+    NT = B * T
+    f32 = torch.float32
+    g_out = torch.empty(g.shape, dtype=f32, device=g.device) if use_gate else g
+    b_out = torch.empty(beta.shape, dtype=f32, device=g.device) if use_sigmoid else beta
+    if NT:
+        kda_gate_fwd_kernel[(_cdiv(NT, plan.gate_block_t), HV)](
+            g, beta, A_log if A_log is not None else g, dt_bias if dt_bias is not None else g,
+            g_out, b_out, lower_bound if lower_bound is not None else 0.0, NT, HV, K,
+            USE_GATE=use_gate, HAS_A=A_log is not None, HAS_BIAS=dt_bias is not None,
+            LOWER_BOUND=lower_bound is not None, BETA_SIGMOID=use_sigmoid,
+            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BK=plan.block_k,
+            num_warps=plan.num_warps_gate)
+    return g_out, b_out
+
+
+def _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg, dbeta, use_gate: bool,
+              use_sigmoid: int, plan: KDADetPlan):
+    """In place: dg (fp32 ``[NT, HV, K]``) and dbeta (fp32 ``[NT, HV]``), w.r.t. the gate
+    and beta', become the gradients w.r.t. the raw g and the pre-sigmoid beta. Returns
+    ``(dA_log, ddt_bias)`` (``None`` where not used): per-block fp32 partials, then a sum
+    over the blocks in index order (ordered_sum; no atomics), cast once to A_log's /
+    dt_bias's dtype."""
+    if not (use_gate or use_sigmoid):
+        return None, None
+    NT, HV = dbeta.shape
+    K = dg.shape[-1]
+    NB = _cdiv(NT, plan.gate_block_t)
+    dev = dg.device
+    f32 = torch.float32
+    has_a = use_gate and A_log is not None
+    has_bias = use_gate and dt_bias is not None
+    da_part = torch.empty((NB, HV), dtype=f32, device=dev) if has_a else dg
+    db_part = torch.empty((NB, HV * K), dtype=f32, device=dev) if has_bias else dg
+    if NB:
+        kda_gate_bwd_kernel[(NB, HV)](
+            g, beta, A_log if has_a else g, dt_bias if has_bias else g, dg, dbeta,
+            da_part, db_part, lower_bound if lower_bound is not None else 0.0, NT, HV, K,
+            USE_GATE=use_gate, HAS_A=has_a, HAS_BIAS=has_bias,
+            LOWER_BOUND=lower_bound is not None, BETA_SIGMOID=use_sigmoid,
+            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BK=plan.block_k,
+            num_warps=plan.num_warps_gate)
+    # fp32 sums in block order, cast once on the host
+    dA_log = ddt_bias = None
+    if has_a:
+        dA_log = ordered_sum(da_part, out=torch.empty((HV,), dtype=f32, device=dev))
+        dA_log = dA_log.to(A_log.dtype)
+    if has_bias:
+        ddt_bias = ordered_sum(db_part, out=torch.empty((HV * K,), dtype=f32, device=dev))
+        ddt_bias = ddt_bias.to(dt_bias.dtype)
+    return dA_log, ddt_bias
+
+
+def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu,
+                plan: KDADetPlan, workspace, gate=(False, None, None, None, 0)):
+    """Normalises, gates, runs the chunk forward; inputs contiguous. ``gate``:
+    ``(use_gate_in_kernel, A_log, dt_bias, lower_bound, beta code)``, tensors contiguous.
+    Returns ``(o, final_state, (q_rstd, k_rstd, g_cumsum, A))``."""
+    q_rstd = k_rstd = None
+    if use_l2:
+        q, q_rstd = _l2norm(q, plan)
+        k, k_rstd = _l2norm(k, plan)
+    use_gate, A_log, dt_bias, lower_bound, use_sigmoid = gate
+    g, beta = _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate, use_sigmoid, plan)
+    o, ht, g_cumsum, A = kda_chunk_fwd(q, k, v, g, beta, scale, initial_state,
+                                       output_final_state, cu, plan, workspace)
+    return o, ht, (q_rstd, k_rstd, g_cumsum, A)
+
+
+def _host_offsets(saved: KDADetSavedSet) -> torch.Tensor:
+    """int64 CPU offsets of the saved set's sequences (read from the device only when the
+    saved set does not carry the forward's copy)."""
+    cu = saved.meta.get("cu_host")
+    return cu if cu is not None else saved.cu_seqlens.detach().to("cpu", torch.int64)
+
+
+def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> KDADetGrads:
+    q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
+    h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
+    use_gate = saved.use_gate_in_kernel
+    use_sigmoid = _beta_code(saved.use_beta_sigmoid_in_kernel, saved.allow_neg_eigval)
+    lower_bound = saved.lower_bound if use_gate else None
+    A_log = saved.A_log.contiguous() if use_gate and saved.A_log is not None else None
+    dt_bias = saved.dt_bias.contiguous() if use_gate and saved.dt_bias is not None else None
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    NT = B * T
+    cu = _host_offsets(saved)
+    if saved.use_qk_l2norm:
+        qn, _ = _l2norm(q, plan)
+        kn, _ = _l2norm(k, plan)
+    else:
+        qn, kn = q, k
+    _, beta_eff = _gate_fwd(g, beta, None, None, None, False, use_sigmoid, plan)
+    kept = saved.A
+    A = kept.contiguous() if plan.keep_a and kept is not None and \
+        kept.dtype == inter_dtype(plan, q.dtype) and \
+        tuple(kept.shape) == (NT, HV, CHUNK_SIZE) else None
+    dq, dk, dv, dg, dbeta, dh0 = kda_chunk_bwd(
+        do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
+        saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, cu, plan, workspace)
+    # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
+    dg = dg.contiguous()
+    dbeta = dbeta.contiguous()
+    dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg.view(NT, HV, K),
+                                 dbeta.view(NT, HV), use_gate, use_sigmoid, plan)
+    if saved.use_qk_l2norm:
+        dq = l2norm_bwd(q, saved.q_rstd, dq)
+        dk = l2norm_bwd(k, saved.k_rstd, dk)
+    return KDADetGrads(
+        dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype),
+        dbeta.to(beta.dtype), dh0, dA_log, ddt_bias)
+
+
+def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log,
+               dt_bias, scale, use_l2, plan, varlen, use_gate, lower_bound, use_sigmoid,
+               cu_host=None) -> KDADetSavedSet:
+    return KDADetSavedSet(
+        Mode.DET,
+        {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
+         "initial_state": initial_state, "cu_seqlens": cu, "q_rstd": q_rstd,
+         "k_rstd": k_rstd, "A_log": A_log, "dt_bias": dt_bias},
+        meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan, "varlen": varlen,
+              "use_gate_in_kernel": use_gate, "lower_bound": lower_bound,
+              "use_beta_sigmoid_in_kernel": bool(use_sigmoid),
+              "allow_neg_eigval": use_sigmoid == 2,
+              # the int64 CPU offsets the forward read, so the backward needs no host sync
+              "cu_host": cu_host})
+
+
+def _contig(t):
+    return t.contiguous() if t is not None else None
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                      beta: torch.Tensor, scale: float | None = None,
+                      initial_state: torch.Tensor | None = None,
+                      output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                      cu_seqlens: torch.Tensor | None = None, *,
+                      use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+                      dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+                      use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                      safe_gate: bool = False, plan: KDADetPlan | None = None,
+                      workspace: KDADetWorkspace | None = None):
+    """Deterministic chunked Kimi Delta Attention forward, without autograd.
+
+    Same arguments and semantics as FLA's ``chunk_kda`` (forward only; for autograd use
+    :func:`chunk_kda_det`). Per sequence and value head, with state S ``[K, V]`` (fp32) and
+    a per-channel log decay ``g_t`` ``[K]`` (Kimi Linear, arXiv:2510.26692)::
+
+        S <- diag(exp(g_t)) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T
+        o_t = scale S^T q_t
+
+    Args:
+        q, k: ``[B, T, H, K]``, fp32, bf16 or fp16 (k of q's dtype), 1 <= K <= 256 (on
+            CUDA K, V <= 128, and K <= 64 for fp32 inputs: ``plan.cuda_plan_problem``).
+        v: ``[B, T, HV, V]`` of q's dtype, HV a positive multiple of H (value head ``j``
+            reads q/k head ``j // (HV // H)``, FLA's GVA), 1 <= V <= 256.
+        g: ``[B, T, HV, K]``, fp32 or q's dtype: the per-channel log decay (row c of the
+            state is multiplied by ``exp(g_t[c])``), or FLA's raw gate with
+            ``use_gate_in_kernel``.
+        beta: ``[B, T, HV]``, fp32 or q's dtype (pre-sigmoid with
+            ``use_beta_sigmoid_in_kernel``).
+        scale: finite > 0, default ``K ** -0.5``.
+        initial_state: fp32 ``[N, HV, K, V]`` or ``None`` (zeros); N = B, or the number of
+            sequences in ``cu_seqlens``.
+        output_final_state: bool; also return the fp32 state after each sequence.
+        use_qk_l2norm_in_kernel: bool; L2-normalise q and k per head first
+            (``x * rsqrt(sum(x**2) + 1e-6)``, computed in fp32, stored in q's dtype).
+        cu_seqlens: int32/int64 ``[N + 1]`` offsets of packed sequences (then B == 1);
+            empty sequences allowed; sequences never mix. Read on the host (one sync).
+        use_gate_in_kernel: bool; ``g`` is FLA's raw gate and the log decay used is, per
+            value head h and channel c with ``x = g + dt_bias.view(HV, K)[h, c]``:
+            ``-exp(A_log[h]) * softplus(x)`` (softplus ``x`` above 20, as FLA), or with
+            ``lower_bound`` ``lower_bound * sigmoid(exp(A_log[h]) * x)`` (``lower_bound *
+            sigmoid(x)`` when A_log is None). Computed in fp32.
+        A_log: ``[HV]``, fp32 or q's dtype; required with ``use_gate_in_kernel`` unless
+            ``lower_bound`` is given (FLA's rule).
+        dt_bias: ``[HV * K]``, fp32 or q's dtype, or ``None`` (0). A_log, dt_bias and
+            lower_bound are ignored without ``use_gate_in_kernel``, as in FLA.
+        lower_bound: ``None`` or a finite float < 0 (checked even when ignored).
+        use_beta_sigmoid_in_kernel: bool; ``sigmoid(beta)`` (fp32) is used.
+        allow_neg_eigval: bool; needs ``use_beta_sigmoid_in_kernel`` (as FLA): ``2 *
+            sigmoid(beta)`` is used (beta in (0, 2)).
+        safe_gate: bool, accepted for drop-in compatibility and validated as FLA (with
+            ``use_gate_in_kernel`` it needs ``lower_bound`` in [-5, 0)); it changes nothing
+            else: FLA uses it to pick faster tensor-core paths for bounded gates, cake's
+            chunk computation is exact for any gate either way.
+        plan: a :class:`~cake_kda_det_train.KDADetPlan` for (K, V) (default
+            ``make_plan(K, V, q.dtype, device)``).
+        workspace: a :class:`~cake_kda_det_train.KDADetWorkspace` for that plan with room
+            for the call (default: scratch allocated per call).
+
+    Returns:
+        ``(o, final_state, saved)``: o ``[B, T, HV, V]`` in v's dtype; final_state fp32
+        ``[N, HV, K, V]`` or ``None``; saved a :class:`~cake_kda_det_train.KDADetSavedSet`
+        for :func:`chunk_kda_det_bwd`.
+
+    Determinism: no atomics; each output element is written by one program and every
+    reduction runs in a fixed order, so o and final_state are bitwise repeatable for equal
+    inputs, plan and hardware.
+
+    Raises:
+        ValueError: bad shapes, dtypes, devices, flags, scale, lower_bound, cu_seqlens (with
+            B > 1, not starting at 0, decreasing, not ending at T), initial_state of the
+            wrong N, a plan or workspace of another type, mode, plan or size, A_log missing
+            with ``use_gate_in_kernel`` and no lower_bound, ``safe_gate`` without a
+            lower_bound in [-5, 0), A_log / dt_bias of the wrong shape, dtype or device;
+            before any allocation or launch. Inputs are never modified.
+    """
+    device, N, scale, A_log, dt_bias, lower_bound = _check_inputs(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate)
+    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    plan = _resolve_plan(plan, K, V, q.dtype, device)
+    cu = seq_offsets(cu_seqlens, B, T)
+    NC = chunk_tables(cu, CHUNK_SIZE)[3]
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, NC, q.dtype)
+    with torch.no_grad():
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        gate = (use_gate_in_kernel, _contig(A_log), _contig(dt_bias), lower_bound, sig)
+        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+            qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state,
+            use_qk_l2norm_in_kernel, cu, plan, workspace, gate)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(device), q_rstd,
+                       k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
+                       cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig,
+                       cu_host=cu)
+    return o, ht, saved
+
+
+def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetSavedSet, *,
+                      plan: KDADetPlan | None = None,
+                      workspace: KDADetWorkspace | None = None) -> KDADetGrads:
+    """Low-level backward of :func:`chunk_kda_det_fwd`.
+
+    Recomputes the chunk quantities from the saved inputs (and the forward's T when it kept
+    it), runs the chunk backward (state gradients over the chunks in reverse, fixed order),
+    then the in-kernel options' backward: the gate and beta sigmoid (dA_log, ddt_bias:
+    per-block partials summed in index order) and the L2 norm. No atomics: bitwise
+    repeatable for equal inputs, upstream gradients, plan and hardware.
+
+    Args:
+        do: gradient of o, ``[B, T, HV, V]``, fp32/bf16/fp16.
+        dht: gradient of final_state, fp32 ``[N, HV, K, V]``, or ``None`` (zero).
+        saved: the :class:`~cake_kda_det_train.KDADetSavedSet` of the forward.
+        plan: default the forward's (another one must be a det KDADetPlan for the same
+            K and V; bits are promised per plan). workspace: as in
+            :func:`chunk_kda_det_fwd`.
+
+    Returns:
+        :class:`KDADetGrads` ``(dq, dk, dv, dg, dbeta, dinitial_state, dA_log, ddt_bias)``;
+        with the in-kernel gate / beta sigmoid, dg and dbeta are w.r.t. the raw g and the
+        pre-sigmoid beta (FLA's derivatives).
+
+    Raises:
+        ValueError: a saved set of another type or mode (e.g. a GDN one), ``do`` / ``dht``
+            of the wrong shape, dtype or device, a plan or workspace of another type, mode
+            or plan; before any launch.
+    """
+    require_mode(saved, KDADetSavedSet, Mode.DET, name="saved")
+    v = saved.v
+    B, T, H, K = saved.q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = saved.cu_seqlens.numel() - 1
+    check_tensor(do, "do")
+    check_shape(do, "do", list(v.shape))
+    check_dtype(do, "do", _FLOATS)
+    if dht is not None:
+        check_tensor(dht, "dht")
+        check_shape(dht, "dht", [N, HV, K, V])
+        check_dtype(dht, "dht", (torch.float32,))
+    device = check_same_device(("saved", v), ("do", do), ("dht", dht))
+    launch_device_check(device, "do")
+    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
+    cu = _host_offsets(saved)
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T,
+                                   chunk_tables(cu, CHUNK_SIZE)[3], saved.q.dtype)
+    with torch.no_grad():
+        return _launch_bwd(do, dht, saved, plan, workspace)
+
+
+# ----------------------------------------------------------------------------- custom ops
+# What torch.compile traces (the eager entry keeps _KDADetFunction: less host time). The
+# plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
+# (final state, L2-norm rstds, A without keep_a, gradients of absent inputs) are empty fp32
+# tensors ``[0]``. g_cumsum (and A with keep_a) are outputs so autograd can save them.
+
+
+def _none0(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return t if t is not None else like.new_empty((0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("cake_kda_det_train::fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+            beta: torch.Tensor, initial_state: torch.Tensor | None,
+            cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
+            dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
+            use_l2: bool, use_gate: bool, lower_bound: float | None, use_sigmoid: int,
+            plan_fields: list[int],
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                       torch.Tensor]:
+    """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum, A or [0])``;
+    arguments checked by the entry, except the values of cu_seqlens (checked here, before
+    any launch)."""
+    plan = plan_from_op_fields(KDADetPlan, plan_fields)
+    B, T = q.shape[:2]
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, T, q.device)
+    cu = seq_offsets(cu_seqlens, B, T)
+    qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+    gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
+    o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+        qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state, use_l2,
+        cu, plan, None, gate)
+    return (o, _none0(ht, q), _none0(q_rstd, q), _none0(k_rstd, q), g_cumsum,
+            _none0(A if plan.keep_a else None, q))
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+              output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields):
+    plan = plan_from_op_fields(KDADetPlan, plan_fields)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+    f32 = torch.float32
+    ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
+    rstd = (B, T, H) if use_l2 else (0,)
+    A = q.new_empty((B * T, HV, CHUNK_SIZE), dtype=inter_dtype(plan, q.dtype)) \
+        if plan.keep_a else q.new_empty((0,), dtype=f32)
+    return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
+            q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)
+
+
+@torch.library.custom_op("cake_kda_det_train::bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+            v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, g_cumsum: torch.Tensor,
+            A: torch.Tensor | None, initial_state: torch.Tensor | None,
+            cu_seqlens: torch.Tensor | None, q_rstd: torch.Tensor | None,
+            k_rstd: torch.Tensor | None, A_log: torch.Tensor | None,
+            dt_bias: torch.Tensor | None, scale: float, use_l2: bool, use_gate: bool,
+            lower_bound: float | None, use_sigmoid: int, plan_fields: list[int],
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                       torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or [0])``:
+    :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
+    plan = plan_from_op_fields(KDADetPlan, plan_fields)
+    B, T = q.shape[:2]
+    cu = seq_offsets(cu_seqlens, B, T)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A if A is not None and A.numel() else None,
+                       initial_state, cu.to(q.device), q_rstd if use_l2 else None,
+                       k_rstd if use_l2 else None, A_log if use_gate else None,
+                       dt_bias if use_gate else None, float(scale), use_l2, plan,
+                       cu_seqlens is not None, use_gate, lower_bound if use_gate else None,
+                       use_sigmoid, cu_host=cu)
+    gr = _launch_bwd(do, dht, saved, plan, None)
+    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, _none0(gr.dinitial_state, q),
+            _none0(gr.dA_log, q), _none0(gr.ddt_bias, q))
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, dht, q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens, q_rstd,
+              k_rstd, A_log, dt_bias, scale, use_l2, use_gate, lower_bound, use_sigmoid,
+              plan_fields):
+    f32 = torch.float32
+    dh0 = (initial_state.new_empty(initial_state.shape) if initial_state is not None
+           else q.new_empty((0,), dtype=f32))
+    dA = A_log.new_empty(A_log.shape) if use_gate and A_log is not None else \
+        q.new_empty((0,), dtype=f32)
+    ddt = dt_bias.new_empty(dt_bias.shape) if use_gate and dt_bias is not None else \
+        q.new_empty((0,), dtype=f32)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            g.new_empty(g.shape), beta.new_empty(beta.shape), dh0, dA, ddt)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
+     use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
+    _, _, q_rstd, k_rstd, g_cumsum, A = output
+    ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens, q_rstd,
+                          k_rstd, A_log, dt_bias)
+    ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
+    ctx.use_gate, ctx.lower_bound = use_gate, lower_bound
+    ctx.use_sigmoid, ctx.plan_fields = use_sigmoid, plan_fields
+
+
+def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA):
+    q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = torch.ops.cake_kda_det_train.bwd(
+        do, dht if ctx.output_final_state else None, q, k, v, g, beta, g_cumsum, A, h0, cu,
+        q_rstd, k_rstd, A_log, dt_bias, ctx.scale, ctx.use_l2, ctx.use_gate, ctx.lower_bound,
+        ctx.use_sigmoid, ctx.plan_fields)
+    need = ctx.needs_input_grad
+    return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
+            dA_log if A_log is not None and ctx.use_gate and need[7] else None,
+            ddt_bias if dt_bias is not None and ctx.use_gate and need[8] else None,
+            None, None, None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _KDADetFunction(torch.autograd.Function):
+    """Autograd of the det chunked KDA (the eager path; lower host overhead than the custom
+    ops, same launches, same bits): the SavedSet's tensors go through
+    ``ctx.save_for_backward`` (checkpointing and saved-tensor hooks work); the plan, the
+    optional workspace and the CPU offsets are ctx attributes."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
+                use_l2, plan, workspace, A_log, dt_bias, use_gate, lower_bound, use_sigmoid):
+        B, T = q.shape[:2]
+        cu = seq_offsets(cu_seqlens, B, T)
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
+        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+            qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state, use_l2, cu,
+            plan, workspace, gate)
+        saved = _saved_set(q, k, v, g, beta, g_cumsum, A if plan.keep_a else None,
+                           initial_state, cu.to(q.device), q_rstd, k_rstd, A_log, dt_bias,
+                           scale, use_l2, plan, cu_seqlens is not None, use_gate, lower_bound,
+                           use_sigmoid, cu_host=cu)
+        ctx.save_for_backward(*saved.tensors())
+        ctx.meta = saved.meta
+        ctx.workspace = workspace
+        return o, ht
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dht):
+        saved = KDADetSavedSet.from_tensors(Mode.DET, ctx.saved_tensors, ctx.meta)
+        if do is None:
+            do = torch.zeros(saved.v.shape, dtype=saved.v.dtype, device=saved.v.device)
+        grads = _launch_bwd(do, dht, saved, saved.plan, ctx.workspace)
+        need = ctx.needs_input_grad
+        return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta,
+                grads.dinitial_state if need[5] else None, None, None, None, None, None,
+                None, grads.dA_log if need[12] else None,
+                grads.ddt_bias if need[13] else None, None, None, None)
+
+
+def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  beta: torch.Tensor, scale: float | None = None,
+                  initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                  use_qk_l2norm_in_kernel: bool = False,
+                  cu_seqlens: torch.Tensor | None = None, *,
+                  use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+                  dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+                  use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                  safe_gate: bool = False, plan: KDADetPlan | None = None,
+                  workspace: KDADetWorkspace | None = None):
+    """Deterministic drop-in for FLA's ``chunk_kda`` (Kimi Delta Attention), with autograd.
+
+    Arguments, shapes and errors as :func:`chunk_kda_det_fwd` (FLA's names and meanings:
+    ``use_qk_l2norm_in_kernel``, ``use_gate_in_kernel``, ``A_log``, ``dt_bias``,
+    ``lower_bound``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``safe_gate``).
+    Pass everything after ``cu_seqlens`` by keyword (FLA's positional order differs there).
+    Returns ``(o, final_state)`` (``final_state`` is ``None`` without
+    ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
+    dt_bias (through :func:`chunk_kda_det_bwd`); bitwise repeatable for equal inputs,
+    upstream gradients, plan and hardware; not twice differentiable. The forward keeps the
+    inputs, g's within-chunk cumulative sum (fp32, 4 bytes per token, value head and
+    channel), the L2-norm rstds and, with ``plan.keep_a``, each chunk's T.
+
+    Under ``torch.compile`` (``fullgraph=True`` works) the call becomes the custom ops
+    ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), which launch
+    the same kernels as the eager path: same bits. The values of ``cu_seqlens`` are then
+    checked when the op runs, not while tracing, and a ``workspace`` is checked but not
+    used (scratch is allocated per call there). ``torch.utils.checkpoint`` works on both
+    paths.
+    """
+    device, N, scale, A_log, dt_bias, lower_bound = _check_inputs(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate)
+    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    plan = _resolve_plan(plan, K, V, q.dtype, device)
+    if not torch.compiler.is_compiling():
+        if workspace is not None:
+            cu = seq_offsets(cu_seqlens, B, T)
+            workspace = _resolve_workspace(workspace, plan, device, HV, B * T,
+                                           chunk_tables(cu, CHUNK_SIZE)[3], q.dtype)
+        return _KDADetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+                                     output_final_state, use_qk_l2norm_in_kernel, plan,
+                                     workspace, A_log, dt_bias, use_gate_in_kernel,
+                                     lower_bound, sig)
+    if workspace is not None:  # type, mode and plan only: its capacity needs cu's values
+        require_mode(workspace, KDADetWorkspace, Mode.DET, name="workspace")
+        workspace.check(plan, device)
+    o, ht, *_ = torch.ops.cake_kda_det_train.fwd(
+        q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, lower_bound, sig, plan_to_op_fields(plan))
+    return o, (ht if output_final_state else None)

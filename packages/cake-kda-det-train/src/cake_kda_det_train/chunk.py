@@ -1,0 +1,196 @@
+"""Launches of the KDA chunk kernels: the forward and backward of the chunked recurrence.
+
+The entry points (:mod:`cake_kda_det_train.api`) check inputs, apply the L2 norm and the
+in-kernel gate, then call :func:`kda_chunk_fwd` / :func:`kda_chunk_bwd`. Here, tensors are
+already checked and contiguous; the math is in kernels/chunk_fwd.py and chunk_bwd.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+from cake_core.triton_utils import is_interpreting, next_power_of_2
+from cake_core.varlen import chunk_tables, group_sum
+
+from cake_kda_det_train.kernels.chunk_bwd import kda_bwd_dh_kernel, kda_bwd_local_kernel
+from cake_kda_det_train.kernels.chunk_fwd import (
+    kda_fwd_h_kernel,
+    kda_fwd_o_kernel,
+    kda_fwd_prep_kernel,
+)
+from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
+
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _dot_dtype(plan: KDADetPlan, dtype: torch.dtype):
+    """``DT`` of the kernels: the intermediates' dtype on CUDA, fp32 under the interpreter
+    (its bf16 ``tl.dot`` is wrong in Triton 3.6)."""
+    return tl.float32 if is_interpreting() else _TL[inter_dtype(plan, dtype)]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tables(cu_host: torch.Tensor, dev: torch.device):
+    starts, ends, chunk_off, NC = chunk_tables(cu_host, CHUNK_SIZE)
+    return starts.to(dev), ends.to(dev), chunk_off.to(dev), cu_host.to(dev), NC
+
+
+def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt):
+    """w, u, v_new ``[NT, HV, *]``, h ``[NC, HV, K, V]``, aqk ``[NT, HV, 64]``: views of
+    the workspace's leading rows, or fresh tensors."""
+    if workspace is None:
+        return (torch.empty((NT, HV, K), dtype=idt, device=dev),
+                torch.empty((NT, HV, V), dtype=idt, device=dev),
+                torch.empty((NT, HV, V), dtype=idt, device=dev),
+                torch.empty((NC, HV, K, V), dtype=idt, device=dev),
+                torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev))
+    return (workspace["w"][:NT], workspace["u"][:NT], workspace["v_new"][:NT],
+            workspace["h"][:NC], workspace["aqk"][:NT])
+
+
+def _consts(plan: KDADetPlan, dtype: torch.dtype) -> dict:
+    return dict(DT=_dot_dtype(plan, dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
+                BK=plan.block_k)
+
+
+def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
+                    scratch, load_a: bool, recompute: bool):
+    """Chunk prep (G, T, w, u, Aqk) and the state recurrence (h, v_new, final state). With
+    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    starts, ends, chunk_off, cu_dev, NC = tabs
+    N = cu_dev.numel() - 1
+    w, u, v_new, h, aqk = scratch
+    cst = _consts(plan, q.dtype)
+    kda_fwd_prep_kernel[(NC, HV)](
+        q, k, v, g_cumsum if recompute else g, beta, starts, ends, g_cumsum, A, aqk, w, u,
+        scale, H, HV, HV // H, K, V,
+        BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
+        LOAD_A=load_a, CUMSUM=not recompute, num_warps=plan.num_warps_prep, **cst)
+    h0 = initial_state if initial_state is not None else g_cumsum
+    kda_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
+        k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
+        H, HV, HV // H, K, V,
+        BV=plan.block_v, HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
+        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
+
+
+def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
+                  cu_host: torch.Tensor, plan: KDADetPlan, workspace=None):
+    """The chunked KDA forward on checked, contiguous tensors.
+
+    Args:
+        q, k: ``[B, T, H, K]`` (already L2-normalised when asked). v: ``[B, T, HV, V]``.
+        g: ``[B, T, HV, K]`` per-token log decay (after any gate), fp32 or q's dtype.
+        beta: ``[B, T, HV]`` (after any sigmoid). scale: float.
+        initial_state: fp32 ``[N, HV, K, V]`` or None. output_final_state: bool.
+        cu_host: int64 CPU offsets ``[N + 1]`` of the sequences in the ``B * T`` tokens.
+        plan: a :class:`KDADetPlan`. workspace: a checked KDADetWorkspace or None.
+
+    Returns:
+        ``(o, final_state, g_cumsum, A)``: o ``[B, T, HV, V]`` in v's dtype; final_state
+        fp32 ``[N, HV, K, V]`` or None; g_cumsum fp32 ``[B * T, HV, K]`` (within-chunk
+        cumulative decays); A ``[B * T, HV, 64]`` each chunk's T = (I + A)^-1 in
+        :func:`cake_kda_det_train.plan.inter_dtype`.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    NT, N = B * T, cu_host.numel() - 1
+    dev = q.device
+    idt = inter_dtype(plan, q.dtype)
+    tabs = _tables(cu_host, dev)
+    NC = tabs[4]
+    o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
+    g_cumsum = torch.empty((NT, HV, K), dtype=torch.float32, device=dev)
+    A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
+    ht = torch.empty((N, HV, K, V), dtype=torch.float32, device=dev) \
+        if output_final_state else None
+    if NC == 0:  # no tokens: every final state is its initial state
+        if ht is not None:
+            if initial_state is not None:
+                ht.copy_(initial_state)
+            else:
+                ht.zero_()
+        return o, ht, g_cumsum, A
+    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
+    _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
+                    scratch, load_a=False, recompute=False)
+    _, _, v_new, h, aqk = scratch
+    kda_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
+        q, g_cumsum, aqk, v_new, h, tabs[0], tabs[1], o,
+        scale, H, HV, HV // H, K, V,
+        BV=plan.block_v, num_warps=plan.num_warps_o, **_consts(plan, q.dtype))
+    return o, ht, g_cumsum, A
+
+
+def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_state,
+                  cu_host: torch.Tensor, plan: KDADetPlan, workspace=None):
+    """Backward of :func:`kda_chunk_fwd`: recomputes the chunk quantities from the saved
+    g_cumsum (and T when ``A`` is given and matches the plan), runs the state-gradient
+    recurrence in reverse, then the chunk-local gradients.
+
+    Args:
+        do: ``[B, T, HV, V]``. dht: fp32 ``[N, HV, K, V]`` or None (zero).
+        q, k, v, beta, initial_state, cu_host, scale: as given to the forward.
+        g_cumsum: the forward's. A: the forward's T, or None (recomputed).
+
+    Returns:
+        ``(dq, dk, dv, dg, dbeta, dh0)``: dq, dk fp32 ``[B, T, H, K]`` (value heads of one
+        q/k head added in index order); dv fp32 ``[B, T, HV, V]``; dg fp32
+        ``[B, T, HV, K]`` w.r.t. the per-token log decay; dbeta fp32 ``[B, T, HV]``; dh0
+        fp32 ``[N, HV, K, V]``, or None without an initial state.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    NT, N = B * T, cu_host.numel() - 1
+    dev = q.device
+    f32 = torch.float32
+    idt = inter_dtype(plan, q.dtype)
+    tabs = _tables(cu_host, dev)
+    NC = tabs[4]
+    dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
+    dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
+    dv = torch.empty((B, T, HV, V), dtype=f32, device=dev)
+    dg = torch.empty((B, T, HV, K), dtype=f32, device=dev)
+    dbeta = torch.empty((B, T, HV), dtype=f32, device=dev)
+    dh0 = torch.empty((N, HV, K, V), dtype=f32, device=dev) \
+        if initial_state is not None else None
+    if NC == 0:
+        if dh0 is not None:
+            if dht is not None:
+                dh0.copy_(dht)
+            else:
+                dh0.zero_()
+    else:
+        load_a = bool(plan.keep_a) and A is not None and A.dtype == idt and \
+            tuple(A.shape) == (NT, HV, CHUNK_SIZE)
+        if not load_a:
+            A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
+        scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
+        g_cs = g_cumsum
+        _prep_and_state(q, k, v, None, beta, scale, initial_state, None, plan, tabs, g_cs,
+                        A, scratch, load_a=load_a, recompute=True)
+        w, _, v_new, h, aqk = scratch
+        cst = _consts(plan, q.dtype)
+        dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
+        du = torch.empty((NT, HV, V), dtype=idt, device=dev)
+        dht_c = dht.contiguous() if dht is not None else None
+        kda_bwd_dh_kernel[(N, HV, _cdiv(V, plan.block_v))](
+            q, k, w, g_cs, aqk, do, tabs[3], tabs[2], dht_c if dht_c is not None else dh,
+            dh, du, dh0 if dh0 is not None else dh,
+            scale, H, HV, HV // H, K, V,
+            BV=plan.block_v, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+            num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
+        kda_bwd_local_kernel[(NC, HV)](
+            q, k, v, beta, g_cs, A, h, dh, do, v_new, du, tabs[0], tabs[1],
+            dq_hv, dk_hv, dv, dg, dbeta,
+            scale, H, HV, HV // H, K, V,
+            BC=SUB_CHUNK, BV=plan.block_v_bwd, NV=_cdiv(V, plan.block_v_bwd),
+            num_warps=plan.num_warps_bwd, **cst)
+    dq = group_sum(dq_hv, H).view(B, T, H, K)
+    dk = group_sum(dk_hv, H).view(B, T, H, K)
+    return dq, dk, dv, dg, dbeta, dh0

@@ -1,0 +1,191 @@
+"""Backward chunk kernels of the det chunked KDA.
+
+With the forward's chunk quantities recomputed (kernels/chunk_fwd.py: G, T, w, Aqk, the
+chunk-start states S0 and v_new), per chunk and value head, dS the gradient of the state
+after the chunk, ``kd = k exp(G_last - G)``, ``qg = scale q exp(G)``:
+
+    du  = Aqk^T do + kd dS                                (gradient of v_new)
+    dS0 = exp(G_last) * dS + qg^T do - w^T du             (carried to the previous chunk)
+
+``kda_bwd_dh_kernel`` runs that recurrence over each sequence's chunks in reverse (per
+sequence, value head and V block), storing dS and du per chunk. ``kda_bwd_local_kernel``
+(per chunk and value head) then forms the chunk-local gradients, summing over V blocks in
+index order:
+
+    dqg = do S0^T   dAqk = do v_new^T   dkd = v_new dS^T   dw = -du S0^T
+    dT  = du (beta v)^T + dw (beta k exp(G))^T             dA = -T^T dT T^T (strictly lower)
+    dv  = beta T^T du      dk_w = (T^T dw) beta exp(G)
+    q/k gradients through the gated pairs (kernels/gated.py: row_apply / col_apply)
+    dG  = q dq + k (dk_row + dk_w) - k (dk_col + dk_colq + dk_kd),
+          + sum_i k_i dk_kd_i + exp(G_last) sum_v S0 dS  on the last row,
+    dg  = reverse cumulative sum of dG within the chunk
+
+(derived by hand and checked against autograd of a float64 token recurrence). No atomics:
+each program writes only its own chunk's rows.
+"""
+
+import triton
+import triton.language as tl
+
+from cake_kda_det_train.kernels.gated import col_apply, row_apply
+
+
+@triton.jit
+def kda_bwd_dh_kernel(
+    Qp, Kp, W, GCUM, AQK, DO, CU, CHUNK_OFF, DHT, DH, DU, DH0,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+):
+    n = tl.program_id(0)
+    hv = tl.program_id(1)
+    vb = tl.program_id(2)
+    hk = hv // GROUP
+    bos = tl.load(CU + n).to(tl.int64)
+    eos = tl.load(CU + n + 1).to(tl.int64)
+    c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
+    nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
+    rows = tl.arange(0, BT)
+    ck = tl.arange(0, BK)
+    cv = vb * BV + tl.arange(0, BV)
+    hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
+    s_off = ck[:, None] * VD + cv[None, :]
+    if HAS_DHT:
+        dh = tl.load(DHT + (n * HV + hv) * KD * VD + s_off, mask=hmask, other=0.0)
+    else:
+        dh = tl.zeros([BK, BV], dtype=tl.float32)
+    for i in range(nch):
+        ci = nch - 1 - i
+        start = bos + ci * BT
+        tok = start + rows
+        tmask = tok < eos
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        vmask = tmask[:, None] & (cv < VD)[None, :]
+        tl.store(DH + ((c0 + ci) * HV + hv) * KD * VD + s_off, dh.to(DH.dtype.element_ty),
+                 mask=hmask)
+        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+        do = tl.load(DO + u_off, mask=vmask, other=0.0)
+        aqk = tl.load(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                      mask=tmask[:, None], other=0.0)
+        last = tl.minimum(start + BT, eos) - 1
+        glast = tl.load(GCUM + last * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
+        kv_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        gc = tl.load(GCUM + kv_off, mask=kmask, other=0.0)
+        qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(W + kv_off, mask=kmask, other=0.0)
+        kd = tl.where(kmask, kb * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
+        qg = tl.where(kmask, qb * tl.exp(tl.where(kmask, gc, 0.0)), 0.0) * scale
+        du = tl.zeros([BT, BV], dtype=tl.float32)
+        du = tl.dot(tl.trans(aqk.to(DT)), do.to(DT), du, input_precision=PREC)
+        du = tl.dot(kd.to(DT), dh.to(DT), du, input_precision=PREC)
+        du = du.to(DU.dtype.element_ty)
+        tl.store(DU + u_off, du, mask=vmask)
+        dh = dh * tl.exp(glast)[:, None]
+        dh = tl.dot(tl.trans(qg.to(DT)), do.to(DT), dh, input_precision=PREC)
+        dh = tl.dot(tl.trans(-(w.to(DT))), du.to(DT), dh, input_precision=PREC)
+    if STORE_DH0:
+        tl.store(DH0 + (n * HV + hv) * KD * VD + s_off, dh, mask=hmask)
+
+
+@triton.jit
+def kda_bwd_local_kernel(
+    Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, VNEW, DU, CHUNK_START, CHUNK_END,
+    DQ, DK, DV, DG, DBETA,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+):
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    ck = tl.arange(0, BK)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+    qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+    kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+    qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+    g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+    glast = tl.load(GCUM + (end - 1) * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
+    # rows past the chunk's end take the last row's G (as the forward's cumsum): a 0 there
+    # would overflow exp(G - r) in the pair products
+    gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
+    gc = tl.where(tmask[:, None], gc, glast[None, :])
+    beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+    tm = tl.load(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :], mask=tmask[:, None],
+                 other=0.0).to(tl.float32)
+    s_base = (c * HV + hv) * KD * VD
+
+    dqg = tl.zeros([BT, BK], dtype=tl.float32)
+    dkd = tl.zeros([BT, BK], dtype=tl.float32)
+    dw = tl.zeros([BT, BK], dtype=tl.float32)
+    daqk = tl.zeros([BT, BT], dtype=tl.float32)
+    dtm = tl.zeros([BT, BT], dtype=tl.float32)
+    dgl = tl.zeros([BK], dtype=tl.float32)
+    dbeta = tl.zeros([BT], dtype=tl.float32)
+    for vi in range(NV):  # V blocks in index order
+        cv = vi * BV + tl.arange(0, BV)
+        vmask = tmask[:, None] & (cv < VD)[None, :]
+        hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
+        s_off = s_base + ck[:, None] * VD + cv[None, :]
+        h = tl.load(HBUF + s_off, mask=hmask, other=0.0)
+        dh = tl.load(DH + s_off, mask=hmask, other=0.0)
+        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+        do = tl.load(DO + u_off, mask=vmask, other=0.0).to(DT)
+        vn = tl.load(VNEW + u_off, mask=vmask, other=0.0).to(DT)
+        du = tl.load(DU + u_off, mask=vmask, other=0.0).to(DT)
+        vb = tl.load(Vp + u_off, mask=vmask, other=0.0).to(tl.float32)
+        dqg = tl.dot(do, tl.trans(h.to(DT)), dqg, input_precision=PREC)
+        daqk = tl.dot(do, tl.trans(vn), daqk, input_precision=PREC)
+        dkd = tl.dot(vn, tl.trans(dh.to(DT)), dkd, input_precision=PREC)
+        dgl += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
+        dw = tl.dot(du, tl.trans(h.to(DT)), dw, input_precision=PREC)
+        dtm = tl.dot(du, tl.trans((vb * beta[:, None]).to(DT)), dtm, input_precision=PREC)
+        dbv = tl.zeros([BT, BV], dtype=tl.float32)
+        dbv = tl.dot(tl.trans(tm.to(DT)), du, dbv, input_precision=PREC)
+        tl.store(DV + u_off, (dbv * beta[:, None]).to(DV.dtype.element_ty), mask=vmask)
+        dbeta += tl.sum(dbv * vb, axis=1)
+    dw = -dw
+
+    eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
+    dtm = tl.dot(dw.to(DT), tl.trans((kb * eg * beta[:, None]).to(DT)), dtm,
+                 input_precision=PREC)
+    z = tl.zeros([BT, BK], dtype=tl.float32)
+    z = tl.dot(tl.trans(tm.to(DT)), dw.to(DT), z, input_precision=PREC)
+    dk_w = z * beta[:, None] * eg
+    dbeta += tl.sum(z * kb * eg, axis=1)
+    # dA = -T^T dT T^T on the strictly lower part (fp32 operands, like the solve)
+    t1 = tl.zeros([BT, BT], dtype=tl.float32)
+    t1 = tl.dot(tl.trans(tm), dtm, t1, input_precision=PREC)
+    da = tl.zeros([BT, BT], dtype=tl.float32)
+    da = tl.dot(t1, tl.trans(tm), da, input_precision=PREC)
+    strict = (rows[:, None] > rows[None, :]) & tmask[:, None]
+    da = tl.where(strict, -da, 0.0)
+    x = row_apply(da, kb, gc, DT, PREC, BT, BC, BK)
+    dbeta += tl.sum(kb * x, axis=1)
+    dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BK)
+    incl = (rows[:, None] >= rows[None, :]) & tmask[:, None]
+    pq = tl.where(incl, daqk * scale, 0.0)
+    dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BK)
+    dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BK)
+
+    dq = dq_row + dqg * (scale * eg)
+    dk_kd = tl.where(kmask, dkd * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
+    dk_pos = x * beta[:, None] + dk_w
+    dk_neg = dk_col + dk_colq + dk_kd
+    dk = dk_pos + dk_neg
+    dgc = qb * dq + kb * dk_pos - kb * dk_neg
+    last_row = rows == (end - 1 - start)
+    extra = tl.sum(kb * dk_kd, axis=0) + tl.exp(glast) * dgl
+    dgc += tl.where(last_row[:, None], extra[None, :], 0.0)
+    dg = tl.cumsum(dgc, axis=0, reverse=True)
+
+    tl.store(DQ + g_off, dq, mask=kmask)
+    tl.store(DK + g_off, dk, mask=kmask)
+    tl.store(DG + g_off, dg, mask=kmask)
+    tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)

@@ -1,0 +1,196 @@
+"""Forward chunk kernels of the det chunked KDA (and the backward's recompute).
+
+Per 64-token chunk of one sequence and value head, with ``G`` the within-chunk cumulative
+sum of the per-channel log decays g ``[BT, K]``, S0 the state at the chunk's start, and
+pair products from :mod:`cake_kda_det_train.kernels.gated` (``M`` strictly lower):
+
+    A   = M * beta_i sum_c k_ic k_jc exp(G_ic - G_jc)        T = (I + A)^-1
+    w   = T (beta * exp(G) * k)         u = T (beta * v)      (WY/UT form)
+    Aqk = scale * sum_c q_ic k_jc exp(G_ic - G_jc), j <= i
+    v_new = u - w S0
+    o   = scale (q * exp(G)) S0 + Aqk v_new
+    S1  = exp(G_last) * S0 + (k * exp(G_last - G))^T v_new
+
+``kda_fwd_prep_kernel`` (one program per chunk and value head) computes G (or, in the
+backward's recompute, loads the forward's), T (or loads the forward's), w, u and Aqk;
+``kda_fwd_h_kernel`` (per sequence, value head and V block) runs the state recurrence
+over the sequence's chunks in order, storing each chunk's S0 and v_new; ``kda_fwd_o_kernel``
+(per chunk, value head, V block) the output. No atomics: every program writes only its own
+rows and columns.
+"""
+
+import triton
+import triton.language as tl
+
+from cake_kda_det_train.kernels.gated import gated_pair
+
+
+@triton.jit
+def kda_fwd_prep_kernel(
+    Qp, Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
+    GCUM, Ap, AQK, W, U,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    LOG2_BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
+    CUMSUM: tl.constexpr,
+):
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    ck = tl.arange(0, BK)
+    cv = tl.arange(0, BVF)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+    vmask = tmask[:, None] & (cv < VD)[None, :]
+
+    g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+    if CUMSUM:  # the forward: per-token decays in, their within-chunk sum out to GCUM
+        g = tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32)
+        gc = tl.cumsum(g, axis=0)
+        tl.store(GCUM + g_off, gc, mask=kmask)
+    else:  # the backward's recompute: Gp is the forward's GCUM (same values); rows past
+        # the chunk's end take the last row's G, as the forward's cumsum gives them (a 0
+        # there would overflow exp(G - r) in the pair products)
+        glast = tl.load(Gp + (end - 1) * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
+        gc = tl.load(Gp + g_off, mask=kmask, other=0.0)
+        gc = tl.where(tmask[:, None], gc, glast[None, :])
+    beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+    qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+    kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+    qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+    vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask, other=0.0)
+
+    a_ptr = Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :]
+    if LOAD_A:  # the backward, with the T its forward kept
+        tm = tl.load(a_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
+    else:
+        akk = gated_pair(kb, kb, gc, DT, PREC, BT, BC, BK, False)
+        lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
+        a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
+        # T = (I + a_raw)^-1 by recursive block doubling in a fixed order: with T the
+        # inverse of the s x s diagonal blocks and E the strictly-lower s x s blocks inside
+        # each 2s x 2s diagonal block, (D + E)^-1 = T - T E T (exact: E T E = 0).
+        tm = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+        s = 1
+        for _ in range(LOG2_BT):
+            e_mask = ((rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))) & \
+                ((rows[:, None] // s) > (rows[None, :] // s))
+            e = tl.where(e_mask, a_raw, 0.0)
+            et = tl.zeros([BT, BT], dtype=tl.float32)
+            et = tl.dot(e, tm, et, input_precision=PREC)
+            tet = tl.zeros([BT, BT], dtype=tl.float32)
+            tet = tl.dot(tm, et, tet, input_precision=PREC)
+            tm = tm - tet
+            s = s * 2
+        # rounded to A's dtype before use: a backward that loads the kept T computes w and
+        # u from the same values as one that recomputes it
+        tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
+        tl.store(a_ptr, tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
+
+    eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
+    w = tl.zeros([BT, BK], dtype=tl.float32)
+    w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
+    u = tl.zeros([BT, BVF], dtype=tl.float32)
+    u = tl.dot(tm.to(DT), (vb.to(tl.float32) * beta[:, None]).to(DT), u, input_precision=PREC)
+    aqk = gated_pair(qb, kb, gc, DT, PREC, BT, BC, BK, True) * scale
+
+    tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], w.to(W.dtype.element_ty),
+             mask=kmask)
+    tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], u.to(U.dtype.element_ty),
+             mask=vmask)
+    tl.store(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+             aqk.to(AQK.dtype.element_ty), mask=tmask[:, None])
+
+
+@triton.jit
+def kda_fwd_h_kernel(
+    Kp, W, U, GCUM, CU, CHUNK_OFF, H0, HBUF, VNEW, HT,
+    H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
+):
+    n = tl.program_id(0)
+    hv = tl.program_id(1)
+    vb = tl.program_id(2)
+    hk = hv // GROUP
+    bos = tl.load(CU + n).to(tl.int64)
+    eos = tl.load(CU + n + 1).to(tl.int64)
+    c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
+    nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
+    rows = tl.arange(0, BT)
+    ck = tl.arange(0, BK)
+    cv = vb * BV + tl.arange(0, BV)
+    hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
+    s_off = ck[:, None] * VD + cv[None, :]
+    if HAS_H0:
+        h = tl.load(H0 + (n * HV + hv) * KD * VD + s_off, mask=hmask, other=0.0)
+    else:
+        h = tl.zeros([BK, BV], dtype=tl.float32)
+    for i in range(nch):
+        start = bos + i * BT
+        tok = start + rows
+        tmask = tok < eos
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        vmask = tmask[:, None] & (cv < VD)[None, :]
+        tl.store(HBUF + ((c0 + i) * HV + hv) * KD * VD + s_off, h.to(HBUF.dtype.element_ty),
+                 mask=hmask)
+        kv_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        w = tl.load(W + kv_off, mask=kmask, other=0.0)
+        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+        u = tl.load(U + u_off, mask=vmask, other=0.0).to(tl.float32)
+        wh = tl.zeros([BT, BV], dtype=tl.float32)
+        wh = tl.dot(w.to(DT), h.to(DT), wh, input_precision=PREC)
+        vnew = (u - wh).to(VNEW.dtype.element_ty)
+        tl.store(VNEW + u_off, vnew, mask=vmask)
+        last = tl.minimum(start + BT, eos) - 1
+        glast = tl.load(GCUM + last * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
+        gc = tl.load(GCUM + kv_off, mask=kmask, other=0.0)
+        kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
+                     other=0.0).to(tl.float32)
+        kd = tl.where(kmask, kb * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
+        h = h * tl.exp(glast)[:, None]
+        h = tl.dot(tl.trans(kd.to(DT)), vnew.to(DT), h, input_precision=PREC)
+    if STORE_FINAL:
+        tl.store(HT + (n * HV + hv) * KD * VD + s_off, h, mask=hmask)
+
+
+@triton.jit
+def kda_fwd_o_kernel(
+    Qp, GCUM, AQK, VNEW, HBUF, CHUNK_START, CHUNK_END, O,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr,
+):
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    vb = tl.program_id(2)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    ck = tl.arange(0, BK)
+    cv = vb * BV + tl.arange(0, BV)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+    vmask = tmask[:, None] & (cv < VD)[None, :]
+    qb = tl.load(Qp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
+                 other=0.0).to(tl.float32)
+    gc = tl.load(GCUM + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], mask=kmask, other=0.0)
+    qg = tl.where(kmask, qb * tl.exp(tl.where(kmask, gc, 0.0)), 0.0) * scale
+    hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
+    h = tl.load(HBUF + (c * HV + hv) * KD * VD + ck[:, None] * VD + cv[None, :], mask=hmask,
+                other=0.0)
+    o = tl.zeros([BT, BV], dtype=tl.float32)
+    o = tl.dot(qg.to(DT), h.to(DT), o, input_precision=PREC)
+    aqk = tl.load(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                  mask=tmask[:, None], other=0.0)
+    vnew = tl.load(VNEW + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask,
+                   other=0.0)
+    o = tl.dot(aqk.to(DT), vnew.to(DT), o, input_precision=PREC)
+    tl.store(O + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], o.to(O.dtype.element_ty),
+             mask=vmask)

@@ -1,0 +1,196 @@
+"""KDADetPlan and the rule that picks it (shapes, dtypes, device; never timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan
+from cake_core.plan import cached_plan
+from cake_core.triton_utils import next_power_of_2
+
+#: Tokens per chunk (fixed: the WY/UT triangular system is solved on 64 x 64 tiles).
+CHUNK_SIZE = 64
+#: Tokens per sub-chunk: pairs of tokens in different sub-chunks meet through a dot with a
+#: per-channel reference decay between them; pairs inside one are summed elementwise.
+SUB_CHUNK = 16
+#: Largest head dims K and V.
+MAX_HEAD_DIM = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class KDADetPlan(Plan):
+    """Execution plan of the det chunked Kimi Delta Attention kernels.
+
+    Fields:
+        head_k_dim / head_v_dim: K and V, the q/k and v head dims.
+        chunk_size: tokens per chunk (64, the only value the kernels take).
+        block_k: K padded to a power of two >= 16 (the whole K per program).
+        block_v: columns of V per program of the state and output kernels (power of two
+            >= 16, <= V rounded up); the recurrence never mixes columns of V.
+        block_v_bwd: columns of V per step of the backward chunk kernel's loop over V (its
+            sums over V blocks run in index order, so bits depend on it).
+        num_warps_prep / num_warps_h / num_warps_o / num_warps_bwd: warps of the chunk
+            prep (cumulative decay, gated k k^T and q k^T, triangular solve, w and u), the
+            state recurrences (forward and backward), the output kernel and the backward
+            chunk kernel.
+        num_stages_h: software-pipelining stages of the recurrence kernels.
+        keep_a: 1 = the autograd forward keeps each chunk's T = (I + A)^-1 for the backward
+            (no recompute of the gated k k^T and the solve); 0 = recompute. Same bits
+            either way (the forward rounds T to its stored dtype before using it).
+        l2norm_block_rows / num_warps_l2norm: rows per program of the q/k L2 norm.
+        gate_block_t / num_warps_gate: tokens per program of the in-kernel gate and beta
+            sigmoid kernels; also the first stage of the fixed-order sums dA_log and
+            ddt_bias (one partial per block), so their bits depend on it.
+        fp32_dots: precision of dots with fp32 operands: 0 = "tf32", 1 = "ieee",
+            2 = "tf32x3". The interpreter always computes fp32.
+        store_16bit: 1 = with bf16/fp16 inputs the chunk intermediates (T, w, u, v_new, the
+            chunk states h, the backward's dh and dv_new) are stored in the inputs' dtype
+            and the big dots take 16-bit operands (fp32 accumulation), as FLA; 0 = fp32.
+            Needs block_k >= 32, block_v >= 32 and V > 16.
+    """
+
+    family: ClassVar[str] = "cake-kda-det-train"
+    format_version: ClassVar[int] = 1
+
+    head_k_dim: int
+    head_v_dim: int
+    chunk_size: int
+    block_k: int
+    block_v: int
+    block_v_bwd: int
+    num_warps_prep: int
+    num_warps_h: int
+    num_warps_o: int
+    num_warps_bwd: int
+    num_stages_h: int
+    keep_a: int
+    l2norm_block_rows: int
+    num_warps_l2norm: int
+    gate_block_t: int
+    num_warps_gate: int
+    fp32_dots: int
+    store_16bit: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_int_fields()
+        self.require_in_range("head_k_dim", 1, MAX_HEAD_DIM)
+        self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
+        if self.chunk_size != CHUNK_SIZE:
+            self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
+        self.require_power_of_two("block_k", "block_v", "block_v_bwd", minimum=16)
+        self.require_power_of_two("l2norm_block_rows", "gate_block_t")
+        if self.block_k < self.head_k_dim:
+            self._fail("block_k must be >= head_k_dim")
+        for name in ("block_v", "block_v_bwd"):
+            if getattr(self, name) > _bvf(self.head_v_dim):
+                self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
+        self.require_in_range("fp32_dots", 0, 2)
+        self.require_flags("store_16bit", "keep_a")
+        self.require_in_range("num_stages_h", 1, 4)
+        if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
+                                 or self.block_v < 32):
+            self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16")
+        self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
+                           "num_warps_l2norm", "num_warps_gate")
+        self.require_mode(Mode.DET)
+
+    @property
+    def dot_precision(self) -> str:
+        """``input_precision`` of the kernels' fp32 ``tl.dot`` calls."""
+        return ("tf32", "ieee", "tf32x3")[self.fp32_dots]
+
+
+_PLANS: dict[tuple, KDADetPlan] = {}
+
+
+def inter_dtype(plan: KDADetPlan, dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of the chunk intermediates (T, Aqk, w, u, v_new, h, dh, du) and of the
+    workspace: the inputs' dtype for bf16/fp16 inputs with ``plan.store_16bit``, else fp32."""
+    return dtype if plan.store_16bit and dtype != torch.float32 else torch.float32
+
+
+def _bvf(V: int) -> int:
+    return next_power_of_2(max(V, 16))
+
+
+def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
+    """Why ``plan`` cannot run inputs of ``dtype`` on CUDA (None when it can)."""
+    if max(plan.head_k_dim, plan.head_v_dim) > 128:
+        return "on CUDA K and V must be <= 128 (larger tiles are not built yet)"
+    if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k > 64:
+        return ("on CUDA fp32 inputs (or store_16bit=0) need K <= 64 (fp32 tiles of K = 128 "
+                "overflow shared memory; use bf16/fp16 inputs with store_16bit=1)")
+    return None
+
+
+def _check_dim(v: object, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= MAX_HEAD_DIM:
+        raise ValueError(f"{name}: must be an int in [1, {MAX_HEAD_DIM}], got {v!r}")
+    return int(v)
+
+
+def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
+              device: torch.device | str) -> KDADetPlan:
+    """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``.
+
+    Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``; on
+    CUDA ``block_v = min(64, V rounded up)``, ``block_v_bwd = min(32, V rounded up)``, 4
+    warps (8 for the recurrence and output kernels when ``block_k * block_v >= 8192``, and
+    for the chunk prep and backward chunk kernels when ``block_k >= 64``: sm_90 builds
+    compiled offline spilled 2-4 KB per thread with 4 warps at K = V = 128), 16-bit
+    intermediates for bf16/fp16 inputs when ``block_k >= 32`` and V > 16, "tf32" for the
+    fp32 solve then, "tf32x3" otherwise; under the interpreter the whole V in one block and
+    ``fp32_dots=1``. Gate kernels (tiles of tokens x block_k): ``4096 // block_k`` tokens
+    per program on CUDA (16 to 128), 256 under the interpreter.
+
+    Raises:
+        ValueError: K or V outside [1, 256], ``dtype`` not fp32/bf16/fp16, or on CUDA the
+            limits of :func:`cuda_plan_problem`.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {e}") from None
+    K = _check_dim(head_k_dim, "head_k_dim")
+    V = _check_dim(head_v_dim, "head_v_dim")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+    plan = cached_plan(_PLANS, (K, V, dtype, device.type), lambda: _rule(K, V, dtype, device))
+    if device.type == "cuda":
+        problem = cuda_plan_problem(plan, dtype)
+        if problem is not None:
+            raise ValueError(f"make_plan(K={K}, V={V}, {dtype}): {problem}")
+    return plan
+
+
+def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
+    cuda = device.type == "cuda"
+    block_k = next_power_of_2(max(K, 16))
+    block_v_full = _bvf(V)
+    block_v = min(64, block_v_full) if cuda else block_v_full
+    store_16bit = int(block_k >= 32 and block_v_full >= 32)
+    wide = dtype != torch.float32 and store_16bit
+    return KDADetPlan(
+        head_k_dim=K,
+        head_v_dim=V,
+        chunk_size=CHUNK_SIZE,
+        block_k=block_k,
+        block_v=block_v,
+        block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
+        num_warps_prep=8 if cuda and block_k >= 64 else 4,
+        num_warps_h=8 if cuda and block_k * block_v >= 8192 else 4,
+        num_warps_o=8 if cuda and block_k * block_v >= 8192 else 4,
+        num_warps_bwd=8 if cuda and block_k >= 64 else 4,
+        num_stages_h=2 if wide else 1,
+        keep_a=1,
+        l2norm_block_rows=16 if cuda else 256,
+        num_warps_l2norm=4,
+        gate_block_t=min(128, max(16, 4096 // block_k)) if cuda else 256,
+        num_warps_gate=4,
+        fp32_dots=(0 if wide else 2) if cuda else 1,
+        store_16bit=store_16bit,
+    )

@@ -1,0 +1,109 @@
+"""KDADetSavedSet and KDADetWorkspace (modes checked through cake_core)."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from cake_core import Mode, SavedSet, Workspace, require_mode
+from cake_core.varlen import max_chunks
+
+from cake_kda_det_train.plan import CHUNK_SIZE, KDADetPlan, inter_dtype
+
+
+class KDADetSavedSet(SavedSet):
+    """What the det KDA forward keeps for :func:`~cake_kda_det_train.chunk_kda_det_bwd`
+    (the backward recomputes w, u, the chunk states and v_new from these).
+
+    Tensors (``NT = B * T``):
+        q, k: ``[B, T, H, K]`` as given (before any L2 norm). v: ``[B, T, HV, V]``.
+        g: ``[B, T, HV, K]`` as given (the raw gate with ``use_gate_in_kernel``: the
+            backward recomputes the gate's derivative from it).
+        beta: ``[B, T, HV]`` as given (pre-sigmoid with ``use_beta_sigmoid_in_kernel``).
+        g_cumsum: fp32 ``[NT, HV, K]``, the within-chunk (64 tokens, per sequence)
+            cumulative sum of the per-token log decay (g, or the gate computed from it).
+        A: ``[NT, HV, 64]`` in ``plan.inter_dtype(plan, q.dtype)``, each chunk's inverse
+            T of the WY/UT form (the low-level forward always keeps it, the autograd
+            forward only with ``plan.keep_a``; ``None``: the backward recomputes it; used
+            only when the backward's plan has ``keep_a``).
+        initial_state: fp32 ``[N, HV, K, V]`` or ``None``.
+        cu_seqlens: int64 ``[N + 1]`` token offsets on the inputs' device (built from B
+            and T when none was given).
+        q_rstd, k_rstd: fp32 ``[B, T, H]``, ``rsqrt(sum(x**2) + 1e-6)`` with the L2 norm,
+            else ``None``.
+        A_log: ``[HV]`` as given with ``use_gate_in_kernel`` (``None`` otherwise, or when
+            the lower-bound gate runs without it). dt_bias: ``[HV * K]`` as given with
+            ``use_gate_in_kernel``, or ``None``.
+    Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's
+    :class:`~cake_kda_det_train.KDADetPlan`), ``varlen`` (bool: cu_seqlens was given),
+    ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools),
+    ``lower_bound`` (float or ``None``), ``cu_host`` (the int64 CPU copy of the offsets the
+    forward read, so the backward reads nothing back from the device; ``None`` makes the
+    backward read ``cu_seqlens``).
+    """
+
+    tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
+                    "q_rstd", "k_rstd", "A_log", "dt_bias")
+    format_version = 1
+
+
+def _count(v: object, name: str, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def workspace_shapes(plan: KDADetPlan, HV: int) -> dict[str, tuple[int, ...]]:
+    """Buffer name -> trailing dims (after the token or chunk dim) of a KDADetWorkspace
+    for ``plan`` and ``HV`` value heads."""
+    K, V = plan.head_k_dim, plan.head_v_dim
+    return {"w": (HV, K), "u": (HV, V), "v_new": (HV, V), "h": (HV, K, V),
+            "aqk": (HV, CHUNK_SIZE)}
+
+
+class KDADetWorkspace(Workspace):
+    """Scratch of the forward (and of the backward's recompute) for one plan, sized for a
+    token and sequence capacity.
+
+    Buffers (``cap = max_tokens``, ``nc`` = the most 64-token chunks ``max_seqs`` sequences
+    of ``max_tokens`` tokens in all can form), all in the chunk intermediates' dtype
+    ``plan.inter_dtype(plan, dtype)`` (the inputs' dtype for bf16/fp16 inputs with
+    ``plan.store_16bit``, else fp32; a workspace serves calls of that input dtype only):
+    ``w`` ``[cap, HV, K]``, ``u`` and ``v_new`` ``[cap, HV, V]``, ``h`` ``[nc, HV, K, V]``
+    (the state at each chunk's start), ``aqk`` ``[cap, HV, 64]`` (the chunk's gated
+    ``q k^T``). A call uses the leading rows; contents are overwritten each call and nothing
+    in them is needed after the call returns, so one workspace can serve many calls (not
+    two at once). Build with :meth:`for_plan`.
+    """
+
+    @classmethod
+    def for_plan(cls, plan: KDADetPlan, device: torch.device | str, *, num_v_heads: int,
+                 max_tokens: int, max_seqs: int = 1,
+                 dtype: torch.dtype = torch.float32) -> KDADetWorkspace:
+        """Allocate the buffers for calls of ``plan`` with ``num_v_heads`` (HV) value heads,
+        at most ``max_tokens`` tokens (B * T), at most ``max_seqs`` sequences and q/k/v of
+        ``dtype``.
+
+        Raises:
+            ValueError: a plan of another type or mode, counts that are not ints
+                (HV >= 1, max_tokens >= 0, max_seqs >= 1), ``dtype`` not fp32/bf16/fp16.
+        """
+        require_mode(plan, KDADetPlan, Mode.DET, name="plan")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+        HV = _count(num_v_heads, "num_v_heads", 1)
+        cap = _count(max_tokens, "max_tokens", 0)
+        seqs = _count(max_seqs, "max_seqs", 1)
+        nc = max_chunks(cap, seqs, CHUNK_SIZE)
+
+        idt = inter_dtype(plan, dtype)
+        rows = {"w": cap, "u": cap, "v_new": cap, "h": nc, "aqk": cap}
+        bufs = {name: torch.empty((rows[name], *shape), dtype=idt, device=device)
+                for name, shape in workspace_shapes(plan, HV).items()}
+        ws = cls(plan, device, bufs)
+        ws.num_v_heads, ws.max_tokens, ws.max_chunks = HV, cap, nc
+        ws.dtype = dtype
+        return ws
+
+
+__all__ = ["KDADetSavedSet", "KDADetWorkspace", "workspace_shapes"]

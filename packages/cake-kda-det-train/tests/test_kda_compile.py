@@ -1,0 +1,127 @@
+"""torch.compile (custom ops ``cake_kda_det_train::fwd`` / ``::bwd``, fullgraph) and
+torch.utils.checkpoint: the same bits as the eager autograd entry."""
+
+import cake_kda_det_train.api as api
+import pytest
+import torch
+import torch.utils.checkpoint
+from cake_core.testing import bitwise_equal
+from cake_core.triton_utils import default_device
+from cake_kda_det_train import chunk_kda_det
+
+DEV = default_device()
+BACKEND = "aot_eager" if DEV.type == "cpu" else "inductor"
+# packed: an empty document, one inside a chunk, one longer
+CU = (0, 0, 11, 70)
+T, H, HV, K, V = 70, 1, 2, 16, 16
+
+
+def _inputs(kda, *, seed=0):
+    """Leaves of every option: q, k (unnormalised: the in-kernel L2 norm), v, raw g,
+    pre-sigmoid beta, initial state, A_log, dt_bias."""
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, T, H, HV, K, V, seed=seed, normalize_k=False,
+                                               h0=True, n_states=len(CU) - 1, g_mode="raw",
+                                               raw_beta=True)
+    A_log, dt_bias = kda.make_gate_params(HV, K, seed=seed + 10)
+    return q, k, v, g, beta, h0, A_log, dt_bias
+
+
+def _step(q, k, v, g, beta, h0, A_log, dt_bias, cu):
+    o, ht = chunk_kda_det(
+        q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+        use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=-1.0,
+        use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    # a loss that reaches o and the final state with non-trivial upstream gradients
+    return (o * o).sum() + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
+
+
+def _run(fn, leaves, cu):
+    xs = [t.detach().clone().requires_grad_() for t in leaves]
+    loss, o, ht = fn(*xs, cu)
+    loss.backward()
+    return [o.detach(), ht.detach()] + [x.grad for x in xs]
+
+
+def _assert_bitwise(got, want):
+    names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log",
+             "ddt_bias")
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a is not None and b is not None, name
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert bool(torch.isfinite(a).all()), name
+        assert bitwise_equal(a, b), f"{name}: differs from eager"
+
+
+def test_compile_fullgraph_same_bits_as_eager(kda):
+    torch._dynamo.reset()
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    leaves = _inputs(kda)
+    cu = torch.tensor(CU, dtype=torch.int32, device=DEV)
+    want = _run(_step, leaves, cu)
+    cnt = CompileCounterWithBackend(BACKEND)
+    compiled = torch.compile(_step, fullgraph=True, backend=cnt)
+    got = _run(compiled, leaves, cu)
+    _assert_bitwise(got, want)
+    assert cnt.frame_count == 1
+    assert "cake_kda_det_train.fwd" in cnt.graphs[0].code  # the custom op, not a fallback
+    # cu_seqlens values are not read while tracing; the op checks them when it runs
+    bad = torch.tensor((0, 30, 11, 70), dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        compiled(*leaves, bad)
+
+
+def test_compile_fullgraph_plain_call(kda):
+    """Options off: fixed length (B = 2), no initial state, no final state (None)."""
+    torch._dynamo.reset()
+    q, k, v, g, beta, _ = kda.make_kda_inputs(2, 40, 1, 1, K, V, seed=3)
+
+    def f(q, k, v, g, beta):
+        o, ht = chunk_kda_det(q, k, v, g, beta)
+        assert ht is None
+        return o
+
+    def run(fn):
+        xs = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta)]
+        o = fn(*xs)
+        o.backward(torch.cos(o.detach()))
+        return [o.detach()] + [x.grad for x in xs]
+
+    want = run(f)
+    got = run(torch.compile(f, fullgraph=True, backend=BACKEND))
+    for a, b in zip(got, want, strict=True):
+        assert bitwise_equal(a, b)
+
+
+def test_custom_ops_opcheck(kda):
+    """Schema, fake implementations and autograd registration (softplus gate: lower_bound
+    None through the op's ``float?``)."""
+    q, k, v, g, beta, h0, A_log, dt_bias = _inputs(kda)
+    n = 20
+    q, k, v, g, beta = (t[:, :n].contiguous().requires_grad_() for t in (q, k, v, g, beta))
+    h0, A_log, dt_bias = (t.requires_grad_() for t in (h0[:2], A_log, dt_bias))
+    cu = torch.tensor((0, 7, n), dtype=torch.int64, device=DEV)
+    plan = api.make_plan(K, V, torch.float32, DEV)
+    fields = api.plan_to_op_fields(plan)
+    args = (q, k, v, g, beta, h0, cu, A_log, dt_bias, 0.3, True, True, True, None, 1, fields)
+    torch.library.opcheck(torch.ops.cake_kda_det_train.fwd, args,
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+    o, ht, q_rstd, k_rstd, g_cumsum, A = torch.ops.cake_kda_det_train.fwd(*args)
+    assert ht.shape == (2, HV, K, V) and q_rstd.shape == (1, n, H)
+    assert g_cumsum.shape == (n, HV, K) and A.shape == (n, HV, 64)
+    with torch.no_grad():
+        bwd_args = (torch.ones_like(o), torch.ones_like(ht), q, k, v, g, beta, g_cumsum, A, h0,
+                    cu, q_rstd, k_rstd, A_log, dt_bias, 0.3, True, True, None, 1, fields)
+    torch.library.opcheck(torch.ops.cake_kda_det_train.bwd, bwd_args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_checkpoint_same_grads(kda):
+    leaves = _inputs(kda, seed=5)
+    cu = torch.tensor(CU, dtype=torch.int64, device=DEV)
+
+    def ckpt(*args):
+        return torch.utils.checkpoint.checkpoint(_step, *args, use_reentrant=False)
+
+    _assert_bitwise(_run(ckpt, leaves, cu), _run(_step, leaves, cu))
