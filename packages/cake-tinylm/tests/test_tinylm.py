@@ -161,6 +161,7 @@ def test_cli_help(capsys):
         "--mixer",
     ):
         assert opt in out
+    assert "{attention,gdn,kda}" in out
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.run(
         [sys.executable, "-m", "cake_tinylm", "--help"],
@@ -290,3 +291,101 @@ def test_gdn_mixer_short_job_is_bitwise_deterministic(tmp_path):
     assert result.losses_identical and result.weights_identical and result.identical
     assert result.max_gap_torch < 1e-4
     assert abs(a.val_loss - ref.val_loss) < 1e-4
+
+
+# --------------------------------------------------------------------------- --mixer kda
+KDA_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, mixer="kda")
+
+
+def test_kda_mixer_cake_and_torch_match_from_same_weights():
+    from cake_causal_conv1d_det_train import ShortConvolution
+    from cake_dense_projection_det_gemm import Linear
+    from cake_rmsnorm_silu_gate_det_train import RMSNormGated
+    from cake_tinylm.model import KimiDeltaAttention
+
+    torch.manual_seed(0)
+    cake = build_model(KDA_SMALL, "cake")
+    ref = build_model(KDA_SMALL, "torch")
+    assert cake.state_dict().keys() == ref.state_dict().keys()
+    ref.load_state_dict(cake.state_dict())
+    mixer = cake.blocks[0].mixer
+    assert type(mixer) is KimiDeltaAttention and type(ref.blocks[0].mixer) is KimiDeltaAttention
+    linears = (mixer.qkv, *mixer.f_proj, mixer.b_proj, *mixer.g_proj, mixer.o_proj)
+    assert {type(m) for m in linears} == {Linear}
+    # FLA's layout: no biases but the output gate's second projection; low-rank K = 16.
+    assert [m.bias is not None for m in linears] == [False] * 5 + [True, False]
+    assert mixer.qkv.weight.shape == (96, 32) and mixer.b_proj.weight.shape == (2, 32)
+    assert mixer.f_proj[0].weight.shape == (16, 32) and mixer.f_proj[1].weight.shape == (32, 16)
+    assert mixer.g_proj[1].bias.shape == (32,) and mixer.o_proj.weight.shape == (32, 32)
+    assert type(mixer.conv) is ShortConvolution and mixer.conv.weight.shape == (96, 1, 4)
+    assert type(mixer.o_norm) is RMSNormGated and mixer.o_norm.activation == "sigmoid"
+    assert mixer.o_norm.weight.shape == (16,)
+    a = mixer.A_log.detach().exp()
+    assert mixer.A_log.shape == (2,) and bool(((a >= 1) & (a <= 16)).all())  # log U(1, 16)
+    assert mixer.dt_bias.shape == (32,) and not mixer.dt_bias.detach().any()
+    assert float(mixer.conv.weight.detach().abs().max()) > 0.1  # own init, not N(0, 0.02)
+    ref_mixer = ref.blocks[0].mixer
+    assert type(ref_mixer.qkv) is torch.nn.Linear and isinstance(ref_mixer.conv, torch.nn.Conv1d)
+    kernel_pkgs = ("cake_rmsnorm_det_train", "cake_dense_projection_det_gemm",
+                   "cake_lm_head_loss_det_train", "cake_causal_conv1d_det_train",
+                   "cake_rmsnorm_silu_gate_det_train", "cake_kda_det_train")
+    assert not [m for m in ref.modules() if type(m).__module__.startswith(kernel_pkgs)]
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss_c = cake(idx, idx)
+    _, loss_r = ref(idx, idx)
+    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
+    loss_c.backward()
+    loss_r.backward()
+    gc = dict(cake.named_parameters())
+    for name, p in ref.named_parameters():
+        assert bool(p.grad.isfinite().all()), name
+        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_per_channel_delta_rule_torch_matches_kda_reference():
+    from cake_kda_det_train import kda_recurrence_ref
+    from cake_tinylm.model import gated_delta_rule_torch, make_gated_norm
+
+    torch.manual_seed(1)
+    q, k, v = torch.randn(3, 2, 5, 2, 4).unbind(0)
+    g = -torch.rand(2, 5, 2, 4) * 3
+    beta = torch.rand(2, 5, 2)
+    o = gated_delta_rule_torch(q, k, v, g, beta)
+    o_ref, _ = kda_recurrence_ref(q, k, v, g, beta, dtype=torch.float64)
+    torch.testing.assert_close(o, o_ref.float(), rtol=1e-5, atol=1e-6)
+    # a per-channel decay constant over K is the per-head (GDN) one
+    g_head = g[..., 0]
+    torch.testing.assert_close(
+        gated_delta_rule_torch(q, k, v, g_head[..., None].expand_as(g), beta),
+        gated_delta_rule_torch(q, k, v, g_head, beta))
+    with pytest.raises(ValueError):
+        gated_delta_rule_torch(q, k, v, g[..., :3], beta)
+    with pytest.raises(ValueError):
+        make_gated_norm(4, 1e-5, "relu", "torch")
+
+
+def test_kda_mixer_short_job_is_bitwise_deterministic(tmp_path):
+    import json
+
+    from cake_tinylm import run_job, write_report
+
+    cfg = TrainConfig(
+        steps=4, batch_size=2, seq_len=16, d_model=32, n_layers=1, n_heads=2, lr=3e-3,
+        bytes=20_000, device="cpu", out=str(tmp_path), val_windows=4, mixer="kda",
+    )
+    result = run_job(cfg, progress=False)
+    a, b, ref = result.runs
+    assert result.model_config.mixer == "kda"
+    assert type(a.model.blocks[0].mixer).__name__ == "KimiDeltaAttention"
+    assert bool(a.losses.isfinite().all())
+    assert torch.equal(a.losses.view(torch.int32), b.losses.view(torch.int32))
+    assert result.losses_identical and result.weights_identical and result.identical
+    assert result.max_gap_torch < 1e-4
+    assert abs(a.val_loss - ref.val_loss) < 1e-4
+    json_path, _ = write_report(result, tmp_path)
+    report = json.loads(json_path.read_text())
+    assert report["config"]["model"]["mixer"] == "kda"
+    assert {"cake-kda-det-train", "cake-causal-conv1d-det-train",
+            "cake-rmsnorm-silu-gate-det-train"} <= set(report["cake_families"])
+    assert "cake-gdn-det-train" not in report["cake_families"]
+    assert report["versions"]["cake-kda-det-train"] is not None

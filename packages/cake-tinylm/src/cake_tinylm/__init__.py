@@ -8,7 +8,10 @@ The model (:class:`TinyLM`) is a pre-norm decoder built from cake kernels: every
 that the two runs are bitwise identical (losses and final weights), and trains the same
 model built from torch modules for comparison. With ``mixer="gdn"`` (``--mixer gdn``) every
 block's token mixer is a Gated DeltaNet layer whose core is
-``cake_gdn_det_train.chunk_gated_delta_rule_det`` in the cake model.
+``cake_gdn_det_train.chunk_gated_delta_rule_det`` in the cake model; with ``mixer="kda"``
+(``--mixer kda``) a Kimi Delta Attention layer whose core is
+``cake_kda_det_train.chunk_kda_det``. Both blocks' short convolution and gated output norm
+run on ``cake_causal_conv1d_det_train`` and ``cake_rmsnorm_silu_gate_det_train``.
 ``cake-tinylm train`` (or ``python -m cake_tinylm train``) runs it from the shell.
 """
 
@@ -17,11 +20,13 @@ from .model import (
     ModelConfig,
     TinyLM,
     build_model,
+    make_gated_norm,
     make_head,
     make_linear,
     make_mixer,
     make_mlp,
     make_norm,
+    make_short_conv,
 )
 from .report import format_summary, write_report
 from .train import CUDA_DEFAULTS, JobResult, RunResult, TrainConfig, default_config, run_job
@@ -43,11 +48,13 @@ __all__ = [
     "format_summary",
     "get_batch",
     "load_corpus",
+    "make_gated_norm",
     "make_head",
     "make_linear",
     "make_mixer",
     "make_mlp",
     "make_norm",
+    "make_short_conv",
     "run_job",
     "split_train_val",
     "stdlib_files",

@@ -16,6 +16,7 @@ _SIZED = ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "l
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``cake-tinylm`` argument parser (subcommand ``train``)."""
+    from .model import MIXERS
     from .train import CUDA_DEFAULTS, TrainConfig
 
     cpu = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="train twice with cake (bitwise check) and once with torch (reference)",
         description=(
             "Train the tiny LM twice with cake kernels (RMSNorm, every Linear projection, "
-            "fused LM head + cross entropy) from the same initial weights and batch order, "
+            "fused LM head + cross entropy; with --mixer gdn or kda also the short conv, the "
+            "delta-rule core and the gated norm) from the same initial weights and batch order, "
             "check the two runs are bitwise identical (per-step losses and final weights), "
             "and train the same model built from torch modules for comparison. Prints "
             "a summary table, writes report.json and loss.png into --out. Exit code 0 if the "
@@ -50,11 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, help=f"AdamW learning rate ({sized('lr')})")
     p.add_argument(
         "--mixer",
-        choices=("attention", "gdn"),
+        choices=MIXERS,
         default=cpu["mixer"],
-        help="token mixer of every block: causal self-attention or a Gated DeltaNet block "
-        "(short conv, chunk_gated_delta_rule_det, gated output norm on cake in the cake runs) "
-        "(default: %(default)s)",
+        help="token mixer of every block: causal self-attention, a Gated DeltaNet block (gdn: "
+        "short conv, chunk_gated_delta_rule_det, SiLU-gated output norm on cake in the cake "
+        "runs) or a Kimi Delta Attention block (kda: short conv, chunk_kda_det, sigmoid-gated "
+        "output norm on cake in the cake runs) (default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=cpu["seed"], help="seed (default: %(default)s)")
     p.add_argument(

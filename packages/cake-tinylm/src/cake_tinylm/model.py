@@ -4,13 +4,14 @@ Structure (``x`` is ``[B, T, d_model]``)::
 
     x = tok_emb(idx) + pos_emb(arange(T))
     for block in blocks:
-        x = x + block.mixer(block.norm1(x))     # causal self-attention or Gated DeltaNet
+        x = x + block.mixer(block.norm1(x))     # causal self-attention, GDN or KDA
         x = x + block.mlp(block.norm2(x))       # Linear -> GELU/SiLU -> Linear
     loss = cross_entropy(lm_head(norm_f(x)), targets)   # fused in the cake model
 
 Every norm is built by :func:`make_norm`, every projection by :func:`make_linear`, the
-output head by :func:`make_head`, every mixer by :func:`make_mixer`, every MLP by
-:func:`make_mlp`. ``impl="cake"`` uses cake's modules:
+output head by :func:`make_head`, every mixer by :func:`make_mixer` (the GDN and KDA
+blocks' short conv by :func:`make_short_conv`, their gated output norm by
+:func:`make_gated_norm`), every MLP by :func:`make_mlp`. ``impl="cake"`` uses cake's modules:
 
 - norms: ``cake_rmsnorm_det_train.RMSNorm``;
 - projections (attention ``qkv``/``proj``, MLP ``fc1``/``fc2``):
@@ -20,12 +21,16 @@ output head by :func:`make_head`, every mixer by :func:`make_mixer`, every MLP b
 - with ``mixer="gdn"``, the Gated DeltaNet block: short conv
   (``cake_causal_conv1d_det_train``), the core (q/k L2 norm, gate, beta sigmoid, chunked
   recurrence: ``cake_gdn_det_train.chunk_gated_delta_rule_det``) and the gated output norm
-  (``cake_rmsnorm_silu_gate_det_train``), imported only then.
+  (``cake_rmsnorm_silu_gate_det_train``), imported only then;
+- with ``mixer="kda"``, the Kimi Delta Attention block: the same short conv, the core (q/k
+  L2 norm, per-channel gate, chunked recurrence: ``cake_kda_det_train.chunk_kda_det``) and
+  the sigmoid-gated output norm (``cake_rmsnorm_silu_gate_det_train``), imported only then.
 
 ``impl="torch"`` uses ``torch.nn.RMSNorm``, ``torch.nn.Linear`` and ``nn.Linear`` +
 ``F.cross_entropy`` with the same parameter names and shapes, so one ``state_dict`` loads
 into both. Token and position embeddings and the attention core are plain torch in both;
-the torch build's Gated DeltaNet core is :func:`gated_delta_rule_torch` (token by token).
+the torch build's Gated DeltaNet and Kimi Delta Attention cores are
+:func:`gated_delta_rule_torch` (token by token; a per-head or a per-channel decay).
 
 Attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V`` with an explicit
 causal mask) rather than ``scaled_dot_product_attention``, so that its CUDA backward stays
@@ -50,6 +55,7 @@ __all__ = [
     "CausalSelfAttention",
     "Block",
     "GatedDeltaNet",
+    "KimiDeltaAttention",
     "MIXERS",
     "MLP",
     "ModelConfig",
@@ -57,15 +63,18 @@ __all__ = [
     "build_model",
     "gated_delta_rule_torch",
     "make_head",
+    "make_gated_norm",
     "make_linear",
     "make_mixer",
     "make_mlp",
     "make_norm",
+    "make_short_conv",
+    "short_conv_torch",
 ]
 
 Impl = Literal["cake", "torch"]
 IMPLS: tuple[str, ...] = ("cake", "torch")
-MIXERS: tuple[str, ...] = ("attention", "gdn")
+MIXERS: tuple[str, ...] = ("attention", "gdn", "kda")
 
 
 @dataclass(frozen=True)
@@ -81,9 +90,10 @@ class ModelConfig:
         mlp_ratio: MLP hidden width = ``mlp_ratio * d_model``.
         activation: ``"gelu"`` (tanh approximation) or ``"silu"``.
         norm_eps: epsilon of every RMSNorm.
-        mixer: token mixer of every block: ``"attention"`` (causal self-attention) or
-            ``"gdn"`` (Gated DeltaNet, ``n_heads`` heads of ``d_model // n_heads`` for q, k
-            and v).
+        mixer: token mixer of every block: ``"attention"`` (causal self-attention),
+            ``"gdn"`` (Gated DeltaNet, :class:`GatedDeltaNet`) or ``"kda"`` (Kimi Delta
+            Attention, :class:`KimiDeltaAttention`); the last two with ``n_heads`` heads of
+            ``d_model // n_heads`` for q, k and v.
     """
 
     vocab_size: int = 256
@@ -219,6 +229,19 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def _decay_gate_torch(raw: torch.Tensor, A_log: torch.Tensor,
+                      dt_bias: torch.Tensor) -> torch.Tensor:
+    """FLA's log-decay gate in plain fp32 torch: ``-exp(A_log[h]) * softplus(raw + dt_bias)``.
+
+    ``raw`` is ``[B, T, H]`` with ``dt_bias`` ``[H]`` (Gated DeltaNet: one decay per head) or
+    ``[B, T, H, K]`` with ``dt_bias`` ``[H * K]`` (Kimi Delta Attention: one per key
+    channel); ``A_log`` is ``[H]``. Returns fp32 of ``raw``'s shape, ``<= 0``.
+    """
+    heads = raw.shape[2]
+    a = A_log.float().exp().view(heads, *([1] * (raw.dim() - 3)))
+    return -a * F.softplus(raw.float() + dt_bias.float().view(raw.shape[2:]))
+
+
 def gated_delta_rule_torch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -227,11 +250,12 @@ def gated_delta_rule_torch(
     beta: torch.Tensor,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """The gated delta rule token by token in plain torch (fp32 state), differentiable.
+    """The gated delta rule token by token in plain torch (fp32 state), differentiable:
+    Gated DeltaNet's (one decay per head) or Kimi Delta Attention's (one per key channel).
 
     Per sequence and head, state ``S`` ``[K, V]`` from zero; for each token ``t``::
 
-        S   <- exp(g_t) * S
+        S   <- diag(exp(g_t)) S        # g_t a scalar (GDN) or a [K] vector (KDA)
         u_t  = beta_t * (v_t - S^T k_t)
         S   <- S + k_t u_t^T
         o_t  = scale * S^T q_t
@@ -239,22 +263,32 @@ def gated_delta_rule_torch(
     Args:
         q, k: ``[B, T, H, K]`` (used as given: normalize them first if wanted).
         v: ``[B, T, H, V]``.
-        g: ``[B, T, H]`` log-space decay (``<= 0``).
+        g: log-space decay (``<= 0``): ``[B, T, H]`` (per head; row ``c`` of ``S`` is
+            scaled by ``exp(g_t)``) or ``[B, T, H, K]`` (per key channel; row ``c`` by
+            ``exp(g_t[c])``).
         beta: ``[B, T, H]`` write strength in ``(0, 1)``.
         scale: output scale, default ``K ** -0.5``.
 
     Returns:
         ``o`` ``[B, T, H, V]`` in ``v``'s dtype (all arithmetic in fp32).
+
+    Raises:
+        ValueError: if ``g`` is neither ``[B, T, H]`` nor ``[B, T, H, K]``.
     """
     b, t, h, dk = q.shape
+    if tuple(g.shape) not in ((b, t, h), (b, t, h, dk)):
+        raise ValueError(f"g must be [B, T, H] or [B, T, H, K] = {[b, t, h, dk]}, got "
+                         f"{list(g.shape)}")
     if scale is None:
         scale = dk**-0.5
     out_dtype = v.dtype
+    per_channel = g.dim() == 4
     q, k, v, g, beta = (z.float() for z in (q, k, v, g, beta))
     state = q.new_zeros(b, h, dk, v.shape[-1])
     outs = []
     for i in range(t):
-        state = state * g[:, i].exp()[..., None, None]
+        decay = g[:, i].exp()                                        # [B, H] or [B, H, K]
+        state = state * (decay[..., None] if per_channel else decay[..., None, None])
         k_i = k[:, i, :, :, None]                                    # [B, H, K, 1]
         u = beta[:, i, :, None] * (v[:, i] - (state * k_i).sum(-2))  # [B, H, V]
         state = state + k_i * u[:, :, None, :]
@@ -262,8 +296,8 @@ def gated_delta_rule_torch(
     return torch.stack(outs, dim=1).to(out_dtype)
 
 
-#: kernel size of the Gated DeltaNet block's short causal convolution (FLA's default).
-GDN_CONV_SIZE = 4
+#: kernel size of the short causal convolution of the GDN and KDA blocks (FLA's default).
+SHORT_CONV_SIZE = 4
 
 
 def short_conv_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -274,19 +308,94 @@ def short_conv_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.silu(y[..., : x.shape[1]]).transpose(1, 2)
 
 
-class _GatedNormTorch(nn.Module):
-    """``rmsnorm(x) * weight * silu(z)`` over the last dim in fp32 (FLA's FusedRMSNormGated,
-    norm before gate), plain torch; parameter ``weight`` (ones), as cake's RMSNormGated."""
+class _ShortConvTorch(nn.Conv1d):
+    """``nn.Conv1d(D, D, W, groups=D, padding=W - 1, bias=False)`` (its parameters and init)
+    run as :func:`short_conv_torch`; ``forward(x) -> (y, None)``, the call of cake's
+    ``ShortConvolution``."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, channels: int, kernel_size: int) -> None:
+        super().__init__(channels, channels, kernel_size, groups=channels, bias=False,
+                         padding=kernel_size - 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return short_conv_torch(x, self.weight), None
+
+
+def make_short_conv(channels: int, impl: Impl = "cake") -> nn.Module:
+    """Build the short convolution of the GDN and KDA blocks: depthwise, causal, kernel
+    :data:`SHORT_CONV_SIZE`, no bias, SiLU; ``weight`` ``[channels, 1, 4]`` with
+    ``nn.Conv1d``'s init. Called as ``conv(x)`` on ``[B, T, channels]``, returning
+    ``(y, _)`` with ``y`` like ``x``.
+
+    Args:
+        channels: ``D``.
+        impl: ``"cake"`` -> ``cake_causal_conv1d_det_train.ShortConvolution`` (FLA's
+            drop-in), ``"torch"`` -> an ``nn.Conv1d`` run by :func:`short_conv_torch`.
+
+    Raises:
+        ValueError: on an unknown ``impl``.
+    """
+    _check_impl(impl)
+    if impl == "cake":
+        from cake_causal_conv1d_det_train import ShortConvolution
+
+        return ShortConvolution(channels, SHORT_CONV_SIZE, bias=False, activation="silu")
+    return _ShortConvTorch(channels, SHORT_CONV_SIZE)
+
+
+_GATES = {"silu": F.silu, "sigmoid": torch.sigmoid}
+
+
+class _GatedNormTorch(nn.Module):
+    """``rmsnorm(x) * weight * gate(z)`` over the last dim in fp32 (FLA's FusedRMSNormGated,
+    norm before gate), plain torch; ``gate`` is ``silu`` or ``sigmoid`` (``activation``);
+    parameter ``weight`` (ones), as cake's RMSNormGated."""
+
+    def __init__(self, dim: int, eps: float, activation: str = "silu") -> None:
         super().__init__()
         self.eps = eps
+        self.activation = activation
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float() * F.silu(z.float())).to(x.dtype)
+        return (y * self.weight.float() * _GATES[self.activation](z.float())).to(x.dtype)
+
+
+def make_gated_norm(dim: int, eps: float, activation: str = "silu",
+                    impl: Impl = "cake") -> nn.Module:
+    """Build a gated RMSNorm, norm before gate: ``rmsnorm(x) * weight * gate(z)`` over the
+    last dim (``weight`` ``[dim]``, ones), called as ``norm(x, z)``; output like ``x``.
+
+    Args:
+        dim: normalized size.
+        eps: epsilon added to the mean square.
+        activation: the gate, ``"silu"`` (Gated DeltaNet) or ``"sigmoid"`` (Kimi Delta
+            Attention).
+        impl: ``"cake"`` -> ``cake_rmsnorm_silu_gate_det_train.RMSNormGated`` (FLA's
+            ``FusedRMSNormGated`` drop-in), ``"torch"`` -> the same in plain fp32 torch.
+
+    Raises:
+        ValueError: on an unknown ``impl`` or ``activation``.
+    """
+    _check_impl(impl)
+    if activation not in _GATES:
+        raise ValueError(f"activation must be one of {sorted(_GATES)}, got {activation!r}")
+    if impl == "cake":
+        from cake_rmsnorm_silu_gate_det_train import RMSNormGated
+
+        return RMSNormGated(dim, eps=eps, activation=activation)
+    return _GatedNormTorch(dim, eps, activation)
+
+
+def _low_rank(in_features: int, rank: int, out_features: int, bias: bool,
+              impl: Impl) -> nn.Sequential:
+    """``Linear(in, rank, bias=False)`` then ``Linear(rank, out, bias)`` (FLA's low-rank gate
+    projections), both by :func:`make_linear`; parameters ``0.weight``, ``1.weight``
+    (and ``1.bias``)."""
+    return nn.Sequential(make_linear(in_features, rank, bias=False, impl=impl),
+                         make_linear(rank, out_features, bias=bias, impl=impl))
 
 
 class GatedDeltaNet(nn.Module):
@@ -295,10 +404,10 @@ class GatedDeltaNet(nn.Module):
     ``n_heads`` heads with ``K = V = d_model // n_heads``. Parameters: ``qkv``
     (``Linear(d, 3d)``: q, k, v), ``conv`` (depthwise causal conv of size 4 over the 3d
     q/k/v channels, ``weight`` ``[3d, 1, 4]``, no bias, SiLU; FLA's three ShortConvolutions
-    in one), ``ab`` (``Linear(d, 2 n_heads)``: the raw gate ``a`` and pre-sigmoid ``b``),
-    ``gate`` (``Linear(d, d)``: the output gate z), ``o_norm`` (gated RMSNorm over each
-    head, ``weight`` ``[K]``), ``proj`` (``Linear(d, d)``); ``A_log`` and ``dt_bias``
-    ``[n_heads]`` (FLA's init). Per head::
+    in one; :func:`make_short_conv`), ``ab`` (``Linear(d, 2 n_heads)``: the raw gate ``a``
+    and pre-sigmoid ``b``), ``gate`` (``Linear(d, d)``: the output gate z), ``o_norm``
+    (gated RMSNorm over each head, ``weight`` ``[K]``, :func:`make_gated_norm`), ``proj``
+    (``Linear(d, d)``); ``A_log`` and ``dt_bias`` ``[n_heads]`` (FLA's init). Per head::
 
         q, k, v = silu(conv(qkv(x)))
         q, k = l2norm(q), l2norm(k)          # x * rsqrt(sum(x**2) + 1e-6)
@@ -323,16 +432,8 @@ class GatedDeltaNet(nn.Module):
         self.head_dim = cfg.d_model // cfg.n_heads
         d = cfg.d_model
         self.qkv = make_linear(d, 3 * d, impl=impl)
-        if impl == "cake":
-            from cake_causal_conv1d_det_train import ShortConvolution
-            from cake_rmsnorm_silu_gate_det_train import RMSNormGated
-
-            self.conv = ShortConvolution(3 * d, GDN_CONV_SIZE, bias=False, activation="silu")
-            self.o_norm = RMSNormGated(self.head_dim, eps=cfg.norm_eps)
-        else:
-            self.conv = nn.Conv1d(3 * d, 3 * d, GDN_CONV_SIZE, groups=3 * d, bias=False,
-                                  padding=GDN_CONV_SIZE - 1)
-            self.o_norm = _GatedNormTorch(self.head_dim, cfg.norm_eps)
+        self.conv = make_short_conv(3 * d, impl)
+        self.o_norm = make_gated_norm(self.head_dim, cfg.norm_eps, "silu", impl)
         self.ab = make_linear(d, 2 * cfg.n_heads, impl=impl)
         self.gate = make_linear(d, d, impl=impl)
         self.proj = make_linear(d, d, impl=impl)
@@ -347,10 +448,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         shape = (b, t, self.n_heads, self.head_dim)
-        if self.impl == "cake":
-            qkv, _ = self.conv(self.qkv(x))
-        else:
-            qkv = short_conv_torch(self.qkv(x), self.conv.weight)
+        qkv, _ = self.conv(self.qkv(x))
         q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
         a, beta = self.ab(x).split(self.n_heads, dim=-1)  # [B, T, H] each
         if self.impl == "cake":
@@ -365,10 +463,87 @@ class GatedDeltaNet(nn.Module):
                 use_beta_sigmoid_in_kernel=True,
             )
         else:
-            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+            g = _decay_gate_torch(a, self.A_log, self.dt_bias)
             o = gated_delta_rule_torch(_l2norm(q), _l2norm(k), v, g, beta.float().sigmoid())
         o = self.o_norm(o, self.gate(x).reshape(shape))
         return self.proj(o.reshape(b, t, d))
+
+
+class KimiDeltaAttention(nn.Module):
+    """Kimi Delta Attention block (Kimi Team, 2025, "Kimi Linear", arXiv:2510.26692), laid
+    out as FLA's ``KimiDeltaAttention`` layer: a gated delta rule whose decay is per key
+    channel.
+
+    ``n_heads`` heads with ``K = V = d_model // n_heads`` (``H K = d``). Parameters:
+    ``qkv`` (``Linear(d, 3d)``, no bias: FLA's ``q_proj``, ``k_proj``, ``v_proj`` in one),
+    ``conv`` (depthwise causal conv of size 4 over the 3d q/k/v channels, ``weight``
+    ``[3d, 1, 4]``, no bias, SiLU: FLA's three ShortConvolutions in one, as in
+    :class:`GatedDeltaNet`), ``f_proj`` (low-rank ``Linear(d, K) -> Linear(K, d)``, no
+    biases: the raw gate, one value per head and key channel), ``b_proj`` (``Linear(d, H)``,
+    no bias: pre-sigmoid beta), ``A_log`` ``[H]`` (``log U(1, 16)``, from the torch RNG, as
+    FLA) and ``dt_bias`` ``[d]`` (zeros, as FLA), ``g_proj`` (low-rank ``Linear(d, K) ->
+    Linear(K, d)`` with a bias on the second: the output gate z), ``o_norm`` (RMSNorm gated
+    by sigmoid over each head, ``weight`` ``[K]``), ``o_proj`` (``Linear(d, d)``, no bias).
+    Per head::
+
+        q, k, v = silu(conv(qkv(x)))
+        q, k = l2norm(q), l2norm(k)          # x * rsqrt(sum(x**2) + 1e-6)
+        g    = -exp(A_log) * softplus(f_proj(x) + dt_bias)     # [K] per token, <= 0
+        beta = sigmoid(b_proj(x))
+        o    = gated delta rule(q, k, v, g, beta), scale K ** -0.5, state from zero
+        o    = rmsnorm(o) * o_norm.weight * sigmoid(z),  z = g_proj(x)
+        out  = o_proj(o)
+
+    ``impl="cake"`` runs the conv (``cake_causal_conv1d_det_train.ShortConvolution``), the
+    core (``cake_kda_det_train.chunk_kda_det`` with the L2 norm and the gate in the kernel;
+    beta's sigmoid in torch, fp32, as FLA's layer does it outside the kernel) and the gated
+    norm (``cake_rmsnorm_silu_gate_det_train``'s ``RMSNormGated(activation="sigmoid")``) on
+    cake; ``impl="torch"`` computes all of it in plain torch (``F.conv1d``,
+    :func:`gated_delta_rule_torch` with a ``[B, T, H, K]`` decay, fp32 gated norm), calling
+    no cake code. Both builds have the same ``state_dict`` keys. Input ``[B, T, d]``;
+    output ``[B, T, d]``.
+    """
+
+    def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
+        super().__init__()
+        self.impl = impl
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        d, h, hd = cfg.d_model, cfg.n_heads, self.head_dim
+        self.qkv = make_linear(d, 3 * d, bias=False, impl=impl)
+        self.conv = make_short_conv(3 * d, impl)
+        self.f_proj = _low_rank(d, hd, d, bias=False, impl=impl)
+        self.b_proj = make_linear(d, h, bias=False, impl=impl)
+        # FLA's KimiDeltaAttention init: A ~ U(1, 16), dt_bias zeros. TinyLM's init leaves
+        # these two alone.
+        self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
+        self.dt_bias = nn.Parameter(torch.zeros(d))
+        self.g_proj = _low_rank(d, hd, d, bias=True, impl=impl)
+        self.o_norm = make_gated_norm(hd, cfg.norm_eps, "sigmoid", impl)
+        self.o_proj = make_linear(d, d, bias=False, impl=impl)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        shape = (b, t, self.n_heads, self.head_dim)
+        qkv, _ = self.conv(self.qkv(x))
+        q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
+        f = self.f_proj(x).reshape(shape)                  # raw gate [B, T, H, K]
+        beta = self.b_proj(x).float().sigmoid()            # [B, T, H]
+        if self.impl == "cake":
+            from cake_kda_det_train import chunk_kda_det
+
+            o, _ = chunk_kda_det(
+                q, k, v, f, beta,
+                A_log=self.A_log,
+                dt_bias=self.dt_bias,
+                use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True,
+            )
+        else:
+            g = _decay_gate_torch(f, self.A_log, self.dt_bias)
+            o = gated_delta_rule_torch(_l2norm(q), _l2norm(k), v, g, beta)
+        o = self.o_norm(o, self.g_proj(x).reshape(shape))
+        return self.o_proj(o.reshape(b, t, d))
 
 
 class MLP(nn.Module):
@@ -392,8 +567,11 @@ def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
     """Build a block's token mixer, by ``cfg.mixer``: ``"attention"`` ->
     :class:`CausalSelfAttention` whose ``qkv`` and ``proj`` projections are ``impl``'s Linear
     (the attention core itself is plain torch); ``"gdn"`` -> :class:`GatedDeltaNet`
-    (``impl``'s Linear for ``qkv``, ``ab``, ``proj``; core in cake's
-    ``chunk_gated_delta_rule_det`` or in plain torch).
+    (``impl``'s Linear for ``qkv``, ``ab``, ``gate``, ``proj``; core in cake's
+    ``chunk_gated_delta_rule_det`` or in plain torch); ``"kda"`` ->
+    :class:`KimiDeltaAttention` (``impl``'s Linear for every projection; core in cake's
+    ``chunk_kda_det`` or in plain torch). The GDN and KDA blocks' short conv and gated
+    norm come from :func:`make_short_conv` and :func:`make_gated_norm`.
 
     Raises:
         ValueError: on an unknown ``impl``.
@@ -401,6 +579,8 @@ def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
     _check_impl(impl)
     if cfg.mixer == "gdn":
         return GatedDeltaNet(cfg, impl)
+    if cfg.mixer == "kda":
+        return KimiDeltaAttention(cfg, impl)
     return CausalSelfAttention(cfg, impl)
 
 
@@ -458,14 +638,15 @@ class TinyLM(nn.Module):
 
     def _init_weights(self) -> None:
         # GPT-2 style: N(0, 0.02) for embeddings and linears, zero biases, residual
-        # projections scaled by 1/sqrt(2 * n_layers). RMSNorm weights stay at one.
+        # projections (a mixer's proj / o_proj, the MLP's fc2) scaled by
+        # 1/sqrt(2 * n_layers). RMSNorm weights stay at one; conv weights keep their init.
         std = 0.02
         for name, p in self.named_parameters():
-            if name.endswith(("A_log", "dt_bias")):  # GatedDeltaNet's own init
+            if name.endswith(("A_log", "dt_bias")):  # the GDN / KDA blocks' own init
                 continue
             if name.endswith("bias"):
                 nn.init.zeros_(p)
-            elif name.endswith(("proj.weight", "fc2.weight")):
+            elif name.endswith((".proj.weight", ".o_proj.weight", ".fc2.weight")):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers))
             elif p.dim() == 2:
                 nn.init.normal_(p, 0.0, std)

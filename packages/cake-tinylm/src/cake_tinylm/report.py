@@ -11,7 +11,7 @@ import torch
 
 from .train import JobResult
 
-__all__ = ["format_summary", "package_versions", "report_dict", "write_report"]
+__all__ = ["cake_families", "format_summary", "package_versions", "report_dict", "write_report"]
 
 _CAKE_PACKAGES = {
     "cake-core": "cake_core",
@@ -19,8 +19,35 @@ _CAKE_PACKAGES = {
     "cake-dense-projection-det-gemm": "cake_dense_projection_det_gemm",
     "cake-lm-head-loss-det-train": "cake_lm_head_loss_det_train",
     "cake-gdn-det-train": "cake_gdn_det_train",
+    "cake-causal-conv1d-det-train": "cake_causal_conv1d_det_train",
+    "cake-rmsnorm-silu-gate-det-train": "cake_rmsnorm_silu_gate_det_train",
+    "cake-kda-det-train": "cake_kda_det_train",
     "cake-tinylm": "cake_tinylm",
 }
+
+_BASE_FAMILIES = (
+    "cake-rmsnorm-det-train",
+    "cake-dense-projection-det-gemm",
+    "cake-lm-head-loss-det-train",
+)
+_MIXER_FAMILIES = {
+    "attention": (),
+    "gdn": ("cake-causal-conv1d-det-train", "cake-gdn-det-train",
+            "cake-rmsnorm-silu-gate-det-train"),
+    "kda": ("cake-causal-conv1d-det-train", "cake-kda-det-train",
+            "cake-rmsnorm-silu-gate-det-train"),
+}
+
+
+def cake_families(mixer: str) -> list[str]:
+    """The cake kernel families (distribution names) the cake runs train with, for a token
+    ``mixer``: the norms, projections and fused head + loss always; with ``"gdn"`` or
+    ``"kda"`` also the short conv, the delta-rule core and the gated output norm.
+
+    Raises:
+        KeyError: on an unknown mixer.
+    """
+    return [*_BASE_FAMILIES, *_MIXER_FAMILIES[mixer]]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -55,6 +82,7 @@ def report_dict(result: JobResult) -> dict[str, object]:
         "device_name": result.device_name,
         "corpus": result.corpus,
         "versions": package_versions(),
+        "cake_families": cake_families(result.config.mixer),
         "identical": result.identical,
         "losses_identical": result.losses_identical,
         "weights_identical": result.weights_identical,
@@ -93,6 +121,7 @@ def format_summary(result: JobResult) -> str:
     ]
     if result.config.mixer != "attention":
         lines.append(f"token mixer: {result.config.mixer}")
+    lines.append("cake families: " + ", ".join(cake_families(result.config.mixer)))
     return "\n".join(lines)
 
 

@@ -76,8 +76,9 @@ class TrainConfig:
         grad_clip: max global gradient norm (``0`` disables clipping).
         val_windows: at most this many validation windows of ``seq_len`` are scored.
         activation: MLP activation, ``"gelu"`` or ``"silu"``.
-        mixer: token mixer, ``"attention"`` or ``"gdn"`` (Gated DeltaNet; see
-            :class:`~cake_tinylm.model.GatedDeltaNet`).
+        mixer: token mixer, ``"attention"``, ``"gdn"`` (Gated DeltaNet; see
+            :class:`~cake_tinylm.model.GatedDeltaNet`) or ``"kda"`` (Kimi Delta Attention;
+            see :class:`~cake_tinylm.model.KimiDeltaAttention`).
     """
 
     steps: int = 64
