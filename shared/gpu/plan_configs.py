@@ -29,7 +29,9 @@ _COMMON = [
 CONFIGS = {
     "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4"],
     "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "128 128 bfloat16 block_v_bwd=64",
-                      "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16"],
+                      "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16", "128 128 float32",
+                      "128 64 float32", "128 128 bfloat16 block_k_inner=32",
+                      "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16"],
 }
 
 

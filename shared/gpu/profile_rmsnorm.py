@@ -18,6 +18,7 @@ import time
 
 import cake_core.triton_utils  # noqa: F401  (backend first)
 import torch
+from cake_core.bench import capture_cuda_graph, cuda_profile
 from triton.testing import do_bench
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -32,17 +33,7 @@ def load_bench():
 
 
 def graph_ms(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return do_bench(g.replay, warmup=25, rep=100)
+    return do_bench(capture_cuda_graph(fn).replay, warmup=25, rep=100)
 
 
 def host_us(fn, n=50):
@@ -58,14 +49,7 @@ def host_us(fn, n=50):
 
 
 def kernels(fn, n=5):
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
+    prof = cuda_profile(fn, warmup=1, iters=n)
     rows = []
     for e in prof.key_averages():
         if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0) > 0:

@@ -40,8 +40,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-import traceback
+
+from cake_core import bench
 
 CASES = {
     "a": dict(B=4, T=4096, D=4096, docs=None),
@@ -147,25 +147,9 @@ MAKERS = {"cake": impl_cake, "fla": impl_fla, "torch": impl_torch}
 # ----------------------------------------------------------------------------- timing
 
 
-def timed(torch, fn, warmup, reps, device):
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device == "cuda":
-        torch.cuda.synchronize()
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-    else:
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+def timed(fn, warmup, reps, device):
+    """Median ms of ``reps`` calls (each waited for) after ``warmup`` calls."""
+    return statistics.median(bench.time_calls(fn, warmup, reps, device, sync_each=True))
 
 
 def leaves(case):
@@ -218,8 +202,8 @@ def main(argv=None) -> int:
                 def fwdbwd(run=run, case=case):
                     return run_once(run, case)
 
-                row["fwd_ms"] = timed(torch, fwd, args.warmup, args.reps, args.device)
-                row["fwdbwd_ms"] = timed(torch, fwdbwd, args.warmup, args.reps, args.device)
+                row["fwd_ms"] = timed(fwd, args.warmup, args.reps, args.device)
+                row["fwdbwd_ms"] = timed(fwdbwd, args.warmup, args.reps, args.device)
                 for ph, mult in (("fwd", 2), ("fwdbwd", 5)):
                     gbps = mult * elems * elt / (row[f"{ph}_ms"] * 1e-3) / 1e9
                     row[f"{ph}_gbps"] = gbps
@@ -233,12 +217,11 @@ def main(argv=None) -> int:
                                                     for a, b in zip(out, again, strict=True))
                     elif ref is not None:
                         row["max_rel_diff_vs_cake"] = [
-                            float((a.float() - r.float()).abs().max()
-                                  / r.float().abs().max().clamp_min(1e-30))
+                            bench.max_rel_error(a, r, torch.float32)
                             for a, r in zip(out, ref, strict=True)]
             except Exception as e:  # noqa: BLE001 - record and keep going
                 row["error"] = f"{type(e).__name__}: {e}"[:500]
-                row["traceback"] = traceback.format_exc()[-1500:]
+                row["traceback"] = bench.traceback_tail()
         if "cake" in rows and "fwd_ms" in rows["cake"]:
             for name, row in rows.items():
                 if name != "cake" and "fwd_ms" in row:

@@ -82,3 +82,33 @@ def test_flag():
             check_flag(bad, "use_x")
     with pytest.raises(ValueError, match=r"^f: expected a bool, got 1$"):
         check_flag(1, "f")
+
+
+def test_int():
+    from cake_core import check_int
+
+    assert check_int(3, "n", 1) == 3 and type(check_int(torch.tensor(3).item(), "n")) is int
+    assert check_int(0, "n") == 0 and check_int(256, "K", 1, 256) == 256
+    for bad in (0, -1, True, 2.0, "2", None):
+        with pytest.raises(ValueError, match=r"^n: expected an int >= 1, got "):
+            check_int(bad, "n", 1)
+    for bad in (0, 257, False, 16.0):
+        with pytest.raises(ValueError, match=r"^K: must be an int in \[1, 256\], got "):
+            check_int(bad, "K", 1, 256)
+
+
+def test_float_dtype_and_device():
+    from cake_core import check_device, check_float_dtype
+
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        assert check_float_dtype(dt) is dt
+    for bad in (torch.float64, torch.int32, "float32", None):
+        with pytest.raises(ValueError, match=r"^dtype: expected float32, bfloat16 or float16"):
+            check_float_dtype(bad)
+    with pytest.raises(ValueError, match=r"^w_dtype: "):
+        check_float_dtype(torch.float64, "w_dtype")
+    assert check_device("cpu") == torch.device("cpu")
+    assert check_device(torch.device("meta")).type == "meta"
+    for bad in ("bogus", 3.5, None):
+        with pytest.raises(ValueError, match=r"^device: "):
+            check_device(bad)

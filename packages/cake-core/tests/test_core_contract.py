@@ -135,3 +135,12 @@ def test_cached_plan():
     rule = lambda: calls.append(1) or ToyPlan(block=8)
     assert cached_plan(cache, ("k",), rule) is cached_plan(cache, ("k",), rule)
     assert len(calls) == 1
+
+
+def test_optional_output():
+    from cake_core.compile import optional_output
+
+    t, like = torch.ones(2), torch.zeros(3, dtype=torch.bfloat16, device="meta")
+    assert optional_output(t, like) is t
+    e = optional_output(None, like)
+    assert e.shape == (0,) and e.dtype == torch.float32 and e.device.type == "meta"

@@ -82,6 +82,25 @@ def test_manifest_helpers(tmp_path):
     assert validate_manifest(MANIFEST) == []
 
 
+def test_kernel_digest(tmp_path):
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    from cake_core.build import kernel_digest
+
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "a.py").write_text("x = 1\n")
+    own = source_digest(tmp_path)
+    assert kernel_digest(tmp_path) == own
+    mods = ("cake_core.varlen", "cake_core.gemm")
+    h = hashlib.sha256(own.encode() + b"\0")
+    for m in mods:
+        h.update(Path(importlib.util.find_spec(m).origin).read_bytes() + b"\0")
+    assert kernel_digest(tmp_path, mods) == "sha256:" + h.hexdigest()
+    assert kernel_digest(tmp_path, mods[::-1]) != kernel_digest(tmp_path, mods)
+
+
 def test_family_discovery_does_not_import_triton():
     code = ("import sys; from cake_core.families import list_families; "
             "fams = list_families(); "
@@ -138,3 +157,87 @@ def test_same_output_across_processes_can_fail():
         testing.assert_same_output_across_processes("import os; print(os.getpid())")
     with pytest.raises(AssertionError, match="process failed"):
         testing.assert_same_output_across_processes("raise SystemExit(3)")
+
+
+def test_bad_input_table_helpers():
+    made = []
+
+    def base(n=2):
+        made.append(n)
+        return {"x": torch.ones(n), "scale": 1.0}
+
+    make = testing.args_with(base, base={"n": 3}, x=lambda a: a["x"][None], y=lambda a: a["x"])
+    for _ in range(2):  # each call builds fresh arguments, base's keywords kept
+        args = make()
+        assert args["x"].shape == (1, 3) and args["y"] is args["x"] and args["scale"] == 1.0
+    assert made == [3, 3] and testing.args_with(base)()["x"].shape == (2,)
+
+    def check(x, scale, y=None):
+        if x.dim() != 1:
+            raise ValueError(f"x: expected 1-D, got {x.dim()}-D")
+
+    e = testing.assert_raises_unmodified(check, make(), "x: expected 1-D")
+    assert isinstance(e, ValueError)
+    with pytest.raises(AssertionError, match="does not match"):
+        testing.assert_raises_unmodified(check, make(), "y: ")
+    with pytest.raises(AssertionError, match="no ValueError raised"):
+        testing.assert_raises_unmodified(check, {"x": torch.ones(2), "scale": 1.0}, "x")
+
+    def spoil(x, scale, y=None):
+        x.zero_()
+        raise ValueError("x: bad")
+
+    with pytest.raises(AssertionError, match="tensor argument 0 was modified"):
+        testing.assert_raises_unmodified(spoil, make(), "x: bad")
+    meta = {"x": torch.ones(2, device="meta"), "scale": 1.0}  # meta tensors are skipped
+    with pytest.raises(AssertionError, match="no ValueError raised"):
+        testing.assert_raises_unmodified(check, meta, "x")
+
+
+def test_autograd_comparison_helpers():
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0])
+
+    def loss(x, y, k):
+        out = x * k + y.sum()
+        return out.sum(), out, 2 * y
+
+    got = testing.leaf_grads(loss, (a, b), 3.0)
+    assert [t.tolist() for t in got] == [[6.0, 9.0], [6.0], [3.0, 3.0], [2.0]]
+    assert not a.requires_grad and a.grad is None and not got[0].requires_grad
+    testing.assert_bitwise_equal_named(got, [t.clone() for t in got], "oypq")
+    with pytest.raises(AssertionError, match="o: compiled differs"):
+        testing.assert_bitwise_equal_named([torch.tensor([0.0])], [torch.tensor([-0.0])], "o",
+                                           "compiled differs")
+    for bad in ([None], [torch.tensor([1.0], dtype=torch.float64)], [torch.tensor([1.0, 1.0])],
+                [torch.tensor([float("inf")])]):
+        with pytest.raises(AssertionError):
+            testing.assert_bitwise_equal_named(bad, [torch.tensor([1.0])], "o")
+    torch._dynamo.reset()
+    testing.assert_compile_same_bits(lambda x, y: torch.sin(x) * y, (a, torch.tensor([2.0, 5.0])),
+                                     "aot_eager")
+
+
+def test_imports_without_triton():
+    testing.assert_imports_without_triton("cake_core", "cake_core.testing")
+    with pytest.raises(AssertionError, match="triton imported"):
+        testing.assert_imports_without_triton("cake_core.triton_utils")
+
+
+def test_compiles_to_op():
+    def step(x, k):
+        y = torch.sin(x) * k
+        return y.sum(), y
+
+    x = torch.tensor([0.5, 1.0])
+    compiled = testing.assert_compiles_to_op(step, (x,), (3.0,), ("y", "dx"),
+                                             backend="aot_eager", op="torch.sin")
+    assert float(compiled(x, 1.0)[0]) == float(torch.sin(x).sum())
+    with pytest.raises(AssertionError, match="torch.cos not in the traced graph"):
+        testing.assert_compiles_to_op(step, (x,), (3.0,), ("y", "dx"), backend="aot_eager",
+                                      op="torch.cos")
+
+
+def test_cdiv():
+    from cake_core.triton_utils import cdiv
+
+    assert [cdiv(a, 4) for a in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]

@@ -1,21 +1,15 @@
 """cake_core.varlen: sequence offsets, chunk tables, the chunk bound, the value-head sum."""
 
 import itertools
-import subprocess
-import sys
 
 import pytest
 import torch
-from cake_core.testing import bitwise_equal
+from cake_core.testing import assert_imports_without_triton, bitwise_equal
 from cake_core.varlen import chunk_tables, group_sum, max_chunks, seq_offsets
 
 
 def test_import_does_not_import_triton():
-    code = ("import sys, cake_core.varlen; "
-            "assert 'triton' not in sys.modules, 'triton imported'")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
-    assert r.returncode == 0, r.stderr
+    assert_imports_without_triton("cake_core.varlen")
 
 
 def test_seq_offsets():

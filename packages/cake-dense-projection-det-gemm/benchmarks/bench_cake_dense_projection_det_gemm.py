@@ -31,15 +31,13 @@ anchors, as in a det training run.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
+
+from cake_core import bench
+from cake_core.bench import Timer
 
 DEFAULT_SHAPES = ((16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336),
                   (4096, 128, 8192))
@@ -49,14 +47,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    shapes = []
-    for item in text.split(","):
-        parts = item.strip().lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise argparse.ArgumentTypeError(
-                f"bad shape {item!r}; expected MxNxK, e.g. 4096x128x8192")
-        shapes.append(tuple(int(p) for p in parts))
-    return shapes
+    return bench.parse_shapes(text, 3, "MxNxK, e.g. 4096x128x8192", strict=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,51 +128,11 @@ def sweep_shape(M, N, K, x, w, dy, plan, timer: Timer) -> list[dict[str, Any]]:
     return rows
 
 
-class Timer:
-    def __init__(self, device: str, quick: bool, warmup: float | None, rep: float | None):
-        self.device = device
-        if device == "cuda":
-            self.warmup = warmup if warmup is not None else (5.0 if quick else 25.0)
-            self.rep = rep if rep is not None else (20.0 if quick else 100.0)
-            self.kind = "triton.testing.do_bench (ms budgets, L2 flushed, quantiles 0.5/0.2/0.8)"
-        else:  # iteration counts on the CPU
-            self.warmup = int(warmup) if warmup is not None else (0 if quick else 1)
-            self.rep = int(rep) if rep is not None else (1 if quick else 3)
-            self.kind = "time.perf_counter loop (iterations)"
-
-    def bench(self, fn: Callable[[], Any]) -> dict[str, float]:
-        if self.device == "cuda":
-            from triton.testing import do_bench
-
-            med, p20, p80 = (float(v) for v in do_bench(fn, warmup=self.warmup, rep=self.rep,
-                                                        quantiles=[0.5, 0.2, 0.8]))
-            return {"ms": med, "p20_ms": p20, "p80_ms": p80}
-        for _ in range(self.warmup):
-            fn()
-        times = []
-        for _ in range(max(self.rep, 1)):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        n = len(times)
-        return {"ms": statistics.median(times), "p20_ms": times[int(0.2 * (n - 1))],
-                "p80_ms": times[int(0.8 * (n - 1))]}
-
-
-def rel_err(a, ref) -> float:
-    import torch
-
-    a = a.detach().double().cpu()
-    ref = ref.detach().double().cpu()
-    return float(torch.linalg.vector_norm(a - ref) / max(float(torch.linalg.vector_norm(ref)),
-                                                           1e-30))
-
-
 def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer, check: bool,
               sweep: bool = False):
     import torch
     from cake_core.testing import bitwise_equal
+    from cake_core.testing import rel_fro_error as rel_err
     from cake_dense_projection_det_gemm import DenseProjectionDetWorkspace, make_plan
     from cake_dense_projection_det_gemm.api import _launch_bwd, _launch_fwd
 
@@ -257,25 +208,22 @@ def markdown_shape(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    import cake_core.triton_utils  # noqa: F401  (cake picks CUDA or the interpreter first)
     import torch
-    import triton
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("CUDA is not available; use --device cpu for a smoke test", file=sys.stderr)
+    triton = bench.import_triton()  # cake picks CUDA or the interpreter first
+    if bench.cuda_missing(args.device):
         return 2
+    desc = bench.device_description(args.device)
     if args.device == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-        props = torch.cuda.get_device_properties(0)
-        desc = f"{props.name} ({props.total_memory / 2**30:.0f} GiB, " \
-               f"{props.multi_processor_count} SMs)"
     else:
-        desc = f"cpu ({platform.processor() or platform.machine()}), Triton interpreter"
+        desc += ", Triton interpreter"
     shapes = args.shapes or (QUICK_CPU_SHAPES if args.device == "cpu" else DEFAULT_SHAPES)
     dtype = getattr(torch, DTYPES[args.dtype])
-    timer = Timer(args.device, args.quick, args.warmup, args.rep)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    timer = Timer(args.device, args.quick, args.warmup, args.rep, cpu_quick=(0, 1),
+                  cpu_full=(1, 3))
+    meta = {"date": bench.utc_now(),
             "device": desc, "python": sys.version.split()[0], "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton.__version__, "dtype": args.dtype,
             "timer": timer.kind, "warmup": timer.warmup, "rep": timer.rep,

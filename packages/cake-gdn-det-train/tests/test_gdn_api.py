@@ -1,13 +1,11 @@
 """Package surface: lazy imports, manifest, plans, saved set, reference self-consistency."""
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 import torch
 from cake_core import Mode
-from cake_core.testing import assert_close_to_reference
+from cake_core.testing import assert_close_to_reference, assert_imports_without_triton
 from cake_core.triton_utils import default_device
 from cake_gdn_det_train import (
     GDNDetPlan,
@@ -21,12 +19,7 @@ DEV = default_device()
 
 
 def test_import_is_lazy():
-    code = ("import sys, cake_gdn_det_train, cake_gdn_det_train.cake_build; "
-            "print('triton' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False"
+    assert_imports_without_triton("cake_gdn_det_train", "cake_gdn_det_train.cake_build")
 
 
 def test_public_names():

@@ -5,7 +5,13 @@ import cake_gdn_det_train.api as api
 import pytest
 import torch
 import torch.utils.checkpoint
-from cake_core.testing import randn
+from cake_core.testing import (
+    assert_bitwise_equal_named,
+    assert_compile_same_bits,
+    assert_compiles_to_op,
+    leaf_grads,
+    randn,
+)
 from cake_core.triton_utils import default_device
 from cake_gdn_det_train import chunk_gated_delta_rule_det
 
@@ -13,6 +19,8 @@ DEV = default_device()
 BACKEND = "aot_eager" if DEV.type == "cpu" else "inductor"
 # packed: an empty document, one inside a chunk, one across the 64-token chunk boundary
 CU = (0, 0, 11, 80)
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log",
+         "ddt_bias")
 T, H, HV, K, V = 80, 1, 2, 16, 16
 
 
@@ -37,35 +45,11 @@ def _step(q, k, v, g, beta, h0, A_log, dt_bias, cu):
     return (o * o).sum() + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
 
 
-def _run(fn, leaves, cu):
-    xs = [t.detach().clone().requires_grad_() for t in leaves]
-    loss, o, ht = fn(*xs, cu)
-    loss.backward()
-    return [o.detach(), ht.detach()] + [x.grad for x in xs]
-
-
-def _assert_bitwise(got, want):
-    names = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log",
-             "ddt_bias")
-    for name, a, b in zip(names, got, want, strict=True):
-        assert a is not None and b is not None, name
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert torch.equal(a, b), f"{name}: compiled differs from eager"
-
-
 def test_compile_fullgraph_same_bits_as_eager(gdn_inputs):
-    torch._dynamo.reset()
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     leaves = _inputs(gdn_inputs)
     cu = torch.tensor(CU, dtype=torch.int32, device=DEV)
-    want = _run(_step, leaves, cu)
-    cnt = CompileCounterWithBackend(BACKEND)
-    compiled = torch.compile(_step, fullgraph=True, backend=cnt)
-    got = _run(compiled, leaves, cu)
-    _assert_bitwise(got, want)
-    assert cnt.frame_count == 1
-    assert "cake_gdn_det_train.fwd" in cnt.graphs[0].code  # the custom op, not a fallback
+    compiled = assert_compiles_to_op(_step, leaves, (cu,), NAMES, backend=BACKEND,
+                                     op="cake_gdn_det_train.fwd")
     # cu_seqlens values are not read while tracing; the op checks them when it runs
     bad = torch.tensor((0, 30, 11, 80), dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="cu_seqlens"):
@@ -82,16 +66,7 @@ def test_compile_fullgraph_plain_call(gdn_inputs):
         assert ht is None
         return o
 
-    def run(fn):
-        xs = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta)]
-        o = fn(*xs)
-        o.backward(torch.cos(o.detach()))
-        return [o.detach()] + [x.grad for x in xs]
-
-    want = run(f)
-    got = run(torch.compile(f, fullgraph=True, backend=BACKEND))
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
+    assert_compile_same_bits(f, (q, k, v, g, beta), BACKEND)
 
 
 def test_custom_ops_opcheck(gdn_inputs):
@@ -120,4 +95,5 @@ def test_checkpoint_same_grads(gdn_inputs):
     def ckpt(*args):
         return torch.utils.checkpoint.checkpoint(_step, *args, use_reentrant=False)
 
-    _assert_bitwise(_run(ckpt, leaves, cu), _run(_step, leaves, cu))
+    assert_bitwise_equal_named(leaf_grads(ckpt, leaves, cu), leaf_grads(_step, leaves, cu),
+                               NAMES, "checkpointed differs")

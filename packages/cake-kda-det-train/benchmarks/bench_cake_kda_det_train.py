@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
-import time
 
 import torch
 import torch.nn.functional as F
+from cake_core import bench
 
 CASES = {
     "a": dict(B=4, T=4096, H=16, docs=None),
@@ -128,37 +127,10 @@ def grads_of(fn, c):
     return [o, ht] + [x[n].grad if x[n] is not None else None for n in LEAVES]
 
 
-def cuda_ms(f, reps, warm=2):
-    for _ in range(warm):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        f()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
-
-
 def time_impl(fn, c, reps):
-    t0 = time.perf_counter()
-    grads_of(fn, c)
-    torch.cuda.synchronize()
-    first_s = time.perf_counter() - t0
     x = leaves(c)
-    fwd = cuda_ms(lambda: fn(c, x), reps)
-    o, ht = fn(c, x)
-    bwd = cuda_ms(lambda: torch.autograd.backward([o, ht], [c["do"], c["dht"]],
-                                                  retain_graph=True), reps)
-
-    def fb():
-        o2, ht2 = fn(c, x)
-        torch.autograd.backward([o2, ht2], [c["do"], c["dht"]])
-    both = cuda_ms(fb, reps)
-    return dict(first_s=first_s, fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=both)
+    return bench.time_fwd_bwd(lambda: fn(c, x), [c["do"], c["dht"]], reps,
+                              first_call=lambda: grads_of(fn, c))
 
 
 def errors(impls, in_kernel, T=1000, K=128):
@@ -183,8 +155,7 @@ def errors(impls, in_kernel, T=1000, K=128):
             key = f"{name}/{cu_name}"
             try:
                 got = grads_of(fn, cc)
-                res[key] = {n: float((a.detach().double() - r).abs().max()
-                                     / r.abs().max().clamp_min(1e-30))
+                res[key] = {n: bench.max_rel_error(a, r)
                             for n, a, r in zip(NAMES, got, ref, strict=True)
                             if a is not None and r is not None}
             except Exception as e:  # noqa: BLE001 - recorded, not fatal
@@ -194,29 +165,11 @@ def errors(impls, in_kernel, T=1000, K=128):
 
 
 def hashes(fn, c, runs=5):
-    hs = []
-    for _ in range(runs):
-        h = hashlib.sha256()
-        for t in grads_of(fn, c):
-            if t is not None:
-                h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()
-                         .tobytes())
-        hs.append(h.hexdigest()[:16])
-    return hs
+    return [bench.bits_sha256(grads_of(fn, c))[:16] for _ in range(runs)]
 
 
 def profile(fn, c):
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
-    for _ in range(2):
-        grads_of(fn, c)
-    torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(3):
-            grads_of(fn, c)
-        torch.cuda.synchronize()
-    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25,
-                                 max_name_column_width=60))
+    print(bench.cuda_profile_table(lambda: grads_of(fn, c)))
 
 
 def main() -> None:
@@ -233,43 +186,19 @@ def main() -> None:
     p.add_argument("--no-time", action="store_true")
     p.add_argument("--out", default="")
     a = p.parse_args()
-    over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
-    impls = {}
-    for name in a.impls.split(","):
-        try:
-            impls[name] = cake_fn(over) if name == "cake" else fla_fn()
-        except Exception as e:  # noqa: BLE001 - e.g. FLA not installed
-            print(f"{name}: unavailable ({type(e).__name__}: {e})")
+    over = bench.parse_overrides(a.plan)
+    impls = bench.load_impls(a.impls.split(","),
+                             lambda name: cake_fn(over) if name == "cake" else fla_fn())
     print("torch", torch.__version__, "device", torch.cuda.get_device_name(), "plan over", over,
           "in-kernel", a.in_kernel, flush=True)
     result = {"plan_over": over, "in_kernel": a.in_kernel, "cases": {}}
     if a.err:
         result["err"] = errors(impls, a.in_kernel)
-    for cname in [s for s in a.cases.split(",") if s]:
-        c = make_case(**CASES[cname], in_kernel=a.in_kernel)
-        row = {}
-        for name, fn in impls.items():
-            try:
-                if a.hash:
-                    row[name + "_hash"] = hashes(fn, c)
-                    print(cname, name, "hashes", row[name + "_hash"], flush=True)
-                if not a.no_time:
-                    row[name] = time_impl(fn, c, a.reps)
-                    print(cname, name, {k: round(v, 3) for k, v in row[name].items()},
-                          flush=True)
-                if a.profile == cname:
-                    profile(fn, c)
-            except Exception as e:  # noqa: BLE001
-                row[name] = f"failed: {type(e).__name__}: {e}"[:300]
-                print(cname, name, row[name], flush=True)
-        if isinstance(row.get("cake"), dict) and isinstance(row.get("fla"), dict):
-            row["ratio"] = {k: row["cake"][k] / row["fla"][k]
-                            for k in ("fwd_ms", "bwd_ms", "fwd_bwd_ms")}
-            print(cname, "cake/fla", {k: round(v, 3) for k, v in row["ratio"].items()},
-                  flush=True)
-        result["cases"][cname] = row
-        del c
-        torch.cuda.empty_cache()
+    result["cases"] = bench.compare_cases(
+        [s for s in a.cases.split(",") if s],
+        lambda name: make_case(**CASES[name], in_kernel=a.in_kernel), impls,
+        time_impl=None if a.no_time else (lambda fn, c: time_impl(fn, c, a.reps)),
+        hashes=hashes if a.hash else None, profile=profile, profile_case=a.profile)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -1,13 +1,16 @@
 """Package surface: lazy imports, manifest, plans, saved set, workspace use, inputs left
 alone, and the reference's own consistency (fixed vs packed, one token by hand, gradcheck)."""
 
-import subprocess
-import sys
 
 import pytest
 import torch
 from cake_core import Mode
-from cake_core.testing import assert_close_to_reference, bitwise_equal, randn
+from cake_core.testing import (
+    assert_close_to_reference,
+    assert_imports_without_triton,
+    bitwise_equal,
+    randn,
+)
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import (
     KDADetPlan,
@@ -23,12 +26,7 @@ F64 = torch.float64
 
 
 def test_import_is_lazy():
-    code = ("import sys, cake_kda_det_train, cake_kda_det_train.cake_build; "
-            "print('triton' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={"PYTHONPATH": ":".join(p for p in sys.path if p)})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False"
+    assert_imports_without_triton("cake_kda_det_train", "cake_kda_det_train.cake_build")
 
 
 def test_public_names():

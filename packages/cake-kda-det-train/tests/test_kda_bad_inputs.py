@@ -4,7 +4,7 @@ leave the caller's tensors as they were (forward and backward entries)."""
 import cake_kda_det_train.api as api
 import pytest
 import torch
-from cake_core.testing import bitwise_equal, randn
+from cake_core.testing import args_with, assert_raises_unmodified, randn
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import (
     KDADetWorkspace,
@@ -38,14 +38,7 @@ def _base(B=1, T=10, H=2, HV=4, K=16, V=16, dtype=torch.float32):
 
 
 def _with(**changes):
-    base = changes.pop("base", {})
-
-    def make():
-        args = _base(**base)
-        for name, fn in changes.items():
-            args[name] = fn(args)
-        return args
-    return make
+    return args_with(_base, **changes)
 
 
 def _cu(*vals, dtype=torch.int32):
@@ -165,13 +158,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_raises_before_launch(case, entry, no_launch):
     make, msg = CASES[case]
-    args = make()
-    tensors = [t for t in args.values() if isinstance(t, torch.Tensor) and t.device.type != "meta"]
-    before = [t.clone() for t in tensors]
-    fn = chunk_kda_det_fwd if entry == "fwd" else chunk_kda_det
-    with pytest.raises(ValueError, match=msg):
-        fn(**args)
-    assert all(bitwise_equal(a, b) for a, b in zip(before, tensors, strict=True))
+    assert_raises_unmodified(chunk_kda_det_fwd if entry == "fwd" else chunk_kda_det, make(),
+                             msg)
 
 
 def test_accepted_edge_arguments_do_not_raise(monkeypatch):

@@ -28,15 +28,16 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import importlib.metadata
 import json
 import platform
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
+
+from cake_core import bench
+from cake_core.bench import dist_version
 
 DEFAULT_SHAPES = [(t, 4096, v) for t in (4096, 16384) for v in (32000, 128256, 151936)]
 CPU_QUICK_SHAPES = [(64, 32, 1000)]
@@ -46,21 +47,11 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    shapes = []
-    for item in text.split(","):
-        parts = item.strip().lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected TxHxV, 1024x512x32000")
-        shapes.append(tuple(int(p) for p in parts))
-    return shapes
+    return bench.parse_shapes(text, 3, "TxHxV, 1024x512x32000", strict=True)
 
 
 def parse_impls(text: str) -> list[str]:
-    impls = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in impls if s not in ALL_IMPLS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown impls {unknown}; known: {list(ALL_IMPLS)}")
-    return impls
+    return bench.parse_names(text, ALL_IMPLS, what="impls")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,17 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def dist_version(*names: str) -> str | None:
-    for n in names:
-        try:
-            return importlib.metadata.version(n)
-        except Exception:
-            continue
-    return None
-
-
 def short_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()[:1500]
+    return bench.short_error(exc, 1500)
 
 
 # ------------------------------------------------------------------------ implementations
@@ -149,21 +131,11 @@ def make_impl(name: str) -> tuple[Callable, str, str | None]:
 # ------------------------------------------------------------------------ timing
 
 
-def bench(fn: Callable[[], Any], device: str, quick: bool, warmup, rep) -> dict[str, float]:
+def time_ms(fn: Callable[[], Any], device: str, quick: bool, warmup, rep) -> dict[str, float]:
     if device == "cuda":
-        from triton.testing import do_bench
-
-        q = do_bench(fn, warmup=warmup or (5 if quick else 25), rep=rep or (20 if quick else 100),
-                     quantiles=[0.5, 0.2, 0.8])
-        return {"ms": float(q[0]), "p20_ms": float(q[1]), "p80_ms": float(q[2])}
+        return bench.do_bench_ms(fn, warmup or (5 if quick else 25), rep or (20 if quick else 100))
     n_warm, n_rep = (1, 2) if quick else (2, 5)
-    for _ in range(n_warm):
-        fn()
-    times = []
-    for _ in range(n_rep):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = bench.time_calls(fn, n_warm, n_rep, "cpu")
     return {"ms": statistics.median(times), "p20_ms": min(times), "p80_ms": max(times)}
 
 
@@ -221,14 +193,14 @@ def run_shape(shape, args, impls) -> dict[str, Any]:
                 d = (dh.float() - ref[1]).norm() / ref[1].norm().clamp_min(1e-30)
                 rec["dhidden_rel_err"] = float(d)
             del loss, dh, dw
-            rec.update(bench(step, dev, args.quick, args.warmup, args.rep))
+            rec.update(time_ms(step, dev, args.quick, args.warmup, args.rep))
             rec["status"] = "ok"
         except BaseException as exc:  # noqa: BLE001 - record everything, keep going
             if isinstance(exc, KeyboardInterrupt):
                 raise
             rec["status"] = "error"
             rec["error"] = short_error(exc)
-            rec["traceback"] = traceback.format_exc()[-1500:]
+            rec["traceback"] = bench.traceback_tail()
         finally:
             gc.collect()
             if dev == "cuda":
@@ -250,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device; use --device cpu", file=sys.stderr)
+    if bench.cuda_missing(args.device, "no CUDA device; use --device cpu"):
         return 2
     shapes = args.shapes or (DEFAULT_SHAPES if args.device == "cuda" else CPU_QUICK_SHAPES)
     if args.device == "cpu":

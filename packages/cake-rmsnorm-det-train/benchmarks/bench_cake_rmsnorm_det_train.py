@@ -28,22 +28,20 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import datetime
-import gc
 import importlib
-import importlib.metadata
-import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
+
+from cake_core import bench
+from cake_core.bench import Timer, dist_version, fmt, free_memory, short_error, write_json
+from cake_core.bench import traceback_tail as tb_tail
 
 DEFAULT_SHAPES = ((32768, 4096), (16384, 8192), (65536, 2048))
 ALL_IMPLS = ("cake", "torch_eager", "torch_compile", "liger", "fla")
@@ -62,29 +60,11 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
-    shapes = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if not item:
-            continue
-        parts = item.split("x")
-        if len(parts) != 2:
-            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected TxH, e.g. 1024x512")
-        t, h = (int(p) for p in parts)
-        if t <= 0 or h <= 0:
-            raise argparse.ArgumentTypeError(f"bad shape {item!r}; sizes must be positive")
-        shapes.append((t, h))
-    if not shapes:
-        raise argparse.ArgumentTypeError("no shapes given")
-    return shapes
+    return bench.parse_shapes(text, 2, "TxH, e.g. 1024x512")
 
 
 def parse_impls(text: str) -> list[str]:
-    impls = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in impls if s not in ALL_IMPLS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown impls {unknown}; known: {list(ALL_IMPLS)}")
-    return impls
+    return bench.parse_names(text, ALL_IMPLS, what="impls")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_fresh_caches(keep: bool) -> dict[str, str]:
-    """Point Triton and Inductor at empty cache dirs (before torch/triton are imported)."""
+    """Point Triton and Inductor at empty cache dirs (before either is imported; importing
+    torch imports neither)."""
     if keep:
         return {}
     root = tempfile.mkdtemp(prefix="cake_rmsnorm_bench_")
@@ -141,15 +122,6 @@ def setup_fresh_caches(keep: bool) -> dict[str, str]:
     return dirs
 
 
-def dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except Exception:
-            continue
-    return None
-
-
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
@@ -162,14 +134,6 @@ def git_commit() -> str | None:
         return out.stdout.strip() or None if out.returncode == 0 else None
     except Exception:
         return None
-
-
-def short_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()[:2000]
-
-
-def tb_tail(limit: int = 1500) -> str:
-    return traceback.format_exc()[-limit:]
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,54 +272,6 @@ IMPL_CLASSES = {
 
 
 # --------------------------------------------------------------------------------------------
-# timing
-# --------------------------------------------------------------------------------------------
-
-
-class Timer:
-    def __init__(self, device: str, quick: bool, warmup: float | None, rep: float | None):
-        import torch
-
-        self.torch = torch
-        self.device = device
-        if device == "cuda":
-            self.warmup = warmup if warmup is not None else (5.0 if quick else 25.0)
-            self.rep = rep if rep is not None else (20.0 if quick else 100.0)
-            self.kind = "triton.testing.do_bench (ms budgets, L2 flushed, quantiles 0.5/0.2/0.8)"
-        else:
-            # On CPU warmup/rep are iteration counts.
-            self.warmup = int(warmup) if warmup is not None else (1 if quick else 3)
-            self.rep = int(rep) if rep is not None else (3 if quick else 10)
-            self.kind = "time.perf_counter loop (iterations)"
-
-    def sync(self) -> None:
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
-
-    def bench(self, fn: Callable[[], Any]) -> dict[str, float]:
-        if self.device == "cuda":
-            from triton.testing import do_bench
-
-            q = do_bench(fn, warmup=self.warmup, rep=self.rep, quantiles=[0.5, 0.2, 0.8])
-            med, p20, p80 = (float(v) for v in q)
-            return {"ms": med, "p20_ms": p20, "p80_ms": p80}
-        for _ in range(max(self.warmup, 0)):
-            fn()
-        times = []
-        for _ in range(max(self.rep, 1)):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        times.sort()
-        n = len(times)
-        return {
-            "ms": statistics.median(times),
-            "p20_ms": times[int(0.2 * (n - 1))],
-            "p80_ms": times[int(0.8 * (n - 1))],
-        }
-
-
-# --------------------------------------------------------------------------------------------
 # one shape
 # --------------------------------------------------------------------------------------------
 
@@ -373,22 +289,6 @@ def reference(x, w, dy, eps: float):
     dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
     del xf, gf, g, rstd, xhat
     return y, dx, dw
-
-
-def err_stats(out, ref) -> dict[str, float]:
-    diff = (out.detach().float() - ref).abs()
-    max_abs = float(diff.max())
-    scale = float(ref.abs().max())
-    return {"max_abs": max_abs, "max_rel_to_max": max_abs / scale if scale > 0 else max_abs}
-
-
-def free_memory(device: str) -> None:
-    import torch
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def bench_backward(fn, x, w, dy, timer: Timer) -> dict[str, float]:
@@ -421,9 +321,9 @@ def run_impl(impl: Impl, x, w, dy, ref, args, timer: Timer) -> dict[str, Any]:
     if not args.no_check:
         ry, rdx, rdw = ref
         rec["err_vs_fp32_ref"] = {
-            "y": err_stats(y, ry),
-            "dx": err_stats(dx, rdx),
-            "dw": err_stats(dw, rdw),
+            "y": bench.err_stats(y, ry),
+            "dx": bench.err_stats(dx, rdx),
+            "dw": bench.err_stats(dw, rdw),
         }
         y2 = fn(x, w)
         dx2, dw2 = grad(y2, (x, w), dy)
@@ -456,19 +356,8 @@ def run_impl(impl: Impl, x, w, dy, ref, args, timer: Timer) -> dict[str, Any]:
 def bench_graphed(fn: Callable[[], Any], timer: Timer) -> dict[str, Any]:
     """fwd+bwd captured once in a CUDA graph and replayed: the same kernels without the
     host time between launches. Returns {"ms": ...} or {"error": ...}."""
-    import torch
-
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
+        g = bench.capture_cuda_graph(fn)
         out = timer.bench(g.replay)
         del g
         return out
@@ -509,31 +398,15 @@ def run_shape(T: int, H: int, impls: dict[str, Impl], args, timer: Timer) -> dic
         except BaseException as exc:  # noqa: BLE001 - one failing impl must not kill the run
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            rec = {"status": "error", "error": short_error(exc), "traceback": tb_tail()}
+            rec = bench.error_record(exc)
         x.grad = None
         w.grad = None
         free_memory(args.device)
-        for ph in PHASES:
-            if ph in rec:
-                ms = rec[ph]["ms"]
-                gbps = bytes_[ph] / (ms * 1e-3) / 1e9 if ms > 0 else float("nan")
-                rec[ph]["gbps"] = gbps
-                rec[ph]["pct_peak"] = 100.0 * gbps / args.peak_gbps
+        bench.add_bandwidth(rec, bytes_, args.peak_gbps, PHASES)
         res["impls"][name] = rec
 
     # Ratios cake_time / anchor_time (< 1: cake faster).
-    cake = res["impls"].get("cake", {})
-    ratios: dict[str, dict[str, float | None]] = {}
-    for name in ANCHORS:
-        anchor = res["impls"].get(name)
-        if anchor is None:
-            continue
-        ratios[name] = {}
-        for ph in PHASES:
-            c = cake.get(ph, {}).get("ms")
-            a = anchor.get(ph, {}).get("ms")
-            ratios[name][ph] = c / a if (c is not None and a) else None
-    res["ratio_cake_over_anchor"] = ratios
+    res["ratio_cake_over_anchor"] = bench.cake_ratios(res["impls"], ANCHORS, PHASES)
 
     del x, w, dy, ref
     if args.device == "cuda":
@@ -545,12 +418,6 @@ def run_shape(T: int, H: int, impls: dict[str, Impl], args, timer: Timer) -> dic
 # --------------------------------------------------------------------------------------------
 # reporting
 # --------------------------------------------------------------------------------------------
-
-
-def fmt(v: float | None, spec: str) -> str:
-    if v is None or v != v:  # None or NaN
-        return "—"
-    return format(v, spec)
 
 
 def markdown_shape(res: dict[str, Any]) -> str:
@@ -645,16 +512,6 @@ def markdown_header(meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str | None, payload: dict[str, Any]) -> None:
-    if not path:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------------------------
@@ -666,14 +523,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    try:  # let cake choose CUDA or the interpreter before Triton is first imported
-        import cake_core.triton_utils  # noqa: F401
-    except ImportError:
-        pass
-    import triton
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("CUDA is not available; use --device cpu for a smoke test", file=sys.stderr)
+    triton = bench.import_triton()  # after cake chose CUDA or the interpreter
+    if bench.cuda_missing(args.device):
         return 2
 
     impls: dict[str, Impl] = {}
@@ -682,12 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         impl.try_load()
         impls[name] = impl
 
-    if args.device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        mem_gib = props.total_memory / 2**30
-        device_desc = f"{props.name} ({mem_gib:.0f} GiB, {props.multi_processor_count} SMs)"
-    else:
-        device_desc = f"cpu ({platform.processor() or platform.machine()})"
+    device_desc = bench.device_description(args.device)
     timer = Timer(args.device, args.quick, args.warmup, args.rep)
 
     def ver(name: str) -> str | None:
@@ -697,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         return impl.version if impl.import_error is None else "import failed"
 
     meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": bench.utc_now(),
         "device": device_desc,
         "host": platform.node(),
         "python": sys.version.split()[0],

@@ -38,19 +38,22 @@ are cake_time / anchor_time: below 1, cake is faster.
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import importlib
-import importlib.metadata
-import json
-import os
-import platform
-import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
+
+from cake_core import bench
+from cake_core.bench import (
+    dist_version,
+    err_stats,
+    fmt,
+    free_memory,
+    short_error,
+    traceback_tail,
+    write_json,
+)
 
 DEFAULT_SHAPES = ((524288, 128), (1048576, 128))
 ALL_IMPLS = ("cake", "fla", "mamba", "torch_compile")
@@ -67,30 +70,12 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
-    shapes = []
-    for item in text.split(","):
-        item = item.strip().lower()
-        if not item:
-            continue
-        parts = item.split("x")
-        if len(parts) != 2:
-            raise argparse.ArgumentTypeError(f"bad shape {item!r}; expected ROWSxD, e.g. 1024x128")
-        rows, d = (int(p) for p in parts)
-        if rows <= 0 or d <= 0:
-            raise argparse.ArgumentTypeError(f"bad shape {item!r}; sizes must be positive")
-        shapes.append((rows, d))
-    if not shapes:
-        raise argparse.ArgumentTypeError("no shapes given")
-    return shapes
+    return bench.parse_shapes(text, 2, "ROWSxD, e.g. 1024x128")
 
 
 def _parse_list(known: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        unknown = [s for s in items if s not in known]
-        if unknown or not items:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {list(known)}")
-        return items
+        return bench.parse_names(text, known, allow_empty=False)
 
     return parse
 
@@ -121,54 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------- helpers
 
 
-def dist_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except Exception:
-            continue
-    return None
-
-
-def short_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()[:2000]
-
-
-def free_memory(device: str) -> None:
-    import torch
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
-def bench(fn: Callable[[], Any], device: str, warmup: int, rep: int) -> dict[str, float]:
-    """Median / p20 / p80 ms of ``fn`` over ``rep`` calls after ``warmup`` calls."""
-    import torch
-
-    for _ in range(max(warmup, 0)):
-        fn()
-    times = []
-    if device == "cuda":
-        torch.cuda.synchronize()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(max(rep, 1))]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in events]
-    else:
-        for _ in range(max(rep, 1)):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    n = len(times)
-    return {"ms": statistics.median(times), "p20_ms": times[int(0.2 * (n - 1))],
-            "p80_ms": times[int(0.8 * (n - 1))]}
+def time_ms(fn: Callable[[], Any], device: str, warmup: int, rep: int) -> dict[str, float]:
+    """Median / p20 / p80 ms of ``fn`` over ``rep`` calls after ``warmup`` calls (CUDA
+    events recorded back to back, one wait at the end; perf_counter on the CPU)."""
+    return bench.summarize_ms(bench.time_calls(fn, max(warmup, 0), max(rep, 1), device))
 
 
 # ------------------------------------------------------------------------------- implementations
@@ -239,18 +180,11 @@ def load_impls(names: list[str]) -> dict[str, dict[str, Any]]:
         except BaseException as exc:  # noqa: BLE001 - record everything, keep going
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            out[name] = {"error": short_error(exc), "traceback": traceback.format_exc()[-1500:]}
+            out[name] = {"error": short_error(exc), "traceback": traceback_tail()}
     return out
 
 
 # ------------------------------------------------------------------------------- one case
-
-
-def err_stats(out, ref) -> dict[str, float]:
-    diff = (out.detach().float() - ref.float()).abs()
-    max_abs = float(diff.max())
-    scale = float(ref.float().abs().max())
-    return {"max_abs": max_abs, "max_rel_to_max": max_abs / scale if scale > 0 else max_abs}
 
 
 def run_impl(fn, x, z, w, dy, ref, args) -> dict[str, Any]:
@@ -276,12 +210,12 @@ def run_impl(fn, x, z, w, dy, ref, args) -> dict[str, Any]:
                                  zip(("y", "dx", "dz", "dw"), (y, *g), (y2, *g2), strict=True)}
         del y2, g2
     del y, g
-    rec["fwd"] = bench(lambda: fn(x, z, w), args.device, args.warmup, args.rep)
+    rec["fwd"] = time_ms(lambda: fn(x, z, w), args.device, args.warmup, args.rep)
 
     def fwd_bwd():
         return grad(fn(x, z, w), (x, z, w), dy)
 
-    rec["fwdbwd"] = bench(fwd_bwd, args.device, args.warmup, args.rep)
+    rec["fwdbwd"] = time_ms(fwd_bwd, args.device, args.warmup, args.rep)
     return rec
 
 
@@ -333,39 +267,18 @@ def run_case(rows: int, D: int, order: str, impls, args) -> dict[str, Any]:
         except BaseException as exc:  # noqa: BLE001 - one failing impl must not kill the run
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            rec = {"status": "error", "error": short_error(exc),
-                   "traceback": traceback.format_exc()[-1500:]}
+            rec = bench.error_record(exc)
         free_memory(args.device)
-        for ph in PHASES:
-            if ph in rec:
-                ms = rec[ph]["ms"]
-                gbps = bytes_[ph] / (ms * 1e-3) / 1e9 if ms > 0 else float("nan")
-                rec[ph]["gbps"] = gbps
-                rec[ph]["pct_peak"] = 100.0 * gbps / args.peak_gbps
+        bench.add_bandwidth(rec, bytes_, args.peak_gbps, PHASES)
         res["impls"][name] = rec
 
-    cake = res["impls"].get("cake", {})
-    ratios: dict[str, dict[str, float | None]] = {}
-    for name in ANCHORS:
-        anchor = res["impls"].get(name)
-        if anchor is None:
-            continue
-        ratios[name] = {}
-        for ph in PHASES:
-            c = cake.get(ph, {}).get("ms")
-            a = anchor.get(ph, {}).get("ms")
-            ratios[name][ph] = c / a if (c is not None and a) else None
-    res["ratio_cake_over_anchor"] = ratios
+    res["ratio_cake_over_anchor"] = bench.cake_ratios(res["impls"], ANCHORS, PHASES)
     del x, z, w, dy, ref
     free_memory(args.device)
     return res
 
 
 # ------------------------------------------------------------------------------- report
-
-
-def fmt(v: float | None, spec: str) -> str:
-    return "—" if v is None or v != v else format(v, spec)
 
 
 def markdown_case(res: dict[str, Any]) -> str:
@@ -402,39 +315,17 @@ def markdown_case(res: dict[str, Any]) -> str:
     return "\n".join(head + lines + ([""] + notes if notes else []))
 
 
-def write_json(path: str | None, payload: dict[str, Any]) -> None:
-    if not path:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
-    try:  # let cake choose CUDA or the interpreter before Triton is first imported
-        import cake_core.triton_utils  # noqa: F401
-    except ImportError:
-        pass
-    import triton
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("CUDA is not available; use --device cpu for a smoke test", file=sys.stderr)
+    triton = bench.import_triton()  # after cake chose CUDA or the interpreter
+    if bench.cuda_missing(args.device):
         return 2
     impls = load_impls(args.impls)
-    if args.device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        device_desc = (f"{props.name} ({props.total_memory / 2**30:.0f} GiB, "
-                       f"{props.multi_processor_count} SMs)")
-    else:
-        device_desc = f"cpu ({platform.processor() or platform.machine()})"
     meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_desc, "python": sys.version.split()[0], "torch": torch.__version__,
+        "date": bench.utc_now(), "device": bench.device_description(args.device),
+        "python": sys.version.split()[0], "torch": torch.__version__,
         "cuda": torch.version.cuda, "triton": triton.__version__,
         "versions": {n: i.get("version") for n, i in impls.items()},
         "apis": {n: i.get("api") for n, i in impls.items()},
@@ -459,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 res = {"rows": rows, "D": D, "order": order, "status": "error",
-                       "error": short_error(exc), "traceback": traceback.format_exc()[-1500:]}
+                       "error": short_error(exc), "traceback": traceback_tail()}
                 free_memory(args.device)
                 print(f"### rows={rows} D={D} order={order}: failed: {res['error']}\n",
                       flush=True)

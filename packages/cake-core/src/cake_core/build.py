@@ -34,6 +34,23 @@ def source_digest(package_dir: str | Path, subdir: str = "kernels") -> str:
     return "sha256:" + h.hexdigest()
 
 
+def kernel_digest(package_dir: str | Path, core_modules: tuple[str, ...] = ()) -> str:
+    """The ``source_digest`` of a family that also launches cake-core kernels: with no
+    ``core_modules``, :func:`source_digest` of ``package_dir`` itself; otherwise
+    ``"sha256:" + sha256(source_digest + NUL + each module's source bytes + NUL, in the
+    given order)``. The modules (e.g. ``"cake_core.l2norm"``) are found with
+    :func:`importlib.util.find_spec`, not imported, so a manifest imports no Triton."""
+    own = source_digest(package_dir)
+    if not core_modules:
+        return own
+    import importlib.util
+
+    h = hashlib.sha256(own.encode() + b"\0")
+    for mod in core_modules:
+        h.update(Path(importlib.util.find_spec(mod).origin).read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
 def validate_manifest(m: dict) -> list[str]:
     """Problems with a manifest's shape (empty list when it is well formed)."""
     problems = [f"missing key {k!r}" for k in MANIFEST_KEYS if k not in m]

@@ -89,6 +89,41 @@ def check_flag(value: object, name: str) -> bool:
     return value
 
 
+def check_int(v: object, name: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """Raise ``ValueError`` unless ``v`` is an integer (not a ``bool``) ``>= minimum`` and, when
+    ``maximum`` is given, ``<= maximum``; return it as an ``int``. Messages: ``"name: expected
+    an int >= minimum, got v"``, or with a maximum ``"name: must be an int in [minimum,
+    maximum], got v"``."""
+    integral = not isinstance(v, bool) and isinstance(v, numbers.Integral)
+    if maximum is None:
+        if not integral or v < minimum:
+            raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
+    elif not integral or not minimum <= v <= maximum:
+        raise ValueError(f"{name}: must be an int in [{minimum}, {maximum}], got {v!r}")
+    return int(v)
+
+
+#: The floating dtypes cake's kernels compute in (inputs and outputs).
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_float_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
+    """Raise ``ValueError`` unless ``dtype`` is fp32, bf16 or fp16 (a plan rule's or a
+    workspace's dtype argument); return it."""
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: expected float32, bfloat16 or float16, got {dtype}")
+    return dtype
+
+
+def check_device(device: object, name: str = "device") -> torch.device:
+    """``torch.device(device)``, or ``ValueError`` (``"device: <torch's reason>"``) when
+    torch cannot parse it (a plan rule's device argument: a device, a string or an index)."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
 def check_positive_finite(v: object, name: str) -> float:
     """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:

@@ -4,13 +4,17 @@ Forward and backward are ``torch.library.custom_op``s over tensors and plain sca
 ``register_fake`` and ``register_autograd``. A plan crosses the op boundary as its integer
 fields (:func:`plan_to_op_fields`, a ``list[int]`` in the op schema; the op's name fixes the
 mode) and is rebuilt inside with :func:`plan_from_op_fields`, so
-``torch.compile(fullgraph=True)`` traces a model without graph breaks.
+``torch.compile(fullgraph=True)`` traces a model without graph breaks. An op's output
+cannot be ``None``: an output that may not exist crosses as an empty fp32 ``[0]`` tensor
+(:func:`optional_output`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TypeVar
+
+import torch
 
 from cake_core.mode import Mode
 from cake_core.plan import Plan
@@ -45,3 +49,10 @@ def plan_from_op_fields(cls: type[P], values: list[int] | tuple[int, ...],
     if len(names) != len(values):
         raise ValueError(f"{cls.__name__}: expected {len(names)} fields, got {len(values)}")
     return cls(**dict(zip(names, (int(v) for v in values), strict=True)), mode=mode)
+
+
+def optional_output(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A custom op's output that may not exist (a final state not asked for, the gradient of
+    an absent input): ``t`` itself, or an empty fp32 ``[0]`` tensor on ``like``'s device
+    when ``t`` is ``None``."""
+    return t if t is not None else like.new_empty((0,), dtype=torch.float32)

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from cake_core.triton_utils import select_backend, tl, triton
+from cake_core.linear_attention import L2NORM_EPS
+from cake_core.triton_utils import cdiv, select_backend, tl, triton
 
 select_backend()
 
 __all__ = ["L2NORM_EPS", "l2norm_bwd", "l2norm_fwd", "l2norm_fwd_kernel"]
-
-#: eps of the q/k L2 norm: x * rsqrt(sum(x**2) + eps), as in FLA.
-L2NORM_EPS = 1e-6
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -41,10 +39,6 @@ def l2norm_fwd_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) + eps)
     tl.store(Y + r[:, None] * KD + ck[None, :], x * rstd[:, None], mask=mask)
     tl.store(RSTD + r, rstd, mask=rmask)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def l2norm_fwd(x: torch.Tensor, *, block_rows: int, block_k: int,
@@ -74,7 +68,7 @@ def l2norm_fwd(x: torch.Tensor, *, block_rows: int, block_k: int,
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if rows:
-        l2norm_fwd_kernel[(_cdiv(rows, block_rows),)](
+        l2norm_fwd_kernel[(cdiv(rows, block_rows),)](
             x, y, rstd, rows, K, L2NORM_EPS,
             BLOCK_R=block_rows, BK=block_k, num_warps=num_warps)
     return y, rstd

@@ -1,10 +1,12 @@
 """Testing tools every family uses: float64 references, bitwise repeats, ragged batches,
-output poisoning. Imported by tests and benchmarks only, never by kernels.
+output poisoning, bad-input tables, compiled-versus-eager bits, import checks. Imported by
+tests and benchmarks only, never by kernels.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -139,3 +141,113 @@ def assert_same_output_across_processes(code: str, processes: int = 2,
     if not outs[0] or any(o != outs[0] for o in outs):
         raise AssertionError(f"outputs differ across processes: {outs}")
     return outs[0]
+
+
+def assert_imports_without_triton(*modules: str) -> None:
+    """Import ``modules`` in a fresh interpreter (this process's ``sys.path``) and assert
+    it exits 0 without having imported Triton (a family's package and manifest must not)."""
+    code = "import sys; " + "; ".join(f"import {m}" for m in modules) + \
+        "; assert 'triton' not in sys.modules, 'triton imported'"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    if r.returncode != 0:
+        raise AssertionError(f"importing {', '.join(modules)}: {r.stderr[-2000:]}")
+
+
+def args_with(make_base: Callable[..., dict[str, Any]], /,
+              **changes: Any) -> Callable[[], dict[str, Any]]:
+    """A factory of keyword arguments for a table of bad inputs: each call builds
+    ``make_base(**changes["base"])`` (no ``base``: ``make_base()``), then sets every other
+    named argument to ``change(args)``, in order (so a change can derive from the base's
+    tensors, e.g. ``q=lambda a: a["q"][0]``)."""
+    base_kw = changes.pop("base", {})
+
+    def make() -> dict[str, Any]:
+        args = make_base(**base_kw)
+        for name, fn in changes.items():
+            args[name] = fn(args)
+        return args
+
+    return make
+
+
+def assert_raises_unmodified(fn: Callable[..., Any], kwargs: dict[str, Any], match: str,
+                             exc: type[BaseException] = ValueError) -> BaseException:
+    """Assert ``fn(**kwargs)`` raises ``exc`` whose message matches the regular expression
+    ``match`` (``re.search``, as ``pytest.raises``) and leaves every tensor argument (but
+    those on the meta device) with the bits it had. Returns the exception."""
+    tensors = [t for t in kwargs.values()
+               if isinstance(t, torch.Tensor) and t.device.type != "meta"]
+    before = [t.clone() for t in tensors]
+    try:
+        fn(**kwargs)
+    except exc as e:
+        if not re.search(match, str(e)):
+            raise AssertionError(f"{type(e).__name__} {str(e)!r} does not match {match!r}") \
+                from e
+        caught = e
+    else:
+        raise AssertionError(f"no {exc.__name__} raised (expected {match!r})")
+    for i, (a, b) in enumerate(zip(before, tensors, strict=True)):
+        if not bitwise_equal(a, b):
+            raise AssertionError(f"tensor argument {i} was modified")
+    return caught
+
+
+def leaf_grads(fn: Callable[..., Sequence[torch.Tensor]], leaves: Sequence[torch.Tensor],
+               *args: Any) -> list[torch.Tensor | None]:
+    """``fn(*fresh leaves, *args)`` returns ``(loss, *outputs)``; after ``loss.backward()``
+    returns the detached outputs, then each leaf's gradient (the leaves are detached
+    copies of ``leaves`` that require grad)."""
+    xs = [t.detach().clone().requires_grad_() for t in leaves]
+    loss, *outs = fn(*xs, *args)
+    loss.backward()
+    return [o.detach() for o in outs] + [x.grad for x in xs]
+
+
+def assert_bitwise_equal_named(got: Sequence[torch.Tensor | None],
+                               want: Sequence[torch.Tensor | None], names: Sequence[str],
+                               what: str = "differs") -> None:
+    """Pairwise: both present, same dtype and shape, finite, bitwise equal (messages name
+    the tensor: ``"dq: <what>"``)."""
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a is not None and b is not None, name
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert bool(torch.isfinite(a).all()), name
+        assert bitwise_equal(a, b), f"{name}: {what}"
+
+
+def assert_compile_same_bits(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor],
+                             backend: str) -> None:
+    """``torch.compile(fn, fullgraph=True, backend=backend)`` gives the eager bits: the
+    output and every input's gradient for the upstream gradient ``cos(out)``."""
+    def run(f):
+        xs = [t.detach().clone().requires_grad_() for t in inputs]
+        out = f(*xs)
+        out.backward(torch.cos(out.detach()))
+        return [out.detach()] + [x.grad for x in xs]
+
+    want = run(fn)
+    got = run(torch.compile(fn, fullgraph=True, backend=backend))
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert bitwise_equal(a, b), f"output {i}: compiled differs from eager"
+
+
+def assert_compiles_to_op(step: Callable[..., Sequence[torch.Tensor]],
+                          leaves: Sequence[torch.Tensor], args: Sequence[Any],
+                          names: Sequence[str], *, backend: str, op: str) -> Callable:
+    """``torch.compile(step, fullgraph=True)`` traces one frame whose graph calls the custom
+    op ``op`` (e.g. ``"cake_gdn_det_train.fwd"``: not a fallback) and gives the eager bits
+    (:func:`leaf_grads` of ``step`` on ``leaves`` and ``args``, compared by ``names``).
+    Resets dynamo first; returns the compiled step."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    want = leaf_grads(step, leaves, *args)
+    cnt = CompileCounterWithBackend(backend)
+    compiled = torch.compile(step, fullgraph=True, backend=cnt)
+    got = leaf_grads(compiled, leaves, *args)
+    assert_bitwise_equal_named(got, want, names, "compiled differs from eager")
+    assert cnt.frame_count == 1, f"{cnt.frame_count} frames (graph breaks?)"
+    assert op in cnt.graphs[0].code, f"{op} not in the traced graph"
+    return compiled

@@ -102,6 +102,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints, ``b > 0`` (a launch grid's program count, on the host)."""
+    return -(-a // b)
+
+
 select_backend()
 
 import triton  # noqa: E402  (after the backend rule sets TRITON_INTERPRET)

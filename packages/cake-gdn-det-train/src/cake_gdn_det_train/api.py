@@ -17,23 +17,26 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import triton.language as tl
-from cake_core import (
-    Mode,
-    check_cu_seqlens,
-    check_dtype,
-    check_flag,
-    check_ndim,
-    check_positive_finite,
-    check_same_device,
-    check_shape,
-    check_tensor,
-    require_mode,
-)
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core import Mode, check_cu_seqlens, require_mode
+from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
-from cake_core.triton_utils import is_interpreting, launch_device_check
+from cake_core.linear_attention import (
+    beta_code,
+    check_device_and_state,
+    check_gate_params,
+    check_grad_outputs,
+    check_options,
+    check_qkv_g_beta,
+    host_offsets,
+    inter_dtype,
+    resolve_for_backward,
+    resolve_plan,
+    resolve_scale,
+    resolve_workspace,
+    saved_meta,
+)
+from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
 from cake_core.varlen import chunk_tables, group_sum, seq_offsets
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
@@ -53,9 +56,7 @@ from cake_gdn_det_train.plan import (
     cuda_plan_problem,
     make_plan,
 )
-from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace, workspace_shapes
 
 
 class GDNDetGrads(NamedTuple):
@@ -83,142 +84,54 @@ class GDNDetGrads(NamedTuple):
 
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
-                  dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
-    """All checks of :func:`chunk_gdn_det_fwd`; returns ``(device, N, scale)``. A_log and
-    dt_bias are checked (and used) only with ``use_gate_in_kernel``, as in FLA."""
-    for t, name in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")):
-        check_tensor(t, name)
-    check_ndim(q, "q", ndim=4)
-    B, T, H, K = q.shape
-    if H < 1:
-        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
-    if not 1 <= K <= MAX_HEAD_DIM:
-        raise ValueError(f"q: head dim K must be in [1, {MAX_HEAD_DIM}], got {K}")
-    check_dtype(q, "q", _FLOATS)
-    check_shape(k, "k", [B, T, H, K])
-    check_dtype(k, "k", (q.dtype,))
-    check_ndim(v, "v", ndim=4)
-    check_shape(v, "v", [B, T, None, None])
-    HV, V = v.shape[2], v.shape[3]
-    if HV < 1 or HV % H:
-        raise ValueError(f"v: value heads HV = {HV} must be a positive multiple of the q/k "
-                         f"heads H = {H}")
-    if not 1 <= V <= MAX_HEAD_DIM:
-        raise ValueError(f"v: head dim V must be in [1, {MAX_HEAD_DIM}], got {V}")
-    check_dtype(v, "v", (q.dtype,))
-    check_shape(g, "g", [B, T, HV])
-    check_dtype(g, "g", (torch.float32, q.dtype))
-    check_shape(beta, "beta", [B, T, HV])
-    check_dtype(beta, "beta", (torch.float32, q.dtype))
-    scale = float(K) ** -0.5 if scale is None else check_positive_finite(scale, "scale")
-    check_flag(output_final_state, "output_final_state")
-    check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
-    check_flag(use_gate_in_kernel, "use_gate_in_kernel")
-    check_flag(use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel")
-    check_flag(allow_neg_eigval, "allow_neg_eigval")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (the "
-                         "kernel then uses beta' = 2 * sigmoid(beta), as FLA)")
+                  dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                  plan=None):
+    """All checks of :func:`chunk_gdn_det_fwd`, then the plan; returns ``(device, N, scale,
+    A_log, dt_bias, beta code, plan)``. A_log and dt_bias are checked (and used) only with
+    ``use_gate_in_kernel``, as in FLA (``None`` without it)."""
+    B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
+                                         per_channel_decay=False)
+    scale = resolve_scale(scale, K)
+    check_options(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                  use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if use_gate_in_kernel:
         if A_log is None:
             raise ValueError("A_log: required with use_gate_in_kernel=True (the gate is "
                              "-exp(A_log) * softplus(g + dt_bias))")
-        for t, name in ((A_log, "A_log"), (dt_bias, "dt_bias")):
-            if t is not None:
-                check_tensor(t, name)
-                check_shape(t, name, [HV])
-                check_dtype(t, name, (torch.float32, q.dtype))
+        check_gate_params(q.dtype, (A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV]))
     else:
         A_log = dt_bias = None
-    device = check_same_device(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
-                               ("initial_state", initial_state), ("A_log", A_log),
-                               ("dt_bias", dt_bias))
-    launch_device_check(device, "q")
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-        # no value reads while torch.compile traces; the op checks them before launching
-        check_cu_seqlens(cu_seqlens, T, device,
-                         read_values=not torch.compiler.is_compiling())
-        N = cu_seqlens.numel() - 1
-    else:
-        N = B
-    if initial_state is not None:
-        check_tensor(initial_state, "initial_state")
-        check_shape(initial_state, "initial_state", [N, HV, K, V])
-        check_dtype(initial_state, "initial_state", (torch.float32,))
-    return device, N, scale
+    device, N = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens, A_log,
+                                       dt_bias)
+    sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    return device, N, scale, A_log, dt_bias, sig, _resolve_plan(plan, K, V, q.dtype, device)
 
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
 
 
 def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
-    if plan is None:
-        key = (K, V, dtype, device)
-        plan = _DEFAULT_PLANS.get(key)
-        if plan is None:
-            plan = make_plan(K, V, dtype, device)
-            if not torch.compiler.is_compiling():  # no global side effect in a traced graph
-                _DEFAULT_PLANS[key] = plan
-        return plan
-    require_mode(plan, GDNDetPlan, Mode.DET, name="plan")
-    if (plan.head_k_dim, plan.head_v_dim) != (K, V):
-        raise ValueError(f"plan: made for K={plan.head_k_dim}, V={plan.head_v_dim}; inputs have "
-                         f"K={K}, V={V}")
-    if device.type == "cuda":
-        problem = cuda_plan_problem(plan, dtype)
-        if problem is not None:
-            raise ValueError(f"plan: {problem}")
-    return plan
+    return resolve_plan(plan, K, V, dtype, device, plan_type=GDNDetPlan, make_plan=make_plan,
+                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
 
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _inter_dtype(plan: GDNDetPlan, dtype: torch.dtype) -> torch.dtype:
-    """Storage dtype of the chunk intermediates (T, w, u, v_new, h, dh, dv_new)."""
-    return dtype if plan.store_16bit and dtype != torch.float32 else torch.float32
-
-
 def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
     """``DT`` of the kernels: the intermediates' dtype on CUDA, fp32 under the interpreter
     (its bf16 ``tl.dot`` is wrong in Triton 3.6)."""
-    return tl.float32 if is_interpreting() else _TL[_inter_dtype(plan, dtype)]
+    return tl.float32 if is_interpreting() else _TL[inter_dtype(plan, dtype)]
 
 
 def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: int, NT: int,
                        NC: int, dtype: torch.dtype):
-    if workspace is None:
-        return None
-    require_mode(workspace, GDNDetWorkspace, Mode.DET, name="workspace")
-    workspace.check(plan, device)
-    K, V = plan.head_k_dim, plan.head_v_dim
-    want = {"w": (None, HV, K), "u": (None, HV, V), "v_new": (None, HV, V),
-            "h": (None, HV, K, V)}
-    for name, shape in want.items():
-        t = workspace[name] if name in workspace.names else None
-        want_dt = _inter_dtype(plan, dtype)
-        if t is None or t.dtype != want_dt or not t.is_contiguous() or \
-                t.dim() != len(shape) or tuple(t.shape[1:]) != shape[1:]:
-            raise ValueError(
-                f"workspace: buffer {name!r} must be a contiguous {want_dt} tensor of shape "
-                f"[*, {', '.join(map(str, shape[1:]))}]; build it with "
-                "GDNDetWorkspace.for_plan(plan, device, num_v_heads=HV, max_tokens=..., "
-                "max_seqs=..., dtype=q.dtype)")
-    cap_t = min(workspace["w"].shape[0], workspace["u"].shape[0], workspace["v_new"].shape[0])
-    cap_c = workspace["h"].shape[0]
-    if NT > cap_t or NC > cap_c:
-        raise ValueError(f"workspace: holds {cap_t} tokens and {cap_c} chunks, the call needs "
-                         f"{NT} and {NC}")
-    return workspace
+    return resolve_workspace(workspace, plan, device, workspace_type=GDNDetWorkspace,
+                             buffer_shapes=workspace_shapes(plan, HV),
+                             buffer_dtype=inter_dtype(plan, dtype), tokens=NT, chunks=NC)
 
 
 # ----------------------------------------------------------------------------- launches
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
@@ -256,19 +169,14 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         k, v, g, beta, starts, ends, g_cumsum, A, w, u,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
-        BVF=max(16, _np2(V)), LOAD_A=load_a, num_warps=plan.num_warps_prep)
+        BVF=max(16, next_power_of_2(V)), LOAD_A=load_a, num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
-    gdn_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
+    gdn_fwd_h_kernel[(N, HV, cdiv(V, plan.block_v))](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v,
         HAS_H0=initial_state is not None, STORE_FINAL=ht is not None, num_warps=plan.num_warps_h,
         num_stages=plan.num_stages_h)
-
-
-def _beta_code(use_sigmoid: bool, allow_neg_eigval: bool) -> int:
-    """0: beta as given; 1: sigmoid(beta); 2: 2 * sigmoid(beta) (FLA's allow_neg_eigval)."""
-    return (2 if allow_neg_eigval else 1) if use_sigmoid else 0
 
 
 def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: int, plan: GDNDetPlan):
@@ -283,11 +191,11 @@ def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: int, plan: G
     g_out = torch.empty(g.shape, dtype=f32, device=g.device) if use_gate else g
     b_out = torch.empty(beta.shape, dtype=f32, device=g.device) if use_sigmoid else beta
     if NT:
-        gdn_gate_fwd_kernel[(_cdiv(NT, plan.gate_block_t),)](
+        gdn_gate_fwd_kernel[(cdiv(NT, plan.gate_block_t),)](
             g, beta, A_log if use_gate else g, dt_bias if dt_bias is not None else g,
             g_out, b_out, NT, HV,
             USE_GATE=use_gate, HAS_BIAS=dt_bias is not None, BETA_SIGMOID=use_sigmoid,
-            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, _np2(HV)),
+            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, next_power_of_2(HV)),
             num_warps=plan.num_warps_gate)
     return g_out, b_out
 
@@ -301,7 +209,7 @@ def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: i
     if not (use_gate or use_sigmoid):
         return None, None
     NT, HV = dg.shape
-    NB = _cdiv(NT, plan.gate_block_t)
+    NB = cdiv(NT, plan.gate_block_t)
     dev = dg.device
     f32 = torch.float32
     has_bias = use_gate and dt_bias is not None
@@ -312,7 +220,7 @@ def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: i
             g, beta, A_log if use_gate else g, dt_bias if has_bias else g,
             dg, dbeta, da_part, db_part, NT, HV,
             USE_GATE=use_gate, HAS_BIAS=has_bias, BETA_SIGMOID=use_sigmoid,
-            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, _np2(HV)),
+            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, next_power_of_2(HV)),
             num_warps=plan.num_warps_gate)
     if not use_gate:
         return None, None
@@ -347,7 +255,7 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         k, k_rstd = _l2norm(k, plan)
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
-    idt = _inter_dtype(plan, q.dtype)
+    idt = inter_dtype(plan, q.dtype)
     A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
     ht = torch.empty((N, HV, K, V), dtype=f32, device=dev) if output_final_state else None
     if NC == 0:  # no tokens at all: every final state is its initial state
@@ -363,7 +271,7 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     dt = _device_tables(tables, cu, dev)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
     _, _, v_new, h = scratch
-    gdn_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
+    gdn_fwd_o_kernel[(NC, HV, cdiv(V, plan.block_v))](
         q, k, v_new, g_cumsum, h, dt[0], dt[1], o,
         scale, H, HV, HV // H, K, V,
         DT=_dot_dtype(plan, q.dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
@@ -375,13 +283,13 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
     h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
     use_gate = saved.use_gate_in_kernel
-    use_sigmoid = _beta_code(saved.use_beta_sigmoid_in_kernel, saved.allow_neg_eigval)
+    use_sigmoid = beta_code(saved.use_beta_sigmoid_in_kernel, saved.allow_neg_eigval)
     A_log = saved.A_log.contiguous() if use_gate else None
     dt_bias = saved.dt_bias.contiguous() if use_gate and saved.dt_bias is not None else None
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = B * T
-    cu = _host_offsets(saved)
+    cu = host_offsets(saved)
     N = cu.numel() - 1
     tables = chunk_tables(cu, CHUNK_SIZE)
     NC = tables[3]
@@ -408,7 +316,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             else:
                 dh0.zero_()
     else:
-        idt = _inter_dtype(plan, q.dtype)
+        idt = inter_dtype(plan, q.dtype)
         DT = _dot_dtype(plan, q.dtype)
         scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
         dt = _device_tables(tables, cu, dev)
@@ -427,12 +335,12 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         dv_new = torch.empty((NT, HV, V), dtype=idt, device=dev)
         do_c = do.contiguous()
         dht_c = dht.contiguous() if dht is not None else None
-        gdn_bwd_dv_local_kernel[(NC, HV, _cdiv(V, plan.block_v))](
+        gdn_bwd_dv_local_kernel[(NC, HV, cdiv(V, plan.block_v))](
             qn, kn, g_cumsum, do_c, dt[0], dt[1], dv_new,
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
             num_warps=plan.num_warps_o)
-        gdn_bwd_dh_kernel[(N, HV, _cdiv(V, plan.block_v))](
+        gdn_bwd_dh_kernel[(N, HV, cdiv(V, plan.block_v))](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,
@@ -444,7 +352,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             dq_hv, dk_hv, dv, dg, dbeta,
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
-            BV=plan.block_v_local, NV=_cdiv(V, plan.block_v_local),
+            BV=plan.block_v_local, NV=cdiv(V, plan.block_v_local),
             num_warps=plan.num_warps_local)
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate, use_sigmoid,
@@ -458,10 +366,6 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         dq.to(q.dtype), dk.to(k.dtype), dv.view(B, T, HV, V).to(v.dtype),
         dg.view(B, T, HV).to(g.dtype), dbeta.view(B, T, HV).to(beta.dtype), dh0, dA_log,
         ddt_bias)
-
-
-def _np2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
 # ----------------------------------------------------------------------------- public API
@@ -534,16 +438,12 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             not ``[HV]`` of fp32 or q's dtype on the inputs' device; before any allocation
             or launch. Inputs are never modified.
     """
-    device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                     use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
-                                     A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                                     allow_neg_eigval)
-    if not use_gate_in_kernel:
-        A_log = dt_bias = None
-    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    device, N, scale, A_log, dt_bias, sig, plan = _check_inputs(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+        allow_neg_eigval, plan)
     B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    plan = _resolve_plan(plan, K, V, q.dtype, device)
+    HV = v.shape[2]
     cu = seq_offsets(cu_seqlens, B, T)
     tables = chunk_tables(cu, CHUNK_SIZE)
     workspace = _resolve_workspace(workspace, plan, device, HV, B * T, tables[3], q.dtype)
@@ -569,23 +469,11 @@ def _gate_args(use_gate, A_log, dt_bias, use_sigmoid):
 def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log,
                dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid,
                cu_host=None) -> GDNDetSavedSet:
+    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log, dt_bias)
     return GDNDetSavedSet(
-        Mode.DET,
-        {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
-         "initial_state": initial_state, "cu_seqlens": cu, "q_rstd": q_rstd,
-         "k_rstd": k_rstd, "A_log": A_log, "dt_bias": dt_bias},
-        meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan, "varlen": varlen,
-              "use_gate_in_kernel": use_gate, "use_beta_sigmoid_in_kernel": bool(use_sigmoid),
-              "allow_neg_eigval": use_sigmoid == 2,
-              # the int64 CPU offsets the forward read, so the backward needs no host sync
-              "cu_host": cu_host})
-
-
-def _host_offsets(saved: GDNDetSavedSet) -> torch.Tensor:
-    """int64 CPU offsets of the saved set's sequences (read from the device only when the
-    saved set does not carry the forward's copy)."""
-    cu = saved.meta.get("cu_host")
-    return cu if cu is not None else saved.cu_seqlens.detach().to("cpu", torch.int64)
+        Mode.DET, dict(zip(GDNDetSavedSet.tensor_names, tensors, strict=True)),
+        meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
+                        use_gate_in_kernel=use_gate, beta=use_sigmoid, cu_host=cu_host))
 
 
 def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetSavedSet, *,
@@ -615,23 +503,11 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
             dtype or device, a foreign plan or workspace; before any launch.
     """
     require_mode(saved, GDNDetSavedSet, Mode.DET, name="saved")
-    v = saved.v
-    B, T, H, K = saved.q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = saved.cu_seqlens.numel() - 1
-    check_tensor(do, "do")
-    check_shape(do, "do", list(v.shape))
-    check_dtype(do, "do", _FLOATS)
-    if dht is not None:
-        check_tensor(dht, "dht")
-        check_shape(dht, "dht", [N, HV, K, V])
-        check_dtype(dht, "dht", (torch.float32,))
-    device = check_same_device(("saved", v), ("do", do), ("dht", dht))
-    launch_device_check(device, "do")
-    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
-    cu = _host_offsets(saved)
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T,
-                                   chunk_tables(cu, CHUNK_SIZE)[3], saved.q.dtype)
+    device = check_grad_outputs(do, dht, saved)
+    plan, workspace = resolve_for_backward(saved, plan, workspace, device,
+                                           resolve_plan=_resolve_plan,
+                                           resolve_workspace=_resolve_workspace,
+                                           chunk_size=CHUNK_SIZE)
     with torch.no_grad():
         return _launch_bwd(do, dht, saved, plan, workspace)
 
@@ -641,10 +517,6 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
 # plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
 # (final state, L2-norm rstd, gradients of absent inputs) are empty fp32 tensors ``[0]``.
 # g_cumsum and A are not outputs: the backward recomputes them (as the eager one does).
-
-
-def _none0(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return t if t is not None else like.new_empty((0,), dtype=torch.float32)
 
 
 @torch.library.custom_op("cake_gdn_det_train::fwd", mutates_args=())
@@ -666,7 +538,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     o, ht, (q_rstd, k_rstd, _, _) = _launch_fwd(
         qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, cu, plan, None,
         chunk_tables(cu, CHUNK_SIZE), _gate_args(use_gate, A_log, dt_bias, use_sigmoid))
-    return o, _none0(ht, q), _none0(q_rstd, q), _none0(k_rstd, q)
+    return o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q)
 
 
 @_fwd_op.register_fake
@@ -702,8 +574,8 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
                        float(scale), use_l2, plan, cu_seqlens is not None, use_gate, use_sigmoid,
                        cu_host=cu)
     gr = _launch_bwd(do, dht, saved, plan, None)
-    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, _none0(gr.dinitial_state, q),
-            _none0(gr.dA_log, q), _none0(gr.ddt_bias, q))
+    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
+            optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
 
 
 @_bwd_op.register_fake
@@ -811,14 +683,10 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     the same kernels as the eager path: same bits. The values of ``cu_seqlens`` are then
     checked when the op runs, not while tracing.
     """
-    device, N, scale = _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                     use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
-                                     A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                                     allow_neg_eigval)
-    if not use_gate_in_kernel:
-        A_log = dt_bias = None
-    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    plan = _resolve_plan(plan, q.shape[-1], v.shape[-1], q.dtype, device)
+    device, N, scale, A_log, dt_bias, sig, plan = _check_inputs(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+        allow_neg_eigval, plan)
     if not torch.compiler.is_compiling():
         return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
                                      output_final_state, use_qk_l2norm_in_kernel, plan, A_log,

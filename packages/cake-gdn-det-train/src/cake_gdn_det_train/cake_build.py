@@ -33,12 +33,7 @@ MANIFEST = {
 def manifest() -> dict:
     """The manifest with the digest of the kernel sources filled in: this package's
     ``kernels/`` and cake-core's ``l2norm.py`` and ``gemm.py``, whose kernels it launches."""
-    import hashlib
-    import importlib.util
+    from cake_core.build import kernel_digest
 
-    from cake_core.build import source_digest
-
-    h = hashlib.sha256(source_digest(Path(__file__).parent).encode() + b"\0")
-    for mod in ("cake_core.l2norm", "cake_core.gemm"):  # found, not imported (no Triton)
-        h.update(Path(importlib.util.find_spec(mod).origin).read_bytes() + b"\0")
-    return {**MANIFEST, "source_digest": "sha256:" + h.hexdigest()}
+    digest = kernel_digest(Path(__file__).parent, ("cake_core.l2norm", "cake_core.gemm"))
+    return {**MANIFEST, "source_digest": digest}

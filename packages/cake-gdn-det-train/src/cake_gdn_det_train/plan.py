@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import ClassVar
 
 import torch
 from cake_core import Mode, Plan
-from cake_core.plan import cached_plan
+from cake_core.linear_attention import make_head_plan
 from cake_core.triton_utils import next_power_of_2
 
 #: Tokens per chunk (fixed: the WY/UT triangular system is solved on 64 x 64 tiles).
@@ -143,12 +142,6 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
     return None
 
 
-def _check_dim(v: object, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= MAX_HEAD_DIM:
-        raise ValueError(f"{name}: must be an int in [1, {MAX_HEAD_DIM}], got {v!r}")
-    return int(v)
-
-
 def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
               device: torch.device | str) -> GDNDetPlan:
     """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``.
@@ -172,20 +165,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
             CUDA the limits of :func:`cuda_plan_problem` (K, V <= 128; fp32: K <= 64).
     """
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device: {e}") from None
-    K = _check_dim(head_k_dim, "head_k_dim")
-    V = _check_dim(head_v_dim, "head_v_dim")
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-    plan = cached_plan(_PLANS, (K, V, dtype, device.type), lambda: _rule(K, V, dtype, device))
-    if device.type == "cuda":
-        problem = cuda_plan_problem(plan, dtype)
-        if problem is not None:
-            raise ValueError(f"make_plan(K={K}, V={V}, {dtype}): {problem}")
-    return plan
+    return make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
+                          rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
 
 
 def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
-from cake_core import Mode, SavedSet, Workspace
+from cake_core import Mode, SavedSet, Workspace, check_float_dtype, check_int
+from cake_core.linear_attention import inter_dtype
 from cake_core.varlen import max_chunks as _max_chunks
 
 from cake_gdn_det_train.plan import CHUNK_SIZE, GDNDetPlan
@@ -43,10 +42,11 @@ class GDNDetSavedSet(SavedSet):
     format_version = 2
 
 
-def _count(v: object, name: str, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
-    return int(v)
+def workspace_shapes(plan: GDNDetPlan, HV: int) -> dict[str, tuple[int, ...]]:
+    """Buffer name -> trailing dims (after the token or chunk dim) of a GDNDetWorkspace for
+    ``plan`` and ``HV`` value heads."""
+    K, V = plan.head_k_dim, plan.head_v_dim
+    return {"w": (HV, K), "u": (HV, V), "v_new": (HV, V), "h": (HV, K, V)}
 
 
 class GDNDetWorkspace(Workspace):
@@ -76,20 +76,15 @@ class GDNDetWorkspace(Workspace):
                 max_tokens >= 0), ``dtype`` not fp32/bf16/fp16."""
         if not isinstance(plan, GDNDetPlan):
             raise ValueError(f"plan: expected GDNDetPlan, got {type(plan).__name__}")
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-        HV = _count(num_v_heads, "num_v_heads", 1)
-        cap = _count(max_tokens, "max_tokens", 0)
-        seqs = _count(max_seqs, "max_seqs", 1)
+        check_float_dtype(dtype)
+        HV = check_int(num_v_heads, "num_v_heads", 1)
+        cap = check_int(max_tokens, "max_tokens", 0)
+        seqs = check_int(max_seqs, "max_seqs", 1)
         nc = max_chunks(cap, seqs)
-        K, V = plan.head_k_dim, plan.head_v_dim
-        f32 = dtype if plan.store_16bit and dtype != torch.float32 else torch.float32
-        bufs = {
-            "w": torch.empty(cap, HV, K, dtype=f32, device=device),
-            "u": torch.empty(cap, HV, V, dtype=f32, device=device),
-            "v_new": torch.empty(cap, HV, V, dtype=f32, device=device),
-            "h": torch.empty(nc, HV, K, V, dtype=f32, device=device),
-        }
+        idt = inter_dtype(plan, dtype)
+        bufs = {name: torch.empty((nc if name == "h" else cap, *shape), dtype=idt,
+                                  device=device)
+                for name, shape in workspace_shapes(plan, HV).items()}
         ws = cls(plan, device, bufs)
         ws.num_v_heads, ws.max_tokens, ws.max_chunks = HV, cap, nc
         return ws
@@ -101,4 +96,4 @@ def max_chunks(num_tokens: int, num_seqs: int) -> int:
     return _max_chunks(num_tokens, num_seqs, CHUNK_SIZE)
 
 
-__all__ = ["GDNDetSavedSet", "GDNDetWorkspace", "Mode", "max_chunks"]
+__all__ = ["GDNDetSavedSet", "GDNDetWorkspace", "Mode", "max_chunks", "workspace_shapes"]

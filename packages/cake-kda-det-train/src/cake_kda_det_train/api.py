@@ -21,22 +21,25 @@ import numbers
 from typing import NamedTuple
 
 import torch
-from cake_core import (
-    Mode,
-    check_cu_seqlens,
-    check_dtype,
-    check_flag,
-    check_ndim,
-    check_positive_finite,
-    check_same_device,
-    check_shape,
-    check_tensor,
-    require_mode,
-)
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core import Mode, check_cu_seqlens, require_mode
+from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
-from cake_core.triton_utils import launch_device_check
+from cake_core.linear_attention import (
+    beta_code,
+    check_device_and_state,
+    check_gate_params,
+    check_grad_outputs,
+    check_options,
+    check_qkv_g_beta,
+    host_offsets,
+    resolve_for_backward,
+    resolve_plan,
+    resolve_scale,
+    resolve_workspace,
+    saved_meta,
+)
+from cake_core.triton_utils import cdiv
 from cake_core.varlen import chunk_tables, seq_offsets
 
 from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd
@@ -55,7 +58,6 @@ from cake_kda_det_train.plan import (
 )
 from cake_kda_det_train.saved import KDADetSavedSet, KDADetWorkspace, workspace_shapes
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 #: FLA's safe range of ``lower_bound`` with ``safe_gate`` and the in-kernel gate.
 SAFE_GATE_RANGE = (-5.0, 0.0)
 
@@ -98,45 +100,17 @@ def _check_lower_bound(lower_bound: object) -> float | None:
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
                   dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
-                  allow_neg_eigval=False, safe_gate=False):
-    """All checks of :func:`chunk_kda_det_fwd`; returns ``(device, N, scale, A_log,
-    dt_bias, lower_bound)`` with the gate parameters set to ``None`` where FLA ignores them
-    (without ``use_gate_in_kernel``). Reads nothing but shapes, dtypes and devices, except
-    the values of ``cu_seqlens`` (one host sync; skipped while torch.compile traces)."""
-    for t, name in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")):
-        check_tensor(t, name)
-    check_ndim(q, "q", ndim=4)
-    B, T, H, K = q.shape
-    if H < 1:
-        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
-    if not 1 <= K <= MAX_HEAD_DIM:
-        raise ValueError(f"q: head dim K must be in [1, {MAX_HEAD_DIM}], got {K}")
-    check_dtype(q, "q", _FLOATS)
-    check_shape(k, "k", [B, T, H, K])
-    check_dtype(k, "k", (q.dtype,))
-    check_ndim(v, "v", ndim=4)
-    check_shape(v, "v", [B, T, None, None])
-    HV, V = v.shape[2], v.shape[3]
-    if HV < 1 or HV % H:
-        raise ValueError(f"v: value heads HV = {HV} must be a positive multiple of the q/k "
-                         f"heads H = {H}")
-    if not 1 <= V <= MAX_HEAD_DIM:
-        raise ValueError(f"v: head dim V must be in [1, {MAX_HEAD_DIM}], got {V}")
-    check_dtype(v, "v", (q.dtype,))
-    check_shape(g, "g", [B, T, HV, K])
-    check_dtype(g, "g", (torch.float32, q.dtype))
-    check_shape(beta, "beta", [B, T, HV])
-    check_dtype(beta, "beta", (torch.float32, q.dtype))
-    scale = float(K) ** -0.5 if scale is None else check_positive_finite(scale, "scale")
-    for flag, name in ((output_final_state, "output_final_state"),
-                       (use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel"),
-                       (use_gate_in_kernel, "use_gate_in_kernel"),
-                       (use_beta_sigmoid_in_kernel, "use_beta_sigmoid_in_kernel"),
-                       (allow_neg_eigval, "allow_neg_eigval"), (safe_gate, "safe_gate")):
-        check_flag(flag, name)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (the "
-                         "kernel then uses beta' = 2 * sigmoid(beta), as FLA)")
+                  allow_neg_eigval=False, safe_gate=False, plan=None):
+    """All checks of :func:`chunk_kda_det_fwd`, then the plan; returns ``(device, N, scale,
+    A_log, dt_bias, lower_bound, beta code, plan)`` with the gate parameters set to ``None``
+    where FLA ignores them (without ``use_gate_in_kernel``). Reads nothing but shapes,
+    dtypes and devices, except the values of ``cu_seqlens`` (one host sync; skipped while
+    torch.compile traces)."""
+    B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
+                                         per_channel_decay=True)
+    scale = resolve_scale(scale, K)
+    check_options(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                  use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate=safe_gate)
     lower_bound = _check_lower_bound(lower_bound)
     if use_gate_in_kernel:
         if safe_gate:
@@ -148,91 +122,34 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
         if A_log is None and lower_bound is None:
             raise ValueError("A_log: required with use_gate_in_kernel=True unless lower_bound "
                              "is given (the gate is -exp(A_log) * softplus(g + dt_bias))")
-        for t, name, shape in ((A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV * K])):
-            if t is not None:
-                check_tensor(t, name)
-                check_shape(t, name, shape)
-                check_dtype(t, name, (torch.float32, q.dtype))
+        check_gate_params(q.dtype, (A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV * K]))
     else:
         A_log = dt_bias = lower_bound = None
-    device = check_same_device(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
-                               ("initial_state", initial_state), ("A_log", A_log),
-                               ("dt_bias", dt_bias))
-    launch_device_check(device, "q")
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-        # no value reads while torch.compile traces; the op checks them before launching
-        check_cu_seqlens(cu_seqlens, T, device, read_values=not torch.compiler.is_compiling())
-        N = cu_seqlens.numel() - 1
-    else:
-        N = B
-    if initial_state is not None:
-        check_tensor(initial_state, "initial_state")
-        check_shape(initial_state, "initial_state", [N, HV, K, V])
-        check_dtype(initial_state, "initial_state", (torch.float32,))
-    return device, N, scale, A_log, dt_bias, lower_bound
+    device, N = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens, A_log,
+                                       dt_bias)
+    sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    return (device, N, scale, A_log, dt_bias, lower_bound, sig,
+            _resolve_plan(plan, K, V, q.dtype, device))
 
 
 _DEFAULT_PLANS: dict[tuple, KDADetPlan] = {}
 
 
 def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
-    if plan is None:
-        key = (K, V, dtype, device)
-        plan = _DEFAULT_PLANS.get(key)
-        if plan is None:
-            plan = make_plan(K, V, dtype, device)
-            if not torch.compiler.is_compiling():  # no global side effect in a traced graph
-                _DEFAULT_PLANS[key] = plan
-        return plan
-    require_mode(plan, KDADetPlan, Mode.DET, name="plan")
-    if (plan.head_k_dim, plan.head_v_dim) != (K, V):
-        raise ValueError(f"plan: made for K={plan.head_k_dim}, V={plan.head_v_dim}; inputs have "
-                         f"K={K}, V={V}")
-    if device.type == "cuda":
-        problem = cuda_plan_problem(plan, dtype)
-        if problem is not None:
-            raise ValueError(f"plan: {problem}")
-    return plan
+    return resolve_plan(plan, K, V, dtype, device, plan_type=KDADetPlan, make_plan=make_plan,
+                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
 
 
 def _resolve_workspace(workspace, plan: KDADetPlan, device: torch.device, HV: int, NT: int,
                        NC: int, dtype: torch.dtype):
     """``None``, or the caller's workspace after every check (type, mode, plan, device,
     buffer dtype/shape/contiguity, capacity for NT tokens and NC chunks)."""
-    if workspace is None:
-        return None
-    require_mode(workspace, KDADetWorkspace, Mode.DET, name="workspace")
-    workspace.check(plan, device)
-    want_dt = inter_dtype(plan, dtype)
-    for name, shape in workspace_shapes(plan, HV).items():
-        t = workspace[name] if name in workspace.names else None
-        if t is None or t.dtype != want_dt or not t.is_contiguous() or \
-                t.dim() != len(shape) + 1 or tuple(t.shape[1:]) != shape:
-            raise ValueError(
-                f"workspace: buffer {name!r} must be a contiguous {want_dt} tensor of shape "
-                f"[*, {', '.join(map(str, shape))}]; build it with "
-                "KDADetWorkspace.for_plan(plan, device, num_v_heads=HV, max_tokens=..., "
-                "max_seqs=..., dtype=q.dtype)")
-    cap_t = min(workspace[n].shape[0] for n in ("w", "u", "v_new", "aqk"))
-    cap_c = workspace["h"].shape[0]
-    if NT > cap_t or NC > cap_c:
-        raise ValueError(f"workspace: holds {cap_t} tokens and {cap_c} chunks, the call needs "
-                         f"{NT} and {NC}")
-    return workspace
+    return resolve_workspace(workspace, plan, device, workspace_type=KDADetWorkspace,
+                             buffer_shapes=workspace_shapes(plan, HV),
+                             buffer_dtype=inter_dtype(plan, dtype), tokens=NT, chunks=NC)
 
 
 # ----------------------------------------------------------------------------- launches
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _beta_code(use_sigmoid: bool, allow_neg_eigval: bool) -> int:
-    """0: beta as given; 1: sigmoid(beta); 2: 2 * sigmoid(beta) (FLA's allow_neg_eigval)."""
-    return (2 if allow_neg_eigval else 1) if use_sigmoid else 0
 
 
 def _l2norm(x: torch.Tensor, plan: KDADetPlan):
@@ -254,7 +171,7 @@ def _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate: bool, use_sigmoid:
     g_out = torch.empty(g.shape, dtype=f32, device=g.device) if use_gate else g
     b_out = torch.empty(beta.shape, dtype=f32, device=g.device) if use_sigmoid else beta
     if NT:
-        kda_gate_fwd_kernel[(_cdiv(NT, plan.gate_block_t), HV)](
+        kda_gate_fwd_kernel[(cdiv(NT, plan.gate_block_t), HV)](
             g, beta, A_log if A_log is not None else g, dt_bias if dt_bias is not None else g,
             g_out, b_out, lower_bound if lower_bound is not None else 0.0, NT, HV, K,
             USE_GATE=use_gate, HAS_A=A_log is not None, HAS_BIAS=dt_bias is not None,
@@ -275,7 +192,7 @@ def _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg, dbeta, use_gate: bool,
         return None, None
     NT, HV = dbeta.shape
     K = dg.shape[-1]
-    NB = _cdiv(NT, plan.gate_block_t)
+    NB = cdiv(NT, plan.gate_block_t)
     dev = dg.device
     f32 = torch.float32
     has_a = use_gate and A_log is not None
@@ -317,25 +234,18 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     return o, ht, (q_rstd, k_rstd, g_cumsum, A)
 
 
-def _host_offsets(saved: KDADetSavedSet) -> torch.Tensor:
-    """int64 CPU offsets of the saved set's sequences (read from the device only when the
-    saved set does not carry the forward's copy)."""
-    cu = saved.meta.get("cu_host")
-    return cu if cu is not None else saved.cu_seqlens.detach().to("cpu", torch.int64)
-
-
 def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> KDADetGrads:
     q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
     h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
     use_gate = saved.use_gate_in_kernel
-    use_sigmoid = _beta_code(saved.use_beta_sigmoid_in_kernel, saved.allow_neg_eigval)
+    use_sigmoid = beta_code(saved.use_beta_sigmoid_in_kernel, saved.allow_neg_eigval)
     lower_bound = saved.lower_bound if use_gate else None
     A_log = saved.A_log.contiguous() if use_gate and saved.A_log is not None else None
     dt_bias = saved.dt_bias.contiguous() if use_gate and saved.dt_bias is not None else None
     B, T, H, K = q.shape
     HV = v.shape[2]
     NT = B * T
-    cu = _host_offsets(saved)
+    cu = host_offsets(saved)
     if saved.use_qk_l2norm:
         qn, _ = _l2norm(q, plan)
         kn, _ = _l2norm(k, plan)
@@ -365,17 +275,12 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
 def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log,
                dt_bias, scale, use_l2, plan, varlen, use_gate, lower_bound, use_sigmoid,
                cu_host=None) -> KDADetSavedSet:
+    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log, dt_bias)
     return KDADetSavedSet(
-        Mode.DET,
-        {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g_cumsum": g_cumsum, "A": A,
-         "initial_state": initial_state, "cu_seqlens": cu, "q_rstd": q_rstd,
-         "k_rstd": k_rstd, "A_log": A_log, "dt_bias": dt_bias},
-        meta={"scale": scale, "use_qk_l2norm": use_l2, "plan": plan, "varlen": varlen,
-              "use_gate_in_kernel": use_gate, "lower_bound": lower_bound,
-              "use_beta_sigmoid_in_kernel": bool(use_sigmoid),
-              "allow_neg_eigval": use_sigmoid == 2,
-              # the int64 CPU offsets the forward read, so the backward needs no host sync
-              "cu_host": cu_host})
+        Mode.DET, dict(zip(KDADetSavedSet.tensor_names, tensors, strict=True)),
+        meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
+                        use_gate_in_kernel=use_gate, beta=use_sigmoid, cu_host=cu_host,
+                        lower_bound=lower_bound))
 
 
 def _contig(t):
@@ -406,7 +311,8 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 
     Args:
         q, k: ``[B, T, H, K]``, fp32, bf16 or fp16 (k of q's dtype), 1 <= K <= 256 (on
-            CUDA K, V <= 128, and K <= 64 for fp32 inputs: ``plan.cuda_plan_problem``).
+            CUDA K, V <= 128; fp32 at K > 64 only with num_stages_h=1 and
+            block_k_inner<=32, as the default plan: ``plan.cuda_plan_problem``).
         v: ``[B, T, HV, V]`` of q's dtype, HV a positive multiple of H (value head ``j``
             reads q/k head ``j // (HV // H)``, FLA's GVA), 1 <= V <= 256.
         g: ``[B, T, HV, K]``, fp32 or q's dtype: the per-channel log decay (row c of the
@@ -461,14 +367,12 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             lower_bound in [-5, 0), A_log / dt_bias of the wrong shape, dtype or device;
             before any allocation or launch. Inputs are never modified.
     """
-    device, N, scale, A_log, dt_bias, lower_bound = _check_inputs(
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate)
-    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
     B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    plan = _resolve_plan(plan, K, V, q.dtype, device)
+    HV = v.shape[2]
     cu = seq_offsets(cu_seqlens, B, T)
     NC = chunk_tables(cu, CHUNK_SIZE)[3]
     workspace = _resolve_workspace(workspace, plan, device, HV, B * T, NC, q.dtype)
@@ -515,23 +419,11 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
             or plan; before any launch.
     """
     require_mode(saved, KDADetSavedSet, Mode.DET, name="saved")
-    v = saved.v
-    B, T, H, K = saved.q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = saved.cu_seqlens.numel() - 1
-    check_tensor(do, "do")
-    check_shape(do, "do", list(v.shape))
-    check_dtype(do, "do", _FLOATS)
-    if dht is not None:
-        check_tensor(dht, "dht")
-        check_shape(dht, "dht", [N, HV, K, V])
-        check_dtype(dht, "dht", (torch.float32,))
-    device = check_same_device(("saved", v), ("do", do), ("dht", dht))
-    launch_device_check(device, "do")
-    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
-    cu = _host_offsets(saved)
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T,
-                                   chunk_tables(cu, CHUNK_SIZE)[3], saved.q.dtype)
+    device = check_grad_outputs(do, dht, saved)
+    plan, workspace = resolve_for_backward(saved, plan, workspace, device,
+                                           resolve_plan=_resolve_plan,
+                                           resolve_workspace=_resolve_workspace,
+                                           chunk_size=CHUNK_SIZE)
     with torch.no_grad():
         return _launch_bwd(do, dht, saved, plan, workspace)
 
@@ -541,10 +433,6 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
 # plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
 # (final state, L2-norm rstds, A without keep_a, gradients of absent inputs) are empty fp32
 # tensors ``[0]``. g_cumsum (and A with keep_a) are outputs so autograd can save them.
-
-
-def _none0(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-    return t if t is not None else like.new_empty((0,), dtype=torch.float32)
 
 
 @torch.library.custom_op("cake_kda_det_train::fwd", mutates_args=())
@@ -569,8 +457,8 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
         qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state, use_l2,
         cu, plan, None, gate)
-    return (o, _none0(ht, q), _none0(q_rstd, q), _none0(k_rstd, q), g_cumsum,
-            _none0(A if plan.keep_a else None, q))
+    return (o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q),
+            g_cumsum, optional_output(A if plan.keep_a else None, q))
 
 
 @_fwd_op.register_fake
@@ -611,8 +499,8 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
                        cu_seqlens is not None, use_gate, lower_bound if use_gate else None,
                        use_sigmoid, cu_host=cu)
     gr = _launch_bwd(do, dht, saved, plan, None)
-    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, _none0(gr.dinitial_state, q),
-            _none0(gr.dA_log, q), _none0(gr.ddt_bias, q))
+    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
+            optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
 
 
 @_bwd_op.register_fake
@@ -728,18 +616,15 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     used (scratch is allocated per call there). ``torch.utils.checkpoint`` works on both
     paths.
     """
-    device, N, scale, A_log, dt_bias, lower_bound = _check_inputs(
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate)
-    sig = _beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    plan = _resolve_plan(plan, K, V, q.dtype, device)
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
     if not torch.compiler.is_compiling():
         if workspace is not None:
+            B, T = q.shape[:2]
             cu = seq_offsets(cu_seqlens, B, T)
-            workspace = _resolve_workspace(workspace, plan, device, HV, B * T,
+            workspace = _resolve_workspace(workspace, plan, device, v.shape[2], B * T,
                                            chunk_tables(cu, CHUNK_SIZE)[3], q.dtype)
         return _KDADetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
                                      output_final_state, use_qk_l2norm_in_kernel, plan,

@@ -70,7 +70,8 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
         q, k, v, g_cumsum if recompute else g, beta, starts, ends, g_cumsum, A, aqk, w, u,
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
-        LOAD_A=load_a, CUMSUM=not recompute, num_warps=plan.num_warps_prep, **cst)
+        BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute,
+        num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
     kda_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
@@ -189,8 +190,9 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             q, k, v, beta, g_cs, A, h, dh, do, v_new, du, tabs[0], tabs[1],
             dq_hv, dk_hv, dv, dg, dbeta,
             scale, H, HV, HV // H, K, V,
-            BC=SUB_CHUNK, BV=plan.block_v_bwd, NV=_cdiv(V, plan.block_v_bwd),
-            num_warps=plan.num_warps_bwd, **cst)
+            BC=SUB_CHUNK, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
+            NV=_cdiv(V, plan.block_v_bwd), num_warps=plan.num_warps_bwd, DT=cst["DT"],
+            PREC=cst["PREC"], BT=CHUNK_SIZE)
     dq = group_sum(dq_hv, H).view(B, T, H, K)
     dk = group_sum(dk_hv, H).view(B, T, H, K)
     return dq, dk, dv, dg, dbeta, dh0

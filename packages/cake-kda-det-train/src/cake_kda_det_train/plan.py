@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import ClassVar
 
 import torch
 from cake_core import Mode, Plan
-from cake_core.plan import cached_plan
+from cake_core.linear_attention import inter_dtype as inter_dtype  # re-exported
+from cake_core.linear_attention import make_head_plan
 from cake_core.triton_utils import next_power_of_2
 
 #: Tokens per chunk (fixed: the WY/UT triangular system is solved on 64 x 64 tiles).
@@ -27,7 +27,11 @@ class KDADetPlan(Plan):
     Fields:
         head_k_dim / head_v_dim: K and V, the q/k and v head dims.
         chunk_size: tokens per chunk (64, the only value the kernels take).
-        block_k: K padded to a power of two >= 16 (the whole K per program).
+        block_k: K padded to a power of two >= 16 (the whole K per program of the
+            recurrence and output kernels).
+        block_k_inner: key channels per step of the chunk-prep and backward chunk kernels'
+            loops over K (power of two >= 16, <= block_k); their pair products and q/k
+            gradients are formed block by block, summed in index order (bits depend on it).
         block_v: columns of V per program of the state and output kernels (power of two
             >= 16, <= V rounded up); the recurrence never mixes columns of V.
         block_v_bwd: columns of V per step of the backward chunk kernel's loop over V (its
@@ -53,12 +57,13 @@ class KDADetPlan(Plan):
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 1
+    format_version: ClassVar[int] = 2
 
     head_k_dim: int
     head_v_dim: int
     chunk_size: int
     block_k: int
+    block_k_inner: int
     block_v: int
     block_v_bwd: int
     num_warps_prep: int
@@ -81,7 +86,10 @@ class KDADetPlan(Plan):
         self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
         if self.chunk_size != CHUNK_SIZE:
             self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
-        self.require_power_of_two("block_k", "block_v", "block_v_bwd", minimum=16)
+        self.require_power_of_two("block_k", "block_k_inner", "block_v", "block_v_bwd",
+                                  minimum=16)
+        if self.block_k_inner > self.block_k:
+            self._fail("block_k_inner must be <= block_k")
         self.require_power_of_two("l2norm_block_rows", "gate_block_t")
         if self.block_k < self.head_k_dim:
             self._fail("block_k must be >= head_k_dim")
@@ -107,37 +115,31 @@ class KDADetPlan(Plan):
 _PLANS: dict[tuple, KDADetPlan] = {}
 
 
-def inter_dtype(plan: KDADetPlan, dtype: torch.dtype) -> torch.dtype:
-    """Storage dtype of the chunk intermediates (T, Aqk, w, u, v_new, h, dh, du) and of the
-    workspace: the inputs' dtype for bf16/fp16 inputs with ``plan.store_16bit``, else fp32."""
-    return dtype if plan.store_16bit and dtype != torch.float32 else torch.float32
-
-
 def _bvf(V: int) -> int:
     return next_power_of_2(max(V, 16))
 
 
 def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
-    """Why ``plan`` cannot run inputs of ``dtype`` on CUDA (None when it can)."""
+    """Why ``plan`` cannot run inputs of ``dtype`` on CUDA (None when it can). The limits
+    come from sm_90 builds compiled offline (shared memory per program, 227 KiB); not yet
+    confirmed on a GPU."""
     if max(plan.head_k_dim, plan.head_v_dim) > 128:
         return "on CUDA K and V must be <= 128 (larger tiles are not built yet)"
-    if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k > 64:
-        return ("on CUDA fp32 inputs (or store_16bit=0) need K <= 64 (fp32 tiles of K = 128 "
-                "overflow shared memory; use bf16/fp16 inputs with store_16bit=1)")
+    fp32_inter = dtype == torch.float32 or not plan.store_16bit
+    if fp32_inter and plan.block_k > 64 and (plan.num_stages_h > 1 or plan.block_k_inner > 32):
+        return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 64 need "
+                "num_stages_h=1 and block_k_inner<=32 (larger fp32 tiles overflow the 227 KiB "
+                "of shared memory)")
     return None
-
-
-def _check_dim(v: object, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= MAX_HEAD_DIM:
-        raise ValueError(f"{name}: must be an int in [1, {MAX_HEAD_DIM}], got {v!r}")
-    return int(v)
 
 
 def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
               device: torch.device | str) -> KDADetPlan:
     """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``.
 
-    Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``; on
+    Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``,
+    ``block_k_inner = min(block_k, 64)`` (32 on CUDA with fp32 intermediates: the blocks of
+    pair-product operands then fit the 227 KiB of shared memory of an sm_90 program); on
     CUDA ``block_v = min(64, V rounded up)``, ``block_v_bwd = min(32, V rounded up)``, 4
     warps (8 for the recurrence and output kernels when ``block_k * block_v >= 8192``, and
     for the chunk prep and backward chunk kernels when ``block_k >= 64``: sm_90 builds
@@ -151,20 +153,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
         ValueError: K or V outside [1, 256], ``dtype`` not fp32/bf16/fp16, or on CUDA the
             limits of :func:`cuda_plan_problem`.
     """
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device: {e}") from None
-    K = _check_dim(head_k_dim, "head_k_dim")
-    V = _check_dim(head_v_dim, "head_v_dim")
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-    plan = cached_plan(_PLANS, (K, V, dtype, device.type), lambda: _rule(K, V, dtype, device))
-    if device.type == "cuda":
-        problem = cuda_plan_problem(plan, dtype)
-        if problem is not None:
-            raise ValueError(f"make_plan(K={K}, V={V}, {dtype}): {problem}")
-    return plan
+    return make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
+                          rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
 
 
 def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
@@ -179,6 +169,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         head_v_dim=V,
         chunk_size=CHUNK_SIZE,
         block_k=block_k,
+        block_k_inner=min(block_k, 64 if wide or not cuda else 32),
         block_v=block_v,
         block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
         num_warps_prep=8 if cuda and block_k >= 64 else 4,

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from cake_core.linear_attention import L2NORM_EPS as L2NORM_EPS  # the q/k L2 norm's eps
+from cake_core.linear_attention import delta_rule_reference
 
-#: eps of the optional q/k L2 normalisation: x * rsqrt(sum(x**2) + eps), as in FLA.
-L2NORM_EPS = 1e-6
 #: softplus(x) = x for x above this (FLA's and torch's threshold).
 SOFTPLUS_THRESHOLD = 20.0
 
@@ -60,11 +60,6 @@ def kda_gate_ref(g: torch.Tensor, A_log: torch.Tensor | None = None,
     return lower_bound * torch.sigmoid(x)
 
 
-def l2norm_ref(x: torch.Tensor, eps: float = L2NORM_EPS) -> torch.Tensor:
-    """``x * rsqrt(sum(x**2, -1) + eps)`` in x's dtype (differentiable)."""
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
-
-
 def kda_recurrence_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                        beta: torch.Tensor, scale: float | None = None,
                        initial_state: torch.Tensor | None = None,
@@ -101,46 +96,12 @@ def kda_recurrence_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         (``None`` without ``output_final_state``), both in ``dtype``. Differentiable.
     """
     dtype = dtype or q.dtype
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    group = HV // H
-    scale = K ** -0.5 if scale is None else scale
-    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
+    gate = None
     if use_gate_in_kernel:
-        g = kda_gate_ref(g, A_log.to(dtype) if A_log is not None else None,
-                         dt_bias.to(dtype) if dt_bias is not None else None, lower_bound)
-    if use_beta_sigmoid_in_kernel:
-        beta = (2.0 if allow_neg_eigval else 1.0) * torch.sigmoid(beta)
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm_ref(q), l2norm_ref(k)
-    q = q.repeat_interleave(group, dim=2)
-    k = k.repeat_interleave(group, dim=2)
-    if cu_seqlens is None:
-        spans = [(b, 0, T) for b in range(B)]
-    else:
-        cu = [int(x) for x in cu_seqlens.tolist()]
-        spans = [(0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
-    outs, finals = [], []
-    for n, (b, bos, eos) in enumerate(spans):
-        if initial_state is not None:
-            S = initial_state[n].to(dtype)
-        else:
-            S = torch.zeros(HV, K, V, dtype=dtype, device=q.device)
-        seq_out = []
-        for t in range(bos, eos):
-            kt, vt, qt = k[b, t], v[b, t], q[b, t]           # [HV, K], [HV, V], [HV, K]
-            S = S * torch.exp(g[b, t])[:, :, None]            # per-channel decay of K rows
-            kS = torch.einsum("hk,hkv->hv", kt, S)
-            u = beta[b, t][:, None] * (vt - kS)
-            S = S + kt[:, :, None] * u[:, None, :]
-            seq_out.append(scale * torch.einsum("hk,hkv->hv", qt, S))
-        outs.append(torch.stack(seq_out) if seq_out else v.new_zeros((0, HV, V)))
-        finals.append(S)
-    if cu_seqlens is None:
-        o = torch.stack(outs) if outs else v.new_zeros((B, T, HV, V))
-    else:
-        o = torch.cat(outs).unsqueeze(0)
-    final = None
-    if output_final_state:
-        final = torch.stack(finals) if finals else v.new_zeros((0, HV, K, V))
-    return o, final
+        def gate(g):
+            return kda_gate_ref(g, A_log.to(dtype) if A_log is not None else None,
+                                dt_bias.to(dtype) if dt_bias is not None else None, lower_bound)
+    return delta_rule_reference(
+        q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, dtype=dtype,
+        gate=gate, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
-from cake_core import Mode, SavedSet, Workspace, require_mode
+from cake_core import Mode, SavedSet, Workspace, check_float_dtype, check_int, require_mode
 from cake_core.varlen import max_chunks
 
 from cake_kda_det_train.plan import CHUNK_SIZE, KDADetPlan, inter_dtype
@@ -47,12 +45,6 @@ class KDADetSavedSet(SavedSet):
     format_version = 1
 
 
-def _count(v: object, name: str, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
-    return int(v)
-
-
 def workspace_shapes(plan: KDADetPlan, HV: int) -> dict[str, tuple[int, ...]]:
     """Buffer name -> trailing dims (after the token or chunk dim) of a KDADetWorkspace
     for ``plan`` and ``HV`` value heads."""
@@ -89,11 +81,10 @@ class KDADetWorkspace(Workspace):
                 (HV >= 1, max_tokens >= 0, max_seqs >= 1), ``dtype`` not fp32/bf16/fp16.
         """
         require_mode(plan, KDADetPlan, Mode.DET, name="plan")
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-        HV = _count(num_v_heads, "num_v_heads", 1)
-        cap = _count(max_tokens, "max_tokens", 0)
-        seqs = _count(max_seqs, "max_seqs", 1)
+        check_float_dtype(dtype)
+        HV = check_int(num_v_heads, "num_v_heads", 1)
+        cap = check_int(max_tokens, "max_tokens", 0)
+        seqs = check_int(max_seqs, "max_seqs", 1)
         nc = max_chunks(cap, seqs, CHUNK_SIZE)
 
         idt = inter_dtype(plan, dtype)

@@ -10,7 +10,8 @@ after the chunk, ``kd = k exp(G_last - G)``, ``qg = scale q exp(G)``:
 ``kda_bwd_dh_kernel`` runs that recurrence over each sequence's chunks in reverse (per
 sequence, value head and V block), storing dS and du per chunk. ``kda_bwd_local_kernel``
 (per chunk and value head) then forms the chunk-local gradients, summing over V blocks in
-index order:
+index order, key channels in blocks of ``BKI`` (the q/k/g terms before the pair products
+are parked in the dq, dk, dg outputs and read back by the same program):
 
     dqg = do S0^T   dAqk = do v_new^T   dkd = v_new dS^T   dw = -du S0^T
     dT  = du (beta v)^T + dw (beta k exp(G))^T             dA = -T^T dT T^T (strictly lower)
@@ -95,7 +96,7 @@ def kda_bwd_local_kernel(
     DQ, DK, DV, DG, DBETA,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -105,87 +106,113 @@ def kda_bwd_local_kernel(
     rows = tl.arange(0, BT)
     tok = start + rows
     tmask = tok < end
-    ck = tl.arange(0, BK)
-    kmask = tmask[:, None] & (ck < KD)[None, :]
-    qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-    kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-    qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-    g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-    glast = tl.load(GCUM + (end - 1) * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
-    # rows past the chunk's end take the last row's G (as the forward's cumsum): a 0 there
-    # would overflow exp(G - r) in the pair products
-    gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
-    gc = tl.where(tmask[:, None], gc, glast[None, :])
     beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
     tm = tl.load(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :], mask=tmask[:, None],
                  other=0.0).to(tl.float32)
     s_base = (c * HV + hv) * KD * VD
+    last_off = (end - 1) * (HV * KD) + hv * KD
+    last_row = rows == (end - 1 - start)
 
-    dqg = tl.zeros([BT, BK], dtype=tl.float32)
-    dkd = tl.zeros([BT, BK], dtype=tl.float32)
-    dw = tl.zeros([BT, BK], dtype=tl.float32)
+    # 1. the V-wide terms without K: dAqk, the (beta v) part of dT, dv, beta's v part
     daqk = tl.zeros([BT, BT], dtype=tl.float32)
     dtm = tl.zeros([BT, BT], dtype=tl.float32)
-    dgl = tl.zeros([BK], dtype=tl.float32)
     dbeta = tl.zeros([BT], dtype=tl.float32)
     for vi in range(NV):  # V blocks in index order
         cv = vi * BV + tl.arange(0, BV)
         vmask = tmask[:, None] & (cv < VD)[None, :]
-        hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
-        s_off = s_base + ck[:, None] * VD + cv[None, :]
-        h = tl.load(HBUF + s_off, mask=hmask, other=0.0)
-        dh = tl.load(DH + s_off, mask=hmask, other=0.0)
         u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
         do = tl.load(DO + u_off, mask=vmask, other=0.0).to(DT)
         vn = tl.load(VNEW + u_off, mask=vmask, other=0.0).to(DT)
         du = tl.load(DU + u_off, mask=vmask, other=0.0).to(DT)
         vb = tl.load(Vp + u_off, mask=vmask, other=0.0).to(tl.float32)
-        dqg = tl.dot(do, tl.trans(h.to(DT)), dqg, input_precision=PREC)
         daqk = tl.dot(do, tl.trans(vn), daqk, input_precision=PREC)
-        dkd = tl.dot(vn, tl.trans(dh.to(DT)), dkd, input_precision=PREC)
-        dgl += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
-        dw = tl.dot(du, tl.trans(h.to(DT)), dw, input_precision=PREC)
         dtm = tl.dot(du, tl.trans((vb * beta[:, None]).to(DT)), dtm, input_precision=PREC)
         dbv = tl.zeros([BT, BV], dtype=tl.float32)
         dbv = tl.dot(tl.trans(tm.to(DT)), du, dbv, input_precision=PREC)
         tl.store(DV + u_off, (dbv * beta[:, None]).to(DV.dtype.element_ty), mask=vmask)
         dbeta += tl.sum(dbv * vb, axis=1)
-    dw = -dw
 
-    eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
-    dtm = tl.dot(dw.to(DT), tl.trans((kb * eg * beta[:, None]).to(DT)), dtm,
-                 input_precision=PREC)
-    z = tl.zeros([BT, BK], dtype=tl.float32)
-    z = tl.dot(tl.trans(tm.to(DT)), dw.to(DT), z, input_precision=PREC)
-    dk_w = z * beta[:, None] * eg
-    dbeta += tl.sum(z * kb * eg, axis=1)
-    # dA = -T^T dT T^T on the strictly lower part (fp32 operands, like the solve)
+    # 2. per block of key channels: the terms through the chunk states (S0 = h, dS = dh),
+    # the w part of dT; what is final for dq, dk and dG before the pair products goes to
+    # DQ, DK, DG (read back in step 3 by this program only)
+    for k0 in range(0, KD, BKI):
+        ck = k0 + tl.arange(0, BKI)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+        glast = tl.load(GCUM + last_off + ck, mask=ck < KD, other=0.0)
+        gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
+        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        dqg = tl.zeros([BT, BKI], dtype=tl.float32)
+        dkd = tl.zeros([BT, BKI], dtype=tl.float32)
+        dw = tl.zeros([BT, BKI], dtype=tl.float32)
+        dgl = tl.zeros([BKI], dtype=tl.float32)
+        for vi in range(NV):
+            cv = vi * BV + tl.arange(0, BV)
+            vmask = tmask[:, None] & (cv < VD)[None, :]
+            hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
+            s_off = s_base + ck[:, None] * VD + cv[None, :]
+            h = tl.load(HBUF + s_off, mask=hmask, other=0.0)
+            dh = tl.load(DH + s_off, mask=hmask, other=0.0)
+            u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+            do = tl.load(DO + u_off, mask=vmask, other=0.0).to(DT)
+            vn = tl.load(VNEW + u_off, mask=vmask, other=0.0).to(DT)
+            du = tl.load(DU + u_off, mask=vmask, other=0.0).to(DT)
+            dqg = tl.dot(do, tl.trans(h.to(DT)), dqg, input_precision=PREC)
+            dkd = tl.dot(vn, tl.trans(dh.to(DT)), dkd, input_precision=PREC)
+            dgl += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
+            dw = tl.dot(du, tl.trans(h.to(DT)), dw, input_precision=PREC)
+        dw = -dw
+        eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
+        dtm = tl.dot(dw.to(DT), tl.trans((kb * eg * beta[:, None]).to(DT)), dtm,
+                     input_precision=PREC)
+        z = tl.zeros([BT, BKI], dtype=tl.float32)
+        z = tl.dot(tl.trans(tm.to(DT)), dw.to(DT), z, input_precision=PREC)
+        dk_w = z * beta[:, None] * eg
+        dbeta += tl.sum(z * kb * eg, axis=1)
+        dq_qg = dqg * (scale * eg)
+        dk_kd = tl.where(kmask, dkd * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
+        dgc = qb * dq_qg + kb * dk_w - kb * dk_kd
+        extra = tl.sum(kb * dk_kd, axis=0) + tl.exp(glast) * dgl
+        dgc += tl.where(last_row[:, None], extra[None, :], 0.0)
+        tl.store(DQ + g_off, dq_qg, mask=kmask)
+        tl.store(DK + g_off, dk_w + dk_kd, mask=kmask)
+        tl.store(DG + g_off, dgc, mask=kmask)
+    tl.debug_barrier()  # step 2's stores are visible to every thread of the program
+
+    # 3. dA = -T^T dT T^T on the strictly lower part (fp32 operands, like the solve), then
+    # the gated pair products' gradients, block by block
     t1 = tl.zeros([BT, BT], dtype=tl.float32)
     t1 = tl.dot(tl.trans(tm), dtm, t1, input_precision=PREC)
     da = tl.zeros([BT, BT], dtype=tl.float32)
     da = tl.dot(t1, tl.trans(tm), da, input_precision=PREC)
-    strict = (rows[:, None] > rows[None, :]) & tmask[:, None]
-    da = tl.where(strict, -da, 0.0)
-    x = row_apply(da, kb, gc, DT, PREC, BT, BC, BK)
-    dbeta += tl.sum(kb * x, axis=1)
-    dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BK)
-    incl = (rows[:, None] >= rows[None, :]) & tmask[:, None]
-    pq = tl.where(incl, daqk * scale, 0.0)
-    dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BK)
-    dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BK)
-
-    dq = dq_row + dqg * (scale * eg)
-    dk_kd = tl.where(kmask, dkd * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
-    dk_pos = x * beta[:, None] + dk_w
-    dk_neg = dk_col + dk_colq + dk_kd
-    dk = dk_pos + dk_neg
-    dgc = qb * dq + kb * dk_pos - kb * dk_neg
-    last_row = rows == (end - 1 - start)
-    extra = tl.sum(kb * dk_kd, axis=0) + tl.exp(glast) * dgl
-    dgc += tl.where(last_row[:, None], extra[None, :], 0.0)
-    dg = tl.cumsum(dgc, axis=0, reverse=True)
-
-    tl.store(DQ + g_off, dq, mask=kmask)
-    tl.store(DK + g_off, dk, mask=kmask)
-    tl.store(DG + g_off, dg, mask=kmask)
+    da = tl.where((rows[:, None] > rows[None, :]) & tmask[:, None], -da, 0.0)
+    pq = tl.where((rows[:, None] >= rows[None, :]) & tmask[:, None], daqk * scale, 0.0)
+    for k0 in range(0, KD, BKI):
+        ck = k0 + tl.arange(0, BKI)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+        glast = tl.load(GCUM + last_off + ck, mask=ck < KD, other=0.0)
+        # rows past the chunk's end take the last row's G (as the forward's cumsum): a 0
+        # there would overflow exp(G - r) in the pair products
+        gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
+        gc = tl.where(tmask[:, None], gc, glast[None, :])
+        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        x = row_apply(da, kb, gc, DT, PREC, BT, BC, BKI)
+        dbeta += tl.sum(kb * x, axis=1)
+        dk_row = x * beta[:, None]
+        dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BKI)
+        dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BKI)
+        dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BKI)
+        dq = tl.load(DQ + g_off, mask=kmask, other=0.0) + dq_row
+        dk = tl.load(DK + g_off, mask=kmask, other=0.0) + dk_row + dk_col + dk_colq
+        dgc = tl.load(DG + g_off, mask=kmask, other=0.0) + qb * dq_row + kb * dk_row \
+            - kb * (dk_col + dk_colq)
+        dg = tl.cumsum(dgc, axis=0, reverse=True)
+        tl.store(DQ + g_off, dq, mask=kmask)
+        tl.store(DK + g_off, dk, mask=kmask)
+        tl.store(DG + g_off, dg, mask=kmask)
     tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)

@@ -12,7 +12,9 @@ pair products from :mod:`cake_kda_det_train.kernels.gated` (``M`` strictly lower
     S1  = exp(G_last) * S0 + (k * exp(G_last - G))^T v_new
 
 ``kda_fwd_prep_kernel`` (one program per chunk and value head) computes G (or, in the
-backward's recompute, loads the forward's), T (or loads the forward's), w, u and Aqk;
+backward's recompute, loads the forward's), T (or loads the forward's), w, u and Aqk,
+taking the key channels in blocks of ``BKI`` (the pair products summed over the blocks in
+index order; small blocks keep registers and shared memory bounded at K = 128);
 ``kda_fwd_h_kernel`` (per sequence, value head and V block) runs the state recurrence
 over the sequence's chunks in order, storing each chunk's S0 and v_new; ``kda_fwd_o_kernel``
 (per chunk, value head, V block) the output. No atomics: every program writes only its own
@@ -26,12 +28,29 @@ from cake_kda_det_train.kernels.gated import gated_pair
 
 
 @triton.jit
+def _chunk_g(Gp, GCUM, g_off, kmask, tmask, last_off, ck, KD, CUMSUM: tl.constexpr):
+    """G ``[BT, BKI]`` of one block of key channels: the cumulative sum of the per-token
+    decays (stored to GCUM when ``CUMSUM``), or the forward's G loaded back from ``Gp`` with
+    rows past the chunk's end set to the last row's (as the cumsum gives them: a 0 there
+    would overflow exp(G - r) in the pair products)."""
+    if CUMSUM:
+        g = tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32)
+        gc = tl.cumsum(g, axis=0)
+        tl.store(GCUM + g_off, gc, mask=kmask)
+    else:
+        glast = tl.load(Gp + last_off + ck, mask=ck < KD, other=0.0)
+        gc = tl.load(Gp + g_off, mask=kmask, other=0.0)
+        gc = tl.where(tmask[:, None], gc, glast[None, :])
+    return gc
+
+
+@triton.jit
 def kda_fwd_prep_kernel(
     Qp, Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
     GCUM, Ap, AQK, W, U,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    LOG2_BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
+    LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
     CUMSUM: tl.constexpr,
 ):
     c = tl.program_id(0)
@@ -42,33 +61,30 @@ def kda_fwd_prep_kernel(
     rows = tl.arange(0, BT)
     tok = start + rows
     tmask = tok < end
-    ck = tl.arange(0, BK)
     cv = tl.arange(0, BVF)
-    kmask = tmask[:, None] & (ck < KD)[None, :]
     vmask = tmask[:, None] & (cv < VD)[None, :]
-
-    g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-    if CUMSUM:  # the forward: per-token decays in, their within-chunk sum out to GCUM
-        g = tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32)
-        gc = tl.cumsum(g, axis=0)
-        tl.store(GCUM + g_off, gc, mask=kmask)
-    else:  # the backward's recompute: Gp is the forward's GCUM (same values); rows past
-        # the chunk's end take the last row's G, as the forward's cumsum gives them (a 0
-        # there would overflow exp(G - r) in the pair products)
-        glast = tl.load(Gp + (end - 1) * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
-        gc = tl.load(Gp + g_off, mask=kmask, other=0.0)
-        gc = tl.where(tmask[:, None], gc, glast[None, :])
     beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
-    qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-    kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-    qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-    vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask, other=0.0)
+    last_off = (end - 1) * (HV * KD) + hv * KD
+
+    # the gated pair products, summed over blocks of BKI key channels in index order
+    akk = tl.zeros([BT, BT], dtype=tl.float32)
+    aqk = tl.zeros([BT, BT], dtype=tl.float32)
+    for k0 in range(0, KD, BKI):
+        ck = k0 + tl.arange(0, BKI)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        gc = _chunk_g(Gp, GCUM, tok[:, None] * (HV * KD) + hv * KD + ck[None, :], kmask,
+                      tmask, last_off, ck, KD, CUMSUM)
+        qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        if not LOAD_A:
+            akk += gated_pair(kb, kb, gc, DT, PREC, BT, BC, BKI, False)
+        aqk += gated_pair(qb, kb, gc, DT, PREC, BT, BC, BKI, True)
 
     a_ptr = Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :]
     if LOAD_A:  # the backward, with the T its forward kept
         tm = tl.load(a_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
     else:
-        akk = gated_pair(kb, kb, gc, DT, PREC, BT, BC, BK, False)
         lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
         a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
         # T = (I + a_raw)^-1 by recursive block doubling in a fixed order: with T the
@@ -90,20 +106,28 @@ def kda_fwd_prep_kernel(
         # u from the same values as one that recomputes it
         tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
         tl.store(a_ptr, tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
+    tl.store(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+             (aqk * scale).to(AQK.dtype.element_ty), mask=tmask[:, None])
 
-    eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
-    w = tl.zeros([BT, BK], dtype=tl.float32)
-    w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
+    vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask, other=0.0)
     u = tl.zeros([BT, BVF], dtype=tl.float32)
     u = tl.dot(tm.to(DT), (vb.to(tl.float32) * beta[:, None]).to(DT), u, input_precision=PREC)
-    aqk = gated_pair(qb, kb, gc, DT, PREC, BT, BC, BK, True) * scale
-
-    tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], w.to(W.dtype.element_ty),
-             mask=kmask)
     tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], u.to(U.dtype.element_ty),
              mask=vmask)
-    tl.store(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-             aqk.to(AQK.dtype.element_ty), mask=tmask[:, None])
+    for k0 in range(0, KD, BKI):  # w, block by block (G recomputed: same op, same bits)
+        ck = k0 + tl.arange(0, BKI)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        if CUMSUM:
+            gc = tl.cumsum(tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32), axis=0)
+        else:
+            gc = tl.load(Gp + g_off, mask=kmask, other=0.0)
+        kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
+                     other=0.0).to(tl.float32)
+        eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
+        w = tl.zeros([BT, BKI], dtype=tl.float32)
+        w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
+        tl.store(W + g_off, w.to(W.dtype.element_ty), mask=kmask)
 
 
 @triton.jit

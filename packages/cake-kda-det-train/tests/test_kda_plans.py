@@ -1,0 +1,40 @@
+"""Plan configurations other than the CPU default, against the float64 reference: the key
+channels taken in several inner blocks (``block_k_inner`` < K, K not a multiple of it),
+narrow V blocks in every kernel, T recomputed instead of kept. The same configurations
+run on a GPU through ``shared/gpu/plan_configs.py kda``."""
+
+import dataclasses
+
+import pytest
+import torch
+from cake_core.triton_utils import default_device
+from cake_kda_det_train import make_plan
+
+DEV = default_device()
+
+
+@pytest.mark.parametrize("over", [
+    dict(block_k_inner=16),
+    dict(block_k_inner=32, block_v=16, block_v_bwd=16, keep_a=0, store_16bit=0),
+], ids=["bki16", "bki32-bv16-recompute"])
+def test_plan_configurations(over, kda):
+    K, V = 48, 32  # block_k 64: the last inner block is partly masked
+    lens = [1, 70, 0, 65]
+    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), **over)
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 1, 2, K, V, seed=21,
+                                               g_mode="strong", n_states=len(lens), h0=True)
+    kda.check_vs_reference((q, k, v, g, beta), h0, seed=21, cu_seqlens=kda.cu_of(lens),
+                           plan=plan)
+
+
+def test_cuda_rule_respects_shared_memory_limits():
+    """The CUDA rule's fp32 plans at K = 128 keep inside the limits the offline sm_90
+    builds found; a plan outside them is refused by name."""
+    from cake_kda_det_train.plan import _rule, cuda_plan_problem
+
+    cuda = torch.device("cuda")
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for K, V in ((64, 64), (128, 128), (128, 64), (32, 16)):
+            assert cuda_plan_problem(_rule(K, V, dt, cuda), dt) is None, (K, V, dt)
+    bad = dataclasses.replace(_rule(128, 128, torch.float32, cuda), block_k_inner=64)
+    assert "block_k_inner" in cuda_plan_problem(bad, torch.float32)
