@@ -34,6 +34,7 @@ FAMILIES = {
     "lmhead": "cake-lm-head-loss-det-train",
     "dense": "cake-dense-projection-det-gemm",
     "gdn": "cake-gdn-det-train",
+    "gdn_kcp": "cake-gdn-det-train-kcp",
     "gate_norm": "cake-rmsnorm-silu-gate-det-train",
     "conv": "cake-causal-conv1d-det-train",
     "kda": "cake-kda-det-train",

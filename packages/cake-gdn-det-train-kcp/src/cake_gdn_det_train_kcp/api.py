@@ -1,0 +1,580 @@
+"""Context-parallel (KCP) entries of the det chunked Gated DeltaNet.
+
+Each rank holds the tokens of a :class:`cake_core.kcp.Partition` (its fragments, local
+``[1, T_r, ...]`` tensors) and runs cake-gdn-det-train's single-rank
+``chunk_gdn_det_fwd`` / ``chunk_gdn_det_bwd`` on groups of its fragments, each fragment a
+separate sequence. What crosses ranks is the recurrent state S ``[HV, K, V]`` (fp32) a
+document's earlier fragments leave, and in the backward its gradient.
+
+GDN's state after a fragment is affine in the state before it: ``S_end = P S_start + Q``
+(``P`` ``[HV, K, K]``: the product of the tokens' transitions ``exp(g_t) (I - beta_t k_t
+k_t^T)``; ``Q``: the end state from a zero start), and the backward is the transpose,
+``dS_start = P^T dS_end + G`` (``G``: the start-state gradient from the fragment's own
+outputs). Two exchanges (``ctx.exchange``; ``docs/kcp.md``):
+
+``"allgather"`` (FLA's KCP idea). A rank's fragments fall in four groups: *first* (sends a
+state, receives none: starts its document), *middle* (receives and sends: its document
+spans three fragments or more), *last* (receives, sends none) and *alone* (neither).
+Forward: run *first* from zero (its end states are its ``Q``); for *middle*, run from zero
+(``Q``) and with ``v = 0`` (width K) from the identity (``P``); post one asynchronous
+all-gather of one fp32 row ``[HV, K, Wd]`` per sending fragment (``Wd = K + V`` when some
+document has a middle fragment, else ``V``: only middle fragments' ``P`` is ever used);
+run *alone* meanwhile; fold each receiving fragment's rows in chain order,
+``S = Q_0; S = P_j S + Q_j``; then run *middle* and *last* from their folded start states.
+Backward: run *last* (complete) and *middle* with ``dht = 0`` (their start-state gradients
+``G``); post one all-gather of ``(P^T, G)`` rows per receiving fragment; run *alone*
+meanwhile; fold each sending fragment's successors, last first,
+``D = G_last; D = P_j^T D + G_j``; then run *first* and *middle* with ``do`` and
+``dht = D`` (the first *middle* run only gave ``G``). Every gradient comes from one
+single-rank backward with both ``do`` and ``dht``.
+
+``"ring"``: the exact state travels along each document's chain. Forward: run this rank's
+fragments at chain position 0, then for each step hand the end states on
+(``batch_isend_irecv``) and run the fragments at the next position from the received
+states; backward in reverse with ``dht`` the received gradients. With every cut on a
+64-token chunk boundary this reproduces the single-rank package's bits.
+
+Without any crossing document (``ctx.crosses`` false) both are one single-rank call over
+all local fragments and no collective: with world size 1 the results equal the
+single-rank package's bitwise.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_dtype,
+    check_flag,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    require_mode,
+)
+from cake_core.kcp import Context
+from cake_core.linear_attention import check_qkv_g_beta, resolve_plan, resolve_scale
+from cake_core.triton_utils import launch_device_check
+from cake_gdn_det_train import (
+    GDNDetPlan,
+    GDNDetSavedSet,
+    chunk_gdn_det_bwd,
+    chunk_gdn_det_fwd,
+    make_plan,
+)
+from cake_gdn_det_train.plan import MAX_HEAD_DIM, cuda_plan_problem
+
+from cake_gdn_det_train_kcp.context import LocalGroup, check_context, has_middle_fragments
+from cake_gdn_det_train_kcp.exchange import (
+    all_gather_rows,
+    fold_backward,
+    fold_forward,
+    handoffs_at,
+    ring_ready,
+    ring_step,
+)
+from cake_gdn_det_train_kcp.saved import GDNDetKCPSavedSet, GDNDetKCPWorkspace, p_plan
+
+__all__ = [
+    "GDNDetKCPGrads",
+    "chunk_gated_delta_rule_det_kcp",
+    "chunk_gdn_det_bwd_kcp",
+    "chunk_gdn_det_fwd_kcp",
+]
+
+_F32 = torch.float32
+_FLOAT = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class GDNDetKCPGrads(NamedTuple):
+    """Gradients of :func:`chunk_gdn_det_bwd_kcp`, rank-local, each like its input (shape
+    and dtype): ``dq``, ``dk`` ``[1, T_r, H, K]``, ``dv`` ``[1, T_r, HV, V]``, ``dg``,
+    ``dbeta`` ``[1, T_r, HV]``."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dg: torch.Tensor
+    dbeta: torch.Tensor
+
+
+# ----------------------------------------------------------------------------- groups
+
+
+class _Groups(NamedTuple):
+    """This rank's fragment groups for ``ctx`` (host data, cached per context)."""
+
+    all: LocalGroup | None        # no crossing document: every fragment, one call
+    first: LocalGroup | None      # all-gather: sends, does not receive
+    middle: LocalGroup | None     # all-gather: receives and sends
+    alone: LocalGroup | None      # all-gather: neither (runs while the all-gather is in flight)
+    last: LocalGroup | None       # all-gather: receives, does not send
+    by_pos: dict[int, LocalGroup]  # ring: fragments by chain position
+    recv_index: dict[int, int]    # fragment -> index in ctx.recv
+    send_index: dict[int, int]    # fragment -> index in ctx.send
+    cu: dict[str, torch.Tensor]   # group kind -> its offsets on ctx.device
+
+
+_GROUPS: weakref.WeakKeyDictionary[Context, _Groups] = weakref.WeakKeyDictionary()
+
+
+def _groups(ctx: Context) -> _Groups:
+    got = _GROUPS.get(ctx)
+    if got is not None:
+        return got
+
+    def grp(kind, frags):
+        return LocalGroup.of(ctx, kind, frags) if frags else None
+
+    n = ctx.num_fragments
+    recv = {e.fragment for e in ctx.recv}
+    send = {e.fragment for e in ctx.send}
+    everything = grp("all", range(n)) if not ctx.crosses else None
+    first = middle = alone = last = None
+    by_pos: dict[int, LocalGroup] = {}
+    if ctx.crosses:
+        first = grp("first", [i for i in range(n) if i in send and i not in recv])
+        middle = grp("middle", [i for i in range(n) if i in send and i in recv])
+        alone = grp("alone", [i for i in range(n) if i not in send and i not in recv])
+        last = grp("last", [i for i in range(n) if i in recv and i not in send])
+        for c in sorted({f.chain_pos for f in ctx.fragments}):
+            by_pos[c] = LocalGroup.of(ctx, f"pos{c}", [i for i, f in enumerate(ctx.fragments)
+                                                       if f.chain_pos == c])
+    cu = {}
+    for g in (everything, first, middle, alone, last, *by_pos.values()):
+        if g is not None:
+            cu[g.kind] = ctx.cu_seqlens if g.whole else g.cu.to(ctx.device)
+    got = _Groups(everything, first, middle, alone, last, by_pos,
+                  {e.fragment: i for i, e in enumerate(ctx.recv)},
+                  {e.fragment: i for i, e in enumerate(ctx.send)}, cu)
+    _GROUPS[ctx] = got
+    return got
+
+
+# ----------------------------------------------------------------------------- checks
+
+_DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
+
+
+def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
+    return resolve_plan(plan, K, V, dtype, device, plan_type=GDNDetPlan, make_plan=make_plan,
+                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
+
+
+def _resolve_workspace(workspace, plan: GDNDetPlan, ctx: Context, HV: int,
+                       dtype: torch.dtype) -> GDNDetKCPWorkspace | None:
+    if workspace is None:
+        return None
+    require_mode(workspace, GDNDetKCPWorkspace, Mode.DET, name="workspace")
+    workspace.check_for(plan, ctx, HV, dtype)
+    return workspace
+
+
+def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace):
+    """Every check of the forward, before any allocation, launch or collective; returns
+    ``(scale, plan, workspace)``."""
+    check_context(ctx)
+    B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
+                                         per_channel_decay=False)
+    if B != 1:
+        raise ValueError(f"q: expected the rank-local tensors [1, T_r, H, K] (packed "
+                         f"fragments), got batch size {B}")
+    ctx.check_num_tokens(q, "q")
+    scale = resolve_scale(scale, K)
+    check_flag(use_l2, "use_qk_l2norm_in_kernel")
+    device = check_same_device(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    launch_device_check(device, "q")
+    check_context(ctx, device)
+    plan = _resolve_plan(plan, K, V, q.dtype, device)
+    return scale, plan, _resolve_workspace(workspace, plan, ctx, HV, q.dtype)
+
+
+def _check_bwd(do, saved, ctx, plan, workspace):
+    """Every check of the backward, before any allocation, launch or collective; returns
+    ``(plan, workspace)``."""
+    require_mode(saved, GDNDetKCPSavedSet, Mode.DET, name="saved")
+    check_context(ctx)
+    made = (saved.partition_key, saved.rank, saved.exchange)
+    if made != (ctx.partition.key, ctx.rank, ctx.exchange):
+        raise ValueError(f"saved: made on (partition, rank, exchange) = {made}, but ctx is "
+                         f"{(ctx.partition.key, ctx.rank, ctx.exchange)}")
+    check_tensor(do, "do")
+    check_shape(do, "do", list(saved.v.shape))
+    check_dtype(do, "do", _FLOAT)
+    device = check_same_device(("saved", saved.v), ("do", do))
+    launch_device_check(device, "do")
+    check_context(ctx, device)
+    K, HV, V = saved.q.shape[3], saved.v.shape[2], saved.v.shape[3]
+    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
+    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.q.dtype)
+
+
+# ----------------------------------------------------------------------------- local calls
+
+
+def _take(grp: LocalGroup, *xs):
+    return tuple(grp.take(x) for x in xs)
+
+
+def _local_fwd(grp: LocalGroup, gs: _Groups, x, scale, use_l2, plan, ws, h0, final):
+    """One single-rank forward over ``grp``'s fragments: ``(o, final_state, saved)``."""
+    q, k, v, g, beta = _take(grp, *x)
+    return chunk_gdn_det_fwd(q, k, v, g, beta, scale=scale, initial_state=h0,
+                             output_final_state=final, use_qk_l2norm_in_kernel=use_l2,
+                             cu_seqlens=gs.cu[grp.kind], plan=plan,
+                             workspace=ws.local if ws is not None else None)
+
+
+def _transition_run(grp: LocalGroup, gs: _Groups, x, use_l2, plan, ws) -> torch.Tensor:
+    """``P`` fp32 ``[n, HV, K, K]`` of ``grp``'s fragments: the single-rank forward with
+    ``v = 0`` of width K from the identity state (its final states)."""
+    _, k, _, g, beta = _take(grp, *x)
+    HV, K = g.shape[2], k.shape[3]
+    n = len(grp.frags)
+    pp = p_plan(plan, k.dtype, k.device)
+    pws = None
+    if ws is not None:
+        pws = ws.local if pp is plan else ws.local_p
+    v0 = torch.zeros((1, grp.num_tokens, HV, K), dtype=k.dtype, device=k.device)
+    eye = torch.eye(K, dtype=_F32, device=k.device).expand(n, HV, K, K).contiguous()
+    _, P, _ = chunk_gdn_det_fwd(k, k, v0, g, beta, scale=1.0, initial_state=eye,
+                                output_final_state=True, use_qk_l2norm_in_kernel=use_l2,
+                                cu_seqlens=gs.cu[grp.kind], plan=pp, workspace=pws)
+    return P
+
+
+def _local_bwd(grp: LocalGroup, gs: _Groups, do, dht, saved: GDNDetSavedSet, plan, ws):
+    return chunk_gdn_det_bwd(grp.take(do), dht, saved, plan=plan,
+                             workspace=ws.local if ws is not None else None)
+
+
+def _buffer(ws, name: str, shape, device) -> torch.Tensor:
+    if ws is not None:
+        return ws[name]
+    return torch.empty(shape, dtype=_F32, device=device)
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def _fwd_allgather(x, ctx: Context, gs: _Groups, scale, use_l2, plan, ws, o):
+    """Returns ``(runs, P)``: the (group, saved set) pairs run, in order, and the middle
+    fragments' transitions (or ``None``)."""
+    q, v = x[0], x[2]
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    dev = ctx.device
+    runs: list[tuple[LocalGroup, GDNDetSavedSet]] = []
+
+    def run(grp, h0, final):
+        o_g, ht, s = _local_fwd(grp, gs, x, scale, use_l2, plan, ws, h0, final)
+        grp.put(o, o_g)
+        runs.append((grp, s))
+        return ht
+
+    if not ctx.crosses:
+        if gs.all is not None:
+            run(gs.all, None, False)
+        return runs, None
+    mid = has_middle_fragments(ctx.partition)
+    wd = K + V if mid else V
+    sf = ctx.allgather_plan.fwd_slots_per_rank
+    send = _buffer(ws, "fwd_send", (sf, HV, K, wd), dev)
+    recv = _buffer(ws, "fwd_recv", (ctx.world_size * sf, HV, K, wd), dev)
+    send.zero_()
+    if gs.first is not None:  # from zero: its end states are its Q
+        ht = run(gs.first, None, True)
+        for j, fi in enumerate(gs.first.frags):
+            send[gs.send_index[fi], ..., wd - V:] = ht[j]
+    P = None
+    if gs.middle is not None:
+        _, Q, _ = _local_fwd(gs.middle, gs, x, scale, use_l2, plan, ws, None, True)
+        P = _transition_run(gs.middle, gs, x, use_l2, plan, ws)
+        for j, fi in enumerate(gs.middle.frags):
+            send[gs.send_index[fi], ..., :K] = P[j]
+            send[gs.send_index[fi], ..., K:] = Q[j]
+    pending = all_gather_rows(send, recv, ctx)
+    if gs.alone is not None:  # needs no state: overlaps the all-gather
+        run(gs.alone, None, False)
+    pending.wait()
+    start = fold_forward(ctx, recv, K, mid,
+                         torch.empty((len(ctx.recv), HV, K, V), dtype=_F32, device=dev))
+    for grp in (gs.middle, gs.last):
+        if grp is not None:
+            run(grp, start[[gs.recv_index[fi] for fi in grp.frags]], False)
+    return runs, P
+
+
+def _fwd_ring(x, ctx: Context, gs: _Groups, scale, use_l2, plan, ws, o):
+    q, v = x[0], x[2]
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    dev = ctx.device
+    runs: list[tuple[LocalGroup, GDNDetSavedSet]] = []
+    if not ctx.crosses:
+        return _fwd_allgather(x, ctx, gs, scale, use_l2, plan, ws, o)[0]
+    ring_ready(ctx)
+    steps = handoffs_at(ctx)
+    end: dict[int, torch.Tensor] = {}
+    start: dict[int, torch.Tensor] = {}
+    for c in range(ctx.ring_plan.num_steps + 1):
+        if c > 0:
+            for h in steps.get(c - 1, ()):
+                if h.dst_rank == ctx.rank:
+                    start[h.dst_fragment] = torch.empty((HV, K, V), dtype=_F32, device=dev)
+            ring_step(ctx, steps.get(c - 1, []), end, start, backward=False)
+        grp = gs.by_pos.get(c)
+        if grp is None:
+            continue
+        frags = [ctx.fragments[i] for i in grp.frags]
+        h0 = torch.stack([start.pop(i) for i in grp.frags]) if c > 0 else None
+        final = any(f.has_next for f in frags)
+        o_g, ht, s = _local_fwd(grp, gs, x, scale, use_l2, plan, ws, h0, final)
+        grp.put(o, o_g)
+        runs.append((grp, s))
+        for j, (i, f) in enumerate(zip(grp.frags, frags, strict=True)):
+            if f.has_next:
+                end[i] = ht[j]
+    return runs
+
+
+def _forward(q, k, v, g, beta, ctx: Context, scale, use_l2, plan, ws):
+    """After :func:`_check_fwd`: ``(o, saved)``."""
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    x = tuple(t.contiguous() for t in (q, k, v, g, beta))
+    gs = _groups(ctx)
+    P = None
+    with torch.no_grad():
+        if ctx.exchange == "ring":
+            runs = _fwd_ring(x, ctx, gs, scale, use_l2, plan, ws, o)
+        else:
+            runs, P = _fwd_allgather(x, ctx, gs, scale, use_l2, plan, ws, o)
+    meta = {"partition_key": ctx.partition.key, "rank": ctx.rank,
+            "world_size": ctx.world_size, "exchange": ctx.exchange,
+            "num_tokens": ctx.num_tokens, "groups": tuple((g_.kind, g_.frags) for g_, _ in runs),
+            "plan": plan, "scale": scale, "use_qk_l2norm": use_l2,
+            "has_middle": has_middle_fragments(ctx.partition)}
+    saved = GDNDetKCPSavedSet(Mode.DET, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "P": P},
+                              meta, tuple(s for _, s in runs))
+    return o, saved
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+def _put_grads(grp: LocalGroup, out: list[torch.Tensor], gr) -> None:
+    for dst, src in zip(out, (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta), strict=True):
+        grp.put(dst, src)
+
+
+def _saved_of(saved: GDNDetKCPSavedSet, gs: _Groups) -> dict[str, GDNDetSavedSet]:
+    return {kind: s for (kind, _), s in zip(saved.groups, saved.local, strict=True)}
+
+
+def _bwd_allgather(do, ctx: Context, gs: _Groups, saved, plan, ws, out):
+    HV, K, V = saved.v.shape[2], saved.q.shape[3], saved.v.shape[3]
+    dev = ctx.device
+    local = _saved_of(saved, gs)
+    if not ctx.crosses:
+        if gs.all is not None:
+            _put_grads(gs.all, out, _local_bwd(gs.all, gs, do, None, local["all"], plan, ws))
+        return
+    mid = saved.has_middle
+    wd = K + V if mid else V
+    sb = ctx.allgather_plan.bwd_slots_per_rank
+    send = _buffer(ws, "bwd_send", (sb, HV, K, wd), dev)
+    recv = _buffer(ws, "bwd_recv", (ctx.world_size * sb, HV, K, wd), dev)
+    send.zero_()
+    if gs.last is not None:  # complete (no state leaves these fragments), and their G
+        gr = _local_bwd(gs.last, gs, do, None, local["last"], plan, ws)
+        _put_grads(gs.last, out, gr)
+        for j, fi in enumerate(gs.last.frags):
+            send[gs.recv_index[fi], ..., wd - V:] = gr.dinitial_state[j]
+    if gs.middle is not None:  # G only; the gradients come from the run with dht below
+        gr = _local_bwd(gs.middle, gs, do, None, local["middle"], plan, ws)
+        for j, fi in enumerate(gs.middle.frags):
+            send[gs.recv_index[fi], ..., :K] = saved.P[j].transpose(-1, -2)
+            send[gs.recv_index[fi], ..., K:] = gr.dinitial_state[j]
+        del gr
+    pending = all_gather_rows(send, recv, ctx)
+    if gs.alone is not None:  # needs no state gradient: overlaps the all-gather
+        _put_grads(gs.alone, out, _local_bwd(gs.alone, gs, do, None, local["alone"], plan, ws))
+    pending.wait()
+    dend = fold_backward(ctx, recv, K, mid,
+                         torch.empty((len(ctx.send), HV, K, V), dtype=_F32, device=dev))
+    for grp in (gs.first, gs.middle):
+        if grp is None:
+            continue
+        dht = dend[[gs.send_index[fi] for fi in grp.frags]]
+        _put_grads(grp, out, _local_bwd(grp, gs, do, dht, local[grp.kind], plan, ws))
+
+
+def _bwd_ring(do, ctx: Context, gs: _Groups, saved, plan, ws, out):
+    if not ctx.crosses:
+        return _bwd_allgather(do, ctx, gs, saved, plan, ws, out)
+    HV, K, V = saved.v.shape[2], saved.q.shape[3], saved.v.shape[3]
+    dev = ctx.device
+    local = _saved_of(saved, gs)
+    ring_ready(ctx)
+    steps = handoffs_at(ctx)
+    dend: dict[int, torch.Tensor] = {}
+    dstart: dict[int, torch.Tensor] = {}
+    for c in range(ctx.ring_plan.num_steps, -1, -1):
+        grp = gs.by_pos.get(c)
+        if grp is not None:
+            frags = [ctx.fragments[i] for i in grp.frags]
+            dht = None
+            if any(f.has_next for f in frags):
+                dht = torch.stack([dend.pop(i) if f.has_next else
+                                   torch.zeros((HV, K, V), dtype=_F32, device=dev)
+                                   for i, f in zip(grp.frags, frags, strict=True)])
+            gr = _local_bwd(grp, gs, do, dht, local[grp.kind], plan, ws)
+            _put_grads(grp, out, gr)
+            if c > 0:
+                for j, i in enumerate(grp.frags):
+                    dstart[i] = gr.dinitial_state[j]
+        if c > 0:
+            for h in steps.get(c - 1, ()):
+                if h.src_rank == ctx.rank:
+                    dend[h.src_fragment] = torch.empty((HV, K, V), dtype=_F32, device=dev)
+            ring_step(ctx, steps.get(c - 1, []), dstart, dend, backward=True)
+
+
+def _backward(do, saved: GDNDetKCPSavedSet, ctx: Context, plan, ws) -> GDNDetKCPGrads:
+    """After :func:`_check_bwd`."""
+    out = [torch.empty(t.shape, dtype=t.dtype, device=t.device)
+           for t in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
+    gs = _groups(ctx)
+    with torch.no_grad():
+        do = do.contiguous()
+        if ctx.exchange == "ring":
+            _bwd_ring(do, ctx, gs, saved, plan, ws, out)
+        else:
+            _bwd_allgather(do, ctx, gs, saved, plan, ws, out)
+    return GDNDetKCPGrads(*out)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def chunk_gdn_det_fwd_kcp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                          beta: torch.Tensor, ctx: Context, *, scale: float | None = None,
+                          use_qk_l2norm_in_kernel: bool = False,
+                          plan: GDNDetPlan | None = None,
+                          workspace: GDNDetKCPWorkspace | None = None):
+    """Context-parallel det chunked Gated DeltaNet forward on one rank, without autograd.
+
+    FLA's ``chunk_gated_delta_rule`` semantics (per document, from a zero state) over the
+    documents of ``ctx.partition``, each rank computing its own tokens. Every rank of
+    ``ctx.group`` must call it (the same number of times, in the same order, with the same
+    head dims, dtype and options): a rank holding no token runs no kernel but takes part
+    in every collective. As in FLA's context parallelism there is no ``initial_state`` and
+    no ``final_state`` on this route.
+
+    Args:
+        q, k: rank-local ``[1, T_r, H, K]`` (``T_r = ctx.num_tokens``, this rank's
+            fragments in ``ctx`` order, each a separate piece of its document), fp32, bf16
+            or fp16; k of q's dtype. K <= 256 (on CUDA <= 128; fp32 K <= 64).
+        v: ``[1, T_r, HV, V]`` of q's dtype, HV a positive multiple of H.
+        g: ``[1, T_r, HV]`` log-decay, fp32 or q's dtype. beta: ``[1, T_r, HV]``, fp32 or
+            q's dtype.
+        ctx: this rank's :class:`cake_core.kcp.Context` (:func:`build_context_det_kcp`); its
+            ``exchange`` picks ``"allgather"`` or ``"ring"``.
+        scale: > 0, default ``K ** -0.5``.
+        use_qk_l2norm_in_kernel: bool; L2-normalise q and k per head first.
+        plan: a :class:`cake_gdn_det_train.GDNDetPlan` for (K, V) (default
+            ``make_plan(K, V, q.dtype, device)``); the all-gather's transition run uses it
+            when K == V, else ``make_plan(K, K, ...)``.
+        workspace: a :class:`GDNDetKCPWorkspace` from ``for_context(plan, ctx, ...)``
+            (default: scratch allocated per call).
+
+    Returns:
+        ``(o, saved)``: o ``[1, T_r, HV, V]`` in v's dtype; saved a
+        :class:`GDNDetKCPSavedSet` for :func:`chunk_gdn_det_bwd_kcp`.
+
+    Determinism: for a fixed partition, exchange and plan, o repeats bitwise on every
+    rank, run after run (single-rank kernels, fixed-order fp32 folds, no all-reduce).
+    Across partitions results agree within float tolerance, not bitwise, except the ring
+    with every cut on a 64-token chunk boundary (``docs/kcp.md``).
+
+    Raises:
+        ValueError: bad shapes or dtypes (as the single-rank entry), a batch size other
+            than 1, local tensors whose length is not ``ctx.num_tokens``, a context made for
+            another rank, world size or device, a foreign plan or workspace; all before any
+            allocation, launch or collective.
+    """
+    scale, plan, ws = _check_fwd(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan,
+                                 workspace)
+    return _forward(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan, ws)
+
+
+def chunk_gdn_det_bwd_kcp(do: torch.Tensor, saved: GDNDetKCPSavedSet, ctx: Context, *,
+                          plan: GDNDetPlan | None = None,
+                          workspace: GDNDetKCPWorkspace | None = None) -> GDNDetKCPGrads:
+    """Backward of :func:`chunk_gdn_det_fwd_kcp` on one rank (every rank must call it).
+
+    The gradient of each crossing state goes back to the rank it came from by the reverse
+    of the forward's exchange (all-gather of ``(P^T, G)`` rows and a fold, or the ring in
+    reverse order), then each local fragment runs the single-rank backward with its
+    upstream ``do`` and its end-state gradient.
+
+    Args:
+        do: gradient of o, rank-local ``[1, T_r, HV, V]``, fp32/bf16/fp16.
+        saved: the :class:`GDNDetKCPSavedSet` of the forward on this ``ctx``.
+        ctx: the forward's context.
+        plan: default: the forward's. workspace: as in :func:`chunk_gdn_det_fwd_kcp`.
+
+    Returns:
+        :class:`GDNDetKCPGrads` ``(dq, dk, dv, dg, dbeta)``, rank-local, like the inputs.
+
+    Raises:
+        ValueError: a saved set or workspace that is not this package's det type (the
+            single-rank package's, a non-det one), a saved set from another context
+            (partition, rank or exchange), ``do`` of the wrong shape, dtype or device, a
+            foreign plan; all before any allocation, launch or collective.
+    """
+    plan, ws = _check_bwd(do, saved, ctx, plan, workspace)
+    return _backward(do, saved, ctx, plan, ws)
+
+
+class _GDNDetKCPFunction(torch.autograd.Function):
+    """Autograd of the KCP route: the saved set's tensors (own and nested) go through
+    ``ctx.save_for_backward``; the KCP context, plan and workspace are kept as attributes."""
+
+    @staticmethod
+    def forward(actx, q, k, v, g, beta, kcp_ctx, scale, use_l2, plan, ws):
+        o, saved = _forward(q, k, v, g, beta, kcp_ctx, scale, use_l2, plan, ws)
+        actx.save_for_backward(*saved.tensors())
+        actx.meta, actx.kcp_ctx, actx.plan, actx.ws = saved.meta, kcp_ctx, plan, ws
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(actx, do):
+        saved = GDNDetKCPSavedSet.from_tensors(Mode.DET, actx.saved_tensors, actx.meta)
+        if do is None:
+            do = torch.zeros(saved.v.shape, dtype=saved.v.dtype, device=saved.v.device)
+        grads = _backward(do, saved, actx.kcp_ctx, actx.plan, actx.ws)
+        return (*grads, None, None, None, None, None)
+
+
+@torch.compiler.disable
+def chunk_gated_delta_rule_det_kcp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                   g: torch.Tensor, beta: torch.Tensor, ctx: Context, *,
+                                   scale: float | None = None,
+                                   use_qk_l2norm_in_kernel: bool = False,
+                                   plan: GDNDetPlan | None = None,
+                                   workspace: GDNDetKCPWorkspace | None = None) -> torch.Tensor:
+    """Context-parallel det chunked Gated DeltaNet with autograd; returns rank-local ``o``.
+
+    Arguments, semantics and errors as :func:`chunk_gdn_det_fwd_kcp` (no
+    ``initial_state`` / ``final_state`` on this route, as in FLA's context parallelism);
+    gradients flow to q, k, v, g and beta through :func:`chunk_gdn_det_bwd_kcp`'s
+    algorithm. Every rank must run the forward and the backward (collectives inside).
+    Not twice differentiable. ``torch.compile`` does not trace it (it runs eagerly, a
+    graph break).
+    """
+    scale, plan, ws = _check_fwd(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan,
+                                 workspace)
+    return _GDNDetKCPFunction.apply(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel,
+                                    plan, ws)
