@@ -38,5 +38,6 @@ def manifest() -> dict:
     ``kernels/`` and cake-core's ``l2norm.py`` and ``gemm.py``, whose kernels it launches."""
     from cake_core.build import kernel_digest
 
-    digest = kernel_digest(Path(__file__).parent, ("cake_core.l2norm", "cake_core.gemm"))
+    digest = kernel_digest(Path(__file__).parent,
+                           ("cake_core.l2norm", "cake_core.gemm", "cake_core.triangular"))
     return {**MANIFEST, "source_digest": digest}

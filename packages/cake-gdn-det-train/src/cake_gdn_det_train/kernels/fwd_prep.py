@@ -20,6 +20,7 @@ only its own chunk's rows.
 
 import triton
 import triton.language as tl
+from cake_core.triangular import unit_lower_inverse
 
 
 @triton.jit
@@ -60,22 +61,7 @@ def gdn_fwd_prep_kernel(
         decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0))
         a_raw = tl.where(lower, beta[:, None] * kkt * decay, 0.0)
 
-        # T = (I + a_raw)^-1 by recursive block doubling, in a fixed order: with T the
-        # inverse of the s x s diagonal blocks and E the strictly-lower s x s blocks inside
-        # each 2s x 2s diagonal block, (D + E)^-1 = T - T E T (exact: E T E = 0).
-        # s = 1, 2, ..., BT/2.
-        tm = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-        s = 1
-        for _ in range(LOG2_BT):
-            e_mask = ((rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))) & \
-                ((rows[:, None] // s) > (rows[None, :] // s))
-            e = tl.where(e_mask, a_raw, 0.0)
-            et = tl.zeros([BT, BT], dtype=tl.float32)
-            et = tl.dot(e, tm, et, input_precision=PREC)
-            tet = tl.zeros([BT, BT], dtype=tl.float32)
-            tet = tl.dot(tm, et, tet, input_precision=PREC)
-            tm = tm - tet
-            s = s * 2
+        tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)  # T = (I + a_raw)^-1
         # rounded to A's dtype before use, so a backward that loads the kept T computes
         # w and u from the same values as one that recomputes it (same bits either way)
         tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
