@@ -5,6 +5,8 @@ access poisons only its own process).
     python shared/gpu/plan_configs.py gdn          # the family's built-in list, 8 at a time
     python shared/gpu/plan_configs.py kda "128 128 bfloat16 block_v=32" ...
     python shared/gpu/plan_configs.py kda one K V dtype key=val ...   (one configuration)
+    ... lens=1,70,0,65 (document lengths; default 1,63,1,85)
+    CAKE_PLAN_CONFIGS_CPU=1 python ...   (the CUDA rule's plans under Triton's interpreter)
 
 Prints, per configuration, the max relative error of o, final_state and every gradient,
 or the failure (the launch that failed, with CUDA_LAUNCH_BLOCKING=1). Inputs: 4 packed
@@ -12,10 +14,17 @@ sequences of 1, 63, 1 and 85 tokens (lengths off the 64-token chunk), 2 value he
 q/k head, an initial state; kda adds strong per-channel decays (down to -20 per token).
 """
 import dataclasses
+import itertools
 import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+
+#: "cuda", or "cpu" when CAKE_PLAN_CONFIGS_CPU=1 (Triton's interpreter runs the CUDA rule's
+#: plans: tells a compiler fault on the GPU from a fault of the algorithm).
+DEV = "cpu" if os.environ.get("CAKE_PLAN_CONFIGS_CPU") == "1" else "cuda"
+if DEV == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 
 _COMMON = [
     "16 16 float32", "32 16 bfloat16", "32 32 float32", "64 64 float32", "64 128 float32",
@@ -28,7 +37,10 @@ _COMMON = [
 ]
 CONFIGS = {
     "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4"],
-    "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "128 128 bfloat16 block_v_bwd=64",
+    "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
+                      "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
+                      "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",
+                      "48 32 float32 lens=1,70,0,65", "100 100 bfloat16 lens=1,70,0,65",
                       "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16", "128 128 float32",
                       "128 64 float32", "128 128 bfloat16 block_k_inner=32",
                       "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16"],
@@ -51,27 +63,55 @@ def _family(name):
     return chunk_kda_det, kda_recurrence_ref, make_plan, lambda K: (K,), kda_g
 
 
+def force_num_stages():
+    """Diagnosis only: ``CAKE_DIAG_NS="kernel_name,..."`` launches those KDA/GDN kernels
+    (named without the ``kda_``/``gdn_`` prefix and ``_kernel`` suffix, e.g. ``fwd_prep``)
+    with ``num_stages=$CAKE_DIAG_NS_VALUE`` (default 1) where the launcher gives none."""
+    names = [n for n in os.environ.get("CAKE_DIAG_NS", "").split(",") if n]
+    value = int(os.environ.get("CAKE_DIAG_NS_VALUE", "1"))
+    import importlib
+    for fam in ("kda", "gdn"):
+        for mod in ("chunk_fwd", "chunk_bwd"):
+            try:
+                m = importlib.import_module(f"cake_{fam}_det_train.kernels.{mod}")
+            except ImportError:
+                continue
+            for n in names:
+                kern = getattr(m, f"{fam}_{n}_kernel", None)
+                if kern is None:
+                    continue
+                orig = kern.run
+
+                def run(*a, _orig=orig, **k):
+                    k.setdefault("num_stages", value)
+                    return _orig(*a, **k)
+                kern.run = run
+
+
 def one(fam, K, V, dtype, *over):
     import torch
+    force_num_stages()
     entry, reference, make_plan, gdim, gsample = _family(fam)
     dt = getattr(torch, dtype)
-    plan = make_plan(K, V, dt, "cuda")
-    kw = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in over}
-    plan = dataclasses.replace(plan, **kw)
+    plan = make_plan(K, V, dt, "cuda")  # the CUDA rule's plan, also under the interpreter
+    kw = dict(kv.split("=") for kv in over)
+    lens = [int(n) for n in kw.pop("lens", "1,63,1,85").split(",")]  # document lengths
+    plan = dataclasses.replace(plan, **{n: int(x) for n, x in kw.items()})
     gen = torch.Generator().manual_seed(0)
-    B, T, H, HV = 1, 150, 1, 2
-    cu = torch.tensor([0, 1, 64, 65, 150], dtype=torch.int32, device="cuda")
-    rn = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).cuda()  # noqa: E731
+    B, T, H, HV = 1, sum(lens), 1, 2
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=DEV)
+    rn = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).to(DEV)  # noqa: E731
     x = {"q": rn(B, T, H, K), "k": torch.nn.functional.normalize(rn(B, T, H, K), dim=-1),
          "v": rn(B, T, HV, V), "g": gsample(rn(B, T, HV, *gdim(K))),
-         "beta": torch.sigmoid(rn(B, T, HV)), "h0": 0.3 * rn(4, HV, K, V)}
-    do, dht = rn(B, T, HV, V), rn(4, HV, K, V)
+         "beta": torch.sigmoid(rn(B, T, HV)), "h0": 0.3 * rn(len(lens), HV, K, V)}
+    do, dht = rn(B, T, HV, V), rn(len(lens), HV, K, V)
     lo = {n: (t.to(dt) if n in "qkv" else t.float()).requires_grad_() for n, t in x.items()}
     hi = {n: t.clone().requires_grad_() for n, t in x.items()}
     o, ht = entry(lo["q"], lo["k"], lo["v"], lo["g"], lo["beta"], initial_state=lo["h0"],
                   output_final_state=True, cu_seqlens=cu, plan=plan)
     torch.autograd.backward([o, ht], [do.to(dt), dht.float()])
-    torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
     o2, ht2 = reference(hi["q"], hi["k"], hi["v"], hi["g"], hi["beta"], initial_state=hi["h0"],
                         output_final_state=True, cu_seqlens=cu, dtype=torch.float64)
     torch.autograd.backward([o2, ht2], [do, dht])

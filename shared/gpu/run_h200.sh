@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm profile dense lmhead tests3, and <fam>tests
+# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -70,6 +70,19 @@ fambench() {  # $1 id, $2 package folder, $3 extra args
 }
 declare -A FAMPKG=([gdn]=cake-gdn-det-train [kda]=cake-kda-det-train
                    [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train)
+# partests: the test files of every family in $PAR_FAMS (default: all four) at once.
+if has partests; then
+  for fam in ${PAR_FAMS:-gdn kda conv gate}; do famtests $fam ${FAMPKG[$fam]} & done
+  wait
+fi
+# parconfigs: plan_configs.py of gdn and kda side by side.
+if has parconfigs; then
+  for fam in gdn kda; do
+    timeout ${FAM_CONFIGS_TIMEOUT:-400} python3 shared/gpu/plan_configs.py $fam \
+      > "$OUT/${fam}_configs.txt" 2>&1 &
+  done
+  wait; tail -n 40 "$OUT"/*_configs.txt
+fi
 for fam in "${!FAMPKG[@]}"; do
   has ${fam}tests && famtests $fam ${FAMPKG[$fam]}
   argvar=${fam^^}_ARGS

@@ -71,8 +71,9 @@ def test_foreign_workspaces_refused():
                                               max_tokens=18, max_seqs=2)
     with pytest.raises(ValueError, match="was made for plan"):
         causal_conv1d_det_bwd(dy, None, saved, workspace=other)
-    bad = CausalConv1dDetWorkspace(plan, DEV, {"dweight_partials": torch.zeros(4, D, W + 1),
-                                               "dbias_partials": torch.zeros(4, D)})
+    bad = CausalConv1dDetWorkspace(plan, DEV, {
+        "dweight_partials": torch.zeros(4, D, W + 1, device=DEV),
+        "dbias_partials": torch.zeros(4, D, device=DEV)})
     with pytest.raises(ValueError, match="'dweight_partials' must be a contiguous fp32"):
         causal_conv1d_det_bwd(dy, None, saved, workspace=bad)
     small = CausalConv1dDetWorkspace.for_plan(plan, DEV, max_tokens=1, max_seqs=1)

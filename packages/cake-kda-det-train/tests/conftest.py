@@ -94,12 +94,13 @@ def reference64(*a, **k):
 
 
 def check_vs_reference(inputs, h0=None, A_log=None, dt_bias=None, *, dtype=torch.float32,
-                       seed=0, with_dht=True, fn=None, **kw):
+                       seed=0, with_dht=True, fn=None, grad_tol=None, **kw):
     """o, final_state and every gradient of ``fn`` (default :func:`chunk_kda_det`) against
     float64 autograd through the reference, within ``cake_core.testing.TOLERANCES[dtype]``
     (the final state at 1e-5 for fp32 inputs; dA_log / ddt_bias in fp32 at
-    :data:`PARAM_TOL_FP32`). Gradients of absent (or ignored) inputs must be None, the
-    others of their input's dtype and shape and finite. Returns the cake gradients."""
+    :data:`PARAM_TOL_FP32`; ``grad_tol`` overrides the other gradients' tolerance).
+    Gradients of absent (or ignored) inputs must be None, the others of their input's
+    dtype and shape and finite. Returns the cake gradients."""
     from cake_kda_det_train import chunk_kda_det
 
     fn = fn or chunk_kda_det
@@ -129,7 +130,7 @@ def check_vs_reference(inputs, h0=None, A_log=None, dt_bias=None, *, dtype=torch
             continue
         assert a is not None and a.dtype == t.dtype and a.shape == t.shape, name
         tol = PARAM_TOL_FP32 if name in ("A_log", "dt_bias") and dtype == torch.float32 \
-            else None
+            else grad_tol
         assert_close_to_reference(a, b, dtype, f"d{name}", tol=tol)
     return got
 

@@ -171,7 +171,8 @@ def test_accepted_edge_arguments_do_not_raise(monkeypatch):
     a = _base()
     chunk_kda_det_fwd(**a, safe_gate=True)
     chunk_kda_det_fwd(**a, scale=1, use_gate_in_kernel=True, lower_bound=-5, safe_gate=True)
-    chunk_kda_det_fwd(**a, use_gate_in_kernel=True, lower_bound=-0.5, dt_bias=torch.zeros(64))
+    chunk_kda_det_fwd(**a, use_gate_in_kernel=True, lower_bound=-0.5,
+                      dt_bias=torch.zeros(64, device=DEV))
     assert len(seen) == 3
 
 

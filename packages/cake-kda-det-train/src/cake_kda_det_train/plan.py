@@ -120,9 +120,14 @@ def _bvf(V: int) -> int:
 
 
 def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
-    """Why ``plan`` cannot run inputs of ``dtype`` on CUDA (None when it can). The limits
-    come from sm_90 builds compiled offline (shared memory per program, 227 KiB); not yet
-    confirmed on a GPU."""
+    """Why ``plan`` cannot run inputs of ``dtype`` on CUDA (None when it can).
+
+    The shared-memory limit comes from sm_90 builds compiled offline (227 KiB per program).
+    The others are configurations that Triton 3.6 builds wrongly for an H200 (sm_90),
+    measured on 2026-11-30 against the float64 recurrence (``shared/gpu/plan_configs.py``,
+    ``shared/gpu/kda_diag.py``; docs/benchmarks/kda.md): the same plans are right under the
+    interpreter, so the fault is in the compiled code, like the Hopper miscompile FLA guards
+    its own GDN backward against."""
     if max(plan.head_k_dim, plan.head_v_dim) > 128:
         return "on CUDA K and V must be <= 128 (larger tiles are not built yet)"
     fp32_inter = dtype == torch.float32 or not plan.store_16bit
@@ -130,6 +135,16 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
         return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 64 need "
                 "num_stages_h=1 and block_k_inner<=32 (larger fp32 tiles overflow the 227 KiB "
                 "of shared memory)")
+    if fp32_inter and plan.block_k_inner == 16 and plan.block_k > 16:
+        return ("on CUDA fp32 intermediates need block_k_inner >= 32 when K > 16 (16 made an "
+                "illegal memory access in the backward chunk kernel on an H200, Triton 3.6)")
+    if plan.block_v_bwd > 32 and not (plan.block_v_bwd == 64 and _bvf(plan.head_v_dim) == 64):
+        return ("on CUDA block_v_bwd > 32 only as 64 with V <= 64 (64 with V = 128 gave wrong "
+                "dk / dg, 128 failed to run, on an H200, Triton 3.6)")
+    if plan.store_16bit and dtype != torch.float32 and plan.block_k < 64:
+        return ("on CUDA 16-bit intermediates need K > 32 (store_16bit=1 at K = 32 gave a wrong "
+                "o and final state with num_warps_prep=4, and wrong dk / dg at V >= 64 with "
+                "either warp count, on an H200, Triton 3.6): use store_16bit=0")
     return None
 
 
@@ -141,13 +156,14 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``block_k_inner = min(block_k, 64)`` (32 on CUDA with fp32 intermediates: the blocks of
     pair-product operands then fit the 227 KiB of shared memory of an sm_90 program); on
     CUDA ``block_v = min(64, V rounded up)``, ``block_v_bwd = min(32, V rounded up)``, 4
-    warps (8 for the recurrence and output kernels when ``block_k * block_v >= 8192``, and
-    for the chunk prep and backward chunk kernels when ``block_k >= 64``: sm_90 builds
-    compiled offline spilled 2-4 KB per thread with 4 warps at K = V = 128), 16-bit
-    intermediates for bf16/fp16 inputs when ``block_k >= 32`` and V > 16, "tf32" for the
-    fp32 solve then, "tf32x3" otherwise; under the interpreter the whole V in one block and
-    ``fp32_dots=1``. Gate kernels (tiles of tokens x block_k): ``4096 // block_k`` tokens
-    per program on CUDA (16 to 128), 256 under the interpreter.
+    warps (8 for the recurrence and output kernels when ``block_k * block_v >= 8192``, for
+    the backward chunk kernel when ``block_k >= 64``: sm_90 builds compiled offline spilled
+    2-4 KB per thread with 4 warps at K = V = 128; for the chunk prep when ``block_k >= 32``:
+    4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
+    intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
+    V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
+    whole V in one block and ``fp32_dots=1``. Gate kernels (tiles of tokens x block_k):
+    ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 
     Raises:
         ValueError: K or V outside [1, 256], ``dtype`` not fp32/bf16/fp16, or on CUDA the
@@ -162,7 +178,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
     block_k = next_power_of_2(max(K, 16))
     block_v_full = _bvf(V)
     block_v = min(64, block_v_full) if cuda else block_v_full
-    store_16bit = int(block_k >= 32 and block_v_full >= 32)
+    # CUDA: 16-bit intermediates from K = 64 on (Triton 3.6 built K = 32 wrongly on an H200)
+    store_16bit = int(block_k >= (64 if cuda else 32) and block_v_full >= 32)
     wide = dtype != torch.float32 and store_16bit
     return KDADetPlan(
         head_k_dim=K,
@@ -172,7 +189,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         block_k_inner=min(block_k, 64 if wide or not cuda else 32),
         block_v=block_v,
         block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
-        num_warps_prep=8 if cuda and block_k >= 64 else 4,
+        num_warps_prep=8 if cuda and block_k >= 32 else 4,
         num_warps_h=8 if cuda and block_k * block_v >= 8192 else 4,
         num_warps_o=8 if cuda and block_k * block_v >= 8192 else 4,
         num_warps_bwd=8 if cuda and block_k >= 64 else 4,
