@@ -298,6 +298,7 @@ def _main_rank(rank, W, a, device):
             from cake_core.bench import write_json
 
             write_json(a.out, out)
+    dist.barrier()  # every rank leaves together (gloo aborted a rank that tore down first)
 
 
 def _free_port() -> int:
