@@ -1,0 +1,61 @@
+"""The benchmark's document builder, and a CPU run on three ranks where rank 0 holds no
+token and rank 2's halo comes from rank 1."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = (Path(__file__).resolve().parents[1] / "benchmarks"
+         / "bench_cake_causal_conv1d_det_train_kcp.py")
+_spec = importlib.util.spec_from_file_location("bench_conv_kcp", BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_document_boundaries(layout):
+    T, W = 1000, 4
+    cuts = bench.rank_cuts(T, W, layout)
+    assert len(cuts) == (W - 1 if layout == "contiguous" else 2 * W - 1)
+    for boundary in ("none", "on", "after", "random"):
+        for docs in (1, 2, 5, 12):
+            cu = bench.make_cu(T, docs, boundary, layout, W, seed=3)
+            assert cu[0] == 0 and cu[-1] == T and len(cu) == docs + 1
+            assert all(a < b for a, b in zip(cu, cu[1:], strict=False)), cu
+            inner = set(cu[1:-1])
+            if boundary == "on":
+                assert inner <= set(cuts) or set(cuts) <= inner
+            if boundary == "after":
+                after = {c + 1 for c in cuts}
+                assert inner <= after or after <= inner
+            if boundary == "none":
+                assert not inner & (set(cuts) | {c + 1 for c in cuts})
+    assert bench.make_cu(1, 1, "none", layout, 2, 0) == [0, 1]
+    assert bench.make_cu(3, 3, "random", layout, 2, 0) == [0, 1, 2, 3]
+
+
+def test_smoke_three_ranks_two_tokens(tmp_path):
+    """``--seqlen 2 --docs 1`` on three ranks: rank 0 holds nothing (runs no kernel, joins
+    every collective), rank 2's halo is rank 1's token; with --check every rank's y, dx
+    and the reduced dweight / dbias match the single-rank package, repeat bitwise, and the
+    reduced gradients are the same bits on every rank."""
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, str(BENCH), "--world-size", "3", "--device", "cpu",
+                        "--seqlen", "2", "--docs", "1", "--hidden", "8", "--kernel-size", "3",
+                        "--dtype", "fp32", "--bias", "--reduce-weight-grads", "--base",
+                        "local", "--check", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert [x["tokens"] for x in d["ranks"]] == [0, 1, 1]
+    assert d["repeat_bitwise_all_ranks"] and d["reduced_same_bits_all_ranks"]
+    assert d["max_rel_err"] < 1e-6
+    assert d["local_fwd_bwd_ms"] > 0
+    assert [x["bytes"]["calls"] for x in d["ranks"]] == [2, 2, 2]
+    assert [x["bytes"]["halo_rows_out"] for x in d["ranks"]] == [0, 1, 0]
