@@ -1,0 +1,65 @@
+"""cake-kda-det-train-kcp: context-parallel (KCP) deterministic chunked Kimi Delta Attention.
+
+One packed batch of documents is split over the ranks of a process group
+(:func:`partition_det_kcp`, :func:`build_context_det_kcp`); each rank runs
+cake-kda-det-train's single-rank kernels on its own tokens and the ranks exchange the
+fp32 recurrent states (or affine summaries of them) that cross their cuts:
+:func:`chunk_kda_det_kcp` (autograd), :func:`chunk_kda_det_fwd_kcp` and
+:func:`chunk_kda_det_bwd_kcp` (low level). KDA's per-channel decay makes a fragment's
+state map ``S_end = P S_start + Q`` with ``P = prod_t (I - beta_t k_t k_t^T)
+diag(exp(g_t))`` (``docs/kcp.md``, section *Families*). Bitwise repeatable for a fixed
+partition, exchange and plan.
+
+Public names are imported lazily: importing this package (or its ``cake_build``
+manifest) does not import Triton or the kernels.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cake_core.lazy import lazy_exports
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "chunk_kda_det_kcp": "api",
+    "chunk_kda_det_fwd_kcp": "api",
+    "chunk_kda_det_bwd_kcp": "api",
+    "KDADetKCPGrads": "api",
+    "partition_det_kcp": "context",
+    "build_context_det_kcp": "context",
+    "exchange_bytes": "context",
+    "KDADetKCPSavedSet": "saved",
+    "KDADetKCPWorkspace": "saved",
+}
+
+__all__ = [
+    "KDADetKCPGrads",
+    "KDADetKCPSavedSet",
+    "KDADetKCPWorkspace",
+    "__version__",
+    "build_context_det_kcp",
+    "chunk_kda_det_bwd_kcp",
+    "chunk_kda_det_fwd_kcp",
+    "chunk_kda_det_kcp",
+    "exchange_bytes",
+    "partition_det_kcp",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cake_kda_det_train_kcp.api import (
+        KDADetKCPGrads,
+        chunk_kda_det_bwd_kcp,
+        chunk_kda_det_fwd_kcp,
+        chunk_kda_det_kcp,
+    )
+    from cake_kda_det_train_kcp.context import (
+        build_context_det_kcp,
+        exchange_bytes,
+        partition_det_kcp,
+    )
+    from cake_kda_det_train_kcp.saved import KDADetKCPSavedSet, KDADetKCPWorkspace
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

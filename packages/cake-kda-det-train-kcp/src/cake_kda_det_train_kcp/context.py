@@ -1,0 +1,261 @@
+"""Partitions and contexts of the KDA KCP route (thin wrappers over :mod:`cake_core.kcp`),
+the context checks every entry runs before any collective, byte counts, and the groups of
+local fragments the entries hand to the single-rank kernels.
+
+Plain Python and torch: importing this module imports no Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from cake_core.kcp import Context, Partition, build_context
+
+__all__ = [
+    "LocalGroup",
+    "build_context_det_kcp",
+    "check_context",
+    "exchange_bytes",
+    "has_middle_fragments",
+    "partition_det_kcp",
+]
+
+
+def partition_det_kcp(cu_seqlens_global_cpu: torch.Tensor | Sequence[int], world_size: int,
+                      layout: str = "contiguous",
+                      fragments: Sequence[object] | None = None) -> Partition:
+    """Which global tokens each rank of a context-parallel group holds.
+
+    A thin wrapper over :class:`cake_core.kcp.Partition` (``docs/kcp.md``): built on the
+    host from the global document offsets, equal on every rank, shared by every layer (a
+    KDA layer and the short convolutions in front of it use the same partition).
+
+    Args:
+        cu_seqlens_global_cpu: global offsets ``[N + 1]`` of the packed documents (int32 /
+            int64 CPU tensor or a sequence of ints; starts at 0, non-decreasing; empty
+            documents allowed); ``T = cu_seqlens[-1]``.
+        world_size: ``W >= 1``, the size of the context-parallel group.
+        layout: ``"contiguous"`` (rank ``r`` holds ``[floor(rT/W), floor((r+1)T/W))``) or
+            ``"zigzag"`` (``2W`` parts cut the same way; rank ``r`` holds parts ``r`` and
+            ``2W-1-r``). Nothing needs to divide; a rank may hold no token.
+        fragments: an explicit fragment table instead of a layout: rows
+            ``(rank, doc, doc_offset, length)`` (or mappings with those keys, or
+            :class:`cake_core.kcp.Fragment` objects); a rank's rows in table order are its
+            local order (:meth:`cake_core.kcp.Partition.from_fragments`). ``layout`` must
+            then stay at its default (or be ``"explicit"``).
+
+    Returns:
+        a :class:`cake_core.kcp.Partition`.
+
+    Raises:
+        ValueError: bad offsets, world size, layout or fragment table (naming the
+            argument), or a layout other than the default together with ``fragments``.
+    """
+    if fragments is None:
+        return Partition.from_cu_seqlens(cu_seqlens_global_cpu, world_size, layout)
+    if layout not in ("contiguous", "explicit"):
+        raise ValueError(f"layout: {layout!r} cannot be combined with an explicit fragment "
+                         "table (leave layout at its default)")
+    cu = cu_seqlens_global_cpu
+    if isinstance(cu, torch.Tensor):
+        if cu.dim() != 1 or cu.numel() < 1:
+            raise ValueError("cu_seqlens_global_cpu: expected a 1-D tensor with at least 2 "
+                             f"entries, got shape {tuple(cu.shape)}")
+        total = cu[-1]
+    elif isinstance(cu, (list, tuple)) and cu:
+        total = cu[-1]
+    else:
+        raise ValueError("cu_seqlens_global_cpu: expected a CPU int tensor or a non-empty list "
+                         f"of ints, got {type(cu).__name__}")
+    return Partition.from_fragments(fragments, world_size, total, cu_seqlens=cu)
+
+
+def build_context_det_kcp(partition: Partition, group: Any, rank: int,
+                          device: torch.device | str | int, conv_kernel_size: int = 4, *,
+                          exchange: str = "allgather") -> Context:
+    """Rank ``rank``'s view of ``partition`` for this package's KCP entries.
+
+    A thin wrapper over :func:`cake_core.kcp.build_context`: it reads no tensor contents
+    and runs no collective (it asks ``torch.distributed`` for the group's size and this
+    process's rank, local queries).
+
+    Args:
+        partition: from :func:`partition_det_kcp` (the same on every rank).
+        group: the context-parallel process group, or ``None``: the default group when
+            ``torch.distributed`` is initialised, else a single process (``W`` must be 1).
+        rank: this process's rank in ``group``.
+        device: where the rank-local tensors live.
+        conv_kernel_size: the short convolution's width (its halo plan; unused by KDA
+            itself, kept so one context serves a whole KDA layer).
+        exchange: ``"allgather"`` (default: one all-gather of fp32 affine summaries per
+            direction) or ``"ring"`` (the exact states handed along each document's chain).
+
+    Raises:
+        ValueError: ``partition`` not a Partition, made for another world size than the
+            group's, ``rank`` not this process's rank in ``group``, an unknown
+            ``exchange`` (see :func:`cake_core.kcp.build_context`).
+    """
+    if not isinstance(partition, Partition):
+        raise ValueError(f"partition: expected a cake_core.kcp.Partition (from "
+                         f"partition_det_kcp), got {type(partition).__name__}")
+    return build_context(partition, group, rank, device, conv_kernel_size, exchange=exchange)
+
+
+def _world_and_rank(group: Any) -> tuple[int, int] | None:
+    """``(size, rank)`` of ``group`` (local queries), or ``None`` without an initialised
+    ``torch.distributed``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def check_context(ctx: object, device: torch.device | None = None) -> Context:
+    """``ValueError`` unless ``ctx`` is a :class:`cake_core.kcp.Context` this process can run
+    collectives with (its group has ``ctx.world_size`` ranks and this process is rank
+    ``ctx.rank`` of it: a context built with ``check_group=False`` for another rank, or for
+    another world size, is refused) and, with ``device``, one built for that device. Runs no
+    collective."""
+    if not isinstance(ctx, Context):
+        raise ValueError(f"ctx: expected a cake_core.kcp.Context (from build_context_det_kcp), "
+                         f"got {type(ctx).__name__}")
+    wr = _world_and_rank(ctx.group)
+    if wr is None:
+        if ctx.group is not None:
+            raise ValueError("ctx: its process group is set but torch.distributed is not "
+                             "initialised")
+        if ctx.world_size != 1:
+            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but torch.distributed "
+                             "is not initialised (a single process is world size 1)")
+        if ctx.rank != 0:
+            raise ValueError(f"ctx: made for rank {ctx.rank}, but this single process is rank 0")
+    else:
+        size, me = wr
+        if me < 0:
+            raise ValueError("ctx: this process is not a member of the context's group")
+        if size != ctx.world_size:
+            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but its process group "
+                             f"has {size} ranks")
+        if me != ctx.rank:
+            raise ValueError(f"ctx: made for rank {ctx.rank}, but this process is rank {me} of "
+                             "its group")
+    if device is not None:
+        want = ctx.device
+        if want.type != device.type or (want.index is not None and device.index is not None
+                                         and want.index != device.index):
+            raise ValueError(f"ctx: built for device {want}, but the tensors are on {device}")
+    return ctx
+
+
+@functools.lru_cache(maxsize=64)
+def has_middle_fragments(partition: Partition) -> bool:
+    """Whether some fragment of ``partition`` both receives and sends a state (a document
+    spans three fragments or more). Only such fragments need their transition ``P`` in
+    either direction; without any, the all-gather rows carry ``Q`` (or ``G``) alone, ``V``
+    wide instead of ``K + V`` (the same decision on every rank)."""
+    return any(f.has_prev and f.has_next for frags in partition.table for f in frags)
+
+
+def gate_grad_width(HV: int, K: int, has_a_log: bool, has_dt_bias: bool) -> int:
+    """Length of one rank's fp32 row of gate-parameter gradients in the all-gather of
+    ``reduce_gate_param_grads``: ``HV`` (dA_log) plus ``HV * K`` (ddt_bias), each only when
+    that parameter is used."""
+    return (HV if has_a_log else 0) + (HV * K if has_dt_bias else 0)
+
+
+def exchange_bytes(ctx: Context, K: int, V: int, HV: int, *,
+                   gate_grad_floats: int = 0) -> dict[str, int]:
+    """What this package's exchange moves on ``ctx``'s rank per layer call (forward and
+    backward), fp32.
+
+    All-gather rows are ``HV * K * (K + V) * 4`` bytes when the partition has middle
+    fragments (:func:`has_middle_fragments`), else ``HV * K * V * 4``
+    (:meth:`cake_core.kcp.Context.bytes_per_collective` counts the wider row); the ring
+    moves ``HV * K * V * 4``-byte states. ``gate_grad_floats`` (``HV + HV * K`` with the
+    in-kernel gate, its A_log and dt_bias and ``reduce_gate_param_grads=True``; 0 without)
+    adds the backward's all-gather of the gate-parameter gradients (one fp32 row per rank,
+    one more call).
+
+    Returns:
+        ``{"fwd_sent", "fwd_received", "bwd_sent", "bwd_received", "calls"}`` (``calls``:
+        collective calls or point-to-point operations, both directions).
+    """
+    if ctx.exchange == "allgather":
+        plan = ctx.allgather_plan
+        row = HV * K * (K + V if has_middle_fragments(ctx.partition) else V) * 4
+        w = ctx.world_size
+        sf, sb = plan.fwd_slots_per_rank, plan.bwd_slots_per_rank
+        out = {"fwd_sent": sf * row, "fwd_received": (w - 1) * sf * row,
+               "bwd_sent": sb * row, "bwd_received": (w - 1) * sb * row,
+               "calls": int(sf > 0) + int(sb > 0)}
+    else:
+        b = ctx.bytes_per_collective(K, V, HV, torch.float32)
+        out = {"fwd_sent": b.fwd_sent, "fwd_received": b.fwd_received,
+               "bwd_sent": b.bwd_sent, "bwd_received": b.bwd_received,
+               "calls": b.fwd_calls + b.bwd_calls}
+    if gate_grad_floats:
+        out["bwd_sent"] += gate_grad_floats * 4
+        out["bwd_received"] += (ctx.world_size - 1) * gate_grad_floats * 4
+        out["calls"] += 1
+    return out
+
+
+# ----------------------------------------------------------------------------- local groups
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalGroup:
+    """Some of this rank's fragments, run by one single-rank call (each fragment its own
+    sequence).
+
+    ``kind`` names the role (``"all"``, ``"first"``, ``"middle"``, ``"alone"``, ``"last"``
+    for the all-gather; ``"pos<c>"`` for the ring's chain position ``c``); ``frags`` the
+    local fragment indices in local order; ``runs`` their tokens as ``(local_offset,
+    length)`` (adjacent fragments merged); ``cu`` the int64 CPU offsets ``[len(frags) + 1]``
+    of the group's own token array; ``num_tokens`` its size; ``whole`` whether it is every
+    fragment of the rank (its tensors are then the rank's own, no copy).
+    """
+
+    kind: str
+    frags: tuple[int, ...]
+    runs: tuple[tuple[int, int], ...]
+    cu: torch.Tensor
+    num_tokens: int
+    whole: bool
+
+    @classmethod
+    def of(cls, ctx: Context, kind: str, frags: Sequence[int]) -> LocalGroup:
+        frags = tuple(sorted(frags))
+        runs: list[tuple[int, int]] = []
+        cu = [0]
+        for i in frags:
+            f = ctx.fragments[i]
+            if runs and runs[-1][0] + runs[-1][1] == f.local_offset:
+                runs[-1] = (runs[-1][0], runs[-1][1] + f.length)
+            else:
+                runs.append((f.local_offset, f.length))
+            cu.append(cu[-1] + f.length)
+        return cls(kind, frags, tuple(runs), torch.tensor(cu, dtype=torch.int64), cu[-1],
+                   len(frags) == ctx.num_fragments)
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's tokens of a rank-local ``[1, T_r, ...]`` tensor in group order: ``x``
+        itself for the whole rank, a view for one run, else a copy."""
+        if self.whole:
+            return x
+        if len(self.runs) == 1:
+            a, n = self.runs[0]
+            return x[:, a:a + n]
+        return torch.cat([x[:, a:a + n] for a, n in self.runs], dim=1)
+
+    def put(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy a group-ordered ``[1, n, ...]`` tensor into its tokens of ``dst``."""
+        off = 0
+        for a, n in self.runs:
+            dst[:, a:a + n].copy_(src[:, off:off + n])
+            off += n

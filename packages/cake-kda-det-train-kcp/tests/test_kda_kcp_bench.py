@@ -1,0 +1,67 @@
+"""The benchmark's document builder, and a CPU smoke run on two ranks where rank 0
+receives no token (FLA's gate, the ring, --base local and --check)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cake_kda_det_train_kcp.py"
+_spec = importlib.util.spec_from_file_location("bench_kda_kcp", BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_document_boundaries(layout):
+    T, W = 1000, 4
+    cuts = bench.rank_cuts(T, W, layout)
+    assert len(cuts) == (W - 1 if layout == "contiguous" else 2 * W - 1)
+    for boundary in ("none", "on", "after", "random"):
+        for docs in (1, 2, 5, 12):
+            cu = bench.make_cu(T, docs, boundary, layout, W, seed=3)
+            assert cu[0] == 0 and cu[-1] == T and len(cu) == docs + 1
+            assert all(a < b for a, b in zip(cu, cu[1:], strict=False)), cu
+            inner = set(cu[1:-1])
+            if boundary == "on":
+                assert inner <= set(cuts) or set(cuts) <= inner
+            if boundary == "after":
+                after = {c + 1 for c in cuts}
+                assert inner <= after or after <= inner
+            if boundary == "none" and docs - 1 <= T - 2 * len(cuts) - 1:
+                assert not inner & (set(cuts) | {c + 1 for c in cuts})
+    assert bench.make_cu(1, 1, "none", layout, 2, 0) == [0, 1]
+    assert bench.make_cu(3, 3, "random", layout, 2, 0) == [0, 1, 2, 3]
+
+
+def test_arguments():
+    a = bench.parse_args(["--gate", "softplus", "--no-reduce-gate-grads", "--seqlen", "8"])
+    assert a.gate == "softplus" and a.no_reduce_gate_grads and a.seqlen == 8
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--docs", "9", "--seqlen", "8"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--heads", "2", "--v-heads", "3"])
+
+
+def test_smoke_two_ranks_one_token(tmp_path):
+    """``--seqlen 1 --docs 1`` on two ranks: rank 0 holds nothing, skips its kernels and
+    still takes part (the gate-parameter sum too); with --check the results equal the
+    single-rank ones (one rank holds every token, and 0 + x = x)."""
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, str(BENCH), "--world-size", "2", "--device", "cpu",
+                        "--seqlen", "1", "--docs", "1", "--heads", "1", "--v-heads", "1",
+                        "--head-dim", "16", "--dtype", "fp32", "--base", "local", "--check",
+                        "--exchange", "ring", "--gate", "softplus", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert [x["tokens"] for x in d["ranks"]] == [0, 1]
+    assert d["repeat_bitwise_all_ranks"] and d["max_rel_err"] == 0.0
+    assert set(d["ranks"][1]["rel_err"]) == set(bench.GRAD_NAMES)
+    assert d["local_fwd_bwd_ms"] > 0 and d["ranks"][0]["bytes"]["calls"] == 1
+    assert d["gate"] == "softplus" and d["reduce_gate_param_grads"]
