@@ -38,6 +38,7 @@ FAMILIES = {
     "gate_norm": "cake-rmsnorm-silu-gate-det-train",
     "conv": "cake-causal-conv1d-det-train",
     "kda": "cake-kda-det-train",
+    "kda_kcp": "cake-kda-det-train-kcp",
     "conv_kcp": "cake-causal-conv1d-det-train-kcp",
     "tinylm": "cake-tinylm",
 }

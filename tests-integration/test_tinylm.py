@@ -57,3 +57,21 @@ def test_tinylm_short_job_is_bitwise_deterministic(tmp_path):
     assert len(report["runs"]["torch"]["losses"]) == 20
     assert report["versions"]["torch"] == torch.__version__
     assert "cake-a" in format_summary(result)
+
+
+def test_tinylm_context_parallel_two_processes(tmp_path):
+    """``--cp 2`` (gloo, two processes; GDN block): the CP run follows the single-process
+    run within float tolerance, repeats bitwise, and its two replicas stay equal."""
+    from cake_tinylm.cp import CPConfig, run_cp_job, write_cp_report
+
+    cfg = TrainConfig(steps=2, batch_size=2, seq_len=32, d_model=32, n_layers=1, n_heads=2,
+                      bytes=200_000, device="cpu", out=str(tmp_path), val_windows=4,
+                      mixer="gdn")
+    result = run_cp_job(cfg, CPConfig(2, "zigzag", "allgather"), progress=False)
+    assert result.losses_identical and result.weights_identical
+    assert result.replicas_identical and result.identical
+    assert result.max_gap_single < 1e-4
+    report = json.loads(open(write_cp_report(result, tmp_path)).read())
+    assert report["config"]["cp"] == {"world_size": 2, "layout": "zigzag",
+                                      "exchange": "allgather"}
+    assert len(report["cp_runs"]) == 2 and report["identical"] is True

@@ -389,3 +389,34 @@ def test_kda_mixer_short_job_is_bitwise_deterministic(tmp_path):
             "cake-rmsnorm-silu-gate-det-train"} <= set(report["cake_families"])
     assert "cake-gdn-det-train" not in report["cake_families"]
     assert report["versions"]["cake-kda-det-train"] is not None
+
+
+def test_cp_config_and_refusals(tmp_path, capsys):
+    """--cp: bad split settings and the attention mixer are refused before any process
+    starts (exit code 2 from the CLI)."""
+    from cake_tinylm.cp import CPConfig, train_cp
+
+    for bad in (dict(world_size=0), dict(world_size=True), dict(world_size=2, layout="x"),
+                dict(world_size=2, exchange="x")):
+        with pytest.raises(ValueError):
+            CPConfig(**bad)
+    cfg = TrainConfig(steps=1, batch_size=1, seq_len=4, d_model=32, n_layers=1, n_heads=4,
+                      device="cpu", mixer="gdn")
+    starts = torch.zeros(1, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="cannot feed"):
+        train_cp("x", cfg, CPConfig(5), {}, torch.zeros(100, dtype=torch.uint8), starts)
+    assert main(["train", "--cp", "2", "--mixer", "attention", "--steps", "1",
+                 "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "--mixer gdn or kda" in capsys.readouterr().err
+    assert main(["train", "--cp", "0", "--out", str(tmp_path), "--no-progress"]) == 2
+
+
+def test_positions_argument_matches_default():
+    """forward(positions=arange(T)) gives the default forward's bits (the CP route feeds
+    each token's position in its window)."""
+    torch.manual_seed(0)
+    model = build_model(SMALL, "cake")
+    idx = torch.randint(0, 256, (2, 8))
+    a, _ = model(idx)
+    b, _ = model(idx, positions=torch.arange(8)[None].expand(2, 8))
+    assert torch.equal(a, b)

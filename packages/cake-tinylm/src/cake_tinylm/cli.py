@@ -83,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=cpu["bytes"],
         help="corpus byte budget; the last 5%% is validation (default: %(default)s)",
     )
+    p.add_argument(
+        "--cp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="context parallelism: with N > 1 (and --mixer gdn or kda) train once in one "
+        "process, then twice split over N processes (gloo on CPU, NCCL with one GPU each); "
+        "report the loss gap to the single process and whether the CP runs are bitwise "
+        "identical, write report_cp.json (default: %(default)s: the usual job)",
+    )
+    p.add_argument("--cp-layout", choices=("contiguous", "zigzag"), default="contiguous",
+                   help="how tokens are cut over the ranks (default: %(default)s)")
+    p.add_argument("--cp-exchange", choices=("allgather", "ring"), default="allgather",
+                   help="the delta-rule state exchange (default: %(default)s)")
     p.add_argument("--out", default=cpu["out"], help="output directory (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     return parser
@@ -109,10 +123,23 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out,
             **overrides,
         )
-        result = run_job(cfg, progress=not args.no_progress)
+        if args.cp > 1:
+            from .cp import CPConfig, run_cp_job, write_cp_report
+
+            cp = CPConfig(args.cp, args.cp_layout, args.cp_exchange)
+            cp_result = run_cp_job(cfg, cp, progress=not args.no_progress)
+        elif args.cp < 1:
+            raise ValueError(f"--cp must be >= 1, got {args.cp}")
+        else:
+            result = run_job(cfg, progress=not args.no_progress)
     except (ValueError, FileNotFoundError) as exc:
         print(f"cake-tinylm: error: {exc}", file=sys.stderr)
         return 2
+    if args.cp > 1:
+        path = write_cp_report(cp_result, cfg.out)
+        print(cp_result.summary())
+        print(f"wrote {path}")
+        return 0 if cp_result.identical else 1
     json_path, png_path = write_report(result, cfg.out)
     print(format_summary(result))
     print(f"wrote {json_path} and {png_path}")

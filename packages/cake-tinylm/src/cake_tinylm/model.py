@@ -343,6 +343,18 @@ def make_short_conv(channels: int, impl: Impl = "cake") -> nn.Module:
     return _ShortConvTorch(channels, SHORT_CONV_SIZE)
 
 
+def _short_conv_cp(conv: nn.Module, x: torch.Tensor, cp) -> torch.Tensor:
+    """The blocks' short conv (SiLU, no bias) on this rank's tokens ``[1, T_r, D]``, with
+    the rows before each fragment taken from the ranks that hold them
+    (``cake_causal_conv1d_det_train_kcp.causal_conv1d_det_kcp``; dweight is this rank's
+    share, summed across ranks with every other gradient by the CP trainer)."""
+    from cake_causal_conv1d_det_train_kcp import causal_conv1d_det_kcp
+
+    D = x.shape[-1]
+    w = conv.weight.reshape(D, conv.weight.shape[-1])
+    return causal_conv1d_det_kcp(x, w, None, cp.ctx, activation="silu")
+
+
 _GATES = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
 
@@ -445,9 +457,25 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.log(a))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cp=None) -> torch.Tensor:
+        """``x`` ``[B, T, d]``; with ``cp`` (a :class:`cake_tinylm.cp.CPContext`, cake only)
+        ``x`` is this rank's ``[1, T_r, d]`` of a context-parallel packed batch: the conv and
+        the core exchange across ranks, the gate and beta's sigmoid run in fp32 torch."""
         b, t, d = x.shape
         shape = (b, t, self.n_heads, self.head_dim)
+        if cp is not None:
+            if self.impl != "cake":
+                raise ValueError("cp: only the cake build has a context-parallel route")
+            from cake_gdn_det_train_kcp import chunk_gated_delta_rule_det_kcp
+
+            qkv = _short_conv_cp(self.conv, self.qkv(x), cp)
+            q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
+            a, beta = self.ab(x).split(self.n_heads, dim=-1)
+            g = _decay_gate_torch(a, self.A_log, self.dt_bias)
+            o = chunk_gated_delta_rule_det_kcp(q, k, v, g, beta.float().sigmoid(), cp.ctx,
+                                               use_qk_l2norm_in_kernel=True)
+            o = self.o_norm(o, self.gate(x).reshape(shape))
+            return self.proj(o.reshape(b, t, d))
         qkv, _ = self.conv(self.qkv(x))
         q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
         a, beta = self.ab(x).split(self.n_heads, dim=-1)  # [B, T, H] each
@@ -522,9 +550,26 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm = make_gated_norm(hd, cfg.norm_eps, "sigmoid", impl)
         self.o_proj = make_linear(d, d, bias=False, impl=impl)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cp=None) -> torch.Tensor:
+        """``x`` ``[B, T, d]``; with ``cp`` (a :class:`cake_tinylm.cp.CPContext`, cake only)
+        ``x`` is this rank's ``[1, T_r, d]`` of a context-parallel packed batch: the conv and
+        the core (gate in the kernel, as single-process) exchange across ranks."""
         b, t, d = x.shape
         shape = (b, t, self.n_heads, self.head_dim)
+        if cp is not None:
+            if self.impl != "cake":
+                raise ValueError("cp: only the cake build has a context-parallel route")
+            from cake_kda_det_train_kcp import chunk_kda_det_kcp
+
+            qkv = _short_conv_cp(self.conv, self.qkv(x), cp)
+            q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
+            f = self.f_proj(x).reshape(shape)
+            beta = self.b_proj(x).float().sigmoid()
+            o = chunk_kda_det_kcp(q, k, v, f, beta, cp.ctx, A_log=self.A_log,
+                                  dt_bias=self.dt_bias, use_qk_l2norm_in_kernel=True,
+                                  use_gate_in_kernel=True, reduce_gate_param_grads=False)
+            o = self.o_norm(o, self.g_proj(x).reshape(shape))
+            return self.o_proj(o.reshape(b, t, d))
         qkv, _ = self.conv(self.qkv(x))
         q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
         f = self.f_proj(x).reshape(shape)                  # raw gate [B, T, H, K]
@@ -605,8 +650,9 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg.d_model, cfg.norm_eps, impl)
         self.mlp = make_mlp(cfg, impl)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mixer(self.norm1(x))
+    def forward(self, x: torch.Tensor, cp=None) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + (self.mixer(h) if cp is None else self.mixer(h, cp=cp))
         return x + self.mlp(self.norm2(x))
 
 
@@ -652,7 +698,8 @@ class TinyLM(nn.Module):
                 nn.init.normal_(p, 0.0, std)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+        positions: torch.Tensor | None = None, cp=None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the LM.
 
@@ -660,6 +707,11 @@ class TinyLM(nn.Module):
             idx: ``int64`` token ids ``[B, T]`` in ``[0, vocab_size)``,
                 ``1 <= T <= max_seq_len``.
             targets: optional ``int64`` ``[B, T]`` next-token ids.
+            positions: optional ``int64`` ``[B, T]`` (or ``[1, T]``) position of each token
+                in its window (default ``arange(T)``), each ``< max_seq_len``.
+            cp: a :class:`cake_tinylm.cp.CPContext`: ``idx`` is this rank's ``[1, T_r]``
+                share of a context-parallel packed batch (GDN / KDA mixers only, the cake
+                build); ``T_r`` may then exceed ``max_seq_len``.
 
         Returns:
             ``(logits, loss)``. Without targets: logits ``[B, T, vocab_size]`` in the
@@ -675,16 +727,18 @@ class TinyLM(nn.Module):
         if idx.dim() != 2:
             raise ValueError(f"idx must be [B, T], got shape {tuple(idx.shape)}")
         t = idx.shape[1]
-        if not 1 <= t <= self.cfg.max_seq_len:
+        if cp is None and not 1 <= t <= self.cfg.max_seq_len:
             raise ValueError(f"sequence length {t} not in [1, {self.cfg.max_seq_len}]")
         if targets is not None and targets.shape != idx.shape:
             raise ValueError(
                 f"targets shape {tuple(targets.shape)} != idx shape {tuple(idx.shape)}"
             )
-        pos = torch.arange(t, device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)[None]
+        if positions is None:
+            x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))[None]
+        else:
+            x = self.tok_emb(idx) + self.pos_emb(positions)
         for block in self.blocks:
-            x = block(x)
+            x = block(x) if cp is None else block(x, cp=cp)
         h = self.norm_f(x)
         if targets is None:
             if self.impl == "cake":

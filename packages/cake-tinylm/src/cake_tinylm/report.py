@@ -22,6 +22,9 @@ _CAKE_PACKAGES = {
     "cake-causal-conv1d-det-train": "cake_causal_conv1d_det_train",
     "cake-rmsnorm-silu-gate-det-train": "cake_rmsnorm_silu_gate_det_train",
     "cake-kda-det-train": "cake_kda_det_train",
+    "cake-gdn-det-train-kcp": "cake_gdn_det_train_kcp",
+    "cake-causal-conv1d-det-train-kcp": "cake_causal_conv1d_det_train_kcp",
+    "cake-kda-det-train-kcp": "cake_kda_det_train_kcp",
     "cake-tinylm": "cake_tinylm",
 }
 
