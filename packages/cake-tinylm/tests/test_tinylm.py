@@ -403,8 +403,17 @@ def test_cp_config_and_refusals(tmp_path, capsys):
     cfg = TrainConfig(steps=1, batch_size=1, seq_len=4, d_model=32, n_layers=1, n_heads=4,
                       device="cpu", mixer="gdn")
     starts = torch.zeros(1, 1, dtype=torch.int64)
-    with pytest.raises(ValueError, match="cannot feed"):
+    with pytest.raises(ValueError, match="without tokens"):
         train_cp("x", cfg, CPConfig(5), {}, torch.zeros(100, dtype=torch.uint8), starts)
+    # zigzag leaves rank 2 of 4 empty with 5 tokens: refused before the single-process
+    # run (run_cp_job checks first; no corpus is even loaded)
+    from cake_tinylm.cp import check_cp, run_cp_job
+
+    five = TrainConfig(steps=1, batch_size=1, seq_len=5, d_model=32, n_layers=1, n_heads=4,
+                       device="cpu", mixer="gdn", text=str(tmp_path / "missing"))
+    check_cp(five, CPConfig(4, "contiguous"), 1)
+    with pytest.raises(ValueError, match=r"per rank: \[1, 2, 0, 2\]"):
+        run_cp_job(five, CPConfig(4, "zigzag"))
     assert main(["train", "--cp", "2", "--mixer", "attention", "--steps", "1",
                  "--out", str(tmp_path), "--no-progress"]) == 2
     assert "--mixer gdn or kda" in capsys.readouterr().err

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from .data import get_batch
 
 __all__ = ["CPConfig", "CPContext", "CPJobResult", "CPRunResult", "EXCHANGES", "LAYOUTS",
+           "check_cp",
            "run_cp_job", "train_cp", "write_cp_report"]
 
 LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
@@ -109,6 +110,38 @@ class CPRunResult:
         return len(set(self.replica_hashes)) == 1
 
 
+def _partition(cp: CPConfig, batch_size: int, seq_len: int):
+    """The partition of one step's packed windows (the same every step)."""
+    from cake_core.kcp import Partition
+
+    cu = list(range(0, batch_size * seq_len + 1, seq_len))
+    return Partition.from_cu_seqlens(cu, cp.world_size, cp.layout)
+
+
+def check_cp(cfg, cp: CPConfig, batch_size: int) -> None:
+    """Refuse, before anything trains, what the context-parallel route cannot run: another
+    mixer than GDN / KDA, more ranks than GPUs on CUDA, or a split that leaves a rank
+    without tokens (``B * seq_len`` tokens cut by ``cp.layout``: zigzag can leave a rank
+    empty even with more tokens than ranks).
+
+    Raises:
+        ValueError: naming the reason.
+    """
+    if cfg.mixer not in ("gdn", "kda"):
+        raise ValueError(f"--cp needs --mixer gdn or kda (the {cfg.mixer!r} mixer has no "
+                         f"context-parallel route)")
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda and cp.world_size > torch.cuda.device_count():
+        raise ValueError(f"cp: {cp.world_size} ranks but {torch.cuda.device_count()} GPUs")
+    tokens = batch_size * cfg.seq_len
+    part = _partition(cp, batch_size, cfg.seq_len)
+    counts = [part.local_num_tokens(r) for r in range(cp.world_size)]
+    if min(counts) == 0:
+        raise ValueError(f"cp: {tokens} tokens per step ({batch_size} x {cfg.seq_len}) cut "
+                         f"{cp.layout} over {cp.world_size} ranks leave a rank without "
+                         f"tokens (per rank: {counts}); use fewer ranks or more tokens")
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -158,7 +191,9 @@ def _worker(rank: int, world: int, port: int, cfg, cp: CPConfig, init_state, tra
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world)
     try:
-        from cake_core.kcp import Partition, build_context
+        from cake_core.kcp import build_context
+
+        from .model import SHORT_CONV_SIZE
 
         with deterministic_mode():
             model = build_model(cfg.model_config(), "cake", device=device,
@@ -168,13 +203,10 @@ def _worker(rank: int, world: int, port: int, cfg, cp: CPConfig, init_state, tra
                                     weight_decay=cfg.weight_decay)
             steps, bsz = starts.shape
             T = cfg.seq_len
-            cu = list(range(0, bsz * T + 1, T))
-            part = Partition.from_cu_seqlens(cu, world, cp.layout)
-            gi = part.global_index(rank)
-            if gi.numel() == 0:
-                raise ValueError(f"cp: rank {rank} holds no token (B * T = {bsz * T} tokens "
-                                 f"over {world} ranks); use fewer ranks or more tokens")
-            ctx = build_context(part, None, rank, device, 4, exchange=cp.exchange)
+            part = _partition(cp, bsz, T)
+            gi = part.global_index(rank)  # never empty: check_cp ran in the parent
+            ctx = build_context(part, None, rank, device, SHORT_CONV_SIZE,
+                                exchange=cp.exchange)
             cpc = CPContext(ctx=ctx, mixer=cfg.mixer)
             pos = (gi % T)[None].to(device)
             share = gi.numel() / (bsz * T)
@@ -230,19 +262,10 @@ def train_cp(name: str, cfg, cp: CPConfig, init_state, train_data: torch.Tensor,
         progress: rank 0 prints about ten progress lines.
 
     Raises:
-        ValueError: the attention mixer, more ranks than GPUs on CUDA, or a rank without
-            tokens (``B * seq_len < world_size``).
+        ValueError: as :func:`check_cp` (before any process starts).
     """
-    if cfg.mixer not in ("gdn", "kda"):
-        raise ValueError(f"--cp needs --mixer gdn or kda (the {cfg.mixer!r} mixer has no "
-                         f"context-parallel route)")
     steps, bsz = starts.shape
-    if bsz * cfg.seq_len < cp.world_size:
-        raise ValueError(f"cp: {bsz * cfg.seq_len} tokens per step cannot feed "
-                         f"{cp.world_size} ranks")
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if cuda and cp.world_size > torch.cuda.device_count():
-        raise ValueError(f"cp: {cp.world_size} ranks but {torch.cuda.device_count()} GPUs")
+    check_cp(cfg, cp, bsz)
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="cake-tinylm-cp-") as out_dir:
@@ -344,7 +367,8 @@ def run_cp_job(cfg, cp: CPConfig, *, progress: bool = True, corpus=None) -> CPJo
     single-process run and whether the CP run repeats bitwise.
 
     Raises:
-        ValueError: as :func:`train_cp` and :func:`cake_tinylm.train.run_job`.
+        ValueError: as :func:`check_cp` (before anything trains) and
+            :func:`cake_tinylm.train.run_job`.
     """
     from .data import batch_starts, load_corpus, split_train_val
     from .data import val_windows as make_val_windows
@@ -360,9 +384,7 @@ def run_cp_job(cfg, cp: CPConfig, *, progress: bool = True, corpus=None) -> CPJo
     )
 
     t_job = time.perf_counter()
-    if cfg.mixer not in ("gdn", "kda"):
-        raise ValueError(f"--cp needs --mixer gdn or kda (the {cfg.mixer!r} mixer has no "
-                         f"context-parallel route)")
+    check_cp(cfg, cp, cfg.batch_size)  # before the single-process run, not after it
     device = resolve_device(cfg.device)
     mcfg = cfg.model_config()
     dtype = DTYPES[cfg.dtype]
