@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs, and <fam>tests
+# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -90,6 +90,22 @@ for fam in "${!FAMPKG[@]}"; do
   has ${fam}configs && timeout ${FAM_CONFIGS_TIMEOUT:-400} python3 shared/gpu/plan_configs.py \
     $fam 2>&1 | tee "$OUT/${fam}_configs.txt"
 done
+# kcp2 (on nvidia-h200-x2): every KCP benchmark with --check --base local at T = 65536 over
+# 2 GPUs (NCCL), both layouts; then the main job with --cp 2 (GDN block; $CP_STEPS steps).
+if has kcp2; then
+  for fam in gdn kda causal-conv1d; do
+    mod=cake_${fam//-/_}_det_train_kcp
+    for L in contiguous zigzag; do
+      timeout ${KCP_TIMEOUT:-150} torchrun --nproc-per-node 2 \
+        packages/cake-$fam-det-train-kcp/benchmarks/bench_${mod}.py --seqlen 65536 --docs 8 \
+        --boundary random --layout $L --base local --check --out "$OUT/kcp_${fam}_$L.json" \
+        2>&1 | grep -E '"(kcp_fwd_bwd_ms_slowest_rank|local_fwd_bwd_ms|speedup_vs_local|repeat_bitwise_all_ranks|max_rel_err)"' \
+        | sed "s/^/$fam $L /"
+    done
+  done
+  timeout ${CP_TIMEOUT:-300} python3 -m cake_tinylm train --mixer gdn --cp 2 \
+    --steps ${CP_STEPS:-60} --out "$OUT/tinylm_cp" --no-progress 2>&1 | tail -8
+fi
 if has tinylm; then
   timeout 300 python3 -m cake_tinylm train --out "$OUT/tinylm" 2>&1 | tail -30 | tee "$OUT/tinylm.txt"
 fi
