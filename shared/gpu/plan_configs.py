@@ -41,6 +41,10 @@ CONFIGS = {
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",
                       "48 32 float32 lens=1,70,0,65", "100 100 bfloat16 lens=1,70,0,65",
+                      # candidates for a faster rule (offline sm_90 builds: no spills)
+                      "128 128 bfloat16 block_k_inner=16 block_v=32",
+                      "128 128 float16 block_k_inner=16 block_v=32",
+                      "64 64 bfloat16 block_k_inner=16 block_v=32",
                       "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16", "128 128 float32",
                       "128 64 float32", "128 128 bfloat16 block_k_inner=32",
                       "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16"],
