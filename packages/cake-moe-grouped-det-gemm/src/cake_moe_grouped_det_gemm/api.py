@@ -1,0 +1,442 @@
+"""Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of the det MoE
+grouped GEMM (``torch._grouped_mm(x, weight.transpose(-2, -1), offs)`` semantics).
+
+Math, x ``[M, K]`` sorted by expert, weight ``[E, N, K]``, expert e's rows
+``[end[e-1], end[e])`` (``end[-1] = 0``), rows past ``end[E-1]`` belong to no expert:
+    y[rows of e]  = x[rows of e] · W[e]ᵀ            (rows of no expert: 0)
+    dx[rows of e] = dy[rows of e] · W[e]             (rows of no expert: 0)
+    dW[e]         = dy[rows of e]ᵀ · x[rows of e]    (split-K over fixed row slices of each
+                                                      expert, ordered sum; empty expert: 0)
+All products accumulate in fp32. The offsets are never read on the host: the launch grids
+are bounds from the shapes, and the kernels read a schedule built on the device.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_accumulator,
+    check_dtype,
+    check_ndim,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    require_mode,
+)
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.gemm import ordered_sum  # imports Triton after cake_core picked the backend
+from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
+
+from cake_moe_grouped_det_gemm.kernels import grouped_mm_kernel, grouped_wgrad_kernel
+from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
+from cake_moe_grouped_det_gemm.saved import (
+    MoEGroupedDetSavedSet,
+    MoEGroupedDetWorkspace,
+    workspace_shapes,
+)
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_INT32_MAX = 2**31 - 1
+
+
+class MoEGroupedDetGrads(NamedTuple):
+    """Gradients of :func:`moe_grouped_det_gemm_bwd`.
+
+    dx: like x (``[M, K]``, contiguous). dweight: ``[E, N, K]`` in weight's dtype
+    (``None`` when ``main_grad`` received it).
+    """
+
+    dx: torch.Tensor
+    dweight: torch.Tensor | None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_group_sizes(offs, m_sizes, E: int, M: int, device: torch.device) -> None:
+    if (offs is None) == (m_sizes is None):
+        raise ValueError("offs: give exactly one of offs and m_sizes")
+    name, t = ("offs", offs) if offs is not None else ("m_sizes", m_sizes)
+    check_tensor(t, name)
+    check_shape(t, name, [E])
+    check_dtype(t, name, (torch.int32,))
+    if t.device != device:
+        raise ValueError(f"{name}: on {t.device}, but x is on {device}; all inputs must share "
+                         "one device")
+    if t.device.type != "cpu" or torch.compiler.is_compiling():
+        return  # values live on the device: read by the kernels only (no host sync)
+    v = t.to(torch.int64)
+    if name == "offs":
+        if bool((v < 0).any()) or bool((v > M).any()):
+            raise ValueError(f"offs: values must lie in [0, M={M}], got {v.tolist()}")
+        if bool((v[1:] < v[:-1]).any()):
+            raise ValueError(f"offs: must be non-decreasing, got {v.tolist()}")
+    else:
+        if bool((v < 0).any()):
+            raise ValueError(f"m_sizes: values must be >= 0, got {v.tolist()}")
+        if int(v.sum()) > M:
+            raise ValueError(f"m_sizes: sum {int(v.sum())} exceeds the M={M} rows of x")
+
+
+def _check_main_grad(main_grad, E: int, N: int, K: int) -> None:
+    check_accumulator(main_grad, "main_grad", (E, N, K))
+
+
+def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
+    check_tensor(x, "x")
+    check_ndim(x, "x", ndim=2)
+    check_dtype(x, "x", _FLOATS)
+    M, K = x.shape
+    if K < 1:
+        raise ValueError(f"x: in_features K (last dim) must be >= 1, got {K}")
+    if M > _INT32_MAX:
+        raise ValueError(f"x: at most {_INT32_MAX} rows (int32 offsets), got {M}")
+    check_tensor(weight, "weight")
+    check_ndim(weight, "weight", ndim=3)
+    check_shape(weight, "weight", [None, None, K])
+    check_dtype(weight, "weight", (x.dtype,))
+    E, N = weight.shape[:2]
+    if E < 1 or N < 1:
+        raise ValueError(f"weight: needs E >= 1 experts and N >= 1 out_features, got "
+                         f"{list(weight.shape)}")
+    _check_main_grad(main_grad, E, N, K)
+    device = check_same_device(("x", x), ("weight", weight), ("main_grad", main_grad))
+    _check_group_sizes(offs, m_sizes, E, M, device)
+    launch_device_check(device, "x")
+    return device
+
+
+def _resolve_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype,
+                  device: torch.device) -> MoEGroupedDetPlan:
+    if plan is None:
+        return make_plan(int(M), E, N, K, dtype, device)  # int(): a SymInt M specializes
+    require_mode(plan, MoEGroupedDetPlan, Mode.DET, name="plan")
+    if (plan.num_experts, plan.out_features, plan.in_features) != (E, N, K):
+        raise ValueError(f"plan: made for num_experts={plan.num_experts}, out_features="
+                         f"{plan.out_features}, in_features={plan.in_features}; inputs have "
+                         f"E={E}, N={N}, K={K}")
+    return plan
+
+
+def _resolve_workspace(workspace, plan: MoEGroupedDetPlan, device: torch.device):
+    if workspace is None:
+        return None
+    require_mode(workspace, MoEGroupedDetWorkspace, Mode.DET, name="workspace")
+    workspace.check(plan, device)
+    want = workspace_shapes(plan)["partials"]
+    t = workspace["partials"] if "partials" in workspace.names else None
+    if t is None or tuple(t.shape) != want or t.dtype != torch.float32 or \
+            not t.is_contiguous():
+        got = "missing" if t is None else f"{str(t.dtype)[6:]} {list(t.shape)}"
+        raise ValueError(
+            f"workspace: 'partials' must be a contiguous fp32 tensor of shape {list(want)}, "
+            f"got {got}; build it with MoEGroupedDetWorkspace.for_plan(plan, device)")
+    return t
+
+
+def _row_ends(offs, m_sizes, M: int) -> torch.Tensor:
+    """int32 ``[E]`` row ends as the kernels read them, computed on the device (no sync):
+    the offsets (or the running sum of m_sizes) clamped to ``[0, M]``, then a running max,
+    so rows are non-decreasing and in bounds whatever the values."""
+    v = torch.cumsum(m_sizes.to(torch.int64), 0) if offs is None else offs.to(torch.int64)
+    return torch.cummax(v.clamp(0, M), 0).values.to(torch.int32)
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def _schedule(ends: torch.Tensor, M: int, block_m: int) -> torch.Tensor:
+    """int32 ``[3, E + 1]`` tile schedule, built on the device: each group's first row, end
+    and cumulative ``block_m`` row-tile count; group E is the tail (rows past the last
+    expert), whose tiles store zeros."""
+    e = ends.to(torch.int64)
+    hi = torch.cat([e, e.new_full((1,), M)])
+    lo = torch.cat([e.new_zeros((1,)), e])
+    tiles = torch.div(hi - lo + (block_m - 1), block_m, rounding_mode="floor")
+    return torch.stack([lo, hi, torch.cumsum(tiles, 0)]).to(torch.int32).contiguous()
+
+
+def _grouped_mm(a, b, out, ends, plan: MoEGroupedDetPlan, b_strides) -> None:
+    """``out[rows of e] = a[rows of e] @ B[e]`` (B[e] ``[R, n_cols]`` with strides
+    ``b_strides`` = (expert, reduction, column) over ``b``'s storage), tail rows zero."""
+    M, R = a.shape
+    n_cols = out.shape[1]
+    if M == 0:
+        return
+    G = ends.shape[0] + 1
+    sched = _schedule(ends, M, plan.block_m)
+    # upper bound of sum_g cdiv(m_g, block_m) without reading the offsets: each group adds
+    # at most one partial tile
+    grid = (cdiv(M, plan.block_m) + G, cdiv(n_cols, plan.block_n))
+    grouped_mm_kernel[grid](
+        a, b, out, sched, G, n_cols, R,
+        a.stride(0), a.stride(1), *b_strides, out.stride(0), out.stride(1),
+        IEEE=a.dtype == torch.float32 and not plan.allow_tf32,
+        BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        BLOCK_G=max(2, next_power_of_2(G)), num_warps=plan.num_warps,
+        num_stages=plan.num_stages)
+
+
+def _launch_fwd(x, weight, ends, plan: MoEGroupedDetPlan) -> torch.Tensor:
+    y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
+    # B[e] = weight[e]ᵀ: reduction over K (stride 2), columns over N (stride 1)
+    _grouped_mm(x, weight, y, ends, plan, (weight.stride(0), weight.stride(2), weight.stride(1)))
+    return y
+
+
+def _launch_wgrad(dy, x, ends, plan: MoEGroupedDetPlan, out, partials, accumulate: bool):
+    E, N, K = plan.num_experts, plan.out_features, plan.in_features
+    S = plan.wgrad_splits
+    tn, tk = cdiv(N, plan.wgrad_block_m), cdiv(K, plan.wgrad_block_n)
+    dst = out if S == 1 else partials
+    so = (0, *out.stride()) if S == 1 else partials.stride()
+    grouped_wgrad_kernel[(E * tn * tk, S)](
+        dy, x, dst, ends, N, K, tn, tk,
+        dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), *so,
+        SPLIT=S, ACCUMULATE=accumulate and S == 1,
+        IEEE=x.dtype == torch.float32 and not plan.allow_tf32,
+        BLOCK_M=plan.wgrad_block_m, BLOCK_N=plan.wgrad_block_n, BLOCK_K=plan.wgrad_block_k,
+        num_warps=plan.wgrad_num_warps, num_stages=plan.wgrad_num_stages)
+    if S > 1:
+        flat = partials.view(S, E * N * K)
+        ordered_sum(flat, out=None if accumulate else out.view(E * N * K),
+                    accumulate_into=out.view(E * N * K) if accumulate else None,
+                    block=plan.reduce_block)
+
+
+def _launch_bwd(dy, x, weight, ends, plan: MoEGroupedDetPlan, partials, main_grad,
+                need_dx: bool, need_dw: bool):
+    """Returns (dx, dw); an empty ``(0,)`` tensor stands for each one not computed (dw also
+    when ``main_grad`` took the sum)."""
+    M = x.shape[0]
+    E, N, K = weight.shape
+    dev = x.device
+    dx = torch.empty((M, K) if need_dx else (0,), dtype=x.dtype, device=dev)
+    dw = torch.empty((E, N, K) if need_dw and main_grad is None else (0,), dtype=weight.dtype,
+                     device=dev)
+    if need_dx and M > 0:
+        # B[e] = weight[e]: reduction over N (stride 1), columns over K (stride 2)
+        _grouped_mm(dy, weight, dx, ends, plan,
+                    (weight.stride(0), weight.stride(1), weight.stride(2)))
+    if not need_dw:
+        return dx, dw
+    if M == 0:  # no rows: dW = 0, main_grad unchanged
+        dw.zero_()
+        return dx, dw
+    S = plan.wgrad_splits
+    if S > 1 and partials is None:
+        partials = torch.empty(workspace_shapes(plan)["partials"], dtype=torch.float32,
+                               device=dev)
+    if main_grad is not None:
+        _launch_wgrad(dy, x, ends, plan, main_grad, partials, True)
+    else:
+        _launch_wgrad(dy, x, ends, plan, dw, partials, False)
+    return dx, dw
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op("cake_moe_grouped_det_gemm::fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
+            plan_fields: list[int], partials: torch.Tensor | None,
+            main_grad: torch.Tensor | None) -> torch.Tensor:
+    plan = plan_from_op_fields(MoEGroupedDetPlan, plan_fields)
+    return _launch_fwd(x, weight, ends, plan)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(x, weight, ends, plan_fields, partials, main_grad):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+@torch.library.custom_op("cake_moe_grouped_det_gemm::bwd",
+                         mutates_args=("partials", "main_grad"))
+def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
+            plan_fields: list[int], partials: torch.Tensor | None,
+            main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = plan_from_op_fields(MoEGroupedDetPlan, plan_fields)
+    return _launch_bwd(dy, x, weight, ends, plan, partials, main_grad, need_dx, need_dw)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dy, x, weight, ends, plan_fields, partials, main_grad, need_dx, need_dw):
+    return (x.new_empty(x.shape if need_dx else (0,)),
+            weight.new_empty(weight.shape if need_dw and main_grad is None else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, ends, plan_fields, partials, main_grad = inputs
+    ctx.has_main_grad = main_grad is not None
+    ctx.plan_fields = plan_fields
+    ctx.save_for_backward(x, weight, ends, partials, main_grad)
+
+
+def _backward(ctx, dy):
+    x, weight, ends, partials, main_grad = ctx.saved_tensors
+    need_dx, need_dw = ctx.needs_input_grad[:2]
+    dx, dw = torch.ops.cake_moe_grouped_det_gemm.bwd(
+        dy, x, weight, ends, ctx.plan_fields, partials, main_grad, need_dx, need_dw)
+    return (dx if need_dx else None, dw if need_dw and not ctx.has_main_grad else None,
+            None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _MoEGroupedDetFunction(torch.autograd.Function):
+    """Eager path (lower host overhead than the custom op); same launches, same bits.
+
+    The workspace buffer and ``main_grad`` stay on ctx as attributes, not saved tensors,
+    so reusing them across calls before the backward does not trip autograd's version
+    check."""
+
+    @staticmethod
+    def forward(ctx, x, weight, ends, plan, partials, main_grad):
+        y = _launch_fwd(x, weight, ends, plan)
+        ctx.plan, ctx.partials, ctx.main_grad = plan, partials, main_grad
+        ctx.save_for_backward(x, weight, ends)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, ends = ctx.saved_tensors
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        dx, dw = _launch_bwd(dy, x, weight, ends, ctx.plan, ctx.partials, ctx.main_grad,
+                             need_dx, need_dw)
+        return (dx if need_dx else None, dw if need_dw and ctx.main_grad is None else None,
+                None, None, None, None)
+
+
+# ----------------------------------------------------------------------------- public API
+
+_ARGS_DOC = """
+    Args:
+        x: ``[M, K]`` tokens sorted by expert (M = 0 allowed), any strides; fp32, bf16 or
+            fp16. K >= 1.
+        weight: ``[E, N, K]`` (E stacked ``torch.nn.Linear`` weights), x's dtype, any
+            strides. E, N >= 1.
+        offs: int32 ``[E]`` on x's device: the cumulative end of each expert's rows
+            (``torch._grouped_mm``'s convention); expert e owns rows
+            ``[offs[e-1], offs[e])`` (``offs[-1]`` read as 0). Rows past ``offs[E-1]``
+            belong to no expert: their y (and dx) is 0.
+        m_sizes: int32 ``[E]``: rows per expert instead of ``offs`` (give exactly one).
+"""
+
+_CHECKS_DOC = """
+    Checked before any launch (``ValueError``, the caller's tensors unmodified): shapes,
+    dtypes, devices, ``offs``/``m_sizes`` dtype and shape, plan / workspace / saved set
+    type, mode and plan key. The *values* of ``offs``/``m_sizes`` are checked on the host
+    only when they live on the CPU (non-decreasing, in ``[0, M]``; sizes >= 0 with sum <=
+    M). On a GPU they are never read on the host (no sync): the kernels read them through
+    a device-side clamp, ``end[e] = max(end[e-1], min(max(offs[e], 0), M))``, so bad
+    offsets cannot read or write out of bounds; they silently give the result of those
+    clamped offsets (a decreasing offset makes that expert empty, an offset past M ends
+    at M) rather than an error.
+"""
+
+
+def moe_grouped_det_gemm(x: torch.Tensor, weight: torch.Tensor,
+                         offs: torch.Tensor | None = None, *,
+                         m_sizes: torch.Tensor | None = None,
+                         plan: MoEGroupedDetPlan | None = None,
+                         workspace: MoEGroupedDetWorkspace | None = None,
+                         main_grad: torch.Tensor | None = None) -> torch.Tensor:
+    return _entry(x, weight, offs, m_sizes, plan, workspace, main_grad)
+
+
+moe_grouped_det_gemm.__doc__ = """Deterministic MoE grouped GEMM with autograd:
+    ``y[rows of e] = x[rows of e] · weight[e]ᵀ``.
+""" + _ARGS_DOC + """        plan: a :class:`MoEGroupedDetPlan` for (E, N, K) (default:
+            ``make_plan(M, E, N, K, x.dtype, device)``).
+        workspace: a :class:`MoEGroupedDetWorkspace` for that plan (default: allocated per
+            backward when the plan splits the wgrad).
+        main_grad: optional fp32 ``[E, N, K]``, contiguous (Megatron's gradient-accumulation
+            fusion). The backward adds dW into it in place (the same ordered sum, added
+            once), allocates no dW, and ``weight`` gets no autograd gradient.
+
+    Returns:
+        ``y``: ``[M, N]`` in x's dtype (contiguous). fp32 accumulation; fp32 products exact
+        unless ``plan.allow_tf32``.
+
+    Determinism: y, dx, dW and main_grad's new contents are bitwise repeatable for equal
+    inputs (offsets included), plan, hardware and main_grad contents (fixed row slices per
+    expert, ordered sums, no atomics). An expert with no rows gets an exact-zero dW.
+""" + _CHECKS_DOC
+
+
+def _entry(x, weight, offs, m_sizes, plan, workspace, main_grad):
+    device = _check_inputs(x, weight, offs, m_sizes, main_grad)
+    M = x.shape[0]
+    E, N, K = weight.shape
+    plan = _resolve_plan(plan, M, E, N, K, x.dtype, device)
+    partials = _resolve_workspace(workspace, plan, device)
+    ends = _row_ends(offs, m_sizes, M)
+    if not torch.compiler.is_compiling():
+        return _MoEGroupedDetFunction.apply(x, weight, ends, plan, partials, main_grad)
+    return torch.ops.cake_moe_grouped_det_gemm.fwd(
+        x, weight, ends, plan_to_op_fields(plan), partials, main_grad)
+
+
+def moe_grouped_det_gemm_fwd(x: torch.Tensor, weight: torch.Tensor,
+                             offs: torch.Tensor | None = None, *,
+                             m_sizes: torch.Tensor | None = None,
+                             plan: MoEGroupedDetPlan | None = None):
+    """Low-level forward without autograd: returns ``(y, saved)``.
+
+    ``saved`` is a :class:`MoEGroupedDetSavedSet` for :func:`moe_grouped_det_gemm_bwd`.
+    Arguments, shapes, checks and errors as in :func:`moe_grouped_det_gemm`.
+    """
+    device = _check_inputs(x, weight, offs, m_sizes, None)
+    M = x.shape[0]
+    E, N, K = weight.shape
+    plan = _resolve_plan(plan, M, E, N, K, x.dtype, device)
+    with torch.no_grad():
+        ends = _row_ends(offs, m_sizes, M)
+        y = _launch_fwd(x, weight, ends, plan)
+    saved = MoEGroupedDetSavedSet(Mode.DET, {"x": x, "weight": weight, "ends": ends},
+                                  meta={"plan": plan})
+    return y, saved
+
+
+def moe_grouped_det_gemm_bwd(dy: torch.Tensor, saved: MoEGroupedDetSavedSet, *,
+                             plan: MoEGroupedDetPlan | None = None,
+                             workspace: MoEGroupedDetWorkspace | None = None,
+                             main_grad: torch.Tensor | None = None) -> MoEGroupedDetGrads:
+    """Low-level backward: every gradient from ``dy`` (grad of y).
+
+    Args:
+        dy: ``[M, N]``, x's dtype, any strides.
+        saved: the :class:`MoEGroupedDetSavedSet` of :func:`moe_grouped_det_gemm_fwd`.
+        plan: default: the forward's plan. workspace, main_grad: as in
+            :func:`moe_grouped_det_gemm`.
+
+    Returns:
+        :class:`MoEGroupedDetGrads` ``(dx, dweight)``; ``dweight`` is ``None`` when
+        ``main_grad`` received dW.
+
+    Raises:
+        ValueError: a saved set, plan or workspace of another type or mode, shape/dtype/
+            device mismatches; before any launch.
+    """
+    require_mode(saved, MoEGroupedDetSavedSet, Mode.DET, name="saved")
+    x, weight, ends = saved.tensors()
+    M = x.shape[0]
+    E, N, K = weight.shape
+    check_tensor(dy, "dy")
+    check_shape(dy, "dy", [M, N])
+    check_dtype(dy, "dy", (x.dtype,))
+    _check_main_grad(main_grad, E, N, K)
+    device = check_same_device(("saved", x), ("dy", dy), ("main_grad", main_grad))
+    launch_device_check(device, "dy")
+    plan = _resolve_plan(plan if plan is not None else saved.plan, M, E, N, K, x.dtype,
+                         device)
+    partials = _resolve_workspace(workspace, plan, device)
+    with torch.no_grad():
+        dx, dw = _launch_bwd(dy, x, weight, ends, plan, partials, main_grad, True, True)
+    return MoEGroupedDetGrads(dx, dw if main_grad is None else None)

@@ -1,0 +1,17 @@
+"""Triton kernels of cake-moe-grouped-det-gemm. Kernels never allocate.
+
+``grouped_mm_kernel`` runs the forward and the dgrad (a tile scheduler computed from the
+expert offsets on the device), ``grouped_wgrad_kernel`` the per-expert split-K wgrad; the
+partial planes are summed in slice order by cake-core's ``ordered_sum_kernel``.
+"""
+
+from cake_core.triton_utils import select_backend
+
+select_backend()  # decide CUDA or interpreter before any @triton.jit below runs
+
+from cake_moe_grouped_det_gemm.kernels.grouped import (  # noqa: E402
+    grouped_mm_kernel,
+    grouped_wgrad_kernel,
+)
+
+__all__ = ["grouped_mm_kernel", "grouped_wgrad_kernel"]

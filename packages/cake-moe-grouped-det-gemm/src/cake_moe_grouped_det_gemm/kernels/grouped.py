@@ -1,0 +1,122 @@
+"""The grouped GEMM kernels: forward/dgrad over a device-side tile schedule, split-K wgrad.
+
+No host sync: the launch grids are upper bounds known from shapes alone, and every program
+finds its expert and rows by reading the schedule (built from the offsets by torch ops on
+the device). Programs with nothing to do compute nothing and store nothing.
+
+Schedule ``SCHED`` (int32 ``[3, G]``, G = E + 1 groups, built by ``api._schedule``):
+row 0 the first row of each group, row 1 its end (exclusive), row 2 the cumulative count of
+``BLOCK_M`` row tiles through that group. Group e < E is expert e; group E is the tail
+(rows past the last expert's end), whose tiles store zeros. Rows are non-decreasing and in
+``[0, M]`` by construction (offsets clamped and run through a running max on the device).
+"""
+
+from __future__ import annotations
+
+from cake_core.triton_utils import dot, select_backend, tl, triton
+
+select_backend()
+
+
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return dot(a, b, acc)
+
+
+@triton.jit
+def grouped_mm_kernel(
+    A, B, C, SCHED, G, n_cols, R,
+    stride_am, stride_ar, stride_be, stride_br, stride_bc, stride_cm, stride_cn,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    """``C[rows of g] = A[rows of g] @ B[g]`` for one row tile (axis 0: the slot among all
+    groups' row tiles, in group order) and one column tile (axis 1). ``A`` ``[M, R]``,
+    ``B[g]`` ``[R, n_cols]`` (strided: ``weight[e]ᵀ`` for the forward, ``weight[e]`` for the
+    dgrad), ``C`` ``[M, n_cols]``. The tail group's tiles store zeros; slots past the last
+    tile store nothing. R is walked in increasing ``BLOCK_K`` steps (fixed order)."""
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    gi = tl.arange(0, BLOCK_G)
+    tile_end = tl.load(SCHED + 2 * G + gi, mask=gi < G, other=2147483647)
+    total = tl.load(SCHED + 2 * G + G - 1)
+    valid = t < total
+    g = tl.minimum(tl.sum((tile_end <= t).to(tl.int32), axis=0), G - 1)
+    first = tl.load(SCHED + 2 * G + g - 1, mask=g > 0, other=0)
+    row_lo = tl.load(SCHED + g)
+    row_hi = tl.load(SCHED + G + g)
+    rm = row_lo + (t - first) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = (rm < row_hi) & valid
+    rm = rm.to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    nm = rn < n_cols
+    rk = tl.arange(0, BLOCK_K).to(tl.int64)
+    # the tail group (g == G - 1) and empty slots multiply nothing: acc stays 0
+    r_end = tl.where(valid & (g < G - 1), R, 0)
+    b_base = B + g.to(tl.int64) * stride_be
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, r_end, BLOCK_K):
+        ks = k0 + rk
+        km = ks < R
+        a = tl.load(A + rm[:, None] * stride_am + ks[None, :] * stride_ar,
+                    mask=mm[:, None] & km[None, :], other=0.0)
+        b = tl.load(b_base + ks[:, None] * stride_br + rn[None, :] * stride_bc,
+                    mask=km[:, None] & nm[None, :], other=0.0)
+        acc = _mma(a, b, acc, IEEE)
+    c_ptrs = C + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
+
+@triton.jit
+def grouped_wgrad_kernel(
+    DY, X, OUT, ENDS, N, K, n_tiles_n, n_tiles_k,
+    stride_dym, stride_dyn, stride_xm, stride_xk,
+    stride_os, stride_oe, stride_on, stride_ok,
+    SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One ``[BLOCK_M, BLOCK_N]`` tile of ``dW[e] = dy[rows of e]ᵀ @ x[rows of e]`` over
+    slice ``s`` (axis 1) of expert e's rows. Axis 0: ``e * n_tiles_n * n_tiles_k + tile``.
+
+    Expert e's rows ``[lo, hi)`` (``ENDS`` int32 ``[E]``, non-decreasing, read here) are cut
+    into ``SPLIT`` slices of ``cdiv(cdiv(hi - lo, SPLIT), BLOCK_K) * BLOCK_K`` rows (trailing
+    slices may be empty); each slice walks its rows in increasing ``BLOCK_K`` steps and stores
+    its fp32 sum at ``OUT + s * stride_os`` (a partial plane), or, with ``SPLIT == 1``, the
+    cast result (``ACCUMULATE``: ``OUT + sum`` in fp32, Megatron's ``main_grad``). Every
+    program stores its tile, an empty expert or slice zeros, so no stale content survives."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    per_e = n_tiles_n * n_tiles_k
+    e = pid // per_e
+    rest = pid % per_e
+    pid_n = rest // n_tiles_k
+    pid_k = rest % n_tiles_k
+    lo_e = tl.load(ENDS + e - 1, mask=e > 0, other=0)
+    hi_e = tl.load(ENDS + e)
+    per_split = ((hi_e - lo_e + SPLIT - 1) // SPLIT + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    lo = lo_e + s * per_split
+    hi = tl.minimum(hi_e, lo + per_split)
+    rn = (pid_n * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rk = (pid_k * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    nm = rn < N
+    km = rk < K
+    rr = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for r0 in range(lo, hi, BLOCK_K):
+        rows = r0 + rr
+        rmask = rows < hi
+        rows = rows.to(tl.int64)
+        a = tl.load(DY + rows[None, :] * stride_dym + rn[:, None] * stride_dyn,
+                    mask=nm[:, None] & rmask[None, :], other=0.0)
+        b = tl.load(X + rows[:, None] * stride_xm + rk[None, :] * stride_xk,
+                    mask=rmask[:, None] & km[None, :], other=0.0)
+        acc = _mma(a, b, acc, IEEE)
+    o_ptrs = (OUT + s.to(tl.int64) * stride_os + e.to(tl.int64) * stride_oe
+              + rn[:, None] * stride_on + rk[None, :] * stride_ok)
+    omask = nm[:, None] & km[None, :]
+    if ACCUMULATE:
+        acc = tl.load(o_ptrs, mask=omask, other=0.0) + acc
+    tl.store(o_ptrs, acc.to(OUT.dtype.element_ty), mask=omask)

@@ -1,0 +1,168 @@
+"""MoEGroupedDetPlan and the rule that picks it (shapes, dtypes, device; never timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan
+from cake_core.plan import cached_plan
+from cake_core.triton_utils import next_power_of_2, sm_count
+
+#: Most wgrad slices per expert a plan may ask for (the workspace holds S fp32 [E, N, K]).
+MAX_WGRAD_SPLITS = 16
+#: CPU (interpreter) tiles: next power of two of the dim, clamped to these bounds.
+CPU_TILE_MIN, CPU_TILE_MAX = 16, 128
+#: CPU (interpreter): most rows per forward/dgrad row tile and per wgrad step.
+CPU_ROWS_MAX = 64
+#: Least rows per wgrad slice (per expert, on average) before the rule splits: CUDA, CPU.
+CUDA_MIN_SLICE, CPU_MIN_SLICE = 4096, 64
+
+_POW2_FIELDS = ("block_m", "block_n", "block_k", "wgrad_block_m", "wgrad_block_n",
+                "wgrad_block_k", "reduce_block")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEGroupedDetPlan(Plan):
+    """Execution plan of the det MoE grouped GEMM ``y[rows of e] = x[rows of e] · W[e]ᵀ``.
+
+    All fields are ints, so a plan crosses a custom op as ``list[int]``. A plan serves any
+    token count M and any split of the tokens among the experts (M only steers the rule).
+
+    Fields:
+        num_experts / out_features / in_features: E, N and K of weight ``[E, N, K]``.
+        block_m / block_n / block_k, num_warps, num_stages: tiles of the token-major GEMMs,
+            forward ``y[rows, N] = x[rows, K] · W[e]ᵀ`` and dgrad ``dx[rows, K] =
+            dy[rows, N] · W[e]`` (block_m rows of one expert per tile; block_n the output
+            column tile, block_k the reduction step of both).
+        wgrad_block_m / wgrad_block_n / wgrad_block_k, wgrad_num_warps, wgrad_num_stages:
+            tiles of ``dW[e][N, K] = dy[rows of e]ᵀ · x[rows of e]`` (wgrad_block_k rows per
+            step of the reduction).
+        wgrad_splits: S, the fixed number of row slices per expert of the wgrad reduction.
+            Expert e's m_e rows are cut into S slices of ``cdiv(cdiv(m_e, S),
+            wgrad_block_k) · wgrad_block_k`` rows (on the device); slice s writes an fp32
+            partial plane ``[E, N, K]`` to the workspace and the planes are summed in slice
+            order (deterministic split-K). S = 1: one pass per expert, written (or added
+            into ``main_grad``) directly. Another S regroups the sum, so dW bits are
+            promised only for equal plans.
+        reduce_block: elements per program of the ordered sum of the S planes.
+        allow_tf32: 1 lets fp32 inputs multiply as tf32 (not exact); 0 (default) keeps
+            fp32 products exact. No effect on bf16/fp16.
+    """
+
+    family: ClassVar[str] = "cake-moe-grouped-det-gemm"
+    format_version: ClassVar[int] = 1
+
+    num_experts: int
+    out_features: int
+    in_features: int
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    wgrad_block_m: int
+    wgrad_block_n: int
+    wgrad_block_k: int
+    wgrad_num_warps: int
+    wgrad_num_stages: int
+    wgrad_splits: int
+    reduce_block: int
+    allow_tf32: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_int_fields()
+        self.require_at_least("num_experts", "out_features", "in_features")
+        self.require_power_of_two(*_POW2_FIELDS, minimum=16)
+        self.require_at_least("num_stages", "wgrad_num_stages")
+        self.require_warps("num_warps", "wgrad_num_warps")
+        self.require_in_range("wgrad_splits", 1, MAX_WGRAD_SPLITS)
+        self.require_flags("allow_tf32")
+        self.require_mode(Mode.DET)
+
+
+_PLANS: dict[tuple, MoEGroupedDetPlan] = {}
+
+
+def _int(v, name: str, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+        raise ValueError(f"{name}: must be an int >= {lo}, got {v!r}")
+    return int(v)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
+              device: torch.device | str) -> MoEGroupedDetPlan:
+    """Pick the plan for ``M`` tokens over ``E`` experts of weight ``[E, N, K]`` in ``dtype``
+    on ``device``.
+
+    Rules (read M, E, N, K, dtype and the SM count; never timing, never the offsets):
+
+    - CUDA, first increment (not yet tuned on a GPU): forward/dgrad tiles 128×128, 64
+      reduction steps (32 for fp32), 8 warps, 3 stages; wgrad 128×128 output tiles, 64
+      rows per step (32 for fp32), 8 warps, 3 stages.
+    - CPU (Triton interpreter, where every program and step costs Python time):
+      ``fit(d)`` = next power of two of d clamped to [16, 128]; forward/dgrad
+      ``block_m = min(64, fit(cdiv(M, E)))`` (one expert's average rows),
+      ``block_n = block_k = fit(max(N, K))``; wgrad ``fit(max(N, K))`` square tiles and
+      ``min(64, fit(cdiv(M, E)))`` rows per step.
+    - Split rule: with T = ``E · cdiv(N, wgrad_block_m) · cdiv(K, wgrad_block_n)`` wgrad
+      output tiles, ``S = 1`` when T >= SMs, else ``S = clamp(min(SMs // T,
+      (M // E) // MIN_SLICE), 1, 16)`` with MIN_SLICE 4096 rows on CUDA and 64 on the CPU
+      (4 "SMs"). The average rows per expert steers S; the actual split of each expert is
+      computed on the device from its own row count.
+    - ``allow_tf32 = 0``; ``reduce_block`` 1024 (4096 on the CPU).
+
+    Equal arguments give the equal plan (cached; a pure function of its key).
+
+    Raises:
+        ValueError: M < 0, E, N or K < 1 (or not ints), dtype not fp32/bf16/fp16, bad device.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {e}") from None
+    M, E = _int(M, "M", 0), _int(E, "E", 1)
+    N, K = _int(N, "N", 1), _int(K, "K", 1)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+    return cached_plan(_PLANS, (M, E, N, K, dtype, device.type, device.index),
+                       lambda: _rule(M, E, N, K, dtype, device))
+
+
+def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
+    sms = sm_count(device)
+    fp32 = dtype == torch.float32
+    if device.type == "cuda":
+        bm, bn, bk = 128, 128, 32 if fp32 else 64
+        wbm, wbn, wbk = 128, 128, 32 if fp32 else 64
+        warps = wwarps = 8
+        stages = wstages = 3
+        min_slice, reduce_block = CUDA_MIN_SLICE, 1024
+    else:
+        def fit(d: int) -> int:
+            return max(CPU_TILE_MIN, min(CPU_TILE_MAX, next_power_of_2(d)))
+
+        rows = min(CPU_ROWS_MAX, fit(_cdiv(M, E)))
+        bm, bn = rows, fit(max(N, K))
+        bk = wbm = wbn = bn
+        wbk = rows
+        warps = wwarps = 4
+        stages = wstages = 1
+        min_slice, reduce_block = CPU_MIN_SLICE, 4096
+    tiles = E * _cdiv(N, wbm) * _cdiv(K, wbn)
+    splits = 1 if tiles >= sms else \
+        max(1, min(sms // tiles, (M // E) // min_slice, MAX_WGRAD_SPLITS))
+    return MoEGroupedDetPlan(
+        num_experts=E, out_features=N, in_features=K,
+        block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
+        wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk,
+        wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
+        reduce_block=reduce_block, allow_tf32=0,
+    )
