@@ -40,6 +40,7 @@ FAMILIES = {
     "kda": "cake-kda-det-train",
     "kda_kcp": "cake-kda-det-train-kcp",
     "conv_kcp": "cake-causal-conv1d-det-train-kcp",
+    "moe": "cake-moe-grouped-det-gemm",
     "tinylm": "cake-tinylm",
 }
 

@@ -81,3 +81,23 @@ def test_split_wgrad(splits):
     plan = dataclasses.replace(make_plan(65, 4, 20, 24, torch.float32, DEV),
                                wgrad_splits=splits, wgrad_block_k=16)
     _check(sizes, 0, torch.float32, plan=plan)
+
+
+@pytest.mark.skipif(getattr(torch, "_grouped_mm", None) is None,
+                    reason="torch._grouped_mm is not in this torch")
+def test_matches_torch_grouped_mm_convention():
+    """Same offs convention as torch._grouped_mm (fp32 where it runs): equal rows of
+    experts; rows past the last offset are zero here (torch leaves them unwritten)."""
+    sizes = [6, 0, 11, 1]
+    x, w, offs, dy = make(sizes, tail=4)
+    try:
+        want = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        want_dw = torch._grouped_mm(dy.t(), x, offs=offs)
+    except (RuntimeError, NotImplementedError) as e:  # e.g. a device or dtype it lacks
+        pytest.skip(f"torch._grouped_mm: {e}")
+    ww = w.clone().requires_grad_()
+    y = moe_grouped_det_gemm(x, ww, offs)
+    y.backward(dy)
+    end = sum(sizes)
+    torch.testing.assert_close(y[:end], want[:end], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ww.grad, want_dw, rtol=1e-5, atol=1e-5)

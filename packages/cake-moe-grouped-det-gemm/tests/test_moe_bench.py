@@ -1,0 +1,30 @@
+"""The benchmark imports, builds its routings, and runs one tiny case on the CPU."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cake_moe_grouped_det_gemm.py"
+_spec = importlib.util.spec_from_file_location("bench_moe", BENCH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_group_sizes():
+    for E in (1, 8, 64, 128):
+        for routing in bench.ROUTINGS:
+            sizes = bench.group_sizes(16384 * 8, E, routing)
+            assert len(sizes) == E and sum(sizes) == 16384 * 8 and min(sizes) >= 0
+    skew = bench.group_sizes(16384 * 8, 64, "skewed")
+    assert skew.count(0) == 16 and max(skew) > 4 * (16384 * 8 // 64)
+
+
+def test_cpu_smoke(tmp_path):
+    out = tmp_path / "moe.json"
+    rc = bench.main(["--device", "cpu", "--quick", "--experts", "3", "--nk", "16x24",
+                     "--tokens", "8", "--top-k", "2", "--loop-anchor", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())["results"]
+    assert len(res) == 2 and all(r["wgrad_bitwise_repeat"] for r in res)
+    assert all(max(r["rel_err"].values()) < 1e-2 for r in res)
+    assert all("ms" in r["phases"][ph]["cake"] for r in res for ph in bench.PHASES)
