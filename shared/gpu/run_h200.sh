@@ -2,7 +2,7 @@
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
 # parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2, and <fam>tests
-# <fam>bench <fam>configs for fam in gdn kda conv gate (default: the first five). Seen 2026-11-29: the GPU test
+# <fam>bench <fam>configs for fam in gdn kda conv gate moe (moe: tests and bench only) (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
 set -uo pipefail
@@ -69,7 +69,8 @@ fambench() {  # $1 id, $2 package folder, $3 extra args
     --out "$OUT/$1_bench.json" 2>&1 | tee "$OUT/$1_bench.txt"
 }
 declare -A FAMPKG=([gdn]=cake-gdn-det-train [kda]=cake-kda-det-train
-                   [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train)
+                   [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train
+                   [moe]=cake-moe-grouped-det-gemm)
 # partests: the test files of every family in $PAR_FAMS (default: all four) at once.
 if has partests; then
   for fam in ${PAR_FAMS:-gdn kda conv gate}; do famtests $fam ${FAMPKG[$fam]} & done
