@@ -94,7 +94,7 @@ done
 # kcp2 (on nvidia-h200-x2): every KCP benchmark with --check --base local at T = 65536 over
 # 2 GPUs (NCCL), both layouts; then the main job with --cp 2 (GDN block; $CP_STEPS steps).
 if has kcp2; then
-  for fam in gdn kda causal-conv1d; do
+  for fam in ${KCP_FAMS:-gdn kda causal-conv1d}; do
     mod=cake_${fam//-/_}_det_train_kcp
     for L in contiguous zigzag; do
       timeout ${KCP_TIMEOUT:-150} torchrun --nproc-per-node 2 \
