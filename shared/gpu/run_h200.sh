@@ -100,7 +100,7 @@ if has kcp2; then
       timeout ${KCP_TIMEOUT:-150} torchrun --nproc-per-node 2 \
         packages/cake-$fam-det-train-kcp/benchmarks/bench_${mod}.py --seqlen 65536 --docs 8 \
         --boundary random --layout $L --base local --check --out "$OUT/kcp_${fam}_$L.json" \
-        2>&1 | grep -E '"(kcp_fwd_bwd_ms_slowest_rank|local_fwd_bwd_ms|speedup_vs_local|repeat_bitwise_all_ranks|max_rel_err)"' \
+        2>&1 | tee "$OUT/kcp_${fam}_$L.txt" | grep -E '"(kcp_fwd_bwd_ms_slowest_rank|local_fwd_bwd_ms|speedup_vs_local|repeat_bitwise_all_ranks|max_rel_err)"' \
         | sed "s/^/$fam $L /"
     done
   done
