@@ -6,6 +6,7 @@ import dataclasses
 
 import cake_kda_det_train.api as api
 import cake_kda_det_train.chunk as chunk
+import pytest
 import torch
 from cake_core.testing import (
     assert_bitwise_repeat,
@@ -166,3 +167,16 @@ for t in (o, ht, *gr[:5]):
 print(h.hexdigest())
 """
     assert_same_output_across_processes(code, processes=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU-sized repeat: CUDA only")
+def test_repeat_bitwise_at_benchmark_shape_on_cuda(kda):
+    """The benchmark's shape (B = 4, T = 4096, H = 16, K = V = 128, bf16) with twice as many
+    value heads as q/k heads, five calls: o, final state and every gradient bitwise equal.
+    The small-shape tests above passed on an H200 while the CUDA rule's former
+    block_k_inner = 64 made dk, dg and dbeta differ between calls at this shape."""
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(4, 4096, 16, 32, 128, 128, torch.bfloat16,
+                                               seed=51, n_states=4, h0=True)
+    do = randn(v.shape, torch.bfloat16, DEV, seed=52)
+    dht = randn(h0.shape, torch.float32, DEV, seed=53)
+    assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, None, do, dht), repeats=5)

@@ -62,7 +62,9 @@ def test_cuda_rule_avoids_the_configurations_built_wrongly():
     cases = [((48, 32, torch.float32), dict(block_k_inner=16), "illegal memory access"),
              ((128, 128, torch.bfloat16), dict(block_v_bwd=64), "block_v_bwd"),
              ((32, 128, torch.bfloat16), dict(block_v_bwd=128), "block_v_bwd"),
-             ((32, 64, torch.float16), dict(store_16bit=1), "store_16bit=0")]
+             ((32, 64, torch.float16), dict(store_16bit=1), "store_16bit=0"),
+             ((128, 128, torch.bfloat16), dict(block_k_inner=64), "block_k_inner"),
+             ((64, 64, torch.float16), dict(block_k_inner=64), "block_k_inner")]
     for (K, V, dt), over, match in cases:
         bad = dataclasses.replace(_rule(K, V, dt, cuda), **over)
         assert match in cuda_plan_problem(bad, dt), (K, V, dt, over)

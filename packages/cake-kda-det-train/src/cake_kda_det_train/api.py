@@ -311,8 +311,8 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 
     Args:
         q, k: ``[B, T, H, K]``, fp32, bf16 or fp16 (k of q's dtype), 1 <= K <= 256 (on
-            CUDA K, V <= 128; fp32 at K > 64 only with num_stages_h=1 and
-            block_k_inner<=32, as the default plan: ``plan.cuda_plan_problem``).
+            CUDA K, V <= 128 and block_k_inner <= 32; fp32 at K > 64 only with
+            num_stages_h=1, as the default plan: ``plan.cuda_plan_problem``).
         v: ``[B, T, HV, V]`` of q's dtype, HV a positive multiple of H (value head ``j``
             reads q/k head ``j // (HV // H)``, FLA's GVA), 1 <= V <= 256.
         g: ``[B, T, HV, K]``, fp32 or q's dtype: the per-channel log decay (row c of the

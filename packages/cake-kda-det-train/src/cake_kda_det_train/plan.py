@@ -135,6 +135,10 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
         return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 64 need "
                 "num_stages_h=1 and block_k_inner<=32 (larger fp32 tiles overflow the 227 KiB "
                 "of shared memory)")
+    if plan.block_k_inner > 32:
+        return ("on CUDA block_k_inner must be <= 32 (64 made dk, dg and dbeta differ from "
+                "call to call at K = V = 128, bf16, on an H200, Triton 3.6: a fault of the "
+                "compiled backward chunk kernel; 32 repeats bitwise)")
     if fp32_inter and plan.block_k_inner == 16 and plan.block_k > 16:
         return ("on CUDA fp32 intermediates need block_k_inner >= 32 when K > 16 (16 made an "
                 "illegal memory access in the backward chunk kernel on an H200, Triton 3.6)")
@@ -153,8 +157,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``.
 
     Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``,
-    ``block_k_inner = min(block_k, 64)`` (32 on CUDA with fp32 intermediates: the blocks of
-    pair-product operands then fit the 227 KiB of shared memory of an sm_90 program); on
+    ``block_k_inner = min(block_k, 64)`` under the interpreter, ``min(block_k, 32)`` on CUDA
+    (fp32 intermediates: the blocks of pair-product operands then fit the 227 KiB of shared
+    memory of an sm_90 program; 16-bit: 64 was not repeatable on an H200, see
+    :func:`cuda_plan_problem`, and 32 measured 12% faster forward+backward); on
     CUDA ``block_v = min(64, V rounded up)``, ``block_v_bwd = min(32, V rounded up)``, 4
     warps (8 for the recurrence and output kernels when ``block_k * block_v >= 8192``, for
     the backward chunk kernel when ``block_k >= 64``: sm_90 builds compiled offline spilled
@@ -186,7 +192,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         head_v_dim=V,
         chunk_size=CHUNK_SIZE,
         block_k=block_k,
-        block_k_inner=min(block_k, 64 if wide or not cuda else 32),
+        block_k_inner=min(block_k, 32 if cuda else 64),
         block_v=block_v,
         block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
         num_warps_prep=8 if cuda and block_k >= 32 else 4,
