@@ -167,12 +167,12 @@ def test_poisoned_outputs_fully_written():
     g_ref = moe_grouped_det_gemm_bwd(dy, saved)
     for splits in (1, 3):
         plan = _split_plan(x, w, splits)
-        y = poison_(torch.empty(M, N))
+        y = poison_(torch.empty(M, N, device=DEV))
         api._grouped_mm(x, w, y, ends, plan, (w.stride(0), w.stride(2), w.stride(1)))
-        dx = poison_(torch.empty(M, K))
+        dx = poison_(torch.empty(M, K, device=DEV))
         api._grouped_mm(dy, w, dx, ends, plan, (w.stride(0), w.stride(1), w.stride(2)))
-        dw = poison_(torch.empty(E, N, K))
-        parts = poison_(torch.empty(splits, E, N, K)) if splits > 1 else None
+        dw = poison_(torch.empty(E, N, K, device=DEV))
+        parts = poison_(torch.empty(splits, E, N, K, device=DEV)) if splits > 1 else None
         api._launch_wgrad(dy, x, ends, plan, dw, parts, False)
         assert bitwise_equal(y, y_ref) and bitwise_equal(dx, g_ref.dx)
         if splits == 1:

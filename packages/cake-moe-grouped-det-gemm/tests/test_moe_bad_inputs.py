@@ -80,8 +80,17 @@ CASES = {
 }
 
 
+#: cases whose fault is in the values of offs / m_sizes: checked on the host only when the
+#: tensor lives on the CPU (on a GPU reading them would cost a host sync: the kernels clamp
+#: them instead, see test_offs_values_on_device_are_clamped_not_read)
+VALUE_CASES = ("offs decreasing", "offs past M", "offs negative", "m_sizes negative",
+               "m_sizes sum > M")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_inputs_refused_before_launch(case, no_launch):
+    if case in VALUE_CASES and torch.device(DEV).type != "cpu":
+        pytest.skip("offs / m_sizes values on a GPU are not read by the host (no sync)")
     change, match = CASES[case]
     kwargs = change(base())
     assert_raises_unmodified(moe_grouped_det_gemm, kwargs, match)
