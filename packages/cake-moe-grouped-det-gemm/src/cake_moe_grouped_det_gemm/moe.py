@@ -172,13 +172,9 @@ def moe_route_det(logits: torch.Tensor, top_k: int, *,
 # ----------------------------------------------------------------------------- permutation
 
 
-def _slot_sum(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``rows`` ``[T, k, d]`` -> ``Σ_j rows[:, j]`` summed in fp32 in slot order
-    ``((r0 + r1) + r2) + ...``, cast once to ``dtype``."""
-    acc = rows[:, 0].float()
-    for j in range(1, rows.shape[1]):
-        acc = acc + rows[:, j].float()
-    return acc.to(dtype)
+def _slot_rows(src: torch.Tensor, slot: torch.Tensor, k: int, j: int) -> torch.Tensor:
+    """Rows of ``src`` ``[T·k, d]`` (sorted order) holding each token's slot j: ``[T, d]``."""
+    return src.index_select(0, slot.view(-1, k)[:, j])
 
 
 class _Permute(torch.autograd.Function):
@@ -192,8 +188,11 @@ class _Permute(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dxp):
         (slot,) = ctx.saved_tensors
-        rows = dxp.index_select(0, slot).view(-1, ctx.top_k, dxp.shape[1])
-        return _slot_sum(rows, dxp.dtype), None, None, None
+        k = ctx.top_k
+        acc = _slot_rows(dxp, slot, k, 0).float()
+        for j in range(1, k):  # slot order: ((g0 + g1) + g2) + ..., fp32
+            acc = acc + _slot_rows(dxp, slot, k, j).float()
+        return acc.to(dxp.dtype), None, None, None
 
 
 def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
@@ -212,11 +211,10 @@ def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
 class _Unpermute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, weights, order, slot):
-        T, k = weights.shape
-        rows = out.index_select(0, slot).view(T, k, out.shape[1])
-        acc = weights[:, 0, None] * rows[:, 0].float()
-        for j in range(1, k):
-            acc = acc + weights[:, j, None] * rows[:, j].float()
+        k = weights.shape[1]
+        acc = weights[:, 0, None] * _slot_rows(out, slot, k, 0).float()
+        for j in range(1, k):  # slot order: ((w0 o0 + w1 o1) + w2 o2) + ..., fp32
+            acc = acc + weights[:, j, None] * _slot_rows(out, slot, k, j).float()
         ctx.save_for_backward(out, weights, order, slot)
         return acc.to(out.dtype)
 
@@ -225,14 +223,16 @@ class _Unpermute(torch.autograd.Function):
     def backward(ctx, dy):
         out, weights, order, slot = ctx.saved_tensors
         T, k = weights.shape
-        dyf = dy.float()[:, None, :]
+        dyf = dy.float()
         dout = dweights = None
-        if ctx.needs_input_grad[0]:
-            drows = (weights[:, :, None] * dyf).to(out.dtype).view(T * k, out.shape[1])
-            dout = drows.index_select(0, order)
+        if ctx.needs_input_grad[0]:  # assignment-major rows, then gathered to sorted order
+            drows = torch.empty((T, k, out.shape[1]), dtype=out.dtype, device=out.device)
+            for j in range(k):
+                drows[:, j] = weights[:, j, None] * dyf
+            dout = drows.view(T * k, out.shape[1]).index_select(0, order)
         if ctx.needs_input_grad[1]:
-            rows = out.index_select(0, slot).view(T, k, out.shape[1])
-            dweights = (dyf * rows.float()).sum(-1)
+            dweights = torch.stack([(dyf * _slot_rows(out, slot, k, j).float()).sum(-1)
+                                    for j in range(k)], dim=1)
         return dout, dweights, None, None
 
 
