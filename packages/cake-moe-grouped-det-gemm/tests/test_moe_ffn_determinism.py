@@ -1,10 +1,16 @@
-"""MoEFeedForward is bitwise repeatable; its combine and the permutation's backward are
-fixed-order sums, and an index_add_ in another order (what atomics do) gives other bits
-(the tests can fail); no accumulating scatter op runs anywhere in the layer."""
+"""MoEFeedForward is bitwise repeatable, in one process and across processes; its combine
+and the permutation's backward are fixed-order sums, and an index_add_ in another order
+(what atomics do) gives other bits (the tests can fail); no accumulating scatter op runs
+anywhere in the layer."""
 
 import torch
 from _moe_cases import DEV
-from cake_core.testing import assert_bitwise_repeat, bitwise_equal, randn
+from cake_core.testing import (
+    assert_bitwise_repeat,
+    assert_same_output_across_processes,
+    bitwise_equal,
+    randn,
+)
 from cake_moe_grouped_det_gemm import (
     MoEFeedForward,
     moe_permute_det,
@@ -121,3 +127,24 @@ def test_layer_repeats_bitwise_and_runs_no_accumulating_scatter():
                                   between=noise)
     for a, b in zip(first, again, strict=True):
         assert bitwise_equal(a, b)
+
+
+_LAYER_HASH_SCRIPT = """
+import torch
+from cake_core.bench import bits_sha256
+from cake_core.testing import randn
+from cake_core.triton_utils import default_device
+from cake_moe_grouped_det_gemm import MoEFeedForward
+dev = default_device()
+torch.manual_seed(0)
+m = MoEFeedForward(24, 20, 8, 4).to(dev, torch.bfloat16)
+x = randn((37, 24), torch.bfloat16, dev, seed=5, scale=2.0).requires_grad_()
+dy = randn((37, 24), torch.bfloat16, dev, seed=6)
+y, aux = m(x)
+((y.float() * dy.float()).sum() + 7.0 * aux).backward()
+print(bits_sha256([y, aux, x.grad, m.router_weight.grad, m.w_gate_up.grad, m.w_down.grad]))
+"""
+
+
+def test_layer_same_bits_process_after_process():
+    assert_same_output_across_processes(_LAYER_HASH_SCRIPT)
