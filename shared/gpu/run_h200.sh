@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2, and <fam>tests
-# <fam>bench <fam>configs for fam in gdn kda conv gate moe (moe: tests and bench only) (default: the first five). Seen 2026-11-29: the GPU test
+# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 moelayer, and <fam>tests
+# <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
 set -uo pipefail
@@ -69,8 +69,8 @@ fambench() {  # $1 id, $2 package folder, $3 extra args
     --out "$OUT/$1_bench.json" 2>&1 | tee "$OUT/$1_bench.txt"
 }
 declare -A FAMPKG=([gdn]=cake-gdn-det-train [kda]=cake-kda-det-train
-                   [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train
-                   [moe]=cake-moe-grouped-det-gemm)
+                   [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train)
+FAMPKG[moe]=cake-moe-grouped-det-gemm  # moetests, moebench (no moeconfigs)
 # partests: the test files of every family in $PAR_FAMS (default: all four) at once.
 if has partests; then
   for fam in ${PAR_FAMS:-gdn kda conv gate}; do famtests $fam ${FAMPKG[$fam]} & done
@@ -106,6 +106,16 @@ if has kcp2; then
   done
   timeout ${CP_TIMEOUT:-300} python3 -m cake_tinylm train --mixer gdn --cp 2 \
     --steps ${CP_STEPS:-60} --out "$OUT/tinylm_cp" --no-progress 2>&1 | tail -8
+fi
+# moelayer: the MoEFeedForward layer vs eager torch (bf16, 8192 tokens), then the main job
+# with --moe 8,2 ($MOE_STEPS steps).
+if has moelayer; then
+  timeout ${MOE_LAYER_TIMEOUT:-400} python3 \
+    packages/cake-moe-grouped-det-gemm/benchmarks/bench_moe_layer.py ${MOE_LAYER_ARGS-} \
+    --out "$OUT/moe_layer_bench.json" 2>&1 | tee "$OUT/moe_layer_bench.txt"
+  timeout ${MOE_TINYLM_TIMEOUT:-300} python3 -m cake_tinylm train --moe 8,2 \
+    --steps ${MOE_STEPS:-300} --out "$OUT/tinylm_moe" --no-progress 2>&1 | tail -12 \
+    | tee "$OUT/tinylm_moe.txt"
 fi
 if has tinylm; then
   timeout 300 python3 -m cake_tinylm train --out "$OUT/tinylm" 2>&1 | tail -30 | tee "$OUT/tinylm.txt"

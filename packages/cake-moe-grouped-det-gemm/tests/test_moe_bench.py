@@ -34,3 +34,18 @@ def test_cpu_smoke(tmp_path):
     assert len(res) == 2 and all(r["wgrad_bitwise_repeat"] for r in res)
     assert all(max(r["rel_err"].values()) < 1e-2 for r in res)
     assert all("ms" in r["phases"][ph]["cake"] for r in res for ph in bench.PHASES)
+
+
+LAYER = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_moe_layer.py"
+_lspec = importlib.util.spec_from_file_location("bench_moe_layer", LAYER)
+layer_bench = importlib.util.module_from_spec(_lspec)
+_lspec.loader.exec_module(layer_bench)
+
+
+def test_layer_cpu_smoke(tmp_path):
+    out = tmp_path / "layer.json"
+    assert layer_bench.main(["--device", "cpu", "--quick", "--dtype", "fp32", "--out",
+                             str(out)]) == 0
+    (res,) = json.loads(out.read_text())["results"]
+    assert res["impls"]["cake"]["bitwise_repeat"] and set(res["ratios"]) == {"fwd", "fwd_bwd"}
+    assert max(res["max_rel_gap"].values()) < 1e-4  # same math, fp32

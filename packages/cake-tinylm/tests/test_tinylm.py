@@ -429,3 +429,84 @@ def test_positions_argument_matches_default():
     a, _ = model(idx)
     b, _ = model(idx, positions=torch.arange(8)[None].expand(2, 8))
     assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- --moe E,k
+MOE_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, moe_experts=4,
+                        moe_top_k=2)
+
+
+def test_moe_cake_and_torch_match_from_same_weights():
+    from cake_moe_grouped_det_gemm import MoEFeedForward
+    from cake_tinylm.model import MLP, MoEFeedForwardTorch
+
+    assert ModelConfig().moe_experts == 0 and TrainConfig().moe_experts == 0
+    assert type(build_model(SMALL, "cake").blocks[0].mlp) is MLP  # default: dense
+    for bad in (dict(moe_experts=4, moe_top_k=0), dict(moe_experts=2, moe_top_k=3),
+                dict(moe_experts=0, moe_top_k=1), dict(moe_experts=-1)):
+        with pytest.raises(ValueError, match="moe"):
+            ModelConfig(**bad)
+    torch.manual_seed(0)
+    cake = build_model(MOE_SMALL, "cake")
+    ref = build_model(MOE_SMALL, "torch")
+    assert cake.state_dict().keys() == ref.state_dict().keys()
+    ref.load_state_dict(cake.state_dict())
+    mlp = cake.blocks[0].mlp
+    assert type(mlp) is MoEFeedForward and type(ref.blocks[0].mlp) is MoEFeedForwardTorch
+    assert (mlp.num_experts, mlp.top_k, mlp.d_ff) == (4, 2, 128)
+    assert mlp.w_gate_up.shape == (4, 256, 32) and mlp.w_down.shape == (4, 32, 128)
+    # GPT-2 init reaches the stacked expert weights; w_down is a residual projection
+    assert abs(float(mlp.w_gate_up.detach().std()) - 0.02) < 2e-3
+    assert float(mlp.w_down.detach().std()) < 0.02
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss_c = cake(idx, idx)
+    _, loss_r = ref(idx, idx)
+    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
+    loss_c.backward()
+    loss_r.backward()
+    gc = dict(cake.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # the training loss holds the load-balancing loss (about its coefficient, 0.01); eval
+    # mode scores the cross entropy alone
+    cake.eval()
+    with torch.no_grad():
+        _, ce = cake(idx, idx)
+    assert 0.005 < float(loss_c.detach() - ce) < 0.02
+
+
+def test_moe_short_job_is_bitwise_deterministic(tmp_path, capsys):
+    import json
+
+    from cake_tinylm import run_job, write_report
+
+    cfg = TrainConfig(
+        steps=3, batch_size=2, seq_len=16, d_model=32, n_layers=1, n_heads=2, lr=3e-3,
+        bytes=20_000, device="cpu", out=str(tmp_path), val_windows=4, moe_experts=4,
+        moe_top_k=2,
+    )
+    result = run_job(cfg, progress=False)
+    a, b, ref = result.runs
+    assert result.model_config.moe_experts == 4 and result.model_config.moe_top_k == 2
+    assert type(a.model.blocks[0].mlp).__name__ == "MoEFeedForward"
+    assert bool(a.losses.isfinite().all())
+    assert torch.equal(a.losses.view(torch.int32), b.losses.view(torch.int32))
+    assert result.losses_identical and result.weights_identical and result.identical
+    assert result.max_gap_torch < 1e-4
+    json_path, _ = write_report(result, tmp_path)
+    report = json.loads(json_path.read_text())
+    assert report["config"]["model"]["moe_experts"] == 4
+    assert "cake-moe-grouped-det-gemm" in report["cake_families"]
+
+
+def test_moe_cli(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0 and "--moe E,k" in capsys.readouterr().out
+    for bad in ("4", "4,0", "2,3", "a,b"):
+        with pytest.raises(SystemExit) as e:
+            main(["train", "--moe", bad, "--out", str(tmp_path)])
+        assert e.value.code == 2
+    assert main(["train", "--moe", "4,2", "--cp", "2", "--mixer", "gdn", "--steps", "1",
+                 "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "--cp with --moe" in capsys.readouterr().err

@@ -4,6 +4,8 @@ x ``[M, K]`` holds tokens sorted by expert; expert e owns rows ``[offs[e-1], off
 y[rows of e] = x[rows of e] · weight[e]ᵀ, dx[rows of e] = dy · weight[e],
 dW[e] = dy[rows of e]ᵀ · x[rows of e] (deterministic split-K over rows, optionally added
 into Megatron's fp32 ``main_grad``). The offsets are read on the device only (no host sync).
+``cake_moe_grouped_det_gemm.moe`` builds the MoE feed-forward layer on it
+(:class:`MoEFeedForward`: top-k softmax router, SwiGLU experts, fixed-order combine).
 
 Public names are imported lazily: importing this package (or its ``cake_build``
 manifest) does not import Triton or the kernels.
@@ -27,19 +29,39 @@ _LAZY = {
     "MoEGroupedDetSavedSet": "saved",
     "MoEGroupedDetWorkspace": "saved",
     "moe_grouped_gemm_reference": "reference",
+    "moe_feed_forward_reference": "reference",
+    "MoEFeedForward": "moe",
+    "MoEFeedForwardPlans": "moe",
+    "MoERouting": "moe",
+    "make_moe_plans": "moe",
+    "moe_feed_forward_det": "moe",
+    "moe_permute_det": "moe",
+    "moe_route_det": "moe",
+    "moe_topk_det": "moe",
+    "moe_unpermute_det": "moe",
 }
 
 __all__ = [
+    "MoEFeedForward",
+    "MoEFeedForwardPlans",
     "MoEGroupedDetGrads",
     "MoEGroupedDetPlan",
     "MoEGroupedDetSavedSet",
     "MoEGroupedDetWorkspace",
+    "MoERouting",
     "__version__",
+    "make_moe_plans",
     "make_plan",
     "moe_grouped_det_gemm",
     "moe_grouped_det_gemm_bwd",
+    "moe_feed_forward_det",
+    "moe_feed_forward_reference",
     "moe_grouped_det_gemm_fwd",
     "moe_grouped_gemm_reference",
+    "moe_permute_det",
+    "moe_route_det",
+    "moe_topk_det",
+    "moe_unpermute_det",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,8 +71,22 @@ if TYPE_CHECKING:  # pragma: no cover
         moe_grouped_det_gemm_bwd,
         moe_grouped_det_gemm_fwd,
     )
+    from cake_moe_grouped_det_gemm.moe import (
+        MoEFeedForward,
+        MoEFeedForwardPlans,
+        MoERouting,
+        make_moe_plans,
+        moe_feed_forward_det,
+        moe_permute_det,
+        moe_route_det,
+        moe_topk_det,
+        moe_unpermute_det,
+    )
     from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
-    from cake_moe_grouped_det_gemm.reference import moe_grouped_gemm_reference
+    from cake_moe_grouped_det_gemm.reference import (
+        moe_feed_forward_reference,
+        moe_grouped_gemm_reference,
+    )
     from cake_moe_grouped_det_gemm.saved import MoEGroupedDetSavedSet, MoEGroupedDetWorkspace
 
 

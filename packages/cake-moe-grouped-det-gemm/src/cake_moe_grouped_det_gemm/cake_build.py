@@ -9,7 +9,7 @@ FAMILY = {
     "mode": "det",
     "kind": "local",
     "entry_points": ["moe_grouped_det_gemm", "moe_grouped_det_gemm_fwd",
-                     "moe_grouped_det_gemm_bwd"],
+                     "moe_grouped_det_gemm_bwd", "moe_feed_forward_det"],
 }
 
 MANIFEST = {

@@ -14,6 +14,17 @@ __all__ = ["build_parser", "main"]
 _SIZED = ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "lr")
 
 
+def _moe_arg(text: str) -> tuple[int, int]:
+    """``--moe E,k`` -> ``(E, k)``."""
+    try:
+        e, k = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected E,k (two ints), got {text!r}") from None
+    if not 1 <= k <= e:
+        raise argparse.ArgumentTypeError(f"need 1 <= k <= E, got E={e}, k={k}")
+    return e, k
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``cake-tinylm`` argument parser (subcommand ``train``)."""
     from .model import MIXERS
@@ -58,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
         "short conv, chunk_gated_delta_rule_det, SiLU-gated output norm on cake in the cake "
         "runs) or a Kimi Delta Attention block (kda: short conv, chunk_kda_det, sigmoid-gated "
         "output norm on cake in the cake runs) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--moe",
+        type=_moe_arg,
+        default=None,
+        metavar="E,k",
+        help="replace every block's dense MLP with a mixture of E SwiGLU experts (each "
+        "4x d_model wide), top-k softmax routing and a load-balancing loss (0.01): cake's "
+        "MoEFeedForward on the det grouped GEMM in the cake runs, a dense masked torch "
+        "version in the torch run (default: dense MLP)",
     )
     p.add_argument("--seed", type=int, default=cpu["seed"], help="seed (default: %(default)s)")
     p.add_argument(
@@ -112,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from .train import default_config, run_job
 
     overrides = {k: getattr(args, k) for k in _SIZED if getattr(args, k) is not None}
+    if args.moe is not None:
+        overrides["moe_experts"], overrides["moe_top_k"] = args.moe
     try:
         cfg = default_config(
             args.device,

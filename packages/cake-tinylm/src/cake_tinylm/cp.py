@@ -127,6 +127,9 @@ def check_cp(cfg, cp: CPConfig, batch_size: int) -> None:
     Raises:
         ValueError: naming the reason.
     """
+    if getattr(cfg, "moe_experts", 0):
+        raise ValueError("--cp with --moe is not supported (the load-balancing loss would "
+                         "need every rank's routing)")
     if cfg.mixer not in ("gdn", "kda"):
         raise ValueError(f"--cp needs --mixer gdn or kda (the {cfg.mixer!r} mixer has no "
                          f"context-parallel route)")

@@ -5,8 +5,9 @@ Structure (``x`` is ``[B, T, d_model]``)::
     x = tok_emb(idx) + pos_emb(arange(T))
     for block in blocks:
         x = x + block.mixer(block.norm1(x))     # causal self-attention, GDN or KDA
-        x = x + block.mlp(block.norm2(x))       # Linear -> GELU/SiLU -> Linear
+        x = x + block.mlp(block.norm2(x))       # Linear -> GELU/SiLU -> Linear, or MoE
     loss = cross_entropy(lm_head(norm_f(x)), targets)   # fused in the cake model
+    loss = loss + sum of the MoE blocks' aux losses      # training mode, with moe_experts
 
 Every norm is built by :func:`make_norm`, every projection by :func:`make_linear`, the
 output head by :func:`make_head`, every mixer by :func:`make_mixer` (the GDN and KDA
@@ -24,13 +25,17 @@ blocks' short conv by :func:`make_short_conv`, their gated output norm by
   (``cake_rmsnorm_silu_gate_det_train``), imported only then;
 - with ``mixer="kda"``, the Kimi Delta Attention block: the same short conv, the core (q/k
   L2 norm, per-channel gate, chunked recurrence: ``cake_kda_det_train.chunk_kda_det``) and
-  the sigmoid-gated output norm (``cake_rmsnorm_silu_gate_det_train``), imported only then.
+  the sigmoid-gated output norm (``cake_rmsnorm_silu_gate_det_train``), imported only then;
+- with ``moe_experts`` > 0, every block's MLP is
+  ``cake_moe_grouped_det_gemm.MoEFeedForward`` (top-k router, SwiGLU experts on the det
+  grouped GEMM), imported only then.
 
 ``impl="torch"`` uses ``torch.nn.RMSNorm``, ``torch.nn.Linear`` and ``nn.Linear`` +
 ``F.cross_entropy`` with the same parameter names and shapes, so one ``state_dict`` loads
 into both. Token and position embeddings and the attention core are plain torch in both;
 the torch build's Gated DeltaNet and Kimi Delta Attention cores are
-:func:`gated_delta_rule_torch` (token by token; a per-head or a per-channel decay).
+:func:`gated_delta_rule_torch` (token by token; a per-head or a per-channel decay), its MoE
+:class:`MoEFeedForwardTorch` (every expert on every token, masked; same routing rule).
 
 Attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V`` with an explicit
 causal mask) rather than ``scaled_dot_product_attention``, so that its CUDA backward stays
@@ -58,6 +63,7 @@ __all__ = [
     "KimiDeltaAttention",
     "MIXERS",
     "MLP",
+    "MoEFeedForwardTorch",
     "ModelConfig",
     "TinyLM",
     "build_model",
@@ -94,6 +100,11 @@ class ModelConfig:
             ``"gdn"`` (Gated DeltaNet, :class:`GatedDeltaNet`) or ``"kda"`` (Kimi Delta
             Attention, :class:`KimiDeltaAttention`); the last two with ``n_heads`` heads of
             ``d_model // n_heads`` for q, k and v.
+        moe_experts: 0 (default): every block's MLP is the dense :class:`MLP`. E >= 1:
+            a mixture-of-experts feed-forward of E SwiGLU experts of width
+            ``mlp_ratio * d_model`` each (``activation`` is then unused) and a top-k
+            softmax router (cake's ``MoEFeedForward``, or :class:`MoEFeedForwardTorch`).
+        moe_top_k: experts per token, ``1 <= moe_top_k <= moe_experts`` (0 when dense).
     """
 
     vocab_size: int = 256
@@ -105,8 +116,15 @@ class ModelConfig:
     activation: str = "gelu"
     norm_eps: float = 1e-5
     mixer: str = "attention"
+    moe_experts: int = 0
+    moe_top_k: int = 0
 
     def __post_init__(self) -> None:
+        if self.moe_experts < 0 or not (
+                (self.moe_experts == 0 and self.moe_top_k == 0)
+                or 1 <= self.moe_top_k <= self.moe_experts):
+            raise ValueError(f"moe: top-k must be in [1, experts] (or both 0 for the dense "
+                             f"MLP), got experts={self.moe_experts}, top_k={self.moe_top_k}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -608,6 +626,49 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+#: weight of every MoE block's load-balancing loss in the training loss.
+MOE_AUX_LOSS_COEF = 0.01
+
+
+class MoEFeedForwardTorch(nn.Module):
+    """The MoE feed-forward of ``cake_moe_grouped_det_gemm.MoEFeedForward`` in plain torch
+    (the torch build's): same parameters (``router_weight`` ``[E, d]``, ``w_gate_up``
+    ``[E, 2f, d]`` gate rows first, ``w_down`` ``[E, d, f]``), same routing rule (fp32
+    softmax of ``x Rᵀ``, top-k by a stable descending sort: ties to the lower expert index,
+    weights renormalised), same aux loss; every expert runs on every token and a
+    ``[T, E]`` combine matrix (zero off the top-k) weights them, summed over experts in
+    fp32. Input ``[..., d]``; returns ``(y, aux_loss)``. Dense, so E times the MLP cost."""
+
+    def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int) -> None:
+        super().__init__()
+        self.d_ff, self.num_experts, self.top_k = d_ff, num_experts, top_k
+        self.router_weight = nn.Parameter(torch.empty(num_experts, d_model))
+        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * d_ff, d_model))
+        self.w_down = nn.Parameter(torch.empty(num_experts, d_model, d_ff))
+        with torch.no_grad():
+            for p, fan_in in ((self.router_weight, d_model), (self.w_gate_up, d_model),
+                              (self.w_down, d_ff)):
+                p.uniform_(-fan_in ** -0.5, fan_in ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        E, f, k = self.num_experts, self.d_ff, self.top_k
+        x2 = x.reshape(-1, x.shape[-1])
+        probs = torch.softmax(F.linear(x2.float(), self.router_weight.float()), dim=-1)
+        ids = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices[:, :k]
+        mask = F.one_hot(ids, E).to(probs.dtype)                         # [T, k, E]
+        w = (probs[:, None, :] * mask).sum(-1)                           # [T, k]
+        w = w / w.sum(-1, keepdim=True)
+        combine = (w[:, :, None] * mask).sum(1)                          # [T, E]
+        y = torch.zeros(x2.shape, dtype=torch.float32, device=x.device)
+        for e in range(E):
+            h = F.linear(x2, self.w_gate_up[e])
+            o = F.linear(F.silu(h[:, :f]) * h[:, f:], self.w_down[e])
+            y = y + combine[:, e, None] * o.float()
+        frac = mask.sum((0, 1)) / max(ids.numel(), 1)
+        aux = MOE_AUX_LOSS_COEF * E * (frac * probs.sum(0) / max(x2.shape[0], 1)).sum()
+        return y.to(x.dtype).view(x.shape), aux
+
+
 def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
     """Build a block's token mixer, by ``cfg.mixer``: ``"attention"`` ->
     :class:`CausalSelfAttention` whose ``qkv`` and ``proj`` projections are ``impl``'s Linear
@@ -630,18 +691,29 @@ def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
 
 
 def make_mlp(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
-    """Build a block's channel MLP: :class:`MLP` with ``impl``'s Linear for ``fc1``, ``fc2``.
+    """Build a block's channel MLP: :class:`MLP` with ``impl``'s Linear for ``fc1``, ``fc2``;
+    with ``cfg.moe_experts`` > 0 a mixture of experts called as ``mlp(x) -> (y, aux_loss)``:
+    ``cake_moe_grouped_det_gemm.MoEFeedForward(d_model, mlp_ratio * d_model, moe_experts,
+    moe_top_k, aux_loss_coef=MOE_AUX_LOSS_COEF)`` (cake) or :class:`MoEFeedForwardTorch`.
 
     Raises:
         ValueError: on an unknown ``impl``.
     """
     _check_impl(impl)
+    if cfg.moe_experts:
+        args = (cfg.d_model, cfg.mlp_ratio * cfg.d_model, cfg.moe_experts, cfg.moe_top_k)
+        if impl == "torch":
+            return MoEFeedForwardTorch(*args)
+        from cake_moe_grouped_det_gemm import MoEFeedForward
+
+        return MoEFeedForward(*args, aux_loss_coef=MOE_AUX_LOSS_COEF)
     return MLP(cfg, impl)
 
 
 # --------------------------------------------------------------------------- model
 class Block(nn.Module):
-    """Pre-norm residual block: ``x + mixer(norm1(x))`` then ``x + mlp(norm2(x))``."""
+    """Pre-norm residual block: ``x + mixer(norm1(x))`` then ``x + mlp(norm2(x))``; an MoE
+    mlp's aux loss is appended to ``aux_losses`` when a list is given."""
 
     def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
         super().__init__()
@@ -650,10 +722,15 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg.d_model, cfg.norm_eps, impl)
         self.mlp = make_mlp(cfg, impl)
 
-    def forward(self, x: torch.Tensor, cp=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cp=None, aux_losses: list | None = None) -> torch.Tensor:
         h = self.norm1(x)
         x = x + (self.mixer(h) if cp is None else self.mixer(h, cp=cp))
-        return x + self.mlp(self.norm2(x))
+        y = self.mlp(self.norm2(x))
+        if isinstance(y, tuple):  # MoE: (y, aux_loss)
+            y, aux = y
+            if aux_losses is not None:
+                aux_losses.append(aux)
+        return x + y
 
 
 class TinyLM(nn.Module):
@@ -684,7 +761,7 @@ class TinyLM(nn.Module):
 
     def _init_weights(self) -> None:
         # GPT-2 style: N(0, 0.02) for embeddings and linears, zero biases, residual
-        # projections (a mixer's proj / o_proj, the MLP's fc2) scaled by
+        # projections (a mixer's proj / o_proj, the MLP's fc2, the MoE's w_down) scaled by
         # 1/sqrt(2 * n_layers). RMSNorm weights stay at one; conv weights keep their init.
         std = 0.02
         for name, p in self.named_parameters():
@@ -692,9 +769,9 @@ class TinyLM(nn.Module):
                 continue
             if name.endswith("bias"):
                 nn.init.zeros_(p)
-            elif name.endswith((".proj.weight", ".o_proj.weight", ".fc2.weight")):
+            elif name.endswith((".proj.weight", ".o_proj.weight", ".fc2.weight", ".w_down")):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers))
-            elif p.dim() == 2:
+            elif p.dim() == 2 or name.endswith(".w_gate_up"):  # stacked MoE experts: 3-D
                 nn.init.normal_(p, 0.0, std)
 
     def forward(
@@ -718,7 +795,9 @@ class TinyLM(nn.Module):
             parameter dtype (the cake model runs the head through cake's dense projection)
             and ``None``. With targets: loss is a ``float32`` scalar (mean cross entropy,
             computed in fp32); the cake model fuses head and loss and never materializes
-            the logits, so its logits are ``None``; the torch model returns them.
+            the logits, so its logits are ``None``; the torch model returns them. With
+            ``moe_experts`` in training mode the loss also holds the sum over blocks of
+            the MoE load-balancing losses (not in eval mode: validation is pure CE).
 
         Raises:
             ValueError: if ``idx`` is not 2-D or ``T`` exceeds ``max_seq_len``, or
@@ -737,17 +816,23 @@ class TinyLM(nn.Module):
             x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))[None]
         else:
             x = self.tok_emb(idx) + self.pos_emb(positions)
+        aux_losses: list[torch.Tensor] = []
         for block in self.blocks:
-            x = block(x) if cp is None else block(x, cp=cp)
+            x = block(x, aux_losses=aux_losses) if cp is None else block(x, cp=cp)
         h = self.norm_f(x)
         if targets is None:
             if self.impl == "cake":
                 return dense_projection_det(h, self.lm_head.weight), None
             return self.lm_head(h), None
+        logits = None if self.impl == "cake" else self.lm_head(h)
         if self.impl == "cake":
-            return None, self.lm_head(h, targets)
-        logits = self.lm_head(h)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss = self.lm_head(h, targets)
+        else:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                   targets.reshape(-1))
+        if self.training:
+            for aux in aux_losses:  # block order
+                loss = loss + aux
         return logits, loss
 
 

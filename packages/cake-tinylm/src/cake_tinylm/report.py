@@ -25,6 +25,7 @@ _CAKE_PACKAGES = {
     "cake-gdn-det-train-kcp": "cake_gdn_det_train_kcp",
     "cake-causal-conv1d-det-train-kcp": "cake_causal_conv1d_det_train_kcp",
     "cake-kda-det-train-kcp": "cake_kda_det_train_kcp",
+    "cake-moe-grouped-det-gemm": "cake_moe_grouped_det_gemm",
     "cake-tinylm": "cake_tinylm",
 }
 
@@ -42,15 +43,17 @@ _MIXER_FAMILIES = {
 }
 
 
-def cake_families(mixer: str) -> list[str]:
+def cake_families(mixer: str, moe: bool = False) -> list[str]:
     """The cake kernel families (distribution names) the cake runs train with, for a token
     ``mixer``: the norms, projections and fused head + loss always; with ``"gdn"`` or
-    ``"kda"`` also the short conv, the delta-rule core and the gated output norm.
+    ``"kda"`` also the short conv, the delta-rule core and the gated output norm; with
+    ``moe`` the MoE grouped GEMM.
 
     Raises:
         KeyError: on an unknown mixer.
     """
-    return [*_BASE_FAMILIES, *_MIXER_FAMILIES[mixer]]
+    return [*_BASE_FAMILIES, *_MIXER_FAMILIES[mixer],
+            *(("cake-moe-grouped-det-gemm",) if moe else ())]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -85,7 +88,7 @@ def report_dict(result: JobResult) -> dict[str, object]:
         "device_name": result.device_name,
         "corpus": result.corpus,
         "versions": package_versions(),
-        "cake_families": cake_families(result.config.mixer),
+        "cake_families": cake_families(result.config.mixer, bool(result.config.moe_experts)),
         "identical": result.identical,
         "losses_identical": result.losses_identical,
         "weights_identical": result.weights_identical,
@@ -124,7 +127,11 @@ def format_summary(result: JobResult) -> str:
     ]
     if result.config.mixer != "attention":
         lines.append(f"token mixer: {result.config.mixer}")
-    lines.append("cake families: " + ", ".join(cake_families(result.config.mixer)))
+    if result.config.moe_experts:
+        lines.append(f"mlp: mixture of {result.config.moe_experts} experts, "
+                     f"top-{result.config.moe_top_k}")
+    lines.append("cake families: " + ", ".join(
+        cake_families(result.config.mixer, bool(result.config.moe_experts))))
     return "\n".join(lines)
 
 

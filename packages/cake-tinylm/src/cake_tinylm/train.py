@@ -79,6 +79,10 @@ class TrainConfig:
         mixer: token mixer, ``"attention"``, ``"gdn"`` (Gated DeltaNet; see
             :class:`~cake_tinylm.model.GatedDeltaNet`) or ``"kda"`` (Kimi Delta Attention;
             see :class:`~cake_tinylm.model.KimiDeltaAttention`).
+        moe_experts, moe_top_k: 0, 0 (default): dense MLPs. E, k: every block's MLP is a
+            mixture of E SwiGLU experts with top-k routing (``--moe E,k``; see
+            :class:`~cake_tinylm.model.ModelConfig`); the training loss then includes the
+            blocks' load-balancing losses.
     """
 
     steps: int = 64
@@ -100,6 +104,8 @@ class TrainConfig:
     val_windows: int = 64
     activation: str = "gelu"
     mixer: str = "attention"
+    moe_experts: int = 0
+    moe_top_k: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "bytes", "val_windows"):
@@ -123,6 +129,8 @@ class TrainConfig:
             max_seq_len=self.seq_len,
             activation=self.activation,
             mixer=self.mixer,
+            moe_experts=self.moe_experts,
+            moe_top_k=self.moe_top_k,
         )
 
 

@@ -1,0 +1,469 @@
+"""A deterministic mixture-of-experts feed-forward layer on the det grouped GEMM.
+
+Math (T tokens ``x [T, d]``, E experts, top-k, SwiGLU experts of width f)::
+
+    logits = x · Rᵀ                         [T, E], fp32 (R: router_weight [E, d])
+    p      = softmax(logits)                [T, E], fp32
+    ids[t] = the k experts of highest p[t], ties to the lower expert index
+    w[t]   = p[t, ids[t]]  (/ their sum when normalize_topk)            [T, k], fp32
+    h      = x[t] · W_gu[e]ᵀ,  a = silu(h[:f]) * h[f:],  o = a · W_d[e]ᵀ   per (t, e=ids[t, j])
+    y[t]   = Σ_j w[t, j] · o[t, j]          (j = 0, 1, ..., k-1 in that order, fp32)
+    aux    = aux_loss_coef · E · Σ_e f_e · P_e,   f_e = (assignments to e) / (T k),
+             P_e = mean_t p[t, e]
+
+Sources: the top-k softmax router with renormalised top-k weights and SwiGLU experts as in
+Mixtral (Jiang et al. 2024, arXiv:2401.04088) and Qwen3-MoE (``norm_topk_prob``); SwiGLU
+(Shazeer 2020, arXiv:2002.05202); the load-balancing loss of Switch Transformer (Fedus et
+al. 2021, arXiv:2101.03961, eq. 4), normalised over the T·k assignments as Megatron-Core's
+``switch_load_balancing_loss_func`` (a uniform router gives ``aux = aux_loss_coef``).
+
+Every reduction has a fixed order and no step uses floating atomics (``index_add_``,
+``scatter_add_``): the router and expert GEMMs are :func:`moe_grouped_det_gemm` (the router
+as one group), the token permutation is a stable sort of the expert ids (a gather both
+ways), the combine gathers each token's k rows and sums them in slot order, and the
+gradient of the permutation sums each token's k row gradients in slot order. No step reads
+a device value on the host (no sync).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from cake_core import check_dtype, check_same_device, check_shape, check_tensor
+from cake_core.checks import FLOAT_DTYPES, check_flag, check_ndim
+from cake_core.triton_utils import launch_device_check
+from torch import nn
+
+from cake_moe_grouped_det_gemm.api import _resolve_plan, moe_grouped_det_gemm
+from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
+
+__all__ = [
+    "MoEFeedForward",
+    "MoEFeedForwardPlans",
+    "MoERouting",
+    "make_moe_plans",
+    "moe_feed_forward_det",
+    "moe_permute_det",
+    "moe_route_det",
+    "moe_topk_det",
+    "moe_unpermute_det",
+]
+
+_INT32_MAX = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+class _TakeTopK(torch.autograd.Function):
+    """``probs.gather(1, ids)`` whose backward writes each gradient to its one place
+    (``ids`` are distinct in each row, so no element is written twice: no add, no order)."""
+
+    @staticmethod
+    def forward(ctx, probs, ids):
+        ctx.save_for_backward(ids)
+        ctx.shape = probs.shape
+        return probs.gather(1, ids)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        g = grad.new_zeros(ctx.shape)
+        return g.scatter_(1, ids, grad), None
+
+
+def moe_topk_det(probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``top_k`` largest entries of each row of ``probs`` with a fixed tie-break.
+
+    Args:
+        probs: ``[T, E]`` floating router scores (any dtype, any strides).
+        top_k: k, ``1 <= k <= E``.
+
+    Returns:
+        ``(weights, ids)``: ``weights`` ``[T, k]`` (``probs``' dtype, differentiable in
+        ``probs``: the backward writes each gradient to its own place, no atomic adds) and
+        ``ids`` int64 ``[T, k]``, the experts by decreasing score; among equal scores the
+        lower expert index comes first (a stable descending sort,
+        ``torch.sort(..., stable=True)``), so ties are broken the same way on every run and
+        device. ``torch.topk`` promises no order among ties, so it is not used.
+
+    Raises:
+        ValueError: ``probs`` not a 2-D floating tensor, k out of ``[1, E]``.
+    """
+    check_tensor(probs, "probs")
+    check_ndim(probs, "probs", ndim=2)
+    if not probs.is_floating_point():
+        raise ValueError(f"probs: expected a floating dtype, got {str(probs.dtype)[6:]}")
+    _check_top_k(top_k, probs.shape[1])
+    ids = torch.sort(probs.detach(), dim=1, descending=True, stable=True).indices
+    ids = ids[:, :top_k].contiguous()
+    return _TakeTopK.apply(probs, ids), ids
+
+
+class MoERouting(NamedTuple):
+    """Where each token's k assignments go, from :func:`moe_route_det` (all on the device).
+
+    Assignment ``a = t·k + j`` is token t's j-th expert. After the stable sort by expert,
+    sorted row ``p`` holds assignment ``order[p]``; expert e owns sorted rows
+    ``[offs[e-1], offs[e])`` in increasing token order.
+
+    Fields:
+        ids: int64 ``[T, k]`` expert of each assignment (:func:`moe_topk_det`'s order).
+        weights: fp32 ``[T, k]`` combine weight of each assignment (differentiable).
+        probs: fp32 ``[T, E]`` router softmax (differentiable).
+        order: int64 ``[T·k]``, sorted row -> assignment.
+        slot: int64 ``[T·k]``, assignment -> sorted row (the inverse of ``order``).
+        offs: int32 ``[E]``, cumulative end of each expert's sorted rows (the grouped GEMM's
+            ``offs``).
+    """
+
+    ids: torch.Tensor
+    weights: torch.Tensor
+    probs: torch.Tensor
+    order: torch.Tensor
+    slot: torch.Tensor
+    offs: torch.Tensor
+
+
+def moe_route_det(logits: torch.Tensor, top_k: int, *,
+                  normalize_topk: bool = True) -> MoERouting:
+    """Top-k softmax routing and the stable sort of the assignments by expert.
+
+    Args:
+        logits: ``[T, E]`` router logits (any floating dtype; computed on in fp32).
+        top_k: k, ``1 <= k <= E``.
+        normalize_topk: divide each token's k weights by their sum (Mixtral; Qwen3-MoE's
+            ``norm_topk_prob=True``); else the weights are the softmax probabilities.
+
+    Returns:
+        :class:`MoERouting`. ``ids`` and ``weights`` from :func:`moe_topk_det` on
+        ``softmax(logits.float())`` (ties to the lower expert index); ``order`` a stable
+        sort of the flattened ids (``torch.sort(stable=True)`` of int64 keys: one answer);
+        ``slot`` its inverse (each element written once); ``offs`` by
+        ``torch.searchsorted`` of the sorted ids (no counting with atomics, no host sync).
+
+    Raises:
+        ValueError: bad ``logits`` or ``top_k``, ``T·k`` over 2³¹ - 1.
+    """
+    check_tensor(logits, "logits")
+    check_ndim(logits, "logits", ndim=2)
+    check_dtype(logits, "logits", FLOAT_DTYPES)
+    T, E = logits.shape
+    _check_top_k(top_k, E)
+    check_flag(normalize_topk, "normalize_topk")
+    if T * top_k > _INT32_MAX:
+        raise ValueError(f"logits: T·k = {T * top_k} assignments exceed int32 offsets")
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = moe_topk_det(probs, top_k)
+    if normalize_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)
+    slot = torch.empty_like(order).scatter_(
+        0, order, torch.arange(order.numel(), device=order.device))
+    offs = torch.searchsorted(sorted_ids, torch.arange(E, device=ids.device), right=True)
+    return MoERouting(ids, weights, probs, order, slot, offs.to(torch.int32))
+
+
+# ----------------------------------------------------------------------------- permutation
+
+
+def _slot_rows(src: torch.Tensor, slot: torch.Tensor, k: int, j: int) -> torch.Tensor:
+    """Rows of ``src`` ``[T·k, d]`` (sorted order) holding each token's slot j: ``[T, d]``."""
+    return src.index_select(0, slot.view(-1, k)[:, j])
+
+
+class _Permute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, order, slot, top_k):
+        ctx.save_for_backward(slot)
+        ctx.top_k = top_k
+        return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dxp):
+        (slot,) = ctx.saved_tensors
+        k = ctx.top_k
+        acc = _slot_rows(dxp, slot, k, 0).float()
+        for j in range(1, k):  # slot order: ((g0 + g1) + g2) + ..., fp32
+            acc = acc + _slot_rows(dxp, slot, k, j).float()
+        return acc.to(dxp.dtype), None, None, None
+
+
+def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
+    """Tokens to expert-sorted rows: ``xp[p] = x[order[p] // k]`` ``[T·k, d]``.
+
+    Backward (deterministic, no ``index_add_``): ``dx[t] = Σ_j dxp[slot[t·k + j]]``, the k
+    row gradients of token t gathered and summed in fp32 in slot order j = 0, 1, ...,
+    cast once to x's dtype.
+
+    Args:
+        x: ``[T, d]``, any floating dtype. routing: from :func:`moe_route_det`.
+    """
+    return _Permute.apply(x, routing.order, routing.slot, routing.ids.shape[1])
+
+
+class _Unpermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out, weights, order, slot):
+        k = weights.shape[1]
+        acc = weights[:, 0, None] * _slot_rows(out, slot, k, 0).float()
+        for j in range(1, k):  # slot order: ((w0 o0 + w1 o1) + w2 o2) + ..., fp32
+            acc = acc + weights[:, j, None] * _slot_rows(out, slot, k, j).float()
+        ctx.save_for_backward(out, weights, order, slot)
+        return acc.to(out.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        out, weights, order, slot = ctx.saved_tensors
+        T, k = weights.shape
+        dyf = dy.float()
+        dout = dweights = None
+        if ctx.needs_input_grad[0]:  # assignment-major rows, then gathered to sorted order
+            drows = torch.empty((T, k, out.shape[1]), dtype=out.dtype, device=out.device)
+            for j in range(k):
+                drows[:, j] = weights[:, j, None] * dyf
+            dout = drows.view(T * k, out.shape[1]).index_select(0, order)
+        if ctx.needs_input_grad[1]:
+            dweights = torch.stack([(dyf * _slot_rows(out, slot, k, j).float()).sum(-1)
+                                    for j in range(k)], dim=1)
+        return dout, dweights, None, None
+
+
+def moe_unpermute_det(out: torch.Tensor, routing: MoERouting) -> torch.Tensor:
+    """The combine: ``y[t] = Σ_j weights[t, j] · out[slot[t·k + j]]`` ``[T, d]``.
+
+    Each token's k expert rows are gathered and summed in fp32 in slot order j = 0, 1, ...
+    (``((w0 o0 + w1 o1) + w2 o2) + ...``), cast once to out's dtype; never ``index_add_`` /
+    ``scatter_add_``. Backward: ``dout[p] = (weights · dy)[order[p]]`` (a gather, cast to
+    out's dtype) and ``dweights[t, j] = <dy[t], out[slot[t·k + j]]>`` in fp32.
+
+    Args:
+        out: ``[T·k, d]`` expert outputs in sorted order. routing: from
+            :func:`moe_route_det` (its fp32 ``weights`` are differentiable).
+    """
+    return _Unpermute.apply(out, routing.weights, routing.order, routing.slot)
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+class MoEFeedForwardPlans(NamedTuple):
+    """The three grouped-GEMM plans of one :func:`moe_feed_forward_det` call: ``router``
+    (E=1 group, N = num_experts, K = d_model, fp32), ``gate_up`` (N = 2·d_ff, K = d_model)
+    and ``down`` (N = d_model, K = d_ff)."""
+
+    router: MoEGroupedDetPlan
+    gate_up: MoEGroupedDetPlan
+    down: MoEGroupedDetPlan
+
+
+def make_moe_plans(num_tokens: int, d_model: int, d_ff: int, num_experts: int, top_k: int,
+                   dtype: torch.dtype, device: torch.device | str) -> MoEFeedForwardPlans:
+    """The plans :func:`moe_feed_forward_det` picks for ``num_tokens`` tokens (by
+    :func:`make_plan`'s rule: the router over T rows in fp32, the experts over T·k rows in
+    ``dtype``). Raises ``ValueError`` as :func:`make_plan`, and for top_k outside
+    ``[1, num_experts]``."""
+    k = _check_top_k(top_k, num_experts if isinstance(num_experts, int) else 0)
+    rows = num_tokens * k if isinstance(num_tokens, numbers.Integral) else num_tokens
+    return MoEFeedForwardPlans(
+        router=make_plan(num_tokens, 1, num_experts, d_model, torch.float32, device),
+        gate_up=make_plan(rows, num_experts, 2 * d_ff, d_model, dtype, device),
+        down=make_plan(rows, num_experts, d_model, d_ff, dtype, device),
+    )
+
+
+# ----------------------------------------------------------------------------- the layer
+
+
+def _check_top_k(top_k, E: int) -> int:
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or \
+            not 1 <= top_k <= E:
+        raise ValueError(f"top_k: must be an int in [1, num_experts={E}], got {top_k!r}")
+    return int(top_k)
+
+
+def _check_coef(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"aux_loss_coef: expected a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
+                 plans):
+    check_tensor(x, "x")
+    check_dtype(x, "x", FLOAT_DTYPES)
+    check_ndim(x, "x", min_ndim=1)
+    check_tensor(router_weight, "router_weight")
+    check_ndim(router_weight, "router_weight", ndim=2)
+    check_dtype(router_weight, "router_weight", FLOAT_DTYPES)
+    E, d = router_weight.shape
+    if E < 1 or d < 1:
+        raise ValueError(f"router_weight: needs num_experts >= 1 and d_model >= 1, got "
+                         f"{list(router_weight.shape)}")
+    if x.shape[-1] != d:
+        raise ValueError(f"x: last dim must be d_model={d}, got {list(x.shape)}")
+    check_tensor(w_down, "w_down")
+    check_ndim(w_down, "w_down", ndim=3)
+    f = w_down.shape[2]
+    if f < 1:
+        raise ValueError(f"w_down: needs d_ff >= 1, got {list(w_down.shape)}")
+    check_shape(w_down, "w_down", [E, d, f])
+    check_dtype(w_down, "w_down", (x.dtype,))
+    check_tensor(w_gate_up, "w_gate_up")
+    check_shape(w_gate_up, "w_gate_up", [E, 2 * f, d])
+    check_dtype(w_gate_up, "w_gate_up", (x.dtype,))
+    top_k = _check_top_k(top_k, E)
+    check_flag(normalize_topk, "normalize_topk")
+    coef = _check_coef(aux_loss_coef)
+    T = x.numel() // d
+    if T * top_k > _INT32_MAX:
+        raise ValueError(f"x: T·k = {T * top_k} assignments exceed int32 offsets")
+    device = check_same_device(("x", x), ("router_weight", router_weight),
+                               ("w_gate_up", w_gate_up), ("w_down", w_down))
+    if plans is not None:
+        if not isinstance(plans, MoEFeedForwardPlans):
+            raise ValueError(f"plans: expected MoEFeedForwardPlans, got {type(plans).__name__}")
+        plans = MoEFeedForwardPlans(
+            _resolve_plan(plans.router, T, 1, E, d, torch.float32, device),
+            _resolve_plan(plans.gate_up, T * top_k, E, 2 * f, d, x.dtype, device),
+            _resolve_plan(plans.down, T * top_k, E, d, f, x.dtype, device))
+    else:
+        plans = MoEFeedForwardPlans(None, None, None)
+    launch_device_check(device, "x")
+    return T, E, d, f, top_k, coef, device, plans
+
+
+def moe_feed_forward_det(x: torch.Tensor, router_weight: torch.Tensor,
+                         w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
+                         normalize_topk: bool = True, aux_loss_coef: float = 0.01,
+                         plans: MoEFeedForwardPlans | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic MoE feed-forward (top-k softmax router, SwiGLU experts), with autograd.
+
+    Args:
+        x: ``[..., d_model]`` tokens (T = product of the leading dims, T = 0 allowed), fp32,
+            bf16 or fp16, any strides.
+        router_weight: ``[E, d_model]`` (Megatron's ``router.weight``, Qwen3-MoE's and
+            DeepSeek-V3's ``gate.weight``), fp32/bf16/fp16; the logits are computed in fp32
+            (both operands cast to fp32, exact fp32 products).
+        w_gate_up: ``[E, 2·d_ff, d_model]`` in x's dtype: expert e's gate projection in rows
+            ``[0, d_ff)`` and its up projection in rows ``[d_ff, 2·d_ff)`` (stacked
+            ``nn.Linear`` weights: Qwen3's ``gate_proj``/``up_proj``, Mixtral's ``w1``/``w3``).
+        w_down: ``[E, d_model, d_ff]`` in x's dtype (``down_proj`` / ``w2``).
+        top_k: experts per token, ``1 <= k <= E``.
+        normalize_topk: renormalise each token's k weights to sum to 1.
+        aux_loss_coef: weight of the load-balancing loss (>= 0; 0 gives a zero loss).
+        plans: :class:`MoEFeedForwardPlans` (default: :func:`make_moe_plans`' rule per call).
+
+    Returns:
+        ``(y, aux_loss)``: y like x (``[..., d_model]``, x's dtype); ``aux_loss`` an fp32
+        scalar (module docstring; differentiable in the router weight through P_e, f_e is
+        a count). Gradients reach x, router_weight, w_gate_up and w_down.
+
+    Numerics: the expert GEMMs accumulate in fp32 and store x's dtype (the grouped GEMM);
+    SwiGLU runs in x's dtype (torch elementwise ops); router, softmax, top-k weights,
+    combine and aux loss in fp32; y is cast once.
+
+    Determinism: y, aux_loss and every gradient are bitwise repeatable for equal inputs,
+    plans and hardware: fixed tie-break (lower expert index), stable sort, the grouped
+    GEMMs' fixed orders, slot-order sums in the combine and in the permutation's backward,
+    no floating atomics. Empty experts get exact-zero weight gradients.
+
+    Raises:
+        ValueError: before any launch: shapes (x's last dim, w_gate_up ``[E, 2f, d]``,
+            w_down ``[E, d, f]``), dtypes (expert weights in x's dtype), devices, top_k,
+            normalize_topk (a bool), aux_loss_coef, plans (type, mode, shapes: as
+            :func:`moe_grouped_det_gemm`).
+    """
+    T, E, d, f, k, coef, device, plans = _check_layer(
+        x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef, plans)
+    x2 = x.reshape(T, d)
+    rows_all = torch.full((1,), T, dtype=torch.int32, device=device)
+    logits = moe_grouped_det_gemm(x2.float(), router_weight.float()[None], m_sizes=rows_all,
+                                  plan=plans.router)
+    r = moe_route_det(logits, k, normalize_topk=normalize_topk)
+    xp = moe_permute_det(x2, r)
+    h = moe_grouped_det_gemm(xp, w_gate_up, r.offs, plan=plans.gate_up)
+    a = F.silu(h[:, :f]) * h[:, f:]
+    out = moe_grouped_det_gemm(a, w_down, r.offs, plan=plans.down)
+    y = moe_unpermute_det(out, r)
+    if coef == 0.0:
+        aux = r.probs.new_zeros(())
+    else:
+        counts = torch.diff(r.offs, prepend=r.offs.new_zeros(1)).float()
+        frac = counts / max(T * k, 1)
+        mean_p = r.probs.sum(0) / max(T, 1)
+        aux = (coef * E) * (frac * mean_p).sum()
+    return y.view(x.shape), aux
+
+
+class MoEFeedForward(nn.Module):
+    """Deterministic mixture-of-experts feed-forward: top-k softmax router, SwiGLU experts
+    on the det grouped GEMM, fixed-order combine, Switch load-balancing loss.
+
+    ``MoEFeedForward(d_model, d_ff, num_experts, top_k, *, aux_loss_coef=0.01,
+    normalize_topk=True, device=None, dtype=None)``; ``forward(x, *, plans=None)`` returns
+    ``(y, aux_loss)`` as :func:`moe_feed_forward_det` (math and sources in this module's
+    docstring). Names as Megatron / Qwen3-MoE: ``d_model`` = ``hidden_size``, ``d_ff`` =
+    ``moe_intermediate_size`` (each expert's width), ``num_experts``, ``top_k`` =
+    ``num_experts_per_tok``, ``normalize_topk`` = ``norm_topk_prob``.
+
+    Parameters:
+        router_weight: ``[E, d_model]``, as ``nn.Linear(d_model, E, bias=False)``'s init.
+        w_gate_up: ``[E, 2·d_ff, d_model]``, gate rows first; each expert's rows as
+            ``nn.Linear(d_model, d_ff)``'s init (uniform in ``±1/sqrt(d_model)``).
+        w_down: ``[E, d_model, d_ff]``, uniform in ``±1/sqrt(d_ff)``.
+    No biases (as Mixtral, Qwen3-MoE, DeepSeek-V3).
+
+    To load per-expert Linear weights: ``w_gate_up[e] = cat([gate_proj.weight,
+    up_proj.weight])``, ``w_down[e] = down_proj.weight``.
+
+    Raises:
+        ValueError: sizes < 1, top_k outside ``[1, num_experts]``, a bad ``aux_loss_coef``
+            or ``normalize_topk`` (constructor); bad inputs as :func:`moe_feed_forward_det`
+            (forward, before any launch).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int, *,
+                 aux_loss_coef: float = 0.01, normalize_topk: bool = True, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        for name, v in (("d_model", d_model), ("d_ff", d_ff), ("num_experts", num_experts)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        self.d_model, self.d_ff, self.num_experts = int(d_model), int(d_ff), int(num_experts)
+        self.top_k = _check_top_k(top_k, self.num_experts)
+        self.aux_loss_coef = _check_coef(aux_loss_coef)
+        self.normalize_topk = check_flag(normalize_topk, "normalize_topk")
+        kw = {"device": device, "dtype": dtype}
+        E, d, f = self.num_experts, self.d_model, self.d_ff
+        self.router_weight = nn.Parameter(torch.empty((E, d), **kw))
+        self.w_gate_up = nn.Parameter(torch.empty((E, 2 * f, d), **kw))
+        self.w_down = nn.Parameter(torch.empty((E, d, f), **kw))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s default init per expert matrix: uniform in ``±1/sqrt(fan_in)``."""
+        with torch.no_grad():
+            for p, fan_in in ((self.router_weight, self.d_model),
+                              (self.w_gate_up, self.d_model), (self.w_down, self.d_ff)):
+                bound = 1.0 / math.sqrt(fan_in)
+                p.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor, *, plans: MoEFeedForwardPlans | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return moe_feed_forward_det(
+            x, self.router_weight, self.w_gate_up, self.w_down, self.top_k,
+            normalize_topk=self.normalize_topk, aux_loss_coef=self.aux_loss_coef, plans=plans)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, d_ff={self.d_ff}, num_experts={self.num_experts}, "
+                f"top_k={self.top_k}, aux_loss_coef={self.aux_loss_coef}, "
+                f"normalize_topk={self.normalize_topk}")

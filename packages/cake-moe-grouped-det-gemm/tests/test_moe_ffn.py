@@ -1,0 +1,263 @@
+"""MoEFeedForward (cake_moe_grouped_det_gemm.moe): parity with a float64 loop over tokens
+and experts (forward, aux loss, every gradient), routing edge cases, ties, bad inputs and
+plan mode checks."""
+
+import dataclasses
+
+import cake_moe_grouped_det_gemm.api as api
+import pytest
+import torch
+from _moe_cases import DEV
+from cake_core import Mode
+from cake_core.testing import (
+    TOLERANCES,
+    assert_close_to_reference,
+    assert_raises_unmodified,
+    randn,
+)
+from cake_moe_grouped_det_gemm import (
+    MoEFeedForward,
+    MoEFeedForwardPlans,
+    make_moe_plans,
+    make_plan,
+    moe_feed_forward_det,
+    moe_feed_forward_reference,
+    moe_route_det,
+    moe_topk_det,
+)
+
+D, F, E = 24, 20, 5
+
+
+def params(E=E, d=D, f=F, dtype=torch.float32, seed=0):
+    """router_weight [E, d], w_gate_up [E, 2f, d], w_down [E, d, f]."""
+    return (randn((E, d), dtype, DEV, seed=seed + 1, scale=d ** -0.5),
+            randn((E, 2 * f, d), dtype, DEV, seed=seed + 2, scale=d ** -0.5),
+            randn((E, d, f), dtype, DEV, seed=seed + 3, scale=f ** -0.5))
+
+
+def run_both(x, weights, top_k, dy, *, coef=0.01, normalize=True, aux_scale=3.0):
+    """Layer and float64 reference: outputs and the gradients of
+    ``<y, dy> + aux_scale · aux`` with respect to x and the three weights."""
+    leaves = [t.detach().clone().requires_grad_() for t in (x, *weights)]
+    y, aux = moe_feed_forward_det(*leaves, top_k, normalize_topk=normalize,
+                                  aux_loss_coef=coef)
+    ((y.float() * dy.float()).sum() + aux_scale * aux).backward()
+    refs = [t.detach().double().requires_grad_() for t in (x, *weights)]
+    yr, ar = moe_feed_forward_reference(*refs, top_k, normalize_topk=normalize,
+                                        aux_loss_coef=coef)
+    ((yr * dy.double()).sum() + aux_scale * ar).backward()
+    def grads(ts):  # a leaf the loss does not reach (T = 0) has gradient zero
+        return [torch.zeros_like(t) if t.grad is None else t.grad for t in ts]
+
+    return (y.detach(), aux.detach(), *grads(leaves)), (yr.detach(), ar.detach(), *grads(refs))
+
+
+def check(got, want, dtype):
+    names = ("y", "aux", "dx", "drouter", "dw_gate_up", "dw_down")
+    for name, g, w in zip(names, got, want, strict=True):
+        g, w = g.detach(), w.detach()
+        assert g.shape == w.shape, name
+        assert bool(torch.isfinite(g).all()), name
+        if w.numel() == 0 or float(w.abs().max()) == 0:
+            assert bool((g == 0).all()), name
+        elif name == "aux":
+            assert abs(float(g) - float(w)) <= 1e-6 * abs(float(w)) + 1e-9, (float(g), float(w))
+        else:
+            # the router gradient passes the fp32 softmax: a few fp32 roundings more
+            tol = 4 * TOLERANCES[dtype] if name == "drouter" else None
+            assert_close_to_reference(g, w, dtype, name=name, tol=tol)
+
+
+def biased_x(T, dtype=torch.float32, seed=4):
+    """x whose feature 0 is a constant 4, so router column 0 acts as a per-expert bias."""
+    x = randn((T, D), torch.float32, DEV, seed=seed)
+    x[:, 0] = 4.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("top_k,normalize", [(2, True), (1, False), (3, False)])
+def test_parity_fp32(top_k, normalize):
+    T = 37  # not a multiple of any block
+    x = randn((T, D), torch.float32, DEV, seed=4)
+    dy = randn((T, D), torch.float32, DEV, seed=5)
+    got, want = run_both(x, params(), top_k, dy, normalize=normalize)
+    check(got, want, torch.float32)
+
+
+def test_parity_leading_dims_bf16():
+    x = randn((3, 7, D), torch.bfloat16, DEV, seed=6)
+    dy = randn((3, 7, D), torch.bfloat16, DEV, seed=7)
+    got, want = run_both(x, params(dtype=torch.bfloat16), 2, dy)
+    assert got[0].dtype == torch.bfloat16 and got[0].shape == (3, 7, D)
+    assert got[1].dtype == torch.float32
+    check(got, want, torch.bfloat16)
+
+
+def test_empty_expert_and_all_tokens_on_one():
+    """Router column 0 against a constant feature: expert 0 is always first, expert 2 never
+    chosen. k=2: expert 2 empty (exact-zero weight gradients); k=1: every token on
+    expert 0 and every other expert empty."""
+    T = 21
+    r, wgu, wd = params()
+    r = r * 0.2  # small random logits (|.| < 1.2 here), a bias of +-2.4: no saturation
+    r[:, 0] = 0.0
+    r[0, 0], r[2, 0] = 0.6, -0.6
+    x = biased_x(T)
+    dy = randn((T, D), torch.float32, DEV, seed=5)
+    for top_k, empty in ((2, [2]), (1, [1, 2, 3, 4])):
+        routing = moe_route_det(x @ r.t(), top_k)
+        counts = torch.diff(routing.offs, prepend=routing.offs.new_zeros(1)).tolist()
+        assert [e for e in range(E) if counts[e] == 0] == empty
+        got, want = run_both(x, (r, wgu, wd), top_k, dy)
+        check(got, want, torch.float32)
+        for e in empty:
+            assert bool((got[4][e] == 0).all()) and bool((got[5][e] == 0).all())
+        assert bool((got[3] != 0).any(dim=1).all())  # every router row gets a gradient
+
+
+def test_no_tokens_and_single_expert():
+    x = torch.zeros((0, D), device=DEV)
+    got, want = run_both(x, params(), 2, x)
+    check(got, want, torch.float32)
+    assert float(got[1]) == 0.0
+    x = randn((9, D), torch.float32, DEV, seed=4)
+    dy = randn((9, D), torch.float32, DEV, seed=5)
+    got, want = run_both(x, params(E=1), 1, dy)
+    check(got, want, torch.float32)
+    # one expert, top-1, normalised: weight 1, aux = coef * 1 * 1 * 1
+    assert abs(float(got[1]) - 0.01) < 1e-7 and float(got[3].abs().max()) < 1e-6
+
+
+def test_aux_loss_coef_zero_and_uniform_router():
+    x = randn((16, D), torch.float32, DEV, seed=4)
+    r, wgu, wd = params()
+    _, aux = moe_feed_forward_det(x, r, wgu, wd, 2, aux_loss_coef=0.0)
+    assert float(aux) == 0.0 and aux.dtype == torch.float32
+    # a zero router: p = 1/E everywhere, ties everywhere -> experts 0 and 1 for every token;
+    # aux = coef * E * (1/2 + 1/2) * 1/E = coef
+    _, aux = moe_feed_forward_det(x, torch.zeros_like(r), wgu, wd, 2, aux_loss_coef=0.5)
+    assert abs(float(aux) - 0.5) < 1e-6
+
+
+def test_ties_broken_to_lower_index_every_run():
+    probs = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.1, 0.3, 0.3, 0.3], [0.4, 0.1, 0.4, 0.1]],
+                         device=DEV)
+    w, ids = moe_topk_det(probs, 2)
+    assert ids.tolist() == [[0, 1], [1, 2], [0, 2]]
+    assert w.tolist() == probs.gather(1, ids).tolist()
+    # experts 1 and 2 have the same router row: every token ties them exactly; the layer
+    # must pick 1 before 2 (and the float64 loop agrees, with the same rule)
+    r, wgu, wd = params(E=4)
+    r = r.clone()
+    r[2] = r[1]
+    x = randn((40, D), torch.float32, DEV, seed=8)
+    dy = randn((40, D), torch.float32, DEV, seed=9)
+    ids = [moe_route_det(x @ r.t(), 2).ids for _ in range(2)]
+    assert torch.equal(ids[0], ids[1])
+    has2 = (ids[0] == 2).any(1)
+    assert bool(has2.any())
+    assert bool((ids[0][has2] == torch.tensor([1, 2], device=DEV)).all(1).all())
+    got, want = run_both(x, (r, wgu, wd), 2, dy)
+    check(got, want, torch.float32)
+
+
+def test_module():
+    torch.manual_seed(0)
+    m = MoEFeedForward(D, F, E, 2, aux_loss_coef=0.02, normalize_topk=False)
+    assert m.router_weight.shape == (E, D) and m.w_gate_up.shape == (E, 2 * F, D)
+    assert m.w_down.shape == (E, D, F)
+    assert sorted(m.state_dict()) == ["router_weight", "w_down", "w_gate_up"]
+    assert float(m.w_gate_up.detach().abs().max()) <= D ** -0.5
+    assert float(m.w_down.detach().abs().max()) <= F ** -0.5
+    assert "top_k=2" in repr(m)
+    x = randn((2, 5, D), torch.float32, DEV, seed=3)
+    y, aux = m(x)
+    y2, aux2 = moe_feed_forward_det(x, m.router_weight, m.w_gate_up, m.w_down, 2,
+                                    normalize_topk=False, aux_loss_coef=0.02)
+    assert torch.equal(y, y2) and torch.equal(aux, aux2) and y.shape == x.shape
+    for bad in (dict(top_k=0), dict(top_k=E + 1), dict(top_k=True), dict(num_experts=0),
+                dict(d_ff=1.5), dict(aux_loss_coef=-1.0), dict(aux_loss_coef=float("nan")),
+                dict(normalize_topk=1)):
+        kw = {"d_model": D, "d_ff": F, "num_experts": E, "top_k": 2, **bad}
+        with pytest.raises(ValueError):
+            MoEFeedForward(kw.pop("d_model"), kw.pop("d_ff"), kw.pop("num_experts"),
+                           kw.pop("top_k"), **kw)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("a kernel was launched for bad input")
+
+    for name in ("_launch_fwd", "_launch_bwd", "_grouped_mm", "_launch_wgrad"):
+        monkeypatch.setattr(api, name, boom)
+
+
+def _base():
+    r, wgu, wd = params()
+    return {"x": randn((6, D), torch.float32, DEV, seed=4), "router_weight": r,
+            "w_gate_up": wgu, "w_down": wd, "top_k": 2}
+
+
+BAD = {
+    "x last dim": (dict(x=torch.ones(6, D + 1)), "x: last dim must be d_model=24"),
+    "x int": (dict(x=torch.ones(6, D, dtype=torch.int32)), "x: expected dtype"),
+    "x not a tensor": (dict(x=[[1.0] * D]), "x: expected a torch.Tensor"),
+    "x 0-d": (dict(x=torch.tensor(1.0)), "x: expected at least 1-D"),
+    "router 3-D": (dict(router_weight=torch.ones(1, E, D)), "router_weight: expected 2-D"),
+    "w_gate_up rows": (dict(w_gate_up=torch.ones(E, 2 * F + 1, D)),
+                       r"w_gate_up: expected shape \[5, 40, 24\]"),
+    "w_gate_up experts": (dict(w_gate_up=torch.ones(E - 1, 2 * F, D)), "w_gate_up: expected"),
+    "w_down shape": (dict(w_down=torch.ones(E, D + 1, F)), r"w_down: expected shape"),
+    "w_down dtype": (dict(w_down=torch.ones(E, D, F, dtype=torch.bfloat16)),
+                     "w_down: expected dtype in \\(float32\\)"),
+    "w_gate_up dtype": (dict(w_gate_up=torch.ones(E, 2 * F, D, dtype=torch.float16)),
+                        "w_gate_up: expected dtype"),
+    "top_k 0": (dict(top_k=0), r"top_k: must be an int in \[1, num_experts=5\]"),
+    "top_k > E": (dict(top_k=E + 1), "top_k"),
+    "top_k float": (dict(top_k=2.0), "top_k"),
+    "normalize int": (dict(normalize_topk=1), "normalize_topk: expected a bool"),
+    "coef negative": (dict(aux_loss_coef=-0.1), "aux_loss_coef"),
+    "coef inf": (dict(aux_loss_coef=float("inf")), "aux_loss_coef"),
+    "device": (dict(router_weight=torch.ones(E, D, device="meta")),
+               "router_weight: on meta"),
+    "plans type": (dict(plans=(None, None, None)), "plans: expected MoEFeedForwardPlans"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_inputs_refused_before_launch(case, no_launch):
+    change, match = BAD[case]
+    assert_raises_unmodified(moe_feed_forward_det, {**_base(), **change}, match)
+
+
+def test_plans_mode_and_key_checked_before_launch(no_launch):
+    base = _base()
+    good = make_moe_plans(6, D, F, E, 2, torch.float32, DEV)
+    nondet = dataclasses.replace(good.gate_up)
+    object.__setattr__(nondet, "mode", Mode.NONDET)
+    cases = {
+        "mode=nondet": good._replace(gate_up=nondet),
+        "plan: made for num_experts=5, out_features=24, in_features=20": good._replace(
+            gate_up=good.down),
+        "plan: got dict": good._replace(router=good.router.to_dict()),
+        "plan: made for num_experts=1": good._replace(
+            router=make_plan(6, 1, E + 1, D, torch.float32, DEV)),
+    }
+    for match, plans in cases.items():
+        assert_raises_unmodified(moe_feed_forward_det, {**base, "plans": plans}, match)
+    with pytest.raises(ValueError, match="top_k"):
+        make_moe_plans(6, D, F, E, E + 1, torch.float32, DEV)
+
+
+def test_explicit_plans_give_default_bits():
+    base = _base()
+    plans = make_moe_plans(6, D, F, E, 2, torch.float32, DEV)
+    assert isinstance(plans, MoEFeedForwardPlans)
+    y0, a0 = moe_feed_forward_det(**base)
+    y1, a1 = moe_feed_forward_det(**base, plans=plans)
+    assert torch.equal(y0, y1) and torch.equal(a0, a1)
