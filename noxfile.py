@@ -2,7 +2,11 @@
 
     nox -s "family(rmsnorm)"   one package's tests, in an env holding only that package,
                                cake-core and their declared dependencies
-    nox -s tests               every family session, then tests-integration
+    nox -s tests               every family session, then tests-integration, the manifest
+                               check and a release dry run of cake-core
+    nox -s manifests           build every package (sdist, wheel from the sdist) and check
+                               its build manifest (shared/check_cake_build_manifests.py)
+    nox -s "release(core)"     the release checks of one family (docs/releasing.md)
     nox -s demo                the main job (cake-tinylm train) on its defaults
     nox -s lint                ruff
 
@@ -112,10 +116,51 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every family session, then the integration tests."""
+    """Every family, the integration tests, the manifests and a cake-core release dry run.
+
+    The release dry run takes cake-core: its clean install needs no other cake wheel."""
     for fid in FAMILIES:
         session.notify(f"family({fid})")
     session.notify("integration")
+    session.notify("manifests")
+    session.notify("release(core)")
+
+
+#: what the manifest check and the release builds need (no torch, no Triton)
+BUILD_TOOLS = ["hatchling>=1.18", "packaging>=23", "pytest>=7"]
+
+
+@nox.session
+def manifests(session: nox.Session) -> None:
+    """Build every package (sdist, wheel from it) and check its build manifest.
+
+    shared/check_cake_build_manifests.py: zero findings or the session fails; then the
+    checker's own tests (shared/tests: planted findings, release tag rules).
+    Regenerate stale manifests with ``python3 shared/check_cake_build_manifests.py
+    --write``."""
+    session.install(*BUILD_TOOLS)
+    session.run("python", "shared/check_cake_build_manifests.py", *session.posargs)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "shared/tests")
+
+
+@nox.session
+@nox.parametrize("family", list(FAMILIES), ids=list(FAMILIES))
+def release(session: nox.Session, family: str) -> None:
+    """Release checks of one family: build, version == the tag's, clean install, import.
+
+    docs/releasing.md. Manifest check and build of the family and its local cake-*
+    dependencies, built version == the tag's (``-- --tag
+    <dist>-v<version>``, ``$CAKE_RELEASE_TAG`` or the tag at HEAD; a dry run against the
+    version file without one), then install in a fresh venv with only its declared
+    dependencies (torch / Triton held to the BASE pins) and import it. Artifacts:
+    dist/release/<dist>/."""
+    dist = FAMILIES[family]
+    with _env_dropped_after(session):
+        session.install(*BUILD_TOOLS)
+        pins = Path(session.virtualenv.location) / "constraints.txt"
+        pins.write_text("\n".join(b for b in BASE if not b.startswith("pytest")) + "\n")
+        session.run("python", "shared/release.py", dist, "--constraint", str(pins),
+                    *session.posargs)
 
 
 @nox.session
