@@ -3,6 +3,7 @@
 
     python3 shared/check_cake_build_manifests.py              # every package under packages/
     python3 shared/check_cake_build_manifests.py --write      # regenerate the generated blocks
+    python3 shared/check_cake_build_manifests.py --init packages/cake-new-det-train  # create
     python3 shared/check_cake_build_manifests.py packages/cake-rmsnorm-det-train --no-build
     nox -s manifests                                           # the check, then its own tests
 
@@ -432,6 +433,125 @@ def write_manifest(tree: Tree, pkg: Package) -> bool:
     return new != text
 
 
+def _literals(path: Path) -> dict:
+    """Module-level literal assignments of a (possibly old-format) ``cake_build.py``, and
+    the kernel list of an old ``MANIFEST = {**FAMILY, "kernels": [...]}``; read with
+    ``ast``, nothing executed."""
+    tree = _parse(path) if path.is_file() else None
+    out: dict = {"__doc__": ast.get_docstring(tree) if tree else None}
+    for n in tree.body if tree else []:
+        if not (isinstance(n, ast.Assign) and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Name)):
+            continue
+        name = n.targets[0].id
+        try:
+            out[name] = ast.literal_eval(n.value)
+            continue
+        except ValueError:
+            pass
+        if name == "MANIFEST" and isinstance(n.value, ast.Dict):
+            for k, v in zip(n.value.keys, n.value.values, strict=True):
+                if isinstance(k, ast.Constant) and k.value == "kernels":
+                    try:
+                        out["OLD_KERNELS"] = ast.literal_eval(v)
+                    except ValueError:
+                        pass
+    return out
+
+
+def render_manifest_file(dist: str, doc: str | None, family: dict, shared: list[dict],
+                         extra: list[str], reuses: list[dict], b) -> str:
+    """A ``cake_build.py`` in the current format with an empty generated block."""
+    head = f"Build manifest of {dist}: plain data (format: cake_core.build)."
+    body = [l for l in (doc or "").split("\n\n")[1:] if "generated block" not in l]
+    tail = ("Imports nothing. The generated block is written by\n"
+            "``python3 shared/check_cake_build_manifests.py --write`` and checked by\n"
+            "``nox -s manifests``; the rest is kept by hand.")
+    text = '"""' + "\n\n".join([head, *body, tail]) + '\n"""\n\nimport copy\n\nFAMILY = {\n'
+    text += "".join(f'    "{k}": {_r(v, 8 + len(k), 4)},\n' for k, v in family.items()) + "}\n\n"
+    text += "#: kernels of other cake packages this package launches or calls (kept by hand)\n"
+    text += f"SHARED_KERNELS = {_r(shared, 17)}\n\n"
+    text += "#: modules beyond the kernel modules whose code fixes the bits (digested too)\n"
+    text += f"DIGEST_EXTRA = {_r(extra, 15)}\n\n"
+    gen = {"KERNELS": [], "PLANS": [], "PACKAGE_DATA": []}
+    if reuses:
+        gen["REUSED_KERNELS"] = {r["name"]: [] for r in reuses}
+    gen["SOURCE_DIGEST"] = "sha256:"
+    text += render_block(gen, b.GENERATED_BEGIN, b.GENERATED_END) + "\n"
+    if reuses:
+        text += ("#: the sibling registry: the local package whose kernels every rank runs\n"
+                 "REUSES = [\n")
+        for r in reuses:
+            text += "    {\n"
+            for k in ("name", "import_name", "version_range", "entry_points"):
+                text += f'        "{k}": {_r(r.get(k, []), 12 + len(k), 8)},\n'
+            text += f'        "kernels": REUSED_KERNELS["{r["name"]}"],\n    }},\n'
+        text += "]\n\n"
+    kernels = ('KERNELS + SHARED_KERNELS + [k for r in REUSES for k in r["kernels"]]'
+               if reuses else "KERNELS + SHARED_KERNELS")
+    text += ("MANIFEST = {\n    **FAMILY,\n"
+             f'    "kernels": {kernels},\n'
+             '    "plans": PLANS,\n    "package_data": PACKAGE_DATA,\n'
+             '    "source_digest": SOURCE_DIGEST,\n'
+             f'    "reuses": {"REUSES" if reuses else "[]"},\n}}\n\n\n'
+             "def manifest() -> dict:\n"
+             '    """A copy of :data:`MANIFEST` (reads no file, imports nothing)."""\n'
+             "    return copy.deepcopy(MANIFEST)\n")
+    return text
+
+
+def init_manifest(tree: Tree, pkg: Package) -> bool:
+    """Create ``pkg``'s ``cake_build.py`` if it is missing, or convert one without a
+    generated block (the older format that computed its digest at run time); the generated
+    block is filled by :func:`write_manifest` afterwards. False if nothing was to do (the
+    file has its block, or ``pkg`` is a legacy distribution without one)."""
+    b = tree.build_mod
+    f = pkg.manifest_file
+    if f.is_file() and b.GENERATED_BEGIN in f.read_text():
+        return False
+    if not f.is_file() and tree.registry.is_legacy(pkg.dist):
+        return False
+    old = _literals(f)
+    family = dict(old.get("FAMILY") or {})
+    entry = None
+    if tree.registry.mod is not None:
+        try:
+            entry = tree.registry.entry(pkg.dist)
+        except KeyError:
+            entry = None
+    names = sorted((public_names(pkg.src / "__init__.py") or set()) - {"__version__"})
+    family = {
+        "name": pkg.dist, "import_name": pkg.import_name,
+        "version": read_version_file(pkg) or family.get("version", "0"),
+        "mode": family.get("mode", entry.mode if entry else "det"),
+        "kind": family.get("kind", FAMILY_KIND.get(entry.kind, entry.kind) if entry
+                           else "local"),
+        "entry_points": family.get("entry_points", names),
+    }
+    reuses = [dict(r) for r in old.get("REUSES", [])]
+    if family["kind"] == "kcp" and not reuses and entry is not None:
+        deps = {}  # name -> the range as pyproject.toml writes it
+        for d in pkg.pyproject["project"].get("dependencies", []):
+            name = Requirement(d).name
+            raw = d.split(";")[0].strip()
+            deps[name] = (raw[len(name):].strip() if raw.startswith(name)
+                          else str(Requirement(d).specifier))
+        for e in tree.registry.mod.REGISTRY:
+            if e.family == entry.family and e.kind == "local" and e.dist in deps:
+                reuses.append({"name": e.dist, "import_name": e.import_name,
+                               "version_range": deps[e.dist], "entry_points": []})
+    sib_imports = {r.get("import_name") for r in reuses}
+    shared = [k for k in old.get("OLD_KERNELS", []) + old.get("SHARED_KERNELS", [])
+              if isinstance(k, dict) and str(k.get("module")).split(".")[0]
+              not in ({pkg.import_name} | sib_imports)]
+    shared = [k for i, k in enumerate(shared) if k not in shared[:i]]
+    extra = list(old.get("DIGEST_EXTRA", []))
+    extra += [f"{pkg.import_name}.{Path(x).stem}" for x in old.get("DIGESTED", ())]
+    f.write_text(render_manifest_file(pkg.dist, old.get("__doc__"), family, shared, extra,
+                                      reuses, b))
+    return True
+
+
 # ---------------------------------------------------------------------------- building
 
 
@@ -713,6 +833,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="monorepo root: siblings, cake-core and the registry come from here")
     ap.add_argument("--write", action="store_true",
                     help="regenerate each cake_build.py's generated block, then check")
+    ap.add_argument("--init", action="store_true",
+                    help="create a missing cake_build.py, or convert one without a generated "
+                         "block (the older format), then --write")
     ap.add_argument("--no-build", action="store_true", help="static checks only")
     ap.add_argument("--builder", choices=("hooks", "build"), default="hooks",
                     help="hooks: call the PEP 517 backend directly (fast; the backend must "
@@ -725,7 +848,11 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.packages or sorted(p.parent for p in (root / "packages").glob("*/pyproject.toml"))
     pkgs = [load_package(Path(p).resolve()) for p in paths]
     tree = Tree(root, pkgs)
-    if args.write:
+    if args.init:
+        for pkg in pkgs:
+            if init_manifest(tree, pkg):
+                print(f"created {pkg.manifest_file.relative_to(pkg.path.parent.parent)}")
+    if args.write or args.init:
         for pkg in _order(pkgs, tree):
             if pkg.manifest_file.is_file() and write_manifest(tree, pkg):
                 print(f"wrote {pkg.manifest_file.relative_to(pkg.path.parent.parent)}")

@@ -262,3 +262,59 @@ def test_manifest_module_is_plain_data(dist):
     assert [a.name for n in imports for a in n.names] == ["copy"]
     g = chk.load_manifest_module(pkg)
     assert g["manifest"]() == g["MANIFEST"] and g["manifest"]() is not g["MANIFEST"]
+
+
+OLD_FORMAT = '''"""Build manifest of cake-rmsnorm-det-train (plain data)."""
+
+from pathlib import Path
+
+FAMILY = {
+    "name": "cake-rmsnorm-det-train",
+    "import_name": "cake_rmsnorm_det_train",
+    "version": "0.1.0",
+    "mode": "det",
+    "kind": "local",
+    "entry_points": ["rmsnorm_det", "rmsnorm_det_fwd", "rmsnorm_det_bwd", "RMSNorm"],
+}
+
+MANIFEST = {
+    **FAMILY,
+    "kernels": [
+        {"module": "cake_rmsnorm_det_train.kernels.fwd", "function": "rmsnorm_fwd_kernel"},
+        {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
+    ],
+    "plans": ["RMSNormDetPlan"],
+    "package_data": [],
+}
+
+
+def manifest() -> dict:
+    from cake_core.build import source_digest
+
+    return {**MANIFEST, "source_digest": source_digest(Path(__file__).parent)}
+'''
+
+
+def test_init_converts_an_old_format_manifest(tmp_path):
+    """The older format (digest computed at run time through cake_core) converts: FAMILY
+    kept, other packages' kernels kept as SHARED_KERNELS, the generated block filled."""
+    d = scratch(tmp_path)
+    (src(d) / "cake_build.py").write_text(OLD_FORMAT)
+    assert "manifest" in kinds(findings(d))  # calling manifest() imports cake_core (torch)
+    assert chk.main(["--init", "--no-build", str(d)]) == 0
+    g = chk.load_manifest_module(chk.load_package(d))
+    assert g["FAMILY"]["entry_points"] == ["rmsnorm_det", "rmsnorm_det_fwd", "rmsnorm_det_bwd",
+                                           "RMSNorm"]
+    assert g["SHARED_KERNELS"] == [{"module": "cake_core.gemm",
+                                    "function": "ordered_sum_kernel"}]
+    assert findings(d, build=True) == []
+
+
+def test_init_creates_a_missing_manifest(tmp_path):
+    d = scratch(tmp_path, KCP)
+    (src(d) / "cake_build.py").unlink()
+    assert chk.main(["--init", "--no-build", str(d)]) == 0
+    g = chk.load_manifest_module(chk.load_package(d))
+    (r,) = g["REUSES"]  # the KCP sibling found through the registry and pyproject.toml
+    assert (r["name"], r["version_range"]) == ("cake-gdn-det-train", ">=0.1,<0.2")
+    assert r["kernels"] and g["MANIFEST"]["kernels"] == r["kernels"]
