@@ -15,10 +15,12 @@ local ``cake-*`` distribution it depends on (static checks, then the sdist and t
 built from the sdist; any finding stops the release); (2) check that the built version
 equals the tag's (and the version file's); (3) unless ``--no-install``, create a fresh
 virtual environment, install the wheels there (the distribution's and its local
-dependencies', everything else resolved from its declared dependencies), run ``pip
-check`` and import the package from a folder outside the repository: its version, every
-name of ``__all__`` and its build manifest. The sdist and wheel to upload stay in
-``--out`` (``dist/release/<dist>/``), the local dependencies' in its ``deps/``.
+dependencies', everything else resolved from its declared dependencies; on a machine
+without CUDA also cake-core's declared ``interpreter`` extra, numpy, which Triton's
+interpreter needs), run ``pip check`` and import the package from a folder outside the
+repository: its version, every name of ``__all__`` and its build manifest. The sdist and
+wheel to upload stay in ``--out`` (``dist/release/<dist>/``), the local dependencies' in
+its ``deps/``.
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ print(f"{dist} {version}: imported {imp} and its {len(names)} public names from 
 """
 
 
+_INTERPRETER_PROBE = (
+    "import os, torch; e = os.environ.get('TRITON_INTERPRET'); "
+    "print('interpreter' if (e is None and not torch.cuda.is_available()) or "
+    "(e or '').strip().lower() in ('1', 'true', 'yes', 'on', 'y') else 'cuda')")
+
+
 def clean_install(wheels: list[Path], dist: str, import_name: str, version: str,
                   venv: Path, constraints: Path | None) -> None:
     """A fresh venv with only the wheels and their declared dependencies; pip check; import."""
@@ -147,6 +155,16 @@ def clean_install(wheels: list[Path], dist: str, import_name: str, version: str,
         cmd += ["-c", str(constraints)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     subprocess.run(cmd, check=True, env=env)
+    # Without CUDA, cake runs its kernels through Triton's interpreter, which needs numpy:
+    # cake-core declares it as its ``interpreter`` extra, added here on such machines.
+    probe = subprocess.run([str(py), "-c", _INTERPRETER_PROBE], capture_output=True, text=True,
+                           env=env)
+    core = [w for w in wheels if w.name.startswith("cake_core-")]
+    if probe.stdout.strip() == "interpreter" and core:
+        print(f"{dist}: no CUDA device: adding cake-core's declared 'interpreter' extra")
+        extra = [str(py), "-m", "pip", "install", "-q", f"{core[0]}[interpreter]"]
+        subprocess.run(extra + (["-c", str(constraints)] if constraints else []), check=True,
+                       env=env)
     subprocess.run([str(py), "-m", "pip", "check"], check=True, env=env)
     with tempfile.TemporaryDirectory() as cwd:
         subprocess.run([str(py), "-c", _IMPORT_CHECK, dist, import_name, version],
@@ -201,9 +219,9 @@ def release(dist: str, *, tag: str | None = None, out: Path | None = None,
         try:
             clean_install(wheels, dist, pkg.import_name, str(built), venv, constraints)
         except subprocess.CalledProcessError as e:
-            raise ReleaseError(f"{dist}: the clean install or import failed "
-                               f"({' '.join(map(str, e.cmd[:4]))} ...: exit {e.returncode})"
-                               ) from None
+            step = "import" if e.cmd[1] == "-c" else " ".join(map(str, e.cmd[1:4]))
+            raise ReleaseError(f"{dist}: the clean-environment {step} failed (exit "
+                               f"{e.returncode}; its output is above)") from None
         finally:
             shutil.rmtree(venv, ignore_errors=True)
     shutil.rmtree(out / "build", ignore_errors=True)
