@@ -156,7 +156,7 @@ def release(session: nox.Session, family: str) -> None:
     dist/release/<dist>/."""
     dist = FAMILIES[family]
     with _env_dropped_after(session):
-        session.install(*BUILD_TOOLS)
+        session.install(*BUILD_TOOLS[:2])
         pins = Path(session.virtualenv.location) / "constraints.txt"
         pins.write_text("\n".join(b for b in BASE if not b.startswith("pytest")) + "\n")
         session.run("python", "shared/release.py", dist, "--constraint", str(pins),
