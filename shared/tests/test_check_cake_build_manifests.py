@@ -318,3 +318,12 @@ def test_init_creates_a_missing_manifest(tmp_path):
     (r,) = g["REUSES"]  # the KCP sibling found through the registry and pyproject.toml
     assert (r["name"], r["version_range"]) == ("cake-gdn-det-train", ">=0.1,<0.2")
     assert r["kernels"] and g["MANIFEST"]["kernels"] == r["kernels"]
+
+
+def test_digest_sources_is_order_free_and_byte_exact():
+    b = chk.Tree(ROOT).build_mod
+    a = [("pkg.kernels.fwd", b"x = 1\n"), ("cake_core.gemm", b"y = 2\n")]
+    assert b.digest_sources(a) == b.digest_sources(a[::-1])
+    assert b.digest_sources(a) != b.digest_sources([(a[0][0], b"x = 1\r\n"), a[1]])
+    assert b.digest_sources(a) != b.digest_sources([("pkg.kernels.bwd", a[0][1]), a[1]])
+    assert b.digest_sources([]).startswith("sha256:")
