@@ -127,7 +127,8 @@ def tests(session: nox.Session) -> None:
 
 
 #: what the manifest check and the release builds need (no torch, no Triton)
-BUILD_TOOLS = ["hatchling>=1.18", "packaging>=23", "pytest>=7"]
+BUILD_TOOLS = ["hatchling>=1.18", "packaging>=23", "tomli>=2; python_version < '3.11'",
+               "pytest>=7"]
 
 
 @nox.session
@@ -156,7 +157,7 @@ def release(session: nox.Session, family: str) -> None:
     dist/release/<dist>/."""
     dist = FAMILIES[family]
     with _env_dropped_after(session):
-        session.install(*BUILD_TOOLS[:2])
+        session.install(*BUILD_TOOLS[:3])
         pins = Path(session.virtualenv.location) / "constraints.txt"
         pins.write_text("\n".join(b for b in BASE if not b.startswith("pytest")) + "\n")
         session.run("python", "shared/release.py", dist, "--constraint", str(pins),
