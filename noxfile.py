@@ -4,6 +4,9 @@
                                cake-core and their declared dependencies
     nox -s tests               every family session, then tests-integration
     nox -s demo                the main job (cake-tinylm train) on its defaults
+    nox -s "family(legacy_gdn)"  a legacy name's import stub with its canonical target(s)
+    nox -s names_doc           write docs/training_backend_names.md from cake_core.names
+    nox -s legacy_packages     write the legacy distributions from cake_core.names
     nox -s lint                ruff
 
 Runs on the CPU through Triton's interpreter when no CUDA device is present.
@@ -43,6 +46,22 @@ FAMILIES = {
     "moe": "cake-moe-grouped-det-gemm",
     "tinylm": "cake-tinylm",
 }
+
+#: legacy id -> legacy distribution folder (import stubs of the old names; each runs alone
+#: with its canonical target(s) and cake-core, like a family). New ones: shared/legacy_packages.py
+LEGACY = {
+    "legacy_rmsnorm": "cake-rmsnorm-train",
+    "legacy_gate_norm": "cake-rmsnorm-silu-gate-train",
+    "legacy_dense": "cake-dense-projection-gemm",
+    "legacy_lmhead": "cake-lm-head-loss-train",
+    "legacy_moe": "cake-moe-grouped-gemm",
+    "legacy_conv": "cake-causal-conv1d-train",
+    "legacy_gdn": "cake-gdn-train",
+    "legacy_kda": "cake-kda-train",
+}
+
+#: every id `family(<id>)` accepts
+PACKAGES = {**FAMILIES, **LEGACY}
 
 #: installed first in every env: the pinned CPU torch that lies on the CI machine's disk
 #: (a GPU machine keeps its own), the Triton the GPU has, and an interpreter-safe numpy.
@@ -91,10 +110,11 @@ def _install(session: nox.Session, dists: list[str]) -> None:
 
 
 @nox.session
-@nox.parametrize("family", list(FAMILIES), ids=list(FAMILIES))
+@nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
 def family(session: nox.Session, family: str) -> None:
-    """One package's tests, alone with its declared dependencies."""
-    dist = FAMILIES[family]
+    """One package's tests (a family or a legacy name), alone with its declared
+    dependencies."""
+    dist = PACKAGES[family]
     with _env_dropped_after(session):
         _install(session, [dist])
         session.run("pytest", "-q", "-p", "no:cacheprovider", f"packages/{dist}/tests",
@@ -112,8 +132,8 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every family session, then the integration tests."""
-    for fid in FAMILIES:
+    """Every family session, every legacy-name session, then the integration tests."""
+    for fid in PACKAGES:
         session.notify(f"family({fid})")
     session.notify("integration")
 
@@ -124,6 +144,20 @@ def demo(session: nox.Session) -> None:
     with _env_dropped_after(session):
         _install(session, ["cake-tinylm"])
         session.run("cake-tinylm", "train", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def names_doc(session: nox.Session) -> None:
+    """Write docs/training_backend_names.md from the name registry (cake_core.names);
+    `-- --check` only reports a stale doc. Standard library only: no env, no torch."""
+    session.run("python3", "shared/names_doc.py", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def legacy_packages(session: nox.Session) -> None:
+    """Write the legacy distributions from the registry (`-- cake-mhc-train` for one,
+    `-- --check` to report stale files). Standard library only."""
+    session.run("python3", "shared/legacy_packages.py", *session.posargs, external=True)
 
 
 @nox.session
