@@ -211,3 +211,13 @@ def test_committed_names_doc_matches_the_registry():
 @in_repo
 def test_committed_legacy_packages_match_the_generator(capsys):
     assert _load_script("legacy_packages").main(["--check"]) == 0, capsys.readouterr().out
+
+
+@in_repo
+def test_readme_lists_canonical_and_legacy_names_side_by_side():
+    text = (PACKAGES.parent / "README.md").read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| `cake-")]
+    for old, targets in LEGACY.items():
+        row = [r for r in rows if f"| `{old}` |" in r]
+        assert row, f"README: no row for legacy {old}"
+        assert all(f"`{t.dist}`" in row[0] for t in targets), row[0]
