@@ -49,11 +49,12 @@ __all__ = ["LegacyReExportModule", "alias_legacy_module", "legacy_aliases", "pub
 
 
 def public_names(module: types.ModuleType) -> list[str]:
-    """``module.__all__`` (without ``__version__``), or its non-underscore globals."""
+    """``module.__all__`` or its globals, without the names starting with ``_``
+    (``__version__`` included)."""
     names = vars(module).get("__all__")
     if names is None:
         names = [k for k in vars(module) if not k.startswith("_")]
-    return [n for n in names if n != "__version__"]
+    return [n for n in names if not n.startswith("_")]
 
 
 def legacy_aliases(module: types.ModuleType) -> dict[str, str]:
