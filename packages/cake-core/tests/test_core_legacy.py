@@ -37,6 +37,10 @@ FILES = {
         def make_plan():
             return FakeNormDetPlan()
         ''',
+    "cake_fakenorm_det_train/extra.py": '''
+        class ExtraDetThing:
+            pass
+        ''',
     "cake_fakenorm_det_train_kcp/__init__.py": '''
         from cake_fakenorm_det_train_kcp.saved import FakeNormDetKCPSavedSet
         __version__ = "0.1.0"
@@ -109,6 +113,16 @@ def test_alias_details(fake):
         old.no_such_name  # noqa: B018
     with pytest.raises(ModuleNotFoundError):
         import cake_fakenorm_train.nope  # noqa: F401
+
+
+def test_submodule_loaded_after_the_legacy_import_has_old_spellings(fake):
+    import cake_fakenorm_train as old
+
+    assert "cake_fakenorm_det_train.extra" not in sys.modules
+    import cake_fakenorm_det_train.extra as extra  # canonical name, after the legacy import
+
+    assert old.extra is extra and extra.ExtraThing is extra.ExtraDetThing
+    assert extra.__loader__ is extra.__spec__.loader
 
 
 def test_two_target_details(fake):

@@ -393,12 +393,11 @@ def render_names_doc() -> str:
       "without it, as the same object: `rmsnorm_det` → `rmsnorm`, `partition_det_kcp` → "
       "`partition_kcp`, `chunk_gdn_det_bwd_kcp` → `chunk_gdn_bwd_kcp`, "
       "`RMSNormDetSavedSet` → `RMSNormSavedSet` (`cake_core.names.strip_det`). They are "
-      "resolved lazily by a module `__getattr__` fallback installed on the canonical "
-      "module (and on each submodule reached through an old dotted import), so after a "
-      "legacy import they also read through the canonical name; they are not in "
-      "`__all__` or `dir()`. A canonical submodule first imported under its canonical "
-      "name after the legacy stub, then reached as the attribute `old.sub` (without "
-      "`import old.sub`), lacks the old spellings until `import old.sub` runs once.")
+      "resolved lazily by a module `__getattr__` fallback on the canonical package and "
+      "each of its submodules (so `old.plan.RMSNormPlan` works too), installed at the "
+      "legacy import and, for submodules loaded later, by their loader. After a legacy "
+      "import they also read through the canonical names; they are not in `__all__` or "
+      "`dir()`.")
     w("- **Pickles** written with an old dotted path (`cake_rmsnorm_train.plan."
       "RMSNormPlan`, `cake_kda_train.kcp.saved.KDAKCPSavedSet`) load as the canonical "
       "classes.")
