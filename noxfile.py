@@ -99,8 +99,11 @@ def _env_dropped_after(session: nox.Session):
             shutil.rmtree(location, ignore_errors=True)
 
 
-def _install(session: nox.Session, dists: list[str]) -> None:
-    session.install(*BASE)
+def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True) -> None:
+    """BASE, then the local packages. ``compile_pyc=False`` skips pip's byte-compilation of
+    torch (about 30 s of a session on the 2-core CI machine): worth it where one short
+    pytest process imports torch once (the legacy-name sessions), not where many do."""
+    session.install(*BASE, *([] if compile_pyc else ["--no-compile"]))
     paths: list[str] = []
     for d in dists:
         for p in _local_closure(d):
@@ -116,7 +119,7 @@ def family(session: nox.Session, family: str) -> None:
     dependencies."""
     dist = PACKAGES[family]
     with _env_dropped_after(session):
-        _install(session, [dist])
+        _install(session, [dist], compile_pyc=family not in LEGACY)
         session.run("pytest", "-q", "-p", "no:cacheprovider", f"packages/{dist}/tests",
                     *session.posargs)
 
