@@ -58,7 +58,11 @@ LEGACY = {
     "legacy_conv": "cake-causal-conv1d-train",
     "legacy_gdn": "cake-gdn-train",
     "legacy_kda": "cake-kda-train",
+    "legacy_mhc": "cake-mhc-train",
 }
+# a legacy folder not written yet (its canonical target lives in another branch) is skipped;
+# packages/cake-core/tests/test_core_names.py fails once the target exists and it does not
+LEGACY = {k: v for k, v in LEGACY.items() if (ROOT / "packages" / v).is_dir()}
 
 #: every id `family(<id>)` accepts
 PACKAGES = {**FAMILIES, **LEGACY}
@@ -115,8 +119,7 @@ def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True
 @nox.session
 @nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
 def family(session: nox.Session, family: str) -> None:
-    """One package's tests (a family or a legacy name), alone with its declared
-    dependencies."""
+    """One package's tests (family or legacy name) alone with its dependencies."""
     dist = PACKAGES[family]
     with _env_dropped_after(session):
         _install(session, [dist], compile_pyc=family not in LEGACY)
