@@ -179,3 +179,45 @@ def test_the_check_catches_a_planted_unknown_package(tmp_path):
     assert not names.is_known(dist)
     e = names._e(dist, "gdn", "det", "local", "planted")
     assert any("'det'" in p for p in check_name_rules(e))
+
+
+def _load_script(name: str):
+    import importlib.util
+
+    path = PACKAGES.parent / "shared" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_cake_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@in_repo
+def test_committed_names_doc_matches_the_registry():
+    doc = PACKAGES.parent / "docs" / "training_backend_names.md"
+    assert doc.read_text() == names.render_names_doc(), "stale doc: run `nox -s names_doc`"
+    assert _load_script("names_doc").main(["--check"]) == 0
+    text = doc.read_text()
+    for e in REGISTRY:
+        assert f"`{e.dist}`" in text and f"`{e.import_name}`" in text
+        if e.exception_reason:
+            assert e.exception_reason in text
+    for old in LEGACY:
+        assert f"`{old}`" in text
+    for promise in ("same hardware", "same execution plan", "initial accumulation buffers",
+                    "across GPU architectures", "context-parallel partitions"):
+        assert promise in text
+
+
+@in_repo
+def test_committed_legacy_packages_match_the_generator(capsys):
+    assert _load_script("legacy_packages").main(["--check"]) == 0, capsys.readouterr().out
+
+
+@in_repo
+def test_readme_lists_canonical_and_legacy_names_side_by_side():
+    text = (PACKAGES.parent / "README.md").read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| `cake-")]
+    for old, targets in LEGACY.items():
+        row = [r for r in rows if f"| `{old}` |" in r]
+        assert row, f"README: no row for legacy {old}"
+        assert all(f"`{t.dist}`" in row[0] for t in targets), row[0]

@@ -20,12 +20,12 @@ A legacy distribution holds only an import stub whose ``__init__`` calls
   new`` and ``old.__name__`` / ``old.__version__`` are the legacy stub's.
 * **Names without det**: every public name containing ``_det`` or ``Det``
   (:func:`cake_core.names.strip_det`) also reads under its old spelling, as the same
-  object: ``old.rmsnorm is new.rmsnorm_det``. The fallback is installed on the canonical
-  module (and on every submodule imported through an old dotted path), so once a legacy
-  name is imported the old spellings also read through the canonical name; they are not
-  added to ``__all__`` or ``dir()``. A canonical submodule first imported under its
-  canonical name *after* the legacy stub, then reached as ``old.sub`` (attribute, not
-  import), lacks the old spellings until ``import old.sub`` runs once.
+  object: ``old.rmsnorm is new.rmsnorm_det``. A module ``__getattr__`` fallback resolves
+  them lazily on the canonical package and on each of its submodules (those loaded before
+  the legacy import get it then; later ones from their loader, as the finder watches the
+  canonical packages' imports once a legacy name is in use). So once a legacy name is
+  imported the old spellings also read through the canonical names; they are not added
+  to ``__all__`` or ``dir()``.
 * **Pickles** written with an old dotted path (``cake_rmsnorm_train.plan.RMSNormPlan``)
   load: pickle imports ``cake_rmsnorm_train.plan`` (the canonical submodule) and reads the
   old spelling through the fallback.
@@ -49,11 +49,12 @@ __all__ = ["LegacyReExportModule", "alias_legacy_module", "legacy_aliases", "pub
 
 
 def public_names(module: types.ModuleType) -> list[str]:
-    """``module.__all__`` (without ``__version__``), or its non-underscore globals."""
+    """``module.__all__`` or its globals, without the names starting with ``_``
+    (``__version__`` included)."""
     names = vars(module).get("__all__")
     if names is None:
         names = [k for k in vars(module) if not k.startswith("_")]
-    return [n for n in names if n != "__version__"]
+    return [n for n in names if not n.startswith("_")]
 
 
 def legacy_aliases(module: types.ModuleType) -> dict[str, str]:
@@ -116,6 +117,28 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
 
     def __init__(self) -> None:
         self.routes: dict[str, tuple[str, str | None]] = {}
+        self.canonical: set[str] = set()
+
+    @staticmethod
+    def _watch(fullname, path):
+        """A canonical submodule imported under its own name once a legacy name is in
+        use: found as usual (the path finder); its loader gives it the old spellings
+        after it runs."""
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        except Exception:
+            return None
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _install_fallback(module)
+
+        loader.exec_module = exec_module  # this spec's own loader instance
+        return spec
 
     def target(self, fullname: str) -> str | None:
         top, _, rest = fullname.partition(".")
@@ -129,6 +152,8 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102
         name = self.target(fullname)
         if name is None:
+            if "." in fullname and fullname.partition(".")[0] in self.canonical:
+                return self._watch(fullname, path)
             return None
         try:
             found = importlib.util.find_spec(name)
@@ -221,8 +246,10 @@ def alias_legacy_module(legacy: str) -> types.ModuleType:
         f"{'s' if len(new) > 1 else ''} {', '.join(t.dist for t in targets)}); the old name "
         "resolves to the same objects", DeprecationWarning, stacklevel=3)
     modules = [importlib.import_module(n) for n in new]
-    for m in modules:
-        _install_fallback(m)
+    finder.canonical.update(new)
+    for key, m in list(sys.modules.items()):
+        if key.partition(".")[0] in new and isinstance(m, types.ModuleType):
+            _install_fallback(m)
     if len(modules) == 1:
         finder.routes[legacy] = (new[0], None)
         sys.modules[legacy] = modules[0]

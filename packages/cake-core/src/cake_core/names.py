@@ -299,3 +299,132 @@ def check_registry(registry: tuple[NameEntry, ...] = REGISTRY) -> list[str]:
 def canonical_rows() -> list[tuple[str, str, str, str, str, tuple[str, ...]]]:
     """(dist, import, family, mode, kind, legacy dists) for every entry, registry order."""
     return [(e.dist, e.import_name, e.family, e.mode, e.kind, e.legacy) for e in REGISTRY]
+
+
+def _code(names_: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names_) if names_ else "—"
+
+
+def render_names_doc() -> str:
+    """The text of ``docs/training_backend_names.md`` (written by ``nox -s names_doc``;
+    a test checks the committed file equals it)."""
+    out: list[str] = []
+    w = out.append
+    w("# Training backend names")
+    w("")
+    w("<!-- Generated from packages/cake-core/src/cake_core/names.py by `nox -s names_doc`"
+      " (shared/names_doc.py). Do not edit by hand. -->")
+    w("")
+    w("cake's names are its contract: `det` in the name of every deterministic training "
+      "family, a final `kcp` for context-parallel routes, and the older names still "
+      "importable, resolving to the very same objects. The registry "
+      "(`cake_core.names.REGISTRY`) is the single source of this page, of the legacy "
+      "distributions (`shared/legacy_packages.py`) and of the name checks in the tests.")
+    w("")
+    w("## The rules")
+    w("")
+    w("- A distribution name is lower case, `-`-separated and starts with `cake-`; its "
+      "import name is the same with `_` for `-`.")
+    w("- A deterministic family is `cake-<family>-det-train` (training kernels) or "
+      "`cake-<family>-det-gemm` (GEMMs): `det` comes right before `train` / `gemm`. A "
+      "non-deterministic sibling would carry `nondet` in the same place.")
+    w("- A context-parallel (KCP) route of a family adds `-kcp`, always as the last part "
+      "(`cake-gdn-det-train-kcp`), and needs the family's local package.")
+    w("- Public names inside a package carry the mode too: `rmsnorm_det`, "
+      "`RMSNormDetPlan`, `chunk_gdn_det_bwd_kcp`.")
+    w("- Only the recorded exceptions below keep a training name without `det`.")
+    w("- `cake-core` (the shared contract) and `cake-tinylm` (the main job) are not kernel "
+      "families and carry neither.")
+    w("")
+    w("## What `det` promises")
+    w("")
+    w("The same inputs, on the same hardware, with the same execution plan and the same "
+      "initial accumulation buffers (e.g. the `main_grad` or `dweight_accumulator` passed "
+      "in) give the same bits, run after run and process after process: no floating "
+      "atomics in a det path, every reduction in a fixed order. It does **not** promise "
+      "identical bits across GPU architectures or Triton versions, across execution plans, "
+      "or across context-parallel partitions: a KCP route is bitwise repeatable for a "
+      "fixed partition, exchange and plan, and agrees with the single-rank package within "
+      "rounding otherwise. See [determinism.md](determinism.md).")
+    w("")
+    w("## Canonical names")
+    w("")
+    w("| distribution | import | family | mode | kind | legacy names | what |")
+    w("| --- | --- | --- | --- | --- | --- | --- |")
+    for e in REGISTRY:
+        what = e.summary + (" (planned: not yet a package)" if e.planned else "")
+        w(f"| `{e.dist}` | `{e.import_name}` | {e.family} | {e.mode} | {e.kind} | "
+          f"{_code(e.legacy)} | {what} |")
+    w("")
+    w("## Legacy names")
+    w("")
+    w("Each legacy name is its own distribution under `packages/` holding only an import "
+      "stub, a `.pyi` and tests; it depends on its canonical distribution(s) with a "
+      "compatible version range (`>=X.Y,<X.(Y+1)`). Importing it raises one "
+      "`DeprecationWarning` naming the new import.")
+    w("")
+    w("| legacy distribution | legacy import | canonical distribution(s) | canonical "
+      "import(s) | how it resolves |")
+    w("| --- | --- | --- | --- | --- |")
+    for old, targets in sorted(LEGACY.items()):
+        how = ("alias: `import old` is the canonical module" if len(targets) == 1 else
+               "re-export of both; `old.kcp` is the KCP module")
+        w(f"| `{old}` | `{import_name(old)}` | {_code([t.dist for t in targets])} | "
+          f"{_code([t.import_name for t in targets])} | {how} |")
+    w("")
+    w("### How a legacy name resolves (`cake_core.legacy`)")
+    w("")
+    w("- **One canonical target** (every legacy name but two): `import old` binds the "
+      "canonical module object itself (the stub puts it in `sys.modules` under the old "
+      "name) and `import old.sub` binds `new.sub` itself (a meta path finder sends every "
+      "`old.<dotted>` import to `new.<dotted>`, never loading a second copy). So "
+      "`old is new`, `old.sub is new.sub`, `old.Cls is new.Cls`, and setting a module "
+      "attribute through one name is seen through the other.")
+    w("- **Two canonical targets** (`cake_kda_train`, `cake_causal_conv1d_train`: the old "
+      "modules held the local and the KCP names): one module cannot be two, so `old` is a "
+      "re-export module. Every public name of both canonical modules reads as the same "
+      "object; `old.kcp` (and `import old.kcp`) is the canonical KCP module and every "
+      "other `old.<sub>` is the local module's submodule; setting `old.X` sets `X` on the "
+      "canonical module that owns it (the local one for a new name), so module state "
+      "lives in the canonical modules. Strict identity is impossible here only for the "
+      "top module: `old is not new`, and `old.__name__`, `old.__version__` (the legacy "
+      "distribution's) and `dir(old)` are the stub's.")
+    w("- **Old spellings**: every public name containing `_det` or `Det` also reads "
+      "without it, as the same object: `rmsnorm_det` → `rmsnorm`, `partition_det_kcp` → "
+      "`partition_kcp`, `chunk_gdn_det_bwd_kcp` → `chunk_gdn_bwd_kcp`, "
+      "`RMSNormDetSavedSet` → `RMSNormSavedSet` (`cake_core.names.strip_det`). They are "
+      "resolved lazily by a module `__getattr__` fallback on the canonical package and "
+      "each of its submodules (so `old.plan.RMSNormPlan` works too), installed at the "
+      "legacy import and, for submodules loaded later, by their loader. After a legacy "
+      "import they also read through the canonical names; they are not in `__all__` or "
+      "`dir()`.")
+    w("- **Pickles** written with an old dotted path (`cake_rmsnorm_train.plan."
+      "RMSNormPlan`, `cake_kda_train.kcp.saved.KDAKCPSavedSet`) load as the canonical "
+      "classes.")
+    w("- **Type checkers** read the stub's `__init__.pyi` (with `py.typed`), which "
+      "re-exports every canonical public name and every old spelling from the canonical "
+      "modules (and `kcp` for the two-target stubs).")
+    w("")
+    w("## Exceptions to the `det` rule")
+    w("")
+    w("These families keep names without `det` and may not claim the det contract. They "
+      "are recorded before they exist; the distribution names are the ones they will "
+      "take.")
+    w("")
+    w("| family | distribution | import | why no `det` |")
+    w("| --- | --- | --- | --- |")
+    for e in REGISTRY:
+        if e.mode == "exception":
+            w(f"| {e.family} | `{e.dist}` | `{e.import_name}` | {e.exception_reason} |")
+    w("")
+    w("## Adding or renaming a package")
+    w("")
+    w("1. Record it in `cake_core.names.REGISTRY` (a renamed package lists its old "
+      "distribution name in `legacy`); `packages/cake-core/tests/test_core_names.py` fails "
+      "while a folder under `packages/` is missing from the registry or breaks a rule.")
+    w("2. `nox -s names_doc` rewrites this page.")
+    w("3. For a legacy name: `nox -s legacy_packages -- <legacy-dist>` writes its "
+      "distribution, then add its id to `LEGACY` in `noxfile.py` "
+      "(`nox -s \"family(legacy_<id>)\"` runs its tests).")
+    w("")
+    return "\n".join(out)
