@@ -723,6 +723,12 @@ def check_static(tree: Tree, pkg: Package) -> list[Finding]:
                  if c in have and have[c] != want[c]]
         add("plans-stale", "PLANS disagrees with the sources: " + ("; ".join(diff)
                                                                   or "order differs"))
+    for dist, ks in exp.get("REUSED_KERNELS", {}).items():
+        have = (g.get("REUSED_KERNELS") or {}).get(dist)
+        if have is not None and have != ks:
+            gone = [_kref(k) for k in ks if k not in have]
+            add("sibling-kernel", f"REUSED_KERNELS[{dist!r}] differs from {dist}'s manifest "
+                                  f"kernels" + (f" (lacks {', '.join(gone)})" if gone else ""))
     if g.get("PACKAGE_DATA") != exp["PACKAGE_DATA"]:
         add("package-data", f"PACKAGE_DATA {g.get('PACKAGE_DATA')} != the package's "
                             f"non-.py files {exp['PACKAGE_DATA']}")
