@@ -14,7 +14,8 @@ reports findings (one line each, exit status 1 when there is any):
   build            the sdist or the wheel does not build
   wheel-missing    a file of ``src/<import_name>/`` is not in the wheel
   wheel-extra      a file in the wheel is not in the source tree
-  manifest         ``cake_build.py`` missing, broken, or disagreeing with pyproject.toml
+  manifest         ``cake_build.py`` missing, broken, disagreeing with pyproject.toml, or
+                   naming an entry point its package does not export
   kernel-unlisted  an ``@triton.jit`` function of the sources is not in ``KERNELS``
   kernel-missing   a listed kernel is not an ``@triton.jit`` function of its module
   digest-stale     ``SOURCE_DIGEST`` differs from the digest of the kernel sources
@@ -681,6 +682,10 @@ def check_static(tree: Tree, pkg: Package) -> list[Finding]:
     if fam.get("name") != pkg.dist or fam.get("import_name") != pkg.import_name:
         add("manifest", f"FAMILY names {fam.get('name')!r} / {fam.get('import_name')!r}, "
                         f"pyproject.toml {pkg.dist!r} / {pkg.import_name!r}")
+    public = public_names(pkg.src / "__init__.py")
+    for e in fam.get("entry_points", []):
+        if public is not None and e not in public:
+            add("manifest", f"FAMILY entry point {e!r} is not in {pkg.import_name}.__all__")
     if vfile and fam.get("version") != vfile:
         add("version-mismatch", f"cake_build FAMILY version {fam.get('version')} != {vfile}")
     if entry is not None:

@@ -143,6 +143,13 @@ def test_unlisted_package_data(tmp_path):
     assert "package-data" in kinds(findings(d))
 
 
+def test_entry_point_that_is_not_public(tmp_path):
+    d = scratch(tmp_path)
+    edit(src(d) / "cake_build.py", '"RMSNorm"]', '"RMSNorm", "rmsnorm_gone"]')
+    fs = findings(d)
+    assert any(f.kind == "manifest" and "rmsnorm_gone" in f.detail for f in fs), fs
+
+
 def test_missing_manifest(tmp_path):
     d = scratch(tmp_path)
     (src(d) / "cake_build.py").unlink()
