@@ -99,3 +99,23 @@ def test_release_refuses_manifest_findings(tmp_path):
     with pytest.raises(rel.ReleaseError, match="version-mismatch"):
         rel.release("cake-core", tag="cake-core-v0.2.0", out=tmp_path / "o", install=False,
                     root=root)
+
+
+def test_release_finds_the_tag_at_head(tmp_path, monkeypatch):
+    """A tagged commit: the tag at HEAD is the release's; another family's tag is ignored."""
+    import subprocess
+
+    monkeypatch.delenv("CAKE_RELEASE_TAG", raising=False)
+    root = _scratch_root(tmp_path)
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"],
+                ["tag", "cake-rmsnorm-det-train-v0.3.0"]):
+        subprocess.run(git + cmd, check=True, capture_output=True)
+    assert rel.find_tag("cake-core", root=root) is None
+    subprocess.run(git + ["tag", "cake-core-v0.1.0"], check=True)
+    assert rel.find_tag("cake-core", root=root) == "cake-core-v0.1.0"
+    assert rel.release("cake-core", out=tmp_path / "o", install=False, root=root) == \
+        Version("0.1.0")
+    subprocess.run(git + ["tag", "cake-core-v0.1.1"], check=True)
+    with pytest.raises(rel.ReleaseError, match="several release tags"):
+        rel.find_tag("cake-core", root=root)
