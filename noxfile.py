@@ -2,8 +2,15 @@
 
     nox -s "family(rmsnorm)"   one package's tests, in an env holding only that package,
                                cake-core and their declared dependencies
-    nox -s tests               every family session, then tests-integration
+    nox -s tests               every family and legacy-name session, tests-integration,
+                               the manifest check and a release dry run of cake-core
+    nox -s manifests           build every package (sdist, wheel from the sdist) and check
+                               its build manifest (shared/check_cake_build_manifests.py)
+    nox -s "release(core)"     the release checks of one family (docs/releasing.md)
     nox -s demo                the main job (cake-tinylm train) on its defaults
+    nox -s "family(legacy_gdn)"  a legacy name's import stub with its canonical target(s)
+    nox -s names_doc           write docs/training_backend_names.md from cake_core.names
+    nox -s legacy_packages     write the legacy distributions from cake_core.names
     nox -s lint                ruff
 
 Runs on the CPU through Triton's interpreter when no CUDA device is present.
@@ -44,6 +51,26 @@ FAMILIES = {
     "tinylm": "cake-tinylm",
 }
 
+#: legacy id -> legacy distribution folder (import stubs of the old names; each runs alone
+#: with its canonical target(s) and cake-core, like a family). New ones: shared/legacy_packages.py
+LEGACY = {
+    "legacy_rmsnorm": "cake-rmsnorm-train",
+    "legacy_gate_norm": "cake-rmsnorm-silu-gate-train",
+    "legacy_dense": "cake-dense-projection-gemm",
+    "legacy_lmhead": "cake-lm-head-loss-train",
+    "legacy_moe": "cake-moe-grouped-gemm",
+    "legacy_conv": "cake-causal-conv1d-train",
+    "legacy_gdn": "cake-gdn-train",
+    "legacy_kda": "cake-kda-train",
+    "legacy_mhc": "cake-mhc-train",
+}
+# a legacy folder not written yet (its canonical target lives in another branch) is skipped;
+# packages/cake-core/tests/test_core_names.py fails once the target exists and it does not
+LEGACY = {k: v for k, v in LEGACY.items() if (ROOT / "packages" / v).is_dir()}
+
+#: every id `family(<id>)` accepts
+PACKAGES = {**FAMILIES, **LEGACY}
+
 #: installed first in every env: the pinned CPU torch that lies on the CI machine's disk
 #: (a GPU machine keeps its own), the Triton the GPU has, and an interpreter-safe numpy.
 BASE = ["torch==2.13.0", "triton==3.6.0", "numpy>=1.24,<2.4", "pytest>=7"]
@@ -80,8 +107,11 @@ def _env_dropped_after(session: nox.Session):
             shutil.rmtree(location, ignore_errors=True)
 
 
-def _install(session: nox.Session, dists: list[str]) -> None:
-    session.install(*BASE)
+def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True) -> None:
+    """BASE, then the local packages. ``compile_pyc=False`` skips pip's byte-compilation of
+    torch (about 30 s of a session on the 2-core CI machine): worth it where one short
+    pytest process imports torch once (the legacy-name sessions), not where many do."""
+    session.install(*BASE, *([] if compile_pyc else ["--no-compile"]))
     paths: list[str] = []
     for d in dists:
         for p in _local_closure(d):
@@ -91,12 +121,12 @@ def _install(session: nox.Session, dists: list[str]) -> None:
 
 
 @nox.session
-@nox.parametrize("family", list(FAMILIES), ids=list(FAMILIES))
+@nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
 def family(session: nox.Session, family: str) -> None:
-    """One package's tests, alone with its declared dependencies."""
-    dist = FAMILIES[family]
+    """One package's tests (family or legacy name) alone with its dependencies."""
+    dist = PACKAGES[family]
     with _env_dropped_after(session):
-        _install(session, [dist])
+        _install(session, [dist], compile_pyc=family not in LEGACY)
         session.run("pytest", "-q", "-p", "no:cacheprovider", f"packages/{dist}/tests",
                     *session.posargs)
 
@@ -112,10 +142,53 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every family session, then the integration tests."""
-    for fid in FAMILIES:
+    """Every family and legacy-name session, the integration tests, the manifests and a
+    cake-core release dry run.
+
+    The release dry run takes cake-core: its clean install needs no other cake wheel."""
+    for fid in PACKAGES:
         session.notify(f"family({fid})")
     session.notify("integration")
+    session.notify("manifests")
+    session.notify("release(core)")
+
+
+#: what the manifest check and the release builds need (no torch, no Triton)
+BUILD_TOOLS = ["hatchling>=1.18", "packaging>=23", "tomli>=2; python_version < '3.11'",
+               "pytest>=7"]
+
+
+@nox.session
+def manifests(session: nox.Session) -> None:
+    """Build every package (sdist, wheel from it) and check its build manifest.
+
+    shared/check_cake_build_manifests.py: zero findings or the session fails; then the
+    checker's own tests (shared/tests: planted findings, release tag rules).
+    Regenerate stale manifests with ``python3 shared/check_cake_build_manifests.py
+    --write``."""
+    session.install(*BUILD_TOOLS)
+    session.run("python", "shared/check_cake_build_manifests.py", *session.posargs)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "shared/tests")
+
+
+@nox.session
+@nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
+def release(session: nox.Session, family: str) -> None:
+    """Release checks of one family: build, version == the tag's, clean install, import.
+
+    docs/releasing.md. Manifest check and build of the family and its local cake-*
+    dependencies, built version == the tag's (``-- --tag
+    <dist>-v<version>``, ``$CAKE_RELEASE_TAG`` or the tag at HEAD; a dry run against the
+    version file without one), then install in a fresh venv with only its declared
+    dependencies (torch / Triton held to the BASE pins) and import it. Artifacts:
+    dist/release/<dist>/."""
+    dist = PACKAGES[family]
+    with _env_dropped_after(session):
+        session.install(*BUILD_TOOLS[:3])
+        pins = Path(session.virtualenv.location) / "constraints.txt"
+        pins.write_text("\n".join(b for b in BASE if not b.startswith("pytest")) + "\n")
+        session.run("python", "shared/release.py", dist, "--constraint", str(pins),
+                    *session.posargs)
 
 
 @nox.session
@@ -124,6 +197,20 @@ def demo(session: nox.Session) -> None:
     with _env_dropped_after(session):
         _install(session, ["cake-tinylm"])
         session.run("cake-tinylm", "train", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def names_doc(session: nox.Session) -> None:
+    """Write docs/training_backend_names.md from the name registry (cake_core.names);
+    `-- --check` only reports a stale doc. Standard library only: no env, no torch."""
+    session.run("python3", "shared/names_doc.py", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def legacy_packages(session: nox.Session) -> None:
+    """Write the legacy distributions from the registry (`-- cake-mhc-train` for one,
+    `-- --check` to report stale files). Standard library only."""
+    session.run("python3", "shared/legacy_packages.py", *session.posargs, external=True)
 
 
 @nox.session

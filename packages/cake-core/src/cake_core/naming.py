@@ -1,16 +1,18 @@
-"""The naming rules of cake distributions, as data, and a check."""
+"""The naming rules of cake distributions, as data, and a check of one name.
+
+The registry of every canonical and legacy name, with the full rule check of an entry, is
+:mod:`cake_core.names`; this module keeps the name-only check families' tests use.
+"""
 
 from __future__ import annotations
 
 import re
 
+from cake_core.names import EXCEPTIONS
+
 #: Families whose backward uses floating atomics or whose distributed determinism is
 #: unproven: they keep names without ``det`` (and may not claim the det contract).
-NAME_EXCEPTIONS: dict[str, str] = {
-    "gqa": "backward uses floating atomics",
-    "dsa": "backward uses floating atomics",
-    "mok": "distributed determinism unproven",
-}
+NAME_EXCEPTIONS: dict[str, str] = dict(EXCEPTIONS)
 
 #: Suffix kinds: training families end in ``-det-train``, GEMM families in ``-det-gemm``,
 #: context-parallel routes add ``-kcp``. Non-deterministic siblings carry ``nondet``.

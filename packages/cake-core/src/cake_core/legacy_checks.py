@@ -1,0 +1,199 @@
+"""The properties every legacy distribution must keep, as checks its tests call
+(``packages/cake-*-train/tests``, ``packages/cake-*-gemm/tests`` of the legacy names).
+
+Each check takes the legacy import name (``"cake_rmsnorm_train"``) and raises
+``AssertionError`` on a broken property. None launches a kernel; the canonical packages'
+submodules are imported (Triton included), which takes a second or two.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.machinery
+import pickle
+import pkgutil
+import sys
+import types
+import warnings
+from pathlib import Path
+
+from cake_core.legacy import legacy_aliases, public_names
+from cake_core.names import LEGACY
+
+__all__ = ["CHECKS", "check_det_aliases", "check_identity", "check_pickle", "check_pyi",
+           "check_state_shared", "check_warning", "run_all"]
+
+
+def _targets(legacy: str) -> list[types.ModuleType]:
+    return [importlib.import_module(t.import_name) for t in LEGACY[legacy.replace("_", "-")]]
+
+
+def _submodules(pkg: types.ModuleType) -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__))
+
+
+def _forget(legacy: str) -> None:
+    for k in [k for k in sys.modules if k == legacy or k.startswith(legacy + ".")]:
+        del sys.modules[k]
+
+
+def check_warning(legacy: str) -> None:
+    """A fresh ``import old`` raises exactly one DeprecationWarning, naming the canonical
+    import(s); importing old submodules afterwards adds none."""
+    targets = _targets(legacy)
+    _forget(legacy)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        importlib.import_module(legacy)
+        for sub in _submodules(targets[0])[:2]:
+            importlib.import_module(f"{legacy}.{sub}")
+        importlib.import_module(legacy)
+    ours = [w for w in rec if issubclass(w.category, DeprecationWarning)
+            and legacy in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    for t in targets:
+        assert t.__name__ in str(ours[0].message), str(ours[0].message)
+
+
+def check_identity(legacy: str) -> None:
+    """``import old`` / ``import old.sub`` give the canonical module objects themselves;
+    ``old.Cls is new.Cls`` for every public name."""
+    targets = _targets(legacy)
+    old = importlib.import_module(legacy)
+    local = targets[0]
+    if len(targets) == 1:
+        assert old is local, (old, local)
+        assert sys.modules[legacy] is local
+    else:
+        kcp = targets[1]
+        assert old.kcp is kcp and importlib.import_module(f"{legacy}.kcp") is kcp
+        for sub in _submodules(kcp):
+            assert importlib.import_module(f"{legacy}.kcp.{sub}") is \
+                importlib.import_module(f"{kcp.__name__}.{sub}"), sub
+        for n in public_names(kcp):
+            if n not in public_names(local):
+                assert getattr(old, n) is getattr(kcp, n), n
+    for sub in _submodules(local):
+        mod = importlib.import_module(f"{legacy}.{sub}")
+        assert mod is importlib.import_module(f"{local.__name__}.{sub}"), sub
+        assert getattr(old, sub) is mod, sub
+        assert mod.__spec__.name == f"{local.__name__}.{sub}", mod.__spec__
+    for n in public_names(local):
+        assert getattr(old, n) is getattr(local, n), n
+    try:
+        importlib.import_module(f"{legacy}.no_such_submodule")
+    except ModuleNotFoundError:
+        pass
+    else:  # pragma: no cover
+        raise AssertionError("a missing old submodule must raise ModuleNotFoundError")
+
+
+def check_det_aliases(legacy: str) -> None:
+    """Every public name with ``_det`` / ``Det`` reads under its old spelling, as the same
+    object, from the old module (and ``from old import <old spelling>`` works)."""
+    old = importlib.import_module(legacy)
+    n_alias = 0
+    for t in _targets(legacy):
+        for alias, name in legacy_aliases(t).items():
+            assert getattr(old, alias) is getattr(t, name), (alias, name)
+            ns: dict = {}
+            exec(f"from {legacy} import {alias} as x", ns)
+            assert ns["x"] is getattr(t, name)
+            n_alias += 1
+    assert n_alias > 0
+
+
+def check_state_shared(legacy: str) -> None:
+    """Setting a module attribute through one name is seen through the other, both ways."""
+    old = importlib.import_module(legacy)
+    for t in _targets(legacy):
+        name = sorted(public_names(t))[0]
+        orig = getattr(t, name)
+        try:
+            setattr(old, name, "set-through-old")
+            assert getattr(t, name) == "set-through-old", name
+            setattr(t, name, "set-through-new")
+            assert getattr(old, name) == "set-through-new", name
+        finally:
+            setattr(t, name, orig)
+        assert getattr(old, name) is orig
+    # a new attribute set through the old name lives in the (local) canonical module
+    old._cake_legacy_probe = 1
+    try:
+        assert _targets(legacy)[0]._cake_legacy_probe == 1
+    finally:
+        del old._cake_legacy_probe
+
+
+def _classes(t: types.ModuleType) -> list[tuple[str, type]]:
+    out = []
+    for alias, name in sorted(legacy_aliases(t).items()):
+        obj = getattr(t, name)
+        if isinstance(obj, type) and obj.__module__.startswith(t.__name__ + "."):
+            out.append((alias, obj))
+    return out
+
+
+def check_pickle(legacy: str) -> None:
+    """Pickles written with old dotted paths (``old.Cls``, ``old.sub.Cls``, with the old
+    spelling of the class name) load as the canonical objects."""
+    targets = _targets(legacy)
+    checked = 0
+    for i, t in enumerate(targets):
+        prefix = legacy if i == 0 else f"{legacy}.kcp"
+        for alias, cls in _classes(t):
+            sub = cls.__module__[len(t.__name__):]  # ".saved"
+            canon = f"{cls.__module__}\n{cls.__qualname__}\n".encode()
+            for path in (f"{legacy}\n{alias}\n", f"{prefix}{sub}\n{alias}\n"):
+                data = pickle.dumps(cls, protocol=0)
+                assert canon in data
+                assert pickle.loads(data.replace(canon, path.encode())) is cls, path
+            try:  # an instance, where one can be made without arguments
+                data = pickle.dumps(cls.__new__(cls), protocol=0)
+            except Exception:
+                continue
+            got = pickle.loads(data.replace(canon, f"{prefix}{sub}\n{alias}\n".encode()))
+            assert type(got) is cls
+            checked += 1
+    assert checked > 0, "no class instance could be pickled"
+
+
+def _stub_dir(legacy: str) -> Path:
+    spec = importlib.machinery.PathFinder.find_spec(legacy)
+    assert spec is not None and spec.submodule_search_locations, legacy
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def check_pyi(legacy: str) -> None:
+    """The stub ships ``__init__.pyi`` (and ``py.typed``) naming every canonical public
+    name and every old spelling, re-exported from the canonical modules."""
+    d = _stub_dir(legacy)
+    assert (d / "py.typed").is_file(), d
+    tree = ast.parse((d / "__init__.pyi").read_text())
+    seen: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                seen[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                seen[a.asname or a.name] = a.name
+    targets = _targets(legacy)
+    for t in targets:
+        for n in public_names(t):
+            assert seen.get(n) == f"{t.__name__}.{n}" or n in seen, (n, t.__name__)
+        for alias, name in legacy_aliases(t).items():
+            assert seen.get(alias) == f"{t.__name__}.{name}", (alias, seen.get(alias))
+    if len(targets) == 2:
+        assert seen.get("kcp") == targets[1].__name__
+
+
+CHECKS = (check_warning, check_identity, check_det_aliases, check_state_shared, check_pickle,
+          check_pyi)
+
+
+def run_all(legacy: str) -> None:
+    """Every check, in order."""
+    for c in CHECKS:
+        c(legacy)

@@ -1,0 +1,43 @@
+"""Type stub of the legacy name cake_dense_projection_gemm."""
+
+from cake_dense_projection_det_gemm import DenseProjectionDetGrads as DenseProjectionDetGrads
+from cake_dense_projection_det_gemm import DenseProjectionDetGrads as DenseProjectionGrads
+from cake_dense_projection_det_gemm import DenseProjectionDetPlan as DenseProjectionDetPlan
+from cake_dense_projection_det_gemm import DenseProjectionDetPlan as DenseProjectionPlan
+from cake_dense_projection_det_gemm import DenseProjectionDetSavedSet as DenseProjectionDetSavedSet
+from cake_dense_projection_det_gemm import DenseProjectionDetSavedSet as DenseProjectionSavedSet
+from cake_dense_projection_det_gemm import (
+    DenseProjectionDetWorkspace as DenseProjectionDetWorkspace,
+)
+from cake_dense_projection_det_gemm import DenseProjectionDetWorkspace as DenseProjectionWorkspace
+from cake_dense_projection_det_gemm import Linear as Linear
+from cake_dense_projection_det_gemm import __version__ as __version__
+from cake_dense_projection_det_gemm import dense_projection_det as dense_projection
+from cake_dense_projection_det_gemm import dense_projection_det as dense_projection_det
+from cake_dense_projection_det_gemm import dense_projection_det_bwd as dense_projection_bwd
+from cake_dense_projection_det_gemm import dense_projection_det_bwd as dense_projection_det_bwd
+from cake_dense_projection_det_gemm import dense_projection_det_fwd as dense_projection_det_fwd
+from cake_dense_projection_det_gemm import dense_projection_det_fwd as dense_projection_fwd
+from cake_dense_projection_det_gemm import dense_projection_reference as dense_projection_reference
+from cake_dense_projection_det_gemm import make_plan as make_plan
+
+__all__ = [
+    "DenseProjectionDetGrads",
+    "DenseProjectionDetPlan",
+    "DenseProjectionDetSavedSet",
+    "DenseProjectionDetWorkspace",
+    "DenseProjectionGrads",
+    "DenseProjectionPlan",
+    "DenseProjectionSavedSet",
+    "DenseProjectionWorkspace",
+    "Linear",
+    "__version__",
+    "dense_projection",
+    "dense_projection_bwd",
+    "dense_projection_det",
+    "dense_projection_det_bwd",
+    "dense_projection_det_fwd",
+    "dense_projection_fwd",
+    "dense_projection_reference",
+    "make_plan",
+]

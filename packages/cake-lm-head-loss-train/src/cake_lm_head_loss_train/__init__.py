@@ -1,0 +1,12 @@
+"""cake-lm-head-loss-train: legacy name of cake-lm-head-loss-det-train (deprecated).
+
+Import cake_lm_head_loss_det_train instead.
+This stub resolves the old name to the canonical module's own objects
+(cake_core.legacy).
+"""
+
+__version__ = "0.1.0"
+
+import cake_core.legacy as _legacy  # noqa: E402
+
+_legacy.alias_legacy_module(__name__)
