@@ -634,6 +634,16 @@ def test_build_context_single_process_checks():
         build_context(p1, None, 0, "cpu", check_group=1)
     with pytest.raises(ValueError, match="^rank"):
         build_context(p2, None, 2, "cpu", check_group=False)
+    for bad in ("gpu0", 3.5):
+        with pytest.raises(ValueError, match="^device: not a device"):
+            build_context(p1, None, 0, bad)
+    if not torch.cuda.is_available():
+        for bad in ("cuda", 0, torch.device("cuda", 1)):
+            with pytest.raises(ValueError, match="^device: .*no usable CUDA device"):
+                build_context(p1, None, 0, bad)
+    else:
+        with pytest.raises(ValueError, match="^device: .*CUDA devices are visible"):
+            build_context(p1, None, 0, torch.cuda.device_count())
 
 
 # ---------------------------------------------------------------- gloo, 2 processes

@@ -1017,7 +1017,8 @@ def build_context(partition: Partition, group: Any, rank: int,
         ValueError: ``partition`` not a :class:`Partition`; ``rank`` not an int in
             ``[0, W)``; ``rank`` not this process's rank in ``group``; the group's size not
             ``partition.world_size``; this process not in ``group``; a bad
-            ``conv_kernel_size`` or ``exchange``.
+            ``conv_kernel_size`` or ``exchange``; ``device`` not a device, or a CUDA
+            device this process cannot use.
     """
     if not isinstance(partition, Partition):
         raise ValueError(f"partition: expected a cake_core.kcp.Partition, got "
@@ -1040,7 +1041,16 @@ def build_context(partition: Partition, group: Any, rank: int,
         raise ValueError(f"rank: must be in [0, {w}), got {r}")
     if check_group and r != gr:
         raise ValueError(f"rank: got {r}, but this process is rank {gr} of the group")
-    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    try:
+        dev = (torch.device("cuda", device) if isinstance(device, int) and
+               not isinstance(device, bool) else torch.device(device))
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: not a device: {device!r} ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {dev} requested, but this torch has no usable CUDA device")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {dev} requested, but only {torch.cuda.device_count()} CUDA "
+                         f"devices are visible")
 
     frags = partition.table[r]
     ag = partition.allgather_plan()
