@@ -142,7 +142,7 @@ def check_gate_params(dtype: torch.dtype,
         if t is not None:
             check_tensor(t, name)
             check_shape(t, name, shape)
-            check_dtype(t, name, (torch.float32, dtype))
+            check_dtype(t, name, tuple(dict.fromkeys((torch.float32, dtype))))
 
 
 def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
