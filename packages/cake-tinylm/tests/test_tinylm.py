@@ -84,6 +84,13 @@ def test_forward_shapes_and_errors():
         model(torch.randint(0, 256, (2, 17)))
     with pytest.raises(ValueError):
         model(idx[0])
+    pos = torch.arange(16)[None]
+    for bad, match in ((pos + 1, r"values in \[1, 16\]"), (pos - 1, r"values in \[-1, 14\]"),
+                       (pos.int(), "int64"), (pos[:, :15], "int64"), (pos.expand(3, 16), "int64")):
+        with pytest.raises(ValueError, match=match):
+            model(idx, positions=bad)
+    ok, _ = model(idx, positions=pos.expand(2, 16))
+    assert torch.equal(ok, model(idx)[0])
     with pytest.raises(ValueError):
         ModelConfig(d_model=30, n_heads=4)
     with pytest.raises(ValueError):

@@ -800,8 +800,9 @@ class TinyLM(nn.Module):
             the MoE load-balancing losses (not in eval mode: validation is pure CE).
 
         Raises:
-            ValueError: if ``idx`` is not 2-D or ``T`` exceeds ``max_seq_len``, or
-                ``targets`` has a different shape.
+            ValueError: if ``idx`` is not 2-D or ``T`` exceeds ``max_seq_len``,
+                ``targets`` has a different shape, or ``positions`` is not int64 ``[B, T]``
+                / ``[1, T]`` with values in ``[0, max_seq_len)``.
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be [B, T], got shape {tuple(idx.shape)}")
@@ -812,6 +813,18 @@ class TinyLM(nn.Module):
             raise ValueError(
                 f"targets shape {tuple(targets.shape)} != idx shape {tuple(idx.shape)}"
             )
+        if positions is not None:
+            if (not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64
+                    or positions.dim() != 2 or positions.shape[1] != t
+                    or positions.shape[0] not in (1, idx.shape[0])):
+                raise ValueError(f"positions must be int64 [B, T] or [1, T] with T = {t}, got "
+                                 f"{getattr(positions, 'dtype', type(positions).__name__)} "
+                                 f"{tuple(getattr(positions, 'shape', ()))}")
+            if positions.numel() and not torch.compiler.is_compiling():
+                lo, hi = int(positions.min()), int(positions.max())
+                if lo < 0 or hi >= self.cfg.max_seq_len:
+                    raise ValueError(f"positions must lie in [0, {self.cfg.max_seq_len}), got "
+                                     f"values in [{lo}, {hi}]")
         if positions is None:
             x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))[None]
         else:
