@@ -107,9 +107,11 @@ def make_plan(n_streams: int, hidden_size: int, dtype: torch.dtype,
               device: torch.device | str) -> MHCDetPlan:
     """Pick the plan for tokens of ``n_streams`` streams of width ``hidden_size``.
 
-    Rules (no timing): on CUDA, projection tiles of 32 tokens x 128 channels, coefficient
-    tiles of 16 tokens x 256 channels, finish tiles of 8 tokens x 128 channels, dX/dphi tiles
-    of 32 tokens x 64 channels with enough token slices for about four programs per SM,
+    Rules (no timing): on CUDA, projection tiles of 64 tokens x 128 channels (each program
+    re-reads phi from L2, so more tokens per program mean less L2 traffic), coefficient
+    tiles of 16 tokens x 256 channels, finish tiles of 8 tokens x 128 channels, dX/dphi
+    tiles of 32 tokens x 128 channels (each program re-reads the token block's dz row, so
+    wider channel tiles mean less) with enough token slices for about four programs per SM,
     fp32 dots as tf32x3 (near-fp32 products on tensor cores). Under the interpreter larger
     token tiles (fewer Python-level programs) and 4 slices. Not yet tuned on a GPU: the
     rules are a first guess for an H200, to be replaced by a measured sweep. ``dtype`` is
@@ -134,15 +136,15 @@ def _rule(n: int, C: int, device: torch.device) -> MHCDetPlan:
     block_m = max(16, next_power_of_2(M))
     pc = next_power_of_2(C)
     if cuda:
-        dx_block_c = max(16, min(64, pc))
+        dx_block_c = max(16, min(128, pc))
         programs = n * cdiv(C, dx_block_c)
         slices = max(1, min(64, cdiv(4 * sm_count(device), programs)))
         return MHCDetPlan(
             n_streams=n, hidden_size=C, block_m=block_m,
-            mix_block_t=32, mix_block_c=max(16, min(128, pc)), mix_warps=4,
+            mix_block_t=64, mix_block_c=max(16, min(128, pc)), mix_warps=4,
             coef_block_t=16, coef_block_c=min(256, pc), coef_warps=4,
             fin_block_t=8, fin_block_c=min(128, pc), fin_warps=4,
-            dx_block_t=32, dx_block_c=dx_block_c, dx_warps=4, dphi_slices=slices,
+            dx_block_t=32, dx_block_c=dx_block_c, dx_warps=8, dphi_slices=slices,
             reduce_block_r=16, reduce_block_w=256, fp32_dots=2)
     return MHCDetPlan(
         n_streams=n, hidden_size=C, block_m=block_m,
