@@ -132,6 +132,17 @@ def test_module_bad_arguments():
             HyperConnection(lin, **args)
     with pytest.raises(ValueError, match="n: must be one of"):
         expand_streams(torch.zeros(2, 8), 5)
+    with pytest.raises(ValueError, match="branch: expected a module or callable"):
+        HyperConnection(None, 8)
+
+
+def test_module_with_a_callable_branch_registers_nothing_else():
+    lin = torch.nn.Linear(8, 8, device=DEV)
+    hc = HyperConnection(lambda u: lin(u), 8, 2)
+    assert set(dict(hc.named_parameters())) == {"phi", "alpha", "bias"}
+    X = expand_streams(randn((3, 8), torch.float32, DEV, seed=4), 2)
+    hc(X).sum().backward()
+    assert lin.weight.grad is not None and hc.phi.grad is not None
 
 
 def test_handle_contents():

@@ -33,7 +33,10 @@ class HyperConnection(nn.Module):
     Y = :func:`mhc_det_finish`.
 
     Args:
-        branch: a module mapping ``[..., C]`` to ``[..., C]`` (attention, MLP, ...).
+        branch: a module mapping ``[..., C]`` to ``[..., C]`` (attention, MLP, ...),
+            registered as the submodule ``branch``; or any other callable (e.g. a bound
+            method of a parent that owns the branch's modules), then kept as a plain
+            attribute, not registered (its parameters stay with their owner).
         hidden_size: C. n_streams: n in (2, 4, 8). sinkhorn_iters: default 20. eps: the RMS
             epsilon (1e-6).
 
@@ -59,6 +62,8 @@ class HyperConnection(nn.Module):
         if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, int) or \
                 sinkhorn_iters < 1:
             raise ValueError(f"sinkhorn_iters: expected an int >= 1, got {sinkhorn_iters!r}")
+        if not callable(branch):
+            raise ValueError(f"branch: expected a module or callable, got {type(branch).__name__}")
         self.branch = branch
         self.hidden_size = hidden_size
         self.n_streams = n_streams
