@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -429,3 +430,65 @@ def test_positions_argument_matches_default():
     a, _ = model(idx)
     b, _ = model(idx, positions=torch.arange(8)[None].expand(2, 8))
     assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- --mhc N
+MHC_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, mhc=4)
+
+
+def test_mhc_default_off_and_bad_values(capsys, tmp_path):
+    assert ModelConfig().mhc == 0 and TrainConfig().mhc == 0
+    torch.manual_seed(0)
+    assert not [n for n in build_model(SMALL, "cake").state_dict() if "mhc" in n]
+    for bad in (1, 3, 16, -1):
+        with pytest.raises(ValueError, match="mhc"):
+            ModelConfig(mhc=bad)
+    assert main(["train", "--mhc", "3", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert "mhc" in capsys.readouterr().err
+
+
+def test_mhc_cake_and_torch_match_from_same_weights():
+    from cake_mhc_det_train import HyperConnection
+    from cake_tinylm.model import HyperConnectionTorch
+
+    torch.manual_seed(0)
+    cake = build_model(MHC_SMALL, "cake")
+    ref = build_model(MHC_SMALL, "torch")
+    assert cake.state_dict().keys() == ref.state_dict().keys()
+    hc = cake.blocks[0].mhc_mixer
+    assert type(hc) is HyperConnection and type(ref.blocks[0].mhc_mlp) is HyperConnectionTorch
+    assert hc.phi.shape == (4 * 32, 24) and hc.alpha.shape == (3,)
+    assert abs(float(hc.bias.detach()[0]) - math.log(1 / 3)) < 1e-6  # own init kept
+    # the branch's modules stay where they were: no duplicate parameters
+    assert {n for n in cake.state_dict() if ".mhc_" in n} == {
+        f"blocks.0.mhc_{s}.{p}" for s in ("mixer", "mlp") for p in ("phi", "alpha", "bias")}
+    with torch.no_grad():  # make the coefficients depend on the tokens
+        for m in (cake, ref):
+            for blk in m.blocks:
+                for h in (blk.mhc_mixer, blk.mhc_mlp):
+                    h.alpha.fill_(0.5)
+    ref.load_state_dict(cake.state_dict())
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss_c = cake(idx, idx)
+    _, loss_r = ref(idx, idx)
+    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
+    loss_c.backward()
+    loss_r.backward()
+    gc = dict(cake.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_mhc_short_job_is_bitwise_deterministic(tmp_path):
+    from cake_tinylm import run_job
+
+    cfg = TrainConfig(
+        steps=3, batch_size=2, seq_len=16, d_model=32, n_layers=1, n_heads=2, lr=3e-3,
+        bytes=20_000, device="cpu", out=str(tmp_path), val_windows=4, mhc=2,
+    )
+    result = run_job(cfg, progress=False)
+    a, b, ref = result.runs
+    assert result.model_config.mhc == 2
+    assert type(a.model.blocks[0].mhc_mixer).__name__ == "HyperConnection"
+    assert result.losses_identical and result.weights_identical and result.identical
+    assert result.max_gap_torch < 1e-4

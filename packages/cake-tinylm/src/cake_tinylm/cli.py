@@ -59,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
         "runs) or a Kimi Delta Attention block (kda: short conv, chunk_kda_det, sigmoid-gated "
         "output norm on cake in the cake runs) (default: %(default)s)",
     )
+    p.add_argument(
+        "--mhc",
+        type=int,
+        default=cpu["mhc"],
+        metavar="N",
+        help="widen the residual into N streams (2, 4 or 8) with a manifold-constrained "
+        "hyper-connection (DeepSeek mHC; cake-mhc-det-train in the cake runs) around every "
+        "mixer and MLP; 0 = the plain residual (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=cpu["seed"], help="seed (default: %(default)s)")
     p.add_argument(
         "--dtype",
@@ -117,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             args.device,
             seed=args.seed,
             mixer=args.mixer,
+            mhc=args.mhc,
             dtype=args.dtype,
             text=args.text,
             bytes=args.bytes,

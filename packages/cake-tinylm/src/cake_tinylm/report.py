@@ -25,6 +25,7 @@ _CAKE_PACKAGES = {
     "cake-gdn-det-train-kcp": "cake_gdn_det_train_kcp",
     "cake-causal-conv1d-det-train-kcp": "cake_causal_conv1d_det_train_kcp",
     "cake-kda-det-train-kcp": "cake_kda_det_train_kcp",
+    "cake-mhc-det-train": "cake_mhc_det_train",
     "cake-tinylm": "cake_tinylm",
 }
 
@@ -42,15 +43,17 @@ _MIXER_FAMILIES = {
 }
 
 
-def cake_families(mixer: str) -> list[str]:
+def cake_families(mixer: str, mhc: int = 0) -> list[str]:
     """The cake kernel families (distribution names) the cake runs train with, for a token
     ``mixer``: the norms, projections and fused head + loss always; with ``"gdn"`` or
-    ``"kda"`` also the short conv, the delta-rule core and the gated output norm.
+    ``"kda"`` also the short conv, the delta-rule core and the gated output norm; with
+    ``mhc`` streams (> 0) the hyper-connections.
 
     Raises:
         KeyError: on an unknown mixer.
     """
-    return [*_BASE_FAMILIES, *_MIXER_FAMILIES[mixer]]
+    return [*_BASE_FAMILIES, *_MIXER_FAMILIES[mixer],
+            *(("cake-mhc-det-train",) if mhc else ())]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -85,7 +88,7 @@ def report_dict(result: JobResult) -> dict[str, object]:
         "device_name": result.device_name,
         "corpus": result.corpus,
         "versions": package_versions(),
-        "cake_families": cake_families(result.config.mixer),
+        "cake_families": cake_families(result.config.mixer, result.config.mhc),
         "identical": result.identical,
         "losses_identical": result.losses_identical,
         "weights_identical": result.weights_identical,
@@ -124,7 +127,10 @@ def format_summary(result: JobResult) -> str:
     ]
     if result.config.mixer != "attention":
         lines.append(f"token mixer: {result.config.mixer}")
-    lines.append("cake families: " + ", ".join(cake_families(result.config.mixer)))
+    if result.config.mhc:
+        lines.append(f"hyper-connections: {result.config.mhc} residual streams (mHC)")
+    lines.append("cake families: " + ", ".join(cake_families(result.config.mixer,
+                                                                result.config.mhc)))
     return "\n".join(lines)
 
 
@@ -160,7 +166,8 @@ def write_report(result: JobResult, out: str | Path) -> tuple[Path, Path]:
             label=f"{r.name} ({r.impl} modules), val {r.val_loss:.3f}",
         )
     cfg = result.config
-    mixer = "" if cfg.mixer == "attention" else f"{cfg.mixer} "
+    mixer = ("" if cfg.mixer == "attention" else f"{cfg.mixer} ") + \
+        (f"mHC{cfg.mhc} " if cfg.mhc else "")
     ax.set_xlabel("step")
     ax.set_ylabel("train loss (nats/byte)")
     ax.set_title(

@@ -79,6 +79,8 @@ class TrainConfig:
         mixer: token mixer, ``"attention"``, ``"gdn"`` (Gated DeltaNet; see
             :class:`~cake_tinylm.model.GatedDeltaNet`) or ``"kda"`` (Kimi Delta Attention;
             see :class:`~cake_tinylm.model.KimiDeltaAttention`).
+        mhc: residual streams of hyper-connections around every sub-layer (2, 4 or 8;
+            ``cake_mhc_det_train`` in the cake runs), or 0 (default) for the plain residual.
     """
 
     steps: int = 64
@@ -100,6 +102,7 @@ class TrainConfig:
     val_windows: int = 64
     activation: str = "gelu"
     mixer: str = "attention"
+    mhc: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "bytes", "val_windows"):
@@ -123,6 +126,7 @@ class TrainConfig:
             max_seq_len=self.seq_len,
             activation=self.activation,
             mixer=self.mixer,
+            mhc=self.mhc,
         )
 
 
