@@ -111,7 +111,8 @@ def make_plan(n_streams: int, hidden_size: int, dtype: torch.dtype,
     re-reads phi from L2, so more tokens per program mean less L2 traffic), coefficient
     tiles of 16 tokens x 256 channels, finish tiles of 8 tokens x 128 channels, dX/dphi
     tiles of 32 tokens x 128 channels (each program re-reads the token block's dz row, so
-    wider channel tiles mean less) with enough token slices for about four programs per SM,
+    wider channel tiles mean less; 64 channels for n = 8, whose 128-wide phi tiles would
+    not fit shared memory) with enough token slices for about four programs per SM,
     fp32 dots as tf32x3 (near-fp32 products on tensor cores). Under the interpreter larger
     token tiles (fewer Python-level programs) and 4 slices. Not yet tuned on a GPU: the
     rules are a first guess for an H200, to be replaced by a measured sweep. ``dtype`` is
@@ -136,12 +137,15 @@ def _rule(n: int, C: int, device: torch.device) -> MHCDetPlan:
     block_m = max(16, next_power_of_2(M))
     pc = next_power_of_2(C)
     if cuda:
-        dx_block_c = max(16, min(128, pc))
+        # phi tiles [block_c, block_m] fp32 live in shared memory (pipelined in the
+        # projection, once in the dX kernel): 64 channels once block_m reaches 128 (n = 8)
+        wide = 128 if block_m <= 32 else 64
+        dx_block_c = max(16, min(wide, pc))
         programs = n * cdiv(C, dx_block_c)
         slices = max(1, min(64, cdiv(4 * sm_count(device), programs)))
         return MHCDetPlan(
             n_streams=n, hidden_size=C, block_m=block_m,
-            mix_block_t=64, mix_block_c=max(16, min(128, pc)), mix_warps=4,
+            mix_block_t=64, mix_block_c=max(16, min(wide, pc)), mix_warps=4,
             coef_block_t=16, coef_block_c=min(256, pc), coef_warps=4,
             fin_block_t=8, fin_block_c=min(128, pc), fin_warps=4,
             dx_block_t=32, dx_block_c=dx_block_c, dx_warps=8, dphi_slices=slices,

@@ -1,7 +1,7 @@
 """Forward of mhc_det_prepare: the projection (RMS and x·phi), then coefficients and U.
 
 ``mhc_mix_kernel``: one program per BLOCK_T tokens walks the n·C row in steps of BLOCK_C
-channels of one stream, accumulating the sum of squares and x·phi (fp32) in registers:
+channels of one stream (stream 0's blocks first, then stream 1's, ...), accumulating the sum of squares and x·phi (fp32) in registers:
 MIX[t] = rstd[t] * (x[t] @ phi), RSTD[t] = 1 / sqrt(mean(x[t]^2) + eps).
 
 ``mhc_coef_kernel``: one program per BLOCK_T tokens builds the logits from MIX, alpha and
@@ -30,17 +30,20 @@ def mhc_mix_kernel(
     mm = m < M
     acc = tl.zeros([BLOCK_T, BLOCK_M], dtype=tl.float32)
     ss = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for i in tl.static_range(N):
-        for c0 in range(0, C, BLOCK_C):
-            c = c0 + tl.arange(0, BLOCK_C)
-            cm = c < C
-            x = tl.load(X + t[:, None] * stride_xt + i * stride_xi + c[None, :],
-                        mask=tm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-            ss += tl.sum(x * x, axis=1)
-            k = (i * C + c).to(tl.int64)
-            p = tl.load(PHI + k[:, None] * M + m[None, :], mask=cm[:, None] & mm[None, :],
-                        other=0.0)
-            acc = mma(x, p, acc, PREC)
+    n_cb = tl.cdiv(C, BLOCK_C)
+    # one loop over (stream, channel block) pairs, streams outer: a single pipelined loop
+    # (unrolling the streams would give each copy its own shared-memory stages)
+    for kb in range(0, N * n_cb):
+        i = kb // n_cb
+        c = (kb - i * n_cb) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        x = tl.load(X + t[:, None] * stride_xt + i * stride_xi + c[None, :],
+                    mask=tm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(x * x, axis=1)
+        k = (i * C + c).to(tl.int64)
+        p = tl.load(PHI + k[:, None] * M + m[None, :], mask=cm[:, None] & mm[None, :],
+                    other=0.0)
+        acc = mma(x, p, acc, PREC)
     rstd = 1.0 / tl.sqrt(ss / (N * C) + eps)
     tl.store(MIX + t[:, None] * M + m[None, :], acc * rstd[:, None],
              mask=tm[:, None] & mm[None, :])
