@@ -171,3 +171,29 @@ def test_import_without_triton_and_manifest():
     assert validate_manifest(m) == []
     assert m["version"] == __version__
     assert check_name("cake-mhc-det-train") == []
+
+
+def test_finish_dx_part_added_inside_the_dx_kernel(monkeypatch):
+    """Same X in both calls: the finish's dX part reaches the prepare's backward (one fp32
+    add in the dX kernel). Another X in the finish: each gets its own gradient."""
+    seen = []
+    real = api._launch_prepare_bwd
+
+    def spy(dU, dcoef, dX_in, *rest):
+        seen.append(dX_in is not None)
+        return real(dU, dcoef, dX_in, *rest)
+
+    monkeypatch.setattr(api, "_launch_prepare_bwd", spy)
+    case = make(30, 4, 16, torch.float32, seed=51)
+    got = cake_run(case)
+    assert seen == [True]
+    ref = ref_run(case)
+    assert_close_to_reference(got["dX"], ref["dX"], torch.float32, "dX", tol=3e-5)
+    # the finish on another tensor with X's values: X gets the prepare's part only
+    X = case["X"].clone().requires_grad_()
+    X2 = case["X"].clone().requires_grad_()
+    U, h = mhc_det_prepare(X, case["phi"], case["alpha"], case["bias"])
+    Y = mhc_det_finish(X2, branch(U, case["W"]), h)
+    (Y * case["dY"]).sum().backward()
+    assert seen == [True, False]
+    assert_close_to_reference(X.grad + X2.grad, ref["dX"], torch.float32, "dX", tol=3e-5)

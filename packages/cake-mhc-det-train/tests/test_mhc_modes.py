@@ -17,7 +17,7 @@ from cake_mhc_det_train import (
 
 
 class OtherFamilySavedSet(SavedSet):
-    tensor_names = ("coef", "mix", "rstd")
+    tensor_names = ("coef", "mix", "rstd", "x_view")
 
 
 class MHCNondetWorkspace(Workspace):

@@ -1,4 +1,4 @@
-"""Autograd entry (custom ops + register_autograd) and the launches of det mHC.
+"""Autograd entry (custom ops inside two autograd Functions) and the launches of det mHC.
 
 Math (DeepSeek, "mHC: Manifold-Constrained Hyper-Connections", arXiv:2512.24880, 2025),
 per token with X ``[n, C]`` (n streams of width C), x = vec(X) ``[n*C]`` stream-major
@@ -17,7 +17,12 @@ Y = H_res X + H_post^T B as in the paper's x_{l+1} = H_res x_l + H_post^T F(H_pr
 Sinkhorn: ``sinkhorn_iters`` iterations of (divide every row by its sum, then every column
 by its sum), computed in the log domain (kernels/common.py). Backward differentiates
 through every iteration. The gradient of phi, bias and alpha are sums over all tokens:
-fp32 partials per program / token slice, summed in a fixed order (no atomics).
+fp32 partials per program / token slice, summed in a fixed order (no atomics). dX has two
+parts (the finish's H_res^T dY and the prepare's); with the same X in both calls they meet
+inside the dX kernel (see _PrepareFunction).
+
+torch.compile: the Functions are traced by dynamo (fullgraph) around the custom ops, whose
+fake implementations give the shapes; eager and compiled runs launch the same kernels.
 """
 
 from __future__ import annotations
@@ -240,14 +245,14 @@ def _launch_prepare_bwd(dU, dcoef, dX_in, X, phi, alpha, bias, mix, rstd, coef, 
 @torch.library.custom_op("cake_mhc_det_train::prepare_fwd", mutates_args=())
 def _prepare_fwd_op(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
                     bias: torch.Tensor, eps: float, sinkhorn_iters: int,
-                    plan_fields: list[int], partials: torch.Tensor | None,
+                    plan_fields: list[int],
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(MHCDetPlan, plan_fields)
     return _launch_prepare_fwd(X, phi, alpha, bias, eps, sinkhorn_iters, plan)
 
 
 @_prepare_fwd_op.register_fake
-def _prepare_fwd_fake(X, phi, alpha, bias, eps, sinkhorn_iters, plan_fields, partials):
+def _prepare_fwd_fake(X, phi, alpha, bias, eps, sinkhorn_iters, plan_fields):
     T, n, C = X.shape
     M = n_coeffs(n)
     f32 = dict(dtype=torch.float32)
@@ -256,42 +261,23 @@ def _prepare_fwd_fake(X, phi, alpha, bias, eps, sinkhorn_iters, plan_fields, par
 
 
 @torch.library.custom_op("cake_mhc_det_train::prepare_bwd", mutates_args=("partials",))
-def _prepare_bwd_op(dU: torch.Tensor | None, dcoef: torch.Tensor | None, X: torch.Tensor,
-                    phi: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor,
-                    mix: torch.Tensor, rstd: torch.Tensor, coef: torch.Tensor,
-                    sinkhorn_iters: int, plan_fields: list[int],
-                    partials: torch.Tensor | None,
+def _prepare_bwd_op(dU: torch.Tensor | None, dcoef: torch.Tensor | None,
+                    dX_in: torch.Tensor | None, X: torch.Tensor, phi: torch.Tensor,
+                    alpha: torch.Tensor, bias: torch.Tensor, mix: torch.Tensor,
+                    rstd: torch.Tensor, coef: torch.Tensor, sinkhorn_iters: int,
+                    plan_fields: list[int], partials: torch.Tensor | None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(MHCDetPlan, plan_fields)
-    dX, dphi, dalpha, dbias = _launch_prepare_bwd(dU, dcoef, None, X, phi, alpha, bias, mix,
+    dX, dphi, dalpha, dbias = _launch_prepare_bwd(dU, dcoef, dX_in, X, phi, alpha, bias, mix,
                                                   rstd, coef, sinkhorn_iters, plan, partials)
     return dX, dphi, dalpha.clone(), dbias.clone()
 
 
 @_prepare_bwd_op.register_fake
-def _prepare_bwd_fake(dU, dcoef, X, phi, alpha, bias, mix, rstd, coef, sinkhorn_iters,
+def _prepare_bwd_fake(dU, dcoef, dX_in, X, phi, alpha, bias, mix, rstd, coef, sinkhorn_iters,
                       plan_fields, partials):
     return X.new_empty(X.shape), phi.new_empty(phi.shape), alpha.new_empty((3,)), \
         bias.new_empty(bias.shape)
-
-
-def _prepare_setup(ctx, inputs, output):
-    X, phi, alpha, bias, eps, iters, plan_fields, partials = inputs
-    _, coef, mix, rstd = output
-    ctx.iters, ctx.plan_fields = iters, plan_fields
-    ctx.save_for_backward(X, phi, alpha, bias, mix, rstd, coef, partials)
-
-
-def _prepare_backward(ctx, dU, dcoef, dmix, drstd):
-    X, phi, alpha, bias, mix, rstd, coef, partials = ctx.saved_tensors
-    dX, dphi, dalpha, dbias = torch.ops.cake_mhc_det_train.prepare_bwd(
-        dU, dcoef, X, phi, alpha, bias, mix, rstd, coef, ctx.iters, ctx.plan_fields, partials)
-    need = ctx.needs_input_grad
-    return (dX if need[0] else None, dphi if need[1] else None, dalpha if need[2] else None,
-            dbias if need[3] else None, None, None, None, None)
-
-
-_prepare_fwd_op.register_autograd(_prepare_backward, setup_context=_prepare_setup)
 
 
 @torch.library.custom_op("cake_mhc_det_train::finish_fwd", mutates_args=())
@@ -316,21 +302,59 @@ def _finish_bwd_fake(dY, X, B, coef, plan_fields):
     return X.new_empty(X.shape), B.new_empty(B.shape), coef.new_empty(coef.shape)
 
 
-def _finish_setup(ctx, inputs, output):
-    X, B, coef, plan_fields = inputs
-    ctx.plan_fields = plan_fields
-    ctx.save_for_backward(X, B, coef)
+# ----------------------------------------------------------------------------- autograd
 
 
-def _finish_backward(ctx, dY):
-    X, B, coef = ctx.saved_tensors
-    dX, dB, dcoef = torch.ops.cake_mhc_det_train.finish_bwd(dY, X, B, coef, ctx.plan_fields)
-    need = ctx.needs_input_grad
-    return (dX if need[0] else None, dB if need[1] else None, dcoef if need[2] else None,
-            None)
+class _PrepareFunction(torch.autograd.Function):
+    """prepare's autograd node (eager and, traced by dynamo, ``torch.compile``: the same ops,
+    the same bits). Besides U and the coefficients it returns ``X.view_as(X)``: when the
+    finish is called with the same X, it computes with this view, so the finish's part of
+    dX arrives here as the gradient of the view and the dX kernel adds it in fp32 (one
+    rounding, no separate elementwise add by autograd). The workspace buffer stays on ctx
+    (not a saved tensor), so one workspace may serve several calls before their backwards.
+    """
+
+    @staticmethod
+    def forward(ctx, X, phi, alpha, bias, eps, iters, plan_fields, partials):
+        U, coef, mix, rstd = torch.ops.cake_mhc_det_train.prepare_fwd(
+            X, phi, alpha, bias, eps, iters, plan_fields)
+        ctx.iters, ctx.plan_fields, ctx.partials = iters, plan_fields, partials
+        ctx.save_for_backward(X, phi, alpha, bias, mix, rstd, coef)
+        ctx.mark_non_differentiable(mix, rstd)
+        ctx.set_materialize_grads(False)
+        return U, coef, mix, rstd, X.view_as(X)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dU, dcoef, dmix, drstd, dX_view):
+        X, phi, alpha, bias, mix, rstd, coef = ctx.saved_tensors
+        dX, dphi, dalpha, dbias = torch.ops.cake_mhc_det_train.prepare_bwd(
+            dU, dcoef, dX_view, X, phi, alpha, bias, mix, rstd, coef, ctx.iters,
+            ctx.plan_fields, ctx.partials)
+        need = ctx.needs_input_grad
+        return (dX if need[0] else None, dphi if need[1] else None,
+                dalpha if need[2] else None, dbias if need[3] else None, None, None, None,
+                None)
 
 
-_finish_fwd_op.register_autograd(_finish_backward, setup_context=_finish_setup)
+class _FinishFunction(torch.autograd.Function):
+    """finish's autograd node: dY -> (dX part H_res^T dY, dB, d(H_post, H_res))."""
+
+    @staticmethod
+    def forward(ctx, X, B, coef, plan_fields):
+        ctx.plan_fields = plan_fields
+        ctx.save_for_backward(X, B, coef)
+        return torch.ops.cake_mhc_det_train.finish_fwd(X, B, coef, plan_fields)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dY):
+        X, B, coef = ctx.saved_tensors
+        dX, dB, dcoef = torch.ops.cake_mhc_det_train.finish_bwd(dY, X, B, coef,
+                                                                ctx.plan_fields)
+        need = ctx.needs_input_grad
+        return (dX if need[0] else None, dB if need[1] else None,
+                dcoef if need[2] else None, None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -387,12 +411,12 @@ def mhc_det_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
     parts = _resolve_workspace(workspace, plan, device)
     lead = tuple(X.shape[:-2])
     X3 = X.reshape(-1, n, C)
-    U, coef, mix, rstd = torch.ops.cake_mhc_det_train.prepare_fwd(
+    U, coef, mix, rstd, x_view = _PrepareFunction.apply(
         X3, phi, alpha, bias, float(eps), int(sinkhorn_iters), plan_to_op_fields(plan), parts)
     handle = MHCDetSavedSet(
-        Mode.DET, {"coef": coef, "mix": mix, "rstd": rstd},
+        Mode.DET, {"coef": coef, "mix": mix, "rstd": rstd, "x_view": x_view},
         meta={"plan": plan, "x_shape": tuple(X.shape), "x_dtype": X.dtype, "eps": float(eps),
-              "sinkhorn_iters": int(sinkhorn_iters)})
+              "sinkhorn_iters": int(sinkhorn_iters), "x_input": X})
     return U.reshape(*lead, C), handle
 
 
@@ -432,6 +456,7 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
     device = check_same_device(("X", X), ("B", B), ("handle", coef))
     launch_device_check(device, "X")
     plan = handle.plan
-    Y = torch.ops.cake_mhc_det_train.finish_fwd(
-        X.reshape(-1, n, C), B.reshape(-1, C), coef, plan_to_op_fields(plan))
+    # the prepare's own X: compute with its view, so dX's two parts meet in one kernel
+    X3 = handle.x_view if X is handle.x_input else X.reshape(-1, n, C)
+    Y = _FinishFunction.apply(X3, B.reshape(-1, C), coef, plan_to_op_fields(plan))
     return Y.reshape(X.shape)

@@ -19,11 +19,14 @@ class MHCDetSavedSet(SavedSet):
             prepare's backward.
         mix: ``[T, M]`` fp32, rstd * (x @ phi) (the logits before alpha and bias).
         rstd: ``[T]`` fp32, 1 / sqrt(mean(x^2) + eps) over the n*C values of a token.
+        x_view: ``[T, n, C]``, a view of the prepare's X returned by its autograd node; the
+            finish computes with it when given that same X, so the finish's part of dX
+            reaches the prepare's backward and is added inside its dX kernel.
     Meta: ``plan`` (the MHCDetPlan), ``x_shape`` (X's shape), ``x_dtype``, ``eps``,
-    ``sinkhorn_iters``.
+    ``sinkhorn_iters``, ``x_input`` (the X the prepare was given).
     """
 
-    tensor_names = ("coef", "mix", "rstd")
+    tensor_names = ("coef", "mix", "rstd", "x_view")
     format_version = 1
 
 
