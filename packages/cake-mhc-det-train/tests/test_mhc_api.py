@@ -16,6 +16,7 @@ from cake_core.testing import (
 from cake_mhc_det_train import (
     HyperConnection,
     MHCDetSavedSet,
+    MHCDetWorkspace,
     collapse_streams,
     expand_streams,
     make_plan,
@@ -60,13 +61,19 @@ def test_unused_u_or_y_still_differentiates():
 
 
 def test_compile_fullgraph_same_bits():
+    """Eager and torch.compile(fullgraph) give the same bits, with one workspace shared by
+    two layers and a 4-D input (its reshape inside the graph)."""
     torch._dynamo.reset()
-    case = make(21, 4, 16, torch.float32, seed=41)
+    case = make(None, 4, 16, torch.float32, seed=41, lead=(3, 7))
+    plan = dataclasses.replace(make_plan(4, 16, torch.float32, DEV), dphi_slices=3)
+    ws = MHCDetWorkspace.for_plan(plan, DEV)
 
     def f(X, phi, alpha, bias, W, dY):
-        U, h = mhc_det_prepare(X, phi, alpha, bias)
+        U, h = mhc_det_prepare(X, phi, alpha, bias, plan=plan, workspace=ws)
         Y = mhc_det_finish(X, branch(U, W), h)
-        return (Y * dY).sum()
+        U2, h2 = mhc_det_prepare(Y, phi, alpha, bias, plan=plan, workspace=ws)
+        Y2 = mhc_det_finish(Y, branch(U2, W), h2)
+        return (Y2 * dY).sum()
 
     outs = []
     for fn in (f, torch.compile(f, fullgraph=True, backend=BACKEND)):
