@@ -48,6 +48,7 @@ FAMILIES = {
     "kda_kcp": "cake-kda-det-train-kcp",
     "conv_kcp": "cake-causal-conv1d-det-train-kcp",
     "moe": "cake-moe-grouped-det-gemm",
+    "mhc": "cake-mhc-det-train",
     "tinylm": "cake-tinylm",
 }
 

@@ -80,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
         "MoEFeedForward on the det grouped GEMM in the cake runs, a dense masked torch "
         "version in the torch run (default: dense MLP)",
     )
+    p.add_argument(
+        "--mhc",
+        type=int,
+        default=cpu["mhc"],
+        metavar="N",
+        help="widen the residual into N streams (2, 4 or 8) with a manifold-constrained "
+        "hyper-connection (DeepSeek mHC; cake-mhc-det-train in the cake runs) around every "
+        "mixer and MLP; 0 = the plain residual (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=cpu["seed"], help="seed (default: %(default)s)")
     p.add_argument(
         "--dtype",
@@ -140,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             args.device,
             seed=args.seed,
             mixer=args.mixer,
+            mhc=args.mhc,
             dtype=args.dtype,
             text=args.text,
             bytes=args.bytes,

@@ -133,6 +133,8 @@ def check_cp(cfg, cp: CPConfig, batch_size: int) -> None:
     if cfg.mixer not in ("gdn", "kda"):
         raise ValueError(f"--cp needs --mixer gdn or kda (the {cfg.mixer!r} mixer has no "
                          f"context-parallel route)")
+    if cfg.mhc:
+        raise ValueError("--cp: hyper-connections (--mhc) have no context-parallel route")
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda and cp.world_size > torch.cuda.device_count():
         raise ValueError(f"cp: {cp.world_size} ranks but {torch.cuda.device_count()} GPUs")

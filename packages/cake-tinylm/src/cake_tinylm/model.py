@@ -9,6 +9,13 @@ Structure (``x`` is ``[B, T, d_model]``)::
     loss = cross_entropy(lm_head(norm_f(x)), targets)   # fused in the cake model
     loss = loss + sum of the MoE blocks' aux losses      # training mode, with moe_experts
 
+With ``mhc = n`` (``--mhc N``: 2, 4 or 8; 0, the default, is the plain residual above) the
+residual is widened into n streams X ``[B, T, n, d]`` (n copies of the embeddings) and every
+sub-layer becomes a manifold-constrained hyper-connection (DeepSeek mHC) around the same
+branch: ``X = HC(X, branch=lambda u: mixer(norm1(u)))``, then the MLP alike; the mean of the
+streams feeds ``norm_f``. The cake build runs ``cake_mhc_det_train.HyperConnection``, the
+torch build :class:`HyperConnectionTorch` (the same math and parameters in plain torch).
+
 Every norm is built by :func:`make_norm`, every projection by :func:`make_linear`, the
 output head by :func:`make_head`, every mixer by :func:`make_mixer` (the GDN and KDA
 blocks' short conv by :func:`make_short_conv`, their gated output norm by
@@ -60,6 +67,7 @@ __all__ = [
     "CausalSelfAttention",
     "Block",
     "GatedDeltaNet",
+    "HyperConnectionTorch",
     "KimiDeltaAttention",
     "MIXERS",
     "MLP",
@@ -81,6 +89,10 @@ __all__ = [
 Impl = Literal["cake", "torch"]
 IMPLS: tuple[str, ...] = ("cake", "torch")
 MIXERS: tuple[str, ...] = ("attention", "gdn", "kda")
+#: accepted ``ModelConfig.mhc`` values (0: no hyper-connections).
+MHC_STREAMS: tuple[int, ...] = (0, 2, 4, 8)
+#: Sinkhorn-Knopp iterations of every hyper-connection (the paper's 20).
+MHC_SINKHORN_ITERS = 20
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,8 @@ class ModelConfig:
             ``mlp_ratio * d_model`` each (``activation`` is then unused) and a top-k
             softmax router (cake's ``MoEFeedForward``, or :class:`MoEFeedForwardTorch`).
         moe_top_k: experts per token, ``1 <= moe_top_k <= moe_experts`` (0 when dense).
+        mhc: residual streams of manifold-constrained hyper-connections around every
+            sub-layer (2, 4 or 8), or 0 (default) for the plain residual.
     """
 
     vocab_size: int = 256
@@ -118,6 +132,7 @@ class ModelConfig:
     mixer: str = "attention"
     moe_experts: int = 0
     moe_top_k: int = 0
+    mhc: int = 0
 
     def __post_init__(self) -> None:
         if self.moe_experts < 0 or not (
@@ -125,6 +140,11 @@ class ModelConfig:
                 or 1 <= self.moe_top_k <= self.moe_experts):
             raise ValueError(f"moe: top-k must be in [1, experts] (or both 0 for the dense "
                              f"MLP), got experts={self.moe_experts}, top_k={self.moe_top_k}")
+        if self.mhc not in MHC_STREAMS:
+            raise ValueError(f"mhc must be one of {MHC_STREAMS}, got {self.mhc!r}")
+        if self.mhc and self.moe_experts:
+            raise ValueError("mhc and moe together are not supported yet (the hyper-connection "
+                             "branch takes one tensor, the MoE feed-forward returns two)")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -710,10 +730,80 @@ def make_mlp(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
     return MLP(cfg, impl)
 
 
+class HyperConnectionTorch(nn.Module):
+    """``cake_mhc_det_train.HyperConnection`` in plain torch: the same parameters (``phi``
+    ``[n d, 2n + n^2]``, ``alpha`` ``[3]``, ``bias`` ``[2n + n^2]``, fp32), initialisation
+    and math (DeepSeek mHC), calling no cake code. Per token, X ``[n, d]``::
+
+        mix = (vec(X) @ phi) / sqrt(mean(vec(X)^2) + 1e-6)
+        H_pre = sigmoid(alpha[0] mix[:n] + bias[:n]),  H_post = 2 sigmoid(alpha[1] ...)
+        H_res = Sinkhorn(exp(alpha[2] mix[2n:] + bias[2n:]) as [n, n]), 20 iterations
+        Y[j] = H_post[j] branch(sum_i H_pre[i] X[i]) + sum_i H_res[j, i] X[i]
+
+    ``branch`` is any callable ``[..., d] -> [..., d]`` (not registered here).
+    """
+
+    def __init__(self, branch, hidden_size: int, n_streams: int, *,
+                 sinkhorn_iters: int = MHC_SINKHORN_ITERS, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.branch, self.n_streams, self.sinkhorn_iters, self.eps = (
+            branch, n_streams, sinkhorn_iters, eps)
+        m = 2 * n_streams + n_streams * n_streams
+        self.phi = nn.Parameter(torch.empty(n_streams * hidden_size, m))
+        self.alpha = nn.Parameter(torch.empty(3))
+        self.bias = nn.Parameter(torch.empty(m))
+        with torch.no_grad():
+            nn.init.normal_(self.phi, std=0.02)
+            self.alpha.fill_(0.01)
+            self.bias.zero_()
+            self.bias[:n_streams] = math.log(1.0 / (n_streams - 1))
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        n, d = X.shape[-2], X.shape[-1]
+        phi, alpha, bias = (p.float() for p in (self.phi, self.alpha, self.bias))
+        x = X.float().reshape(*X.shape[:-2], n * d)
+        mix = (x @ phi) * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        h_pre = torch.sigmoid(alpha[0] * mix[..., :n] + bias[:n])
+        h_post = 2 * torch.sigmoid(alpha[1] * mix[..., n:2 * n] + bias[n:2 * n])
+        logits = (alpha[2] * mix[..., 2 * n:] + bias[2 * n:]).reshape(*X.shape[:-2], n, n)
+        h_res = torch.exp(logits - logits.amax(-1, keepdim=True))
+        for _ in range(self.sinkhorn_iters):
+            h_res = h_res / h_res.sum(-1, keepdim=True)
+            h_res = h_res / h_res.sum(-2, keepdim=True)
+        u = (h_pre.unsqueeze(-1) * X.float()).sum(-2).to(X.dtype)
+        b = self.branch(u).float()
+        y = h_post.unsqueeze(-1) * b.unsqueeze(-2) + h_res @ X.float()
+        return y.to(X.dtype)
+
+
+def make_hyper_connection(branch, cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
+    """One hyper-connection of ``cfg.mhc`` streams of width ``d_model`` around ``branch``
+    (a callable, not registered): ``cake_mhc_det_train.HyperConnection`` (``impl="cake"``)
+    or :class:`HyperConnectionTorch`. Both own ``phi``, ``alpha``, ``bias``.
+
+    Raises:
+        ValueError: on an unknown ``impl`` or ``cfg.mhc == 0``.
+    """
+    _check_impl(impl)
+    if not cfg.mhc:
+        raise ValueError("make_hyper_connection: cfg.mhc is 0 (no hyper-connections)")
+    if impl == "cake":
+        from cake_mhc_det_train import HyperConnection
+
+        return HyperConnection(branch, cfg.d_model, cfg.mhc, sinkhorn_iters=MHC_SINKHORN_ITERS)
+    return HyperConnectionTorch(branch, cfg.d_model, cfg.mhc)
+
+
 # --------------------------------------------------------------------------- model
 class Block(nn.Module):
     """Pre-norm residual block: ``x + mixer(norm1(x))`` then ``x + mlp(norm2(x))``; an MoE
-    mlp's aux loss is appended to ``aux_losses`` when a list is given."""
+    mlp's aux loss is appended to ``aux_losses`` when a list is given.
+
+    With ``cfg.mhc = n`` the block maps streams X ``[B, T, n, d]`` to ``[B, T, n, d]``:
+    ``X = mhc_mixer(X)`` around ``mixer(norm1(u))``, then ``X = mhc_mlp(X)`` around
+    ``mlp(norm2(u))`` (two hyper-connections, :func:`make_hyper_connection`; the norms,
+    mixer and MLP keep their names and parameters).
+    """
 
     def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
         super().__init__()
@@ -721,8 +811,21 @@ class Block(nn.Module):
         self.mixer = make_mixer(cfg, impl)
         self.norm2 = make_norm(cfg.d_model, cfg.norm_eps, impl)
         self.mlp = make_mlp(cfg, impl)
+        if cfg.mhc:
+            self.mhc_mixer = make_hyper_connection(self._mixer_branch, cfg, impl)
+            self.mhc_mlp = make_hyper_connection(self._mlp_branch, cfg, impl)
+
+    def _mixer_branch(self, u: torch.Tensor) -> torch.Tensor:
+        return self.mixer(self.norm1(u))
+
+    def _mlp_branch(self, u: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.norm2(u))
 
     def forward(self, x: torch.Tensor, cp=None, aux_losses: list | None = None) -> torch.Tensor:
+        if hasattr(self, "mhc_mixer"):
+            if cp is not None:
+                raise ValueError("cp: hyper-connections (mhc) have no context-parallel route")
+            return self.mhc_mlp(self.mhc_mixer(x))
         h = self.norm1(x)
         x = x + (self.mixer(h) if cp is None else self.mixer(h, cp=cp))
         y = self.mlp(self.norm2(x))
@@ -766,6 +869,8 @@ class TinyLM(nn.Module):
         std = 0.02
         for name, p in self.named_parameters():
             if name.endswith(("A_log", "dt_bias")):  # the GDN / KDA blocks' own init
+                continue
+            if ".mhc_" in name:  # hyper-connections keep their own init
                 continue
             if name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -830,8 +935,20 @@ class TinyLM(nn.Module):
         else:
             x = self.tok_emb(idx) + self.pos_emb(positions)
         aux_losses: list[torch.Tensor] = []
+        n = self.cfg.mhc
+        if n:
+            if cp is not None:
+                raise ValueError("cp: hyper-connections (mhc) have no context-parallel route")
+            if self.impl == "cake":
+                from cake_mhc_det_train import expand_streams
+
+                x = expand_streams(x, n)  # [B, T, n, d]: n copies
+            else:
+                x = x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1]).contiguous()
         for block in self.blocks:
             x = block(x, aux_losses=aux_losses) if cp is None else block(x, cp=cp)
+        if n:
+            x = x.mean(dim=-2)  # collapse the streams (cake_mhc_det_train.collapse_streams)
         h = self.norm_f(x)
         if targets is None:
             if self.impl == "cake":

@@ -26,6 +26,7 @@ _CAKE_PACKAGES = {
     "cake-causal-conv1d-det-train-kcp": "cake_causal_conv1d_det_train_kcp",
     "cake-kda-det-train-kcp": "cake_kda_det_train_kcp",
     "cake-moe-grouped-det-gemm": "cake_moe_grouped_det_gemm",
+    "cake-mhc-det-train": "cake_mhc_det_train",
     "cake-tinylm": "cake_tinylm",
 }
 
@@ -43,17 +44,18 @@ _MIXER_FAMILIES = {
 }
 
 
-def cake_families(mixer: str, moe: bool = False) -> list[str]:
+def cake_families(mixer: str, moe: bool = False, mhc: int = 0) -> list[str]:
     """The cake kernel families (distribution names) the cake runs train with, for a token
     ``mixer``: the norms, projections and fused head + loss always; with ``"gdn"`` or
     ``"kda"`` also the short conv, the delta-rule core and the gated output norm; with
-    ``moe`` the MoE grouped GEMM.
+    ``moe`` the MoE grouped GEMM; with ``mhc`` streams (> 0) the hyper-connections.
 
     Raises:
         KeyError: on an unknown mixer.
     """
     return [*_BASE_FAMILIES, *_MIXER_FAMILIES[mixer],
-            *(("cake-moe-grouped-det-gemm",) if moe else ())]
+            *(("cake-moe-grouped-det-gemm",) if moe else ()),
+            *(("cake-mhc-det-train",) if mhc else ())]
 
 
 def package_versions() -> dict[str, str | None]:
@@ -88,7 +90,8 @@ def report_dict(result: JobResult) -> dict[str, object]:
         "device_name": result.device_name,
         "corpus": result.corpus,
         "versions": package_versions(),
-        "cake_families": cake_families(result.config.mixer, bool(result.config.moe_experts)),
+        "cake_families": cake_families(result.config.mixer, bool(result.config.moe_experts),
+                                       result.config.mhc),
         "identical": result.identical,
         "losses_identical": result.losses_identical,
         "weights_identical": result.weights_identical,
@@ -130,8 +133,10 @@ def format_summary(result: JobResult) -> str:
     if result.config.moe_experts:
         lines.append(f"mlp: mixture of {result.config.moe_experts} experts, "
                      f"top-{result.config.moe_top_k}")
+    if result.config.mhc:
+        lines.append(f"hyper-connections: {result.config.mhc} residual streams (mHC)")
     lines.append("cake families: " + ", ".join(
-        cake_families(result.config.mixer, bool(result.config.moe_experts))))
+        cake_families(result.config.mixer, bool(result.config.moe_experts), result.config.mhc)))
     return "\n".join(lines)
 
 
@@ -167,7 +172,8 @@ def write_report(result: JobResult, out: str | Path) -> tuple[Path, Path]:
             label=f"{r.name} ({r.impl} modules), val {r.val_loss:.3f}",
         )
     cfg = result.config
-    mixer = "" if cfg.mixer == "attention" else f"{cfg.mixer} "
+    mixer = ("" if cfg.mixer == "attention" else f"{cfg.mixer} ") + \
+        (f"mHC{cfg.mhc} " if cfg.mhc else "")
     ax.set_xlabel("step")
     ax.set_ylabel("train loss (nats/byte)")
     ax.set_title(

@@ -83,6 +83,8 @@ class TrainConfig:
             mixture of E SwiGLU experts with top-k routing (``--moe E,k``; see
             :class:`~cake_tinylm.model.ModelConfig`); the training loss then includes the
             blocks' load-balancing losses.
+        mhc: residual streams of hyper-connections around every sub-layer (2, 4 or 8;
+            ``cake_mhc_det_train`` in the cake runs), or 0 (default) for the plain residual.
     """
 
     steps: int = 64
@@ -106,6 +108,7 @@ class TrainConfig:
     mixer: str = "attention"
     moe_experts: int = 0
     moe_top_k: int = 0
+    mhc: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "bytes", "val_windows"):
@@ -131,6 +134,7 @@ class TrainConfig:
             mixer=self.mixer,
             moe_experts=self.moe_experts,
             moe_top_k=self.moe_top_k,
+            mhc=self.mhc,
         )
 
 

@@ -1,0 +1,51 @@
+"""MHCDetSavedSet (the handle between prepare and finish) and MHCDetWorkspace."""
+
+from __future__ import annotations
+
+import torch
+from cake_core import Mode, SavedSet, Workspace
+
+from cake_mhc_det_train.plan import MHCDetPlan
+
+
+class MHCDetSavedSet(SavedSet):
+    """The handle :func:`~cake_mhc_det_train.mhc_det_prepare` returns and
+    :func:`~cake_mhc_det_train.mhc_det_finish` takes: what the prepare keeps for the finish.
+
+    Tensors (T tokens, n streams, M = 2n + n^2):
+        coef: ``[T, M]`` fp32 per token ``[H_pre (n), H_post (n), H_res (n*n)]``, H_res row
+            major with row j = output stream, column i = input stream. Part of the autograd
+            graph: the finish's gradient of H_post and H_res flows through it into the
+            prepare's backward.
+        mix: ``[T, M]`` fp32, rstd * (x @ phi) (the logits before alpha and bias).
+        rstd: ``[T]`` fp32, 1 / sqrt(mean(x^2) + eps) over the n*C values of a token.
+        x_view: ``[T, n, C]``, a view of the prepare's X returned by its autograd node; the
+            finish computes with it when given that same X, so the finish's part of dX
+            reaches the prepare's backward and is added inside its dX kernel.
+    Meta: ``plan`` (the MHCDetPlan), ``x_shape`` (X's shape), ``x_dtype``, ``eps``,
+    ``sinkhorn_iters``, ``x_input`` (the X the prepare was given).
+    """
+
+    tensor_names = ("coef", "mix", "rstd", "x_view")
+    format_version = 1
+
+
+class MHCDetWorkspace(Workspace):
+    """fp32 partial-dphi planes ``[plan.dphi_slices, n*C, 2n + n^2]`` for one plan.
+
+    Build with :meth:`for_plan`. Reusing one workspace across steps avoids an allocation
+    per backward; every call overwrites its contents (no state carries over). One workspace
+    serves one backward at a time: two layers whose backwards may run concurrently need two.
+    """
+
+    @classmethod
+    def for_plan(cls, plan: MHCDetPlan, device: torch.device | str) -> MHCDetWorkspace:
+        """Allocate the buffers ``plan`` needs on ``device``."""
+        if not isinstance(plan, MHCDetPlan):
+            raise ValueError(f"plan: expected MHCDetPlan, got {type(plan).__name__}")
+        parts = torch.empty(plan.dphi_slices, plan.n_streams * plan.hidden_size, plan.n_coeffs,
+                            dtype=torch.float32, device=device)
+        return cls(plan, device, {"dphi_partials": parts})
+
+
+__all__ = ["MHCDetSavedSet", "MHCDetWorkspace", "Mode"]
