@@ -466,44 +466,6 @@ def test_moe_cake_and_torch_match_from_same_weights():
     # GPT-2 init reaches the stacked expert weights; w_down is a residual projection
     assert abs(float(mlp.w_gate_up.detach().std()) - 0.02) < 2e-3
     assert float(mlp.w_down.detach().std()) < 0.02
-# --------------------------------------------------------------------------- --mhc N
-MHC_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, mhc=4)
-
-
-def test_mhc_default_off_and_bad_values(capsys, tmp_path):
-    assert ModelConfig().mhc == 0 and TrainConfig().mhc == 0
-    torch.manual_seed(0)
-    assert not [n for n in build_model(SMALL, "cake").state_dict() if "mhc" in n]
-    for bad in (1, 3, 16, -1):
-        with pytest.raises(ValueError, match="mhc"):
-            ModelConfig(mhc=bad)
-    with pytest.raises(ValueError, match="mhc and moe together"):
-        ModelConfig(mhc=2, moe_experts=4, moe_top_k=2)
-    assert main(["train", "--mhc", "3", "--steps", "1", "--out", str(tmp_path)]) == 2
-    assert "mhc" in capsys.readouterr().err
-
-
-def test_mhc_cake_and_torch_match_from_same_weights():
-    from cake_mhc_det_train import HyperConnection
-    from cake_tinylm.model import HyperConnectionTorch
-
-    torch.manual_seed(0)
-    cake = build_model(MHC_SMALL, "cake")
-    ref = build_model(MHC_SMALL, "torch")
-    assert cake.state_dict().keys() == ref.state_dict().keys()
-    hc = cake.blocks[0].mhc_mixer
-    assert type(hc) is HyperConnection and type(ref.blocks[0].mhc_mlp) is HyperConnectionTorch
-    assert hc.phi.shape == (4 * 32, 24) and hc.alpha.shape == (3,)
-    assert abs(float(hc.bias.detach()[0]) - math.log(1 / 3)) < 1e-6  # own init kept
-    # the branch's modules stay where they were: no duplicate parameters
-    assert {n for n in cake.state_dict() if ".mhc_" in n} == {
-        f"blocks.0.mhc_{s}.{p}" for s in ("mixer", "mlp") for p in ("phi", "alpha", "bias")}
-    with torch.no_grad():  # make the coefficients depend on the tokens
-        for m in (cake, ref):
-            for blk in m.blocks:
-                for h in (blk.mhc_mixer, blk.mhc_mlp):
-                    h.alpha.fill_(0.5)
-    ref.load_state_dict(cake.state_dict())
     idx = torch.randint(0, 256, (2, 16))
     _, loss_c = cake(idx, idx)
     _, loss_r = ref(idx, idx)
@@ -556,6 +518,55 @@ def test_moe_cli(tmp_path, capsys):
     assert main(["train", "--moe", "4,2", "--cp", "2", "--mixer", "gdn", "--steps", "1",
                  "--out", str(tmp_path), "--no-progress"]) == 2
     assert "--cp with --moe" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- --mhc N
+MHC_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, mhc=4)
+
+
+def test_mhc_default_off_and_bad_values(capsys, tmp_path):
+    assert ModelConfig().mhc == 0 and TrainConfig().mhc == 0
+    torch.manual_seed(0)
+    assert not [n for n in build_model(SMALL, "cake").state_dict() if "mhc" in n]
+    for bad in (1, 3, 16, -1):
+        with pytest.raises(ValueError, match="mhc"):
+            ModelConfig(mhc=bad)
+    with pytest.raises(ValueError, match="mhc and moe together"):
+        ModelConfig(mhc=2, moe_experts=4, moe_top_k=2)
+    assert main(["train", "--mhc", "3", "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert "mhc" in capsys.readouterr().err
+
+
+def test_mhc_cake_and_torch_match_from_same_weights():
+    from cake_mhc_det_train import HyperConnection
+    from cake_tinylm.model import HyperConnectionTorch
+
+    torch.manual_seed(0)
+    cake = build_model(MHC_SMALL, "cake")
+    ref = build_model(MHC_SMALL, "torch")
+    assert cake.state_dict().keys() == ref.state_dict().keys()
+    hc = cake.blocks[0].mhc_mixer
+    assert type(hc) is HyperConnection and type(ref.blocks[0].mhc_mlp) is HyperConnectionTorch
+    assert hc.phi.shape == (4 * 32, 24) and hc.alpha.shape == (3,)
+    assert abs(float(hc.bias.detach()[0]) - math.log(1 / 3)) < 1e-6  # own init kept
+    # the branch's modules stay where they were: no duplicate parameters
+    assert {n for n in cake.state_dict() if ".mhc_" in n} == {
+        f"blocks.0.mhc_{s}.{p}" for s in ("mixer", "mlp") for p in ("phi", "alpha", "bias")}
+    with torch.no_grad():  # make the coefficients depend on the tokens
+        for m in (cake, ref):
+            for blk in m.blocks:
+                for h in (blk.mhc_mixer, blk.mhc_mlp):
+                    h.alpha.fill_(0.5)
+    ref.load_state_dict(cake.state_dict())
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss_c = cake(idx, idx)
+    _, loss_r = ref(idx, idx)
+    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
+    loss_c.backward()
+    loss_r.backward()
+    gc = dict(cake.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_mhc_short_job_is_bitwise_deterministic(tmp_path):
