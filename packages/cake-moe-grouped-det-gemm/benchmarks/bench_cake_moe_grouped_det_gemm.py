@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip accuracy/repeat checks")
     p.add_argument("--loop-anchor", action="store_true",
                    help="also time a per-expert torch.mm loop (host-synced offsets)")
+    p.add_argument("--plan", nargs="*", default=[], metavar="KEY=INT",
+                   help="replace fields of the plan make_plan picks (e.g. block_n=256 "
+                   "num_stages=4 wgrad_splits=2): a sweep aid; the JSON records the plan run")
     return p
 
 
@@ -113,7 +116,8 @@ def _grouped_mm():
 
 
 def run_case(E: int, N: int, K: int, routing: str, tokens: int, top_k: int, dtype,
-             device: str, timer: Timer, check: bool, loop_anchor: bool) -> dict[str, Any]:
+             device: str, timer: Timer, check: bool, loop_anchor: bool,
+             plan_over: dict[str, int] | None = None) -> dict[str, Any]:
     import torch
     from cake_core.testing import bitwise_equal
     from cake_core.testing import rel_fro_error as rel_err
@@ -129,6 +133,10 @@ def run_case(E: int, N: int, K: int, routing: str, tokens: int, top_k: int, dtyp
     offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
     ends = _row_ends(offs, None, M)
     plan = make_plan(M, E, N, K, dtype, device)
+    if plan_over:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, **plan_over)
     ws = MoEGroupedDetWorkspace.for_plan(plan, device)
     parts = ws["partials"] if plan.wgrad_splits > 1 else None
 
@@ -262,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             for routing in routings:
                 try:
                     res = run_case(E, N, K, routing, tokens, top_k, dtype, args.device, timer,
-                                   not args.no_check, args.loop_anchor)
+                                   not args.no_check, args.loop_anchor,
+                                   bench.parse_overrides(args.plan))
                 except Exception as exc:  # noqa: BLE001 - e.g. OOM; recorded, next case runs
                     res = {"E": E, "N": N, "K": K, "routing": routing, "status": "error",
                            "error": bench.short_error(exc, 300)}
