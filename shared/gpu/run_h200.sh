@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 moelayer, and <fam>tests
+# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcptests moelayer, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -71,6 +71,17 @@ fambench() {  # $1 id, $2 package folder, $3 extra args
 declare -A FAMPKG=([gdn]=cake-gdn-det-train [kda]=cake-kda-det-train
                    [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train)
 FAMPKG[moe]=cake-moe-grouped-det-gemm  # moetests, moebench (no moeconfigs)
+FAMPKG[mhc]=cake-mhc-det-train  # mhctests, mhcbench
+# KCP packages: <fam>tests run their gloo/NCCL process-group tests on as many GPUs as each
+# test's world size needs (skipped when fewer are visible): nvidia-h200-x2 runs W = 2 under
+# NCCL, nvidia-h200-x4 also W = 3 and 4. "kcptests" = all three.
+FAMPKG[gdn_kcp]=cake-gdn-det-train-kcp
+FAMPKG[kda_kcp]=cake-kda-det-train-kcp
+FAMPKG[conv_kcp]=cake-causal-conv1d-det-train-kcp
+if has kcptests; then
+  for fam in gdn_kcp kda_kcp conv_kcp; do famtests $fam ${FAMPKG[$fam]} & done
+  wait
+fi
 # partests: the test files of every family in $PAR_FAMS (default: all four) at once.
 if has partests; then
   for fam in ${PAR_FAMS:-gdn kda conv gate}; do famtests $fam ${FAMPKG[$fam]} & done
