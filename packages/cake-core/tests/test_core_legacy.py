@@ -17,11 +17,14 @@ FAKE_LEGACY = {"cake-fakenorm-train": (LOCAL,), "cake-fakenormboth-train": (LOCA
 
 FILES = {
     "cake_fakenorm_det_train/__init__.py": '''
+        from cake_core.lazy import lazy_exports
         from cake_fakenorm_det_train.api import fakenorm_det, fakenorm_det_bwd
-        from cake_fakenorm_det_train.plan import FakeNormDetPlan, make_plan
         __version__ = "0.1.0"
         __all__ = ["FakeNormDetPlan", "__version__", "fakenorm_det", "fakenorm_det_bwd",
                    "make_plan"]
+        # a canonical package's lazy exports (a reload re-installs its __getattr__)
+        __getattr__, __dir__ = lazy_exports(
+            __name__, {"FakeNormDetPlan": "plan", "make_plan": "plan"}, __all__)
         ''',
     "cake_fakenorm_det_train/api.py": '''
         def fakenorm_det(x):
