@@ -6,7 +6,8 @@
 
 A legacy distribution holds only an import stub (``src/<old>/__init__.py`` calling
 ``cake_core.legacy.alias_legacy_module``), a ``.pyi`` re-exporting the canonical names and
-their old spellings, ``py.typed``, a README and one tiny test file running
+binding their old spellings (its ``__all__`` is the runtime one), a ``<sub>.pyi`` per public
+canonical submodule, ``py.typed``, a README and one tiny test file running
 ``cake_core.legacy_checks``. Its version is the canonical package's; it depends on the
 canonical distribution(s) and cake-core with ``>=X.Y,<X.(Y+1)``. The ``.pyi`` lists the
 canonical ``__all__`` read from the canonical ``__init__.py`` with ``ast`` (nothing is
@@ -152,8 +153,10 @@ packages = ["src/{old}"]
 {shape}
 
 Every public name containing `_det` or `Det` also reads under its old spelling, as the same
-object: {", ".join(examples)}. Pickles written with old dotted paths load. See
-`docs/training_backend_names.md` and `cake_core.legacy`.
+object: {", ".join(examples)}. Writing, deleting or `mock.patch`-ing an old spelling acts
+on the canonical name. `from {old} import *` binds the canonical names only (the runtime
+and `.pyi` `__all__`); import an old spelling by name. Pickles written with old dotted
+paths load. See `docs/training_backend_names.md` and `cake_core.legacy`.
 """
 
     lines = [f'"""{old_dist}: legacy name of {new_dists.replace("`", "")} (deprecated).', ""]

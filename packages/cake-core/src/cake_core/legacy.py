@@ -23,14 +23,30 @@ A legacy distribution holds only an import stub whose ``__init__`` calls
   object: ``old.rmsnorm is new.rmsnorm_det``. A module ``__getattr__`` fallback resolves
   them lazily on the canonical package and on each of its submodules (those loaded before
   the legacy import get it then; later ones from their loader, as the finder watches the
-  canonical packages' imports once a legacy name is in use). So once a legacy name is
-  imported the old spellings also read through the canonical names; they are not added
-  to ``__all__`` or ``dir()``.
+  canonical packages' imports once a legacy name is in use; ``importlib.reload`` of a
+  canonical package or submodule goes through the same finder, so the fallback survives
+  it). So once a legacy name is imported the old spellings also read through the
+  canonical names; they are not added to ``__all__`` or ``dir()``.
+* **Writing an old spelling** writes the canonical name: each canonical module given
+  the fallback also gets the class :class:`LegacyAliasedModule` (a ``types.ModuleType``
+  subclass: pickling, reload, lazy exports, custom ops and ``torch.compile`` are
+  unaffected), whose ``__setattr__`` / ``__delattr__`` map an old spelling to its
+  canonical name (only a name the module neither holds nor exports itself). So
+  ``old.rmsnorm = f``, ``del old.rmsnorm`` and ``mock.patch("old.rmsnorm", f)`` act on
+  ``rmsnorm_det`` and restore it; the two-target re-export module maps writes and deletes
+  the same way.
+* **Star imports** bind the runtime ``__all__``: the canonical names (and ``kcp`` for two
+  targets), never the old spellings (for one target ``__all__`` is the canonical
+  module's own, which a legacy import must not change). The stub's ``.pyi`` has the
+  same ``__all__`` and binds each old spelling by assignment, so ``from old import
+  rmsnorm`` type-checks; each public submodule has a ``<sub>.pyi`` re-exporting the
+  canonical submodule (its old spellings are not declared there).
 * **Pickles** written with an old dotted path (``cake_rmsnorm_train.plan.RMSNormPlan``)
   load: pickle imports ``cake_rmsnorm_train.plan`` (the canonical submodule) and reads the
   old spelling through the fallback.
 * Importing a legacy name raises one :class:`DeprecationWarning` naming the canonical
-  import(s); submodule imports through the old name add none.
+  import(s), attributed to the importing line (also through
+  ``importlib.import_module``); submodule imports through the old name add none.
 """
 
 from __future__ import annotations
@@ -45,7 +61,8 @@ import warnings
 
 from cake_core.names import LEGACY, strip_det
 
-__all__ = ["LegacyReExportModule", "alias_legacy_module", "legacy_aliases", "public_names"]
+__all__ = ["LegacyAliasedModule", "LegacyReExportModule", "alias_legacy_module", "legacy_aliases",
+           "public_names"]
 
 
 def public_names(module: types.ModuleType) -> list[str]:
@@ -279,8 +296,7 @@ def _warn_importer(message: str) -> None:
     g = frame.f_globals
     warnings.warn_explicit(message, DeprecationWarning, frame.f_code.co_filename,
                            frame.f_lineno, module=g.get("__name__", "<string>"),
-                           registry=g.setdefault("__warningregistry__", {}),
-                           module_globals=g)
+                           registry=g.setdefault("__warningregistry__", {}))
 
 
 def alias_legacy_module(legacy: str) -> types.ModuleType:
