@@ -85,12 +85,22 @@ def legacy_aliases(module: types.ModuleType) -> dict[str, str]:
     return out
 
 
+#: module name -> every old spelling -> canonical name seen on it: a module without
+#: ``__all__`` loses an alias while its canonical name is deleted (``mock.patch`` deletes,
+#: then sets the old spelling back), and the write must still go to the canonical name.
+_KNOWN: dict[str, dict[str, str]] = {}
+
+
 def _canonical_name(module: types.ModuleType, name: str) -> str:
     """``name``, or the canonical name it is the old spelling of in ``module`` (a public
-    ``_det`` / ``Det`` name; a name ``module`` itself holds or exports is never mapped)."""
+    ``_det`` / ``Det`` name, now or earlier; a name ``module`` itself holds or exports is
+    never mapped)."""
     if name.startswith("_") or name in module.__dict__ or name in public_names(module):
         return name
-    return legacy_aliases(module).get(name, name)
+    known = _KNOWN.setdefault(module.__name__, {})
+    for old, new in legacy_aliases(module).items():
+        known.setdefault(old, new)
+    return known.get(name, name)
 
 
 class LegacyAliasedModule(types.ModuleType):
@@ -113,6 +123,7 @@ def _install_fallback(module: types.ModuleType) -> None:
     canonical names (:class:`LegacyAliasedModule`)."""
     if type(module) is types.ModuleType:
         module.__class__ = LegacyAliasedModule
+    _KNOWN.setdefault(module.__name__, {}).update(legacy_aliases(module))
     d = module.__dict__
     orig = d.get("__getattr__")
     if getattr(orig, "_cake_legacy", False):

@@ -163,6 +163,17 @@ def check_old_spelling_writes(legacy: str) -> None:
         with mock.patch.object(t, alias, "patched"):  # the canonical module, old spelling
             assert getattr(t, name) == "patched" == getattr(old, alias), (alias, name)
         assert getattr(t, name) is orig is getattr(old, alias), (alias, name)
+    targets = _targets(legacy)
+    for i, t in enumerate(targets):  # classes, patched in their submodule (often no __all__)
+        prefix = legacy if i == 0 else f"{legacy}.kcp"
+        for alias, cls in _classes(t):
+            sub = importlib.import_module(cls.__module__)
+            name = cls.__name__
+            path = f"{prefix}{cls.__module__[len(t.__name__):]}.{alias}"
+            with mock.patch(path, "patched"):
+                assert getattr(sub, name) == "patched", path
+            assert getattr(sub, name) is cls and getattr(sub, alias) is cls, path
+            assert alias not in vars(sub), path
 
 
 def check_reload(legacy: str) -> None:
