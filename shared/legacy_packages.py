@@ -6,7 +6,8 @@
 
 A legacy distribution holds only an import stub (``src/<old>/__init__.py`` calling
 ``cake_core.legacy.alias_legacy_module``), a ``.pyi`` re-exporting the canonical names and
-their old spellings, ``py.typed``, a README and one tiny test file running
+binding their old spellings (its ``__all__`` is the runtime one), a ``<sub>.pyi`` per public
+canonical submodule, ``py.typed``, a README and one tiny test file running
 ``cake_core.legacy_checks``. Its version is the canonical package's; it depends on the
 canonical distribution(s) and cake-core with ``>=X.Y,<X.(Y+1)``. The ``.pyi`` lists the
 canonical ``__all__`` read from the canonical ``__init__.py`` with ``ast`` (nothing is
@@ -57,6 +58,15 @@ def canonical_api(import_name: str) -> tuple[str, list[str]]:
     if version is None or names is None:
         raise SystemExit(f"{import_name}: __init__.py lacks a literal __version__ or __all__")
     return version, [n for n in names if n != "__version__"]
+
+
+def submodules(import_name: str) -> list[str]:
+    """The public submodules (and subpackages) of a canonical package, from its files;
+    ``cake_build`` (the build manifest) left out."""
+    src = _canonical_init(import_name).parent
+    out = [p.stem for p in src.glob("*.py")]
+    out += [p.name for p in src.iterdir() if (p / "__init__.py").is_file()]
+    return sorted(n for n in set(out) if not n.startswith("_") and n != "cake_build")
 
 
 def _range(version: str) -> str:
@@ -143,8 +153,10 @@ packages = ["src/{old}"]
 {shape}
 
 Every public name containing `_det` or `Det` also reads under its old spelling, as the same
-object: {", ".join(examples)}. Pickles written with old dotted paths load. See
-`docs/training_backend_names.md` and `cake_core.legacy`.
+object: {", ".join(examples)}. Writing, deleting or `mock.patch`-ing an old spelling acts
+on the canonical name. `from {old} import *` binds the canonical names only (the runtime
+and `.pyi` `__all__`); import an old spelling by name. Pickles written with old dotted
+paths load. See `docs/training_backend_names.md` and `cake_core.legacy`.
 """
 
     lines = [f'"""{old_dist}: legacy name of {new_dists.replace("`", "")} (deprecated).', ""]
@@ -159,34 +171,47 @@ object: {", ".join(examples)}. Pickles written with old dotted paths load. See
              "_legacy.alias_legacy_module(__name__)", ""]
     init = "\n".join(lines)
 
-    pyi = [f'"""Type stub of the legacy name {old}."""', ""]
+    pyi = [f'"""Type stub of the legacy name {old}.', "",
+           "``from " + old + " import *`` binds the names of the runtime ``__all__``: the",
+           "canonical names" + (" and ``kcp``" if two else "") + ". Each old spelling is"
+           " bound to its canonical name below",
+           '(``from ' + old + ' import <old spelling>`` works); a star import does not bind it.',
+           '"""', ""]
     exported: list[str] = []
-    blocks: list[list[str]] = []
+    imports: list[str] = []
+    olds: list[str] = []
     for t, (_, api) in zip(targets, apis, strict=True):
         members = [(n, n) for n in api]
-        members += [(n, names.strip_det(n)) for n in api if names.strip_det(n) != n]
         if not two:
             members.append(("__version__", "__version__"))
         members.sort(key=_member_key)
         exported += [a for _, a in members]
-        block = []
         for n, a in members:
             line = f"from {t.import_name} import {n} as {a}"
-            block += [line] if len(line) <= 100 else [
+            imports += [line] if len(line) <= 100 else [
                 f"from {t.import_name} import (", f"    {n} as {a},", ")"]
-        blocks.append(block)
+        olds += [f"{names.strip_det(n)} = {n}" for _, n in
+                 sorted(((names.strip_det(n), n) for n in api if names.strip_det(n) != n),
+                        key=_member_key)]
     if two:
         pyi.append(f"import {targets[1].import_name} as kcp")
-        exported += ["kcp", "__version__"]
-    for b in blocks:
-        pyi += b
+        exported.append("kcp")
+    pyi += imports
     pyi.append("")
     if two:
         pyi += ["__version__: str", ""]
+    pyi += ["# old spellings (the same objects; not in __all__)", *olds, ""]
     pyi.append("__all__ = [")
     pyi += [f'    "{n}",' for n in sorted(set(exported))]
     pyi.append("]")
     pyi.append("")
+
+    subs = {}
+    local = targets[0].import_name
+    for sub in submodules(local):
+        subs[f"src/{old}/{sub}.pyi"] = (
+            f'"""Type stub of the legacy name {old}.{sub}:\n\n{local}.{sub} itself.\n"""\n\n'
+            f"from {local}.{sub} import *  # noqa: F403\n")
 
     test = f'''"""{old_dist} (legacy name): the old import name gives the canonical objects."""
 
@@ -207,6 +232,7 @@ def test_legacy_name(check):
         f"src/{old}/__init__.pyi": "\n".join(pyi),
         f"src/{old}/py.typed": "",
         f"tests/test_{old}.py": test,
+        **subs,
     }
 
 

@@ -9,6 +9,7 @@ no torch (``nox -s names_doc`` runs it without an environment).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -27,9 +28,12 @@ def load_names():
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when the committed doc is stale; write nothing")
+    args = ap.parse_args(argv)
     text = load_names().render_names_doc()
-    if "--check" in argv:
+    if args.check:
         if not DOC.is_file() or DOC.read_text() != text:
             print(f"stale: {DOC.relative_to(ROOT)}; run: nox -s names_doc")
             return 1

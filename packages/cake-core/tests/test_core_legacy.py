@@ -17,11 +17,14 @@ FAKE_LEGACY = {"cake-fakenorm-train": (LOCAL,), "cake-fakenormboth-train": (LOCA
 
 FILES = {
     "cake_fakenorm_det_train/__init__.py": '''
+        from cake_core.lazy import lazy_exports
         from cake_fakenorm_det_train.api import fakenorm_det, fakenorm_det_bwd
-        from cake_fakenorm_det_train.plan import FakeNormDetPlan, make_plan
         __version__ = "0.1.0"
         __all__ = ["FakeNormDetPlan", "__version__", "fakenorm_det", "fakenorm_det_bwd",
                    "make_plan"]
+        # a canonical package's lazy exports (a reload re-installs its __getattr__)
+        __getattr__, __dir__ = lazy_exports(
+            __name__, {"FakeNormDetPlan": "plan", "make_plan": "plan"}, __all__)
         ''',
     "cake_fakenorm_det_train/api.py": '''
         def fakenorm_det(x):
@@ -159,3 +162,31 @@ def test_strip_det_is_applied_to_public_names_only():
     mod.a_det, mod.BDetPlan, mod._c_det = 1, 2, 3
     assert legacy.legacy_aliases(mod) == {"a": "a_det", "BPlan": "BDetPlan"}
     assert dataclasses.is_dataclass(LOCAL)
+
+
+def test_warning_from_a_main_without_source(fake):
+    """``python -c "import old"``: the warning points at ``<string>`` and importing works
+    (``__main__``'s loader has no source to show)."""
+    import importlib.machinery
+    import warnings
+
+    g = {"__name__": "__main__", "__loader__": importlib.machinery.BuiltinImporter}
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        exec(compile("import cake_fakenorm_train", "<string>", "exec"), g)
+    ours = [w for w in rec if "cake_fakenorm_train is deprecated" in str(w.message)]
+    assert len(ours) == 1 and ours[0].filename == "<string>" and ours[0].lineno == 1
+
+
+def test_a_name_the_module_exports_is_never_mapped(fake):
+    import cake_fakenorm_det_train as new
+    import cake_fakenorm_train as old
+
+    assert type(new) is legacy.LegacyAliasedModule and isinstance(new, type(sys))
+    new.__all__ = [*new.__all__, "fakenorm"]  # a module exporting both spellings
+    new.fakenorm = "own"
+    assert new.fakenorm == "own" and new.fakenorm_det is not None and old.fakenorm == "own"
+    del new.fakenorm
+    assert new.fakenorm_det(3) == 3
+    new._fakenorm = 1  # private names are never mapped
+    assert new.__dict__["_fakenorm"] == 1

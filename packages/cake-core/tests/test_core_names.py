@@ -221,3 +221,12 @@ def test_readme_lists_canonical_and_legacy_names_side_by_side():
         row = [r for r in rows if f"| `{old}` |" in r]
         assert row, f"README: no row for legacy {old}"
         assert all(f"`{t.dist}`" in row[0] for t in targets), row[0]
+
+
+@in_repo
+def test_names_doc_help_prints_help_and_writes_nothing(capsys, monkeypatch):
+    script = _load_script("names_doc")
+    monkeypatch.setattr(script, "DOC", Path("/nonexistent/never-written.md"))
+    with pytest.raises(SystemExit) as e:
+        script.main(["--help"])
+    assert e.value.code == 0 and "--check" in capsys.readouterr().out

@@ -23,14 +23,30 @@ A legacy distribution holds only an import stub whose ``__init__`` calls
   object: ``old.rmsnorm is new.rmsnorm_det``. A module ``__getattr__`` fallback resolves
   them lazily on the canonical package and on each of its submodules (those loaded before
   the legacy import get it then; later ones from their loader, as the finder watches the
-  canonical packages' imports once a legacy name is in use). So once a legacy name is
-  imported the old spellings also read through the canonical names; they are not added
-  to ``__all__`` or ``dir()``.
+  canonical packages' imports once a legacy name is in use; ``importlib.reload`` of a
+  canonical package or submodule goes through the same finder, so the fallback survives
+  it). So once a legacy name is imported the old spellings also read through the
+  canonical names; they are not added to ``__all__`` or ``dir()``.
+* **Writing an old spelling** writes the canonical name: each canonical module given
+  the fallback also gets the class :class:`LegacyAliasedModule` (a ``types.ModuleType``
+  subclass: pickling, reload, lazy exports, custom ops and ``torch.compile`` are
+  unaffected), whose ``__setattr__`` / ``__delattr__`` map an old spelling to its
+  canonical name (only a name the module neither holds nor exports itself). So
+  ``old.rmsnorm = f``, ``del old.rmsnorm`` and ``mock.patch("old.rmsnorm", f)`` act on
+  ``rmsnorm_det`` and restore it; the two-target re-export module maps writes and deletes
+  the same way.
+* **Star imports** bind the runtime ``__all__``: the canonical names (and ``kcp`` for two
+  targets), never the old spellings (for one target ``__all__`` is the canonical
+  module's own, which a legacy import must not change). The stub's ``.pyi`` has the
+  same ``__all__`` and binds each old spelling by assignment, so ``from old import
+  rmsnorm`` type-checks; each public submodule has a ``<sub>.pyi`` re-exporting the
+  canonical submodule (its old spellings are not declared there).
 * **Pickles** written with an old dotted path (``cake_rmsnorm_train.plan.RMSNormPlan``)
   load: pickle imports ``cake_rmsnorm_train.plan`` (the canonical submodule) and reads the
   old spelling through the fallback.
 * Importing a legacy name raises one :class:`DeprecationWarning` naming the canonical
-  import(s); submodule imports through the old name add none.
+  import(s), attributed to the importing line (also through
+  ``importlib.import_module``); submodule imports through the old name add none.
 """
 
 from __future__ import annotations
@@ -45,7 +61,8 @@ import warnings
 
 from cake_core.names import LEGACY, strip_det
 
-__all__ = ["LegacyReExportModule", "alias_legacy_module", "legacy_aliases", "public_names"]
+__all__ = ["LegacyAliasedModule", "LegacyReExportModule", "alias_legacy_module", "legacy_aliases",
+           "public_names"]
 
 
 def public_names(module: types.ModuleType) -> list[str]:
@@ -68,9 +85,45 @@ def legacy_aliases(module: types.ModuleType) -> dict[str, str]:
     return out
 
 
+#: module name -> every old spelling -> canonical name seen on it: a module without
+#: ``__all__`` loses an alias while its canonical name is deleted (``mock.patch`` deletes,
+#: then sets the old spelling back), and the write must still go to the canonical name.
+_KNOWN: dict[str, dict[str, str]] = {}
+
+
+def _canonical_name(module: types.ModuleType, name: str) -> str:
+    """``name``, or the canonical name it is the old spelling of in ``module`` (a public
+    ``_det`` / ``Det`` name, now or earlier; a name ``module`` itself holds or exports is
+    never mapped)."""
+    if name.startswith("_") or name in module.__dict__ or name in public_names(module):
+        return name
+    known = _KNOWN.setdefault(module.__name__, {})
+    for old, new in legacy_aliases(module).items():
+        known.setdefault(old, new)
+    return known.get(name, name)
+
+
+class LegacyAliasedModule(types.ModuleType):
+    """The class a canonical module gets once a legacy name is in use: writing or deleting
+    an old spelling (``new.rmsnorm = f``, ``del new.rmsnorm``, ``mock.patch`` of it) acts on
+    the canonical name (``rmsnorm_det``), so both spellings stay one object. Every other
+    attribute behaves as on a plain module (pickling, reload, lazy exports and
+    ``torch.compile`` see a ``types.ModuleType``)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(_canonical_name(self, name), value)
+
+    def __delattr__(self, name: str) -> None:
+        super().__delattr__(_canonical_name(self, name))
+
+
 def _install_fallback(module: types.ModuleType) -> None:
     """Let ``module`` resolve the old spellings of its ``_det`` / ``Det`` names (lazily,
-    after its own module ``__getattr__``, if any)."""
+    after its own module ``__getattr__``, if any), and write or delete them as the
+    canonical names (:class:`LegacyAliasedModule`)."""
+    if type(module) is types.ModuleType:
+        module.__class__ = LegacyAliasedModule
+    _KNOWN.setdefault(module.__name__, {}).update(legacy_aliases(module))
     d = module.__dict__
     orig = d.get("__getattr__")
     if getattr(orig, "_cake_legacy", False):
@@ -121,9 +174,10 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
 
     @staticmethod
     def _watch(fullname, path):
-        """A canonical submodule imported under its own name once a legacy name is in
-        use: found as usual (the path finder); its loader gives it the old spellings
-        after it runs."""
+        """A canonical module (re)loaded under its own name once a legacy name is in use
+        (a submodule imported later, or ``importlib.reload`` of a package or submodule):
+        found as usual (the path finder); its loader gives it the old spellings after it
+        runs."""
         try:
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         except Exception:
@@ -152,7 +206,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102
         name = self.target(fullname)
         if name is None:
-            if "." in fullname and fullname.partition(".")[0] in self.canonical:
+            if fullname.partition(".")[0] in self.canonical:
                 return self._watch(fullname, path)
             return None
         try:
@@ -214,17 +268,46 @@ class LegacyReExportModule(types.ModuleType):
         if name.startswith("__") or "_cake_legacy_targets" not in self.__dict__:
             super().__delattr__(name)
             return
+        if name in self.__dict__ or name == "kcp":
+            super().__delattr__(name)
+            return
         local, kcp = self._cake_targets()
         for m in (local, kcp):
+            aliases = legacy_aliases(m)
+            if name in aliases and aliases[name] in vars(m):
+                delattr(m, aliases[name])
+                return
             if name in vars(m):
                 delattr(m, name)
                 return
-        super().__delattr__(name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
 
     def __dir__(self) -> list[str]:
         local, kcp = self._cake_targets()
         return sorted(set(public_names(local)) | set(public_names(kcp)) | {"kcp"}
                       | {k for k in self.__dict__ if k.startswith("__")})
+
+
+def _warn_importer(message: str) -> None:
+    """A DeprecationWarning attributed to the code that imports the legacy stub: the first
+    frame above the stub's ``__init__`` outside importlib (so ``import old`` and
+    ``importlib.import_module("old")`` both point at the importing line)."""
+    frame = sys._getframe(2)  # 0: here, 1: alias_legacy_module, 2: the stub's __init__
+    if frame is not None:
+        frame = frame.f_back
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (frame.f_code.co_filename.startswith("<frozen importlib")
+                or name == "importlib" or name.startswith("importlib.")):
+            break
+        frame = frame.f_back
+    if frame is None:  # pragma: no cover - imported from nowhere
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+        return
+    g = frame.f_globals
+    warnings.warn_explicit(message, DeprecationWarning, frame.f_code.co_filename,
+                           frame.f_lineno, module=g.get("__name__", "<string>"),
+                           registry=g.setdefault("__warningregistry__", {}))
 
 
 def alias_legacy_module(legacy: str) -> types.ModuleType:
@@ -241,10 +324,10 @@ def alias_legacy_module(legacy: str) -> types.ModuleType:
     targets = LEGACY[legacy.replace("_", "-")]
     new = [t.import_name for t in targets]
     finder = _finder()
-    warnings.warn(
+    _warn_importer(
         f"{legacy} is deprecated: import {' and '.join(new)} instead (distribution"
         f"{'s' if len(new) > 1 else ''} {', '.join(t.dist for t in targets)}); the old name "
-        "resolves to the same objects", DeprecationWarning, stacklevel=3)
+        "resolves to the same objects")
     modules = [importlib.import_module(n) for n in new]
     finder.canonical.update(new)
     for key, m in list(sys.modules.items()):

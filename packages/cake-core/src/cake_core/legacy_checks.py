@@ -21,7 +21,8 @@ from pathlib import Path
 from cake_core.legacy import legacy_aliases, public_names
 from cake_core.names import LEGACY
 
-__all__ = ["CHECKS", "check_det_aliases", "check_identity", "check_pickle", "check_pyi",
+__all__ = ["CHECKS", "check_det_aliases", "check_identity", "check_old_spelling_writes",
+           "check_pickle", "check_pyi", "check_reload", "check_star_import",
            "check_state_shared", "check_warning", "run_all"]
 
 
@@ -40,7 +41,8 @@ def _forget(legacy: str) -> None:
 
 def check_warning(legacy: str) -> None:
     """A fresh ``import old`` raises exactly one DeprecationWarning, naming the canonical
-    import(s); importing old submodules afterwards adds none."""
+    import(s) and attributed to the importing code (here, not importlib); importing old
+    submodules afterwards adds none."""
     targets = _targets(legacy)
     _forget(legacy)
     with warnings.catch_warnings(record=True) as rec:
@@ -52,6 +54,7 @@ def check_warning(legacy: str) -> None:
     ours = [w for w in rec if issubclass(w.category, DeprecationWarning)
             and legacy in str(w.message)]
     assert len(ours) == 1, [str(w.message) for w in ours]
+    assert Path(ours[0].filename).resolve() == Path(__file__).resolve(), ours[0].filename
     for t in targets:
         assert t.__name__ in str(ours[0].message), str(ours[0].message)
 
@@ -126,6 +129,92 @@ def check_state_shared(legacy: str) -> None:
         del old._cake_legacy_probe
 
 
+def _first_alias(t: types.ModuleType) -> tuple[str, str]:
+    return sorted(legacy_aliases(t).items())[0]
+
+
+def check_old_spelling_writes(legacy: str) -> None:
+    """Writing, deleting or ``mock.patch``-ing an old spelling through the old module acts
+    on the canonical name (both spellings stay one object) and a patch restores it."""
+    from unittest import mock
+
+    old = importlib.import_module(legacy)
+    for t in _targets(legacy):
+        alias, name = _first_alias(t)
+        orig = getattr(t, name)
+        had = name in vars(t)
+        try:
+            setattr(old, alias, "set-through-old")
+            assert getattr(t, name) == "set-through-old", (alias, name)
+            assert alias not in vars(t), alias
+            assert getattr(old, alias) == "set-through-old" == getattr(t, alias)
+            delattr(old, alias)
+            assert name not in vars(t), name
+            if not had:  # a lazy export resolves again
+                assert getattr(t, name) is orig, name
+        finally:
+            if getattr(t, name, None) is not orig:
+                setattr(t, name, orig)
+        assert getattr(old, alias) is orig is getattr(t, name)
+        with mock.patch(f"{legacy}.{alias}", "patched"):
+            assert getattr(t, name) == "patched" == getattr(old, alias), (alias, name)
+        assert getattr(t, name) is orig is getattr(old, alias), (alias, name)
+        assert alias not in vars(t), alias
+        with mock.patch.object(t, alias, "patched"):  # the canonical module, old spelling
+            assert getattr(t, name) == "patched" == getattr(old, alias), (alias, name)
+        assert getattr(t, name) is orig is getattr(old, alias), (alias, name)
+    targets = _targets(legacy)
+    for i, t in enumerate(targets):  # classes, patched in their submodule (often no __all__)
+        prefix = legacy if i == 0 else f"{legacy}.kcp"
+        for alias, cls in _classes(t):
+            sub = importlib.import_module(cls.__module__)
+            name = cls.__name__
+            path = f"{prefix}{cls.__module__[len(t.__name__):]}.{alias}"
+            with mock.patch(path, "patched"):
+                assert getattr(sub, name) == "patched", path
+            assert getattr(sub, name) is cls and getattr(sub, alias) is cls, path
+            assert alias not in vars(sub), path
+
+
+def check_reload(legacy: str) -> None:
+    """``importlib.reload`` of a canonical package (and of the old name) keeps the old
+    spellings and the old pickle paths."""
+    importlib.import_module(legacy)
+    targets = _targets(legacy)
+    for t in targets:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            importlib.reload(t)
+        old = importlib.import_module(legacy)
+        for alias, name in legacy_aliases(t).items():
+            assert getattr(t, alias) is getattr(t, name), (alias, name)
+            assert getattr(old, alias) is getattr(t, name), (alias, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.reload(importlib.import_module(legacy))
+    for t in targets:
+        for alias, name in legacy_aliases(t).items():
+            assert getattr(old, alias) is getattr(t, name), (alias, name)
+        for alias, cls in _classes(t):
+            data = f"c{legacy}\n{alias}\n.".encode()
+            assert pickle.loads(data) is cls, alias
+
+
+def check_star_import(legacy: str) -> None:
+    """``from old import *`` binds exactly the runtime ``__all__``: the canonical public
+    names (and ``kcp`` for two targets), never an old spelling on its own."""
+    old = importlib.import_module(legacy)
+    ns: dict = {}
+    exec(f"from {legacy} import *", ns)
+    bound = set(ns) - {"__builtins__"}
+    assert bound == set(old.__all__), sorted(bound ^ set(old.__all__))
+    for t in _targets(legacy):
+        assert set(public_names(t)) <= bound, sorted(set(public_names(t)) - bound)
+        for alias in legacy_aliases(t):
+            if alias not in public_names(t):
+                assert alias not in bound, alias
+
+
 def _classes(t: types.ModuleType) -> list[tuple[str, type]]:
     out = []
     for alias, name in sorted(legacy_aliases(t).items()):
@@ -167,18 +256,28 @@ def _stub_dir(legacy: str) -> Path:
 
 def check_pyi(legacy: str) -> None:
     """The stub ships ``__init__.pyi`` (and ``py.typed``) naming every canonical public
-    name and every old spelling, re-exported from the canonical modules."""
+    name, re-exported from the canonical modules, and every old spelling, bound to its
+    canonical name; its ``__all__`` is the runtime ``__all__`` (a star import gives the
+    canonical names only); each public submodule of the (local) canonical package has a
+    ``<sub>.pyi`` re-exporting it."""
     d = _stub_dir(legacy)
     assert (d / "py.typed").is_file(), d
     tree = ast.parse((d / "__init__.pyi").read_text())
     seen: dict[str, str] = {}
-    for node in ast.walk(tree):
+    pyi_all = None
+    for node in tree.body:
         if isinstance(node, ast.ImportFrom):
             for a in node.names:
                 seen[a.asname or a.name] = f"{node.module}.{a.name}"
         elif isinstance(node, ast.Import):
             for a in node.names:
                 seen[a.asname or a.name] = a.name
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = getattr(node.targets[0], "id", None)
+            if target == "__all__":
+                pyi_all = ast.literal_eval(node.value)
+            elif isinstance(node.value, ast.Name) and node.value.id in seen:
+                seen[target] = seen[node.value.id]
     targets = _targets(legacy)
     for t in targets:
         for n in public_names(t):
@@ -187,9 +286,19 @@ def check_pyi(legacy: str) -> None:
             assert seen.get(alias) == f"{t.__name__}.{name}", (alias, seen.get(alias))
     if len(targets) == 2:
         assert seen.get("kcp") == targets[1].__name__
+    runtime_all = importlib.import_module(legacy).__all__
+    assert pyi_all is not None and sorted(pyi_all) == sorted(runtime_all), \
+        sorted(set(pyi_all or ()) ^ set(runtime_all))
+    local = targets[0]
+    for sub in _submodules(local):
+        if sub.startswith("_") or sub == "cake_build":  # the build manifest: no stub
+            continue
+        text = (d / f"{sub}.pyi").read_text()
+        assert f"from {local.__name__}.{sub} import *" in text, sub
 
 
-CHECKS = (check_warning, check_identity, check_det_aliases, check_state_shared, check_pickle,
+CHECKS = (check_warning, check_identity, check_det_aliases, check_state_shared,
+          check_old_spelling_writes, check_reload, check_star_import, check_pickle,
           check_pyi)
 
 

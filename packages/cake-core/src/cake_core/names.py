@@ -395,15 +395,22 @@ def render_names_doc() -> str:
       "`RMSNormDetSavedSet` → `RMSNormSavedSet` (`cake_core.names.strip_det`). They are "
       "resolved lazily by a module `__getattr__` fallback on the canonical package and "
       "each of its submodules (so `old.plan.RMSNormPlan` works too), installed at the "
-      "legacy import and, for submodules loaded later, by their loader. After a legacy "
-      "import they also read through the canonical names; they are not in `__all__` or "
-      "`dir()`.")
+      "legacy import and, for submodules loaded later or reloaded (`importlib.reload`), "
+      "by their loader. After a legacy import they also read through the canonical "
+      "names; they are not in `__all__` or `dir()`, so `from old import *` binds the "
+      "canonical names only (for one target `__all__` is the canonical module's own).")
+    w("- **Writing an old spelling** writes the canonical name: `old.rmsnorm = f`, "
+      "`del old.rmsnorm` and `mock.patch(\"old.rmsnorm\", f)` act on `rmsnorm_det` (and "
+      "restore it). The canonical modules get a `types.ModuleType` subclass "
+      "(`cake_core.legacy.LegacyAliasedModule`) at the legacy import for this; the "
+      "two-target re-export module maps writes and deletes the same way.")
     w("- **Pickles** written with an old dotted path (`cake_rmsnorm_train.plan."
       "RMSNormPlan`, `cake_kda_train.kcp.saved.KDAKCPSavedSet`) load as the canonical "
       "classes.")
     w("- **Type checkers** read the stub's `__init__.pyi` (with `py.typed`), which "
-      "re-exports every canonical public name and every old spelling from the canonical "
-      "modules (and `kcp` for the two-target stubs).")
+      "re-exports every canonical public name (and `kcp` for the two-target stubs), binds "
+      "every old spelling to its canonical name and has the runtime `__all__`; each "
+      "public submodule has a `<sub>.pyi` re-exporting the canonical submodule.")
     w("")
     w("## Exceptions to the `det` rule")
     w("")
