@@ -129,6 +129,49 @@ def test_stale_digest(tmp_path):
     assert kinds(findings(d)) == {"digest-stale"}
 
 
+def test_stale_digest_through_a_called_jit_function(tmp_path):
+    """cake_core.gemm.matmul_kernel calls _mma, which calls cake_core.triton_utils.dot: a
+    change to dot makes a family that lists matmul_kernel stale (issue 11 review, item 5)."""
+    core = scratch(tmp_path, "cake-core")
+    dense = scratch(tmp_path, "cake-dense-projection-det-gemm")
+    pkgs = [chk.load_package(core), chk.load_package(dense)]
+    tree = chk.Tree(ROOT, pkgs)
+    k = {"module": "cake_core.gemm", "function": "matmul_kernel"}
+    reached = chk.reached_kernels(tree, [k])
+    assert ("cake_core.triton_utils", "dot") in reached, reached
+    edit(src(core) / "triton_utils.py", "        return tl.dot(a, b, acc)\n",
+         '        return tl.dot(a, b, acc, input_precision="tf32x3")\n')
+    fs, _ = chk.check_packages(chk.Tree(ROOT, pkgs), pkgs, do_build=False)
+    stale = {f.package for f in fs if f.kind == "digest-stale"}
+    assert stale == {"cake-core", "cake-dense-projection-det-gemm"}, fs
+    assert any("cake_core.triton_utils" in f.detail and "--write" in f.detail for f in fs), fs
+
+
+def test_called_jit_function_through_a_module_alias(tmp_path):
+    d = scratch(tmp_path)
+    f = src(d) / "kernels" / "fwd.py"
+    f.write_text(f.read_text() + "\n\nimport cake_core.triton_utils as _tu  # noqa: E402\n\n\n"
+                 "@triton.jit\ndef planted_kernel(a, b, acc):\n    return _tu.dot(a, b, acc)\n")
+    tree = chk.Tree(ROOT, [chk.load_package(d)])
+    k = {"module": "cake_rmsnorm_det_train.kernels.fwd", "function": "planted_kernel"}
+    assert chk.reached_kernels(tree, [k])[1:] == [("cake_core.triton_utils", "dot")]
+
+
+@pytest.mark.parametrize("dist,rel,old,new", [
+    # the MoE combine's slot order (issue 11 review, item 6)
+    ("cake-moe-grouped-det-gemm", "moe.py", "for j in range(1, k):",
+     "for j in reversed(range(1, k)):"),
+    # a plan rule
+    (LOCAL, "plan.py", "    format_version: ClassVar[int] = 1\n",
+     "    format_version: ClassVar[int] = 1  # planted\n"),
+])
+def test_stale_digest_outside_the_kernel_modules(tmp_path, dist, rel, old, new):
+    """Every module of the package but cake_build.py is digested."""
+    d = scratch(tmp_path, dist)
+    edit(src(d) / rel, old, new)
+    assert kinds(findings(d)) == {"digest-stale"}
+
+
 def test_stale_plans(tmp_path):
     d = scratch(tmp_path)
     edit(src(d) / "plan.py", "    format_version: ClassVar[int] = 1\n",
