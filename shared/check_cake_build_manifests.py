@@ -28,6 +28,8 @@ reports findings (one line each, exit status 1 when there is any):
                    sibling does not have
   sibling-version  a KCP sibling registry's version range excludes the sibling's version or
                    differs from the range pyproject.toml pins
+  dependency-version a dependency on a cake-* package of this monorepo (``dependencies``
+                   or an extra) whose range excludes that package's current version
   requires-python  no ``requires-python`` in pyproject.toml or the wheel's metadata
   version-mismatch the version file, the sdist / wheel metadata and ``FAMILY`` disagree
   name-unknown     a name the registry (``cake_core/names.py``) does not know, or one
@@ -72,7 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 KINDS = ("build", "wheel-missing", "wheel-extra", "manifest", "kernel-unlisted",
          "kernel-missing", "digest-stale", "plans-stale", "package-data", "sibling-kernel",
-         "sibling-version", "requires-python", "version-mismatch", "name-unknown")
+         "sibling-version", "dependency-version", "requires-python", "version-mismatch",
+         "name-unknown")
 
 #: registry kind -> the kind a ``cake_build.FAMILY`` declares (cake_core.families: "local",
 #: "kcp" or "tool" for what is not a kernel family)
@@ -803,19 +806,22 @@ def check_static(tree: Tree, pkg: Package) -> list[Finding]:
                                 f"{entry.import_name!r}")
 
     if legacy and not pkg.manifest_file.is_file():
+        f += check_pins(tree, pkg)
         for k in own_kernels(pkg):  # a legacy distribution is an import stub
             add("kernel-unlisted", f"legacy distribution defines the kernel {_kref(k)}")
         return f
     if not pkg.manifest_file.is_file():
         add("manifest", f"no {pkg.manifest_file.relative_to(pkg.path)}")
-        return f
+        return f + check_pins(tree, pkg)
     try:
         g = load_manifest_module(pkg)
         m = g["manifest"]()
         fam = g["FAMILY"]
     except Exception as e:  # noqa: BLE001
         add("manifest", f"cake_build.py does not load: {type(e).__name__}: {e}")
-        return f
+        return f + check_pins(tree, pkg)
+    f += check_pins(tree, pkg, {str(r.get("name")) for r in g.get("REUSES", [])
+                                if isinstance(r, dict)})
     for p in tree.build_mod.validate_manifest(m):
         add("manifest", p)
     if fam.get("name") != pkg.dist or fam.get("import_name") != pkg.import_name:
@@ -881,6 +887,33 @@ def check_static(tree: Tree, pkg: Package) -> list[Finding]:
         add("package-data", f"PACKAGE_DATA {g.get('PACKAGE_DATA')} != the package's "
                             f"non-.py files {exp['PACKAGE_DATA']}")
     f += check_reuses(tree, pkg, g)
+    return f
+
+
+def check_pins(tree: Tree, pkg: Package, skip: set[str] = frozenset()) -> list[Finding]:
+    """``dependency-version``: each requirement of ``pkg`` (its dependencies and extras) on
+    another package of the monorepo whose range excludes that package's version file
+    (pre-releases count as inside a range that spans them). ``skip``: names a sibling
+    registry covers (reported as ``sibling-version``)."""
+    f: list[Finding] = []
+    proj = pkg.pyproject["project"]
+    reqs = list(proj.get("dependencies", []))
+    for extra in proj.get("optional-dependencies", {}).values():
+        reqs += extra
+    for d in reqs:
+        try:
+            req = Requirement(d)
+        except Exception:  # noqa: BLE001 - the build reports it
+            continue
+        dep = tree.by_dist.get(req.name)
+        if dep is None or req.name in skip or dep is pkg:
+            continue
+        v = read_version_file(dep)
+        if v is not None and not req.specifier.contains(Version(v), prereleases=True):
+            f.append(Finding(pkg.dist, "dependency-version",
+                             f"requires {d!r}, but {req.name} is at {v} in "
+                             f"{dep.path.relative_to(dep.path.parent.parent)}: widen the "
+                             "range (docs/releasing.md, step 1)"))
     return f
 
 

@@ -251,6 +251,37 @@ def test_sibling_registry_range_differs_from_pyproject(tmp_path):
     assert "pyproject.toml" in fs[0].detail
 
 
+def test_dependency_range_excludes_a_bumped_package(tmp_path):
+    """cake-rmsnorm-det-train bumped to 0.2.0: cake-tinylm and the legacy stub still pin
+    <0.2 (issue 11 review, item 7)."""
+    d = scratch(tmp_path)
+    edit(src(d) / "__init__.py", '__version__ = "0.1.0"', '__version__ = "0.2.0"')
+    edit(src(d) / "cake_build.py", '"version": "0.1.0"', '"version": "0.2.0"')
+    tree = chk.Tree(ROOT, [chk.load_package(d)])
+    pkgs = [tree.by_dist[n] for n in (LOCAL, "cake-tinylm", "cake-rmsnorm-train")]
+    fs, _ = chk.check_packages(tree, pkgs, do_build=False)
+    fs = [f for f in fs if f.kind != "digest-stale"]  # __init__.py changed: regenerate
+    assert {(f.package, f.kind) for f in fs} == {("cake-tinylm", "dependency-version"),
+                                                ("cake-rmsnorm-train", "dependency-version")}
+    assert all("cake-rmsnorm-det-train>=0.1,<0.2" in f.detail and "0.2.0" in f.detail
+               for f in fs), fs
+
+
+def test_jit_aliases_and_jit_calls_are_kernels(tmp_path):
+    """``from triton import jit as _jit; @_jit`` and ``k = triton.jit(fn)`` declare kernels
+    too (issue 11 review, item 8)."""
+    d = scratch(tmp_path)
+    f = src(d) / "kernels" / "fwd.py"
+    f.write_text(f.read_text() + "\n\nfrom triton import jit as _jit  # noqa: E402\n\n\n"
+                 "@_jit\ndef planted_alias(X):\n    pass\n\n\n"
+                 "def _planted_impl(X):\n    pass\n\n\n"
+                 "planted_call = triton.jit(_planted_impl)\n")
+    fs = findings(d)
+    unlisted = " ".join(f.detail for f in fs if f.kind == "kernel-unlisted")
+    assert "planted_alias" in unlisted and "planted_call" in unlisted, fs
+    assert "_planted_impl" not in unlisted, fs
+
+
 def test_missing_requires_python(tmp_path):
     d = scratch(tmp_path)
     edit(d / "pyproject.toml", 'requires-python = ">=3.10"\n', "")
