@@ -66,9 +66,13 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+try:
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+except ModuleNotFoundError:  # pragma: no cover - a bare interpreter
+    sys.exit("check_cake_build_manifests.py needs packaging (and hatchling to build): "
+             "pip install packaging hatchling, or run nox -s manifests")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -715,8 +719,17 @@ def build(pkg: Package, out: Path, builder: str = "hooks") -> tuple[Path, Path]:
     if builder == "build":  # python -m build: the sdist, then the wheel from it
         run([sys.executable, "-m", "build", "--outdir", str(out), str(pkg.path)], pkg.path)
     else:
-        backend = pkg.pyproject.get("build-system", {}).get("build-backend",
-                                                            "setuptools.build_meta")
+        system = pkg.pyproject.get("build-system", {})
+        backend = system.get("build-backend", "setuptools.build_meta")
+        try:
+            found = importlib.util.find_spec(backend.split(":")[0].split(".")[0]) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            need = " ".join(repr(r) for r in system.get("requires", [])) or backend
+            raise RuntimeError(f"the build backend {backend!r} is not importable by "
+                               f"{sys.executable}: install it (pip install {need}), or "
+                               "check with --no-build, or build with --builder build")
         run([sys.executable, "-c", _HOOK, backend, "sdist", str(out)], pkg.path)
         (sdist,) = out.glob("*.tar.gz")
         unpacked = out / "sdist"
@@ -1015,7 +1028,8 @@ def _order(pkgs: list[Package], tree: Tree) -> list[Package]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("packages", nargs="*", type=Path,
-                    help="package folders (default: every packages/*/)")
+                    help="package folders, or distribution names under packages/ (default: "
+                         "every packages/*/)")
     ap.add_argument("--root", type=Path, default=ROOT,
                     help="monorepo root: siblings, cake-core and the registry come from here")
     ap.add_argument("--write", action="store_true",
@@ -1033,7 +1047,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     root = args.root.resolve()
     paths = args.packages or sorted(p.parent for p in (root / "packages").glob("*/pyproject.toml"))
-    pkgs = [load_package(Path(p).resolve()) for p in paths]
+    pkgs = []
+    for p in paths:
+        d = Path(p)
+        if not (d / "pyproject.toml").is_file() and (root / "packages" / p / "pyproject.toml"
+                                                      ).is_file():
+            d = root / "packages" / p  # a distribution name: packages/<name>
+        if not (d / "pyproject.toml").is_file():
+            ap.error(f"{p}: not a package folder (no {d / 'pyproject.toml'}); give a folder "
+                     f"under {root / 'packages'} or a distribution name, e.g. "
+                     "packages/cake-core or cake-core")
+        try:
+            pkgs.append(load_package(d.resolve()))
+        except (OSError, KeyError, ValueError) as e:
+            ap.error(f"{p}: pyproject.toml does not load: {type(e).__name__}: {e}")
     tree = Tree(root, pkgs)
     if args.init:
         for pkg in pkgs:

@@ -95,6 +95,29 @@ def test_build_failure(tmp_path):
     assert "build" in kinds(findings(d, build=True))
 
 
+def test_missing_build_backend_gives_an_install_hint(tmp_path):
+    d = scratch(tmp_path)
+    edit(d / "pyproject.toml", '"hatchling>=', '"hatchling_gone>=')
+    edit(d / "pyproject.toml", 'build-backend = "hatchling.build"',
+         'build-backend = "hatchling_gone.build"')
+    (f,) = findings(d, build=True)
+    assert f.kind == "build" and "pip install 'hatchling_gone" in f.detail, f
+    assert "Traceback" not in f.detail, f
+
+
+@pytest.mark.parametrize("arg", ["packages/nope", "nope", "cake-nope-det-train"])
+def test_bad_package_argument_is_a_clear_error(arg, capsys):
+    with pytest.raises(SystemExit) as e:
+        chk.main(["--no-build", arg])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{arg}: not a package folder" in err and "Traceback" not in err, err
+
+
+def test_a_distribution_name_is_a_package_argument():
+    assert chk.main(["--no-build", LOCAL]) == 0
+
+
 def test_kernel_in_sources_not_listed(tmp_path):
     d = scratch(tmp_path)
     f = src(d) / "kernels" / "fwd.py"

@@ -55,6 +55,22 @@ def test_tag_sources(monkeypatch):
     assert rel.find_tag("cake-core", root=Path("/nonexistent-cake-root")) is None
 
 
+def test_release_tag_of_another_distribution_in_the_environment_is_ignored(
+        tmp_path, monkeypatch, capsys):
+    """CAKE_RELEASE_TAG set for one family does not fail another family's release check
+    (``nox -s tests`` runs release(core)); a malformed one is still refused."""
+    monkeypatch.setenv("CAKE_RELEASE_TAG", "cake-rmsnorm-det-train-v0.2.0")
+    assert rel.find_tag("cake-core", root=Path("/nonexistent-cake-root")) is None
+    assert "ignoring CAKE_RELEASE_TAG=cake-rmsnorm-det-train-v0.2.0" in capsys.readouterr().err
+    assert rel.find_tag("cake-rmsnorm-det-train") == "cake-rmsnorm-det-train-v0.2.0"
+    assert rel.release("cake-core", out=tmp_path / "o", install=False,
+                       root=_scratch_root(tmp_path)) == Version("0.1.0")
+    monkeypatch.setenv("CAKE_RELEASE_TAG", "v0.1.0")
+    with pytest.raises(rel.ReleaseError, match="is not <dist-name>-v<version>"):
+        rel.release("cake-core", out=tmp_path / "o", install=False,
+                    root=_scratch_root(tmp_path / "b"))
+
+
 def test_local_closure():
     tree = _load("check_cake_build_manifests").Tree(ROOT)
     names = [p.dist for p in rel.local_closure(tree, "cake-gdn-det-train-kcp")]
