@@ -241,6 +241,10 @@ def release(dist: str, *, tag: str | None = None, out: Path | None = None,
         finally:
             shutil.rmtree(venv, ignore_errors=True)
     shutil.rmtree(out / "build", ignore_errors=True)
+    stale = [f for p in tree.by_dist.values() if p.dist != dist
+             for f in chk.check_pins(tree, p) if f"but {dist} is at" in f.detail]
+    for f in stale:  # not this release's problem: theirs, released after it
+        print(f"{dist}: note: {f.package} pins a range without {built}: {f.detail}")
     print(f"{dist}: release checks passed; artifacts in {out}")
     return built
 

@@ -117,6 +117,20 @@ def test_release_refuses_manifest_findings(tmp_path):
                     root=root)
 
 
+def test_release_notes_the_packages_whose_pins_exclude_it(tmp_path, capsys):
+    root = tmp_path / "repo"
+    for d in ("cake-core", "cake-rmsnorm-det-train"):
+        shutil.copytree(ROOT / "packages" / d, root / "packages" / d,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pyproject = root / "packages/cake-rmsnorm-det-train/pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"cake-core>=0.1,<0.2"',
+                                                       '"cake-core>=0.0,<0.1"'))
+    assert rel.release("cake-core", out=tmp_path / "o", install=False, root=root) == \
+        Version("0.1.0")
+    out = capsys.readouterr().out
+    assert "note: cake-rmsnorm-det-train pins a range without 0.1.0" in out, out
+
+
 def test_release_finds_the_tag_at_head(tmp_path, monkeypatch):
     """A tagged commit: the tag at HEAD is the release's; another family's tag is ignored."""
     import subprocess
