@@ -28,8 +28,9 @@ reports findings (one line each, exit status 1 when there is any):
                    sibling does not have
   sibling-version  a KCP sibling registry's version range excludes the sibling's version or
                    differs from the range pyproject.toml pins
-  dependency-version a dependency on a cake-* package of this monorepo (``dependencies``
-                   or an extra) whose range excludes that package's current version
+  dependency-version
+                   a dependency on a cake-* package of this monorepo (``dependencies`` or
+                   an extra) whose range excludes that package's current version
   requires-python  no ``requires-python`` in pyproject.toml or the wheel's metadata
   version-mismatch the version file, the sdist / wheel metadata and ``FAMILY`` disagree
   name-unknown     a name the registry (``cake_core/names.py``) does not know, or one
