@@ -18,13 +18,19 @@ reports findings (one line each, exit status 1 when there is any):
                    naming an entry point its package does not export
   kernel-unlisted  an ``@triton.jit`` function of the sources is not in ``KERNELS``
   kernel-missing   a listed kernel is not an ``@triton.jit`` function of its module
-  digest-stale     ``SOURCE_DIGEST`` differs from the digest of the kernel sources
+  digest-stale     ``SOURCE_DIGEST`` differs from the digest of the sources: every module
+                   of the package but ``cake_build.py``, the modules of its listed kernels
+                   and of the ``@triton.jit`` functions they call, transitively, and
+                   ``DIGEST_EXTRA`` (:func:`digest_modules`)
   plans-stale      ``PLANS`` differs from the plan classes found in the sources
   package-data     ``PACKAGE_DATA`` differs from the package's non-``.py`` files
   sibling-kernel   a KCP sibling registry names a kernel, entry point or package that the
                    sibling does not have
   sibling-version  a KCP sibling registry's version range excludes the sibling's version or
                    differs from the range pyproject.toml pins
+  dependency-version
+                   a dependency on a cake-* package of this monorepo (``dependencies`` or
+                   an extra) whose range excludes that package's current version
   requires-python  no ``requires-python`` in pyproject.toml or the wheel's metadata
   version-mismatch the version file, the sdist / wheel metadata and ``FAMILY`` disagree
   name-unknown     a name the registry (``cake_core/names.py``) does not know, or one
@@ -61,15 +67,20 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+try:
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+except ModuleNotFoundError:  # pragma: no cover - a bare interpreter
+    sys.exit("check_cake_build_manifests.py needs packaging (and hatchling to build): "
+             "pip install packaging hatchling, or run nox -s manifests")
 
 ROOT = Path(__file__).resolve().parents[1]
 
 KINDS = ("build", "wheel-missing", "wheel-extra", "manifest", "kernel-unlisted",
          "kernel-missing", "digest-stale", "plans-stale", "package-data", "sibling-kernel",
-         "sibling-version", "requires-python", "version-mismatch", "name-unknown")
+         "sibling-version", "dependency-version", "requires-python", "version-mismatch",
+         "name-unknown")
 
 #: registry kind -> the kind a ``cake_build.FAMILY`` declares (cake_core.families: "local",
 #: "kcp" or "tool" for what is not a kernel family)
@@ -197,11 +208,25 @@ def module_name(import_name: str, rel: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_jit(dec: ast.expr) -> bool:
+def _jit_aliases(tree: ast.Module) -> set[str]:
+    """Names a module binds to ``triton.jit``: ``jit`` itself, ``from triton import jit as
+    _jit`` and ``_jit = triton.jit``."""
+    out = {"jit"}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "triton":
+            out |= {a.asname or a.name for a in n.names if a.name == "jit"}
+        elif (isinstance(n, ast.Assign) and isinstance(n.value, ast.Attribute)
+              and n.value.attr == "jit"):
+            out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def _is_jit(dec: ast.expr, aliases: set[str] = frozenset({"jit"})) -> bool:
+    """``dec`` is ``triton.jit``, ``<alias of triton.jit>``, or a call of either."""
     if isinstance(dec, ast.Call):
         dec = dec.func
     return ((isinstance(dec, ast.Attribute) and dec.attr == "jit")
-            or (isinstance(dec, ast.Name) and dec.id == "jit"))
+            or (isinstance(dec, ast.Name) and dec.id in aliases))
 
 
 def _parse(path: Path) -> ast.Module | None:
@@ -211,13 +236,33 @@ def _parse(path: Path) -> ast.Module | None:
         return None
 
 
-def jit_functions(path: Path) -> list[str]:
-    """Module-level ``@triton.jit`` functions of a file, in source order."""
-    tree = _parse(path)
+def module_jits(tree: ast.Module | None) -> dict[str, ast.FunctionDef]:
+    """Module-level ``@triton.jit`` functions of a parsed module, in source order: name ->
+    the function whose body is compiled. Counts ``@triton.jit`` / ``@triton.jit(...)`` /
+    ``@<alias>`` decorators and ``name = triton.jit(fn)`` (or ``triton.jit(...)(fn)``,
+    ``<alias>(fn)``) of a module-level ``fn``."""
     if tree is None:
-        return []
-    return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
-            and any(_is_jit(d) for d in n.decorator_list)]
+        return {}
+    aliases = _jit_aliases(tree)
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    out: dict[str, ast.FunctionDef] = {}
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef) and any(_is_jit(d, aliases)
+                                                  for d in n.decorator_list):
+            out[n.name] = n
+        elif (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+              and _is_jit(n.value.func, aliases) and n.value.args
+              and isinstance(n.value.args[0], ast.Name) and n.value.args[0].id in defs):
+            for t in n.targets:
+                if isinstance(t, ast.Name):
+                    out[t.id] = defs[n.value.args[0].id]
+    return out
+
+
+def jit_functions(path: Path) -> list[str]:
+    """Module-level ``@triton.jit`` functions of a file, in source order (see
+    :func:`module_jits`)."""
+    return list(module_jits(_parse(path)))
 
 
 def plan_classes(path: Path, mod: str, known: set[str]) -> list[dict]:
@@ -276,12 +321,23 @@ class Tree:
         self.core_src = core.src if core else root / "packages/cake-core/src/cake_core"
         self.registry = Registry(self.core_src / "names.py")
         self._build = None
+        self._info: dict = {}
 
     @property
     def build_mod(self):
         if self._build is None:
             self._build = _load_file_module(self.core_src / "build.py", "_cake_core_build")
         return self._build
+
+    def module_info(self, module: str):
+        """(:func:`module_jits`, :func:`_imports`) of a module under ``packages/``, or
+        None (cached)."""
+        if module not in self._info:
+            f = self.module_file(module)
+            t = _parse(f) if f is not None else None
+            self._info[module] = None if t is None else (
+                module_jits(t), _imports(t, module, f.name == "__init__.py"))
+        return self._info[module]
 
     def module_file(self, module: str) -> Path | None:
         top, *rest = module.split(".")
@@ -293,6 +349,89 @@ class Tree:
             if cand is not None and cand.is_file():
                 return cand
         return None
+
+
+def _imports(tree: ast.Module, module: str, is_pkg: bool) -> dict[str, tuple[str, str | None]]:
+    """Local name -> (module, attribute or None for the module itself) for every import of
+    a module (relative imports resolved against ``module``)."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.asname:
+                    out[a.asname] = (a.name, None)
+                else:
+                    top = a.name.split(".")[0]
+                    out[top] = (top, None)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                parts = module.split(".")
+                keep = len(parts) - n.level + (1 if is_pkg else 0)
+                base = ".".join(parts[:max(keep, 0)] + ([base] if base else []))
+            for a in n.names:
+                if a.name != "*":
+                    out[a.asname or a.name] = (base, a.name)
+    return out
+
+
+def _dotted(e: ast.expr) -> list[str] | None:
+    parts = []
+    while isinstance(e, ast.Attribute):
+        parts.append(e.attr)
+        e = e.value
+    if not isinstance(e, ast.Name):
+        return None
+    return [e.id, *reversed(parts)]
+
+
+def reached_kernels(tree: Tree, kernels: list[dict]) -> list[tuple[str, str]]:
+    """The ``@triton.jit`` functions ``kernels`` call, transitively, across the monorepo's
+    packages: (module, function) pairs, the listed kernels first. Read with ``ast``: a call
+    inside a jitted function to a name (``dot(...)``, ``tu.dot(...)``,
+    ``cake_core.triton_utils.dot(...)``) that resolves, through the module's imports and
+    re-exports, to a jitted function of a module under ``packages/``."""
+    seen: list[tuple[str, str]] = []
+    todo = [(str(k.get("module")), str(k.get("function"))) for k in kernels
+            if isinstance(k, dict)]
+    while todo:
+        key = todo.pop(0)
+        if key in seen:
+            continue
+        info = tree.module_info(key[0])
+        if info is None or key[1] not in info[0]:
+            continue
+        seen.append(key)
+        for n in ast.walk(info[0][key[1]]):
+            if isinstance(n, ast.Call):
+                hit = _resolve_call(tree, key[0], _dotted(n.func))
+                if hit is not None and hit not in seen:
+                    todo.append(hit)
+    return seen
+
+
+def _resolve_call(tree: Tree, module: str, dotted: list[str] | None,
+                  depth: int = 0) -> tuple[str, str] | None:
+    """The jitted (module, function) that ``dotted`` names inside ``module``, or None."""
+    info = tree.module_info(module)
+    if dotted is None or info is None or depth > 8:
+        return None
+    jits, imports = info
+    head, *rest = dotted
+    if not rest:
+        if head in jits:
+            return module, head
+        if head in imports and imports[head][1] is not None:
+            base, attr = imports[head]
+            return _resolve_call(tree, base, [attr], depth + 1)
+        return None
+    if head not in imports:
+        return None
+    base, attr = imports[head]
+    mod = base if attr is None else f"{base}.{attr}"
+    *path, fn = rest
+    mod = ".".join([mod, *path])
+    return _resolve_call(tree, mod, [fn], depth + 1) if tree.module_file(mod) else None
 
 
 # ---------------------------------------------------------------------------- expected
@@ -322,21 +461,27 @@ def package_data(pkg: Package) -> list[str]:
     return [f for f in source_files(pkg.src) if not f.endswith(".py")]
 
 
-def digest_modules(pkg: Package, kernels: list[dict], extra: list[str]) -> list[str]:
-    mods = {k["module"] for k in kernels}
-    mods |= {module_name(pkg.import_name, rel) for rel in source_files(pkg.src)
-             if rel.startswith("kernels/") and rel.endswith(".py")}
-    mods |= set(extra)
-    return sorted(mods)
+def digest_modules(tree: Tree, pkg: Package, kernels: list[dict],
+                   extra: list[str]) -> dict[str, Path]:
+    """Module name -> file of every module ``SOURCE_DIGEST`` covers (the rule, also in
+    docs/releasing.md): every ``.py`` module of the package's own source tree but
+    ``cake_build.py``; the module of every listed kernel (own, ``SHARED_KERNELS``,
+    reused); the module of every ``@triton.jit`` function those kernels call,
+    transitively (:func:`reached_kernels`); and the ``DIGEST_EXTRA`` modules."""
+    out = {module_name(pkg.import_name, rel): pkg.src / rel for rel in source_files(pkg.src)
+           if rel.endswith(".py") and rel != "cake_build.py"}
+    mods = {m for m, _ in reached_kernels(tree, kernels)}
+    mods |= {str(k.get("module")) for k in kernels if isinstance(k, dict)} | set(extra)
+    for mod in sorted(mods - set(out)):
+        f = tree.module_file(mod)
+        if f is not None:
+            out[mod] = f
+    return dict(sorted(out.items()))
 
 
 def compute_digest(tree: Tree, pkg: Package, kernels: list[dict], extra: list[str]) -> str:
-    sources = []
-    for mod in digest_modules(pkg, kernels, extra):
-        f = tree.module_file(mod)
-        if f is not None:
-            sources.append((mod, f.read_bytes()))
-    return tree.build_mod.digest_sources(sources)
+    return tree.build_mod.digest_sources(
+        (mod, f.read_bytes()) for mod, f in digest_modules(tree, pkg, kernels, extra).items())
 
 
 def expected_generated(tree: Tree, pkg: Package, g: dict) -> dict:
@@ -472,7 +617,9 @@ def render_manifest_file(dist: str, doc: str | None, family: dict, shared: list[
     text += "".join(f'    "{k}": {_r(v, 8 + len(k), 4)},\n' for k, v in family.items()) + "}\n\n"
     text += "#: kernels of other cake packages this package launches or calls (kept by hand)\n"
     text += f"SHARED_KERNELS = {_r(shared, 17)}\n\n"
-    text += "#: modules beyond the kernel modules whose code fixes the bits (digested too)\n"
+    text += ("#: modules of other packages whose code fixes the bits, beyond the kernels "
+             "listed here and\n#: the jitted functions they call (digested too; every "
+             "module of this package is digested)\n")
     text += f"DIGEST_EXTRA = {_r(extra, 15)}\n\n"
     gen = {"KERNELS": [], "PLANS": [], "PACKAGE_DATA": []}
     if reuses:
@@ -546,8 +693,8 @@ def init_manifest(tree: Tree, pkg: Package) -> bool:
               if isinstance(k, dict) and str(k.get("module")).split(".")[0]
               not in ({pkg.import_name} | sib_imports)]
     shared = [k for i, k in enumerate(shared) if k not in shared[:i]]
-    extra = list(old.get("DIGEST_EXTRA", []))
-    extra += [f"{pkg.import_name}.{Path(x).stem}" for x in old.get("DIGESTED", ())]
+    extra = [x for x in old.get("DIGEST_EXTRA", [])  # own modules are always digested
+             if str(x).split(".")[0] != pkg.import_name]
     f.write_text(render_manifest_file(pkg.dist, old.get("__doc__"), family, shared, extra,
                                       reuses, b))
     return True
@@ -573,8 +720,17 @@ def build(pkg: Package, out: Path, builder: str = "hooks") -> tuple[Path, Path]:
     if builder == "build":  # python -m build: the sdist, then the wheel from it
         run([sys.executable, "-m", "build", "--outdir", str(out), str(pkg.path)], pkg.path)
     else:
-        backend = pkg.pyproject.get("build-system", {}).get("build-backend",
-                                                            "setuptools.build_meta")
+        system = pkg.pyproject.get("build-system", {})
+        backend = system.get("build-backend", "setuptools.build_meta")
+        try:
+            found = importlib.util.find_spec(backend.split(":")[0].split(".")[0]) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            need = " ".join(repr(r) for r in system.get("requires", [])) or backend
+            raise RuntimeError(f"the build backend {backend!r} is not importable by "
+                               f"{sys.executable}: install it (pip install {need}), or "
+                               "check with --no-build, or build with --builder build")
         run([sys.executable, "-c", _HOOK, backend, "sdist", str(out)], pkg.path)
         (sdist,) = out.glob("*.tar.gz")
         unpacked = out / "sdist"
@@ -664,19 +820,22 @@ def check_static(tree: Tree, pkg: Package) -> list[Finding]:
                                 f"{entry.import_name!r}")
 
     if legacy and not pkg.manifest_file.is_file():
+        f += check_pins(tree, pkg)
         for k in own_kernels(pkg):  # a legacy distribution is an import stub
             add("kernel-unlisted", f"legacy distribution defines the kernel {_kref(k)}")
         return f
     if not pkg.manifest_file.is_file():
         add("manifest", f"no {pkg.manifest_file.relative_to(pkg.path)}")
-        return f
+        return f + check_pins(tree, pkg)
     try:
         g = load_manifest_module(pkg)
         m = g["manifest"]()
         fam = g["FAMILY"]
     except Exception as e:  # noqa: BLE001
         add("manifest", f"cake_build.py does not load: {type(e).__name__}: {e}")
-        return f
+        return f + check_pins(tree, pkg)
+    f += check_pins(tree, pkg, {str(r.get("name")) for r in g.get("REUSES", [])
+                                if isinstance(r, dict)})
     for p in tree.build_mod.validate_manifest(m):
         add("manifest", p)
     if fam.get("name") != pkg.dist or fam.get("import_name") != pkg.import_name:
@@ -716,9 +875,13 @@ def check_static(tree: Tree, pkg: Package) -> list[Finding]:
                                 f"know {top!r}")
     if g.get("SOURCE_DIGEST") != exp["SOURCE_DIGEST"] or m.get("source_digest") != g.get(
             "SOURCE_DIGEST"):
-        mods = digest_modules(pkg, m.get("kernels", []), g.get("DIGEST_EXTRA", []))
+        mods = digest_modules(tree, pkg, m.get("kernels", []), g.get("DIGEST_EXTRA", []))
+        own = [x for x in mods if x.split(".")[0] == pkg.import_name]
+        other = [x for x in mods if x not in own]
         add("digest-stale", f"SOURCE_DIGEST {str(g.get('SOURCE_DIGEST'))[:19]}... != "
-                            f"{exp['SOURCE_DIGEST'][:19]}... over {', '.join(mods)}")
+                            f"{exp['SOURCE_DIGEST'][:19]}... over the {len(own)} modules of "
+                            f"{pkg.import_name}" + (f" and {', '.join(other)}" if other else "")
+                            + "; run: python3 shared/check_cake_build_manifests.py --write")
     if g.get("PLANS") != exp["PLANS"]:
         have = {p.get("class"): p for p in g.get("PLANS", []) if isinstance(p, dict)}
         want = {p["class"]: p for p in exp["PLANS"]}
@@ -738,6 +901,33 @@ def check_static(tree: Tree, pkg: Package) -> list[Finding]:
         add("package-data", f"PACKAGE_DATA {g.get('PACKAGE_DATA')} != the package's "
                             f"non-.py files {exp['PACKAGE_DATA']}")
     f += check_reuses(tree, pkg, g)
+    return f
+
+
+def check_pins(tree: Tree, pkg: Package, skip: set[str] = frozenset()) -> list[Finding]:
+    """``dependency-version``: each requirement of ``pkg`` (its dependencies and extras) on
+    another package of the monorepo whose range excludes that package's version file
+    (pre-releases count as inside a range that spans them). ``skip``: names a sibling
+    registry covers (reported as ``sibling-version``)."""
+    f: list[Finding] = []
+    proj = pkg.pyproject["project"]
+    reqs = list(proj.get("dependencies", []))
+    for extra in proj.get("optional-dependencies", {}).values():
+        reqs += extra
+    for d in reqs:
+        try:
+            req = Requirement(d)
+        except Exception:  # noqa: BLE001 - the build reports it
+            continue
+        dep = tree.by_dist.get(req.name)
+        if dep is None or req.name in skip or dep is pkg:
+            continue
+        v = read_version_file(dep)
+        if v is not None and not req.specifier.contains(Version(v), prereleases=True):
+            f.append(Finding(pkg.dist, "dependency-version",
+                             f"requires {d!r}, but {req.name} is at {v} in "
+                             f"{dep.path.relative_to(dep.path.parent.parent)}: widen the "
+                             "range (docs/releasing.md, step 1)"))
     return f
 
 
@@ -839,7 +1029,8 @@ def _order(pkgs: list[Package], tree: Tree) -> list[Package]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("packages", nargs="*", type=Path,
-                    help="package folders (default: every packages/*/)")
+                    help="package folders, or distribution names under packages/ (default: "
+                         "every packages/*/)")
     ap.add_argument("--root", type=Path, default=ROOT,
                     help="monorepo root: siblings, cake-core and the registry come from here")
     ap.add_argument("--write", action="store_true",
@@ -857,7 +1048,20 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     root = args.root.resolve()
     paths = args.packages or sorted(p.parent for p in (root / "packages").glob("*/pyproject.toml"))
-    pkgs = [load_package(Path(p).resolve()) for p in paths]
+    pkgs = []
+    for p in paths:
+        d = Path(p)
+        if not (d / "pyproject.toml").is_file() and (root / "packages" / p / "pyproject.toml"
+                                                      ).is_file():
+            d = root / "packages" / p  # a distribution name: packages/<name>
+        if not (d / "pyproject.toml").is_file():
+            ap.error(f"{p}: not a package folder (no {d / 'pyproject.toml'}); give a folder "
+                     f"under {root / 'packages'} or a distribution name, e.g. "
+                     "packages/cake-core or cake-core")
+        try:
+            pkgs.append(load_package(d.resolve()))
+        except (OSError, KeyError, ValueError) as e:
+            ap.error(f"{p}: pyproject.toml does not load: {type(e).__name__}: {e}")
     tree = Tree(root, pkgs)
     if args.init:
         for pkg in pkgs:

@@ -6,7 +6,8 @@
     nox -s "release(core)" [-- --tag cake-core-v0.1.0]   # the same inside nox
 
 Tags are ``<dist-name>-v<version>`` (``cake-gdn-det-train-kcp-v0.1.0``), one per family
-release. The tag comes from ``--tag``, else ``$CAKE_RELEASE_TAG``, else the one tag of
+release. The tag comes from ``--tag``, else ``$CAKE_RELEASE_TAG`` when it names this
+distribution (one naming another is ignored, with a note), else the one tag of
 this distribution at ``HEAD`` (``git tag --points-at HEAD``); with none it is a dry run
 that checks against the version file instead.
 
@@ -74,11 +75,19 @@ def parse_tag(tag: str, dist: str) -> Version:
 
 
 def find_tag(dist: str, explicit: str | None = None, root: Path = ROOT) -> str | None:
-    """``explicit``, else ``$CAKE_RELEASE_TAG``, else the one ``<dist>-v*`` tag at HEAD."""
+    """``explicit``, else ``$CAKE_RELEASE_TAG`` if it names ``dist``, else the one
+    ``<dist>-v*`` tag at HEAD. ``$CAKE_RELEASE_TAG`` applies to every release check of a
+    run (``nox -s tests`` includes ``release(core)``): a well-formed tag of another
+    distribution is ignored, with a note; a malformed one is used (and refused)."""
     if explicit:
         return explicit
-    if os.environ.get("CAKE_RELEASE_TAG"):
-        return os.environ["CAKE_RELEASE_TAG"]
+    env = os.environ.get("CAKE_RELEASE_TAG", "").strip()
+    if env:
+        m = TAG_RE.match(env)
+        if m is None or m["dist"] == dist:
+            return env
+        print(f"{dist}: ignoring CAKE_RELEASE_TAG={env} (it releases {m['dist']})",
+              file=sys.stderr)
     try:
         r = subprocess.run(["git", "-C", str(root), "tag", "--points-at", "HEAD", "--list",
                             f"{dist}-v*"], capture_output=True, text=True, timeout=30)
@@ -232,6 +241,10 @@ def release(dist: str, *, tag: str | None = None, out: Path | None = None,
         finally:
             shutil.rmtree(venv, ignore_errors=True)
     shutil.rmtree(out / "build", ignore_errors=True)
+    stale = [f for p in tree.by_dist.values() if p.dist != dist
+             for f in chk.check_pins(tree, p) if f"but {dist} is at" in f.detail]
+    for f in stale:  # not this release's problem: theirs, released after it
+        print(f"{dist}: note: {f.package} pins a range without {built}: {f.detail}")
     print(f"{dist}: release checks passed; artifacts in {out}")
     return built
 

@@ -95,6 +95,29 @@ def test_build_failure(tmp_path):
     assert "build" in kinds(findings(d, build=True))
 
 
+def test_missing_build_backend_gives_an_install_hint(tmp_path):
+    d = scratch(tmp_path)
+    edit(d / "pyproject.toml", '"hatchling>=', '"hatchling_gone>=')
+    edit(d / "pyproject.toml", 'build-backend = "hatchling.build"',
+         'build-backend = "hatchling_gone.build"')
+    (f,) = findings(d, build=True)
+    assert f.kind == "build" and "pip install 'hatchling_gone" in f.detail, f
+    assert "Traceback" not in f.detail, f
+
+
+@pytest.mark.parametrize("arg", ["packages/nope", "nope", "cake-nope-det-train"])
+def test_bad_package_argument_is_a_clear_error(arg, capsys):
+    with pytest.raises(SystemExit) as e:
+        chk.main(["--no-build", arg])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{arg}: not a package folder" in err and "Traceback" not in err, err
+
+
+def test_a_distribution_name_is_a_package_argument():
+    assert chk.main(["--no-build", LOCAL]) == 0
+
+
 def test_kernel_in_sources_not_listed(tmp_path):
     d = scratch(tmp_path)
     f = src(d) / "kernels" / "fwd.py"
@@ -126,6 +149,49 @@ def test_stale_digest(tmp_path):
     d = scratch(tmp_path)
     f = src(d) / "kernels" / "bwd.py"
     f.write_text(f.read_text() + "\n# a planted change\n")
+    assert kinds(findings(d)) == {"digest-stale"}
+
+
+def test_stale_digest_through_a_called_jit_function(tmp_path):
+    """cake_core.gemm.matmul_kernel calls _mma, which calls cake_core.triton_utils.dot: a
+    change to dot makes a family that lists matmul_kernel stale (issue 11 review, item 5)."""
+    core = scratch(tmp_path, "cake-core")
+    dense = scratch(tmp_path, "cake-dense-projection-det-gemm")
+    pkgs = [chk.load_package(core), chk.load_package(dense)]
+    tree = chk.Tree(ROOT, pkgs)
+    k = {"module": "cake_core.gemm", "function": "matmul_kernel"}
+    reached = chk.reached_kernels(tree, [k])
+    assert ("cake_core.triton_utils", "dot") in reached, reached
+    edit(src(core) / "triton_utils.py", "        return tl.dot(a, b, acc)\n",
+         '        return tl.dot(a, b, acc, input_precision="tf32x3")\n')
+    fs, _ = chk.check_packages(chk.Tree(ROOT, pkgs), pkgs, do_build=False)
+    stale = {f.package for f in fs if f.kind == "digest-stale"}
+    assert stale == {"cake-core", "cake-dense-projection-det-gemm"}, fs
+    assert any("cake_core.triton_utils" in f.detail and "--write" in f.detail for f in fs), fs
+
+
+def test_called_jit_function_through_a_module_alias(tmp_path):
+    d = scratch(tmp_path)
+    f = src(d) / "kernels" / "fwd.py"
+    f.write_text(f.read_text() + "\n\nimport cake_core.triton_utils as _tu  # noqa: E402\n\n\n"
+                 "@triton.jit\ndef planted_kernel(a, b, acc):\n    return _tu.dot(a, b, acc)\n")
+    tree = chk.Tree(ROOT, [chk.load_package(d)])
+    k = {"module": "cake_rmsnorm_det_train.kernels.fwd", "function": "planted_kernel"}
+    assert chk.reached_kernels(tree, [k])[1:] == [("cake_core.triton_utils", "dot")]
+
+
+@pytest.mark.parametrize("dist,rel,old,new", [
+    # the MoE combine's slot order (issue 11 review, item 6)
+    ("cake-moe-grouped-det-gemm", "moe.py", "for j in range(1, k):",
+     "for j in reversed(range(1, k)):"),
+    # a plan rule
+    (LOCAL, "plan.py", "    format_version: ClassVar[int] = 1\n",
+     "    format_version: ClassVar[int] = 1  # planted\n"),
+])
+def test_stale_digest_outside_the_kernel_modules(tmp_path, dist, rel, old, new):
+    """Every module of the package but cake_build.py is digested."""
+    d = scratch(tmp_path, dist)
+    edit(src(d) / rel, old, new)
     assert kinds(findings(d)) == {"digest-stale"}
 
 
@@ -206,6 +272,37 @@ def test_sibling_registry_range_differs_from_pyproject(tmp_path):
     fs = findings(d)
     assert [f.kind for f in fs] == ["sibling-version"], fs
     assert "pyproject.toml" in fs[0].detail
+
+
+def test_dependency_range_excludes_a_bumped_package(tmp_path):
+    """cake-rmsnorm-det-train bumped to 0.2.0: cake-tinylm and the legacy stub still pin
+    <0.2 (issue 11 review, item 7)."""
+    d = scratch(tmp_path)
+    edit(src(d) / "__init__.py", '__version__ = "0.1.0"', '__version__ = "0.2.0"')
+    edit(src(d) / "cake_build.py", '"version": "0.1.0"', '"version": "0.2.0"')
+    tree = chk.Tree(ROOT, [chk.load_package(d)])
+    pkgs = [tree.by_dist[n] for n in (LOCAL, "cake-tinylm", "cake-rmsnorm-train")]
+    fs, _ = chk.check_packages(tree, pkgs, do_build=False)
+    fs = [f for f in fs if f.kind != "digest-stale"]  # __init__.py changed: regenerate
+    assert {(f.package, f.kind) for f in fs} == {("cake-tinylm", "dependency-version"),
+                                                ("cake-rmsnorm-train", "dependency-version")}
+    assert all("cake-rmsnorm-det-train>=0.1,<0.2" in f.detail and "0.2.0" in f.detail
+               for f in fs), fs
+
+
+def test_jit_aliases_and_jit_calls_are_kernels(tmp_path):
+    """``from triton import jit as _jit; @_jit`` and ``k = triton.jit(fn)`` declare kernels
+    too (issue 11 review, item 8)."""
+    d = scratch(tmp_path)
+    f = src(d) / "kernels" / "fwd.py"
+    f.write_text(f.read_text() + "\n\nfrom triton import jit as _jit  # noqa: E402\n\n\n"
+                 "@_jit\ndef planted_alias(X):\n    pass\n\n\n"
+                 "def _planted_impl(X):\n    pass\n\n\n"
+                 "planted_call = triton.jit(_planted_impl)\n")
+    fs = findings(d)
+    unlisted = " ".join(f.detail for f in fs if f.kind == "kernel-unlisted")
+    assert "planted_alias" in unlisted and "planted_call" in unlisted, fs
+    assert "_planted_impl" not in unlisted, fs
 
 
 def test_missing_requires_python(tmp_path):

@@ -55,6 +55,22 @@ def test_tag_sources(monkeypatch):
     assert rel.find_tag("cake-core", root=Path("/nonexistent-cake-root")) is None
 
 
+def test_release_tag_of_another_distribution_in_the_environment_is_ignored(
+        tmp_path, monkeypatch, capsys):
+    """CAKE_RELEASE_TAG set for one family does not fail another family's release check
+    (``nox -s tests`` runs release(core)); a malformed one is still refused."""
+    monkeypatch.setenv("CAKE_RELEASE_TAG", "cake-rmsnorm-det-train-v0.2.0")
+    assert rel.find_tag("cake-core", root=Path("/nonexistent-cake-root")) is None
+    assert "ignoring CAKE_RELEASE_TAG=cake-rmsnorm-det-train-v0.2.0" in capsys.readouterr().err
+    assert rel.find_tag("cake-rmsnorm-det-train") == "cake-rmsnorm-det-train-v0.2.0"
+    assert rel.release("cake-core", out=tmp_path / "o", install=False,
+                       root=_scratch_root(tmp_path)) == Version("0.1.0")
+    monkeypatch.setenv("CAKE_RELEASE_TAG", "v0.1.0")
+    with pytest.raises(rel.ReleaseError, match="is not <dist-name>-v<version>"):
+        rel.release("cake-core", out=tmp_path / "o", install=False,
+                    root=_scratch_root(tmp_path / "b"))
+
+
 def test_local_closure():
     tree = _load("check_cake_build_manifests").Tree(ROOT)
     names = [p.dist for p in rel.local_closure(tree, "cake-gdn-det-train-kcp")]
@@ -99,6 +115,20 @@ def test_release_refuses_manifest_findings(tmp_path):
     with pytest.raises(rel.ReleaseError, match="version-mismatch"):
         rel.release("cake-core", tag="cake-core-v0.2.0", out=tmp_path / "o", install=False,
                     root=root)
+
+
+def test_release_notes_the_packages_whose_pins_exclude_it(tmp_path, capsys):
+    root = tmp_path / "repo"
+    for d in ("cake-core", "cake-rmsnorm-det-train"):
+        shutil.copytree(ROOT / "packages" / d, root / "packages" / d,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pyproject = root / "packages/cake-rmsnorm-det-train/pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"cake-core>=0.1,<0.2"',
+                                                       '"cake-core>=0.0,<0.1"'))
+    assert rel.release("cake-core", out=tmp_path / "o", install=False, root=root) == \
+        Version("0.1.0")
+    out = capsys.readouterr().out
+    assert "note: cake-rmsnorm-det-train pins a range without 0.1.0" in out, out
 
 
 def test_release_finds_the_tag_at_head(tmp_path, monkeypatch):

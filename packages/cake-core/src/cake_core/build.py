@@ -50,9 +50,10 @@ GENERATED_END = "# --- end of generated block ---"
 
 def digest_sources(sources: Iterable[tuple[str, bytes]]) -> str:
     """``"sha256:" + sha256`` over ``(module name, source bytes)`` pairs sorted by module
-    name, each fed as ``name NUL bytes NUL``: the ``source_digest`` of a manifest, over the
-    modules that hold its kernels, every module of its own ``kernels/`` folder and its
-    ``DIGEST_EXTRA`` modules. Stable across machines (bytes, not text)."""
+    name, each fed as ``name NUL bytes NUL``: the ``source_digest`` of a manifest, over
+    every module of the package but ``cake_build.py``, the modules of its listed kernels and
+    of the ``@triton.jit`` functions they call (transitively) and its ``DIGEST_EXTRA``
+    modules (docs/releasing.md). Stable across machines (bytes, not text)."""
     h = hashlib.sha256()
     for name, data in sorted(sources, key=lambda s: s[0]):
         h.update(name.encode() + b"\0" + data + b"\0")
