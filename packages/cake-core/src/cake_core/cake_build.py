@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6b2b6185d72f5fb3bebcfed19735a179479d90ad6e07bec659fe296c083cfad4"
+SOURCE_DIGEST = "sha256:afa3a385612139e493687eefce722d9f7e107164d52ccf20c9539cbd992e4b35"
 # --- end of generated block ---
 
 MANIFEST = {
