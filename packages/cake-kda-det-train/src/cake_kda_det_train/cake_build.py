@@ -47,16 +47,20 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.gated", "function": "gated_pair"},
     {"module": "cake_kda_det_train.kernels.gated", "function": "row_apply"},
     {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "_partner_load"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "gated_pair_ld"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "row_apply_ld"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply_ld"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 2,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 3,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
-                "num_warps_gate", "fp32_dots", "store_16bit"]},
+                "num_warps_gate", "fp32_dots", "store_16bit", "diag_load"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:abf52948c9bd5a46aab9c562d8c3272b58ca98a138b5ff5f8c3158554c7c9321"
+SOURCE_DIGEST = "sha256:47be0c144b8853fe1dd5d1215ad44cd6e0829a5329ea313bb0bf16bd496b10f8"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -71,6 +71,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
         BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute,
+        DIAG_LOAD=bool(plan.diag_load),
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
     kda_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
@@ -191,7 +192,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             dq_hv, dk_hv, dv, dg, dbeta,
             scale, H, HV, HV // H, K, V,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
-            NV=_cdiv(V, plan.block_v_bwd), num_warps=plan.num_warps_bwd, DT=cst["DT"],
+            NV=_cdiv(V, plan.block_v_bwd), DIAG_LOAD=bool(plan.diag_load),
+            num_warps=plan.num_warps_bwd, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
     dq = group_sum(dq_hv, H).view(B, T, H, K)
     dk = group_sum(dk_hv, H).view(B, T, H, K)

@@ -28,7 +28,7 @@ each program writes only its own chunk's rows.
 import triton
 import triton.language as tl
 
-from cake_kda_det_train.kernels.gated import col_apply, row_apply
+from cake_kda_det_train.kernels.gated import col_apply, col_apply_ld, row_apply, row_apply_ld
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def kda_bwd_local_kernel(
     DQ, DK, DV, DG, DBETA,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, DIAG_LOAD: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -201,12 +201,27 @@ def kda_bwd_local_kernel(
         gc = tl.where(tmask[:, None], gc, glast[None, :])
         kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
         qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        x = row_apply(da, kb, gc, DT, PREC, BT, BC, BKI)
-        dbeta += tl.sum(kb * x, axis=1)
-        dk_row = x * beta[:, None]
-        dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BKI)
-        dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BKI)
-        dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BKI)
+        if DIAG_LOAD:  # partner rows of q, k and G loaded
+            kbase = Kp + hk * KD
+            qbase = Qp + hk * KD
+            gbase = GCUM + hv * KD
+            x = row_apply_ld(da, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start, end,
+                             DT, PREC, BT, BC, BKI)
+            dbeta += tl.sum(kb * x, axis=1)
+            dk_row = x * beta[:, None]
+            dk_col = col_apply_ld(da * beta[:, None], kb, gc, kbase, H * KD, gbase, HV * KD,
+                                  ck, KD, start, end, DT, PREC, BT, BC, BKI)
+            dq_row = row_apply_ld(pq, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start,
+                                  end, DT, PREC, BT, BC, BKI)
+            dk_colq = col_apply_ld(pq, qb, gc, qbase, H * KD, gbase, HV * KD, ck, KD, start,
+                                   end, DT, PREC, BT, BC, BKI)
+        else:
+            x = row_apply(da, kb, gc, DT, PREC, BT, BC, BKI)
+            dbeta += tl.sum(kb * x, axis=1)
+            dk_row = x * beta[:, None]
+            dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BKI)
+            dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BKI)
+            dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BKI)
         dq = tl.load(DQ + g_off, mask=kmask, other=0.0) + dq_row
         dk = tl.load(DK + g_off, mask=kmask, other=0.0) + dk_row + dk_col + dk_colq
         dgc = tl.load(DG + g_off, mask=kmask, other=0.0) + qb * dq_row + kb * dk_row \

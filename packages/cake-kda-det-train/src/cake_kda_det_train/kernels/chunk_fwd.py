@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from cake_core.triangular import unit_lower_inverse
 
-from cake_kda_det_train.kernels.gated import gated_pair
+from cake_kda_det_train.kernels.gated import gated_pair, gated_pair_ld
 
 
 @triton.jit
@@ -52,7 +52,7 @@ def kda_fwd_prep_kernel(
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
-    CUMSUM: tl.constexpr,
+    CUMSUM: tl.constexpr, DIAG_LOAD: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -78,9 +78,20 @@ def kda_fwd_prep_kernel(
         qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
         kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
         qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        if not LOAD_A:
-            akk += gated_pair(kb, kb, gc, DT, PREC, BT, BC, BKI, False)
-        aqk += gated_pair(qb, kb, gc, DT, PREC, BT, BC, BKI, True)
+        if DIAG_LOAD:  # partner rows of k and G loaded (G: this block's, just stored)
+            if CUMSUM:
+                tl.debug_barrier()  # the GCUM stores are visible to every thread
+            kbase = Kp + hk * KD
+            gbase = GCUM + hv * KD
+            if not LOAD_A:
+                akk += gated_pair_ld(kb, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD,
+                                     start, end, DT, PREC, BT, BC, BKI, False)
+            aqk += gated_pair_ld(qb, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD,
+                                 start, end, DT, PREC, BT, BC, BKI, True)
+        else:
+            if not LOAD_A:
+                akk += gated_pair(kb, kb, gc, DT, PREC, BT, BC, BKI, False)
+            aqk += gated_pair(qb, kb, gc, DT, PREC, BT, BC, BKI, True)
 
     a_ptr = Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :]
     if LOAD_A:  # the backward, with the T its forward kept
