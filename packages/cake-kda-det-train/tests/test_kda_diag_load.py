@@ -1,9 +1,10 @@
-"""``plan.diag_load = 1`` (the intra-sub-chunk partner rows loaded from memory instead of
-selected out of the register tile): o, final_state and every gradient against the float64
-reference (packed 1/70/0/65-token documents, HV = 2H, strong per-channel decays, kept and
-recomputed T, K and V off the block sizes), the same values as the default path (each
-sub-chunk term is the same product, summed in the same order), bitwise repeatable; the
-field is part of the plan's serialised form (format version 3)."""
+"""``plan.diag_load`` 1 (the intra-sub-chunk partner rows loaded from memory instead of
+selected out of the register tile) and 2 (also the backward's dA / dAqk entries, from an
+fp32 copy): o, final_state and every gradient against the float64 reference (packed
+1/70/0/65-token documents, HV = 2H, strong per-channel decays, kept and recomputed T, K
+and V off the block sizes), the same values as the default path (each sub-chunk term is
+the same product, summed in the same order), bitwise repeatable; the field is part of the
+plan's serialised form (format version 3) and checked."""
 
 import dataclasses
 
@@ -17,19 +18,15 @@ DEV = default_device()
 LENS = [1, 70, 0, 65]
 
 
-def _plan(K, V, dtype, **over):
-    return dataclasses.replace(make_plan(K, V, dtype, DEV), diag_load=1, **over)
-
-
 @pytest.mark.parametrize("K, V, dtype, over", [
-    (48, 32, torch.float32, dict(block_k_inner=32)),
-    (48, 32, torch.float32, dict(block_k_inner=16, keep_a=0)),
-    (64, 64, torch.bfloat16, dict(block_k_inner=32)),
-], ids=["fp32-bki32", "fp32-bki16-recompute", "bf16-64"])
+    (48, 32, torch.float32, dict(block_k_inner=32, diag_load=2)),
+    (48, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1)),
+    (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2)),
+], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1", "bf16-64-level2"])
 def test_diag_load_vs_reference(K, V, dtype, over, kda):
     """Packed documents of 1, 70, 0 and 65 tokens (a chunk ending inside a sub-chunk, an
     empty document), HV = 2H, an initial state, decays down to -20 per token."""
-    plan = _plan(K, V, dtype, **over)
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=61,
                                                g_mode="strong", n_states=len(LENS), h0=True)
     got = kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=61,
@@ -43,27 +40,26 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
     return (o, ht, saved.g_cumsum, saved.A, *chunk_kda_det_bwd(do, dht, saved))
 
 
-@pytest.mark.parametrize("keep_a", [1, 0], ids=["kept-T", "recomputed-T"])
-def test_diag_load_same_values_as_default_and_repeats(keep_a, kda):
-    """The new path gives the default path's values (``torch.equal``: only the sign of a
-    zero may differ) for o, final state, the saved G and T and every gradient, and repeats
-    bitwise."""
+def test_diag_load_same_values_as_default_and_repeats(kda):
+    """Levels 1 and 2 give the default path's values (``torch.equal``: only the sign of a
+    zero may differ) for o, final state, the saved G and T and every gradient; level 2
+    repeats bitwise."""
     K, V = 48, 32
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, seed=63,
                                                g_mode="strong", n_states=len(LENS), h0=True)
     cu = kda.cu_of(LENS)
     do = randn(v.shape, torch.float32, DEV, seed=64)
     dht = randn(h0.shape, torch.float32, DEV, seed=65)
-    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_k_inner=32,
-                               keep_a=keep_a)
-    new = dataclasses.replace(base, diag_load=1)
+    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_k_inner=32)
     want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
-    got = assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new),
-                                repeats=2)
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert (a is None) == (b is None), i
-        if a is not None:
-            assert torch.equal(a, b), i
+    for level in (1, 2):
+        new = dataclasses.replace(base, diag_load=level)
+        fn = lambda new=new: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new)  # noqa: E731
+        got = assert_bitwise_repeat(fn, repeats=2) if level == 2 else fn()
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert (a is None) == (b is None), (level, i)
+            if a is not None:
+                assert torch.equal(a, b), (level, i)
 
 
 def test_diag_load_field_serialised_and_checked():
@@ -77,6 +73,7 @@ def test_diag_load_field_serialised_and_checked():
     old["version"] = 2  # a plan serialised before the field existed
     with pytest.raises(ValueError, match="format version 2"):
         KDADetPlan.from_dict(old)
-    for bad in (2, -1, True):
+    assert KDADetPlan.from_dict(dataclasses.replace(plan, diag_load=2).to_dict()).diag_load == 2
+    for bad in (3, -1, True):
         with pytest.raises(ValueError, match="diag_load"):
             dataclasses.replace(plan, diag_load=bad)

@@ -60,7 +60,7 @@ PLANS = [
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:47be0c144b8853fe1dd5d1215ad44cd6e0829a5329ea313bb0bf16bd496b10f8"
+SOURCE_DIGEST = "sha256:7748c61c6460dc37e3963b16ac09db1119f3c651cc49fb2ec37c2bcadeab4d5b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -71,7 +71,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
         BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute,
-        DIAG_LOAD=bool(plan.diag_load),
+        DIAG_LOAD=plan.diag_load,
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
     kda_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
@@ -187,12 +187,17 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             scale, H, HV, HV // H, K, V,
             BV=plan.block_v, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
             num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
+        # diag_load = 2: fp32 copies of each chunk's dA and gated dAqk (FLA keeps the same
+        # two [T, 64] matrices), read back by the same program
+        pscr = torch.empty((NT, HV, 2 * CHUNK_SIZE), dtype=f32, device=dev) \
+            if plan.diag_load == 2 else dg
         kda_bwd_local_kernel[(NC, HV)](
             q, k, v, beta, g_cs, A, h, dh, do, v_new, du, tabs[0], tabs[1],
-            dq_hv, dk_hv, dv, dg, dbeta,
+            dq_hv, dk_hv, dv, dg, dbeta, pscr,
             scale, H, HV, HV // H, K, V,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
-            NV=_cdiv(V, plan.block_v_bwd), DIAG_LOAD=bool(plan.diag_load),
+            NV=_cdiv(V, plan.block_v_bwd), DIAG_LOAD=plan.diag_load,
+            P_LOAD=plan.diag_load == 2,
             num_warps=plan.num_warps_bwd, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
     dq = group_sum(dq_hv, H).view(B, T, H, K)

@@ -54,12 +54,16 @@ class KDADetPlan(Plan):
             chunk states h, the backward's dh and dv_new) are stored in the inputs' dtype
             and the big dots take 16-bit operands (fp32 accumulation), as FLA; 0 = fp32.
             Needs block_k >= 32, block_v >= 32 and V > 16.
-        diag_load: 1 = the pair products' terms inside a 16-token sub-chunk (chunk prep and
-            backward chunk kernel) take each step's partner row of q/k and G by a load of
-            that token's row (L1/L2-resident) instead of selecting it out of the register
-            tile (a 3-D reshape, masked sum and broadcast per step: layout conversions
-            through shared memory); the same terms summed in the same order. 0 = the
-            register selection (the rule's choice: the path checked on an H200).
+        diag_load: how the pair products' terms inside a 16-token sub-chunk (chunk prep and
+            backward chunk kernel) get each step's partner. 0 = selected out of the
+            register tiles (a 3-D reshape, masked sum and broadcast per step: layout
+            conversions through shared memory; the rule's choice, the path checked on an
+            H200). 1 = the partner rows of q/k and G loaded from memory (that token's row,
+            L1/L2-resident). 2 = as 1, and the backward's entries of dA and the gated dAqk
+            loaded from an fp32 copy of each chunk's two ``[64, 64]`` matrices (written by
+            the same program, ``[B * T, HV, 128]`` fp32 scratch) instead of a masked row
+            sum over the register tile. All three form the same terms and sum them in the
+            same order (docs/benchmarks/kda_speed_plan.md).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
@@ -104,7 +108,8 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "diag_load")
+        self.require_flags("store_16bit", "keep_a")
+        self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or self.block_v < 32):
@@ -175,7 +180,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
     V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
-    whole V in one block and ``fp32_dots=1``; ``diag_load = 0`` (1 is a candidate, not yet
+    whole V in one block and ``fp32_dots=1``; ``diag_load = 0`` (1 and 2 are candidates, not yet
     checked on a GPU: docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 

@@ -93,10 +93,11 @@ def kda_bwd_dh_kernel(
 @triton.jit
 def kda_bwd_local_kernel(
     Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, VNEW, DU, CHUNK_START, CHUNK_END,
-    DQ, DK, DV, DG, DBETA,
+    DQ, DK, DV, DG, DBETA, PS,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, DIAG_LOAD: tl.constexpr,
+    P_LOAD: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -189,6 +190,12 @@ def kda_bwd_local_kernel(
     da = tl.dot(t1, tl.trans(tm), da, input_precision=PREC)
     da = tl.where((rows[:, None] > rows[None, :]) & tmask[:, None], -da, 0.0)
     pq = tl.where((rows[:, None] >= rows[None, :]) & tmask[:, None], daqk * scale, 0.0)
+    ps_da = PS + hv * (2 * BT)  # [token, 2 * BT] rows: dA, then pq (this chunk's rows only)
+    if P_LOAD:
+        p_off = tok[:, None] * (HV * 2 * BT) + rows[None, :]
+        tl.store(ps_da + p_off, da, mask=tmask[:, None])
+        tl.store(ps_da + BT + p_off, pq, mask=tmask[:, None])
+        tl.debug_barrier()  # visible to every thread of the program
     for k0 in range(0, KD, BKI):
         ck = k0 + tl.arange(0, BKI)
         kmask = tmask[:, None] & (ck < KD)[None, :]
@@ -201,20 +208,23 @@ def kda_bwd_local_kernel(
         gc = tl.where(tmask[:, None], gc, glast[None, :])
         kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
         qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        if DIAG_LOAD:  # partner rows of q, k and G loaded
+        if DIAG_LOAD > 0:  # partner rows of q, k and G loaded (and P's entries: 2)
             kbase = Kp + hk * KD
             qbase = Qp + hk * KD
             gbase = GCUM + hv * KD
+            ps = HV * 2 * BT
             x = row_apply_ld(da, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start, end,
-                             DT, PREC, BT, BC, BKI)
+                             ps_da, ps, DT, PREC, BT, BC, BKI, P_LOAD)
             dbeta += tl.sum(kb * x, axis=1)
             dk_row = x * beta[:, None]
             dk_col = col_apply_ld(da * beta[:, None], kb, gc, kbase, H * KD, gbase, HV * KD,
-                                  ck, KD, start, end, DT, PREC, BT, BC, BKI)
+                                  ck, KD, start, end, ps_da, ps, BETA + hv, HV, DT, PREC, BT,
+                                  BC, BKI, P_LOAD, True)
             dq_row = row_apply_ld(pq, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start,
-                                  end, DT, PREC, BT, BC, BKI)
+                                  end, ps_da + BT, ps, DT, PREC, BT, BC, BKI, P_LOAD)
             dk_colq = col_apply_ld(pq, qb, gc, qbase, H * KD, gbase, HV * KD, ck, KD, start,
-                                   end, DT, PREC, BT, BC, BKI)
+                                   end, ps_da + BT, ps, BETA, HV, DT, PREC, BT, BC, BKI,
+                                   P_LOAD, False)
         else:
             x = row_apply(da, kb, gc, DT, PREC, BT, BC, BKI)
             dbeta += tl.sum(kb * x, axis=1)

@@ -78,7 +78,7 @@ def kda_fwd_prep_kernel(
         qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
         kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
         qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        if DIAG_LOAD:  # partner rows of k and G loaded (G: this block's, just stored)
+        if DIAG_LOAD > 0:  # partner rows of k and G loaded (G: this block's, just stored)
             if CUMSUM:
                 tl.debug_barrier()  # the GCUM stores are visible to every thread
             kbase = Kp + hk * KD

@@ -174,10 +174,13 @@ def gated_pair_ld(L, R, G, RB, r_stride, GB, g_stride, ck, KD, start, end,
 
 
 @triton.jit
-def row_apply_ld(P, R, G, RB, r_stride, GB, g_stride, ck, KD, start, end,
+def row_apply_ld(P, R, G, RB, r_stride, GB, g_stride, ck, KD, start, end, PB, p_stride,
                  DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr):
-    """:func:`row_apply` with the partner rows of R and G loaded (same terms, same order)."""
+                 BK: tl.constexpr, P_LOAD: tl.constexpr):
+    """:func:`row_apply` with the partner rows of R and G loaded (same terms, same order);
+    with ``P_LOAD`` each step's entries ``P[i, BC * (i // BC) + jj]`` are loaded too, from
+    a copy of P at ``PB`` (row = token, ``p_stride`` apart; rows past ``end`` are 0 in P)
+    instead of a masked row sum over the ``[BT, BT]`` register tile."""
     rows = tl.arange(0, BT)
     blk = rows // BC
     out = tl.zeros([BT, BK], dtype=tl.float32)
@@ -190,7 +193,11 @@ def row_apply_ld(P, R, G, RB, r_stride, GB, g_stride, ck, KD, start, end,
         inb = (blk == b)[:, None]
         out += tl.where(inb, tl.exp(tl.where(inb, G - r[None, :], 0.0)) * t, 0.0)
     for jj in range(BC):
-        pj = tl.sum(tl.where(rows[None, :] == (blk * BC + jj)[:, None], P, 0.0), axis=1)
+        if P_LOAD:
+            tok = start + rows
+            pj = tl.load(PB + tok * p_stride + blk * BC + jj, mask=tok < end, other=0.0)
+        else:
+            pj = tl.sum(tl.where(rows[None, :] == (blk * BC + jj)[:, None], P, 0.0), axis=1)
         ptok = start + blk * BC + jj
         rj = _partner_load(RB, r_stride, ptok, ck, KD, end)
         gj = _partner_load(GB, g_stride, ptok, ck, KD, end)
@@ -200,10 +207,14 @@ def row_apply_ld(P, R, G, RB, r_stride, GB, g_stride, ck, KD, start, end,
 
 
 @triton.jit
-def col_apply_ld(P, L, G, LB, l_stride, GB, g_stride, ck, KD, start, end,
-                 DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                 BK: tl.constexpr):
-    """:func:`col_apply` with the partner rows of L and G loaded (same terms, same order)."""
+def col_apply_ld(P, L, G, LB, l_stride, GB, g_stride, ck, KD, start, end, PB, p_stride,
+                 BB, b_stride, DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr,
+                 BC: tl.constexpr, BK: tl.constexpr, P_LOAD: tl.constexpr,
+                 P_BETA: tl.constexpr):
+    """:func:`col_apply` with the partner rows of L and G loaded (same terms, same order);
+    with ``P_LOAD`` each step's entries ``P[BC * (j // BC) + ii, j]`` are loaded from a
+    copy at ``PB`` (as :func:`row_apply_ld`), times the row's beta (at ``BB``, ``b_stride``
+    apart) when ``P_BETA`` (P = diag(beta) X with X the copy: the same fp32 product)."""
     rows = tl.arange(0, BT)
     blk = rows // BC
     out = tl.zeros([BT, BK], dtype=tl.float32)
@@ -217,8 +228,14 @@ def col_apply_ld(P, L, G, LB, l_stride, GB, g_stride, ck, KD, start, end,
         inb = (blk == b)[:, None]
         out += tl.where(inb, tl.exp(tl.where(inb, r[None, :] - G, 0.0)) * t, 0.0)
     for ii in range(BC):
-        pi = tl.sum(tl.where(rows[None, :] == (blk * BC + ii)[:, None], pt, 0.0), axis=1)
         ptok = start + blk * BC + ii
+        if P_LOAD:
+            pi = tl.load(PB + ptok * p_stride + rows, mask=ptok < end, other=0.0)
+            if P_BETA:
+                pi = pi * tl.load(BB + ptok * b_stride, mask=ptok < end, other=0.0).to(
+                    tl.float32)
+        else:
+            pi = tl.sum(tl.where(rows[None, :] == (blk * BC + ii)[:, None], pt, 0.0), axis=1)
         li = _partner_load(LB, l_stride, ptok, ck, KD, end)
         gi = _partner_load(GB, g_stride, ptok, ck, KD, end)
         valid = ((ii >= (rows % BC)) & (ptok < end))[:, None]
