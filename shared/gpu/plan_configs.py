@@ -57,7 +57,15 @@ CONFIGS = {
                       "100 100 bfloat16 diag_load=1 lens=1,70,0,65",
                       "100 100 bfloat16 diag_load=2 lens=1,70,0,65",
                       "48 32 float32 diag_load=2 lens=1,70,0,65",
-                      "128 128 bfloat16 diag_load=2 keep_a=0"],
+                      "128 128 bfloat16 diag_load=2 keep_a=0",
+                      # bwd_split: the pair-product gradients per 16-token sub-chunk
+                      "128 128 bfloat16 bwd_split=1", "128 128 bfloat16 bwd_split=1 diag_load=2",
+                      "128 128 float16 bwd_split=1 diag_load=2",
+                      "128 128 bfloat16 bwd_split=1 diag_load=2 num_warps_intra=2",
+                      "128 128 bfloat16 bwd_split=1 diag_load=2 num_warps_intra=8",
+                      "64 64 bfloat16 bwd_split=1 diag_load=2", "128 128 float32 bwd_split=1",
+                      "100 100 bfloat16 bwd_split=1 diag_load=2 lens=1,70,0,65",
+                      "48 32 float32 bwd_split=1 diag_load=2 lens=1,70,0,65"],
 }
 
 

@@ -1,10 +1,12 @@
 """``plan.diag_load`` 1 (the intra-sub-chunk partner rows loaded from memory instead of
-selected out of the register tile) and 2 (also the backward's dA / dAqk entries, from an
-fp32 copy): o, final_state and every gradient against the float64 reference (packed
+selected out of the register tile), 2 (also the backward's dA / dAqk entries, from an
+fp32 copy) and ``plan.bwd_split`` (the pair products' gradients in a kernel per 16-token
+sub-chunk): o, final_state and every gradient against the float64 reference (packed
 1/70/0/65-token documents, HV = 2H, strong per-channel decays, kept and recomputed T, K
 and V off the block sizes), the same values as the default path (each sub-chunk term is
-the same product, summed in the same order), bitwise repeatable; the field is part of the
-plan's serialised form (format version 3) and checked."""
+the same product, summed in the same order; not bwd_split, whose sums run in another
+order), bitwise repeatable; the fields are part of the plan's serialised form (format
+version 3) and checked."""
 
 import dataclasses
 
@@ -22,7 +24,11 @@ LENS = [1, 70, 0, 65]
     (48, 32, torch.float32, dict(block_k_inner=32, diag_load=2)),
     (48, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1)),
     (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2)),
-], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1", "bf16-64-level2"])
+    (48, 32, torch.float32, dict(block_k_inner=32, bwd_split=1)),
+    (48, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1, bwd_split=1)),
+    (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2, bwd_split=1)),
+], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1", "bf16-64-level2",
+        "fp32-bki32-split", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split"])
 def test_diag_load_vs_reference(K, V, dtype, over, kda):
     """Packed documents of 1, 70, 0 and 65 tokens (a chunk ending inside a sub-chunk, an
     empty document), HV = 2H, an initial state, decays down to -20 per token."""
@@ -62,7 +68,23 @@ def test_diag_load_same_values_as_default_and_repeats(kda):
                 assert torch.equal(a, b), (level, i)
 
 
-def test_diag_load_field_serialised_and_checked():
+def test_bwd_split_repeats_bitwise(kda):
+    """bf16 at K = V = 64 (two key blocks), packed 1/70/0/65, HV = 2H: o, final state, the
+    saved G and T and every gradient, twice, the same bits."""
+    K, V = 64, 64
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, torch.bfloat16,
+                                               seed=66, g_mode="strong", n_states=len(LENS),
+                                               h0=True)
+    cu = kda.cu_of(LENS)
+    do = randn(v.shape, torch.bfloat16, DEV, seed=67)
+    dht = randn(h0.shape, torch.float32, DEV, seed=68)
+    plan = dataclasses.replace(make_plan(K, V, torch.bfloat16, DEV), block_k_inner=32,
+                               bwd_split=1, diag_load=2)
+    assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan),
+                          repeats=2)
+
+
+def test_new_fields_serialised_and_checked():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     assert plan.diag_load == 0  # the rule's default is unchanged
     on = dataclasses.replace(plan, diag_load=1)
@@ -77,3 +99,10 @@ def test_diag_load_field_serialised_and_checked():
     for bad in (3, -1, True):
         with pytest.raises(ValueError, match="diag_load"):
             dataclasses.replace(plan, diag_load=bad)
+    assert plan.bwd_split == 0 and plan.num_warps_intra == 4
+    split = dataclasses.replace(plan, bwd_split=1, num_warps_intra=2)
+    assert KDADetPlan.from_dict(split.to_dict()) == split
+    with pytest.raises(ValueError, match="bwd_split"):
+        dataclasses.replace(plan, bwd_split=2)
+    with pytest.raises(ValueError, match="num_warps_intra"):
+        dataclasses.replace(plan, num_warps_intra=3)

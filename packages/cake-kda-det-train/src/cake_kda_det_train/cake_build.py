@@ -35,6 +35,8 @@ DIGEST_EXTRA = []
 KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dh_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_local_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dg_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_g"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_h_kernel"},
@@ -57,10 +59,11 @@ PLANS = [
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
-                "num_warps_gate", "fp32_dots", "store_16bit", "diag_load"]},
+                "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
+                "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7748c61c6460dc37e3963b16ac09db1119f3c651cc49fb2ec37c2bcadeab4d5b"
+SOURCE_DIGEST = "sha256:0bc64176d1073b89b0ecd92f9ce0438a88679d104832581f48951148e18c1de2"
 # --- end of generated block ---
 
 MANIFEST = {

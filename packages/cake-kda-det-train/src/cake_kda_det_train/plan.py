@@ -64,6 +64,15 @@ class KDADetPlan(Plan):
             the same program, ``[B * T, HV, 128]`` fp32 scratch) instead of a masked row
             sum over the register tile. All three form the same terms and sum them in the
             same order (docs/benchmarks/kda_speed_plan.md).
+        bwd_split: 1 = the backward chunk kernel stops before the pair products'
+            gradients (writing dA and the gated dAqk to an fp32 ``[B * T, HV, 128]``
+            scratch); a kernel with one program per 16-token sub-chunk and value head
+            (``[16, block_k_inner]`` tiles, sums in a fixed order: earlier sub-chunks by one
+            dot, the sub-chunk itself by 16 loaded steps, later sub-chunks by one dot, per
+            key block in index order) forms them, and a last kernel dg's reverse cumsum.
+            Different sum order from 0 (other bits, same math). 0 = one program per chunk
+            (the rule's choice).
+        num_warps_intra: warps of those two kernels (used only with ``bwd_split``).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
@@ -89,6 +98,8 @@ class KDADetPlan(Plan):
     fp32_dots: int
     store_16bit: int
     diag_load: int
+    bwd_split: int
+    num_warps_intra: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,14 +119,14 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a")
+        self.require_flags("store_16bit", "keep_a", "bwd_split")
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or self.block_v < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
-                           "num_warps_l2norm", "num_warps_gate")
+                           "num_warps_l2norm", "num_warps_gate", "num_warps_intra")
         self.require_mode(Mode.DET)
 
     @property
@@ -180,8 +191,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
     V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
-    whole V in one block and ``fp32_dots=1``; ``diag_load = 0`` (1 and 2 are candidates, not yet
-    checked on a GPU: docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
+    whole V in one block and ``fp32_dots=1``; ``diag_load = 0`` and ``bwd_split = 0``
+    (``num_warps_intra = 4``; the other values are speed candidates not yet checked on a
+    GPU: docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 
     Raises:
@@ -221,4 +233,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         fp32_dots=(0 if wide else 2) if cuda else 1,
         store_16bit=store_16bit,
         diag_load=0,
+        bwd_split=0,
+        num_warps_intra=4,
     )
