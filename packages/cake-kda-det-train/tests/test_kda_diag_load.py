@@ -22,13 +22,9 @@ LENS = [1, 70, 0, 65]
 
 @pytest.mark.parametrize("K, V, dtype, over", [
     (48, 32, torch.float32, dict(block_k_inner=32, diag_load=2)),
-    (48, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1)),
-    (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2)),
-    (48, 32, torch.float32, dict(block_k_inner=32, bwd_split=1)),
     (48, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1, bwd_split=1)),
     (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2, bwd_split=1)),
-], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1", "bf16-64-level2",
-        "fp32-bki32-split", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split"])
+], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split"])
 def test_diag_load_vs_reference(K, V, dtype, over, kda):
     """Packed documents of 1, 70, 0 and 65 tokens (a chunk ending inside a sub-chunk, an
     empty document), HV = 2H, an initial state, decays down to -20 per token."""
@@ -47,16 +43,16 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
 
 
 def test_diag_load_same_values_as_default_and_repeats(kda):
-    """Levels 1 and 2 give the default path's values (``torch.equal``: only the sign of a
-    zero may differ) for o, final state, the saved G and T and every gradient; level 2
-    repeats bitwise."""
-    K, V = 48, 32
+    """Levels 1 and 2 give the default path's values (``torch.equal`` under the interpreter:
+    only the sign of a zero may differ; close on a GPU) for o, final state, the saved G
+    and T and every gradient; level 2 repeats bitwise."""
+    K, V = 24, 16  # one partly masked key block
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, seed=63,
                                                g_mode="strong", n_states=len(LENS), h0=True)
     cu = kda.cu_of(LENS)
     do = randn(v.shape, torch.float32, DEV, seed=64)
     dht = randn(h0.shape, torch.float32, DEV, seed=65)
-    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_k_inner=32)
+    base = make_plan(K, V, torch.float32, DEV)
     want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
     for level in (1, 2):
         new = dataclasses.replace(base, diag_load=level)
@@ -64,22 +60,25 @@ def test_diag_load_same_values_as_default_and_repeats(kda):
         got = assert_bitwise_repeat(fn, repeats=2) if level == 2 else fn()
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             assert (a is None) == (b is None), (level, i)
-            if a is not None:
+            if a is not None and DEV.type == "cpu":
                 assert torch.equal(a, b), (level, i)
+            elif a is not None:  # compiled: the elementwise code may round differently
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_bwd_split_repeats_bitwise(kda):
-    """bf16 at K = V = 64 (two key blocks), packed 1/70/0/65, HV = 2H: o, final state, the
-    saved G and T and every gradient, twice, the same bits."""
-    K, V = 64, 64
+    """bf16 at K = V = 32 (two key blocks of 16, 16-bit intermediates), packed 1/70/0/65,
+    HV = 2H: o, final state, the saved G and T and every gradient, twice, the same bits."""
+    K, V = 32, 32
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, torch.bfloat16,
                                                seed=66, g_mode="strong", n_states=len(LENS),
                                                h0=True)
     cu = kda.cu_of(LENS)
     do = randn(v.shape, torch.bfloat16, DEV, seed=67)
     dht = randn(h0.shape, torch.float32, DEV, seed=68)
-    plan = dataclasses.replace(make_plan(K, V, torch.bfloat16, DEV), block_k_inner=32,
+    plan = dataclasses.replace(make_plan(K, V, torch.bfloat16, DEV), block_k_inner=16,
                                bwd_split=1, diag_load=2)
+    assert plan.store_16bit == 1
     assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan),
                           repeats=2)
 
