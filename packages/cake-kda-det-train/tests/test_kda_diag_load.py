@@ -22,12 +22,13 @@ LENS = [1, 70, 0, 65]
 
 @pytest.mark.parametrize("K, V, dtype, over", [
     (48, 32, torch.float32, dict(block_k_inner=32, diag_load=2)),
-    (48, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1, bwd_split=1)),
+    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1, bwd_split=1)),
     (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2, bwd_split=1)),
 ], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split"])
 def test_diag_load_vs_reference(K, V, dtype, over, kda):
     """Packed documents of 1, 70, 0 and 65 tokens (a chunk ending inside a sub-chunk, an
-    empty document), HV = 2H, an initial state, decays down to -20 per token."""
+    empty document), HV = 2H, an initial state, decays down to -20 per token; K = 48 in
+    blocks of 32 and K = 40 in blocks of 16 end in a partly and a fully masked block."""
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=61,
                                                g_mode="strong", n_states=len(LENS), h0=True)
