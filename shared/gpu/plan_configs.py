@@ -65,7 +65,15 @@ CONFIGS = {
                       "128 128 bfloat16 bwd_split=1 diag_load=2 num_warps_intra=8",
                       "64 64 bfloat16 bwd_split=1 diag_load=2", "128 128 float32 bwd_split=1",
                       "100 100 bfloat16 bwd_split=1 diag_load=2 lens=1,70,0,65",
-                      "48 32 float32 bwd_split=1 diag_load=2 lens=1,70,0,65"],
+                      "48 32 float32 bwd_split=1 diag_load=2 lens=1,70,0,65",
+                      # fwd_split: the pair products per 16-token sub-chunk
+                      "128 128 bfloat16 fwd_split=1", "128 128 float16 fwd_split=1",
+                      "128 128 bfloat16 fwd_split=1 keep_a=0",
+                      "128 128 bfloat16 fwd_split=1 bwd_split=1",
+                      "128 128 bfloat16 fwd_split=1 bwd_split=1 num_warps_intra=8",
+                      "64 64 bfloat16 fwd_split=1 bwd_split=1", "128 128 float32 fwd_split=1",
+                      "100 100 bfloat16 fwd_split=1 bwd_split=1 lens=1,70,0,65",
+                      "48 32 float32 fwd_split=1 bwd_split=1 keep_a=0 lens=1,70,0,65"],
 }
 
 

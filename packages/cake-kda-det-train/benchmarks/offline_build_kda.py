@@ -71,7 +71,7 @@ def main():
         kda_bwd_intra_kernel,
         kda_bwd_local_kernel,
     )
-    from cake_kda_det_train.kernels.chunk_fwd import kda_fwd_prep_kernel
+    from cake_kda_det_train.kernels.chunk_fwd import kda_fwd_pairs_kernel, kda_fwd_prep_kernel
     from cake_kda_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
@@ -87,12 +87,23 @@ def main():
     rows = []
     prep_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "Gp": "*fp32",
               "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "GCUM": "*fp32",
-              "Ap": "*bf16", "AQK": "*bf16", "W": "*bf16", "U": "*bf16", "scale": "fp32"}
+              "Ap": "*bf16", "AQK": "*bf16", "W": "*bf16", "U": "*bf16", "AKKS": "*fp32",
+              "scale": "fp32"}
+    pairs = bool(plan.fwd_split)
     for load_a, cumsum, what in ((False, True, "fwd prep"), (True, False, "bwd recompute prep")):
         c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
-                 LOAD_A=load_a, CUMSUM=cumsum, DIAG_LOAD=plan.diag_load)
+                 LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
+                 PAIRS=pairs)
         rows.append((what, plan.num_warps_prep,
                      *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
+        if pairs:
+            pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+            pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
+                       "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
+            c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
+                     WANT_AKK=not load_a)
+            rows.append((what.replace("prep", "pairs"), plan.num_warps_intra,
+                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_intra)))
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",
              "VNEW": "*bf16", "DU": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32",

@@ -1,12 +1,12 @@
 """``plan.diag_load`` 1 (the intra-sub-chunk partner rows loaded from memory instead of
 selected out of the register tile), 2 (also the backward's dA / dAqk entries, from an
-fp32 copy) and ``plan.bwd_split`` (the pair products' gradients in a kernel per 16-token
-sub-chunk): o, final_state and every gradient against the float64 reference (packed
-1/70/0/65-token documents, HV = 2H, strong per-channel decays, kept and recomputed T, K
-and V off the block sizes), the same values as the default path (each sub-chunk term is
-the same product, summed in the same order; not bwd_split, whose sums run in another
-order), bitwise repeatable; the fields are part of the plan's serialised form (format
-version 3) and checked."""
+fp32 copy), ``plan.bwd_split`` (the pair products' gradients in a kernel per 16-token
+sub-chunk) and ``plan.fwd_split`` (the pair products themselves, likewise): o,
+final_state and every gradient against the float64 reference (packed 1/70/0/65-token
+documents, HV = 2H, strong per-channel decays, kept and recomputed T, K and V off the
+block sizes); diag_load gives the default path's values (each sub-chunk term is the same
+product, summed in the same order; the splits sum in another order); bitwise repeatable;
+the fields are part of the plan's serialised form (format version 3) and checked."""
 
 import dataclasses
 
@@ -24,7 +24,10 @@ LENS = [1, 70, 0, 65]
     (48, 32, torch.float32, dict(block_k_inner=32, diag_load=2)),
     (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1, bwd_split=1)),
     (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2, bwd_split=1)),
-], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split"])
+    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, fwd_split=1)),
+    (64, 64, torch.bfloat16, dict(block_k_inner=32, fwd_split=1, bwd_split=1)),
+], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split",
+        "fp32-bki16-recompute-fwdsplit", "bf16-64-fwdsplit-split"])
 def test_diag_load_vs_reference(K, V, dtype, over, kda):
     """Packed documents of 1, 70, 0 and 65 tokens (a chunk ending inside a sub-chunk, an
     empty document), HV = 2H, an initial state, decays down to -20 per token; K = 48 in
@@ -67,7 +70,7 @@ def test_diag_load_same_values_as_default_and_repeats(kda):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_bwd_split_repeats_bitwise(kda):
+def test_splits_repeat_bitwise(kda):
     """bf16 at K = V = 32 (two key blocks of 16, 16-bit intermediates), packed 1/70/0/65,
     HV = 2H: o, final state, the saved G and T and every gradient, twice, the same bits."""
     K, V = 32, 32
@@ -78,7 +81,7 @@ def test_bwd_split_repeats_bitwise(kda):
     do = randn(v.shape, torch.bfloat16, DEV, seed=67)
     dht = randn(h0.shape, torch.float32, DEV, seed=68)
     plan = dataclasses.replace(make_plan(K, V, torch.bfloat16, DEV), block_k_inner=16,
-                               bwd_split=1, diag_load=2)
+                               bwd_split=1, fwd_split=1, diag_load=2)
     assert plan.store_16bit == 1
     assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan),
                           repeats=2)
@@ -104,5 +107,10 @@ def test_new_fields_serialised_and_checked():
     assert KDADetPlan.from_dict(split.to_dict()) == split
     with pytest.raises(ValueError, match="bwd_split"):
         dataclasses.replace(plan, bwd_split=2)
+    assert plan.fwd_split == 0
+    with pytest.raises(ValueError, match="fwd_split"):
+        dataclasses.replace(plan, fwd_split=2)
+    fs = dataclasses.replace(plan, fwd_split=1)
+    assert KDADetPlan.from_dict(fs.to_dict()) == fs
     with pytest.raises(ValueError, match="num_warps_intra"):
         dataclasses.replace(plan, num_warps_intra=3)

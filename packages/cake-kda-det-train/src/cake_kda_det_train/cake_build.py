@@ -41,6 +41,8 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_h_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
@@ -60,10 +62,10 @@ PLANS = [
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "num_warps_intra"]},
+                "fwd_split", "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0bc64176d1073b89b0ecd92f9ce0438a88679d104832581f48951148e18c1de2"
+SOURCE_DIGEST = "sha256:587896e54cba9d6112715cd879099a2d4782133f30df734fc34130b74ea4b5e8"
 # --- end of generated block ---
 
 MANIFEST = {

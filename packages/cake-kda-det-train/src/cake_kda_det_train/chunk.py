@@ -19,8 +19,10 @@ from cake_kda_det_train.kernels.chunk_bwd import (
     kda_bwd_local_kernel,
 )
 from cake_kda_det_train.kernels.chunk_fwd import (
+    kda_chunk_cumsum_kernel,
     kda_fwd_h_kernel,
     kda_fwd_o_kernel,
+    kda_fwd_pairs_kernel,
     kda_fwd_prep_kernel,
 )
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
@@ -71,12 +73,26 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
     N = cu_dev.numel() - 1
     w, u, v_new, h, aqk = scratch
     cst = _consts(plan, q.dtype)
+    pairs = bool(plan.fwd_split)
+    akks = g_cumsum  # a placeholder pointer unless the pairs kernel fills an A scratch
+    if pairs:  # G, then the pair products per 16-token sub-chunk, then the prep
+        if not recompute:
+            kda_chunk_cumsum_kernel[(NC, HV)](
+                g, g_cumsum, starts, ends, HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
+                num_warps=plan.num_warps_intra)
+        if not load_a:
+            akks = torch.empty((B * T, HV, CHUNK_SIZE), dtype=torch.float32, device=q.device)
+        kda_fwd_pairs_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
+            q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
+            BC=SUB_CHUNK, BKI=plan.block_k_inner, WANT_AKK=not load_a,
+            num_warps=plan.num_warps_intra, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     kda_fwd_prep_kernel[(NC, HV)](
-        q, k, v, g_cumsum if recompute else g, beta, starts, ends, g_cumsum, A, aqk, w, u,
+        q, k, v, g_cumsum if recompute or pairs else g, beta, starts, ends, g_cumsum, A, aqk,
+        w, u, akks,
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
-        BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute,
-        DIAG_LOAD=plan.diag_load,
+        BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute and not pairs,
+        DIAG_LOAD=plan.diag_load, PAIRS=pairs,
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
     kda_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](

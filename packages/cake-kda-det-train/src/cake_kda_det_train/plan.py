@@ -72,7 +72,14 @@ class KDADetPlan(Plan):
             key block in index order) forms them, and a last kernel dg's reverse cumsum.
             Different sum order from 0 (other bits, same math). 0 = one program per chunk
             (the rule's choice).
-        num_warps_intra: warps of those two kernels (used only with ``bwd_split``).
+        fwd_split: 1 = the chunk prep (forward, and the backward's recompute) gets its
+            gated pair products (A = k k^T raw, to an fp32 ``[B * T, HV, 64]`` scratch, and
+            Aqk) from a kernel per 16-token sub-chunk and value head (``[16, block_k_inner]``
+            tiles; earlier sub-chunks by one dot, the sub-chunk itself by 16 loaded steps,
+            key blocks in index order), after a kernel that forms G; the prep keeps the
+            solve, w and u. Other sum order than 0 (other bits, same math).
+        num_warps_intra: warps of the sub-chunk kernels (used only with ``bwd_split`` or
+            ``fwd_split``).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
@@ -99,6 +106,7 @@ class KDADetPlan(Plan):
     store_16bit: int
     diag_load: int
     bwd_split: int
+    fwd_split: int
     num_warps_intra: int
 
     def __post_init__(self) -> None:
@@ -119,7 +127,7 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "bwd_split")
+        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split")
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
@@ -191,7 +199,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
     V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
-    whole V in one block and ``fp32_dots=1``; ``diag_load = 0`` and ``bwd_split = 0``
+    whole V in one block and ``fp32_dots=1``; ``diag_load``, ``bwd_split``, ``fwd_split`` 0
     (``num_warps_intra = 4``; the other values are speed candidates not yet checked on a
     GPU: docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -234,5 +242,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         store_16bit=store_16bit,
         diag_load=0,
         bwd_split=0,
+        fwd_split=0,
         num_warps_intra=4,
     )
