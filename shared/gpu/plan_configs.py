@@ -47,7 +47,33 @@ CONFIGS = {
                       "64 64 bfloat16 block_k_inner=16 block_v=32",
                       "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16", "128 128 float32",
                       "128 64 float32", "128 128 bfloat16 block_k_inner=32",
-                      "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16"],
+                      "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16",
+                      # diag_load 1 / 2: sub-chunk partners loaded (docs/benchmarks/
+                      # kda_speed_plan.md); not yet run on a GPU
+                      "128 128 bfloat16 diag_load=1", "128 128 bfloat16 diag_load=2",
+                      "128 128 float16 diag_load=1", "128 128 float16 diag_load=2",
+                      "64 64 bfloat16 diag_load=1", "64 64 bfloat16 diag_load=2",
+                      "128 128 float32 diag_load=2", "32 32 float16 diag_load=2",
+                      "100 100 bfloat16 diag_load=1 lens=1,70,0,65",
+                      "100 100 bfloat16 diag_load=2 lens=1,70,0,65",
+                      "48 32 float32 diag_load=2 lens=1,70,0,65",
+                      "128 128 bfloat16 diag_load=2 keep_a=0",
+                      # bwd_split: the pair-product gradients per 16-token sub-chunk
+                      "128 128 bfloat16 bwd_split=1", "128 128 bfloat16 bwd_split=1 diag_load=2",
+                      "128 128 float16 bwd_split=1 diag_load=2",
+                      "128 128 bfloat16 bwd_split=1 diag_load=2 num_warps_intra=2",
+                      "128 128 bfloat16 bwd_split=1 diag_load=2 num_warps_intra=8",
+                      "64 64 bfloat16 bwd_split=1 diag_load=2", "128 128 float32 bwd_split=1",
+                      "100 100 bfloat16 bwd_split=1 diag_load=2 lens=1,70,0,65",
+                      "48 32 float32 bwd_split=1 diag_load=2 lens=1,70,0,65",
+                      # fwd_split: the pair products per 16-token sub-chunk
+                      "128 128 bfloat16 fwd_split=1", "128 128 float16 fwd_split=1",
+                      "128 128 bfloat16 fwd_split=1 keep_a=0",
+                      "128 128 bfloat16 fwd_split=1 bwd_split=1",
+                      "128 128 bfloat16 fwd_split=1 bwd_split=1 num_warps_intra=8",
+                      "64 64 bfloat16 fwd_split=1 bwd_split=1", "128 128 float32 fwd_split=1",
+                      "100 100 bfloat16 fwd_split=1 bwd_split=1 lens=1,70,0,65",
+                      "48 32 float32 fwd_split=1 bwd_split=1 keep_a=0 lens=1,70,0,65"],
 }
 
 

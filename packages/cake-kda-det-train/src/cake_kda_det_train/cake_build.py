@@ -36,10 +36,14 @@ DIGEST_EXTRA = []
 KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dh_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_local_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dg_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_g"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_h_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
@@ -48,16 +52,21 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.gated", "function": "gated_pair"},
     {"module": "cake_kda_det_train.kernels.gated", "function": "row_apply"},
     {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "_partner_load"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "gated_pair_ld"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "row_apply_ld"},
+    {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply_ld"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 2,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 3,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
-                "num_warps_gate", "fp32_dots", "store_16bit"]},
+                "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
+                "fwd_split", "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:22a7073efc5c9d4811009a9e4d1ca7795c001414da9c3d9b25d79736a033014a"
+SOURCE_DIGEST = "sha256:c52404870c83f191c082db68a8d164b3104615416a547b6eb0e7400717b880c1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -12,10 +12,17 @@ import triton.language as tl
 from cake_core.triton_utils import is_interpreting, next_power_of_2
 from cake_core.varlen import chunk_tables, group_sum
 
-from cake_kda_det_train.kernels.chunk_bwd import kda_bwd_dh_kernel, kda_bwd_local_kernel
+from cake_kda_det_train.kernels.chunk_bwd import (
+    kda_bwd_dg_cumsum_kernel,
+    kda_bwd_dh_kernel,
+    kda_bwd_intra_kernel,
+    kda_bwd_local_kernel,
+)
 from cake_kda_det_train.kernels.chunk_fwd import (
+    kda_chunk_cumsum_kernel,
     kda_fwd_h_kernel,
     kda_fwd_o_kernel,
+    kda_fwd_pairs_kernel,
     kda_fwd_prep_kernel,
 )
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
@@ -66,11 +73,26 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
     N = cu_dev.numel() - 1
     w, u, v_new, h, aqk = scratch
     cst = _consts(plan, q.dtype)
+    pairs = bool(plan.fwd_split)
+    akks = g_cumsum  # a placeholder pointer unless the pairs kernel fills an A scratch
+    if pairs:  # G, then the pair products per 16-token sub-chunk, then the prep
+        if not recompute:
+            kda_chunk_cumsum_kernel[(NC, HV)](
+                g, g_cumsum, starts, ends, HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
+                num_warps=plan.num_warps_intra)
+        if not load_a:
+            akks = torch.empty((B * T, HV, CHUNK_SIZE), dtype=torch.float32, device=q.device)
+        kda_fwd_pairs_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
+            q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
+            BC=SUB_CHUNK, BKI=plan.block_k_inner, WANT_AKK=not load_a,
+            num_warps=plan.num_warps_intra, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     kda_fwd_prep_kernel[(NC, HV)](
-        q, k, v, g_cumsum if recompute else g, beta, starts, ends, g_cumsum, A, aqk, w, u,
+        q, k, v, g_cumsum if recompute or pairs else g, beta, starts, ends, g_cumsum, A, aqk,
+        w, u, akks,
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
-        BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute,
+        BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute and not pairs,
+        DIAG_LOAD=plan.diag_load, PAIRS=pairs,
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
     kda_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
@@ -186,13 +208,29 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             scale, H, HV, HV // H, K, V,
             BV=plan.block_v, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
             num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
+        # diag_load = 2 / bwd_split: fp32 copies of each chunk's dA and gated dAqk (FLA keeps
+        # the same two [T, 64] matrices), read back by the same program / the split kernel
+        split = bool(plan.bwd_split)
+        pscr = torch.empty((NT, HV, 2 * CHUNK_SIZE), dtype=f32, device=dev) \
+            if plan.diag_load == 2 or split else dg
         kda_bwd_local_kernel[(NC, HV)](
             q, k, v, beta, g_cs, A, h, dh, do, v_new, du, tabs[0], tabs[1],
-            dq_hv, dk_hv, dv, dg, dbeta,
+            dq_hv, dk_hv, dv, dg, dbeta, pscr,
             scale, H, HV, HV // H, K, V,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
-            NV=_cdiv(V, plan.block_v_bwd), num_warps=plan.num_warps_bwd, DT=cst["DT"],
+            NV=_cdiv(V, plan.block_v_bwd), DIAG_LOAD=plan.diag_load,
+            P_LOAD=plan.diag_load == 2, SPLIT=split,
+            num_warps=plan.num_warps_bwd, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
+        if split:  # step 3 per 16-token sub-chunk, then dg's reverse cumsum per chunk
+            kda_bwd_intra_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
+                q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
+                H, HV, HV // H, K,
+                BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=plan.num_warps_intra,
+                DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
+            kda_bwd_dg_cumsum_kernel[(NC, HV)](
+                dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
+                num_warps=plan.num_warps_intra)
     dq = group_sum(dq_hv, H).view(B, T, H, K)
     dk = group_sum(dk_hv, H).view(B, T, H, K)
     return dq, dk, dv, dg, dbeta, dh0

@@ -54,10 +54,36 @@ class KDADetPlan(Plan):
             chunk states h, the backward's dh and dv_new) are stored in the inputs' dtype
             and the big dots take 16-bit operands (fp32 accumulation), as FLA; 0 = fp32.
             Needs block_k >= 32, block_v >= 32 and V > 16.
+        diag_load: how the pair products' terms inside a 16-token sub-chunk (chunk prep and
+            backward chunk kernel) get each step's partner. 0 = selected out of the
+            register tiles (a 3-D reshape, masked sum and broadcast per step: layout
+            conversions through shared memory; the rule's choice, the path checked on an
+            H200). 1 = the partner rows of q/k and G loaded from memory (that token's row,
+            L1/L2-resident). 2 = as 1, and the backward's entries of dA and the gated dAqk
+            loaded from an fp32 copy of each chunk's two ``[64, 64]`` matrices (written by
+            the same program, ``[B * T, HV, 128]`` fp32 scratch) instead of a masked row
+            sum over the register tile. All three form the same terms and sum them in the
+            same order (docs/benchmarks/kda_speed_plan.md).
+        bwd_split: 1 = the backward chunk kernel stops before the pair products'
+            gradients (writing dA and the gated dAqk to an fp32 ``[B * T, HV, 128]``
+            scratch); a kernel with one program per 16-token sub-chunk and value head
+            (``[16, block_k_inner]`` tiles, sums in a fixed order: earlier sub-chunks by one
+            dot, the sub-chunk itself by 16 loaded steps, later sub-chunks by one dot, per
+            key block in index order) forms them, and a last kernel dg's reverse cumsum.
+            Different sum order from 0 (other bits, same math). 0 = one program per chunk
+            (the rule's choice).
+        fwd_split: 1 = the chunk prep (forward, and the backward's recompute) gets its
+            gated pair products (A = k k^T raw, to an fp32 ``[B * T, HV, 64]`` scratch, and
+            Aqk) from a kernel per 16-token sub-chunk and value head (``[16, block_k_inner]``
+            tiles; earlier sub-chunks by one dot, the sub-chunk itself by 16 loaded steps,
+            key blocks in index order), after a kernel that forms G; the prep keeps the
+            solve, w and u. Other sum order than 0 (other bits, same math).
+        num_warps_intra: warps of the sub-chunk kernels (used only with ``bwd_split`` or
+            ``fwd_split``).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 2
+    format_version: ClassVar[int] = 3
 
     head_k_dim: int
     head_v_dim: int
@@ -78,6 +104,10 @@ class KDADetPlan(Plan):
     num_warps_gate: int
     fp32_dots: int
     store_16bit: int
+    diag_load: int
+    bwd_split: int
+    fwd_split: int
+    num_warps_intra: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -97,13 +127,14 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a")
+        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split")
+        self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or self.block_v < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
-                           "num_warps_l2norm", "num_warps_gate")
+                           "num_warps_l2norm", "num_warps_gate", "num_warps_intra")
         self.require_mode(Mode.DET)
 
     @property
@@ -168,7 +199,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
     V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
-    whole V in one block and ``fp32_dots=1``. Gate kernels (tiles of tokens x block_k):
+    whole V in one block and ``fp32_dots=1``; ``diag_load``, ``bwd_split``, ``fwd_split`` 0
+    (``num_warps_intra = 4``; the other values are speed candidates not yet checked on a
+    GPU: docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 
     Raises:
@@ -207,4 +240,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_gate=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,
         store_16bit=store_16bit,
+        diag_load=0,
+        bwd_split=0,
+        fwd_split=0,
+        num_warps_intra=4,
     )

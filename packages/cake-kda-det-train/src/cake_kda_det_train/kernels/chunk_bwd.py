@@ -28,7 +28,7 @@ each program writes only its own chunk's rows.
 import triton
 import triton.language as tl
 
-from cake_kda_det_train.kernels.gated import col_apply, row_apply
+from cake_kda_det_train.kernels.gated import col_apply, col_apply_ld, row_apply, row_apply_ld
 
 
 @triton.jit
@@ -93,10 +93,11 @@ def kda_bwd_dh_kernel(
 @triton.jit
 def kda_bwd_local_kernel(
     Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, VNEW, DU, CHUNK_START, CHUNK_END,
-    DQ, DK, DV, DG, DBETA,
+    DQ, DK, DV, DG, DBETA, PS,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, DIAG_LOAD: tl.constexpr,
+    P_LOAD: tl.constexpr, SPLIT: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -189,30 +190,206 @@ def kda_bwd_local_kernel(
     da = tl.dot(t1, tl.trans(tm), da, input_precision=PREC)
     da = tl.where((rows[:, None] > rows[None, :]) & tmask[:, None], -da, 0.0)
     pq = tl.where((rows[:, None] >= rows[None, :]) & tmask[:, None], daqk * scale, 0.0)
+    ps_da = PS + hv * (2 * BT)  # [token, 2 * BT] rows: dA, then pq (this chunk's rows only)
+    if P_LOAD or SPLIT:
+        p_off = tok[:, None] * (HV * 2 * BT) + rows[None, :]
+        tl.store(ps_da + p_off, da, mask=tmask[:, None])
+        tl.store(ps_da + BT + p_off, pq, mask=tmask[:, None])
+        if P_LOAD:
+            tl.debug_barrier()  # visible to every thread of the program
+    if not SPLIT:  # else the rest runs in kda_bwd_intra_kernel, one program per sub-chunk
+        for k0 in range(0, KD, BKI):
+            ck = k0 + tl.arange(0, BKI)
+            kmask = tmask[:, None] & (ck < KD)[None, :]
+            g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+            qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+            glast = tl.load(GCUM + last_off + ck, mask=ck < KD, other=0.0)
+            # rows past the chunk's end take the last row's G (as the forward's cumsum): a 0
+            # there would overflow exp(G - r) in the pair products
+            gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
+            gc = tl.where(tmask[:, None], gc, glast[None, :])
+            kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+            qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+            if DIAG_LOAD > 0:  # partner rows of q, k and G loaded (and P's entries: 2)
+                kbase = Kp + hk * KD
+                qbase = Qp + hk * KD
+                gbase = GCUM + hv * KD
+                ps = HV * 2 * BT
+                x = row_apply_ld(da, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start, end,
+                                 ps_da, ps, DT, PREC, BT, BC, BKI, P_LOAD)
+                dbeta += tl.sum(kb * x, axis=1)
+                dk_row = x * beta[:, None]
+                dk_col = col_apply_ld(da * beta[:, None], kb, gc, kbase, H * KD, gbase, HV * KD,
+                                      ck, KD, start, end, ps_da, ps, BETA + hv, HV, DT, PREC, BT,
+                                      BC, BKI, P_LOAD, True)
+                dq_row = row_apply_ld(pq, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start,
+                                      end, ps_da + BT, ps, DT, PREC, BT, BC, BKI, P_LOAD)
+                dk_colq = col_apply_ld(pq, qb, gc, qbase, H * KD, gbase, HV * KD, ck, KD, start,
+                                       end, ps_da + BT, ps, BETA, HV, DT, PREC, BT, BC, BKI,
+                                       P_LOAD, False)
+            else:
+                x = row_apply(da, kb, gc, DT, PREC, BT, BC, BKI)
+                dbeta += tl.sum(kb * x, axis=1)
+                dk_row = x * beta[:, None]
+                dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BKI)
+                dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BKI)
+                dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BKI)
+            dq = tl.load(DQ + g_off, mask=kmask, other=0.0) + dq_row
+            dk = tl.load(DK + g_off, mask=kmask, other=0.0) + dk_row + dk_col + dk_colq
+            dgc = tl.load(DG + g_off, mask=kmask, other=0.0) + qb * dq_row + kb * dk_row \
+                - kb * (dk_col + dk_colq)
+            dg = tl.cumsum(dgc, axis=0, reverse=True)
+            tl.store(DQ + g_off, dq, mask=kmask)
+            tl.store(DK + g_off, dk, mask=kmask)
+            tl.store(DG + g_off, dg, mask=kmask)
+    tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)
+
+
+@triton.jit
+def kda_bwd_intra_kernel(
+    Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA,
+    H, HV, GROUP, KD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    BKI: tl.constexpr,
+):
+    """``plan.bwd_split = 1``: step 3 of :func:`kda_bwd_local_kernel` for the ``BC`` rows of
+    one sub-chunk ``s`` (grid: chunk * sub-chunks, value head), reading the chunk's dA and
+    gated dAqk (``PS``, fp32 ``[token, HV, 2 * BT]``) and the parked dq, dk, dG and dbeta
+    that the chunk kernel wrote. Per block of key channels, the row sums of
+    ``row_apply(P, k)`` (P = dA, then dAqk) over the earlier sub-chunks are one
+    ``[BC, BT] x [BT, BKI]`` dot with the reference decay of the row before ``s``, and
+    over ``s`` itself ``BC`` steps with the partner token's k, G and P entries loaded;
+    ``col_apply(P, L)`` (P = dA diag(beta) with L = k, dAqk with L = q) the same over the
+    later sub-chunks (reference: the last row of ``s``). dG is stored before its reverse
+    cumulative sum (:func:`kda_bwd_dg_cumsum_kernel`). Writes only its sub-chunk's rows."""
+    c = tl.program_id(0) // (BT // BC)
+    s = tl.program_id(0) % (BT // BC)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    s0 = start + s * BC
+    if s0 < end:
+        rows = tl.arange(0, BT)
+        tok = start + rows
+        tmask = tok < end
+        sr = tl.arange(0, BC)
+        stok = s0 + sr
+        smask = stok < end
+        beta_all = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+        beta_s = tl.load(BETA + stok * HV + hv, mask=smask, other=0.0).to(tl.float32)
+        ps = HV * 2 * BT
+        psb = PS + hv * (2 * BT)
+        # P's rows of s [BC, BT] and columns of s [BT, BC] (zero outside the chunk's rows)
+        da_s = tl.load(psb + stok[:, None] * ps + rows[None, :], mask=smask[:, None], other=0.0)
+        pq_s = tl.load(psb + BT + stok[:, None] * ps + rows[None, :], mask=smask[:, None],
+                       other=0.0)
+        c_off = tok[:, None] * ps + (s * BC + sr)[None, :]
+        dab_c = tl.load(psb + c_off, mask=tmask[:, None], other=0.0) * beta_all[:, None]
+        pq_c = tl.load(psb + BT + c_off, mask=tmask[:, None], other=0.0)
+        dbeta = tl.load(DBETA + stok * HV + hv, mask=smask, other=0.0)
+        last_off = (end - 1) * (HV * KD) + hv * KD
+        for k0 in range(0, KD, BKI):
+            ck = k0 + tl.arange(0, BKI)
+            cmask = ck < KD
+            kmask = tmask[:, None] & cmask[None, :]
+            smk = smask[:, None] & cmask[None, :]
+            glast = tl.load(GCUM + last_off + ck, mask=cmask, other=0.0)
+            # rows past the chunk's end take the last row's G (as the forward's cumsum)
+            g_all = tl.load(GCUM + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], mask=kmask,
+                            other=0.0)
+            g_all = tl.where(tmask[:, None], g_all, glast[None, :])
+            qk_all = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+            k_all = tl.load(Kp + qk_all, mask=kmask, other=0.0).to(tl.float32)
+            q_all = tl.load(Qp + qk_all, mask=kmask, other=0.0).to(tl.float32)
+            g_off = stok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+            g_s = tl.where(smask[:, None], tl.load(GCUM + g_off, mask=smk, other=0.0),
+                           glast[None, :])
+            qk_s = stok[:, None] * (H * KD) + hk * KD + ck[None, :]
+            k_s = tl.load(Kp + qk_s, mask=smk, other=0.0).to(tl.float32)
+            q_s = tl.load(Qp + qk_s, mask=smk, other=0.0).to(tl.float32)
+            x = tl.zeros([BC, BKI], dtype=tl.float32)       # row_apply(dA, k)
+            dq_row = tl.zeros([BC, BKI], dtype=tl.float32)  # row_apply(dAqk, k)
+            dk_col = tl.zeros([BC, BKI], dtype=tl.float32)  # col_apply(dA diag(beta), k)
+            dk_colq = tl.zeros([BC, BKI], dtype=tl.float32)  # col_apply(dAqk, q)
+            if s > 0:  # the earlier sub-chunks, reference: the row before s
+                r = tl.load(GCUM + (s0 - 1) * (HV * KD) + hv * KD + ck, mask=cmask, other=0.0)
+                before = (rows < s * BC)[:, None]
+                right = tl.where(before, k_all * tl.exp(tl.where(before, r[None, :] - g_all,
+                                                                  0.0)), 0.0)
+                eg = tl.exp(g_s - r[None, :])
+                t = tl.zeros([BC, BKI], dtype=tl.float32)
+                t = tl.dot(da_s.to(DT), right.to(DT), t, input_precision=PREC)
+                x += eg * t
+                t = tl.zeros([BC, BKI], dtype=tl.float32)
+                t = tl.dot(pq_s.to(DT), right.to(DT), t, input_precision=PREC)
+                dq_row += eg * t
+            if s < BT // BC - 1:  # the later sub-chunks, reference: the last row of s
+                rr = tl.minimum(s0 + BC, end) - 1
+                r = tl.load(GCUM + rr * (HV * KD) + hv * KD + ck, mask=cmask, other=0.0)
+                after = (rows >= (s + 1) * BC)[:, None]
+                ea = tl.exp(tl.where(after, g_all - r[None, :], 0.0))
+                left_k = tl.where(after, k_all * ea, 0.0)
+                left_q = tl.where(after, q_all * ea, 0.0)
+                er = tl.exp(r[None, :] - g_s)
+                t = tl.zeros([BC, BKI], dtype=tl.float32)
+                t = tl.dot(tl.trans(dab_c).to(DT), left_k.to(DT), t, input_precision=PREC)
+                dk_col += er * t
+                t = tl.zeros([BC, BKI], dtype=tl.float32)
+                t = tl.dot(tl.trans(pq_c).to(DT), left_q.to(DT), t, input_precision=PREC)
+                dk_colq += er * t
+            for jj in range(BC):  # inside s: the partner token's row, loaded
+                ptok = s0 + jj
+                pok = ptok < end
+                pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
+                             other=0.0).to(tl.float32)
+                pqv = tl.load(Qp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
+                              other=0.0).to(tl.float32)
+                pg = tl.load(GCUM + ptok * (HV * KD) + hv * KD + ck, mask=cmask & pok,
+                             other=0.0)
+                # row i of s pairs with earlier partner jj (P[i, jj]), column j of s with
+                # later partner jj (P[jj, j])
+                vr = ((sr >= jj) & pok)[:, None]
+                er = tl.exp(tl.where(vr, g_s - pg[None, :], 0.0))
+                pa = tl.load(psb + stok * ps + s * BC + jj, mask=smask, other=0.0)
+                pb = tl.load(psb + BT + stok * ps + s * BC + jj, mask=smask, other=0.0)
+                x += tl.where(vr, pa[:, None] * pk[None, :] * er, 0.0)
+                dq_row += tl.where(vr, pb[:, None] * pk[None, :] * er, 0.0)
+                vc = ((sr <= jj) & pok)[:, None]
+                ec = tl.exp(tl.where(vc, pg[None, :] - g_s, 0.0))
+                bj = tl.load(BETA + ptok * HV + hv, mask=pok, other=0.0).to(tl.float32)
+                pa = tl.load(psb + ptok * ps + s * BC + sr, mask=pok, other=0.0) * bj
+                pb = tl.load(psb + BT + ptok * ps + s * BC + sr, mask=pok, other=0.0)
+                dk_col += tl.where(vc, pa[:, None] * pk[None, :] * ec, 0.0)
+                dk_colq += tl.where(vc, pb[:, None] * pqv[None, :] * ec, 0.0)
+            dbeta += tl.sum(k_s * x, axis=1)
+            dk_row = x * beta_s[:, None]
+            dq = tl.load(DQ + g_off, mask=smk, other=0.0) + dq_row
+            dk = tl.load(DK + g_off, mask=smk, other=0.0) + dk_row + dk_col + dk_colq
+            dgc = tl.load(DG + g_off, mask=smk, other=0.0) + q_s * dq_row + k_s * dk_row \
+                - k_s * (dk_col + dk_colq)
+            tl.store(DQ + g_off, dq, mask=smk)
+            tl.store(DK + g_off, dk, mask=smk)
+            tl.store(DG + g_off, dgc, mask=smk)
+        tl.store(DBETA + stok * HV + hv, dbeta, mask=smask)
+
+
+@triton.jit
+def kda_bwd_dg_cumsum_kernel(
+    DG, CHUNK_START, CHUNK_END, HV, KD,
+    BT: tl.constexpr, BKI: tl.constexpr,
+):
+    """``plan.bwd_split = 1``: dg = the reverse cumulative sum of dG within each chunk
+    (grid: chunk, value head; key channels in blocks of ``BKI``), in place."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    tok = start + tl.arange(0, BT)
+    tmask = tok < end
     for k0 in range(0, KD, BKI):
         ck = k0 + tl.arange(0, BKI)
         kmask = tmask[:, None] & (ck < KD)[None, :]
         g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-        qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-        glast = tl.load(GCUM + last_off + ck, mask=ck < KD, other=0.0)
-        # rows past the chunk's end take the last row's G (as the forward's cumsum): a 0
-        # there would overflow exp(G - r) in the pair products
-        gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
-        gc = tl.where(tmask[:, None], gc, glast[None, :])
-        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        x = row_apply(da, kb, gc, DT, PREC, BT, BC, BKI)
-        dbeta += tl.sum(kb * x, axis=1)
-        dk_row = x * beta[:, None]
-        dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BKI)
-        dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BKI)
-        dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BKI)
-        dq = tl.load(DQ + g_off, mask=kmask, other=0.0) + dq_row
-        dk = tl.load(DK + g_off, mask=kmask, other=0.0) + dk_row + dk_col + dk_colq
-        dgc = tl.load(DG + g_off, mask=kmask, other=0.0) + qb * dq_row + kb * dk_row \
-            - kb * (dk_col + dk_colq)
-        dg = tl.cumsum(dgc, axis=0, reverse=True)
-        tl.store(DQ + g_off, dq, mask=kmask)
-        tl.store(DK + g_off, dk, mask=kmask)
-        tl.store(DG + g_off, dg, mask=kmask)
-    tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)
+        dgc = tl.load(DG + g_off, mask=kmask, other=0.0)
+        tl.store(DG + g_off, tl.cumsum(dgc, axis=0, reverse=True), mask=kmask)

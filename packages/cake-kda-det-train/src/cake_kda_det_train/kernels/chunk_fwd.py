@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from cake_core.triangular import unit_lower_inverse
 
-from cake_kda_det_train.kernels.gated import gated_pair
+from cake_kda_det_train.kernels.gated import gated_pair, gated_pair_ld
 
 
 @triton.jit
@@ -48,11 +48,11 @@ def _chunk_g(Gp, GCUM, g_off, kmask, tmask, last_off, ck, KD, CUMSUM: tl.constex
 @triton.jit
 def kda_fwd_prep_kernel(
     Qp, Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
-    GCUM, Ap, AQK, W, U,
+    GCUM, Ap, AQK, W, U, AKKS,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
-    CUMSUM: tl.constexpr,
+    CUMSUM: tl.constexpr, DIAG_LOAD: tl.constexpr, PAIRS: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -70,22 +70,37 @@ def kda_fwd_prep_kernel(
     # the gated pair products, summed over blocks of BKI key channels in index order
     akk = tl.zeros([BT, BT], dtype=tl.float32)
     aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    for k0 in range(0, KD, BKI):
-        ck = k0 + tl.arange(0, BKI)
-        kmask = tmask[:, None] & (ck < KD)[None, :]
-        gc = _chunk_g(Gp, GCUM, tok[:, None] * (HV * KD) + hv * KD + ck[None, :], kmask,
-                      tmask, last_off, ck, KD, CUMSUM)
-        qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        if not LOAD_A:
-            akk += gated_pair(kb, kb, gc, DT, PREC, BT, BC, BKI, False)
-        aqk += gated_pair(qb, kb, gc, DT, PREC, BT, BC, BKI, True)
+    if not PAIRS:  # else kda_fwd_pairs_kernel formed them (plan.fwd_split)
+        for k0 in range(0, KD, BKI):
+            ck = k0 + tl.arange(0, BKI)
+            kmask = tmask[:, None] & (ck < KD)[None, :]
+            gc = _chunk_g(Gp, GCUM, tok[:, None] * (HV * KD) + hv * KD + ck[None, :], kmask,
+                          tmask, last_off, ck, KD, CUMSUM)
+            qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+            kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+            qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+            if DIAG_LOAD > 0:  # partner rows of k and G loaded (G: this block's, just stored)
+                if CUMSUM:
+                    tl.debug_barrier()  # the GCUM stores are visible to every thread
+                kbase = Kp + hk * KD
+                gbase = GCUM + hv * KD
+                if not LOAD_A:
+                    akk += gated_pair_ld(kb, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD,
+                                         start, end, DT, PREC, BT, BC, BKI, False)
+                aqk += gated_pair_ld(qb, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD,
+                                     start, end, DT, PREC, BT, BC, BKI, True)
+            else:
+                if not LOAD_A:
+                    akk += gated_pair(kb, kb, gc, DT, PREC, BT, BC, BKI, False)
+                aqk += gated_pair(qb, kb, gc, DT, PREC, BT, BC, BKI, True)
 
     a_ptr = Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :]
     if LOAD_A:  # the backward, with the T its forward kept
         tm = tl.load(a_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
     else:
+        if PAIRS:  # the raw gated k k^T of kda_fwd_pairs_kernel (fp32 scratch)
+            akk = tl.load(AKKS + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                          mask=tmask[:, None], other=0.0)
         lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
         a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
         tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)  # T = (I + a_raw)^-1
@@ -93,8 +108,9 @@ def kda_fwd_prep_kernel(
         # u from the same values as one that recomputes it
         tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
         tl.store(a_ptr, tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
-    tl.store(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-             (aqk * scale).to(AQK.dtype.element_ty), mask=tmask[:, None])
+    if not PAIRS:
+        tl.store(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                 (aqk * scale).to(AQK.dtype.element_ty), mask=tmask[:, None])
 
     vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask, other=0.0)
     u = tl.zeros([BT, BVF], dtype=tl.float32)
@@ -205,3 +221,111 @@ def kda_fwd_o_kernel(
     o = tl.dot(aqk.to(DT), vnew.to(DT), o, input_precision=PREC)
     tl.store(O + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], o.to(O.dtype.element_ty),
              mask=vmask)
+
+
+@triton.jit
+def kda_chunk_cumsum_kernel(
+    Gp, GCUM, CHUNK_START, CHUNK_END, HV, KD,
+    BT: tl.constexpr, BKI: tl.constexpr,
+):
+    """``plan.fwd_split = 1``: G, the cumulative sum of the per-token log decays within
+    each chunk (grid: chunk, value head; key channels in blocks of ``BKI``)."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    tok = start + tl.arange(0, BT)
+    tmask = tok < end
+    for k0 in range(0, KD, BKI):
+        ck = k0 + tl.arange(0, BKI)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        g = tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32)
+        tl.store(GCUM + g_off, tl.cumsum(g, axis=0), mask=kmask)
+
+
+@triton.jit
+def kda_fwd_pairs_kernel(
+    Qp, Kp, GCUM, CHUNK_START, CHUNK_END, AKKS, AQK,
+    scale, H, HV, GROUP, KD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    BKI: tl.constexpr, WANT_AKK: tl.constexpr,
+):
+    """``plan.fwd_split = 1``: the gated pair products of the ``BC`` rows of one sub-chunk
+    ``s`` (grid: chunk * sub-chunks, value head): ``sum_c L_i k_jc exp(G_ic - G_jc)`` with
+    L = k for j < i (A, raw: stored fp32 to ``AKKS`` when ``WANT_AKK``) and L = q for
+    j <= i (Aqk, stored times ``scale`` to ``AQK``). Per block of key channels, in index
+    order: the earlier sub-chunks by one ``[BC, BKI] x [BKI, BT]`` dot (reference decay: the
+    row before s, as :func:`gated_pair`), s itself by ``BC`` steps with the partner token's
+    k and G rows loaded. Writes only its sub-chunk's rows."""
+    c = tl.program_id(0) // (BT // BC)
+    s = tl.program_id(0) % (BT // BC)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    s0 = start + s * BC
+    if s0 < end:
+        rows = tl.arange(0, BT)
+        tok = start + rows
+        tmask = tok < end
+        sr = tl.arange(0, BC)
+        stok = s0 + sr
+        smask = stok < end
+        last_off = (end - 1) * (HV * KD) + hv * KD
+        akk = tl.zeros([BC, BT], dtype=tl.float32)
+        aqk = tl.zeros([BC, BT], dtype=tl.float32)
+        for k0 in range(0, KD, BKI):
+            ck = k0 + tl.arange(0, BKI)
+            cmask = ck < KD
+            kmask = tmask[:, None] & cmask[None, :]
+            smk = smask[:, None] & cmask[None, :]
+            glast = tl.load(GCUM + last_off + ck, mask=cmask, other=0.0)
+            g_s = tl.load(GCUM + stok[:, None] * (HV * KD) + hv * KD + ck[None, :], mask=smk,
+                          other=0.0)
+            g_s = tl.where(smask[:, None], g_s, glast[None, :])
+            qk_s = stok[:, None] * (H * KD) + hk * KD + ck[None, :]
+            k_s = tl.load(Kp + qk_s, mask=smk, other=0.0).to(tl.float32)
+            q_s = tl.load(Qp + qk_s, mask=smk, other=0.0).to(tl.float32)
+            mk = tl.zeros([BC, BT], dtype=tl.float32)
+            mq = tl.zeros([BC, BT], dtype=tl.float32)
+            if s > 0:  # the earlier sub-chunks, reference: the row before s
+                g_all = tl.load(GCUM + tok[:, None] * (HV * KD) + hv * KD + ck[None, :],
+                                mask=kmask, other=0.0)
+                k_all = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :],
+                                mask=kmask, other=0.0).to(tl.float32)
+                r = tl.load(GCUM + (s0 - 1) * (HV * KD) + hv * KD + ck, mask=cmask, other=0.0)
+                before = (rows < s * BC)[:, None]
+                right = tl.where(before, k_all * tl.exp(tl.where(before, r[None, :] - g_all,
+                                                                  0.0)), 0.0)
+                eg = tl.exp(g_s - r[None, :])
+                if WANT_AKK:
+                    mk = tl.dot((k_s * eg).to(DT), tl.trans(right.to(DT)), mk,
+                                input_precision=PREC)
+                mq = tl.dot((q_s * eg).to(DT), tl.trans(right.to(DT)), mq, input_precision=PREC)
+            dk = tl.zeros([BC, BT], dtype=tl.float32)
+            dq = tl.zeros([BC, BT], dtype=tl.float32)
+            for jj in range(BC):  # inside s: the partner token's row, loaded
+                ptok = s0 + jj
+                pok = ptok < end
+                pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
+                             other=0.0).to(tl.float32)
+                pg = tl.load(GCUM + ptok * (HV * KD) + hv * KD + ck, mask=cmask & pok,
+                             other=0.0)
+                col = (rows == s * BC + jj)[None, :]
+                if WANT_AKK:
+                    valid = ((sr > jj) & pok)[:, None]
+                    val = tl.sum(tl.where(valid, k_s * pk[None, :] * tl.exp(
+                        tl.where(valid, g_s - pg[None, :], 0.0)), 0.0), axis=1)
+                    dk += tl.where(col, val[:, None], 0.0)
+                valid = ((sr >= jj) & pok)[:, None]
+                val = tl.sum(tl.where(valid, q_s * pk[None, :] * tl.exp(
+                    tl.where(valid, g_s - pg[None, :], 0.0)), 0.0), axis=1)
+                dq += tl.where(col, val[:, None], 0.0)
+            if WANT_AKK:
+                akk += mk + dk
+            aqk += mq + dq
+        a_off = stok[:, None] * (HV * BT) + hv * BT + rows[None, :]
+        if WANT_AKK:
+            tl.store(AKKS + a_off, akk, mask=smask[:, None])
+        tl.store(AQK + a_off, (aqk * scale).to(AQK.dtype.element_ty), mask=smask[:, None])

@@ -1,0 +1,132 @@
+"""Build the KDA chunk kernels for sm_90 without a GPU and print what the builds say:
+registers, stack (spills), shared memory, and counts of SASS instructions (shared-memory
+loads and stores, barriers, tensor-core ops, global loads, MUFU = exp).
+
+    TRITON_INTERPRET=0 python benchmarks/offline_build_kda.py [--K 128] [--V 128] [--plan k=v ...]
+
+Uses Triton's own compiler and its bundled ptxas / cuobjdump (target sm_90, CUDA 12-ish
+PTX), the default CUDA plan of ``make_plan(K, V, bf16, "cuda")`` (built without a device:
+the rule is plain Python) with ``--plan`` overrides, and compiles each chunk kernel of the
+forward prep and the backward chunk step for the plan's ``diag_load`` / ``bwd_split``.
+Static counts, not timings: a guide to where a candidate removes work, to be confirmed on
+the GPU. Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the
+interpreter); no GPU is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import re
+import subprocess
+import tempfile
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    raise SystemExit("unset TRITON_INTERPRET: this builds real sm_90 code")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+SASS_GROUPS = {
+    "LDS": r"\bLDS(\.|\s)", "STS": r"\bSTS(\.|\s)", "BAR": r"\bBAR(\.|\s)",
+    "HMMA/WGMMA": r"\b(HMMA|HGMMA|WGMMA)", "LDG": r"\bLDG(\.|\s)", "STG": r"\bSTG(\.|\s)",
+    "MUFU": r"\bMUFU(\.|\s)", "SHFL": r"\bSHFL(\.|\s)", "LDL/STL (spill)": r"\b(LDL|STL)(\.|\s)",
+}
+
+
+def _sig(fn, types: dict, consts: dict):
+    sig = {}
+    for name in fn.arg_names:
+        sig[name] = "constexpr" if name in consts else types[name]
+    return ASTSource(fn, sig, constexprs=consts)
+
+
+def build(fn, types, consts, num_warps):
+    k = triton.compile(_sig(fn, types, consts), target=TARGET,
+                       options={"num_warps": num_warps, "num_stages": 1})
+    cubin = k.asm["cubin"]
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
+    res = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
+    os.unlink(path)
+    use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res))
+    counts = collections.OrderedDict(
+        (g, len(re.findall(p, sass))) for g, p in SASS_GROUPS.items())
+    counts["SASS lines"] = sum(1 for line in sass.splitlines()
+                               if re.match(r"\s+/\*[0-9a-f]{4}", line))
+    return use.get("REG"), use.get("STACK"), k.metadata.shared, counts
+
+
+def main():
+    import torch
+    from cake_kda_det_train.kernels.chunk_bwd import (
+        kda_bwd_intra_kernel,
+        kda_bwd_local_kernel,
+    )
+    from cake_kda_det_train.kernels.chunk_fwd import kda_fwd_pairs_kernel, kda_fwd_prep_kernel
+    from cake_kda_det_train.plan import _rule
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--K", type=int, default=128)
+    p.add_argument("--V", type=int, default=128)
+    p.add_argument("--plan", nargs="*", default=[])
+    a = p.parse_args()
+    over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
+    plan = dataclasses.replace(_rule(a.K, a.V, torch.bfloat16, torch.device("cuda")), **over)
+    dt, prec = triton.language.bfloat16, ("tf32", "ieee", "tf32x3")[plan.fp32_dots]
+    bvf = triton.next_power_of_2(max(16, a.V))
+    ints = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
+    rows = []
+    prep_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "Gp": "*fp32",
+              "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "GCUM": "*fp32",
+              "Ap": "*bf16", "AQK": "*bf16", "W": "*bf16", "U": "*bf16", "AKKS": "*fp32",
+              "scale": "fp32"}
+    pairs = bool(plan.fwd_split)
+    for load_a, cumsum, what in ((False, True, "fwd prep"), (True, False, "bwd recompute prep")):
+        c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
+                 LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
+                 PAIRS=pairs)
+        rows.append((what, plan.num_warps_prep,
+                     *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
+        if pairs:
+            pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+            pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
+                       "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
+            c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
+                     WANT_AKK=not load_a)
+            rows.append((what.replace("prep", "pairs"), plan.num_warps_intra,
+                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_intra)))
+    loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
+             "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",
+             "VNEW": "*bf16", "DU": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32",
+             "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32", "DG": "*fp32", "DBETA": "*fp32",
+             "PS": "*fp32", "scale": "fp32"}
+    c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
+             NV=-(-a.V // plan.block_v_bwd), DIAG_LOAD=plan.diag_load,
+             P_LOAD=plan.diag_load == 2, SPLIT=bool(plan.bwd_split))
+    rows.append(("bwd chunk (local)", plan.num_warps_bwd,
+                 *build(kda_bwd_local_kernel, loc_t, c, plan.num_warps_bwd)))
+    if plan.bwd_split:
+        it = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+        it.update({"Qp": "*bf16", "Kp": "*bf16", "BETA": "*fp32", "GCUM": "*fp32",
+                   "PS": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "DQ": "*fp32",
+                   "DK": "*fp32", "DG": "*fp32", "DBETA": "*fp32"})
+        c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
+        rows.append(("bwd intra (split)", plan.num_warps_intra,
+                     *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
+    print("plan over", over)
+    for what, warps, regs, spills, smem, counts in rows:
+        print(f"{what:22s} warps={warps} regs={regs} stack={spills} smem={smem} "
+              + " ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    main()

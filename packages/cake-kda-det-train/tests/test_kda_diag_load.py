@@ -1,0 +1,116 @@
+"""``plan.diag_load`` 1 (the intra-sub-chunk partner rows loaded from memory instead of
+selected out of the register tile), 2 (also the backward's dA / dAqk entries, from an
+fp32 copy), ``plan.bwd_split`` (the pair products' gradients in a kernel per 16-token
+sub-chunk) and ``plan.fwd_split`` (the pair products themselves, likewise): o,
+final_state and every gradient against the float64 reference (packed 1/70/0/65-token
+documents, HV = 2H, strong per-channel decays, kept and recomputed T, K and V off the
+block sizes); diag_load gives the default path's values (each sub-chunk term is the same
+product, summed in the same order; the splits sum in another order); bitwise repeatable;
+the fields are part of the plan's serialised form (format version 3) and checked."""
+
+import dataclasses
+
+import pytest
+import torch
+from cake_core.testing import assert_bitwise_repeat, randn
+from cake_core.triton_utils import default_device
+from cake_kda_det_train import KDADetPlan, chunk_kda_det_bwd, chunk_kda_det_fwd, make_plan
+
+DEV = default_device()
+LENS = [1, 70, 0, 65]
+
+
+@pytest.mark.parametrize("K, V, dtype, over", [
+    (48, 32, torch.float32, dict(block_k_inner=32, diag_load=2)),
+    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1, bwd_split=1)),
+    (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2, bwd_split=1)),
+    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, fwd_split=1)),
+    (64, 64, torch.bfloat16, dict(block_k_inner=32, fwd_split=1, bwd_split=1)),
+], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split",
+        "fp32-bki16-recompute-fwdsplit", "bf16-64-fwdsplit-split"])
+def test_diag_load_vs_reference(K, V, dtype, over, kda):
+    """Packed documents of 1, 70, 0 and 65 tokens (a chunk ending inside a sub-chunk, an
+    empty document), HV = 2H, an initial state, decays down to -20 per token; K = 48 in
+    blocks of 32 and K = 40 in blocks of 16 end in a partly and a fully masked block."""
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=61,
+                                               g_mode="strong", n_states=len(LENS), h0=True)
+    got = kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=61,
+                                 cu_seqlens=kda.cu_of(LENS), plan=plan)
+    assert all(bool(torch.isfinite(t).all()) for t in got if t is not None)
+
+
+def _fwd_bwd(inputs, h0, cu, do, dht, plan):
+    o, ht, saved = chunk_kda_det_fwd(*inputs, initial_state=h0, output_final_state=True,
+                                     cu_seqlens=cu, plan=plan)
+    return (o, ht, saved.g_cumsum, saved.A, *chunk_kda_det_bwd(do, dht, saved))
+
+
+def test_diag_load_same_values_as_default_and_repeats(kda):
+    """Levels 1 and 2 give the default path's values (``torch.equal`` under the interpreter:
+    only the sign of a zero may differ; close on a GPU) for o, final state, the saved G
+    and T and every gradient; level 2 repeats bitwise."""
+    K, V = 24, 16  # one partly masked key block
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, seed=63,
+                                               g_mode="strong", n_states=len(LENS), h0=True)
+    cu = kda.cu_of(LENS)
+    do = randn(v.shape, torch.float32, DEV, seed=64)
+    dht = randn(h0.shape, torch.float32, DEV, seed=65)
+    base = make_plan(K, V, torch.float32, DEV)
+    want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
+    for level in (1, 2):
+        new = dataclasses.replace(base, diag_load=level)
+        fn = lambda new=new: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new)  # noqa: E731
+        got = assert_bitwise_repeat(fn, repeats=2) if level == 2 else fn()
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert (a is None) == (b is None), (level, i)
+            if a is not None and DEV.type == "cpu":
+                assert torch.equal(a, b), (level, i)
+            elif a is not None:  # compiled: the elementwise code may round differently
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_splits_repeat_bitwise(kda):
+    """bf16 at K = V = 32 (two key blocks of 16, 16-bit intermediates), packed 1/70/0/65,
+    HV = 2H: o, final state, the saved G and T and every gradient, twice, the same bits."""
+    K, V = 32, 32
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, torch.bfloat16,
+                                               seed=66, g_mode="strong", n_states=len(LENS),
+                                               h0=True)
+    cu = kda.cu_of(LENS)
+    do = randn(v.shape, torch.bfloat16, DEV, seed=67)
+    dht = randn(h0.shape, torch.float32, DEV, seed=68)
+    plan = dataclasses.replace(make_plan(K, V, torch.bfloat16, DEV), block_k_inner=16,
+                               bwd_split=1, fwd_split=1, diag_load=2)
+    assert plan.store_16bit == 1
+    assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan),
+                          repeats=2)
+
+
+def test_new_fields_serialised_and_checked():
+    plan = make_plan(128, 128, torch.bfloat16, DEV)
+    assert plan.diag_load == 0  # the rule's default is unchanged
+    on = dataclasses.replace(plan, diag_load=1)
+    d = on.to_dict()
+    assert d["diag_load"] == 1 and d["version"] == 3
+    assert KDADetPlan.from_dict(d) == on and on.key != plan.key
+    old = {n: x for n, x in plan.to_dict().items() if n != "diag_load"}
+    old["version"] = 2  # a plan serialised before the field existed
+    with pytest.raises(ValueError, match="format version 2"):
+        KDADetPlan.from_dict(old)
+    assert KDADetPlan.from_dict(dataclasses.replace(plan, diag_load=2).to_dict()).diag_load == 2
+    for bad in (3, -1, True):
+        with pytest.raises(ValueError, match="diag_load"):
+            dataclasses.replace(plan, diag_load=bad)
+    assert plan.bwd_split == 0 and plan.num_warps_intra == 4
+    split = dataclasses.replace(plan, bwd_split=1, num_warps_intra=2)
+    assert KDADetPlan.from_dict(split.to_dict()) == split
+    with pytest.raises(ValueError, match="bwd_split"):
+        dataclasses.replace(plan, bwd_split=2)
+    assert plan.fwd_split == 0
+    with pytest.raises(ValueError, match="fwd_split"):
+        dataclasses.replace(plan, fwd_split=2)
+    fs = dataclasses.replace(plan, fwd_split=1)
+    assert KDADetPlan.from_dict(fs.to_dict()) == fs
+    with pytest.raises(ValueError, match="num_warps_intra"):
+        dataclasses.replace(plan, num_warps_intra=3)
