@@ -53,17 +53,6 @@ PEAK_GBPS = 4300.0
 REPEATS = 5
 
 
-def parse_ints(text: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") \
-            from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected ints >= 1, got {text!r}")
-    return vals
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="write all results to this JSON file")
@@ -71,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     p.add_argument("--tokens", type=int, default=None, help="T (16384)")
     p.add_argument("--streams", type=int, default=None, help="n (4)")
-    p.add_argument("--hidden", type=parse_ints, default=None, help="C values (2048,4096,7168)")
+    p.add_argument("--hidden", type=bench.parse_ints, default=None,
+                   help="C values (2048,4096,7168)")
     p.add_argument("--iters", type=int, default=20, help="Sinkhorn iterations (20)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help="comma-separated subset of " + ", ".join(IMPLS))

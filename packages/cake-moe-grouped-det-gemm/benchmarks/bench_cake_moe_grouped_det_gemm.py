@@ -56,23 +56,12 @@ def parse_nk(text: str) -> list[tuple[int, int]]:
     return bench.parse_shapes(text, 2, "NxK, e.g. 3072x4096", strict=True)
 
 
-def parse_ints(text: str) -> list[int]:
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") \
-            from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected ints >= 1, got {text!r}")
-    return vals
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="write all results to this JSON file")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    p.add_argument("--experts", type=parse_ints, default=None, help="E values (8,64,128)")
+    p.add_argument("--experts", type=bench.parse_ints, default=None, help="E values (8,64,128)")
     p.add_argument("--nk", type=parse_nk, default=None, help="NxK pairs (3072x4096,4096x1536)")
     p.add_argument("--tokens", type=int, default=None, help="tokens before routing (16384)")
     p.add_argument("--top-k", type=int, default=None, help="experts per token (8)")

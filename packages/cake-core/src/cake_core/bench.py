@@ -120,6 +120,22 @@ def parse_names(text: str, known: Sequence[str], *, what: str = "",
     return items
 
 
+def parse_ints(text: str) -> list[int]:
+    """Comma-separated positive ints, e.g. ``"8,64,128"`` (an ``argparse`` ``type=`` helper).
+
+    Raises:
+        argparse.ArgumentTypeError: a non-integer item, an empty list or a value < 1.
+    """
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") \
+            from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected ints >= 1, got {text!r}")
+    return vals
+
+
 def parse_overrides(items: Iterable[str]) -> dict[str, int]:
     """``["block_v=32", ...]`` -> ``{"block_v": 32, ...}`` (plan field overrides)."""
     return {kv.split("=")[0]: int(kv.split("=")[1]) for kv in items}

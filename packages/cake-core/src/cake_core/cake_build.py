@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:afa3a385612139e493687eefce722d9f7e107164d52ccf20c9539cbd992e4b35"
+SOURCE_DIGEST = "sha256:ca124d7731b18c34901cdfee1f15babbbedce788a7e6856ba801d642317e5242"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -907,7 +907,8 @@ class TinyLM(nn.Module):
         Raises:
             ValueError: if ``idx`` is not 2-D or ``T`` exceeds ``max_seq_len``,
                 ``targets`` has a different shape, or ``positions`` is not int64 ``[B, T]``
-                / ``[1, T]`` with values in ``[0, max_seq_len)``.
+                / ``[1, T]`` with values in ``[0, max_seq_len)`` (values checked for CPU
+                tensors only: no device sync).
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must be [B, T], got shape {tuple(idx.shape)}")
@@ -925,7 +926,10 @@ class TinyLM(nn.Module):
                 raise ValueError(f"positions must be int64 [B, T] or [1, T] with T = {t}, got "
                                  f"{getattr(positions, 'dtype', type(positions).__name__)} "
                                  f"{tuple(getattr(positions, 'shape', ()))}")
-            if positions.numel() and not torch.compiler.is_compiling():
+            # values: read on the host only where that costs no device sync (CPU tensors;
+            # on a GPU the CP job builds them in range by construction)
+            if positions.numel() and positions.device.type == "cpu" \
+                    and not torch.compiler.is_compiling():
                 lo, hi = int(positions.min()), int(positions.max())
                 if lo < 0 or hi >= self.cfg.max_seq_len:
                     raise ValueError(f"positions must lie in [0, {self.cfg.max_seq_len}), got "
