@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
-# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcptests moelayer, and <fam>tests
+# parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcp1 kcptests moelayer
+# kdahash kdatime, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -115,8 +116,42 @@ if has kcp2; then
         | sed "s/^/$fam $L /"
     done
   done
-  timeout ${CP_TIMEOUT:-300} python3 -m cake_tinylm train --mixer gdn --cp 2 \
+  timeout ${CP_TIMEOUT:-300} python3 -m cake_tinylm train --mixer ${CP_MIXER:-gdn} --cp 2 \
     --steps ${CP_STEPS:-60} --out "$OUT/tinylm_cp" --no-progress 2>&1 | tail -8
+fi
+# kcp1 (one GPU): each KCP benchmark in $KCP1_FAMS at world size 1 against its local arm
+# (the overhead of the KCP path), T = 65536.
+if has kcp1; then
+  for fam in ${KCP1_FAMS:-gdn}; do
+    mod=cake_${fam//-/_}_det_train_kcp
+    timeout ${KCP_TIMEOUT:-150} torchrun --nproc-per-node 1 \
+      packages/cake-$fam-det-train-kcp/benchmarks/bench_${mod}.py --seqlen 65536 --docs 8 \
+      --boundary random --base local --check --out "$OUT/kcp1_${fam}.json" \
+      2>&1 | tee "$OUT/kcp1_${fam}.txt" | tail -30
+  done
+fi
+# kdahash: bitwise repeat (5 runs) at case a for the default plan and each plan of
+# $KDA_PLANS (";"-separated), in parallel processes (this also fills Triton's cache for
+# kdatime); kdatime: cake's fwd+bwd time at cases $KDA_CASES for the same plans, one after
+# another (docs/benchmarks/kda_speed_plan.md).
+KDA_PLANS=${KDA_PLANS:-"diag_load=1;diag_load=2;bwd_split=1;diag_load=2 bwd_split=1;fwd_split=1;fwd_split=1 bwd_split=1;fwd_split=1 bwd_split=1 diag_load=2;fwd_split=1 bwd_split=1 num_warps_intra=8"}
+KB=packages/cake-kda-det-train/benchmarks/bench_cake_kda_det_train.py
+if has kdahash; then
+  IFS=';' read -ra KP <<< "$KDA_PLANS"; KP=("" "${KP[@]}"); i=0
+  for P in "${KP[@]}"; do
+    i=$((i+1))
+    { echo "plan: [$P]"; timeout ${KDA_HASH_TIMEOUT:-400} python3 $KB --impls cake --cases a \
+        --no-time --hash --plan $P 2>&1 | tail -12; } > "$OUT/kdahash_$i.txt" 2>&1 &
+  done
+  wait; cat "$OUT"/kdahash_*.txt
+fi
+if has kdatime; then
+  IFS=';' read -ra KP <<< "$KDA_PLANS"; KP=("" "${KP[@]}")
+  for P in "${KP[@]}"; do
+    echo "plan: [$P]"
+    timeout ${KDA_TIME_TIMEOUT:-120} python3 $KB --impls cake --cases ${KDA_CASES:-a,b} \
+      --reps ${KDA_REPS:-10} --plan $P 2>&1 | tail -8
+  done 2>&1 | tee "$OUT/kdatime.txt"
 fi
 # moelayer: the MoEFeedForward layer vs eager torch (bf16, 8192 tokens), then the main job
 # with --moe 8,2 ($MOE_STEPS steps).
