@@ -1,14 +1,19 @@
 """Diagnosis: which outputs of cake's KDA forward + backward change between identical calls,
 per plan, at a benchmark case (default a: B = 4, T = 4096, H = HV = 16, K = V = 128, bf16).
 
-    python shared/gpu/kda_repeat_diag.py RUNS CASE "plan overrides" ["plan overrides" ...]
-    (CASE: a benchmark case, or "B,T,H")
-    e.g. python shared/gpu/kda_repeat_diag.py 10 a "" "bwd_split=1" "fwd_split=1 bwd_split=1"
+    python shared/gpu/kda_repeat_diag.py RUNS CASE ["plan overrides" ...] [--burn N]
+    e.g. python shared/gpu/kda_repeat_diag.py 20 a "" "bwd_split=0 fwd_split=0" --burn 2
+    (CASE: a benchmark case, or "B,T,H"; "" = the rule's plan)
 
 Prints one line per plan: the number of distinct sha256 values of each output over RUNS calls
-(1 everywhere = bitwise repeatable). Run two copies on one GPU at once to perturb timing.
+(none = bitwise repeatable). ``--burn N`` starts N other processes that multiply bf16
+matrices on the same GPU meanwhile, so that the GPU time-slices between processes: on an
+H200 with Triton 3.6 (2026-11-30) that made dk, dg and dbeta differ between calls for every
+plan tried, while the same runs on an otherwise idle GPU repeated.
 """
+import argparse
 import importlib.util
+import subprocess
 import sys
 
 import torch
@@ -19,26 +24,44 @@ b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
 from cake_core import bench  # noqa: E402
 
-runs, case = int(sys.argv[1]), sys.argv[2]
+BURN = """import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+while True:
+    a = (a @ a).clamp_(-1, 1)
+"""
+
+p = argparse.ArgumentParser()
+p.add_argument("runs", type=int)
+p.add_argument("case")
+p.add_argument("plans", nargs="*")
+p.add_argument("--burn", type=int, default=0)
+a = p.parse_args()
 if not torch.cuda.is_available():
     b.DEV = "cpu"
 if b.DEV == "cpu":
     c = b.make_case(1, 100, 1, None, K=32, V=32)
-elif case in b.CASES:
-    c = b.make_case(**b.CASES[case])
+elif a.case in b.CASES:
+    c = b.make_case(**b.CASES[a.case])
 else:  # "B,T,H"
-    B, T, H = (int(x) for x in case.split(","))
+    B, T, H = (int(x) for x in a.case.split(","))
     c = b.make_case(B, T, H, None)
-for spec_s in sys.argv[3:] or [""]:
-    over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in spec_s.split()}
-    fn = b.cake_fn(over)
-    seen = [set() for _ in b.NAMES]
-    try:
-        for _ in range(runs):
-            outs = b.grads_of(fn, c)
-            for i, t in enumerate(outs):
-                seen[i].add(bench.bits_sha256([t])[:16] if t is not None else "-")
-        bad = {n: len(s) for n, s in zip(b.NAMES, seen, strict=True) if len(s) > 1}
-        print(f"[{spec_s}] runs={runs} distinct: {bad or 'none (repeats)'}", flush=True)
-    except Exception as e:  # noqa: BLE001 - recorded, not fatal
-        print(f"[{spec_s}] failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(a.burn)
+           if b.DEV == "cuda"]
+try:
+    for spec_s in a.plans or [""]:
+        over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in spec_s.split()}
+        fn = b.cake_fn(over)
+        seen = [set() for _ in b.NAMES]
+        try:
+            for _ in range(a.runs):
+                outs = b.grads_of(fn, c)
+                for i, t in enumerate(outs):
+                    seen[i].add(bench.bits_sha256([t])[:16] if t is not None else "-")
+            bad = {n: len(s) for n, s in zip(b.NAMES, seen, strict=True) if len(s) > 1}
+            print(f"[{spec_s}] runs={a.runs} burn={a.burn} distinct: {bad or 'none (repeats)'}",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            print(f"[{spec_s}] failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+finally:
+    for q in burners:
+        q.kill()

@@ -114,3 +114,21 @@ def test_new_fields_serialised_and_checked():
     assert KDADetPlan.from_dict(fs.to_dict()) == fs
     with pytest.raises(ValueError, match="num_warps_intra"):
         dataclasses.replace(plan, num_warps_intra=3)
+
+
+def test_cuda_rule_splits_with_in_kernel_options_vs_reference(kda):
+    """The CUDA rule's split paths (fwd_split, bwd_split, diag_load = 2) with every
+    in-kernel option at once (q/k L2 norm, gate from A_log and dt_bias with a lower bound,
+    beta sigmoid), packed 37/0/53 with an initial state, against float64."""
+    lens = [37, 0, 53]
+    K = V = 16
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 1, 2, K, V, seed=71,
+                                               g_mode="raw", raw_beta=True,
+                                               n_states=len(lens), h0=True)
+    A_log, dt_bias = kda.make_gate_params(2, K, seed=72)
+    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), fwd_split=1,
+                               bwd_split=1, diag_load=2)
+    kda.check_vs_reference((q, k, v, g, beta), h0, A_log, dt_bias, seed=71,
+                           cu_seqlens=kda.cu_of(lens), plan=plan, use_qk_l2norm_in_kernel=True,
+                           use_gate_in_kernel=True, lower_bound=-3.0,
+                           use_beta_sigmoid_in_kernel=True)

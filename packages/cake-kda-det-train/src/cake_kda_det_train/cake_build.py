@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c52404870c83f191c082db68a8d164b3104615416a547b6eb0e7400717b880c1"
+SOURCE_DIGEST = "sha256:87bd36f9645e6d758af22e8f80f4e1c0873444ab0cef822b561e8e2233b2a184"
 # --- end of generated block ---
 
 MANIFEST = {

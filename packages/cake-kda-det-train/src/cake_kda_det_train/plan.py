@@ -168,8 +168,11 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
                 "of shared memory)")
     if plan.block_k_inner > 32:
         return ("on CUDA block_k_inner must be <= 32 (64 made dk, dg and dbeta differ from "
-                "call to call at K = V = 128, bf16, on an H200, Triton 3.6: a fault of the "
-                "compiled backward chunk kernel; 32 repeats bitwise)")
+                "call to call at K = V = 128, bf16, on an H200 running nothing else, Triton "
+                "3.6: a fault of the compiled backward chunk kernel)")
+    if plan.block_k >= 128 and plan.num_warps_bwd < 8:
+        return ("on CUDA num_warps_bwd must be 8 at K > 64 (4 gave dk and dg 14-20% off the "
+                "float64 reference at K = V = 128, bf16, on an H200, Triton 3.6)")
     if fp32_inter and plan.block_k_inner == 16 and plan.block_k > 16:
         return ("on CUDA fp32 intermediates need block_k_inner >= 32 when K > 16 (16 made an "
                 "illegal memory access in the backward chunk kernel on an H200, Triton 3.6)")
@@ -199,10 +202,18 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
     V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
-    whole V in one block and ``fp32_dots=1``; ``diag_load``, ``bwd_split``, ``fwd_split`` 0
-    (``num_warps_intra = 4``; the other values are speed candidates not yet checked on a
-    GPU: docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
+    whole V in one block and ``fp32_dots=1``; on CUDA ``fwd_split = 1``, ``bwd_split = 1``,
+    ``diag_load = 2`` (the pair products in their own sub-chunk kernels, partners loaded:
+    10.6 ms forward+backward at the benchmark's case a on an H200 against 29.0 ms for 0, 0,
+    0; every configuration of ``shared/gpu/plan_configs.py`` with them matched float64
+    there), 0, 0, 0 under the interpreter (``num_warps_intra = 4``;
+    docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
+
+    Known limit (H200, Triton 3.6, 2026-11-30): the backward's dk, dg and dbeta repeat
+    bitwise call after call on a GPU that runs nothing else, but not while another process
+    time-shares the same GPU (every plan tried; ``shared/gpu/kda_repeat_diag.py --burn``):
+    a fault of the compiled backward, under investigation (docs/determinism.md).
 
     Raises:
         ValueError: K or V outside [1, 256], ``dtype`` not fp32/bf16/fp16, or on CUDA the
@@ -240,8 +251,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_gate=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,
         store_16bit=store_16bit,
-        diag_load=0,
-        bwd_split=0,
-        fwd_split=0,
+        diag_load=2 if cuda else 0,
+        bwd_split=1 if cuda else 0,
+        fwd_split=1 if cuda else 0,
         num_warps_intra=4,
     )
