@@ -1,7 +1,7 @@
 """Diagnosis: which outputs of cake's KDA forward + backward change between identical calls,
 per plan, at a benchmark case (default a: B = 4, T = 4096, H = HV = 16, K = V = 128, bf16).
 
-    python shared/gpu/kda_repeat_diag.py RUNS CASE ["plan overrides" ...] [--burn N]
+    python shared/gpu/kda_repeat_diag.py RUNS CASE ["plan overrides" ...] [--burn N] [--trace]
     e.g. python shared/gpu/kda_repeat_diag.py 20 a "" "bwd_split=0 fwd_split=0" --burn 2
     (CASE: a benchmark case, or "B,T,H"; "" = the rule's plan)
 
@@ -16,6 +16,7 @@ import importlib.util
 import subprocess
 import sys
 
+import cake_core.triton_utils  # noqa: F401  (first: on a CPU it picks Triton's interpreter)
 import torch
 
 path = "packages/cake-kda-det-train/benchmarks/bench_cake_kda_det_train.py"
@@ -23,6 +24,9 @@ spec = importlib.util.spec_from_file_location("kda_bench", path)
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
 from cake_core import bench  # noqa: E402
+
+sys.path.insert(0, "shared/gpu")
+import launch_trace  # noqa: E402
 
 BURN = """import time, torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -35,6 +39,8 @@ p.add_argument("runs", type=int)
 p.add_argument("case")
 p.add_argument("plans", nargs="*")
 p.add_argument("--burn", type=int, default=0)
+p.add_argument("--trace", action="store_true",
+               help="also name the first Triton launch whose results differ (launch_trace.py)")
 a = p.parse_args()
 if not torch.cuda.is_available():
     b.DEV = "cpu"
@@ -53,13 +59,24 @@ try:
         fn = b.cake_fn(over)
         seen = [set() for _ in b.NAMES]
         try:
+            logs = {}
             for _ in range(a.runs):
-                outs = b.grads_of(fn, c)
-                for i, t in enumerate(outs):
-                    seen[i].add(bench.bits_sha256([t])[:16] if t is not None else "-")
+                if a.trace:
+                    with launch_trace.trace("cake_kda_det_train") as log:
+                        outs = b.grads_of(fn, c)
+                else:
+                    outs, log = b.grads_of(fn, c), None
+                key = tuple(bench.bits_sha256([t])[:16] if t is not None else "-" for t in outs)
+                logs.setdefault(key, log)
+                for i, h in enumerate(key):
+                    seen[i].add(h)
             bad = {n: len(s) for n, s in zip(b.NAMES, seen, strict=True) if len(s) > 1}
             print(f"[{spec_s}] runs={a.runs} burn={a.burn} distinct: {bad or 'none (repeats)'}",
                   flush=True)
+            if a.trace and len(logs) > 1:
+                first, second = list(logs.values())[:2]
+                print(f"[{spec_s}] first differing launch: "
+                      f"{launch_trace.first_difference(first, second)}", flush=True)
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             print(f"[{spec_s}] failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
 finally:
