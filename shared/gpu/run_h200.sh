@@ -2,7 +2,7 @@
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
 # parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcp1 kcptests moelayer
-# kdahash kdatime, and <fam>tests
+# kdahash kdatime burn, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -152,6 +152,16 @@ if has kdatime; then
     timeout ${KDA_TIME_TIMEOUT:-120} python3 $KB --impls cake --cases ${KDA_CASES:-a,b} \
       --reps ${KDA_REPS:-10} --plan $P 2>&1 | tail -8
   done 2>&1 | tee "$OUT/kdatime.txt"
+fi
+# burn: repeat checks while 2 other processes time-share the GPU (repeat_diag.py --burn 2
+# --trace: per-output distinct hashes over 20 calls, and the first launch that wrote other
+# bits), the rule's plan, for each family in $BURN_FAMS at its case ($BURN_CASE_<fam>).
+if has burn; then
+  for fam in ${BURN_FAMS:-kda gdn}; do
+    cv=BURN_CASE_${fam}; [ $fam = kda ] && dc=a || dc=d
+    timeout ${BURN_TIMEOUT:-200} python3 shared/gpu/repeat_diag.py $fam ${BURN_RUNS:-20} \
+      ${!cv:-$dc} "" --burn 2 --trace 2>&1 | grep -v Warn | tee -a "$OUT/burn.txt"
+  done
 fi
 # moelayer: the MoEFeedForward layer vs eager torch (bf16, 8192 tokens), then the main job
 # with --moe 8,2 ($MOE_STEPS steps).

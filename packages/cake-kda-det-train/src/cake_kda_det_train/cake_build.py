@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:87bd36f9645e6d758af22e8f80f4e1c0873444ab0cef822b561e8e2233b2a184"
+SOURCE_DIGEST = "sha256:368ba16256858369c8ed45a3daebf6433d45e3dbe214c0a3c8e8e17dfcd224eb"
 # --- end of generated block ---
 
 MANIFEST = {

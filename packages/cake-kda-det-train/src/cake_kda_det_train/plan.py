@@ -212,7 +212,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 
     Known limit (H200, Triton 3.6, 2026-11-30): the backward's dk, dg and dbeta repeat
     bitwise call after call on a GPU that runs nothing else, but not while another process
-    time-shares the same GPU (every plan tried; ``shared/gpu/kda_repeat_diag.py --burn``):
+    time-shares the same GPU (every plan tried; ``shared/gpu/repeat_diag.py kda ... --burn``):
     a fault of the compiled backward, under investigation (docs/determinism.md).
 
     Raises:

@@ -1,9 +1,9 @@
-"""Diagnosis: which outputs of cake's KDA forward + backward change between identical calls,
-per plan, at a benchmark case (default a: B = 4, T = 4096, H = HV = 16, K = V = 128, bf16).
+"""Diagnosis: which outputs of cake's KDA or GDN forward + backward change between
+identical calls, per plan, at one of the family benchmark's cases (bf16, K = V = 128).
 
-    python shared/gpu/kda_repeat_diag.py RUNS CASE ["plan overrides" ...] [--burn N] [--trace]
-    e.g. python shared/gpu/kda_repeat_diag.py 20 a "" "bwd_split=0 fwd_split=0" --burn 2
-    (CASE: a benchmark case, or "B,T,H"; "" = the rule's plan)
+    python shared/gpu/repeat_diag.py FAMILY RUNS CASE ["plan overrides" ...] [--burn N] [--trace]
+    e.g. python shared/gpu/repeat_diag.py kda 20 a "" "bwd_split=0 fwd_split=0" --burn 2
+    (FAMILY: kda or gdn; CASE: a benchmark case, or "B,T,H"; "" = the rule's plan)
 
 Prints one line per plan: the number of distinct sha256 values of each output over RUNS calls
 (none = bitwise repeatable). ``--burn N`` starts N other processes that multiply bf16
@@ -19,8 +19,9 @@ import sys
 import cake_core.triton_utils  # noqa: F401  (first: on a CPU it picks Triton's interpreter)
 import torch
 
-path = "packages/cake-kda-det-train/benchmarks/bench_cake_kda_det_train.py"
-spec = importlib.util.spec_from_file_location("kda_bench", path)
+FAM = sys.argv[1] if len(sys.argv) > 1 else "kda"
+path = f"packages/cake-{FAM}-det-train/benchmarks/bench_cake_{FAM}_det_train.py"
+spec = importlib.util.spec_from_file_location(f"{FAM}_bench", path)
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
 from cake_core import bench  # noqa: E402
@@ -35,6 +36,7 @@ while True:
 """
 
 p = argparse.ArgumentParser()
+p.add_argument("family", choices=("kda", "gdn"))
 p.add_argument("runs", type=int)
 p.add_argument("case")
 p.add_argument("plans", nargs="*")
@@ -42,17 +44,25 @@ p.add_argument("--burn", type=int, default=0)
 p.add_argument("--trace", action="store_true",
                help="also name the first Triton launch whose results differ (launch_trace.py)")
 a = p.parse_args()
-if not torch.cuda.is_available():
-    b.DEV = "cpu"
-if b.DEV == "cpu":
-    c = b.make_case(1, 100, 1, None, K=32, V=32)
+cuda = torch.cuda.is_available()
+if FAM == "kda":
+    if not cuda:
+        b.DEV = "cpu"
+    make = b.make_case
+    tiny = dict(B=1, T=100, H=1, docs=None, K=32, V=32)
+else:
+    def make(**kw):
+        kw.setdefault("HV", kw["H"])
+        return b.make_case(dev="cuda" if cuda else "cpu", **kw)
+    tiny = dict(B=1, T=100, H=1, HV=2, docs=None, K=32, V=32)
+if not cuda:
+    c = make(**tiny)
 elif a.case in b.CASES:
-    c = b.make_case(**b.CASES[a.case])
+    c = make(**b.CASES[a.case])
 else:  # "B,T,H"
     B, T, H = (int(x) for x in a.case.split(","))
-    c = b.make_case(B, T, H, None)
-burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(a.burn)
-           if b.DEV == "cuda"]
+    c = make(B=B, T=T, H=H, docs=None)
+burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(a.burn) if cuda]
 try:
     for spec_s in a.plans or [""]:
         over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in spec_s.split()}
@@ -62,7 +72,7 @@ try:
             logs = {}
             for _ in range(a.runs):
                 if a.trace:
-                    with launch_trace.trace("cake_kda_det_train") as log:
+                    with launch_trace.trace(f"cake_{FAM}_det_train") as log:
                         outs = b.grads_of(fn, c)
                 else:
                     outs, log = b.grads_of(fn, c), None
