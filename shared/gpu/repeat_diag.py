@@ -4,6 +4,7 @@ identical calls, per plan, at one of the family benchmark's cases (bf16, K = V =
     python shared/gpu/repeat_diag.py FAMILY RUNS CASE ["plan overrides" ...] [--burn N] [--trace]
     e.g. python shared/gpu/repeat_diag.py kda 20 a "" "bwd_split=0 fwd_split=0" --burn 2
     (FAMILY: kda or gdn; CASE: a benchmark case, or "B,T,H"; "" = the rule's plan)
+    --no-wgmma: dots built without Hopper's wgmma (tells a wgmma-path fault from others)
 
 Prints one line per plan: the number of distinct sha256 values of each output over RUNS calls
 (none = bitwise repeatable). ``--burn N`` starts N other processes that multiply bf16
@@ -13,8 +14,15 @@ plan tried, while the same runs on an otherwise idle GPU repeated.
 """
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
+import tempfile
+
+if "--no-wgmma" in sys.argv:  # before Triton compiles anything; a fresh cache (the switch
+    # is read by the compiler, and may not be part of Triton's cache key)
+    os.environ["DISABLE_MMA_V3"] = "1"
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-no-wgmma-")
 
 import cake_core.triton_utils  # noqa: F401  (first: on a CPU it picks Triton's interpreter)
 import torch
@@ -41,6 +49,8 @@ p.add_argument("runs", type=int)
 p.add_argument("case")
 p.add_argument("plans", nargs="*")
 p.add_argument("--burn", type=int, default=0)
+p.add_argument("--no-wgmma", action="store_true",
+               help="Triton builds dots without Hopper's asynchronous wgmma (DISABLE_MMA_V3=1)")
 p.add_argument("--trace", action="store_true",
                help="also name the first Triton launch whose results differ (launch_trace.py)")
 a = p.parse_args()
@@ -81,8 +91,8 @@ try:
                 for i, h in enumerate(key):
                     seen[i].add(h)
             bad = {n: len(s) for n, s in zip(b.NAMES, seen, strict=True) if len(s) > 1}
-            print(f"[{spec_s}] runs={a.runs} burn={a.burn} distinct: {bad or 'none (repeats)'}",
-                  flush=True)
+            tag = f"runs={a.runs} burn={a.burn}" + (" no-wgmma" if a.no_wgmma else "")
+            print(f"[{spec_s}] {tag} distinct: {bad or 'none (repeats)'}", flush=True)
             if a.trace and len(logs) > 1:
                 first, second = list(logs.values())[:2]
                 print(f"[{spec_s}] first differing launch: "

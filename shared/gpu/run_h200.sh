@@ -155,12 +155,19 @@ if has kdatime; then
 fi
 # burn: repeat checks while 2 other processes time-share the GPU (repeat_diag.py --burn 2
 # --trace: per-output distinct hashes over 20 calls, and the first launch that wrote other
-# bits), the rule's plan, for each family in $BURN_FAMS at its case ($BURN_CASE_<fam>).
+# bits), the rule's plan, for each family in $BURN_FAMS at its case ($BURN_CASE_<fam>);
+# for KDA also the rule's plan built without wgmma (DISABLE_MMA_V3), and num_warps_bwd=2.
 if has burn; then
   for fam in ${BURN_FAMS:-kda gdn}; do
     cv=BURN_CASE_${fam}; [ $fam = kda ] && dc=a || dc=d
     timeout ${BURN_TIMEOUT:-200} python3 shared/gpu/repeat_diag.py $fam ${BURN_RUNS:-20} \
       ${!cv:-$dc} "" --burn 2 --trace 2>&1 | grep -v Warn | tee -a "$OUT/burn.txt"
+    if [ $fam = kda ]; then
+      timeout ${BURN_TIMEOUT:-200} python3 shared/gpu/repeat_diag.py kda ${BURN_RUNS:-20} \
+        ${!cv:-$dc} "" --burn 2 --no-wgmma 2>&1 | grep -v Warn | tee -a "$OUT/burn.txt"
+      timeout ${BURN_TIMEOUT:-200} python3 shared/gpu/repeat_diag.py kda ${BURN_RUNS:-20} \
+        ${!cv:-$dc} "num_warps_bwd=2" --burn 2 2>&1 | grep -v Warn | tee -a "$OUT/burn.txt"
+    fi
   done
 fi
 # moelayer: the MoEFeedForward layer vs eager torch (bf16, 8192 tokens), then the main job

@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:368ba16256858369c8ed45a3daebf6433d45e3dbe214c0a3c8e8e17dfcd224eb"
+SOURCE_DIGEST = "sha256:1a4ea54bc800c5ac71adf4043bdf1bec849a455caeec44f31aa521e3b74eaf2c"
 # --- end of generated block ---
 
 MANIFEST = {
