@@ -102,15 +102,20 @@ def test_workspace_of_another_context_plan_or_dtype(setup, no_work):
 
     ctx, local, saved = setup
     plan = make_plan(16, 16, torch.float32, DEV)
+    assert plan == saved.plan  # the cases below differ from the forward's in one thing
+    # another plan: a gate block the rule did not choose (the rule picks 128 on CUDA,
+    # 256 on the CPU, so a fixed value can be the plan itself)
+    other_plan = dataclasses.replace(plan, gate_block_t=2 * plan.gate_block_t)
+    assert other_plan != plan
+    ctx_msg = r"made for \(partition"
     ring = build_context_det_kcp(ctx.partition, None, 0, DEV, exchange="ring")
     other_p = build_context_det_kcp(partition_det_kcp([0, 34], 1), None, 0, DEV)
-    for ws, match in ((KDADetKCPWorkspace.for_context(plan, ring, num_v_heads=1), "made for"),
-                      (KDADetKCPWorkspace.for_context(plan, other_p, num_v_heads=1), "made for"),
-                      (KDADetKCPWorkspace.for_context(plan, ctx, num_v_heads=2), "made for"),
+    for ws, match in ((KDADetKCPWorkspace.for_context(plan, ring, num_v_heads=1), ctx_msg),
+                      (KDADetKCPWorkspace.for_context(plan, other_p, num_v_heads=1), ctx_msg),
+                      (KDADetKCPWorkspace.for_context(plan, ctx, num_v_heads=2), ctx_msg),
                       (KDADetKCPWorkspace.for_context(plan, ctx, num_v_heads=1,
-                                                      dtype=torch.bfloat16), "made for"),
-                      (KDADetKCPWorkspace.for_context(
-                          dataclasses.replace(plan, gate_block_t=128), ctx, num_v_heads=1),
+                                                      dtype=torch.bfloat16), ctx_msg),
+                      (KDADetKCPWorkspace.for_context(other_plan, ctx, num_v_heads=1),
                        "was made for plan")):
         with pytest.raises(ValueError, match=f"^workspace: .*{match}"):
             chunk_kda_det_bwd_kcp(local[5], saved, ctx, workspace=ws)

@@ -38,20 +38,22 @@ def _inputs64(T, H, HV, K, V, seed, strong):
 def _transition64(k, g, beta, HV):
     """P by the reference: the final state of v = 0 (width K) from the identity."""
     T, H, K = k.shape[1:]
-    eye = torch.eye(K, dtype=F64).expand(1, HV, K, K).contiguous()
-    _, P = kda_recurrence_ref(k, k, torch.zeros(1, T, HV, K, dtype=F64), g, beta,
+    eye = torch.eye(K, dtype=F64, device=k.device).expand(1, HV, K, K).contiguous()
+    _, P = kda_recurrence_ref(k, k, k.new_zeros(1, T, HV, K), g, beta,
                               scale=1.0, initial_state=eye, output_final_state=True, dtype=F64)
     return P[0]
 
 
 def _product64(k, g, beta, HV):
-    """P as the explicit product of the token matrices M_t = (I - b k k^T) diag(exp(g))."""
+    """P as the explicit product of the token matrices M_t = (I - b k k^T) diag(exp(g)),
+    on k's device (the kernel's inputs are on DEV)."""
     T, H, K = k.shape[1:]
-    P = torch.eye(K, dtype=F64).repeat(HV, 1, 1)
+    eye = torch.eye(K, dtype=F64, device=k.device)
+    P = eye.repeat(HV, 1, 1)
     for t in range(T):
         for h in range(HV):
             kt = k[0, t, h // (HV // H)]
-            M = (torch.eye(K, dtype=F64) - beta[0, t, h] * torch.outer(kt, kt)) \
+            M = (eye - beta[0, t, h] * torch.outer(kt, kt)) \
                 @ torch.diag(torch.exp(g[0, t, h]))
             P[h] = M @ P[h]
     return P

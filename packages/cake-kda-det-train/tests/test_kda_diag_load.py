@@ -15,6 +15,7 @@ import torch
 from cake_core.testing import assert_bitwise_repeat, randn
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import KDADetPlan, chunk_kda_det_bwd, chunk_kda_det_fwd, make_plan
+from cake_kda_det_train.plan import cuda_plan_problem
 
 DEV = default_device()
 LENS = [1, 70, 0, 65]
@@ -33,6 +34,12 @@ def test_diag_load_vs_reference(K, V, dtype, over, kda):
     empty document), HV = 2H, an initial state, decays down to -20 per token; K = 48 in
     blocks of 32 and K = 40 in blocks of 16 end in a partly and a fully masked block."""
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
+    if DEV.type == "cuda" and dtype == torch.float32 and plan.block_k_inner == 16:
+        # the fp32 cases in key blocks of 16: refused on CUDA by design (an illegal memory
+        # access of the compiled backward on an H200); they run under the interpreter
+        why = cuda_plan_problem(plan, dtype)
+        assert why is not None and "block_k_inner >= 32" in why
+        pytest.skip(f"plan refused on CUDA by design: {why}")
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=61,
                                                g_mode="strong", n_states=len(LENS), h0=True)
     got = kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=61,
@@ -56,7 +63,7 @@ def test_diag_load_same_values_as_default_and_repeats(kda):
     cu = kda.cu_of(LENS)
     do = randn(v.shape, torch.float32, DEV, seed=64)
     dht = randn(h0.shape, torch.float32, DEV, seed=65)
-    base = make_plan(K, V, torch.float32, DEV)
+    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), diag_load=0)  # any rule
     want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
     for level in (1, 2):
         new = dataclasses.replace(base, diag_load=level)
@@ -71,9 +78,12 @@ def test_diag_load_same_values_as_default_and_repeats(kda):
 
 
 def test_splits_repeat_bitwise(kda):
-    """bf16 at K = V = 32 (two key blocks of 16, 16-bit intermediates), packed 1/70/0/65,
-    HV = 2H: o, final state, the saved G and T and every gradient, twice, the same bits."""
-    K, V = 32, 32
+    """bf16 in key blocks of 16 with 16-bit intermediates, packed 1/70/0/65, HV = 2H: o,
+    final state, the saved G and T and every gradient, twice, the same bits. K = V = the
+    smallest size whose plan stores 16-bit intermediates: 32 under the interpreter (two key
+    blocks), 64 on CUDA (its rule stores them from block_k >= 64, and it refuses key blocks
+    of 16 with fp32 intermediates)."""
+    K = V = next(n for n in (32, 64) if make_plan(n, n, torch.bfloat16, DEV).store_16bit)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, torch.bfloat16,
                                                seed=66, g_mode="strong", n_states=len(LENS),
                                                h0=True)
@@ -88,8 +98,10 @@ def test_splits_repeat_bitwise(kda):
 
 
 def test_new_fields_serialised_and_checked():
-    plan = make_plan(128, 128, torch.bfloat16, DEV)
-    assert plan.diag_load == 0  # the rule's default is unchanged
+    # from a plan with diag_load, bwd_split and fwd_split 0 (the rule may choose others
+    # on CUDA: the choice is the plan tests' business, the fields' form is this one's)
+    plan = dataclasses.replace(make_plan(128, 128, torch.bfloat16, DEV), diag_load=0,
+                               bwd_split=0, fwd_split=0)
     on = dataclasses.replace(plan, diag_load=1)
     d = on.to_dict()
     assert d["diag_load"] == 1 and d["version"] == 3
@@ -102,12 +114,12 @@ def test_new_fields_serialised_and_checked():
     for bad in (3, -1, True):
         with pytest.raises(ValueError, match="diag_load"):
             dataclasses.replace(plan, diag_load=bad)
-    assert plan.bwd_split == 0 and plan.num_warps_intra == 4
-    split = dataclasses.replace(plan, bwd_split=1, num_warps_intra=2)
+    split = dataclasses.replace(plan, bwd_split=1,
+                                num_warps_intra=2 if plan.num_warps_intra != 2 else 4)
+    assert split.key != plan.key
     assert KDADetPlan.from_dict(split.to_dict()) == split
     with pytest.raises(ValueError, match="bwd_split"):
         dataclasses.replace(plan, bwd_split=2)
-    assert plan.fwd_split == 0
     with pytest.raises(ValueError, match="fwd_split"):
         dataclasses.replace(plan, fwd_split=2)
     fs = dataclasses.replace(plan, fwd_split=1)

@@ -119,16 +119,18 @@ def test_workspaces_of_another_type_mode_plan_or_dtype_refused(saved_and_do, no_
                 fn(q, k, v, g, beta, workspace=ws)
         with pytest.raises(ValueError, match=msg):
             chunk_kda_det_bwd(do, None, saved, workspace=ws)
-    # 16-bit intermediates: a workspace built for bf16 inputs does not serve fp32 inputs
-    p32 = make_plan(32, 32, torch.float32, DEV)
-    assert p32.store_16bit == 1
-    bf = KDADetWorkspace.for_plan(p32, DEV, num_v_heads=2, max_tokens=10, dtype=torch.bfloat16)
+    # 16-bit intermediates: a workspace built for bf16 inputs does not serve fp32 inputs.
+    # K = V = 64: the rule stores 16-bit intermediates from block_k >= 64 on CUDA (>= 32
+    # under the interpreter)
+    p64 = make_plan(64, 64, torch.float32, DEV)
+    assert p64.store_16bit == 1
+    bf = KDADetWorkspace.for_plan(p64, DEV, num_v_heads=2, max_tokens=10, dtype=torch.bfloat16)
     assert bf["w"].dtype == torch.bfloat16
-    q2 = randn((1, 10, 1, 32), torch.float32, DEV, seed=7)
-    v2 = randn((1, 10, 2, 32), torch.float32, DEV, seed=8)
-    g2 = -randn((1, 10, 2, 32), torch.float32, DEV, seed=9).abs()
+    q2 = randn((1, 10, 1, 64), torch.float32, DEV, seed=7)
+    v2 = randn((1, 10, 2, 64), torch.float32, DEV, seed=8)
+    g2 = -randn((1, 10, 2, 64), torch.float32, DEV, seed=9).abs()
     with pytest.raises(ValueError, match="buffer 'w' must be a contiguous torch.float32"):
-        chunk_kda_det_fwd(q2, q2, v2, g2, beta, plan=p32, workspace=bf)
+        chunk_kda_det_fwd(q2, q2, v2, g2, beta, plan=p64, workspace=bf)
 
 
 def test_workspace_buffers(saved_and_do):
@@ -136,16 +138,19 @@ def test_workspace_buffers(saved_and_do):
     capacity; accepted for calls that fit."""
     from cake_kda_det_train.plan import inter_dtype
 
-    plan = make_plan(32, 64, torch.bfloat16, DEV)
+    # K = 64, V = 128: 16-bit intermediates under either rule (from block_k >= 64 on CUDA,
+    # >= 32 under the interpreter), K != V
+    plan = make_plan(64, 128, torch.bfloat16, DEV)
+    assert plan.store_16bit == 1
     ws = KDADetWorkspace.for_plan(plan, DEV, num_v_heads=3, max_tokens=130, max_seqs=3,
                                   dtype=torch.bfloat16)
     assert ws.mode == Mode.DET and ws.plan_key == plan.key
     assert set(ws.names) == {"w", "u", "v_new", "h", "aqk"}
     assert inter_dtype(plan, torch.bfloat16) == torch.bfloat16
     assert all(ws[n].dtype == torch.bfloat16 for n in ws.names)
-    assert ws["w"].shape == (130, 3, 32) and ws["u"].shape == (130, 3, 64)
-    assert ws["v_new"].shape == (130, 3, 64) and ws["aqk"].shape == (130, 3, 64)
-    assert ws["h"].shape == (4, 3, 32, 64)  # 3 sequences of 130 tokens: at most 4 chunks
+    assert ws["w"].shape == (130, 3, 64) and ws["u"].shape == (130, 3, 128)
+    assert ws["v_new"].shape == (130, 3, 128) and ws["aqk"].shape == (130, 3, 64)
+    assert ws["h"].shape == (4, 3, 64, 128)  # 3 sequences of 130 tokens: at most 4 chunks
     f32 = KDADetWorkspace.for_plan(make_plan(16, 16, torch.float32, DEV), DEV, num_v_heads=1,
                                    max_tokens=0)
     assert f32["w"].shape == (0, 1, 16) and f32["h"].shape == (0, 1, 16, 16)

@@ -89,7 +89,7 @@ def test_hyper_connection_module_matches_reference():
     torch.manual_seed(0)
     C, n = 16, 4
     lin = torch.nn.Linear(C, C, dtype=torch.float32, device=DEV)
-    hc = HyperConnection(lin, C, n, sinkhorn_iters=7)
+    hc = HyperConnection(lin, C, n, sinkhorn_iters=7, device=DEV)
     assert set(dict(hc.named_parameters())) == {"phi", "alpha", "bias", "branch.weight",
                                                 "branch.bias"}
     assert "n_streams=4" in repr(hc)
@@ -103,7 +103,8 @@ def test_hyper_connection_module_matches_reference():
     Y.square().sum().backward()
     got = [p.grad.clone() for p in hc.parameters()]
     hc.zero_grad()
-    hc64 = HyperConnection(torch.nn.Linear(C, C, dtype=F64), C, n, sinkhorn_iters=7)
+    hc64 = HyperConnection(torch.nn.Linear(C, C, dtype=F64, device=DEV), C, n,
+                           sinkhorn_iters=7, device=DEV)
     hc64.load_state_dict(hc.state_dict())
     hc64.double()
     Yr = mhc_reference(X.double(), hc64.phi, hc64.alpha, hc64.bias, hc64.branch,
@@ -121,7 +122,7 @@ def test_module_initialisation_is_a_plain_residual_on_equal_streams():
     """At init with equal streams every output stream is x + branch(x) up to alpha * mix."""
     C, n = 16, 4
     lin = torch.nn.Linear(C, C, device=DEV)
-    hc = HyperConnection(lin, C, n)
+    hc = HyperConnection(lin, C, n, device=DEV)
     with torch.no_grad():
         hc.phi.zero_()
     x = randn((7, C), torch.float32, DEV, seed=2)
@@ -145,7 +146,7 @@ def test_module_bad_arguments():
 
 def test_module_with_a_callable_branch_registers_nothing_else():
     lin = torch.nn.Linear(8, 8, device=DEV)
-    hc = HyperConnection(lambda u: lin(u), 8, 2)
+    hc = HyperConnection(lambda u: lin(u), 8, 2, device=DEV)
     assert set(dict(hc.named_parameters())) == {"phi", "alpha", "bias"}
     X = expand_streams(randn((3, 8), torch.float32, DEV, seed=4), 2)
     hc(X).sum().backward()

@@ -164,7 +164,7 @@ def test_ties_broken_to_lower_index_every_run():
 
 def test_module():
     torch.manual_seed(0)
-    m = MoEFeedForward(D, F, E, 2, aux_loss_coef=0.02, normalize_topk=False)
+    m = MoEFeedForward(D, F, E, 2, aux_loss_coef=0.02, normalize_topk=False, device=DEV)
     assert m.router_weight.shape == (E, D) and m.w_gate_up.shape == (E, 2 * F, D)
     assert m.w_down.shape == (E, D, F)
     assert sorted(m.state_dict()) == ["router_weight", "w_down", "w_gate_up"]

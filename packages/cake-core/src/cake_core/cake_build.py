@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ca124d7731b18c34901cdfee1f15babbbedce788a7e6856ba801d642317e5242"
+SOURCE_DIGEST = "sha256:7a86ee485cf43cebb1f34b42d3b2c05fdb361441fcfffdc83ab90e894e2d87f9"
 # --- end of generated block ---
 
 MANIFEST = {

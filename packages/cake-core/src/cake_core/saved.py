@@ -30,7 +30,9 @@ class SavedSet:
         missing = set(self.tensor_names) - set(tensors)
         if missing:
             raise ValueError(f"{type(self).__name__}: missing tensors {sorted(missing)}")
-        self.mode = Mode(mode)
+        # no Mode() call for a Mode: torch 2.11's dynamo cannot trace the enum's
+        # constructor, and mHC builds its saved set inside torch.compile(fullgraph=True)
+        self.mode = mode if isinstance(mode, Mode) else Mode(mode)
         self.version = self.format_version
         self._tensors = {n: tensors[n] for n in self.tensor_names}
         self.meta: dict[str, Any] = dict(meta or {})

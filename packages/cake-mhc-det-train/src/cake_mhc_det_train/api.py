@@ -440,11 +440,15 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
             any launch.
     """
     require_mode(handle, MHCDetSavedSet, Mode.DET, name="handle")
+    # the handle's contents by its meta dict and tensors(), not by attribute (the saved
+    # set's __getattr__): plain lookups for dynamo, which traces this under torch.compile
+    meta = handle.meta
+    coef, _, _, x_view = handle.tensors()
     check_tensor(X, "X")
-    if tuple(X.shape) != handle.x_shape:
-        raise ValueError(f"X: expected shape {list(handle.x_shape)} (the prepare's), got "
+    if tuple(X.shape) != meta["x_shape"]:
+        raise ValueError(f"X: expected shape {list(meta['x_shape'])} (the prepare's), got "
                          f"{list(X.shape)}")
-    check_dtype(X, "X", (handle.x_dtype,))
+    check_dtype(X, "X", (meta["x_dtype"],))
     check_last_dim_contiguous(X, "X")
     n, C = X.shape[-2], X.shape[-1]
     lead = tuple(X.shape[:-2])
@@ -452,11 +456,10 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
     check_shape(B, "B", [*lead, C])
     check_dtype(B, "B", (X.dtype,))
     check_last_dim_contiguous(B, "B")
-    coef = handle.coef
     device = check_same_device(("X", X), ("B", B), ("handle", coef))
     launch_device_check(device, "X")
-    plan = handle.plan
+    plan = meta["plan"]
     # the prepare's own X: compute with its view, so dX's two parts meet in one kernel
-    X3 = handle.x_view if X is handle.x_input else X.reshape(-1, n, C)
+    X3 = x_view if X is meta["x_input"] else X.reshape(-1, n, C)
     Y = _FinishFunction.apply(X3, B.reshape(-1, C), coef, plan_to_op_fields(plan))
     return Y.reshape(X.shape)

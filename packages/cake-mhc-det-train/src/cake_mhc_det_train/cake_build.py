@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cd68452fb50283a3946affb7faeb600e059fe6187ac29ee37f6b8fd1b9610ad3"
+SOURCE_DIGEST = "sha256:ec48a933b87e0c8632f6d1a0e287615ac184336186b8982ff7129a535f4811dc"
 # --- end of generated block ---
 
 MANIFEST = {
