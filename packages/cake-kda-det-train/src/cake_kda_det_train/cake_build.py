@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1a4ea54bc800c5ac71adf4043bdf1bec849a455caeec44f31aa521e3b74eaf2c"
+SOURCE_DIGEST = "sha256:5b0def74d3ebdee91784efc2628e964b70c83e08ed99f65eaaef41982832b3ad"
 # --- end of generated block ---
 
 MANIFEST = {

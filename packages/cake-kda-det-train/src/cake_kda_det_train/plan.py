@@ -202,12 +202,13 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
     V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
-    whole V in one block and ``fp32_dots=1``; on CUDA ``fwd_split = 1``, ``bwd_split = 1``,
-    ``diag_load = 2`` (the pair products in their own sub-chunk kernels, partners loaded:
-    10.6 ms forward+backward at the benchmark's case a on an H200 against 29.0 ms for 0, 0,
-    0; every configuration of ``shared/gpu/plan_configs.py`` with them matched float64
-    there), 0, 0, 0 under the interpreter (``num_warps_intra = 4``;
-    docs/benchmarks/kda_speed_plan.md). Gate kernels (tiles of tokens x block_k):
+    whole V in one block and ``fp32_dots=1``; ``fwd_split = 1``, ``bwd_split = 1``,
+    ``diag_load = 2`` everywhere (the pair products in their own sub-chunk kernels, partners
+    loaded: 10.6 ms forward+backward at the benchmark's case a on an H200 against 29.0 ms
+    for 0, 0, 0; every configuration of ``shared/gpu/plan_configs.py`` with them matched
+    float64 there; the interpreter takes them too, so that the CPU tests run the GPU's
+    paths), ``num_warps_intra = 4`` (docs/benchmarks/kda_speed_plan.md). Gate kernels
+    (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 
     Known limit (H200, Triton 3.6, 2026-11-30): the backward's dk, dg and dbeta repeat
@@ -251,8 +252,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_gate=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,
         store_16bit=store_16bit,
-        diag_load=2 if cuda else 0,
-        bwd_split=1 if cuda else 0,
-        fwd_split=1 if cuda else 0,
+        diag_load=2,
+        bwd_split=1,
+        fwd_split=1,
         num_warps_intra=4,
     )
