@@ -3,14 +3,13 @@ token and rank 2's halo comes from rank 1."""
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 from _conv_kcp_helpers import DEV
+from cake_core.testing import kcp_smoke_device
 
 BENCH = (Path(__file__).resolve().parents[1] / "benchmarks"
          / "bench_cake_causal_conv1d_det_train_kcp.py")
@@ -41,31 +40,13 @@ def test_document_boundaries(layout):
     assert bench.make_cu(3, 3, "random", layout, 2, 0) == [0, 1, 2, 3]
 
 
-def _smoke_device(world_size: int) -> tuple[str, dict]:
-    """The device of a smoke run on ``world_size`` ranks and its environment: the conftest's
-    DEV. Without CUDA, the CPU through Triton's interpreter (``TRITON_INTERPRET=1`` set for
-    the subprocess). On a CUDA machine, one GPU per rank (NCCL refuses two ranks on one
-    GPU), skipped with fewer: a CPU run there would test that machine's interpreter (Triton
-    3.6's fails in loops with numpy >= 2.4, "only 0-dimensional arrays can be converted to
-    Python scalars"), not the compiled kernels that machine runs."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    if DEV.type == "cuda":
-        if torch.cuda.device_count() < world_size:
-            pytest.skip(f"the smoke runs {world_size} ranks, one GPU each; this machine has "
-                        f"{torch.cuda.device_count()} (the CPU run is for machines without CUDA)")
-        env.pop("TRITON_INTERPRET", None)
-        return "cuda", env
-    env["TRITON_INTERPRET"] = "1"
-    return "cpu", env
-
-
 def test_smoke_three_ranks_two_tokens(tmp_path):
     """``--seqlen 2 --docs 1`` on three ranks: rank 0 holds nothing (runs no kernel, joins
     every collective), rank 2's halo is rank 1's token; with --check every rank's y, dx
     and the reduced dweight / dbias match the single-rank package, repeat bitwise, and the
     reduced gradients are the same bits on every rank."""
     out = tmp_path / "r.json"
-    device, env = _smoke_device(3)
+    device, env = kcp_smoke_device(3, DEV)
     r = subprocess.run([sys.executable, str(BENCH), "--world-size", "3", "--device", device,
                         "--seqlen", "2", "--docs", "1", "--hidden", "8", "--kernel-size", "3",
                         "--dtype", "fp32", "--bias", "--reduce-weight-grads", "--base",

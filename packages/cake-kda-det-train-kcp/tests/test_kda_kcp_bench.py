@@ -3,14 +3,13 @@ receives no token (FLA's gate, the ring, --base local and --check)."""
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 from _kda_kcp_helpers import DEV
+from cake_core.testing import kcp_smoke_device
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cake_kda_det_train_kcp.py"
 _spec = importlib.util.spec_from_file_location("bench_kda_kcp", BENCH)
@@ -49,30 +48,12 @@ def test_arguments():
         bench.parse_args(["--heads", "2", "--v-heads", "3"])
 
 
-def _smoke_device(world_size: int) -> tuple[str, dict]:
-    """The device of a smoke run on ``world_size`` ranks and its environment: the conftest's
-    DEV. Without CUDA, the CPU through Triton's interpreter (``TRITON_INTERPRET=1`` set for
-    the subprocess). On a CUDA machine, one GPU per rank (NCCL refuses two ranks on one
-    GPU), skipped with fewer: a CPU run there would test that machine's interpreter (Triton
-    3.6's fails in loops with numpy >= 2.4, "only 0-dimensional arrays can be converted to
-    Python scalars"), not the compiled kernels that machine runs."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    if DEV.type == "cuda":
-        if torch.cuda.device_count() < world_size:
-            pytest.skip(f"the smoke runs {world_size} ranks, one GPU each; this machine has "
-                        f"{torch.cuda.device_count()} (the CPU run is for machines without CUDA)")
-        env.pop("TRITON_INTERPRET", None)
-        return "cuda", env
-    env["TRITON_INTERPRET"] = "1"
-    return "cpu", env
-
-
 def test_smoke_two_ranks_one_token(tmp_path):
     """``--seqlen 1 --docs 1`` on two ranks: rank 0 holds nothing, skips its kernels and
     still takes part (the gate-parameter sum too); with --check the results equal the
     single-rank ones (one rank holds every token, and 0 + x = x)."""
     out = tmp_path / "r.json"
-    device, env = _smoke_device(2)
+    device, env = kcp_smoke_device(2, DEV)
     r = subprocess.run([sys.executable, str(BENCH), "--world-size", "2", "--device", device,
                         "--seqlen", "1", "--docs", "1", "--heads", "1", "--v-heads", "1",
                         "--head-dim", "16", "--dtype", "fp32", "--base", "local", "--check",

@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7a86ee485cf43cebb1f34b42d3b2c05fdb361441fcfffdc83ab90e894e2d87f9"
+SOURCE_DIGEST = "sha256:e0098667f4febe9da0ba0fd166560057bca71239c69754e33653fed40abba493"
 # --- end of generated block ---
 
 MANIFEST = {

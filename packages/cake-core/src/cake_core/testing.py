@@ -251,3 +251,24 @@ def assert_compiles_to_op(step: Callable[..., Sequence[torch.Tensor]],
     assert cnt.frame_count == 1, f"{cnt.frame_count} frames (graph breaks?)"
     assert op in cnt.graphs[0].code, f"{op} not in the traced graph"
     return compiled
+
+
+def kcp_smoke_device(world_size: int, device: torch.device) -> tuple[str, dict[str, str]]:
+    """``(device name, environment)`` for a KCP benchmark's smoke run on ``world_size``
+    ranks in a subprocess, on the tests' ``device``. Without CUDA: the CPU through Triton's
+    interpreter (``TRITON_INTERPRET=1`` set for the subprocess). On a CUDA machine: one GPU
+    per rank (NCCL refuses two ranks on one GPU), the test skipped with fewer: a CPU run
+    there would test that machine's interpreter (Triton 3.6's fails in loops with numpy >=
+    2.4, "only 0-dimensional arrays can be converted to Python scalars"), not the compiled
+    kernels the machine runs. The environment carries this process's ``sys.path``."""
+    import pytest  # lazily: this module ships in cake-core, pytest is a test dependency
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    if device.type == "cuda":
+        if torch.cuda.device_count() < world_size:
+            pytest.skip(f"the smoke runs {world_size} ranks, one GPU each; this machine has "
+                        f"{torch.cuda.device_count()} (the CPU run is for machines without CUDA)")
+        env.pop("TRITON_INTERPRET", None)
+        return "cuda", env
+    env["TRITON_INTERPRET"] = "1"
+    return "cpu", env
