@@ -37,8 +37,11 @@ from cake_core import bench  # noqa: E402
 sys.path.insert(0, "shared/gpu")
 import launch_trace  # noqa: E402
 
-BURN = """import time, torch
+BURN = """import torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+a = (a @ a).clamp_(-1, 1)
+torch.cuda.synchronize()
+print("ready", flush=True)
 while True:
     a = (a @ a).clamp_(-1, 1)
 """
@@ -72,7 +75,10 @@ elif a.case in b.CASES:
 else:  # "B,T,H"
     B, T, H = (int(x) for x in a.case.split(","))
     c = make(B=B, T=T, H=H, docs=None)
-burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(a.burn) if cuda]
+burners = [subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
+           for _ in range(a.burn) if cuda]
+for q in burners:  # each multiplies before the checked calls start
+    q.stdout.readline()
 try:
     for spec_s in a.plans or [""]:
         over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in spec_s.split()}
