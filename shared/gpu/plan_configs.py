@@ -36,7 +36,27 @@ _COMMON = [
     "128 128 bfloat16 keep_a=0",
 ]
 CONFIGS = {
-    "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4"],
+    "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4",
+                      # rec_form: the recurrences in FLA's operand form (docs/benchmarks/
+                      # gdn_speed_plan.md); not yet run on a GPU
+                      "128 128 bfloat16 rec_form=1", "128 128 float16 rec_form=1",
+                      "128 128 bfloat16 rec_form=1 block_v=32",
+                      "128 128 bfloat16 rec_form=1 num_warps_h=4",
+                      "128 128 bfloat16 rec_form=1 block_v=32 num_warps_h=4",
+                      "128 128 bfloat16 rec_form=1 num_stages_h=3",
+                      "128 128 bfloat16 rec_form=1 keep_a=0", "64 64 float32 rec_form=1",
+                      "32 16 bfloat16 rec_form=1", "16 16 float32 rec_form=1",
+                      "100 48 bfloat16 rec_form=1 lens=1,70,0,65",
+                      "48 32 float32 rec_form=1 lens=1,70,0,65",
+                      # prep_block: the chunk prep's w and u in column blocks
+                      "128 128 bfloat16 prep_block=32", "128 128 bfloat16 prep_block=64",
+                      "128 128 float16 prep_block=32", "128 128 bfloat16 prep_block=32 keep_a=0",
+                      "128 128 bfloat16 prep_block=32 num_warps_prep=8",
+                      "64 64 float32 prep_block=16", "100 48 bfloat16 prep_block=32",
+                      "48 32 float32 prep_block=16 keep_a=0 lens=1,70,0,65",
+                      "128 128 bfloat16 rec_form=1 prep_block=32",
+                      "128 128 bfloat16 rec_form=1 prep_block=32 block_v=32",
+                      "100 48 bfloat16 rec_form=1 prep_block=32 lens=1,70,0,65"],
     "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",

@@ -49,6 +49,7 @@ from cake_gdn_det_train.kernels.gate import (
     gdn_gate_bwd_kernel,
     gdn_gate_fwd_kernel,
 )
+from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
 from cake_gdn_det_train.plan import (
     CHUNK_SIZE,
     MAX_HEAD_DIM,
@@ -169,9 +170,11 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         k, v, g, beta, starts, ends, g_cumsum, A, w, u,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
-        BVF=max(16, next_power_of_2(V)), LOAD_A=load_a, num_warps=plan.num_warps_prep)
+        BVF=max(16, next_power_of_2(V)), LOAD_A=load_a, BCOL=plan.prep_block,
+        num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
-    gdn_fwd_h_kernel[(N, HV, cdiv(V, plan.block_v))](
+    fwd_h = gdn_fwd_h_bp_kernel if plan.rec_form else gdn_fwd_h_kernel
+    fwd_h[(N, HV, cdiv(V, plan.block_v))](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v,
@@ -340,7 +343,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
             num_warps=plan.num_warps_o)
-        gdn_bwd_dh_kernel[(N, HV, cdiv(V, plan.block_v))](
+        bwd_dh = gdn_bwd_dh_bp_kernel if plan.rec_form else gdn_bwd_dh_kernel
+        bwd_dh[(N, HV, cdiv(V, plan.block_v))](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,

@@ -39,16 +39,18 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
+    {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
+    {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
 ]
 PLANS = [
-    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 4,
+    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 5,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
-                "gate_block_t", "num_warps_gate"]},
+                "gate_block_t", "num_warps_gate", "rec_form", "prep_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2dd9981d3461937d051b269b347203624136c8852635bb6e01fc2240f621d956"
+SOURCE_DIGEST = "sha256:106906fd6faee09e65c722a177b46b5e97edbc7ac471e08a06ee9ec8ed6fcb89"
 # --- end of generated block ---
 
 MANIFEST = {

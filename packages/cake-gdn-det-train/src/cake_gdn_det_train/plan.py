@@ -59,15 +59,33 @@ class GDNDetPlan(Plan):
             (the forward rounds T to its stored dtype before using it).
         num_stages_h: software-pipelining stages of the two chunk-recurrence kernels
             (shared memory grows with it).
+        rec_form: operand form of the two chunk-recurrence kernels (fwd_h, bwd_dh).
+            0 = the decays multiply the ``[64, K]`` tiles (k, q) and k, q, w are
+            transposed in registers (the rule's choice: the path checked on an H200);
+            1 = FLA's form: the transposed operands (k in fwd_h; q, w in bwd_dh) are
+            loaded as ``[K, 64]`` tiles straight into the dots and the decays scale the
+            ``[64, block_v]`` tiles (v_new, k @ dS, do) instead: fewer register products,
+            transposes and shared-memory round trips per serial step. Same math, other
+            rounding (bits differ from 0, still fixed per plan). A candidate, not yet run
+            on a GPU: docs/benchmarks/gdn_speed_plan.md.
+        prep_block: 0 = the chunk prep forms w and u as whole ``[64, K]`` / ``[64, V]``
+            tiles (the rule's choice); a power of two >= 16 (on CUDA >= 32 with 16-bit
+            intermediates, see :func:`cuda_plan_problem`) =
+            in column blocks of that width, k and v loaded per block (FLA's recompute_w_u
+            shape: fewer live registers; the offline sm_90 build of the default spills
+            ~1 KB per thread). Each column is the same dot over the chunk's 64 rows as
+            before; bits may still differ from 0 on a GPU (other tile shapes), fixed per
+            plan. A candidate, not yet run on a GPU.
 
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
     plan runs on CUDA: K, V <= 128; fp32 inputs K <= 64 (larger fp32 tiles overflow the
     227 KiB of shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
-    on 16 x 16 tiles made an illegal memory access).
+    on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
+    intermediates (the 16-wide 16-bit dot fault of ``store_16bit``).
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 4
+    format_version: ClassVar[int] = 5
 
     head_k_dim: int
     head_v_dim: int
@@ -87,6 +105,8 @@ class GDNDetPlan(Plan):
     store_16bit: int
     gate_block_t: int
     num_warps_gate: int
+    rec_form: int
+    prep_block: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,8 +124,13 @@ class GDNDetPlan(Plan):
         if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a")
+        self.require_flags("store_16bit", "keep_a", "rec_form")
         self.require_in_range("num_stages_h", 1, 4)
+        if self.prep_block:
+            self.require_power_of_two("prep_block", minimum=16)
+            if self.prep_block > max(self.block_k, _bvf(self.head_v_dim)):
+                self._fail("prep_block must be 0 or <= max(block_k, head_v_dim rounded up to "
+                           "a power of two)")
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or self.block_v < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16 "
@@ -139,6 +164,9 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "overflow shared memory; use bf16/fp16 inputs with store_16bit=1)")
     if plan.num_warps_local > 4 and plan.block_k * _bvf(plan.head_v_dim) < 4096:
         return "on CUDA num_warps_local > 4 needs block_k * V >= 4096"
+    if dtype != torch.float32 and plan.store_16bit and 0 < plan.prep_block < 32:
+        return ("on CUDA prep_block must be >= 32 with 16-bit intermediates (16-wide 16-bit "
+                "dots gave wrong results on an H200, Triton 3.6)")
     return None
 
 
@@ -159,7 +187,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     K = V = 128 bf16). 16-bit
     inputs keep 16-bit intermediates (``store_16bit=1``); under the interpreter
     ``fp32_dots=1`` (it computes fp32 regardless). ``store_16bit=1`` when block_k >= 32 and
-    V > 16, else 0.
+    V > 16, else 0. ``rec_form = 0`` (1 is a candidate, not yet checked on a GPU:
+    docs/benchmarks/gdn_speed_plan.md).
 
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
@@ -195,5 +224,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         store_16bit=store_16bit,
         gate_block_t=128 if cuda else 256,
         num_warps_gate=4,
+        rec_form=0,
+        prep_block=0,
     )
 

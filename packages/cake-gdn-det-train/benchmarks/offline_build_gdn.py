@@ -1,0 +1,136 @@
+"""Build the GDN chunk kernels for sm_90 without a GPU and print what the builds say:
+registers, stack (spills), shared memory, and counts of SASS instructions (shared-memory
+loads and stores, barriers, tensor-core ops, global loads and stores, MUFU = exp, async
+copies, register moves between layouts via shared memory show up as LDS/STS + BAR).
+
+    TRITON_INTERPRET=0 python benchmarks/offline_build_gdn.py [--K 128] [--V 128] [--plan k=v ...]
+
+Uses Triton's own compiler and its bundled cuobjdump (target sm_90), the default CUDA plan
+of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--plan``
+overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
+kernels/rec_bp.py with ``rec_form = 1``), the chunk prep (forward, and the backward's with
+the kept T), the output kernel and the two backward chunk-local kernels.
+Static counts (each loop body once), not timings: a guide to where a candidate removes
+work, to be confirmed on the GPU.
+Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import re
+import subprocess
+import tempfile
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    raise SystemExit("unset TRITON_INTERPRET: this builds real sm_90 code")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+SASS_GROUPS = {
+    "LDS": r"\bLDS(\.|\s)", "STS": r"\bSTS(\.|\s)", "BAR": r"\bBAR(\.|\s)",
+    "MMA": r"\b(HMMA|HGMMA|WGMMA)", "LDG": r"\bLDG(\.|\s)", "STG": r"\bSTG(\.|\s)",
+    "LDGSTS": r"\bLDGSTS(\.|\s)", "MUFU": r"\bMUFU(\.|\s)", "SHFL": r"\bSHFL(\.|\s)",
+    "LDL/STL": r"\b(LDL|STL)(\.|\s)",
+}
+
+
+def build(fn, types: dict, consts: dict, num_warps: int, num_stages: int = 1):
+    """Compile ``fn`` for sm_90; return (registers, stack bytes, shared bytes, counts)."""
+    sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts), target=TARGET,
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+        path = f.name
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
+    res = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
+    os.unlink(path)
+    use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res))
+    counts = collections.OrderedDict(
+        (g, len(re.findall(p, sass))) for g, p in SASS_GROUPS.items())
+    counts["SASS"] = sum(1 for line in sass.splitlines()
+                         if re.match(r"\s+/\*[0-9a-f]{4}", line))
+    return use.get("REG"), use.get("STACK"), k.metadata.shared, counts
+
+
+def main():
+    import torch
+    from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
+    from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
+    from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
+    from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
+    from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
+    from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
+    from cake_gdn_det_train.plan import _rule
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--K", type=int, default=128)
+    p.add_argument("--V", type=int, default=128)
+    p.add_argument("--plan", nargs="*", default=[])
+    p.add_argument("--only", default="", help="comma list: fwd_h,bwd_dh,prep,o,local")
+    a = p.parse_args()
+    over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
+    plan = dataclasses.replace(_rule(a.K, a.V, torch.bfloat16, torch.device("cuda")), **over)
+    only = set(a.only.split(",")) if a.only else {"fwd_h", "bwd_dh", "prep", "o", "local"}
+    dt, prec = triton.language.bfloat16, plan.dot_precision
+    bvf = triton.next_power_of_2(max(16, a.V))
+    ints = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
+    bf, f32, i32 = "*bf16", "*fp32", "*i32"
+    base = dict(DT=dt, PREC=prec, BT=64, BK=plan.block_k)
+    rows = []
+    if "fwd_h" in only:
+        t = {**ints, "Kp": bf, "W": bf, "U": bf, "GCUM": f32, "CU": i32, "CHUNK_OFF": i32,
+             "H0": f32, "HBUF": bf, "VNEW": bf, "HT": f32}
+        c = dict(base, BV=plan.block_v, HAS_H0=True, STORE_FINAL=True)
+        fn = gdn_fwd_h_bp_kernel if plan.rec_form else gdn_fwd_h_kernel
+        rows.append(("fwd_h", plan.num_warps_h,
+                     *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
+    if "bwd_dh" in only:
+        t = {**ints, "Qp": bf, "Kp": bf, "W": bf, "GCUM": f32, "DO": bf, "CU": i32,
+             "CHUNK_OFF": i32, "DHT": f32, "DH": bf, "DVNEW": bf, "DH0": f32, "scale": "fp32"}
+        c = dict(base, BV=plan.block_v, HAS_DHT=True, STORE_DH0=True)
+        fn = gdn_bwd_dh_bp_kernel if plan.rec_form else gdn_bwd_dh_kernel
+        rows.append(("bwd_dh", plan.num_warps_h,
+                     *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
+    if "prep" in only:
+        t = {**ints, "Kp": bf, "Vp": bf, "Gp": f32, "BETA": f32, "CHUNK_START": i32,
+             "CHUNK_END": i32, "GCUM": f32, "Ap": bf, "W": bf, "U": bf}
+        for load_a in (False, True):
+            c = dict(base, LOG2_BT=6, BVF=bvf, LOAD_A=load_a, BCOL=plan.prep_block)
+            rows.append(("prep (kept T)" if load_a else "prep", plan.num_warps_prep,
+                         *build(gdn_fwd_prep_kernel, t, c, plan.num_warps_prep)))
+    if "o" in only:
+        t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "HBUF": bf,
+             "CHUNK_START": i32, "CHUNK_END": i32, "O": bf, "scale": "fp32"}
+        rows.append(("fwd_o", plan.num_warps_o,
+                     *build(gdn_fwd_o_kernel, t, dict(base, BV=plan.block_v), plan.num_warps_o)))
+        t = {**ints, "Qp": bf, "Kp": bf, "GCUM": f32, "DO": bf, "CHUNK_START": i32,
+             "CHUNK_END": i32, "DVL": bf, "scale": "fp32"}
+        rows.append(("bwd_dv_local", plan.num_warps_o,
+                     *build(gdn_bwd_dv_local_kernel, t, dict(base, BV=plan.block_v),
+                            plan.num_warps_o)))
+    if "local" in only:
+        t = {**ints, "Qp": bf, "Kp": bf, "Vp": bf, "BETA": f32, "GCUM": f32, "Ap": bf,
+             "HBUF": bf, "DH": bf, "DO": bf, "DVNEW": bf, "VNEW": bf, "CHUNK_START": i32,
+             "CHUNK_END": i32, "DQ": f32, "DK": f32, "DV": f32, "DG": f32, "DBETA": f32,
+             "scale": "fp32"}
+        c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))
+        rows.append(("bwd_local", plan.num_warps_local,
+                     *build(gdn_bwd_local_kernel, t, c, plan.num_warps_local)))
+    print("plan over", over)
+    for what, warps, regs, spills, smem, counts in rows:
+        print(f"{what:14s} warps={warps} regs={regs} stack={spills} smem={smem} "
+              + " ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    main()

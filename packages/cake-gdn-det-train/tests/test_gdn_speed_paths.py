@@ -1,0 +1,124 @@
+"""The speed candidates of docs/benchmarks/gdn_speed_plan.md: ``plan.rec_form = 1``
+(FLA's operand form of the two chunk-recurrence kernels: block pointers, the transposed
+k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]`` tiles)
+and ``plan.prep_block`` (the chunk prep's w and u in column blocks): o, final_state and
+every gradient against the float64 token recurrence (packed 1/70/0/65-token documents: an
+empty and a length-1 document, lengths off the chunk size; HV = 2H, an initial state and a
+final-state gradient; K and V off the block sizes: partly masked column blocks, V in two
+blocks; kept and recomputed T); bitwise repeatable; close to the default plan; the fields
+are part of the plan's serialised form (format version 5) and checked."""
+
+import dataclasses
+
+import pytest
+import torch
+from cake_core.testing import assert_bitwise_repeat, assert_close_to_reference, randn
+from cake_core.triton_utils import default_device
+from cake_gdn_det_train import (
+    GDNDetPlan,
+    chunk_gated_delta_rule_det,
+    chunk_gdn_det_bwd,
+    chunk_gdn_det_fwd,
+    gdn_reference,
+    make_plan,
+)
+from cake_gdn_det_train.plan import cuda_plan_problem
+
+DEV = default_device()
+LENS = [1, 70, 0, 65]
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def _cu(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                        device=DEV)
+
+
+def _grads(fn, inputs, h0, do, dht, **kw):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    s = h0.detach().clone().requires_grad_()
+    o, ht = fn(*leaves, initial_state=s, output_final_state=True, **kw)
+    torch.autograd.backward([o, ht], [do.to(o.dtype), dht.to(ht.dtype)])
+    return [o, ht] + [t.grad for t in leaves] + [s.grad]
+
+
+@pytest.mark.parametrize("K, V, dtype, over", [
+    (48, 40, torch.float32, dict(block_v=32, rec_form=1, prep_block=32)),
+    (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1, prep_block=32)),
+    (40, 24, torch.float32, dict(prep_block=16, keep_a=0)),
+], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
+        "fp32-K40-V24-prep16-recompute"])
+def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
+    if dtype == torch.bfloat16:
+        assert plan.store_16bit == 1
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=71,
+                                      n_states=len(LENS), h0=True)
+    cu = _cu(LENS)
+    do = randn(v.shape, dtype, DEV, seed=72)
+    dht = randn(h0.shape, torch.float32, DEV, seed=73)
+    got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
+                 cu_seqlens=cu, plan=plan)
+    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                  dht.double(), cu_seqlens=cu)
+    for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
+                          strict=True):
+        assert_close_to_reference(a, b, dtype, name)
+
+
+def _fwd_bwd(inputs, h0, cu, do, dht, plan):
+    o, ht, saved = chunk_gdn_det_fwd(*inputs, initial_state=h0, output_final_state=True,
+                                     cu_seqlens=cu, plan=plan)
+    return (o, ht, *chunk_gdn_det_bwd(do, dht, saved))
+
+
+@pytest.mark.parametrize("over", [dict(rec_form=1), dict(prep_block=16)],
+                         ids=["rec_form", "prep_block"])
+def test_speed_paths_repeat_and_are_close_to_default(over, gdn_inputs):
+    """fp32, packed 1/70/0/65, HV = 2H: twice the same bits; the default plan's values to
+    fp32 rounding (the same math, other rounding)."""
+    K, V = 16, 32
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=74, g_mode="strong",
+                                      n_states=len(LENS), h0=True)
+    cu = _cu(LENS)
+    do = randn(v.shape, torch.float32, DEV, seed=75)
+    dht = randn(h0.shape, torch.float32, DEV, seed=76)
+    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_v=16, rec_form=0)
+    new = dataclasses.replace(base, **over)
+    got = assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new),
+                                repeats=2)
+    want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert (a is None) == (b is None), i
+        if a is not None and DEV.type == "cpu" and "prep_block" in over:
+            assert torch.equal(a, b), i  # the same dot per column under the interpreter
+        elif a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"output {i}")
+
+
+def test_fields_serialised_and_checked():
+    for dev in ("cpu", "cuda"):  # the rule keeps the default paths everywhere
+        plan = make_plan(128, 128, torch.bfloat16, dev)
+        assert plan.rec_form == 0 and plan.prep_block == 0
+    plan = make_plan(128, 128, torch.bfloat16, DEV)
+    on = dataclasses.replace(plan, rec_form=1)
+    d = on.to_dict()
+    assert d["rec_form"] == 1 and d["version"] == 5
+    assert GDNDetPlan.from_dict(d) == on and on.key != plan.key
+    old = {n: x for n, x in plan.to_dict().items() if n != "rec_form"}
+    old["version"] = 4  # a plan serialised before the field existed
+    with pytest.raises(ValueError, match="format version 4"):
+        GDNDetPlan.from_dict(old)
+    for bad in (2, -1, True):
+        with pytest.raises(ValueError, match="rec_form"):
+            dataclasses.replace(plan, rec_form=bad)
+    both = dataclasses.replace(plan, rec_form=1, prep_block=32)
+    assert GDNDetPlan.from_dict(both.to_dict()) == both and both.key != on.key
+    for bad in (8, 24, -16, 512):
+        with pytest.raises(ValueError, match="prep_block"):
+            dataclasses.replace(plan, prep_block=bad)
+    narrow = dataclasses.replace(plan, prep_block=16)  # fine for the plan; not on CUDA
+    assert "prep_block must be >= 32" in cuda_plan_problem(narrow, torch.bfloat16)
+    assert cuda_plan_problem(narrow, torch.float16) is not None
+    assert cuda_plan_problem(both, torch.bfloat16) is None
