@@ -15,7 +15,6 @@ plan tried, while the same runs on an otherwise idle GPU repeated.
 import argparse
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -32,19 +31,10 @@ path = f"packages/cake-{FAM}-det-train/benchmarks/bench_cake_{FAM}_det_train.py"
 spec = importlib.util.spec_from_file_location(f"{FAM}_bench", path)
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
-from cake_core import bench  # noqa: E402
+from cake_core import bench, testing  # noqa: E402
 
 sys.path.insert(0, "shared/gpu")
 import launch_trace  # noqa: E402
-
-BURN = """import torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-a = (a @ a).clamp_(-1, 1)
-torch.cuda.synchronize()
-print("ready", flush=True)
-while True:
-    a = (a @ a).clamp_(-1, 1)
-"""
 
 p = argparse.ArgumentParser()
 p.add_argument("family", choices=("kda", "gdn"))
@@ -75,11 +65,7 @@ elif a.case in b.CASES:
 else:  # "B,T,H"
     B, T, H = (int(x) for x in a.case.split(","))
     c = make(B=B, T=T, H=H, docs=None)
-burners = [subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
-           for _ in range(a.burn) if cuda]
-for q in burners:  # each multiplies before the checked calls start
-    q.stdout.readline()
-try:
+with testing.gpu_time_sharers(a.burn if cuda else 0):
     for spec_s in a.plans or [""]:
         over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in spec_s.split()}
         fn = b.cake_fn(over)
@@ -105,6 +91,3 @@ try:
                       f"{launch_trace.first_difference(first, second)}", flush=True)
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             print(f"[{spec_s}] failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
-finally:
-    for q in burners:
-        q.kill()

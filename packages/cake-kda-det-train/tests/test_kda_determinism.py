@@ -182,16 +182,6 @@ def test_repeat_bitwise_at_benchmark_shape_on_cuda(kda):
     assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, None, do, dht), repeats=5)
 
 
-_BURN = """import torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-a = (a @ a).clamp_(-1, 1)
-torch.cuda.synchronize()
-print("ready", flush=True)
-while True:
-    a = (a @ a).clamp_(-1, 1)
-"""
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU time-slicing: CUDA only")
 @pytest.mark.xfail(strict=False, reason="known fault (H200, Triton 3.6, 2026-11-30): while "
                    "other processes time-share the GPU, dk, dg and dbeta changed between calls "
@@ -200,8 +190,7 @@ def test_repeat_bitwise_while_the_gpu_is_time_shared(kda):
     """The benchmark's shape, 20 calls while two other processes multiply matrices on the
     same GPU (the GPU then switches between processes mid-kernel): every output bitwise
     equal. Expected to fail until the fault is fixed (XPASS then says it may be)."""
-    import subprocess
-    import sys
+    from cake_core.testing import gpu_time_sharers
 
     q, k, v, g, beta, h0 = kda.make_kda_inputs(4, 4096, 16, 16, 128, 128, torch.bfloat16,
                                                seed=54, n_states=4, h0=True)
@@ -209,13 +198,5 @@ def test_repeat_bitwise_while_the_gpu_is_time_shared(kda):
     dht = randn(h0.shape, torch.float32, DEV, seed=56)
     fn = lambda: _fwd_bwd((q, k, v, g, beta), h0, None, do, dht)  # noqa: E731
     fn()  # compiled before the other processes start
-    burners = [subprocess.Popen([sys.executable, "-c", _BURN], stdout=subprocess.PIPE,
-                                text=True) for _ in range(2)]
-    try:
-        for p in burners:
-            assert p.stdout.readline().strip() == "ready"
+    with gpu_time_sharers(2):
         assert_bitwise_repeat(fn, repeats=20)
-    finally:
-        for p in burners:
-            p.kill()
-            p.wait()

@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e0098667f4febe9da0ba0fd166560057bca71239c69754e33653fed40abba493"
+SOURCE_DIGEST = "sha256:95ff0ee63269239a2433aa68645833ff2fb2958125dfea243219acfaf8ffb812"
 # --- end of generated block ---
 
 MANIFEST = {

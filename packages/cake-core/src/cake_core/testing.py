@@ -5,6 +5,7 @@ tests and benchmarks only, never by kernels.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -272,3 +273,34 @@ def kcp_smoke_device(world_size: int, device: torch.device) -> tuple[str, dict[s
         return "cuda", env
     env["TRITON_INTERPRET"] = "1"
     return "cpu", env
+
+
+_GPU_SHARER = """import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+a = (a @ a).clamp_(-1, 1)
+torch.cuda.synchronize()
+print("ready", flush=True)
+while True:
+    a = (a @ a).clamp_(-1, 1)
+"""
+
+
+@contextlib.contextmanager
+def gpu_time_sharers(n: int = 2):
+    """Run ``n`` other processes that multiply bf16 8192 x 8192 matrices on the current CUDA
+    device for the duration of the block, so that the GPU switches between processes while
+    the block's kernels run (a repeat check under time-slicing). Returns once each has
+    multiplied; kills them on exit. No processes without CUDA."""
+    procs = []
+    try:
+        if torch.cuda.is_available():
+            procs = [subprocess.Popen([sys.executable, "-c", _GPU_SHARER],
+                                      stdout=subprocess.PIPE, text=True) for _ in range(n)]
+            for p in procs:
+                if p.stdout.readline().strip() != "ready":
+                    raise RuntimeError("a GPU time-sharing process did not start")
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
