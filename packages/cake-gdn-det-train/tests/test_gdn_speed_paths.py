@@ -98,9 +98,13 @@ def test_speed_paths_repeat_and_are_close_to_default(over, gdn_inputs):
 
 
 def test_fields_serialised_and_checked():
-    for dev in ("cpu", "cuda"):  # the rule keeps the default paths everywhere
-        plan = make_plan(128, 128, torch.bfloat16, dev)
-        assert plan.rec_form == 0 and plan.prep_block == 0
+    # the rule: rec_form = 1 (3 stages) only on CUDA at 16-bit K = 128; prep_block never
+    cpu = make_plan(128, 128, torch.bfloat16, "cpu")
+    assert cpu.rec_form == 0 and cpu.prep_block == 0
+    gpu = make_plan(128, 128, torch.bfloat16, "cuda")
+    assert (gpu.rec_form, gpu.num_stages_h, gpu.prep_block) == (1, 3, 0)
+    for K, V, dt in ((64, 64, torch.bfloat16), (64, 64, torch.float32), (32, 16, torch.bfloat16)):
+        assert make_plan(K, V, dt, "cuda").rec_form == 0, (K, V, dt)
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     on = dataclasses.replace(plan, rec_form=1)
     d = on.to_dict()
@@ -115,6 +119,9 @@ def test_fields_serialised_and_checked():
             dataclasses.replace(plan, rec_form=bad)
     both = dataclasses.replace(plan, rec_form=1, prep_block=32)
     assert GDNDetPlan.from_dict(both.to_dict()) == both and both.key != on.key
+    k100 = dataclasses.replace(make_plan(100, 48, torch.bfloat16, "cuda"), prep_block=32)
+    assert "K = block_k" in cuda_plan_problem(k100, torch.bfloat16)
+    assert cuda_plan_problem(dataclasses.replace(gpu, prep_block=32), torch.bfloat16) is None
     for bad in (8, 24, -16, 512):
         with pytest.raises(ValueError, match="prep_block"):
             dataclasses.replace(plan, prep_block=bad)

@@ -50,7 +50,7 @@ PLANS = [
                 "gate_block_t", "num_warps_gate", "rec_form", "prep_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:106906fd6faee09e65c722a177b46b5e97edbc7ac471e08a06ee9ec8ed6fcb89"
+SOURCE_DIGEST = "sha256:6f0dcf34a4dc796274901f0d10bcf5db061174850adeb2e2068596e1f98fc168"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -167,6 +167,11 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
     if dtype != torch.float32 and plan.store_16bit and 0 < plan.prep_block < 32:
         return ("on CUDA prep_block must be >= 32 with 16-bit intermediates (16-wide 16-bit "
                 "dots gave wrong results on an H200, Triton 3.6)")
+    if dtype != torch.float32 and plan.store_16bit and plan.prep_block \
+            and plan.head_k_dim != plan.block_k:
+        return ("on CUDA prep_block > 0 with 16-bit intermediates needs K = block_k (at K = 100 "
+                "bf16 it gave o 10x further from float64 than prep_block=0 on an H200, "
+                "Triton 3.6)")
     return None
 
 
@@ -187,7 +192,11 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     K = V = 128 bf16). 16-bit
     inputs keep 16-bit intermediates (``store_16bit=1``); under the interpreter
     ``fp32_dots=1`` (it computes fp32 regardless). ``store_16bit=1`` when block_k >= 32 and
-    V > 16, else 0. ``rec_form = 0`` (1 is a candidate, not yet checked on a GPU:
+    V > 16, else 0. On CUDA with 16-bit intermediates and
+    ``block_k * block_v >= 8192`` (K = 128): ``rec_form = 1`` and ``num_stages_h = 3`` (an
+    H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every configuration right against
+    float64, bitwise repeatable); elsewhere ``rec_form = 0``. ``prep_block = 0`` everywhere
+    (``prep_block = 32`` was no faster and less accurate at K = 100 on an H200:
     docs/benchmarks/gdn_speed_plan.md).
 
     Raises:
@@ -205,6 +214,10 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     block_v = min(64, block_v_full) if cuda else block_v_full
     store_16bit = int(block_k >= 32 and block_v_full >= 32)
     wide = dtype != torch.float32 and store_16bit
+    # H200 2026-11-30 (docs/benchmarks/gdn.md): at K = V = 128 bf16 the backward-recurrence
+    # form with 3 stages took 14.5 ms fwd+bwd at case a (default form, 2 stages: 15.7 ms);
+    # adopted where it was measured, the 16-bit [128, 64] state tiles.
+    big_rec = cuda and wide and block_k * block_v >= 8192
     return GDNDetPlan(
         head_k_dim=K,
         head_v_dim=V,
@@ -215,7 +228,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_h=8 if cuda and block_k * block_v >= 8192 else 4,
         num_warps_o=4,
         num_warps_local=8 if cuda and block_k * block_v_full >= 4096 else 4,
-        num_stages_h=2 if wide else 1,
+        num_stages_h=(3 if big_rec else 2) if wide else 1,
         block_v_local=min(32, block_v_full) if cuda else block_v_full,
         keep_a=1,
         l2norm_block_rows=16 if cuda else 256,
@@ -224,7 +237,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         store_16bit=store_16bit,
         gate_block_t=128 if cuda else 256,
         num_warps_gate=4,
-        rec_form=0,
+        rec_form=int(big_rec),
         prep_block=0,
     )
 
