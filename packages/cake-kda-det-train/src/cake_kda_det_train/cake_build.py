@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5b0def74d3ebdee91784efc2628e964b70c83e08ed99f65eaaef41982832b3ad"
+SOURCE_DIGEST = "sha256:99baa73b27445423f26aecbbb715397be2b82c13ee116d34ddbe5184831234cd"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -212,9 +212,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 
     Known limit (H200, Triton 3.6, 2026-11-30): the backward's dk, dg and dbeta repeat
-    bitwise call after call on a GPU that runs nothing else, but not while another process
-    time-shares the same GPU (every plan tried; ``shared/gpu/repeat_diag.py kda ... --burn``):
-    a fault of the compiled backward, under investigation (docs/determinism.md).
+    bitwise call after call on a GPU that runs nothing else, but did not while another
+    process time-shared the same GPU in session 7 (every plan tried;
+    ``shared/gpu/repeat_diag.py kda ... --burn``; not reproduced in 56 calls in session 8):
+    an intermittent fault of the compiled backward, under investigation (docs/determinism.md).
 
     Raises:
         ValueError: K or V outside [1, 256], ``dtype`` not fp32/bf16/fp16, or on CUDA the
