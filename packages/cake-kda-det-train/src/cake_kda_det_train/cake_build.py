@@ -58,15 +58,15 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply_ld"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 3,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 4,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra"]},
+                "fwd_split", "num_warps_intra", "pairs_diag"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5b0def74d3ebdee91784efc2628e964b70c83e08ed99f65eaaef41982832b3ad"
+SOURCE_DIGEST = "sha256:d020aefff5bc10ae501f5dc17dceb38a0c1d31bd3f4a12a2fcda12e7223dd3a2"
 # --- end of generated block ---
 
 MANIFEST = {

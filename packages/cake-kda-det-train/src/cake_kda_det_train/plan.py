@@ -80,10 +80,20 @@ class KDADetPlan(Plan):
             solve, w and u. Other sum order than 0 (other bits, same math).
         num_warps_intra: warps of the sub-chunk kernels (used only with ``bwd_split`` or
             ``fwd_split``).
+        pairs_diag: how the ``fwd_split`` pairs kernel forms the terms inside its own
+            16-token sub-chunk (used only with ``fwd_split``). 0 = 16 serial steps, each
+            with the partner token's k and G rows loaded and one exp per row, channel and
+            product (A and Aqk each), placed into the ``[16, 64]`` tiles (the rule's
+            choice). 1 = all 16 x 16 pairs of one key block at once as a
+            ``[16, 16, block_k_inner]`` broadcast (one exp per pair and channel, shared by
+            A and Aqk; no serial loop), summed over the block's channels and stored as the
+            sub-chunk's diagonal block. Same terms, key blocks summed in index order;
+            the sum inside a block may run in another order on a GPU (other bits, fixed).
+            docs/benchmarks/kda_fwd_plan.md.
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 3
+    format_version: ClassVar[int] = 4
 
     head_k_dim: int
     head_v_dim: int
@@ -108,6 +118,7 @@ class KDADetPlan(Plan):
     bwd_split: int
     fwd_split: int
     num_warps_intra: int
+    pairs_diag: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -127,7 +138,7 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split")
+        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "pairs_diag")
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
@@ -256,4 +267,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         bwd_split=1,
         fwd_split=1,
         num_warps_intra=4,
+        pairs_diag=0,
     )
