@@ -119,8 +119,8 @@ def main():
                        "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
             c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
                      WANT_AKK=not load_a, DIAG3=bool(plan.pairs_diag))
-            rows.append((what.replace("prep", "pairs"), plan.num_warps_intra,
-                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_intra)))
+            rows.append((what.replace("prep", "pairs"), plan.num_warps_pairs,
+                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
     bk = triton.next_power_of_2(max(16, a.K))
     hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
     h_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}

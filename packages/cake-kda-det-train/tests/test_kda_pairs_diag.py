@@ -3,7 +3,8 @@
 16 serial steps (docs/benchmarks/kda_fwd_plan.md). o, final state and every gradient
 against the float64 reference (packed documents with an empty and a 1-token one, HV = 2H,
 strong decays, kept and recomputed T, K off the block size); close to ``pairs_diag = 0``;
-bitwise repeatable; the field is serialised (format version 4), an older form refused."""
+bitwise repeatable; the fields (and ``num_warps_pairs``, the pairs kernel's warps) are
+serialised (format version 4), an older form refused."""
 
 import dataclasses
 
@@ -18,7 +19,8 @@ LENS = [1, 37, 0, 20]
 
 
 def _plan(K, V, dtype, **over):
-    return dataclasses.replace(make_plan(K, V, dtype, DEV), fwd_split=1, pairs_diag=1, **over)
+    return dataclasses.replace(make_plan(K, V, dtype, DEV), fwd_split=1, pairs_diag=1,
+                               **{"num_warps_pairs": 8, **over})
 
 
 @pytest.mark.parametrize("K, V, dtype, over", [
@@ -78,3 +80,8 @@ def test_pairs_diag_field_serialised_and_checked():
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="pairs_diag"):
             dataclasses.replace(plan, pairs_diag=bad)
+    assert plan.num_warps_pairs == 4
+    w8 = dataclasses.replace(on, num_warps_pairs=8)
+    assert KDADetPlan.from_dict(w8.to_dict()) == w8 and w8.key != on.key
+    with pytest.raises(ValueError, match="num_warps_pairs"):
+        dataclasses.replace(plan, num_warps_pairs=3)

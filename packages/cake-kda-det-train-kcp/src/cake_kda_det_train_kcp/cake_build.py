@@ -40,7 +40,7 @@ PLANS = [
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra", "pairs_diag"]},
+                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {

@@ -63,10 +63,10 @@ PLANS = [
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra", "pairs_diag"]},
+                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d020aefff5bc10ae501f5dc17dceb38a0c1d31bd3f4a12a2fcda12e7223dd3a2"
+SOURCE_DIGEST = "sha256:b36f99f9c89f15f1a398278d6e4782e35c811ed9888dadb1e0e32c940d592c51"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -90,6 +90,9 @@ class KDADetPlan(Plan):
             sub-chunk's diagonal block. Same terms, key blocks summed in index order;
             the sum inside a block may run in another order on a GPU (other bits, fixed).
             docs/benchmarks/kda_fwd_plan.md.
+        num_warps_pairs: warps of the ``fwd_split`` pairs kernel (the forward's, and the
+            backward's recompute of Aqk); ``num_warps_intra`` keeps the other sub-chunk
+            kernels (4 in the rule, as before the field existed).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
@@ -119,6 +122,7 @@ class KDADetPlan(Plan):
     fwd_split: int
     num_warps_intra: int
     pairs_diag: int
+    num_warps_pairs: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -145,7 +149,8 @@ class KDADetPlan(Plan):
                                  or self.block_v < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
-                           "num_warps_l2norm", "num_warps_gate", "num_warps_intra")
+                           "num_warps_l2norm", "num_warps_gate", "num_warps_intra",
+                           "num_warps_pairs")
         self.require_mode(Mode.DET)
 
     @property
@@ -218,7 +223,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     loaded: 10.6 ms forward+backward at the benchmark's case a on an H200 against 29.0 ms
     for 0, 0, 0; every configuration of ``shared/gpu/plan_configs.py`` with them matched
     float64 there; the interpreter takes them too, so that the CPU tests run the GPU's
-    paths), ``num_warps_intra = 4`` (docs/benchmarks/kda_speed_plan.md). Gate kernels
+    paths), ``num_warps_intra = 4`` (docs/benchmarks/kda_speed_plan.md);
+    ``pairs_diag = 0`` and ``num_warps_pairs = 4`` (the pairs kernel as before those fields;
+    ``pairs_diag = 1`` is a candidate not yet run on a GPU: docs/benchmarks/kda_fwd_plan.md).
+    Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 
@@ -268,4 +276,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         fwd_split=1,
         num_warps_intra=4,
         pairs_diag=0,
+        num_warps_pairs=4,
     )
