@@ -26,10 +26,12 @@ def _plan(K, V, dtype, **over):
 @pytest.mark.parametrize("K, V, dtype, over", [
     (24, 16, torch.float32, dict(block_k_inner=16)),
     (24, 16, torch.float32, dict(block_k_inner=16, keep_a=0, bwd_split=1)),
-], ids=["fp32-bki16-kept", "fp32-bki16-recompute-split"])
+    (32, 32, torch.bfloat16, dict(block_k_inner=16, bwd_split=1)),
+], ids=["fp32-bki16-kept", "fp32-bki16-recompute-split", "bf16-bki16-split"])
 def test_pairs_diag_vs_reference(K, V, dtype, over, kda):
     """Documents of 1, 37, 0 and 20 tokens (chunks ending inside a sub-chunk, an empty
-    document, a 1-token one); K = 24 in blocks of 16 ends in a partly masked block."""
+    document, a 1-token one); K = 24 in blocks of 16 ends in a partly masked block; bf16
+    at K = V = 32 stores 16-bit intermediates under the interpreter."""
     plan = _plan(K, V, dtype, **over)
     if DEV.type == "cuda" and plan.block_k_inner == 16:
         pytest.skip("fp32 key blocks of 16 are refused on CUDA (cuda_plan_problem)")
