@@ -93,7 +93,15 @@ CONFIGS = {
                       "128 128 bfloat16 fwd_split=1 bwd_split=1 num_warps_intra=8",
                       "64 64 bfloat16 fwd_split=1 bwd_split=1", "128 128 float32 fwd_split=1",
                       "100 100 bfloat16 fwd_split=1 bwd_split=1 lens=1,70,0,65",
-                      "48 32 float32 fwd_split=1 bwd_split=1 keep_a=0 lens=1,70,0,65"],
+                      "48 32 float32 fwd_split=1 bwd_split=1 keep_a=0 lens=1,70,0,65",
+                      # pairs_diag: the pairs kernel's own sub-chunk as one 16x16xBKI
+                      # broadcast (docs/benchmarks/kda_fwd_plan.md); not yet run on a GPU
+                      "128 128 bfloat16 pairs_diag=1", "128 128 float16 pairs_diag=1",
+                      "128 128 bfloat16 pairs_diag=1 keep_a=0",
+                      "128 128 bfloat16 pairs_diag=1 num_warps_pairs=8",
+                      "64 64 bfloat16 pairs_diag=1", "128 128 float32 pairs_diag=1",
+                      "100 100 bfloat16 pairs_diag=1 lens=1,70,0,65",
+                      "48 32 float32 pairs_diag=1 keep_a=0 lens=1,70,0,65"],
 }
 
 

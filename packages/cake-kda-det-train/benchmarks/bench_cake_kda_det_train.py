@@ -1,7 +1,8 @@
 """Benchmark cake's det chunked Kimi Delta Attention against FLA's ``chunk_kda``.
 
     python benchmarks/bench_cake_kda_det_train.py [--impls cake,fla] [--cases a,b,c]
-        [--in-kernel] [--plan key=val ...] [--err] [--hash] [--profile CASE] [--out f.json]
+        [--in-kernel] [--plan key=val ...] [--err] [--hash] [--profile CASE [--profile-fwd]]
+        [--out f.json]
 
 Cases (the issue's shapes; bf16 q/k/v, fp32 per-channel g, K = V = 128, HV = H):
 
@@ -23,6 +24,9 @@ cake's plan.
 (:func:`cake_kda_det_train.kda_recurrence_ref`) on a smaller shape, fixed length and
 packed (max |err| / max |ref| per tensor). ``--hash``: sha256 of o, final_state and all
 gradients over 5 runs per implementation (run the script twice to compare processes).
+``--profile CASE``: torch.profiler's table of CUDA kernels over 3 forward+backward steps
+(the forward's prep, pairs and state kernels run again in the backward's recompute), or
+over 3 forwards with ``--profile-fwd``.
 FLA is imported only when asked for and never required: without it, cake runs alone.
 """
 
@@ -168,8 +172,12 @@ def hashes(fn, c, runs=5):
     return [bench.bits_sha256(grads_of(fn, c))[:16] for _ in range(runs)]
 
 
-def profile(fn, c):
-    print(bench.cuda_profile_table(lambda: grads_of(fn, c)))
+def profile(fn, c, fwd_only=False):
+    if fwd_only:  # the autograd forward alone (inputs requiring grad, as when timed)
+        x = leaves(c)
+        print(bench.cuda_profile_table(lambda: fn(c, x)))
+    else:
+        print(bench.cuda_profile_table(lambda: grads_of(fn, c)))
 
 
 def main() -> None:
@@ -183,6 +191,8 @@ def main() -> None:
     p.add_argument("--err", action="store_true")
     p.add_argument("--hash", action="store_true")
     p.add_argument("--profile", default="")
+    p.add_argument("--profile-fwd", action="store_true",
+                   help="with --profile: profile the forward only (no backward)")
     p.add_argument("--no-time", action="store_true")
     p.add_argument("--out", default="")
     a = p.parse_args()
@@ -198,7 +208,8 @@ def main() -> None:
         [s for s in a.cases.split(",") if s],
         lambda name: make_case(**CASES[name], in_kernel=a.in_kernel), impls,
         time_impl=None if a.no_time else (lambda fn, c: time_impl(fn, c, a.reps)),
-        hashes=hashes if a.hash else None, profile=profile, profile_case=a.profile)
+        hashes=hashes if a.hash else None,
+        profile=lambda fn, c: profile(fn, c, a.profile_fwd), profile_case=a.profile)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -45,9 +45,9 @@ def _sig(fn, types: dict, consts: dict):
     return ASTSource(fn, sig, constexprs=consts)
 
 
-def build(fn, types, consts, num_warps):
+def build(fn, types, consts, num_warps, num_stages=1):
     k = triton.compile(_sig(fn, types, consts), target=TARGET,
-                       options={"num_warps": num_warps, "num_stages": 1})
+                       options={"num_warps": num_warps, "num_stages": num_stages})
     cubin = k.asm["cubin"]
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
@@ -71,13 +71,21 @@ def main():
         kda_bwd_intra_kernel,
         kda_bwd_local_kernel,
     )
-    from cake_kda_det_train.kernels.chunk_fwd import kda_fwd_pairs_kernel, kda_fwd_prep_kernel
+    from cake_kda_det_train.kernels.chunk_fwd import (
+        kda_chunk_cumsum_kernel,
+        kda_fwd_h_kernel,
+        kda_fwd_o_kernel,
+        kda_fwd_pairs_kernel,
+        kda_fwd_prep_kernel,
+    )
     from cake_kda_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--V", type=int, default=128)
     p.add_argument("--plan", nargs="*", default=[])
+    p.add_argument("--fwd-only", action="store_true",
+                   help="only the forward's kernels (cumsum, pairs, prep, state, output)")
     a = p.parse_args()
     over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
     plan = dataclasses.replace(_rule(a.K, a.V, torch.bfloat16, torch.device("cuda")), **over)
@@ -90,7 +98,16 @@ def main():
               "Ap": "*bf16", "AQK": "*bf16", "W": "*bf16", "U": "*bf16", "AKKS": "*fp32",
               "scale": "fp32"}
     pairs = bool(plan.fwd_split)
-    for load_a, cumsum, what in ((False, True, "fwd prep"), (True, False, "bwd recompute prep")):
+    if pairs:
+        c = dict(BT=64, BKI=plan.block_k_inner)
+        rows.append(("fwd cumsum (split)", plan.num_warps_intra,
+                     *build(kda_chunk_cumsum_kernel,
+                            {"Gp": "*fp32", "GCUM": "*fp32", "CHUNK_START": "*i32",
+                             "CHUNK_END": "*i32", "HV": "i32", "KD": "i32"}, c,
+                            plan.num_warps_intra)))
+    preps = ((False, True, "fwd prep"),) if a.fwd_only else \
+        ((False, True, "fwd prep"), (True, False, "bwd recompute prep"))
+    for load_a, cumsum, what in preps:
         c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
                  LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
                  PAIRS=pairs)
@@ -101,9 +118,27 @@ def main():
             pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
                        "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
             c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
-                     WANT_AKK=not load_a)
-            rows.append((what.replace("prep", "pairs"), plan.num_warps_intra,
-                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_intra)))
+                     WANT_AKK=not load_a, DIAG3=bool(plan.pairs_diag))
+            rows.append((what.replace("prep", "pairs"), plan.num_warps_pairs,
+                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
+    bk = triton.next_power_of_2(max(16, a.K))
+    hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
+    h_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
+    h_t.update({"Kp": "*bf16", "W": "*bf16", "U": "*bf16", "GCUM": "*fp32", "CU": "*i32",
+                "CHUNK_OFF": "*i32", "H0": "*fp32", "HBUF": "*bf16", "VNEW": "*bf16",
+                "HT": "*fp32"})
+    rows.append((f"fwd state h (stages={plan.num_stages_h})", plan.num_warps_h,
+                 *build(kda_fwd_h_kernel, h_t, dict(hc, HAS_H0=True, STORE_FINAL=True),
+                        plan.num_warps_h, plan.num_stages_h)))
+    o_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
+    o_t.update({"Qp": "*bf16", "GCUM": "*fp32", "AQK": "*bf16", "VNEW": "*bf16",
+                "HBUF": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "O": "*bf16",
+                "scale": "fp32"})
+    rows.append(("fwd output o", plan.num_warps_o,
+                 *build(kda_fwd_o_kernel, o_t, hc, plan.num_warps_o)))
+    if a.fwd_only:
+        _report(over, rows)
+        return
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",
              "VNEW": "*bf16", "DU": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32",
@@ -122,6 +157,10 @@ def main():
         c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
         rows.append(("bwd intra (split)", plan.num_warps_intra,
                      *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
+    _report(over, rows)
+
+
+def _report(over, rows):
     print("plan over", over)
     for what, warps, regs, spills, smem, counts in rows:
         print(f"{what:22s} warps={warps} regs={regs} stack={spills} smem={smem} "

@@ -6,7 +6,7 @@ final_state and every gradient against the float64 reference (packed 1/70/0/65-t
 documents, HV = 2H, strong per-channel decays, kept and recomputed T, K and V off the
 block sizes); diag_load gives the default path's values (each sub-chunk term is the same
 product, summed in the same order; the splits sum in another order); bitwise repeatable;
-the fields are part of the plan's serialised form (format version 3) and checked."""
+the fields are part of the plan's serialised form (format version 3, now 4) and checked."""
 
 import dataclasses
 
@@ -104,7 +104,7 @@ def test_new_fields_serialised_and_checked():
                                bwd_split=0, fwd_split=0)
     on = dataclasses.replace(plan, diag_load=1)
     d = on.to_dict()
-    assert d["diag_load"] == 1 and d["version"] == 3
+    assert d["diag_load"] == 1 and d["version"] == KDADetPlan.format_version
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n != "diag_load"}
     old["version"] = 2  # a plan serialised before the field existed

@@ -58,15 +58,15 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply_ld"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 3,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 4,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra"]},
+                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:99baa73b27445423f26aecbbb715397be2b82c13ee116d34ddbe5184831234cd"
+SOURCE_DIGEST = "sha256:40ffb3203f924c731ab77fe06277280011de7fbb029065d90c9a386f37a3b980"
 # --- end of generated block ---
 
 MANIFEST = {

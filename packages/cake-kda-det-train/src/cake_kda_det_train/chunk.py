@@ -85,7 +85,8 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
         kda_fwd_pairs_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
             q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, WANT_AKK=not load_a,
-            num_warps=plan.num_warps_intra, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
+            DIAG3=bool(plan.pairs_diag), num_warps=plan.num_warps_pairs, DT=cst["DT"],
+            PREC=cst["PREC"], BT=CHUNK_SIZE)
     kda_fwd_prep_kernel[(NC, HV)](
         q, k, v, g_cumsum if recompute or pairs else g, beta, starts, ends, g_cumsum, A, aqk,
         w, u, akks,

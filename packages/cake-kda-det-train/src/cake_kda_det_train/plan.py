@@ -80,10 +80,23 @@ class KDADetPlan(Plan):
             solve, w and u. Other sum order than 0 (other bits, same math).
         num_warps_intra: warps of the sub-chunk kernels (used only with ``bwd_split`` or
             ``fwd_split``).
+        pairs_diag: how the ``fwd_split`` pairs kernel forms the terms inside its own
+            16-token sub-chunk (used only with ``fwd_split``). 0 = 16 serial steps, each
+            with the partner token's k and G rows loaded and one exp per row, channel and
+            product (A and Aqk each), placed into the ``[16, 64]`` tiles (the rule's
+            choice). 1 = all 16 x 16 pairs of one key block at once as a
+            ``[16, 16, block_k_inner]`` broadcast (one exp per pair and channel, shared by
+            A and Aqk; no serial loop), summed over the block's channels and stored as the
+            sub-chunk's diagonal block. Same terms, key blocks summed in index order;
+            the sum inside a block may run in another order on a GPU (other bits, fixed).
+            docs/benchmarks/kda_fwd_plan.md.
+        num_warps_pairs: warps of the ``fwd_split`` pairs kernel (the forward's, and the
+            backward's recompute of Aqk); ``num_warps_intra`` keeps the other sub-chunk
+            kernels (4 in the rule, as before the field existed).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 3
+    format_version: ClassVar[int] = 4
 
     head_k_dim: int
     head_v_dim: int
@@ -108,6 +121,8 @@ class KDADetPlan(Plan):
     bwd_split: int
     fwd_split: int
     num_warps_intra: int
+    pairs_diag: int
+    num_warps_pairs: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -127,14 +142,15 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split")
+        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "pairs_diag")
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or self.block_v < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
-                           "num_warps_l2norm", "num_warps_gate", "num_warps_intra")
+                           "num_warps_l2norm", "num_warps_gate", "num_warps_intra",
+                           "num_warps_pairs")
         self.require_mode(Mode.DET)
 
     @property
@@ -207,7 +223,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     loaded: 10.6 ms forward+backward at the benchmark's case a on an H200 against 29.0 ms
     for 0, 0, 0; every configuration of ``shared/gpu/plan_configs.py`` with them matched
     float64 there; the interpreter takes them too, so that the CPU tests run the GPU's
-    paths), ``num_warps_intra = 4`` (docs/benchmarks/kda_speed_plan.md). Gate kernels
+    paths), ``num_warps_intra = 4`` (docs/benchmarks/kda_speed_plan.md);
+    ``pairs_diag = 0`` and ``num_warps_pairs = 4`` (the pairs kernel as before those fields;
+    ``pairs_diag = 1`` is a candidate not yet run on a GPU: docs/benchmarks/kda_fwd_plan.md).
+    Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
 
@@ -257,4 +276,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         bwd_split=1,
         fwd_split=1,
         num_warps_intra=4,
+        pairs_diag=0,
+        num_warps_pairs=4,
     )

@@ -249,7 +249,7 @@ def kda_fwd_pairs_kernel(
     Qp, Kp, GCUM, CHUNK_START, CHUNK_END, AKKS, AQK,
     scale, H, HV, GROUP, KD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr, WANT_AKK: tl.constexpr,
+    BKI: tl.constexpr, WANT_AKK: tl.constexpr, DIAG3: tl.constexpr,
 ):
     """``plan.fwd_split = 1``: the gated pair products of the ``BC`` rows of one sub-chunk
     ``s`` (grid: chunk * sub-chunks, value head): ``sum_c L_i k_jc exp(G_ic - G_jc)`` with
@@ -257,7 +257,10 @@ def kda_fwd_pairs_kernel(
     j <= i (Aqk, stored times ``scale`` to ``AQK``). Per block of key channels, in index
     order: the earlier sub-chunks by one ``[BC, BKI] x [BKI, BT]`` dot (reference decay: the
     row before s, as :func:`gated_pair`), s itself by ``BC`` steps with the partner token's
-    k and G rows loaded. Writes only its sub-chunk's rows."""
+    k and G rows loaded; with ``DIAG3`` (``plan.pairs_diag = 1``) s itself at once as a
+    ``[BC, BC, BKI]`` broadcast (one exp per pair and channel, shared by A and Aqk), kept in
+    ``[BC, BC]`` tiles and stored after the rest of the rows. Writes only its sub-chunk's
+    rows."""
     c = tl.program_id(0) // (BT // BC)
     s = tl.program_id(0) % (BT // BC)
     hv = tl.program_id(1)
@@ -275,6 +278,8 @@ def kda_fwd_pairs_kernel(
         last_off = (end - 1) * (HV * KD) + hv * KD
         akk = tl.zeros([BC, BT], dtype=tl.float32)
         aqk = tl.zeros([BC, BT], dtype=tl.float32)
+        dk3 = tl.zeros([BC, BC], dtype=tl.float32)  # DIAG3: s's own block
+        dq3 = tl.zeros([BC, BC], dtype=tl.float32)
         for k0 in range(0, KD, BKI):
             ck = k0 + tl.arange(0, BKI)
             cmask = ck < KD
@@ -305,7 +310,16 @@ def kda_fwd_pairs_kernel(
                 mq = tl.dot((q_s * eg).to(DT), tl.trans(right.to(DT)), mq, input_precision=PREC)
             dk = tl.zeros([BC, BT], dtype=tl.float32)
             dq = tl.zeros([BC, BT], dtype=tl.float32)
-            for jj in range(BC):  # inside s: the partner token's row, loaded
+            if DIAG3:  # inside s at once: row i, partner j, channel c
+                vq = (sr[:, None] >= sr[None, :]) & smask[None, :]
+                e3 = tl.exp(tl.where(vq[:, :, None], g_s[:, None, :] - g_s[None, :, :], 0.0))
+                if WANT_AKK:
+                    vk = ((sr[:, None] > sr[None, :]) & smask[None, :])[:, :, None]
+                    dk3 += tl.sum(tl.where(vk, k_s[:, None, :] * k_s[None, :, :] * e3, 0.0),
+                                  axis=2)
+                dq3 += tl.sum(tl.where(vq[:, :, None], q_s[:, None, :] * k_s[None, :, :] * e3,
+                                       0.0), axis=2)
+            for jj in range(0 if DIAG3 else BC):  # inside s: the partner token's row, loaded
                 ptok = s0 + jj
                 pok = ptok < end
                 pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
@@ -326,6 +340,13 @@ def kda_fwd_pairs_kernel(
                 akk += mk + dk
             aqk += mq + dq
         a_off = stok[:, None] * (HV * BT) + hv * BT + rows[None, :]
+        amask = smask[:, None]
+        if DIAG3:  # the diagonal block's columns from the [BC, BC] tiles (disjoint stores)
+            amask = amask & ((rows < s * BC) | (rows >= s * BC + BC))[None, :]
+            d_off = stok[:, None] * (HV * BT) + hv * BT + s * BC + sr[None, :]
+            if WANT_AKK:
+                tl.store(AKKS + d_off, dk3, mask=smask[:, None])
+            tl.store(AQK + d_off, (dq3 * scale).to(AQK.dtype.element_ty), mask=smask[:, None])
         if WANT_AKK:
-            tl.store(AKKS + a_off, akk, mask=smask[:, None])
-        tl.store(AQK + a_off, (aqk * scale).to(AQK.dtype.element_ty), mask=smask[:, None])
+            tl.store(AKKS + a_off, akk, mask=amask)
+        tl.store(AQK + a_off, (aqk * scale).to(AQK.dtype.element_ty), mask=amask)
