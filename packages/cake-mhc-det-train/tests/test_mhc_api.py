@@ -205,3 +205,24 @@ def test_finish_dx_part_added_inside_the_dx_kernel(monkeypatch):
     (Y * case["dY"]).sum().backward()
     assert seen == [True, False]
     assert_close_to_reference(X.grad + X2.grad, ref["dX"], torch.float32, "dX", tol=3e-5)
+
+
+def test_module_and_stream_helpers_refuse_bad_arguments_with_value_error():
+    """Breaker findings: a float n (``4.0 in (2, 4, 8)`` is True) used to reach torch as a
+    TypeError, ``sinkhorn_iters`` / ``eps`` out of the prepare's range were accepted by the
+    module and only refused at the first forward, and the stream helpers raised IndexError /
+    TypeError (or returned a NaN mean over zero streams) instead of ValueError."""
+    lin = torch.nn.Linear(8, 8)
+    for kw, msg in (({"n_streams": 4.0}, "n_streams"), ({"sinkhorn_iters": 101}, "sinkhorn_iters"),
+                    ({"eps": 0.0}, "eps"), ({"eps": float("nan")}, "eps")):
+        with pytest.raises(ValueError, match=msg):
+            HyperConnection(lin, 8, **kw)
+    x = torch.zeros(2, 8)
+    for bad, n in ((x, 2.0), (x, True), (torch.tensor(1.0), 2), ([1.0, 2.0], 2)):
+        with pytest.raises(ValueError):
+            expand_streams(bad, n)
+    for bad in (torch.zeros(4), torch.tensor(1.0), torch.zeros(3, 0, 4), torch.zeros(3, 3, 4),
+                torch.ones(3, 2, 4, dtype=torch.long), [[1.0], [2.0]]):
+        with pytest.raises(ValueError):
+            collapse_streams(bad)
+    assert torch.equal(collapse_streams(torch.ones(3, 2, 4)), torch.ones(3, 4))
