@@ -226,3 +226,28 @@ def test_module_and_stream_helpers_refuse_bad_arguments_with_value_error():
         with pytest.raises(ValueError):
             collapse_streams(bad)
     assert torch.equal(collapse_streams(torch.ones(3, 2, 4)), torch.ones(3, 4))
+
+
+def test_compile_dynamic_fullgraph_same_bits():
+    """Breaker finding: ``torch.compile(dynamic=True, fullgraph=True)`` failed in the eps
+    check (``math.isfinite`` of a traced float is a graph break). One compiled function over
+    several token counts (0 included) gives the eager bits."""
+    torch._dynamo.reset()
+    case = make(5, 2, 8, torch.float32, seed=43)
+
+    def f(X, phi, alpha, bias):
+        U, h = mhc_det_prepare(X, phi, alpha, bias, sinkhorn_iters=3)
+        return mhc_det_finish(X, torch.tanh(U), h)
+
+    cf = torch.compile(f, fullgraph=True, backend=BACKEND, dynamic=True)
+    for T in (5, 0):
+        X = randn((T, 2, 8), torch.float32, DEV, seed=T)
+        outs = []
+        for fn in (f, cf):
+            leaves = [X.clone().requires_grad_()] + [
+                case[k].clone().requires_grad_() for k in ("phi", "alpha", "bias")]
+            Y = fn(*leaves)
+            Y.sum().backward()
+            outs.append([Y.detach()] + [t.grad for t in leaves])
+        for a, b in zip(*outs, strict=True):
+            assert bitwise_equal(a, b)
