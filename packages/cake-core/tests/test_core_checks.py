@@ -112,3 +112,23 @@ def test_float_dtype_and_device():
     for bad in ("bogus", 3.5, None):
         with pytest.raises(ValueError, match=r"^device: "):
             check_device(bad)
+
+
+def test_positive_finite_traces_under_dynamic_fullgraph_compile():
+    """Breaker finding: ``math.isfinite`` of a Python float that dynamo traces (under
+    ``dynamic=True`` even a constant default argument such as mHC's ``eps=1e-6``) is a graph
+    break, so ``torch.compile(dynamic=True, fullgraph=True)`` of any entry checking its eps
+    failed before reaching a kernel."""
+    torch._dynamo.reset()
+
+    def f(x, eps=1e-6):
+        return x * check_positive_finite(eps, "eps")
+
+    def g(x, e):
+        return f(x) + f(x, e)
+
+    cg = torch.compile(g, backend="eager", fullgraph=True, dynamic=True)
+    for n in (3, 5):
+        assert torch.equal(cg(torch.ones(n), 0.5), g(torch.ones(n), 0.5))
+    with pytest.raises(ValueError, match="eps"):
+        check_positive_finite(float("-inf"), "eps")

@@ -4,7 +4,7 @@
         --seqlen 65536 --docs 8 --boundary random --layout zigzag --exchange allgather \\
         --gate softplus --base local [--check] [--out result.json]
     python benchmarks/bench_cake_kda_det_train_kcp.py --world-size 2 --device cpu \\
-        --seqlen 100 --docs 2 --heads 1 --v-heads 1 --head-dim 16 --dtype fp32
+        --seqlen 100 --docs 2 --boundary none --heads 1 --v-heads 1 --head-dim 16 --dtype fp32
 
 Launch: under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` set) every process joins the group
 (NCCL on CUDA, one GPU per local rank; gloo on the CPU); otherwise the script spawns

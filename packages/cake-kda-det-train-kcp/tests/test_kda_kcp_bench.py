@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from _kda_kcp_helpers import DEV
 from cake_core.testing import kcp_smoke_device
 
@@ -66,3 +67,24 @@ def test_smoke_two_ranks_one_token(tmp_path):
     assert set(d["ranks"][1]["rel_err"]) == set(bench.GRAD_NAMES)
     assert d["local_fwd_bwd_ms"] > 0 and d["ranks"][0]["bytes"]["calls"] == 1
     assert d["gate"] == "softplus" and d["reduce_gate_param_grads"]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "benchmark docstring"])
+def test_documented_cpu_smoke_command_crosses_a_rank(doc):
+    """Breaker finding: the documented CPU command (``--seqlen 100 --docs 2`` on two ranks,
+    default ``--boundary random``, seed 0) put its one document boundary exactly on the rank
+    cut (``cu = [0, 50, 100]``), so no state crossed a rank and its ``--check`` exercised no
+    exchange. The documented command must send at least one state."""
+    import shlex
+
+    from cake_kda_det_train_kcp import partition_det_kcp
+
+    text = (BENCH.parents[1] / "README.md").read_text() if doc == "README.md" else bench.__doc__
+    lines = text.replace("\\\n", " ").splitlines()
+    cmd = next(ln for ln in lines if "--device cpu" in ln and "bench_cake_kda" in ln)
+    argv = shlex.split(cmd)
+    a = bench.parse_args(argv[argv.index(next(x for x in argv if x.endswith(".py"))) + 1:])
+    cu = bench.make_cu(a.seqlen, a.docs, a.boundary, a.layout, a.world_size, a.seed)
+    part = partition_det_kcp(torch.tensor(cu), a.world_size, a.layout)
+    frags = [f for r in range(a.world_size) for f in part.fragments(r)]
+    assert any(f.next_rank is not None for f in frags), (cu, frags)

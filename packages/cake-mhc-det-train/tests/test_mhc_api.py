@@ -205,3 +205,49 @@ def test_finish_dx_part_added_inside_the_dx_kernel(monkeypatch):
     (Y * case["dY"]).sum().backward()
     assert seen == [True, False]
     assert_close_to_reference(X.grad + X2.grad, ref["dX"], torch.float32, "dX", tol=3e-5)
+
+
+def test_module_and_stream_helpers_refuse_bad_arguments_with_value_error():
+    """Breaker findings: a float n (``4.0 in (2, 4, 8)`` is True) used to reach torch as a
+    TypeError, ``sinkhorn_iters`` / ``eps`` out of the prepare's range were accepted by the
+    module and only refused at the first forward, and the stream helpers raised IndexError /
+    TypeError (or returned a NaN mean over zero streams) instead of ValueError."""
+    lin = torch.nn.Linear(8, 8)
+    for kw, msg in (({"n_streams": 4.0}, "n_streams"), ({"sinkhorn_iters": 101}, "sinkhorn_iters"),
+                    ({"eps": 0.0}, "eps"), ({"eps": float("nan")}, "eps")):
+        with pytest.raises(ValueError, match=msg):
+            HyperConnection(lin, 8, **kw)
+    x = torch.zeros(2, 8)
+    for bad, n in ((x, 2.0), (x, True), (torch.tensor(1.0), 2), ([1.0, 2.0], 2)):
+        with pytest.raises(ValueError):
+            expand_streams(bad, n)
+    for bad in (torch.zeros(4), torch.tensor(1.0), torch.zeros(3, 0, 4), torch.zeros(3, 3, 4),
+                torch.ones(3, 2, 4, dtype=torch.long), [[1.0], [2.0]]):
+        with pytest.raises(ValueError):
+            collapse_streams(bad)
+    assert torch.equal(collapse_streams(torch.ones(3, 2, 4)), torch.ones(3, 4))
+
+
+def test_compile_dynamic_fullgraph_same_bits():
+    """Breaker finding: ``torch.compile(dynamic=True, fullgraph=True)`` failed in the eps
+    check (``math.isfinite`` of a traced float is a graph break). One compiled function over
+    several token counts (0 included) gives the eager bits."""
+    torch._dynamo.reset()
+    case = make(5, 2, 8, torch.float32, seed=43)
+
+    def f(X, phi, alpha, bias):
+        U, h = mhc_det_prepare(X, phi, alpha, bias, sinkhorn_iters=3)
+        return mhc_det_finish(X, torch.tanh(U), h)
+
+    cf = torch.compile(f, fullgraph=True, backend=BACKEND, dynamic=True)
+    for T in (5, 0):
+        X = randn((T, 2, 8), torch.float32, DEV, seed=T)
+        outs = []
+        for fn in (f, cf):
+            leaves = [X.clone().requires_grad_()] + [
+                case[k].clone().requires_grad_() for k in ("phi", "alpha", "bias")]
+            Y = fn(*leaves)
+            Y.sum().backward()
+            outs.append([Y.detach()] + [t.grad for t in leaves])
+        for a, b in zip(*outs, strict=True):
+            assert bitwise_equal(a, b)

@@ -125,8 +125,13 @@ def check_device(device: object, name: str = "device") -> torch.device:
 
 
 def check_positive_finite(v: object, name: str) -> float:
-    """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+    """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it.
+
+    Written as a chained comparison (NaN fails it too), not ``math.isfinite``: under
+    ``torch.compile(dynamic=True, fullgraph=True)`` dynamo turns a Python float (even a
+    constant default argument) into a traced value, and ``math.isfinite`` of it is a graph
+    break that fullgraph refuses."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:
         raise ValueError(f"{name}: expected a finite number > 0, got {v!r}")
     return float(v)
 

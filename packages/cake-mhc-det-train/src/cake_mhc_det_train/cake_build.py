@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ec48a933b87e0c8632f6d1a0e287615ac184336186b8982ff7129a535f4811dc"
+SOURCE_DIGEST = "sha256:ee11984c7f0b7b2024e415e96102208d5f531c22a1b82ab805481c0bf0da2178"
 # --- end of generated block ---
 
 MANIFEST = {

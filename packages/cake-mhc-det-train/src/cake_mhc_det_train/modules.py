@@ -3,25 +3,53 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
+from cake_core import check_int, check_positive_finite
 from torch import nn
 
-from cake_mhc_det_train.api import mhc_det_finish, mhc_det_prepare
+from cake_mhc_det_train.api import MAX_SINKHORN_ITERS, mhc_det_finish, mhc_det_prepare
 from cake_mhc_det_train.plan import N_STREAMS, n_coeffs
 
 
 def expand_streams(x: torch.Tensor, n: int) -> torch.Tensor:
     """``[..., C] -> [..., n, C]``: n copies of the input (the start of an mHC network).
-    Differentiable (the gradient is the sum over the streams). Contiguous output."""
-    if n not in N_STREAMS:
-        raise ValueError(f"n: must be one of {N_STREAMS}, got {n!r}")
-    return x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1]).contiguous()
+    Differentiable (the gradient is the sum over the streams). Contiguous output.
+
+    Raises:
+        ValueError: ``x`` not a tensor of at least 1 dim, or ``n`` not an int in (2, 4, 8).
+    """
+    _check_streams_n(n, "n")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError(f"x: expected a tensor [..., C] of at least 1 dim, got "
+                         f"{_describe(x)}")
+    return x.unsqueeze(-2).expand(*x.shape[:-1], int(n), x.shape[-1]).contiguous()
 
 
 def collapse_streams(X: torch.Tensor) -> torch.Tensor:
-    """``[..., n, C] -> [..., C]``: the mean of the streams (the end of an mHC network)."""
+    """``[..., n, C] -> [..., C]``: the mean of the streams (the end of an mHC network).
+
+    Raises:
+        ValueError: ``X`` not a floating-point tensor of at least 2 dims, or its stream dim
+            (dim -2) not in (2, 4, 8).
+    """
+    if not isinstance(X, torch.Tensor) or X.dim() < 2 or not X.dtype.is_floating_point:
+        raise ValueError(f"X: expected a floating-point tensor [..., n, C] of at least 2 dims, "
+                         f"got {_describe(X)}")
+    _check_streams_n(X.shape[-2], "X: the stream dimension (dim -2)")
     return X.mean(dim=-2)
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dim()}-D {x.dtype} {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def _check_streams_n(n: object, name: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n not in N_STREAMS:
+        raise ValueError(f"{name}: must be one of {N_STREAMS}, got {n!r}")
 
 
 class HyperConnection(nn.Module):
@@ -48,25 +76,23 @@ class HyperConnection(nn.Module):
     ``x + branch(x)`` in every stream.
 
     Raises:
-        ValueError: bad n_streams, hidden_size or sinkhorn_iters here; bad inputs as
+        ValueError: bad n_streams, hidden_size, sinkhorn_iters or eps here; bad inputs as
             :func:`mhc_det_prepare` in the forward.
     """
 
     def __init__(self, branch: nn.Module, hidden_size: int, n_streams: int = 4, *,
                  sinkhorn_iters: int = 20, eps: float = 1e-6, device=None):
         super().__init__()
-        if n_streams not in N_STREAMS or isinstance(n_streams, bool):
-            raise ValueError(f"n_streams: must be one of {N_STREAMS}, got {n_streams!r}")
+        _check_streams_n(n_streams, "n_streams")
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
             raise ValueError(f"hidden_size: expected an int >= 1, got {hidden_size!r}")
-        if isinstance(sinkhorn_iters, bool) or not isinstance(sinkhorn_iters, int) or \
-                sinkhorn_iters < 1:
-            raise ValueError(f"sinkhorn_iters: expected an int >= 1, got {sinkhorn_iters!r}")
+        check_int(sinkhorn_iters, "sinkhorn_iters", 1, MAX_SINKHORN_ITERS)
+        check_positive_finite(eps, "eps")
         if not callable(branch):
             raise ValueError(f"branch: expected a module or callable, got {type(branch).__name__}")
         self.branch = branch
         self.hidden_size = hidden_size
-        self.n_streams = n_streams
+        self.n_streams = int(n_streams)
         self.sinkhorn_iters = sinkhorn_iters
         self.eps = eps
         M = n_coeffs(n_streams)
