@@ -1,0 +1,202 @@
+"""The backward chunk-local gradients in two kernels (plan ``local_form = 1``).
+
+Same math as kernels/bwd_local.py (see its docstring for the chunk's forward taken apart
+in reverse), split so that no whole-K ``[64, K]`` fp32 tile is alive: K is processed in
+column blocks of ``BK`` (``plan.block_k_local``), V in blocks of ``BV``
+(``plan.block_v_local``), both in index order.
+
+``gdn_bwd_local_wy_kernel``, one program per (chunk, value head):
+
+1. over V blocks: dp = do v_new^T, dT = dv_new (beta v)^T (``[64, 64]``), dv = beta T^T
+   dv_new (stored) and dbeta's v term;
+2. over K blocks (each re-reading the V-wide S, dS, do, v_new, dv_new per V block):
+   do S^T, v_new dS^T, dv_new S^T (three ``[64, BK]`` accumulators), then q k^T and k k^T
+   (``[64, 64]``, summed over K blocks), dT += dw (beta gam k)^T with dw = -dv_new S^T,
+   the K block's first parts of dq (scale gam do S^T) and dk (lam v_new dS^T +
+   beta gam T^T dw), stored, and the row sums that feed dg and dbeta;
+3. dA_raw = -T^T dT T^T, dbeta, dg (reverse cumulative sum inside the chunk), and the two
+   ``[64, 64]`` matrices the rest of dq / dk needs: dpd = scale dp * exp(G_i - G_j)
+   (i >= j) and z = beta_i dA_raw exp(G_i - G_j) (i > j), stored per token row in the
+   fp32 workspace ``DPZ`` ``[NT, HV, 128]`` (dpd in columns 0-63, z in 64-127).
+
+``gdn_bwd_local_dqk_kernel``, one program per (chunk, value head, K block): dq += dpd k,
+dk += dpd^T q + z k + z^T k on the stored first parts (a read-modify-write of rows the
+program owns, after the first kernel: a fixed order).
+
+No atomics; each program writes only its own rows. Other summation order than
+``local_form = 0`` (K in blocks, dq / dk terms in another order): other bits, fixed per
+plan. Dots take ``DT`` operands (the intermediates' dtype on CUDA, fp32 under the
+interpreter) with fp32 accumulation. The algorithm's split follows FLA's
+``chunk_bwd_dqkwg`` / ``prepare_wy_repr_bwd`` (fla/ops/gated_delta_rule), written anew.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gdn_bwd_local_wy_kernel(
+    Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, DVNEW, VNEW, CHUNK_START, CHUNK_END,
+    DQ, DK, DV, DG, DBETA, DPZ,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    NK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    last_local = end - 1 - start
+
+    beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+    gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
+    g_last = tl.load(GCUM + (end - 1) * HV + hv)
+    gam = tl.exp(gc)
+    lam = tl.exp(tl.where(tmask, g_last - gc, 0.0))
+    tm = tl.load(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                 mask=tmask[:, None], other=0.0).to(tl.float32)
+    tm_t = tl.trans(tm).to(DT)
+
+    # 1. the [64, 64] products that contract over V; dv and dbeta's v term per V block
+    dp = tl.zeros([BT, BT], dtype=tl.float32)      # do @ v_new^T
+    dt = tl.zeros([BT, BT], dtype=tl.float32)      # dv_new @ (beta v)^T (+ dw bk^T below)
+    dbeta = tl.zeros([BT], dtype=tl.float32)
+    for iv in range(NV):
+        cv = iv * BV + tl.arange(0, BV)
+        vmask = tmask[:, None] & (cv < VD)[None, :]
+        v_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+        dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(tl.float32)
+        dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0).to(tl.float32)
+        vn = tl.load(VNEW + v_off, mask=vmask, other=0.0).to(tl.float32)
+        vb = tl.load(Vp + v_off, mask=vmask, other=0.0).to(tl.float32)
+        dp = tl.dot(dob.to(DT), tl.trans(vn).to(DT), dp, input_precision=PREC)
+        dt = tl.dot(dvn.to(DT), tl.trans(vb * beta[:, None]).to(DT), dt, input_precision=PREC)
+        dbv = tl.zeros([BT, BV], dtype=tl.float32)
+        dbv = tl.dot(tm_t, dvn.to(DT), dbv, input_precision=PREC)
+        dbeta += tl.sum(vb * dbv, axis=1)
+        tl.store(DV + v_off, dbv * beta[:, None], mask=vmask)
+
+    # 2. K in blocks of BK: the state terms, q k^T, k k^T, dT's w part, dq / dk first parts
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    dg_acc = tl.zeros([BT], dtype=tl.float32)
+    kvds = tl.zeros([BT], dtype=tl.float32)        # sum over K of k * (v_new dS^T)
+    kdbk = tl.zeros([BT], dtype=tl.float32)        # sum over K of k * (T^T dw)
+    sds = tl.zeros([BK], dtype=tl.float32)         # sum over V of S * dS, per K column
+    for ik in range(NK):
+        ck = ik * BK + tl.arange(0, BK)
+        kcol = ck < KD
+        kmask = tmask[:, None] & kcol[None, :]
+        dos = tl.zeros([BT, BK], dtype=tl.float32)     # do @ S^T
+        vds = tl.zeros([BT, BK], dtype=tl.float32)     # v_new @ dS^T
+        dvs = tl.zeros([BT, BK], dtype=tl.float32)     # dv_new @ S^T  (= -dw)
+        for iv in range(NV):
+            cv = iv * BV + tl.arange(0, BV)
+            vcol = cv < VD
+            vmask = tmask[:, None] & vcol[None, :]
+            smask = kcol[:, None] & vcol[None, :]
+            s_off = (c * HV + hv) * KD * VD + ck[:, None] * VD + cv[None, :]
+            v_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+            s = tl.load(HBUF + s_off, mask=smask, other=0.0).to(tl.float32)
+            ds = tl.load(DH + s_off, mask=smask, other=0.0).to(tl.float32)
+            dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(DT)
+            dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0).to(DT)
+            vn = tl.load(VNEW + v_off, mask=vmask, other=0.0).to(DT)
+            s_t = tl.trans(s).to(DT)
+            dos = tl.dot(dob, s_t, dos, input_precision=PREC)
+            dvs = tl.dot(dvn, s_t, dvs, input_precision=PREC)
+            vds = tl.dot(vn, tl.trans(ds).to(DT), vds, input_precision=PREC)
+            sds += tl.sum(s * ds, axis=1)
+        k_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+        qb = tl.load(Qp + k_off, mask=kmask, other=0.0).to(tl.float32)
+        kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(tl.float32)
+        qk = tl.dot(qb.to(DT), tl.trans(kb).to(DT), qk, input_precision=PREC)
+        kk = tl.dot(kb.to(DT), tl.trans(kb).to(DT), kk, input_precision=PREC)
+        dq = dos * (scale * gam)[:, None]
+        dg_acc += tl.sum(qb * dq, axis=1)
+        kvds += tl.sum(kb * vds, axis=1)
+        dw = -dvs
+        bgk = beta * gam
+        dt = tl.dot(dw.to(DT), tl.trans(kb * bgk[:, None]).to(DT), dt, input_precision=PREC)
+        dbk = tl.zeros([BT, BK], dtype=tl.float32)
+        dbk = tl.dot(tm_t, dw.to(DT), dbk, input_precision=PREC)
+        kdbk += tl.sum(kb * dbk, axis=1)
+        dk = lam[:, None] * vds + dbk * bgk[:, None]
+        o_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        tl.store(DQ + o_off, dq, mask=kmask)
+        tl.store(DK + o_off, dk, mask=kmask)
+
+    # S_next = exp(G_last) S + (lam k)^T v_new ; w = T (beta gam k)
+    t3 = lam * kvds
+    dg_acc -= t3
+    dg_last = tl.sum(t3, axis=0) + tl.exp(g_last) * tl.sum(sds, axis=0)
+    dbeta += gam * kdbk
+    dg_acc += beta * gam * kdbk
+
+    # 3. o's P term, dA_raw = -T^T dT T^T (strictly lower), dbeta, dg; dpd and z stored
+    incl = (rows[:, None] >= rows[None, :]) & tmask[:, None]
+    strict = (rows[:, None] > rows[None, :]) & tmask[:, None]
+    diff = gc[:, None] - gc[None, :]
+    d_incl = tl.where(incl, tl.exp(tl.where(incl, diff, 0.0)), 0.0)
+    dpd = tl.where(incl, dp * scale, 0.0) * d_incl
+    dpp = dpd * qk
+    dg_acc += tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0)
+    dtt = tl.zeros([BT, BT], dtype=tl.float32)
+    dtt = tl.dot(dt.to(DT), tl.trans(tm).to(DT), dtt, input_precision=PREC)
+    da = tl.zeros([BT, BT], dtype=tl.float32)
+    da = tl.dot(tm_t, dtt.to(DT), da, input_precision=PREC)
+    da = tl.where(strict, -da, 0.0)
+    d_strict = tl.where(strict, tl.exp(tl.where(strict, diff, 0.0)), 0.0)
+    e = kk * d_strict
+    dbeta += tl.sum(da * e, axis=1)
+    daa = da * e * beta[:, None]
+    dg_acc += tl.sum(daa, axis=1) - tl.sum(daa, axis=0)
+    z = da * d_strict * beta[:, None]
+    p_off = tok[:, None] * (HV * 2 * BT) + hv * (2 * BT) + rows[None, :]
+    tl.store(DPZ + p_off, dpd, mask=tmask[:, None])
+    tl.store(DPZ + p_off + BT, z, mask=tmask[:, None])
+
+    # G_last is G at the chunk's last token; g's gradient is the reverse cumsum of dG
+    dg_acc += tl.where(rows == last_local, dg_last, 0.0)
+    dg = tl.sum(tl.where(rows[None, :] >= rows[:, None], dg_acc[None, :], 0.0), axis=1)
+    tl.store(DG + tok * HV + hv, dg, mask=tmask)
+    tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)
+
+
+@triton.jit
+def gdn_bwd_local_dqk_kernel(
+    Qp, Kp, CHUNK_START, CHUNK_END, DPZ, DQ, DK,
+    H, HV, GROUP, KD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    ik = tl.program_id(2)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    ck = ik * BK + tl.arange(0, BK)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+
+    p_off = tok[:, None] * (HV * 2 * BT) + hv * (2 * BT) + rows[None, :]
+    dpd = tl.load(DPZ + p_off, mask=tmask[:, None], other=0.0)
+    z = tl.load(DPZ + p_off + BT, mask=tmask[:, None], other=0.0)
+    k_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+    qb = tl.load(Qp + k_off, mask=kmask, other=0.0).to(DT)
+    kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(DT)
+    o_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+    dq = tl.load(DQ + o_off, mask=kmask, other=0.0)
+    dq = tl.dot(dpd.to(DT), kb, dq, input_precision=PREC)
+    tl.store(DQ + o_off, dq, mask=kmask)
+    dk = tl.load(DK + o_off, mask=kmask, other=0.0)
+    dk = tl.dot(tl.trans(dpd).to(DT), qb, dk, input_precision=PREC)
+    dk = tl.dot(z.to(DT), kb, dk, input_precision=PREC)
+    dk = tl.dot(tl.trans(z).to(DT), kb, dk, input_precision=PREC)
+    tl.store(DK + o_off, dk, mask=kmask)
