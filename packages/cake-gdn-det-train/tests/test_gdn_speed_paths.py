@@ -4,10 +4,11 @@ k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]
 ``plan.prep_block`` (the chunk prep's w and u in column blocks) and ``plan.local_form = 1``
 (the backward chunk-local gradients in two kernels, K in blocks of ``block_k_local``): o,
 final_state and every gradient against the float64 token recurrence (packed
-1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size; HV = 2H, an initial state and a
-final-state gradient; K and V off the block sizes: partly masked column blocks, V in two
-blocks; kept and recomputed T); bitwise repeatable; close to the default plan; the fields
-are part of the plan's serialised form (format version 6) and checked."""
+1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size;
+HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
+masked column blocks, V in two blocks; kept and recomputed T); bitwise repeatable; close
+to the default plan; the fields are part of the plan's serialised form (format version 6)
+and checked."""
 
 import dataclasses
 
