@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9d146dcc4f01099740879b1976449a569acb856b0ebc80fa76358baee9d37dae"
+SOURCE_DIGEST = "sha256:59ceb3f2bbd509bddd2684d900658cd89161f349cbd4d8e59f2991aece33f855"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -54,7 +54,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a322556e84b12a0ea52f843ee51f417483b93700a4dab9fcb8223993c5493bd8"
+SOURCE_DIGEST = "sha256:7690699e7f648d80eb54c1b412f5cc281057f563c017e2c800e595ca762b0169"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -93,7 +93,8 @@ class GDNDetPlan(Plan):
     plan runs on CUDA: K, V <= 128; fp32 inputs K <= 64 (larger fp32 tiles overflow the
     227 KiB of shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
     on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
-    intermediates (the 16-wide 16-bit dot fault of ``store_16bit``).
+    intermediates (the 16-wide 16-bit dot fault of ``store_16bit``); likewise
+    ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run).
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"

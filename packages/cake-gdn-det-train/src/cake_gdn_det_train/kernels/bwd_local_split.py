@@ -57,9 +57,25 @@ def gdn_bwd_local_wy_kernel(
     g_last = tl.load(GCUM + (end - 1) * HV + hv)
     gam = tl.exp(gc)
     lam = tl.exp(tl.where(tmask, g_last - gc, 0.0))
-    tm = tl.load(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                 mask=tmask[:, None], other=0.0).to(tl.float32)
-    tm_t = tl.trans(tm).to(DT)
+    # scalar int64 bases of the chunk's rows, int32 in-chunk offsets (fewer live registers)
+    tm_t = tl.trans(tl.load(Ap + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT)
+                            + rows[None, :], mask=tmask[:, None], other=0.0)).to(DT)
+    pz = DPZ + start * (HV * 2 * BT) + hv * (2 * BT)
+    v_base = start * (HV * VD) + hv * VD
+    DO = DO + v_base
+    DVNEW = DVNEW + v_base
+    VNEW = VNEW + v_base
+    Vp = Vp + v_base
+    DV = DV + v_base
+    k_base = start * (H * KD) + hk * KD
+    Qp = Qp + k_base
+    Kp = Kp + k_base
+    o_base = start * (HV * KD) + hv * KD
+    DQ = DQ + o_base
+    DK = DK + o_base
+    s_base = (c * HV + hv) * KD * VD
+    HBUF = HBUF + s_base
+    DH = DH + s_base
 
     # 1. the [64, 64] products that contract over V; dv and dbeta's v term per V block
     dp = tl.zeros([BT, BT], dtype=tl.float32)      # do @ v_new^T
@@ -68,25 +84,40 @@ def gdn_bwd_local_wy_kernel(
     for iv in range(NV):
         cv = iv * BV + tl.arange(0, BV)
         vmask = tmask[:, None] & (cv < VD)[None, :]
-        v_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
-        dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(tl.float32)
-        dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0).to(tl.float32)
-        vn = tl.load(VNEW + v_off, mask=vmask, other=0.0).to(tl.float32)
+        v_off = rows[:, None] * (HV * VD) + cv[None, :]
+        dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(DT)
+        dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0).to(DT)
+        vn = tl.load(VNEW + v_off, mask=vmask, other=0.0).to(DT)
         vb = tl.load(Vp + v_off, mask=vmask, other=0.0).to(tl.float32)
-        dp = tl.dot(dob.to(DT), tl.trans(vn).to(DT), dp, input_precision=PREC)
-        dt = tl.dot(dvn.to(DT), tl.trans(vb * beta[:, None]).to(DT), dt, input_precision=PREC)
+        dp = tl.dot(dob, tl.trans(vn), dp, input_precision=PREC)
+        dt = tl.dot(dvn, tl.trans(vb * beta[:, None]).to(DT), dt, input_precision=PREC)
         dbv = tl.zeros([BT, BV], dtype=tl.float32)
-        dbv = tl.dot(tm_t, dvn.to(DT), dbv, input_precision=PREC)
+        dbv = tl.dot(tm_t, dvn, dbv, input_precision=PREC)
         dbeta += tl.sum(vb * dbv, axis=1)
         tl.store(DV + v_off, dbv * beta[:, None], mask=vmask)
 
-    # 2. K in blocks of BK: the state terms, q k^T, k k^T, dT's w part, dq / dk first parts
+    # o = scale (gam q S + P v_new), its P part: q k^T over K blocks; dpd stored
     qk = tl.zeros([BT, BT], dtype=tl.float32)
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    dg_acc = tl.zeros([BT], dtype=tl.float32)
+    for ik in range(NK):
+        ck = ik * BK + tl.arange(0, BK)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        k_off = rows[:, None] * (H * KD) + ck[None, :]
+        qb = tl.load(Qp + k_off, mask=kmask, other=0.0).to(DT)
+        kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(DT)
+        qk = tl.dot(qb, tl.trans(kb), qk, input_precision=PREC)
+    incl = (rows[:, None] >= rows[None, :]) & tmask[:, None]
+    d_incl = tl.where(incl, tl.exp(tl.where(incl, gc[:, None] - gc[None, :], 0.0)), 0.0)
+    dpd = tl.where(incl, dp * scale, 0.0) * d_incl
+    dpp = dpd * qk
+    dg_acc = tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0)
+    p_off = rows[:, None] * (HV * 2 * BT) + rows[None, :]
+    tl.store(pz + p_off, dpd, mask=tmask[:, None])
+
+    # 2. K in blocks of BK: the state terms, dT's w part, the first dq / dk terms
     kvds = tl.zeros([BT], dtype=tl.float32)        # sum over K of k * (v_new dS^T)
     kdbk = tl.zeros([BT], dtype=tl.float32)        # sum over K of k * (T^T dw)
     sds = tl.zeros([BK], dtype=tl.float32)         # sum over V of S * dS, per K column
+    bgk = beta * gam
     for ik in range(NK):
         ck = ik * BK + tl.arange(0, BK)
         kcol = ck < KD
@@ -99,8 +130,8 @@ def gdn_bwd_local_wy_kernel(
             vcol = cv < VD
             vmask = tmask[:, None] & vcol[None, :]
             smask = kcol[:, None] & vcol[None, :]
-            s_off = (c * HV + hv) * KD * VD + ck[:, None] * VD + cv[None, :]
-            v_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+            s_off = ck[:, None] * VD + cv[None, :]
+            v_off = rows[:, None] * (HV * VD) + cv[None, :]
             s = tl.load(HBUF + s_off, mask=smask, other=0.0).to(tl.float32)
             ds = tl.load(DH + s_off, mask=smask, other=0.0).to(tl.float32)
             dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(DT)
@@ -111,54 +142,49 @@ def gdn_bwd_local_wy_kernel(
             dvs = tl.dot(dvn, s_t, dvs, input_precision=PREC)
             vds = tl.dot(vn, tl.trans(ds).to(DT), vds, input_precision=PREC)
             sds += tl.sum(s * ds, axis=1)
-        k_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
+        k_off = rows[:, None] * (H * KD) + ck[None, :]
         qb = tl.load(Qp + k_off, mask=kmask, other=0.0).to(tl.float32)
         kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(tl.float32)
-        qk = tl.dot(qb.to(DT), tl.trans(kb).to(DT), qk, input_precision=PREC)
-        kk = tl.dot(kb.to(DT), tl.trans(kb).to(DT), kk, input_precision=PREC)
         dq = dos * (scale * gam)[:, None]
         dg_acc += tl.sum(qb * dq, axis=1)
         kvds += tl.sum(kb * vds, axis=1)
-        dw = -dvs
-        bgk = beta * gam
-        dt = tl.dot(dw.to(DT), tl.trans(kb * bgk[:, None]).to(DT), dt, input_precision=PREC)
+        dw = (-dvs).to(DT)
+        dt = tl.dot(dw, tl.trans(kb * bgk[:, None]).to(DT), dt, input_precision=PREC)
         dbk = tl.zeros([BT, BK], dtype=tl.float32)
-        dbk = tl.dot(tm_t, dw.to(DT), dbk, input_precision=PREC)
+        dbk = tl.dot(tm_t, dw, dbk, input_precision=PREC)
         kdbk += tl.sum(kb * dbk, axis=1)
-        dk = lam[:, None] * vds + dbk * bgk[:, None]
-        o_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
+        o_off = rows[:, None] * (HV * KD) + ck[None, :]
         tl.store(DQ + o_off, dq, mask=kmask)
-        tl.store(DK + o_off, dk, mask=kmask)
+        tl.store(DK + o_off, lam[:, None] * vds + dbk * bgk[:, None], mask=kmask)
 
     # S_next = exp(G_last) S + (lam k)^T v_new ; w = T (beta gam k)
     t3 = lam * kvds
     dg_acc -= t3
     dg_last = tl.sum(t3, axis=0) + tl.exp(g_last) * tl.sum(sds, axis=0)
     dbeta += gam * kdbk
-    dg_acc += beta * gam * kdbk
+    dg_acc += bgk * kdbk
 
-    # 3. o's P term, dA_raw = -T^T dT T^T (strictly lower), dbeta, dg; dpd and z stored
-    incl = (rows[:, None] >= rows[None, :]) & tmask[:, None]
-    strict = (rows[:, None] > rows[None, :]) & tmask[:, None]
-    diff = gc[:, None] - gc[None, :]
-    d_incl = tl.where(incl, tl.exp(tl.where(incl, diff, 0.0)), 0.0)
-    dpd = tl.where(incl, dp * scale, 0.0) * d_incl
-    dpp = dpd * qk
-    dg_acc += tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0)
+    # 3. T = (I + A_raw)^-1 -> dA_raw = -T^T dT T^T (strictly lower); k k^T over K blocks
     dtt = tl.zeros([BT, BT], dtype=tl.float32)
-    dtt = tl.dot(dt.to(DT), tl.trans(tm).to(DT), dtt, input_precision=PREC)
+    dtt = tl.dot(dt.to(DT), tm_t, dtt, input_precision=PREC)
     da = tl.zeros([BT, BT], dtype=tl.float32)
     da = tl.dot(tm_t, dtt.to(DT), da, input_precision=PREC)
+    strict = (rows[:, None] > rows[None, :]) & tmask[:, None]
     da = tl.where(strict, -da, 0.0)
-    d_strict = tl.where(strict, tl.exp(tl.where(strict, diff, 0.0)), 0.0)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for ik in range(NK):
+        ck = ik * BK + tl.arange(0, BK)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        kb = tl.load(Kp + rows[:, None] * (H * KD) + ck[None, :], mask=kmask,
+                     other=0.0).to(DT)
+        kk = tl.dot(kb, tl.trans(kb), kk, input_precision=PREC)
+    d_strict = tl.where(strict, tl.exp(tl.where(strict, gc[:, None] - gc[None, :], 0.0)), 0.0)
     e = kk * d_strict
     dbeta += tl.sum(da * e, axis=1)
     daa = da * e * beta[:, None]
     dg_acc += tl.sum(daa, axis=1) - tl.sum(daa, axis=0)
-    z = da * d_strict * beta[:, None]
-    p_off = tok[:, None] * (HV * 2 * BT) + hv * (2 * BT) + rows[None, :]
-    tl.store(DPZ + p_off, dpd, mask=tmask[:, None])
-    tl.store(DPZ + p_off + BT, z, mask=tmask[:, None])
+    p_off = rows[:, None] * (HV * 2 * BT) + rows[None, :]
+    tl.store(pz + p_off + BT, da * d_strict * beta[:, None], mask=tmask[:, None])
 
     # G_last is G at the chunk's last token; g's gradient is the reverse cumsum of dG
     dg_acc += tl.where(rows == last_local, dg_last, 0.0)
@@ -185,18 +211,22 @@ def gdn_bwd_local_dqk_kernel(
     ck = ik * BK + tl.arange(0, BK)
     kmask = tmask[:, None] & (ck < KD)[None, :]
 
-    p_off = tok[:, None] * (HV * 2 * BT) + hv * (2 * BT) + rows[None, :]
-    dpd = tl.load(DPZ + p_off, mask=tmask[:, None], other=0.0)
-    z = tl.load(DPZ + p_off + BT, mask=tmask[:, None], other=0.0)
-    k_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-    qb = tl.load(Qp + k_off, mask=kmask, other=0.0).to(DT)
-    kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(DT)
-    o_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-    dq = tl.load(DQ + o_off, mask=kmask, other=0.0)
+    # scalar int64 row bases, int32 in-chunk offsets (fewer live address registers)
+    pz = DPZ + start * (HV * 2 * BT) + hv * (2 * BT)
+    p_off = rows[:, None] * (HV * 2 * BT) + rows[None, :]
+    dpd = tl.load(pz + p_off, mask=tmask[:, None], other=0.0)
+    z = tl.load(pz + p_off + BT, mask=tmask[:, None], other=0.0)
+    k_off = rows[:, None] * (H * KD) + ck[None, :]
+    qb = tl.load(Qp + start * (H * KD) + hk * KD + k_off, mask=kmask, other=0.0).to(DT)
+    kb = tl.load(Kp + start * (H * KD) + hk * KD + k_off, mask=kmask, other=0.0).to(DT)
+    o_off = rows[:, None] * (HV * KD) + ck[None, :]
+    dqp = DQ + start * (HV * KD) + hv * KD
+    dkp = DK + start * (HV * KD) + hv * KD
+    dq = tl.load(dqp + o_off, mask=kmask, other=0.0)
     dq = tl.dot(dpd.to(DT), kb, dq, input_precision=PREC)
-    tl.store(DQ + o_off, dq, mask=kmask)
-    dk = tl.load(DK + o_off, mask=kmask, other=0.0)
+    tl.store(dqp + o_off, dq, mask=kmask)
+    dk = tl.load(dkp + o_off, mask=kmask, other=0.0)
     dk = tl.dot(tl.trans(dpd).to(DT), qb, dk, input_precision=PREC)
     dk = tl.dot(z.to(DT), kb, dk, input_precision=PREC)
     dk = tl.dot(tl.trans(z).to(DT), kb, dk, input_precision=PREC)
-    tl.store(DK + o_off, dk, mask=kmask)
+    tl.store(dkp + o_off, dk, mask=kmask)
