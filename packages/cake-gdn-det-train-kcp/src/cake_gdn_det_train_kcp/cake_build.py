@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:59ceb3f2bbd509bddd2684d900658cd89161f349cbd4d8e59f2991aece33f855"
+SOURCE_DIGEST = "sha256:10e5e3e7c94de73b3f8f09b729423dbc1ab2359762998665182395652b1d8876"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -54,7 +54,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7690699e7f648d80eb54c1b412f5cc281057f563c017e2c800e595ca762b0169"
+SOURCE_DIGEST = "sha256:fc7fb9c2abc5b2a63849a0acd1f8bef6cc4e15092448315f83d723019a8c2e8a"
 # --- end of generated block ---
 
 MANIFEST = {

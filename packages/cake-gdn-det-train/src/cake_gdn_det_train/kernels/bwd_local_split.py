@@ -5,19 +5,22 @@ in reverse), split so that no whole-K ``[64, K]`` fp32 tile is alive: K is proce
 column blocks of ``BK`` (``plan.block_k_local``), V in blocks of ``BV``
 (``plan.block_v_local``), both in index order.
 
-``gdn_bwd_local_wy_kernel``, one program per (chunk, value head):
+``gdn_bwd_local_wy_kernel``, one program per (chunk, value head), in passes:
 
 1. over V blocks: dp = do v_new^T, dT = dv_new (beta v)^T (``[64, 64]``), dv = beta T^T
    dv_new (stored) and dbeta's v term;
-2. over K blocks (each re-reading the V-wide S, dS, do, v_new, dv_new per V block):
-   do S^T, v_new dS^T, dv_new S^T (three ``[64, BK]`` accumulators), then q k^T and k k^T
-   (``[64, 64]``, summed over K blocks), dT += dw (beta gam k)^T with dw = -dv_new S^T,
-   the K block's first parts of dq (scale gam do S^T) and dk (lam v_new dS^T +
-   beta gam T^T dw), stored, and the row sums that feed dg and dbeta;
-3. dA_raw = -T^T dT T^T, dbeta, dg (reverse cumulative sum inside the chunk), and the two
-   ``[64, 64]`` matrices the rest of dq / dk needs: dpd = scale dp * exp(G_i - G_j)
-   (i >= j) and z = beta_i dA_raw exp(G_i - G_j) (i > j), stored per token row in the
-   fp32 workspace ``DPZ`` ``[NT, HV, 128]`` (dpd in columns 0-63, z in 64-127).
+2. over K blocks: q k^T, then dpd = scale dp * exp(G_i - G_j) (i >= j), its dg terms,
+   dpd stored;
+3. over K blocks (each re-reading the V-wide S, dS, do, v_new, dv_new per V block):
+   do S^T, v_new dS^T, dv_new S^T (three ``[64, BK]`` accumulators), then dT += dw (beta
+   gam k)^T with dw = -dv_new S^T, the K block's first parts of dq (scale gam do S^T) and
+   dk (lam v_new dS^T + beta gam T^T dw), stored, and the row sums that feed dg and dbeta;
+4. dA_raw = -T^T dT T^T, then over K blocks k k^T; dbeta, dg (reverse cumulative sum
+   inside the chunk) and z = beta_i dA_raw exp(G_i - G_j) (i > j), stored.
+
+dpd and z go to the fp32 workspace ``DPZ`` ``[NT, HV, 128]`` (dpd in columns 0-63, z in
+64-127), one row per token. Tiles are addressed from scalar int64 bases of the chunk's
+rows with int32 in-chunk offsets (per-element int64 addresses cost registers and spills).
 
 ``gdn_bwd_local_dqk_kernel``, one program per (chunk, value head, K block): dq += dpd k,
 dk += dpd^T q + z k + z^T k on the stored first parts (a read-modify-write of rows the
@@ -26,8 +29,9 @@ program owns, after the first kernel: a fixed order).
 No atomics; each program writes only its own rows. Other summation order than
 ``local_form = 0`` (K in blocks, dq / dk terms in another order): other bits, fixed per
 plan. Dots take ``DT`` operands (the intermediates' dtype on CUDA, fp32 under the
-interpreter) with fp32 accumulation. The algorithm's split follows FLA's
-``chunk_bwd_dqkwg`` / ``prepare_wy_repr_bwd`` (fla/ops/gated_delta_rule), written anew.
+interpreter) with fp32 accumulation. The division of work is in the spirit of FLA's
+``chunk_bwd_dqkwg`` / ``prepare_wy_repr_bwd`` (fla/ops/gated_delta_rule: a state pass, a
+WY pass, partial gradients through memory); the passes and the code are cake's own.
 """
 
 import triton
