@@ -68,7 +68,7 @@ def main():
     from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
     from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
     from cake_gdn_det_train.kernels.bwd_local_split import (
-        gdn_bwd_local_dqk_kernel,
+        gdn_bwd_local_dk_kernel,
         gdn_bwd_local_wy_kernel,
     )
     from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
@@ -133,12 +133,12 @@ def main():
             c = dict(base, BK=bk, NK=-(-a.K // bk), BV=plan.block_v_local,
                      NV=-(-a.V // plan.block_v_local))
             rows.append(("bwd_local_wy", plan.num_warps_local,
-                         *build(gdn_bwd_local_wy_kernel, {**t, "DPZ": f32}, c,
+                         *build(gdn_bwd_local_wy_kernel, {**t, "DZ": f32}, c,
                                 plan.num_warps_local)))
-            t = {**ints, "Qp": bf, "Kp": bf, "CHUNK_START": i32, "CHUNK_END": i32,
-                 "DPZ": f32, "DQ": f32, "DK": f32}
-            rows.append(("bwd_local_dqk", plan.num_warps_o,
-                         *build(gdn_bwd_local_dqk_kernel, t, dict(base, BK=bk),
+            t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+            t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32)
+            rows.append(("bwd_local_dk", plan.num_warps_o,
+                         *build(gdn_bwd_local_dk_kernel, t, dict(base, BK=bk),
                                 plan.num_warps_o)))
         else:
             c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))

@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_local_split",
          "function": "gdn_bwd_local_wy_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_split",
-         "function": "gdn_bwd_local_dqk_kernel"},
+         "function": "gdn_bwd_local_dk_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:10e5e3e7c94de73b3f8f09b729423dbc1ab2359762998665182395652b1d8876"
+SOURCE_DIGEST = "sha256:3788708a3a45146add5c5e28848c19f4074271c4174e5e052c34a784916631c8"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

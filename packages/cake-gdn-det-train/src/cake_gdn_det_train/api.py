@@ -42,7 +42,7 @@ from cake_core.varlen import chunk_tables, group_sum, seq_offsets
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
 from cake_gdn_det_train.kernels.bwd_local_split import (
-    gdn_bwd_local_dqk_kernel,
+    gdn_bwd_local_dk_kernel,
     gdn_bwd_local_wy_kernel,
 )
 from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
@@ -289,19 +289,19 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
 def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                  dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan):
     """``plan.local_form = 1``: the chunk-local gradients in two kernels
-    (kernels/bwd_local_split.py) through an fp32 ``[NT, HV, 128]`` scratch of the two
-    ``[64, 64]`` matrices per chunk (dpd, z) the second kernel's dq / dk terms need."""
+    (kernels/bwd_local_split.py) through an fp32 ``[NT, HV, 64]`` scratch of the
+    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need."""
     NT = dq_hv.shape[0]
-    dpz = torch.empty((NT, HV, 2 * CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
+    dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
     gdn_bwd_local_wy_kernel[(NC, HV)](
         qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-        dq_hv, dk_hv, dv, dg, dbeta, dpz,
+        dq_hv, dk_hv, dv, dg, dbeta, dz,
         scale, H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=cdiv(K, BK),
         BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
-    gdn_bwd_local_dqk_kernel[(NC, HV, cdiv(K, BK))](
-        qn, kn, dt[0], dt[1], dpz, dq_hv, dk_hv,
+    gdn_bwd_local_dk_kernel[(NC, HV, cdiv(K, BK))](
+        kn, dt[0], dt[1], dz, dk_hv,
         H, HV, HV // H, K,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, num_warps=plan.num_warps_o)
 

@@ -35,8 +35,7 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dh_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_wy_kernel"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_split",
-     "function": "gdn_bwd_local_dqk_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
@@ -54,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fc7fb9c2abc5b2a63849a0acd1f8bef6cc4e15092448315f83d723019a8c2e8a"
+SOURCE_DIGEST = "sha256:f22e6224db09787fac95b38441aca809f49a0882dd06d266912e38729b5e10fe"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -80,10 +80,10 @@ class GDNDetPlan(Plan):
             ``[64, K]`` fp32 accumulators (kernels/bwd_local.py; the rule's choice);
             1 = two kernels (kernels/bwd_local_split.py, FLA's split of the work): one per
             (chunk, value head) over K blocks of ``block_k_local`` (``[64, 64]`` /
-            ``[64, block_k_local]`` tiles; dA, dbeta, dg, dv and the first dq / dk terms),
-            then one per (chunk, value head, K block) adding the dq / dk terms of two
-            ``[64, 64]`` matrices passed through an fp32 scratch of 512 bytes per token
-            and value head (its warps: ``num_warps_o``). Other summation order: other bits
+            ``[64, block_k_local]`` tiles; dq, dv, dbeta, dg and dk but its dA terms),
+            then one per (chunk, value head, K block) adding dk's dA terms from a
+            ``[64, 64]`` matrix per chunk passed through an fp32 scratch of 256 bytes per
+            token and value head (its warps: ``num_warps_o``). Other summation order: other bits
             than 0, fixed per plan. A candidate, not yet run on a GPU.
         block_k_local: columns of K per block of ``local_form = 1`` (power of two >= 16,
             <= block_k; on CUDA >= 32 with 16-bit intermediates); unused with

@@ -9,22 +9,22 @@ column blocks of ``BK`` (``plan.block_k_local``), V in blocks of ``BV``
 
 1. over V blocks: dp = do v_new^T, dT = dv_new (beta v)^T (``[64, 64]``), dv = beta T^T
    dv_new (stored) and dbeta's v term;
-2. over K blocks: q k^T, then dpd = scale dp * exp(G_i - G_j) (i >= j), its dg terms,
-   dpd stored;
+2. over K blocks: q k^T, then dpd = scale dp * exp(G_i - G_j) (i >= j) and its dg terms;
 3. over K blocks (each re-reading the V-wide S, dS, do, v_new, dv_new per V block):
    do S^T, v_new dS^T, dv_new S^T (three ``[64, BK]`` accumulators), then dT += dw (beta
-   gam k)^T with dw = -dv_new S^T, the K block's first parts of dq (scale gam do S^T) and
-   dk (lam v_new dS^T + beta gam T^T dw), stored, and the row sums that feed dg and dbeta;
+   gam k)^T with dw = -dv_new S^T; the K block's dq = scale gam do S^T + dpd k (final) and
+   dk = lam v_new dS^T + beta gam T^T dw + dpd^T q (all but the dA terms), stored; the
+   row sums that feed dg and dbeta;
 4. dA_raw = -T^T dT T^T, then over K blocks k k^T; dbeta, dg (reverse cumulative sum
-   inside the chunk) and z = beta_i dA_raw exp(G_i - G_j) (i > j), stored.
+   inside the chunk) and z = beta_i dA_raw exp(G_i - G_j) (i > j), stored in the fp32
+   workspace ``DZ`` ``[NT, HV, 64]`` (one row per token).
 
-dpd and z go to the fp32 workspace ``DPZ`` ``[NT, HV, 128]`` (dpd in columns 0-63, z in
-64-127), one row per token. Tiles are addressed from scalar int64 bases of the chunk's
-rows with int32 in-chunk offsets (per-element int64 addresses cost registers and spills).
+Tiles are addressed from scalar int64 bases of the chunk's rows with int32 in-chunk
+offsets (per-element int64 addresses cost registers and spills).
 
-``gdn_bwd_local_dqk_kernel``, one program per (chunk, value head, K block): dq += dpd k,
-dk += dpd^T q + z k + z^T k on the stored first parts (a read-modify-write of rows the
-program owns, after the first kernel: a fixed order).
+``gdn_bwd_local_dk_kernel``, one program per (chunk, value head, K block):
+dk += z k + z^T k on the stored part (a read-modify-write of rows the program owns,
+after the first kernel: a fixed order).
 
 No atomics; each program writes only its own rows. Other summation order than
 ``local_form = 0`` (K in blocks, dq / dk terms in another order): other bits, fixed per
@@ -41,7 +41,7 @@ import triton.language as tl
 @triton.jit
 def gdn_bwd_local_wy_kernel(
     Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, DVNEW, VNEW, CHUNK_START, CHUNK_END,
-    DQ, DK, DV, DG, DBETA, DPZ,
+    DQ, DK, DV, DG, DBETA, DZ,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     NK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
@@ -64,7 +64,7 @@ def gdn_bwd_local_wy_kernel(
     # scalar int64 bases of the chunk's rows, int32 in-chunk offsets (fewer live registers)
     tm_t = tl.trans(tl.load(Ap + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT)
                             + rows[None, :], mask=tmask[:, None], other=0.0)).to(DT)
-    pz = DPZ + start * (HV * 2 * BT) + hv * (2 * BT)
+    pz = DZ + start * (HV * BT) + hv * BT
     v_base = start * (HV * VD) + hv * VD
     DO = DO + v_base
     DVNEW = DVNEW + v_base
@@ -100,7 +100,7 @@ def gdn_bwd_local_wy_kernel(
         dbeta += tl.sum(vb * dbv, axis=1)
         tl.store(DV + v_off, dbv * beta[:, None], mask=vmask)
 
-    # o = scale (gam q S + P v_new), its P part: q k^T over K blocks; dpd stored
+    # o = scale (gam q S + P v_new), its P part: q k^T over K blocks
     qk = tl.zeros([BT, BT], dtype=tl.float32)
     for ik in range(NK):
         ck = ik * BK + tl.arange(0, BK)
@@ -114,8 +114,7 @@ def gdn_bwd_local_wy_kernel(
     dpd = tl.where(incl, dp * scale, 0.0) * d_incl
     dpp = dpd * qk
     dg_acc = tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0)
-    p_off = rows[:, None] * (HV * 2 * BT) + rows[None, :]
-    tl.store(pz + p_off, dpd, mask=tmask[:, None])
+    dpd = dpd.to(DT)
 
     # 2. K in blocks of BK: the state terms, dT's w part, the first dq / dk terms
     kvds = tl.zeros([BT], dtype=tl.float32)        # sum over K of k * (v_new dS^T)
@@ -151,6 +150,7 @@ def gdn_bwd_local_wy_kernel(
         kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(tl.float32)
         dq = dos * (scale * gam)[:, None]
         dg_acc += tl.sum(qb * dq, axis=1)
+        dq = tl.dot(dpd, kb.to(DT), dq, input_precision=PREC)
         kvds += tl.sum(kb * vds, axis=1)
         dw = (-dvs).to(DT)
         dt = tl.dot(dw, tl.trans(kb * bgk[:, None]).to(DT), dt, input_precision=PREC)
@@ -159,7 +159,9 @@ def gdn_bwd_local_wy_kernel(
         kdbk += tl.sum(kb * dbk, axis=1)
         o_off = rows[:, None] * (HV * KD) + ck[None, :]
         tl.store(DQ + o_off, dq, mask=kmask)
-        tl.store(DK + o_off, lam[:, None] * vds + dbk * bgk[:, None], mask=kmask)
+        dk = lam[:, None] * vds + dbk * bgk[:, None]
+        dk = tl.dot(tl.trans(dpd), qb.to(DT), dk, input_precision=PREC)
+        tl.store(DK + o_off, dk, mask=kmask)
 
     # S_next = exp(G_last) S + (lam k)^T v_new ; w = T (beta gam k)
     t3 = lam * kvds
@@ -187,8 +189,8 @@ def gdn_bwd_local_wy_kernel(
     dbeta += tl.sum(da * e, axis=1)
     daa = da * e * beta[:, None]
     dg_acc += tl.sum(daa, axis=1) - tl.sum(daa, axis=0)
-    p_off = rows[:, None] * (HV * 2 * BT) + rows[None, :]
-    tl.store(pz + p_off + BT, da * d_strict * beta[:, None], mask=tmask[:, None])
+    tl.store(pz + rows[:, None] * (HV * BT) + rows[None, :], da * d_strict * beta[:, None],
+             mask=tmask[:, None])
 
     # G_last is G at the chunk's last token; g's gradient is the reverse cumsum of dG
     dg_acc += tl.where(rows == last_local, dg_last, 0.0)
@@ -198,8 +200,8 @@ def gdn_bwd_local_wy_kernel(
 
 
 @triton.jit
-def gdn_bwd_local_dqk_kernel(
-    Qp, Kp, CHUNK_START, CHUNK_END, DPZ, DQ, DK,
+def gdn_bwd_local_dk_kernel(
+    Kp, CHUNK_START, CHUNK_END, DZ, DK,
     H, HV, GROUP, KD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
 ):
@@ -210,27 +212,17 @@ def gdn_bwd_local_dqk_kernel(
     start = tl.load(CHUNK_START + c).to(tl.int64)
     end = tl.load(CHUNK_END + c).to(tl.int64)
     rows = tl.arange(0, BT)
-    tok = start + rows
-    tmask = tok < end
+    tmask = start + rows < end
     ck = ik * BK + tl.arange(0, BK)
     kmask = tmask[:, None] & (ck < KD)[None, :]
 
     # scalar int64 row bases, int32 in-chunk offsets (fewer live address registers)
-    pz = DPZ + start * (HV * 2 * BT) + hv * (2 * BT)
-    p_off = rows[:, None] * (HV * 2 * BT) + rows[None, :]
-    dpd = tl.load(pz + p_off, mask=tmask[:, None], other=0.0)
-    z = tl.load(pz + p_off + BT, mask=tmask[:, None], other=0.0)
-    k_off = rows[:, None] * (H * KD) + ck[None, :]
-    qb = tl.load(Qp + start * (H * KD) + hk * KD + k_off, mask=kmask, other=0.0).to(DT)
-    kb = tl.load(Kp + start * (H * KD) + hk * KD + k_off, mask=kmask, other=0.0).to(DT)
-    o_off = rows[:, None] * (HV * KD) + ck[None, :]
-    dqp = DQ + start * (HV * KD) + hv * KD
-    dkp = DK + start * (HV * KD) + hv * KD
-    dq = tl.load(dqp + o_off, mask=kmask, other=0.0)
-    dq = tl.dot(dpd.to(DT), kb, dq, input_precision=PREC)
-    tl.store(dqp + o_off, dq, mask=kmask)
-    dk = tl.load(dkp + o_off, mask=kmask, other=0.0)
-    dk = tl.dot(tl.trans(dpd).to(DT), qb, dk, input_precision=PREC)
-    dk = tl.dot(z.to(DT), kb, dk, input_precision=PREC)
-    dk = tl.dot(tl.trans(z).to(DT), kb, dk, input_precision=PREC)
-    tl.store(dkp + o_off, dk, mask=kmask)
+    z = tl.load(DZ + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                mask=tmask[:, None], other=0.0).to(DT)
+    kb = tl.load(Kp + start * (H * KD) + hk * KD + rows[:, None] * (H * KD) + ck[None, :],
+                 mask=kmask, other=0.0).to(DT)
+    dkp = DK + start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :]
+    dk = tl.load(dkp, mask=kmask, other=0.0)
+    dk = tl.dot(z, kb, dk, input_precision=PREC)
+    dk = tl.dot(tl.trans(z), kb, dk, input_precision=PREC)
+    tl.store(dkp, dk, mask=kmask)
