@@ -9,7 +9,8 @@ Uses Triton's own compiler and its bundled cuobjdump (target sm_90), the default
 of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--plan``
 overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
 kernels/rec_bp.py with ``rec_form = 1``), the chunk prep (forward, and the backward's with
-the kept T), the output kernel and the two backward chunk-local kernels.
+the kept T), the output kernel and the two backward chunk-local kernels (with
+``local_form = 1`` the two kernels of kernels/bwd_local_split.py instead of bwd_local).
 Static counts (each loop body once), not timings: a guide to where a candidate removes
 work, to be confirmed on the GPU.
 Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
@@ -66,6 +67,10 @@ def main():
     import torch
     from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
     from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
+    from cake_gdn_det_train.kernels.bwd_local_split import (
+        gdn_bwd_local_dk_kernel,
+        gdn_bwd_local_wy_kernel,
+    )
     from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
     from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
     from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
@@ -123,9 +128,22 @@ def main():
              "HBUF": bf, "DH": bf, "DO": bf, "DVNEW": bf, "VNEW": bf, "CHUNK_START": i32,
              "CHUNK_END": i32, "DQ": f32, "DK": f32, "DV": f32, "DG": f32, "DBETA": f32,
              "scale": "fp32"}
-        c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))
-        rows.append(("bwd_local", plan.num_warps_local,
-                     *build(gdn_bwd_local_kernel, t, c, plan.num_warps_local)))
+        if plan.local_form:
+            bk = plan.block_k_local
+            c = dict(base, BK=bk, NK=-(-a.K // bk), BV=plan.block_v_local,
+                     NV=-(-a.V // plan.block_v_local))
+            rows.append(("bwd_local_wy", plan.num_warps_local,
+                         *build(gdn_bwd_local_wy_kernel, {**t, "DZ": f32}, c,
+                                plan.num_warps_local)))
+            t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+            t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32)
+            rows.append(("bwd_local_dk", plan.num_warps_o,
+                         *build(gdn_bwd_local_dk_kernel, t, dict(base, BK=bk),
+                                plan.num_warps_o)))
+        else:
+            c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))
+            rows.append(("bwd_local", plan.num_warps_local,
+                         *build(gdn_bwd_local_kernel, t, c, plan.num_warps_local)))
     print("plan over", over)
     for what, warps, regs, spills, smem, counts in rows:
         print(f"{what:14s} warps={warps} regs={regs} stack={spills} smem={smem} "

@@ -1,12 +1,14 @@
 """The speed candidates of docs/benchmarks/gdn_speed_plan.md: ``plan.rec_form = 1``
 (FLA's operand form of the two chunk-recurrence kernels: block pointers, the transposed
-k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]`` tiles)
-and ``plan.prep_block`` (the chunk prep's w and u in column blocks): o, final_state and
-every gradient against the float64 token recurrence (packed 1/70/0/65-token documents: an
-empty and a length-1 document, lengths off the chunk size; HV = 2H, an initial state and a
-final-state gradient; K and V off the block sizes: partly masked column blocks, V in two
-blocks; kept and recomputed T); bitwise repeatable; close to the default plan; the fields
-are part of the plan's serialised form (format version 5) and checked."""
+k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]`` tiles),
+``plan.prep_block`` (the chunk prep's w and u in column blocks) and ``plan.local_form = 1``
+(the backward chunk-local gradients in two kernels, K in blocks of ``block_k_local``): o,
+final_state and every gradient against the float64 token recurrence (packed
+1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size;
+HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
+masked column blocks, V in two blocks; kept and recomputed T); bitwise repeatable; close
+to the default plan; the fields are part of the plan's serialised form (format version 6)
+and checked."""
 
 import dataclasses
 
@@ -46,8 +48,11 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     (48, 40, torch.float32, dict(block_v=32, rec_form=1, prep_block=32)),
     (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1, prep_block=32)),
     (40, 24, torch.float32, dict(prep_block=16, keep_a=0)),
+    (100, 40, torch.float32, dict(local_form=1, block_k_local=32, block_v_local=16)),
+    (64, 48, torch.bfloat16, dict(local_form=1, block_k_local=32, block_v_local=32)),
 ], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
-        "fp32-K40-V24-prep16-recompute"])
+        "fp32-K40-V24-prep16-recompute", "fp32-K100-V40-local-bk32-bv16",
+        "bf16-K64-V48-local-bk32-16bit"])
 def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
     if dtype == torch.bfloat16:
@@ -73,18 +78,22 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
     return (o, ht, *chunk_gdn_det_bwd(do, dht, saved))
 
 
-@pytest.mark.parametrize("over", [dict(rec_form=1), dict(prep_block=16)],
-                         ids=["rec_form", "prep_block"])
-def test_speed_paths_repeat_and_are_close_to_default(over, gdn_inputs):
+@pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16), (dict(prep_block=16), 16),
+                                     (dict(local_form=1, block_k_local=16), 40)],
+                         ids=["rec_form", "prep_block", "local_form-K40-bk16"])
+def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     """fp32, packed 1/70/0/65, HV = 2H: twice the same bits; the default plan's values to
-    fp32 rounding (the same math, other rounding)."""
-    K, V = 16, 32
+    fp32 rounding (the same math, other rounding; local_form: K in 3 blocks, one partly
+    masked)."""
+    V = 32
     q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=74, g_mode="strong",
                                       n_states=len(LENS), h0=True)
     cu = _cu(LENS)
     do = randn(v.shape, torch.float32, DEV, seed=75)
     dht = randn(h0.shape, torch.float32, DEV, seed=76)
-    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_v=16, rec_form=0)
+    # block_v = 16 (two V blocks) where store_16bit allows it (block_k 16)
+    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_v=16 if K <= 16 else 32,
+                               rec_form=0)
     new = dataclasses.replace(base, **over)
     got = assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new),
                                 repeats=2)
@@ -108,11 +117,15 @@ def test_fields_serialised_and_checked():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     on = dataclasses.replace(plan, rec_form=1)
     d = on.to_dict()
-    assert d["rec_form"] == 1 and d["version"] == 5
+    assert d["rec_form"] == 1 and d["version"] == 6
     assert GDNDetPlan.from_dict(d) == on and on.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n != "rec_form"}
     old["version"] = 4  # a plan serialised before the field existed
     with pytest.raises(ValueError, match="format version 4"):
+        GDNDetPlan.from_dict(old)
+    old = {n: x for n, x in plan.to_dict().items() if n not in ("local_form", "block_k_local")}
+    old["version"] = 5  # before local_form / block_k_local
+    with pytest.raises(ValueError, match="format version 5"):
         GDNDetPlan.from_dict(old)
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="rec_form"):
@@ -129,3 +142,24 @@ def test_fields_serialised_and_checked():
     assert "prep_block must be >= 32" in cuda_plan_problem(narrow, torch.bfloat16)
     assert cuda_plan_problem(narrow, torch.float16) is not None
     assert cuda_plan_problem(both, torch.bfloat16) is None
+    # local_form: the rule keeps 0 everywhere (block_k_local = min(64, block_k))
+    for K, V, dt in ((128, 128, torch.bfloat16), (64, 64, torch.float32), (16, 16, torch.float32),
+                     (100, 48, torch.bfloat16)):
+        for dev in ("cpu", "cuda"):
+            p = make_plan(K, V, dt, dev)
+            assert p.local_form == 0 and p.block_k_local == min(64, p.block_k), (K, V, dt, dev)
+    loc = dataclasses.replace(plan, local_form=1, block_k_local=32)
+    d = loc.to_dict()
+    assert (d["local_form"], d["block_k_local"]) == (1, 32)
+    assert GDNDetPlan.from_dict(d) == loc and loc.key != plan.key
+    assert cuda_plan_problem(loc, torch.bfloat16) is None
+    assert "block_k_local >= 32" in cuda_plan_problem(
+        dataclasses.replace(loc, block_k_local=16), torch.bfloat16)
+    assert cuda_plan_problem(dataclasses.replace(loc, block_k_local=16), torch.float32) is not \
+        None  # K = 128 fp32 is refused on CUDA anyway
+    for bad in (2, -1, True):
+        with pytest.raises(ValueError, match="local_form"):
+            dataclasses.replace(plan, local_form=bad)
+    for bad in (8, 24, 256, 0):
+        with pytest.raises(ValueError, match="block_k_local"):
+            dataclasses.replace(plan, block_k_local=bad)

@@ -41,6 +41,10 @@ from cake_core.varlen import chunk_tables, group_sum, seq_offsets
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
+from cake_gdn_det_train.kernels.bwd_local_split import (
+    gdn_bwd_local_dk_kernel,
+    gdn_bwd_local_wy_kernel,
+)
 from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
 from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
 from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
@@ -282,6 +286,26 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     return o, ht, (q_rstd, k_rstd, g_cumsum, A)
 
 
+def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
+                 dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan):
+    """``plan.local_form = 1``: the chunk-local gradients in two kernels
+    (kernels/bwd_local_split.py) through an fp32 ``[NT, HV, 64]`` scratch of the
+    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need."""
+    NT = dq_hv.shape[0]
+    dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
+    BK, BV = plan.block_k_local, plan.block_v_local
+    gdn_bwd_local_wy_kernel[(NC, HV)](
+        qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+        dq_hv, dk_hv, dv, dg, dbeta, dz,
+        scale, H, HV, HV // H, K, V,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=cdiv(K, BK),
+        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
+    gdn_bwd_local_dk_kernel[(NC, HV, cdiv(K, BK))](
+        kn, dt[0], dt[1], dz, dk_hv,
+        H, HV, HV // H, K,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, num_warps=plan.num_warps_o)
+
+
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     q, k, v, g, beta = (t.contiguous() for t in (saved.q, saved.k, saved.v, saved.g, saved.beta))
     h0 = saved.initial_state.contiguous() if saved.initial_state is not None else None
@@ -351,13 +375,17 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
             HAS_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=plan.num_warps_h,
             num_stages=plan.num_stages_h)
-        gdn_bwd_local_kernel[(NC, HV)](
-            qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-            dq_hv, dk_hv, dv, dg, dbeta,
-            saved.scale, H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
-            BV=plan.block_v_local, NV=cdiv(V, plan.block_v_local),
-            num_warps=plan.num_warps_local)
+        if plan.local_form:
+            _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
+                         dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan)
+        else:
+            gdn_bwd_local_kernel[(NC, HV)](
+                qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+                dq_hv, dk_hv, dv, dg, dbeta,
+                saved.scale, H, HV, HV // H, K, V,
+                DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k,
+                BV=plan.block_v_local, NV=cdiv(V, plan.block_v_local),
+                num_warps=plan.num_warps_local)
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate, use_sigmoid,
                                  plan)

@@ -34,6 +34,8 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dv_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dh_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_wy_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
@@ -43,14 +45,15 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
 ]
 PLANS = [
-    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 5,
+    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 6,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
-                "gate_block_t", "num_warps_gate", "rec_form", "prep_block"]},
+                "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
+                "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6f0dcf34a4dc796274901f0d10bcf5db061174850adeb2e2068596e1f98fc168"
+SOURCE_DIGEST = "sha256:f22e6224db09787fac95b38441aca809f49a0882dd06d266912e38729b5e10fe"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -76,16 +76,29 @@ class GDNDetPlan(Plan):
             ~1 KB per thread). Each column is the same dot over the chunk's 64 rows as
             before; bits may still differ from 0 on a GPU (other tile shapes), fixed per
             plan. A candidate, not yet run on a GPU.
+        local_form: 0 = the backward chunk-local gradients in one kernel holding whole-K
+            ``[64, K]`` fp32 accumulators (kernels/bwd_local.py; the rule's choice);
+            1 = two kernels (kernels/bwd_local_split.py, FLA's split of the work): one per
+            (chunk, value head) over K blocks of ``block_k_local`` (``[64, 64]`` /
+            ``[64, block_k_local]`` tiles; dq, dv, dbeta, dg and dk but its dA terms),
+            then one per (chunk, value head, K block) adding dk's dA terms from a
+            ``[64, 64]`` matrix per chunk passed through an fp32 scratch of 256 bytes per
+            token and value head (its warps: ``num_warps_o``). Other summation order: other bits
+            than 0, fixed per plan. A candidate, not yet run on a GPU.
+        block_k_local: columns of K per block of ``local_form = 1`` (power of two >= 16,
+            <= block_k; on CUDA >= 32 with 16-bit intermediates); unused with
+            ``local_form = 0``. Bits depend on it.
 
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
     plan runs on CUDA: K, V <= 128; fp32 inputs K <= 64 (larger fp32 tiles overflow the
     227 KiB of shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
     on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
-    intermediates (the 16-wide 16-bit dot fault of ``store_16bit``).
+    intermediates (the 16-wide 16-bit dot fault of ``store_16bit``); likewise
+    ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run).
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 5
+    format_version: ClassVar[int] = 6
 
     head_k_dim: int
     head_v_dim: int
@@ -107,6 +120,8 @@ class GDNDetPlan(Plan):
     num_warps_gate: int
     rec_form: int
     prep_block: int
+    local_form: int
+    block_k_local: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -124,7 +139,10 @@ class GDNDetPlan(Plan):
         if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "rec_form")
+        self.require_flags("store_16bit", "keep_a", "rec_form", "local_form")
+        self.require_power_of_two("block_k_local", minimum=16)
+        if self.block_k_local > self.block_k:
+            self._fail("block_k_local must be <= block_k")
         self.require_in_range("num_stages_h", 1, 4)
         if self.prep_block:
             self.require_power_of_two("prep_block", minimum=16)
@@ -172,6 +190,10 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
         return ("on CUDA prep_block > 0 with 16-bit intermediates needs K = block_k (at K = 100 "
                 "bf16 it gave o 10x further from float64 than prep_block=0 on an H200, "
                 "Triton 3.6)")
+    if dtype != torch.float32 and plan.store_16bit and plan.local_form \
+            and plan.block_k_local < 32:
+        return ("on CUDA local_form=1 needs block_k_local >= 32 with 16-bit intermediates "
+                "(16-wide 16-bit dots gave wrong results on an H200, Triton 3.6)")
     return None
 
 
@@ -197,7 +219,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every configuration right against
     float64, bitwise repeatable); elsewhere ``rec_form = 0``. ``prep_block = 0`` everywhere
     (``prep_block = 32`` was no faster and less accurate at K = 100 on an H200:
-    docs/benchmarks/gdn_speed_plan.md).
+    docs/benchmarks/gdn_speed_plan.md). ``local_form = 0`` everywhere, with
+    ``block_k_local = min(64, block_k)`` (used by ``local_form = 1`` only).
 
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
@@ -239,5 +262,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_gate=4,
         rec_form=int(big_rec),
         prep_block=0,
+        local_form=0,
+        block_k_local=min(64, block_k),
     )
 

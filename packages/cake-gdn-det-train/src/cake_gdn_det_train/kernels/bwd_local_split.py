@@ -1,0 +1,228 @@
+"""The backward chunk-local gradients in two kernels (plan ``local_form = 1``).
+
+Same math as kernels/bwd_local.py (see its docstring for the chunk's forward taken apart
+in reverse), split so that no whole-K ``[64, K]`` fp32 tile is alive: K is processed in
+column blocks of ``BK`` (``plan.block_k_local``), V in blocks of ``BV``
+(``plan.block_v_local``), both in index order.
+
+``gdn_bwd_local_wy_kernel``, one program per (chunk, value head), in passes:
+
+1. over V blocks: dp = do v_new^T, dT = dv_new (beta v)^T (``[64, 64]``), dv = beta T^T
+   dv_new (stored) and dbeta's v term;
+2. over K blocks: q k^T, then dpd = scale dp * exp(G_i - G_j) (i >= j) and its dg terms;
+3. over K blocks (each re-reading the V-wide S, dS, do, v_new, dv_new per V block):
+   do S^T, v_new dS^T, dv_new S^T (three ``[64, BK]`` accumulators), then dT += dw (beta
+   gam k)^T with dw = -dv_new S^T; the K block's dq = scale gam do S^T + dpd k (final) and
+   dk = lam v_new dS^T + beta gam T^T dw + dpd^T q (all but the dA terms), stored; the
+   row sums that feed dg and dbeta;
+4. dA_raw = -T^T dT T^T, then over K blocks k k^T; dbeta, dg (reverse cumulative sum
+   inside the chunk) and z = beta_i dA_raw exp(G_i - G_j) (i > j), stored in the fp32
+   workspace ``DZ`` ``[NT, HV, 64]`` (one row per token).
+
+Tiles are addressed from scalar int64 bases of the chunk's rows with int32 in-chunk
+offsets (per-element int64 addresses cost registers and spills).
+
+``gdn_bwd_local_dk_kernel``, one program per (chunk, value head, K block):
+dk += z k + z^T k on the stored part (a read-modify-write of rows the program owns,
+after the first kernel: a fixed order).
+
+No atomics; each program writes only its own rows. Other summation order than
+``local_form = 0`` (K in blocks, dq / dk terms in another order): other bits, fixed per
+plan. Dots take ``DT`` operands (the intermediates' dtype on CUDA, fp32 under the
+interpreter) with fp32 accumulation. The division of work is in the spirit of FLA's
+``chunk_bwd_dqkwg`` / ``prepare_wy_repr_bwd`` (fla/ops/gated_delta_rule: a state pass, a
+WY pass, partial gradients through memory); the passes and the code are cake's own.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gdn_bwd_local_wy_kernel(
+    Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, DVNEW, VNEW, CHUNK_START, CHUNK_END,
+    DQ, DK, DV, DG, DBETA, DZ,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    NK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tok = start + rows
+    tmask = tok < end
+    last_local = end - 1 - start
+
+    beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+    gc = tl.load(GCUM + tok * HV + hv, mask=tmask, other=0.0)
+    g_last = tl.load(GCUM + (end - 1) * HV + hv)
+    gam = tl.exp(gc)
+    lam = tl.exp(tl.where(tmask, g_last - gc, 0.0))
+    # scalar int64 bases of the chunk's rows, int32 in-chunk offsets (fewer live registers)
+    tm_t = tl.trans(tl.load(Ap + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT)
+                            + rows[None, :], mask=tmask[:, None], other=0.0)).to(DT)
+    pz = DZ + start * (HV * BT) + hv * BT
+    v_base = start * (HV * VD) + hv * VD
+    DO = DO + v_base
+    DVNEW = DVNEW + v_base
+    VNEW = VNEW + v_base
+    Vp = Vp + v_base
+    DV = DV + v_base
+    k_base = start * (H * KD) + hk * KD
+    Qp = Qp + k_base
+    Kp = Kp + k_base
+    o_base = start * (HV * KD) + hv * KD
+    DQ = DQ + o_base
+    DK = DK + o_base
+    s_base = (c * HV + hv) * KD * VD
+    HBUF = HBUF + s_base
+    DH = DH + s_base
+
+    # 1. the [64, 64] products that contract over V; dv and dbeta's v term per V block
+    dp = tl.zeros([BT, BT], dtype=tl.float32)      # do @ v_new^T
+    dt = tl.zeros([BT, BT], dtype=tl.float32)      # dv_new @ (beta v)^T (+ dw bk^T below)
+    dbeta = tl.zeros([BT], dtype=tl.float32)
+    for iv in range(NV):
+        cv = iv * BV + tl.arange(0, BV)
+        vmask = tmask[:, None] & (cv < VD)[None, :]
+        v_off = rows[:, None] * (HV * VD) + cv[None, :]
+        dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(DT)
+        dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0).to(DT)
+        vn = tl.load(VNEW + v_off, mask=vmask, other=0.0).to(DT)
+        vb = tl.load(Vp + v_off, mask=vmask, other=0.0).to(tl.float32)
+        dp = tl.dot(dob, tl.trans(vn), dp, input_precision=PREC)
+        dt = tl.dot(dvn, tl.trans(vb * beta[:, None]).to(DT), dt, input_precision=PREC)
+        dbv = tl.zeros([BT, BV], dtype=tl.float32)
+        dbv = tl.dot(tm_t, dvn, dbv, input_precision=PREC)
+        dbeta += tl.sum(vb * dbv, axis=1)
+        tl.store(DV + v_off, dbv * beta[:, None], mask=vmask)
+
+    # o = scale (gam q S + P v_new), its P part: q k^T over K blocks
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    for ik in range(NK):
+        ck = ik * BK + tl.arange(0, BK)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        k_off = rows[:, None] * (H * KD) + ck[None, :]
+        qb = tl.load(Qp + k_off, mask=kmask, other=0.0).to(DT)
+        kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(DT)
+        qk = tl.dot(qb, tl.trans(kb), qk, input_precision=PREC)
+    incl = (rows[:, None] >= rows[None, :]) & tmask[:, None]
+    d_incl = tl.where(incl, tl.exp(tl.where(incl, gc[:, None] - gc[None, :], 0.0)), 0.0)
+    dpd = tl.where(incl, dp * scale, 0.0) * d_incl
+    dpp = dpd * qk
+    dg_acc = tl.sum(dpp, axis=1) - tl.sum(dpp, axis=0)
+    dpd = dpd.to(DT)
+
+    # 2. K in blocks of BK: the state terms, dT's w part, the first dq / dk terms
+    kvds = tl.zeros([BT], dtype=tl.float32)        # sum over K of k * (v_new dS^T)
+    kdbk = tl.zeros([BT], dtype=tl.float32)        # sum over K of k * (T^T dw)
+    sds = tl.zeros([BK], dtype=tl.float32)         # sum over V of S * dS, per K column
+    bgk = beta * gam
+    for ik in range(NK):
+        ck = ik * BK + tl.arange(0, BK)
+        kcol = ck < KD
+        kmask = tmask[:, None] & kcol[None, :]
+        dos = tl.zeros([BT, BK], dtype=tl.float32)     # do @ S^T
+        vds = tl.zeros([BT, BK], dtype=tl.float32)     # v_new @ dS^T
+        dvs = tl.zeros([BT, BK], dtype=tl.float32)     # dv_new @ S^T  (= -dw)
+        for iv in range(NV):
+            cv = iv * BV + tl.arange(0, BV)
+            vcol = cv < VD
+            vmask = tmask[:, None] & vcol[None, :]
+            smask = kcol[:, None] & vcol[None, :]
+            s_off = ck[:, None] * VD + cv[None, :]
+            v_off = rows[:, None] * (HV * VD) + cv[None, :]
+            s = tl.load(HBUF + s_off, mask=smask, other=0.0).to(tl.float32)
+            ds = tl.load(DH + s_off, mask=smask, other=0.0).to(tl.float32)
+            dob = tl.load(DO + v_off, mask=vmask, other=0.0).to(DT)
+            dvn = tl.load(DVNEW + v_off, mask=vmask, other=0.0).to(DT)
+            vn = tl.load(VNEW + v_off, mask=vmask, other=0.0).to(DT)
+            s_t = tl.trans(s).to(DT)
+            dos = tl.dot(dob, s_t, dos, input_precision=PREC)
+            dvs = tl.dot(dvn, s_t, dvs, input_precision=PREC)
+            vds = tl.dot(vn, tl.trans(ds).to(DT), vds, input_precision=PREC)
+            sds += tl.sum(s * ds, axis=1)
+        k_off = rows[:, None] * (H * KD) + ck[None, :]
+        qb = tl.load(Qp + k_off, mask=kmask, other=0.0).to(tl.float32)
+        kb = tl.load(Kp + k_off, mask=kmask, other=0.0).to(tl.float32)
+        dq = dos * (scale * gam)[:, None]
+        dg_acc += tl.sum(qb * dq, axis=1)
+        dq = tl.dot(dpd, kb.to(DT), dq, input_precision=PREC)
+        kvds += tl.sum(kb * vds, axis=1)
+        dw = (-dvs).to(DT)
+        dt = tl.dot(dw, tl.trans(kb * bgk[:, None]).to(DT), dt, input_precision=PREC)
+        dbk = tl.zeros([BT, BK], dtype=tl.float32)
+        dbk = tl.dot(tm_t, dw, dbk, input_precision=PREC)
+        kdbk += tl.sum(kb * dbk, axis=1)
+        o_off = rows[:, None] * (HV * KD) + ck[None, :]
+        tl.store(DQ + o_off, dq, mask=kmask)
+        dk = lam[:, None] * vds + dbk * bgk[:, None]
+        dk = tl.dot(tl.trans(dpd), qb.to(DT), dk, input_precision=PREC)
+        tl.store(DK + o_off, dk, mask=kmask)
+
+    # S_next = exp(G_last) S + (lam k)^T v_new ; w = T (beta gam k)
+    t3 = lam * kvds
+    dg_acc -= t3
+    dg_last = tl.sum(t3, axis=0) + tl.exp(g_last) * tl.sum(sds, axis=0)
+    dbeta += gam * kdbk
+    dg_acc += bgk * kdbk
+
+    # 3. T = (I + A_raw)^-1 -> dA_raw = -T^T dT T^T (strictly lower); k k^T over K blocks
+    dtt = tl.zeros([BT, BT], dtype=tl.float32)
+    dtt = tl.dot(dt.to(DT), tm_t, dtt, input_precision=PREC)
+    da = tl.zeros([BT, BT], dtype=tl.float32)
+    da = tl.dot(tm_t, dtt.to(DT), da, input_precision=PREC)
+    strict = (rows[:, None] > rows[None, :]) & tmask[:, None]
+    da = tl.where(strict, -da, 0.0)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for ik in range(NK):
+        ck = ik * BK + tl.arange(0, BK)
+        kmask = tmask[:, None] & (ck < KD)[None, :]
+        kb = tl.load(Kp + rows[:, None] * (H * KD) + ck[None, :], mask=kmask,
+                     other=0.0).to(DT)
+        kk = tl.dot(kb, tl.trans(kb), kk, input_precision=PREC)
+    d_strict = tl.where(strict, tl.exp(tl.where(strict, gc[:, None] - gc[None, :], 0.0)), 0.0)
+    e = kk * d_strict
+    dbeta += tl.sum(da * e, axis=1)
+    daa = da * e * beta[:, None]
+    dg_acc += tl.sum(daa, axis=1) - tl.sum(daa, axis=0)
+    tl.store(pz + rows[:, None] * (HV * BT) + rows[None, :], da * d_strict * beta[:, None],
+             mask=tmask[:, None])
+
+    # G_last is G at the chunk's last token; g's gradient is the reverse cumsum of dG
+    dg_acc += tl.where(rows == last_local, dg_last, 0.0)
+    dg = tl.sum(tl.where(rows[None, :] >= rows[:, None], dg_acc[None, :], 0.0), axis=1)
+    tl.store(DG + tok * HV + hv, dg, mask=tmask)
+    tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)
+
+
+@triton.jit
+def gdn_bwd_local_dk_kernel(
+    Kp, CHUNK_START, CHUNK_END, DZ, DK,
+    H, HV, GROUP, KD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+):
+    c = tl.program_id(0).to(tl.int64)
+    hv = tl.program_id(1)
+    ik = tl.program_id(2)
+    hk = hv // GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tmask = start + rows < end
+    ck = ik * BK + tl.arange(0, BK)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+
+    # scalar int64 row bases, int32 in-chunk offsets (fewer live address registers)
+    z = tl.load(DZ + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                mask=tmask[:, None], other=0.0).to(DT)
+    kb = tl.load(Kp + start * (H * KD) + hk * KD + rows[:, None] * (H * KD) + ck[None, :],
+                 mask=kmask, other=0.0).to(DT)
+    dkp = DK + start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :]
+    dk = tl.load(dkp, mask=kmask, other=0.0)
+    dk = tl.dot(z, kb, dk, input_precision=PREC)
+    dk = tl.dot(tl.trans(z), kb, dk, input_precision=PREC)
+    tl.store(dkp, dk, mask=kmask)
