@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:95ff0ee63269239a2433aa68645833ff2fb2958125dfea243219acfaf8ffb812"
+SOURCE_DIGEST = "sha256:903c2ce004d682db7ae7fa6bb4419f89c1b273c8c3fd41a7c5d507b23050d03b"
 # --- end of generated block ---
 
 MANIFEST = {
