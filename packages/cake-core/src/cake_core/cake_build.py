@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:903c2ce004d682db7ae7fa6bb4419f89c1b273c8c3fd41a7c5d507b23050d03b"
+SOURCE_DIGEST = "sha256:53fdb54ca5b975a52e167fa26e06cd1452e60a661cb6a748e47529f5a96cd8c6"
 # --- end of generated block ---
 
 MANIFEST = {

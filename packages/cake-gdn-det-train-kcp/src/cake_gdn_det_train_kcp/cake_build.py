@@ -59,7 +59,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:fb34fedfb2e308b7fa7e536909102bbac9e4a6499945561fd0c8867ffc3f61fb"
+SOURCE_DIGEST = "sha256:607f512db689bf9a47fe8f18386641d9d8038a679df057b9860a74a700d14309"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:324046167f2249e3cd03a83a94aaf320b53398bf5ea0b4df79ac68b173a4468c"
+SOURCE_DIGEST = "sha256:d0df8aec6bd196de161fd15972542c6ec3e8d3daf23957a6a701c1f25520539a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs
