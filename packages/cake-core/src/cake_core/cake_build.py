@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:53fdb54ca5b975a52e167fa26e06cd1452e60a661cb6a748e47529f5a96cd8c6"
+SOURCE_DIGEST = "sha256:9e1ffeb601c1d5965e5fb49196cb7b645aaa3b70788a1628254bf2e0e155b9e8"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -41,7 +41,6 @@ single-rank package's bitwise.
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -55,6 +54,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.kcp import Context
+from cake_core.kcp_state import FragmentGroups, fragment_groups
 from cake_core.linear_attention import check_qkv_g_beta, resolve_plan, resolve_scale
 from cake_core.triton_utils import launch_device_check
 from cake_gdn_det_train import (
@@ -103,54 +103,8 @@ class GDNDetKCPGrads(NamedTuple):
 # ----------------------------------------------------------------------------- groups
 
 
-class _Groups(NamedTuple):
-    """This rank's fragment groups for ``ctx`` (host data, cached per context)."""
-
-    all: LocalGroup | None        # no crossing document: every fragment, one call
-    first: LocalGroup | None      # all-gather: sends, does not receive
-    middle: LocalGroup | None     # all-gather: receives and sends
-    alone: LocalGroup | None      # all-gather: neither (runs while the all-gather is in flight)
-    last: LocalGroup | None       # all-gather: receives, does not send
-    by_pos: dict[int, LocalGroup]  # ring: fragments by chain position
-    recv_index: dict[int, int]    # fragment -> index in ctx.recv
-    send_index: dict[int, int]    # fragment -> index in ctx.send
-    cu: dict[str, torch.Tensor]   # group kind -> its offsets on ctx.device
-
-
-_GROUPS: weakref.WeakKeyDictionary[Context, _Groups] = weakref.WeakKeyDictionary()
-
-
-def _groups(ctx: Context) -> _Groups:
-    got = _GROUPS.get(ctx)
-    if got is not None:
-        return got
-
-    def grp(kind, frags):
-        return LocalGroup.of(ctx, kind, frags) if frags else None
-
-    n = ctx.num_fragments
-    recv = {e.fragment for e in ctx.recv}
-    send = {e.fragment for e in ctx.send}
-    everything = grp("all", range(n)) if not ctx.crosses else None
-    first = middle = alone = last = None
-    by_pos: dict[int, LocalGroup] = {}
-    if ctx.crosses:
-        first = grp("first", [i for i in range(n) if i in send and i not in recv])
-        middle = grp("middle", [i for i in range(n) if i in send and i in recv])
-        alone = grp("alone", [i for i in range(n) if i not in send and i not in recv])
-        last = grp("last", [i for i in range(n) if i in recv and i not in send])
-        for c in sorted({f.chain_pos for f in ctx.fragments}):
-            by_pos[c] = LocalGroup.of(ctx, f"pos{c}", [i for i, f in enumerate(ctx.fragments)
-                                                       if f.chain_pos == c])
-    cu = {}
-    for g in (everything, first, middle, alone, last, *by_pos.values()):
-        if g is not None:
-            cu[g.kind] = ctx.cu_seqlens if g.whole else g.cu.to(ctx.device)
-    got = _Groups(everything, first, middle, alone, last, by_pos,
-                  {e.fragment: i for i, e in enumerate(ctx.recv)},
-                  {e.fragment: i for i, e in enumerate(ctx.send)}, cu)
-    _GROUPS[ctx] = got
-    return got
+_Groups = FragmentGroups  # this rank's fragment groups (cake_core.kcp_state)
+_groups = fragment_groups
 
 
 # ----------------------------------------------------------------------------- checks

@@ -59,7 +59,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:607f512db689bf9a47fe8f18386641d9d8038a679df057b9860a74a700d14309"
+SOURCE_DIGEST = "sha256:7ebf84abcbc01bb3c10bf5dea3f84aa5308338dc1e6256e6cacc8cd70706f4ba"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -7,13 +7,13 @@ Plain Python and torch: importing this module imports no Triton.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from cake_core import kcp as _kcp
 from cake_core.kcp import Context, Partition, check_context, has_middle_fragments
+from cake_core.kcp_state import LocalGroup
 
 __all__ = [
     "LocalGroup",
@@ -108,54 +108,3 @@ def exchange_bytes(ctx: Context, K: int, V: int, HV: int) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- local groups
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalGroup:
-    """A set of this rank's fragments run by one single-rank call.
-
-    ``kind`` names its role (``"all"``, ``"first"``, ``"middle"``, ``"alone"``, ``"last"`` for
-    the all-gather; ``"pos<c>"`` for the ring's chain position ``c``), ``frags`` the local
-    fragment indices in local order, ``runs`` their tokens as ``(local_offset, length)``
-    runs (consecutive fragments merged), ``cu`` the group's int64 CPU offsets
-    ``[len(frags) + 1]`` (each fragment one sequence) and ``num_tokens`` its token count.
-    """
-
-    kind: str
-    frags: tuple[int, ...]
-    runs: tuple[tuple[int, int], ...]
-    cu: torch.Tensor
-    num_tokens: int
-    whole: bool
-
-    @classmethod
-    def of(cls, ctx: Context, kind: str, frags: Sequence[int]) -> LocalGroup:
-        frags = tuple(sorted(frags))
-        runs: list[tuple[int, int]] = []
-        cu = [0]
-        for i in frags:
-            f = ctx.fragments[i]
-            if runs and runs[-1][0] + runs[-1][1] == f.local_offset:
-                runs[-1] = (runs[-1][0], runs[-1][1] + f.length)
-            else:
-                runs.append((f.local_offset, f.length))
-            cu.append(cu[-1] + f.length)
-        whole = len(frags) == ctx.num_fragments
-        return cls(kind, frags, tuple(runs), torch.tensor(cu, dtype=torch.int64), cu[-1], whole)
-
-    def take(self, x: torch.Tensor) -> torch.Tensor:
-        """The group's tokens of a rank-local ``[1, T_r, ...]`` tensor, in group order: ``x``
-        itself for the whole rank, a view for one run, else a copy."""
-        if self.whole:
-            return x
-        if len(self.runs) == 1:
-            a, n = self.runs[0]
-            return x[:, a:a + n]
-        return torch.cat([x[:, a:a + n] for a, n in self.runs], dim=1)
-
-    def put(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy a group-ordered ``[1, n, ...]`` tensor into its tokens of ``dst``."""
-        off = 0
-        for a, n in self.runs:
-            dst[:, a:a + n].copy_(src[:, off:off + n])
-            off += n

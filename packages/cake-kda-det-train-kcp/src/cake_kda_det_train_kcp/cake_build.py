@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d0df8aec6bd196de161fd15972542c6ec3e8d3daf23957a6a701c1f25520539a"
+SOURCE_DIGEST = "sha256:02c7be73b1336c32acd9fecd9c4080f935af5c2699cbab90434d11b1dc1cc0a2"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs
