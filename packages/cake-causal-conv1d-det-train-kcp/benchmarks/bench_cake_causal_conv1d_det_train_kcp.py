@@ -42,7 +42,6 @@ from cake_core import kcp_bench
 from cake_core.kcp_bench import (
     DTYPES,
     make_cu,
-    rank_cuts,  # noqa: F401 - the tests call bench.rank_cuts
     sha,
     timed,
 )

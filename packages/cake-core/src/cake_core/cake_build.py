@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9e1ffeb601c1d5965e5fb49196cb7b645aaa3b70788a1628254bf2e0e155b9e8"
+SOURCE_DIGEST = "sha256:9d50fb579a64157908b9c248f0d753ddd07d9c482778a8fdd8cf7fa8d8e82652"
 # --- end of generated block ---
 
 MANIFEST = {
