@@ -1,5 +1,6 @@
 """cake_core.kcp_state: the nested saved set and the workspace of the state-exchange ``-kcp``
-families, with stand-in single-rank types (the families' own suites run them for real)."""
+families, with stand-in single-rank types (the families' own suites run them, and the
+routes of cake_core.kcp_route, for real)."""
 
 import dataclasses
 
@@ -43,7 +44,8 @@ class _Ws(KCPStateWorkspace):
 
 
 def test_import_does_not_import_triton():
-    assert_imports_without_triton("cake_core.kcp_state")
+    assert_imports_without_triton("cake_core.kcp_state", "cake_core.kcp_exchange",
+                                  "cake_core.kcp_route")
 
 
 def test_nested_saved_set_round_trip():

@@ -59,7 +59,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:7ebf84abcbc01bb3c10bf5dea3f84aa5308338dc1e6256e6cacc8cd70706f4ba"
+SOURCE_DIGEST = "sha256:16cf4cd816eadc9e57afa2e14e34d27c630e9d4b02fda0db48892db428067447"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:02c7be73b1336c32acd9fecd9c4080f935af5c2699cbab90434d11b1dc1cc0a2"
+SOURCE_DIGEST = "sha256:80e76a6e5f9448c218944c911a81ffd14aa91b0da71e630be7b8802e223e95cd"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs
