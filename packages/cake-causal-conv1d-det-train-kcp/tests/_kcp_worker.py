@@ -159,7 +159,6 @@ def _count_calls():
 def _bad_inputs(p, ctx, local, rank, case):
     """Bad inputs on a live group: each must raise ValueError and run no collective.
     Returns the messages (a ``"NO ERROR: ..."`` entry when a call went through)."""
-    import torch.distributed as dist
     from cake_causal_conv1d_det_train_kcp import (
         build_context_det_kcp,
         causal_conv1d_det_bwd_kcp,
@@ -168,30 +167,11 @@ def _bad_inputs(p, ctx, local, rank, case):
         partition_det_kcp,
     )
     from cake_core.kcp import build_context
+    from cake_core.testing import refusals_without_collectives
 
     W = case.world
     x, w, b, dy = local
-    calls = []
-    real = {n: getattr(dist, n) for n in ("all_gather", "all_gather_into_tensor",
-                                          "batch_isend_irecv", "all_reduce", "broadcast",
-                                          "barrier")}
-    for n, f in real.items():
-        setattr(dist, n, (lambda name, fn: lambda *a, **k: (calls.append(name), fn(*a, **k))[1])
-                (n, f))
-    msgs = []
-
-    def expect(label, fn):
-        before = len(calls)
-        try:
-            fn()
-        except ValueError as e:
-            msgs.append(f"{label}: {e}")
-        else:
-            msgs.append(f"NO ERROR: {label}")
-        if len(calls) != before:
-            msgs.append(f"COLLECTIVE in {label}: {calls[before:]}")
-
-    try:
+    with refusals_without_collectives() as (expect, msgs):
         cu = torch.tensor(p.cu_seqlens)
         expect("partition for another world size",
                lambda: build_context_det_kcp(partition_det_kcp(cu, W + 1), None, rank,
@@ -215,9 +195,6 @@ def _bad_inputs(p, ctx, local, rank, case):
                lambda: causal_conv1d_det_bwd_kcp(dy, saved, ctx, reduce_weight_grads="yes"))
         # the good forward's backward, so every rank ran the same collectives
         causal_conv1d_det_bwd_kcp(dy, saved, ctx)
-    finally:
-        for n, f in real.items():
-            setattr(dist, n, f)
     return msgs
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's document builder, and a CPU run on three ranks where rank 0 holds no
+"""The benchmark's shared document builder, and a CPU run on three ranks where rank 0 holds no
 token and rank 2's halo comes from rank 1."""
 
 import importlib.util
@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from _conv_kcp_helpers import DEV
+from cake_core import kcp_bench
 from cake_core.testing import kcp_smoke_device
 
 BENCH = (Path(__file__).resolve().parents[1] / "benchmarks"
@@ -18,26 +18,10 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
-def test_document_boundaries(layout):
-    T, W = 1000, 4
-    cuts = bench.rank_cuts(T, W, layout)
-    assert len(cuts) == (W - 1 if layout == "contiguous" else 2 * W - 1)
-    for boundary in ("none", "on", "after", "random"):
-        for docs in (1, 2, 5, 12):
-            cu = bench.make_cu(T, docs, boundary, layout, W, seed=3)
-            assert cu[0] == 0 and cu[-1] == T and len(cu) == docs + 1
-            assert all(a < b for a, b in zip(cu, cu[1:], strict=False)), cu
-            inner = set(cu[1:-1])
-            if boundary == "on":
-                assert inner <= set(cuts) or set(cuts) <= inner
-            if boundary == "after":
-                after = {c + 1 for c in cuts}
-                assert inner <= after or after <= inner
-            if boundary == "none":
-                assert not inner & (set(cuts) | {c + 1 for c in cuts})
-    assert bench.make_cu(1, 1, "none", layout, 2, 0) == [0, 1]
-    assert bench.make_cu(3, 3, "random", layout, 2, 0) == [0, 1, 2, 3]
+def test_documents_from_cake_core():
+    """The document builder is cake_core.kcp_bench's (tested there, with every boundary
+    kind and layout)."""
+    assert bench.make_cu is kcp_bench.make_cu
 
 
 def test_smoke_three_ranks_two_tokens(tmp_path):

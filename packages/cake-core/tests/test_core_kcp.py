@@ -20,7 +20,11 @@ from cake_core.kcp import (
     Partition,
     RingPlan,
     build_context,
+    build_context_det_kcp,
+    has_middle_fragments,
+    partition_det_kcp,
 )
+from cake_core.kcp import check_context as check_entry_context
 
 # ---------------------------------------------------------------- cases
 
@@ -692,6 +696,40 @@ _GLOO_WORKER = textwrap.dedent("""
         mp.spawn(worker, args=(2, "file://" + sys.argv[1]), nprocs=2, join=True)
         print("ok")
 """)
+
+
+def test_kcp_entry_helpers_single_process():
+    """The bodies every ``-kcp`` family's partition / context entries share."""
+    assert partition_det_kcp([0, 5, 9], 2, "zigzag") == Partition.from_cu_seqlens([0, 5, 9], 2,
+                                                                                  "zigzag")
+    table = [(0, 0, 0, 5), (1, 1, 0, 4)]
+    for cu in ([0, 5, 9], torch.tensor([0, 5, 9])):
+        assert partition_det_kcp(cu, 2, fragments=table) == Partition.from_fragments(
+            table, 2, 9, cu_seqlens=[0, 5, 9])
+    with pytest.raises(ValueError, match="^layout: 'zigzag' cannot be combined"):
+        partition_det_kcp([0, 5, 9], 2, "zigzag", fragments=table)
+    with pytest.raises(ValueError, match="^cu_seqlens_global_cpu: expected a 1-D tensor"):
+        partition_det_kcp(torch.zeros(2, 2, dtype=torch.int64), 2, fragments=table)
+    with pytest.raises(ValueError, match="^cu_seqlens_global_cpu: expected a CPU int tensor"):
+        partition_det_kcp([], 2, fragments=table)
+    with pytest.raises(ValueError, match=r"^partition: expected a cake_core.kcp.Partition \(from "
+                                         r"partition_det_kcp\), got dict"):
+        build_context_det_kcp({}, None, 0, "cpu")
+    p1 = Partition.from_cu_seqlens([0, 5, 9], 1)
+    ctx = build_context_det_kcp(p1, None, 0, "cpu", exchange="ring")
+    assert ctx.exchange == "ring" and check_entry_context(ctx) is ctx
+    assert check_entry_context(ctx, torch.device("cpu")) is ctx
+    with pytest.raises(ValueError, match=r"^ctx: expected a cake_core.kcp.Context \(from "
+                                         r"build_context_det_kcp\), got Partition"):
+        check_entry_context(p1)
+    p2 = Partition.from_cu_seqlens([0, 5, 9], 2)
+    with pytest.raises(ValueError, match="^ctx: made for world_size 2, but torch.distributed"):
+        check_entry_context(build_context(p2, None, 0, "cpu", check_group=False))
+    with pytest.raises(ValueError, match="^ctx: built for device cpu, but the tensors are on "
+                                         "meta"):
+        check_entry_context(ctx, torch.device("meta"))
+    assert not has_middle_fragments(p1) and not has_middle_fragments(p2)
+    assert has_middle_fragments(Partition.from_cu_seqlens([0, 9], 3))
 
 
 def test_gloo_two_processes(tmp_path):

@@ -101,6 +101,34 @@ def test_kernel_digest(tmp_path):
     assert kernel_digest(tmp_path, mods[::-1]) != kernel_digest(tmp_path, mods)
 
 
+def test_refusals_without_collectives():
+    import torch.distributed as dist
+
+    real = dist.barrier
+
+    def collective():
+        try:
+            dist.barrier()
+        except (RuntimeError, ValueError):  # no process group here: still counted
+            pass
+        raise ValueError("y: refused too late")
+
+    def refuse():
+        raise ValueError("x: bad")
+
+    with testing.refusals_without_collectives() as (expect, msgs):
+        assert dist.barrier is not real
+        expect("refused", refuse)
+        expect("went through", lambda: None)
+        expect("collective", collective)
+        with pytest.raises(KeyError):
+            expect("other error", lambda: {}["k"])
+        expect("after", refuse)
+    assert dist.barrier is real
+    assert msgs == ["refused: x: bad", "NO ERROR: went through", "collective: y: refused too late",
+                    "COLLECTIVE in collective: ['barrier']", "after: x: bad"]
+
+
 def test_family_discovery_does_not_import_triton():
     code = ("import sys; from cake_core.families import list_families; "
             "fams = list_families(); "

@@ -51,7 +51,8 @@ def no_work(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("work started before the checks finished")
 
-    for name in ("chunk_gdn_det_bwd", "chunk_gdn_det_fwd", "all_gather_rows", "ring_step"):
+    for name in ("chunk_gdn_det_bwd", "chunk_gdn_det_fwd", "forward_allgather", "forward_ring",
+                 "backward_allgather", "backward_ring"):
         monkeypatch.setattr(kcp_api, name, boom)
 
 

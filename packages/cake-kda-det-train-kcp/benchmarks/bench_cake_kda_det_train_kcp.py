@@ -38,89 +38,45 @@ bits. Rank 0 prints one JSON record (and writes it to ``--out``).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import random
-import socket
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+from cake_core import kcp_bench
+from cake_core.kcp_bench import (
+    DTYPES,
+    make_cu,
+    sha,
+    timed,
+)
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GRAD_NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias")
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--world-size", type=int, default=None,
-                   help="ranks (default: torchrun's WORLD_SIZE, else 2)")
-    p.add_argument("--seqlen", type=int, default=65536, help="global tokens T")
-    p.add_argument("--docs", type=int, default=8)
-    p.add_argument("--boundary", choices=("none", "on", "after", "random"), default="random")
-    p.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous")
-    p.add_argument("--exchange", choices=("allgather", "ring"), default="allgather")
-    p.add_argument("--base", choices=("none", "local"), default="none")
-    p.add_argument("--heads", type=int, default=16, help="q/k heads H")
-    p.add_argument("--v-heads", type=int, default=32, help="value heads HV")
-    p.add_argument("--head-dim", type=int, default=128, help="K = V")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+def _gate_args(p):
     p.add_argument("--l2norm", action="store_true", help="use_qk_l2norm_in_kernel=True")
     p.add_argument("--gate", choices=("none", "softplus", "lower_bound"), default="none",
                    help="FLA's in-kernel gate (and beta sigmoid)")
     p.add_argument("--no-reduce-gate-grads", action="store_true",
                    help="reduce_gate_param_grads=False (each rank keeps its share)")
-    p.add_argument("--warmup", type=int, default=None, help="default 2 on CUDA, 0 on CPU")
-    p.add_argument("--reps", type=int, default=None, help="default 10 on CUDA, 1 on CPU")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--out", default="")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    kcp_bench.add_document_args(p)
+    p.add_argument("--exchange", choices=("allgather", "ring"), default="allgather")
+    p.add_argument("--base", choices=("none", "local"), default="none")
+    p.add_argument("--heads", type=int, default=16, help="q/k heads H")
+    p.add_argument("--v-heads", type=int, default=32, help="value heads HV")
+    p.add_argument("--head-dim", type=int, default=128, help="K = V")
+    kcp_bench.add_run_args(p, cuda_warmup=2, cuda_reps=10, extra=_gate_args)
     a = p.parse_args(argv)
-    for name in ("seqlen", "docs", "heads", "v_heads", "head_dim"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if a.docs > a.seqlen:
-        p.error("--docs must be <= --seqlen (documents are non-empty)")
+    kcp_bench.check_positive(p, a, ("seqlen", "docs", "heads", "v_heads", "head_dim"))
+    kcp_bench.check_docs(p, a)
     if a.v_heads % a.heads:
         p.error("--v-heads must be a multiple of --heads")
     return a
-
-
-# ----------------------------------------------------------------------------- documents
-
-
-def rank_cuts(T: int, W: int, layout: str) -> list[int]:
-    """The interior global positions where one rank's (or zigzag part's) tokens end."""
-    parts = W if layout == "contiguous" else 2 * W
-    return sorted({p * T // parts for p in range(1, parts)} - {0, T})
-
-
-def make_cu(T: int, docs: int, boundary: str, layout: str, W: int, seed: int) -> list[int]:
-    """Global offsets of ``docs`` non-empty documents over T tokens (module docstring)."""
-    need = docs - 1
-    if need == 0:
-        return [0, T]
-    free = set(range(1, T))
-    cuts = rank_cuts(T, W, layout)
-    if boundary == "random":
-        chosen = set(random.Random(seed).sample(sorted(free), need))
-        return [0, *sorted(chosen), T]
-    preferred = {"on": cuts, "after": [c + 1 for c in cuts if c + 1 < T]}.get(boundary, [])
-    preferred = sorted(set(preferred))
-    if len(preferred) > need:  # an even subset of the preferred positions
-        preferred = [preferred[(i * len(preferred)) // need] for i in range(need)]
-    chosen = set(preferred)
-    avoid = set(cuts) | {c + 1 for c in cuts} if boundary == "none" else set(cuts)
-    for i in range(1, docs):  # the rest evenly spaced, off the cuts where possible
-        if len(chosen) == need:
-            break
-        pos = i * T // docs
-        best = min(free - chosen, key=lambda x: (x in avoid, abs(x - pos), x))
-        chosen.add(best)
-    return [0, *sorted(chosen), T]
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -154,35 +110,6 @@ def global_inputs(T, H, HV, K, dtype, device, seed, gate):
     return [q, k, v, g, beta, do], kw
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, warmup, reps, group=True):
-    """Median / p20 / p80 wall ms of ``fn`` (a barrier before each run when ``group``)."""
-    from cake_core.bench import summarize_ms
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if group:
-            dist.barrier()
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return summarize_ms(times)
-
-
-def sha(tensors):
-    from cake_core.bench import bits_sha256
-
-    return bits_sha256(tensors)[:16]
-
-
 # ----------------------------------------------------------------------------- one rank
 
 
@@ -210,8 +137,7 @@ def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
         del glob
     kw["use_qk_l2norm_in_kernel"] = a.l2norm
     reduce = not a.no_reduce_gate_grads
-    warmup = a.warmup if a.warmup is not None else (2 if device.type == "cuda" else 0)
-    reps = a.reps if a.reps is not None else (10 if device.type == "cuda" else 1)
+    warmup, reps = kcp_bench.warmup_reps(a, device, 2, 10)
 
     def fwd():
         return chunk_kda_det_fwd_kcp(*local[:5], ctx, reduce_gate_param_grads=reduce, **kw)
@@ -229,7 +155,7 @@ def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
            "bytes": exchange_bytes(ctx, K, K, HV, gate_grad_floats=gate_floats)}
     t0 = time.perf_counter()
     first = step()
-    _sync(device)
+    kcp_bench.sync(device)
     rec["first_call_s"] = time.perf_counter() - t0
     rec["fwd"] = timed(fwd, device, warmup, reps)
     _, saved = fwd()
@@ -277,95 +203,14 @@ def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
 
 
 def summary(a, W, device, recs) -> dict:
-    from cake_core.bench import device_description, utc_now
-
-    cu = make_cu(a.seqlen, a.docs, a.boundary, a.layout, W, a.seed)
-    out = {"when": utc_now(), "torch": torch.__version__,
-           "device": device_description(device.type), "backend": dist.get_backend(),
-           "world_size": W, "seqlen": a.seqlen, "docs": a.docs, "cu_seqlens": cu
-           if len(cu) <= 64 else f"{len(cu) - 1} documents", "boundary": a.boundary,
-           "layout": a.layout, "exchange": a.exchange, "H": a.heads, "HV": a.v_heads,
-           "K": a.head_dim, "V": a.head_dim, "dtype": a.dtype, "l2norm": a.l2norm,
-           "gate": a.gate, "reduce_gate_param_grads": not a.no_reduce_gate_grads,
-           "ranks": recs}
-    kcp = max(r["fwd_bwd"]["ms"] for r in recs)
-    out["kcp_fwd_bwd_ms_slowest_rank"] = kcp
-    local = recs[0].get("local")
-    if local:
-        out["local_fwd_bwd_ms"] = local["fwd_bwd"]["ms"]
-        out["speedup_vs_local"] = local["fwd_bwd"]["ms"] / kcp if kcp else None
-    if a.check:
-        out["repeat_bitwise_all_ranks"] = all(r["repeat_bitwise"] for r in recs)
-        out["max_rel_err"] = max(max(r["rel_err"].values(), default=0.0) for r in recs)
-    return out
-
-
-def _worker(rank: int, W: int, a, init: str, use_cuda: bool) -> None:
-    if use_cuda:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if use_cuda else "gloo", init_method=init, rank=rank,
-                            world_size=W, timeout=datetime.timedelta(minutes=30))
-    try:
-        device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
-        _main_rank(rank, W, a, device)
-    finally:
-        dist.destroy_process_group()
-
-
-def _main_rank(rank, W, a, device):
-    rec = run_rank(rank, W, a, device)
-    recs = [None] * W
-    dist.all_gather_object(recs, rec)
-    if rank == 0:
-        out = summary(a, W, device, recs)
-        print(json.dumps(out, indent=1, default=str), flush=True)
-        if a.out:
-            from cake_core.bench import write_json
-
-            write_json(a.out, out)
-    dist.barrier()  # every rank leaves together (gloo aborts a rank whose peer tore down first)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return kcp_bench.summary(a, W, device, recs, {
+        "exchange": a.exchange, "H": a.heads, "HV": a.v_heads, "K": a.head_dim,
+        "V": a.head_dim, "dtype": a.dtype, "l2norm": a.l2norm, "gate": a.gate,
+        "reduce_gate_param_grads": not a.no_reduce_gate_grads})
 
 
 def main(argv=None) -> int:
-    a = parse_args(argv)
-    use_cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
-    if a.device == "cpu" and torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # run the kernels on the CPU
-    if use_cuda and not torch.cuda.is_available():
-        print("CUDA is not available; use --device cpu", file=sys.stderr)
-        return 2
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
-        W, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-        if a.world_size not in (None, W):
-            print(f"--world-size {a.world_size} but torchrun started {W}", file=sys.stderr)
-            return 2
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        if use_cuda:
-            torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if use_cuda else "gloo",
-                                timeout=datetime.timedelta(minutes=30))
-        try:
-            _main_rank(rank, W, a, torch.device("cuda", local) if use_cuda
-                       else torch.device("cpu"))
-        finally:
-            dist.destroy_process_group()
-        return 0
-    W = a.world_size or 2
-    if use_cuda and torch.cuda.device_count() < W:
-        print(f"--world-size {W} needs {W} GPUs (found {torch.cuda.device_count()}); use "
-              "--device cpu", file=sys.stderr)
-        return 2
-    import torch.multiprocessing as mp
-
-    mp.spawn(_worker, args=(W, a, f"tcp://127.0.0.1:{_free_port()}", use_cuda), nprocs=W,
-             join=True)
-    return 0
+    return kcp_bench.main(parse_args(argv), run_rank, summary)
 
 
 if __name__ == "__main__":

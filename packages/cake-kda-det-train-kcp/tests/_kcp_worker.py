@@ -152,8 +152,8 @@ def _count_local_calls():
 def _bad_inputs(p, ctx, xs, kw, rank, W, group):
     """Bad inputs on a live group: each must raise ValueError and run no collective.
     Returns the messages (a ``"NO ERROR: ..."`` entry when a call went through)."""
-    import torch.distributed as dist
     from cake_core.kcp import build_context
+    from cake_core.testing import refusals_without_collectives
     from cake_kda_det_train_kcp import (
         build_context_det_kcp,
         chunk_kda_det_bwd_kcp,
@@ -161,26 +161,7 @@ def _bad_inputs(p, ctx, xs, kw, rank, W, group):
         partition_det_kcp,
     )
 
-    calls = []
-    real = {n: getattr(dist, n) for n in ("all_gather", "batch_isend_irecv", "all_reduce",
-                                          "broadcast", "barrier")}
-    for n, f in real.items():
-        setattr(dist, n, (lambda name, fn: lambda *a, **k: (calls.append(name), fn(*a, **k))[1])
-                (n, f))
-    msgs = []
-
-    def expect(label, fn):
-        before = len(calls)
-        try:
-            fn()
-        except ValueError as e:
-            msgs.append(f"{label}: {e}")
-        else:
-            msgs.append(f"NO ERROR: {label}")
-        if len(calls) != before:
-            msgs.append(f"COLLECTIVE in {label}: {calls[before:]}")
-
-    try:
+    with refusals_without_collectives() as (expect, msgs):
         cu = torch.tensor(p.cu_seqlens)
         expect("partition for another world size",
                lambda: build_context_det_kcp(partition_det_kcp(cu, W + 1), group, rank,
@@ -203,9 +184,6 @@ def _bad_inputs(p, ctx, xs, kw, rank, W, group):
                lambda: chunk_kda_det_bwd_kcp(longer[2], saved, ctx))
         expect("backward with a reduce flag not a bool",
                lambda: chunk_kda_det_bwd_kcp(xs[5], saved, ctx, reduce_gate_param_grads="yes"))
-    finally:
-        for n, f in real.items():
-            setattr(dist, n, f)
     return msgs
 
 

@@ -17,8 +17,8 @@ from cake_kda_det_train_kcp import (
     partition_det_kcp,
 )
 
-WORK = ("chunk_kda_det_bwd", "chunk_kda_det_fwd", "all_gather_rows", "ring_step",
-        "sum_over_ranks")
+WORK = ("chunk_kda_det_bwd", "chunk_kda_det_fwd", "forward_allgather", "forward_ring",
+        "backward_allgather", "backward_ring", "sum_over_ranks")
 
 
 @pytest.fixture(scope="module")

@@ -55,8 +55,8 @@ def no_work(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("work started before the checks finished")
 
-    for name in ("chunk_kda_det_bwd", "chunk_kda_det_fwd", "all_gather_rows", "ring_step",
-                 "sum_over_ranks"):
+    for name in ("chunk_kda_det_bwd", "chunk_kda_det_fwd", "forward_allgather", "forward_ring",
+                 "backward_allgather", "backward_ring", "sum_over_ranks"):
         monkeypatch.setattr(kcp_api, name, boom)
 
 

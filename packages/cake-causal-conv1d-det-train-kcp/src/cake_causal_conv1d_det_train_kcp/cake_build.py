@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:ec85cc973eec2eba848c7e0ef99959617158da71c1e2090cbd3226b3359cdbbb"
+SOURCE_DIGEST = "sha256:9e26260e2081fb081dc6dbd58d13deab8a9c4e5416d91c6551f55132007f817f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

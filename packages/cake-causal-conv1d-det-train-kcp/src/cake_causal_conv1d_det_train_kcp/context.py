@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from cake_core.kcp import Context, HaloEntry, HaloPiece, HaloSend, Partition, build_context
+from cake_core import kcp as _kcp
+from cake_core.kcp import Context, HaloEntry, HaloPiece, HaloSend, Partition, check_context
 
 __all__ = [
     "HaloPlan",
@@ -80,23 +81,7 @@ def partition_det_kcp(cu_seqlens_global_cpu: torch.Tensor | Sequence[int], world
         ValueError: bad offsets, world size, layout, or fragment table (naming the
             argument), a layout other than the default together with ``fragments``.
     """
-    if fragments is None:
-        return Partition.from_cu_seqlens(cu_seqlens_global_cpu, world_size, layout)
-    if layout not in ("contiguous", "explicit"):
-        raise ValueError(f"layout: {layout!r} cannot be combined with an explicit fragment "
-                         "table (leave layout at its default)")
-    cu = cu_seqlens_global_cpu
-    if isinstance(cu, torch.Tensor):
-        if cu.dim() != 1 or cu.numel() < 1:
-            raise ValueError("cu_seqlens_global_cpu: expected a 1-D tensor with at least 2 "
-                             f"entries, got shape {tuple(cu.shape)}")
-        total = cu[-1]
-    elif isinstance(cu, (list, tuple)) and cu:
-        total = cu[-1]
-    else:
-        raise ValueError("cu_seqlens_global_cpu: expected a CPU int tensor or a non-empty list "
-                         f"of ints, got {type(cu).__name__}")
-    return Partition.from_fragments(fragments, world_size, total, cu_seqlens=cu)
+    return _kcp.partition_det_kcp(cu_seqlens_global_cpu, world_size, layout, fragments)
 
 
 def build_context_det_kcp(partition: Partition, group: Any, rank: int,
@@ -126,57 +111,9 @@ def build_context_det_kcp(partition: Partition, group: Any, rank: int,
             not this process's rank in ``group``, a bad ``conv_kernel_size`` or
             ``exchange``, ... (see :func:`cake_core.kcp.build_context`).
     """
-    if not isinstance(partition, Partition):
-        raise ValueError(f"partition: expected a cake_core.kcp.Partition (from "
-                         f"partition_det_kcp), got {type(partition).__name__}")
-    return build_context(partition, group, rank, device, conv_kernel_size, exchange=exchange)
+    return _kcp.build_context_det_kcp(partition, group, rank, device, conv_kernel_size,
+                                      exchange=exchange)
 
-
-def _group_world_rank(group: Any) -> tuple[int, int] | None:
-    """``(world size, rank)`` of ``group`` (local queries), or ``None`` without an
-    initialised ``torch.distributed``."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
-def check_context(ctx: object, device: torch.device | None = None) -> Context:
-    """``ValueError`` unless ``ctx`` is a :class:`cake_core.kcp.Context` this process can run
-    collectives with: its group has ``ctx.world_size`` ranks and this process is rank
-    ``ctx.rank`` in it (a context made for another rank or world size, e.g. with
-    ``check_group=False``, is refused) and, with ``device``, it was built for that device.
-    Runs no collective."""
-    if not isinstance(ctx, Context):
-        raise ValueError(f"ctx: expected a cake_core.kcp.Context (from build_context_det_kcp), "
-                         f"got {type(ctx).__name__}")
-    wr = _group_world_rank(ctx.group)
-    if wr is None:
-        if ctx.group is not None:
-            raise ValueError("ctx: its process group is set but torch.distributed is not "
-                             "initialised")
-        if ctx.world_size != 1:
-            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but torch.distributed "
-                             "is not initialised (a single process is world size 1)")
-        if ctx.rank != 0:
-            raise ValueError(f"ctx: made for rank {ctx.rank}, but this single process is rank 0")
-    else:
-        gw, gr = wr
-        if gr < 0:
-            raise ValueError("ctx: this process is not a member of the context's group")
-        if gw != ctx.world_size:
-            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but its process group "
-                             f"has {gw} ranks")
-        if gr != ctx.rank:
-            raise ValueError(f"ctx: made for rank {ctx.rank}, but this process is rank {gr} of "
-                             "its group")
-    if device is not None:
-        want = ctx.device
-        if want.type != device.type or (want.index is not None and device.index is not None
-                                         and want.index != device.index):
-            raise ValueError(f"ctx: built for device {want}, but the tensors are on {device}")
-    return ctx
 
 
 # ----------------------------------------------------------------------------- halo plan

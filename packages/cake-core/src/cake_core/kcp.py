@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import hashlib
 import json
 import operator
@@ -61,6 +62,10 @@ __all__ = [
     "RingPlan",
     "SendEntry",
     "build_context",
+    "build_context_det_kcp",
+    "check_context",
+    "has_middle_fragments",
+    "partition_det_kcp",
 ]
 
 #: Layouts :meth:`Partition.from_cu_seqlens` knows.
@@ -1098,3 +1103,107 @@ def build_context(partition: Partition, group: Any, rank: int,
         cu_seqlens=cu_cpu.to(dev), cu_seqlens_cpu=cu_cpu, recv=tuple(recv), send=tuple(send),
         allgather_plan=ag, ring_plan=ring, halo=tuple(halo), halo_send=tuple(halo_send),
     )
+
+
+# --------------------------------------------------------------------------- the -kcp entries
+# What every ``-kcp`` family's ``partition_det_kcp`` / ``build_context_det_kcp`` /
+# ``check_context`` does (their messages name those entries' arguments).
+
+
+def partition_det_kcp(cu_seqlens_global_cpu: torch.Tensor | Sequence[int], world_size: int,
+                      layout: str = "contiguous",
+                      fragments: Sequence[object] | None = None) -> Partition:
+    """The body of every ``-kcp`` family's ``partition_det_kcp`` (see theirs):
+    :meth:`Partition.from_cu_seqlens` for a layout, else :meth:`Partition.from_fragments`
+    with ``T = cu_seqlens_global_cpu[-1]`` (``layout`` then ``"contiguous"`` or
+    ``"explicit"``).
+
+    Raises:
+        ValueError: bad offsets, world size, layout or fragment table (naming the argument),
+            or a layout other than the default together with ``fragments``.
+    """
+    if fragments is None:
+        return Partition.from_cu_seqlens(cu_seqlens_global_cpu, world_size, layout)
+    if layout not in ("contiguous", "explicit"):
+        raise ValueError(f"layout: {layout!r} cannot be combined with an explicit fragment "
+                         "table (leave layout at its default)")
+    cu = cu_seqlens_global_cpu
+    if isinstance(cu, torch.Tensor):
+        if cu.dim() != 1 or cu.numel() < 1:
+            raise ValueError("cu_seqlens_global_cpu: expected a 1-D tensor with at least 2 "
+                             f"entries, got shape {tuple(cu.shape)}")
+        total = cu[-1]
+    elif isinstance(cu, (list, tuple)) and cu:
+        total = cu[-1]
+    else:
+        raise ValueError("cu_seqlens_global_cpu: expected a CPU int tensor or a non-empty list "
+                         f"of ints, got {type(cu).__name__}")
+    return Partition.from_fragments(fragments, world_size, total, cu_seqlens=cu)
+
+
+def build_context_det_kcp(partition: Partition, group: Any, rank: int,
+                          device: torch.device | str | int, conv_kernel_size: int = 4, *,
+                          exchange: str = "allgather") -> Context:
+    """The body of every ``-kcp`` family's ``build_context_det_kcp`` (see theirs): refuse
+    anything but a :class:`Partition` (naming ``partition_det_kcp``), then
+    :func:`build_context`."""
+    if not isinstance(partition, Partition):
+        raise ValueError(f"partition: expected a cake_core.kcp.Partition (from "
+                         f"partition_det_kcp), got {type(partition).__name__}")
+    return build_context(partition, group, rank, device, conv_kernel_size, exchange=exchange)
+
+
+def _process_world_rank(group: Any) -> tuple[int, int] | None:
+    """``(world size, rank)`` of ``group`` (local queries), or ``None`` without an
+    initialised ``torch.distributed``."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def check_context(ctx: object, device: torch.device | None = None) -> Context:
+    """``ValueError`` unless ``ctx`` is a :class:`Context` this process can run collectives
+    with: its group has ``ctx.world_size`` ranks and this process is rank ``ctx.rank`` in it
+    (a context made for another rank or world size, e.g. with ``check_group=False``, is
+    refused) and, with ``device``, it was built for that device. Runs no collective; every
+    ``-kcp`` entry calls it before any collective. Returns ``ctx``."""
+    if not isinstance(ctx, Context):
+        raise ValueError(f"ctx: expected a cake_core.kcp.Context (from build_context_det_kcp), "
+                         f"got {type(ctx).__name__}")
+    wr = _process_world_rank(ctx.group)
+    if wr is None:
+        if ctx.group is not None:
+            raise ValueError("ctx: its process group is set but torch.distributed is not "
+                             "initialised")
+        if ctx.world_size != 1:
+            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but torch.distributed "
+                             "is not initialised (a single process is world size 1)")
+        if ctx.rank != 0:
+            raise ValueError(f"ctx: made for rank {ctx.rank}, but this single process is rank 0")
+    else:
+        gw, gr = wr
+        if gr < 0:
+            raise ValueError("ctx: this process is not a member of the context's group")
+        if gw != ctx.world_size:
+            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but its process group "
+                             f"has {gw} ranks")
+        if gr != ctx.rank:
+            raise ValueError(f"ctx: made for rank {ctx.rank}, but this process is rank {gr} of "
+                             "its group")
+    if device is not None:
+        want = ctx.device
+        if want.type != device.type or (want.index is not None and device.index is not None
+                                         and want.index != device.index):
+            raise ValueError(f"ctx: built for device {want}, but the tensors are on {device}")
+    return ctx
+
+
+@functools.lru_cache(maxsize=64)
+def has_middle_fragments(partition: Partition) -> bool:
+    """Whether some fragment of the partition both receives and sends a state (a document
+    spans three or more fragments). Only such fragments need their transition ``P`` in
+    either direction; without any, the all-gather rows carry ``Q`` (or ``G``) alone, ``V``
+    wide instead of ``K + V`` (the same decision on every rank)."""
+    return any(f.has_prev and f.has_next for frags in partition.table for f in frags)

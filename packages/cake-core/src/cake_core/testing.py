@@ -304,3 +304,43 @@ def gpu_time_sharers(n: int = 2):
         for p in procs:
             p.kill()
             p.wait()
+
+
+#: The ``torch.distributed`` calls :func:`refusals_without_collectives` watches.
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "batch_isend_irecv", "all_reduce",
+               "broadcast", "barrier")
+
+
+@contextlib.contextmanager
+def refusals_without_collectives(names: Sequence[str] = COLLECTIVES):
+    """For a KCP test's bad-input checks on a live process group: yields ``(expect, msgs)``.
+    ``expect(label, fn)`` calls ``fn()`` and appends to ``msgs`` ``"<label>: <message>"``
+    when it raises ``ValueError``, else ``"NO ERROR: <label>"``, and
+    ``"COLLECTIVE in <label>: [...]"`` when it called one of ``torch.distributed``'s
+    ``names`` (which stay wrapped, counting, for the block; restored on exit). Other
+    exceptions propagate."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+    real = {n: getattr(dist, n) for n in names}
+    for n, f in real.items():
+        setattr(dist, n, (lambda name, fn: lambda *a, **k: (calls.append(name), fn(*a, **k))[1])
+                (n, f))
+    msgs: list[str] = []
+
+    def expect(label: str, fn: Callable[[], Any]) -> None:
+        before = len(calls)
+        try:
+            fn()
+        except ValueError as e:
+            msgs.append(f"{label}: {e}")
+        else:
+            msgs.append(f"NO ERROR: {label}")
+        if len(calls) != before:
+            msgs.append(f"COLLECTIVE in {label}: {calls[before:]}")
+
+    try:
+        yield expect, msgs
+    finally:
+        for n, f in real.items():
+            setattr(dist, n, f)

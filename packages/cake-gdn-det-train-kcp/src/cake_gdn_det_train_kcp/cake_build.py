@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:3788708a3a45146add5c5e28848c19f4074271c4174e5e052c34a784916631c8"
+SOURCE_DIGEST = "sha256:59e8b72dbae1ef4a19b172c71c6848abfc71c0cf79281a80211fd53b6963e08a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

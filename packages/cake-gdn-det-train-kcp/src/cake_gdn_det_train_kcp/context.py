@@ -7,13 +7,13 @@ Plain Python and torch: importing this module imports no Triton.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from cake_core.kcp import Context, Partition, build_context
+from cake_core import kcp as _kcp
+from cake_core.kcp import Context, Partition, check_context, has_middle_fragments
+from cake_core.kcp_state import LocalGroup
 
 __all__ = [
     "LocalGroup",
@@ -54,23 +54,7 @@ def partition_det_kcp(cu_seqlens_global_cpu: torch.Tensor | Sequence[int], world
         ValueError: bad offsets, world size, layout, or fragment table (naming the
             argument), ``layout="zigzag"`` together with ``fragments``.
     """
-    if fragments is None:
-        return Partition.from_cu_seqlens(cu_seqlens_global_cpu, world_size, layout)
-    if layout not in ("contiguous", "explicit"):
-        raise ValueError(f"layout: {layout!r} cannot be combined with an explicit fragment "
-                         "table (leave layout at its default)")
-    if isinstance(cu_seqlens_global_cpu, torch.Tensor):
-        if cu_seqlens_global_cpu.dim() != 1 or cu_seqlens_global_cpu.numel() < 1:
-            raise ValueError("cu_seqlens_global_cpu: expected a 1-D tensor with at least 2 "
-                             f"entries, got shape {tuple(cu_seqlens_global_cpu.shape)}")
-        total = cu_seqlens_global_cpu[-1]
-    elif isinstance(cu_seqlens_global_cpu, (list, tuple)) and cu_seqlens_global_cpu:
-        total = cu_seqlens_global_cpu[-1]
-    else:
-        raise ValueError("cu_seqlens_global_cpu: expected a CPU int tensor or a non-empty list "
-                         f"of ints, got {type(cu_seqlens_global_cpu).__name__}")
-    return Partition.from_fragments(fragments, world_size, total,
-                                    cu_seqlens=cu_seqlens_global_cpu)
+    return _kcp.partition_det_kcp(cu_seqlens_global_cpu, world_size, layout, fragments)
 
 
 def build_context_det_kcp(partition: Partition, group: Any, rank: int,
@@ -97,66 +81,9 @@ def build_context_det_kcp(partition: Partition, group: Any, rank: int,
             not this process's rank in ``group``, an unknown ``exchange``, ... (see
             :func:`cake_core.kcp.build_context`).
     """
-    if not isinstance(partition, Partition):
-        raise ValueError(f"partition: expected a cake_core.kcp.Partition (from "
-                         f"partition_det_kcp), got {type(partition).__name__}")
-    return build_context(partition, group, rank, device, conv_kernel_size, exchange=exchange)
+    return _kcp.build_context_det_kcp(partition, group, rank, device, conv_kernel_size,
+                                      exchange=exchange)
 
-
-def _group_world_rank(group: Any) -> tuple[int, int] | None:
-    """``(world size, rank)`` of ``group`` (local queries), or ``None`` without an
-    initialised ``torch.distributed``."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist.get_world_size(group), dist.get_rank(group)
-
-
-def check_context(ctx: object, device: torch.device | None = None) -> Context:
-    """``ValueError`` unless ``ctx`` is a :class:`cake_core.kcp.Context` this process can
-    run collectives with: its group has ``ctx.world_size`` ranks and this process is rank
-    ``ctx.rank`` in it (a context made for another rank, e.g. with
-    ``check_group=False``, or for another world size is refused), and, with ``device``,
-    it was built for that device. No collective runs."""
-    if not isinstance(ctx, Context):
-        raise ValueError(f"ctx: expected a cake_core.kcp.Context (from build_context_det_kcp), "
-                         f"got {type(ctx).__name__}")
-    wr = _group_world_rank(ctx.group)
-    if wr is None:
-        if ctx.group is not None:
-            raise ValueError("ctx: its process group is set but torch.distributed is not "
-                             "initialised")
-        if ctx.world_size != 1:
-            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but torch.distributed "
-                             "is not initialised (a single process is world size 1)")
-        if ctx.rank != 0:
-            raise ValueError(f"ctx: made for rank {ctx.rank}, but this single process is rank 0")
-    else:
-        gw, gr = wr
-        if gr < 0:
-            raise ValueError("ctx: this process is not a member of the context's group")
-        if gw != ctx.world_size:
-            raise ValueError(f"ctx: made for world_size {ctx.world_size}, but its process group "
-                             f"has {gw} ranks")
-        if gr != ctx.rank:
-            raise ValueError(f"ctx: made for rank {ctx.rank}, but this process is rank {gr} of "
-                             "its group")
-    if device is not None:
-        want = ctx.device
-        if want.type != device.type or (want.index is not None and device.index is not None
-                                         and want.index != device.index):
-            raise ValueError(f"ctx: built for device {want}, but the tensors are on {device}")
-    return ctx
-
-
-@functools.lru_cache(maxsize=64)
-def has_middle_fragments(partition: Partition) -> bool:
-    """Whether some fragment of the partition both receives and sends a state (a document
-    spans three or more fragments). Only such fragments need their transition ``P`` in
-    either direction; without any, the all-gather rows carry ``Q`` (or ``G``) alone, ``V``
-    wide instead of ``K + V`` (the same decision on every rank)."""
-    return any(f.has_prev and f.has_next for frags in partition.table for f in frags)
 
 
 def exchange_bytes(ctx: Context, K: int, V: int, HV: int) -> dict[str, int]:
@@ -181,54 +108,3 @@ def exchange_bytes(ctx: Context, K: int, V: int, HV: int) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- local groups
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalGroup:
-    """A set of this rank's fragments run by one single-rank call.
-
-    ``kind`` names its role (``"all"``, ``"first"``, ``"middle"``, ``"alone"``, ``"last"`` for
-    the all-gather; ``"pos<c>"`` for the ring's chain position ``c``), ``frags`` the local
-    fragment indices in local order, ``runs`` their tokens as ``(local_offset, length)``
-    runs (consecutive fragments merged), ``cu`` the group's int64 CPU offsets
-    ``[len(frags) + 1]`` (each fragment one sequence) and ``num_tokens`` its token count.
-    """
-
-    kind: str
-    frags: tuple[int, ...]
-    runs: tuple[tuple[int, int], ...]
-    cu: torch.Tensor
-    num_tokens: int
-    whole: bool
-
-    @classmethod
-    def of(cls, ctx: Context, kind: str, frags: Sequence[int]) -> LocalGroup:
-        frags = tuple(sorted(frags))
-        runs: list[tuple[int, int]] = []
-        cu = [0]
-        for i in frags:
-            f = ctx.fragments[i]
-            if runs and runs[-1][0] + runs[-1][1] == f.local_offset:
-                runs[-1] = (runs[-1][0], runs[-1][1] + f.length)
-            else:
-                runs.append((f.local_offset, f.length))
-            cu.append(cu[-1] + f.length)
-        whole = len(frags) == ctx.num_fragments
-        return cls(kind, frags, tuple(runs), torch.tensor(cu, dtype=torch.int64), cu[-1], whole)
-
-    def take(self, x: torch.Tensor) -> torch.Tensor:
-        """The group's tokens of a rank-local ``[1, T_r, ...]`` tensor, in group order: ``x``
-        itself for the whole rank, a view for one run, else a copy."""
-        if self.whole:
-            return x
-        if len(self.runs) == 1:
-            a, n = self.runs[0]
-            return x[:, a:a + n]
-        return torch.cat([x[:, a:a + n] for a, n in self.runs], dim=1)
-
-    def put(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy a group-ordered ``[1, n, ...]`` tensor into its tokens of ``dst``."""
-        off = 0
-        for a, n in self.runs:
-            dst[:, a:a + n].copy_(src[:, off:off + n])
-            off += n

@@ -3,19 +3,14 @@ refuses the single-rank package's types, and any non-det type, by type and mode)
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from cake_core import Mode, SavedSet, Workspace, check_float_dtype, check_int
-from cake_core.kcp import Context
+from cake_core.kcp_state import KCPStateSavedSet, KCPStateWorkspace
 from cake_gdn_det_train import GDNDetPlan, GDNDetSavedSet, GDNDetWorkspace, make_plan
-
-from cake_gdn_det_train_kcp.context import has_middle_fragments
 
 __all__ = ["GDNDetKCPSavedSet", "GDNDetKCPWorkspace", "p_plan"]
 
 
-class GDNDetKCPSavedSet(SavedSet):
+class GDNDetKCPSavedSet(KCPStateSavedSet):
     """What :func:`~cake_gdn_det_train_kcp.chunk_gdn_det_fwd_kcp` keeps for its backward.
 
     Own tensors:
@@ -36,35 +31,7 @@ class GDNDetKCPSavedSet(SavedSet):
 
     tensor_names = ("q", "k", "v", "g", "beta", "P")
     format_version = 1
-
-    def __init__(self, mode: Mode, tensors: dict[str, torch.Tensor | None],
-                 meta: dict[str, Any] | None = None,
-                 local: tuple[GDNDetSavedSet, ...] = ()):
-        super().__init__(mode, tensors, meta)
-        self.local = tuple(local)
-        self.meta["local_meta"] = tuple(s.meta for s in self.local)
-        if len(self.meta.get("groups", ())) != len(self.local):
-            raise ValueError(f"{type(self).__name__}: {len(self.local)} nested saved sets for "
-                             f"{len(self.meta.get('groups', ()))} groups")
-
-    def tensors(self) -> tuple[torch.Tensor | None, ...]:
-        """Own tensors (``tensor_names`` order), then each nested set's ``tensors()``."""
-        return super().tensors() + tuple(t for s in self.local for t in s.tensors())
-
-    @classmethod
-    def from_tensors(cls, mode: Mode, tensors: tuple[torch.Tensor | None, ...],
-                     meta: dict[str, Any] | None = None) -> GDNDetKCPSavedSet:
-        """Rebuild from ``ctx.saved_tensors`` (the order of :meth:`tensors`) and ``meta``."""
-        meta = dict(meta or {})
-        n, per = len(cls.tensor_names), len(GDNDetSavedSet.tensor_names)
-        metas = meta.get("local_meta", ())
-        if len(tensors) != n + per * len(metas):
-            raise ValueError(f"{cls.__name__}: expected {n + per * len(metas)} tensors, got "
-                             f"{len(tensors)}")
-        local = tuple(GDNDetSavedSet.from_tensors(Mode.DET, tuple(tensors[n + i * per:
-                                                                          n + (i + 1) * per]), m)
-                      for i, m in enumerate(metas))
-        return cls(mode, dict(zip(cls.tensor_names, tensors[:n], strict=True)), meta, local)
+    local_type = GDNDetSavedSet
 
 
 def p_plan(plan: GDNDetPlan, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
@@ -74,7 +41,7 @@ def p_plan(plan: GDNDetPlan, dtype: torch.dtype, device: torch.device) -> GDNDet
     return plan if plan.head_v_dim == K else make_plan(K, K, dtype, device)
 
 
-class GDNDetKCPWorkspace(Workspace):
+class GDNDetKCPWorkspace(KCPStateWorkspace):
     """Scratch of the KCP forward and backward on one rank, for one plan and context.
 
     Buffers (fp32, all-gather exchange; empty ``[0, ...]`` without crossing documents or
@@ -89,59 +56,6 @@ class GDNDetKCPWorkspace(Workspace):
     Build with :meth:`for_context`.
     """
 
-    @classmethod
-    def for_context(cls, plan: GDNDetPlan, ctx: Context, *, num_v_heads: int,
-                    dtype: torch.dtype = torch.float32) -> GDNDetKCPWorkspace:
-        """Allocate for calls on ``ctx`` with ``plan`` (K, V), ``num_v_heads`` value heads and
-        inputs of ``dtype``.
-
-        Raises:
-            ValueError: a plan of another type, ``ctx`` not a Context, ``num_v_heads`` not an
-                int >= 1, ``dtype`` not fp32/bf16/fp16.
-        """
-        if not isinstance(plan, GDNDetPlan):
-            raise ValueError(f"plan: expected GDNDetPlan, got {type(plan).__name__}")
-        if not isinstance(ctx, Context):
-            raise ValueError(f"ctx: expected a cake_core.kcp.Context, got {type(ctx).__name__}")
-        HV = check_int(num_v_heads, "num_v_heads", 1)
-        check_float_dtype(dtype)
-        K, V = plan.head_k_dim, plan.head_v_dim
-        dev = ctx.device
-        f32 = torch.float32
-        mid = has_middle_fragments(ctx.partition)
-        width = K + V if mid else V
-        W = ctx.world_size
-        ag = ctx.allgather_plan
-        sf = ag.fwd_slots_per_rank if ctx.exchange == "allgather" else 0
-        sb = ag.bwd_slots_per_rank if ctx.exchange == "allgather" else 0
-        bufs = {"fwd_send": torch.empty((sf, HV, K, width), dtype=f32, device=dev),
-                "fwd_recv": torch.empty((W * sf, HV, K, width), dtype=f32, device=dev),
-                "bwd_send": torch.empty((sb, HV, K, width), dtype=f32, device=dev),
-                "bwd_recv": torch.empty((W * sb, HV, K, width), dtype=f32, device=dev)}
-        ws = cls(plan, dev, bufs)
-        ws.local = GDNDetWorkspace.for_plan(plan, dev, num_v_heads=HV,
-                                            max_tokens=ctx.num_tokens,
-                                            max_seqs=max(1, ctx.num_fragments), dtype=dtype)
-        ws.local_p = None
-        pp = p_plan(plan, dtype, dev)
-        middle = [f for f in ctx.fragments if f.has_prev and f.has_next]
-        if ctx.exchange == "allgather" and middle and pp is not plan:
-            ws.local_p = GDNDetWorkspace.for_plan(pp, dev, num_v_heads=HV,
-                                                  max_tokens=sum(f.length for f in middle),
-                                                  max_seqs=len(middle), dtype=dtype)
-        ws.partition_key, ws.rank, ws.exchange = ctx.partition.key, ctx.rank, ctx.exchange
-        ws.num_v_heads, ws.dtype = HV, dtype
-        return ws
-
-    def check_for(self, plan: GDNDetPlan, ctx: Context, num_v_heads: int,
-                  dtype: torch.dtype, *, name: str = "workspace") -> None:
-        """``ValueError`` unless made (:meth:`for_context`) for ``plan`` on ``ctx``'s device,
-        partition, rank and exchange, with ``num_v_heads`` and inputs of ``dtype``."""
-        self.check(plan, ctx.device, name=name)
-        got = (self.partition_key, self.rank, self.exchange, self.num_v_heads, self.dtype)
-        want = (ctx.partition.key, ctx.rank, ctx.exchange, num_v_heads, dtype)
-        if got != want:
-            raise ValueError(f"{name}: made for (partition, rank, exchange, HV, dtype) = {got}, "
-                             f"the call has {want}; build it with "
-                             "GDNDetKCPWorkspace.for_context(plan, ctx, num_v_heads=HV, "
-                             "dtype=q.dtype)")
+    plan_type = GDNDetPlan
+    local_type = GDNDetWorkspace
+    transition_plan = staticmethod(p_plan)

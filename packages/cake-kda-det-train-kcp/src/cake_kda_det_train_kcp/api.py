@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import weakref
 from typing import NamedTuple
 
 import torch
@@ -76,6 +75,13 @@ from cake_core import (
     require_mode,
 )
 from cake_core.kcp import Context
+from cake_core.kcp_route import (
+    backward_allgather,
+    backward_ring,
+    forward_allgather,
+    forward_ring,
+)
+from cake_core.kcp_state import FragmentGroups, fragment_groups
 from cake_core.linear_attention import (
     check_gate_params,
     check_options,
@@ -101,12 +107,7 @@ from cake_kda_det_train_kcp.context import (
     has_middle_fragments,
 )
 from cake_kda_det_train_kcp.exchange import (
-    all_gather_rows,
-    fold_backward,
-    fold_forward,
-    handoffs_at,
     ring_ready,
-    ring_step,
     sum_over_ranks,
 )
 from cake_kda_det_train_kcp.saved import KDADetKCPSavedSet, KDADetKCPWorkspace, p_plan
@@ -166,54 +167,8 @@ class _Opts(NamedTuple):
 # ----------------------------------------------------------------------------- groups
 
 
-class _Groups(NamedTuple):
-    """This rank's fragment groups for ``ctx`` (host data, cached per context)."""
-
-    all: LocalGroup | None        # no crossing document: every fragment, one call
-    first: LocalGroup | None      # all-gather: sends, does not receive
-    middle: LocalGroup | None     # all-gather: receives and sends
-    alone: LocalGroup | None      # all-gather: neither (runs while the all-gather is in flight)
-    last: LocalGroup | None       # all-gather: receives, does not send
-    by_pos: dict[int, LocalGroup]  # ring: fragments by chain position
-    recv_index: dict[int, int]    # fragment -> index in ctx.recv
-    send_index: dict[int, int]    # fragment -> index in ctx.send
-    cu: dict[str, torch.Tensor]   # group kind -> its offsets on ctx.device
-
-
-_GROUPS: weakref.WeakKeyDictionary[Context, _Groups] = weakref.WeakKeyDictionary()
-
-
-def _groups(ctx: Context) -> _Groups:
-    got = _GROUPS.get(ctx)
-    if got is not None:
-        return got
-
-    def grp(kind, frags):
-        return LocalGroup.of(ctx, kind, frags) if frags else None
-
-    n = ctx.num_fragments
-    recv = {e.fragment for e in ctx.recv}
-    send = {e.fragment for e in ctx.send}
-    everything = grp("all", range(n)) if not ctx.crosses else None
-    first = middle = alone = last = None
-    by_pos: dict[int, LocalGroup] = {}
-    if ctx.crosses:
-        first = grp("first", [i for i in range(n) if i in send and i not in recv])
-        middle = grp("middle", [i for i in range(n) if i in send and i in recv])
-        alone = grp("alone", [i for i in range(n) if i not in send and i not in recv])
-        last = grp("last", [i for i in range(n) if i in recv and i not in send])
-        for c in sorted({f.chain_pos for f in ctx.fragments}):
-            by_pos[c] = LocalGroup.of(ctx, f"pos{c}", [i for i, f in enumerate(ctx.fragments)
-                                                       if f.chain_pos == c])
-    cu = {}
-    for g in (everything, first, middle, alone, last, *by_pos.values()):
-        if g is not None:
-            cu[g.kind] = ctx.cu_seqlens if g.whole else g.cu.to(ctx.device)
-    got = _Groups(everything, first, middle, alone, last, by_pos,
-                  {e.fragment: i for i, e in enumerate(ctx.recv)},
-                  {e.fragment: i for i, e in enumerate(ctx.send)}, cu)
-    _GROUPS[ctx] = got
-    return got
+_Groups = FragmentGroups  # this rank's fragment groups (cake_core.kcp_state)
+_groups = fragment_groups
 
 
 # ----------------------------------------------------------------------------- checks
@@ -357,92 +312,7 @@ def _local_bwd(grp: LocalGroup, do, dht, saved: KDADetSavedSet, plan, ws):
                              workspace=ws.local if ws is not None else None)
 
 
-def _buffer(ws, name: str, shape, device) -> torch.Tensor:
-    if ws is not None:
-        return ws[name]
-    return torch.empty(shape, dtype=_F32, device=device)
-
-
 # ----------------------------------------------------------------------------- forward
-
-
-def _fwd_allgather(x, ctx: Context, gs: _Groups, opts: _Opts, plan, ws, o):
-    """Returns ``(runs, P)``: the (group, saved set) pairs run, in order, and the middle
-    fragments' transitions (or ``None``)."""
-    q, v = x[0], x[2]
-    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    dev = ctx.device
-    runs: list[tuple[LocalGroup, KDADetSavedSet]] = []
-
-    def run(grp, h0, final):
-        o_g, ht, s = _local_fwd(grp, gs, x, opts, plan, ws, h0, final)
-        grp.put(o, o_g)
-        runs.append((grp, s))
-        return ht
-
-    if not ctx.crosses:
-        if gs.all is not None:
-            run(gs.all, None, False)
-        return runs, None
-    mid = has_middle_fragments(ctx.partition)
-    wd = K + V if mid else V
-    sf = ctx.allgather_plan.fwd_slots_per_rank
-    send = _buffer(ws, "fwd_send", (sf, HV, K, wd), dev)
-    recv = _buffer(ws, "fwd_recv", (ctx.world_size * sf, HV, K, wd), dev)
-    send.zero_()
-    if gs.first is not None:  # from zero: its end states are its Q
-        ht = run(gs.first, None, True)
-        for j, fi in enumerate(gs.first.frags):
-            send[gs.send_index[fi], ..., wd - V:] = ht[j]
-    P = None
-    if gs.middle is not None:
-        _, Q, _ = _local_fwd(gs.middle, gs, x, opts, plan, ws, None, True)
-        P = _transition_run(gs.middle, gs, x, opts, plan, ws)
-        for j, fi in enumerate(gs.middle.frags):
-            send[gs.send_index[fi], ..., :K] = P[j]
-            send[gs.send_index[fi], ..., K:] = Q[j]
-    pending = all_gather_rows(send, recv, ctx)
-    if gs.alone is not None:  # needs no state: overlaps the all-gather
-        run(gs.alone, None, False)
-    pending.wait()
-    start = fold_forward(ctx, recv, K, mid,
-                         torch.empty((len(ctx.recv), HV, K, V), dtype=_F32, device=dev))
-    for grp in (gs.middle, gs.last):
-        if grp is not None:
-            run(grp, start[[gs.recv_index[fi] for fi in grp.frags]], False)
-    return runs, P
-
-
-def _fwd_ring(x, ctx: Context, gs: _Groups, opts: _Opts, plan, ws, o):
-    if not ctx.crosses:
-        return _fwd_allgather(x, ctx, gs, opts, plan, ws, o)[0]
-    q, v = x[0], x[2]
-    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    dev = ctx.device
-    runs: list[tuple[LocalGroup, KDADetSavedSet]] = []
-    ring_ready(ctx)
-    steps = handoffs_at(ctx)
-    end: dict[int, torch.Tensor] = {}
-    start: dict[int, torch.Tensor] = {}
-    for c in range(ctx.ring_plan.num_steps + 1):
-        if c > 0:
-            for h in steps.get(c - 1, ()):
-                if h.dst_rank == ctx.rank:
-                    start[h.dst_fragment] = torch.empty((HV, K, V), dtype=_F32, device=dev)
-            ring_step(ctx, steps.get(c - 1, []), end, start, backward=False)
-        grp = gs.by_pos.get(c)
-        if grp is None:
-            continue
-        frags = [ctx.fragments[i] for i in grp.frags]
-        h0 = torch.stack([start.pop(i) for i in grp.frags]) if c > 0 else None
-        o_g, ht, s = _local_fwd(grp, gs, x, opts, plan, ws, h0,
-                                any(f.has_next for f in frags))
-        grp.put(o, o_g)
-        runs.append((grp, s))
-        for j, (i, f) in enumerate(zip(grp.frags, frags, strict=True)):
-            if f.has_next:
-                end[i] = ht[j]
-    return runs
 
 
 def _forward(q, k, v, g, beta, A_log, dt_bias, ctx: Context, opts: _Opts, plan, ws):
@@ -452,10 +322,18 @@ def _forward(q, k, v, g, beta, A_log, dt_bias, ctx: Context, opts: _Opts, plan, 
     gs = _groups(ctx)
     P = None
     with torch.no_grad():
+        HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+
+        def local_fwd(grp, h0, final):
+            return _local_fwd(grp, gs, x, opts, plan, ws, h0, final)
+
+        def transition(grp):
+            return _transition_run(grp, gs, x, opts, plan, ws)
+
         if ctx.exchange == "ring":
-            runs = _fwd_ring(x, ctx, gs, opts, plan, ws, o)
+            runs = forward_ring(ctx, gs, ws, o, HV, K, V, local_fwd, transition, ring_ready)
         else:
-            runs, P = _fwd_allgather(x, ctx, gs, opts, plan, ws, o)
+            runs, P = forward_allgather(ctx, gs, ws, o, HV, K, V, local_fwd, transition)
     meta = {"partition_key": ctx.partition.key, "rank": ctx.rank,
             "world_size": ctx.world_size, "exchange": ctx.exchange,
             "num_tokens": ctx.num_tokens, "groups": tuple((g_.kind, g_.frags) for g_, _ in runs),
@@ -493,78 +371,6 @@ class _Out:
             self.gate.append(torch.cat(parts) if len(parts) > 1 else parts[0])
 
 
-def _local_saved(saved: KDADetKCPSavedSet) -> dict[str, KDADetSavedSet]:
-    return {kind: s for (kind, _), s in zip(saved.groups, saved.local, strict=True)}
-
-
-def _bwd_allgather(do, ctx: Context, gs: _Groups, saved, plan, ws, out: _Out):
-    HV, K, V = saved.v.shape[2], saved.q.shape[3], saved.v.shape[3]
-    dev = ctx.device
-    local = _local_saved(saved)
-    if not ctx.crosses:
-        if gs.all is not None:
-            out.put(gs.all, _local_bwd(gs.all, do, None, local["all"], plan, ws))
-        return
-    mid = saved.has_middle
-    wd = K + V if mid else V
-    sb = ctx.allgather_plan.bwd_slots_per_rank
-    send = _buffer(ws, "bwd_send", (sb, HV, K, wd), dev)
-    recv = _buffer(ws, "bwd_recv", (ctx.world_size * sb, HV, K, wd), dev)
-    send.zero_()
-    if gs.last is not None:  # complete (no state leaves these fragments), and their G
-        gr = _local_bwd(gs.last, do, None, local["last"], plan, ws)
-        out.put(gs.last, gr)
-        for j, fi in enumerate(gs.last.frags):
-            send[gs.recv_index[fi], ..., wd - V:] = gr.dinitial_state[j]
-    if gs.middle is not None:  # G only; the gradients come from the run with dht below
-        gr = _local_bwd(gs.middle, do, None, local["middle"], plan, ws)
-        for j, fi in enumerate(gs.middle.frags):
-            send[gs.recv_index[fi], ..., :K] = saved.P[j].transpose(-1, -2)
-            send[gs.recv_index[fi], ..., K:] = gr.dinitial_state[j]
-        del gr
-    pending = all_gather_rows(send, recv, ctx)
-    if gs.alone is not None:  # needs no state gradient: overlaps the all-gather
-        out.put(gs.alone, _local_bwd(gs.alone, do, None, local["alone"], plan, ws))
-    pending.wait()
-    dend = fold_backward(ctx, recv, K, mid,
-                         torch.empty((len(ctx.send), HV, K, V), dtype=_F32, device=dev))
-    for grp in (gs.first, gs.middle):
-        if grp is not None:
-            dht = dend[[gs.send_index[fi] for fi in grp.frags]]
-            out.put(grp, _local_bwd(grp, do, dht, local[grp.kind], plan, ws))
-
-
-def _bwd_ring(do, ctx: Context, gs: _Groups, saved, plan, ws, out: _Out):
-    if not ctx.crosses:
-        return _bwd_allgather(do, ctx, gs, saved, plan, ws, out)
-    HV, K, V = saved.v.shape[2], saved.q.shape[3], saved.v.shape[3]
-    dev = ctx.device
-    local = _local_saved(saved)
-    ring_ready(ctx)
-    steps = handoffs_at(ctx)
-    dend: dict[int, torch.Tensor] = {}
-    dstart: dict[int, torch.Tensor] = {}
-    for c in range(ctx.ring_plan.num_steps, -1, -1):
-        grp = gs.by_pos.get(c)
-        if grp is not None:
-            frags = [ctx.fragments[i] for i in grp.frags]
-            dht = None
-            if any(f.has_next for f in frags):
-                dht = torch.stack([dend.pop(i) if f.has_next else
-                                   torch.zeros((HV, K, V), dtype=_F32, device=dev)
-                                   for i, f in zip(grp.frags, frags, strict=True)])
-            gr = _local_bwd(grp, do, dht, local[grp.kind], plan, ws)
-            out.put(grp, gr)
-            if c > 0:
-                for j, i in enumerate(grp.frags):
-                    dstart[i] = gr.dinitial_state[j]
-        if c > 0:
-            for h in steps.get(c - 1, ()):
-                if h.src_rank == ctx.rank:
-                    dend[h.src_fragment] = torch.empty((HV, K, V), dtype=_F32, device=dev)
-            ring_step(ctx, steps.get(c - 1, []), dstart, dend, backward=True)
-
-
 def _gate_grads(saved: KDADetKCPSavedSet, ctx: Context, out: _Out, reduce: bool):
     """``(dA_log, ddt_bias)``: this rank's share (its calls' fp32 sums added in call order;
     zeros without tokens), summed over the ranks in rank order with ``reduce``, cast once
@@ -593,10 +399,14 @@ def _backward(do, saved: KDADetKCPSavedSet, ctx: Context, plan, ws,
     gs = _groups(ctx)
     with torch.no_grad():
         do = do.contiguous()
+
+        def local_bwd(grp, dht, s):
+            return _local_bwd(grp, do, dht, s, plan, ws)
+
         if ctx.exchange == "ring":
-            _bwd_ring(do, ctx, gs, saved, plan, ws, out)
+            backward_ring(ctx, gs, ws, saved, local_bwd, out.put, ring_ready)
         else:
-            _bwd_allgather(do, ctx, gs, saved, plan, ws, out)
+            backward_allgather(ctx, gs, ws, saved, local_bwd, out.put)
         dA_log, ddt_bias = _gate_grads(saved, ctx, out, reduce)
     return KDADetKCPGrads(*out.grads, dA_log, ddt_bias)
 

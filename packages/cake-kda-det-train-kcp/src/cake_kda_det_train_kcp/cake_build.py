@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:53c837b1bd04dda825d2e6b4410cc72714b9174266e0cca888ff9bce1f83f0bc"
+SOURCE_DIGEST = "sha256:0dfc7e4106ffafd6bd15097b2bb897c260e6f261a5ced4579e059d04392e931d"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs
