@@ -135,6 +135,16 @@ def check_vs_reference(inputs, h0=None, A_log=None, dt_bias=None, *, dtype=torch
     return got
 
 
+def fwd_bwd_saved(inputs, h0, cu, do, dht, plan):
+    """One forward and backward with ``plan``: ``(o, ht, g_cumsum, A, *grads)`` (the saved
+    G and T too, so that plan variants can be compared on them)."""
+    from cake_kda_det_train import chunk_kda_det_bwd, chunk_kda_det_fwd
+
+    o, ht, saved = chunk_kda_det_fwd(*inputs, initial_state=h0, output_final_state=True,
+                                     cu_seqlens=cu, plan=plan)
+    return (o, ht, saved.g_cumsum, saved.A, *chunk_kda_det_bwd(do, dht, saved))
+
+
 @pytest.fixture
 def kda():
     """This module: ``kda.make_kda_inputs(...)``, ``kda.check_vs_reference(...)``, ..."""

@@ -14,7 +14,7 @@ import pytest
 import torch
 from cake_core.testing import assert_bitwise_repeat, randn
 from cake_core.triton_utils import default_device
-from cake_kda_det_train import KDADetPlan, chunk_kda_det_bwd, chunk_kda_det_fwd, make_plan
+from cake_kda_det_train import KDADetPlan, make_plan
 from cake_kda_det_train.plan import cuda_plan_problem
 
 DEV = default_device()
@@ -47,12 +47,6 @@ def test_diag_load_vs_reference(K, V, dtype, over, kda):
     assert all(bool(torch.isfinite(t).all()) for t in got if t is not None)
 
 
-def _fwd_bwd(inputs, h0, cu, do, dht, plan):
-    o, ht, saved = chunk_kda_det_fwd(*inputs, initial_state=h0, output_final_state=True,
-                                     cu_seqlens=cu, plan=plan)
-    return (o, ht, saved.g_cumsum, saved.A, *chunk_kda_det_bwd(do, dht, saved))
-
-
 def test_diag_load_same_values_as_default_and_repeats(kda):
     """Levels 1 and 2 give the default path's values (``torch.equal`` under the interpreter:
     only the sign of a zero may differ; close on a GPU) for o, final state, the saved G
@@ -64,10 +58,10 @@ def test_diag_load_same_values_as_default_and_repeats(kda):
     do = randn(v.shape, torch.float32, DEV, seed=64)
     dht = randn(h0.shape, torch.float32, DEV, seed=65)
     base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), diag_load=0)  # any rule
-    want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
+    want = kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, base)
     for level in (1, 2):
         new = dataclasses.replace(base, diag_load=level)
-        fn = lambda new=new: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new)  # noqa: E731
+        fn = lambda new=new: kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, new)  # noqa: E731
         got = assert_bitwise_repeat(fn, repeats=2) if level == 2 else fn()
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             assert (a is None) == (b is None), (level, i)
@@ -93,7 +87,7 @@ def test_splits_repeat_bitwise(kda):
     plan = dataclasses.replace(make_plan(K, V, torch.bfloat16, DEV), block_k_inner=16,
                                bwd_split=1, fwd_split=1, diag_load=2)
     assert plan.store_16bit == 1
-    assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan),
+    assert_bitwise_repeat(lambda: kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, plan),
                           repeats=2)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from cake_core.testing import assert_bitwise_repeat, randn
 from cake_core.triton_utils import default_device
-from cake_kda_det_train import KDADetPlan, chunk_kda_det_bwd, chunk_kda_det_fwd, make_plan
+from cake_kda_det_train import KDADetPlan, make_plan
 
 DEV = default_device()
 LENS = [1, 37, 0, 20]
@@ -42,12 +42,6 @@ def test_pairs_diag_vs_reference(K, V, dtype, over, kda):
     assert all(bool(torch.isfinite(t).all()) for t in got if t is not None)
 
 
-def _fwd_bwd(inputs, h0, cu, do, dht, plan):
-    o, ht, saved = chunk_kda_det_fwd(*inputs, initial_state=h0, output_final_state=True,
-                                     cu_seqlens=cu, plan=plan)
-    return (o, ht, saved.g_cumsum, saved.A, *chunk_kda_det_bwd(do, dht, saved))
-
-
 def test_pairs_diag_close_to_loop_and_repeats(kda):
     """Against ``pairs_diag = 0`` (the same terms, the in-block channel sums possibly in
     another order): close; and the same bits twice."""
@@ -59,8 +53,8 @@ def test_pairs_diag_close_to_loop_and_repeats(kda):
     dht = randn(h0.shape, torch.float32, DEV, seed=85)
     new = _plan(K, V, torch.float32, block_k_inner=16 if DEV.type == "cpu" else 32)
     base = dataclasses.replace(new, pairs_diag=0)
-    want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
-    got = assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new),
+    want = kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, base)
+    got = assert_bitwise_repeat(lambda: kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, new),
                                 repeats=2)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert (a is None) == (b is None), i
