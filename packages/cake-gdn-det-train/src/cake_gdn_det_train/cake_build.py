@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f22e6224db09787fac95b38441aca809f49a0882dd06d266912e38729b5e10fe"
+SOURCE_DIGEST = "sha256:80d2a963f3b86dfd47de54935a061c89dbcb181d9df7f890a81351860651d91b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -194,6 +194,12 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
             and plan.block_k_local < 32:
         return ("on CUDA local_form=1 needs block_k_local >= 32 with 16-bit intermediates "
                 "(16-wide 16-bit dots gave wrong results on an H200, Triton 3.6)")
+    if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k >= 64 \
+            and plan.block_v_local < 32 and plan.head_v_dim > plan.block_v_local:
+        return ("on CUDA fp32 intermediates with block_k >= 64 need block_v_local >= 32 when "
+                "V > block_v_local (block_v_local=16 at K = 56 / 64, V = 40 / 48 fp32 gave "
+                "illegal memory accesses or wrong dk / dg / dbeta on an H200, Triton 3.6, with "
+                "either local_form; K = 32 was right)")
     return None
 
 
@@ -219,8 +225,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every configuration right against
     float64, bitwise repeatable); elsewhere ``rec_form = 0``. ``prep_block = 0`` everywhere
     (``prep_block = 32`` was no faster and less accurate at K = 100 on an H200:
-    docs/benchmarks/gdn_speed_plan.md). ``local_form = 0`` everywhere, with
-    ``block_k_local = min(64, block_k)`` (used by ``local_form = 1`` only).
+    docs/benchmarks/gdn_speed_plan.md). ``local_form = 1`` where ``rec_form = 1`` (an H200
+    run, 2026-11-30: 4-7% faster fwd+bwd at K = V = 128 bf16 than ``local_form = 0``, right
+    against float64 at every configuration tried, bitwise repeatable; ``block_k_local = 32``
+    and ``block_v_local = 16`` were slower), else 0; ``block_k_local = min(64, block_k)``.
 
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
@@ -239,7 +247,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     wide = dtype != torch.float32 and store_16bit
     # H200 2026-11-30 (docs/benchmarks/gdn.md): at K = V = 128 bf16 the backward-recurrence
     # form with 3 stages took 14.5 ms fwd+bwd at case a (default form, 2 stages: 15.7 ms);
-    # adopted where it was measured, the 16-bit [128, 64] state tiles.
+    # adopted where it was measured, the 16-bit [128, 64] state tiles. Same place, same
+    # day: local_form = 1 took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms.
     big_rec = cuda and wide and block_k * block_v >= 8192
     return GDNDetPlan(
         head_k_dim=K,
@@ -262,7 +271,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_gate=4,
         rec_form=int(big_rec),
         prep_block=0,
-        local_form=0,
+        local_form=int(big_rec),
         block_k_local=min(64, block_k),
     )
 
