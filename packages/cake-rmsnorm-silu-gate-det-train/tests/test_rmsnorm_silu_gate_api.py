@@ -166,7 +166,11 @@ def test_plan_rules_and_roundtrip():
     assert (g.group_size, g.block_ng, g.block_g) == (32, 4, 32)
     cuda = make_plan(128, torch.bfloat16, "cuda") if torch.cuda.is_available() else None
     if cuda is not None:
-        assert cuda.block_m_fwd * 128 == 4096 and cuda.block_m_bwd * 128 == 2048
+        # rows of <= 1024 elements: 2048-element tiles, twice the general warps (H200 sweep)
+        assert cuda.block_m_fwd * 128 == 2048 and cuda.block_m_bwd * 128 == 2048
+        assert cuda.num_warps_fwd == cuda.num_warps_bwd == 8
+        wide = make_plan(4096, torch.bfloat16, "cuda")
+        assert (wide.block_m_fwd, wide.num_warps_fwd, wide.num_warps_bwd) == (1, 8, 8)
     with pytest.raises(ValueError, match="hidden_size"):
         make_plan(0, torch.float32, DEV)
     with pytest.raises(ValueError, match="group_size"):

@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bc3c3c6409b83af39ab392a2eb6803d9c4c1881c2cb1ac8cadd082d0901d5ce5"
+SOURCE_DIGEST = "sha256:ce984464fd81cdf73567da95aa522db30140f8e7669f85fc4ca4b78fbcfad0be"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -83,11 +83,14 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
     """Pick the plan for ``hidden_size`` (D) channels, ``kernel_size`` (W) taps, inputs of
     ``dtype`` on ``device``.
 
-    Rules (no timing; not yet timed on hardware: chosen so that ptxas reports no register
-    spills for sm_90 in the kernel variants checked, W <= 8): on CUDA, 64-token blocks;
+    Rules (no timing at call time; chosen so that ptxas reports no register
+    spills for sm_90 in the kernel variants checked, W <= 8, except the W <= 4 backward
+    tile, picked by an H200 timing): on CUDA, 64-token blocks;
     forward tiles of 64 x min(64, D') channels (32 for W > 4; D' = D rounded up to a power
-    of two) with 8 warps (4 below 2048 elements); backward tiles of 64 x min(16, D')
-    channels with 8 warps (4 below 1024 elements): it keeps W^2 taps in flight. Under the
+    of two) with 8 warps (4 below 2048 elements); backward tiles of 64 x min(32, D')
+    channels with 4 warps for W <= 4 (an H200 sweep at D = 4096 / 8192, W = 4: 23-27% less
+    fwd+bwd device time than 16 channels with 8 warps), 64 x min(16, D') with 8 warps (4
+    below 1024 elements) for W > 4: it keeps W^2 taps in flight. Under the
     interpreter (CPU) every program costs Python time: 32-token blocks (short test
     documents still span two) and up to 64 channels.
     ``dtype`` is part of the signature for rules to come.
@@ -110,11 +113,15 @@ def _rule(D: int, W: int, device: torch.device) -> CausalConv1dDetPlan:
     if device.type == "cuda":
         # about 16 (forward) / 4 (backward, W^2 taps in flight) elements per thread
         bd_fwd = min(d2, 32 if W > 4 else 64)
-        bd_bwd = min(d2, 16)
+        # H200 2026-11-30 (docs/benchmarks/causal_conv1d.md), W = 4: 32 channels and 4 warps
+        # per backward program took fwd+bwd device time 1.13 -> 0.87 ms (case a) and
+        # 4.53 -> 3.30 ms (case b); W > 4 keeps 16 channels and 8 warps (not timed)
+        bd_bwd = min(d2, 16 if W > 4 else 32)
+        warps_bwd = (8 if 64 * bd_bwd >= 1024 else 4) if W > 4 else 4
         return CausalConv1dDetPlan(
             hidden_size=D, kernel_size=W,
             block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
-            block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=8 if 64 * bd_bwd >= 1024 else 4,
+            block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=warps_bwd,
             reduce_block=1024, num_warps_reduce=4)
     bd = min(d2, 64)
     return CausalConv1dDetPlan(

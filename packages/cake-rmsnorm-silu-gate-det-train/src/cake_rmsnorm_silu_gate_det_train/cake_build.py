@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:be58c9385d0b4f676c0bee77734ba40d60918b0c11673fa5ba3687f896ddc592"
+SOURCE_DIGEST = "sha256:ec1c3b0c5ddb9f5c8ab37467a8ac1fa4a3048c5ec300c57f4f81fc9f63e7bbb4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -87,11 +87,14 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str, 
     """Pick the plan for rows of ``hidden_size`` (D) elements of ``dtype`` on ``device``,
     normalized in groups of ``group_size`` (``None``: the whole row).
 
-    Rules (shapes and device only, no timing; not yet tuned on a GPU): a whole row per
+    Rules (shapes and device only, no timing at call time): a whole row per
     tile, as ``[next_pow2(D // G), next_pow2(G)]``; forward tiles of about 4096 elements on
     CUDA, backward tiles of about 2048 (it holds more live tensors), 16384 for both under
     the interpreter (each program costs Python time); 1 to 64 rows per tile;
-    ``max(1, min(16, tile_elements // 512))`` warps; ``bwd_programs`` = 2 per SM on CUDA
+    ``max(1, min(16, tile_elements // 512))`` warps; on CUDA with padded rows of at most
+    1024 elements forward tiles of about 2048 elements and twice those warps in both
+    kernels (an H200 sweep at D = 128: 8-18% less device time; docs/benchmarks/
+    rmsnorm_silu_gate.md); ``bwd_programs`` = 2 per SM on CUDA
     (1 per SM for padded rows over 4096 elements), 4 on the CPU; ordered-sum blocks of
     ``min(1024, next_pow2(D))`` columns. ``dtype`` is part of the signature for rules to
     come; today's rules read D, G and the device only.
@@ -135,8 +138,14 @@ def _rule(hidden_size: int, group_size: int, device: torch.device) -> RMSNormSil
     block_ng, block_g = padded_row(hidden_size, group_size)
     row = block_ng * block_g
     cuda = device.type == "cuda"
-    block_m_fwd = max(1, min(64, (4096 if cuda else 16384) // row))
+    # H200 2026-11-30 (docs/benchmarks/rmsnorm_silu_gate.md), D = 128: forward tiles of 2048
+    # elements and both kernels with twice the warps of the general formula took the device
+    # time from 1.18x to 1.09x FLA's (fwd) and 1.34x to 1.10x (fwd+bwd); rows over 1024
+    # elements keep the general rule (not timed)
+    short = cuda and row <= 1024
+    block_m_fwd = max(1, min(64, (2048 if short else 4096 if cuda else 16384) // row))
     block_m_bwd = max(1, min(64, (2048 if cuda else 16384) // row))
+    warp_scale = 2 if short else 1
     if cuda:
         bwd_programs = sm_count(device) * (2 if row <= 4096 else 1)
     else:
@@ -147,9 +156,9 @@ def _rule(hidden_size: int, group_size: int, device: torch.device) -> RMSNormSil
         block_ng=block_ng,
         block_g=block_g,
         block_m_fwd=block_m_fwd,
-        num_warps_fwd=_warps(block_m_fwd * row),
+        num_warps_fwd=_warps(warp_scale * block_m_fwd * row),
         block_m_bwd=block_m_bwd,
-        num_warps_bwd=_warps(block_m_bwd * row),
+        num_warps_bwd=_warps(warp_scale * block_m_bwd * row),
         bwd_programs=bwd_programs,
         reduce_block=min(1024, next_power_of_2(hidden_size)),
     )
