@@ -95,3 +95,116 @@ def test_group_sum_identity_and_input_untouched():
     out = group_sum(y, 3)
     assert bitwise_equal(y, before) and tuple(out.shape) == (4, 3, 8)
     assert bitwise_equal(out, y[:, 0::2] + y[:, 1::2])
+
+
+# ----------------------------------------------------------------------------- checked_offsets
+
+@pytest.fixture
+def offsets_cache(monkeypatch):
+    """A clean cache, and a count of the value checks (host read-backs) that run."""
+    import cake_core.varlen as varlen
+
+    varlen.clear_offsets_cache()
+    reads = []
+    real = varlen.check_cu_seqlens
+
+    def spy(*args, **kw):
+        if kw.get("read_values", True):
+            reads.append(args[0])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(varlen, "check_cu_seqlens", spy)
+    yield varlen, reads
+    varlen.clear_offsets_cache()
+
+
+def test_checked_offsets_validates_once_per_version(offsets_cache):
+    varlen, reads = offsets_cache
+    cu = torch.tensor([0, 0, 1, 7], dtype=torch.int32)
+    a = varlen.checked_offsets(cu, 7)
+    assert a.dtype == torch.int64 and a.device.type == "cpu" and a.tolist() == [0, 0, 1, 7]
+    assert len(reads) == 1
+    b = varlen.checked_offsets(cu, 7)
+    assert b is a and len(reads) == 1  # same tensor, unchanged: no second read
+    # another token count is another key: checked (and refused) again
+    with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 8"):
+        varlen.checked_offsets(cu, 8)
+    # the checks that read no values run on every call, hit or not
+    with pytest.raises(ValueError, match="cu_seqlens: on cpu, inputs on meta"):
+        varlen.checked_offsets(cu, 7, torch.device("meta"))
+    assert cu.tolist() == [0, 0, 1, 7] and cu.dtype == torch.int32
+
+
+def test_checked_offsets_in_place_edits_are_checked_again(offsets_cache):
+    varlen, reads = offsets_cache
+    cu = torch.tensor([0, 3, 5, 9], dtype=torch.int64)
+    first = varlen.checked_offsets(cu, 9)
+    assert first.data_ptr() != cu.data_ptr()  # never the caller's memory
+    cu[1] = 6  # bad: 6 > 5
+    with pytest.raises(ValueError, match="non-decreasing"):
+        varlen.checked_offsets(cu, 9)
+    cu[1] = 4  # good again
+    assert varlen.checked_offsets(cu, 9).tolist() == [0, 4, 5, 9]
+    assert first.tolist() == [0, 3, 5, 9]  # what was returned before is not rewritten
+    cu[1:2].fill_(2)  # through a view: the version counter is shared
+    assert varlen.checked_offsets(cu, 9).tolist() == [0, 2, 5, 9]
+    # a CPU write that torch does not see (no version bump) is caught by the value compare
+    n = len(reads)
+    cu.numpy()[1] = 7
+    with pytest.raises(ValueError, match="non-decreasing"):
+        varlen.checked_offsets(cu, 9)
+    assert len(reads) == n + 1
+
+
+def test_checked_offsets_equal_tensors_and_bounded(offsets_cache):
+    varlen, reads = offsets_cache
+    n = 3 * varlen.OFFSETS_CACHE_SIZE
+    tensors = [torch.tensor([0, 2, 5], dtype=torch.int32) for _ in range(n)]
+    for t in tensors:
+        assert varlen.checked_offsets(t, 5).tolist() == [0, 2, 5]
+    assert len(reads) == len(tensors)  # equal values, other tensors: each checked once
+    assert len(varlen._cache) == varlen.OFFSETS_CACHE_SIZE
+    # the newest are kept, the oldest pushed out (checked again)
+    varlen.checked_offsets(tensors[-1], 5)
+    assert len(reads) == len(tensors)
+    varlen.checked_offsets(tensors[0], 5)
+    assert len(reads) == len(tensors) + 1
+    varlen.clear_offsets_cache()
+    assert len(varlen._cache) == 0
+
+
+def test_checked_offsets_not_cached(offsets_cache):
+    varlen, reads = offsets_cache
+    with torch.inference_mode():
+        cu = torch.tensor([0, 1, 4])
+    for _ in range(2):  # inference tensors have no version counter: checked every call
+        assert varlen.checked_offsets(cu, 4).tolist() == [0, 1, 4]
+    assert len(reads) == 2 and len(varlen._cache) == 0
+    with pytest.raises(ValueError, match="cu_seqlens: expected a torch.Tensor"):
+        varlen.checked_offsets([0, 4], 4)
+    with pytest.raises(ValueError, match="lens: must start at 0"):
+        varlen.checked_offsets(torch.tensor([1, 4]), 4, name="lens")
+    assert len(varlen._cache) == 0  # nothing bad is remembered
+
+
+def test_offsets_derived(offsets_cache):
+    varlen, _ = offsets_cache
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    builds = []
+
+    def build():
+        builds.append(1)
+        return object()
+
+    off = varlen.checked_offsets(cu, 5)
+    a = varlen.offsets_derived(cu, off, "k", build)
+    assert varlen.offsets_derived(cu, off, "k", build) is a and len(builds) == 1
+    assert varlen.offsets_derived(cu, off, "other", build) is not a and len(builds) == 2
+    # offsets that are not the cache's (e.g. saved before an edit) are never served
+    assert varlen.offsets_derived(cu, off.clone(), "k", build) is not a and len(builds) == 3
+    cu.add_(0)  # a new version: the derived values of the old one are not served
+    assert varlen.offsets_derived(cu, off, "k", build) is not a and len(builds) == 4
+    off2 = varlen.checked_offsets(cu, 5)
+    b = varlen.offsets_derived(cu, off2, "k", build)
+    assert b is not a and varlen.offsets_derived(cu, off2, "k", build) is b
+    assert varlen.offsets_derived(None, off2, "k", build) is not b

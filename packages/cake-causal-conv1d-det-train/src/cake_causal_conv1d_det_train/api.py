@@ -39,7 +39,7 @@ from cake_core import (
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.triton_utils import is_interpreting, launch_device_check, next_power_of_2
-from cake_core.varlen import seq_offsets
+from cake_core.varlen import checked_offsets, offsets_derived, seq_offsets
 
 from cake_causal_conv1d_det_train.kernels.bwd import causal_conv1d_bwd_kernel
 from cake_causal_conv1d_det_train.kernels.fwd import causal_conv1d_fwd_kernel
@@ -90,8 +90,10 @@ def _dtypes(*ds: torch.dtype) -> tuple[torch.dtype, ...]:
 
 
 def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output_final_state):
-    """All checks of the forward entries; returns ``(device, N, act)``. Reads cu_seqlens'
-    values (one host sync) unless torch.compile is tracing."""
+    """All checks of the forward entries; returns ``(device, N, act, offsets)``: offsets the
+    int64 CPU sequence offsets (``None`` while torch.compile traces). Reads cu_seqlens'
+    values (one host sync) unless torch.compile is tracing or this very tensor, unchanged,
+    was checked before (:func:`cake_core.varlen.checked_offsets`)."""
     check_tensor(x, "x")
     check_ndim(x, "x", ndim=3)
     check_dtype(x, "x", _FLOATS)
@@ -125,15 +127,19 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
         # no value reads while torch.compile traces; the op checks them before launching
-        check_cu_seqlens(cu_seqlens, T, device,
-                         read_values=not torch.compiler.is_compiling())
+        if torch.compiler.is_compiling():
+            check_cu_seqlens(cu_seqlens, T, device, read_values=False)
+            offsets = None
+        else:
+            offsets = checked_offsets(cu_seqlens, T, device)
         N = cu_seqlens.numel() - 1
     else:
         N = B
+        offsets = None if torch.compiler.is_compiling() else seq_offsets(None, B, T)
     if initial_state is not None:
         check_shape(initial_state, "initial_state", [N, D, W - 1])
         check_dtype(initial_state, "initial_state", (x.dtype,))
-    return device, N, act
+    return device, N, act, offsets
 
 
 _DEFAULT_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
@@ -208,13 +214,25 @@ def _block_table(offsets: torch.Tensor, block_t: int) -> torch.Tensor:
 def _blocks(x, cu_seqlens, offsets, block_t: int):
     """``(n_blocks, n_blk_seq, table)`` of a launch: fixed length walks
     B * max(1, cdiv(T, bt)) blocks arithmetically; packed sequences use a (sequence,
-    start) table on x's device."""
+    start) table on x's device, built once per checked cu_seqlens version, block size,
+    device and (CUDA) stream (:func:`cake_core.varlen.offsets_derived`; read-only)."""
     B, T = x.shape[:2]
     if cu_seqlens is None:
         nbs = max(_cdiv(T, block_t), 1)
         return B * nbs, nbs, None
-    table = _block_table(offsets, block_t)
-    return table.shape[0], 1, table.to(x.device, non_blocking=True)
+    dev = x.device
+    # the stream the table is copied on: a table is only reused on its own stream (its
+    # copy is ordered before the launches, and its memory is freed on the stream that read it)
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else None
+
+    def build():
+        table = _block_table(offsets, block_t)
+        return table.shape[0], table.to(dev, non_blocking=True)
+
+    n, table = offsets_derived(cu_seqlens, offsets,
+                               ("cake_causal_conv1d_det_train.block_table", block_t, dev,
+                                stream), build)
+    return n, 1, table
 
 
 def _h0_strides(h0) -> tuple[int, int, int]:
@@ -307,6 +325,15 @@ def _empty0(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,))
 
 
+def _op_offsets(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """The ops' int64 CPU offsets; cu_seqlens' values checked (before any launch) unless
+    this very tensor, unchanged, was checked before."""
+    B, T = x.shape[:2]
+    if cu_seqlens is None:
+        return seq_offsets(None, B, T)
+    return checked_offsets(cu_seqlens, T, x.device)
+
+
 @torch.library.custom_op("cake_causal_conv1d_det_train::fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, act: int,
@@ -317,11 +344,8 @@ def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     cu_seqlens (checked here, before any launch). The partial buffers are only carried to
     the backward."""
     plan = plan_from_op_fields(CausalConv1dDetPlan, plan_fields)
-    B, T = x.shape[:2]
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, T, x.device)
     y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens,
-                        seq_offsets(cu_seqlens, B, T), act, output_final_state, plan)
+                        _op_offsets(x, cu_seqlens), act, output_final_state, plan)
     return y, (fs if fs is not None else _empty0(x))
 
 
@@ -345,9 +369,8 @@ def _bwd_op(dy: torch.Tensor, dfinal_state: torch.Tensor | None, x: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx, dweight, dbias or [0], dinitial_state or [0])``."""
     plan = plan_from_op_fields(CausalConv1dDetPlan, plan_fields)
-    B, T = x.shape[:2]
     dx, dw, db, dh0 = _launch_bwd(_last_dim_contiguous(dy), dfinal_state, x, weight, bias,
-                                  initial_state, cu_seqlens, seq_offsets(cu_seqlens, B, T), act,
+                                  initial_state, cu_seqlens, _op_offsets(x, cu_seqlens), act,
                                   plan, dweight_partials, dbias_partials)
     return (dx, dw, db if db is not None else _empty0(x),
             dh0 if dh0 is not None else _empty0(x))
@@ -441,7 +464,8 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         activation: None, ``"silu"`` or ``"swish"`` (an alias of silu, as in FLA).
         cu_seqlens: int32/int64 ``[N + 1]`` offsets of N packed sequences (B must be 1):
             starting at 0, non-decreasing, ending at T; empty sequences allowed. Its values
-            are read on the host (one sync).
+            are read on the host (one sync; not again on later calls with the same
+            tensor while unchanged: :func:`cake_core.varlen.checked_offsets`).
         initial_state: ``[N, D, W - 1]`` in x's dtype (N = B, or the number of sequences),
             any strides: slot k holds the input at position k - (W - 1) before the sequence
             start. (FLA's cache is ``[N, D, W]``; its slots 1..W-1 are this state.)
@@ -470,14 +494,14 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     ``cake_causal_conv1d_det_train::fwd`` / ``::bwd`` (same kernels, same bits); the values
     of ``cu_seqlens`` are then checked when the op runs, not while tracing.
     """
-    device, N, act = _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state,
-                                   output_final_state)
+    device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
+                                            initial_state, output_final_state)
     B, T, D = x.shape
     plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
     wpart, bpart = _resolve_workspace(workspace, plan, device, B * T, N)
     if not torch.compiler.is_compiling():
         return _CausalConv1dDetFunction.apply(
-            x, weight, bias, initial_state, cu_seqlens, seq_offsets(cu_seqlens, B, T), act,
+            x, weight, bias, initial_state, cu_seqlens, offsets, act,
             output_final_state, plan, wpart, bpart)
     y, fs = torch.ops.cake_causal_conv1d_det_train.fwd(
         x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
@@ -501,11 +525,10 @@ def causal_conv1d_det_fwd(x: torch.Tensor, weight: torch.Tensor,
         ``output_final_state``; ``saved`` a :class:`CausalConv1dDetSavedSet` (x, weight,
         bias, initial_state, cu_seqlens; the pre-activation is recomputed by the backward).
     """
-    device, N, act = _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state,
-                                   output_final_state)
+    device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
+                                            initial_state, output_final_state)
     B, T, D = x.shape
     plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
-    offsets = seq_offsets(cu_seqlens, B, T)
     with torch.no_grad():
         y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
                             output_final_state, plan)

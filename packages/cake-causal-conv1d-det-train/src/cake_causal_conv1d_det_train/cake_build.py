@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ce984464fd81cdf73567da95aa522db30140f8e7669f85fc4ca4b78fbcfad0be"
+SOURCE_DIGEST = "sha256:f2beaff3c7259a976821cad3d53981e367fcc585f9834b435cd535366b6161d8"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6fc5db41b539de50991e82a60f68f8eda0649b9bf304e601902f8941c7afc90f"
+SOURCE_DIGEST = "sha256:97327f33e840dfbcb0e22f282f9126e2f1d31dde9a9b607241c388e9ff7f0929"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -137,8 +137,10 @@ def check_positive_finite(v: object, name: str) -> float:
 
 
 def check_cu_seqlens(cu_seqlens: object, n_tokens: int, device: torch.device | None = None,
-                     *, name: str = "cu_seqlens", read_values: bool = True) -> None:
-    """Validate packed-sequence offsets.
+                     *, name: str = "cu_seqlens",
+                     read_values: bool = True) -> torch.Tensor | None:
+    """Validate packed-sequence offsets; return the values read (int64 CPU ``[N + 1]``), or
+    ``None`` with ``read_values=False``.
 
     ``cu_seqlens`` must be a 1-D int32 or int64 tensor of length ``N + 1`` (N >= 1
     documents) that starts at 0, never decreases and ends at ``n_tokens``. Empty documents
@@ -147,6 +149,10 @@ def check_cu_seqlens(cu_seqlens: object, n_tokens: int, device: torch.device | N
     read no values run (type, dtype, rank, length, device): what an entry checks while
     ``torch.compile`` traces (a value read would break the graph); its op then checks the
     values before any launch.
+
+    The values returned are ``cu_seqlens.detach().to("cpu", torch.int64)``: for an int64
+    CPU ``cu_seqlens`` that is its own memory (do not modify it).
+    :func:`cake_core.varlen.checked_offsets` runs this check once per tensor version.
 
     Raises:
         ValueError: naming the first rule broken.
@@ -159,7 +165,7 @@ def check_cu_seqlens(cu_seqlens: object, n_tokens: int, device: torch.device | N
     if device is not None and t.device.type != torch.device(device).type:
         raise ValueError(f"{name}: on {t.device}, inputs on {device}")
     if not read_values:
-        return
+        return None
     v = t.detach().to("cpu", torch.int64)
     if int(v[0]) != 0:
         raise ValueError(f"{name}: must start at 0, got {int(v[0])}")
@@ -172,3 +178,4 @@ def check_cu_seqlens(cu_seqlens: object, n_tokens: int, device: torch.device | N
         )
     if int(v[-1]) != n_tokens:
         raise ValueError(f"{name}: must end at the token count {n_tokens}, got {int(v[-1])}")
+    return v

@@ -4,13 +4,163 @@ Families that walk packed sequences in fixed-size chunks (GDN, KDA) build the sa
 on the host: the sequences' offsets, the chunk table, the most chunks a capacity can hold,
 and the fixed-order sum of per-value-head gradients into their q/k heads. Plain torch only:
 importing this module imports no Triton.
+
+:func:`checked_offsets` validates a ``cu_seqlens`` and reads it back to the host once per
+tensor version (a small cache), so that repeated calls with the same unchanged tensor skip
+the device sync; :func:`offsets_derived` keeps tables built from those offsets (e.g. a block
+table already on the device) alongside.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
 import torch
 
-__all__ = ["chunk_tables", "group_sum", "max_chunks", "seq_offsets"]
+from cake_core.checks import check_cu_seqlens
+
+__all__ = ["OFFSETS_CACHE_SIZE", "checked_offsets", "chunk_tables", "clear_offsets_cache",
+           "group_sum", "max_chunks", "offsets_derived", "seq_offsets"]
+
+#: How many validated ``cu_seqlens`` (tensor versions) :func:`checked_offsets` remembers.
+OFFSETS_CACHE_SIZE = 8
+#: How many derived values (:func:`offsets_derived`) one cached ``cu_seqlens`` keeps.
+_DERIVED_PER_ENTRY = 16
+
+
+class _Entry:
+    """One validated ``cu_seqlens`` version. ``tensor`` and ``storage`` are strong
+    references: while the entry lives, neither the tensor object (its ``id``) nor its memory
+    (its ``data_ptr``) can be reused by another tensor, so the key cannot match a stranger."""
+
+    __slots__ = ("derived", "offsets", "snapshot", "storage", "tensor")
+
+    def __init__(self, tensor, storage, offsets, snapshot):
+        self.tensor, self.storage, self.offsets, self.snapshot = tensor, storage, offsets, snapshot
+        self.derived: dict[Hashable, Any] = {}
+
+
+_cache: OrderedDict[tuple, _Entry] = OrderedDict()
+_lock = threading.Lock()
+
+
+def clear_offsets_cache() -> None:
+    """Forget every ``cu_seqlens`` :func:`checked_offsets` remembers (and their derived
+    tables), dropping the references the cache holds."""
+    with _lock:
+        _cache.clear()
+
+
+def _cacheable(t: torch.Tensor) -> bool:
+    """Plain eager tensors only: not while torch.compile traces, not a tensor subclass (fake,
+    functional, meta-like wrappers), not an inference tensor (it has no version counter)."""
+    return (type(t) is torch.Tensor and not t.is_inference() and not t.is_meta
+            and not torch.compiler.is_compiling())
+
+
+def _key(t: torch.Tensor, n_tokens: int) -> tuple:
+    return (id(t), t._version, t.data_ptr(), t.dtype, t.device, tuple(t.shape),
+            tuple(t.stride()), t.storage_offset(), n_tokens)
+
+
+def _lookup(t: torch.Tensor, n_tokens: int) -> _Entry | None:
+    key = _key(t, n_tokens)
+    with _lock:
+        e = _cache.get(key)
+        if e is None or e.tensor is not t:
+            return None
+        _cache.move_to_end(key)
+    # A CPU tensor can be written without a version bump (through .numpy(), .data): compare
+    # its values, which costs no device sync.
+    if e.snapshot is not None and not torch.equal(t.detach(), e.snapshot):
+        with _lock:
+            _cache.pop(key, None)
+        return None
+    return e
+
+
+def checked_offsets(cu_seqlens: torch.Tensor, n_tokens: int,
+                    device: torch.device | None = None, *,
+                    name: str = "cu_seqlens") -> torch.Tensor:
+    """:func:`cake_core.check_cu_seqlens` and the int64 CPU offsets ``[N + 1]``, remembered per
+    tensor version: repeated calls with the same unchanged tensor read nothing back from the
+    device (no sync) and validate nothing again.
+
+    Args:
+        cu_seqlens: ``[N + 1]`` int32/int64 offsets on any device.
+        n_tokens: the token count the offsets must end at.
+        device: the inputs' device (``cu_seqlens`` must be on a device of its type).
+        name: the argument's name in error messages.
+
+    Returns:
+        int64 CPU offsets ``[N + 1]`` owned by the cache (never the caller's memory): read
+        them, do not modify them.
+
+    Raises:
+        ValueError: as :func:`cake_core.check_cu_seqlens`, before anything is remembered.
+        The rules that read no values (type, dtype, rank, length, device type) run on every
+        call; the value rules run on a miss.
+
+    The cache (the last :data:`OFFSETS_CACHE_SIZE` tensor versions, least recently used
+    first out) is keyed on the tensor object (``id``, held by a strong reference so that it
+    cannot be reused), its ``_version`` counter (every in-place torch op bumps it, also
+    through a view), its ``data_ptr`` (its storage is held too), dtype, shape, strides and
+    ``n_tokens``. A CPU ``cu_seqlens`` is also compared by value on each hit (no sync). Not
+    cached, checked on every call: while torch.compile traces, tensor subclasses (fake /
+    functional tensors), inference tensors. A device tensor written behind torch's back
+    (``.data``, DLPack / CuPy / a raw kernel: no version bump) is not seen: call
+    :func:`clear_offsets_cache` after such a write. The cache keeps each remembered tensor
+    (and the base of a view) alive until it is pushed out.
+    """
+    check_cu_seqlens(cu_seqlens, n_tokens, device, name=name, read_values=False)
+    t = cu_seqlens
+    if not _cacheable(t):
+        return check_cu_seqlens(t, n_tokens, device, name=name)
+    e = _lookup(t, n_tokens)
+    if e is not None:
+        return e.offsets
+    key = _key(t, n_tokens)
+    v = check_cu_seqlens(t, n_tokens, device, name=name)
+    cpu = t.device.type == "cpu"
+    offsets = v.clone() if cpu else v  # a CPU int64 tensor comes back as itself
+    snapshot = t.detach().clone() if cpu else None
+    e = _Entry(t, t.untyped_storage(), offsets, snapshot)
+    with _lock:
+        _cache[key] = e
+        _cache.move_to_end(key)
+        while len(_cache) > OFFSETS_CACHE_SIZE:
+            _cache.popitem(last=False)
+    return offsets
+
+
+def offsets_derived(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, key: Hashable,
+                    build: Callable[[], Any]) -> Any:
+    """``build()``, remembered with the :func:`checked_offsets` entry of ``cu_seqlens``.
+
+    ``offsets`` must be what :func:`checked_offsets` returned for it; the value is remembered
+    only while that entry is cached and is still the one that returned this very
+    ``offsets`` object (otherwise ``build()`` runs each call and nothing is kept). ``key``
+    names the value (e.g. ``("my_family.block_table", block_t, device)``); ``build`` must
+    depend only on ``offsets`` and ``key``, and its result must never be modified (it is
+    shared by later calls). Derived values leave with their entry.
+    """
+    if cu_seqlens is None or not _cacheable(cu_seqlens):
+        return build()
+    e = _lookup(cu_seqlens, int(offsets[-1])) if offsets.numel() else None
+    if e is None or e.offsets is not offsets:
+        return build()
+    with _lock:
+        if key in e.derived:
+            return e.derived[key]
+    value = build()
+    with _lock:
+        if len(e.derived) >= _DERIVED_PER_ENTRY:
+            e.derived.clear()
+        e.derived[key] = value
+    return value
 
 
 def seq_offsets(cu_seqlens: torch.Tensor | None, B: int, T: int) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""cu_seqlens checked and read back once per tensor version (cake_core.varlen.checked_offsets),
+block tables kept beside it: the same bits as without the cache, in-place edits checked
+again before any launch, a bounded cache, and no second value check for the same tensor."""
+
+import cake_causal_conv1d_det_train.api as api
+import cake_core.varlen as varlen
+import pytest
+import torch
+from cake_causal_conv1d_det_train import causal_conv1d_det_bwd, causal_conv1d_det_fwd
+from cake_core.testing import bitwise_equal
+
+# empty and length-1 documents, one spanning two 32-token blocks
+CU = (0, 0, 1, 5, 40, 47)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """A clean cache; counts of the value checks (host read-backs) and block tables built."""
+    varlen.clear_offsets_cache()
+    counts = {"reads": 0, "tables": 0}
+    real_check, real_table = varlen.check_cu_seqlens, api._block_table
+
+    def check(*args, **kw):
+        counts["reads"] += bool(kw.get("read_values", True))
+        return real_check(*args, **kw)
+
+    def table(*args, **kw):
+        counts["tables"] += 1
+        return real_table(*args, **kw)
+
+    monkeypatch.setattr(varlen, "check_cu_seqlens", check)
+    monkeypatch.setattr(api, "_block_table", table)
+    yield counts
+    varlen.clear_offsets_cache()
+
+
+def _no_cache(monkeypatch):
+    monkeypatch.setattr(varlen, "_cacheable", lambda t: False)
+
+
+def _both(conv, inp, cu):
+    """Autograd entry and the low-level fwd/bwd pair; every output and gradient."""
+    inp.cu = cu
+    got = conv.run_cake(inp, activation="silu")
+    y, fs, saved = causal_conv1d_det_fwd(inp.x, inp.weight, inp.bias, activation="silu",
+                                         cu_seqlens=cu, initial_state=inp.h0,
+                                         output_final_state=True)
+    g = causal_conv1d_det_bwd(inp.dy, inp.dfs, saved)
+    return [got[k] for k in sorted(got)] + [y, fs, *g]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_same_bits_as_uncached(conv, spy, monkeypatch, dtype):
+    inp = conv.make_inputs(1, CU[-1], 12, 4, dtype, cu=CU, seed=5)
+    cu = inp.cu
+    first = _both(conv, inp, cu)
+    reads, tables = spy["reads"], spy["tables"]
+    assert reads == 1 and tables >= 1
+    second = _both(conv, inp, cu)  # every table from the cache
+    assert spy["reads"] == reads and spy["tables"] == tables
+    with monkeypatch.context() as m:
+        _no_cache(m)
+        plain = _both(conv, inp, cu.clone())
+    assert spy["reads"] > reads
+    for a, b, c in zip(first, second, plain, strict=True):
+        assert bitwise_equal(a, b) and bitwise_equal(a, c)
+    assert cu.tolist() == list(CU) and cu.dtype == torch.int32  # the caller's is untouched
+
+
+def test_second_call_reads_nothing_back(conv, spy):
+    inp = conv.make_inputs(1, CU[-1], 8, 3, cu=CU, seed=6)
+    conv.run_cake(inp)
+    n = dict(spy)
+    for _ in range(3):
+        conv.run_cake(inp)
+    assert spy == n
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("a kernel was launched")
+
+
+def test_in_place_edits_checked_again(conv, spy, monkeypatch):
+    inp = conv.make_inputs(1, CU[-1], 8, 3, cu=CU, seed=7)
+    cu = inp.cu
+    conv.run_cake(inp)
+    with monkeypatch.context() as m:  # a bad edit raises before any launch
+        m.setattr(api, "causal_conv1d_fwd_kernel", _NoLaunch())
+        cu[2] = 9  # 9 > 5: decreasing
+        with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
+            conv.run_cake(inp)
+        with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
+            causal_conv1d_det_fwd(inp.x, inp.weight, inp.bias, cu_seqlens=cu,
+                                  initial_state=inp.h0)
+        cu[-1] = 46
+        cu[2] = 1
+        with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 47"):
+            conv.run_cake(inp)
+    # a good edit: the new documents' results, as a fresh tensor of those values gives
+    cu[-1] = 47
+    cu[3] = 30
+    got = conv.run_cake(inp)
+    varlen.clear_offsets_cache()
+    inp.cu = torch.tensor((0, 0, 1, 30, 40, 47), dtype=torch.int32, device=conv.DEV)
+    want = conv.run_cake(inp)
+    for k in want:
+        assert bitwise_equal(got[k], want[k]), k
+    ref = conv.run_reference(inp)
+    assert torch.allclose(got["y"].double(), ref["y"], atol=1e-5)
+
+
+def test_new_equal_tensors_and_bounded(conv, spy):
+    inp = conv.make_inputs(1, CU[-1], 8, 3, cu=CU, seed=8)
+    want = conv.run_cake(inp)
+    n = 2 * varlen.OFFSETS_CACHE_SIZE
+    for i in range(n):
+        inp.cu = torch.tensor(CU, dtype=torch.int32 if i % 2 else torch.int64, device=conv.DEV)
+        got = conv.run_cake(inp)
+        for k in want:
+            assert bitwise_equal(got[k], want[k]), k
+        assert len(varlen._cache) <= varlen.OFFSETS_CACHE_SIZE
+    assert spy["reads"] == n + 1
+
+
+def test_compiled_in_place_edit_checked_again(conv, spy):
+    from cake_causal_conv1d_det_train import causal_conv1d_det
+
+    torch._dynamo.reset()
+    inp = conv.make_inputs(1, CU[-1], 8, 3, cu=CU, seed=9)
+
+    def f(x, w, cu):
+        return causal_conv1d_det(x, w, cu_seqlens=cu)[0]
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    cu = inp.cu
+    want = f(inp.x, inp.weight, cu)
+    assert torch.equal(compiled(inp.x, inp.weight, cu), want)
+    assert torch.equal(compiled(inp.x, inp.weight, cu), want)
+    cu[2] = 9
+    with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
+        compiled(inp.x, inp.weight, cu)
+    cu[2] = 1
+    assert torch.equal(compiled(inp.x, inp.weight, cu), want)
