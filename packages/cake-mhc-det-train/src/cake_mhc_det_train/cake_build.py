@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ee11984c7f0b7b2024e415e96102208d5f531c22a1b82ab805481c0bf0da2178"
+SOURCE_DIGEST = "sha256:debe540dae44877918985b49a2b8ebba5951a602bbdd26dca3ed8445e8b72480"
 # --- end of generated block ---
 
 MANIFEST = {
