@@ -418,6 +418,9 @@ def mhc_det_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
         alpha: ``[3]`` fp32 (pre, post, res scales). bias: ``[2n + n^2]`` fp32.
         eps: > 0, added to the mean square. sinkhorn_iters: int in [1, 100].
         plan: an :class:`MHCDetPlan` for (n, C) (default ``make_plan(n, C, X.dtype, dev)``).
+            Plans are dtype-agnostic: one plan serves fp32 and bf16 X alike (the kernels
+            compute in fp32 and store in X's dtype), so a plan made with another dtype is
+            accepted; a plan for another n or C is refused.
         workspace: an :class:`MHCDetWorkspace` for that plan (default: allocated per
             backward). Checked here and, in eager mode, again when the backward starts
             (type, mode, plan key, device, buffer): a workspace changed in between is

@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:debe540dae44877918985b49a2b8ebba5951a602bbdd26dca3ed8445e8b72480"
+SOURCE_DIGEST = "sha256:49da8b197c2eb870485f594e7775eb53bc4c9c60b2aa69347b18a37a3c7a6227"
 # --- end of generated block ---
 
 MANIFEST = {
