@@ -432,6 +432,11 @@ def mhc_det_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
         and kept in fp32.
 
     Gradients (autograd, through both calls): X, phi, alpha, bias (and B in the finish).
+    Not twice differentiable, like every cake family (the backwards are
+    ``once_differentiable``): a backward with ``create_graph=True`` runs, but
+    differentiating its gradients again (double backward, e.g. a gradient penalty) raises
+    ``RuntimeError`` ("trying to differentiate twice a function that was marked with
+    @once_differentiable"); it never returns silently wrong second derivatives.
     Determinism: every gradient is bitwise repeatable for equal inputs, plan and hardware
     (fixed-order partial sums for phi, alpha and bias; no atomics).
 
@@ -472,11 +477,13 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
 
     Returns:
         Y like X (``[..., n, C]``, X's dtype). Gradients flow to X, B and, through the
-        handle's coefficients, to phi, alpha and bias.
+        handle's coefficients, to phi, alpha and bias. Not twice differentiable (double
+        backward raises ``RuntimeError``, see :func:`mhc_det_prepare`).
 
     Raises:
         ValueError: a handle of another type or mode, shape/dtype/device mismatches, before
-            any launch.
+            any launch; in eager mode, the backward raises it too (before launching) when
+            the prepare's workspace changed in between.
     """
     require_mode(handle, MHCDetSavedSet, Mode.DET, name="handle")
     # the handle's contents by its meta dict and tensors(), not by attribute (the saved

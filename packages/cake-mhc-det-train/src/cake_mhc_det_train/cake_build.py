@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:49da8b197c2eb870485f594e7775eb53bc4c9c60b2aa69347b18a37a3c7a6227"
+SOURCE_DIGEST = "sha256:67aaf5f5a13f53520f74842ffdc68c85c04982450a52e77fc15bbfe7dd04eb3c"
 # --- end of generated block ---
 
 MANIFEST = {
