@@ -251,3 +251,29 @@ def test_compile_dynamic_fullgraph_same_bits():
             outs.append([Y.detach()] + [t.grad for t in leaves])
         for a, b in zip(*outs, strict=True):
             assert bitwise_equal(a, b)
+
+
+def test_double_backward_refused_not_silent():
+    """Fresh-user review: double backward must fail loudly, as in the other cake families
+    (once_differentiable), through either call, for every differentiable input, and through
+    the module."""
+    case = make(5, 4, 16, torch.float32, seed=8)
+    for wrt in ("X", "phi", "alpha", "bias", "B"):
+        leaves = {k: case[k].clone().requires_grad_() for k in ("X", "phi", "alpha", "bias")}
+        U, h = mhc_det_prepare(leaves["X"], leaves["phi"], leaves["alpha"], leaves["bias"])
+        B = branch(U, case["W"])
+        Y = mhc_det_finish(leaves["X"], B, h)
+        (g,) = torch.autograd.grad(Y.pow(3).sum(), leaves.get(wrt, B), create_graph=True)
+        with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
+            g.pow(2).sum().backward()
+    X = case["X"].clone().requires_grad_()  # the prepare alone
+    U, _ = mhc_det_prepare(X, case["phi"], case["alpha"], case["bias"])
+    (g,) = torch.autograd.grad(U.pow(3).sum(), X, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
+        g.pow(2).sum().backward()
+    hc = HyperConnection(torch.nn.Linear(16, 16, device=DEV), 16, 4, sinkhorn_iters=3,
+                         device=DEV)
+    X = case["X"].clone().requires_grad_()
+    (g,) = torch.autograd.grad(hc(X).pow(3).sum(), X, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
+        g.pow(2).sum().backward()

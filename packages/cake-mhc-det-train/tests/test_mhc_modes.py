@@ -92,3 +92,42 @@ def test_foreign_workspaces_refused():
         U, h = mhc_det_prepare(X, case["phi"], case["alpha"], case["bias"], workspace=ws)
         mhc_det_finish(X, U, h).sum().backward()
         assert torch.isfinite(X.grad).all()
+
+
+def test_workspace_changed_before_backward_refused():
+    """Fresh-user review: a workspace whose mode (or plan, or device) was changed between
+    the prepare and the backward went unnoticed. Both backwards check it again, before any
+    launch: the caller's tensors, gradients and the workspace buffer stay untouched."""
+    case = make(5, 4, 16, torch.float32)
+    plan = make_plan(4, 16, torch.float32, DEV)
+    other_key = make_plan(4, 32, torch.float32, DEV).key
+    changes = (("mode", Mode.NONDET,
+                "workspace: got MHCDetWorkspace with mode=nondet, expected MHCDetWorkspace "
+                "with mode=det"),
+               ("plan_key", other_key, "workspace: MHCDetWorkspace was made for plan"),
+               ("device", torch.device("meta"), "workspace: buffers are on meta"))
+    for attr, value, msg in changes:
+        for with_finish in (True, False):
+            ws = MHCDetWorkspace.for_plan(plan, DEV)
+            ws["dphi_partials"].fill_(7.0)
+            X = case["X"].clone().requires_grad_()
+            phi = case["phi"].clone().requires_grad_()
+            W = case["W"].clone().requires_grad_()
+            U, h = mhc_det_prepare(X, phi, case["alpha"], case["bias"], plan=plan,
+                                   workspace=ws)
+            out = mhc_det_finish(X, torch.tanh(U @ W), h) if with_finish else U
+            setattr(ws, attr, value)
+            with pytest.raises(ValueError, match=msg) as e:
+                out.sum().backward()
+            assert "checked again in the backward" in str(e.value)
+            assert X.grad is None and phi.grad is None and W.grad is None
+            assert bool((ws["dphi_partials"] == 7.0).all())
+    # restored, the same workspace serves a forward and backward again
+    ws = MHCDetWorkspace.for_plan(plan, DEV)
+    ws.mode = Mode.NONDET
+    ws.mode = Mode.DET
+    X = case["X"].clone().requires_grad_()
+    U, h = mhc_det_prepare(X, case["phi"], case["alpha"], case["bias"], plan=plan,
+                           workspace=ws)
+    mhc_det_finish(X, U, h).sum().backward()
+    assert torch.isfinite(X.grad).all()

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from _mhc_cases import DEV, cake_run, make
 from cake_mhc_det_train import MHCDetPlan, make_plan
 from cake_mhc_det_train import plan as plan_mod
 
@@ -33,3 +34,19 @@ def test_make_plan_checks_and_caches():
         make_plan(4, 8, torch.int32, "cpu")
     with pytest.raises(ValueError, match="device"):
         make_plan(4, 8, torch.float32, "nodevice")
+
+
+def test_plans_are_dtype_agnostic():
+    """Fresh-user review: a plan made for bf16 is accepted with fp32 inputs (and the
+    reverse). By design: the rule reads no dtype, so both make_plan calls give one plan, and
+    a plan 'for' the other dtype runs to the same bits as the default plan."""
+    for n, C in ((2, 8), (4, 16)):
+        p32 = make_plan(n, C, torch.float32, DEV)
+        assert make_plan(n, C, torch.bfloat16, DEV) is p32
+        assert make_plan(n, C, torch.float16, DEV) is p32
+    for dt, made_for in ((torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        case = make(6, 4, 16, dt, seed=3)
+        default = cake_run(case, iters=5)
+        other = cake_run(case, iters=5, plan=make_plan(4, 16, made_for, DEV))
+        for k in ("U", "Y", "dX", "dphi", "dalpha", "dbias", "dB"):
+            assert torch.equal(default[k], other[k]), k

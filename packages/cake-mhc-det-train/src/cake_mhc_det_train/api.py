@@ -122,6 +122,26 @@ def _resolve_workspace(workspace, plan: MHCDetPlan, device):
     return parts
 
 
+def _recheck_workspace(check) -> None:
+    """The backward's check of the workspace :func:`mhc_det_prepare` was given: the same
+    checks again (type, mode, plan key, device, buffer), so a workspace whose mode, plan or
+    device changed between the forward and the backward is refused before the backward
+    launches anything. ``check``: ``None`` (no workspace, or traced by ``torch.compile``)
+    or ``(workspace, plan, device)``.
+
+    Raises:
+        ValueError: ``workspace: ...`` as in the forward, plus where it was caught.
+    """
+    if check is None:
+        return
+    workspace, plan, device = check
+    try:
+        _resolve_workspace(workspace, plan, device)
+    except ValueError as e:
+        raise ValueError(f"{e} (checked again in the backward: the workspace given to "
+                         "mhc_det_prepare changed after the forward)") from None
+
+
 # ----------------------------------------------------------------------------- launches
 
 
@@ -312,13 +332,16 @@ class _PrepareFunction(torch.autograd.Function):
     dX arrives here as the gradient of the view and the dX kernel adds it in fp32 (one
     rounding, no separate elementwise add by autograd). The workspace buffer stays on ctx
     (not a saved tensor), so one workspace may serve several calls before their backwards.
+    ``ws_check`` (eager only, see :func:`_recheck_workspace`): the workspace, checked again
+    before the backward launches.
     """
 
     @staticmethod
-    def forward(ctx, X, phi, alpha, bias, eps, iters, plan_fields, partials):
+    def forward(ctx, X, phi, alpha, bias, eps, iters, plan_fields, partials, ws_check):
         U, coef, mix, rstd = torch.ops.cake_mhc_det_train.prepare_fwd(
             X, phi, alpha, bias, eps, iters, plan_fields)
         ctx.iters, ctx.plan_fields, ctx.partials = iters, plan_fields, partials
+        ctx.ws_check = ws_check
         ctx.save_for_backward(X, phi, alpha, bias, mix, rstd, coef)
         ctx.mark_non_differentiable(mix, rstd)
         ctx.set_materialize_grads(False)
@@ -327,6 +350,7 @@ class _PrepareFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dU, dcoef, dmix, drstd, dX_view):
+        _recheck_workspace(ctx.ws_check)
         X, phi, alpha, bias, mix, rstd, coef = ctx.saved_tensors
         dX, dphi, dalpha, dbias = torch.ops.cake_mhc_det_train.prepare_bwd(
             dU, dcoef, dX_view, X, phi, alpha, bias, mix, rstd, coef, ctx.iters,
@@ -334,27 +358,32 @@ class _PrepareFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         return (dX if need[0] else None, dphi if need[1] else None,
                 dalpha if need[2] else None, dbias if need[3] else None, None, None, None,
-                None)
+                None, None)
 
 
 class _FinishFunction(torch.autograd.Function):
-    """finish's autograd node: dY -> (dX part H_res^T dY, dB, d(H_post, H_res))."""
+    """finish's autograd node: dY -> (dX part H_res^T dY, dB, d(H_post, H_res)).
+
+    ``ws_check``: the prepare's workspace (eager only), checked again here too: this node's
+    backward runs first, so a changed workspace is refused before the layer's backward
+    launches anything (or the branch's backward runs)."""
 
     @staticmethod
-    def forward(ctx, X, B, coef, plan_fields):
-        ctx.plan_fields = plan_fields
+    def forward(ctx, X, B, coef, plan_fields, ws_check):
+        ctx.plan_fields, ctx.ws_check = plan_fields, ws_check
         ctx.save_for_backward(X, B, coef)
         return torch.ops.cake_mhc_det_train.finish_fwd(X, B, coef, plan_fields)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dY):
+        _recheck_workspace(ctx.ws_check)
         X, B, coef = ctx.saved_tensors
         dX, dB, dcoef = torch.ops.cake_mhc_det_train.finish_bwd(dY, X, B, coef,
                                                                 ctx.plan_fields)
         need = ctx.needs_input_grad
         return (dX if need[0] else None, dB if need[1] else None,
-                dcoef if need[2] else None, None)
+                dcoef if need[2] else None, None, None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -389,8 +418,13 @@ def mhc_det_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
         alpha: ``[3]`` fp32 (pre, post, res scales). bias: ``[2n + n^2]`` fp32.
         eps: > 0, added to the mean square. sinkhorn_iters: int in [1, 100].
         plan: an :class:`MHCDetPlan` for (n, C) (default ``make_plan(n, C, X.dtype, dev)``).
+            Plans are dtype-agnostic: one plan serves fp32 and bf16 X alike (the kernels
+            compute in fp32 and store in X's dtype), so a plan made with another dtype is
+            accepted; a plan for another n or C is refused.
         workspace: an :class:`MHCDetWorkspace` for that plan (default: allocated per
-            backward).
+            backward). Checked here and, in eager mode, again when the backward starts
+            (type, mode, plan key, device, buffer): a workspace changed in between is
+            refused with ``ValueError`` before the backward launches anything.
 
     Returns:
         ``(U, handle)``: U ``[T, C]`` / ``[B, S, C]`` in X's dtype; ``handle`` an
@@ -398,6 +432,11 @@ def mhc_det_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
         and kept in fp32.
 
     Gradients (autograd, through both calls): X, phi, alpha, bias (and B in the finish).
+    Not twice differentiable, like every cake family (the backwards are
+    ``once_differentiable``): a backward with ``create_graph=True`` runs, but
+    differentiating its gradients again (double backward, e.g. a gradient penalty) raises
+    ``RuntimeError`` ("trying to differentiate twice a function that was marked with
+    @once_differentiable"); it never returns silently wrong second derivatives.
     Determinism: every gradient is bitwise repeatable for equal inputs, plan and hardware
     (fixed-order partial sums for phi, alpha and bias; no atomics).
 
@@ -411,12 +450,17 @@ def mhc_det_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
     parts = _resolve_workspace(workspace, plan, device)
     lead = tuple(X.shape[:-2])
     X3 = X.reshape(-1, n, C)
+    # eager: the backwards check the workspace again (under torch.compile it is checked
+    # here, when the forward is traced)
+    ws_check = None if workspace is None or torch.compiler.is_compiling() else \
+        (workspace, plan, device)
     U, coef, mix, rstd, x_view = _PrepareFunction.apply(
-        X3, phi, alpha, bias, float(eps), int(sinkhorn_iters), plan_to_op_fields(plan), parts)
+        X3, phi, alpha, bias, float(eps), int(sinkhorn_iters), plan_to_op_fields(plan), parts,
+        ws_check)
     handle = MHCDetSavedSet(
         Mode.DET, {"coef": coef, "mix": mix, "rstd": rstd, "x_view": x_view},
         meta={"plan": plan, "x_shape": tuple(X.shape), "x_dtype": X.dtype, "eps": float(eps),
-              "sinkhorn_iters": int(sinkhorn_iters), "x_input": X})
+              "sinkhorn_iters": int(sinkhorn_iters), "x_input": X, "ws_check": ws_check})
     return U.reshape(*lead, C), handle
 
 
@@ -433,11 +477,13 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
 
     Returns:
         Y like X (``[..., n, C]``, X's dtype). Gradients flow to X, B and, through the
-        handle's coefficients, to phi, alpha and bias.
+        handle's coefficients, to phi, alpha and bias. Not twice differentiable (double
+        backward raises ``RuntimeError``, see :func:`mhc_det_prepare`).
 
     Raises:
         ValueError: a handle of another type or mode, shape/dtype/device mismatches, before
-            any launch.
+            any launch; in eager mode, the backward raises it too (before launching) when
+            the prepare's workspace changed in between.
     """
     require_mode(handle, MHCDetSavedSet, Mode.DET, name="handle")
     # the handle's contents by its meta dict and tensors(), not by attribute (the saved
@@ -461,5 +507,6 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
     plan = meta["plan"]
     # the prepare's own X: compute with its view, so dX's two parts meet in one kernel
     X3 = x_view if X is meta["x_input"] else X.reshape(-1, n, C)
-    Y = _FinishFunction.apply(X3, B.reshape(-1, C), coef, plan_to_op_fields(plan))
+    Y = _FinishFunction.apply(X3, B.reshape(-1, C), coef, plan_to_op_fields(plan),
+                              meta.get("ws_check"))
     return Y.reshape(X.shape)

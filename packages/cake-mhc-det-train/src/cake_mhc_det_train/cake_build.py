@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ee11984c7f0b7b2024e415e96102208d5f531c22a1b82ab805481c0bf0da2178"
+SOURCE_DIGEST = "sha256:67aaf5f5a13f53520f74842ffdc68c85c04982450a52e77fc15bbfe7dd04eb3c"
 # --- end of generated block ---
 
 MANIFEST = {

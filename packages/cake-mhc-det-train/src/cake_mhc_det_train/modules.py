@@ -75,6 +75,9 @@ class HyperConnection(nn.Module):
     streams made by :func:`expand_streams` the layer then starts close to
     ``x + branch(x)`` in every stream.
 
+    Not twice differentiable (double backward raises ``RuntimeError``, as in every cake
+    family).
+
     Raises:
         ValueError: bad n_streams, hidden_size, sinkhorn_iters or eps here; bad inputs as
             :func:`mhc_det_prepare` in the forward.

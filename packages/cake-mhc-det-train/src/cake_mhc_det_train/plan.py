@@ -46,6 +46,12 @@ class MHCDetPlan(Plan):
             (dphi partials, per-block dbias/dalpha partials).
         fp32_dots: ``input_precision`` of the fp32 ``tl.dot`` calls on CUDA:
             0 "tf32", 1 "ieee", 2 "tf32x3" (the interpreter always computes in fp32).
+
+    Dtype-agnostic: no field depends on the inputs' dtype (the kernels load X in its dtype,
+    compute in fp32 and store U, Y, dX and dB in X's dtype), so one plan serves fp32 and
+    bf16 inputs, with the same reduction order; the entry points accept a plan made with
+    another dtype. What a plan fixes is (n_streams, hidden_size); a plan for another n or
+    C is refused with ``ValueError``.
     """
 
     family: ClassVar[str] = "cake-mhc-det-train"
@@ -116,7 +122,9 @@ def make_plan(n_streams: int, hidden_size: int, dtype: torch.dtype,
     fp32 dots as tf32x3 (near-fp32 products on tensor cores). Under the interpreter larger
     token tiles (fewer Python-level programs) and 4 slices. Not yet tuned on a GPU: the
     rules are a first guess for an H200, to be replaced by a measured sweep. ``dtype`` is
-    part of the signature for rules to come.
+    part of the signature for rules to come: today's rules do not read it, so
+    ``make_plan(n, C, torch.bfloat16, dev)`` and ``make_plan(n, C, torch.float32, dev)``
+    are the same plan, valid for inputs of either dtype (see :class:`MHCDetPlan`).
 
     Raises:
         ValueError: ``n_streams`` not in (2, 4, 8), ``hidden_size`` outside [1, 65536], a

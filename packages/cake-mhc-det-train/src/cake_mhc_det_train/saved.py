@@ -23,7 +23,10 @@ class MHCDetSavedSet(SavedSet):
             finish computes with it when given that same X, so the finish's part of dX
             reaches the prepare's backward and is added inside its dX kernel.
     Meta: ``plan`` (the MHCDetPlan), ``x_shape`` (X's shape), ``x_dtype``, ``eps``,
-    ``sinkhorn_iters``, ``x_input`` (the X the prepare was given).
+    ``sinkhorn_iters``, ``x_input`` (the X the prepare was given), ``ws_check`` (``None``,
+    or ``(workspace, plan, device)``: the prepare's workspace, which the finish's backward
+    checks again before it launches; ``None`` without a workspace or under
+    ``torch.compile``).
     """
 
     tensor_names = ("coef", "mix", "rstd", "x_view")
@@ -36,6 +39,9 @@ class MHCDetWorkspace(Workspace):
     Build with :meth:`for_plan`. Reusing one workspace across steps avoids an allocation
     per backward; every call overwrites its contents (no state carries over). One workspace
     serves one backward at a time: two layers whose backwards may run concurrently need two.
+    The prepare checks it (type, mode, plan key, device, buffer) and, in eager mode, the
+    backward checks it again before launching: a workspace whose mode, plan or device was
+    changed between a prepare and its backward is refused with ``ValueError``.
     """
 
     @classmethod
