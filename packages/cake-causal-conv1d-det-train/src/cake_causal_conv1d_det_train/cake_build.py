@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f2beaff3c7259a976821cad3d53981e367fcc585f9834b435cd535366b6161d8"
+SOURCE_DIGEST = "sha256:2571992f4863c281e8d6fcc8002b0a824a05fabcacf86fce242e1b876de3647d"
 # --- end of generated block ---
 
 MANIFEST = {
