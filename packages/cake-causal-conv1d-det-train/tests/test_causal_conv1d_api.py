@@ -126,6 +126,22 @@ def test_plan_rules_and_roundtrip():
         CausalConv1dDetPlan.from_dict({**good, "hidden_size": 1 << 20, "block_d_fwd": 1})
 
 
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_plan_rule_valid_for_every_documented_size(device):
+    """Every D in [1, 2**20] and W in [2, 8] gets a plan the constructor accepts (the CUDA
+    W > 4 backward's 16-channel tiles needed over 65535 channel blocks at D > 1048560)."""
+    ds = sorted({*range(1, 70), *(k * 65535 + o for k in (1, 8, 16) for o in (-1, 0, 1)),
+                 *range((1 << 20) - 20, (1 << 20) + 1)})
+    for D in ds:
+        for W in range(2, 9):
+            p = make_plan(D, W, torch.bfloat16, device)
+            assert CausalConv1dDetPlan.from_dict(p.to_dict()) == p
+            for bd in (p.block_d_fwd, p.block_d_bwd):
+                assert -(-D // bd) <= 65535 and bd <= max(64, 1 << (D - 1).bit_length())
+    assert make_plan(1 << 20, 8, torch.float32, "cuda").block_d_bwd == 32
+    assert make_plan((1 << 20) - 16, 8, torch.float32, "cuda").block_d_bwd == 16
+
+
 def test_workspace_reuse_and_capacity(conv):
     D, W = 12, 4
     plan = make_plan(D, W, torch.float32, DEV)

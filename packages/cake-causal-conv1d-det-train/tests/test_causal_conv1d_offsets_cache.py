@@ -6,7 +6,11 @@ import cake_causal_conv1d_det_train.api as api
 import cake_core.varlen as varlen
 import pytest
 import torch
-from cake_causal_conv1d_det_train import causal_conv1d_det_bwd, causal_conv1d_det_fwd
+from cake_causal_conv1d_det_train import (
+    causal_conv1d_det,
+    causal_conv1d_det_bwd,
+    causal_conv1d_det_fwd,
+)
 from cake_core.testing import bitwise_equal
 
 # empty and length-1 documents, one spanning two 32-token blocks
@@ -124,7 +128,7 @@ def test_new_equal_tensors_and_bounded(conv, spy):
 
 
 def test_compiled_in_place_edit_checked_again(conv, spy):
-    from cake_causal_conv1d_det_train import causal_conv1d_det
+
 
     torch._dynamo.reset()
     inp = conv.make_inputs(1, CU[-1], 8, 3, cu=CU, seed=9)
@@ -142,3 +146,48 @@ def test_compiled_in_place_edit_checked_again(conv, spy):
         compiled(inp.x, inp.weight, cu)
     cu[2] = 1
     assert torch.equal(compiled(inp.x, inp.weight, cu), want)
+
+
+def _close(got, want, atol=1e-5):
+    for k in want:
+        if want[k] is not None:
+            assert torch.allclose(got[k].double(), want[k], atol=atol, rtol=1e-5), k
+
+
+@pytest.mark.parametrize("idt", [torch.int32, torch.int64])
+def test_strided_cu_seqlens(conv, spy, idt):
+    """A strided cu_seqlens (every other entry of a bigger tensor, with junk between) gives
+    the float64 reference: the kernels read the checked offsets, never the caller's memory
+    with unit stride (which read the junk and wrote out of bounds)."""
+    inp = conv.make_inputs(1, CU[-1], 8, 4, cu=CU, seed=10)
+    want = conv.run_reference(inp)
+    big = torch.full((2 * len(CU),), 10**6, dtype=idt, device=conv.DEV)
+    big[::2] = torch.tensor(CU, dtype=idt)
+    inp.cu = big[::2]
+    assert not inp.cu.is_contiguous()
+    for _ in range(2):  # a miss, then a hit
+        _close(conv.run_cake(inp), want)
+    y, fs, saved = causal_conv1d_det_fwd(inp.x, inp.weight, inp.bias, cu_seqlens=inp.cu,
+                                         initial_state=inp.h0, output_final_state=True)
+    g = causal_conv1d_det_bwd(inp.dy, inp.dfs, saved)
+    _close(dict(y=y, fs=fs, dx=g[0], dweight=g[1], dbias=g[2], dh0=g[3]), want)
+    assert big[1::2].eq(10**6).all() and big[::2].tolist() == list(CU)
+
+
+def test_write_behind_torch_between_fwd_and_bwd_stays_in_bounds(conv, spy):
+    """A CPU cu_seqlens written through numpy (no version bump) after the forward: the
+    backward walks the offsets the forward checked (table and kernel alike), so it reads
+    and writes inside the tensors (the new values reached the kernel before, with the
+    forward's table: out-of-bounds offsets)."""
+    if conv.DEV.type != "cpu":
+        pytest.skip("a CPU tensor written through numpy")
+    inp = conv.make_inputs(1, CU[-1], 8, 4, cu=CU, seed=11)
+    want = conv.run_reference(inp)
+    x, w, b, h0 = (t.detach().clone().requires_grad_() for t in
+                   (inp.x, inp.weight, inp.bias, inp.h0))
+    y, fs = causal_conv1d_det(x, w, b, cu_seqlens=inp.cu, initial_state=h0,
+                              output_final_state=True)
+    inp.cu.numpy()[1:-1] = 10**6  # past the end of x, no version bump
+    torch.autograd.backward([y, fs], [inp.dy, inp.dfs])
+    _close(dict(y=y.detach(), fs=fs.detach(), dx=x.grad, dweight=w.grad, dbias=b.grad,
+                dh0=h0.grad), want)

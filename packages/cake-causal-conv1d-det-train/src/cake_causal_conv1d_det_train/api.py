@@ -212,14 +212,17 @@ def _block_table(offsets: torch.Tensor, block_t: int) -> torch.Tensor:
 
 
 def _blocks(x, cu_seqlens, offsets, block_t: int):
-    """``(n_blocks, n_blk_seq, table)`` of a launch: fixed length walks
-    B * max(1, cdiv(T, bt)) blocks arithmetically; packed sequences use a (sequence,
-    start) table on x's device, built once per checked cu_seqlens version, block size,
-    device and (CUDA) stream (:func:`cake_core.varlen.offsets_derived`; read-only)."""
+    """``(n_blocks, n_blk_seq, table, cu)`` of a launch: fixed length walks
+    B * max(1, cdiv(T, bt)) blocks arithmetically (``cu`` is x: never read); packed
+    sequences use a (sequence, start) table on x's device and ``cu``, the checked
+    ``offsets`` copied to x's device (contiguous int64: the kernels read ``CU + n``, so
+    never the caller's tensor, which may be strided or changed since its check), both
+    built once per checked cu_seqlens version, block size, device and (CUDA) stream
+    (:func:`cake_core.varlen.offsets_derived`; read-only)."""
     B, T = x.shape[:2]
     if cu_seqlens is None:
         nbs = max(_cdiv(T, block_t), 1)
-        return B * nbs, nbs, None
+        return B * nbs, nbs, None, x
     dev = x.device
     # the stream the table is copied on: a table is only reused on its own stream (its
     # copy is ordered before the launches, and its memory is freed on the stream that read it)
@@ -227,12 +230,13 @@ def _blocks(x, cu_seqlens, offsets, block_t: int):
 
     def build():
         table = _block_table(offsets, block_t)
-        return table.shape[0], table.to(dev, non_blocking=True)
+        return (table.shape[0], table.to(dev, non_blocking=True),
+                offsets.to(dev, torch.int64, non_blocking=True, copy=True))
 
-    n, table = offsets_derived(cu_seqlens, offsets,
-                               ("cake_causal_conv1d_det_train.block_table", block_t, dev,
-                                stream), build)
-    return n, 1, table
+    n, table, cu = offsets_derived(cu_seqlens, offsets,
+                                   ("cake_causal_conv1d_det_train.block_table", block_t, dev,
+                                    stream), build)
+    return n, 1, table, cu
 
 
 def _h0_strides(h0) -> tuple[int, int, int]:
@@ -252,8 +256,7 @@ def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final
     y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
     fs = torch.empty((N, D, W - 1), dtype=x.dtype, device=x.device) if output_final_state \
         else None
-    cu = cu_seqlens if cu_seqlens is not None else x
-    nb, nbs, table = _blocks(x, cu_seqlens, offsets, plan.block_t_fwd)
+    nb, nbs, table, cu = _blocks(x, cu_seqlens, offsets, plan.block_t_fwd)
     if nb:
         causal_conv1d_fwd_kernel[(nb, _cdiv(D, plan.block_d_fwd))](
             x, weight, bias if bias is not None else weight, h0 if h0 is not None else x, y,
@@ -288,12 +291,11 @@ def _launch_bwd(dy, dht, x, weight, bias, h0, cu_seqlens, offsets, act: int,
     dev = x.device
     dx = torch.empty((B, T, D), dtype=x.dtype, device=dev)
     dh0 = torch.empty((N, D, W - 1), dtype=h0.dtype, device=dev) if h0 is not None else None
-    nb, nbs, table = _blocks(x, cu_seqlens, offsets, plan.block_t_bwd)
+    nb, nbs, table, cu = _blocks(x, cu_seqlens, offsets, plan.block_t_bwd)
     f32 = torch.float32
     wpart = wpart[:nb] if wpart is not None else torch.empty((nb, D, W), dtype=f32, device=dev)
     if bias is not None:
         bpart = bpart[:nb] if bpart is not None else torch.empty((nb, D), dtype=f32, device=dev)
-    cu = cu_seqlens if cu_seqlens is not None else x
     ts = tuple(dht.stride()) if dht is not None else (0, 0, 0)
     if nb:
         causal_conv1d_bwd_kernel[(nb, _cdiv(D, plan.block_d_bwd))](

@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f2beaff3c7259a976821cad3d53981e367fcc585f9834b435cd535366b6161d8"
+SOURCE_DIGEST = "sha256:676404db38c6398d4e67fa1d4fef9d1050ee13253242a20d16205c6a94bf9293"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -90,7 +90,8 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
     of two) with 8 warps (4 below 2048 elements); backward tiles of 64 x min(32, D')
     channels with 4 warps for W <= 4 (an H200 sweep at D = 4096 / 8192, W = 4: 23-27% less
     fwd+bwd device time than 16 channels with 8 warps), 64 x min(16, D') with 8 warps (4
-    below 1024 elements) for W > 4: it keeps W^2 taps in flight. Under the
+    below 1024 elements) for W > 4: it keeps W^2 taps in flight (32 channels where 16 would
+    need over 65535 channel blocks, D > 1048560). Under the
     interpreter (CPU) every program costs Python time: 32-token blocks (short test
     documents still span two) and up to 64 channels.
     ``dtype`` is part of the signature for rules to come.
@@ -117,6 +118,9 @@ def _rule(D: int, W: int, device: torch.device) -> CausalConv1dDetPlan:
         # per backward program took fwd+bwd device time 1.13 -> 0.87 ms (case a) and
         # 4.53 -> 3.30 ms (case b); W > 4 keeps 16 channels and 8 warps (not timed)
         bd_bwd = min(d2, 16 if W > 4 else 32)
+        # at most _MAX_GRID_Y channel blocks: the D > 65535 * 16 (W > 4) backward takes
+        # 32 channels (and so 8 warps) rather than an invalid plan
+        bd_bwd = max(bd_bwd, next_power_of_2(-(-D // _MAX_GRID_Y)))
         warps_bwd = (8 if 64 * bd_bwd >= 1024 else 4) if W > 4 else 4
         return CausalConv1dDetPlan(
             hidden_size=D, kernel_size=W,
