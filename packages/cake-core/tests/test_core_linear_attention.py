@@ -103,6 +103,67 @@ def test_check_device_and_state():
         la.check_device_and_state(q2, k2, v2, g2, b2, None, cu[:2])
 
 
+def test_check_device_and_state_offsets(monkeypatch):
+    """with_offsets: the checked int64 CPU offsets, read back once per cu_seqlens version;
+    [0, T, ..., BT] without cu_seqlens."""
+    import cake_core.varlen as varlen
+
+    varlen.clear_offsets_cache()
+    reads = []
+    real = varlen.check_cu_seqlens
+    monkeypatch.setattr(varlen, "check_cu_seqlens",
+                        lambda *a, **kw: reads.append(kw.get("read_values", True)) or
+                        real(*a, **kw))
+    q, k, v, g, beta = _inputs()
+    cu = torch.tensor([0, 2, 2, 10], dtype=torch.int32, device=DEV)
+    dev, n, off = la.check_device_and_state(q, k, v, g, beta, None, cu, with_offsets=True)
+    assert (dev, n) == (DEV, 3) and off.dtype == torch.int64 and off.tolist() == [0, 2, 2, 10]
+    assert la.check_device_and_state(q, k, v, g, beta, None, cu, with_offsets=True)[2] is off
+    assert la.op_offsets(cu, 1, 10, DEV) is off
+    assert reads.count(True) == 1
+    cu[1] = 3  # in-place edits: read (and checked) again
+    with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
+        la.op_offsets(cu, 1, 10, DEV)
+    cu[1] = 1
+    assert la.op_offsets(cu, 1, 10, DEV).tolist() == [0, 1, 2, 10]
+    assert reads.count(True) == 3
+    q2, k2, v2, g2, b2 = _inputs(B=2, T=5)
+    assert la.check_device_and_state(q2, k2, v2, g2, b2, None, None,
+                                     with_offsets=True)[2].tolist() == [0, 5, 10]
+    varlen.clear_offsets_cache()
+
+
+def test_chunk_tables_for_and_saved_chunk_tables(monkeypatch):
+    import cake_core.varlen as varlen
+
+    varlen.clear_offsets_cache()
+    built = []
+    real = la.chunk_tables
+    monkeypatch.setattr(la, "chunk_tables", lambda *a: built.append(a[1]) or real(*a))
+    cu = torch.tensor([0, 0, 1, 70, 75], dtype=torch.int64, device=DEV)
+    off = varlen.checked_offsets(cu, 75, DEV)
+    host = la.chunk_tables_for(cu, off, 64)
+    assert [t.tolist() if torch.is_tensor(t) else t for t in host] == \
+        [t.tolist() if torch.is_tensor(t) else t for t in real(off, 64)]
+    key, dev_tables = la.chunk_tables_for(cu, off, 64, DEV)
+    assert key[1:3] == (64, DEV) and dev_tables[4] == host[3] == 4
+    assert dev_tables[3].tolist() == [0, 0, 1, 70, 75] and dev_tables[0].device == DEV
+    assert la.chunk_tables_for(cu, off, 64, DEV)[1] is dev_tables
+    assert la.chunk_tables_for(cu, off, 64) is host
+    assert built == [64]
+    la.chunk_tables_for(cu, off, 32, DEV)  # another chunk size: its own tables
+    assert built == [64, 32]
+    la.chunk_tables_for(None, off, 64, DEV)  # no cu_seqlens: built each call
+    assert built == [64, 32, 64]
+    saved = SimpleNamespace(meta={"chunk_tables": (key, dev_tables), "cu_host": off},
+                            cu_seqlens=None)
+    assert la.saved_chunk_tables(saved, 64, DEV) is dev_tables
+    rebuilt = la.saved_chunk_tables(saved, 32, DEV)  # made for another chunk size
+    assert rebuilt is not dev_tables and rebuilt[4] == 5 and built[-1] == 32
+    saved.meta["chunk_tables"] = None
+    assert la.saved_chunk_tables(saved, 64, DEV)[0].tolist() == dev_tables[0].tolist()
+    varlen.clear_offsets_cache()
+
 def test_check_grad_outputs():
     saved = SimpleNamespace(q=torch.zeros(1, 10, 2, 16), v=torch.zeros(1, 10, 4, 8),
                             cu_seqlens=torch.tensor([0, 4, 10]))

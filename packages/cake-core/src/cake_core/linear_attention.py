@@ -7,10 +7,12 @@ head (GDN) or per value head and key channel (KDA), beta ``[B, T, HV]``, an fp32
 options (q/k L2 norm, gate, beta sigmoid, ``allow_neg_eigval``), and plans keyed by the
 head dims (K, V). This module holds what their entries do alike on the host, before any
 allocation or launch: the argument checks (in FLA's order, messages naming the argument),
-the plan and workspace resolution, the beta mode, the saved set's metadata and the
-sequence offsets a backward reads; and the token-by-token float64-capable recurrence both
-references (the specs their kernels meet) run after their own gate. Plain torch: importing
-it imports no Triton (the checks that need the backend rule import
+the plan and workspace resolution, the beta mode, the saved set's metadata, the
+sequence offsets (read back once per ``cu_seqlens`` version:
+:func:`cake_core.varlen.checked_offsets`) and the chunk tables built from them (kept
+beside those offsets: :func:`chunk_tables_for`); and the token-by-token float64-capable
+recurrence both references (the specs their kernels meet) run after their own gate. Plain
+torch: importing it imports no Triton (the checks that need the backend rule import
 :mod:`cake_core.triton_utils` when they run).
 """
 
@@ -37,7 +39,7 @@ from cake_core.checks import (
 )
 from cake_core.mode import Mode, require_mode
 from cake_core.plan import Plan, cached_plan
-from cake_core.varlen import chunk_tables
+from cake_core.varlen import checked_offsets, chunk_tables, offsets_derived, seq_offsets
 
 __all__ = [
     "L2NORM_EPS",
@@ -47,15 +49,18 @@ __all__ = [
     "check_grad_outputs",
     "check_options",
     "check_qkv_g_beta",
+    "chunk_tables_for",
     "delta_rule_reference",
     "host_offsets",
     "inter_dtype",
     "l2norm_reference",
     "make_head_plan",
+    "op_offsets",
     "resolve_for_backward",
     "resolve_plan",
     "resolve_scale",
     "resolve_workspace",
+    "saved_chunk_tables",
     "saved_meta",
 ]
 
@@ -148,12 +153,16 @@ def check_gate_params(dtype: torch.dtype,
 def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            g: torch.Tensor, beta: torch.Tensor, initial_state: object,
                            cu_seqlens: object, A_log: torch.Tensor | None = None,
-                           dt_bias: torch.Tensor | None = None) -> tuple[torch.device, int]:
+                           dt_bias: torch.Tensor | None = None, *,
+                           with_offsets: bool = False) -> tuple:
     """After :func:`check_qkv_g_beta`: every tensor on one device that the backend can
     launch on, ``cu_seqlens`` (only with ``B == 1``; its values are read, one host sync,
-    except while ``torch.compile`` traces: the family's op checks them before launching)
-    and ``initial_state`` (fp32 ``[N, HV, K, V]``). Returns ``(device, N)``, N the number of
-    sequences.
+    once per tensor version (:func:`cake_core.varlen.checked_offsets`: a repeated call with
+    the same unchanged tensor reads nothing back), and not while ``torch.compile`` traces:
+    the family's op checks them before launching) and ``initial_state`` (fp32
+    ``[N, HV, K, V]``). Returns ``(device, N)``, N the number of sequences; with
+    ``with_offsets`` ``(device, N, offsets)``: the int64 CPU offsets ``[N + 1]`` (owned by
+    the cache: read-only; ``None`` while torch.compile traces).
 
     Raises:
         ValueError: naming the first argument that breaks a rule.
@@ -166,19 +175,93 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                ("initial_state", initial_state), ("A_log", A_log),
                                ("dt_bias", dt_bias))
     launch_device_check(device, "q")
+    compiling = torch.compiler.is_compiling()
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
         # no value reads while torch.compile traces; the op checks them before launching
-        check_cu_seqlens(cu_seqlens, T, device, read_values=not torch.compiler.is_compiling())
+        if compiling:
+            check_cu_seqlens(cu_seqlens, T, device, read_values=False)
+            offsets = None
+        else:
+            offsets = checked_offsets(cu_seqlens, T, device)
         N = cu_seqlens.numel() - 1
     else:
         N = B
+        offsets = None if compiling else seq_offsets(None, B, T)
     if initial_state is not None:
         check_tensor(initial_state, "initial_state")
         check_shape(initial_state, "initial_state", [N, HV, K, V])
         check_dtype(initial_state, "initial_state", (torch.float32,))
-    return device, N
+    return (device, N, offsets) if with_offsets else (device, N)
+
+
+def op_offsets(cu_seqlens: torch.Tensor | None, B: int, T: int,
+               device: torch.device) -> torch.Tensor:
+    """The int64 CPU offsets a family's custom op launches with: ``cu_seqlens``' values
+    checked (before any launch; ValueError as :func:`cake_core.check_cu_seqlens`) and read
+    back unless this very tensor, unchanged, was checked before
+    (:func:`cake_core.varlen.checked_offsets`); ``[0, T, ..., BT]`` without it."""
+    if cu_seqlens is None:
+        return seq_offsets(None, B, T)
+    return checked_offsets(cu_seqlens, T, device)
+
+
+# ----------------------------------------------------------------------------- chunk tables
+
+_TABLES = "cake_core.linear_attention.chunk_tables"
+
+
+def _tables_key(chunk_size: int, device: torch.device) -> tuple:
+    # the stream the tables are copied on: tables are only reused on their own stream (the
+    # copy is ordered before the launches, and their memory is freed on the stream that
+    # read them)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    return (_TABLES, chunk_size, device, stream)
+
+
+def chunk_tables_for(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, chunk_size: int,
+                     device: torch.device | None = None) -> tuple:
+    """The chunk tables of a call, kept with the :func:`cake_core.varlen.checked_offsets`
+    entry of ``cu_seqlens`` (:func:`cake_core.varlen.offsets_derived`): a repeated call with
+    the same unchanged tensor rebuilds and uploads nothing.
+
+    Args:
+        cu_seqlens: the caller's tensor (the cache key), or ``None`` (fixed-length rows:
+            built every call).
+        offsets: what :func:`~cake_core.varlen.checked_offsets` returned for it (or
+            :func:`~cake_core.varlen.seq_offsets`).
+        chunk_size: tokens per chunk.
+        device: ``None``: the host tables of :func:`cake_core.varlen.chunk_tables`
+            ``(starts, ends, chunk_off, NC)`` on the CPU; else ``(key, (starts, ends,
+            chunk_off, cu, NC))`` on ``device`` (``cu`` the int64 offsets there), ``key``
+            naming the chunk size, device and CUDA stream they were made for (kept per
+            key: a table is only reused on the stream it was copied on).
+
+    Every tensor returned is shared with later calls: never modify it.
+    """
+    if device is None:
+        return offsets_derived(cu_seqlens, offsets, (_TABLES, chunk_size),
+                               lambda: chunk_tables(offsets, chunk_size))
+    key = _tables_key(chunk_size, device)
+
+    def build():
+        starts, ends, chunk_off, NC = chunk_tables_for(cu_seqlens, offsets, chunk_size)
+        return (starts.to(device), ends.to(device), chunk_off.to(device), offsets.to(device),
+                NC)
+
+    return key, offsets_derived(cu_seqlens, offsets, key, build)
+
+
+def saved_chunk_tables(saved: Any, chunk_size: int, device: torch.device) -> tuple:
+    """The device chunk tables ``(starts, ends, chunk_off, cu, NC)`` a backward of ``saved``
+    launches with: the forward's (``saved.meta["chunk_tables"]``, as :func:`chunk_tables_for`
+    returned them) when they were made for this chunk size, device and stream, else built
+    from :func:`host_offsets` (and uploaded)."""
+    kept = saved.meta.get("chunk_tables")
+    if kept is not None and kept[0] == _tables_key(chunk_size, device):
+        return kept[1]
+    return chunk_tables_for(None, host_offsets(saved), chunk_size, device)[1]
 
 
 def check_grad_outputs(do: object, dht: object, saved: Any) -> torch.device:
@@ -308,12 +391,17 @@ def resolve_for_backward(saved: Any, plan: object, workspace: object, device: to
     """``(plan, workspace)`` a low-level backward of ``saved`` runs with: the family's
     ``resolve_plan(plan or saved.plan, K, V, dtype, device)`` for the saved q/v head dims,
     and ``resolve_workspace(workspace, plan, device, HV, tokens, chunks, dtype)`` for the
-    saved tokens and their ``chunk_size``-token chunks (:func:`host_offsets`)."""
+    saved tokens and their ``chunk_size``-token chunks (the forward's chunk tables, or
+    :func:`host_offsets`)."""
     B, T, _, K = saved.q.shape
     HV, V = saved.v.shape[2], saved.v.shape[3]
     dtype = saved.q.dtype
     plan = resolve_plan(plan if plan is not None else saved.plan, K, V, dtype, device)
-    NC = chunk_tables(host_offsets(saved), chunk_size)[3]
+    kept = saved.meta.get("chunk_tables")
+    if kept is not None and kept[0][1] == chunk_size:
+        NC = kept[1][4]
+    else:
+        NC = chunk_tables(host_offsets(saved), chunk_size)[3]
     return plan, resolve_workspace(workspace, plan, device, HV, B * T, NC, dtype)
 
 
@@ -333,7 +421,9 @@ def saved_meta(*, scale: float, use_qk_l2norm: bool, plan: Plan, varlen: bool,
     ``plan``, ``varlen`` (``cu_seqlens`` was given), ``use_gate_in_kernel``,
     ``use_beta_sigmoid_in_kernel`` and ``allow_neg_eigval`` (from the :func:`beta_code`
     ``beta``), ``cu_host`` (the int64 CPU offsets the forward read, so the backward needs no
-    host sync; ``None``: it reads ``cu_seqlens``) and the family's ``extra`` entries."""
+    host sync; ``None``: it reads ``cu_seqlens``) and the family's ``extra`` entries (e.g.
+    ``chunk_tables``: the forward's device tables, :func:`chunk_tables_for`, which a
+    backward on the same device and stream reuses: :func:`saved_chunk_tables`)."""
     return {"scale": scale, "use_qk_l2norm": use_qk_l2norm, "plan": plan, "varlen": varlen,
             "use_gate_in_kernel": use_gate_in_kernel, "use_beta_sigmoid_in_kernel": bool(beta),
             "allow_neg_eigval": beta == 2, "cu_host": cu_host, **extra}
