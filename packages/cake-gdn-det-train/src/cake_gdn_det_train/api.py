@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from cake_core import Mode, check_cu_seqlens, require_mode
+from cake_core import Mode, require_mode
 from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
@@ -28,16 +28,18 @@ from cake_core.linear_attention import (
     check_grad_outputs,
     check_options,
     check_qkv_g_beta,
-    host_offsets,
+    chunk_tables_for,
     inter_dtype,
+    op_offsets,
     resolve_for_backward,
     resolve_plan,
     resolve_scale,
     resolve_workspace,
+    saved_chunk_tables,
     saved_meta,
 )
 from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
-from cake_core.varlen import chunk_tables, group_sum, seq_offsets
+from cake_core.varlen import group_sum
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -92,8 +94,10 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                   plan=None):
     """All checks of :func:`chunk_gdn_det_fwd`, then the plan; returns ``(device, N, scale,
-    A_log, dt_bias, beta code, plan)``. A_log and dt_bias are checked (and used) only with
-    ``use_gate_in_kernel``, as in FLA (``None`` without it)."""
+    A_log, dt_bias, beta code, plan, offsets)``. A_log and dt_bias are checked (and used)
+    only with ``use_gate_in_kernel``, as in FLA (``None`` without it). offsets: the int64
+    CPU sequence offsets (read-only; ``None`` while torch.compile traces), cu_seqlens read
+    back once per tensor version (:func:`cake_core.linear_attention.check_device_and_state`)."""
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=False)
     scale = resolve_scale(scale, K)
@@ -106,10 +110,11 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
         check_gate_params(q.dtype, (A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV]))
     else:
         A_log = dt_bias = None
-    device, N = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens, A_log,
-                                       dt_bias)
+    device, N, offsets = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens,
+                                                A_log, dt_bias, with_offsets=True)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    return device, N, scale, A_log, dt_bias, sig, _resolve_plan(plan, K, V, q.dtype, device)
+    return (device, N, scale, A_log, dt_bias, sig, _resolve_plan(plan, K, V, q.dtype, device),
+            offsets)
 
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
@@ -240,22 +245,19 @@ def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: i
     return dA_log.to(A_log.dtype), ddt_bias
 
 
-def _device_tables(tables, cu, dev):
-    starts, ends, chunk_off, NC = tables
-    return (starts.to(dev), ends.to(dev), chunk_off.to(dev), cu.to(dev), NC)
-
-
-def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu,
-                plan: GDNDetPlan, workspace, tables, gate=(False, None, None, False)):
-    """Allocates outputs and saved tensors, launches; inputs are contiguous. ``gate``:
+def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2,
+                plan: GDNDetPlan, workspace, dt, gate=(False, None, None, False)):
+    """Allocates outputs and saved tensors, launches; inputs are contiguous. ``dt``: the
+    device chunk tables ``(starts, ends, chunk_off, cu, NC)``
+    (:func:`cake_core.linear_attention.chunk_tables_for`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)``, tensors
     contiguous."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    NT, N = B * T, cu.numel() - 1
+    NT, N = B * T, dt[3].numel() - 1
     dev = q.device
     f32 = torch.float32
-    NC = tables[3]
+    NC = dt[4]
     q_rstd = k_rstd = None
     if use_l2:
         q, q_rstd = _l2norm(q, plan)
@@ -275,7 +277,6 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     use_gate, A_log, dt_bias, use_sigmoid = gate
     g, beta = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
     scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
-    dt = _device_tables(tables, cu, dev)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
     _, _, v_new, h = scratch
     gdn_fwd_o_kernel[(NC, HV, cdiv(V, plan.block_v))](
@@ -316,11 +317,10 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = B * T
-    cu = host_offsets(saved)
-    N = cu.numel() - 1
-    tables = chunk_tables(cu, CHUNK_SIZE)
-    NC = tables[3]
     dev = q.device
+    # the forward's device tables when they suit this device and stream, else rebuilt
+    dt = saved_chunk_tables(saved, CHUNK_SIZE, dev)
+    N, NC = dt[3].numel() - 1, dt[4]
     f32 = torch.float32
     if saved.use_qk_l2norm:
         qn, _ = _l2norm(q, plan)
@@ -346,7 +346,6 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         idt = inter_dtype(plan, q.dtype)
         DT = _dot_dtype(plan, q.dtype)
         scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
-        dt = _device_tables(tables, cu, dev)
         g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
         # the forward's T when it kept one of this plan's dtype (same bits as recomputing)
         kept = saved.A
@@ -470,23 +469,25 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             not ``[HV]`` of fp32 or q's dtype on the inputs' device; before any allocation
             or launch. Inputs are never modified.
     """
-    device, N, scale, A_log, dt_bias, sig, plan = _check_inputs(
+    device, N, scale, A_log, dt_bias, sig, plan, cu = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, plan)
     B, T, H, K = q.shape
     HV = v.shape[2]
-    cu = seq_offsets(cu_seqlens, B, T)
-    tables = chunk_tables(cu, CHUNK_SIZE)
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, tables[3], q.dtype)
+    if cu is None:  # traced by torch.compile: the values are needed here
+        cu = op_offsets(cu_seqlens, B, T, device)
+    NC = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE)[3]
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, NC, q.dtype)
+    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, device)
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         gate = _gate_args(use_gate_in_kernel, A_log, dt_bias, sig)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
-            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel, cu,
-            plan, workspace, tables, gate)
-    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(device), q_rstd,
+            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
+            plan, workspace, tables[1], gate)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
                        cu_seqlens is not None, use_gate_in_kernel, sig, cu_host=cu)
     return o, ht, saved
@@ -498,14 +499,19 @@ def _gate_args(use_gate, A_log, dt_bias, use_sigmoid):
             dt_bias.contiguous() if dt_bias is not None else None, use_sigmoid)
 
 
-def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log,
+def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd, k_rstd, A_log,
                dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid,
                cu_host=None) -> GDNDetSavedSet:
-    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log, dt_bias)
+    """``tables``: the forward's ``(key, device tables)`` (:func:`chunk_tables_for`): the
+    saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
+    same device and stream launches with them."""
+    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, tables[1][3], q_rstd, k_rstd,
+               A_log, dt_bias)
     return GDNDetSavedSet(
         Mode.DET, dict(zip(GDNDetSavedSet.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
-                        use_gate_in_kernel=use_gate, beta=use_sigmoid, cu_host=cu_host))
+                        use_gate_in_kernel=use_gate, beta=use_sigmoid, cu_host=cu_host,
+                        chunk_tables=tables))
 
 
 def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetSavedSet, *,
@@ -562,14 +568,13 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     entry, except the values of cu_seqlens (checked here, before any launch)."""
     plan = plan_from_op_fields(GDNDetPlan, plan_fields)
     B, T = q.shape[:2]
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, T, q.device)
-    cu = seq_offsets(cu_seqlens, B, T)
+    cu = op_offsets(cu_seqlens, B, T, q.device)
     qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
     h0 = initial_state.contiguous() if initial_state is not None else None
     o, ht, (q_rstd, k_rstd, _, _) = _launch_fwd(
-        qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, cu, plan, None,
-        chunk_tables(cu, CHUNK_SIZE), _gate_args(use_gate, A_log, dt_bias, use_sigmoid))
+        qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, plan, None,
+        chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)[1],
+        _gate_args(use_gate, A_log, dt_bias, use_sigmoid))
     return o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q)
 
 
@@ -599,8 +604,9 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
     :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
     plan = plan_from_op_fields(GDNDetPlan, plan_fields)
     B, T = q.shape[:2]
-    cu = seq_offsets(cu_seqlens, B, T)
-    saved = _saved_set(q, k, v, g, beta, None, None, initial_state, cu.to(q.device),
+    cu = op_offsets(cu_seqlens, B, T, q.device)
+    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
+    saved = _saved_set(q, k, v, g, beta, None, None, initial_state, tables,
                        q_rstd if use_l2 else None, k_rstd if use_l2 else None,
                        A_log if use_gate else None, dt_bias if use_gate else None,
                        float(scale), use_l2, plan, cu_seqlens is not None, use_gate, use_sigmoid,
@@ -658,20 +664,18 @@ class _GDNDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
-                use_l2, plan, A_log, dt_bias, use_gate, use_sigmoid):
-        B, T = q.shape[:2]
-        cu = seq_offsets(cu_seqlens, B, T)
-        tables = chunk_tables(cu, CHUNK_SIZE)
+                use_l2, plan, A_log, dt_bias, use_gate, use_sigmoid, cu):
+        # cu: the checked int64 CPU offsets (the entry's); the device tables kept with them
+        tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         gate = _gate_args(use_gate, A_log, dt_bias, use_sigmoid)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
-            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, cu, plan, None, tables,
+            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, plan, None, tables[1],
             gate)
         # g_cumsum is not kept (the backward recomputes it); A (T) only when the plan says
         saved = _saved_set(q, k, v, g, beta, None, A if plan.keep_a else None, initial_state,
-                           cu.to(q.device),
-                           q_rstd, k_rstd, A_log, dt_bias, scale, use_l2, plan,
+                           tables, q_rstd, k_rstd, A_log, dt_bias, scale, use_l2, plan,
                            cu_seqlens is not None, use_gate, use_sigmoid, cu_host=cu)
         ctx.save_for_backward(*saved.tensors())
         ctx.meta = saved.meta
@@ -686,7 +690,7 @@ class _GDNDetFunction(torch.autograd.Function):
         dA_log = grads.dA_log if ctx.needs_input_grad[11] else None
         ddt_bias = grads.ddt_bias if ctx.needs_input_grad[12] else None
         return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0,
-                None, None, None, None, None, dA_log, ddt_bias, None, None)
+                None, None, None, None, None, dA_log, ddt_bias, None, None, None)
 
 
 def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -715,14 +719,14 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     the same kernels as the eager path: same bits. The values of ``cu_seqlens`` are then
     checked when the op runs, not while tracing.
     """
-    device, N, scale, A_log, dt_bias, sig, plan = _check_inputs(
+    device, N, scale, A_log, dt_bias, sig, plan, cu = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, plan)
     if not torch.compiler.is_compiling():
         return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
                                      output_final_state, use_qk_l2norm_in_kernel, plan, A_log,
-                                     dt_bias, use_gate_in_kernel, sig)
+                                     dt_bias, use_gate_in_kernel, sig, cu)
     o, ht, _, _ = torch.ops.cake_gdn_det_train.fwd(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, sig,

@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:80d2a963f3b86dfd47de54935a061c89dbcb181d9df7f890a81351860651d91b"
+SOURCE_DIGEST = "sha256:da28273c1043af0f6a460ffcc1701fdbbca0539b02a4946d05acc4f3b3ebb6cd"
 # --- end of generated block ---
 
 MANIFEST = {
