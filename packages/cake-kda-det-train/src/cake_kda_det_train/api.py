@@ -21,7 +21,7 @@ import numbers
 from typing import NamedTuple
 
 import torch
-from cake_core import Mode, check_cu_seqlens, require_mode
+from cake_core import Mode, require_mode
 from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
@@ -32,15 +32,16 @@ from cake_core.linear_attention import (
     check_grad_outputs,
     check_options,
     check_qkv_g_beta,
-    host_offsets,
+    chunk_tables_for,
+    op_offsets,
     resolve_for_backward,
     resolve_plan,
     resolve_scale,
     resolve_workspace,
+    saved_chunk_tables,
     saved_meta,
 )
 from cake_core.triton_utils import cdiv
-from cake_core.varlen import chunk_tables, seq_offsets
 
 from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd
 from cake_kda_det_train.kernels.gate import (
@@ -102,9 +103,11 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
                   allow_neg_eigval=False, safe_gate=False, plan=None):
     """All checks of :func:`chunk_kda_det_fwd`, then the plan; returns ``(device, N, scale,
-    A_log, dt_bias, lower_bound, beta code, plan)`` with the gate parameters set to ``None``
-    where FLA ignores them (without ``use_gate_in_kernel``). Reads nothing but shapes,
-    dtypes and devices, except the values of ``cu_seqlens`` (one host sync; skipped while
+    A_log, dt_bias, lower_bound, beta code, plan, offsets)`` with the gate parameters set to
+    ``None`` where FLA ignores them (without ``use_gate_in_kernel``). Reads nothing but
+    shapes, dtypes and devices, except the values of ``cu_seqlens`` (one host sync per
+    tensor version: :func:`cake_core.varlen.checked_offsets`; skipped while torch.compile
+    traces). offsets: the int64 CPU sequence offsets (read-only; ``None`` while
     torch.compile traces)."""
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=True)
@@ -125,11 +128,11 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
         check_gate_params(q.dtype, (A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV * K]))
     else:
         A_log = dt_bias = lower_bound = None
-    device, N = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens, A_log,
-                                       dt_bias)
+    device, N, offsets = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens,
+                                                A_log, dt_bias, with_offsets=True)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return (device, N, scale, A_log, dt_bias, lower_bound, sig,
-            _resolve_plan(plan, K, V, q.dtype, device))
+            _resolve_plan(plan, K, V, q.dtype, device), offsets)
 
 
 _DEFAULT_PLANS: dict[tuple, KDADetPlan] = {}
@@ -218,9 +221,10 @@ def _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg, dbeta, use_gate: bool,
     return dA_log, ddt_bias
 
 
-def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, cu,
+def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, tabs,
                 plan: KDADetPlan, workspace, gate=(False, None, None, None, 0)):
-    """Normalises, gates, runs the chunk forward; inputs contiguous. ``gate``:
+    """Normalises, gates, runs the chunk forward; inputs contiguous. ``tabs``: the device
+    chunk tables (:func:`cake_core.linear_attention.chunk_tables_for`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, lower_bound, beta code)``, tensors contiguous.
     Returns ``(o, final_state, (q_rstd, k_rstd, g_cumsum, A))``."""
     q_rstd = k_rstd = None
@@ -230,7 +234,7 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     use_gate, A_log, dt_bias, lower_bound, use_sigmoid = gate
     g, beta = _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate, use_sigmoid, plan)
     o, ht, g_cumsum, A = kda_chunk_fwd(q, k, v, g, beta, scale, initial_state,
-                                       output_final_state, cu, plan, workspace)
+                                       output_final_state, tabs, plan, workspace)
     return o, ht, (q_rstd, k_rstd, g_cumsum, A)
 
 
@@ -245,7 +249,8 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     B, T, H, K = q.shape
     HV = v.shape[2]
     NT = B * T
-    cu = host_offsets(saved)
+    # the forward's device tables when they suit this device and stream, else rebuilt
+    tabs = saved_chunk_tables(saved, CHUNK_SIZE, q.device)
     if saved.use_qk_l2norm:
         qn, _ = _l2norm(q, plan)
         kn, _ = _l2norm(k, plan)
@@ -258,7 +263,7 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         tuple(kept.shape) == (NT, HV, CHUNK_SIZE) else None
     dq, dk, dv, dg, dbeta, dh0 = kda_chunk_bwd(
         do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
-        saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, cu, plan, workspace)
+        saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace)
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dg = dg.contiguous()
     dbeta = dbeta.contiguous()
@@ -272,15 +277,19 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         dbeta.to(beta.dtype), dh0, dA_log, ddt_bias)
 
 
-def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log,
+def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd, k_rstd, A_log,
                dt_bias, scale, use_l2, plan, varlen, use_gate, lower_bound, use_sigmoid,
                cu_host=None) -> KDADetSavedSet:
-    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd, A_log, dt_bias)
+    """``tables``: the forward's ``(key, device tables)`` (:func:`chunk_tables_for`): the
+    saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
+    same device and stream launches with them."""
+    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, tables[1][3], q_rstd, k_rstd,
+               A_log, dt_bias)
     return KDADetSavedSet(
         Mode.DET, dict(zip(KDADetSavedSet.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
                         use_gate_in_kernel=use_gate, beta=use_sigmoid, cu_host=cu_host,
-                        lower_bound=lower_bound))
+                        lower_bound=lower_bound, chunk_tables=tables))
 
 
 def _contig(t):
@@ -367,22 +376,24 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             lower_bound in [-5, 0), A_log / dt_bias of the wrong shape, dtype or device;
             before any allocation or launch. Inputs are never modified.
     """
-    device, N, scale, A_log, dt_bias, lower_bound, sig, plan = _check_inputs(
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, cu = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
     B, T, H, K = q.shape
     HV = v.shape[2]
-    cu = seq_offsets(cu_seqlens, B, T)
-    NC = chunk_tables(cu, CHUNK_SIZE)[3]
+    if cu is None:  # traced by torch.compile: the values are needed here
+        cu = op_offsets(cu_seqlens, B, T, device)
+    NC = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE)[3]
     workspace = _resolve_workspace(workspace, plan, device, HV, B * T, NC, q.dtype)
+    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, device)
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         gate = (use_gate_in_kernel, _contig(A_log), _contig(dt_bias), lower_bound, sig)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state,
-            use_qk_l2norm_in_kernel, cu, plan, workspace, gate)
-    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, cu.to(device), q_rstd,
+            use_qk_l2norm_in_kernel, tables[1], plan, workspace, gate)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
                        cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig,
                        cu_host=cu)
@@ -449,14 +460,13 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     any launch)."""
     plan = plan_from_op_fields(KDADetPlan, plan_fields)
     B, T = q.shape[:2]
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, T, q.device)
-    cu = seq_offsets(cu_seqlens, B, T)
+    cu = op_offsets(cu_seqlens, B, T, q.device)
+    tabs = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)[1]
     qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
     gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
     o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
         qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state, use_l2,
-        cu, plan, None, gate)
+        tabs, plan, None, gate)
     return (o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q),
             g_cumsum, optional_output(A if plan.keep_a else None, q))
 
@@ -491,9 +501,10 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
     :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
     plan = plan_from_op_fields(KDADetPlan, plan_fields)
     B, T = q.shape[:2]
-    cu = seq_offsets(cu_seqlens, B, T)
+    cu = op_offsets(cu_seqlens, B, T, q.device)
+    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A if A is not None and A.numel() else None,
-                       initial_state, cu.to(q.device), q_rstd if use_l2 else None,
+                       initial_state, tables, q_rstd if use_l2 else None,
                        k_rstd if use_l2 else None, A_log if use_gate else None,
                        dt_bias if use_gate else None, float(scale), use_l2, plan,
                        cu_seqlens is not None, use_gate, lower_bound if use_gate else None,
@@ -555,16 +566,17 @@ class _KDADetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
-                use_l2, plan, workspace, A_log, dt_bias, use_gate, lower_bound, use_sigmoid):
-        B, T = q.shape[:2]
-        cu = seq_offsets(cu_seqlens, B, T)
+                use_l2, plan, workspace, A_log, dt_bias, use_gate, lower_bound, use_sigmoid,
+                cu):
+        # cu: the checked int64 CPU offsets (the entry's); the device tables kept with them
+        tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
-            qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state, use_l2, cu,
-            plan, workspace, gate)
+            qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state, use_l2,
+            tables[1], plan, workspace, gate)
         saved = _saved_set(q, k, v, g, beta, g_cumsum, A if plan.keep_a else None,
-                           initial_state, cu.to(q.device), q_rstd, k_rstd, A_log, dt_bias,
+                           initial_state, tables, q_rstd, k_rstd, A_log, dt_bias,
                            scale, use_l2, plan, cu_seqlens is not None, use_gate, lower_bound,
                            use_sigmoid, cu_host=cu)
         ctx.save_for_backward(*saved.tensors())
@@ -583,7 +595,7 @@ class _KDADetFunction(torch.autograd.Function):
         return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta,
                 grads.dinitial_state if need[5] else None, None, None, None, None, None,
                 None, grads.dA_log if need[12] else None,
-                grads.ddt_bias if need[13] else None, None, None, None)
+                grads.ddt_bias if need[13] else None, None, None, None, None)
 
 
 def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -616,20 +628,20 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     used (scratch is allocated per call there). ``torch.utils.checkpoint`` works on both
     paths.
     """
-    device, N, scale, A_log, dt_bias, lower_bound, sig, plan = _check_inputs(
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, cu = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
     if not torch.compiler.is_compiling():
         if workspace is not None:
             B, T = q.shape[:2]
-            cu = seq_offsets(cu_seqlens, B, T)
             workspace = _resolve_workspace(workspace, plan, device, v.shape[2], B * T,
-                                           chunk_tables(cu, CHUNK_SIZE)[3], q.dtype)
+                                           chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE)[3],
+                                           q.dtype)
         return _KDADetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
                                      output_final_state, use_qk_l2norm_in_kernel, plan,
                                      workspace, A_log, dt_bias, use_gate_in_kernel,
-                                     lower_bound, sig)
+                                     lower_bound, sig, cu)
     if workspace is not None:  # type, mode and plan only: its capacity needs cu's values
         require_mode(workspace, KDADetWorkspace, Mode.DET, name="workspace")
         workspace.check(plan, device)

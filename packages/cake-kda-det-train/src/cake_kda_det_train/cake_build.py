@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:40ffb3203f924c731ab77fe06277280011de7fbb029065d90c9a386f37a3b980"
+SOURCE_DIGEST = "sha256:dced75c89dfa4084e7673bda4f94d03552c0843f9cc538173ca7a0ad026f0e09"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 from cake_core.triton_utils import is_interpreting, next_power_of_2
-from cake_core.varlen import chunk_tables, group_sum
+from cake_core.varlen import group_sum
 
 from cake_kda_det_train.kernels.chunk_bwd import (
     kda_bwd_dg_cumsum_kernel,
@@ -38,11 +38,6 @@ def _dot_dtype(plan: KDADetPlan, dtype: torch.dtype):
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _tables(cu_host: torch.Tensor, dev: torch.device):
-    starts, ends, chunk_off, NC = chunk_tables(cu_host, CHUNK_SIZE)
-    return starts.to(dev), ends.to(dev), chunk_off.to(dev), cu_host.to(dev), NC
 
 
 def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt):
@@ -104,7 +99,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
 
 
 def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
-                  cu_host: torch.Tensor, plan: KDADetPlan, workspace=None):
+                  tabs: tuple, plan: KDADetPlan, workspace=None):
     """The chunked KDA forward on checked, contiguous tensors.
 
     Args:
@@ -112,7 +107,9 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
         g: ``[B, T, HV, K]`` per-token log decay (after any gate), fp32 or q's dtype.
         beta: ``[B, T, HV]`` (after any sigmoid). scale: float.
         initial_state: fp32 ``[N, HV, K, V]`` or None. output_final_state: bool.
-        cu_host: int64 CPU offsets ``[N + 1]`` of the sequences in the ``B * T`` tokens.
+        tabs: the chunk tables ``(starts, ends, chunk_off, cu, NC)`` of the sequences in the
+            ``B * T`` tokens on q's device
+            (:func:`cake_core.linear_attention.chunk_tables_for`; read-only).
         plan: a :class:`KDADetPlan`. workspace: a checked KDADetWorkspace or None.
 
     Returns:
@@ -123,10 +120,9 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    NT, N = B * T, cu_host.numel() - 1
+    NT, N = B * T, tabs[3].numel() - 1
     dev = q.device
     idt = inter_dtype(plan, q.dtype)
-    tabs = _tables(cu_host, dev)
     NC = tabs[4]
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     g_cumsum = torch.empty((NT, HV, K), dtype=torch.float32, device=dev)
@@ -152,14 +148,14 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
 
 
 def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_state,
-                  cu_host: torch.Tensor, plan: KDADetPlan, workspace=None):
+                  tabs: tuple, plan: KDADetPlan, workspace=None):
     """Backward of :func:`kda_chunk_fwd`: recomputes the chunk quantities from the saved
     g_cumsum (and T when ``A`` is given and matches the plan), runs the state-gradient
     recurrence in reverse, then the chunk-local gradients.
 
     Args:
         do: ``[B, T, HV, V]``. dht: fp32 ``[N, HV, K, V]`` or None (zero).
-        q, k, v, beta, initial_state, cu_host, scale: as given to the forward.
+        q, k, v, beta, initial_state, tabs, scale: as given to the forward.
         g_cumsum: the forward's. A: the forward's T, or None (recomputed).
 
     Returns:
@@ -170,11 +166,10 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    NT, N = B * T, cu_host.numel() - 1
+    NT, N = B * T, tabs[3].numel() - 1
     dev = q.device
     f32 = torch.float32
     idt = inter_dtype(plan, q.dtype)
-    tabs = _tables(cu_host, dev)
     NC = tabs[4]
     dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)

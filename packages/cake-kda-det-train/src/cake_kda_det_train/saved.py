@@ -37,7 +37,13 @@ class KDADetSavedSet(SavedSet):
     ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools),
     ``lower_bound`` (float or ``None``), ``cu_host`` (the int64 CPU copy of the offsets the
     forward read, so the backward reads nothing back from the device; ``None`` makes the
-    backward read ``cu_seqlens``).
+    backward read ``cu_seqlens``). ``chunk_tables``
+    (``(key, (starts, ends, chunk_off, cu, NC))``: the forward's device chunk tables,
+    :func:`cake_core.linear_attention.chunk_tables_for`; a backward on the same device and
+    stream launches with them, another rebuilds them from ``cu_host``, or without it from
+    ``cu_seqlens``: one read-back). ``cu_seqlens``,
+    ``cu_host`` and the tables may be shared with other calls of the same unchanged
+    ``cu_seqlens`` (:func:`cake_core.varlen.checked_offsets`): read them, never modify them.
     """
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",

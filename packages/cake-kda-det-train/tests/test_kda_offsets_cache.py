@@ -1,0 +1,212 @@
+"""cu_seqlens checked and read back once per tensor version (cake_core.varlen.checked_offsets),
+the chunk tables kept beside it (cake_core.linear_attention.chunk_tables_for): the same bits
+as without the cache, no second read-back or table build for the same unchanged tensor (the
+eager entries, the low-level pair and the custom ops), in-place edits checked again before
+any launch."""
+
+import cake_core.linear_attention as la
+import cake_core.varlen as varlen
+import cake_kda_det_train.api as api
+import pytest
+import torch
+from cake_core.testing import bitwise_equal, randn
+from cake_core.triton_utils import default_device
+from cake_kda_det_train import chunk_kda_det, chunk_kda_det_bwd, chunk_kda_det_fwd
+
+DEV = default_device()
+# an empty and a length-1 document, lengths not multiples of the 64-token chunk, one across
+# a chunk boundary
+CU = (0, 0, 1, 70, 75, 150)
+T, H, HV, K, V = CU[-1], 1, 2, 16, 16
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """A clean cache; counts of the value checks (host read-backs) and chunk tables built."""
+    varlen.clear_offsets_cache()
+    counts = {"reads": 0, "tables": 0}
+    real_check, real_tables = varlen.check_cu_seqlens, la.chunk_tables
+
+    def check(*args, **kw):
+        counts["reads"] += bool(kw.get("read_values", True))
+        return real_check(*args, **kw)
+
+    def tables(*args, **kw):
+        counts["tables"] += 1
+        return real_tables(*args, **kw)
+
+    monkeypatch.setattr(varlen, "check_cu_seqlens", check)
+    monkeypatch.setattr(la, "chunk_tables", tables)
+    yield counts
+    varlen.clear_offsets_cache()
+
+
+def _inputs(seed):
+    q, k, v = (randn((1, T, h, d), torch.float32, DEV, seed=seed + i)
+               for i, (h, d) in enumerate(((H, K), (H, K), (HV, V))))
+    g = -torch.nn.functional.softplus(randn((1, T, HV, K), torch.float32, DEV, seed=seed + 3))
+    beta = randn((1, T, HV), torch.float32, DEV, seed=seed + 4).sigmoid()
+    h0 = 0.5 * randn((len(CU) - 1, HV, K, V), torch.float32, DEV, seed=seed + 5)
+    do = randn((1, T, HV, V), torch.float32, DEV, seed=seed + 6)
+    dht = randn(h0.shape, torch.float32, DEV, seed=seed + 7)
+    return (q, k, v, g, beta, h0), do, dht
+
+
+def _all(inp, do, dht, cu):
+    """Autograd entry (fwd + bwd) and the low-level fwd/bwd pair: every output and
+    gradient."""
+    leaves = [t.detach().clone().requires_grad_() for t in inp]
+    o, ht = chunk_kda_det(*leaves[:5], initial_state=leaves[5],
+                                       output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                       cu_seqlens=cu)
+    torch.autograd.backward((o, ht), (do, dht))
+    o2, ht2, saved = chunk_kda_det_fwd(*inp[:5], initial_state=inp[5],
+                                       output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                       cu_seqlens=cu)
+    g = chunk_kda_det_bwd(do, dht, saved)
+    return [o, ht, *(t.grad for t in leaves), o2, ht2, *g[:6]]
+
+
+def _no_cache(monkeypatch):
+    monkeypatch.setattr(varlen, "_cacheable", lambda t: False)
+
+
+def test_cached_same_bits_as_uncached(spy, monkeypatch):
+    inp, do, dht = _inputs(1)
+    cu = torch.tensor(CU, dtype=torch.int32, device=DEV)
+    first = _all(inp, do, dht, cu)
+    reads, tables = spy["reads"], spy["tables"]
+    assert reads == 1 and tables == 1
+    second = _all(inp, do, dht, cu)  # every offset and table from the cache
+    assert spy["reads"] == reads and spy["tables"] == tables
+    with monkeypatch.context() as m:
+        _no_cache(m)
+        plain = _all(inp, do, dht, cu.clone())
+    assert spy["reads"] > reads and spy["tables"] > tables
+    for a, b, c in zip(first, second, plain, strict=True):
+        assert bitwise_equal(a, b) and bitwise_equal(a, c)
+    assert cu.tolist() == list(CU) and cu.dtype == torch.int32  # the caller's is untouched
+
+
+def test_second_call_reads_nothing_back(spy):
+    inp, do, dht = _inputs(2)
+    cu = torch.tensor(CU, dtype=torch.int64, device=DEV)
+    _, _, s1 = chunk_kda_det_fwd(*inp[:5], initial_state=inp[5], cu_seqlens=cu)
+    chunk_kda_det_bwd(do, None, s1)
+    n = dict(spy)
+    assert n == {"reads": 1, "tables": 1}
+    for _ in range(2):
+        _, _, s2 = chunk_kda_det_fwd(*inp[:5], initial_state=inp[5], cu_seqlens=cu)
+        chunk_kda_det_bwd(do, None, s2)
+        # the very device tables (and saved offsets) of the first call: nothing uploaded
+        assert s2.meta["chunk_tables"][1] is s1.meta["chunk_tables"][1]
+        assert s2.cu_seqlens is s1.cu_seqlens and s2.cu_host is s1.cu_host
+    assert spy == n
+
+
+class _Boom:
+    def __call__(self, *a, **k):
+        raise AssertionError("a kernel was launched")
+
+    def __getitem__(self, grid):
+        raise AssertionError("a kernel was launched")
+
+
+def test_in_place_edits_checked_again(spy, monkeypatch):
+    inp, do, dht = _inputs(3)
+    cu = torch.tensor(CU, dtype=torch.int32, device=DEV)
+
+    def run(cu):
+        return _all(inp, do, dht, cu)
+
+    run(cu)
+    with monkeypatch.context() as m:  # a bad edit raises before any launch
+        for name in ("_launch_fwd", "_launch_bwd", "_l2norm", "kda_chunk_fwd"):
+            m.setattr(api, name, _Boom())
+        cu[2] = 80  # 80 > 70: decreasing
+        with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
+            chunk_kda_det(*inp[:5], cu_seqlens=cu)
+        with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
+            chunk_kda_det_fwd(*inp[:5], cu_seqlens=cu)
+        cu[2] = 1
+        cu[-1] = 149
+        with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 150"):
+            chunk_kda_det(*inp[:5], cu_seqlens=cu)
+    # a good edit: the new documents' results, as a fresh tensor of those values gives
+    cu[-1] = 150
+    cu[3] = 64
+    got = run(cu)
+    varlen.clear_offsets_cache()
+    want = run(torch.tensor((0, 0, 1, 64, 75, 150), dtype=torch.int32, device=DEV))
+    for a, b in zip(got, want, strict=True):
+        assert bitwise_equal(a, b)
+
+
+def test_compiled_ops_cached_and_edits_checked(spy):
+    torch._dynamo.reset()
+    inp, do, _ = _inputs(4)
+    cu = torch.tensor(CU, dtype=torch.int32, device=DEV)
+
+    def f(q, k, v, g, beta, cu):
+        return chunk_kda_det(q, k, v, g, beta, cu_seqlens=cu)[0]
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+
+    def step(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in inp[:5]]
+        o = fn(*leaves, cu)
+        o.backward(do)
+        return [o, *(t.grad for t in leaves)]
+
+    want = step(f)
+    step(compiled)
+    n = dict(spy)
+    got = step(compiled)  # the fwd and bwd ops: cache hits
+    assert spy == n
+    for a, b in zip(got, want, strict=True):
+        assert bitwise_equal(a, b)
+    cu[2] = 80
+    with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
+        compiled(*inp[:5], cu)
+    cu[2] = 1
+    assert bitwise_equal(compiled(*inp[:5], cu), want[0])
+
+
+@pytest.mark.parametrize("idt", [torch.int32, torch.int64])
+def test_strided_cu_seqlens(spy, idt):
+    """A strided cu_seqlens (every other entry of a bigger tensor, junk between): the
+    kernels read the checked offsets (a contiguous copy), never the caller's memory; the
+    bits of a contiguous cu_seqlens, on a miss and on a hit."""
+    inp, do, dht = _inputs(5)
+    want = _all(inp, do, dht, torch.tensor(CU, dtype=idt, device=DEV))
+    big = torch.full((2 * len(CU),), 10**6, dtype=idt, device=DEV)
+    big[::2] = torch.tensor(CU, dtype=idt)
+    cu = big[::2]
+    assert not cu.is_contiguous()
+    for _ in range(2):
+        for a, b in zip(_all(inp, do, dht, cu), want, strict=True):
+            assert bitwise_equal(a, b)
+    assert big[1::2].eq(10**6).all() and big[::2].tolist() == list(CU)
+
+
+def test_write_behind_torch_between_fwd_and_bwd(spy):
+    """A CPU cu_seqlens written through numpy (no version bump) after the forward: the
+    backward launches with the forward's chunk tables: the bits of an undisturbed call."""
+    if DEV.type != "cpu":
+        pytest.skip("a CPU tensor written through numpy")
+    inp, do, dht = _inputs(6)
+    want = _all(inp, do, dht, torch.tensor(CU, dtype=torch.int64, device=DEV))
+    varlen.clear_offsets_cache()
+    cu = torch.tensor(CU, dtype=torch.int64, device=DEV)
+    leaves = [t.detach().clone().requires_grad_() for t in inp]
+    o, ht = chunk_kda_det(*leaves[:5], initial_state=leaves[5],
+                                       output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                       cu_seqlens=cu)
+    _, _, saved = chunk_kda_det_fwd(*inp[:5], initial_state=inp[5], output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    cu.numpy()[1:-1] = 10**6  # past the end of the tokens, no version bump
+    torch.autograd.backward((o, ht), (do, dht))
+    g = chunk_kda_det_bwd(do, dht, saved)
+    for a, b in zip([t.grad for t in leaves] + list(g[:6]), want[2:8] + want[10:],
+                    strict=True):
+        assert bitwise_equal(a, b)
