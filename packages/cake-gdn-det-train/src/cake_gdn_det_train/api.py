@@ -420,7 +420,8 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 
     Args:
         q, k: ``[B, T, H, K]``, fp32, bf16 or fp16 (k of q's dtype). 1 <= K <= 256 (on
-            CUDA K, V <= 128, and K <= 64 for fp32 inputs: :func:`cuda_plan_problem`).
+            CUDA K, V <= 128, and K <= 64 for fp32 inputs or V <= 16:
+            :func:`cuda_plan_problem`).
         v: ``[B, T, HV, V]`` of q's dtype, HV a positive multiple of H (value head ``j``
             reads q/k head ``j // (HV // H)``). 1 <= V <= 256.
         g: ``[B, T, HV]`` log-space decay (state multiplied by ``exp(g_t)``), fp32 or q's

@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:da28273c1043af0f6a460ffcc1701fdbbca0539b02a4946d05acc4f3b3ebb6cd"
+SOURCE_DIGEST = "sha256:574a3d5a5a1524bd07f43811284812dc170707781ec2c487ddb52c0aa50b6365"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -90,8 +90,9 @@ class GDNDetPlan(Plan):
             ``local_form = 0``. Bits depend on it.
 
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
-    plan runs on CUDA: K, V <= 128; fp32 inputs K <= 64 (larger fp32 tiles overflow the
-    227 KiB of shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
+    plan runs on CUDA: K, V <= 128; fp32 intermediates (fp32 inputs, or V <= 16, where the
+    rule takes ``store_16bit = 0``) K <= 64 (larger fp32 tiles overflow the 227 KiB of
+    shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
     on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
     intermediates (the 16-wide 16-bit dot fault of ``store_16bit``); likewise
     ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run).
@@ -178,8 +179,10 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
     if max(plan.head_k_dim, plan.head_v_dim) > 128:
         return "on CUDA K and V must be <= 128 (larger tiles are not built yet)"
     if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k > 64:
-        return ("on CUDA fp32 inputs (or store_16bit=0) need K <= 64 (fp32 tiles of K = 128 "
-                "overflow shared memory; use bf16/fp16 inputs with store_16bit=1)")
+        return ("on CUDA fp32 intermediates need K <= 64 (fp32 tiles of K = 128 overflow "
+                f"shared memory): this plan has store_16bit={plan.store_16bit} with {dtype} "
+                "inputs (the rule keeps fp32 intermediates for fp32 inputs and for V <= 16); "
+                "use bf16/fp16 inputs with V > 16, or K <= 64")
     if plan.num_warps_local > 4 and plan.block_k * _bvf(plan.head_v_dim) < 4096:
         return "on CUDA num_warps_local > 4 needs block_k * V >= 4096"
     if dtype != torch.float32 and plan.store_16bit and 0 < plan.prep_block < 32:
@@ -232,7 +235,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
-            CUDA the limits of :func:`cuda_plan_problem` (K, V <= 128; fp32: K <= 64).
+            CUDA the limits of :func:`cuda_plan_problem` (K, V <= 128; fp32 inputs or
+            V <= 16: K <= 64).
     """
     return make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
                           rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
