@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2d13c79d0cb058ec9b9fc3f2f859076a778fe164a554f6066139ba6fce46e033"
+SOURCE_DIGEST = "sha256:63b48e7d4cfbdcdda3b1eb7800527a465f3e07af735e92d479b090342c4d2a3a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -230,8 +230,19 @@ def _worker(rank: int, W: int, a: argparse.Namespace, init: str, use_cuda: bool,
     try:
         device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
         main_rank(rank, W, a, device, run_rank, summarize)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    if use_cuda:
+        dist.destroy_process_group()
+        return
+    # gloo: tearing the group down can still abort a rank whose peer closed its sockets
+    # first ("terminate called without an active exception", seen once in a CI run after
+    # the final barrier); every rank has finished and rank 0 has written its output, so
+    # leave without the group's destructors
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def free_port() -> int:
