@@ -126,13 +126,8 @@ def run_fb(f, inputs, dy, keep=True):
 def device_ms(fn, iters=20):
     """Mean device time per call (ms): the sum of every GPU kernel's and copy's own time in a
     profile of ``iters`` calls (host time between launches excluded)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
+    from cake_core.bench import cuda_profile
+    prof = cuda_profile(fn, warmup=1, iters=iters)
     return sum(e.self_device_time_total for e in prof.key_averages()) / iters / 1000
 
 
