@@ -156,6 +156,9 @@ def test_fields_serialised_and_checked():
             p = make_plan(K, V, dt, dev)
             assert p.local_form == p.rec_form and p.block_k_local == min(64, p.block_k), \
                 (K, V, dt, dev)
+            bvf = 1 << (max(V, 16) - 1).bit_length()  # V rounded up to a power of two
+            want_bvl = (64 if p.rec_form else min(32, bvf)) if dev == "cuda" else bvf
+            assert p.block_v_local == want_bvl, (K, V, dt, dev)
     loc = dataclasses.replace(plan, local_form=1, block_k_local=32)
     d = loc.to_dict()
     assert (d["local_form"], d["block_k_local"]) == (1, 32)

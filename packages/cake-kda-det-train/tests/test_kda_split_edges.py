@@ -59,6 +59,10 @@ def test_odd_head_dims_vs_reference(B, T, H, HV, K, V, dtype, old, opts, kda):
     sub-chunk kernels), K != V, two q/k heads of two value heads each; the rule's split
     plan, and where ``old`` the same plan without the splits, both against float64."""
     q, k, v, g, beta, h0 = kda.make_kda_inputs(B, T, H, HV, K, V, dtype, seed=K + V, h0=True)
+    if DEV.type == "cuda" and max(K, V) > 128:  # CUDA builds tiles up to 128 only
+        with pytest.raises(ValueError, match=r"on CUDA K and V must be <= 128"):
+            make_plan(K, V, dtype, DEV)
+        return
     plan = make_plan(K, V, dtype, DEV)
     for p in (plan, _old(plan)) if old else (plan,):
         kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=K + V, plan=p,
@@ -101,11 +105,12 @@ def test_every_option_bf16_gva_packed_fp32_intermediates_vs_reference(kda):
                            plan=plan, **kw)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+@pytest.mark.xfail(strict=DEV.type != "cuda", raises=AssertionError, reason=(
     "precision limit of the rule's 16-bit intermediates (store_16bit=1, as FLA), split or "
     "not: bf16 with the q/k L2 norm (normalised q/k stored in bf16, as FLA) and the other "
     "in-kernel options puts o 1.6-1.7e-2 off float64 on seeds 1, 2 and 83 (tolerance "
-    "1.6e-2; 0.9e-2 with store_16bit=0; the gradients stay under 1e-2)"))
+    "1.6e-2; 0.9e-2 with store_16bit=0; the gradients stay under 1e-2); strict under the "
+    "interpreter only: on an H200 the compiled kernels' rounding passed (2026-11-30)"))
 def test_every_option_bf16_rule_plan_o_within_bf16_tolerance(kda):
     inputs, h0, A_log, dt_bias, kw = _every_option_bf16(kda)
     assert make_plan(33, 20, torch.bfloat16, DEV).store_16bit == 1

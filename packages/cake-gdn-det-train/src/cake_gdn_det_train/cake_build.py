@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:574a3d5a5a1524bd07f43811284812dc170707781ec2c487ddb52c0aa50b6365"
+SOURCE_DIGEST = "sha256:3d2bda172334b2365895cb6633cefc588caa938cccb4f90a0d8a46274ba71d0d"
 # --- end of generated block ---
 
 MANIFEST = {

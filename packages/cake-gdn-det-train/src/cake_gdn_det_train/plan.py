@@ -232,6 +232,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     run, 2026-11-30: 4-7% faster fwd+bwd at K = V = 128 bf16 than ``local_form = 0``, right
     against float64 at every configuration tried, bitwise repeatable; ``block_k_local = 32``
     and ``block_v_local = 16`` were slower), else 0; ``block_k_local = min(64, block_k)``.
+    ``block_v_local``: 64 where ``rec_form = 1`` (an H200 run, 2026-11-30: 5% faster fwd+bwd
+    at K = V = 128 bf16 than 32, right against float64 at K = 128 with V = 64 and 128, bf16
+    and fp16), else min(32, V rounded up) on CUDA; V rounded up on the CPU.
 
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
@@ -252,7 +255,9 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     # H200 2026-11-30 (docs/benchmarks/gdn.md): at K = V = 128 bf16 the backward-recurrence
     # form with 3 stages took 14.5 ms fwd+bwd at case a (default form, 2 stages: 15.7 ms);
     # adopted where it was measured, the 16-bit [128, 64] state tiles. Same place, same
-    # day: local_form = 1 took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms.
+    # day: local_form = 1 took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms. Session 10
+    # (same GPU and versions): block_v_local = 64 with it, case a 13.14 -> 12.43 ms and
+    # 12.99 -> 12.37 (two runs), case b 5.47 -> 5.18 / 5.40 -> 5.13, right against float64.
     big_rec = cuda and wide and block_k * block_v >= 8192
     return GDNDetPlan(
         head_k_dim=K,
@@ -265,7 +270,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_o=4,
         num_warps_local=8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=(3 if big_rec else 2) if wide else 1,
-        block_v_local=min(32, block_v_full) if cuda else block_v_full,
+        block_v_local=(64 if big_rec else min(32, block_v_full)) if cuda else block_v_full,
         keep_a=1,
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
