@@ -78,7 +78,8 @@ def fwd_paths():
         def generic():
             rmsnorm_fwd_kernel[(-(-T // plan.block_m_fwd),)](
                 x, x, w, y, y, rstd, T, H, H, H, H, H, 1e-6, HAS_RESIDUAL=False,
-                BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h, num_warps=plan.num_warps_fwd)
+                BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h, OFF64=False,
+                num_warps=plan.num_warps_fwd)
 
         def current():
             return _launch_fwd(x, w, None, 1e-6, plan)

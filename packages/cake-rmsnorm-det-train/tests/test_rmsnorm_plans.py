@@ -82,3 +82,30 @@ def test_one_row_forward_without_residual(H, dtype):
     ref.backward(randn((37, H), dtype, DEV, seed=6).double())
     for name, a, r in (("y", y, ref), ("dx", x.grad, x64.grad), ("dweight", w.grad, w64.grad)):
         assert_close_to_reference(a, r, dtype, name)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_forward_64bit_offsets_equal_32bit(residual):
+    """The forward's 64-bit row offsets (taken where an offset reaches 2**31 elements, too
+    large to allocate in a test) give the bits of the 32-bit path, with and without the
+    residual, on a shape with a masked last tile."""
+    from cake_rmsnorm_det_train.kernels.fwd import rmsnorm_fwd_kernel
+
+    H, rows, dtype = 1000, 37, torch.bfloat16
+    plan = dataclasses.replace(make_plan(H, dtype, DEV), block_m_fwd=4)
+    x = randn((rows, H), dtype, DEV, seed=3)
+    r = randn((rows, H), dtype, DEV, seed=4)
+    w = randn((H,), dtype, DEV, seed=5, scale=0.3).add_(1)
+    outs = []
+    for off64 in (False, True):
+        y, h = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+        rstd = torch.full((rows,), float("nan"), device=DEV)
+        rmsnorm_fwd_kernel[(-(-rows // plan.block_m_fwd),)](
+            x, r, w, y, h, rstd, rows, H, H, H, H, H, 1e-6, HAS_RESIDUAL=residual,
+            BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h, OFF64=off64,
+            num_warps=plan.num_warps_fwd)
+        outs.append((y, h, rstd) if residual else (y, rstd))
+    for a, b in zip(*outs, strict=True):
+        assert not a.isnan().any() and torch.equal(a, b)
+    want = rmsnorm_reference((x + r if residual else x).double(), w.double(), 1e-6)
+    assert_close_to_reference(outs[0][0], want, dtype, "y")

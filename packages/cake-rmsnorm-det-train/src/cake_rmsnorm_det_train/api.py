@@ -164,11 +164,14 @@ def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan):
     y2 = y.view(n_rows, H)
     h2 = h.view(n_rows, H) if residual is not None else y2
     grid = (_cdiv(n_rows, plan.block_m_fwd),)
+    strides = (x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0))
+    # the largest offset any lane forms (masked rows of the last tile included)
+    off64 = (grid[0] * plan.block_m_fwd) * max(strides) + plan.block_h >= 2**31
     rmsnorm_fwd_kernel[grid](
         x2, r2, weight, y2, h2, rstd,
-        n_rows, H, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps,
+        n_rows, H, *strides, eps,
         HAS_RESIDUAL=residual is not None, BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h,
-        num_warps=plan.num_warps_fwd,
+        OFF64=off64, num_warps=plan.num_warps_fwd,
     )
     return y, h, rstd
 

@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b6b4219a581059354616488c658317256033f726fda60f367662c789861dbba6"
+SOURCE_DIGEST = "sha256:df29bfd8a7f98d6225c6de7fbb8163bea4d4787c6db51e9a3e3c490f49f4d3c2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -199,11 +199,18 @@ def _launch_fwd(x, z, weight, eps: float, norm_before_gate: bool, activation: st
     x2 = _rows(x, n_rows, D)
     z2 = _rows(z, n_rows, D)
     y2 = y.view(n_rows, D)
-    rmsnorm_silu_gate_fwd_kernel[(_cdiv(n_rows, plan.block_m_fwd),)](
+    grid = (_cdiv(n_rows, plan.block_m_fwd),)
+    strides = (x2.stride(0), z2.stride(0), y2.stride(0))
+    n_groups = D // G
+    # the largest offset any lane forms (masked rows of the last tile included)
+    off64 = (grid[0] * plan.block_m_fwd * max(*strides, n_groups)
+             + plan.block_ng * plan.block_g >= 2**31)
+    rmsnorm_silu_gate_fwd_kernel[grid](
         x2, z2, weight, y2, rstd,
-        n_rows, G, D // G, x2.stride(0), z2.stride(0), y2.stride(0), eps,
+        n_rows, G, n_groups, *strides, eps,
         NORM_BEFORE_GATE=norm_before_gate, ACTIVATION=activation, BLOCK_M=plan.block_m_fwd,
-        BLOCK_NG=plan.block_ng, BLOCK_G=plan.block_g, num_warps=plan.num_warps_fwd,
+        BLOCK_NG=plan.block_ng, BLOCK_G=plan.block_g, OFF64=off64,
+        num_warps=plan.num_warps_fwd,
     )
     return y, rstd
 

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ec1c3b0c5ddb9f5c8ab37467a8ac1fa4a3048c5ec300c57f4f81fc9f63e7bbb4"
+SOURCE_DIGEST = "sha256:9624b9aaae6a4e3ccd8122748b44805e599d77ab851fcc3132dd8dadde5a491f"
 # --- end of generated block ---
 
 MANIFEST = {
