@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:df29bfd8a7f98d6225c6de7fbb8163bea4d4787c6db51e9a3e3c490f49f4d3c2"
+SOURCE_DIGEST = "sha256:4d97e6f3b937d44c9c18d62052b14d4ed49238088c1eab9be7c6aecb1849ddd6"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -68,7 +68,8 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) 
 
     Rules (no timing at call time; derived once from an H200 sweep recorded in
     docs/benchmarks/rmsnorm.md): a whole row per tile; forward tiles of about 4096
-    elements on CUDA (16384 under the interpreter, where each program costs Python time);
+    elements on CUDA (one 2048-wide row per program with 4 warps; 16384 elements under the
+    interpreter, where each program costs Python time);
     backward tiles of about 4096 elements with 8 warps (16 for 8192-wide rows), 2 programs
     per SM on CUDA (1 per SM for rows over 4096 elements), 4 on the CPU. ``dtype`` is part
     of the signature for rules to come; today's rules depend on H and the device only.
@@ -92,7 +93,9 @@ def _rule(hidden_size: int, device: torch.device) -> RMSNormDetPlan:
     block_h = next_power_of_2(hidden_size)
     cuda = device.type == "cuda"
     tile = 4096 if cuda else 16384
-    block_m_fwd = max(1, min(64, tile // block_h))
+    # H200 2026-11-30: 2048-wide rows one per program (4 warps) beat two per program (8 warps)
+    # by 2% in the forward at 65536 x 2048 bf16 (docs/benchmarks/rmsnorm.md)
+    block_m_fwd = 1 if cuda and block_h == 2048 else max(1, min(64, tile // block_h))
     block_m_bwd = max(1, min(64, (4096 if cuda else 16384) // block_h))
     if cuda:
         bwd_programs = sm_count(device) * (2 if block_h <= 4096 else 1)

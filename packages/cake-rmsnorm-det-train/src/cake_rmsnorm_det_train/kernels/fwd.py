@@ -15,10 +15,10 @@ def rmsnorm_fwd_kernel(
     HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
     OFF64: tl.constexpr,
 ):
-    # Measured on an H200 (2026-11-30, docs/benchmarks/rmsnorm.md): loading the weight
-    # before the rows, rsqrt, 32-bit offsets where they fit and streaming cache hints (x is
-    # read once, y written once) took the kernel from 1.4% slower than Liger's forward to
-    # 0.5% faster at 32768 x 4096 bf16.
+    # Measured on an H200 (2026-11-30, docs/benchmarks/rmsnorm.md), outputs allocated per
+    # call as in training: loading the weight before the rows took the kernel from 2.1% to
+    # 0.3% behind Liger's forward at 32768 x 4096 bf16; evict_first on the row loads cost
+    # 5-6% there (not used).
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     if OFF64:
@@ -28,19 +28,16 @@ def rmsnorm_fwd_kernel(
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
-                eviction_policy="evict_first")
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     if HAS_RESIDUAL:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first")
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
         h = (x + r.to(tl.float32)).to(HOUT.dtype.element_ty)
-        tl.store(HOUT + rows[:, None] * stride_h + cols[None, :], h, mask=mask,
-                 cache_modifier=".cs")
+        tl.store(HOUT + rows[:, None] * stride_h + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)
     ms = tl.sum(x * x, axis=1) / n_cols
     rstd = tl.math.rsqrt(ms + eps)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask,
-             cache_modifier=".cs")
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty),
+             mask=mask)
     tl.store(RSTD + rows, rstd, mask=rmask)
