@@ -159,11 +159,16 @@ def test_fields_serialised_and_checked():
             bvf = 1 << (max(V, 16) - 1).bit_length()  # V rounded up to a power of two
             want_bvl = (64 if p.rec_form else min(32, bvf)) if dev == "cuda" else bvf
             assert p.block_v_local == want_bvl, (K, V, dt, dev)
-    loc = dataclasses.replace(plan, local_form=1, block_k_local=32)
+    loc = dataclasses.replace(plan, local_form=1, block_k_local=32, block_v_local=32)
     d = loc.to_dict()
     assert (d["local_form"], d["block_k_local"]) == (1, 32)
     assert GDNDetPlan.from_dict(d) == loc and loc.key != plan.key
     assert cuda_plan_problem(loc, torch.bfloat16) is None
+    # K blocks of 32 with 64-wide V blocks: wrong dk / dg / dbeta on an H200 (Triton 3.6)
+    for dt in (torch.bfloat16, torch.float16):
+        wide_v = dataclasses.replace(loc, block_v_local=64)
+        assert "needs block_k_local >= min(64, block_k)" in cuda_plan_problem(wide_v, dt)
+        assert cuda_plan_problem(dataclasses.replace(wide_v, block_k_local=64), dt) is None
     assert "block_k_local >= 32" in cuda_plan_problem(
         dataclasses.replace(loc, block_k_local=16), torch.bfloat16)
     fp32 = make_plan(56, 40, torch.float32, "cuda")

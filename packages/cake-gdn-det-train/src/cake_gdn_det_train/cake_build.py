@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3d2bda172334b2365895cb6633cefc588caa938cccb4f90a0d8a46274ba71d0d"
+SOURCE_DIGEST = "sha256:97bca1db1dde876eeadf1447c4e0e2b7bf42701cddd6d68c67ca4276d545b1a2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -95,7 +95,10 @@ class GDNDetPlan(Plan):
     shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
     on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
     intermediates (the 16-wide 16-bit dot fault of ``store_16bit``); likewise
-    ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run).
+    ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run);
+    ``block_k_local >= min(64, block_k)`` where ``local_form = 1`` has ``block_v_local >=
+    64`` (K blocks of 32 with 64-wide V blocks gave wrong dk / dg / dbeta on an H200; right
+    under the interpreter, so a compiler fault).
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
@@ -197,6 +200,13 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
             and plan.block_k_local < 32:
         return ("on CUDA local_form=1 needs block_k_local >= 32 with 16-bit intermediates "
                 "(16-wide 16-bit dots gave wrong results on an H200, Triton 3.6)")
+    if plan.local_form and plan.block_k_local < min(64, plan.block_k) \
+            and plan.block_v_local >= 64:
+        return ("on CUDA local_form=1 with block_v_local >= 64 needs block_k_local >= "
+                "min(64, block_k) (block_k_local=32 with block_v_local=64 gave dk / dg / "
+                "dbeta 0.04-0.2 off float64 at K, V = 100, 48 / 96, 64 / 128, 64 bf16 and "
+                "fp16 on an H200, Triton 3.6, right under the interpreter; the rule's "
+                "block_k_local=64 was right)")
     if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k >= 64 \
             and plan.block_v_local < 32 and plan.head_v_dim > plan.block_v_local:
         return ("on CUDA fp32 intermediates with block_k >= 64 need block_v_local >= 32 when "
