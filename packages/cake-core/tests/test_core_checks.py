@@ -22,6 +22,8 @@ def test_tensor_dtype_ndim_shape():
         check_tensor([1], "x")
     with pytest.raises(ValueError, match=r"x: expected dtype in \(bfloat16\), got float32"):
         check_dtype(x, "x", (torch.bfloat16,))
+    with pytest.raises(ValueError, match=r"w: expected dtype in \(bfloat16\), got float32$"):
+        check_dtype(x, "w", (torch.bfloat16, torch.bfloat16))  # a repeated dtype named once
     with pytest.raises(ValueError, match="x: expected 3-D"):
         check_ndim(x, "x", ndim=3)
     with pytest.raises(ValueError, match="at least 3-D"):

@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:63b48e7d4cfbdcdda3b1eb7800527a465f3e07af735e92d479b090342c4d2a3a"
+SOURCE_DIGEST = "sha256:b100e098145e3def41263d06885ae748dfd56b4845d4344e2033ead62d76ebb6"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -22,7 +22,7 @@ def check_tensor(t: object, name: str) -> torch.Tensor:
 
 def check_dtype(t: torch.Tensor, name: str, allowed: Iterable[torch.dtype]) -> None:
     """Raise ``ValueError`` unless ``t.dtype`` is one of ``allowed``."""
-    allowed = tuple(allowed)
+    allowed = tuple(dict.fromkeys(allowed))  # "fp32 or x's dtype" names fp32 once
     if t.dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)
         raise ValueError(f"{name}: expected dtype in ({names}), got {str(t.dtype)[6:]}")

@@ -425,7 +425,10 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         v: ``[B, T, HV, V]`` of q's dtype, HV a positive multiple of H (value head ``j``
             reads q/k head ``j // (HV // H)``). 1 <= V <= 256.
         g: ``[B, T, HV]`` log-space decay (state multiplied by ``exp(g_t)``), fp32 or q's
-            dtype. beta: ``[B, T, HV]``, fp32 or q's dtype.
+            dtype; finite (not checked: a ``-inf`` as a hard reset makes the chunked form's
+            decay ratios ``exp(G_i - G_j)`` NaN and with them the whole output; use a large
+            finite negative value, e.g. -1e4, or start a new document in ``cu_seqlens``).
+            beta: ``[B, T, HV]``, fp32 or q's dtype.
         scale: > 0, default ``K ** -0.5``.
         initial_state: fp32 ``[N, HV, K, V]`` or ``None`` (zeros); N = B, or the number of
             sequences in ``cu_seqlens``.

@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:97bca1db1dde876eeadf1447c4e0e2b7bf42701cddd6d68c67ca4276d545b1a2"
+SOURCE_DIGEST = "sha256:152968cdd1c110682ee067f1f7a4bec73aaa4ccc64c148c23027b2629deb00d2"
 # --- end of generated block ---
 
 MANIFEST = {

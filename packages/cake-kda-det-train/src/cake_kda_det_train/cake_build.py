@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:dced75c89dfa4084e7673bda4f94d03552c0843f9cc538173ca7a0ad026f0e09"
+SOURCE_DIGEST = "sha256:b4a318ff33d294463b733d6bcdc935d72db5aa41bb0e0f2f6900cae4c2bc1b7e"
 # --- end of generated block ---
 
 MANIFEST = {
