@@ -34,7 +34,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:63b48e7d4cfbdcdda3b1eb7800527a465f3e07af735e92d479b090342c4d2a3a"
+SOURCE_DIGEST = "sha256:9d2afe4ddd8d4213bf3f436674196eb735562dbd9ca67ace6622d88ad311a63b"
 # --- end of generated block ---
 
 MANIFEST = {
