@@ -11,35 +11,23 @@ from cake_causal_conv1d_det_train import (
     causal_conv1d_det_bwd,
     causal_conv1d_det_fwd,
 )
-from cake_core.testing import bitwise_equal
+from cake_core.testing import (
+    bitwise_equal,
+    counting_offsets_cache,
+    no_kernel_launches,
+    offsets_cache_disabled,
+    strided_cu_seqlens,
+)
 
 # empty and length-1 documents, one spanning two 32-token blocks
 CU = (0, 0, 1, 5, 40, 47)
 
 
 @pytest.fixture
-def spy(monkeypatch):
+def spy():
     """A clean cache; counts of the value checks (host read-backs) and block tables built."""
-    varlen.clear_offsets_cache()
-    counts = {"reads": 0, "tables": 0}
-    real_check, real_table = varlen.check_cu_seqlens, api._block_table
-
-    def check(*args, **kw):
-        counts["reads"] += bool(kw.get("read_values", True))
-        return real_check(*args, **kw)
-
-    def table(*args, **kw):
-        counts["tables"] += 1
-        return real_table(*args, **kw)
-
-    monkeypatch.setattr(varlen, "check_cu_seqlens", check)
-    monkeypatch.setattr(api, "_block_table", table)
-    yield counts
-    varlen.clear_offsets_cache()
-
-
-def _no_cache(monkeypatch):
-    monkeypatch.setattr(varlen, "_cacheable", lambda t: False)
+    with counting_offsets_cache(api, "_block_table") as counts:
+        yield counts
 
 
 def _both(conv, inp, cu):
@@ -54,7 +42,7 @@ def _both(conv, inp, cu):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cached_same_bits_as_uncached(conv, spy, monkeypatch, dtype):
+def test_cached_same_bits_as_uncached(conv, spy, dtype):
     inp = conv.make_inputs(1, CU[-1], 12, 4, dtype, cu=CU, seed=5)
     cu = inp.cu
     first = _both(conv, inp, cu)
@@ -62,8 +50,7 @@ def test_cached_same_bits_as_uncached(conv, spy, monkeypatch, dtype):
     assert reads == 1 and tables >= 1
     second = _both(conv, inp, cu)  # every table from the cache
     assert spy["reads"] == reads and spy["tables"] == tables
-    with monkeypatch.context() as m:
-        _no_cache(m)
+    with offsets_cache_disabled():
         plain = _both(conv, inp, cu.clone())
     assert spy["reads"] > reads
     for a, b, c in zip(first, second, plain, strict=True):
@@ -80,17 +67,12 @@ def test_second_call_reads_nothing_back(conv, spy):
     assert spy == n
 
 
-class _NoLaunch:
-    def __getitem__(self, grid):
-        raise AssertionError("a kernel was launched")
-
-
-def test_in_place_edits_checked_again(conv, spy, monkeypatch):
+def test_in_place_edits_checked_again(conv, spy):
     inp = conv.make_inputs(1, CU[-1], 8, 3, cu=CU, seed=7)
     cu = inp.cu
     conv.run_cake(inp)
-    with monkeypatch.context() as m:  # a bad edit raises before any launch
-        m.setattr(api, "causal_conv1d_fwd_kernel", _NoLaunch())
+    # a bad edit raises before any launch
+    with no_kernel_launches(api, "causal_conv1d_fwd_kernel"):
         cu[2] = 9  # 9 > 5: decreasing
         with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
             conv.run_cake(inp)
@@ -161,9 +143,7 @@ def test_strided_cu_seqlens(conv, spy, idt):
     with unit stride (which read the junk and wrote out of bounds)."""
     inp = conv.make_inputs(1, CU[-1], 8, 4, cu=CU, seed=10)
     want = conv.run_reference(inp)
-    big = torch.full((2 * len(CU),), 10**6, dtype=idt, device=conv.DEV)
-    big[::2] = torch.tensor(CU, dtype=idt)
-    inp.cu = big[::2]
+    inp.cu, big = strided_cu_seqlens(CU, idt, conv.DEV)
     assert not inp.cu.is_contiguous()
     for _ in range(2):  # a miss, then a hit
         _close(conv.run_cake(inp), want)

@@ -129,6 +129,59 @@ def test_refusals_without_collectives():
                     "COLLECTIVE in collective: ['barrier']", "after: x: bad"]
 
 
+def test_offsets_cache_probes():
+    """counting_offsets_cache / offsets_cache_disabled on the real cache and chunk tables;
+    strided_cu_seqlens; no_kernel_launches."""
+    from types import SimpleNamespace
+
+    import cake_core.linear_attention as la
+    import cake_core.varlen as varlen
+
+    real_check, real_tables = varlen.check_cu_seqlens, la.chunk_tables
+    cu = torch.tensor([0, 0, 1, 70, 75], dtype=torch.int32)
+    with testing.counting_offsets_cache(la, "chunk_tables") as counts:
+        assert len(varlen._cache) == 0  # a clean cache
+        off = varlen.checked_offsets(cu, 75)
+        host = la.chunk_tables_for(cu, off, 64)
+        assert counts == {"reads": 1, "tables": 1}
+        assert varlen.checked_offsets(cu, 75) is off  # hits: nothing counted
+        assert la.chunk_tables_for(cu, off, 64) is host
+        assert counts == {"reads": 1, "tables": 1}
+        with testing.offsets_cache_disabled():
+            off2 = varlen.checked_offsets(cu, 75)
+            la.chunk_tables_for(cu, off2, 64)
+        assert off2 is not off and counts == {"reads": 2, "tables": 2}
+        assert varlen.checked_offsets(cu, 75) is off  # enabled again, the entry kept
+        assert counts["reads"] == 2
+    assert varlen.check_cu_seqlens is real_check and la.chunk_tables is real_tables
+    assert len(varlen._cache) == 0  # cleared on exit
+    with pytest.raises(AttributeError):
+        with testing.counting_offsets_cache(la, "no_such_builder"):
+            pass
+    assert varlen.check_cu_seqlens is real_check
+
+    s, base = testing.strided_cu_seqlens((0, 2, 5), torch.int64)
+    assert s.tolist() == [0, 2, 5] and s.stride() == (2,) and s.dtype == torch.int64
+    assert s._base is base and base.tolist() == [0, 10**6, 2, 10**6, 5, 10**6]
+    with pytest.raises(ValueError, match="values must not be empty"):
+        testing.strided_cu_seqlens((), torch.int32)
+
+    def kernel():
+        pass
+
+    mod = SimpleNamespace(kernel=kernel, launch=len)
+    with testing.no_kernel_launches(mod, "kernel", "launch"):
+        with pytest.raises(AssertionError, match=r"a kernel was launched \(kernel\)"):
+            mod.kernel[(1,)]
+        with pytest.raises(AssertionError, match=r"a kernel was launched \(launch\)"):
+            mod.launch([])
+    assert mod.kernel is kernel and mod.launch is len
+    with pytest.raises(AttributeError):
+        with testing.no_kernel_launches(mod, "kernel", "missing"):
+            pass
+    assert mod.kernel is kernel
+
+
 def test_family_discovery_does_not_import_triton():
     code = ("import sys; from cake_core.families import list_families; "
             "fams = list_families(); "

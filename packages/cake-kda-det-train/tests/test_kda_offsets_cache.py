@@ -9,7 +9,14 @@ import cake_core.varlen as varlen
 import cake_kda_det_train.api as api
 import pytest
 import torch
-from cake_core.testing import bitwise_equal, randn
+from cake_core.testing import (
+    bitwise_equal,
+    counting_offsets_cache,
+    no_kernel_launches,
+    offsets_cache_disabled,
+    randn,
+    strided_cu_seqlens,
+)
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import chunk_kda_det, chunk_kda_det_bwd, chunk_kda_det_fwd
 
@@ -21,24 +28,10 @@ T, H, HV, K, V = CU[-1], 1, 2, 16, 16
 
 
 @pytest.fixture
-def spy(monkeypatch):
+def spy():
     """A clean cache; counts of the value checks (host read-backs) and chunk tables built."""
-    varlen.clear_offsets_cache()
-    counts = {"reads": 0, "tables": 0}
-    real_check, real_tables = varlen.check_cu_seqlens, la.chunk_tables
-
-    def check(*args, **kw):
-        counts["reads"] += bool(kw.get("read_values", True))
-        return real_check(*args, **kw)
-
-    def tables(*args, **kw):
-        counts["tables"] += 1
-        return real_tables(*args, **kw)
-
-    monkeypatch.setattr(varlen, "check_cu_seqlens", check)
-    monkeypatch.setattr(la, "chunk_tables", tables)
-    yield counts
-    varlen.clear_offsets_cache()
+    with counting_offsets_cache(la, "chunk_tables") as counts:
+        yield counts
 
 
 def _inputs(seed):
@@ -67,11 +60,7 @@ def _all(inp, do, dht, cu):
     return [o, ht, *(t.grad for t in leaves), o2, ht2, *g[:6]]
 
 
-def _no_cache(monkeypatch):
-    monkeypatch.setattr(varlen, "_cacheable", lambda t: False)
-
-
-def test_cached_same_bits_as_uncached(spy, monkeypatch):
+def test_cached_same_bits_as_uncached(spy):
     inp, do, dht = _inputs(1)
     cu = torch.tensor(CU, dtype=torch.int32, device=DEV)
     first = _all(inp, do, dht, cu)
@@ -79,8 +68,7 @@ def test_cached_same_bits_as_uncached(spy, monkeypatch):
     assert reads == 1 and tables == 1
     second = _all(inp, do, dht, cu)  # every offset and table from the cache
     assert spy["reads"] == reads and spy["tables"] == tables
-    with monkeypatch.context() as m:
-        _no_cache(m)
+    with offsets_cache_disabled():
         plain = _all(inp, do, dht, cu.clone())
     assert spy["reads"] > reads and spy["tables"] > tables
     for a, b, c in zip(first, second, plain, strict=True):
@@ -104,15 +92,7 @@ def test_second_call_reads_nothing_back(spy):
     assert spy == n
 
 
-class _Boom:
-    def __call__(self, *a, **k):
-        raise AssertionError("a kernel was launched")
-
-    def __getitem__(self, grid):
-        raise AssertionError("a kernel was launched")
-
-
-def test_in_place_edits_checked_again(spy, monkeypatch):
+def test_in_place_edits_checked_again(spy):
     inp, do, dht = _inputs(3)
     cu = torch.tensor(CU, dtype=torch.int32, device=DEV)
 
@@ -120,9 +100,8 @@ def test_in_place_edits_checked_again(spy, monkeypatch):
         return _all(inp, do, dht, cu)
 
     run(cu)
-    with monkeypatch.context() as m:  # a bad edit raises before any launch
-        for name in ("_launch_fwd", "_launch_bwd", "_l2norm", "kda_chunk_fwd"):
-            m.setattr(api, name, _Boom())
+    # a bad edit raises before any launch
+    with no_kernel_launches(api, "_launch_fwd", "_launch_bwd", "_l2norm", "kda_chunk_fwd"):
         cu[2] = 80  # 80 > 70: decreasing
         with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
             chunk_kda_det(*inp[:5], cu_seqlens=cu)
@@ -179,9 +158,7 @@ def test_strided_cu_seqlens(spy, idt):
     bits of a contiguous cu_seqlens, on a miss and on a hit."""
     inp, do, dht = _inputs(5)
     want = _all(inp, do, dht, torch.tensor(CU, dtype=idt, device=DEV))
-    big = torch.full((2 * len(CU),), 10**6, dtype=idt, device=DEV)
-    big[::2] = torch.tensor(CU, dtype=idt)
-    cu = big[::2]
+    cu, big = strided_cu_seqlens(CU, idt, DEV)
     assert not cu.is_contiguous()
     for _ in range(2):
         for a, b in zip(_all(inp, do, dht, cu), want, strict=True):

@@ -1,6 +1,6 @@
 """Testing tools every family uses: float64 references, bitwise repeats, ragged batches,
-output poisoning, bad-input tables, compiled-versus-eager bits, import checks. Imported by
-tests and benchmarks only, never by kernels.
+output poisoning, bad-input tables, compiled-versus-eager bits, import checks, probes of the
+``cu_seqlens`` offsets cache. Imported by tests and benchmarks only, never by kernels.
 """
 
 from __future__ import annotations
@@ -344,3 +344,148 @@ def refusals_without_collectives(names: Sequence[str] = COLLECTIVES):
     finally:
         for n, f in real.items():
             setattr(dist, n, f)
+
+
+# ----------------------------------------------------------------------------- offsets cache
+# Tests of the cu_seqlens cache (cake_core.varlen.checked_offsets: read back once per tensor
+# version) and of the tables a family keeps beside it (cake_core.varlen.offsets_derived).
+
+
+@contextlib.contextmanager
+def counting_offsets_cache(tables_module: Any, tables_name: str):
+    """Count the host read-backs of ``cu_seqlens`` and the tables built from its offsets,
+    on a clean offsets cache.
+
+    Clears :func:`cake_core.varlen.clear_offsets_cache` on entry and on exit, and for the
+    block wraps ``cake_core.varlen.check_cu_seqlens`` (the value check that
+    :func:`cake_core.varlen.checked_offsets` runs on a miss: one read-back of the values
+    each) and the table builder ``tables_module.<tables_name>`` (e.g.
+    ``cake_core.linear_attention`` and ``"chunk_tables"``: the name a family's code calls
+    it by), restoring both on exit.
+
+    Args:
+        tables_module: the module whose attribute builds the tables.
+        tables_name: the attribute's name.
+
+    Yields:
+        A plain dict ``{"reads": int, "tables": int}``, updated in place: ``reads`` counts
+        the ``check_cu_seqlens`` calls that read values (``read_values`` not false),
+        ``tables`` every call of the builder. Compare a snapshot (``dict(counts)``) with it
+        later to assert that nothing was read back or built.
+
+    Raises:
+        AttributeError: ``tables_module`` has no attribute ``tables_name`` (raised before
+            anything is patched or cleared).
+    """
+    import cake_core.varlen as varlen
+
+    real_tables = getattr(tables_module, tables_name)
+    real_check = varlen.check_cu_seqlens
+    counts = {"reads": 0, "tables": 0}
+
+    def check(*args, **kw):
+        counts["reads"] += bool(kw.get("read_values", True))
+        return real_check(*args, **kw)
+
+    def tables(*args, **kw):
+        counts["tables"] += 1
+        return real_tables(*args, **kw)
+
+    varlen.clear_offsets_cache()
+    varlen.check_cu_seqlens = check
+    setattr(tables_module, tables_name, tables)
+    try:
+        yield counts
+    finally:
+        setattr(tables_module, tables_name, real_tables)
+        varlen.check_cu_seqlens = real_check
+        varlen.clear_offsets_cache()
+
+
+@contextlib.contextmanager
+def offsets_cache_disabled():
+    """For the block, :func:`cake_core.varlen.checked_offsets` caches nothing (every call
+    checks and reads ``cu_seqlens`` back, and :func:`cake_core.varlen.offsets_derived`
+    builds every call), as for a tensor it never caches (an inference tensor, under
+    torch.compile). Restored on exit; entries cached before stay cached.
+
+    Takes no arguments; yields ``None``; raises nothing of its own.
+    """
+    import cake_core.varlen as varlen
+
+    real = varlen._cacheable
+    varlen._cacheable = lambda t: False
+    try:
+        yield
+    finally:
+        varlen._cacheable = real
+
+
+def strided_cu_seqlens(values: Sequence[int], dtype: torch.dtype,
+                       device: torch.device | str = "cpu",
+                       junk: int = 10**6) -> tuple[torch.Tensor, torch.Tensor]:
+    """A non-contiguous ``cu_seqlens``: ``values`` at every other entry of a tensor twice as
+    long whose other entries are ``junk`` (a kernel that reads the caller's memory with
+    unit stride would see it).
+
+    Args:
+        values: the offsets, e.g. ``(0, 0, 1, 70, 75, 150)``.
+        dtype: the integer dtype (int32 / int64).
+        device: where both tensors live.
+        junk: the value between the offsets (default ``10**6``, past any test's tokens).
+
+    Returns:
+        ``(cu, base)``: ``cu = base[::2]`` (stride 2, equal to ``values``) and ``base``
+        ``[2 * len(values)]``, to check afterwards that neither the offsets nor the junk
+        (``base[1::2]``) were written.
+
+    Raises:
+        ValueError: ``values`` is empty.
+    """
+    if len(values) == 0:
+        raise ValueError("values must not be empty")
+    base = torch.full((2 * len(values),), junk, dtype=dtype, device=device)
+    base[::2] = torch.tensor(values, dtype=dtype)
+    return base[::2], base
+
+
+class _NoLaunch:
+    """Stands in for a kernel or launcher: raises when called or indexed (``kernel[grid]``)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        raise AssertionError(f"a kernel was launched ({self.name})")
+
+    def __getitem__(self, grid: Any):
+        raise AssertionError(f"a kernel was launched ({self.name})")
+
+
+@contextlib.contextmanager
+def no_kernel_launches(module: Any, *names: str):
+    """For the block, replace each ``module.<name>`` (a Triton kernel, launched as
+    ``kernel[grid](...)``, or a Python function that launches) by a stand-in that raises
+    ``AssertionError("a kernel was launched (<name>)")`` when called or indexed: a check
+    that a refusal comes before any launch. Restored on exit.
+
+    Args:
+        module: the module the code under test looks the names up in (e.g. a family's
+            ``api``).
+        names: the attributes to replace.
+
+    Yields:
+        ``None``.
+
+    Raises:
+        AttributeError: ``module`` has no attribute of one of ``names`` (raised before
+            anything is replaced).
+    """
+    real = {n: getattr(module, n) for n in names}
+    try:
+        for n in names:
+            setattr(module, n, _NoLaunch(n))
+        yield
+    finally:
+        for n, f in real.items():
+            setattr(module, n, f)
