@@ -43,6 +43,14 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_rows"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
 ]
 PLANS = [
     {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 6,
@@ -53,7 +61,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:97bca1db1dde876eeadf1447c4e0e2b7bf42701cddd6d68c67ca4276d545b1a2"
+SOURCE_DIGEST = "sha256:d070b83d7b4cbdc2207c15078f78d9627e0024f86ecbe5f059dd1de38321ba51"
 # --- end of generated block ---
 
 MANIFEST = {
