@@ -3,16 +3,21 @@ registers, stack (spills), shared memory, and counts of SASS instructions (share
 loads and stores, barriers, tensor-core ops, global loads and stores, MUFU = exp, async
 copies, register moves between layouts via shared memory show up as LDS/STS + BAR).
 
-    TRITON_INTERPRET=0 python benchmarks/offline_build_gdn.py [--K 128] [--V 128] [--plan k=v ...]
+    TRITON_INTERPRET=0 python benchmarks/offline_build_gdn.py [--K 128] [--V 128] [--align]
+        [--plan k=v ...]
 
 Uses Triton's own compiler and its bundled cuobjdump (target sm_90), the default CUDA plan
 of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--plan``
 overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
-kernels/rec_bp.py with ``rec_form = 1``, of kernels/rec_slice.py with ``rec_form = 2``), the chunk prep (forward, and the backward's with
-the kept T), the output kernel and the two backward chunk-local kernels (with
-``local_form = 1`` the two kernels of kernels/bwd_local_split.py instead of bwd_local).
+kernels/rec_bp.py with ``rec_form = 1``, of kernels/rec_slice.py with ``rec_form = 2``),
+the chunk prep (forward, and the backward's with the kept T), the output kernel and the
+two backward chunk-local kernels (with ``local_form = 1`` the two kernels of
+kernels/bwd_local_split.py instead of bwd_local).
 Static counts (each loop body once), not timings: a guide to where a candidate removes
-work, to be confirmed on the GPU.
+work, to be confirmed on the GPU. ``--align`` gives the arguments the divisibility hints a
+launch gives them (16-byte aligned pointers; H = HV = 32 and K, V where multiples of 16):
+without it the loads are not vectorised and the builds spill where a real launch does not
+(docs/benchmarks/gdn_speed_plan.md, "rec_form = 2").
 Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
 """
 
@@ -42,10 +47,17 @@ SASS_GROUPS = {
 }
 
 
+#: with ``--align``: the int arguments marked divisible by 16 when their value is (as
+#: Triton's launcher specializes them at run time; every pointer is marked too)
+ALIGN = {}
+
+
 def build(fn, types: dict, consts: dict, num_warps: int, num_stages: int = 1):
     """Compile ``fn`` for sm_90; return (registers, stack bytes, shared bytes, counts)."""
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
-    k = triton.compile(ASTSource(fn, sig, constexprs=consts), target=TARGET,
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in consts and (types[n].startswith("*") and ALIGN or ALIGN.get(n))}
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
@@ -87,7 +99,13 @@ def main():
     p.add_argument("--V", type=int, default=128)
     p.add_argument("--plan", nargs="*", default=[])
     p.add_argument("--only", default="", help="comma list: fwd_h,bwd_dh,prep,o,local")
+    p.add_argument("--align", action="store_true",
+                   help="mark pointers, and H = HV = 32, K, V where multiples of 16, divisible "
+                        "by 16, as a launch at case a specializes them (off: no such hints, "
+                        "as the builds recorded before 2026-11-30 evening)")
     a = p.parse_args()
+    if a.align:
+        ALIGN.update(H=True, HV=True, KD=a.K % 16 == 0, VD=a.V % 16 == 0)
     over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
     plan = dataclasses.replace(_rule(a.K, a.V, torch.bfloat16, torch.device("cuda")), **over)
     only = set(a.only.split(",")) if a.only else {"fwd_h", "bwd_dh", "prep", "o", "local"}
@@ -151,7 +169,7 @@ def main():
             c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))
             rows.append(("bwd_local", plan.num_warps_local,
                          *build(gdn_bwd_local_kernel, t, c, plan.num_warps_local)))
-    print("plan over", over)
+    print("plan over", over, "(--align)" if a.align else "")
     for what, warps, regs, spills, smem, counts in rows:
         print(f"{what:14s} warps={warps} regs={regs} stack={spills} smem={smem} "
               + " ".join(f"{k}={v}" for k, v in counts.items()))
