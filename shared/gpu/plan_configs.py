@@ -69,7 +69,14 @@ CONFIGS = {
                       # block_v_local = 64 (the rule at K = 128 16-bit) with block_k_local = 32:
                       # wrong dk / dg / dbeta on an H200 (session 10), refused on CUDA
                       "100 48 bfloat16 local_form=1 block_k_local=32 lens=1,70,0,65",
-                      "48 32 float32 local_form=1 block_k_local=16 lens=1,70,0,65"],
+                      "48 32 float32 local_form=1 block_k_local=16 lens=1,70,0,65",
+                      # rec_form = 2: rec_form 1 with the state in 64-row K slices
+                      # (docs/benchmarks/gdn_speed_plan.md); not yet run on a GPU
+                      "128 128 bfloat16 rec_form=2",
+                      "128 128 bfloat16 rec_form=2 num_warps_h=4",
+                      "128 128 bfloat16 rec_form=2 block_v=32",
+                      "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
+                      "64 64 float32 rec_form=2"],
     "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",

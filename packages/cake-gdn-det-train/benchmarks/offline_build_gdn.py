@@ -3,16 +3,21 @@ registers, stack (spills), shared memory, and counts of SASS instructions (share
 loads and stores, barriers, tensor-core ops, global loads and stores, MUFU = exp, async
 copies, register moves between layouts via shared memory show up as LDS/STS + BAR).
 
-    TRITON_INTERPRET=0 python benchmarks/offline_build_gdn.py [--K 128] [--V 128] [--plan k=v ...]
+    TRITON_INTERPRET=0 python benchmarks/offline_build_gdn.py [--K 128] [--V 128] [--align]
+        [--plan k=v ...]
 
 Uses Triton's own compiler and its bundled cuobjdump (target sm_90), the default CUDA plan
 of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--plan``
 overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
-kernels/rec_bp.py with ``rec_form = 1``), the chunk prep (forward, and the backward's with
-the kept T), the output kernel and the two backward chunk-local kernels (with
-``local_form = 1`` the two kernels of kernels/bwd_local_split.py instead of bwd_local).
+kernels/rec_bp.py with ``rec_form = 1``, of kernels/rec_slice.py with ``rec_form = 2``),
+the chunk prep (forward, and the backward's with the kept T), the output kernel and the
+two backward chunk-local kernels (with ``local_form = 1`` the two kernels of
+kernels/bwd_local_split.py instead of bwd_local).
 Static counts (each loop body once), not timings: a guide to where a candidate removes
-work, to be confirmed on the GPU.
+work, to be confirmed on the GPU. ``--align`` gives the arguments the divisibility hints a
+launch gives them (16-byte aligned pointers; H = HV = 32 and K, V where multiples of 16):
+without it the loads are not vectorised and the builds spill where a real launch does not
+(docs/benchmarks/gdn_speed_plan.md, "rec_form = 2").
 Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
 """
 
@@ -42,10 +47,17 @@ SASS_GROUPS = {
 }
 
 
+#: with ``--align``: the int arguments marked divisible by 16 when their value is (as
+#: Triton's launcher specializes them at run time; every pointer is marked too)
+ALIGN = {}
+
+
 def build(fn, types: dict, consts: dict, num_warps: int, num_stages: int = 1):
     """Compile ``fn`` for sm_90; return (registers, stack bytes, shared bytes, counts)."""
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
-    k = triton.compile(ASTSource(fn, sig, constexprs=consts), target=TARGET,
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in consts and (types[n].startswith("*") and ALIGN or ALIGN.get(n))}
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(k.asm["cubin"])
@@ -75,6 +87,11 @@ def main():
     from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
     from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
     from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
+    from cake_gdn_det_train.kernels.rec_slice import (
+        SLICE_K,
+        gdn_bwd_dh_slice_kernel,
+        gdn_fwd_h_slice_kernel,
+    )
     from cake_gdn_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
@@ -82,7 +99,13 @@ def main():
     p.add_argument("--V", type=int, default=128)
     p.add_argument("--plan", nargs="*", default=[])
     p.add_argument("--only", default="", help="comma list: fwd_h,bwd_dh,prep,o,local")
+    p.add_argument("--align", action="store_true",
+                   help="mark pointers, and H = HV = 32, K, V where multiples of 16, divisible "
+                        "by 16, as a launch at case a specializes them (off: no such hints, "
+                        "as the builds recorded before 2026-11-30 evening)")
     a = p.parse_args()
+    if a.align:
+        ALIGN.update(H=True, HV=True, KD=a.K % 16 == 0, VD=a.V % 16 == 0)
     over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
     plan = dataclasses.replace(_rule(a.K, a.V, torch.bfloat16, torch.device("cuda")), **over)
     only = set(a.only.split(",")) if a.only else {"fwd_h", "bwd_dh", "prep", "o", "local"}
@@ -92,18 +115,20 @@ def main():
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
     base = dict(DT=dt, PREC=prec, BT=64, BK=plan.block_k)
     rows = []
+    # rec_form = 2: the state in K slices of BKS rows
+    rec = dict(BKS=min(SLICE_K, plan.block_k)) if plan.rec_form == 2 else {}
     if "fwd_h" in only:
         t = {**ints, "Kp": bf, "W": bf, "U": bf, "GCUM": f32, "CU": i32, "CHUNK_OFF": i32,
              "H0": f32, "HBUF": bf, "VNEW": bf, "HT": f32}
-        c = dict(base, BV=plan.block_v, HAS_H0=True, STORE_FINAL=True)
-        fn = gdn_fwd_h_bp_kernel if plan.rec_form else gdn_fwd_h_kernel
+        c = dict(base, BV=plan.block_v, HAS_H0=True, STORE_FINAL=True, **rec)
+        fn = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
         rows.append(("fwd_h", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "bwd_dh" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "W": bf, "GCUM": f32, "DO": bf, "CU": i32,
              "CHUNK_OFF": i32, "DHT": f32, "DH": bf, "DVNEW": bf, "DH0": f32, "scale": "fp32"}
-        c = dict(base, BV=plan.block_v, HAS_DHT=True, STORE_DH0=True)
-        fn = gdn_bwd_dh_bp_kernel if plan.rec_form else gdn_bwd_dh_kernel
+        c = dict(base, BV=plan.block_v, HAS_DHT=True, STORE_DH0=True, **rec)
+        fn = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel, gdn_bwd_dh_slice_kernel)[plan.rec_form]
         rows.append(("bwd_dh", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "prep" in only:
@@ -144,7 +169,7 @@ def main():
             c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))
             rows.append(("bwd_local", plan.num_warps_local,
                          *build(gdn_bwd_local_kernel, t, c, plan.num_warps_local)))
-    print("plan over", over)
+    print("plan over", over, "(--align)" if a.align else "")
     for what, warps, regs, spills, smem, counts in rows:
         print(f"{what:14s} warps={warps} regs={regs} stack={spills} smem={smem} "
               + " ".join(f"{k}={v}" for k, v in counts.items()))

@@ -59,12 +59,20 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
         {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_rows"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:59e8b72dbae1ef4a19b172c71c6848abfc71c0cf79281a80211fd53b6963e08a"
+SOURCE_DIGEST = "sha256:d69e8cd5f014e2dcd3218dbfb7300963f57272902aa99dea84a002eb097d9bdb"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -43,6 +43,14 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_rows"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
 ]
 PLANS = [
     {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 6,
@@ -53,7 +61,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:152968cdd1c110682ee067f1f7a4bec73aaa4ccc64c148c23027b2629deb00d2"
+SOURCE_DIGEST = "sha256:1d2864db84d26ea32b2570b6ef01ec40cec2419b35ca8860de4e58d3cadfce34"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -66,8 +66,13 @@ class GDNDetPlan(Plan):
             loaded as ``[K, 64]`` tiles straight into the dots and the decays scale the
             ``[64, block_v]`` tiles (v_new, k @ dS, do) instead: fewer register products,
             transposes and shared-memory round trips per serial step. Same math, other
-            rounding (bits differ from 0, still fixed per plan). A candidate, not yet run
-            on a GPU: docs/benchmarks/gdn_speed_plan.md.
+            rounding (bits differ from 0, still fixed per plan). The rule's choice on
+            CUDA at 16-bit K = 128 (docs/benchmarks/gdn_speed_plan.md); 2 = form 1 with
+            the state (and dS) held as K slices of ``min(64, block_k)`` rows, one
+            ``[64, block_v]`` fp32 accumulator per slice (FLA's ``b_h1``, ``b_h2``;
+            kernels/rec_slice.py): each slice updates with its own dots, and ``w S`` /
+            ``k dS`` sum one dot per slice in slice order (other bits than 1, fixed per
+            plan). Never chosen by the rule; a candidate, not yet run on a GPU.
         prep_block: 0 = the chunk prep forms w and u as whole ``[64, K]`` / ``[64, V]``
             tiles (the rule's choice); a power of two >= 16 (on CUDA >= 32 with 16-bit
             intermediates, see :func:`cuda_plan_problem`) =
@@ -143,7 +148,8 @@ class GDNDetPlan(Plan):
         if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "rec_form", "local_form")
+        self.require_flags("store_16bit", "keep_a", "local_form")
+        self.require_in_range("rec_form", 0, 2)
         self.require_power_of_two("block_k_local", minimum=16)
         if self.block_k_local > self.block_k:
             self._fail("block_k_local must be <= block_k")
