@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:9e26260e2081fb081dc6dbd58d13deab8a9c4e5416d91c6551f55132007f817f"
+SOURCE_DIGEST = "sha256:cb7f8d8102e988db54b0f08de19ae29fcd034cc1710870810dd1518072ad3c6f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

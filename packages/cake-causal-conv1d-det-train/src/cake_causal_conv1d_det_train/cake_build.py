@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:676404db38c6398d4e67fa1d4fef9d1050ee13253242a20d16205c6a94bf9293"
+SOURCE_DIGEST = "sha256:4a70973cefc451300b8268d754bf9a4458743f2e118d2f75d4472ce8f56c6c88"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:59e8b72dbae1ef4a19b172c71c6848abfc71c0cf79281a80211fd53b6963e08a"
+SOURCE_DIGEST = "sha256:c3ade548b26b51aea496834c0633323fd48282297436ff07c4ac02be4f46e2ff"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:152968cdd1c110682ee067f1f7a4bec73aaa4ccc64c148c23027b2629deb00d2"
+SOURCE_DIGEST = "sha256:17c33f3ad511fba6a0ba930b38ea9edaacd1362f9b658cc155fe4096d88a30e7"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0dfc7e4106ffafd6bd15097b2bb897c260e6f261a5ced4579e059d04392e931d"
+SOURCE_DIGEST = "sha256:08a4cf94be410c2d79abe2546aa894262512475e6592eac5846bc02407d606fa"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b4a318ff33d294463b733d6bcdc935d72db5aa41bb0e0f2f6900cae4c2bc1b7e"
+SOURCE_DIGEST = "sha256:8ba34c6868b8c831e4b0bc83914a01e4afcc7a38debb4e242fba7952cb3c5f2e"
 # --- end of generated block ---
 
 MANIFEST = {

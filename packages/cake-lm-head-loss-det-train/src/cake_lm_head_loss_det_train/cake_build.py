@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fe3c643e98c8530e627736e6fddf3a4dd2bdeddee913a88e215a366a88d90c9b"
+SOURCE_DIGEST = "sha256:619a43771f36d5f5becb5c4fda861e2978d672e74871783b4cd2182b8baddaed"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "allow_tf32"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f6c8de8554607db1f8dfde2ef711cefdeb64af63cc511a3e1ba651f54c72bf77"
+SOURCE_DIGEST = "sha256:747babecac9de92462d34d194eb885dd5d592ebdf4889b11769dd3c04d2204bc"
 # --- end of generated block ---
 
 MANIFEST = {

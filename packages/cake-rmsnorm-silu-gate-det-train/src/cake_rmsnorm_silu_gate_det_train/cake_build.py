@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9624b9aaae6a4e3ccd8122748b44805e599d77ab851fcc3132dd8dadde5a491f"
+SOURCE_DIGEST = "sha256:dc725a602c7bc8bc56440ab05cfeffdaedfaba7413d6dc54a4a5abc9627bd07f"
 # --- end of generated block ---
 
 MANIFEST = {
