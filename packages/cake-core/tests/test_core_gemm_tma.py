@@ -115,9 +115,43 @@ def test_tma_refusals():
         matmul(base[1:].view(32, 24), b, out, tma=True)
     with pytest.raises(ValueError, match="<= 256"):
         matmul(a, b, out, tma=True, block_m=512)
-    with pytest.raises(ValueError, match="needs tma"):
+    with pytest.raises(ValueError, match="need tma"):
         matmul(a, b, out, persistent=True)
     with pytest.raises(ValueError, match="partials"):
         matmul(a, b, out, split=2, tma=True)
     assert tma_layout_problem(a) is None and tma_layout_problem(b.t()) is None
     assert "2-D" in tma_layout_problem(a[0])
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_tma_store_epilogue_same_bits(dtype, persistent):
+    """The TMA-store epilogue (matmul's default for a 16-bit unsplit output) writes the same
+    values as the masked pointer stores, edge tiles clipped (96 x 80 at 64 x 64 tiles)."""
+    dy, x, ref = _wgrad_inputs(dtype, seed=40)
+    outs = []
+    for store in (None, True, False):
+        out = poison_(torch.empty(N, K, dtype=dtype, device=DEV))
+        matmul(dy.t(), x, out, tma=True, persistent=persistent, tma_store=store, **TILES)
+        outs.append(out)
+    assert_close_to_reference(outs[0], ref, dtype)
+    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[1], outs[2])
+    # a strided (column-major) output: pointer stores under the default, refused if forced
+    out_t = poison_(torch.empty(K, N, dtype=dtype, device=DEV)).t()
+    matmul(dy.t(), x, out_t, tma=True, persistent=persistent, **TILES)
+    assert bitwise_equal(out_t.contiguous(), outs[0])
+    with pytest.raises(ValueError, match="tma_store=True"):
+        matmul(dy.t(), x, out_t, tma=True, tma_store=True, **TILES)
+
+
+def test_tma_store_refusals():
+    dy, x, _ = _wgrad_inputs(torch.bfloat16, seed=41)
+    out = torch.empty(N, K, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="tma_store=True"):
+        matmul(dy.t(), x, out, split=2, partials=torch.empty(2, N, K, device=DEV), tma=True,
+               tma_store=True, **TILES)
+    with pytest.raises(ValueError, match="tma_store=True"):
+        matmul(dy.t(), x, torch.zeros(N, K, device=DEV), accumulate=True, tma=True,
+               tma_store=True, **TILES)
+    with pytest.raises(ValueError, match="need tma=True"):
+        matmul(dy.t(), x, out, tma_store=True, **TILES)

@@ -9,10 +9,12 @@ Compiles ``dW[N, K] = dyᵀ[N, M] · x[M, K]`` as the dense package launches it:
 kernel (``cake_core.gemm.matmul_kernel``, ``wgrad_tma = 0``) with ``a = dy.t()`` (unit row
 stride) and the TMA kernel (``matmul_tma_kernel``, ``wgrad_tma = 1``; ``2`` = persistent)
 with dy read as ``[block_k, block_m]`` tiles of the row-major dy and transposed in
-registers, at the CUDA rule's wgrad tiles: 128x256x64 (8 warps, 3 stages) and 128x128x64
-(8 warps, 3 stages). The output is written cast (``dW``) or, with ``--main-grad``, added
-into an fp32 ``main_grad``. Uses Triton's own compiler (GPUTarget("cuda", 90, 32)) and its
-bundled cuobjdump. Static facts, not timings: to be confirmed on the GPU.
+registers, with the TMA-store epilogue matmul picks for a 16-bit dW and with the pointer
+epilogue (used for the fp32 main_grad accumulate and split partial planes), at the CUDA
+rule's wgrad tiles: 128x256x64 and 128x128x64 (8 warps, 3 stages). The output is written
+cast (``dW``) or, with ``--main-grad``, added into an fp32 ``main_grad``. Uses Triton's own
+compiler (GPUTarget("cuda", 90, 32)) and its bundled cuobjdump. Static facts, not timings:
+to be confirmed on the GPU.
 Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
 """
 
@@ -95,19 +97,28 @@ def main():
         rows.append((f"pointer {bm}x{bn}x{bk}", warps, stages,
                      *build(matmul_kernel, t, c, ("A", "B", "C", "BIAS", "SCALE", "stride_ak",
                                                   "stride_bk", "stride_cm"), warps, stages)))
+        # matmul's rule: a TMA store for a 16-bit dW (split 1), pointer stores otherwise
+        stores = (False,) if a.main_grad else (True, False)
         for persistent in (False, True):
-            t = {"A_DESC": f"tensordesc<{dt}[{bk}, {bm}]>",  # tiles of row-major dy [M, N]
-                 "B_DESC": f"tensordesc<{dt}[{bk}, {bn}]>",  # tiles of row-major x [M, K]
-                 "C": c_ty,
-                 **{n: "i32" for n in ("M", "N", "K", "k_per_split", "n_tiles_m", "n_tiles_n",
-                                        "n_splits", "stride_cs", "stride_cm")}}
-            c = dict(common, stride_cn=1, A_T=True, B_T=False, PERSISTENT=persistent)
-            name = f"tma{'-persist' if persistent else ''} {bm}x{bn}x{bk}"
-            rows.append((name, warps, stages,
-                         *build(matmul_tma_kernel, t, c, ("C", "stride_cm"), warps, stages)))
+            for c_tma in stores:
+                t = {"A_DESC": f"tensordesc<{dt}[{bk}, {bm}]>",  # tiles of row-major dy
+                     "B_DESC": f"tensordesc<{dt}[{bk}, {bn}]>",  # tiles of row-major x
+                     "C": c_ty, "C_DESC": f"tensordesc<{dt}[{bm}, {bn}]>",
+                     **{n: "i32" for n in ("M", "N", "K", "k_per_split", "n_tiles_m",
+                                            "n_tiles_n", "n_splits", "stride_cs",
+                                            "stride_cm")}}
+                c = dict(common, stride_cn=1, A_T=True, B_T=False, PERSISTENT=persistent,
+                         C_TMA=c_tma)
+                if not c_tma:
+                    c["C_DESC"] = None
+                name = (f"tma{'-persist' if persistent else ''} {bm}x{bn}x{bk} "
+                        f"{'tma-store' if c_tma else 'ptr-store'}")
+                rows.append((name, warps, stages,
+                             *build(matmul_tma_kernel, t, c, ("C", "stride_cm"), warps,
+                                    stages)))
     print(f"dtype {dt}, output {'fp32 main_grad (accumulate)' if a.main_grad else dt + ' dW'}")
     for what, warps, stages, regs, spills, smem, ptx, counts in rows:
-        print(f"{what:26s} warps={warps} stages={stages} regs={regs} stack={spills} "
+        print(f"{what:36s} warps={warps} stages={stages} regs={regs} stack={spills} "
               f"smem={smem} | PTX " + " ".join(f"{k}={v}" for k, v in ptx.items())
               + " | SASS " + " ".join(f"{k}={v}" for k, v in counts.items()))
 

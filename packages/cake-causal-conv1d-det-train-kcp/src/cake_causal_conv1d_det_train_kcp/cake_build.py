@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:cb7f8d8102e988db54b0f08de19ae29fcd034cc1710870810dd1518072ad3c6f"
+SOURCE_DIGEST = "sha256:c5561d8aeac3a9a07fc750f1360f0c5589ea0760d8d6555eaf25d01539213e84"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

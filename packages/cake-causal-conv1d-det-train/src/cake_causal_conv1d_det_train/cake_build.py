@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4a70973cefc451300b8268d754bf9a4458743f2e118d2f75d4472ce8f56c6c88"
+SOURCE_DIGEST = "sha256:7de21d19a3204a17dfaee9bf7b43150d19d91682ac00234fdb7ad009d6e3fa8f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -36,7 +36,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:126f26a1a1c35a10395fdfea105a5f2f2412693197d80efdfec554fce43f2906"
+SOURCE_DIGEST = "sha256:07ec8e20c9a1c364fe4a1aa4e750b994df837e14411b29d3bfd03f231ffefb72"
 # --- end of generated block ---
 
 MANIFEST = {

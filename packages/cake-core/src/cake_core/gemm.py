@@ -11,16 +11,17 @@ Families that multiply (dense projection, LM-head loss, MoE grouped GEMM) reuse 
 - :func:`ordered_sum_kernel`: ``out = partial[0] + partial[1] + ... + partial[S-1]`` in index
   order, in fp32 (one sequential add per slice, the same order in every tile), written cast
   to ``out``'s dtype or added into an fp32 accumulator (Megatron's ``main_grad``).
-
 - :func:`matmul_tma_kernel`: the same product (no bias, no scale) with A and B read through
   TMA tensor descriptors (host-side :class:`triton.tools.tensor_descriptor.TensorDescriptor`,
   so no device scratch allocator is needed) instead of masked pointer loads; out-of-range
   rows and columns come back as zeros from the descriptor. A transposed operand (``dy.t()``
   of the dense wgrad) is described as its row-major source and each tile is transposed in
-  registers before the dot. Optionally persistent: a fixed grid of programs, program ``p``
-  computing work items ``p, p + P, p + 2P, ...`` (each output tile of each slice written by
-  exactly one program, its K order the same as in the one-program-per-tile launch, so the
-  bits do not depend on P or on timing). Off unless ``matmul(..., tma=True)``.
+  registers before the dot. The epilogue writes a bf16/fp16 output of an unsplit product
+  through a TMA store, and otherwise (fp32 accumulate, partial planes) uses masked pointer
+  stores as :func:`matmul_kernel` does. Optionally persistent: a fixed grid of programs,
+  program ``p`` computing work items ``p, p + P, p + 2P, ...`` (each output tile of each
+  slice written by exactly one program, its K order the same as in the one-program-per-tile
+  launch, so the bits do not depend on P or on timing). Off unless ``matmul(..., tma=True)``.
 
 No atomics anywhere, so equal inputs, launch parameters and hardware give equal bits. The
 host helpers :func:`matmul` and :func:`ordered_sum` launch them; kernels and helpers never
@@ -106,9 +107,9 @@ def matmul_kernel(
 
 
 @triton.jit
-def _tma_tile(A_DESC, B_DESC, C, tile, s, M, N, K, k_per_split, n_tiles_m, n_tiles_n,
+def _tma_tile(A_DESC, B_DESC, C, C_DESC, tile, s, M, N, K, k_per_split, n_tiles_m, n_tiles_n,
               stride_cs, stride_cm, stride_cn,
-              A_T: tl.constexpr, B_T: tl.constexpr, ACCUMULATE: tl.constexpr,
+              A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
               IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """Output tile ``tile`` (grouped order, as in matmul_kernel) of reduction slice ``s``."""
@@ -132,21 +133,26 @@ def _tma_tile(A_DESC, B_DESC, C, tile, s, M, N, K, k_per_split, n_tiles_m, n_til
         else:
             b = B_DESC.load([k0, off_n])
         acc = _mma(a, b, acc, IEEE)
-    rm = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
-    rn = (off_n + tl.arange(0, BLOCK_N)).to(tl.int64)
-    c_ptrs = C + s.to(tl.int64) * stride_cs + rm[:, None] * stride_cm + rn[None, :] * stride_cn
-    cmask = (rm < M)[:, None] & (rn < N)[None, :]
-    if ACCUMULATE:
-        acc = tl.load(c_ptrs, mask=cmask, other=0.0) + acc
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=cmask)
+    if C_TMA:  # split 1, no accumulate: a TMA store (clipped at the edges) of the cast tile
+        C_DESC.store([off_m, off_n], acc.to(C_DESC.dtype))
+    else:
+        rm = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
+        rn = (off_n + tl.arange(0, BLOCK_N)).to(tl.int64)
+        c_ptrs = C + s.to(tl.int64) * stride_cs + rm[:, None] * stride_cm + \
+            rn[None, :] * stride_cn
+        cmask = (rm < M)[:, None] & (rn < N)[None, :]
+        if ACCUMULATE:
+            acc = tl.load(c_ptrs, mask=cmask, other=0.0) + acc
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
 def matmul_tma_kernel(
-    A_DESC, B_DESC, C,
+    A_DESC, B_DESC, C, C_DESC,
     M, N, K, k_per_split, n_tiles_m, n_tiles_n, n_splits,
     stride_cs, stride_cm, stride_cn,
-    A_T: tl.constexpr, B_T: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
+    A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
+    IEEE: tl.constexpr,
     PERSISTENT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -155,17 +161,19 @@ def matmul_tma_kernel(
 
     Not persistent: grid ``(tiles, n_splits)``, one output tile of one slice per program.
     Persistent: a 1-D grid of P programs; program p takes work items ``w = p, p + P, ...``
-    (``w = s * tiles + tile``), each computed exactly as in the other launch."""
+    (``w = s * tiles + tile``), each computed exactly as in the other launch.
+    ``C_TMA``: the cast tile is written through ``C_DESC`` (a TMA store; split 1, no
+    accumulate) instead of masked pointer stores to ``C``: the same values."""
     if PERSISTENT:
         n_tiles = n_tiles_m * n_tiles_n
         for w in range(tl.program_id(0), n_tiles * n_splits, tl.num_programs(0)):
-            _tma_tile(A_DESC, B_DESC, C, w % n_tiles, w // n_tiles, M, N, K, k_per_split,
-                      n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
-                      A_T, B_T, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+            _tma_tile(A_DESC, B_DESC, C, C_DESC, w % n_tiles, w // n_tiles, M, N, K,
+                      k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
+                      A_T, B_T, C_TMA, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
-        _tma_tile(A_DESC, B_DESC, C, tl.program_id(0), tl.program_id(1), M, N, K,
+        _tma_tile(A_DESC, B_DESC, C, C_DESC, tl.program_id(0), tl.program_id(1), M, N, K,
                   k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
-                  A_T, B_T, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                  A_T, B_T, C_TMA, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
 
 @triton.jit
@@ -225,7 +233,7 @@ def _tma_desc(t: torch.Tensor, rows: int, cols: int) -> tuple[TensorDescriptor, 
 
 
 def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_n, block_k,
-                group_m, num_warps, num_stages, persistent, num_programs):
+                group_m, num_warps, num_stages, persistent, num_programs, tma_store):
     M, K = a.shape
     N = b.shape[1]
     for t, name in ((a, "a"), (b, "b")):
@@ -239,6 +247,15 @@ def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_
                          f"{TMA_MAX_BOX} (a TMA box edge), got {block_m}, {block_n}, {block_k}")
     a_desc, a_t = _tma_desc(a, block_m, block_k)
     b_desc, b_t = _tma_desc(b, block_k, block_n)
+    store_ok = split == 1 and not accumulate and out.stride(1) == 1 and \
+        tma_layout_problem(out) is None
+    if tma_store is None:  # the rule: 16-bit outputs (an fp32 tile would need its own smem)
+        tma_store = store_ok and out.element_size() == 2
+    elif tma_store and not store_ok:
+        raise ValueError("matmul(tma_store=True): needs split == 1, no accumulate and a "
+                         "row-major out TMA can write (16-byte aligned start and row stride)")
+    c_desc = TensorDescriptor(out, list(out.shape), list(out.stride()),
+                              [block_m, block_n]) if tma_store else None
     tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)
     if split == 1:
         c, k_per_split, strides = out, max(K, 1), (0, out.stride(0), out.stride(1))
@@ -259,8 +276,8 @@ def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_
     else:
         grid = (tiles_m * tiles_n, split)
     matmul_tma_kernel[grid](
-        a_desc, b_desc, c, M, N, K, k_per_split, tiles_m, tiles_n, split, *strides,
-        A_T=a_t, B_T=b_t, ACCUMULATE=accumulate and acc_in_kernel, IEEE=ieee,
+        a_desc, b_desc, c, c_desc, M, N, K, k_per_split, tiles_m, tiles_n, split, *strides,
+        A_T=a_t, B_T=b_t, C_TMA=bool(tma_store), ACCUMULATE=accumulate and acc_in_kernel, IEEE=ieee,
         PERSISTENT=bool(persistent), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     if split > 1:
@@ -275,7 +292,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
            block_m: int = 64, block_n: int = 64, block_k: int = 32, group_m: int = 8,
            num_warps: int = 4, num_stages: int = 3,
            scale: torch.Tensor | None = None, tma: bool = False, persistent: bool = False,
-           num_programs: int | None = None) -> torch.Tensor:
+           num_programs: int | None = None, tma_store: bool | None = None) -> torch.Tensor:
     """``out (+)= scale * (a @ b) (+ bias)`` with fp32 accumulation; returns ``out``.
 
     Args:
@@ -307,6 +324,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
         persistent: with ``tma``, launch ``num_programs`` programs (default: the device's SM
             count; 4 on the CPU) that walk the (tile, slice) work items in a fixed order; bits
             equal those of the non-persistent TMA launch for equal tiles.
+        tma_store: with ``tma``, write ``out`` through a TMA descriptor store instead of
+            masked pointer stores (the same values, so the same bits). ``None`` (default):
+            where it can and ``out`` is bf16/fp16 (split 1, no accumulate, ``out`` row-major,
+            16-byte aligned; an fp32 tile would need its own shared-memory buffer: 128 KiB at
+            128x256). ``True`` where it cannot: ``ValueError``.
 
     The caller checks shapes and devices; this helper only launches (no allocation).
     """
@@ -321,9 +343,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
         return _matmul_tma(a, b, out, accumulate=accumulate, split=split, partials=partials,
                            ieee=ieee, block_m=block_m, block_n=block_n, block_k=block_k,
                            group_m=group_m, num_warps=num_warps, num_stages=num_stages,
-                           persistent=persistent, num_programs=num_programs)
-    if persistent:
-        raise ValueError("matmul: persistent=True needs tma=True")
+                           persistent=persistent, num_programs=num_programs,
+                           tma_store=tma_store)
+    if persistent or tma_store:
+        raise ValueError("matmul: persistent=True and tma_store=True need tma=True")
     if scale is not None and split != 1:
         raise ValueError("matmul: scale is supported with split == 1 only")
     tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)

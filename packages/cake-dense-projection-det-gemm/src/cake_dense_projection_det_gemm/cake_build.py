@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:480bbc3fb9bb1baaaf43a6a3584a09fb6548ac1872116039b3854df94953b5ce"
+SOURCE_DIGEST = "sha256:349250d69abd951736b2137a2cbb04bb58214679049a8fe440fd5f086035cc91"
 # --- end of generated block ---
 
 MANIFEST = {

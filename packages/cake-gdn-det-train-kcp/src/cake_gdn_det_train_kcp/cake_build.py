@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c3ade548b26b51aea496834c0633323fd48282297436ff07c4ac02be4f46e2ff"
+SOURCE_DIGEST = "sha256:a3210fd8f042c6f69ed37d530480eb3432db942faf88c570ff7af7329c26e3e2"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -53,7 +53,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:17c33f3ad511fba6a0ba930b38ea9edaacd1362f9b658cc155fe4096d88a30e7"
+SOURCE_DIGEST = "sha256:2a6913dfe030643d4020fa216e2eca704a81ff08e8b7b993d80fe23fc64fd3bb"
 # --- end of generated block ---
 
 MANIFEST = {

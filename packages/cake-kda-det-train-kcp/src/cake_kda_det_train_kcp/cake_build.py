@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:08a4cf94be410c2d79abe2546aa894262512475e6592eac5846bc02407d606fa"
+SOURCE_DIGEST = "sha256:9bc0194c2008cca92d8c18668b7c9fddf191df2f2be44dbda82b10066afe0be8"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8ba34c6868b8c831e4b0bc83914a01e4afcc7a38debb4e242fba7952cb3c5f2e"
+SOURCE_DIGEST = "sha256:0d331af1949b81a910bf0e3dc88025662653e597ba84dbb1b4c0c994bcf34149"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:619a43771f36d5f5becb5c4fda861e2978d672e74871783b4cd2182b8baddaed"
+SOURCE_DIGEST = "sha256:b3208ee18a02c7d4fa79d57326a1c24b20da3e057adfe93268652c33ed99cfc4"
 # --- end of generated block ---
 
 MANIFEST = {

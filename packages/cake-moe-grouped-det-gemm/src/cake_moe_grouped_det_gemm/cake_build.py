@@ -43,7 +43,7 @@ PLANS = [
                 "allow_tf32"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:747babecac9de92462d34d194eb885dd5d592ebdf4889b11769dd3c04d2204bc"
+SOURCE_DIGEST = "sha256:fca37a3d0aac5ac997bf4aae5b94f1ffad3b39116ca7ec93f2c647a285fd82b2"
 # --- end of generated block ---
 
 MANIFEST = {
