@@ -19,6 +19,11 @@ GPU run (one H200)::
     PYTHONPATH=$(ls -d ../../*/src | paste -sd:) python3 \\
         bench_cake_dense_projection_det_gemm.py --out $OUT/dense_bench.json
 
+Plan overrides (``--plan key=val ...``, ints, applied to every shape's ``make_plan`` plan and
+recorded in the JSON), e.g. the TMA wgrad (``wgrad_tma = 1``; ``2`` = persistent)::
+
+    ... bench_cake_dense_projection_det_gemm.py --plan wgrad_tma=1 --out $OUT/dense_tma.json
+
 CPU smoke test (Triton interpreter, perf_counter timer, tiny shapes)::
 
     python3 .../bench_cake_dense_projection_det_gemm.py --device cpu --quick
@@ -31,6 +36,7 @@ anchors, as in a det training run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -64,7 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true",
                    help="also time tile/split variants of the plan per phase (each checked "
                         "against an fp32 product): the data behind make_plan's rules")
+    p.add_argument("--plan", nargs="*", default=[], metavar="KEY=VAL",
+                   help="override plan fields (ints) of every shape, e.g. wgrad_tma=1")
     return p
+
+
+def parse_overrides(items: list[str]) -> dict[str, int]:
+    """``["wgrad_tma=1", ...]`` -> ``{"wgrad_tma": 1, ...}`` (ints only)."""
+    out = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--plan: expected KEY=VAL, got {item!r}")
+        try:
+            out[key.strip()] = int(val)
+        except ValueError:
+            raise SystemExit(f"--plan: {key}: expected an int, got {val!r}") from None
+    return out
 
 
 #: (block_m, block_n, block_k, num_warps, num_stages) variants tried by --sweep.
@@ -76,7 +98,6 @@ SWEEP_SPLITS = (1, 2, 4, 8)
 
 def sweep_shape(M, N, K, x, w, dy, plan, timer: Timer) -> list[dict[str, Any]]:
     """Time each tile variant for fwd/dgrad/wgrad (and each split count for wgrad)."""
-    import dataclasses
 
     import torch
     from cake_dense_projection_det_gemm import DenseProjectionDetWorkspace
@@ -129,7 +150,7 @@ def sweep_shape(M, N, K, x, w, dy, plan, timer: Timer) -> list[dict[str, Any]]:
 
 
 def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer, check: bool,
-              sweep: bool = False):
+              sweep: bool = False, overrides: dict[str, int] | None = None):
     import torch
     from cake_core.testing import bitwise_equal
     from cake_core.testing import rel_fro_error as rel_err
@@ -142,6 +163,13 @@ def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer, check: b
     dy = torch.randn(M, N, device=device, dtype=dtype, generator=g)
     main_grad = torch.zeros(N, K, device=device, dtype=torch.float32)
     plan = make_plan(M, N, K, dtype, device)
+    if overrides:
+        from cake_dense_projection_det_gemm.plan import wgrad_tma_problem
+
+        plan = dataclasses.replace(plan, **overrides)
+        why = wgrad_tma_problem(plan, dtype)  # the launch functions skip the API's checks
+        if why is not None:
+            raise ValueError(why)
     ws = DenseProjectionDetWorkspace.for_plan(plan, device)
     parts, bparts = ws["partials"], ws["bias_partials"]
 
@@ -208,6 +236,7 @@ def markdown_shape(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    overrides = parse_overrides(args.plan)
     import torch
 
     triton = bench.import_triton()  # cake picks CUDA or the interpreter first
@@ -233,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     payload: dict[str, Any] = {"meta": meta, "results": []}
     for M, N, K in shapes:
         try:
-            res = run_shape(M, N, K, dtype, args.device, timer, not args.no_check, args.sweep)
+            res = run_shape(M, N, K, dtype, args.device, timer, not args.no_check, args.sweep,
+                            overrides)
         except Exception as exc:  # noqa: BLE001 - e.g. OOM; recorded, next shape runs
             res = {"M": M, "N": N, "K": K, "status": "error",
                    "error": f"{type(exc).__name__}: {str(exc)[:300]}"}

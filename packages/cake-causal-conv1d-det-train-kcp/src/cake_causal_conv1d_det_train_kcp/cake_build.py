@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:9e26260e2081fb081dc6dbd58d13deab8a9c4e5416d91c6551f55132007f817f"
+SOURCE_DIGEST = "sha256:c5561d8aeac3a9a07fc750f1360f0c5589ea0760d8d6555eaf25d01539213e84"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

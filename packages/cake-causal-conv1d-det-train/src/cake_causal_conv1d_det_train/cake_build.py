@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:676404db38c6398d4e67fa1d4fef9d1050ee13253242a20d16205c6a94bf9293"
+SOURCE_DIGEST = "sha256:7de21d19a3204a17dfaee9bf7b43150d19d91682ac00234fdb7ad009d6e3fa8f"
 # --- end of generated block ---
 
 MANIFEST = {

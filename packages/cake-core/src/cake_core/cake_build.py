@@ -27,6 +27,8 @@ DIGEST_EXTRA = []
 KERNELS = [
     {"module": "cake_core.gemm", "function": "_mma"},
     {"module": "cake_core.gemm", "function": "matmul_kernel"},
+    {"module": "cake_core.gemm", "function": "_tma_tile"},
+    {"module": "cake_core.gemm", "function": "matmul_tma_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
@@ -34,7 +36,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:52e3328101e7ca183811fe270e13346e43b18ad4d76bffec57dbb7506d9b1e23"
+SOURCE_DIGEST = "sha256:07ec8e20c9a1c364fe4a1aa4e750b994df837e14411b29d3bfd03f231ffefb72"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -11,6 +11,17 @@ Families that multiply (dense projection, LM-head loss, MoE grouped GEMM) reuse 
 - :func:`ordered_sum_kernel`: ``out = partial[0] + partial[1] + ... + partial[S-1]`` in index
   order, in fp32 (one sequential add per slice, the same order in every tile), written cast
   to ``out``'s dtype or added into an fp32 accumulator (Megatron's ``main_grad``).
+- :func:`matmul_tma_kernel`: the same product (no bias, no scale) with A and B read through
+  TMA tensor descriptors (host-side :class:`triton.tools.tensor_descriptor.TensorDescriptor`,
+  so no device scratch allocator is needed) instead of masked pointer loads; out-of-range
+  rows and columns come back as zeros from the descriptor. A transposed operand (``dy.t()``
+  of the dense wgrad) is described as its row-major source and each tile is transposed in
+  registers before the dot. The epilogue writes a bf16/fp16 output of an unsplit product
+  through a TMA store, and otherwise (fp32 accumulate, partial planes) uses masked pointer
+  stores as :func:`matmul_kernel` does. Optionally persistent: a fixed grid of programs,
+  program ``p`` computing work items ``p, p + P, p + 2P, ...`` (each output tile of each
+  slice written by exactly one program, its K order the same as in the one-program-per-tile
+  launch, so the bits do not depend on P or on timing). Off unless ``matmul(..., tma=True)``.
 
 No atomics anywhere, so equal inputs, launch parameters and hardware give equal bits. The
 host helpers :func:`matmul` and :func:`ordered_sum` launch them; kernels and helpers never
@@ -27,11 +38,17 @@ from __future__ import annotations
 
 import torch
 
-from cake_core.triton_utils import dot, select_backend, tl, triton
+from cake_core.triton_utils import dot, select_backend, sm_count, tl, triton
 
 select_backend()
 
-__all__ = ["matmul", "matmul_kernel", "ordered_sum", "ordered_sum_kernel"]
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+__all__ = ["matmul", "matmul_kernel", "matmul_tma_kernel", "ordered_sum", "ordered_sum_kernel",
+           "tma_layout_problem"]
+
+#: largest TMA box edge (elements) a descriptor block may have
+TMA_MAX_BOX = 256
 
 
 @triton.jit
@@ -90,6 +107,76 @@ def matmul_kernel(
 
 
 @triton.jit
+def _tma_tile(A_DESC, B_DESC, C, C_DESC, tile, s, M, N, K, k_per_split, n_tiles_m, n_tiles_n,
+              stride_cs, stride_cm, stride_cn,
+              A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
+              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile ``tile`` (grouped order, as in matmul_kernel) of reduction slice ``s``."""
+    in_group = GROUP_M * n_tiles_n
+    first_m = (tile // in_group) * GROUP_M
+    group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % in_group) % group_m
+    pid_n = (tile % in_group) // group_m
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_lo = s * k_per_split  # a multiple of BLOCK_K: a block never crosses a slice end
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if A_T:  # A_DESC describes A^T [K, M] (row-major): load [BLOCK_K, BLOCK_M], transpose
+            a = tl.trans(A_DESC.load([k0, off_m]))
+        else:
+            a = A_DESC.load([off_m, k0])
+        if B_T:  # B_DESC describes B^T [N, K]
+            b = tl.trans(B_DESC.load([off_n, k0]))
+        else:
+            b = B_DESC.load([k0, off_n])
+        acc = _mma(a, b, acc, IEEE)
+    if C_TMA:  # split 1, no accumulate: a TMA store (clipped at the edges) of the cast tile
+        C_DESC.store([off_m, off_n], acc.to(C_DESC.dtype))
+    else:
+        rm = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
+        rn = (off_n + tl.arange(0, BLOCK_N)).to(tl.int64)
+        c_ptrs = C + s.to(tl.int64) * stride_cs + rm[:, None] * stride_cm + \
+            rn[None, :] * stride_cn
+        cmask = (rm < M)[:, None] & (rn < N)[None, :]
+        if ACCUMULATE:
+            acc = tl.load(c_ptrs, mask=cmask, other=0.0) + acc
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def matmul_tma_kernel(
+    A_DESC, B_DESC, C, C_DESC,
+    M, N, K, k_per_split, n_tiles_m, n_tiles_n, n_splits,
+    stride_cs, stride_cm, stride_cn,
+    A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
+    IEEE: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """``C[s] (+)= A[:, Kslice_s] @ B[Kslice_s, :]`` with TMA-descriptor operand loads.
+
+    Not persistent: grid ``(tiles, n_splits)``, one output tile of one slice per program.
+    Persistent: a 1-D grid of P programs; program p takes work items ``w = p, p + P, ...``
+    (``w = s * tiles + tile``), each computed exactly as in the other launch.
+    ``C_TMA``: the cast tile is written through ``C_DESC`` (a TMA store; split 1, no
+    accumulate) instead of masked pointer stores to ``C``: the same values."""
+    if PERSISTENT:
+        n_tiles = n_tiles_m * n_tiles_n
+        for w in range(tl.program_id(0), n_tiles * n_splits, tl.num_programs(0)):
+            _tma_tile(A_DESC, B_DESC, C, C_DESC, w % n_tiles, w // n_tiles, M, N, K,
+                      k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
+                      A_T, B_T, C_TMA, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:
+        _tma_tile(A_DESC, B_DESC, C, C_DESC, tl.program_id(0), tl.program_id(1), M, N, K,
+                  k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
+                  A_T, B_T, C_TMA, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+
+
+@triton.jit
 def ordered_sum_kernel(P, OUT, n_parts, numel, stride_p,
                        ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr):
     """``OUT[i] (= | +=) sum_s P[s * stride_p + i]`` for s = 0, 1, ..., n_parts-1 in order."""
@@ -110,12 +197,102 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def tma_layout_problem(t: torch.Tensor, name: str = "operand") -> str | None:
+    """Why the 2-D tensor ``t`` cannot be read through a TMA descriptor (None when it can).
+
+    TMA takes a row-major or a column-major (transposed view) matrix whose other stride is a
+    multiple of 16 bytes, at a 16-byte aligned address, in fp32, bf16 or fp16."""
+    if t.dim() != 2:
+        return f"{name}: TMA operands must be 2-D, got {t.dim()}-D"
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"{name}: TMA operands must be fp32, bf16 or fp16, got {t.dtype}"
+    es = t.element_size()
+    if t.stride(1) == 1:
+        lead = t.stride(0)
+    elif t.stride(0) == 1:
+        lead = t.stride(1)
+    else:
+        return (f"{name}: TMA needs one unit stride (row- or column-major), got strides "
+                f"{tuple(t.stride())}")
+    if (lead * es) % 16:
+        return (f"{name}: TMA needs the leading stride to be a multiple of 16 bytes, got "
+                f"{lead} elements of {es} bytes (strides {tuple(t.stride())})")
+    if t.data_ptr() % 16:
+        return f"{name}: TMA needs a 16-byte aligned start address"
+    return None
+
+
+def _tma_desc(t: torch.Tensor, rows: int, cols: int) -> tuple[TensorDescriptor, bool]:
+    """A descriptor of ``t`` ``[R, C]`` with ``[rows, cols]`` blocks, or of its row-major
+    source ``t.T`` with ``[cols, rows]`` blocks when ``t`` is column-major; and whether the
+    kernel must transpose the loaded tile."""
+    if t.stride(1) == 1:
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, cols]), False
+    tt = t.t()
+    return TensorDescriptor(tt, list(tt.shape), list(tt.stride()), [cols, rows]), True
+
+
+def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_n, block_k,
+                group_m, num_warps, num_stages, persistent, num_programs, tma_store):
+    M, K = a.shape
+    N = b.shape[1]
+    for t, name in ((a, "a"), (b, "b")):
+        why = tma_layout_problem(t, name)
+        if why is not None:
+            raise ValueError(f"matmul(tma=True): {why}")
+    if K < 1:
+        raise ValueError("matmul(tma=True): the reduction dimension K must be >= 1")
+    if max(block_m, block_n, block_k) > TMA_MAX_BOX:
+        raise ValueError(f"matmul(tma=True): block_m, block_n and block_k must be <= "
+                         f"{TMA_MAX_BOX} (a TMA box edge), got {block_m}, {block_n}, {block_k}")
+    a_desc, a_t = _tma_desc(a, block_m, block_k)
+    b_desc, b_t = _tma_desc(b, block_k, block_n)
+    store_ok = split == 1 and not accumulate and out.stride(1) == 1 and \
+        tma_layout_problem(out) is None
+    if tma_store is None:  # the rule: 16-bit outputs (an fp32 tile would need its own smem)
+        tma_store = store_ok and out.element_size() == 2
+    elif tma_store and not store_ok:
+        raise ValueError("matmul(tma_store=True): needs split == 1, no accumulate and a "
+                         "row-major out TMA can write (16-byte aligned start and row stride)")
+    c_desc = TensorDescriptor(out, list(out.shape), list(out.stride()),
+                              [block_m, block_n]) if tma_store else None
+    tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)
+    if split == 1:
+        c, k_per_split, strides = out, max(K, 1), (0, out.stride(0), out.stride(1))
+        acc_in_kernel = accumulate
+    else:
+        if partials is None or tuple(partials.shape) != (split, M, N) or \
+                partials.dtype != torch.float32 or not partials.is_contiguous():
+            raise ValueError(f"partials: need a contiguous fp32 tensor [{split}, {M}, {N}]")
+        c, k_per_split, strides = partials, _cdiv(_cdiv(K, split), block_k) * block_k, \
+            tuple(partials.stride())
+        acc_in_kernel = False
+    work = tiles_m * tiles_n * split
+    if persistent:
+        p = num_programs if num_programs is not None else sm_count(out.device)
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise ValueError(f"matmul: num_programs must be an int >= 1, got {p!r}")
+        grid = (min(p, work),)
+    else:
+        grid = (tiles_m * tiles_n, split)
+    matmul_tma_kernel[grid](
+        a_desc, b_desc, c, c_desc, M, N, K, k_per_split, tiles_m, tiles_n, split, *strides,
+        A_T=a_t, B_T=b_t, C_TMA=bool(tma_store), ACCUMULATE=accumulate and acc_in_kernel, IEEE=ieee,
+        PERSISTENT=bool(persistent), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
+    if split > 1:
+        ordered_sum(partials, out=None if accumulate else out,
+                    accumulate_into=out if accumulate else None)
+    return out
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
            bias: torch.Tensor | None = None, accumulate: bool = False, split: int = 1,
            partials: torch.Tensor | None = None, allow_tf32: bool = False,
            block_m: int = 64, block_n: int = 64, block_k: int = 32, group_m: int = 8,
            num_warps: int = 4, num_stages: int = 3,
-           scale: torch.Tensor | None = None) -> torch.Tensor:
+           scale: torch.Tensor | None = None, tma: bool = False, persistent: bool = False,
+           num_programs: int | None = None, tma_store: bool | None = None) -> torch.Tensor:
     """``out (+)= scale * (a @ b) (+ bias)`` with fp32 accumulation; returns ``out``.
 
     Args:
@@ -135,6 +312,23 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
             the cast. Only with ``split == 1``.
         block_m / block_n / block_k (powers of two, >= 16), group_m, num_warps, num_stages:
             launch parameters. Equal parameters give equal bits; other ones may not.
+        tma: read ``a`` and ``b`` through TMA tensor descriptors (:func:`matmul_tma_kernel`;
+            Hopper's bulk tensor copies on sm_90+, the interpreter elsewhere) instead of
+            pointer loads. Each of ``a`` and ``b`` must be row-major or a transposed view of
+            a row-major matrix, with the other stride a multiple of 16 bytes and a 16-byte
+            aligned start (:func:`tma_layout_problem`); blocks <= 256; no ``bias``, no
+            ``scale``; K >= 1. Else ``ValueError`` before any launch (no silent fallback).
+            Same fp32 accumulation, tile order and slices as the pointer kernel: results
+            agree within rounding, bits are fixed per launch parameters (not promised equal
+            to ``tma=False``: the compiler may order the dot's inner products differently).
+        persistent: with ``tma``, launch ``num_programs`` programs (default: the device's SM
+            count; 4 on the CPU) that walk the (tile, slice) work items in a fixed order; bits
+            equal those of the non-persistent TMA launch for equal tiles.
+        tma_store: with ``tma``, write ``out`` through a TMA descriptor store instead of
+            masked pointer stores (the same values, so the same bits). ``None`` (default):
+            where it can and ``out`` is bf16/fp16 (split 1, no accumulate, ``out`` row-major,
+            16-byte aligned; an fp32 tile would need its own shared-memory buffer: 128 KiB at
+            128x256). ``True`` where it cannot: ``ValueError``.
 
     The caller checks shapes and devices; this helper only launches (no allocation).
     """
@@ -143,6 +337,16 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
     if M == 0 or N == 0:
         return out
     ieee = a.dtype == torch.float32 and not allow_tf32
+    if tma:
+        if bias is not None or scale is not None:
+            raise ValueError("matmul(tma=True): bias and scale are not supported")
+        return _matmul_tma(a, b, out, accumulate=accumulate, split=split, partials=partials,
+                           ieee=ieee, block_m=block_m, block_n=block_n, block_k=block_k,
+                           group_m=group_m, num_warps=num_warps, num_stages=num_stages,
+                           persistent=persistent, num_programs=num_programs,
+                           tma_store=tma_store)
+    if persistent or tma_store:
+        raise ValueError("matmul: persistent=True and tma_store=True need tma=True")
     if scale is not None and split != 1:
         raise ValueError("matmul: scale is supported with split == 1 only")
     tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)

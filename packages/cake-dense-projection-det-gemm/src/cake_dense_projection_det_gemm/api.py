@@ -25,10 +25,17 @@ from cake_core import (
     require_mode,
 )
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
-from cake_core.gemm import matmul  # imports Triton after cake_core picked the backend
+from cake_core.gemm import (  # imports Triton after cake_core picked the backend
+    matmul,
+    tma_layout_problem,
+)
 from cake_core.triton_utils import launch_device_check
 
-from cake_dense_projection_det_gemm.plan import DenseProjectionDetPlan, make_plan
+from cake_dense_projection_det_gemm.plan import (
+    DenseProjectionDetPlan,
+    make_plan,
+    wgrad_tma_problem,
+)
 from cake_dense_projection_det_gemm.saved import (
     DenseProjectionDetSavedSet,
     DenseProjectionDetWorkspace,
@@ -90,6 +97,9 @@ def _resolve_plan(plan, M, N: int, K: int, dtype: torch.dtype,
     if (plan.out_features, plan.in_features) != (N, K):
         raise ValueError(f"plan: made for out_features={plan.out_features}, in_features="
                          f"{plan.in_features}; inputs have N={N}, K={K}")
+    why = wgrad_tma_problem(plan, dtype)
+    if why is not None:
+        raise ValueError(f"plan: {why}")
     return plan
 
 
@@ -175,6 +185,12 @@ def _launch_bwd(dy, x, weight, plan: DenseProjectionDetPlan, partials, bias_part
     S = plan.wgrad_splits
     wt = _wgrad_tiles(plan)
     if need_dw:
+        if plan.wgrad_tma:  # TMA reads the row-major dy and x; other layouts: a copy first
+            wt.update(tma=True, persistent=plan.wgrad_tma == 2)
+            if tma_layout_problem(dy2) is not None:
+                dy2 = dy2.contiguous()
+            if tma_layout_problem(x2) is not None:
+                x2 = x2.contiguous()
         if S > 1 and partials is None:
             partials = torch.empty((S, N, K), dtype=torch.float32, device=dev)
         if main_grad is not None:
@@ -185,9 +201,9 @@ def _launch_bwd(dy, x, weight, plan: DenseProjectionDetPlan, partials, bias_part
         if S > 1 and bias_partials is None:
             bias_partials = torch.empty((S, N), dtype=torch.float32, device=dev)
         ones = dy2.new_ones((1, 1)).expand(1, M)  # dbias = 1ᵀ · dy, same slices as dW
-        matmul(ones, dy2, db.view(1, N), split=S,
+        matmul(ones, dy2, db.view(1, N), split=S,  # the pointer kernel, whatever wgrad_tma
                partials=bias_partials.view(S, 1, N) if S > 1 else None,
-               **{**wt, "block_m": 16, "allow_tf32": False})
+               **{**_wgrad_tiles(plan), "block_m": 16, "allow_tf32": False})
     return dx, dw, db
 
 

@@ -22,6 +22,8 @@ SHARED_KERNELS = [
     # the GEMMs and the ordered sum of the split-K wgrad partials (re-exported by this package's
     # kernels/)
     {"module": "cake_core.gemm", "function": "matmul_kernel"},
+    # the wgrad's TMA-descriptor GEMM (plan field wgrad_tma = 1 / 2; off by default)
+    {"module": "cake_core.gemm", "function": "matmul_tma_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
 ]
 
@@ -33,14 +35,14 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = [
     {"module": "cake_dense_projection_det_gemm.plan", "class": "DenseProjectionDetPlan",
-     "format_version": 1,
+     "format_version": 2,
      "fields": ["out_features", "in_features", "block_m", "block_n", "block_k", "group_m",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_group_m", "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits",
-                "reduce_block", "allow_tf32", "cublas_fwd_dgrad"]},
+                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:22fc9ac177d0d6f19dea259be9c5dfd629c9eaff0e1d47b5ed864670522840cc"
+SOURCE_DIGEST = "sha256:349250d69abd951736b2137a2cbb04bb58214679049a8fe440fd5f086035cc91"
 # --- end of generated block ---
 
 MANIFEST = {

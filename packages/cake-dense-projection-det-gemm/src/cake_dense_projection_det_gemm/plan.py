@@ -52,10 +52,25 @@ class DenseProjectionDetPlan(Plan):
             ``torch.mm``; deterministic per cuBLAS's own rules, with
             ``torch.use_deterministic_algorithms(True)``). 0 (default) keeps them on cake's
             kernels. The wgrad (split-K and ``main_grad``-fused) is always cake's.
+        wgrad_tma: operand loads of the wgrad GEMM. 0 (the rule's choice everywhere) = the
+            pointer kernel ``cake_core.gemm.matmul_kernel`` (masked ``tl.load``); 1 = the
+            TMA kernel ``matmul_tma_kernel`` (``matmul(..., tma=True)``: dy and x read
+            through host-side TMA tensor descriptors, dy as ``[wgrad_block_k, wgrad_block_m]``
+            tiles of the row-major dy transposed in registers; one program per output tile
+            and slice); 2 = the same TMA kernel persistent (one program per SM walking the
+            (tile, slice) items in a fixed order; same bits as 1). Same tiles, slices and
+            ordered sum; bits fixed per plan, not promised equal across the three values.
+            1 and 2 need ``N`` and ``K`` times the element size to be multiples of 16 bytes
+            (:func:`wgrad_tma_problem`); dy / x views whose layout TMA cannot read are
+            copied contiguous first. A candidate for Hopper (sm_90), built offline
+            (benchmarks/offline_build_wgrad.py) but not yet run on a GPU.
+
+    Format version 2 added ``wgrad_tma``; a version-1 dict is refused by ``from_dict``
+    (re-make the plan, or add ``wgrad_tma = 0`` and ``version = 2`` for the same launches).
     """
 
     family: ClassVar[str] = "cake-dense-projection-det-gemm"
-    format_version: ClassVar[int] = 1
+    format_version: ClassVar[int] = 2
 
     out_features: int
     in_features: int
@@ -75,6 +90,7 @@ class DenseProjectionDetPlan(Plan):
     reduce_block: int
     allow_tf32: int
     cublas_fwd_dgrad: int
+    wgrad_tma: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -85,7 +101,27 @@ class DenseProjectionDetPlan(Plan):
         self.require_warps("num_warps", "wgrad_num_warps")
         self.require_in_range("wgrad_splits", 1, MAX_WGRAD_SPLITS)
         self.require_flags("allow_tf32", "cublas_fwd_dgrad")
+        self.require_in_range("wgrad_tma", 0, 2)
+        if self.wgrad_tma and max(self.wgrad_block_m, self.wgrad_block_n,
+                                  self.wgrad_block_k) > 256:
+            self._fail("wgrad_tma needs wgrad_block_m / _n / _k <= 256 (a TMA box edge)")
         self.require_mode(Mode.DET)
+
+
+def wgrad_tma_problem(plan: DenseProjectionDetPlan, dtype: torch.dtype) -> str | None:
+    """Why ``plan`` (with ``wgrad_tma`` > 0) cannot run the TMA wgrad for inputs of
+    ``dtype`` (None when it can, or when ``wgrad_tma = 0``): TMA reads rows of dy ``[M, N]``
+    and x ``[M, K]`` whose byte lengths must be multiples of 16."""
+    if not plan.wgrad_tma:
+        return None
+    es = torch.tensor([], dtype=dtype).element_size()
+    bad = [f"{n}={v}" for n, v in (("N", plan.out_features), ("K", plan.in_features))
+           if (v * es) % 16]
+    if bad:
+        return (f"wgrad_tma={plan.wgrad_tma} needs out_features N and in_features K to be "
+                f"multiples of {16 // es} for {str(dtype)[6:]} (TMA reads 16-byte aligned rows "
+                f"of dy [M, N] and x [M, K]), got {', '.join(bad)}; use wgrad_tma=0")
+    return None
 
 _PLANS: dict[tuple, DenseProjectionDetPlan] = {}
 
@@ -131,6 +167,7 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
       The split rule counts these wgrad tiles with 4 "SMs" and MIN_SLICE 128 tokens
       (``CPU_MIN_SLICE``); no cuBLAS.
     - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
+    - ``wgrad_tma = 0`` always (the TMA wgrad is a candidate, not yet timed on a GPU).
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
@@ -189,4 +226,5 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk, wgrad_group_m=8,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
         reduce_block=reduce_block, allow_tf32=0, cublas_fwd_dgrad=int(cuda and not fp32),
+        wgrad_tma=0,
     )

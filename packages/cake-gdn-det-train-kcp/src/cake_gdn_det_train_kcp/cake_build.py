@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d69e8cd5f014e2dcd3218dbfb7300963f57272902aa99dea84a002eb097d9bdb"
+SOURCE_DIGEST = "sha256:9a591057116a9c246ad4eb94eac25559e2fdbc20177da956f34aa673b2e49afe"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

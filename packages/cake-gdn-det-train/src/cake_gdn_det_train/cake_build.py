@@ -61,7 +61,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1d2864db84d26ea32b2570b6ef01ec40cec2419b35ca8860de4e58d3cadfce34"
+SOURCE_DIGEST = "sha256:49d7a89c8dbe5fa7cf66ccca5cb1d49147c1d33affcf07cfce0cc0f975380d8a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0dfc7e4106ffafd6bd15097b2bb897c260e6f261a5ced4579e059d04392e931d"
+SOURCE_DIGEST = "sha256:9bc0194c2008cca92d8c18668b7c9fddf191df2f2be44dbda82b10066afe0be8"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b4a318ff33d294463b733d6bcdc935d72db5aa41bb0e0f2f6900cae4c2bc1b7e"
+SOURCE_DIGEST = "sha256:0d331af1949b81a910bf0e3dc88025662653e597ba84dbb1b4c0c994bcf34149"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fe3c643e98c8530e627736e6fddf3a4dd2bdeddee913a88e215a366a88d90c9b"
+SOURCE_DIGEST = "sha256:b3208ee18a02c7d4fa79d57326a1c24b20da3e057adfe93268652c33ed99cfc4"
 # --- end of generated block ---
 
 MANIFEST = {

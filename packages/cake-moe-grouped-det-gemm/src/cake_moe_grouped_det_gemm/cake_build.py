@@ -43,7 +43,7 @@ PLANS = [
                 "allow_tf32"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f6c8de8554607db1f8dfde2ef711cefdeb64af63cc511a3e1ba651f54c72bf77"
+SOURCE_DIGEST = "sha256:fca37a3d0aac5ac997bf4aae5b94f1ffad3b39116ca7ec93f2c647a285fd82b2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9624b9aaae6a4e3ccd8122748b44805e599d77ab851fcc3132dd8dadde5a491f"
+SOURCE_DIGEST = "sha256:fd3418f58ab587c4c5dcc7deecdb16e544bb3fb73bf9a678a23f16cef4fc4b77"
 # --- end of generated block ---
 
 MANIFEST = {
