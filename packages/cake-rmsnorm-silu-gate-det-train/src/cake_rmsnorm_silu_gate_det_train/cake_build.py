@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fd3418f58ab587c4c5dcc7deecdb16e544bb3fb73bf9a678a23f16cef4fc4b77"
+SOURCE_DIGEST = "sha256:5fedfe3665ef3bdbbc24b2eacc51c5412deb591ac7a930302ba8dc93e88c033e"
 # --- end of generated block ---
 
 MANIFEST = {

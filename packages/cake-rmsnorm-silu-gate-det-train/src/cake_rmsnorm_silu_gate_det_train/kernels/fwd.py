@@ -27,7 +27,9 @@ def rmsnorm_silu_gate_fwd_kernel(
     BLOCK_G: tl.constexpr, OFF64: tl.constexpr,
 ):
     # The weight loaded before the rows, rsqrt, 32-bit offsets where they fit and streaming
-    # cache hints: what took cake-rmsnorm-det-train's forward past Liger's on an H200.
+    # cache hints: device time 1.074 -> 1.043x FLA's at 524288 x 128 on an H200 (2026-11-30,
+    # docs/benchmarks/rmsnorm_silu_gate.md). cake-rmsnorm-det-train later dropped the hints
+    # (evict_first cost it 5-6% with per-call outputs); not yet re-timed here without them.
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     if OFF64:
