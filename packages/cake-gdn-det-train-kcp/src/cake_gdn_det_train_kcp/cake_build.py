@@ -63,6 +63,9 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
         {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
         {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_slices"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_slices"},
+        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_rows_at_slices"},
         {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
         {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
         {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
@@ -72,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9a591057116a9c246ad4eb94eac25559e2fdbc20177da956f34aa673b2e49afe"
+SOURCE_DIGEST = "sha256:b6d2d3b5bcf3013b76b4f29fff3e39c02e85515f0ef8c1263de7ce5db82efc57"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

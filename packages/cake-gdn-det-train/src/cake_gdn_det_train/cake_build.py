@@ -47,6 +47,9 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_slices"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_slices"},
+    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_rows_at_slices"},
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
@@ -61,7 +64,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:49d7a89c8dbe5fa7cf66ccca5cb1d49147c1d33affcf07cfce0cc0f975380d8a"
+SOURCE_DIGEST = "sha256:f6abdd14e076bf4a4c680b064cd8401a38e140f759244ddd5fd740fb886e6aa0"
 # --- end of generated block ---
 
 MANIFEST = {

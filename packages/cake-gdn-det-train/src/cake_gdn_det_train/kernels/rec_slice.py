@@ -57,6 +57,54 @@ def _st_state(base, x, KD, VD, k0, v0, BKS: tl.constexpr, BV: tl.constexpr):
 
 
 @triton.jit
+def _ld_slices(base, KD, VD, v0, BK: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
+    """The ``BK / BKS`` slices of a ``[KD, VD]`` fp32 state at columns v0.. (zero padded);
+    slices past ``BK`` (at most 4 in all) come back as zeros."""
+    x0 = _ld_state(base, KD, VD, 0, v0, BKS, BV)
+    x1 = tl.zeros([BKS, BV], dtype=tl.float32)
+    x2 = tl.zeros([BKS, BV], dtype=tl.float32)
+    x3 = tl.zeros([BKS, BV], dtype=tl.float32)
+    if BK >= 2 * BKS:
+        x1 = _ld_state(base, KD, VD, BKS, v0, BKS, BV)
+    if BK >= 4 * BKS:
+        x2 = _ld_state(base, KD, VD, 2 * BKS, v0, BKS, BV)
+        x3 = _ld_state(base, KD, VD, 3 * BKS, v0, BKS, BV)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _st_slices(base, x0, x1, x2, x3, KD, VD, v0, BK: tl.constexpr, BKS: tl.constexpr,
+               BV: tl.constexpr):
+    """Store the ``BK / BKS`` slices at columns v0.. of a ``[KD, VD]`` state (masked)."""
+    _st_state(base, x0, KD, VD, 0, v0, BKS, BV)
+    if BK >= 2 * BKS:
+        _st_state(base, x1, KD, VD, BKS, v0, BKS, BV)
+    if BK >= 4 * BKS:
+        _st_state(base, x2, KD, VD, 2 * BKS, v0, BKS, BV)
+        _st_state(base, x3, KD, VD, 3 * BKS, v0, BKS, BV)
+
+
+@triton.jit
+def _rows_at_slices(base, stride_t, T, KD, t0, x0, x1, x2, x3, DT: tl.constexpr,
+                    PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BKS: tl.constexpr, BV: tl.constexpr):
+    """``sum_i rows[:, slice i] @ x_i`` over the ``BK / BKS`` slices, in slice order: the
+    ``[BT, BV]`` fp32 product of rows t0.. of a ``[T, KD]`` view with the sliced state."""
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    a = _ld_rows(base, T, KD, stride_t, t0, 0, BT, BKS)
+    acc = tl.dot(a.to(DT), x0.to(DT), acc, input_precision=PREC)
+    if BK >= 2 * BKS:
+        a = _ld_rows(base, T, KD, stride_t, t0, BKS, BT, BKS)
+        acc = tl.dot(a.to(DT), x1.to(DT), acc, input_precision=PREC)
+    if BK >= 4 * BKS:
+        a = _ld_rows(base, T, KD, stride_t, t0, 2 * BKS, BT, BKS)
+        acc = tl.dot(a.to(DT), x2.to(DT), acc, input_precision=PREC)
+        a = _ld_rows(base, T, KD, stride_t, t0, 3 * BKS, BT, BKS)
+        acc = tl.dot(a.to(DT), x3.to(DT), acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
 def _fwd_slice_update(s, k_base, T, KD, stride_k, t0, k0, vdec, g_exp, DT: tl.constexpr,
                       PREC: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr):
     """S_i = exp(G_last) S_i + k[:, i]^T @ vdec (vdec = the decayed v_new, in ``DT``)."""
@@ -111,34 +159,15 @@ def gdn_fwd_h_slice_kernel(
     s2 = tl.zeros([BKS, BV], dtype=tl.float32)
     s3 = tl.zeros([BKS, BV], dtype=tl.float32)
     if HAS_H0:
-        s0 = _ld_state(H0 + st_off, KD, VD, 0, v0, BKS, BV)
-        if BK >= 2 * BKS:
-            s1 = _ld_state(H0 + st_off, KD, VD, BKS, v0, BKS, BV)
-        if BK >= 4 * BKS:
-            s2 = _ld_state(H0 + st_off, KD, VD, 2 * BKS, v0, BKS, BV)
-            s3 = _ld_state(H0 + st_off, KD, VD, 3 * BKS, v0, BKS, BV)
+        s0, s1, s2, s3 = _ld_slices(H0 + st_off, KD, VD, v0, BK, BKS, BV)
 
     for ic in range(0, n_chunks):
         t0 = ic * BT
         h_base = HBUF + ((c0 + ic) * HV + hv) * KD * VD
-        _st_state(h_base, s0, KD, VD, 0, v0, BKS, BV)
-        if BK >= 2 * BKS:
-            _st_state(h_base, s1, KD, VD, BKS, v0, BKS, BV)
-        if BK >= 4 * BKS:
-            _st_state(h_base, s2, KD, VD, 2 * BKS, v0, BKS, BV)
-            _st_state(h_base, s3, KD, VD, 3 * BKS, v0, BKS, BV)
+        _st_slices(h_base, s0, s1, s2, s3, KD, VD, v0, BK, BKS, BV)
         # w S, one dot per slice, summed in slice order
-        ws = tl.zeros([BT, BV], dtype=tl.float32)
-        wb = _ld_rows(w_base, T, KD, HV * KD, t0, 0, BT, BKS)
-        ws = tl.dot(wb.to(DT), s0.to(DT), ws, input_precision=PREC)
-        if BK >= 2 * BKS:
-            wb = _ld_rows(w_base, T, KD, HV * KD, t0, BKS, BT, BKS)
-            ws = tl.dot(wb.to(DT), s1.to(DT), ws, input_precision=PREC)
-        if BK >= 4 * BKS:
-            wb = _ld_rows(w_base, T, KD, HV * KD, t0, 2 * BKS, BT, BKS)
-            ws = tl.dot(wb.to(DT), s2.to(DT), ws, input_precision=PREC)
-            wb = _ld_rows(w_base, T, KD, HV * KD, t0, 3 * BKS, BT, BKS)
-            ws = tl.dot(wb.to(DT), s3.to(DT), ws, input_precision=PREC)
+        ws = _rows_at_slices(w_base, HV * KD, T, KD, t0, s0, s1, s2, s3, DT, PREC, BT, BK,
+                             BKS, BV)
         p_u = tl.make_block_ptr(u_base, (T, VD), (HV * VD, 1), (t0, v0), (BT, BV), (1, 0))
         ub = tl.load(p_u, boundary_check=(0, 1), padding_option="zero")
         v32 = ub.to(tl.float32) - ws
@@ -163,12 +192,7 @@ def gdn_fwd_h_slice_kernel(
                                    PREC, BT, BKS)
 
     if STORE_FINAL:
-        _st_state(HT + st_off, s0, KD, VD, 0, v0, BKS, BV)
-        if BK >= 2 * BKS:
-            _st_state(HT + st_off, s1, KD, VD, BKS, v0, BKS, BV)
-        if BK >= 4 * BKS:
-            _st_state(HT + st_off, s2, KD, VD, 2 * BKS, v0, BKS, BV)
-            _st_state(HT + st_off, s3, KD, VD, 3 * BKS, v0, BKS, BV)
+        _st_slices(HT + st_off, s0, s1, s2, s3, KD, VD, v0, BK, BKS, BV)
 
 
 @triton.jit
@@ -204,35 +228,16 @@ def gdn_bwd_dh_slice_kernel(
     d2 = tl.zeros([BKS, BV], dtype=tl.float32)
     d3 = tl.zeros([BKS, BV], dtype=tl.float32)
     if HAS_DHT:
-        d0 = _ld_state(DHT + st_off, KD, VD, 0, v0, BKS, BV)
-        if BK >= 2 * BKS:
-            d1 = _ld_state(DHT + st_off, KD, VD, BKS, v0, BKS, BV)
-        if BK >= 4 * BKS:
-            d2 = _ld_state(DHT + st_off, KD, VD, 2 * BKS, v0, BKS, BV)
-            d3 = _ld_state(DHT + st_off, KD, VD, 3 * BKS, v0, BKS, BV)
+        d0, d1, d2, d3 = _ld_slices(DHT + st_off, KD, VD, v0, BK, BKS, BV)
 
     for r in range(0, n_chunks):
         ic = n_chunks - 1 - r
         t0 = ic * BT
         dh_base = DH + ((c0 + ic) * HV + hv) * KD * VD
-        _st_state(dh_base, d0, KD, VD, 0, v0, BKS, BV)
-        if BK >= 2 * BKS:
-            _st_state(dh_base, d1, KD, VD, BKS, v0, BKS, BV)
-        if BK >= 4 * BKS:
-            _st_state(dh_base, d2, KD, VD, 2 * BKS, v0, BKS, BV)
-            _st_state(dh_base, d3, KD, VD, 3 * BKS, v0, BKS, BV)
+        _st_slices(dh_base, d0, d1, d2, d3, KD, VD, v0, BK, BKS, BV)
         # k dS, one dot per slice, summed in slice order
-        kd = tl.zeros([BT, BV], dtype=tl.float32)
-        kb = _ld_rows(k_base, T, KD, H * KD, t0, 0, BT, BKS)
-        kd = tl.dot(kb.to(DT), d0.to(DT), kd, input_precision=PREC)
-        if BK >= 2 * BKS:
-            kb = _ld_rows(k_base, T, KD, H * KD, t0, BKS, BT, BKS)
-            kd = tl.dot(kb.to(DT), d1.to(DT), kd, input_precision=PREC)
-        if BK >= 4 * BKS:
-            kb = _ld_rows(k_base, T, KD, H * KD, t0, 2 * BKS, BT, BKS)
-            kd = tl.dot(kb.to(DT), d2.to(DT), kd, input_precision=PREC)
-            kb = _ld_rows(k_base, T, KD, H * KD, t0, 3 * BKS, BT, BKS)
-            kd = tl.dot(kb.to(DT), d3.to(DT), kd, input_precision=PREC)
+        kd = _rows_at_slices(k_base, H * KD, T, KD, t0, d0, d1, d2, d3, DT, PREC, BT, BK,
+                             BKS, BV)
         p_do = tl.make_block_ptr(do_base, (T, VD), (HV * VD, 1), (t0, v0), (BT, BV), (1, 0))
         p_dv = tl.make_block_ptr(dv_base, (T, VD), (HV * VD, 1), (t0, v0), (BT, BV), (1, 0))
         dob = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -259,9 +264,4 @@ def gdn_bwd_dh_slice_kernel(
                                    dos, dvb, g_exp, DT, PREC, BT, BKS, BV)
 
     if STORE_DH0:
-        _st_state(DH0 + st_off, d0, KD, VD, 0, v0, BKS, BV)
-        if BK >= 2 * BKS:
-            _st_state(DH0 + st_off, d1, KD, VD, BKS, v0, BKS, BV)
-        if BK >= 4 * BKS:
-            _st_state(DH0 + st_off, d2, KD, VD, 2 * BKS, v0, BKS, BV)
-            _st_state(DH0 + st_off, d3, KD, VD, 3 * BKS, v0, BKS, BV)
+        _st_slices(DH0 + st_off, d0, d1, d2, d3, KD, VD, v0, BK, BKS, BV)
