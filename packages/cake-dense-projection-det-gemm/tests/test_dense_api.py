@@ -138,11 +138,13 @@ def test_cuda_plan_rule_on_an_h200_sized_device(monkeypatch):
     import cake_dense_projection_det_gemm.plan as plan_mod
 
     monkeypatch.setattr(plan_mod, "sm_count", lambda device: 132)
+    monkeypatch.setattr(plan_mod, "cuda_capability", lambda device: (9, 0))
     cuda = torch.device("cuda", 0)
     big = plan_mod._rule(16384, 4096, 4096, torch.bfloat16, cuda)
     assert (big.block_m, big.block_n, big.block_k, big.num_warps) == (128, 256, 64, 8)
     assert big.wgrad_splits == 1 and big.cublas_fwd_dgrad == 1
     assert (big.wgrad_block_m, big.wgrad_block_n, big.wgrad_block_k) == (128, 256, 64)
+    assert big.wgrad_tma == 1 and big.wgrad_num_stages == 4
     thin = plan_mod._rule(4096, 128, 8192, torch.bfloat16, cuda)
     assert thin.wgrad_splits == 1  # 64 wgrad tiles, but 4096 tokens make one slice
     assert (thin.wgrad_block_m, thin.wgrad_block_n) == (128, 128)

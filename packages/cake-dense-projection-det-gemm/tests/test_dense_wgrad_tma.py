@@ -1,5 +1,6 @@
-"""The TMA wgrad (plan field ``wgrad_tma``, off by default) under the interpreter: autograd
-end to end vs float64, bitwise repeats, splits with main_grad, refusals, plan format."""
+"""The TMA wgrad (plan field ``wgrad_tma``; the CUDA rule picks it on Hopper) under the
+interpreter: autograd end to end vs float64, bitwise repeats, splits with main_grad,
+refusals, plan format."""
 
 import dataclasses
 
@@ -92,10 +93,20 @@ def test_wgrad_tma_refusals_and_rule(monkeypatch):
     import cake_dense_projection_det_gemm.plan as plan_mod
 
     monkeypatch.setattr(plan_mod, "sm_count", lambda device: 132)  # an H200-sized rule
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for m, n, k in ((4, 8, 16), (200, 96, 80), (16384, 4096, 4096), (4096, 128, 8192)):
-            assert make_plan(m, n, k, dtype, DEV).wgrad_tma == 0
-            assert plan_mod._rule(m, n, k, dtype, torch.device("cuda")).wgrad_tma == 0
+    cuda = torch.device("cuda")
+    for cap in ((8, 0), (9, 0)):
+        monkeypatch.setattr(plan_mod, "cuda_capability", lambda device, cap=cap: cap)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for m, n, k in ((4, 8, 16), (200, 96, 80), (16384, 4096, 4096), (4096, 128, 8192),
+                            (64, 100, 64), (64, 64, 100)):
+                if DEV == "cpu":
+                    assert make_plan(m, n, k, dtype, DEV).wgrad_tma == 0  # the interpreter
+                p = plan_mod._rule(m, n, k, dtype, cuda)
+                # TMA on Hopper+ for 16-bit inputs whose rows are 16-byte multiples
+                tma = cap >= (9, 0) and dtype != torch.float32 and n % 8 == 0 and k % 8 == 0
+                assert p.wgrad_tma == int(tma), (cap, dtype, m, n, k)
+                assert p.wgrad_num_stages == (4 if tma else 3)
+                assert wgrad_tma_problem(p, dtype) is None
     # rows of 100 bf16 = 200 bytes (not a multiple of 16); fp32 100 * 4 = 400 is
     plan = dataclasses.replace(make_plan(64, 100, 64, torch.bfloat16, DEV), wgrad_tma=1)
     assert "multiples of 8" in wgrad_tma_problem(plan, torch.bfloat16)

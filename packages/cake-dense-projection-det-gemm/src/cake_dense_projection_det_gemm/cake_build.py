@@ -22,7 +22,7 @@ SHARED_KERNELS = [
     # the GEMMs and the ordered sum of the split-K wgrad partials (re-exported by this package's
     # kernels/)
     {"module": "cake_core.gemm", "function": "matmul_kernel"},
-    # the wgrad's TMA-descriptor GEMM (plan field wgrad_tma = 1 / 2; off by default)
+    # the wgrad's TMA-descriptor GEMM (wgrad_tma = 1 / 2; the rule: 1 on Hopper, 16-bit)
     {"module": "cake_core.gemm", "function": "matmul_tma_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
 ]
@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:349250d69abd951736b2137a2cbb04bb58214679049a8fe440fd5f086035cc91"
+SOURCE_DIGEST = "sha256:7039f70c34f0d91561b24e0208c4d9655b699aa94ccf100f1fa97245cbdd34fc"
 # --- end of generated block ---
 
 MANIFEST = {

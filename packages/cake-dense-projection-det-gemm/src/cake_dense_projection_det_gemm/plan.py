@@ -52,7 +52,7 @@ class DenseProjectionDetPlan(Plan):
             ``torch.mm``; deterministic per cuBLAS's own rules, with
             ``torch.use_deterministic_algorithms(True)``). 0 (default) keeps them on cake's
             kernels. The wgrad (split-K and ``main_grad``-fused) is always cake's.
-        wgrad_tma: operand loads of the wgrad GEMM. 0 (the rule's choice everywhere) = the
+        wgrad_tma: operand loads of the wgrad GEMM. 0 = the
             pointer kernel ``cake_core.gemm.matmul_kernel`` (masked ``tl.load``); 1 = the
             TMA kernel ``matmul_tma_kernel`` (``matmul(..., tma=True)``: dy and x read
             through host-side TMA tensor descriptors, dy as ``[wgrad_block_k, wgrad_block_m]``
@@ -62,8 +62,8 @@ class DenseProjectionDetPlan(Plan):
             ordered sum; bits fixed per plan, not promised equal across the three values.
             1 and 2 need ``N`` and ``K`` times the element size to be multiples of 16 bytes
             (:func:`wgrad_tma_problem`); dy / x views whose layout TMA cannot read are
-            copied contiguous first. A candidate for Hopper (sm_90), built offline
-            (benchmarks/offline_build_wgrad.py) but not yet run on a GPU.
+            copied contiguous first. The rule picks 1 on Hopper or newer for 16-bit
+            inputs with aligned N and K (see :func:`make_plan`), 0 elsewhere.
 
     Format version 2 added ``wgrad_tma``; a version-1 dict is refused by ``from_dict``
     (re-make the plan, or add ``wgrad_tma = 0`` and ``version = 2`` for the same launches).
@@ -126,6 +126,11 @@ def wgrad_tma_problem(plan: DenseProjectionDetPlan, dtype: torch.dtype) -> str |
 _PLANS: dict[tuple, DenseProjectionDetPlan] = {}
 
 
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device (a rule input; tests patch it)."""
+    return torch.cuda.get_device_capability(device)
+
+
 def _int(v, name: str, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
         raise ValueError(f"{name}: must be an int >= {lo}, got {v!r}")
@@ -167,7 +172,14 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
       The split rule counts these wgrad tiles with 4 "SMs" and MIN_SLICE 128 tokens
       (``CPU_MIN_SLICE``); no cuBLAS.
     - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
-    - ``wgrad_tma = 0`` always (the TMA wgrad is a candidate, not yet timed on a GPU).
+    - CUDA wgrad on Hopper or newer (compute capability >= 9), bf16/fp16, N and K multiples
+      of 8 (TMA reads 16-byte rows): ``wgrad_tma = 1`` (TMA-descriptor operand loads) with 4
+      stages. Measured on an H200 (docs/benchmarks/dense_projection.md, session 11): with
+      the 128×256 tiles 0.97-1.03x cuBLAS's time on the three large shapes (pointer loads:
+      1.25-1.29x), ``+ main_grad`` 0.95-1.07x (3 stages: 0.98-1.13x); 128×128 at 4096×128×8192
+      0.046 ms against the pointer kernel's 0.051. The persistent form (``wgrad_tma = 2``)
+      was not faster and is slower on the skinny shape; it stays opt-in. Elsewhere
+      (CPU, fp32, older GPUs, unaligned N or K): ``wgrad_tma = 0``, the pointer kernel.
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
@@ -208,6 +220,11 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
             wbm, wbn = 128, 128
         wbk, wwarps, wstages = bk, 8, 3
         min_slice, reduce_block = 4096, 1024
+        es = 2 if not fp32 else 4
+        tma = int(not fp32 and cuda_capability(device)[0] >= 9
+                  and (N * es) % 16 == 0 and (K * es) % 16 == 0)
+        if tma:
+            wstages = 4
     else:
         def fit(d: int) -> int:
             return max(CPU_TILE_MIN, min(CPU_TILE_MAX, next_power_of_2(d)))
@@ -218,6 +235,7 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         warps = wwarps = 4
         stages = wstages = 1
         min_slice, reduce_block = CPU_MIN_SLICE, 4096
+        tma = 0
     tiles = _cdiv(N, wbm) * _cdiv(K, wbn)
     splits = 1 if tiles >= sms else max(1, min(sms // tiles, M // min_slice, MAX_WGRAD_SPLITS))
     return DenseProjectionDetPlan(
@@ -226,5 +244,5 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk, wgrad_group_m=8,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
         reduce_block=reduce_block, allow_tf32=0, cublas_fwd_dgrad=int(cuda and not fp32),
-        wgrad_tma=0,
+        wgrad_tma=tma,
     )

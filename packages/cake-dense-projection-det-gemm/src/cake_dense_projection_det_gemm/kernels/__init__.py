@@ -3,7 +3,7 @@
 The GEMMs are cake-core's shared kernels (:mod:`cake_core.gemm`): ``matmul_kernel`` runs the
 forward, dgrad, wgrad (split-K over tokens) and dbias (a ones row times dy),
 ``matmul_tma_kernel`` the wgrad instead when the plan sets ``wgrad_tma`` (TMA-descriptor
-operand loads; off by default), and
+operand loads; the rule's choice on Hopper for 16-bit inputs), and
 ``ordered_sum_kernel`` adds the wgrad/dbias partial planes in slice order.
 """
 
