@@ -197,7 +197,8 @@ def test_plan_rules_and_roundtrip():
     p = make_plan(4096, 128256, torch.bfloat16, "cuda")
     assert p.chunk_tokens == 1280 and p.grad_in_forward == 1 and p.check_labels == 1
     assert p.cublas_gemms == 1 and (p.dw_block_m, p.dw_block_n) == (128, 256)
-    assert make_plan(4096, 32000, torch.bfloat16, "cuda").chunk_tokens == 4096
+    assert make_plan(4096, 32000, torch.bfloat16, "cuda").chunk_tokens == 1280
+    assert make_plan(512, 32000, torch.bfloat16, "cuda").chunk_tokens == 1024  # the floor
     assert make_plan(4096, 151936, torch.bfloat16, "cuda").chunk_tokens == 1280
     assert make_plan(4096, 151936, torch.float32, "cuda").cublas_gemms == 0
     assert make_plan(64, 100, torch.bfloat16, "cpu").cublas_gemms == 0

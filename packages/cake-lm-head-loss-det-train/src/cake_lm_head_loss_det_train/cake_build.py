@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b3208ee18a02c7d4fa79d57326a1c24b20da3e057adfe93268652c33ed99cfc4"
+SOURCE_DIGEST = "sha256:25376eae537e85303f0bcc77265bbb98737d09c7b5eac708d9795f10372ce488"
 # --- end of generated block ---
 
 MANIFEST = {
