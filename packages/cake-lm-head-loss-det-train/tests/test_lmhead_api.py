@@ -197,8 +197,8 @@ def test_plan_rules_and_roundtrip():
     p = make_plan(4096, 128256, torch.bfloat16, "cuda")
     assert p.chunk_tokens == 1280 and p.grad_in_forward == 1 and p.check_labels == 1
     assert p.cublas_gemms == 1 and (p.dw_block_m, p.dw_block_n) == (128, 256)
-    assert make_plan(4096, 32000, torch.bfloat16, "cuda").chunk_tokens == 1280
-    assert make_plan(512, 32000, torch.bfloat16, "cuda").chunk_tokens == 1024  # the floor
+    assert make_plan(4096, 32000, torch.bfloat16, "cuda").chunk_tokens == 2048
+    assert make_plan(512, 32000, torch.bfloat16, "cuda").chunk_tokens == 2048  # the floor
     assert make_plan(4096, 151936, torch.bfloat16, "cuda").chunk_tokens == 1280
     assert make_plan(4096, 151936, torch.float32, "cuda").cublas_gemms == 0
     assert make_plan(64, 100, torch.bfloat16, "cpu").cublas_gemms == 0
@@ -218,6 +218,33 @@ def test_plan_rules_and_roundtrip():
                      ("cublas_gemms", 2), ("defer_dw_tokens", -1)):
         with pytest.raises(ValueError, match=field):
             LMHeadLossDetPlan.from_dict({**good, field: v})
+
+
+@pytest.mark.parametrize("main", [False, True])
+def test_eager_inplace_scaling_same_bits_and_second_backward_refused(main):
+    """The eager backward scales the kept dhidden / fp32 dW32 in place (chunked route):
+    the same bits as the low-level backward's scaled copies, and a second backward through
+    the same graph is refused by autograd's version check instead of scaling twice."""
+    h, w, b, y = _data(dtype=torch.bfloat16)
+    plan = dataclasses.replace(make_plan(24, 300, torch.bfloat16, DEV), chunk_tokens=16,
+                               grad_in_forward=1, defer_dw_tokens=0)
+    start = randn((300, 24), torch.float32, DEV, seed=9)
+    mg = start.clone() if main else None
+    (loss, _), saved = lm_head_loss_det_fwd(h, w, y, bias=b, plan=plan)
+    up = torch.tensor(0.7, device=DEV)
+    g = lm_head_loss_det_bwd(up, saved, main_grad=mg)
+    hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+    mg2 = start.clone() if main else None
+    loss2 = lm_head_loss_det(hh, ww, y, bias=bb, plan=plan, main_grad=mg2)
+    loss2.backward(up, retain_graph=True)
+    assert bitwise_equal(loss, loss2) and bitwise_equal(g.dhidden, hh.grad)
+    assert bitwise_equal(g.dbias, bb.grad)
+    if main:
+        assert ww.grad is None and bitwise_equal(mg, mg2)
+    else:
+        assert bitwise_equal(g.dweight, ww.grad)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss2.backward(up)
 
 
 def test_double_backward_refused_not_silent():

@@ -326,9 +326,14 @@ def _scaled_rows(src32, g, dst, *, accumulate: bool, rows_per_step: int = 0):
 
 
 def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, cfg,
-                   plan, bufs, main_grad, need_dh, need_dw, need_db, gif):
+                   plan, bufs, main_grad, need_dh, need_dw, need_db, gif, inplace=False):
     """Returns (dh, dw, db) as tensors, empty ``(0,)`` where not needed (dw also when
-    main_grad took it). ``gif``: the forward computed the gradients (dh_s, dw32_s, db32_s)."""
+    main_grad took it). ``gif``: the forward computed the gradients (dh_s, dw32_s, db32_s).
+    ``inplace`` (the eager path): scale the saved dh_s and fp32 dw32_s in place instead of
+    into new tensors (the same roundings, so the same bits; dh is then dh_s itself), which
+    keeps the backward's peak at the saved gradients plus the new dweight; autograd's version
+    check then refuses a second backward through the same graph. The custom-op path keeps
+    copies (an op's outputs may not alias its inputs)."""
     red = cfg[1]
     T, H = h2.shape
     V = weight.shape[0]
@@ -337,7 +342,7 @@ def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
     empty = lambda dt: torch.empty((0,), dtype=dt, device=dev)
     if gif:  # gradients of the loss for g = 1 exist: scale by the scalar upstream gradient
         g = dloss.reshape(()).to(torch.float32)
-        dh = dh_s * g if need_dh else empty(h2.dtype)
+        dh = (dh_s.mul_(g) if inplace else dh_s * g) if need_dh else empty(h2.dtype)
         db = (db32_s * g).to(bias.dtype) if need_db else empty(torch.float32)
         if not need_dw:
             dw = empty(weight.dtype)
@@ -349,6 +354,13 @@ def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
                 dw = empty(weight.dtype)
             else:
                 dw = matmul(dw32_s.t(), h2, torch.empty_like(weight), scale=g1, **kw)
+        elif inplace:
+            dw32_s.mul_(g)
+            if main_grad is not None:
+                main_grad.add_(dw32_s)
+                dw = empty(weight.dtype)
+            else:
+                dw = dw32_s.to(weight.dtype)
         elif main_grad is not None:
             _scaled_rows(dw32_s, g, main_grad, accumulate=True)
             dw = empty(weight.dtype)
@@ -502,7 +514,8 @@ class _LMHeadLossDetFunction(torch.autograd.Function):
         dh, dw, db = _backward_impl(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s,
                                     dw32_s, db32_s, ctx.cfg, ctx.plan, ctx.bufs, ctx.main_grad,
                                     need_dh, need_dw, need_db,
-                                    bool(ctx.plan.grad_in_forward) and ctx.cfg[1] != _NONE)
+                                    bool(ctx.plan.grad_in_forward) and ctx.cfg[1] != _NONE,
+                                    inplace=True)
         return ((dh if need_dh else None),
                 (dw if need_dw and ctx.main_grad is None else None),
                 (db if need_db and ctx.has_bias else None), None, None, None, None, None, None)

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:25376eae537e85303f0bcc77265bbb98737d09c7b5eac708d9795f10372ce488"
+SOURCE_DIGEST = "sha256:8fc9708fe70fb913340a8c197bf51a91a9ba4b0ac4dd4af4d2bf607b2d3bbb57"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -19,7 +19,7 @@ REDUCTIONS = ("none", "mean", "sum")
 
 #: logits elements per chunk the rule aims for: fp32 logits (+ low-precision dlogits) of
 #: ``chunk_tokens x V`` are the extra memory (README, "Memory").
-CHUNK_BUDGET_CUDA = 1 << 25
+CHUNK_BUDGET_CUDA = 1 << 26
 CHUNK_BUDGET_CPU = 1 << 16
 
 
@@ -124,10 +124,12 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     workspace is given), and ``torch.compile`` with dynamic shapes needs no guard on it.
 
     Rules (no timing): on CUDA ``chunk_tokens`` is the largest multiple of 128 with
-    ``chunk_tokens * V <= max(2**25, V * H / 3)`` logits elements, clamped to
-    ``[128, 4096]`` (at H = 4096: 1280 tokens for V = 32000, 128256 and 151936; the floor
-    was 2**27 until an H200 run showed its 4096-token chunks at V = 32000, T = 16384 above
-    FLA's peak memory, docs/benchmarks/lm_head_loss.md); under the interpreter the largest
+    ``chunk_tokens * V <= max(2**26, V * H / 3)`` logits elements, clamped to
+    ``[128, 4096]`` (at H = 4096: 2048 tokens for V = 32000, 1280 for V = 128256 and
+    151936). The floor was 2**27 until an H200 run put its 4096-token chunks at V = 32000,
+    T = 16384 above FLA's peak memory; 2**25 (1280 tokens) met the memory but cost 13% of
+    the time there (each chunk re-reads and re-writes the fp32 dweight sum;
+    docs/benchmarks/lm_head_loss.md); under the interpreter the largest
     power of two with ``chunk_tokens * V <= 2**16``, clamped to ``[16, 4096]``. CE tile: 1 row x
     ``min(4096, next_power_of_2(V))`` columns, 8 warps on CUDA; 16 rows x
     ``min(2048, next_power_of_2(V))`` on the CPU. On CUDA with bf16/fp16 the logits and
