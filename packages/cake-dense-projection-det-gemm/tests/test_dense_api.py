@@ -147,7 +147,12 @@ def test_cuda_plan_rule_on_an_h200_sized_device(monkeypatch):
     assert big.wgrad_tma == 1 and big.wgrad_num_stages == 4
     thin = plan_mod._rule(4096, 128, 8192, torch.bfloat16, cuda)
     assert thin.wgrad_splits == 1  # 64 wgrad tiles, but 4096 tokens make one slice
-    assert (thin.wgrad_block_m, thin.wgrad_block_n) == (128, 128)
+    assert (thin.wgrad_block_m, thin.wgrad_block_n, thin.wgrad_block_k) == (64, 128, 128)
+    assert (thin.wgrad_num_warps, thin.wgrad_num_stages, thin.wgrad_tma) == (4, 4, 1)
+    assert plan_mod._rule(65536, 128, 8192, torch.bfloat16, cuda).wgrad_splits == 1
+    monkeypatch.setattr(plan_mod, "cuda_capability", lambda device: (8, 0))  # no TMA
+    thin = plan_mod._rule(4096, 128, 8192, torch.bfloat16, cuda)
+    assert (thin.wgrad_block_m, thin.wgrad_block_n, thin.wgrad_tma) == (128, 128, 0)
     assert plan_mod._rule(65536, 128, 8192, torch.bfloat16, cuda).wgrad_splits == 2
     fp32 = plan_mod._rule(16384, 4096, 4096, torch.float32, cuda)
     assert fp32.block_k == 32 and fp32.cublas_fwd_dgrad == 0 and fp32.wgrad_block_n == 128

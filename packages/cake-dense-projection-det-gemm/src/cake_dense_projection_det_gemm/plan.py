@@ -177,7 +177,10 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
       stages. Measured on an H200 (docs/benchmarks/dense_projection.md, session 11): with
       the 128×256 tiles 0.97-1.03x cuBLAS's time on the three large shapes (pointer loads:
       1.25-1.29x), ``+ main_grad`` 0.95-1.07x (3 stages: 0.98-1.13x); 128×128 at 4096×128×8192
-      0.046 ms against the pointer kernel's 0.051. The persistent form (``wgrad_tma = 2``)
+      0.046 ms against the pointer kernel's 0.051. When even 128×128 tiles leave SMs idle
+      (``cdiv(N, 128) · cdiv(K, 128) < SMs``): 64×128 tiles, 128 tokens per step, 4 warps,
+      4 stages (at 4096×128×8192, interleaved CUDA-graph timing: 20.6 µs against 27.4 µs
+      for 128×128 and cuBLAS's 20.0 µs). The persistent form (``wgrad_tma = 2``)
       was not faster and is slower on the skinny shape; it stays opt-in. Elsewhere
       (CPU, fp32, older GPUs, unaligned N or K): ``wgrad_tma = 0``, the pointer kernel.
 
@@ -225,6 +228,9 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
                   and (N * es) % 16 == 0 and (K * es) % 16 == 0)
         if tma:
             wstages = 4
+            if (wbm, wbn) == (128, 128) and _cdiv(N, 128) * _cdiv(K, 128) < sms:
+                # too few 128x128 tiles for the SMs: 64x128 tiles, 128 tokens per step
+                wbm, wbk, wwarps = 64, 128, 4
     else:
         def fit(d: int) -> int:
             return max(CPU_TILE_MIN, min(CPU_TILE_MAX, next_power_of_2(d)))
