@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7039f70c34f0d91561b24e0208c4d9655b699aa94ccf100f1fa97245cbdd34fc"
+SOURCE_DIGEST = "sha256:93cef6f72432b60dd13f30f394e49b590ae885a07be8c49e632ed3e2b4024441"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5fedfe3665ef3bdbbc24b2eacc51c5412deb591ac7a930302ba8dc93e88c033e"
+SOURCE_DIGEST = "sha256:1397799c08b5b6f141f59911ba8a174279bb56f856e219f9b3eb5bbc0a9006be"
 # --- end of generated block ---
 
 MANIFEST = {

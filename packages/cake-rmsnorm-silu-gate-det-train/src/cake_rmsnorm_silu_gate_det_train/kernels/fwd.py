@@ -26,10 +26,11 @@ def rmsnorm_silu_gate_fwd_kernel(
     NORM_BEFORE_GATE: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
     BLOCK_G: tl.constexpr, OFF64: tl.constexpr,
 ):
-    # The weight loaded before the rows, rsqrt, 32-bit offsets where they fit and streaming
-    # cache hints: device time 1.074 -> 1.043x FLA's at 524288 x 128 on an H200 (2026-11-30,
-    # docs/benchmarks/rmsnorm_silu_gate.md). cake-rmsnorm-det-train later dropped the hints
-    # (evict_first cost it 5-6% with per-call outputs); not yet re-timed here without them.
+    # The weight loaded before the rows, rsqrt, 32-bit offsets where they fit: device time
+    # 1.074 -> 1.043x FLA's at 524288 x 128 on an H200 (2026-11-30, with streaming cache
+    # hints). Without the hints (as cake-rmsnorm-det-train): 0.991x / 0.994x FLA's at
+    # 524288 / 1048576 rows, against 1.035x / 1.044x with them, same bits (interleaved
+    # CUDA-graph A/B, outputs allocated per call; docs/benchmarks/rmsnorm_silu_gate.md).
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     if OFF64:
@@ -43,10 +44,8 @@ def rmsnorm_silu_gate_fwd_kernel(
     wmask = gmask[:, None] & cmask[None, :]
     mask = rmask[:, None, None] & wmask[None, :, :]
     w = tl.load(W + wcols, mask=wmask, other=0.0).to(tl.float32)
-    x = tl.load(X + rows[:, None, None] * stride_x + wcols[None, :, :], mask=mask, other=0.0,
-                eviction_policy="evict_first")
-    z = tl.load(Z + rows[:, None, None] * stride_z + wcols[None, :, :], mask=mask, other=0.0,
-                eviction_policy="evict_first")
+    x = tl.load(X + rows[:, None, None] * stride_x + wcols[None, :, :], mask=mask, other=0.0)
+    z = tl.load(Z + rows[:, None, None] * stride_z + wcols[None, :, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     z = z.to(tl.float32)
     s, _ = sigmoid_and_complement(z)
@@ -64,6 +63,6 @@ def rmsnorm_silu_gate_fwd_kernel(
     if NORM_BEFORE_GATE:
         y = y * gate
     tl.store(Y + rows[:, None, None] * stride_y + wcols[None, :, :], y.to(Y.dtype.element_ty),
-             mask=mask, cache_modifier=".cs")
+             mask=mask)
     tl.store(RSTD + rows[:, None] * n_groups + grp[None, :], rstd,
              mask=rmask[:, None] & gmask[None, :])
