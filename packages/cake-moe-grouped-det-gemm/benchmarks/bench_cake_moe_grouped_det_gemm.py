@@ -27,6 +27,9 @@ GPU run (one H200; the issue's grid: E in 8, 64, 128; top-8 of 16384 tokens; (N,
     PYTHONPATH=$(ls -d ../../*/src | paste -sd:) python3 \\
         bench_cake_moe_grouped_det_gemm.py --out $OUT/moe_bench.json
 
+The TMA kernels (plan field ``tma``, off in the rule): add ``--plan tma=1`` (any plan
+field can be replaced, ``--plan KEY=INT ...``; the JSON records the plan run).
+
 CPU smoke test (Triton interpreter, perf_counter timer, tiny shapes)::
 
     python3 .../bench_cake_moe_grouped_det_gemm.py --device cpu --quick
@@ -112,6 +115,7 @@ def run_case(E: int, N: int, K: int, routing: str, tokens: int, top_k: int, dtyp
     from cake_core.testing import rel_fro_error as rel_err
     from cake_moe_grouped_det_gemm import MoEGroupedDetWorkspace, make_plan
     from cake_moe_grouped_det_gemm.api import _launch_bwd, _launch_fwd, _row_ends
+    from cake_moe_grouped_det_gemm.plan import tma_problem
 
     M = tokens * top_k
     sizes = group_sizes(M, E, routing)
@@ -126,6 +130,9 @@ def run_case(E: int, N: int, K: int, routing: str, tokens: int, top_k: int, dtyp
         import dataclasses
 
         plan = dataclasses.replace(plan, **plan_over)
+    why = tma_problem(plan, dtype)  # the launches below skip the API's checks
+    if why is not None:
+        raise ValueError(f"--plan: {why}")
     ws = MoEGroupedDetWorkspace.for_plan(plan, device)
     parts = ws["partials"] if plan.wgrad_splits > 1 else None
 

@@ -36,6 +36,20 @@ def test_cpu_smoke(tmp_path):
     assert all("ms" in r["phases"][ph]["cake"] for r in res for ph in bench.PHASES)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="--device cpu needs Triton's interpreter (see test_cpu_smoke)")
+def test_cpu_smoke_tma_plan(tmp_path):
+    """``--plan tma=1`` runs the TMA kernels and the JSON records the plan run."""
+    out = tmp_path / "moe_tma.json"
+    rc = bench.main(["--device", "cpu", "--quick", "--experts", "3", "--nk", "16x24",
+                     "--tokens", "8", "--top-k", "2", "--routings", "skewed", "--plan",
+                     "tma=1", "--out", str(out)])
+    assert rc == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["plan"]["tma"] == 1 and r["wgrad_bitwise_repeat"]
+    assert max(r["rel_err"].values()) < 1e-2
+
+
 LAYER = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_moe_layer.py"
 _lspec = importlib.util.spec_from_file_location("bench_moe_layer", LAYER)
 layer_bench = importlib.util.module_from_spec(_lspec)

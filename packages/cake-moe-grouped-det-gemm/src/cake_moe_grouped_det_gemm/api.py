@@ -29,9 +29,15 @@ from cake_core import (
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum  # imports Triton after cake_core picked the backend
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from cake_moe_grouped_det_gemm.kernels import grouped_mm_kernel, grouped_wgrad_kernel
-from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
+from cake_moe_grouped_det_gemm.kernels import (
+    grouped_mm_kernel,
+    grouped_mm_tma_kernel,
+    grouped_wgrad_kernel,
+    grouped_wgrad_tma_kernel,
+)
+from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan, tma_problem
 from cake_moe_grouped_det_gemm.saved import (
     MoEGroupedDetSavedSet,
     MoEGroupedDetWorkspace,
@@ -112,12 +118,15 @@ def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
 def _resolve_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype,
                   device: torch.device) -> MoEGroupedDetPlan:
     if plan is None:
-        return make_plan(int(M), E, N, K, dtype, device)  # int(): a SymInt M specializes
+        plan = make_plan(int(M), E, N, K, dtype, device)  # int(): a SymInt M specializes
     require_mode(plan, MoEGroupedDetPlan, Mode.DET, name="plan")
     if (plan.num_experts, plan.out_features, plan.in_features) != (E, N, K):
         raise ValueError(f"plan: made for num_experts={plan.num_experts}, out_features="
                          f"{plan.out_features}, in_features={plan.in_features}; inputs have "
                          f"E={E}, N={N}, K={K}")
+    why = tma_problem(plan, dtype)
+    if why is not None:
+        raise ValueError(f"plan: {why}")
     return plan
 
 
@@ -159,9 +168,39 @@ def _schedule(ends: torch.Tensor, M: int, block_m: int) -> torch.Tensor:
     return torch.stack([lo, hi, torch.cumsum(tiles, 0)]).to(torch.int32).contiguous()
 
 
-def _grouped_mm(a, b, out, ends, plan: MoEGroupedDetPlan, b_strides) -> None:
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when a TMA descriptor can read it as is (unit last stride, the other
+    strides and the start 16-byte aligned), else a contiguous copy."""
+    es = t.element_size()
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and \
+            all((st * es) % 16 == 0 for st in t.stride()[:-1]):
+        return t
+    return t.contiguous()
+
+
+def _desc(t: torch.Tensor, box: list[int]) -> TensorDescriptor:
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), box)
+
+
+def _grouped_mm_tma(a, w, out, sched, G: int, grid, plan: MoEGroupedDetPlan,
+                    forward: bool) -> None:
+    """TMA launch of :func:`_grouped_mm` (``plan.tma``): ``w`` is the weight ``[E, N, K]``;
+    ``forward``: ``B[e] = w[e]ᵀ`` (reduction over K), else ``B[e] = w[e]`` (over N)."""
+    a, w = _tma_ready(a), _tma_ready(w)
+    bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
+    grouped_mm_tma_kernel[grid](
+        _desc(a, [bm, bk]), _desc(w, [1, bn, bk] if forward else [1, bk, bn]), out, sched,
+        G, out.shape[1], a.shape[1], out.stride(0), out.stride(1),
+        B_T=forward, IEEE=a.dtype == torch.float32 and not plan.allow_tf32,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_G=max(2, next_power_of_2(G)),
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
+
+
+def _grouped_mm(a, b, out, ends, plan: MoEGroupedDetPlan, b_strides,
+                forward: bool = True) -> None:
     """``out[rows of e] = a[rows of e] @ B[e]`` (B[e] ``[R, n_cols]`` with strides
-    ``b_strides`` = (expert, reduction, column) over ``b``'s storage), tail rows zero."""
+    ``b_strides`` = (expert, reduction, column) over ``b``'s storage), tail rows zero.
+    ``forward`` (``B[e] = b[e]ᵀ``, else ``b[e]``) steers the TMA launch only."""
     M, R = a.shape
     n_cols = out.shape[1]
     if M == 0:
@@ -171,6 +210,9 @@ def _grouped_mm(a, b, out, ends, plan: MoEGroupedDetPlan, b_strides) -> None:
     # upper bound of sum_g cdiv(m_g, block_m) without reading the offsets: each group adds
     # at most one partial tile
     grid = (cdiv(M, plan.block_m) + G, cdiv(n_cols, plan.block_n))
+    if plan.tma:
+        _grouped_mm_tma(a, b, out, sched, G, grid, plan, forward)
+        return
     grouped_mm_kernel[grid](
         a, b, out, sched, G, n_cols, R,
         a.stride(0), a.stride(1), *b_strides, out.stride(0), out.stride(1),
@@ -193,13 +235,20 @@ def _launch_wgrad(dy, x, ends, plan: MoEGroupedDetPlan, out, partials, accumulat
     tn, tk = cdiv(N, plan.wgrad_block_m), cdiv(K, plan.wgrad_block_n)
     dst = out if S == 1 else partials
     so = (0, *out.stride()) if S == 1 else partials.stride()
-    grouped_wgrad_kernel[(E * tn * tk, S)](
-        dy, x, dst, ends, N, K, tn, tk,
-        dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), *so,
-        SPLIT=S, ACCUMULATE=accumulate and S == 1,
-        IEEE=x.dtype == torch.float32 and not plan.allow_tf32,
-        BLOCK_M=plan.wgrad_block_m, BLOCK_N=plan.wgrad_block_n, BLOCK_K=plan.wgrad_block_k,
-        num_warps=plan.wgrad_num_warps, num_stages=plan.wgrad_num_stages)
+    wbm, wbn, wbk = plan.wgrad_block_m, plan.wgrad_block_n, plan.wgrad_block_k
+    common = dict(SPLIT=S, ACCUMULATE=accumulate and S == 1,
+                  IEEE=x.dtype == torch.float32 and not plan.allow_tf32,
+                  BLOCK_M=wbm, BLOCK_N=wbn, BLOCK_K=wbk,
+                  num_warps=plan.wgrad_num_warps, num_stages=plan.wgrad_num_stages)
+    if plan.tma:  # dy as [wbk, wbm] boxes of the row-major dy (transposed in the kernel)
+        dy, x = _tma_ready(dy), _tma_ready(x)
+        grouped_wgrad_tma_kernel[(E * tn * tk, S)](
+            _desc(dy, [wbk, wbm]), _desc(x, [wbk, wbn]), dst, ends, N, K, tn, tk, *so,
+            **common)
+    else:
+        grouped_wgrad_kernel[(E * tn * tk, S)](
+            dy, x, dst, ends, N, K, tn, tk,
+            dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), *so, **common)
     if S > 1:
         flat = partials.view(S, E * N * K)
         ordered_sum(flat, out=None if accumulate else out.view(E * N * K),
@@ -220,7 +269,7 @@ def _launch_bwd(dy, x, weight, ends, plan: MoEGroupedDetPlan, partials, main_gra
     if need_dx and M > 0:
         # B[e] = weight[e]: reduction over N (stride 1), columns over K (stride 2)
         _grouped_mm(dy, weight, dx, ends, plan,
-                    (weight.stride(0), weight.stride(1), weight.stride(2)))
+                    (weight.stride(0), weight.stride(1), weight.stride(2)), forward=False)
     if not need_dw:
         return dx, dw
     if M == 0:  # no rows: dW = 0, main_grad unchanged

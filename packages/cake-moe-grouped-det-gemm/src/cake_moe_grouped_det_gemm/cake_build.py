@@ -34,16 +34,18 @@ KERNELS = [
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "_mma"},
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_mm_kernel"},
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_wgrad_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_mm_tma_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_wgrad_tma_kernel"},
 ]
 PLANS = [
-    {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 1,
+    {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 2,
      "fields": ["num_experts", "out_features", "in_features", "block_m", "block_n", "block_k",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits", "reduce_block",
-                "allow_tf32"]},
+                "allow_tf32", "tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fca37a3d0aac5ac997bf4aae5b94f1ffad3b39116ca7ec93f2c647a285fd82b2"
+SOURCE_DIGEST = "sha256:50701a622256ad6f4d20e313062fb7ac7ea16e2f77eb833b5710bbf1db4b7e7a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -11,6 +11,8 @@ from cake_core import Mode, Plan
 from cake_core.plan import cached_plan
 from cake_core.triton_utils import next_power_of_2, sm_count
 
+#: Largest TMA box edge (elements) a ``tma = 1`` plan's tiles may have.
+TMA_MAX_BOX = 256
 #: Most wgrad slices per expert a plan may ask for (the workspace holds S fp32 [E, N, K]).
 MAX_WGRAD_SPLITS = 16
 #: CPU (interpreter) tiles: next power of two of the dim, clamped to these bounds.
@@ -50,10 +52,25 @@ class MoEGroupedDetPlan(Plan):
         reduce_block: elements per program of the ordered sum of the S planes.
         allow_tf32: 1 lets fp32 inputs multiply as tf32 (not exact); 0 (default) keeps
             fp32 products exact. No effect on bf16/fp16.
+        tma: operand loads of all three GEMMs. 0 (default) = the pointer kernels
+            ``grouped_mm_kernel`` / ``grouped_wgrad_kernel`` (masked ``tl.load``); 1 = the
+            TMA kernels ``grouped_mm_tma_kernel`` / ``grouped_wgrad_tma_kernel``: x / dy
+            rows through 2-D host-side TMA tensor descriptors, the weight through a 3-D
+            descriptor over ``[E, N, K]`` (``[1, ., .]`` boxes, so reads past N or K of one
+            expert are zeros, never the next expert's rows); masked pointer stores as with
+            0. Same tiles, schedule, slices, step order and ordered sum; bits fixed per
+            plan, not promised equal between 0 and 1 (the compiler may order a dot's inner
+            products differently). Needs ``N`` and ``K`` times the element size to be
+            multiples of 16 bytes and tiles <= 256 (:func:`tma_problem`); x / dy / weight
+            views whose layout TMA cannot read are copied contiguous first. The rule keeps
+            0 everywhere for now: a candidate for Hopper, not yet timed on a GPU.
+
+    Format version 2 added ``tma``; a version-1 dict is refused by ``from_dict`` (re-make
+    the plan, or add ``tma = 0`` and ``version = 2`` for the same launches).
     """
 
     family: ClassVar[str] = "cake-moe-grouped-det-gemm"
-    format_version: ClassVar[int] = 1
+    format_version: ClassVar[int] = 2
 
     num_experts: int
     out_features: int
@@ -71,6 +88,7 @@ class MoEGroupedDetPlan(Plan):
     wgrad_splits: int
     reduce_block: int
     allow_tf32: int
+    tma: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,8 +98,32 @@ class MoEGroupedDetPlan(Plan):
         self.require_at_least("num_stages", "wgrad_num_stages")
         self.require_warps("num_warps", "wgrad_num_warps")
         self.require_in_range("wgrad_splits", 1, MAX_WGRAD_SPLITS)
-        self.require_flags("allow_tf32")
+        self.require_flags("allow_tf32", "tma")
+        if self.tma and max(getattr(self, n) for n in _POW2_FIELDS[:6]) > TMA_MAX_BOX:
+            self._fail(f"tma needs block_m / _n / _k and wgrad_block_m / _n / _k <= "
+                       f"{TMA_MAX_BOX} (a TMA box edge)")
         self.require_mode(Mode.DET)
+
+
+def tma_problem(plan: MoEGroupedDetPlan, dtype: torch.dtype) -> str | None:
+    """Why ``plan`` (with ``tma = 1``) cannot run the TMA kernels for inputs of ``dtype``
+    (None when it can, or when ``tma = 0``): TMA reads rows of x ``[M, K]``, dy ``[M, N]``
+    and weight ``[E, N, K]`` whose byte lengths must be multiples of 16, in boxes whose
+    edges are at most 256."""
+    if not plan.tma:
+        return None
+    es = torch.tensor([], dtype=dtype).element_size()
+    bad = [f"{n}={v}" for n, v in (("N", plan.out_features), ("K", plan.in_features))
+           if (v * es) % 16]
+    if bad:
+        return (f"tma=1 needs out_features N and in_features K to be multiples of "
+                f"{16 // es} for {str(dtype)[6:]} (TMA reads 16-byte aligned rows of x [M, K], "
+                f"dy [M, N] and weight [E, N, K]), got {', '.join(bad)}; use tma=0")
+    big = [f"{n}={getattr(plan, n)}" for n in _POW2_FIELDS[:6]
+           if getattr(plan, n) > TMA_MAX_BOX]
+    if big:
+        return f"tma=1 needs tiles <= {TMA_MAX_BOX} (a TMA box edge), got {', '.join(big)}"
+    return None
 
 
 _PLANS: dict[tuple, MoEGroupedDetPlan] = {}
@@ -118,6 +160,9 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
       (4 "SMs"). The average rows per expert steers S; the actual split of each expert is
       computed on the device from its own row count.
     - ``allow_tf32 = 0``; ``reduce_block`` 1024 (4096 on the CPU).
+    - ``tma = 0`` everywhere: the TMA kernels are a candidate for Hopper (16-bit inputs,
+      N and K multiples of 8), not yet timed on a GPU; set ``tma = 1`` by hand
+      (``dataclasses.replace``) to run them.
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
@@ -164,5 +209,5 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
         block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
-        reduce_block=reduce_block, allow_tf32=0,
+        reduce_block=reduce_block, allow_tf32=0, tma=0,
     )

@@ -3,6 +3,8 @@
 ``grouped_mm_kernel`` runs the forward and the dgrad (a tile scheduler computed from the
 expert offsets on the device), ``grouped_wgrad_kernel`` the per-expert split-K wgrad; the
 partial planes are summed in slice order by cake-core's ``ordered_sum_kernel``.
+``grouped_mm_tma_kernel`` / ``grouped_wgrad_tma_kernel``: the same with operands read through
+TMA tensor descriptors (plan field ``tma``).
 """
 
 from cake_core.triton_utils import select_backend
@@ -11,7 +13,10 @@ select_backend()  # decide CUDA or interpreter before any @triton.jit below runs
 
 from cake_moe_grouped_det_gemm.kernels.grouped import (  # noqa: E402
     grouped_mm_kernel,
+    grouped_mm_tma_kernel,
     grouped_wgrad_kernel,
+    grouped_wgrad_tma_kernel,
 )
 
-__all__ = ["grouped_mm_kernel", "grouped_wgrad_kernel"]
+__all__ = ["grouped_mm_kernel", "grouped_mm_tma_kernel", "grouped_wgrad_kernel",
+           "grouped_wgrad_tma_kernel"]

@@ -120,3 +120,96 @@ def grouped_wgrad_kernel(
     if ACCUMULATE:
         acc = tl.load(o_ptrs, mask=omask, other=0.0) + acc
     tl.store(o_ptrs, acc.to(OUT.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def grouped_mm_tma_kernel(
+    A_DESC, B_DESC, C, SCHED, G, n_cols, R, stride_cm, stride_cn,
+    B_T: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
+):
+    """:func:`grouped_mm_kernel` with TMA-descriptor operand loads (same schedule, steps,
+    masked stores). ``A_DESC``: A ``[M, R]`` row-major, ``[BLOCK_M, BLOCK_K]`` boxes read at
+    the tile's first row (rows past the expert's end are the next group's rows, dropped by
+    the store mask; rows past M and columns past R come back as zeros). ``B_DESC``: the
+    weight ``[E, N, K]`` (3-D, so reads past one expert's N or K are zeros). ``B_T``
+    (forward, ``B[g] = W[g]ᵀ``): ``[1, BLOCK_N, BLOCK_K]`` boxes at ``(g, column, step)``,
+    transposed in registers; else (dgrad, ``B[g] = W[g]``) ``[1, BLOCK_K, BLOCK_N]`` boxes at
+    ``(g, step, column)``. ``C`` ``[M, n_cols]`` written through pointers."""
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    gi = tl.arange(0, BLOCK_G)
+    tile_end = tl.load(SCHED + 2 * G + gi, mask=gi < G, other=2147483647)
+    total = tl.load(SCHED + 2 * G + G - 1)
+    valid = t < total
+    g = tl.minimum(tl.sum((tile_end <= t).to(tl.int32), axis=0), G - 1)
+    first = tl.load(SCHED + 2 * G + g - 1, mask=g > 0, other=0)
+    row_lo = tl.load(SCHED + g)
+    row_hi = tl.load(SCHED + G + g)
+    row0 = row_lo + (t - first) * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    # the tail group (g == G - 1) and empty slots load and multiply nothing: acc stays 0
+    r_end = tl.where(valid & (g < G - 1), R, 0)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, r_end, BLOCK_K):
+        a = A_DESC.load([row0, k0])
+        if B_T:
+            b = tl.trans(tl.reshape(B_DESC.load([g, n0, k0]), [BLOCK_N, BLOCK_K]))
+        else:
+            b = tl.reshape(B_DESC.load([g, k0, n0]), [BLOCK_K, BLOCK_N])
+        acc = _mma(a, b, acc, IEEE)
+    rm = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    mm = (rm < row_hi) & valid
+    rn = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
+    c_ptrs = C + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mm[:, None] & (rn < n_cols)[None, :])
+
+
+@triton.jit
+def grouped_wgrad_tma_kernel(
+    DY_DESC, X_DESC, OUT, ENDS, N, K, n_tiles_n, n_tiles_k,
+    stride_os, stride_oe, stride_on, stride_ok,
+    SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """:func:`grouped_wgrad_kernel` with TMA-descriptor operand loads (same slices, steps,
+    epilogue). ``DY_DESC``: dy ``[M, N]`` row-major, ``[BLOCK_K, BLOCK_M]`` boxes transposed
+    in registers; ``X_DESC``: x ``[M, K]``, ``[BLOCK_K, BLOCK_N]`` boxes. The slice's whole
+    ``BLOCK_K`` steps load unmasked (straight to the MMA); the last partial step, if any,
+    zeroes the rows at or past the slice end after the load (``tl.where`` on both tiles), so
+    rows of other experts contribute exact zeros (also when they hold inf or NaN)."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    per_e = n_tiles_n * n_tiles_k
+    e = pid // per_e
+    rest = pid % per_e
+    pid_n = rest // n_tiles_k
+    pid_k = rest % n_tiles_k
+    lo_e = tl.load(ENDS + e - 1, mask=e > 0, other=0)
+    hi_e = tl.load(ENDS + e)
+    per_split = ((hi_e - lo_e + SPLIT - 1) // SPLIT + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    lo = lo_e + s * per_split
+    hi = tl.minimum(hi_e, lo + per_split)
+    r_full = lo + tl.maximum(hi - lo, 0) // BLOCK_K * BLOCK_K  # end of the whole steps
+    n0 = pid_n * BLOCK_M
+    k0 = pid_k * BLOCK_N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for r0 in range(lo, r_full, BLOCK_K):
+        a = tl.trans(DY_DESC.load([r0, n0]))
+        b = X_DESC.load([r0, k0])
+        acc = _mma(a, b, acc, IEEE)
+    if r_full < hi:
+        keep = (r_full + tl.arange(0, BLOCK_K)) < hi
+        a = DY_DESC.load([r_full, n0])
+        a = tl.trans(tl.where(keep[:, None], a, tl.zeros_like(a)))
+        b = X_DESC.load([r_full, k0])
+        b = tl.where(keep[:, None], b, tl.zeros_like(b))
+        acc = _mma(a, b, acc, IEEE)
+    rn = (n0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rk = (k0 + tl.arange(0, BLOCK_N)).to(tl.int64)
+    o_ptrs = (OUT + s.to(tl.int64) * stride_os + e.to(tl.int64) * stride_oe
+              + rn[:, None] * stride_on + rk[None, :] * stride_ok)
+    omask = (rn < N)[:, None] & (rk < K)[None, :]
+    if ACCUMULATE:
+        acc = tl.load(o_ptrs, mask=omask, other=0.0) + acc
+    tl.store(o_ptrs, acc.to(OUT.dtype.element_ty), mask=omask)
