@@ -176,7 +176,7 @@ def test_tma_refuses_unaligned_before_launch(dtype, N, K):
 
 def test_tma_plan_fields_rule_and_format(monkeypatch):
     plan = make_plan(64, 4, 24, 40, torch.bfloat16, DEV)
-    assert plan.tma == 0  # the rule: not yet timed on a GPU
+    assert plan.tma == int(DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9)
     t = dataclasses.replace(plan, tma=1)
     d = t.to_dict()
     assert d["tma"] == 1 and d["version"] == 2
@@ -195,9 +195,15 @@ def test_tma_plan_fields_rule_and_format(monkeypatch):
     import cake_moe_grouped_det_gemm.plan as plan_mod
 
     monkeypatch.setattr(plan_mod, "sm_count", lambda device: 132)  # an H200, no GPU needed
-    cuda = make_plan(1 << 16, 8, 4096, 2048, torch.bfloat16, "cuda")  # the rule, no launch
-    assert cuda.tma == 0 and tma_problem(dataclasses.replace(cuda, tma=1),
-                                         torch.bfloat16) is None
+    cuda = torch.device("cuda")
+    for cap in ((8, 0), (9, 0)):
+        monkeypatch.setattr(plan_mod, "cuda_capability", lambda device, cap=cap: cap)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for n, k in ((4096, 2048), (100, 64), (64, 100)):
+                p = plan_mod._rule(1 << 16, 8, n, k, dtype, cuda)  # the rule, no launch
+                want = cap >= (9, 0) and dtype != torch.float32 and n % 8 == 0 and k % 8 == 0
+                assert p.tma == int(want), (cap, dtype, n, k)
+                assert tma_problem(p, dtype) is None
 
 
 def test_tma_compile_fullgraph_same_bits():

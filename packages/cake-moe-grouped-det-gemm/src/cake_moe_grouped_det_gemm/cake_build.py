@@ -45,7 +45,7 @@ PLANS = [
                 "allow_tf32", "tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:50701a622256ad6f4d20e313062fb7ac7ea16e2f77eb833b5710bbf1db4b7e7a"
+SOURCE_DIGEST = "sha256:0764e4e55f4d07a59f03c004f8d757e1f2a1841a2bd38dbea46bce19bc4bc6d4"
 # --- end of generated block ---
 
 MANIFEST = {
