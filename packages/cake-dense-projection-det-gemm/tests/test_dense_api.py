@@ -250,6 +250,10 @@ def test_double_backward_refused_not_silent():
     (g,) = torch.autograd.grad(dense_projection_det(x, w).pow(3).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|differentiate twice"):
         g.pow(2).sum().backward()
+    out = dense_projection_det(x, w).sum()  # a constant upstream gradient: still refused
+    (g,) = torch.autograd.grad(out, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (out + g.pow(2).sum()).backward()
 
 
 def test_import_does_not_import_triton():

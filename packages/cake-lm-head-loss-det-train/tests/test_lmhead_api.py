@@ -243,8 +243,45 @@ def test_eager_inplace_scaling_same_bits_and_second_backward_refused(main):
         assert ww.grad is None and bitwise_equal(mg, mg2)
     else:
         assert bitwise_equal(g.dweight, ww.grad)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError, match="second backward|modified by an inplace operation"):
         loss2.backward(up)
+
+
+def test_strided_and_expanded_labels_read_right():
+    """labels views whose flat view is not unit-stride (a column of a wider tensor, an
+    expanded scalar) give the bits of their contiguous copy."""
+    h, w, b, y = _data()
+    wide = torch.stack([torch.zeros_like(y), y], dim=1)[:, 1]  # stride (2,)
+    const = torch.full((1,), 7, dtype=torch.int64, device=DEV).expand(h.shape[0])  # stride 0
+    for lab in (wide, const):
+        assert not lab.is_contiguous()
+        for red in ("none", "mean"):
+            a = lm_head_loss_det(h, w, lab, bias=b, reduction=red)
+            c = lm_head_loss_det(h, w, lab.contiguous(), bias=b, reduction=red)
+            assert bitwise_equal(a, c), red
+
+
+def test_second_backward_refused_under_saved_tensor_hooks():
+    """save_on_cpu / identity hooks bypass autograd's version check: the eager backward
+    refuses a second pass itself instead of scaling the kept gradients twice."""
+    h, w, _, y = _data()
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        loss = lm_head_loss_det(hh, ww, y) * 0.5
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+
+
+def test_double_backward_through_a_constant_upstream_gradient_raises():
+    """y.sum()'s upstream gradient needs no grad: the gradient must still refuse a second
+    differentiation instead of silently dropping the penalty term."""
+    h, w, _, y = _data()
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    out = lm_head_loss_det(hh, ww, y, reduction="none").sum()
+    (g,) = torch.autograd.grad(out, hh, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (out + g.pow(2).sum()).backward()
 
 
 def test_double_backward_refused_not_silent():

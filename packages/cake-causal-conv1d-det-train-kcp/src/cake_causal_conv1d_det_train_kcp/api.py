@@ -61,6 +61,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.kcp import Context
 from cake_core.triton_utils import launch_device_check
 
@@ -434,7 +435,7 @@ class _CausalConv1dDetKCPFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(actx, dy):
         saved = CausalConv1dDetKCPSavedSet.from_tensors(Mode.DET, actx.saved_tensors,
                                                         actx.meta)

@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:c5561d8aeac3a9a07fc750f1360f0c5589ea0760d8d6555eaf25d01539213e84"
+SOURCE_DIGEST = "sha256:d96a5b0398da619a3d22dbe764687d705a375c29109518acf7efa3e972093c83"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

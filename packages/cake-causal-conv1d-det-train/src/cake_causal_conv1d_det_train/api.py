@@ -36,6 +36,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.triton_utils import is_interpreting, launch_device_check, next_power_of_2
@@ -426,7 +427,7 @@ class _CausalConv1dDetFunction(torch.autograd.Function):
         return y, fs
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy, dfs):
         x, weight, bias, h0, cu = ctx.saved_tensors
         if dy is None:

@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7de21d19a3204a17dfaee9bf7b43150d19d91682ac00234fdb7ad009d6e3fa8f"
+SOURCE_DIGEST = "sha256:de416d69f0d5c9253695bb7a9583dd3eaa4834e20e73ec302ccb20f364451b3a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -24,6 +24,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import (  # imports Triton after cake_core picked the backend
     matmul,
@@ -283,7 +284,7 @@ class _DenseProjectionDetFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:93cef6f72432b60dd13f30f394e49b590ae885a07be8c49e632ed3e2b4024441"
+SOURCE_DIGEST = "sha256:22eaa614ab9aa58b3cfce199ca8ed330de11ce6424050b6fed8438296924f007"
 # --- end of generated block ---
 
 MANIFEST = {

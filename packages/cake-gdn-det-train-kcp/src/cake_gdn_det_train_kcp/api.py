@@ -53,6 +53,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.kcp import Context
 from cake_core.kcp_route import (
     backward_allgather,
@@ -361,7 +362,7 @@ class _GDNDetKCPFunction(torch.autograd.Function):
         return o
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(actx, do):
         saved = GDNDetKCPSavedSet.from_tensors(Mode.DET, actx.saved_tensors, actx.meta)
         if do is None:

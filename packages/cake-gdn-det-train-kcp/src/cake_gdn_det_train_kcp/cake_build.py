@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:b6d2d3b5bcf3013b76b4f29fff3e39c02e85515f0ef8c1263de7ce5db82efc57"
+SOURCE_DIGEST = "sha256:1fbb104dff59f822e58f6340d8171852d5b4eeddfdd9228c38182a3bb5d106e5"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

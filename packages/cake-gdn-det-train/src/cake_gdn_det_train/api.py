@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 from cake_core import Mode, require_mode
+from cake_core.autograd import once_differentiable
 from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
@@ -699,7 +700,7 @@ class _GDNDetFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, do, dht):
         saved = GDNDetSavedSet.from_tensors(Mode.DET, ctx.saved_tensors, ctx.meta)
         grads = _launch_bwd(do, dht, saved, saved.plan, None)

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f6abdd14e076bf4a4c680b064cd8401a38e140f759244ddd5fd740fb886e6aa0"
+SOURCE_DIGEST = "sha256:e190eeb7da7d10c134d760cd198d143a059241c98d8b7050118e154c0e3edbac"
 # --- end of generated block ---
 
 MANIFEST = {

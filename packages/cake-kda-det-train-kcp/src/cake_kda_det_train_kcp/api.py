@@ -74,6 +74,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.kcp import Context
 from cake_core.kcp_route import (
     backward_allgather,
@@ -541,7 +542,7 @@ class _KDADetKCPFunction(torch.autograd.Function):
         return o
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(actx, do):
         saved = KDADetKCPSavedSet.from_tensors(Mode.DET, actx.saved_tensors, actx.meta)
         if do is None:

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9bc0194c2008cca92d8c18668b7c9fddf191df2f2be44dbda82b10066afe0be8"
+SOURCE_DIGEST = "sha256:6a651e47b499523c5144222fcdbdee6cecfe5973f2b1c8915bf4127dee66bc6a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import torch
 from cake_core import Mode, require_mode
+from cake_core.autograd import once_differentiable
 from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
@@ -587,7 +588,7 @@ class _KDADetFunction(torch.autograd.Function):
         return o, ht
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, do, dht):
         saved = KDADetSavedSet.from_tensors(Mode.DET, ctx.saved_tensors, ctx.meta)
         if do is None:

@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0d331af1949b81a910bf0e3dc88025662653e597ba84dbb1b4c0c994bcf34149"
+SOURCE_DIGEST = "sha256:c87c03090f1525e6821736cbf78714b3cca07f012bca164d1226cae0277cfd91"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -28,6 +28,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import matmul, ordered_sum
 from cake_core.triton_utils import launch_device_check
@@ -507,15 +508,23 @@ class _LMHeadLossDetFunction(torch.autograd.Function):
         return loss, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dloss, dlse):
+        gif = bool(ctx.plan.grad_in_forward) and ctx.cfg[1] != _NONE
+        if gif and getattr(ctx, "scaled_in_place", False):
+            # autograd's version check refuses this already, unless saved-tensor hooks
+            # (save_on_cpu, ...) bypass it: never scale the kept gradients twice
+            raise RuntimeError(
+                "lm_head_loss_det: a second backward through the same graph "
+                "(retain_graph=True) is not supported on the grad-in-forward route: its "
+                "backward scales the kept gradients in place; use a plan with "
+                "grad_in_forward=0 (or reduction='none') to backward twice")
         hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s = ctx.saved_tensors
         need_dh, need_dw, need_db = ctx.needs
+        ctx.scaled_in_place = gif
         dh, dw, db = _backward_impl(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s,
                                     dw32_s, db32_s, ctx.cfg, ctx.plan, ctx.bufs, ctx.main_grad,
-                                    need_dh, need_dw, need_db,
-                                    bool(ctx.plan.grad_in_forward) and ctx.cfg[1] != _NONE,
-                                    inplace=True)
+                                    need_dh, need_dw, need_db, gif, inplace=True)
         return ((dh if need_dh else None),
                 (dw if need_dw and ctx.main_grad is None else None),
                 (db if need_db and ctx.has_bias else None), None, None, None, None, None, None)
@@ -588,7 +597,7 @@ def lm_head_loss_det(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
     H = hidden.shape[-1]
     lead = tuple(labels.shape)
     h2 = hidden.reshape(-1, H)
-    l1 = labels.reshape(-1)
+    l1 = labels.reshape(-1).contiguous()  # the kernels read labels with unit stride
     ge = torch.is_grad_enabled()
     needs = (ge and hidden.requires_grad,
              ge and (weight.requires_grad or main_grad is not None),
@@ -626,7 +635,7 @@ def lm_head_loss_det_fwd(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
                                        None)
     H = hidden.shape[-1]
     h2 = hidden.reshape(-1, H)
-    l1 = labels.reshape(-1)
+    l1 = labels.reshape(-1).contiguous()  # the kernels read labels with unit stride
     if plan.check_labels:
         _check_labels(l1, weight.shape[0], cfg[0])
     with torch.no_grad():

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8fc9708fe70fb913340a8c197bf51a91a9ba4b0ac4dd4af4d2bf607b2d3bbb57"
+SOURCE_DIGEST = "sha256:4562e9018c8b7027bf30adf816428894b1f5721d4e0846f7e5c4bdd9373350a3"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -146,7 +146,8 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     dweight sum they replace), 0 for fp32.
 
     Raises:
-        ValueError: a size out of range, an unknown reduction or device.
+        ValueError: a size out of range, a dtype other than fp32 / bf16 / fp16, an unknown
+            reduction or device.
     """
     try:
         device = torch.device(device)
@@ -156,8 +157,8 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     vocab_size = _int_arg(vocab_size, "vocab_size", 1, MAX_VOCAB)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction: must be one of {REDUCTIONS}, got {reduction!r}")
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype: expected a torch.dtype, got {dtype!r}")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype!r}")
     key = (hidden_size, vocab_size, dtype, device.type, reduction)
     return cached_plan(_PLANS, key, lambda: _rule(*key))
 

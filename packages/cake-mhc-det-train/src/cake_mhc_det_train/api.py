@@ -39,6 +39,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
 
@@ -348,7 +349,7 @@ class _PrepareFunction(torch.autograd.Function):
         return U, coef, mix, rstd, X.view_as(X)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dU, dcoef, dmix, drstd, dX_view):
         _recheck_workspace(ctx.ws_check)
         X, phi, alpha, bias, mix, rstd, coef = ctx.saved_tensors
@@ -375,7 +376,7 @@ class _FinishFunction(torch.autograd.Function):
         return torch.ops.cake_mhc_det_train.finish_fwd(X, B, coef, plan_fields)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dY):
         _recheck_workspace(ctx.ws_check)
         X, B, coef = ctx.saved_tensors

@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:67aaf5f5a13f53520f74842ffdc68c85c04982450a52e77fc15bbfe7dd04eb3c"
+SOURCE_DIGEST = "sha256:b8bc773b9faa72b5f0918add54169189440bf8068ca4d236e063c19f89408438"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -26,6 +26,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum  # imports Triton after cake_core picked the backend
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
@@ -352,7 +353,7 @@ class _MoEGroupedDetFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         x, weight, ends = ctx.saved_tensors
         need_dx, need_dw = ctx.needs_input_grad[:2]

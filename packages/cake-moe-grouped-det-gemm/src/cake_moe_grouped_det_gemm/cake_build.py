@@ -45,7 +45,7 @@ PLANS = [
                 "allow_tf32", "tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0764e4e55f4d07a59f03c004f8d757e1f2a1841a2bd38dbea46bce19bc4bc6d4"
+SOURCE_DIGEST = "sha256:e8e6c2f997487836e3a23d1a38fa9f436603adfae6804f86ac954b24e4999d97"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from cake_core import check_dtype, check_same_device, check_shape, check_tensor
+from cake_core.autograd import once_differentiable
 from cake_core.checks import FLOAT_DTYPES, check_flag, check_ndim
 from cake_core.triton_utils import launch_device_check
 from torch import nn
@@ -70,7 +71,7 @@ class _TakeTopK(torch.autograd.Function):
         return probs.gather(1, ids)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad):
         (ids,) = ctx.saved_tensors
         g = grad.new_zeros(ctx.shape)
@@ -185,7 +186,7 @@ class _Permute(torch.autograd.Function):
         return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dxp):
         (slot,) = ctx.saved_tensors
         k = ctx.top_k
@@ -219,7 +220,7 @@ class _Unpermute(torch.autograd.Function):
         return acc.to(out.dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         out, weights, order, slot = ctx.saved_tensors
         T, k = weights.shape

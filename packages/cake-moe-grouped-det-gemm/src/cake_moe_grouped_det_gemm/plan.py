@@ -175,6 +175,9 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: a CUDA plan reads the device (SM count, compute capability), "
+                         "but CUDA is not available here")
     M, E = _int(M, "M", 0), _int(E, "E", 1)
     N, K = _int(N, "N", 1), _int(K, "K", 1)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):

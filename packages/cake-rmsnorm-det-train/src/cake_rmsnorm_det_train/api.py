@@ -23,6 +23,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import launch_device_check, select_backend
 
@@ -282,7 +283,7 @@ class _RMSNormDetFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy, dh=None):
         xh, weight, rstd = ctx.saved_tensors
         dx, dw = _launch_bwd(dy, dh if ctx.has_residual else None, xh, weight, rstd, ctx.plan,

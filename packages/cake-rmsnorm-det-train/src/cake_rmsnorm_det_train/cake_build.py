@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4d97e6f3b937d44c9c18d62052b14d4ed49238088c1eab9be7c6aecb1849ddd6"
+SOURCE_DIGEST = "sha256:fb5c7838300d8d2541118558c83164e9d4b02e790aee69e2832bc65b993a6332"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -35,6 +35,7 @@ from cake_core import (
     check_tensor,
     require_mode,
 )
+from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import ordered_sum
 from cake_core.triton_utils import is_interpreting, launch_device_check, select_backend
@@ -337,7 +338,7 @@ class _RMSNormSiluGateDetFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, dy):
         x, z, weight, rstd = ctx.saved_tensors
         dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.activation,

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1397799c08b5b6f141f59911ba8a174279bb56f856e219f9b3eb5bbc0a9006be"
+SOURCE_DIGEST = "sha256:8c5f6485d7a30cd47470ff6506d9399f2e53fd819a9f755bc191b63601d62747"
 # --- end of generated block ---
 
 MANIFEST = {
