@@ -135,6 +135,12 @@ def test_cached_plan():
     rule = lambda: calls.append(1) or ToyPlan(block=8)
     assert cached_plan(cache, ("k",), rule) is cached_plan(cache, ("k",), rule)
     assert len(calls) == 1
+    from cake_core.plan import MAX_CACHED_PLANS
+
+    for i in range(MAX_CACHED_PLANS + 5):  # e.g. one key per token count
+        cached_plan(cache, (i,), rule)
+    assert len(cache) <= MAX_CACHED_PLANS
+    assert cached_plan(cache, ("k",), rule) == ToyPlan(block=8)  # same answer after a clear
 
 
 def test_optional_output():

@@ -132,15 +132,23 @@ class Plan:
         return f"{type(self).__name__}:{digest}"
 
 
+#: Most plans one :func:`cached_plan` cache holds before it is emptied.
+MAX_CACHED_PLANS = 1024
+
+
 def cached_plan(cache: dict, key: tuple, rule: Callable[[], P]) -> P:
     """``rule()`` memoised in ``cache`` under ``key`` (a plan rule is a pure function of its
-    key, so caching saves host time and changes nothing). Under ``torch.compile`` the rule
-    runs directly: it is traced once, and a cache lookup would only add guards."""
+    key, so caching saves host time and changes nothing; a full cache, ``MAX_CACHED_PLANS``
+    entries, is emptied first, so rules keyed on token counts do not grow it without bound).
+    Under ``torch.compile`` the rule runs directly: it is traced once, and a cache lookup
+    would only add guards."""
     import torch
 
     if torch.compiler.is_compiling():
         return rule()
     plan = cache.get(key)
     if plan is None:
+        if len(cache) >= MAX_CACHED_PLANS:
+            cache.clear()  # keys may include a token count: bound the memory, not the answers
         plan = cache[key] = rule()
     return plan
