@@ -72,6 +72,25 @@ def test_linear_accumulate_main_grad():
     mg = m.weight.main_grad
     m(x).sum().backward()
     assert m.weight.main_grad is mg  # kept, added to in place
+    m2 = Linear(24, 12, device=DEV, accumulate_main_grad=True)
+    with torch.no_grad():
+        m2(x)
+    assert getattr(m2.weight, "main_grad", None) is None  # no graph, nothing allocated
+
+
+def test_linear_main_grad_under_compile_needs_the_buffer_first():
+    torch._dynamo.reset()
+    m = Linear(24, 12, device=DEV, accumulate_main_grad=True)
+    x = randn((30, 24), torch.float32, DEV, seed=3)
+    f = torch.compile(m, fullgraph=True, backend="aot_eager" if DEV.type == "cpu" else "inductor")
+    with pytest.raises(Exception, match="main_grad must exist before"):
+        f(x)
+    m.weight.main_grad = torch.zeros(12, 24, device=DEV)
+    f(x).sum().backward()
+    ref = torch.zeros(12, 24, device=DEV)
+    dense_projection_det(x, m.weight.detach().requires_grad_(), m.bias, main_grad=ref).sum() \
+        .backward()
+    assert torch.equal(m.weight.main_grad, ref)
 
 
 def test_torch_compile_fullgraph_same_values():

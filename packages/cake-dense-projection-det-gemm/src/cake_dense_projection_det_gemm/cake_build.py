@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:22eaa614ab9aa58b3cfce199ca8ed330de11ce6424050b6fed8438296924f007"
+SOURCE_DIGEST = "sha256:f5be92886accb9423439437a13b1b365cabde8e2cc431002273c1a5285dcbca1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -18,8 +18,10 @@ class Linear(nn.Module):
 
     ``accumulate_main_grad=True`` (keyword only; Megatron's gradient-accumulation fusion):
     the weight gradient is added, in fp32 and in the fixed order, into
-    ``weight.main_grad`` (fp32 ``[out, in]``; zeros allocated on the first forward if the
-    attribute is absent or None) and ``weight.grad`` stays None. The bias gradient goes to
+    ``weight.main_grad`` (fp32 ``[out, in]``; zeros allocated on the first forward that
+    records a graph for the weight if the attribute is absent or None; under
+    ``torch.compile`` it must exist before tracing, else ``ValueError``) and ``weight.grad``
+    stays None. The bias gradient goes to
     ``bias.grad`` as usual. Not twice differentiable (double backward raises
     ``RuntimeError``).
 
@@ -53,9 +55,14 @@ class Linear(nn.Module):
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x: last dim must be in_features={self.in_features}, got {got}")
         main_grad = None
-        if self.accumulate_main_grad:
+        if self.accumulate_main_grad and self.weight.requires_grad and torch.is_grad_enabled():
             main_grad = getattr(self.weight, "main_grad", None)
             if main_grad is None:
+                if torch.compiler.is_compiling():
+                    raise ValueError(
+                        "Linear(accumulate_main_grad=True): weight.main_grad must exist before "
+                        "torch.compile traces the module (allocate fp32 zeros [out, in], or "
+                        "run one eager training step first)")
                 main_grad = torch.zeros(self.weight.shape, dtype=torch.float32,
                                         device=self.weight.device)
                 self.weight.main_grad = main_grad
