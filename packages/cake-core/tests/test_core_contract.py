@@ -77,6 +77,7 @@ def test_workspace_checks():
     ws = Workspace(p, "cpu", {"buf": torch.zeros(4, 8)})
     assert ws.nbytes == 4 * 8 * 4 and ws.mode == Mode.DET and ws.plan_key == p.key
     ws.check(p, torch.device("cpu"))
+    ws.check(ToyPlan(block=64), torch.device("cpu"))  # an equal plan made anew (no key read)
     with pytest.raises(ValueError, match="was made for plan"):
         ws.check(ToyPlan(block=32), torch.device("cpu"))
     with pytest.raises(ValueError, match="mode"):

@@ -36,7 +36,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a835bfa5d587195a80aad668ed9f17338d6bb1de1ff98d41172e155deed80bf3"
+SOURCE_DIGEST = "sha256:80e302ca2e3fbcb0ba563efd2499391deb663b290fac4befaff4848ebcd180b3"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,8 @@ class Workspace:
                 f"{name}: {type(self).__name__} has mode={self.mode}, the call runs "
                 f"mode={plan.mode}"
             )
-        if self.plan_key != plan.key:
+        if self.plan is not plan and self.plan != plan:  # equal fields, equal key (no hashing
+            # here: under torch.compile a cached key of a freshly made plan cannot be traced)
             raise ValueError(
                 f"{name}: {type(self).__name__} was made for plan {self.plan_key} "
                 f"({self.plan.to_dict()}), the call uses plan {plan.key} ({plan.to_dict()})"
