@@ -38,6 +38,20 @@ def test_constant_upstream_gradient_still_refused():
     _penalty_backward(_function(torch.autograd.function.once_differentiable))
 
 
+def test_refused_also_through_autograd_grad_towards_an_input():
+    """autograd.grad(..., [w]) only runs nodes on paths to w: the error must sit on one."""
+    F = _function(once_differentiable)
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    for make in (lambda: F.apply(x, w, 2).sum(), lambda: F.apply(x, w, 2).pow(2).sum()):
+        out = make()
+        (g,) = torch.autograd.grad(out, x, create_graph=True)
+        with pytest.raises(RuntimeError, match="differentiate twice"):
+            torch.autograd.grad(out + g.pow(2).sum(), [w])
+        with pytest.raises(RuntimeError, match="differentiate twice"):
+            torch.autograd.grad(g.pow(2).sum(), [w], allow_unused=True)
+
+
 def test_plain_backward_unchanged():
     F = _function(once_differentiable)
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)

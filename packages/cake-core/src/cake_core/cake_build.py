@@ -36,7 +36,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:80e302ca2e3fbcb0ba563efd2499391deb663b290fac4befaff4848ebcd180b3"
+SOURCE_DIGEST = "sha256:e9d11e88bd18cc3269e0f2405d655b0446c3065bc7c461cac28f1718d98dca1d"
 # --- end of generated block ---
 
 MANIFEST = {
