@@ -107,6 +107,12 @@ def test_wgrad_tma_refusals_and_rule(monkeypatch):
                 assert p.wgrad_tma == int(tma), (cap, dtype, m, n, k)
                 assert p.wgrad_num_stages == (4 if tma else 3)
                 assert wgrad_tma_problem(p, dtype) is None
+    monkeypatch.setattr(plan_mod, "tma_available", lambda: False)  # Triton < 3.4
+    p = plan_mod._rule(16384, 4096, 4096, torch.bfloat16, cuda)
+    assert p.wgrad_tma == 0
+    assert "Triton >= 3.4" in wgrad_tma_problem(dataclasses.replace(p, wgrad_tma=1),
+                                                torch.bfloat16)
+    monkeypatch.undo()
     # rows of 100 bf16 = 200 bytes (not a multiple of 16); fp32 100 * 4 = 400 is
     plan = dataclasses.replace(make_plan(64, 100, 64, torch.bfloat16, DEV), wgrad_tma=1)
     assert "multiples of 8" in wgrad_tma_problem(plan, torch.bfloat16)

@@ -204,6 +204,10 @@ def test_tma_plan_fields_rule_and_format(monkeypatch):
                 want = cap >= (9, 0) and dtype != torch.float32 and n % 8 == 0 and k % 8 == 0
                 assert p.tma == int(want), (cap, dtype, n, k)
                 assert tma_problem(p, dtype) is None
+    monkeypatch.setattr(plan_mod, "tma_available", lambda: False)  # Triton < 3.4
+    p = plan_mod._rule(1 << 16, 8, 4096, 2048, torch.bfloat16, cuda)
+    assert p.tma == 0
+    assert "Triton >= 3.4" in tma_problem(dataclasses.replace(p, tma=1), torch.bfloat16)
 
 
 def test_tma_compile_fullgraph_same_bits():

@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:d96a5b0398da619a3d22dbe764687d705a375c29109518acf7efa3e972093c83"
+SOURCE_DIGEST = "sha256:7e51de936afc6c2b817d6d15c82755fd91fb504e431c708b2890abc3b99e1d49"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

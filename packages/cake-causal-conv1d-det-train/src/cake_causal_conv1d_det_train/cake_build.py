@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:de416d69f0d5c9253695bb7a9583dd3eaa4834e20e73ec302ccb20f364451b3a"
+SOURCE_DIGEST = "sha256:7cfc36806c3b144c376ca8add0d1c7b6a87a4b9a8f95d215acff4cb670e4acbf"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -42,10 +42,19 @@ from cake_core.triton_utils import dot, select_backend, sm_count, tl, triton
 
 select_backend()
 
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+try:  # host-side TMA descriptors: Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+except ImportError:  # older Triton: the pointer kernels only; tma=True raises ValueError
+    TensorDescriptor = None
+
+
+def tma_available() -> bool:
+    """Whether this Triton has host-side TMA descriptors (``triton.tools.tensor_descriptor``,
+    Triton >= 3.4); plan rules pick TMA kernels only then."""
+    return TensorDescriptor is not None
 
 __all__ = ["matmul", "matmul_kernel", "matmul_tma_kernel", "ordered_sum", "ordered_sum_kernel",
-           "tma_layout_problem"]
+           "tma_available", "tma_layout_problem"]
 
 #: largest TMA box edge (elements) a descriptor block may have
 TMA_MAX_BOX = 256
@@ -338,6 +347,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
         return out
     ieee = a.dtype == torch.float32 and not allow_tf32
     if tma:
+        if not tma_available():
+            raise ValueError("matmul(tma=True) needs Triton >= 3.4 (triton.tools."
+                             "tensor_descriptor); use tma=False")
         if bias is not None or scale is not None:
             raise ValueError("matmul(tma=True): bias and scale are not supported")
         return _matmul_tma(a, b, out, accumulate=accumulate, split=split, partials=partials,

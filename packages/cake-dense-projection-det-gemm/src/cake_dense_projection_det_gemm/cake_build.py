@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f5be92886accb9423439437a13b1b365cabde8e2cc431002273c1a5285dcbca1"
+SOURCE_DIGEST = "sha256:b040a3ee91e5b582dc412b3a6d52c730b0fa0bf9d11a0576853663d83b4d3979"
 # --- end of generated block ---
 
 MANIFEST = {

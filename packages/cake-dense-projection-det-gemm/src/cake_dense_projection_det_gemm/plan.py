@@ -114,6 +114,9 @@ def wgrad_tma_problem(plan: DenseProjectionDetPlan, dtype: torch.dtype) -> str |
     and x ``[M, K]`` whose byte lengths must be multiples of 16."""
     if not plan.wgrad_tma:
         return None
+    if not tma_available():
+        return (f"wgrad_tma={plan.wgrad_tma} needs Triton >= 3.4 "
+                "(triton.tools.tensor_descriptor); use wgrad_tma=0")
     es = torch.tensor([], dtype=dtype).element_size()
     bad = [f"{n}={v}" for n, v in (("N", plan.out_features), ("K", plan.in_features))
            if (v * es) % 16]
@@ -124,6 +127,14 @@ def wgrad_tma_problem(plan: DenseProjectionDetPlan, dtype: torch.dtype) -> str |
     return None
 
 _PLANS: dict[tuple, DenseProjectionDetPlan] = {}
+
+
+def tma_available() -> bool:
+    """Whether this Triton has host-side TMA descriptors (Triton >= 3.4; imports Triton, so
+    called only where a CUDA rule is evaluated or a TMA plan is resolved)."""
+    from cake_core.gemm import tma_available as available
+
+    return available()
 
 
 def cuda_capability(device: torch.device) -> tuple[int, int]:
@@ -227,7 +238,7 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         wbk, wwarps, wstages = bk, 8, 3
         min_slice, reduce_block = 4096, 1024
         es = 2 if not fp32 else 4
-        tma = int(not fp32 and cuda_capability(device)[0] >= 9
+        tma = int(not fp32 and tma_available() and cuda_capability(device)[0] >= 9
                   and (N * es) % 16 == 0 and (K * es) % 16 == 0)
         if tma:
             wstages = 4

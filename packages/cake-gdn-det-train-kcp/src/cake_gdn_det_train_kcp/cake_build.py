@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:1fbb104dff59f822e58f6340d8171852d5b4eeddfdd9228c38182a3bb5d106e5"
+SOURCE_DIGEST = "sha256:a17fd7e8af71ef5d8f88a97addd09e4850e95f1d51844cfcd5f85c192b5226a1"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e190eeb7da7d10c134d760cd198d143a059241c98d8b7050118e154c0e3edbac"
+SOURCE_DIGEST = "sha256:1e5090cdd63197f057e46996b76cc5849f28644d240fbe854f915ee9f0ddb2d9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:6a651e47b499523c5144222fcdbdee6cecfe5973f2b1c8915bf4127dee66bc6a"
+SOURCE_DIGEST = "sha256:6f85cf1e69d3228175ada6d8f26366b504437df005535a3f059fa4700b898283"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

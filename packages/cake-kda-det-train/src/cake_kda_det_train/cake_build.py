@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c87c03090f1525e6821736cbf78714b3cca07f012bca164d1226cae0277cfd91"
+SOURCE_DIGEST = "sha256:f2748123508d7fb457c37c4b6e1afde041fbc8c76257fcb90c5e384794151df9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4562e9018c8b7027bf30adf816428894b1f5721d4e0846f7e5c4bdd9373350a3"
+SOURCE_DIGEST = "sha256:f89aa8b086868bdf53713afaab9ce340ab4cb9cde0cf2f6e49257b3e2ef03e27"
 # --- end of generated block ---
 
 MANIFEST = {

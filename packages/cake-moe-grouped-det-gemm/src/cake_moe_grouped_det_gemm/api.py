@@ -28,9 +28,11 @@ from cake_core import (
 )
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
-from cake_core.gemm import ordered_sum  # imports Triton after cake_core picked the backend
+from cake_core.gemm import (  # imports Triton after cake_core picked the backend
+    TensorDescriptor,  # None before Triton 3.4 (tma_problem refuses tma=1 then)
+    ordered_sum,
+)
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from cake_moe_grouped_det_gemm.kernels import (
     grouped_mm_kernel,

@@ -45,7 +45,7 @@ PLANS = [
                 "allow_tf32", "tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e8e6c2f997487836e3a23d1a38fa9f436603adfae6804f86ac954b24e4999d97"
+SOURCE_DIGEST = "sha256:f41fe0ccc0a6c8c4d0cbc682b2e140ecd0cb89c033333f8806259515143f13d4"
 # --- end of generated block ---
 
 MANIFEST = {

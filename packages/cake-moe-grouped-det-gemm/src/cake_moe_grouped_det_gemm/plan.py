@@ -112,6 +112,8 @@ def tma_problem(plan: MoEGroupedDetPlan, dtype: torch.dtype) -> str | None:
     edges are at most 256."""
     if not plan.tma:
         return None
+    if not tma_available():
+        return "tma=1 needs Triton >= 3.4 (triton.tools.tensor_descriptor); use tma=0"
     es = torch.tensor([], dtype=dtype).element_size()
     bad = [f"{n}={v}" for n, v in (("N", plan.out_features), ("K", plan.in_features))
            if (v * es) % 16]
@@ -186,6 +188,14 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
                        lambda: _rule(M, E, N, K, dtype, device))
 
 
+def tma_available() -> bool:
+    """Whether this Triton has host-side TMA descriptors (Triton >= 3.4; imports Triton, so
+    called only where a CUDA rule is evaluated or a TMA plan is resolved)."""
+    from cake_core.gemm import tma_available as available
+
+    return available()
+
+
 def cuda_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) compute capability of a CUDA device (a rule input; tests patch it)."""
     return torch.cuda.get_device_capability(device)
@@ -200,7 +210,7 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
         warps = wwarps = 8
         stages = wstages = 3
         min_slice, reduce_block = CUDA_MIN_SLICE, 1024
-        tma = int(not fp32 and cuda_capability(device)[0] >= 9
+        tma = int(not fp32 and tma_available() and cuda_capability(device)[0] >= 9
                   and (N * 2) % 16 == 0 and (K * 2) % 16 == 0)
     else:
         def fit(d: int) -> int:

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8c5f6485d7a30cd47470ff6506d9399f2e53fd819a9f755bc191b63601d62747"
+SOURCE_DIGEST = "sha256:a9b985b2c055dc82e96c6c5f3a6ba9d4a6b4fd6aeb4728505bfcfbcd2b243721"
 # --- end of generated block ---
 
 MANIFEST = {
