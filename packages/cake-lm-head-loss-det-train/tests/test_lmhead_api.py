@@ -284,6 +284,17 @@ def test_double_backward_through_a_constant_upstream_gradient_raises():
         (out + g.pow(2).sum()).backward()
 
 
+def test_torch_compile_dynamic_shapes_same_bits():
+    """dynamic=True makes the float options SymFloats: the input checks must trace."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda h, w, y: lm_head_loss_det(h, w, y, label_smoothing=0.1),
+                      fullgraph=True, dynamic=True,
+                      backend="aot_eager" if DEV.type == "cpu" else "inductor")
+    for T in (20, 33):
+        h, w, _, y = _data(T=T, seed=T)
+        assert bitwise_equal(f(h, w, y), lm_head_loss_det(h, w, y, label_smoothing=0.1))
+
+
 def test_double_backward_refused_not_silent():
     h, w, _, y = _data()
     hh = h.clone().requires_grad_()

@@ -65,7 +65,8 @@ class LMHeadLossDetGrads(NamedTuple):
 
 
 def _check_scalar(v, name: str, lo: float, hi: float | None = None) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or \
+    # not math.isfinite: under torch.compile(dynamic=True) v may be a SymFloat
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not abs(v) < math.inf or \
             v < lo or (hi is not None and v > hi):
         rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ValueError(f"{name}: expected a finite number {rng}, got {v!r}")

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f89aa8b086868bdf53713afaab9ce340ab4cb9cde0cf2f6e49257b3e2ef03e27"
+SOURCE_DIGEST = "sha256:5bac5a7412d197a1a2772f13c236d5149e33d0d8e278463575a83b01af453f58"
 # --- end of generated block ---
 
 MANIFEST = {
