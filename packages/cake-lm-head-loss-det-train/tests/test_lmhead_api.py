@@ -295,6 +295,18 @@ def test_torch_compile_dynamic_shapes_same_bits():
         assert bitwise_equal(f(h, w, y), lm_head_loss_det(h, w, y, label_smoothing=0.1))
 
 
+def test_torch_compile_with_a_workspace_and_no_plan():
+    """The workspace check compares plans by equality: a plan made while tracing (its key
+    not cached, whose lock dynamo cannot enter) passes it."""
+    torch._dynamo.reset()
+    plan = make_plan(24, 300, torch.float32, DEV)
+    ws = LMHeadLossDetWorkspace.for_plan(plan, DEV, torch.float32)
+    h, w, _, y = _data()
+    f = torch.compile(lambda h, w, y: lm_head_loss_det(h, w, y, workspace=ws), fullgraph=True,
+                      backend="aot_eager" if DEV.type == "cpu" else "inductor")
+    assert bitwise_equal(f(h, w, y), lm_head_loss_det(h, w, y, workspace=ws))
+
+
 def test_double_backward_refused_not_silent():
     h, w, _, y = _data()
     hh = h.clone().requires_grad_()

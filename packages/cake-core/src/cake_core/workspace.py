@@ -64,8 +64,10 @@ class Workspace:
                 f"{name}: {type(self).__name__} has mode={self.mode}, the call runs "
                 f"mode={plan.mode}"
             )
-        if self.plan is not plan and self.plan != plan:  # equal fields, equal key (no hashing
-            # here: under torch.compile a cached key of a freshly made plan cannot be traced)
+        # plans compared by equality (equal fields, equal key): under torch.compile the
+        # cached key of a freshly made plan cannot be traced; the workspace's own plan key
+        # (cached when it was built) is compared too, so a changed plan_key is refused
+        if self.plan_key != self.plan.key or (self.plan is not plan and self.plan != plan):
             raise ValueError(
                 f"{name}: {type(self).__name__} was made for plan {self.plan_key} "
                 f"({self.plan.to_dict()}), the call uses plan {plan.key} ({plan.to_dict()})"
