@@ -27,6 +27,41 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _schedule_tile(SCHED, G, t, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Row tile slot ``t`` in the schedule: ``(valid, g, row0, row_hi, r_on)`` with g its
+    group, row0 its first row, row_hi the group's row end and r_on whether it multiplies
+    (not the tail group, not an empty slot)."""
+    gi = tl.arange(0, BLOCK_G)
+    tile_end = tl.load(SCHED + 2 * G + gi, mask=gi < G, other=2147483647)
+    total = tl.load(SCHED + 2 * G + G - 1)
+    valid = t < total
+    g = tl.minimum(tl.sum((tile_end <= t).to(tl.int32), axis=0), G - 1)
+    first = tl.load(SCHED + 2 * G + g - 1, mask=g > 0, other=0)
+    row_lo = tl.load(SCHED + g)
+    row_hi = tl.load(SCHED + G + g)
+    row0 = row_lo + (t - first) * BLOCK_M
+    return valid, g, row0, row_hi, valid & (g < G - 1)
+
+
+@triton.jit
+def _wgrad_slice(ENDS, pid, s, n_tiles_n, n_tiles_k, SPLIT: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Program ``pid`` of slice ``s``: ``(e, pid_n, pid_k, lo, hi)``, expert e's output tile
+    and the rows ``[lo, hi)`` of its slice (see :func:`grouped_wgrad_kernel`)."""
+    per_e = n_tiles_n * n_tiles_k
+    e = pid // per_e
+    rest = pid % per_e
+    pid_n = rest // n_tiles_k
+    pid_k = rest % n_tiles_k
+    lo_e = tl.load(ENDS + e - 1, mask=e > 0, other=0)
+    hi_e = tl.load(ENDS + e)
+    per_split = ((hi_e - lo_e + SPLIT - 1) // SPLIT + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    lo = lo_e + s * per_split
+    hi = tl.minimum(hi_e, lo + per_split)
+    return e, pid_n, pid_k, lo, hi
+
+
+@triton.jit
 def grouped_mm_kernel(
     A, B, C, SCHED, G, n_cols, R,
     stride_am, stride_ar, stride_be, stride_br, stride_bc, stride_cm, stride_cn,
@@ -40,22 +75,15 @@ def grouped_mm_kernel(
     tile store nothing. R is walked in increasing ``BLOCK_K`` steps (fixed order)."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
-    gi = tl.arange(0, BLOCK_G)
-    tile_end = tl.load(SCHED + 2 * G + gi, mask=gi < G, other=2147483647)
-    total = tl.load(SCHED + 2 * G + G - 1)
-    valid = t < total
-    g = tl.minimum(tl.sum((tile_end <= t).to(tl.int32), axis=0), G - 1)
-    first = tl.load(SCHED + 2 * G + g - 1, mask=g > 0, other=0)
-    row_lo = tl.load(SCHED + g)
-    row_hi = tl.load(SCHED + G + g)
-    rm = row_lo + (t - first) * BLOCK_M + tl.arange(0, BLOCK_M)
+    valid, g, row0, row_hi, r_on = _schedule_tile(SCHED, G, t, BLOCK_M, BLOCK_G)
+    rm = row0 + tl.arange(0, BLOCK_M)
     mm = (rm < row_hi) & valid
     rm = rm.to(tl.int64)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     nm = rn < n_cols
     rk = tl.arange(0, BLOCK_K).to(tl.int64)
     # the tail group (g == G - 1) and empty slots multiply nothing: acc stays 0
-    r_end = tl.where(valid & (g < G - 1), R, 0)
+    r_end = tl.where(r_on, R, 0)
     b_base = B + g.to(tl.int64) * stride_be
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, r_end, BLOCK_K):
@@ -89,16 +117,7 @@ def grouped_wgrad_kernel(
     program stores its tile, an empty expert or slice zeros, so no stale content survives."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    per_e = n_tiles_n * n_tiles_k
-    e = pid // per_e
-    rest = pid % per_e
-    pid_n = rest // n_tiles_k
-    pid_k = rest % n_tiles_k
-    lo_e = tl.load(ENDS + e - 1, mask=e > 0, other=0)
-    hi_e = tl.load(ENDS + e)
-    per_split = ((hi_e - lo_e + SPLIT - 1) // SPLIT + BLOCK_K - 1) // BLOCK_K * BLOCK_K
-    lo = lo_e + s * per_split
-    hi = tl.minimum(hi_e, lo + per_split)
+    e, pid_n, pid_k, lo, hi = _wgrad_slice(ENDS, pid, s, n_tiles_n, n_tiles_k, SPLIT, BLOCK_K)
     rn = (pid_n * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     rk = (pid_k * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     nm = rn < N
@@ -138,18 +157,10 @@ def grouped_mm_tma_kernel(
     ``(g, step, column)``. ``C`` ``[M, n_cols]`` written through pointers."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
-    gi = tl.arange(0, BLOCK_G)
-    tile_end = tl.load(SCHED + 2 * G + gi, mask=gi < G, other=2147483647)
-    total = tl.load(SCHED + 2 * G + G - 1)
-    valid = t < total
-    g = tl.minimum(tl.sum((tile_end <= t).to(tl.int32), axis=0), G - 1)
-    first = tl.load(SCHED + 2 * G + g - 1, mask=g > 0, other=0)
-    row_lo = tl.load(SCHED + g)
-    row_hi = tl.load(SCHED + G + g)
-    row0 = row_lo + (t - first) * BLOCK_M
+    valid, g, row0, row_hi, r_on = _schedule_tile(SCHED, G, t, BLOCK_M, BLOCK_G)
     n0 = pid_n * BLOCK_N
     # the tail group (g == G - 1) and empty slots load and multiply nothing: acc stays 0
-    r_end = tl.where(valid & (g < G - 1), R, 0)
+    r_end = tl.where(r_on, R, 0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, r_end, BLOCK_K):
         a = A_DESC.load([row0, k0])
@@ -180,16 +191,7 @@ def grouped_wgrad_tma_kernel(
     rows of other experts contribute exact zeros (also when they hold inf or NaN)."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    per_e = n_tiles_n * n_tiles_k
-    e = pid // per_e
-    rest = pid % per_e
-    pid_n = rest // n_tiles_k
-    pid_k = rest % n_tiles_k
-    lo_e = tl.load(ENDS + e - 1, mask=e > 0, other=0)
-    hi_e = tl.load(ENDS + e)
-    per_split = ((hi_e - lo_e + SPLIT - 1) // SPLIT + BLOCK_K - 1) // BLOCK_K * BLOCK_K
-    lo = lo_e + s * per_split
-    hi = tl.minimum(hi_e, lo + per_split)
+    e, pid_n, pid_k, lo, hi = _wgrad_slice(ENDS, pid, s, n_tiles_n, n_tiles_k, SPLIT, BLOCK_K)
     r_full = lo + tl.maximum(hi - lo, 0) // BLOCK_K * BLOCK_K  # end of the whole steps
     n0 = pid_n * BLOCK_M
     k0 = pid_k * BLOCK_N
