@@ -498,3 +498,54 @@ def compare_cases(case_names: Iterable[str], make_case: Callable[[str], Any],
         del c
         torch.cuda.empty_cache()
     return out
+
+
+#: SASS instruction groups :func:`offline_sm90_build` counts.
+SASS_GROUPS = {
+    "HGMMA": r"\bHGMMA", "HMMA": r"\bHMMA", "UTMALDG": r"\bUTMALDG", "LDGSTS": r"\bLDGSTS",
+    "LDG": r"\bLDG(\.|\s)", "STG": r"\bSTG(\.|\s)", "LDS": r"\bLDS(\.|\s)",
+    "STS": r"\bSTS(\.|\s)", "LDSM": r"\bLDSM", "BAR": r"\bBAR(\.|\s)",
+    "LDL/STL": r"\b(LDL|STL)(\.|\s)",
+}
+
+
+def offline_sm90_build(fn, types: dict, consts: dict, div16: tuple, num_warps: int,
+                       num_stages: int):
+    """Compile the ``@triton.jit`` function ``fn`` for sm_90 without a GPU (Triton's own
+    compiler and its bundled cuobjdump; ``TRITON_INTERPRET`` must be unset, so cake picks
+    the compiled backend) and return ``(regs, stack bytes, shared bytes, ptx facts, SASS
+    counts)``. ``types``: Triton signature types by argument name; ``consts``: constexpr
+    values; ``div16``: arguments Triton would mark 16-divisible at launch (pointers from
+    torch's allocator, strides that are multiples of 16). Static facts, not timings."""
+    import collections
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+        path = f.name
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True).stdout
+    res = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True).stdout
+    os.unlink(path)
+    ptx = k.asm["ptx"]
+    use = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res))
+    counts = collections.OrderedDict(
+        (g, len(re.findall(p, sass))) for g, p in SASS_GROUPS.items())
+    counts["SASS"] = sum(1 for line in sass.splitlines()
+                         if re.match(r"\s+/\*[0-9a-f]{4}", line))
+    ptx_facts = {"wgmma": len(re.findall(r"\bwgmma\.mma_async", ptx)),
+                 "cp.async.bulk.tensor": len(re.findall(r"\bcp\.async\.bulk\.tensor", ptx)),
+                 "cp.async(non-bulk)": len(re.findall(r"\bcp\.async\.(ca|cg)", ptx))}
+    return use.get("REG"), use.get("STACK"), k.metadata.shared, ptx_facts, counts
