@@ -194,6 +194,9 @@ def test_plan_validation():
         make_plan(4, 8, 16, torch.float64, DEV)
     with pytest.raises(ValueError, match="device"):
         make_plan(4, 8, 16, torch.float32, "nope")
+    if not torch.cuda.is_available():  # a CUDA rule reads the device: refused, not asserted
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            make_plan(4, 8, 16, torch.bfloat16, "cuda")
     import numpy as np
 
     assert make_plan(np.int64(64), 8, 16, torch.float32, DEV) == DenseProjectionDetPlan(**{

@@ -201,6 +201,9 @@ def test_plan_rules_and_roundtrip():
     assert make_plan(512, 32000, torch.bfloat16, "cuda").chunk_tokens == 2048  # the floor
     assert make_plan(4096, 151936, torch.bfloat16, "cuda").chunk_tokens == 1280
     assert make_plan(4096, 151936, torch.float32, "cuda").cublas_gemms == 0
+    for bad in (torch.float64, torch.int64, "bf16"):
+        with pytest.raises(ValueError, match="dtype"):
+            make_plan(4096, 151936, bad, "cuda")
     assert make_plan(64, 100, torch.bfloat16, "cpu").cublas_gemms == 0
     assert make_plan(64, 100, torch.float32, DEV, reduction="none").grad_in_forward == 0
     assert make_plan(24, 300, torch.float32, DEV) is make_plan(24, 300, torch.float32,

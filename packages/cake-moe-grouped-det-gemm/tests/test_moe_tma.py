@@ -204,6 +204,9 @@ def test_tma_plan_fields_rule_and_format(monkeypatch):
                 want = cap >= (9, 0) and dtype != torch.float32 and n % 8 == 0 and k % 8 == 0
                 assert p.tma == int(want), (cap, dtype, n, k)
                 assert tma_problem(p, dtype) is None
+    if not torch.cuda.is_available():  # a CUDA rule reads the device: refused, not asserted
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            make_plan(64, 4, 24, 40, torch.bfloat16, "cuda")
     monkeypatch.setattr(plan_mod, "tma_available", lambda: False)  # Triton < 3.4
     p = plan_mod._rule(1 << 16, 8, 4096, 2048, torch.bfloat16, cuda)
     assert p.tma == 0
