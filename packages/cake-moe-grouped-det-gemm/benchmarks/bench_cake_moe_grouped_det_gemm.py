@@ -28,7 +28,10 @@ GPU run (one H200; the issue's grid: E in 8, 64, 128; top-8 of 16384 tokens; (N,
         bench_cake_moe_grouped_det_gemm.py --out $OUT/moe_bench.json
 
 The TMA kernels (plan field ``tma``, off in the rule): add ``--plan tma=1`` (any plan
-field can be replaced, ``--plan KEY=INT ...``; the JSON records the plan run).
+field can be replaced, ``--plan KEY=INT ...``; the JSON records the plan run). With
+``grouped_mm_fwd_dgrad = 1`` (the rule's choice on Hopper for bf16 with N and K multiples
+of 8; ``--plan grouped_mm_fwd_dgrad=0`` turns it off) cake's fwd and dgrad are
+``torch._grouped_mm`` plus the zeroing of the rows past the last expert.
 
 CPU smoke test (Triton interpreter, perf_counter timer, tiny shapes)::
 
@@ -115,7 +118,7 @@ def run_case(E: int, N: int, K: int, routing: str, tokens: int, top_k: int, dtyp
     from cake_core.testing import rel_fro_error as rel_err
     from cake_moe_grouped_det_gemm import MoEGroupedDetWorkspace, make_plan
     from cake_moe_grouped_det_gemm.api import _launch_bwd, _launch_fwd, _row_ends
-    from cake_moe_grouped_det_gemm.plan import tma_problem
+    from cake_moe_grouped_det_gemm.plan import grouped_mm_problem, tma_problem
 
     M = tokens * top_k
     sizes = group_sizes(M, E, routing)
@@ -130,9 +133,10 @@ def run_case(E: int, N: int, K: int, routing: str, tokens: int, top_k: int, dtyp
         import dataclasses
 
         plan = dataclasses.replace(plan, **plan_over)
-    why = tma_problem(plan, dtype)  # the launches below skip the API's checks
-    if why is not None:
-        raise ValueError(f"--plan: {why}")
+    # the launches below skip the API's checks
+    for why in (tma_problem(plan, dtype), grouped_mm_problem(plan, dtype, torch.device(device))):
+        if why is not None:
+            raise ValueError(f"--plan: {why}")
     ws = MoEGroupedDetWorkspace.for_plan(plan, device)
     parts = ws["partials"] if plan.wgrad_splits > 1 else None
 

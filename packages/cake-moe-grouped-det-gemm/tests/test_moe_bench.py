@@ -50,6 +50,21 @@ def test_cpu_smoke_tma_plan(tmp_path):
     assert max(r["rel_err"].values()) < 1e-2
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="--device cpu needs Triton's interpreter (see test_cpu_smoke)")
+def test_cpu_smoke_grouped_mm_plan(tmp_path):
+    """``--plan grouped_mm_fwd_dgrad=1``: fwd and dgrad on torch._grouped_mm (its CPU
+    fallback), the wgrad on cake's kernels; the JSON records the plan run."""
+    out = tmp_path / "moe_gmm.json"
+    rc = bench.main(["--device", "cpu", "--quick", "--experts", "3", "--nk", "16x24",
+                     "--tokens", "8", "--top-k", "2", "--routings", "skewed", "--plan",
+                     "grouped_mm_fwd_dgrad=1", "--out", str(out)])
+    assert rc == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["plan"]["grouped_mm_fwd_dgrad"] == 1 and r["wgrad_bitwise_repeat"]
+    assert max(r["rel_err"].values()) < 1e-2
+
+
 LAYER = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_moe_layer.py"
 _lspec = importlib.util.spec_from_file_location("bench_moe_layer", LAYER)
 layer_bench = importlib.util.module_from_spec(_lspec)

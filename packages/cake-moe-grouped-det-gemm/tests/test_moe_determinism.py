@@ -1,10 +1,12 @@
 """y, dx, dW and main_grad are bitwise repeatable under one plan; a reordered split-K sum is
-not (the test can fail); another split is another order."""
+not (the test can fail); another split is another order. The repeat and two-process checks
+also run with plan ``grouped_mm_fwd_dgrad = 1`` (forward and dgrad on torch._grouped_mm)."""
 
 import dataclasses
 
+import pytest
 import torch
-from _moe_cases import DEV, make
+from _moe_cases import DEV, grouped_mm_route_missing, make
 from cake_core.testing import (
     assert_bitwise_repeat,
     assert_same_output_across_processes,
@@ -22,15 +24,22 @@ from cake_moe_grouped_det_gemm import (
 SIZES = [150, 0, 1, 90]
 
 
-def _plan(x, w, splits):
+#: (plan grouped_mm_fwd_dgrad, N): the route needs N and K multiples of 8
+ROUTES = [pytest.param(0, 20, id="cake-fwd-dgrad"),
+          pytest.param(1, 24, id="grouped-mm-fwd-dgrad", marks=pytest.mark.skipif(
+              grouped_mm_route_missing() is not None, reason=str(grouped_mm_route_missing())))]
+
+
+def _plan(x, w, splits, route=0):
     M, (E, N, K) = x.shape[0], w.shape
     return dataclasses.replace(make_plan(M, E, N, K, x.dtype, DEV), wgrad_splits=splits,
-                               wgrad_block_k=16)
+                               wgrad_block_k=16, grouped_mm_fwd_dgrad=route)
 
 
-def test_repeat_bitwise_with_other_kernels_between():
-    x, w, offs, dy = make(SIZES, dtype=torch.bfloat16, tail=3)
-    plan = _plan(x, w, 3)
+@pytest.mark.parametrize("route,N", ROUTES)
+def test_repeat_bitwise_with_other_kernels_between(route, N):
+    x, w, offs, dy = make(SIZES, N=N, dtype=torch.bfloat16, tail=3)
+    plan = _plan(x, w, 3, route)
     ws = MoEGroupedDetWorkspace.for_plan(plan, DEV)
     mg = randn(w.shape, torch.float32, DEV, seed=5)
 
@@ -94,14 +103,19 @@ from cake_core.testing import bits, randn
 from cake_core.triton_utils import default_device
 from cake_moe_grouped_det_gemm import moe_grouped_det_gemm
 dev = default_device()
+import dataclasses
+from cake_moe_grouped_det_gemm import make_plan
+N, route = {N}, {route}
 x = randn((70, 24), torch.bfloat16, dev, seed=1, scale=3.0).requires_grad_()
-w = randn((3, 20, 24), torch.bfloat16, dev, seed=2).requires_grad_()
+w = randn((3, N, 24), torch.bfloat16, dev, seed=2).requires_grad_()
 offs = torch.tensor([30, 30, 66], dtype=torch.int32, device=dev)
-mg = randn((3, 20, 24), torch.float32, dev, seed=5)
-dy = randn((70, 20), torch.bfloat16, dev, seed=4, scale=10.0)
-y = moe_grouped_det_gemm(x, w, offs)
+mg = randn((3, N, 24), torch.float32, dev, seed=5)
+dy = randn((70, N), torch.bfloat16, dev, seed=4, scale=10.0)
+plan = dataclasses.replace(make_plan(70, 3, N, 24, torch.bfloat16, dev),
+                           grouped_mm_fwd_dgrad=route)
+y = moe_grouped_det_gemm(x, w, offs, plan=plan)
 y.backward(dy)
-moe_grouped_det_gemm(x.detach(), w, offs, main_grad=mg).backward(dy)
+moe_grouped_det_gemm(x.detach(), w, offs, plan=plan, main_grad=mg).backward(dy)
 d = hashlib.sha256()
 for t in (y, x.grad, w.grad, mg):
     d.update(bits(t).cpu().numpy().tobytes())
@@ -109,5 +123,6 @@ print(d.hexdigest())
 """
 
 
-def test_same_bits_process_after_process():
-    assert_same_output_across_processes(_HASH_SCRIPT)
+@pytest.mark.parametrize("route,N", ROUTES)
+def test_same_bits_process_after_process(route, N):
+    assert_same_output_across_processes(_HASH_SCRIPT.format(N=N, route=route))

@@ -179,14 +179,17 @@ def test_tma_plan_fields_rule_and_format(monkeypatch):
     assert plan.tma == int(DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9)
     t = dataclasses.replace(plan, tma=1)
     d = t.to_dict()
-    assert d["tma"] == 1 and d["version"] == 2
+    assert d["tma"] == 1 and d["version"] == 3
     assert MoEGroupedDetPlan.from_dict(d) == t
-    old = {k: v for k, v in plan.to_dict().items() if k != "tma"}
+    old = {k: v for k, v in plan.to_dict().items() if k not in ("tma", "grouped_mm_fwd_dgrad")}
     old["version"] = 1  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 1"):
+    with pytest.raises(ValueError, match="format version 1 .*add tma = 0"):
         MoEGroupedDetPlan.from_dict(old)
     with pytest.raises(ValueError, match="tma"):
-        MoEGroupedDetPlan.from_dict({**old, "version": 2})  # missing field
+        MoEGroupedDetPlan.from_dict({**old, "version": 3})  # missing fields
+    assert MoEGroupedDetPlan.from_dict({**old, "version": 3, "tma": 0,
+                                        "grouped_mm_fwd_dgrad": 0}) == \
+        dataclasses.replace(plan, tma=0, grouped_mm_fwd_dgrad=0)
     with pytest.raises(ValueError, match="tma must be 0 or 1"):
         dataclasses.replace(plan, tma=2)
     with pytest.raises(ValueError, match="<= 256"):

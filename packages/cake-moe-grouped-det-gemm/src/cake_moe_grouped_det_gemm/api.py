@@ -8,7 +8,10 @@ Math, x ``[M, K]`` sorted by expert, weight ``[E, N, K]``, expert e's rows
     dW[e]         = dy[rows of e]ᵀ · x[rows of e]    (split-K over fixed row slices of each
                                                       expert, ordered sum; empty expert: 0)
 All products accumulate in fp32. The offsets are never read on the host: the launch grids
-are bounds from the shapes, and the kernels read a schedule built on the device.
+are bounds from the shapes, and the kernels read a schedule built on the device. With plan
+``grouped_mm_fwd_dgrad = 1`` the forward and dgrad run ``torch._grouped_mm`` on the same
+device-side row ends (its CUTLASS kernels read them on the device too), then a Triton kernel
+zeroes the rows of no expert, which torch leaves unwritten; the wgrad stays cake's.
 """
 
 from __future__ import annotations
@@ -39,8 +42,14 @@ from cake_moe_grouped_det_gemm.kernels import (
     grouped_mm_tma_kernel,
     grouped_wgrad_kernel,
     grouped_wgrad_tma_kernel,
+    zero_tail_rows_kernel,
 )
-from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan, tma_problem
+from cake_moe_grouped_det_gemm.plan import (
+    MoEGroupedDetPlan,
+    grouped_mm_problem,
+    make_plan,
+    tma_problem,
+)
 from cake_moe_grouped_det_gemm.saved import (
     MoEGroupedDetSavedSet,
     MoEGroupedDetWorkspace,
@@ -49,6 +58,8 @@ from cake_moe_grouped_det_gemm.saved import (
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_MAX = 2**31 - 1
+#: Rows per program of ``zero_tail_rows_kernel``; most columns per step of it.
+TAIL_BLOCK_ROWS, TAIL_BLOCK_COLS = 32, 128
 
 
 class MoEGroupedDetGrads(NamedTuple):
@@ -127,9 +138,9 @@ def _resolve_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype,
         raise ValueError(f"plan: made for num_experts={plan.num_experts}, out_features="
                          f"{plan.out_features}, in_features={plan.in_features}; inputs have "
                          f"E={E}, N={N}, K={K}")
-    why = tma_problem(plan, dtype)
-    if why is not None:
-        raise ValueError(f"plan: {why}")
+    for why in (tma_problem(plan, dtype), grouped_mm_problem(plan, dtype, device)):
+        if why is not None:
+            raise ValueError(f"plan: {why}")
     return plan
 
 
@@ -225,7 +236,46 @@ def _grouped_mm(a, b, out, ends, plan: MoEGroupedDetPlan, b_strides,
         num_stages=plan.num_stages)
 
 
+def _gmm_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when ``torch._grouped_mm`` reads it as row-major (unit last stride, the
+    other strides multiples of 16 bytes, rows not overlapping, a 16-byte aligned start),
+    else a contiguous copy. One layout for every caller's view, so the bits do not depend on
+    which strides the caller passed (torch picks its kernel by layout)."""
+    es = t.element_size()
+    if t.stride(-1) == 1 and t.stride(-2) >= t.shape[-1] and t.data_ptr() % 16 == 0 and \
+            all((st * es) % 16 == 0 for st in t.stride()[:-1]):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _zero_tail_rows(out: torch.Tensor, ends: torch.Tensor) -> None:
+    """Zeros into the rows of ``out`` past ``ends[E-1]`` (read on the device, no sync)."""
+    M, n_cols = out.shape
+    zero_tail_rows_kernel[(cdiv(M, TAIL_BLOCK_ROWS),)](
+        out, ends, ends.shape[0], M, n_cols, out.stride(0), out.stride(1),
+        BLOCK_R=TAIL_BLOCK_ROWS, BLOCK_C=min(TAIL_BLOCK_COLS, next_power_of_2(n_cols)),
+        num_warps=4)
+
+
+def _grouped_mm_torch(a, weight, ends, forward: bool) -> torch.Tensor:
+    """Plan ``grouped_mm_fwd_dgrad``: ``torch._grouped_mm(a, weight[e]ᵀ)`` (``forward``)
+    or ``torch._grouped_mm(a, weight[e])`` over the row ends ``ends`` (int32, clamped and
+    non-decreasing on the device, so torch reads rows in ``[0, M]`` only), then zeros in
+    the rows past the last end. torch allocates the output (``_grouped_mm`` has no ``out=``);
+    with N and K multiples of 8 (:func:`grouped_mm_problem`) it is contiguous."""
+    M = a.shape[0]
+    n_cols = weight.shape[1] if forward else weight.shape[2]
+    if M == 0:
+        return torch.empty((0, n_cols), dtype=a.dtype, device=a.device)
+    a, w = _gmm_ready(a), _gmm_ready(weight)
+    out = torch._grouped_mm(a, w.transpose(-2, -1) if forward else w, offs=ends)
+    _zero_tail_rows(out, ends)
+    return out if out.is_contiguous() else out.contiguous()
+
+
 def _launch_fwd(x, weight, ends, plan: MoEGroupedDetPlan) -> torch.Tensor:
+    if plan.grouped_mm_fwd_dgrad:
+        return _grouped_mm_torch(x, weight, ends, forward=True)
     y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
     # B[e] = weight[e]ᵀ: reduction over K (stride 2), columns over N (stride 1)
     _grouped_mm(x, weight, y, ends, plan, (weight.stride(0), weight.stride(2), weight.stride(1)))
@@ -266,13 +316,16 @@ def _launch_bwd(dy, x, weight, ends, plan: MoEGroupedDetPlan, partials, main_gra
     M = x.shape[0]
     E, N, K = weight.shape
     dev = x.device
-    dx = torch.empty((M, K) if need_dx else (0,), dtype=x.dtype, device=dev)
+    if need_dx and plan.grouped_mm_fwd_dgrad:
+        dx = _grouped_mm_torch(dy, weight, ends, forward=False)
+    else:
+        dx = torch.empty((M, K) if need_dx else (0,), dtype=x.dtype, device=dev)
+        if need_dx and M > 0:
+            # B[e] = weight[e]: reduction over N (stride 1), columns over K (stride 2)
+            _grouped_mm(dy, weight, dx, ends, plan,
+                        (weight.stride(0), weight.stride(1), weight.stride(2)), forward=False)
     dw = torch.empty((E, N, K) if need_dw and main_grad is None else (0,), dtype=weight.dtype,
                      device=dev)
-    if need_dx and M > 0:
-        # B[e] = weight[e]: reduction over N (stride 1), columns over K (stride 2)
-        _grouped_mm(dy, weight, dx, ends, plan,
-                    (weight.stride(0), weight.stride(1), weight.stride(2)), forward=False)
     if not need_dw:
         return dx, dw
     if M == 0:  # no rows: dW = 0, main_grad unchanged
@@ -389,7 +442,11 @@ _CHECKS_DOC = """
     a device-side clamp, ``end[e] = max(end[e-1], min(max(offs[e], 0), M))``, so bad
     offsets cannot read or write out of bounds; they silently give the result of those
     clamped offsets (a decreasing offset makes that expert empty, an offset past M ends
-    at M) rather than an error.
+    at M) rather than an error. With ``plan.grouped_mm_fwd_dgrad = 1`` torch._grouped_mm
+    gets those same clamped row ends, so it cannot read or write out of bounds either, and
+    the result is the same clamped one. That plan is also checked before any launch
+    (``grouped_mm_problem``: torch has ``_grouped_mm``, bf16, N and K multiples of 8, on
+    CUDA compute capability 9.x or 10.x).
 """
 
 
@@ -418,7 +475,11 @@ moe_grouped_det_gemm.__doc__ = """Deterministic MoE grouped GEMM with autograd:
 
     Determinism: y, dx, dW and main_grad's new contents are bitwise repeatable for equal
     inputs (offsets included), plan, hardware and main_grad contents (fixed row slices per
-    expert, ordered sums, no atomics). An expert with no rows gets an exact-zero dW.
+    expert, ordered sums, no atomics). An expert with no rows gets an exact-zero dW. With
+    ``plan.grouped_mm_fwd_dgrad = 1``, y and dx come from ``torch._grouped_mm``, which
+    torch does not document as deterministic: it repeated bitwise in the measurements
+    cited in :class:`MoEGroupedDetPlan` (one H200, torch 2.11; bf16) and in the package's
+    CPU tests; bits are then fixed per torch build too.
 """ + _CHECKS_DOC
 
 

@@ -38,16 +38,17 @@ KERNELS = [
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_wgrad_kernel"},
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_mm_tma_kernel"},
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_wgrad_tma_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "zero_tail_rows_kernel"},
 ]
 PLANS = [
-    {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 2,
+    {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 3,
      "fields": ["num_experts", "out_features", "in_features", "block_m", "block_n", "block_k",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits", "reduce_block",
-                "allow_tf32", "tma"]},
+                "allow_tf32", "tma", "grouped_mm_fwd_dgrad"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0123facc239038f0836a8f717c5e8562e0a78874be566f045eee74d3362f5969"
+SOURCE_DIGEST = "sha256:c023c434d08d3b6645bc7f19781ee26989e97e7e1fc0a66846ed14f713afe1d6"
 # --- end of generated block ---
 
 MANIFEST = {

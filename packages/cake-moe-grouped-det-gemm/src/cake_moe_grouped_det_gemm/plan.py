@@ -38,7 +38,8 @@ class MoEGroupedDetPlan(Plan):
         block_m / block_n / block_k, num_warps, num_stages: tiles of the token-major GEMMs,
             forward ``y[rows, N] = x[rows, K] · W[e]ᵀ`` and dgrad ``dx[rows, K] =
             dy[rows, N] · W[e]`` (block_m rows of one expert per tile; block_n the output
-            column tile, block_k the reduction step of both).
+            column tile, block_k the reduction step of both; unused when
+            ``grouped_mm_fwd_dgrad = 1``).
         wgrad_block_m / wgrad_block_n / wgrad_block_k, wgrad_num_warps, wgrad_num_stages:
             tiles of ``dW[e][N, K] = dy[rows of e]ᵀ · x[rows of e]`` (wgrad_block_k rows per
             step of the reduction).
@@ -63,14 +64,34 @@ class MoEGroupedDetPlan(Plan):
             products differently). Needs ``N`` and ``K`` times the element size to be
             multiples of 16 bytes and tiles <= 256 (:func:`tma_problem`); x / dy / weight
             views whose layout TMA cannot read are copied contiguous first. The rule picks 1
-            on Hopper for 16-bit inputs with aligned N and K (see :func:`make_plan`).
+            on Hopper for 16-bit inputs with aligned N and K (see :func:`make_plan`). With
+            ``grouped_mm_fwd_dgrad = 1`` it steers the wgrad only.
+        grouped_mm_fwd_dgrad: 1 routes the forward and dgrad GEMMs to
+            ``torch._grouped_mm`` (``_grouped_mm(x, weight.transpose(-2, -1), offs=ends)``
+            and ``_grouped_mm(dy, weight, offs=ends)``, ``ends`` the device-side clamped
+            row ends, int32), then a Triton kernel (``zero_tail_rows_kernel``) writes zeros to
+            the rows past the last expert's end, which torch leaves unwritten; no host sync.
+            Measured on one H200 (torch 2.11.0+cu130; docs/benchmarks/moe.md, session 12):
+            bf16, M = 131072 rows, E in {8, 64, 128}, (N, K) in {(3072, 4096), (4096, 1536)},
+            balanced and skewed routing: bitwise equal over 5 runs and across two processes,
+            1.66e-3 relative error against float64 (the bf16 output rounding, as cake's
+            kernels). 0 keeps them on cake's kernels (the rule's choice everywhere but
+            Hopper with bf16 and aligned N and K, see :func:`make_plan`). The wgrad
+            (fixed-order split-K, ``main_grad``-fused) is always cake's. With 1 the
+            forward/dgrad tile fields (block_m / _n / _k, num_warps, num_stages) stay in the
+            plan but are unused. Needs ``torch._grouped_mm``, bf16 inputs, N and K multiples
+            of 8, and on CUDA compute capability 9.x or 10.x (:func:`grouped_mm_problem`);
+            x / dy / weight views torch cannot read as row-major are copied contiguous
+            first. Bits fixed per plan and torch build (torch's kernels), not promised equal
+            between 0 and 1.
 
-    Format version 2 added ``tma``; a version-1 dict is refused by ``from_dict`` (re-make
-    the plan, or add ``tma = 0`` and ``version = 2`` for the same launches).
+    Format version 3 added ``grouped_mm_fwd_dgrad`` (version 2 added ``tma``). An older dict
+    is refused by ``from_dict``: re-make the plan, or add ``grouped_mm_fwd_dgrad = 0`` (and,
+    for version 1, ``tma = 0``) and set ``version = 3`` for the same launches.
     """
 
     family: ClassVar[str] = "cake-moe-grouped-det-gemm"
-    format_version: ClassVar[int] = 2
+    format_version: ClassVar[int] = 3
 
     num_experts: int
     out_features: int
@@ -89,6 +110,7 @@ class MoEGroupedDetPlan(Plan):
     reduce_block: int
     allow_tf32: int
     tma: int
+    grouped_mm_fwd_dgrad: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,11 +120,37 @@ class MoEGroupedDetPlan(Plan):
         self.require_at_least("num_stages", "wgrad_num_stages")
         self.require_warps("num_warps", "wgrad_num_warps")
         self.require_in_range("wgrad_splits", 1, MAX_WGRAD_SPLITS)
-        self.require_flags("allow_tf32", "tma")
+        self.require_flags("allow_tf32", "tma", "grouped_mm_fwd_dgrad")
         if self.tma and max(getattr(self, n) for n in _POW2_FIELDS[:6]) > TMA_MAX_BOX:
             self._fail(f"tma needs block_m / _n / _k and wgrad_block_m / _n / _k <= "
                        f"{TMA_MAX_BOX} (a TMA box edge)")
         self.require_mode(Mode.DET)
+
+    @classmethod
+    def from_dict(cls, d):
+        """:meth:`Plan.from_dict`, with how to upgrade a dict of an older format version."""
+        version = d.get("version", cls.format_version)
+        if d.get("plan", cls.__name__) == cls.__name__ and isinstance(version, int) and \
+                version in _UPGRADES:
+            raise ValueError(
+                f"from_dict: {cls.__name__} format version {version} is not "
+                f"{cls.format_version}: {_UPGRADES[version]}, or re-make the plan with "
+                "make_plan")
+        return super().from_dict(d)
+
+
+#: How to bring a dict of an older format version to the current one (same launches).
+_UPGRADES = {
+    1: "version 2 added tma and version 3 grouped_mm_fwd_dgrad; add tma = 0 and "
+       "grouped_mm_fwd_dgrad = 0 and set version = 3 for the same launches",
+    2: "version 3 added grouped_mm_fwd_dgrad (forward and dgrad on torch._grouped_mm); "
+       "add grouped_mm_fwd_dgrad = 0 and set version = 3 for the same launches",
+}
+
+#: Input dtypes the ``grouped_mm_fwd_dgrad = 1`` route accepts: torch._grouped_mm's CUDA
+#: fast path (CUTLASS, sm_90 / sm_100) is bf16 only; other dtypes go to its per-expert
+#: fallback, which copies the offsets to the host (a sync) on CUDA.
+GROUPED_MM_DTYPES = (torch.bfloat16,)
 
 
 def tma_problem(plan: MoEGroupedDetPlan, dtype: torch.dtype) -> str | None:
@@ -167,6 +215,15 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
       unaligned N or K). Measured on an H200 (docs/benchmarks/moe.md, session 11; same
       tiles): wgrad 0.88-1.07x torch._grouped_mm's time against 1.09-1.30x with pointer
       loads, forward 1.30-1.46x against 1.34-1.69x, dgrad 1.35-1.50x against 1.41-1.52x.
+    - ``grouped_mm_fwd_dgrad = 1`` (forward and dgrad on ``torch._grouped_mm``, the wgrad
+      still cake's) on CUDA devices of compute capability 9.x (Hopper) for bf16 with N and K
+      multiples of 8, when this torch has ``torch._grouped_mm``; 0 elsewhere (CPU, fp16,
+      fp32, other GPUs, unaligned N or K). Evidence (one H200, torch 2.11.0+cu130, session
+      12, docs/benchmarks/moe.md): bitwise equal over 5 runs and across two processes at
+      M = 131072, E in {8, 64, 128}, balanced and skewed routing, 1.66e-3 from float64; and
+      cake's forward/dgrad took 1.30-1.50x torch's time (session 11). The forward/dgrad
+      tiles above stay in the plan, unused by those phases. The timing of the layer with
+      this route as the default is not yet measured on a GPU.
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
@@ -186,6 +243,43 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
         raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
     return cached_plan(_PLANS, (M, E, N, K, dtype, device.type, device.index),
                        lambda: _rule(M, E, N, K, dtype, device))
+
+
+def grouped_mm_available() -> bool:
+    """Whether this torch has ``torch._grouped_mm`` (a rule input; tests patch it)."""
+    return getattr(torch, "_grouped_mm", None) is not None
+
+
+def grouped_mm_problem(plan: MoEGroupedDetPlan, dtype: torch.dtype,
+                       device: torch.device) -> str | None:
+    """Why ``plan`` (with ``grouped_mm_fwd_dgrad = 1``) cannot route the forward and dgrad
+    to ``torch._grouped_mm`` for inputs of ``dtype`` on ``device`` (None when it can, or
+    when the flag is 0): torch must have it; bf16 only (``GROUPED_MM_DTYPES``: its fp16 /
+    fp32 path loops over the experts after copying the offsets to the host, a sync);
+    N and K multiples of 8 (16-byte rows of x, dy, weight and of the outputs, which torch
+    pads otherwise); on CUDA compute capability 9.x or 10.x (torch's CUTLASS grouped GEMM;
+    elsewhere the same host-syncing fallback). On the CPU torch runs a per-expert loop: the
+    route is allowed there when a caller forces it (tests), the rule never picks it."""
+    if not plan.grouped_mm_fwd_dgrad:
+        return None
+    if not grouped_mm_available():
+        return (f"grouped_mm_fwd_dgrad=1 needs torch._grouped_mm, which torch "
+                f"{torch.__version__} lacks; use grouped_mm_fwd_dgrad=0")
+    if dtype not in GROUPED_MM_DTYPES:
+        return (f"grouped_mm_fwd_dgrad=1 needs bfloat16 inputs (torch._grouped_mm's fast "
+                f"path; other dtypes copy the offsets to the host), got {str(dtype)[6:]}; "
+                "use grouped_mm_fwd_dgrad=0")
+    bad = [f"{n}={v}" for n, v in (("N", plan.out_features), ("K", plan.in_features)) if v % 8]
+    if bad:
+        return (f"grouped_mm_fwd_dgrad=1 needs out_features N and in_features K to be "
+                f"multiples of 8 (torch._grouped_mm reads and writes 16-byte aligned rows), "
+                f"got {', '.join(bad)}; use grouped_mm_fwd_dgrad=0")
+    if device.type == "cuda" and cuda_capability(device)[0] not in (9, 10):
+        major, minor = cuda_capability(device)
+        return (f"grouped_mm_fwd_dgrad=1 needs a CUDA device of compute capability 9.x or "
+                f"10.x (torch._grouped_mm's CUTLASS kernels; elsewhere it copies the offsets "
+                f"to the host), got {major}.{minor}; use grouped_mm_fwd_dgrad=0")
+    return None
 
 
 def tma_available() -> bool:
@@ -212,6 +306,8 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
         min_slice, reduce_block = CUDA_MIN_SLICE, 1024
         tma = int(not fp32 and tma_available() and cuda_capability(device)[0] >= 9
                   and (N * 2) % 16 == 0 and (K * 2) % 16 == 0)
+        gmm = int(dtype == torch.bfloat16 and cuda_capability(device)[0] == 9
+                  and grouped_mm_available() and N % 8 == 0 and K % 8 == 0)
     else:
         def fit(d: int) -> int:
             return max(CPU_TILE_MIN, min(CPU_TILE_MAX, next_power_of_2(d)))
@@ -223,7 +319,7 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
         warps = wwarps = 4
         stages = wstages = 1
         min_slice, reduce_block = CPU_MIN_SLICE, 4096
-        tma = 0
+        tma = gmm = 0
     tiles = E * _cdiv(N, wbm) * _cdiv(K, wbn)
     splits = 1 if tiles >= sms else \
         max(1, min(sms // tiles, (M // E) // min_slice, MAX_WGRAD_SPLITS))
@@ -232,5 +328,5 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
         block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
-        reduce_block=reduce_block, allow_tf32=0, tma=tma,
+        reduce_block=reduce_block, allow_tf32=0, tma=tma, grouped_mm_fwd_dgrad=gmm,
     )

@@ -4,7 +4,8 @@
 expert offsets on the device), ``grouped_wgrad_kernel`` the per-expert split-K wgrad; the
 partial planes are summed in slice order by cake-core's ``ordered_sum_kernel``.
 ``grouped_mm_tma_kernel`` / ``grouped_wgrad_tma_kernel``: the same with operands read through
-TMA tensor descriptors (plan field ``tma``).
+TMA tensor descriptors (plan field ``tma``). ``zero_tail_rows_kernel`` zeroes the rows past the
+last expert's end of an output ``torch._grouped_mm`` wrote (plan field ``grouped_mm_fwd_dgrad``).
 """
 
 from cake_core.triton_utils import select_backend
@@ -16,7 +17,8 @@ from cake_moe_grouped_det_gemm.kernels.grouped import (  # noqa: E402
     grouped_mm_tma_kernel,
     grouped_wgrad_kernel,
     grouped_wgrad_tma_kernel,
+    zero_tail_rows_kernel,
 )
 
 __all__ = ["grouped_mm_kernel", "grouped_mm_tma_kernel", "grouped_wgrad_kernel",
-           "grouped_wgrad_tma_kernel"]
+           "grouped_wgrad_tma_kernel", "zero_tail_rows_kernel"]

@@ -1,4 +1,5 @@
-"""The grouped GEMM kernels: forward/dgrad over a device-side tile schedule, split-K wgrad.
+"""The grouped GEMM kernels: forward/dgrad over a device-side tile schedule, split-K wgrad,
+and the zeroing of the rows past the last expert after ``torch._grouped_mm``.
 
 No host sync: the launch grids are upper bounds known from shapes alone, and every program
 finds its expert and rows by reading the schedule (built from the offsets by torch ops on
@@ -215,3 +216,28 @@ def grouped_wgrad_tma_kernel(
     if ACCUMULATE:
         acc = tl.load(o_ptrs, mask=omask, other=0.0) + acc
     tl.store(o_ptrs, acc.to(OUT.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def zero_tail_rows_kernel(
+    OUT, ENDS, E, M, n_cols, stride_om, stride_on,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Zeros into the rows ``[ENDS[E - 1], M)`` of ``OUT`` ``[M, n_cols]``: the rows of no
+    expert, which ``torch._grouped_mm`` leaves unwritten (plan ``grouped_mm_fwd_dgrad``).
+    Program p owns rows ``[p · BLOCK_R, (p + 1) · BLOCK_R)`` (grid ``cdiv(M, BLOCK_R)``, a
+    bound from the shape: no host sync); it reads the last row end from the device and,
+    when all its rows lie before that end, stores nothing (a loop of zero steps); else it
+    stores zeros to its rows at or past the end, ``BLOCK_C`` columns per step."""
+    pid = tl.program_id(0)
+    end = tl.load(ENDS + E - 1).to(tl.int64)
+    r0 = pid.to(tl.int64) * BLOCK_R
+    rows = r0 + tl.arange(0, BLOCK_R).to(tl.int64)
+    rmask = (rows >= end) & (rows < M)
+    c_end = tl.where(r0 + BLOCK_R > end, n_cols, 0)
+    cols = tl.arange(0, BLOCK_C).to(tl.int64)
+    zeros = tl.zeros([BLOCK_R, BLOCK_C], dtype=OUT.dtype.element_ty)
+    for c0 in range(0, c_end, BLOCK_C):
+        cc = c0 + cols
+        tl.store(OUT + rows[:, None] * stride_om + cc[None, :] * stride_on, zeros,
+                 mask=rmask[:, None] & (cc < n_cols)[None, :])
