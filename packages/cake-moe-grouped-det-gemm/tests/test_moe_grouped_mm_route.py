@@ -218,9 +218,11 @@ def test_route_custom_op_and_compile_same_bits():
     plan = _plan(x, w, wgrad_splits=2, wgrad_block_k=16)
     assert plan_from_op_fields(MoEGroupedDetPlan, plan_to_op_fields(plan)) == plan
 
-    def f(x, w, offs):
+    c = torch.randn(x.shape[0], N_, generator=torch.Generator().manual_seed(5)).to(DEV)
+
+    def f(x, w, offs):  # linear in y: dL/dy = c exactly, whatever code inductor generates
         y = moe_grouped_det_gemm(x, w, offs, plan=plan)
-        return (y.float() * torch.cos(y.float())).sum()
+        return (y.float() * c).sum()
 
     backend = "aot_eager" if DEV.type == "cpu" else "inductor"
     outs = []
@@ -288,7 +290,8 @@ def test_route_problem_without_torch_grouped_mm_and_on_other_gpus(monkeypatch):
 
 
 def test_plan_field_format_and_upgrade():
-    plan = make_plan(4096, 8, 64, 48, BF16, DEV)
+    # the rule's plan with the route off (on an H200 the rule itself routes)
+    plan = dataclasses.replace(make_plan(4096, 8, 64, 48, BF16, DEV), grouped_mm_fwd_dgrad=0)
     p = dataclasses.replace(plan, grouped_mm_fwd_dgrad=1)
     d = p.to_dict()
     assert d["grouped_mm_fwd_dgrad"] == 1 and d["version"] == 3 == MoEGroupedDetPlan.format_version

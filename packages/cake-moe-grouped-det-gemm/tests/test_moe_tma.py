@@ -176,7 +176,8 @@ def test_tma_refuses_unaligned_before_launch(dtype, N, K):
 
 def test_tma_plan_fields_rule_and_format(monkeypatch):
     plan = make_plan(64, 4, 24, 40, torch.bfloat16, DEV)
-    assert plan.tma == int(DEV == "cuda" and torch.cuda.get_device_capability()[0] >= 9)
+    assert plan.tma == int(torch.device(DEV).type == "cuda"
+                           and torch.cuda.get_device_capability()[0] >= 9)
     t = dataclasses.replace(plan, tma=1)
     d = t.to_dict()
     assert d["tma"] == 1 and d["version"] == 3
