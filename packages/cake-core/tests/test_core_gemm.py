@@ -106,3 +106,35 @@ def test_ordered_sum_bad_arguments():
         ordered_sum(parts, out=torch.empty(5, device=DEV))
     with pytest.raises(ValueError, match="fp32"):
         ordered_sum(parts, accumulate_into=torch.empty(4, dtype=torch.float16, device=DEV))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("H,G", [(3, 1), (2, 2), (2, 3), (1, 4)])
+def test_group_sum_cast_equals_group_sum_then_cast(dtype, H, G):
+    from cake_core.gemm import group_sum_cast
+    from cake_core.varlen import group_sum
+
+    x = randn((37, H * G, 40), torch.float32, DEV, seed=11 + G) * 1e3
+    x[0, :, 0] = -0.0                       # a sum of negative zeros stays -0.0
+    before = x.clone()
+    out = group_sum_cast(x, H, dtype)
+    ref = group_sum(x, H).to(dtype)
+    assert out.dtype == dtype and tuple(out.shape) == (37, H, 40)
+    assert bitwise_equal(out, ref)
+    assert bitwise_equal(x, before)
+    if G > 2:   # the order is part of the result: a reordered sum differs somewhere
+        v = x.view(37, H, G, 40)
+        other = (v[:, :, 0] + (v[:, :, 1] + v[:, :, 2]))
+        for j in range(3, G):
+            other = other + v[:, :, j]
+        assert not bitwise_equal(group_sum(x, H), other)
+    assert group_sum_cast(x[:0].contiguous(), H, dtype).shape == (0, H, 40)
+
+
+def test_group_sum_cast_refuses_bad_input():
+    from cake_core.gemm import group_sum_cast
+
+    x = randn((5, 4, 8), torch.float32, DEV, seed=1)
+    for bad, H in ((x.to(torch.bfloat16), 2), (x.transpose(0, 1), 2), (x, 3), (x[0], 2)):
+        with pytest.raises(ValueError, match="group_sum_cast"):
+            group_sum_cast(bad, H, torch.float32)

@@ -75,13 +75,13 @@ def test_value_head_sum_order_matters_and_is_fixed(gdn_inputs, monkeypatch):
     q, k, v, g, beta, _ = gdn_inputs(1, 70, 1, 8, 16, 16, seed=61)
     do = torch.randn(v.shape, generator=torch.Generator().manual_seed(62)).to(DEV)
     seen = []
-    real = api.group_sum
+    real = api.group_sum_cast
 
-    def spy(x, H):
+    def spy(x, H, dtype):
         seen.append(x.clone())
-        return real(x, H)
+        return real(x, H, dtype)
 
-    monkeypatch.setattr(api, "group_sum", spy)
+    monkeypatch.setattr(api, "group_sum_cast", spy)
     _, _, saved = chunk_gdn_det_fwd(q, k, v, g, beta)
     grads = api.chunk_gdn_det_bwd(do, None, saved)
     parts = seen[0]  # dq per value head, [NT, HV, K]

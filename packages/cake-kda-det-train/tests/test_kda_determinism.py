@@ -90,18 +90,18 @@ def test_workspace_reuse_poison_and_keep_a_same_bits(kda):
 
 def test_value_head_sum_order_matters_and_is_fixed(kda, monkeypatch):
     """dq/dk of a q/k head add its 4 value heads' partials in index order
-    (cake_core.varlen.group_sum). Other orders (what atomics would give) change the bits on
+    (cake_core.gemm.group_sum_cast). Other orders (what atomics would give) change the bits on
     this input, so the repeat tests can fail; the det path equals the documented order."""
     q, k, v, g, beta, _ = kda.make_kda_inputs(1, 30, 1, 4, 16, 16, seed=61)
     do = randn(v.shape, torch.float32, DEV, seed=62)
     seen = []
-    real = chunk.group_sum
+    real = chunk.group_sum_cast
 
-    def spy(x, H):
+    def spy(x, H, dtype):
         seen.append(x.clone())
-        return real(x, H)
+        return real(x, H, dtype)
 
-    monkeypatch.setattr(chunk, "group_sum", spy)
+    monkeypatch.setattr(chunk, "group_sum_cast", spy)
     _, _, saved = chunk_kda_det_fwd(q, k, v, g, beta)
     grads = chunk_kda_det_bwd(do, None, saved)
     parts = seen[0]  # dq per value head, [NT, HV, K]

@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:7e51de936afc6c2b817d6d15c82755fd91fb504e431c708b2890abc3b99e1d49"
+SOURCE_DIGEST = "sha256:a8c36ce8d9cba70c14911d63e639e742decb15d455b4b6f7438a83838a9863ef"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7cfc36806c3b144c376ca8add0d1c7b6a87a4b9a8f95d215acff4cb670e4acbf"
+SOURCE_DIGEST = "sha256:2a7105c8a4ef821dc03a1afdb41dbdf1fb57d6694a02325bbb6f75f78b9e744b"
 # --- end of generated block ---
 
 MANIFEST = {

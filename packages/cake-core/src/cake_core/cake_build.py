@@ -30,13 +30,14 @@ KERNELS = [
     {"module": "cake_core.gemm", "function": "_tma_tile"},
     {"module": "cake_core.gemm", "function": "matmul_tma_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
+    {"module": "cake_core.gemm", "function": "group_sum_cast_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     {"module": "cake_core.triton_utils", "function": "dot"},
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6d37195ba44a423453436053f2664b3acaf5551dcafe93f6934b4a61fade8d5c"
+SOURCE_DIGEST = "sha256:00337ae8c27806fa342c9157ca6077f8bdb5f786da2caf0dace286c7099a91ac"
 # --- end of generated block ---
 
 MANIFEST = {

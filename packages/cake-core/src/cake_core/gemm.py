@@ -11,6 +11,8 @@ Families that multiply (dense projection, LM-head loss, MoE grouped GEMM) reuse 
 - :func:`ordered_sum_kernel`: ``out = partial[0] + partial[1] + ... + partial[S-1]`` in index
   order, in fp32 (one sequential add per slice, the same order in every tile), written cast
   to ``out``'s dtype or added into an fp32 accumulator (Megatron's ``main_grad``).
+- :func:`group_sum_cast_kernel`: the fixed-order sum of per-value-head gradients into their
+  q/k heads (GDN, KDA) fused with the cast to the output dtype.
 - :func:`matmul_tma_kernel`: the same product (no bias, no scale) with A and B read through
   TMA tensor descriptors (host-side :class:`triton.tools.tensor_descriptor.TensorDescriptor`,
   so no device scratch allocator is needed) instead of masked pointer loads; out-of-range
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from cake_core.triton_utils import dot, select_backend, sm_count, tl, triton
+from cake_core.triton_utils import dot, is_interpreting, select_backend, sm_count, tl, triton
 
 select_backend()
 
@@ -53,7 +55,8 @@ def tma_available() -> bool:
     Triton >= 3.4); plan rules pick TMA kernels only then."""
     return TensorDescriptor is not None
 
-__all__ = ["matmul", "matmul_kernel", "matmul_tma_kernel", "ordered_sum", "ordered_sum_kernel",
+__all__ = ["direct_store_dtype", "group_sum_cast", "group_sum_cast_kernel", "matmul",
+           "matmul_kernel", "matmul_tma_kernel", "ordered_sum", "ordered_sum_kernel",
            "tma_available", "tma_layout_problem"]
 
 #: largest TMA box edge (elements) a descriptor block may have
@@ -199,6 +202,20 @@ def ordered_sum_kernel(P, OUT, n_parts, numel, stride_p,
         ptrs += stride_p  # pointer steps: no int32 overflow of s * stride_p
     if ACCUMULATE:
         acc = tl.load(OUT + offs, mask=m, other=0.0) + acc
+    tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def group_sum_cast_kernel(X, OUT, numel, K, G: tl.constexpr, BLOCK: tl.constexpr):
+    """``OUT[r, kk] = ((X[r, 0, kk] + X[r, 1, kk]) + ...) + X[r, G - 1, kk]`` in fp32 (X
+    viewed ``[R, G, K]``, OUT ``[R, K]``), cast once to OUT's dtype."""
+    pid = tl.program_id(0)
+    offs = (pid * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    m = offs < numel
+    src = X + (offs // K) * (G * K) + offs % K
+    acc = tl.load(src, mask=m, other=0.0)
+    for j in tl.static_range(1, G):
+        acc += tl.load(src + j * K, mask=m, other=0.0)
     tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=m)
 
 
@@ -414,3 +431,44 @@ def ordered_sum(partials: torch.Tensor, out: torch.Tensor | None = None,
         partials, dst, partials.shape[0], numel, partials.stride(0) if partials.dim() else 0,
         ACCUMULATE=accumulate_into is not None, BLOCK=block, num_warps=num_warps)
     return dst
+
+
+def direct_store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a kernel should store a once-written fp32 result in, for a caller who wants
+    ``dtype``: ``dtype`` itself (compiled kernels cast fp32 to bf16 / fp16 rounding to
+    nearest even, as torch's ``.to`` does), except bf16 under Triton's interpreter, whose
+    bf16 cast truncates: fp32 there, for the caller to cast with ``.to`` (same bits)."""
+    return torch.float32 if dtype == torch.bfloat16 and is_interpreting() else dtype
+
+
+def group_sum_cast(x: torch.Tensor, H: int, dtype: torch.dtype, *, block: int = 1024,
+                   num_warps: int = 4) -> torch.Tensor:
+    """``[NT, HV, K]`` fp32 per value head -> ``[NT, H, K]`` of ``dtype`` in one pass: each
+    of the ``H`` q/k heads gets the sum of its ``G = HV // H`` consecutive value heads,
+    added in index order (``((x[:, h*G] + x[:, h*G+1]) + ...)``, fp32; no atomics), then cast
+    once to ``dtype``. The same bits as :func:`cake_core.varlen.group_sum` followed by
+    ``.to(dtype)``, without the intermediate tensors (GDN / KDA read their dq and dk through
+    it). ``x`` must be contiguous fp32 with ``HV`` a multiple of ``H`` (else ``ValueError``).
+    Returns a new tensor, or ``x`` itself when ``G == 1`` and ``dtype`` is fp32.
+
+    Under Triton's interpreter a bf16 output is summed and cast by torch (the interpreter's
+    fp32 -> bf16 cast truncates; compiled kernels round to nearest even, as torch does)."""
+    if x.dim() != 3 or x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError(f"group_sum_cast: need a contiguous fp32 [NT, HV, K] tensor, got "
+                         f"{x.dtype} {list(x.shape)}")
+    NT, HV, K = x.shape
+    if H < 1 or HV % H:
+        raise ValueError(f"group_sum_cast: HV = {HV} is not a multiple of H = {H}")
+    G = HV // H
+    if G == 1 and dtype == torch.float32:
+        return x
+    if dtype == torch.bfloat16 and is_interpreting():
+        from cake_core.varlen import group_sum
+
+        return group_sum(x, H).to(dtype)
+    out = torch.empty((NT, H, K), dtype=dtype, device=x.device)
+    numel = out.numel()
+    if numel:
+        group_sum_cast_kernel[(_cdiv(numel, block),)](x, out, numel, K, G=G, BLOCK=block,
+                                                      num_warps=num_warps)
+    return out

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b040a3ee91e5b582dc412b3a6d52c730b0fa0bf9d11a0576853663d83b4d3979"
+SOURCE_DIGEST = "sha256:4fde3c3c1b0763f9f351bf112920ccf1542dddc28b2b24f3c1fc1f22a4f7e95c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:a17fd7e8af71ef5d8f88a97addd09e4850e95f1d51844cfcd5f85c192b5226a1"
+SOURCE_DIGEST = "sha256:ae3b027aa14d0dc6a363f3a661bec9632e024f75ee29f85524707b663b55976a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -20,7 +20,7 @@ import torch
 from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
-from cake_core.gemm import ordered_sum
+from cake_core.gemm import direct_store_dtype, group_sum_cast, ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
     beta_code,
@@ -40,7 +40,6 @@ from cake_core.linear_attention import (
     saved_meta,
 )
 from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
-from cake_core.varlen import group_sum
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -342,7 +341,9 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     # every token lies in a chunk, so the local kernel writes every row of these
     dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
-    dv = torch.empty((NT, HV, V), dtype=f32, device=dev)
+    # dv is stored once, so the kernel writes v's dtype (rounded to nearest even; under the
+    # interpreter, whose bf16 cast truncates, fp32 here and cast by torch below)
+    dv = torch.empty((NT, HV, V), dtype=direct_store_dtype(v.dtype), device=dev)
     dg = torch.empty((NT, HV), dtype=f32, device=dev)
     dbeta = torch.empty((NT, HV), dtype=f32, device=dev)
     dh0 = None
@@ -402,8 +403,11 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate, use_sigmoid,
                                  plan)
-    dq = group_sum(dq_hv, H).view(B, T, H, K)
-    dk = group_sum(dk_hv, H).view(B, T, H, K)
+    # the fixed-order sum over each q/k head's value heads, fused with the cast (fp32 when the
+    # L2 norm's backward follows)
+    gdt = f32 if saved.use_qk_l2norm else q.dtype
+    dq = group_sum_cast(dq_hv, H, gdt).view(B, T, H, K)
+    dk = group_sum_cast(dk_hv, H, gdt).view(B, T, H, K)
     if saved.use_qk_l2norm:
         dq = l2norm_bwd(q, saved.q_rstd, dq)
         dk = l2norm_bwd(k, saved.k_rstd, dk)

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1e5090cdd63197f057e46996b76cc5849f28644d240fbe854f915ee9f0ddb2d9"
+SOURCE_DIGEST = "sha256:5e8099cdc84423474edffe21be8f79b0bbfb71b5c785825f3ee3a2bc07e65345"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:6f85cf1e69d3228175ada6d8f26366b504437df005535a3f059fa4700b898283"
+SOURCE_DIGEST = "sha256:e35f185f278d6e78ac037e8487a6c468c5efaba9956366cf0fa8c149172b4033"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -264,7 +264,8 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         tuple(kept.shape) == (NT, HV, CHUNK_SIZE) else None
     dq, dk, dv, dg, dbeta, dh0 = kda_chunk_bwd(
         do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
-        saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace)
+        saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace,
+        grad_dtype=torch.float32 if saved.use_qk_l2norm else q.dtype)
     # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
     dg = dg.contiguous()
     dbeta = dbeta.contiguous()

@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f2748123508d7fb457c37c4b6e1afde041fbc8c76257fcb90c5e384794151df9"
+SOURCE_DIGEST = "sha256:564496f5f42e7a8e5ba1014b8f18285a3831682076aecbba96badb9870a80a77"
 # --- end of generated block ---
 
 MANIFEST = {

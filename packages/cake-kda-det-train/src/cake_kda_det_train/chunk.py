@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 import triton.language as tl
+from cake_core.gemm import direct_store_dtype, group_sum_cast
 from cake_core.triton_utils import is_interpreting, next_power_of_2
-from cake_core.varlen import group_sum
 
 from cake_kda_det_train.kernels.chunk_bwd import (
     kda_bwd_dg_cumsum_kernel,
@@ -99,7 +99,8 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
 
 
 def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
-                  tabs: tuple, plan: KDADetPlan, workspace=None):
+                  tabs: tuple, plan: KDADetPlan, workspace=None,
+                  grad_dtype: torch.dtype = torch.float32):
     """The chunked KDA forward on checked, contiguous tensors.
 
     Args:
@@ -148,7 +149,8 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
 
 
 def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_state,
-                  tabs: tuple, plan: KDADetPlan, workspace=None):
+                  tabs: tuple, plan: KDADetPlan, workspace=None,
+                  grad_dtype: torch.dtype = torch.float32):
     """Backward of :func:`kda_chunk_fwd`: recomputes the chunk quantities from the saved
     g_cumsum (and T when ``A`` is given and matches the plan), runs the state-gradient
     recurrence in reverse, then the chunk-local gradients.
@@ -157,10 +159,13 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
         do: ``[B, T, HV, V]``. dht: fp32 ``[N, HV, K, V]`` or None (zero).
         q, k, v, beta, initial_state, tabs, scale: as given to the forward.
         g_cumsum: the forward's. A: the forward's T, or None (recomputed).
+        grad_dtype: the dtype of the returned dq and dk (fp32 when a backward of the q/k L2
+            norm follows, else q's dtype: the cast is fused into the value-head sum).
 
     Returns:
-        ``(dq, dk, dv, dg, dbeta, dh0)``: dq, dk fp32 ``[B, T, H, K]`` (value heads of one
-        q/k head added in index order); dv fp32 ``[B, T, HV, V]``; dg fp32
+        ``(dq, dk, dv, dg, dbeta, dh0)``: dq, dk ``grad_dtype`` ``[B, T, H, K]`` (value heads
+        of one q/k head added in index order in fp32, cast once); dv ``[B, T, HV, V]`` of
+        :func:`cake_core.gemm.direct_store_dtype` of v's dtype; dg fp32
         ``[B, T, HV, K]`` w.r.t. the per-token log decay; dbeta fp32 ``[B, T, HV]``; dh0
         fp32 ``[N, HV, K, V]``, or None without an initial state.
     """
@@ -173,7 +178,9 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     NC = tabs[4]
     dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
-    dv = torch.empty((B, T, HV, V), dtype=f32, device=dev)
+    # stored once: the kernel writes v's dtype (fp32 under the interpreter for bf16, whose
+    # in-kernel bf16 cast truncates; the caller's cast rounds to nearest even)
+    dv = torch.empty((B, T, HV, V), dtype=direct_store_dtype(v.dtype), device=dev)
     dg = torch.empty((B, T, HV, K), dtype=f32, device=dev)
     dbeta = torch.empty((B, T, HV), dtype=f32, device=dev)
     dh0 = torch.empty((N, HV, K, V), dtype=f32, device=dev) \
@@ -227,6 +234,7 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             kda_bwd_dg_cumsum_kernel[(NC, HV)](
                 dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
                 num_warps=plan.num_warps_intra)
-    dq = group_sum(dq_hv, H).view(B, T, H, K)
-    dk = group_sum(dk_hv, H).view(B, T, H, K)
+    # the fixed-order sum over each q/k head's value heads, fused with the cast to grad_dtype
+    dq = group_sum_cast(dq_hv, H, grad_dtype).view(B, T, H, K)
+    dk = group_sum_cast(dk_hv, H, grad_dtype).view(B, T, H, K)
     return dq, dk, dv, dg, dbeta, dh0

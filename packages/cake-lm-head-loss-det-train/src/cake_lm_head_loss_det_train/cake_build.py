@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5bac5a7412d197a1a2772f13c236d5149e33d0d8e278463575a83b01af453f58"
+SOURCE_DIGEST = "sha256:f50de0b4ae65e7def5ea14d102c2876cf088a2d5cb701a1dc54d4ae3c9fb2b6c"
 # --- end of generated block ---
 
 MANIFEST = {

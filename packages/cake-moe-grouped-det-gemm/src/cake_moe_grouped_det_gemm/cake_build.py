@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c023c434d08d3b6645bc7f19781ee26989e97e7e1fc0a66846ed14f713afe1d6"
+SOURCE_DIGEST = "sha256:6be41dd759478a91591b5f4f2a785138088caebef15114d2aaa442e59e463a40"
 # --- end of generated block ---
 
 MANIFEST = {

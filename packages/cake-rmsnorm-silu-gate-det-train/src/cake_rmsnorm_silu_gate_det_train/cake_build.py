@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a9b985b2c055dc82e96c6c5f3a6ba9d4a6b4fd6aeb4728505bfcfbcd2b243721"
+SOURCE_DIGEST = "sha256:a43eec580cc026a8aa4e687e19908bcda3a075b5e6fce53a9f7dc067a5686461"
 # --- end of generated block ---
 
 MANIFEST = {
