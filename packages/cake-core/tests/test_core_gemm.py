@@ -135,6 +135,7 @@ def test_group_sum_cast_refuses_bad_input():
     from cake_core.gemm import group_sum_cast
 
     x = randn((5, 4, 8), torch.float32, DEV, seed=1)
-    for bad, H in ((x.to(torch.bfloat16), 2), (x.transpose(0, 1), 2), (x, 3), (x[0], 2)):
+    for bad, H in ((x.to(torch.bfloat16), 2), (x.transpose(0, 1), 2), (x, 3), (x[0], 2),
+                   (x[:, :0].contiguous(), 1), (x, 0), (x, 8)):
         with pytest.raises(ValueError, match="group_sum_cast"):
             group_sum_cast(bad, H, torch.float32)

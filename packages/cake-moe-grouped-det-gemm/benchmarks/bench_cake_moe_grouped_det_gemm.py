@@ -27,7 +27,8 @@ GPU run (one H200; the issue's grid: E in 8, 64, 128; top-8 of 16384 tokens; (N,
     PYTHONPATH=$(ls -d ../../*/src | paste -sd:) python3 \\
         bench_cake_moe_grouped_det_gemm.py --out $OUT/moe_bench.json
 
-The TMA kernels (plan field ``tma``, off in the rule): add ``--plan tma=1`` (any plan
+The TMA kernels (plan field ``tma``, the rule's choice on Hopper since session 11; ``--plan
+tma=0`` for the pointer kernels; any plan
 field can be replaced, ``--plan KEY=INT ...``; the JSON records the plan run). With
 ``grouped_mm_fwd_dgrad = 1`` (the rule's choice on Hopper for bf16 with N and K multiples
 of 8; ``--plan grouped_mm_fwd_dgrad=0`` turns it off) cake's fwd and dgrad are

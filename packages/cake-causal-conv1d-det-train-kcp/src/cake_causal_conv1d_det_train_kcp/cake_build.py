@@ -51,7 +51,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:a8c36ce8d9cba70c14911d63e639e742decb15d455b4b6f7438a83838a9863ef"
+SOURCE_DIGEST = "sha256:c44924843ca487c45ce403f6b0cb35929032c56fed78a057b71a6ed91397a54f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -40,7 +40,7 @@ PLANS = [
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2a7105c8a4ef821dc03a1afdb41dbdf1fb57d6694a02325bbb6f75f78b9e744b"
+SOURCE_DIGEST = "sha256:5cc86f245ec305c3f0821ffcdbe0a7ae2f027c3745f0e7ad071c1ada3969bd17"
 # --- end of generated block ---
 
 MANIFEST = {

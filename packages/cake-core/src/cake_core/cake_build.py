@@ -37,7 +37,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:00337ae8c27806fa342c9157ca6077f8bdb5f786da2caf0dace286c7099a91ac"
+SOURCE_DIGEST = "sha256:f71f5a01c17e1a668014fe38d1bd0d988d2de34ad99de8ef60f7503203bae09d"
 # --- end of generated block ---
 
 MANIFEST = {

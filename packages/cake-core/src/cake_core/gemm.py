@@ -448,7 +448,8 @@ def group_sum_cast(x: torch.Tensor, H: int, dtype: torch.dtype, *, block: int = 
     added in index order (``((x[:, h*G] + x[:, h*G+1]) + ...)``, fp32; no atomics), then cast
     once to ``dtype``. The same bits as :func:`cake_core.varlen.group_sum` followed by
     ``.to(dtype)``, without the intermediate tensors (GDN / KDA read their dq and dk through
-    it). ``x`` must be contiguous fp32 with ``HV`` a multiple of ``H`` (else ``ValueError``).
+    it). ``x`` must be contiguous fp32 with ``HV`` a positive multiple of ``H`` (else
+    ``ValueError``).
     Returns a new tensor, or ``x`` itself when ``G == 1`` and ``dtype`` is fp32.
 
     Under Triton's interpreter a bf16 output is summed and cast by torch (the interpreter's
@@ -457,8 +458,8 @@ def group_sum_cast(x: torch.Tensor, H: int, dtype: torch.dtype, *, block: int = 
         raise ValueError(f"group_sum_cast: need a contiguous fp32 [NT, HV, K] tensor, got "
                          f"{x.dtype} {list(x.shape)}")
     NT, HV, K = x.shape
-    if H < 1 or HV % H:
-        raise ValueError(f"group_sum_cast: HV = {HV} is not a multiple of H = {H}")
+    if H < 1 or HV < H or HV % H:
+        raise ValueError(f"group_sum_cast: HV = {HV} must be a positive multiple of H = {H}")
     G = HV // H
     if G == 1 and dtype == torch.float32:
         return x

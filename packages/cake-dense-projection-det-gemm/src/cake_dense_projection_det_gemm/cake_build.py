@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4fde3c3c1b0763f9f351bf112920ccf1542dddc28b2b24f3c1fc1f22a4f7e95c"
+SOURCE_DIGEST = "sha256:4b61b73698f8d4800376b97fd41c3258db7f9e8bce41df30927ef440d8d24741"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:ae3b027aa14d0dc6a363f3a661bec9632e024f75ee29f85524707b663b55976a"
+SOURCE_DIGEST = "sha256:a457398434e2e8105147e60f3eef898cdd5a6c1abfcdbdd0d3b3c129a765ccf4"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5e8099cdc84423474edffe21be8f79b0bbfb71b5c785825f3ee3a2bc07e65345"
+SOURCE_DIGEST = "sha256:7d69bc47d966afe5b8f364fb84914f2f0343a3c185b97a3dc8550a9a613806bb"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e35f185f278d6e78ac037e8487a6c468c5efaba9956366cf0fa8c149172b4033"
+SOURCE_DIGEST = "sha256:96f0ac73eecfdb886742a5dec26f1121a3b4e6c5336906a2b0ecc9ea9eb2c9f9"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

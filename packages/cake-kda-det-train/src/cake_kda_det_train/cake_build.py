@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:564496f5f42e7a8e5ba1014b8f18285a3831682076aecbba96badb9870a80a77"
+SOURCE_DIGEST = "sha256:8f3779d4e459da21032cf7a73437a1eb0d99020b314d43380136bc5f8787375a"
 # --- end of generated block ---
 
 MANIFEST = {

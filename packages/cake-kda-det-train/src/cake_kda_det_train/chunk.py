@@ -99,8 +99,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
 
 
 def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
-                  tabs: tuple, plan: KDADetPlan, workspace=None,
-                  grad_dtype: torch.dtype = torch.float32):
+                  tabs: tuple, plan: KDADetPlan, workspace=None):
     """The chunked KDA forward on checked, contiguous tensors.
 
     Args:

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f50de0b4ae65e7def5ea14d102c2876cf088a2d5cb701a1dc54d4ae3c9fb2b6c"
+SOURCE_DIGEST = "sha256:46256ace5c0dc0ad7fb397781b8952528e69811d4d63366816d8b11a0dd4e056"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6be41dd759478a91591b5f4f2a785138088caebef15114d2aaa442e59e463a40"
+SOURCE_DIGEST = "sha256:b5587d7433b7ba001e8290b08519d5ea91792b7521487c7645120be37320847c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -221,9 +221,9 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
       fp32, other GPUs, unaligned N or K). Evidence (one H200, torch 2.11.0+cu130, session
       12, docs/benchmarks/moe.md): bitwise equal over 5 runs and across two processes at
       M = 131072, E in {8, 64, 128}, balanced and skewed routing, 1.66e-3 from float64; and
-      cake's forward/dgrad took 1.30-1.50x torch's time (session 11). The forward/dgrad
-      tiles above stay in the plan, unused by those phases. The timing of the layer with
-      this route as the default is not yet measured on a GPU.
+      cake's forward/dgrad took 1.30-1.50x torch's time (session 11); with the route,
+      0.97-1.02x (session 12, E = 8 and 128). The forward/dgrad tiles above stay in the
+      plan, unused by those phases. Not measured: the MoEFeedForward layer with the route.
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
@@ -246,8 +246,10 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
 
 
 def grouped_mm_available() -> bool:
-    """Whether this torch has ``torch._grouped_mm`` (a rule input; tests patch it)."""
-    return getattr(torch, "_grouped_mm", None) is not None
+    """Whether this torch has ``torch._grouped_mm`` and is not a ROCm build (whose
+    ``_grouped_mm`` may take a fallback that copies the offsets to the host). A rule input;
+    tests patch it."""
+    return getattr(torch, "_grouped_mm", None) is not None and torch.version.hip is None
 
 
 def grouped_mm_problem(plan: MoEGroupedDetPlan, dtype: torch.dtype,
@@ -263,8 +265,8 @@ def grouped_mm_problem(plan: MoEGroupedDetPlan, dtype: torch.dtype,
     if not plan.grouped_mm_fwd_dgrad:
         return None
     if not grouped_mm_available():
-        return (f"grouped_mm_fwd_dgrad=1 needs torch._grouped_mm, which torch "
-                f"{torch.__version__} lacks; use grouped_mm_fwd_dgrad=0")
+        return (f"grouped_mm_fwd_dgrad=1 needs torch._grouped_mm in a CUDA (not ROCm) build, "
+                f"which torch {torch.__version__} is not; use grouped_mm_fwd_dgrad=0")
     if dtype not in GROUPED_MM_DTYPES:
         return (f"grouped_mm_fwd_dgrad=1 needs bfloat16 inputs (torch._grouped_mm's fast "
                 f"path; other dtypes copy the offsets to the host), got {str(dtype)[6:]}; "

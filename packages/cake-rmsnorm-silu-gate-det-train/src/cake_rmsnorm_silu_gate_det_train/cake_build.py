@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a43eec580cc026a8aa4e687e19908bcda3a075b5e6fce53a9f7dc067a5686461"
+SOURCE_DIGEST = "sha256:9a12f398354fdcf214eccf4ffa93b3ab7b87c3b6b84bd1b3a4bddb147397cd20"
 # --- end of generated block ---
 
 MANIFEST = {
