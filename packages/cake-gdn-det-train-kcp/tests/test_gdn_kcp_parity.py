@@ -19,6 +19,7 @@ from cake_gdn_det_train_kcp import (
     GDNDetKCPWorkspace,
     build_context_det_kcp,
     chunk_gated_delta_rule_det_kcp,
+    chunk_gdn_det_fwd_kcp,
     partition_det_kcp,
 )
 
@@ -121,3 +122,35 @@ def test_bf16_with_workspace():
     for n, a, b in zip(NAMES, plain, ref, strict=True):
         assert a.dtype == b.dtype
         assert rel_fro_error(a, b[:, idx]) < TOLERANCES[torch.bfloat16], n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_keep_states_plan_same_bits(dtype):
+    """``plan.keep_states = 1`` (each single-rank forward keeps its chunk states, w and
+    v_new for its backward): both exchanges, with a reused workspace, low level and
+    autograd, the bits of ``keep_states = 0``; the local saved sets hold the tensors."""
+    import dataclasses
+
+    from cake_gdn_det_train import make_plan
+
+    xs = global_inputs(100, H=1, HV=2, K=32, V=32, dtype=dtype, seed=15)
+    p = partition_det_kcp(CROSS_CU, 1, fragments=CROSS_ROWS)
+    local = shard(xs, p)
+    redo = make_plan(32, 32, dtype, DEV)
+    keep = dataclasses.replace(redo, keep_states=1)
+    for exchange in ("allgather", "ring"):
+        ctx = build_context_det_kcp(p, None, 0, DEV, exchange=exchange)
+        want = kcp_run(local, ctx, plan=redo)
+        ws = GDNDetKCPWorkspace.for_context(keep, ctx, num_v_heads=2, dtype=dtype)
+        for _ in range(2):
+            got = kcp_run(local, ctx, plan=keep, workspace=ws)
+            for n, a, b in zip(NAMES, got, want, strict=True):
+                assert bitwise_equal(a, b), f"{exchange}: {n}"
+        _, saved = chunk_gdn_det_fwd_kcp(*local[:5], ctx, plan=keep)
+        assert saved.local and all(s.h is not None and s.w is not None
+                                   and s.v_new is not None for s in saved.local)
+        leaves = [t.clone().requires_grad_() for t in local[:5]]
+        o = chunk_gated_delta_rule_det_kcp(*leaves, ctx, plan=keep)
+        o.backward(local[5])
+        for n, a, b in zip(NAMES, (o.detach(), *(t.grad for t in leaves)), want, strict=True):
+            assert bitwise_equal(a, b), f"autograd {exchange}: {n}"

@@ -7,7 +7,7 @@ final_state and every gradient against the float64 token recurrence (packed
 1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size;
 HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
 masked column blocks, V in two blocks; kept and recomputed T); bitwise repeatable; close
-to the default plan; the fields are part of the plan's serialised form (format version 6)
+to the default plan; the fields are part of the plan's serialised form (since format version 6)
 and checked. ``plan.rec_form = 2`` (rec_form 1 with the state and dS held as 64-row K
 slices, kernels/rec_slice.py): the same float64 checks with one masked, two and two
 partly masked slices, bitwise repeat and rec_form = 1's values to fp32 rounding (four
@@ -162,7 +162,7 @@ def test_fields_serialised_and_checked():
     plan = dataclasses.replace(make_plan(128, 128, torch.bfloat16, DEV), rec_form=0)
     on = dataclasses.replace(plan, rec_form=1)
     d = on.to_dict()
-    assert d["rec_form"] == 1 and d["version"] == 6
+    assert d["rec_form"] == 1 and d["version"] == 7
     assert GDNDetPlan.from_dict(d) == on and on.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n != "rec_form"}
     old["version"] = 4  # a plan serialised before the field existed
@@ -179,7 +179,7 @@ def test_fields_serialised_and_checked():
     # rule never takes it; nothing new refused on CUDA
     sl = dataclasses.replace(plan, rec_form=2)
     d = sl.to_dict()
-    assert d["rec_form"] == 2 and d["version"] == 6
+    assert d["rec_form"] == 2 and d["version"] == 7
     assert GDNDetPlan.from_dict(d) == sl and sl.key not in (plan.key, on.key)
     assert GDNDetPlan.from_dict(json.loads(sl.to_json())) == sl
     assert cuda_plan_problem(dataclasses.replace(gpu, rec_form=2), torch.bfloat16) is None

@@ -162,15 +162,18 @@ def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
                       num_warps=plan.num_warps_l2norm)
 
 
-def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: torch.dtype):
+def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: torch.dtype,
+             keep: bool = False):
     """w, u, v_new ``[NT, HV, *]`` and h ``[NC, HV, K, V]`` (dtype ``idt``): views of the
-    workspace's leading rows, or fresh tensors."""
+    workspace's leading rows, or fresh tensors. ``keep``: w, v_new and h are always fresh
+    (a saved set keeps them past the call; a later call would overwrite a workspace's)."""
+    def fresh(*shape):
+        return torch.empty(shape, dtype=idt, device=dev)
+
     if workspace is None:
-        f32 = idt
-        return (torch.empty((NT, HV, K), dtype=f32, device=dev),
-                torch.empty((NT, HV, V), dtype=f32, device=dev),
-                torch.empty((NT, HV, V), dtype=f32, device=dev),
-                torch.empty((NC, HV, K, V), dtype=f32, device=dev))
+        return fresh(NT, HV, K), fresh(NT, HV, V), fresh(NT, HV, V), fresh(NC, HV, K, V)
+    if keep:
+        return fresh(NT, HV, K), workspace["u"][:NT], fresh(NT, HV, V), fresh(NC, HV, K, V)
     return (workspace["w"][:NT], workspace["u"][:NT], workspace["v_new"][:NT],
             workspace["h"][:NC])
 
@@ -257,12 +260,17 @@ def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: i
 
 
 def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2,
-                plan: GDNDetPlan, workspace, dt, gate=(False, None, None, False)):
+                plan: GDNDetPlan, workspace, dt, gate=(False, None, None, False),
+                keep_states: bool | None = None):
     """Allocates outputs and saved tensors, launches; inputs are contiguous. ``dt``: the
     device chunk tables ``(starts, ends, chunk_off, cu, NC)``
     (:func:`cake_core.linear_attention.chunk_tables_for`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)``, tensors
-    contiguous."""
+    contiguous. Returns ``(o, ht, (q_rstd, k_rstd, g_cumsum, A, states))``; ``states``:
+    ``(h, w, v_new)`` in fresh tensors when ``keep_states`` (default
+    ``plan.keep_states``) and there is a token, else ``None``."""
+    if keep_states is None:
+        keep_states = bool(plan.keep_states)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT, N = B * T, dt[3].numel() - 1
@@ -284,18 +292,34 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
                 ht.copy_(initial_state)
             else:
                 ht.zero_()
-        return o, ht, (q_rstd, k_rstd, g_cumsum, A)
+        return o, ht, (q_rstd, k_rstd, g_cumsum, A, None)
     use_gate, A_log, dt_bias, use_sigmoid = gate
     g, beta = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
-    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
+    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt, keep_states)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
-    _, _, v_new, h = scratch
+    w, _, v_new, h = scratch
     gdn_fwd_o_kernel[(NC, HV, cdiv(V, plan.block_v))](
         q, k, v_new, g_cumsum, h, dt[0], dt[1], o,
         scale, H, HV, HV // H, K, V,
         DT=_dot_dtype(plan, q.dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
         BK=plan.block_k, BV=plan.block_v, num_warps=plan.num_warps_o)
-    return o, ht, (q_rstd, k_rstd, g_cumsum, A)
+    return o, ht, (q_rstd, k_rstd, g_cumsum, A, (h, w, v_new) if keep_states else None)
+
+
+def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: int, K: int,
+                 V: int, idt: torch.dtype, dev: torch.device):
+    """``(g_cumsum, A, w, v_new, h)`` the forward kept (``plan.keep_states``), contiguous,
+    when all are there with this call's shapes, dtypes and device and the backward's plan
+    is the forward's (the kept bits are those its recompute would give); else ``None``."""
+    if saved.h is None or plan != saved.meta.get("plan"):
+        return None
+    want = ((saved.g_cumsum, (NT, HV), torch.float32), (saved.A, (NT, HV, CHUNK_SIZE), idt),
+            (saved.w, (NT, HV, K), idt), (saved.v_new, (NT, HV, V), idt),
+            (saved.h, (NC, HV, K, V), idt))
+    for t, shape, dtype in want:
+        if t is None or tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
+            return None
+    return tuple(t.contiguous() for t, _, _ in want)
 
 
 def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
@@ -358,18 +382,25 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     else:
         idt = inter_dtype(plan, q.dtype)
         DT = _dot_dtype(plan, q.dtype)
-        scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
-        g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
-        # the forward's T when it kept one of this plan's dtype (same bits as recomputing)
-        kept = saved.A
-        load_a = bool(plan.keep_a) and kept is not None and kept.dtype == idt and \
-            tuple(kept.shape) == (NT, HV, CHUNK_SIZE)
-        A = kept.contiguous() if load_a else \
-            torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
         g_eff, beta_eff = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
-        _prep_and_state(kn, v, g_eff, beta_eff, h0, None, plan, dt, g_cumsum, A, scratch,
-                        load_a)
-        w, _, v_new, h = scratch
+        # the forward's g_cumsum, T, w, v_new and h when it kept them (plan.keep_states):
+        # no chunk prep, no forward recurrence; else recomputed (the same kernels on the
+        # same inputs: the same bits)
+        states = _kept_states(saved, plan, NT, NC, HV, K, V, idt, dev)
+        if states is not None:
+            g_cumsum, A, w, v_new, h = states
+        else:
+            scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
+            g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
+            # the forward's T when it kept one of this plan's dtype (same bits as recomputing)
+            kept = saved.A
+            load_a = bool(plan.keep_a) and kept is not None and kept.dtype == idt and \
+                tuple(kept.shape) == (NT, HV, CHUNK_SIZE)
+            A = kept.contiguous() if load_a else \
+                torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
+            _prep_and_state(kn, v, g_eff, beta_eff, h0, None, plan, dt, g_cumsum, A, scratch,
+                            load_a)
+            w, _, v_new, h = scratch
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
         dv_new = torch.empty((NT, HV, V), dtype=idt, device=dev)
         do_c = do.contiguous()
@@ -506,12 +537,13 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         gate = _gate_args(use_gate_in_kernel, A_log, dt_bias, sig)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
             plan, workspace, tables[1], gate)
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, sig, cu_host=cu)
+                       cu_seqlens is not None, use_gate_in_kernel, sig, cu_host=cu,
+                       states=states)
     return o, ht, saved
 
 
@@ -523,12 +555,14 @@ def _gate_args(use_gate, A_log, dt_bias, use_sigmoid):
 
 def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd, k_rstd, A_log,
                dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid,
-               cu_host=None) -> GDNDetSavedSet:
+               cu_host=None, states=None) -> GDNDetSavedSet:
     """``tables``: the forward's ``(key, device tables)`` (:func:`chunk_tables_for`): the
     saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
-    same device and stream launches with them."""
+    same device and stream launches with them. ``states``: the kept ``(h, w, v_new)`` or
+    ``None``."""
+    h, w, v_new = states if states is not None else (None, None, None)
     tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, tables[1][3], q_rstd, k_rstd,
-               A_log, dt_bias)
+               A_log, dt_bias, h, w, v_new)
     return GDNDetSavedSet(
         Mode.DET, dict(zip(GDNDetSavedSet.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
@@ -542,9 +576,11 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
     """Low-level backward of :func:`chunk_gdn_det_fwd`.
 
     Recomputes the chunk quantities (w, u, the states at chunk starts, v_new) from the saved
-    inputs, runs the state-gradient recurrence over the chunks in reverse (fixed order), then
-    the chunk-local gradients; q/k gradients of value heads sharing a q/k head are added in
-    index order. No atomics: the result is bitwise repeatable for equal inputs and plan.
+    inputs (or, when the forward kept them, ``plan.keep_states``, and ``plan`` is the
+    forward's, reads them from ``saved``: same bits), runs the state-gradient recurrence over
+    the chunks in reverse (fixed order), then the chunk-local gradients; q/k gradients of
+    value heads sharing a q/k head are added in index order. No atomics: the result is
+    bitwise repeatable for equal inputs and plan.
 
     Args:
         do: gradient of o, ``[B, T, HV, V]``, fp32/bf16/fp16.
@@ -576,7 +612,9 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
 # What torch.compile traces (the eager entry keeps _GDNDetFunction: less host time). The
 # plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
 # (final state, L2-norm rstd, gradients of absent inputs) are empty fp32 tensors ``[0]``.
-# g_cumsum and A are not outputs: the backward recomputes them (as the eager one does).
+# g_cumsum and A are not outputs: the backward recomputes them (the eager one keeps A with
+# plan.keep_a); with plan.keep_states = 1 the ops still keep nothing beyond the inputs and
+# recompute the chunk states, w and v_new too (same bits as the eager path, which keeps them).
 
 
 @torch.library.custom_op("cake_gdn_det_train::fwd", mutates_args=())
@@ -593,10 +631,10 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
     cu = op_offsets(cu_seqlens, B, T, q.device)
     qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
     h0 = initial_state.contiguous() if initial_state is not None else None
-    o, ht, (q_rstd, k_rstd, _, _) = _launch_fwd(
+    o, ht, (q_rstd, k_rstd, _, _, _) = _launch_fwd(
         qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, plan, None,
         chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)[1],
-        _gate_args(use_gate, A_log, dt_bias, use_sigmoid))
+        _gate_args(use_gate, A_log, dt_bias, use_sigmoid), keep_states=False)
     return o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q)
 
 
@@ -692,13 +730,15 @@ class _GDNDetFunction(torch.autograd.Function):
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         gate = _gate_args(use_gate, A_log, dt_bias, use_sigmoid)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, plan, None, tables[1],
             gate)
-        # g_cumsum is not kept (the backward recomputes it); A (T) only when the plan says
-        saved = _saved_set(q, k, v, g, beta, None, A if plan.keep_a else None, initial_state,
-                           tables, q_rstd, k_rstd, A_log, dt_bias, scale, use_l2, plan,
-                           cu_seqlens is not None, use_gate, use_sigmoid, cu_host=cu)
+        # A (T) only when the plan says (keep_a); g_cumsum, h, w and v_new only with
+        # keep_states (states is None otherwise): else the backward recomputes them
+        saved = _saved_set(q, k, v, g, beta, g_cumsum if states is not None else None,
+                           A if plan.keep_a else None, initial_state, tables, q_rstd, k_rstd,
+                           A_log, dt_bias, scale, use_l2, plan, cu_seqlens is not None,
+                           use_gate, use_sigmoid, cu_host=cu, states=states)
         ctx.save_for_backward(*saved.tensors())
         ctx.meta = saved.meta
         return o, ht

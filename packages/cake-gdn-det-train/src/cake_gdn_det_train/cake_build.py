@@ -56,15 +56,15 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
 ]
 PLANS = [
-    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 6,
+    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 7,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
                 "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local"]},
+                "block_k_local", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7d69bc47d966afe5b8f364fb84914f2f0343a3c185b97a3dc8550a9a613806bb"
+SOURCE_DIGEST = "sha256:2b714cf1bce39358a7e4a881d5779a31d1f42aa8c8418be5e23a652b70f5991f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -57,6 +57,22 @@ class GDNDetPlan(Plan):
             token and head with bf16; 0.13 GB for 32768 tokens x 32 heads). 0 = keep
             nothing beyond the inputs; the backward recomputes T. Same bits either way
             (the forward rounds T to its stored dtype before using it).
+        keep_states: 1 = the autograd forward (and :func:`chunk_gdn_det_fwd`) also keeps, for
+            the backward, the chunk states h ``[NC, HV, K, V]`` (NC = the chunks of all
+            sequences), w ``[NT, HV, K]`` and v_new ``[NT, HV, V]`` in the intermediates'
+            dtype, and g's fp32 within-chunk cumulative sum ``[NT, HV]``, in fresh tensors
+            (never a workspace's buffers); the backward then skips the chunk prep and the
+            forward state recurrence (it runs only its own kernels). Needs ``keep_a = 1``
+            (the backward without the prep reads the kept T). Memory, per layer: 2 (K + V)
+            bytes per token and value head for w and v_new plus 2 K V bytes per chunk and
+            value head for h with bf16 (twice that with fp32 intermediates), plus 4 bytes
+            per token and value head for g's cumsum; at 32768 tokens (one sequence, 512
+            chunks), HV = 32, K = V = 128, bf16: h 0.54 GB + w 0.27 GB + v_new 0.27 GB +
+            g_cumsum 0.004 GB = 1.08 GB (1.0 GiB), on top of T's 0.13 GB. 0 (the rule's
+            choice, as FLA: keep memory low) = the backward recomputes them. Same bits
+            either way (the backward's recompute runs the same kernels on the same inputs).
+            The custom ops that ``torch.compile`` traces always recompute (T and the
+            states).
         num_stages_h: software-pipelining stages of the two chunk-recurrence kernels
             (shared memory grows with it).
         rec_form: operand form of the two chunk-recurrence kernels (fwd_h, bwd_dh).
@@ -107,7 +123,7 @@ class GDNDetPlan(Plan):
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 6
+    format_version: ClassVar[int] = 7
 
     head_k_dim: int
     head_v_dim: int
@@ -131,6 +147,7 @@ class GDNDetPlan(Plan):
     prep_block: int
     local_form: int
     block_k_local: int
+    keep_states: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,7 +165,10 @@ class GDNDetPlan(Plan):
         if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
             self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "local_form")
+        self.require_flags("store_16bit", "keep_a", "local_form", "keep_states")
+        if self.keep_states and not self.keep_a:
+            self._fail("keep_states=1 needs keep_a=1 (a backward that skips the chunk prep "
+                       "reads the forward's T)")
         self.require_in_range("rec_form", 0, 2)
         self.require_power_of_two("block_k_local", minimum=16)
         if self.block_k_local > self.block_k:
@@ -168,6 +188,18 @@ class GDNDetPlan(Plan):
                            "num_warps_gate")
         self.require_mode(Mode.DET)
 
+    @classmethod
+    def from_dict(cls, d):
+        """:meth:`Plan.from_dict`, with how to upgrade a dict of an older format version."""
+        version = d.get("version", cls.format_version)
+        if d.get("plan", cls.__name__) == cls.__name__ and isinstance(version, int) and \
+                version in _UPGRADES:
+            raise ValueError(
+                f"from_dict: {cls.__name__} format version {version} is not "
+                f"{cls.format_version}: {_UPGRADES[version]}, or re-make the plan with "
+                "make_plan")
+        return super().from_dict(d)
+
     @property
     def dot_precision(self) -> str:
         """``input_precision`` of the kernels' fp32 ``tl.dot`` calls."""
@@ -175,6 +207,12 @@ class GDNDetPlan(Plan):
 
 
 _PLANS: dict[tuple, GDNDetPlan] = {}
+
+#: How to bring a dict of format version 6 to the current one (same launches and bits).
+_UPGRADES = {
+    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward); "
+       "add keep_states = 0 and set version = 7 for the same launches and memory",
+}
 
 
 def _bvf(V: int) -> int:
@@ -248,9 +286,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     run, 2026-11-30: 4-7% faster fwd+bwd at K = V = 128 bf16 than ``local_form = 0``, right
     against float64 at every configuration tried, bitwise repeatable; ``block_k_local = 32``
     and ``block_v_local = 16`` were slower), else 0; ``block_k_local = min(64, block_k)``.
-    ``block_v_local``: 64 where ``rec_form = 1`` (an H200 run, 2026-11-30: 5% faster fwd+bwd
-    at K = V = 128 bf16 than 32, right against float64 at K = 128 with V = 64 and 128, bf16
-    and fp16), else min(32, V rounded up) on CUDA; V rounded up on the CPU.
+    ``keep_states = 0`` everywhere (the backward recomputes the chunk states: low memory,
+    as FLA). ``block_v_local``: 64 where ``rec_form = 1`` (an H200 run, 2026-11-30: 5%
+    faster fwd+bwd at K = V = 128 bf16 than 32, right against float64 at K = 128 with
+    V = 64 and 128, bf16 and fp16), else min(32, V rounded up) on CUDA; V rounded up on the CPU.
 
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
@@ -298,5 +337,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         prep_block=0,
         local_form=int(big_rec),
         block_k_local=min(64, block_k),
+        keep_states=0,
     )
 

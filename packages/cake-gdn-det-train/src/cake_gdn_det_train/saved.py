@@ -12,7 +12,8 @@ from cake_gdn_det_train.plan import CHUNK_SIZE, GDNDetPlan
 
 class GDNDetSavedSet(SavedSet):
     """What the det forward keeps for the backward (:func:`chunk_gdn_det_bwd` recomputes
-    w, u, the chunk states and v_new from these).
+    w, u, the chunk states and v_new from these, unless the forward kept them:
+    ``plan.keep_states``).
 
     Tensors (token dims flattened: ``NT = B * T``):
         q, k: ``[B, T, H, K]`` as given (before any L2 norm). v: ``[B, T, HV, V]``.
@@ -30,6 +31,14 @@ class GDNDetSavedSet(SavedSet):
             ``None``.
         A_log, dt_bias: ``[HV]`` as given with ``use_gate_in_kernel`` (dt_bias may be
             ``None``), else ``None``.
+        h, w, v_new: with ``plan.keep_states = 1`` (and at least one token), the forward's
+            chunk states h ``[NC, HV, K, V]`` (the state at each chunk's start; NC = the
+            64-token chunks of all sequences), w ``[NT, HV, K]`` and v_new ``[NT, HV, V]``,
+            in the intermediates' dtype (as A), each a fresh tensor owned by this set (never
+            a workspace's buffer); else ``None``. The backward uses them (with g_cumsum and
+            A) instead of recomputing when their shapes and dtypes match and its plan is
+            the forward's (``meta["plan"]``); otherwise it recomputes, same bits.
+            (The autograd forward keeps g_cumsum only with them.)
     Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's GDNDetPlan),
     ``varlen`` (bool: cu_seqlens was given), ``use_gate_in_kernel``,
     ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools), ``cu_host`` (the int64
@@ -44,8 +53,8 @@ class GDNDetSavedSet(SavedSet):
     """
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
-                    "q_rstd", "k_rstd", "A_log", "dt_bias")
-    format_version = 2
+                    "q_rstd", "k_rstd", "A_log", "dt_bias", "h", "w", "v_new")
+    format_version = 3
 
 
 def workspace_shapes(plan: GDNDetPlan, HV: int) -> dict[str, tuple[int, ...]]:
@@ -65,7 +74,9 @@ class GDNDetWorkspace(Workspace):
     intermediates' dtype (the inputs' dtype for bf16/fp16 inputs with ``plan.store_16bit``,
     else fp32; a workspace serves calls of that input dtype only). A call
     uses the leading part; contents are overwritten each call (no state carries over), and
-    nothing in it is needed after the call returns, so one workspace can serve many calls.
+    nothing in it is needed after the call returns, so one workspace can serve many calls
+    (with ``plan.keep_states = 1`` the forward writes w, v_new and h to fresh tensors that
+    its saved set keeps, and uses only ``u`` here).
     Build with :meth:`for_plan`.
     """
 
