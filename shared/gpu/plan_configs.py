@@ -76,7 +76,12 @@ CONFIGS = {
                       "128 128 bfloat16 rec_form=2 num_warps_h=4",
                       "128 128 bfloat16 rec_form=2 block_v=32",
                       "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
-                      "64 64 float32 rec_form=2"],
+                      "64 64 float32 rec_form=2",
+                      # keep_states: the backward reads the forward's chunk states, w,
+                      # v_new (built and tested on the CPU; not yet run on a GPU)
+                      "128 128 bfloat16 keep_states=1",
+                      "100 48 bfloat16 keep_states=1 lens=1,70,0,65",
+                      "48 32 float32 keep_states=1 lens=1,70,0,65"],
     "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",
