@@ -42,6 +42,8 @@ def main():
     p.add_argument("--main-grad", action="store_true",
                    help="wgrad: accumulate into an fp32 main_grad instead of writing dW")
     p.add_argument("--experts", type=int, default=8, help="E (sets BLOCK_G = pow2(E + 1))")
+    p.add_argument("--wgrad-order", type=int, default=0, choices=[0, 1],
+                   help="plan wgrad_order (1: expert tiles read their expert from ORDER)")
     a = p.parse_args()
     dt = a.dtype
     o_ty = "*fp32" if a.main_grad else f"*{dt}"
@@ -72,19 +74,21 @@ def main():
                                 warps, stages)))
         # wgrad: dW [E, N, K] tiles BLOCK_M over N, BLOCK_N over K, BLOCK_K rows per step
         wints = ("N", "K", "n_tiles_n", "n_tiles_k", "stride_os", "stride_oe", "stride_on")
-        common = dict(blocks, SPLIT=1, ACCUMULATE=a.main_grad, stride_ok=1)
-        t = {"DY": f"*{dt}", "X": f"*{dt}", "OUT": o_ty, "ENDS": "*i32",
+        common = dict(blocks, SPLIT=1, ACCUMULATE=a.main_grad, stride_ok=1,
+                      REORDER=a.wgrad_order == 1)
+        t = {"DY": f"*{dt}", "X": f"*{dt}", "OUT": o_ty, "ENDS": "*i32", "ORDER": "*i32",
              **{n: "i32" for n in (*wints, "stride_dym", "stride_xm")}}
         c = dict(common, stride_dyn=1, stride_xk=1)
         rows.append((f"pointer wgrad {bm}x{bn}x{bk}", warps, stages,
                      *build(grouped_wgrad_kernel, t, c,
-                            ("DY", "X", "OUT", "ENDS", "stride_dym", "stride_xm",
+                            ("DY", "X", "OUT", "ENDS", "ORDER", "stride_dym", "stride_xm",
                              "stride_oe", "stride_on"), warps, stages)))
         t = {"DY_DESC": f"tensordesc<{dt}[{bk}, {bm}]>", "X_DESC": f"tensordesc<{dt}[{bk}, {bn}]>",
-             "OUT": o_ty, "ENDS": "*i32", **{n: "i32" for n in wints}}
+             "OUT": o_ty, "ENDS": "*i32", "ORDER": "*i32", **{n: "i32" for n in wints}}
         rows.append((f"tma wgrad {bm}x{bn}x{bk}", warps, stages,
                      *build(grouped_wgrad_tma_kernel, t, common,
-                            ("OUT", "ENDS", "stride_oe", "stride_on"), warps, stages)))
+                            ("OUT", "ENDS", "ORDER", "stride_oe", "stride_on"), warps,
+                            stages)))
     print(f"dtype {dt}, wgrad output {'fp32 main_grad (accumulate)' if a.main_grad else dt}, "
           f"BLOCK_G {block_g}")
     for what, warps, stages, regs, spills, smem, ptx, counts in rows:

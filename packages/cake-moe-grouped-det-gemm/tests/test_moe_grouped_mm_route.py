@@ -294,21 +294,23 @@ def test_plan_field_format_and_upgrade():
     plan = dataclasses.replace(make_plan(4096, 8, 64, 48, BF16, DEV), grouped_mm_fwd_dgrad=0)
     p = dataclasses.replace(plan, grouped_mm_fwd_dgrad=1)
     d = p.to_dict()
-    assert d["grouped_mm_fwd_dgrad"] == 1 and d["version"] == 3 == MoEGroupedDetPlan.format_version
+    assert d["grouped_mm_fwd_dgrad"] == 1 and d["version"] == 4 == MoEGroupedDetPlan.format_version
     assert MoEGroupedDetPlan.from_dict(d) == p
     assert MoEGroupedDetPlan.from_dict(json.loads(p.to_json())) == p
     assert hash(p) == hash(dataclasses.replace(plan, grouped_mm_fwd_dgrad=1)) and p != plan
     assert p.key != plan.key
     assert plan_from_op_fields(MoEGroupedDetPlan, plan_to_op_fields(p)) == p
-    v2 = {k: v for k, v in plan.to_dict().items() if k != "grouped_mm_fwd_dgrad"}
+    v2 = {k: v for k, v in plan.to_dict().items()
+          if k not in ("grouped_mm_fwd_dgrad", "wgrad_order")}
     v2["version"] = 2  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 2 is not 3: .*add "
-                       "grouped_mm_fwd_dgrad = 0 and set version = 3"):
+    with pytest.raises(ValueError, match="format version 2 is not 4: .*add "
+                       "grouped_mm_fwd_dgrad = 0 and wgrad_order = 0 and set version = 4"):
         MoEGroupedDetPlan.from_dict(v2)
-    upgraded = MoEGroupedDetPlan.from_dict({**v2, "grouped_mm_fwd_dgrad": 0, "version": 3})
+    upgraded = MoEGroupedDetPlan.from_dict({**v2, "grouped_mm_fwd_dgrad": 0, "wgrad_order": 0,
+                                            "version": 4})
     assert upgraded == dataclasses.replace(plan, grouped_mm_fwd_dgrad=0)
     with pytest.raises(ValueError, match="grouped_mm_fwd_dgrad"):
-        MoEGroupedDetPlan.from_dict({**v2, "version": 3})  # the field missing
+        MoEGroupedDetPlan.from_dict({**v2, "wgrad_order": 0, "version": 4})  # field missing
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="grouped_mm_fwd_dgrad"):
             dataclasses.replace(plan, grouped_mm_fwd_dgrad=bad)

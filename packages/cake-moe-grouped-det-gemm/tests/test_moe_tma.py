@@ -180,16 +180,17 @@ def test_tma_plan_fields_rule_and_format(monkeypatch):
                            and torch.cuda.get_device_capability()[0] >= 9)
     t = dataclasses.replace(plan, tma=1)
     d = t.to_dict()
-    assert d["tma"] == 1 and d["version"] == 3
+    assert d["tma"] == 1 and d["version"] == 4
     assert MoEGroupedDetPlan.from_dict(d) == t
-    old = {k: v for k, v in plan.to_dict().items() if k not in ("tma", "grouped_mm_fwd_dgrad")}
+    old = {k: v for k, v in plan.to_dict().items()
+           if k not in ("tma", "grouped_mm_fwd_dgrad", "wgrad_order")}
     old["version"] = 1  # a plan serialised before the field existed
     with pytest.raises(ValueError, match="format version 1 .*add tma = 0"):
         MoEGroupedDetPlan.from_dict(old)
     with pytest.raises(ValueError, match="tma"):
-        MoEGroupedDetPlan.from_dict({**old, "version": 3})  # missing fields
-    assert MoEGroupedDetPlan.from_dict({**old, "version": 3, "tma": 0,
-                                        "grouped_mm_fwd_dgrad": 0}) == \
+        MoEGroupedDetPlan.from_dict({**old, "version": 4})  # missing fields
+    assert MoEGroupedDetPlan.from_dict({**old, "version": 4, "tma": 0,
+                                        "grouped_mm_fwd_dgrad": 0, "wgrad_order": 0}) == \
         dataclasses.replace(plan, tma=0, grouped_mm_fwd_dgrad=0)
     with pytest.raises(ValueError, match="tma must be 0 or 1"):
         dataclasses.replace(plan, tma=2)

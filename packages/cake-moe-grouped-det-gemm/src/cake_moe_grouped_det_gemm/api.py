@@ -282,6 +282,14 @@ def _launch_fwd(x, weight, ends, plan: MoEGroupedDetPlan) -> torch.Tensor:
     return y
 
 
+def _expert_order(ends: torch.Tensor) -> torch.Tensor:
+    """int32 ``[E]``: the experts by row count, most rows first, ties in index order (a
+    stable sort on the device; plan ``wgrad_order = 1``)."""
+    e = ends.to(torch.int64)
+    rows = e - torch.cat([e.new_zeros((1,)), e[:-1]])
+    return torch.sort(rows, descending=True, stable=True).indices.to(torch.int32)
+
+
 def _launch_wgrad(dy, x, ends, plan: MoEGroupedDetPlan, out, partials, accumulate: bool):
     E, N, K = plan.num_experts, plan.out_features, plan.in_features
     S = plan.wgrad_splits
@@ -291,16 +299,17 @@ def _launch_wgrad(dy, x, ends, plan: MoEGroupedDetPlan, out, partials, accumulat
     wbm, wbn, wbk = plan.wgrad_block_m, plan.wgrad_block_n, plan.wgrad_block_k
     common = dict(SPLIT=S, ACCUMULATE=accumulate and S == 1,
                   IEEE=x.dtype == torch.float32 and not plan.allow_tf32,
-                  BLOCK_M=wbm, BLOCK_N=wbn, BLOCK_K=wbk,
+                  BLOCK_M=wbm, BLOCK_N=wbn, BLOCK_K=wbk, REORDER=bool(plan.wgrad_order),
                   num_warps=plan.wgrad_num_warps, num_stages=plan.wgrad_num_stages)
+    order = _expert_order(ends) if plan.wgrad_order else ends  # (unread without REORDER)
     if plan.tma:  # dy as [wbk, wbm] boxes of the row-major dy (transposed in the kernel)
         dy, x = _tma_ready(dy), _tma_ready(x)
         grouped_wgrad_tma_kernel[(E * tn * tk, S)](
-            _desc(dy, [wbk, wbm]), _desc(x, [wbk, wbn]), dst, ends, N, K, tn, tk, *so,
-            **common)
+            _desc(dy, [wbk, wbm]), _desc(x, [wbk, wbn]), dst, ends, order, N, K, tn, tk,
+            *so, **common)
     else:
         grouped_wgrad_kernel[(E * tn * tk, S)](
-            dy, x, dst, ends, N, K, tn, tk,
+            dy, x, dst, ends, order, N, K, tn, tk,
             dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), *so, **common)
     if S > 1:
         flat = partials.view(S, E * N * K)

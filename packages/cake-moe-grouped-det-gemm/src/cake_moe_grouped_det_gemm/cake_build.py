@@ -41,14 +41,14 @@ KERNELS = [
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "zero_tail_rows_kernel"},
 ]
 PLANS = [
-    {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 3,
+    {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 4,
      "fields": ["num_experts", "out_features", "in_features", "block_m", "block_n", "block_k",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits", "reduce_block",
-                "allow_tf32", "tma", "grouped_mm_fwd_dgrad"]},
+                "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b5587d7433b7ba001e8290b08519d5ea91792b7521487c7645120be37320847c"
+SOURCE_DIGEST = "sha256:9df54b7a4a37cc709c3c8aafce02932bf77e8e4c21b478d8c7e26bf2b9e06e2b"
 # --- end of generated block ---
 
 MANIFEST = {

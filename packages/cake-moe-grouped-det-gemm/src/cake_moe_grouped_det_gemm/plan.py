@@ -85,13 +85,22 @@ class MoEGroupedDetPlan(Plan):
             first. Bits fixed per plan and torch build (torch's kernels), not promised equal
             between 0 and 1.
 
-    Format version 3 added ``grouped_mm_fwd_dgrad`` (version 2 added ``tma``). An older dict
-    is refused by ``from_dict``: re-make the plan, or add ``grouped_mm_fwd_dgrad = 0`` (and,
-    for version 1, ``tma = 0``) and set ``version = 3`` for the same launches.
+        wgrad_order: the launch order of the wgrad's expert tiles. 0 = expert order (tile
+            ``pid`` belongs to expert ``pid // (tiles per expert)``); 1 = experts with more
+            rows first (a stable descending sort of the row counts, on the device, no host
+            sync), so that the longest reductions start first and the short ones fill the
+            tail (longest-processing-time order, for skewed routing). Every tile is still
+            computed by one program with the same steps: **the same bits** for 0 and 1
+            (tested). Costs a sort of E ints per backward. The rule picks 0 (1 not yet
+            timed on a GPU).
+
+    Format version 4 added ``wgrad_order``, 3 ``grouped_mm_fwd_dgrad``, 2 ``tma``. An older
+    dict is refused by ``from_dict``: re-make the plan, or add the missing fields as 0 and
+    set ``version = 4`` for the same launches.
     """
 
     family: ClassVar[str] = "cake-moe-grouped-det-gemm"
-    format_version: ClassVar[int] = 3
+    format_version: ClassVar[int] = 4
 
     num_experts: int
     out_features: int
@@ -111,6 +120,7 @@ class MoEGroupedDetPlan(Plan):
     allow_tf32: int
     tma: int
     grouped_mm_fwd_dgrad: int
+    wgrad_order: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,7 +130,7 @@ class MoEGroupedDetPlan(Plan):
         self.require_at_least("num_stages", "wgrad_num_stages")
         self.require_warps("num_warps", "wgrad_num_warps")
         self.require_in_range("wgrad_splits", 1, MAX_WGRAD_SPLITS)
-        self.require_flags("allow_tf32", "tma", "grouped_mm_fwd_dgrad")
+        self.require_flags("allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order")
         if self.tma and max(getattr(self, n) for n in _POW2_FIELDS[:6]) > TMA_MAX_BOX:
             self._fail(f"tma needs block_m / _n / _k and wgrad_block_m / _n / _k <= "
                        f"{TMA_MAX_BOX} (a TMA box edge)")
@@ -141,10 +151,14 @@ class MoEGroupedDetPlan(Plan):
 
 #: How to bring a dict of an older format version to the current one (same launches).
 _UPGRADES = {
-    1: "version 2 added tma and version 3 grouped_mm_fwd_dgrad; add tma = 0 and "
-       "grouped_mm_fwd_dgrad = 0 and set version = 3 for the same launches",
-    2: "version 3 added grouped_mm_fwd_dgrad (forward and dgrad on torch._grouped_mm); "
-       "add grouped_mm_fwd_dgrad = 0 and set version = 3 for the same launches",
+    1: "version 2 added tma, version 3 grouped_mm_fwd_dgrad and version 4 wgrad_order; add "
+       "tma = 0, grouped_mm_fwd_dgrad = 0 and wgrad_order = 0 and set version = 4 for the "
+       "same launches",
+    2: "version 3 added grouped_mm_fwd_dgrad (forward and dgrad on torch._grouped_mm) and "
+       "version 4 wgrad_order; add grouped_mm_fwd_dgrad = 0 and wgrad_order = 0 and set "
+       "version = 4 for the same launches",
+    3: "version 4 added wgrad_order (the wgrad's expert tile order); add wgrad_order = 0 "
+       "and set version = 4 for the same launches",
 }
 
 #: Input dtypes the ``grouped_mm_fwd_dgrad = 1`` route accepts: torch._grouped_mm's CUDA
@@ -331,4 +345,5 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
         reduce_block=reduce_block, allow_tf32=0, tma=tma, grouped_mm_fwd_dgrad=gmm,
+        wgrad_order=0,
     )

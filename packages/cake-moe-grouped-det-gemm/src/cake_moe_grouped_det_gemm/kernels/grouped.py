@@ -45,12 +45,17 @@ def _schedule_tile(SCHED, G, t, BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr):
 
 
 @triton.jit
-def _wgrad_slice(ENDS, pid, s, n_tiles_n, n_tiles_k, SPLIT: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+def _wgrad_slice(ENDS, ORDER, pid, s, n_tiles_n, n_tiles_k, SPLIT: tl.constexpr,
+                 BLOCK_K: tl.constexpr, REORDER: tl.constexpr):
     """Program ``pid`` of slice ``s``: ``(e, pid_n, pid_k, lo, hi)``, expert e's output tile
-    and the rows ``[lo, hi)`` of its slice (see :func:`grouped_wgrad_kernel`)."""
+    and the rows ``[lo, hi)`` of its slice (see :func:`grouped_wgrad_kernel`). ``REORDER``:
+    the ``pid // tiles-per-expert``-th expert of ``ORDER`` (int32 ``[E]``, a permutation),
+    else that index itself."""
     per_e = n_tiles_n * n_tiles_k
-    e = pid // per_e
+    if REORDER:
+        e = tl.load(ORDER + pid // per_e)
+    else:
+        e = pid // per_e
     rest = pid % per_e
     pid_n = rest // n_tiles_k
     pid_k = rest % n_tiles_k
@@ -101,14 +106,17 @@ def grouped_mm_kernel(
 
 @triton.jit
 def grouped_wgrad_kernel(
-    DY, X, OUT, ENDS, N, K, n_tiles_n, n_tiles_k,
+    DY, X, OUT, ENDS, ORDER, N, K, n_tiles_n, n_tiles_k,
     stride_dym, stride_dyn, stride_xm, stride_xk,
     stride_os, stride_oe, stride_on, stride_ok,
     SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    REORDER: tl.constexpr,
 ):
     """One ``[BLOCK_M, BLOCK_N]`` tile of ``dW[e] = dy[rows of e]ᵀ @ x[rows of e]`` over
-    slice ``s`` (axis 1) of expert e's rows. Axis 0: ``e * n_tiles_n * n_tiles_k + tile``.
+    slice ``s`` (axis 1) of expert e's rows. Axis 0: ``slot * n_tiles_n * n_tiles_k + tile``,
+    expert ``e = slot`` (or ``ORDER[slot]`` with ``REORDER``: plan ``wgrad_order``; the
+    launch order only, each tile's computation is the same).
 
     Expert e's rows ``[lo, hi)`` (``ENDS`` int32 ``[E]``, non-decreasing, read here) are cut
     into ``SPLIT`` slices of ``cdiv(cdiv(hi - lo, SPLIT), BLOCK_K) * BLOCK_K`` rows (trailing
@@ -118,7 +126,8 @@ def grouped_wgrad_kernel(
     program stores its tile, an empty expert or slice zeros, so no stale content survives."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    e, pid_n, pid_k, lo, hi = _wgrad_slice(ENDS, pid, s, n_tiles_n, n_tiles_k, SPLIT, BLOCK_K)
+    e, pid_n, pid_k, lo, hi = _wgrad_slice(ENDS, ORDER, pid, s, n_tiles_n, n_tiles_k, SPLIT,
+                                           BLOCK_K, REORDER)
     rn = (pid_n * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     rk = (pid_k * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     nm = rn < N
@@ -179,10 +188,11 @@ def grouped_mm_tma_kernel(
 
 @triton.jit
 def grouped_wgrad_tma_kernel(
-    DY_DESC, X_DESC, OUT, ENDS, N, K, n_tiles_n, n_tiles_k,
+    DY_DESC, X_DESC, OUT, ENDS, ORDER, N, K, n_tiles_n, n_tiles_k,
     stride_os, stride_oe, stride_on, stride_ok,
     SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    REORDER: tl.constexpr,
 ):
     """:func:`grouped_wgrad_kernel` with TMA-descriptor operand loads (same slices, steps,
     epilogue). ``DY_DESC``: dy ``[M, N]`` row-major, ``[BLOCK_K, BLOCK_M]`` boxes transposed
@@ -192,7 +202,8 @@ def grouped_wgrad_tma_kernel(
     rows of other experts contribute exact zeros (also when they hold inf or NaN)."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
-    e, pid_n, pid_k, lo, hi = _wgrad_slice(ENDS, pid, s, n_tiles_n, n_tiles_k, SPLIT, BLOCK_K)
+    e, pid_n, pid_k, lo, hi = _wgrad_slice(ENDS, ORDER, pid, s, n_tiles_n, n_tiles_k, SPLIT,
+                                           BLOCK_K, REORDER)
     r_full = lo + tl.maximum(hi - lo, 0) // BLOCK_K * BLOCK_K  # end of the whole steps
     n0 = pid_n * BLOCK_M
     k0 = pid_k * BLOCK_N
