@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2b714cf1bce39358a7e4a881d5779a31d1f42aa8c8418be5e23a652b70f5991f"
+SOURCE_DIGEST = "sha256:e17ed42ddd820d8883618299ab818a278bedb52bfc23310a0451e82881fe91d5"
 # --- end of generated block ---
 
 MANIFEST = {

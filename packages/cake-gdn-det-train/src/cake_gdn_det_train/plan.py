@@ -70,7 +70,14 @@ class GDNDetPlan(Plan):
             chunks), HV = 32, K = V = 128, bf16: h 0.54 GB + w 0.27 GB + v_new 0.27 GB +
             g_cumsum 0.004 GB = 1.08 GB (1.0 GiB), on top of T's 0.13 GB. 0 (the rule's
             choice, as FLA: keep memory low) = the backward recomputes them. Same bits
-            either way (the backward's recompute runs the same kernels on the same inputs).
+            either way under the interpreter (tested); the backward's recompute runs the same
+            computation on the same inputs, through kernel variants that differ only in
+            reading the kept T and in not storing a final state, so on a GPU the equality is
+            the compiler's and is checked by hash (not yet run there). The kept tensors are
+            the forward's: a caller of the low-level functions must not modify the inputs
+            in place between :func:`chunk_gdn_det_fwd` and :func:`chunk_gdn_det_bwd` (with 0
+            the backward would recompute from the modified inputs, with 1 it mixes both;
+            neither is the gradient of the forward that ran; the autograd entry refuses it).
             The custom ops that ``torch.compile`` traces always recompute (T and the
             states).
         num_stages_h: software-pipelining stages of the two chunk-recurrence kernels
