@@ -121,3 +121,13 @@ def test_variant_plan_fields():
                                                                  "weight_tap_major")}
     with pytest.raises(ValueError, match="add bwd_window = 0 and weight_tap_major = 0"):
         CausalConv1dDetPlan.from_dict({**old, "version": 1})
+
+
+@pytest.mark.parametrize("W", [5, 8])
+def test_tap_major_wider_kernels(conv, W):
+    """W > 4 (no window there): the tap-major weight with the state's band of W - 1 slots."""
+    inp = conv.make_inputs(1, 14, 8, W, cu=(0, 2, 14), seed=W)
+    plan = _plan(8, W, torch.float32, conv.DEV, "tap-major")
+    got = conv.run_cake(inp, "silu", plan=plan)
+    _check(got, conv.run_reference(inp, "silu"), torch.float32)
+    _same_as_default(conv, inp, "silu", plan, got)
