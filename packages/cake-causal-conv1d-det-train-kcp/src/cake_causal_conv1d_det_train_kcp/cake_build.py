@@ -36,13 +36,16 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = [
     {"module": "cake_causal_conv1d_det_train.plan", "class": "CausalConv1dDetPlan",
-     "format_version": 1,
+     "format_version": 2,
      "fields": ["hidden_size", "kernel_size", "block_t_fwd", "block_d_fwd", "num_warps_fwd",
-                "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce"]},
+                "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce",
+                "bwd_window", "weight_tap_major"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
     "cake-causal-conv1d-det-train": [
+        {"module": "cake_causal_conv1d_det_train.kernels.bwd", "function": "_bwd_window_step"},
+        {"module": "cake_causal_conv1d_det_train.kernels.bwd", "function": "_bwd_window_taps"},
         {"module": "cake_causal_conv1d_det_train.kernels.bwd",
          "function": "causal_conv1d_bwd_kernel"},
         {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "round_bf16"},
@@ -51,7 +54,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:c44924843ca487c45ce403f6b0cb35929032c56fed78a057b71a6ed91397a54f"
+SOURCE_DIGEST = "sha256:30563546d6b3509489e3dd789c2479caa2031b624b738dea2a544d634f6456db"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -249,6 +249,16 @@ def _rne(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and is_interpreting()
 
 
+def _kernel_weight(weight: torch.Tensor, plan: CausalConv1dDetPlan):
+    """``(tensor, (channel stride, tap stride))`` the kernels read the taps from: the
+    ``[D, W]`` weight itself, or with ``plan.weight_tap_major`` a ``[W, D]`` contiguous copy
+    (each tap's channels contiguous: vector loads; the same values, so the same bits)."""
+    if plan.weight_tap_major:
+        wt = weight.t().contiguous()
+        return wt, (wt.stride(1), wt.stride(0))
+    return weight, (weight.stride(0), 1)  # last dim contiguous (checked), W >= 2
+
+
 def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final_state: bool,
                 plan: CausalConv1dDetPlan):
     B, T, D = x.shape
@@ -259,10 +269,11 @@ def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final
         else None
     nb, nbs, table, cu = _blocks(x, cu_seqlens, offsets, plan.block_t_fwd)
     if nb:
+        wt, w_strides = _kernel_weight(weight, plan)
         causal_conv1d_fwd_kernel[(nb, _cdiv(D, plan.block_d_fwd))](
-            x, weight, bias if bias is not None else weight, h0 if h0 is not None else x, y,
+            x, wt, bias if bias is not None else weight, h0 if h0 is not None else x, y,
             fs if fs is not None else y, table if table is not None else cu, cu,
-            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *_h0_strides(h0),
+            T, D, nbs, x.stride(0), x.stride(1), *w_strides, *_h0_strides(h0),
             W=W, BW=next_power_of_2(W), SILU=bool(act), HAS_BIAS=bias is not None,
             HAS_H0=h0 is not None, HAS_FS=fs is not None, VARLEN=cu_seqlens is not None,
             RNE=_rne(x.dtype), BLOCK_T=plan.block_t_fwd, BLOCK_D=plan.block_d_fwd,
@@ -299,16 +310,17 @@ def _launch_bwd(dy, dht, x, weight, bias, h0, cu_seqlens, offsets, act: int,
         bpart = bpart[:nb] if bpart is not None else torch.empty((nb, D), dtype=f32, device=dev)
     ts = tuple(dht.stride()) if dht is not None else (0, 0, 0)
     if nb:
+        wt, w_strides = _kernel_weight(weight, plan)
         causal_conv1d_bwd_kernel[(nb, _cdiv(D, plan.block_d_bwd))](
-            x, weight, bias if bias is not None else weight, h0 if h0 is not None else x,
+            x, wt, bias if bias is not None else weight, h0 if h0 is not None else x,
             dy, dht if dht is not None else dy, dx, dh0 if dh0 is not None else dx, wpart,
             bpart if bias is not None else wpart, table if table is not None else cu, cu,
-            T, D, nbs, x.stride(0), x.stride(1), weight.stride(0), *_h0_strides(h0),
+            T, D, nbs, x.stride(0), x.stride(1), *w_strides, *_h0_strides(h0),
             dy.stride(0), dy.stride(1), *ts,
             W=W, BW=next_power_of_2(W), SILU=bool(act), HAS_BIAS=bias is not None,
             HAS_H0=h0 is not None, HAS_DHT=dht is not None, VARLEN=cu_seqlens is not None,
             RNE=_rne(x.dtype), BLOCK_T=plan.block_t_bwd, BLOCK_D=plan.block_d_bwd,
-            num_warps=plan.num_warps_bwd)
+            WINDOW=plan.bwd_window, num_warps=plan.num_warps_bwd)
     dweight = _sum_partials(wpart, weight.dtype, plan)
     dbias = _sum_partials(bpart, bias.dtype, plan) if bias is not None else None
     return dx, dweight, dbias, dh0

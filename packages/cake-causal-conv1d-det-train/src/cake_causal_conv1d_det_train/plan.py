@@ -38,10 +38,20 @@ class CausalConv1dDetPlan(Plan):
             equal bits across plans are not promised for them either.)
         reduce_block / num_warps_reduce: elements per program of the ordered sum
             (:func:`cake_core.gemm.ordered_sum`); elementwise, no effect on bits.
+        bwd_window: 0 = the SiLU backward recomputes the pre-activation at each of the W
+            output shifts tap by tap (W^2 + 1 shifted x tile loads per program); 1 = it
+            loads each of the 2W - 1 distinct shifted x tiles once and feeds every shift's
+            accumulator from it (W <= 4 only; the same sums in the same order, so the same
+            bits under the interpreter; a GPU candidate, not in the rule). No effect
+            without SiLU.
+        weight_tap_major: 0 = the kernels read the taps from the ``[D, W]`` weight (one
+            2-byte load per channel and tap); 1 = from a ``[W, D]`` contiguous copy made per
+            forward / backward call (a small torch copy; each tap's channels load as
+            vectors). The same values, so the same bits; a GPU candidate, not in the rule.
     """
 
     family: ClassVar[str] = "cake-causal-conv1d-det-train"
-    format_version: ClassVar[int] = 1
+    format_version: ClassVar[int] = 2
 
     hidden_size: int
     kernel_size: int
@@ -53,6 +63,8 @@ class CausalConv1dDetPlan(Plan):
     num_warps_bwd: int
     reduce_block: int
     num_warps_reduce: int
+    bwd_window: int
+    weight_tap_major: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -66,7 +78,30 @@ class CausalConv1dDetPlan(Plan):
             if -(-self.hidden_size // getattr(self, name)) > _MAX_GRID_Y:
                 self._fail(f"{name}: {self.hidden_size} channels need more than "
                            f"{_MAX_GRID_Y} channel blocks")
+        self.require_flags("bwd_window", "weight_tap_major")
+        if self.bwd_window and self.kernel_size > 4:
+            self._fail(f"bwd_window=1 takes kernel_size <= 4, got {self.kernel_size}")
         self.require_mode(Mode.DET)
+
+    @classmethod
+    def from_dict(cls, d):
+        """:meth:`Plan.from_dict`, with how to upgrade a dict of an older format version."""
+        version = d.get("version", cls.format_version)
+        if d.get("plan", cls.__name__) == cls.__name__ and isinstance(version, int) and \
+                version in _UPGRADES:
+            raise ValueError(
+                f"from_dict: {cls.__name__} format version {version} is not "
+                f"{cls.format_version}: {_UPGRADES[version]}, or re-make the plan with "
+                "make_plan")
+        return super().from_dict(d)
+
+
+#: How to bring a dict of an older format version to the current one (same launches, bits).
+_UPGRADES = {
+    1: "version 2 added bwd_window (the SiLU backward's x tiles loaded once per shift) and "
+       "weight_tap_major (the taps read from a [W, D] copy); add bwd_window = 0 and "
+       "weight_tap_major = 0 and set version = 2 for the same launches and bits",
+}
 
 
 def _int(v: object, name: str, lo: int, hi: int) -> int:
@@ -126,10 +161,12 @@ def _rule(D: int, W: int, device: torch.device) -> CausalConv1dDetPlan:
             hidden_size=D, kernel_size=W,
             block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
             block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=warps_bwd,
-            reduce_block=1024, num_warps_reduce=4)
+            reduce_block=1024, num_warps_reduce=4, bwd_window=0,
+            weight_tap_major=0)
     bd = min(d2, 64)
     return CausalConv1dDetPlan(
         hidden_size=D, kernel_size=W,
         block_t_fwd=32, block_d_fwd=bd, num_warps_fwd=1,
         block_t_bwd=32, block_d_bwd=bd, num_warps_bwd=1,
-        reduce_block=1024, num_warps_reduce=1)
+        reduce_block=1024, num_warps_reduce=1, bwd_window=0,
+        weight_tap_major=0)

@@ -14,6 +14,10 @@ dweight[c, W - 1 - k] = sum over the block's inputs x[t] of dpre[t + k] * x[t] (
 (output, input) pair is counted by the block that holds the input); the pairs whose input
 is in the initial state are added by the sequence's first block, which also writes
 d(initial_state). No atomics.
+
+WINDOW (plan.bwd_window, SiLU, W <= 4): the same sums, with each of the 2W - 1 shifted x
+tiles loaded once (_bwd_window_taps). The weight is read through two strides (channel, tap):
+the ``[D, W]`` weight or its ``[W, D]`` copy (plan.weight_tap_major).
 """
 
 import triton
@@ -22,14 +26,103 @@ import triton.language as tl
 from cake_causal_conv1d_det_train.kernels.common import round_bf16
 
 
+@triton.jit
+def _bwd_window_step(k, pre, dpre_raw, x_own, dx, dw, b, WT, H0, DBP, rows, cols, cmask, taps,
+                     g, n, start, D, stride_w, stride_wk, s_hn, s_hd, s_hk,
+                     W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_H0: tl.constexpr):
+    """Output shift k of the window backward: ``pre`` (the x taps of pre[t + k], summed)
+    gets the state's taps where they reach (first blocks only), then dpre, the dbias
+    partial (k = 0), dweight tap W - 1 - k and dx, exactly as the per-shift loop."""
+    u = rows + k
+    if HAS_H0:
+        if start + k < W - 1:
+            for h_i in tl.static_range(W):
+                h_p = u + (h_i - (W - 1))
+                h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
+                              + (h_p + (W - 1))[:, None] * s_hk,
+                              mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
+                h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
+                              other=0.0).to(tl.float32)
+                pre += h_w[None, :] * h_v.to(tl.float32)
+    sig = 1.0 / (1.0 + tl.exp(-pre))
+    dpre = dpre_raw * (sig * (1.0 + pre * (1.0 - sig)))
+    if k == 0:
+        if HAS_BIAS:
+            tl.store(DBP + g * D + cols, tl.sum(dpre, axis=0), mask=cmask)
+    dw += tl.where((taps == W - 1 - k)[:, None], tl.sum(dpre * x_own, axis=0)[None, :], 0.0)
+    wk = tl.load(WT + cols * stride_w + (W - 1 - k) * stride_wk, mask=cmask,
+                 other=0.0).to(tl.float32)
+    dx += dpre * wk[None, :]
+    return dx, dw
+
+
+@triton.jit
+def _bwd_window_taps(X, WT, H0, DY, DBP, b, x_own, xp, dyp, rows, cols, cmask, taps, dx, dw,
+                     g, n, start, L, D, stride_xt, stride_w, stride_wk, stride_dyt, s_hn,
+                     s_hd, s_hk,
+                     W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_H0: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The SiLU backward's W output shifts with each of the 2W - 1 shifted x tiles (row
+    offsets -(W - 1) .. W - 1) loaded once: tile s feeds tap i = s - k of the pre-activation
+    at shift k, for every k it reaches. Per shift the taps still arrive in the order
+    i = 0, 1, ..., W - 1 (bias first, the state's taps last), so each pre[t + k] is the same
+    sum as in the forward and the per-shift loop; shift k is finished (dpre, dweight, dx, in
+    the order k = 0, 1, ...) as soon as its last x tap is in. W <= 4: one accumulator per
+    shift."""
+    p0 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    p1 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    p2 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    p3 = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    if HAS_BIAS:
+        p0 += b[None, :]
+        p1 += b[None, :]
+        p2 += b[None, :]
+        p3 += b[None, :]
+    for s in tl.static_range(2 * W - 1):
+        sh = s - (W - 1)  # row offset of this x tile
+        p = rows + sh
+        xs = tl.load(xp + sh * stride_xt, mask=((p >= 0) & (p < L))[:, None] & cmask[None, :],
+                     other=0.0).to(tl.float32)
+        # tap i = s - k of shift k, for 0 <= i < W and 0 <= k < W
+        if s < W:
+            p0 += tl.load(WT + cols * stride_w + s * stride_wk, mask=cmask,
+                          other=0.0).to(tl.float32)[None, :] * xs
+        if s >= 1 and s - 1 < W and W > 1:
+            p1 += tl.load(WT + cols * stride_w + (s - 1) * stride_wk, mask=cmask,
+                          other=0.0).to(tl.float32)[None, :] * xs
+        if s >= 2 and s - 2 < W and W > 2:
+            p2 += tl.load(WT + cols * stride_w + (s - 2) * stride_wk, mask=cmask,
+                          other=0.0).to(tl.float32)[None, :] * xs
+        if s >= 3 and s - 3 < W and W > 3:
+            p3 += tl.load(WT + cols * stride_w + (s - 3) * stride_wk, mask=cmask,
+                          other=0.0).to(tl.float32)[None, :] * xs
+        kd = s - (W - 1)  # the shift whose last tap this was
+        if kd >= 0:
+            dpre_raw = tl.load(dyp + kd * stride_dyt,
+                               mask=((rows + kd) < L)[:, None] & cmask[None, :],
+                               other=0.0).to(tl.float32)
+            if kd == 0:
+                pre = p0
+            elif kd == 1:
+                pre = p1
+            elif kd == 2:
+                pre = p2
+            else:
+                pre = p3
+            dx, dw = _bwd_window_step(kd, pre, dpre_raw, x_own, dx, dw, b, WT, H0, DBP, rows,
+                                      cols, cmask, taps, g, n, start, D, stride_w, stride_wk,
+                                      s_hn, s_hd, s_hk, W, HAS_BIAS, HAS_H0)
+    return dx, dw
+
+
 @triton.jit(do_not_specialize=["T", "n_blk_seq"])
 def causal_conv1d_bwd_kernel(
     X, WT, BIAS, H0, DY, DHT, DX, DH0, DWP, DBP, TABLE, CU,
-    T, D, n_blk_seq, stride_xb, stride_xt, stride_w, s_hn, s_hd, s_hk,
+    T, D, n_blk_seq, stride_xb, stride_xt, stride_w, stride_wk, s_hn, s_hd, s_hk,
     stride_dyb, stride_dyt, s_tn, s_td, s_tk,
     W: tl.constexpr, BW: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, VARLEN: tl.constexpr, RNE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, WINDOW: tl.constexpr = 0,
 ):
     g = tl.program_id(0).to(tl.int64)
     cb = tl.program_id(1)
@@ -52,6 +145,8 @@ def causal_conv1d_bwd_kernel(
     cmask = cols < D
     if HAS_BIAS:
         b = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        b = tl.zeros([BLOCK_D], dtype=tl.float32)  # never added (HAS_BIAS guards every use)
     rows = start + tl.arange(0, BLOCK_T).to(tl.int64)
     taps = tl.arange(0, BW)
     xp = X + x_off + rows[:, None] * stride_xt + cols[None, :]
@@ -59,7 +154,12 @@ def causal_conv1d_bwd_kernel(
     x_own = tl.load(xp, mask=(rows < L)[:, None] & cmask[None, :], other=0.0).to(tl.float32)
     dx = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     dw = tl.zeros([BW, BLOCK_D], dtype=tl.float32)
-    for k in tl.static_range(W):
+    if SILU and WINDOW:  # 2W - 1 shifted x tiles instead of W^2 (W <= 4; plan.bwd_window)
+        dx, dw = _bwd_window_taps(X, WT, H0, DY, DBP, b, x_own, xp, dyp, rows, cols, cmask,
+                                  taps, dx, dw, g, n, start, L, D, stride_xt, stride_w,
+                                  stride_wk, stride_dyt, s_hn, s_hd, s_hk, W, HAS_BIAS, HAS_H0,
+                                  BLOCK_T, BLOCK_D)
+    for k in tl.static_range(W if not (SILU and WINDOW) else 0):
         u = rows + k
         dpre = tl.load(dyp + k * stride_dyt, mask=(u < L)[:, None] & cmask[None, :],
                        other=0.0).to(tl.float32)
@@ -71,7 +171,8 @@ def causal_conv1d_bwd_kernel(
                 p = u + (i - (W - 1))
                 xi = tl.load(xp + (k + i - (W - 1)) * stride_xt,
                              mask=((p >= 0) & (p < L))[:, None] & cmask[None, :], other=0.0)
-                wi = tl.load(WT + cols * stride_w + i, mask=cmask, other=0.0).to(tl.float32)
+                wi = tl.load(WT + cols * stride_w + i * stride_wk, mask=cmask,
+                             other=0.0).to(tl.float32)
                 pre += wi[None, :] * xi.to(tl.float32)
             if HAS_H0:
                 if start + k < W - 1:
@@ -80,7 +181,7 @@ def causal_conv1d_bwd_kernel(
                         h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
                                       + (h_p + (W - 1))[:, None] * s_hk,
                                       mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
-                        h_w = tl.load(WT + cols * stride_w + h_i, mask=cmask,
+                        h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
                                       other=0.0).to(tl.float32)
                         pre += h_w[None, :] * h_v.to(tl.float32)
             sig = 1.0 / (1.0 + tl.exp(-pre))
@@ -90,7 +191,8 @@ def causal_conv1d_bwd_kernel(
                 tl.store(DBP + g * D + cols, tl.sum(dpre, axis=0), mask=cmask)
         # x[t] is tap W - 1 - k of the output t + k
         dw += tl.where((taps == W - 1 - k)[:, None], tl.sum(dpre * x_own, axis=0)[None, :], 0.0)
-        wk = tl.load(WT + cols * stride_w + (W - 1 - k), mask=cmask, other=0.0).to(tl.float32)
+        wk = tl.load(WT + cols * stride_w + (W - 1 - k) * stride_wk, mask=cmask,
+                     other=0.0).to(tl.float32)
         dx += dpre * wk[None, :]
     if HAS_DHT:
         j = rows - L + (W - 1)
@@ -121,7 +223,7 @@ def causal_conv1d_bwd_kernel(
                     h_x = tl.load(X + x_off + h_p[:, None] * stride_xt + cols[None, :],
                                   mask=((h_p >= 0) & (h_p < L))[:, None] & cmask[None, :],
                                   other=0.0)
-                    h_w = tl.load(WT + cols * stride_w + h_i, mask=cmask,
+                    h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
                                   other=0.0).to(tl.float32)
                     h_pre += h_w[None, :] * h_x.to(tl.float32)
                 for h_i in tl.static_range(W):
@@ -129,7 +231,7 @@ def causal_conv1d_bwd_kernel(
                     h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
                                   + (h_p + (W - 1))[:, None] * s_hk,
                                   mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
-                    h_w = tl.load(WT + cols * stride_w + h_i, mask=cmask,
+                    h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
                                   other=0.0).to(tl.float32)
                     h_pre += h_w[None, :] * h_v.to(tl.float32)
                 h_sig = 1.0 / (1.0 + tl.exp(-h_pre))
@@ -137,8 +239,8 @@ def causal_conv1d_bwd_kernel(
             # band[k, u, c] = weight[c, k - u], the tap output u applies to slot k
             h_j = h_r[:, None] - h_r[None, :]
             h_bm = ((h_j >= 0) & (h_j < W))[:, :, None] & cmask[None, None, :]
-            h_band = tl.load(WT + cols[None, None, :] * stride_w + h_j[:, :, None], mask=h_bm,
-                             other=0.0).to(tl.float32)
+            h_band = tl.load(WT + cols[None, None, :] * stride_w + h_j[:, :, None] * stride_wk,
+                             mask=h_bm, other=0.0).to(tl.float32)
             h_dh = tl.sum(h_band * h_dpre[None, :, :], axis=1)
             if HAS_DHT:
                 h_m = (h_rmask & (h_r >= L))[:, None] & cmask[None, :]

@@ -19,7 +19,7 @@ from cake_causal_conv1d_det_train.kernels.common import round_bf16
 @triton.jit(do_not_specialize=["T", "n_blk_seq"])
 def causal_conv1d_fwd_kernel(
     X, WT, BIAS, H0, Y, FS, TABLE, CU,
-    T, D, n_blk_seq, stride_xb, stride_xt, stride_w, s_hn, s_hd, s_hk,
+    T, D, n_blk_seq, stride_xb, stride_xt, stride_w, stride_wk, s_hn, s_hd, s_hk,
     W: tl.constexpr, BW: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_H0: tl.constexpr, HAS_FS: tl.constexpr, VARLEN: tl.constexpr, RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -50,7 +50,8 @@ def causal_conv1d_fwd_kernel(
         p = rows + (i - (W - 1))
         xi = tl.load(xp + (i - (W - 1)) * stride_xt,
                      mask=((p >= 0) & (p < L))[:, None] & cmask[None, :], other=0.0)
-        wi = tl.load(WT + cols * stride_w + i, mask=cmask, other=0.0).to(tl.float32)
+        wi = tl.load(WT + cols * stride_w + i * stride_wk, mask=cmask,
+                     other=0.0).to(tl.float32)
         y += wi[None, :] * xi.to(tl.float32)
     if HAS_H0:
         if start < W - 1:  # rows that reach before the sequence start: the state's taps
@@ -59,7 +60,8 @@ def causal_conv1d_fwd_kernel(
                 h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
                               + (h_p + (W - 1))[:, None] * s_hk,
                               mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
-                h_w = tl.load(WT + cols * stride_w + h_i, mask=cmask, other=0.0).to(tl.float32)
+                h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
+                              other=0.0).to(tl.float32)
                 y += h_w[None, :] * h_v.to(tl.float32)
     if SILU:
         y = y / (1.0 + tl.exp(-y))
