@@ -225,3 +225,25 @@ def test_da_once_workspace_and_low_level(conv):
         "dweight_partials": ws["dweight_partials"], "dbias_partials": ws["dbias_partials"]})
     with pytest.raises(ValueError, match="da_scratch"):
         causal_conv1d_det_bwd(inp.dy, inp.dfs, saved, workspace=bad)
+
+
+def test_da_once_custom_op_path(conv):
+    """The ``::bwd`` custom op (what torch.compile traces) with the variant's plan fields:
+    the scratch is allocated per call there; the same bits as the default plan's fields
+    (under the interpreter) and near float64."""
+    import cake_causal_conv1d_det_train.api as api
+
+    cu = (0, 0, 2, 19, 30)
+    inp = conv.make_inputs(1, cu[-1], 12, 4, cu=cu, seed=5)
+    plan = _plan(12, 4, torch.float32, conv.DEV, "da-once")
+    outs = {}
+    for name, p in (("once", plan), ("base", dataclasses.replace(plan, bwd_da_once=0))):
+        outs[name] = torch.ops.cake_causal_conv1d_det_train.bwd(
+            inp.dy, inp.dfs, inp.x, inp.weight, inp.bias, inp.h0, inp.cu, 1,
+            api.plan_to_op_fields(p), None, None)
+    ref = conv.run_reference(inp, "silu")
+    for k, a, b in zip(("dx", "dweight", "dbias", "dh0"), outs["once"], outs["base"],
+                       strict=True):
+        assert_close_to_reference(a, ref[k], torch.float32, k)
+        if is_interpreting():
+            assert bitwise_equal(a, b), k
