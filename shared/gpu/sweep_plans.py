@@ -37,7 +37,9 @@ DEFAULTS = {
              # shifted x tiles loaded once; the taps read from a [W, D] copy; both
              "bwd_window=1", "weight_tap_major=1", "bwd_window=1 weight_tap_major=1",
              "bwd_window=1 weight_tap_major=1 block_t_bwd=128 block_d_bwd=32 num_warps_bwd=8",
-             "weight_tap_major=1 block_t_fwd=128", "weight_tap_major=1 reduce_block=256"],
+             "weight_tap_major=1 block_t_fwd=128", "weight_tap_major=1 reduce_block=256",
+             # session 13 (no GPU): the SiLU backward's dpre once per row (persistent, scratch)
+             "bwd_da_once=1", "bwd_da_once=1 weight_tap_major=1"],
     "gate": ["", "block_m_fwd=16", "block_m_fwd=64", "num_warps_fwd=4", "num_warps_fwd=16",
              "block_m_fwd=64 num_warps_fwd=16", "block_m_bwd=8", "block_m_bwd=32",
              "num_warps_bwd=2", "num_warps_bwd=8", "bwd_programs=528", "bwd_programs=132",

@@ -6,8 +6,8 @@ local memory), per kernel and plan variant.
 
 Compiles the forward and the backward as ``api.py`` launches them for the benchmark's case
 (bf16, SiLU, no bias, no initial / final state; fixed length, or ``--varlen`` packed) at the
-CUDA rule's tiles and at a few candidates (``bwd_window = 1``, ``weight_tap_major = 1``;
-other tiles). Argument types
+CUDA rule's tiles and at a few candidates (``bwd_window = 1``, ``weight_tap_major = 1``,
+``bwd_da_once = 1``: kernels/bwd_once.py; other tiles). Argument types
 follow a launch at D = 4096 (pointers and D-multiples marked 16-divisible; the weight
 stride W is not; ``T`` and ``n_blk_seq`` are not specialised, as in the kernels'
 ``do_not_specialize``). Static facts from Triton's own compiler and its bundled cuobjdump,
@@ -27,6 +27,7 @@ from cake_core.bench import offline_sm90_build as build  # noqa: E402
 
 def main():
     from cake_causal_conv1d_det_train.kernels.bwd import causal_conv1d_bwd_kernel
+    from cake_causal_conv1d_det_train.kernels.bwd_once import causal_conv1d_bwd_once_kernel
     from cake_causal_conv1d_det_train.kernels.fwd import causal_conv1d_fwd_kernel
 
     p = argparse.ArgumentParser()
@@ -70,6 +71,17 @@ def main():
         rows.append((f"bwd {bt}x{bd} w{warps} window={win} tap_major={tm}",
                      build(causal_conv1d_bwd_kernel, t, c, ptrs + div16 + wlay[tm][1], warps,
                            3)))
+    # bwd_da_once = 1: the persistent kernel (no SILU / WINDOW constexprs: SiLU only), its
+    # fp32 scratch SCR and the tile count n_tiles / channel blocks n_cb (not specialised)
+    for bt, bd, warps, tm in ((64, 32, 4, 0), (64, 32, 4, 1), (128, 32, 8, 1), (64, 64, 8, 1)):
+        t = {**{k: f"*{v}" for k, v in bwd_ptrs.items()}, "TABLE": table, "CU": cu,
+             "SCR": "*fp32", **{n: "i32" for n in ints + ("n_cb", "n_tiles")}}
+        c = {k: v for k, v in flags.items() if k != "SILU"}
+        c.update(HAS_DHT=False, BLOCK_T=bt, BLOCK_D=bd, **wlay[tm][0])
+        ptrs = tuple(bwd_ptrs) + ("TABLE", "CU", "SCR")
+        rows.append((f"bwd {bt}x{bd} w{warps} da_once=1 tap_major={tm}",
+                     build(causal_conv1d_bwd_once_kernel, t, c, ptrs + div16 + wlay[tm][1],
+                           warps, 3)))
     print(f"W = {W}, {'packed' if a.varlen else 'fixed length'}, bf16, SiLU, no bias/state")
     print("| kernel | regs | stack | shared | LDG | STG | LDL/STL | SASS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -1,5 +1,6 @@
 """The plan's candidate kernels (``bwd_window``: the SiLU backward loads each shifted x tile
-once; ``weight_tap_major``: the taps read from a ``[W, D]`` copy) against the float64
+once; ``weight_tap_major``: the taps read from a ``[W, D]`` copy; ``bwd_da_once``: the SiLU
+backward forms dpre once per row, persistent, with a per-program scratch) against the float64
 reference on the main parity cases, bitwise repeats, the same bits as the default plan under
 the interpreter (same sums in the same order), and the plan field's checks / upgrade
 message."""
@@ -13,7 +14,8 @@ from cake_core.testing import assert_bitwise_repeat, assert_close_to_reference, 
 from cake_core.triton_utils import is_interpreting
 
 VARIANTS = {"window": dict(bwd_window=1), "tap-major": dict(weight_tap_major=1),
-            "both": dict(bwd_window=1, weight_tap_major=1)}
+            "both": dict(bwd_window=1, weight_tap_major=1), "da-once": dict(bwd_da_once=1),
+            "da-once-tap-major": dict(bwd_da_once=1, weight_tap_major=1)}
 # packed (empty, 1 token, shorter than W - 1, long documents; initial and final states):
 # every W with SiLU and one without, fp32 and 16-bit
 PACKED = [(torch.float32, W, "silu") for W in (2, 3, 4)] + [
@@ -44,7 +46,7 @@ def _same_as_default(conv, inp, act, plan, got):
     multiply-adds may differ: not promised across plans)."""
     if not is_interpreting():
         return
-    base = dataclasses.replace(plan, bwd_window=0, weight_tap_major=0)
+    base = dataclasses.replace(plan, bwd_window=0, weight_tap_major=0, bwd_da_once=0)
     want = conv.run_cake(inp, act, plan=base)
     for k, v in got.items():
         if v is not None:
@@ -118,8 +120,10 @@ def test_variant_plan_fields():
         with pytest.raises(ValueError, match=field):
             dataclasses.replace(rule, **{field: 2})
     old = {k: v for k, v in rule.to_dict().items() if k not in ("bwd_window",
-                                                                 "weight_tap_major")}
-    with pytest.raises(ValueError, match="add bwd_window = 0 and weight_tap_major = 0"):
+                                                                 "weight_tap_major",
+                                                                 "bwd_da_once")}
+    with pytest.raises(ValueError, match="add bwd_window = 0 and weight_tap_major = 0 and "
+                                         "bwd_da_once = 0 and set version = 3"):
         CausalConv1dDetPlan.from_dict({**old, "version": 1})
 
 
@@ -131,3 +135,115 @@ def test_tap_major_wider_kernels(conv, W):
     got = conv.run_cake(inp, "silu", plan=plan)
     _check(got, conv.run_reference(inp, "silu"), torch.float32)
     _same_as_default(conv, inp, "silu", plan, got)
+
+
+# ----------------------------------------------------------------------------- bwd_da_once
+
+
+def test_da_once_plan_fields():
+    rule = make_plan(64, 4, torch.bfloat16, "cuda")
+    assert rule.bwd_da_once == 0  # the rule is unchanged
+    for W in (2, 5, 8):  # any W (the halo tile is BW rows)
+        p = dataclasses.replace(make_plan(64, W, torch.bfloat16, "cuda"), bwd_da_once=1,
+                                weight_tap_major=1)
+        assert CausalConv1dDetPlan.from_dict(p.to_dict()) == p
+    with pytest.raises(ValueError, match="bwd_da_once"):
+        dataclasses.replace(rule, bwd_da_once=2)
+    with pytest.raises(ValueError, match="set one of them"):
+        dataclasses.replace(rule, bwd_da_once=1, bwd_window=1)
+    v2 = {k: v for k, v in rule.to_dict().items() if k != "bwd_da_once"}
+    with pytest.raises(ValueError, match="add bwd_da_once = 0 and set version = 3"):
+        CausalConv1dDetPlan.from_dict({**v2, "version": 2})
+
+
+@pytest.mark.parametrize("W", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("block_t", [1, 2, 4, 32])
+def test_da_once_short_blocks_and_widths(conv, W, block_t):
+    """Token blocks shorter than the W - 1 halo (the halo rows' pre takes the state's taps;
+    a tile's halo reaches past the document end into the next one), every W up to 8; the
+    same bits as the default plan (under the interpreter), bias and none."""
+    cu = (0, 0, 1, 2, 5, 11, 30)
+    for bias in (False, True):
+        inp = conv.make_inputs(1, cu[-1], 12, W, cu=cu, seed=block_t + W, bias=bias)
+        plan = _plan(12, W, torch.float32, conv.DEV, "da-once", block_t_bwd=block_t,
+                     block_d_bwd=4)
+        got = conv.run_cake(inp, "silu", plan=plan)
+        _check(got, conv.run_reference(inp, "silu"), torch.float32)
+        _same_as_default(conv, inp, "silu", plan, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_da_once_no_state_no_bias(conv, dtype):
+    """No initial state (positions before a start read 0), no bias, fixed length and packed,
+    SiLU and None (None ignores the flag: the default kernel)."""
+    for cu in (None, conv.CU_RAGGED):
+        B, T = (3, 21) if cu is None else (1, cu[-1])
+        inp = conv.make_inputs(B, T, 40, 3, dtype, cu=cu, bias=False, h0=False, seed=7)
+        plan = _plan(40, 3, dtype, conv.DEV, "da-once")
+        for act in ("silu", None):
+            got = conv.run_cake(inp, act, plan=plan)
+            _check(got, conv.run_reference(inp, act), dtype)
+            if dtype == torch.float32:
+                _same_as_default(conv, inp, act, plan, got)
+
+
+def test_da_once_workspace_and_low_level(conv):
+    """The workspace owns the scratch (``da_scratch``, one slot per program; its leading
+    dim is the program count: 1 slot walks every tile); the low-level entries give the
+    autograd entry's bits; a workspace without the scratch is refused before any launch."""
+    from cake_causal_conv1d_det_train import (
+        CausalConv1dDetWorkspace,
+        causal_conv1d_det_bwd,
+        causal_conv1d_det_fwd,
+    )
+    from cake_causal_conv1d_det_train.saved import da_scratch_shape
+
+    inp = conv.make_inputs(1, conv.CU_RAGGED[-1], 20, 4, torch.bfloat16, cu=conv.CU_RAGGED,
+                           seed=3)
+    plan = _plan(20, 4, torch.bfloat16, conv.DEV, "da-once")
+    want = conv.run_cake(inp, "silu", plan=plan)
+    T = conv.CU_RAGGED[-1]
+    ws = CausalConv1dDetWorkspace.for_plan(plan, conv.DEV, max_tokens=T, max_seqs=6)
+    assert tuple(ws["da_scratch"].shape[1:]) == da_scratch_shape(plan, 1)[1:]
+    got = conv.run_cake(inp, "silu", plan=plan, workspace=ws)
+    for k, v in got.items():
+        if v is not None:
+            assert bitwise_equal(v, want[k]), k
+    one = CausalConv1dDetWorkspace(plan, conv.DEV, {
+        "dweight_partials": ws["dweight_partials"], "dbias_partials": ws["dbias_partials"],
+        "da_scratch": torch.empty(da_scratch_shape(plan, 1), device=conv.DEV)})
+    _, _, saved = causal_conv1d_det_fwd(inp.x, inp.weight, inp.bias, activation="silu",
+                                        cu_seqlens=inp.cu, initial_state=inp.h0,
+                                        output_final_state=True, plan=plan)
+    gr = causal_conv1d_det_bwd(inp.dy, inp.dfs, saved, workspace=one)
+    for k, v in zip(("dx", "dweight", "dbias", "dh0"), gr, strict=True):
+        assert bitwise_equal(v, want[k]), k
+    base = make_plan(20, 4, torch.bfloat16, conv.DEV)
+    plain = CausalConv1dDetWorkspace.for_plan(base, conv.DEV, max_tokens=T, max_seqs=6)
+    assert "da_scratch" not in plain.names
+    bad = CausalConv1dDetWorkspace(plan, conv.DEV, {
+        "dweight_partials": ws["dweight_partials"], "dbias_partials": ws["dbias_partials"]})
+    with pytest.raises(ValueError, match="da_scratch"):
+        causal_conv1d_det_bwd(inp.dy, inp.dfs, saved, workspace=bad)
+
+
+def test_da_once_custom_op_path(conv):
+    """The ``::bwd`` custom op (what torch.compile traces) with the variant's plan fields:
+    the scratch is allocated per call there; the same bits as the default plan's fields
+    (under the interpreter) and near float64."""
+    import cake_causal_conv1d_det_train.api as api
+
+    cu = (0, 0, 2, 19, 30)
+    inp = conv.make_inputs(1, cu[-1], 12, 4, cu=cu, seed=5)
+    plan = _plan(12, 4, torch.float32, conv.DEV, "da-once")
+    outs = {}
+    for name, p in (("once", plan), ("base", dataclasses.replace(plan, bwd_da_once=0))):
+        outs[name] = torch.ops.cake_causal_conv1d_det_train.bwd(
+            inp.dy, inp.dfs, inp.x, inp.weight, inp.bias, inp.h0, inp.cu, 1,
+            api.plan_to_op_fields(p), None, None)
+    ref = conv.run_reference(inp, "silu")
+    for k, a, b in zip(("dx", "dweight", "dbias", "dh0"), outs["once"], outs["base"],
+                       strict=True):
+        assert_close_to_reference(a, ref[k], torch.float32, k)
+        if is_interpreting():
+            assert bitwise_equal(a, b), k

@@ -36,10 +36,10 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = [
     {"module": "cake_causal_conv1d_det_train.plan", "class": "CausalConv1dDetPlan",
-     "format_version": 2,
+     "format_version": 3,
      "fields": ["hidden_size", "kernel_size", "block_t_fwd", "block_d_fwd", "num_warps_fwd",
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce",
-                "bwd_window", "weight_tap_major"]},
+                "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -48,13 +48,16 @@ REUSED_KERNELS = {
         {"module": "cake_causal_conv1d_det_train.kernels.bwd", "function": "_bwd_window_taps"},
         {"module": "cake_causal_conv1d_det_train.kernels.bwd",
          "function": "causal_conv1d_bwd_kernel"},
+        {"module": "cake_causal_conv1d_det_train.kernels.bwd_once", "function": "_dpre_rows"},
+        {"module": "cake_causal_conv1d_det_train.kernels.bwd_once",
+         "function": "causal_conv1d_bwd_once_kernel"},
         {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "round_bf16"},
         {"module": "cake_causal_conv1d_det_train.kernels.fwd",
          "function": "causal_conv1d_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:30563546d6b3509489e3dd789c2479caa2031b624b738dea2a544d634f6456db"
+SOURCE_DIGEST = "sha256:77c79086cedb843600a6a8095e5bbf6e3feefe4bd14c3c4c8a951cde02f4e651"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -43,6 +43,7 @@ from cake_core.triton_utils import is_interpreting, launch_device_check, next_po
 from cake_core.varlen import checked_offsets, offsets_derived, seq_offsets
 
 from cake_causal_conv1d_det_train.kernels.bwd import causal_conv1d_bwd_kernel
+from cake_causal_conv1d_det_train.kernels.bwd_once import causal_conv1d_bwd_once_kernel
 from cake_causal_conv1d_det_train.kernels.fwd import causal_conv1d_fwd_kernel
 from cake_causal_conv1d_det_train.plan import (
     MAX_HIDDEN,
@@ -54,6 +55,8 @@ from cake_causal_conv1d_det_train.plan import (
 from cake_causal_conv1d_det_train.saved import (
     CausalConv1dDetSavedSet,
     CausalConv1dDetWorkspace,
+    da_once_programs,
+    da_scratch_shape,
     max_blocks,
 )
 
@@ -165,11 +168,12 @@ def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype,
 
 def _resolve_workspace(workspace, plan: CausalConv1dDetPlan, device: torch.device,
                        n_tokens: int, n_seqs: int):
-    """``(dweight_partials, dbias_partials)`` of a checked workspace, or ``(None, None)``.
-    The capacity asked is :func:`max_blocks` of the call's token and sequence counts
-    (reads no cu_seqlens values)."""
+    """``(dweight_partials, dbias_partials, da_scratch)`` of a checked workspace (the last
+    None unless ``plan.bwd_da_once``), or ``(None, None, None)``. The capacity asked is
+    :func:`max_blocks` of the call's token and sequence counts (reads no cu_seqlens
+    values)."""
     if workspace is None:
-        return None, None
+        return None, None, None
     require_mode(workspace, CausalConv1dDetWorkspace, Mode.DET, name="workspace")
     workspace.check(plan, device)
     D, W = plan.hidden_size, plan.kernel_size
@@ -188,7 +192,17 @@ def _resolve_workspace(workspace, plan: CausalConv1dDetPlan, device: torch.devic
             raise ValueError(f"workspace: {name!r} holds {t.shape[0]} token blocks, the call "
                              f"may need {need} ({n_tokens} tokens in {n_seqs} sequences)")
         bufs.append(t)
-    return bufs[0], bufs[1]
+    scr = None
+    if plan.bwd_da_once:
+        scr = workspace["da_scratch"] if "da_scratch" in workspace.names else None
+        tail = da_scratch_shape(plan, 1)[1:]
+        if scr is None or scr.dtype != torch.float32 or not scr.is_contiguous() or \
+                scr.dim() != 3 or tuple(scr.shape[1:]) != tail or scr.shape[0] < 1:
+            raise ValueError(
+                "workspace: buffer 'da_scratch' must be a contiguous fp32 tensor of shape "
+                f"[programs, {', '.join(map(str, tail))}]; build it with "
+                "CausalConv1dDetWorkspace.for_plan(plan, device, max_tokens=..., max_seqs=...)")
+    return bufs[0], bufs[1], scr
 
 
 # ----------------------------------------------------------------------------- launches
@@ -294,9 +308,11 @@ def _sum_partials(partials: torch.Tensor, dtype: torch.dtype, plan: CausalConv1d
 
 
 def _launch_bwd(dy, dht, x, weight, bias, h0, cu_seqlens, offsets, act: int,
-                plan: CausalConv1dDetPlan, wpart=None, bpart=None):
+                plan: CausalConv1dDetPlan, wpart=None, bpart=None, scr=None):
     """Returns ``(dx, dweight, dbias or None, dinitial_state or None)``. ``dy``: last dim
-    contiguous. ``wpart`` / ``bpart``: workspace buffers (leading rows used) or None."""
+    contiguous. ``wpart`` / ``bpart``: workspace buffers (leading rows used) or None;
+    ``scr``: the workspace's ``da_scratch`` (``plan.bwd_da_once`` with SiLU; its leading
+    dim is the program count) or None (allocated here)."""
     B, T, D = x.shape
     W = weight.shape[1]
     N = offsets.numel() - 1
@@ -309,7 +325,22 @@ def _launch_bwd(dy, dht, x, weight, bias, h0, cu_seqlens, offsets, act: int,
     if bias is not None:
         bpart = bpart[:nb] if bpart is not None else torch.empty((nb, D), dtype=f32, device=dev)
     ts = tuple(dht.stride()) if dht is not None else (0, 0, 0)
-    if nb:
+    if nb and act and plan.bwd_da_once:  # SiLU only: without it dpre is dy, nothing repeats
+        wt, w_strides = _kernel_weight(weight, plan)
+        n_cb = _cdiv(D, plan.block_d_bwd)
+        if scr is None:
+            scr = torch.empty(da_scratch_shape(plan, da_once_programs(dev)), dtype=f32,
+                              device=dev)
+        causal_conv1d_bwd_once_kernel[(min(nb * n_cb, scr.shape[0]),)](
+            x, wt, bias if bias is not None else weight, h0 if h0 is not None else x,
+            dy, dht if dht is not None else dy, dx, dh0 if dh0 is not None else dx, wpart,
+            bpart if bias is not None else wpart, table if table is not None else cu, cu, scr,
+            T, D, nbs, n_cb, nb * n_cb, x.stride(0), x.stride(1), *w_strides,
+            *_h0_strides(h0), dy.stride(0), dy.stride(1), *ts,
+            W=W, BW=next_power_of_2(W), HAS_BIAS=bias is not None, HAS_H0=h0 is not None,
+            HAS_DHT=dht is not None, VARLEN=cu_seqlens is not None, RNE=_rne(x.dtype),
+            BLOCK_T=plan.block_t_bwd, BLOCK_D=plan.block_d_bwd, num_warps=plan.num_warps_bwd)
+    elif nb:
         wt, w_strides = _kernel_weight(weight, plan)
         causal_conv1d_bwd_kernel[(nb, _cdiv(D, plan.block_d_bwd))](
             x, wt, bias if bias is not None else weight, h0 if h0 is not None else x,
@@ -333,7 +364,9 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- custom ops
 # What torch.compile traces (the eager entry keeps _CausalConv1dDetFunction: less host
 # time, same launches, same bits). The plan crosses as its int fields; outputs that may not
-# exist (final state, dbias, dinitial_state) are empty tensors ``[0]``.
+# exist (final state, dbias, dinitial_state) are empty tensors ``[0]``. The workspace's
+# partial buffers cross the ops; ``bwd_da_once``'s dpre scratch does not (allocated per
+# backward there, as without a workspace).
 
 
 def _empty0(like: torch.Tensor) -> torch.Tensor:
@@ -430,11 +463,12 @@ class _CausalConv1dDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_state, cu_seqlens, offsets, act,
-                output_final_state, plan, wpart, bpart):
+                output_final_state, plan, wpart, bpart, scr):
         y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
                             output_final_state, plan)
         ctx.save_for_backward(x, weight, bias, initial_state, cu_seqlens)
         ctx.offsets, ctx.act, ctx.plan, ctx.wpart, ctx.bpart = offsets, act, plan, wpart, bpart
+        ctx.scr = scr
         ctx.output_final_state = output_final_state
         return y, fs
 
@@ -447,10 +481,10 @@ class _CausalConv1dDetFunction(torch.autograd.Function):
         dx, dw, db, dh0 = _launch_bwd(_last_dim_contiguous(dy),
                                       dfs if ctx.output_final_state else None, x, weight,
                                       bias, h0, cu, ctx.offsets, ctx.act, ctx.plan, ctx.wpart,
-                                      ctx.bpart)
+                                      ctx.bpart, ctx.scr)
         need = ctx.needs_input_grad
         return (dx, dw if need[1] else None, db if need[2] else None,
-                dh0 if need[3] else None, None, None, None, None, None, None, None)
+                dh0 if need[3] else None, None, None, None, None, None, None, None, None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -513,11 +547,11 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                                             initial_state, output_final_state)
     B, T, D = x.shape
     plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
-    wpart, bpart = _resolve_workspace(workspace, plan, device, B * T, N)
+    wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N)
     if not torch.compiler.is_compiling():
         return _CausalConv1dDetFunction.apply(
             x, weight, bias, initial_state, cu_seqlens, offsets, act,
-            output_final_state, plan, wpart, bpart)
+            output_final_state, plan, wpart, bpart, scr)
     y, fs = torch.ops.cake_causal_conv1d_det_train.fwd(
         x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
         plan_to_op_fields(plan), wpart, bpart)
@@ -600,9 +634,9 @@ def causal_conv1d_det_bwd(dy: torch.Tensor, dfinal_state: torch.Tensor | None,
     device = check_same_device(("saved", x), ("dy", dy), ("dfinal_state", dfinal_state))
     launch_device_check(device, "dy")
     plan = _resolve_plan(plan if plan is not None else saved.plan, D, W, x.dtype, device)
-    wpart, bpart = _resolve_workspace(workspace, plan, device, B * T, N)
+    wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N)
     with torch.no_grad():
         dx, dw, db, dh0 = _launch_bwd(dy, dfinal_state, x, weight, saved.bias,
                                       saved.initial_state, saved.cu_seqlens, saved.offsets,
-                                      _ACTIVATIONS[saved.activation], plan, wpart, bpart)
+                                      _ACTIVATIONS[saved.activation], plan, wpart, bpart, scr)
     return CausalConv1dDetGrads(dx, dw, db, dh0)

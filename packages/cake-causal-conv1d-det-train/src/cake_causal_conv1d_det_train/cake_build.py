@@ -32,18 +32,21 @@ KERNELS = [
     {"module": "cake_causal_conv1d_det_train.kernels.bwd", "function": "_bwd_window_step"},
     {"module": "cake_causal_conv1d_det_train.kernels.bwd", "function": "_bwd_window_taps"},
     {"module": "cake_causal_conv1d_det_train.kernels.bwd", "function": "causal_conv1d_bwd_kernel"},
+    {"module": "cake_causal_conv1d_det_train.kernels.bwd_once", "function": "_dpre_rows"},
+    {"module": "cake_causal_conv1d_det_train.kernels.bwd_once",
+     "function": "causal_conv1d_bwd_once_kernel"},
     {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "round_bf16"},
     {"module": "cake_causal_conv1d_det_train.kernels.fwd", "function": "causal_conv1d_fwd_kernel"},
 ]
 PLANS = [
     {"module": "cake_causal_conv1d_det_train.plan", "class": "CausalConv1dDetPlan",
-     "format_version": 2,
+     "format_version": 3,
      "fields": ["hidden_size", "kernel_size", "block_t_fwd", "block_d_fwd", "num_warps_fwd",
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce",
-                "bwd_window", "weight_tap_major"]},
+                "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d858c90943d2075eb63daea921fb57b3cc13b1f9e640904738d3b20f072096b1"
+SOURCE_DIGEST = "sha256:166dbd5b0dd3b2f8364fef8a2cd29cd1da84d96eea12fbf6803db365810b97e9"
 # --- end of generated block ---
 
 MANIFEST = {

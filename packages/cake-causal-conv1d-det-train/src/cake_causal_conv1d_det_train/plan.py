@@ -48,10 +48,17 @@ class CausalConv1dDetPlan(Plan):
             2-byte load per channel and tap); 1 = from a ``[W, D]`` contiguous copy made per
             forward / backward call (a small torch copy; each tap's channels load as
             vectors). The same values, so the same bits; a GPU candidate, not in the rule.
+        bwd_da_once: 0 = as above; 1 = the SiLU backward forms dpre = dy * silu'(pre) once
+            per row (the tile's rows and its W - 1 halo rows) instead of once per output
+            shift, in a persistent kernel that keeps it in a per-program fp32 scratch
+            (global memory, L2-resident) and reads the W - 1 shifted views back
+            (kernels/bwd_once.py; any W). The same values in the same order, so the same
+            bits under the interpreter; a GPU candidate, not in the rule. No effect without
+            SiLU (dpre is dy, nothing to repeat); takes the place of bwd_window (not both).
     """
 
     family: ClassVar[str] = "cake-causal-conv1d-det-train"
-    format_version: ClassVar[int] = 2
+    format_version: ClassVar[int] = 3
 
     hidden_size: int
     kernel_size: int
@@ -65,6 +72,7 @@ class CausalConv1dDetPlan(Plan):
     num_warps_reduce: int
     bwd_window: int
     weight_tap_major: int
+    bwd_da_once: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -78,9 +86,11 @@ class CausalConv1dDetPlan(Plan):
             if -(-self.hidden_size // getattr(self, name)) > _MAX_GRID_Y:
                 self._fail(f"{name}: {self.hidden_size} channels need more than "
                            f"{_MAX_GRID_Y} channel blocks")
-        self.require_flags("bwd_window", "weight_tap_major")
+        self.require_flags("bwd_window", "weight_tap_major", "bwd_da_once")
         if self.bwd_window and self.kernel_size > 4:
             self._fail(f"bwd_window=1 takes kernel_size <= 4, got {self.kernel_size}")
+        if self.bwd_window and self.bwd_da_once:
+            self._fail("bwd_da_once=1 replaces the bwd_window kernel: set one of them")
         self.require_mode(Mode.DET)
 
     @classmethod
@@ -100,7 +110,10 @@ class CausalConv1dDetPlan(Plan):
 _UPGRADES = {
     1: "version 2 added bwd_window (the SiLU backward's x tiles loaded once per shift) and "
        "weight_tap_major (the taps read from a [W, D] copy); add bwd_window = 0 and "
-       "weight_tap_major = 0 and set version = 2 for the same launches and bits",
+       "weight_tap_major = 0 and bwd_da_once = 0 and set version = 3 for the same launches "
+       "and bits",
+    2: "version 3 added bwd_da_once (the SiLU backward's dpre formed once per row); add "
+       "bwd_da_once = 0 and set version = 3 for the same launches and bits",
 }
 
 
@@ -162,11 +175,11 @@ def _rule(D: int, W: int, device: torch.device) -> CausalConv1dDetPlan:
             block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
             block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=warps_bwd,
             reduce_block=1024, num_warps_reduce=4, bwd_window=0,
-            weight_tap_major=0)
+            weight_tap_major=0, bwd_da_once=0)
     bd = min(d2, 64)
     return CausalConv1dDetPlan(
         hidden_size=D, kernel_size=W,
         block_t_fwd=32, block_d_fwd=bd, num_warps_fwd=1,
         block_t_bwd=32, block_d_bwd=bd, num_warps_bwd=1,
         reduce_block=1024, num_warps_reduce=1, bwd_window=0,
-        weight_tap_major=0)
+        weight_tap_major=0, bwd_da_once=0)

@@ -37,6 +37,23 @@ def max_blocks(num_tokens: int, num_seqs: int, block_t: int) -> int:
     return num_tokens // block_t + num_seqs
 
 
+def da_once_programs(device: torch.device | str) -> int:
+    """Programs of the persistent ``bwd_da_once`` backward (one fp32 scratch slot each):
+    8 per SM on CUDA; 3 elsewhere (the interpreter: few programs, several tiles each). The
+    count changes no bit (the tiles are independent)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return 8 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 3
+
+
+def da_scratch_shape(plan: CausalConv1dDetPlan, programs: int) -> tuple[int, int, int]:
+    """``[programs, block_t_bwd + BW, block_d_bwd]`` (BW = W rounded up to a power of two):
+    each program's dpre rows, its tile's and the W - 1 halo rows after it."""
+    bw = 1 << (plan.kernel_size - 1).bit_length()
+    return (programs, plan.block_t_bwd + bw, plan.block_d_bwd)
+
+
 def _count(v: object, name: str, minimum: int) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {v!r}")
@@ -49,8 +66,11 @@ class CausalConv1dDetWorkspace(Workspace):
 
     Buffers (``P = max_blocks(max_tokens, max_seqs, plan.block_t_bwd)``):
     ``dweight_partials`` ``[P, D, W]`` and ``dbias_partials`` ``[P, D]``, one row per block
-    of ``plan.block_t_bwd`` tokens of a sequence. A call uses the leading rows; contents
-    are overwritten each backward (no state carries over). Build with :meth:`for_plan`.
+    of ``plan.block_t_bwd`` tokens of a sequence; with ``plan.bwd_da_once`` also
+    ``da_scratch`` :func:`da_scratch_shape` ``(plan, da_once_programs(device))``, fp32, the
+    persistent backward's per-program dpre rows (its leading dim is the launch's program
+    count). A call uses the leading rows; contents are overwritten each backward (no state
+    carries over). Build with :meth:`for_plan`.
     """
 
     @classmethod
@@ -73,9 +93,13 @@ class CausalConv1dDetWorkspace(Workspace):
             "dweight_partials": torch.empty(P, D, W, dtype=torch.float32, device=device),
             "dbias_partials": torch.empty(P, D, dtype=torch.float32, device=device),
         }
+        if plan.bwd_da_once:
+            bufs["da_scratch"] = torch.empty(da_scratch_shape(plan, da_once_programs(device)),
+                                             dtype=torch.float32, device=device)
         ws = cls(plan, device, bufs)
         ws.max_blocks = P
         return ws
 
 
-__all__ = ["CausalConv1dDetSavedSet", "CausalConv1dDetWorkspace", "Mode", "max_blocks"]
+__all__ = ["CausalConv1dDetSavedSet", "CausalConv1dDetWorkspace", "Mode", "da_once_programs",
+           "da_scratch_shape", "max_blocks"]
