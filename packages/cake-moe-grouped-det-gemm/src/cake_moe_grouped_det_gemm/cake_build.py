@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9df54b7a4a37cc709c3c8aafce02932bf77e8e4c21b478d8c7e26bf2b9e06e2b"
+SOURCE_DIGEST = "sha256:392225ef0c1cf2313e5576cd0a0783e5bc38e09c4cc154840e8b65ce7aa6f67f"
 # --- end of generated block ---
 
 MANIFEST = {
