@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:392225ef0c1cf2313e5576cd0a0783e5bc38e09c4cc154840e8b65ce7aa6f67f"
+SOURCE_DIGEST = "sha256:b4d1b74e4e34386af1434419367d8fb8bddb67f422eb6a28c06caf21b50a1bd6"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -74,9 +74,9 @@ class MoEGroupedDetPlan(Plan):
             Measured on one H200 (torch 2.11.0+cu130; docs/benchmarks/moe.md, session 12):
             bf16, M = 131072 rows, (E, N, K) in {(8, 3072, 4096), (128, 4096, 1536),
             (64, 3072, 4096)}, balanced and skewed routing: bitwise equal over 5 runs and
-            across two processes, 1.66e-3 relative error against float64 (the bf16 output rounding, as cake's
-            kernels). 0 keeps them on cake's kernels (the rule's choice everywhere but
-            Hopper with bf16 and aligned N and K, see :func:`make_plan`). The wgrad
+            across two processes, 1.66e-3 relative error against float64 (the bf16 output
+            rounding, as cake's kernels). 0 keeps them on cake's kernels (the rule's choice
+            everywhere but Hopper with bf16 and aligned N and K, see :func:`make_plan`). The wgrad
             (fixed-order split-K, ``main_grad``-fused) is always cake's. With 1 the
             forward/dgrad tile fields (block_m / _n / _k, num_warps, num_stages) stay in the
             plan but are unused. Needs ``torch._grouped_mm``, bf16 inputs, N and K multiples
@@ -235,9 +235,10 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
       fp32, other GPUs, unaligned N or K). Evidence (one H200, torch 2.11.0+cu130, session
       12, docs/benchmarks/moe.md): bitwise equal over 5 runs and across two processes at
       M = 131072, E in {8, 64, 128} (one (N, K) each), balanced and skewed routing, 1.66e-3
-      from float64; and cake's forward/dgrad took 1.30-1.50x torch's time (session 11); with the route,
-      0.97-1.02x (session 12, E = 8 and 128). The forward/dgrad tiles above stay in the
-      plan, unused by those phases. Not measured: the MoEFeedForward layer with the route.
+      from float64; and cake's forward/dgrad took 1.30-1.50x torch's time (session 11);
+      with the route, 0.97-1.02x (session 12, E = 8 and 128). The forward/dgrad tiles
+      above stay in the plan, unused by those phases. Not measured: the MoEFeedForward
+      layer with the route.
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
