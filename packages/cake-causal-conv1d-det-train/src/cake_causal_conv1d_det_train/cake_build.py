@@ -46,7 +46,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:166dbd5b0dd3b2f8364fef8a2cd29cd1da84d96eea12fbf6803db365810b97e9"
+SOURCE_DIGEST = "sha256:720703452bb11c6ceeb8183ff78beb79479effc4393080effd9e3ef063463ea4"
 # --- end of generated block ---
 
 MANIFEST = {

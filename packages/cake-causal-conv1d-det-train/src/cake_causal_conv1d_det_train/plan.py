@@ -20,6 +20,17 @@ MAX_HIDDEN = 1 << 20
 _MAX_GRID_Y = 65535
 
 
+#: How to bring a dict of an older format version to the current one (same launches, bits).
+_UPGRADES = {
+    1: "version 2 added bwd_window (the SiLU backward's x tiles loaded once per shift) and "
+       "weight_tap_major (the taps read from a [W, D] copy); add bwd_window = 0 and "
+       "weight_tap_major = 0 and bwd_da_once = 0 and set version = 3 for the same launches "
+       "and bits",
+    2: "version 3 added bwd_da_once (the SiLU backward's dpre formed once per row); add "
+       "bwd_da_once = 0 and set version = 3 for the same launches and bits",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class CausalConv1dDetPlan(Plan):
     """Execution plan of the det causal conv1d kernels.
@@ -59,6 +70,7 @@ class CausalConv1dDetPlan(Plan):
 
     family: ClassVar[str] = "cake-causal-conv1d-det-train"
     format_version: ClassVar[int] = 3
+    format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     hidden_size: int
     kernel_size: int
@@ -92,29 +104,6 @@ class CausalConv1dDetPlan(Plan):
         if self.bwd_window and self.bwd_da_once:
             self._fail("bwd_da_once=1 replaces the bwd_window kernel: set one of them")
         self.require_mode(Mode.DET)
-
-    @classmethod
-    def from_dict(cls, d):
-        """:meth:`Plan.from_dict`, with how to upgrade a dict of an older format version."""
-        version = d.get("version", cls.format_version)
-        if d.get("plan", cls.__name__) == cls.__name__ and isinstance(version, int) and \
-                version in _UPGRADES:
-            raise ValueError(
-                f"from_dict: {cls.__name__} format version {version} is not "
-                f"{cls.format_version}: {_UPGRADES[version]}, or re-make the plan with "
-                "make_plan")
-        return super().from_dict(d)
-
-
-#: How to bring a dict of an older format version to the current one (same launches, bits).
-_UPGRADES = {
-    1: "version 2 added bwd_window (the SiLU backward's x tiles loaded once per shift) and "
-       "weight_tap_major (the taps read from a [W, D] copy); add bwd_window = 0 and "
-       "weight_tap_major = 0 and bwd_da_once = 0 and set version = 3 for the same launches "
-       "and bits",
-    2: "version 3 added bwd_da_once (the SiLU backward's dpre formed once per row); add "
-       "bwd_da_once = 0 and set version = 3 for the same launches and bits",
-}
 
 
 def _int(v: object, name: str, lo: int, hi: int) -> int:

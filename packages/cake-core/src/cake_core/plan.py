@@ -28,6 +28,9 @@ class Plan:
 
     family: ClassVar[str] = "cake-core"
     format_version: ClassVar[int] = 1
+    #: How to bring a dict of an older format version to this one, per version: appended to
+    #: :meth:`from_dict`'s refusal (families fill it when they add fields).
+    format_upgrades: ClassVar[dict[int, str]] = {}
     mode: Mode = dataclasses.field(default=Mode.DET, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -109,9 +112,11 @@ class Plan:
         if plan_name != cls.__name__:
             raise ValueError(f"from_dict: dict describes {plan_name}, not {cls.__name__}")
         if version != cls.format_version:
+            how = cls.format_upgrades.get(version) if isinstance(version, int) else None
             raise ValueError(
                 f"from_dict: {cls.__name__} format version {version} is not "
                 f"{cls.format_version}"
+                + (f": {how}, or re-make the plan with make_plan" if how else "")
             )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names

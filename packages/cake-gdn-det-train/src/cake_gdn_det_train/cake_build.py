@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e17ed42ddd820d8883618299ab818a278bedb52bfc23310a0451e82881fe91d5"
+SOURCE_DIGEST = "sha256:b56a4a8c88fd481fe7632955cf1cf0029f359c60362581363e9934e854cfdaf4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -16,6 +16,13 @@ CHUNK_SIZE = 64
 MAX_HEAD_DIM = 256
 
 
+#: How to bring a dict of format version 6 to the current one (same launches and bits).
+_UPGRADES = {
+    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward); "
+       "add keep_states = 0 and set version = 7 for the same launches and memory",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class GDNDetPlan(Plan):
     """Execution plan of the det chunked Gated DeltaNet kernels.
@@ -131,6 +138,7 @@ class GDNDetPlan(Plan):
 
     family: ClassVar[str] = "cake-gdn-det-train"
     format_version: ClassVar[int] = 7
+    format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
     head_v_dim: int
@@ -195,18 +203,6 @@ class GDNDetPlan(Plan):
                            "num_warps_gate")
         self.require_mode(Mode.DET)
 
-    @classmethod
-    def from_dict(cls, d):
-        """:meth:`Plan.from_dict`, with how to upgrade a dict of an older format version."""
-        version = d.get("version", cls.format_version)
-        if d.get("plan", cls.__name__) == cls.__name__ and isinstance(version, int) and \
-                version in _UPGRADES:
-            raise ValueError(
-                f"from_dict: {cls.__name__} format version {version} is not "
-                f"{cls.format_version}: {_UPGRADES[version]}, or re-make the plan with "
-                "make_plan")
-        return super().from_dict(d)
-
     @property
     def dot_precision(self) -> str:
         """``input_precision`` of the kernels' fp32 ``tl.dot`` calls."""
@@ -214,12 +210,6 @@ class GDNDetPlan(Plan):
 
 
 _PLANS: dict[tuple, GDNDetPlan] = {}
-
-#: How to bring a dict of format version 6 to the current one (same launches and bits).
-_UPGRADES = {
-    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward); "
-       "add keep_states = 0 and set version = 7 for the same launches and memory",
-}
 
 
 def _bvf(V: int) -> int:

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b4d1b74e4e34386af1434419367d8fb8bddb67f422eb6a28c06caf21b50a1bd6"
+SOURCE_DIGEST = "sha256:45f4610fe6d621ec117317de32d4befdfd65ea156a505554ed3538420cc9133c"
 # --- end of generated block ---
 
 MANIFEST = {

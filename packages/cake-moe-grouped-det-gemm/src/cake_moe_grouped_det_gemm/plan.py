@@ -26,6 +26,19 @@ _POW2_FIELDS = ("block_m", "block_n", "block_k", "wgrad_block_m", "wgrad_block_n
                 "wgrad_block_k", "reduce_block")
 
 
+#: How to bring a dict of an older format version to the current one (same launches).
+_UPGRADES = {
+    1: "version 2 added tma, version 3 grouped_mm_fwd_dgrad and version 4 wgrad_order; add "
+       "tma = 0, grouped_mm_fwd_dgrad = 0 and wgrad_order = 0 and set version = 4 for the "
+       "same launches",
+    2: "version 3 added grouped_mm_fwd_dgrad (forward and dgrad on torch._grouped_mm) and "
+       "version 4 wgrad_order; add grouped_mm_fwd_dgrad = 0 and wgrad_order = 0 and set "
+       "version = 4 for the same launches",
+    3: "version 4 added wgrad_order (the wgrad's expert tile order); add wgrad_order = 0 "
+       "and set version = 4 for the same launches",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class MoEGroupedDetPlan(Plan):
     """Execution plan of the det MoE grouped GEMM ``y[rows of e] = x[rows of e] · W[e]ᵀ``.
@@ -101,6 +114,7 @@ class MoEGroupedDetPlan(Plan):
 
     family: ClassVar[str] = "cake-moe-grouped-det-gemm"
     format_version: ClassVar[int] = 4
+    format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     num_experts: int
     out_features: int
@@ -136,30 +150,6 @@ class MoEGroupedDetPlan(Plan):
                        f"{TMA_MAX_BOX} (a TMA box edge)")
         self.require_mode(Mode.DET)
 
-    @classmethod
-    def from_dict(cls, d):
-        """:meth:`Plan.from_dict`, with how to upgrade a dict of an older format version."""
-        version = d.get("version", cls.format_version)
-        if d.get("plan", cls.__name__) == cls.__name__ and isinstance(version, int) and \
-                version in _UPGRADES:
-            raise ValueError(
-                f"from_dict: {cls.__name__} format version {version} is not "
-                f"{cls.format_version}: {_UPGRADES[version]}, or re-make the plan with "
-                "make_plan")
-        return super().from_dict(d)
-
-
-#: How to bring a dict of an older format version to the current one (same launches).
-_UPGRADES = {
-    1: "version 2 added tma, version 3 grouped_mm_fwd_dgrad and version 4 wgrad_order; add "
-       "tma = 0, grouped_mm_fwd_dgrad = 0 and wgrad_order = 0 and set version = 4 for the "
-       "same launches",
-    2: "version 3 added grouped_mm_fwd_dgrad (forward and dgrad on torch._grouped_mm) and "
-       "version 4 wgrad_order; add grouped_mm_fwd_dgrad = 0 and wgrad_order = 0 and set "
-       "version = 4 for the same launches",
-    3: "version 4 added wgrad_order (the wgrad's expert tile order); add wgrad_order = 0 "
-       "and set version = 4 for the same launches",
-}
 
 #: Input dtypes the ``grouped_mm_fwd_dgrad = 1`` route accepts: torch._grouped_mm's CUDA
 #: fast path (CUTLASS, sm_90 / sm_100) is bf16 only; other dtypes go to its per-expert
