@@ -69,6 +69,10 @@ def fam_rmsnorm(dev):
         yield f"T={T} H={H}", base, cake, anchor, (x, w), dy
 
 
+CONV_CASES = ""
+CONV_ACT = "silu"
+
+
 def fam_conv(dev):
     try:
         from fla.modules.convolution import causal_conv1d
@@ -76,7 +80,11 @@ def fam_conv(dev):
         from fla.modules.causal_conv1d import causal_conv1d
 
     from cake_causal_conv1d_det_train import causal_conv1d_det, make_plan
-    for name, B, T, D, docs in (("a", 4, 4096, 4096, None), ("b", 1, 32768, 8192, 8)):
+    cases = (("a", 4, 4096, 4096, None), ("b", 1, 32768, 8192, 8))
+    if CONV_CASES:  # --conv-cases "B,T,D,docs;..." (docs 0: fixed length)
+        cases = tuple((f"x{i}", *(int(v) for v in c.split(",")[:3]), int(c.split(",")[3]) or None)
+                      for i, c in enumerate(CONV_CASES.split(";")))
+    for name, B, T, D, docs in cases:
         g = torch.Generator(device="cpu").manual_seed(0)
         x = torch.randn(B, T, D, generator=g).to(dev, torch.bfloat16).requires_grad_()
         w = (0.3 * torch.randn(D, 4, generator=g)).to(dev, torch.bfloat16).requires_grad_()
@@ -85,13 +93,14 @@ def fam_conv(dev):
         if docs:
             cuts = torch.sort(torch.randperm(T - 1, generator=g)[: docs - 1] + 1).values
             cu = torch.cat([torch.tensor([0]), cuts, torch.tensor([T])]).to(dev, torch.int32)
-        base = make_plan(D, 4, torch.bfloat16, dev)
+        base = make_plan(D, 4, torch.bfloat16, dev, varlen=cu is not None)
+        act = None if CONV_ACT == "none" else CONV_ACT
 
         def cake(plan, x=x, w=w, cu=cu):
-            return (causal_conv1d_det(x, w, activation="silu", cu_seqlens=cu, plan=plan)[0],)
+            return (causal_conv1d_det(x, w, activation=act, cu_seqlens=cu, plan=plan)[0],)
 
         def anchor(x=x, w=w, cu=cu):
-            return causal_conv1d(x, w, None, activation="silu", backend="triton",
+            return causal_conv1d(x, w, None, activation=act, backend="triton",
                                  cu_seqlens=cu)[0]
         yield f"case {name} B={B} T={T} D={D} docs={docs}", base, cake, anchor, (x, w), dy
 
@@ -146,7 +155,13 @@ def main():
     p.add_argument("--reps", type=int, default=100, help="do_bench rep in ms")
     p.add_argument("--device-time", action="store_true",
                    help="also the device time per call (profiler kernel sums; no host time)")
+    p.add_argument("--conv-cases", default="",
+                   help='conv only: "B,T,D,docs;..." instead of cases a and b (docs 0: fixed)')
+    p.add_argument("--conv-act", default="silu", choices=("silu", "none"),
+                   help="conv only: the activation of both implementations")
     a = p.parse_intermixed_args()  # flags may come before the configs ("" = the rule)
+    global CONV_CASES, CONV_ACT
+    CONV_CASES, CONV_ACT = a.conv_cases, a.conv_act
     dev = torch.device("cuda")
     print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(),
           flush=True)

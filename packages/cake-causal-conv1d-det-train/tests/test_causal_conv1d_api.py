@@ -1,5 +1,6 @@
 """The module drop-in, plans, workspaces, the manifest, lazy imports."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -105,7 +106,15 @@ def test_double_backward_refused_not_silent():
 
 def test_plan_rules_and_roundtrip():
     p = make_plan(4096, 4, torch.bfloat16, "cuda")
-    assert (p.hidden_size, p.kernel_size, p.block_t_bwd) == (4096, 4, 64)
+    # the documented CUDA rule for W <= 4 (H200 sweeps, docs/benchmarks/causal_conv1d.md)
+    assert (p.hidden_size, p.kernel_size, p.block_t_bwd, p.block_d_bwd, p.num_warps_bwd,
+            p.block_d_fwd, p.bwd_da_once, p.weight_tap_major) == (4096, 4, 128, 64, 4, 128, 1, 1)
+    pv = make_plan(4096, 4, torch.bfloat16, "cuda", varlen=True)
+    assert pv == dataclasses.replace(p, block_d_fwd=64)  # packed calls: 64-channel forward
+    assert make_plan(4096, 4, torch.bfloat16, "cuda", varlen=True) is pv
+    assert make_plan(4096, 5, torch.bfloat16, "cuda").bwd_da_once == 0  # W > 4: untimed
+    assert make_plan(4096, 4, torch.bfloat16, "cpu", varlen=True) == \
+        make_plan(4096, 4, torch.bfloat16, "cpu")
     assert make_plan(4096, 4, torch.bfloat16, "cuda") is p  # a rule, memoised
     assert CausalConv1dDetPlan.from_dict(p.to_dict()) == p and p.mode.value == "det"
     q = make_plan(40, 3, torch.float32, "cpu")
@@ -151,7 +160,10 @@ def test_workspace_reuse_and_capacity(conv):
     for B, T, cu in ((2, 5, None), (1, 40, (0, 0, 3, 40))):  # one workspace, many calls
         inp = conv.make_inputs(B, T, D, W, cu=cu, seed=T)
         got = conv.run_cake(inp, "silu", plan=plan, workspace=ws)
-        want = conv.run_cake(inp, "silu")
+        want = conv.run_cake(inp, "silu", plan=plan)  # the rule's plan differs when packed
+        for k in got:
+            assert bitwise_equal(got[k], want[k]), k
+        got = conv.run_cake(inp, "silu", workspace=ws)  # no plan: the workspace's
         for k in got:
             assert bitwise_equal(got[k], want[k]), k
     with pytest.raises(ValueError, match="max_tokens"):

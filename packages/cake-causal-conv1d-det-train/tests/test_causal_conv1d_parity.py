@@ -139,7 +139,7 @@ def test_outputs_and_workspace_fully_written(conv, monkeypatch):
         return poison_(t) if t.is_floating_point() else t
 
     monkeypatch.setattr(api.torch, "empty", poisoned_empty)
-    plan = make_plan(20, 4, torch.float16, conv.DEV)
+    plan = make_plan(20, 4, torch.float16, conv.DEV, varlen=True)  # the rule's packed plan
     ws = CausalConv1dDetWorkspace.for_plan(plan, conv.DEV, max_tokens=200, max_seqs=10)
     for name in ws.names:
         poison_(ws[name])

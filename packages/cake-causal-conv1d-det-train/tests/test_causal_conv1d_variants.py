@@ -110,10 +110,10 @@ def test_variant_repeats_bitwise(conv, variant):
 
 def test_variant_plan_fields():
     p = dataclasses.replace(make_plan(64, 4, torch.bfloat16, "cuda"), bwd_window=1,
-                            weight_tap_major=1)
+                            weight_tap_major=1, bwd_da_once=0)
     assert CausalConv1dDetPlan.from_dict(p.to_dict()) == p
-    rule = make_plan(64, 4, torch.bfloat16, "cuda")
-    assert (rule.bwd_window, rule.weight_tap_major) == (0, 0)  # the rule is unchanged
+    rule = make_plan(64, 4, torch.bfloat16, "cpu")
+    assert (rule.bwd_window, rule.weight_tap_major) == (0, 0)  # the CPU rule is unchanged
     with pytest.raises(ValueError, match="kernel_size <= 4"):
         dataclasses.replace(make_plan(64, 5, torch.bfloat16, "cuda"), bwd_window=1)
     for field in ("bwd_window", "weight_tap_major"):
@@ -142,7 +142,9 @@ def test_tap_major_wider_kernels(conv, W):
 
 def test_da_once_plan_fields():
     rule = make_plan(64, 4, torch.bfloat16, "cuda")
-    assert rule.bwd_da_once == 0  # the rule is unchanged
+    assert rule.bwd_da_once == 1  # the CUDA rule for W <= 4 since the session-13 H200 sweep
+    assert make_plan(64, 5, torch.bfloat16, "cuda").bwd_da_once == 0  # W > 4: not timed
+    assert make_plan(64, 4, torch.bfloat16, "cpu").bwd_da_once == 0
     for W in (2, 5, 8):  # any W (the halo tile is BW rows)
         p = dataclasses.replace(make_plan(64, W, torch.bfloat16, "cuda"), bwd_da_once=1,
                                 weight_tap_major=1)
@@ -151,6 +153,7 @@ def test_da_once_plan_fields():
         dataclasses.replace(rule, bwd_da_once=2)
     with pytest.raises(ValueError, match="set one of them"):
         dataclasses.replace(rule, bwd_da_once=1, bwd_window=1)
+    rule = dataclasses.replace(rule, bwd_da_once=0)
     v2 = {k: v for k, v in rule.to_dict().items() if k != "bwd_da_once"}
     with pytest.raises(ValueError, match="add bwd_da_once = 0 and set version = 3"):
         CausalConv1dDetPlan.from_dict({**v2, "version": 2})

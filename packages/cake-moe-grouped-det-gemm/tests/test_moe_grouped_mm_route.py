@@ -308,7 +308,7 @@ def test_plan_field_format_and_upgrade():
         MoEGroupedDetPlan.from_dict(v2)
     upgraded = MoEGroupedDetPlan.from_dict({**v2, "grouped_mm_fwd_dgrad": 0, "wgrad_order": 0,
                                             "version": 4})
-    assert upgraded == dataclasses.replace(plan, grouped_mm_fwd_dgrad=0)
+    assert upgraded == dataclasses.replace(plan, grouped_mm_fwd_dgrad=0, wgrad_order=0)
     with pytest.raises(ValueError, match="grouped_mm_fwd_dgrad"):
         MoEGroupedDetPlan.from_dict({**v2, "wgrad_order": 0, "version": 4})  # field missing
     for bad in (2, -1, True):
@@ -336,6 +336,7 @@ def test_rule_cuda_without_a_gpu(monkeypatch):
                 p = plan_mod._rule(1 << 17, 8, n, k, dtype, cuda)
                 want = cap[0] == 9 and dtype == BF16 and n % 8 == 0 and k % 8 == 0
                 assert p.grouped_mm_fwd_dgrad == int(want), (cap, dtype, n, k)
+                assert p.wgrad_order == 1  # every CUDA plan (H200 timing, moe.md)
                 assert grouped_mm_problem(p, dtype, cuda) is None
                 # the fwd/dgrad tiles stay in the plan (unused by the route)
                 assert (p.block_m, p.block_n) == (128, 128)

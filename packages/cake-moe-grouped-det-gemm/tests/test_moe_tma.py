@@ -191,7 +191,7 @@ def test_tma_plan_fields_rule_and_format(monkeypatch):
         MoEGroupedDetPlan.from_dict({**old, "version": 4})  # missing fields
     assert MoEGroupedDetPlan.from_dict({**old, "version": 4, "tma": 0,
                                         "grouped_mm_fwd_dgrad": 0, "wgrad_order": 0}) == \
-        dataclasses.replace(plan, tma=0, grouped_mm_fwd_dgrad=0)
+        dataclasses.replace(plan, tma=0, grouped_mm_fwd_dgrad=0, wgrad_order=0)
     with pytest.raises(ValueError, match="tma must be 0 or 1"):
         dataclasses.replace(plan, tma=2)
     with pytest.raises(ValueError, match="<= 256"):

@@ -78,7 +78,9 @@ def test_kernels_read_the_order(monkeypatch):
 def test_plan_field_format():
     x, w, offs, dy = make(SKEWED, N=24, K=40)
     plan = _plan(x, w, 1, 0)
-    assert make_plan(100, 8, 24, 40, torch.float32, DEV).wgrad_order == 0  # the rule
+    # the rule: 1 on CUDA (H200 timing, docs/benchmarks/moe.md), 0 on the CPU
+    assert make_plan(100, 8, 24, 40, torch.float32, DEV).wgrad_order == \
+        int(torch.device(DEV).type == "cuda")
     p = dataclasses.replace(plan, wgrad_order=1)
     d = p.to_dict()
     assert d["wgrad_order"] == 1 and d["version"] == 4

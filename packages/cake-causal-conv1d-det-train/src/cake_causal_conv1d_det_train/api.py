@@ -149,13 +149,19 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
 _DEFAULT_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
 
 
-def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype,
-                  device: torch.device) -> CausalConv1dDetPlan:
+def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype, device: torch.device,
+                  varlen: bool = False, workspace=None) -> CausalConv1dDetPlan:
+    """The call's plan: ``plan``; else the workspace's own plan when a workspace of this
+    family is given; else the rule's (:func:`make_plan` with ``varlen``)."""
+    if plan is None and isinstance(workspace, CausalConv1dDetWorkspace) and \
+            isinstance(workspace.plan, CausalConv1dDetPlan) and \
+            (workspace.plan.hidden_size, workspace.plan.kernel_size) == (D, W):
+        plan = workspace.plan  # (another shape's workspace: refused by its own check)
     if plan is None:
-        key = (D, W, dtype, device)
+        key = (D, W, dtype, device, varlen)
         plan = _DEFAULT_PLANS.get(key)
         if plan is None:
-            plan = make_plan(D, W, dtype, device)
+            plan = make_plan(D, W, dtype, device, varlen=varlen)
             if not torch.compiler.is_compiling():
                 _DEFAULT_PLANS[key] = plan
         return plan
@@ -521,7 +527,9 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         output_final_state: also return ``final_state`` ``[N, D, W - 1]`` in x's dtype:
             each sequence's last W - 1 inputs (left-padded with the tail of its initial
             state, or zeros, when it is shorter than W - 1). Exact copies of the inputs.
-        plan: a :class:`CausalConv1dDetPlan` for (D, W) (default :func:`make_plan`).
+        plan: a :class:`CausalConv1dDetPlan` for (D, W) (default: the workspace's plan
+            when ``workspace`` is given, else :func:`make_plan` with ``varlen`` set when
+            ``cu_seqlens`` is).
         workspace: a :class:`CausalConv1dDetWorkspace` of ``plan`` for the backward's fp32
             partials (default: allocated per backward).
 
@@ -546,7 +554,8 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
                                             initial_state, output_final_state)
     B, T, D = x.shape
-    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
+    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None,
+                         workspace)
     wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N)
     if not torch.compiler.is_compiling():
         return _CausalConv1dDetFunction.apply(
@@ -577,7 +586,7 @@ def causal_conv1d_det_fwd(x: torch.Tensor, weight: torch.Tensor,
     device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
                                             initial_state, output_final_state)
     B, T, D = x.shape
-    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device)
+    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None)
     with torch.no_grad():
         y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
                             output_final_state, plan)

@@ -46,7 +46,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:720703452bb11c6ceeb8183ff78beb79479effc4393080effd9e3ef063463ea4"
+SOURCE_DIGEST = "sha256:0ca6ae90fc0fc29e11af6c3895e68ff5fa43a2380ab8e50bd77ce31526512bc1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -53,18 +53,18 @@ class CausalConv1dDetPlan(Plan):
             output shifts tap by tap (W^2 + 1 shifted x tile loads per program); 1 = it
             loads each of the 2W - 1 distinct shifted x tiles once and feeds every shift's
             accumulator from it (W <= 4 only; the same sums in the same order, so the same
-            bits under the interpreter; a GPU candidate, not in the rule). No effect
-            without SiLU.
+            bits under the interpreter; timed on an H200, not faster: not in the rule). No
+            effect without SiLU.
         weight_tap_major: 0 = the kernels read the taps from the ``[D, W]`` weight (one
             2-byte load per channel and tap); 1 = from a ``[W, D]`` contiguous copy made per
             forward / backward call (a small torch copy; each tap's channels load as
-            vectors). The same values, so the same bits; a GPU candidate, not in the rule.
+            vectors). The same values, so the same bits; the CUDA rule's choice for W <= 4.
         bwd_da_once: 0 = as above; 1 = the SiLU backward forms dpre = dy * silu'(pre) once
             per row (the tile's rows and its W - 1 halo rows) instead of once per output
             shift, in a persistent kernel that keeps it in a per-program fp32 scratch
             (global memory, L2-resident) and reads the W - 1 shifted views back
             (kernels/bwd_once.py; any W). The same values in the same order, so the same
-            bits under the interpreter; a GPU candidate, not in the rule. No effect without
+            bits under the interpreter; the CUDA rule's choice for W <= 4. No effect without
             SiLU (dpre is dy, nothing to repeat); takes the place of bwd_window (not both).
     """
 
@@ -116,9 +116,10 @@ _PLANS: dict[tuple, CausalConv1dDetPlan] = {}
 
 
 def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
-              device: torch.device | str) -> CausalConv1dDetPlan:
+              device: torch.device | str, *, varlen: bool = False) -> CausalConv1dDetPlan:
     """Pick the plan for ``hidden_size`` (D) channels, ``kernel_size`` (W) taps, inputs of
-    ``dtype`` on ``device``.
+    ``dtype`` on ``device``; ``varlen``: whether the calls pass ``cu_seqlens`` (packed
+    documents; the entry points ask for that plan when they choose it themselves).
 
     Rules (no timing at call time; chosen so that ptxas reports no register
     spills for sm_90 in the kernel variants checked, W <= 8, except the W <= 4 backward
@@ -128,9 +129,16 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
     channels with 4 warps for W <= 4 (an H200 sweep at D = 4096 / 8192, W = 4: 23-27% less
     fwd+bwd device time than 16 channels with 8 warps), 64 x min(16, D') with 8 warps (4
     below 1024 elements) for W > 4: it keeps W^2 taps in flight (32 channels where 16 would
-    need over 65535 channel blocks, D > 1048560). Under the
-    interpreter (CPU) every program costs Python time: 32-token blocks (short test
-    documents still span two) and up to 64 channels.
+    need over 65535 channel blocks, D > 1048560).
+    Since 2026-12-01 (one H200, W = 4, SiLU, bf16; docs/benchmarks/causal_conv1d.md session
+    13), for W <= 4 on CUDA: ``weight_tap_major = 1`` and ``bwd_da_once = 1`` with backward
+    tiles of 128 tokens x min(64, D') channels, 4 warps (fwd+bwd device time 0.94x FLA's at
+    four fixed-length shapes, 0.83x packed, against 1.23-1.54x with the previous rule), and
+    forward tiles of 64 x min(128, D') channels for fixed-length calls, 64 x min(64, D')
+    when ``varlen`` (forward 0.95-0.97x FLA's fixed, 1.01-1.03x packed; each width was
+    ~8% slower in the other setting).
+    Under the interpreter (CPU) every program costs Python time: 32-token blocks (short test
+    documents still span two) and up to 64 channels; ``varlen`` changes nothing there.
     ``dtype`` is part of the signature for rules to come.
 
     Raises:
@@ -143,11 +151,22 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
         raise ValueError(f"device: {e}") from None
     D = _int(hidden_size, "hidden_size", 1, MAX_HIDDEN)
     W = _int(kernel_size, "kernel_size", MIN_KERNEL_SIZE, MAX_KERNEL_SIZE)
-    return cached_plan(_PLANS, (D, W, device.type), lambda: _rule(D, W, device))
+    varlen = bool(varlen)
+    return cached_plan(_PLANS, (D, W, device.type, varlen), lambda: _rule(D, W, device, varlen))
 
 
-def _rule(D: int, W: int, device: torch.device) -> CausalConv1dDetPlan:
+def _rule(D: int, W: int, device: torch.device, varlen: bool = False) -> CausalConv1dDetPlan:
     d2 = next_power_of_2(D)
+    if device.type == "cuda" and W <= 4:
+        # H200 2026-12-01 (session 13 sweeps, docs/benchmarks/causal_conv1d.md): the dpre-once
+        # persistent backward with 128 x 64 tiles; the forward's taps as [W, D] vectors
+        bd_fwd = min(d2, 64 if varlen else 128)
+        return CausalConv1dDetPlan(
+            hidden_size=D, kernel_size=W,
+            block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
+            block_t_bwd=128, block_d_bwd=min(d2, 64), num_warps_bwd=4,
+            reduce_block=1024, num_warps_reduce=4, bwd_window=0,
+            weight_tap_major=1, bwd_da_once=1)
     if device.type == "cuda":
         # about 16 (forward) / 4 (backward, W^2 taps in flight) elements per thread
         bd_fwd = min(d2, 32 if W > 4 else 64)

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:45f4610fe6d621ec117317de32d4befdfd65ea156a505554ed3538420cc9133c"
+SOURCE_DIGEST = "sha256:2f5fd4c6c6e115c2a00dc8c443f5224db6b4c14596a8651b27db8f09d14890ad"
 # --- end of generated block ---
 
 MANIFEST = {

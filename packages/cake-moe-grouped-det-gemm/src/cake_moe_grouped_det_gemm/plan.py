@@ -104,8 +104,11 @@ class MoEGroupedDetPlan(Plan):
             sync), so that the longest reductions start first and the short ones fill the
             tail (longest-processing-time order, for skewed routing). Every tile is still
             computed by one program with the same steps: **the same bits** for 0 and 1
-            (tested). Costs a sort of E ints per backward. The rule picks 0 (1 not yet
-            timed on a GPU).
+            (tested). Costs a sort of E ints per backward. The rule: 1 on CUDA, 0 on the
+            CPU (one H200, 2026-12-01, bf16, M = 131072, E in {8, 128}, (N, K) in
+            {(3072, 4096), (4096, 1536)}: skewed wgrad 0.86-0.94x torch._grouped_mm's time
+            with 1 against 0.87-1.07x with 0; balanced 0.90-1.07x, as with 0;
+            docs/benchmarks/moe.md).
 
     Format version 4 added ``wgrad_order``, 3 ``grouped_mm_fwd_dgrad``, 2 ``tma``. An older
     dict is refused by ``from_dict``: re-make the plan, or add the missing fields as 0 and
@@ -336,5 +339,5 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
         reduce_block=reduce_block, allow_tf32=0, tma=tma, grouped_mm_fwd_dgrad=gmm,
-        wgrad_order=0,
+        wgrad_order=int(device.type == "cuda"),
     )
