@@ -87,6 +87,17 @@ def test_wgrad_tma_strided_inputs_low_level():
     assert_close_to_reference(g.dweight, dy.double().t() @ x.double(), dtype, "dweight")
     g2 = dense_projection_det_bwd(dy.contiguous(), saved)
     assert bitwise_equal(g.dweight, g2.dweight)
+    # contiguous views at an unaligned start (2 bytes in): contiguous() would return them as
+    # is and the TMA descriptor would refuse them; they are copied
+    flat = torch.zeros(M * K + M * N + 2, dtype=dtype, device=DEV)
+    xu = flat[1:1 + M * K].view(M, K)
+    dyu = flat[2 + M * K:].view(M, N)
+    xu.copy_(x)
+    dyu.copy_(dy)
+    assert xu.is_contiguous() and dyu.is_contiguous() and xu.data_ptr() % 16 != 0
+    _, saved_u = dense_projection_det_fwd(xu, w, plan=plan)
+    g3 = dense_projection_det_bwd(dyu, saved_u)
+    assert bitwise_equal(g.dweight, g3.dweight)
 
 
 def test_wgrad_tma_refusals_and_rule(monkeypatch):

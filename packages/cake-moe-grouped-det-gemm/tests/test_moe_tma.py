@@ -151,6 +151,17 @@ def test_tma_copies_layouts_it_cannot_read():
     got = _run(xs, wt, offs, dyt, plan)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert all(torch.equal(a, b) for a, b in zip((xs, wt, dyt), before, strict=True))
+    # contiguous views at an unaligned start (2 bytes in): contiguous() would return them
+    # as is, and a TMA descriptor refuses an unaligned base; they are copied instead
+    flat = torch.zeros(x.numel() + dy.numel() + w.numel() + 3, dtype=x.dtype, device=DEV)
+    xu = flat[1:1 + x.numel()].view_as(x)
+    dyu = flat[2 + x.numel():2 + x.numel() + dy.numel()].view_as(dy)
+    wu = flat[3 + x.numel() + dy.numel():].view_as(w)
+    for u, t in ((xu, x), (dyu, dy), (wu, w)):
+        u.copy_(t)
+        assert u.is_contiguous() and u.data_ptr() % 16 != 0
+    got = _run(xu, wu, offs, dyu, plan)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("dtype,N,K", [(torch.bfloat16, 12, 16), (torch.bfloat16, 16, 20),

@@ -187,11 +187,13 @@ def _launch_bwd(dy, x, weight, plan: DenseProjectionDetPlan, partials, bias_part
     wt = _wgrad_tiles(plan)
     if need_dw:
         if plan.wgrad_tma:  # TMA reads the row-major dy and x; other layouts: a copy first
+            # (clone, not contiguous(): that returns a contiguous view at an unaligned start
+            # as is, which TMA cannot read)
             wt.update(tma=True, persistent=plan.wgrad_tma == 2)
             if tma_layout_problem(dy2) is not None:
-                dy2 = dy2.contiguous()
+                dy2 = dy2.clone(memory_format=torch.contiguous_format)
             if tma_layout_problem(x2) is not None:
-                x2 = x2.contiguous()
+                x2 = x2.clone(memory_format=torch.contiguous_format)
         if S > 1 and partials is None:
             partials = torch.empty((S, N, K), dtype=torch.float32, device=dev)
         if main_grad is not None:

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4b61b73698f8d4800376b97fd41c3258db7f9e8bce41df30927ef440d8d24741"
+SOURCE_DIGEST = "sha256:4545d08b8a717e874fb0b825f24ef8ecff6fa5c513a1c7c371faef5140323404"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -182,16 +182,6 @@ def _schedule(ends: torch.Tensor, M: int, block_m: int) -> torch.Tensor:
     return torch.stack([lo, hi, torch.cumsum(tiles, 0)]).to(torch.int32).contiguous()
 
 
-def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when a TMA descriptor can read it as is (unit last stride, the other
-    strides and the start 16-byte aligned), else a contiguous copy."""
-    es = t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and \
-            all((st * es) % 16 == 0 for st in t.stride()[:-1]):
-        return t
-    return t.contiguous()
-
-
 def _desc(t: torch.Tensor, box: list[int]) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), box)
 
@@ -200,7 +190,7 @@ def _grouped_mm_tma(a, w, out, sched, G: int, grid, plan: MoEGroupedDetPlan,
                     forward: bool) -> None:
     """TMA launch of :func:`_grouped_mm` (``plan.tma``): ``w`` is the weight ``[E, N, K]``;
     ``forward``: ``B[e] = w[e]ᵀ`` (reduction over K), else ``B[e] = w[e]`` (over N)."""
-    a, w = _tma_ready(a), _tma_ready(w)
+    a, w = _row_major_ready(a), _row_major_ready(w)
     bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
     grouped_mm_tma_kernel[grid](
         _desc(a, [bm, bk]), _desc(w, [1, bn, bk] if forward else [1, bk, bn]), out, sched,
@@ -236,11 +226,13 @@ def _grouped_mm(a, b, out, ends, plan: MoEGroupedDetPlan, b_strides,
         num_stages=plan.num_stages)
 
 
-def _gmm_ready(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when ``torch._grouped_mm`` reads it as row-major (unit last stride, the
-    other strides multiples of 16 bytes, rows not overlapping, a 16-byte aligned start),
-    else a contiguous copy. One layout for every caller's view, so the bits do not depend on
-    which strides the caller passed (torch picks its kernel by layout)."""
+def _row_major_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when TMA descriptors and ``torch._grouped_mm`` read it as row-major
+    (unit last stride, the other strides multiples of 16 bytes, rows not overlapping, a
+    16-byte aligned start), else a copy in a fresh contiguous allocation (``clone``, not
+    ``contiguous()``, which would return an already contiguous view at an unaligned start
+    as is). One layout for every caller's view, so the bits do not depend on which strides
+    the caller passed (torch picks its kernel by layout)."""
     es = t.element_size()
     if t.stride(-1) == 1 and t.stride(-2) >= t.shape[-1] and t.data_ptr() % 16 == 0 and \
             all((st * es) % 16 == 0 for st in t.stride()[:-1]):
@@ -267,7 +259,7 @@ def _grouped_mm_torch(a, weight, ends, forward: bool) -> torch.Tensor:
     n_cols = weight.shape[1] if forward else weight.shape[2]
     if M == 0:
         return torch.empty((0, n_cols), dtype=a.dtype, device=a.device)
-    a, w = _gmm_ready(a), _gmm_ready(weight)
+    a, w = _row_major_ready(a), _row_major_ready(weight)
     out = torch._grouped_mm(a, w.transpose(-2, -1) if forward else w, offs=ends)
     _zero_tail_rows(out, ends)
     return out if out.is_contiguous() else out.contiguous()
@@ -303,7 +295,7 @@ def _launch_wgrad(dy, x, ends, plan: MoEGroupedDetPlan, out, partials, accumulat
                   num_warps=plan.wgrad_num_warps, num_stages=plan.wgrad_num_stages)
     order = _expert_order(ends) if plan.wgrad_order else ends  # (unread without REORDER)
     if plan.tma:  # dy as [wbk, wbm] boxes of the row-major dy (transposed in the kernel)
-        dy, x = _tma_ready(dy), _tma_ready(x)
+        dy, x = _row_major_ready(dy), _row_major_ready(x)
         grouped_wgrad_tma_kernel[(E * tn * tk, S)](
             _desc(dy, [wbk, wbm]), _desc(x, [wbk, wbn]), dst, ends, order, N, K, tn, tk,
             *so, **common)

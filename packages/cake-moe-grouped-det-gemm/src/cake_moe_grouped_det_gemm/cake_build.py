@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2f5fd4c6c6e115c2a00dc8c443f5224db6b4c14596a8651b27db8f09d14890ad"
+SOURCE_DIGEST = "sha256:eaa86d036929b98877978f4642d3d3fc8459224958c2a7f7dc9237df9191870d"
 # --- end of generated block ---
 
 MANIFEST = {
