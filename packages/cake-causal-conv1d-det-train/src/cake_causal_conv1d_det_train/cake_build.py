@@ -46,7 +46,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0ca6ae90fc0fc29e11af6c3895e68ff5fa43a2380ab8e50bd77ce31526512bc1"
+SOURCE_DIGEST = "sha256:b5bfc1eeee4ee49503a49123052f729e7aeba2833f1efcfda83a642790ab3836"
 # --- end of generated block ---
 
 MANIFEST = {

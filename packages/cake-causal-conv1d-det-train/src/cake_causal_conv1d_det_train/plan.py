@@ -167,21 +167,16 @@ def _rule(D: int, W: int, device: torch.device, varlen: bool = False) -> CausalC
             block_t_bwd=128, block_d_bwd=min(d2, 64), num_warps_bwd=4,
             reduce_block=1024, num_warps_reduce=4, bwd_window=0,
             weight_tap_major=1, bwd_da_once=1)
-    if device.type == "cuda":
-        # about 16 (forward) / 4 (backward, W^2 taps in flight) elements per thread
-        bd_fwd = min(d2, 32 if W > 4 else 64)
-        # H200 2026-11-30 (docs/benchmarks/causal_conv1d.md), W = 4: 32 channels and 4 warps
-        # per backward program took fwd+bwd device time 1.13 -> 0.87 ms (case a) and
-        # 4.53 -> 3.30 ms (case b); W > 4 keeps 16 channels and 8 warps (not timed)
-        bd_bwd = min(d2, 16 if W > 4 else 32)
-        # at most _MAX_GRID_Y channel blocks: the D > 65535 * 16 (W > 4) backward takes
-        # 32 channels (and so 8 warps) rather than an invalid plan
-        bd_bwd = max(bd_bwd, next_power_of_2(-(-D // _MAX_GRID_Y)))
-        warps_bwd = (8 if 64 * bd_bwd >= 1024 else 4) if W > 4 else 4
+    if device.type == "cuda":  # W > 4 (not timed): about 16 (forward) / 4 (backward, W^2
+        # taps in flight) elements per thread, from ptxas register reports for sm_90
+        bd_fwd = min(d2, 32)
+        # at most _MAX_GRID_Y channel blocks: the D > 65535 * 16 backward takes 32 channels
+        # (and so 8 warps) rather than an invalid plan
+        bd_bwd = max(min(d2, 16), next_power_of_2(-(-D // _MAX_GRID_Y)))
         return CausalConv1dDetPlan(
             hidden_size=D, kernel_size=W,
             block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
-            block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=warps_bwd,
+            block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=8 if 64 * bd_bwd >= 1024 else 4,
             reduce_block=1024, num_warps_reduce=4, bwd_window=0,
             weight_tap_major=0, bwd_da_once=0)
     bd = min(d2, 64)
