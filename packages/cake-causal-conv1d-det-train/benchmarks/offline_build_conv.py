@@ -2,7 +2,7 @@
 stack (spills), shared memory and counts of SASS instruction groups (global loads / stores,
 local memory), per kernel and plan variant.
 
-    TRITON_INTERPRET=0 python benchmarks/offline_build_conv.py [--varlen] [--w 4]
+    TRITON_INTERPRET=0 python benchmarks/offline_build_conv.py [--varlen] [--w 4] [--no-silu]
 
 Compiles the forward and the backward as ``api.py`` launches them for the benchmark's case
 (bf16, SiLU, no bias, no initial / final state; fixed length, or ``--varlen`` packed) at the
@@ -33,10 +33,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--varlen", action="store_true")
     p.add_argument("--w", type=int, default=4)
+    p.add_argument("--no-silu", action="store_true",
+                   help="no activation (the da_once kernel, SiLU only, is left out)")
     a = p.parse_args()
     W, dt = a.w, "bf16"
     bw = 1 << (W - 1).bit_length()
-    flags = dict(W=W, BW=bw, SILU=True, HAS_BIAS=False, HAS_H0=False, VARLEN=a.varlen,
+    flags = dict(W=W, BW=bw, SILU=not a.no_silu, HAS_BIAS=False, HAS_H0=False, VARLEN=a.varlen,
                  RNE=False)
     table = "*i32" if a.varlen else f"*{dt}"
     cu = "*i64" if a.varlen else f"*{dt}"
@@ -49,7 +51,7 @@ def main():
     rows = []
     fwd_ptrs = {"X": dt, "WT": dt, "BIAS": dt, "H0": dt, "Y": dt, "FS": dt}
     for bt, bd, warps, tm in ((64, 64, 8, 0), (64, 64, 8, 1), (64, 32, 4, 0), (128, 64, 8, 0),
-                              (128, 64, 8, 1), (64, 128, 8, 0)):
+                              (128, 64, 8, 1), (64, 128, 8, 0), (64, 128, 8, 1)):
         t = {**{k: f"*{v}" for k, v in fwd_ptrs.items()}, "TABLE": table, "CU": cu,
              **{n: "i32" for n in ints}}
         c = dict(flags, HAS_FS=False, BLOCK_T=bt, BLOCK_D=bd, **wlay[tm][0])
@@ -61,7 +63,8 @@ def main():
                 "DH0": dt, "DWP": "fp32", "DBP": "fp32"}
     for bt, bd, warps, win, tm in ((64, 32, 4, 0, 0), (64, 32, 4, 1, 0), (64, 32, 4, 0, 1),
                                    (64, 32, 4, 1, 1), (64, 64, 8, 0, 0), (64, 64, 8, 1, 1),
-                                   (128, 32, 8, 0, 0), (128, 32, 8, 1, 1)):
+                                   (128, 32, 8, 0, 0), (128, 32, 8, 1, 1), (128, 64, 4, 0, 1),
+                                   (128, 64, 8, 0, 1)):
         if win and W > 4:
             continue
         t = {**{k: f"*{v}" for k, v in bwd_ptrs.items()}, "TABLE": table, "CU": cu,
@@ -73,7 +76,8 @@ def main():
                            3)))
     # bwd_da_once = 1: the persistent kernel (no SILU / WINDOW constexprs: SiLU only), its
     # fp32 scratch SCR and the tile count n_tiles / channel blocks n_cb (not specialised)
-    for bt, bd, warps, tm in ((64, 32, 4, 0), (64, 32, 4, 1), (128, 32, 8, 1), (64, 64, 8, 1)):
+    for bt, bd, warps, tm in ((64, 32, 4, 0), (64, 32, 4, 1), (128, 32, 8, 1), (64, 64, 8, 1),
+                              (128, 64, 4, 1), (128, 64, 8, 1)) if not a.no_silu else ():
         t = {**{k: f"*{v}" for k, v in bwd_ptrs.items()}, "TABLE": table, "CU": cu,
              "SCR": "*fp32", **{n: "i32" for n in ints + ("n_cb", "n_tiles")}}
         c = {k: v for k, v in flags.items() if k != "SILU"}
@@ -82,7 +86,8 @@ def main():
         rows.append((f"bwd {bt}x{bd} w{warps} da_once=1 tap_major={tm}",
                      build(causal_conv1d_bwd_once_kernel, t, c, ptrs + div16 + wlay[tm][1],
                            warps, 3)))
-    print(f"W = {W}, {'packed' if a.varlen else 'fixed length'}, bf16, SiLU, no bias/state")
+    act = "no activation" if a.no_silu else "SiLU"
+    print(f"W = {W}, {'packed' if a.varlen else 'fixed length'}, bf16, {act}, no bias/state")
     print("| kernel | regs | stack | shared | LDG | STG | LDL/STL | SASS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, (regs, stack, shared, _ptx, counts) in rows:

@@ -13,6 +13,8 @@ from cake_causal_conv1d_det_train import (
     CausalConv1dDetWorkspace,
     ShortConvolution,
     causal_conv1d_det,
+    causal_conv1d_det_bwd,
+    causal_conv1d_det_fwd,
     make_plan,
 )
 from cake_core.testing import bitwise_equal, randn
@@ -155,7 +157,8 @@ def test_workspace_reuse_and_capacity(conv):
     D, W = 12, 4
     plan = make_plan(D, W, torch.float32, DEV)
     ws = CausalConv1dDetWorkspace.for_plan(plan, DEV, max_tokens=80, max_seqs=8)
-    assert ws.names == ("dweight_partials", "dbias_partials")
+    assert ws.names == ("dweight_partials", "dbias_partials") + \
+        (("da_scratch",) if plan.bwd_da_once else ())  # the CUDA rule's dpre scratch
     assert ws["dweight_partials"].shape == (80 // plan.block_t_bwd + 8, D, W)
     for B, T, cu in ((2, 5, None), (1, 40, (0, 0, 3, 40))):  # one workspace, many calls
         inp = conv.make_inputs(B, T, D, W, cu=cu, seed=T)
@@ -170,6 +173,37 @@ def test_workspace_reuse_and_capacity(conv):
         CausalConv1dDetWorkspace.for_plan(plan, DEV, max_tokens=-1)
     with pytest.raises(ValueError, match="max_seqs"):
         CausalConv1dDetWorkspace.for_plan(plan, DEV, max_tokens=8, max_seqs=0)
+
+
+def test_packed_plan_and_fixed_length_workspace(conv, monkeypatch):
+    """A rule whose packed plan differs in forward fields only (the CUDA rule's 64- vs
+    128-channel forward; on the CPU varlen changes nothing, so it is patched in): a packed
+    call with a workspace made for the fixed-length plan takes the workspace's plan, through
+    autograd and through the low-level backward, with the same bits as without it."""
+    import cake_causal_conv1d_det_train.api as api
+
+    real = api.make_plan
+
+    def rule(D, W, dtype, device, *, varlen=False):
+        p = real(D, W, dtype, device)
+        return dataclasses.replace(p, block_d_fwd=p.block_d_fwd // 2) if varlen else p
+
+    monkeypatch.setattr(api, "make_plan", rule)
+    monkeypatch.setattr(api, "_DEFAULT_PLANS", {})
+    D, W, cu = 20, 4, (0, 0, 1, 9, 40)
+    inp = conv.make_inputs(1, cu[-1], D, W, cu=cu, seed=5)
+    fixed = real(D, W, torch.float32, DEV)
+    ws = CausalConv1dDetWorkspace.for_plan(fixed, DEV, max_tokens=40, max_seqs=4)
+    y, fs, saved = causal_conv1d_det_fwd(inp.x, inp.weight, inp.bias, activation="silu",
+                                         cu_seqlens=inp.cu, initial_state=inp.h0,
+                                         output_final_state=True)
+    assert saved.plan.block_d_fwd == fixed.block_d_fwd // 2  # the packed rule's plan
+    want = causal_conv1d_det_bwd(inp.dy, inp.dfs, saved)
+    got = causal_conv1d_det_bwd(inp.dy, inp.dfs, saved, workspace=ws)
+    for a, b in zip(got, want, strict=True):
+        assert (a is None and b is None) or bitwise_equal(a, b)
+    auto = conv.run_cake(inp, "silu", workspace=ws)  # the entry takes the workspace's plan
+    assert bitwise_equal(auto["y"], y) and bitwise_equal(auto["dx"], want.dx)
 
 
 def test_manifest():

@@ -38,7 +38,10 @@ def _check(got, ref, dtype, ofs=True):
 
 
 def _plan(D, W, dtype, dev, variant, **extra):
-    return dataclasses.replace(make_plan(D, W, dtype, dev), **VARIANTS[variant], **extra)
+    # from the rule's tiles with the three variant flags off (the CUDA rule sets two of them)
+    base = dataclasses.replace(make_plan(D, W, dtype, dev), bwd_window=0, weight_tap_major=0,
+                               bwd_da_once=0)
+    return dataclasses.replace(base, **VARIANTS[variant], **extra)
 
 
 def _same_as_default(conv, inp, act, plan, got):
@@ -221,7 +224,7 @@ def test_da_once_workspace_and_low_level(conv):
     gr = causal_conv1d_det_bwd(inp.dy, inp.dfs, saved, workspace=one)
     for k, v in zip(("dx", "dweight", "dbias", "dh0"), gr, strict=True):
         assert bitwise_equal(v, want[k]), k
-    base = make_plan(20, 4, torch.bfloat16, conv.DEV)
+    base = dataclasses.replace(make_plan(20, 4, torch.bfloat16, conv.DEV), bwd_da_once=0)
     plain = CausalConv1dDetWorkspace.for_plan(base, conv.DEV, max_tokens=T, max_seqs=6)
     assert "da_scratch" not in plain.names
     bad = CausalConv1dDetWorkspace(plan, conv.DEV, {

@@ -49,6 +49,7 @@ from cake_causal_conv1d_det_train import (
     causal_conv1d_det_fwd,
     make_plan,
 )
+from cake_causal_conv1d_det_train.api import adopt_workspace_plan
 from cake_causal_conv1d_det_train.plan import MAX_HIDDEN, MAX_KERNEL_SIZE, MIN_KERNEL_SIZE
 from cake_core import (
     Mode,
@@ -123,13 +124,16 @@ _DEFAULT_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
 
 
 def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype,
-                  device: torch.device) -> CausalConv1dDetPlan:
+                  device: torch.device, workspace=None) -> CausalConv1dDetPlan:
+    """``plan``; else the rule's packed plan (cached), or the workspace's plan where that
+    differs from it in the forward's fields only (``adopt_workspace_plan``)."""
     if plan is None:
         key = (D, W, dtype, device)
         got = _DEFAULT_PLANS.get(key)
         if got is None:
-            got = _DEFAULT_PLANS[key] = make_plan(D, W, dtype, device)
-        return got
+            # each rank's shard runs as packed documents: the rule's packed plan
+            got = _DEFAULT_PLANS[key] = make_plan(D, W, dtype, device, varlen=True)
+        return adopt_workspace_plan(got, workspace) if workspace is not None else got
     require_mode(plan, CausalConv1dDetPlan, Mode.DET, name="plan")
     if (plan.hidden_size, plan.kernel_size) != (D, W):
         raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, "
@@ -182,7 +186,7 @@ def _check_fwd(x, weight, bias, ctx, activation, plan, workspace):
     device = check_same_device(("x", x), ("weight", weight), ("bias", bias))
     launch_device_check(device, "x")
     check_context(ctx, device)
-    plan = _resolve_plan(plan, D, W, x.dtype, device)
+    plan = _resolve_plan(plan, D, W, x.dtype, device, workspace)
     return act, plan, _resolve_workspace(workspace, plan, ctx, x.dtype)
 
 
@@ -207,7 +211,10 @@ def _check_bwd(dy, saved, ctx, reduce_weight_grads, plan, workspace):
     launch_device_check(device, "dy")
     check_context(ctx, device)
     D, W = x.shape[2], saved.weight.shape[1]
-    plan = _resolve_plan(plan if plan is not None else saved.plan, D, W, x.dtype, device)
+    if plan is None:  # the forward's, or the workspace's where it differs in forward fields
+        plan = adopt_workspace_plan(saved.plan, workspace) \
+            if isinstance(saved.plan, CausalConv1dDetPlan) else saved.plan
+    plan = _resolve_plan(plan, D, W, x.dtype, device)
     return plan, _resolve_workspace(workspace, plan, ctx, x.dtype)
 
 
@@ -352,7 +359,7 @@ def causal_conv1d_det_fwd_kcp(x: torch.Tensor, weight: torch.Tensor,
             ``conv_kernel_size=W``).
         activation: ``None``, ``"silu"`` or ``"swish"`` (an alias of silu).
         plan: a :class:`cake_causal_conv1d_det_train.CausalConv1dDetPlan` for (D, W)
-            (default ``make_plan(D, W, x.dtype, device)``).
+            (default ``make_plan(D, W, x.dtype, device, varlen=True)``).
         workspace: a :class:`CausalConv1dDetKCPWorkspace` from ``for_context(plan, ctx,
             dtype=x.dtype)`` (default: buffers allocated per call).
 

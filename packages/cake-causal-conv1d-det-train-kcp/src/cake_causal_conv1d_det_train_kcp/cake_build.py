@@ -57,7 +57,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:77c79086cedb843600a6a8095e5bbf6e3feefe4bd14c3c4c8a951cde02f4e651"
+SOURCE_DIGEST = "sha256:ec65b4f8f2558582b3021c7572a630e48e7e6fb622b00f35aeb49870305b143f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -149,14 +149,33 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
 _DEFAULT_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
 
 
+#: Plan fields only the forward reads (the rule's fixed-length and packed plans differ in
+#: these alone on CUDA).
+FORWARD_FIELDS = ("block_t_fwd", "block_d_fwd", "num_warps_fwd")
+
+
+def adopt_workspace_plan(plan: CausalConv1dDetPlan, workspace) -> CausalConv1dDetPlan:
+    """``plan`` chosen by default, or the plan of ``workspace`` (a
+    :class:`CausalConv1dDetWorkspace` or one that nests it, with ``.plan``) when the two
+    differ in :data:`FORWARD_FIELDS` only: the workspace's buffers are the same and the
+    backward's bits too, so a workspace made for the fixed-length plan serves a packed call
+    whose default plan is the packed one. A workspace of a plan that differs elsewhere is
+    left to the workspace check, which refuses it."""
+    got = getattr(workspace, "plan", None)
+    if not isinstance(got, CausalConv1dDetPlan) or got == plan or got.mode != plan.mode:
+        return plan
+    a, b = got.to_dict(), plan.to_dict()
+    for name in FORWARD_FIELDS:
+        a.pop(name)
+        b.pop(name)
+    return got if a == b else plan
+
+
 def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype, device: torch.device,
                   varlen: bool = False, workspace=None) -> CausalConv1dDetPlan:
-    """The call's plan: ``plan``; else the workspace's own plan when a workspace of this
-    family is given; else the rule's (:func:`make_plan` with ``varlen``)."""
-    if plan is None and isinstance(workspace, CausalConv1dDetWorkspace) and \
-            isinstance(workspace.plan, CausalConv1dDetPlan) and \
-            (workspace.plan.hidden_size, workspace.plan.kernel_size) == (D, W):
-        plan = workspace.plan  # (another shape's workspace: refused by its own check)
+    """The call's plan: ``plan``; else the rule's (:func:`make_plan` with ``varlen``), or
+    the workspace's plan where that differs from it in forward fields only
+    (:func:`adopt_workspace_plan`)."""
     if plan is None:
         key = (D, W, dtype, device, varlen)
         plan = _DEFAULT_PLANS.get(key)
@@ -164,7 +183,7 @@ def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype, device: torch.device
             plan = make_plan(D, W, dtype, device, varlen=varlen)
             if not torch.compiler.is_compiling():
                 _DEFAULT_PLANS[key] = plan
-        return plan
+        return adopt_workspace_plan(plan, workspace) if workspace is not None else plan
     require_mode(plan, CausalConv1dDetPlan, Mode.DET, name="plan")
     if (plan.hidden_size, plan.kernel_size) != (D, W):
         raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, "
@@ -527,9 +546,9 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         output_final_state: also return ``final_state`` ``[N, D, W - 1]`` in x's dtype:
             each sequence's last W - 1 inputs (left-padded with the tail of its initial
             state, or zeros, when it is shorter than W - 1). Exact copies of the inputs.
-        plan: a :class:`CausalConv1dDetPlan` for (D, W) (default: the workspace's plan
-            when ``workspace`` is given, else :func:`make_plan` with ``varlen`` set when
-            ``cu_seqlens`` is).
+        plan: a :class:`CausalConv1dDetPlan` for (D, W) (default: :func:`make_plan` with
+            ``varlen`` set when ``cu_seqlens`` is, or the workspace's plan where that differs
+            from it in the forward's fields only, :func:`adopt_workspace_plan`).
         workspace: a :class:`CausalConv1dDetWorkspace` of ``plan`` for the backward's fp32
             partials (default: allocated per backward).
 
@@ -616,8 +635,10 @@ def causal_conv1d_det_bwd(dy: torch.Tensor, dfinal_state: torch.Tensor | None,
             strides), or None (zero). It reaches dx (a sequence's last W - 1 tokens) and,
             for sequences shorter than W - 1, dinitial_state.
         saved: the :class:`CausalConv1dDetSavedSet` of the forward.
-        plan: default: the forward's. workspace: a :class:`CausalConv1dDetWorkspace` of
-            ``plan`` holding at least ``max_blocks(B * T, N, plan.block_t_bwd)`` rows.
+        plan: default: the forward's (``saved.plan``), or the workspace's plan where that
+            differs from it in the forward's fields only (:data:`FORWARD_FIELDS`; the same
+            backward). workspace: a :class:`CausalConv1dDetWorkspace` of ``plan`` holding at
+            least ``max_blocks(B * T, N, plan.block_t_bwd)`` rows.
 
     Returns:
         :class:`CausalConv1dDetGrads` ``(dx, dweight, dbias, dinitial_state)``.
@@ -642,7 +663,10 @@ def causal_conv1d_det_bwd(dy: torch.Tensor, dfinal_state: torch.Tensor | None,
         check_dtype(dfinal_state, "dfinal_state", _FLOATS)
     device = check_same_device(("saved", x), ("dy", dy), ("dfinal_state", dfinal_state))
     launch_device_check(device, "dy")
-    plan = _resolve_plan(plan if plan is not None else saved.plan, D, W, x.dtype, device)
+    if plan is None:  # the forward's, or the workspace's where it differs in forward fields
+        plan = adopt_workspace_plan(saved.plan, workspace) \
+            if isinstance(saved.plan, CausalConv1dDetPlan) else saved.plan
+    plan = _resolve_plan(plan, D, W, x.dtype, device)
     wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N)
     with torch.no_grad():
         dx, dw, db, dh0 = _launch_bwd(dy, dfinal_state, x, weight, saved.bias,

@@ -46,7 +46,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b5bfc1eeee4ee49503a49123052f729e7aeba2833f1efcfda83a642790ab3836"
+SOURCE_DIGEST = "sha256:abb68d22c713d2f0c7341537b85d97affc1e9e79550a38c5b93aa3e86d6b7cfa"
 # --- end of generated block ---
 
 MANIFEST = {

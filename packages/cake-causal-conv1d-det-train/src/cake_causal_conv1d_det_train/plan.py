@@ -121,22 +121,20 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
     ``dtype`` on ``device``; ``varlen``: whether the calls pass ``cu_seqlens`` (packed
     documents; the entry points ask for that plan when they choose it themselves).
 
-    Rules (no timing at call time; chosen so that ptxas reports no register
-    spills for sm_90 in the kernel variants checked, W <= 8, except the W <= 4 backward
-    tile, picked by an H200 timing): on CUDA, 64-token blocks;
-    forward tiles of 64 x min(64, D') channels (32 for W > 4; D' = D rounded up to a power
-    of two) with 8 warps (4 below 2048 elements); backward tiles of 64 x min(32, D')
-    channels with 4 warps for W <= 4 (an H200 sweep at D = 4096 / 8192, W = 4: 23-27% less
-    fwd+bwd device time than 16 channels with 8 warps), 64 x min(16, D') with 8 warps (4
-    below 1024 elements) for W > 4: it keeps W^2 taps in flight (32 channels where 16 would
-    need over 65535 channel blocks, D > 1048560).
-    Since 2026-12-01 (one H200, W = 4, SiLU, bf16; docs/benchmarks/causal_conv1d.md session
-    13), for W <= 4 on CUDA: ``weight_tap_major = 1`` and ``bwd_da_once = 1`` with backward
-    tiles of 128 tokens x min(64, D') channels, 4 warps (fwd+bwd device time 0.94x FLA's at
-    four fixed-length shapes, 0.83x packed, against 1.23-1.54x with the previous rule), and
-    forward tiles of 64 x min(128, D') channels for fixed-length calls, 64 x min(64, D')
-    when ``varlen`` (forward 0.95-0.97x FLA's fixed, 1.01-1.03x packed; each width was
-    ~8% slower in the other setting).
+    Rules (no timing at call time). CUDA, W <= 4 (one H200, W = 4, SiLU, bf16, 2026-12-01;
+    docs/benchmarks/causal_conv1d.md session 13): ``weight_tap_major = 1`` and
+    ``bwd_da_once = 1``; backward tiles of 128 tokens x min(64, D') channels (D' = D
+    rounded up to a power of two), 4 warps; forward tiles of 64 tokens x min(128, D')
+    channels for fixed-length calls and x min(64, D') when ``varlen``, 8 warps (4 below 2048
+    elements). Measured with this rule, device time against FLA's Triton conv: fwd+bwd
+    0.92-0.95x at three fixed-length shapes with D >= 4096, 1.006x at (8, 4096, 2048),
+    0.80-0.84x packed (previous rule 1.17-1.43x); forward 0.95-0.98x fixed-length, 1.02x
+    packed (the 128-channel forward was ~8% slower than the 64-channel one packed, the
+    64-channel one 12-14% slower fixed-length). CUDA, W > 4 (not timed; no register spills
+    for sm_90 in ptxas reports): 64-token blocks, forward tiles 64 x min(32, D') with 8
+    warps (4 below 2048 elements), backward tiles 64 x min(16, D') with 8 warps (4 below
+    1024 elements; it keeps W^2 taps in flight), 32 channels where 16 would need over 65535
+    channel blocks (D > 1048560).
     Under the interpreter (CPU) every program costs Python time: 32-token blocks (short test
     documents still span two) and up to 64 channels; ``varlen`` changes nothing there.
     ``dtype`` is part of the signature for rules to come.
