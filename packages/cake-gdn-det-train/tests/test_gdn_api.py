@@ -10,6 +10,7 @@ from cake_core.triton_utils import default_device
 from cake_gdn_det_train import (
     GDNDetPlan,
     GDNDetSavedSet,
+    chunk_gated_delta_rule_det,
     chunk_gdn_det_fwd,
     gdn_reference,
     make_plan,
@@ -128,3 +129,41 @@ def test_reference_fixed_equals_packed_and_is_differentiable(gdn_inputs):
         return out, fin
 
     assert torch.autograd.gradcheck(f, (*args, h064), eps=1e-6, atol=1e-5)
+
+
+def test_fla_keywords_and_positional_order(gdn_inputs):
+    """FLA's chunk_gated_delta_rule keywords: the speed hints are taken (same bits), its
+    defaults taken, other values refused with the reason; an unknown keyword is a
+    TypeError; a bool as the 10th positional argument (FLA's use_beta_sigmoid_in_kernel)
+    is refused; a bf16 initial_state is taken as FLA does (upcast, gradient in bf16)."""
+    q, k, v, g, beta, h0 = gdn_inputs(1, 40, 1, 2, 16, 16, seed=7, h0=True)
+    cu = torch.tensor([0, 0, 1, 40], dtype=torch.int32, device=q.device)
+    h0 = torch.cat([h0, h0, h0])[:3].contiguous()
+    want = chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,
+                                      output_final_state=True, cu_seqlens=cu)
+    got = chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,
+                                     output_final_state=True, cu_seqlens=cu,
+                                     cu_seqlens_cpu=cu.cpu(), chunk_indices=object(),
+                                     chunk_size=64, state_v_first=False, head_first=False,
+                                     transpose_state_layout=False, cp_context=None)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    for kw, match in ((dict(chunk_size=32), "chunk_size=32 is not supported"),
+                      (dict(state_v_first=True), "state_v_first=True"),
+                      (dict(head_first=True), "head_first"),
+                      (dict(cp_context=object()), "kcp"),
+                      (dict(state_v_first=1), "state_v_first=1")):
+        with pytest.raises(ValueError, match=match):
+            chunk_gated_delta_rule_det(q, k, v, g, beta, **kw)
+    for kw in (dict(use_graph=True), dict(return_intermediate_states=False), dict(nope=1)):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            chunk_gated_delta_rule_det(q, k, v, g, beta, **kw)
+    with pytest.raises(ValueError, match="10th positional argument is cu_seqlens"):
+        chunk_gated_delta_rule_det(q, k, v, g, beta, None, None, False, False, True)
+    hb = h0.to(torch.bfloat16).requires_grad_()
+    o, ht = chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=hb,
+                                       output_final_state=True, cu_seqlens=cu)
+    o2, ht2 = chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=hb.detach().float(),
+                                         output_final_state=True, cu_seqlens=cu)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2) and ht.dtype == torch.float32
+    (o.sum() + ht.sum()).backward()
+    assert hb.grad.dtype == torch.bfloat16 and torch.isfinite(hb.grad.float()).all()

@@ -142,3 +142,28 @@ def test_reference_fixed_equals_packed_and_is_differentiable():
                                   A_log=A_log, dt_bias=dt, use_beta_sigmoid_in_kernel=True)
 
     assert torch.autograd.gradcheck(f, (*args, h, A_log, dt), eps=1e-6, atol=1e-5)
+
+
+def test_fla_keywords_and_positional_order(kda):
+    """FLA's chunk_kda keywords: the hints are taken (same bits), its defaults taken, other
+    values refused with the reason; an unknown keyword is a TypeError; a bool as the 10th
+    positional argument (FLA's use_gate_in_kernel) is refused."""
+    q, k, v, g, beta, _ = kda.make_kda_inputs(1, 40, 1, 2, 16, 16, seed=7)
+    cu = torch.tensor([0, 0, 1, 40], dtype=torch.int32, device=q.device)
+    want = chunk_kda_det(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+    got = chunk_kda_det(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu,
+                        cu_seqlens_cpu=cu.cpu(), chunk_indices=None, use_graph=True,
+                        max_num_seqs=8, disable_recompute=True, chunk_size=64,
+                        state_v_first=False, transpose_state_layout=False, head_first=False,
+                        cp_context=None, return_intermediate_states=False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    for kw, match in ((dict(chunk_size=16), "chunk_size=16 is not supported"),
+                      (dict(return_intermediate_states=True), "returns \\(o, final_state\\)"),
+                      (dict(state_v_first=True), "state_v_first=True"),
+                      (dict(cp_context=object()), "kcp")):
+        with pytest.raises(ValueError, match=match):
+            chunk_kda_det(q, k, v, g, beta, **kw)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        chunk_kda_det(q, k, v, g, beta, nope=1)
+    with pytest.raises(ValueError, match="10th positional argument is cu_seqlens"):
+        chunk_kda_det(q, k, v, g, beta, None, None, False, False, True)

@@ -96,7 +96,7 @@ CASES = {
                               "non-decreasing"),
     "cu_seqlens short of T": (_with(cu_seqlens=_cu(0, 4, 9)), "must end at the token count"),
     "cu_seqlens a bool (FLA's positional order)": (
-        _with(cu_seqlens=lambda a: True), "cu_seqlens: expected a torch.Tensor"),
+        _with(cu_seqlens=lambda a: True), "cu_seqlens: got a bool; the 10th positional"),
     "initial_state wrong N (packed)": (
         _with(cu_seqlens=_cu(0, 4, 10), initial_state=_t(1, 4, 16, 16)),
         r"initial_state: expected shape \[2, 4, 16, 16\]"),

@@ -42,9 +42,12 @@ from cake_core.plan import Plan, cached_plan
 from cake_core.varlen import checked_offsets, chunk_tables, offsets_derived, seq_offsets
 
 __all__ = [
+    "FLA_COMPAT_KEYWORDS",
     "L2NORM_EPS",
     "beta_code",
+    "check_cu_seqlens_position",
     "check_device_and_state",
+    "check_fla_compat",
     "check_gate_params",
     "check_grad_outputs",
     "check_options",
@@ -137,6 +140,62 @@ def check_options(output_final_state: object, use_qk_l2norm_in_kernel: object,
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True (the "
                          "kernel then uses beta' = 2 * sigmoid(beta), as FLA)")
+
+
+#: FLA keywords the cake entry points accept only for compatibility: speed hints they
+#: ignore (cake reads ``cu_seqlens`` and builds its chunk tables itself) and options
+#: accepted at FLA's default value only. Values: the allowed value, or ``...`` for any.
+FLA_COMPAT_KEYWORDS = {
+    "cu_seqlens_cpu": ..., "chunk_indices": ..., "use_graph": ..., "max_num_seqs": ...,
+    "disable_recompute": ..., "chunk_size": 64, "state_v_first": False,
+    "transpose_state_layout": False, "head_first": False, "cp_context": None,
+    "return_intermediate_states": False,
+}
+
+_FLA_COMPAT_WHY = {
+    "chunk_size": "cake's chunk size is fixed at 64 (the plan's chunk_size)",
+    "state_v_first": "cake's states are [N, HV, K, V] (FLA's default layout); transpose "
+                     "initial_state / final_state yourself",
+    "transpose_state_layout": "cake's states are [N, HV, K, V] (FLA's default layout)",
+    "head_first": "inputs are [B, T, H, ...] (FLA removed head_first too)",
+    "cp_context": "context parallelism is the separate *-kcp package",
+    "return_intermediate_states": "cake returns (o, final_state) only",
+}
+
+
+def check_fla_compat(fla_kwargs: dict[str, object], entry: str,
+                     accepted: tuple[str, ...] = tuple(FLA_COMPAT_KEYWORDS)) -> None:
+    """Accept FLA's extra keywords of ``entry`` (a drop-in for FLA's function): the speed
+    hints of :data:`FLA_COMPAT_KEYWORDS` (ignored) and the options at FLA's default value.
+
+    Raises:
+        TypeError: a keyword FLA's function does not take either (as Python would).
+        ValueError: an option at a value cake does not implement, saying why.
+    """
+    for name, value in fla_kwargs.items():
+        if name not in accepted:
+            raise TypeError(f"{entry}() got an unexpected keyword argument {name!r}")
+        want = FLA_COMPAT_KEYWORDS[name]
+        if want is ...:
+            continue
+        same = value is want if want is None or isinstance(want, bool) else \
+            (not isinstance(value, bool) and value == want)
+        if not same:
+            raise ValueError(f"{name}={value!r} is not supported ({_FLA_COMPAT_WHY[name]}); "
+                             f"only {name}={want!r}, FLA's default, is accepted")
+
+
+def check_cu_seqlens_position(cu_seqlens: object) -> None:
+    """A bool where ``cu_seqlens`` goes is an FLA positional call: cake's 10th positional
+    argument is ``cu_seqlens``, FLA's a flag (``use_beta_sigmoid_in_kernel`` in
+    ``chunk_gated_delta_rule``, ``use_gate_in_kernel`` in ``chunk_kda``).
+
+    Raises:
+        ValueError: ``cu_seqlens`` is a bool.
+    """
+    if isinstance(cu_seqlens, bool):
+        raise ValueError("cu_seqlens: got a bool; the 10th positional argument is cu_seqlens "
+                         "here (in FLA's function it is a flag): pass FLA's flags by keyword")
 
 
 def check_gate_params(dtype: torch.dtype,

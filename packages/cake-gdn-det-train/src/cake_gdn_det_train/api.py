@@ -24,7 +24,9 @@ from cake_core.gemm import direct_store_dtype, group_sum_cast, ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
     beta_code,
+    check_cu_seqlens_position,
     check_device_and_state,
+    check_fla_compat,
     check_gate_params,
     check_grad_outputs,
     check_options,
@@ -103,6 +105,7 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     only with ``use_gate_in_kernel``, as in FLA (``None`` without it). offsets: the int64
     CPU sequence offsets (read-only; ``None`` while torch.compile traces), cu_seqlens read
     back once per tensor version (:func:`cake_core.linear_attention.check_device_and_state`)."""
+    check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=False)
     scale = resolve_scale(scale, K)
@@ -755,6 +758,11 @@ class _GDNDetFunction(torch.autograd.Function):
                 None, None, None, None, None, dA_log, ddt_bias, None, None, None)
 
 
+#: FLA ``chunk_gated_delta_rule`` keywords taken for compatibility (cake_core.linear_attention).
+_FLA_KEYWORDS = ("cu_seqlens_cpu", "chunk_indices", "chunk_size", "state_v_first",
+                 "transpose_state_layout", "head_first", "cp_context")
+
+
 def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                g: torch.Tensor, beta: torch.Tensor, scale: float | None = None,
                                initial_state: torch.Tensor | None = None,
@@ -766,11 +774,22 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                A_log: torch.Tensor | None = None,
                                dt_bias: torch.Tensor | None = None,
                                use_beta_sigmoid_in_kernel: bool = False,
-                               allow_neg_eigval: bool = False):
+                               allow_neg_eigval: bool = False, **fla_kwargs):
     """Deterministic drop-in for FLA's ``chunk_gated_delta_rule``, with autograd.
 
     Arguments, shapes and errors as :func:`chunk_gdn_det_fwd` (including FLA's
-    ``use_gate_in_kernel``, ``A_log``, ``dt_bias`` and ``use_beta_sigmoid_in_kernel``).
+    ``use_gate_in_kernel``, ``A_log``, ``dt_bias``, ``use_beta_sigmoid_in_kernel`` and
+    ``allow_neg_eigval``: beta' = 2 * sigmoid(beta), with the sigmoid). The first nine
+    positional arguments are FLA's; the 10th is ``cu_seqlens`` (FLA's is
+    ``use_beta_sigmoid_in_kernel``: pass FLA's flags by keyword; a bool there raises
+    ``ValueError``). FLA's other keywords are accepted for drop-in calls: the speed hints
+    ``cu_seqlens_cpu`` and ``chunk_indices`` (ignored: cake reads ``cu_seqlens`` and builds
+    its chunk tables itself), and ``chunk_size=64``, ``state_v_first=False``,
+    ``transpose_state_layout=False``, ``head_first=False``, ``cp_context=None`` (FLA's
+    defaults; another value raises ``ValueError``; context parallelism is
+    ``cake-gdn-det-train-kcp``). Unlike :func:`chunk_gdn_det_fwd`, and as FLA, a bf16 /
+    fp16 ``initial_state`` is taken (upcast to fp32 first; its gradient comes back in its
+    dtype).
     Returns ``(o, final_state)`` (``final_state`` is ``None`` without
     ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
     dt_bias (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for equal inputs,
@@ -781,6 +800,10 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     the same kernels as the eager path: same bits. The values of ``cu_seqlens`` are then
     checked when the op runs, not while tracing.
     """
+    check_fla_compat(fla_kwargs, "chunk_gated_delta_rule_det", _FLA_KEYWORDS)
+    if isinstance(initial_state, torch.Tensor) and \
+            initial_state.dtype in (torch.bfloat16, torch.float16):
+        initial_state = initial_state.float()  # as FLA, which loads the state as fp32
     device, N, scale, A_log, dt_bias, sig, plan, cu = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b56a4a8c88fd481fe7632955cf1cf0029f359c60362581363e9934e854cfdaf4"
+SOURCE_DIGEST = "sha256:6265ccbb1a8f25b51adc727d5858c5755e43be46642b4dd879812057409d3a5e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -28,7 +28,9 @@ from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
     beta_code,
+    check_cu_seqlens_position,
     check_device_and_state,
+    check_fla_compat,
     check_gate_params,
     check_grad_outputs,
     check_options,
@@ -110,6 +112,7 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     tensor version: :func:`cake_core.varlen.checked_offsets`; skipped while torch.compile
     traces). offsets: the int64 CPU sequence offsets (read-only; ``None`` while
     torch.compile traces)."""
+    check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=True)
     scale = resolve_scale(scale, K)
@@ -611,13 +614,20 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
                   dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
                   use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                   safe_gate: bool = False, plan: KDADetPlan | None = None,
-                  workspace: KDADetWorkspace | None = None):
+                  workspace: KDADetWorkspace | None = None, **fla_kwargs):
     """Deterministic drop-in for FLA's ``chunk_kda`` (Kimi Delta Attention), with autograd.
 
     Arguments, shapes and errors as :func:`chunk_kda_det_fwd` (FLA's names and meanings:
     ``use_qk_l2norm_in_kernel``, ``use_gate_in_kernel``, ``A_log``, ``dt_bias``,
     ``lower_bound``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``safe_gate``).
-    Pass everything after ``cu_seqlens`` by keyword (FLA's positional order differs there).
+    Pass everything after ``cu_seqlens`` by keyword (FLA's positional order differs there;
+    a bool as the 10th positional argument raises ``ValueError``). FLA's other keywords are
+    accepted for drop-in calls: the hints ``cu_seqlens_cpu``, ``chunk_indices``,
+    ``use_graph``, ``max_num_seqs`` and ``disable_recompute`` (ignored: the plan fixes what
+    the forward keeps), and ``chunk_size=64``, ``state_v_first=False``,
+    ``transpose_state_layout=False``, ``head_first=False``, ``cp_context=None``,
+    ``return_intermediate_states=False`` (FLA's defaults; another value raises
+    ``ValueError``; context parallelism is ``cake-kda-det-train-kcp``).
     Returns ``(o, final_state)`` (``final_state`` is ``None`` without
     ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
     dt_bias (through :func:`chunk_kda_det_bwd`); bitwise repeatable for equal inputs,
@@ -632,6 +642,7 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     used (scratch is allocated per call there). ``torch.utils.checkpoint`` works on both
     paths.
     """
+    check_fla_compat(fla_kwargs, "chunk_kda_det")
     device, N, scale, A_log, dt_bias, lower_bound, sig, plan, cu = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,

@@ -66,7 +66,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8f3779d4e459da21032cf7a73437a1eb0d99020b314d43380136bc5f8787375a"
+SOURCE_DIGEST = "sha256:857a027ddd8652c9fa8700f2e344d98e5284f0542e4450eacc0a82d8b41c09ae"
 # --- end of generated block ---
 
 MANIFEST = {
