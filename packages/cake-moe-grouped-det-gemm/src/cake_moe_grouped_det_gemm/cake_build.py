@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:eaa86d036929b98877978f4642d3d3fc8459224958c2a7f7dc9237df9191870d"
+SOURCE_DIGEST = "sha256:130122ef35c2db799811f18355b7a8d8afac1624339b167e772bfe03b835b799"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -232,6 +232,10 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
       with the route, 0.97-1.02x (session 12, E = 8 and 128). The forward/dgrad tiles
       above stay in the plan, unused by those phases. Not measured: the MoEFeedForward
       layer with the route.
+    - ``wgrad_order = 1`` (the wgrad's experts launched most rows first; the same bits) on
+      CUDA, 0 on the CPU. Evidence (one H200, session 13, docs/benchmarks/moe.md): skewed
+      routing wgrad 0.86-0.94x torch._grouped_mm's time at E = 8 and 128 against 0.87-1.07x
+      with 0; balanced routing 0.90-1.07x, as with 0.
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 
