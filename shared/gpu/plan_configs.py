@@ -81,7 +81,14 @@ CONFIGS = {
                       # v_new (built and tested on the CPU; not yet run on a GPU)
                       "128 128 bfloat16 keep_states=1",
                       "100 48 bfloat16 keep_states=1 lens=1,70,0,65",
-                      "48 32 float32 keep_states=1 lens=1,70,0,65"],
+                      "48 32 float32 keep_states=1 lens=1,70,0,65",
+                      # block_v_h (format 8, session 13 on the CPU): the state kernels'
+                      # V blocks apart from the output kernel's; not yet run on a GPU
+                      "128 128 bfloat16 block_v_h=32 num_warps_h=4",
+                      "128 128 bfloat16 block_v_h=32",
+                      "128 128 bfloat16 block_v_h=32 num_warps_h=4 keep_states=1",
+                      "100 48 bfloat16 block_v_h=32 lens=1,70,0,65",
+                      "128 128 float16 block_v_h=32 num_warps_h=4"],
     "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",

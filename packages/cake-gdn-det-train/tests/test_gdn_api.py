@@ -84,7 +84,8 @@ def test_plan_refuses_16bit_dots_on_16_wide_tiles():
     d = make_plan(32, 32, torch.bfloat16, DEV).to_dict()
     GDNDetPlan.from_dict({**d, "store_16bit": 0})
     with pytest.raises(ValueError, match="store_16bit=1 needs"):
-        GDNDetPlan.from_dict({**d, "head_v_dim": 16, "block_v": 16, "block_v_local": 16})
+        GDNDetPlan.from_dict({**d, "head_v_dim": 16, "block_v": 16, "block_v_h": 16,
+                              "block_v_local": 16})
 
 
 def test_saved_set_contents(gdn_inputs):

@@ -31,6 +31,7 @@ from cake_gdn_det_train import (
 from cake_gdn_det_train.plan import cuda_plan_problem
 
 DEV = default_device()
+BF16 = torch.bfloat16
 LENS = [1, 70, 0, 65]
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
@@ -60,10 +61,15 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     (48, 40, torch.float32, dict(block_v=32, rec_form=2)),
     (128, 64, torch.bfloat16, dict(block_v=32, rec_form=2)),
     (100, 48, torch.bfloat16, dict(rec_form=2)),
+    # block_v_h (format 8): the state kernels' V blocks apart from the output kernel's
+    (48, 40, torch.float32, dict(block_v_h=32)),  # two V blocks, the second partly masked
+    (128, 64, torch.bfloat16, dict(block_v_h=32, rec_form=1, num_warps_h=4)),
+    (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64, rec_form=2)),
 ], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
         "fp32-K40-V24-prep16-recompute", "fp32-K56-V40-local-bk16-bv16",
         "bf16-K64-V48-local-bk32-16bit", "fp32-K48-V40-bv32-slice1",
-        "bf16-K128-V64-bv32-slice2", "bf16-K100-V48-slice2-masked"])
+        "bf16-K128-V64-bv32-slice2", "bf16-K100-V48-slice2-masked",
+        "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64-slice"])
 def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
     if dtype == torch.bfloat16:
@@ -90,8 +96,9 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
 
 
 @pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16), (dict(prep_block=16), 16),
-                                     (dict(local_form=1, block_k_local=16), 40)],
-                         ids=["rec_form", "prep_block", "local_form-K40-bk16"])
+                                     (dict(local_form=1, block_k_local=16), 40),
+                                     (dict(block_v_h=16), 16)],
+                         ids=["rec_form", "prep_block", "local_form-K40-bk16", "block_v_h"])
 def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     """fp32, packed 1/70/0/65, HV = 2H: twice the same bits; the default plan's values to
     fp32 rounding (the same math, other rounding; local_form: K in 3 blocks, one partly
@@ -162,7 +169,7 @@ def test_fields_serialised_and_checked():
     plan = dataclasses.replace(make_plan(128, 128, torch.bfloat16, DEV), rec_form=0)
     on = dataclasses.replace(plan, rec_form=1)
     d = on.to_dict()
-    assert d["rec_form"] == 1 and d["version"] == 7
+    assert d["rec_form"] == 1 and d["version"] == 8
     assert GDNDetPlan.from_dict(d) == on and on.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n != "rec_form"}
     old["version"] = 4  # a plan serialised before the field existed
@@ -179,7 +186,7 @@ def test_fields_serialised_and_checked():
     # rule never takes it; nothing new refused on CUDA
     sl = dataclasses.replace(plan, rec_form=2)
     d = sl.to_dict()
-    assert d["rec_form"] == 2 and d["version"] == 7
+    assert d["rec_form"] == 2 and d["version"] == 8
     assert GDNDetPlan.from_dict(d) == sl and sl.key not in (plan.key, on.key)
     assert GDNDetPlan.from_dict(json.loads(sl.to_json())) == sl
     assert cuda_plan_problem(dataclasses.replace(gpu, rec_form=2), torch.bfloat16) is None
@@ -242,3 +249,53 @@ def test_fields_serialised_and_checked():
     for bad in (8, 24, 256, 0):
         with pytest.raises(ValueError, match="block_k_local"):
             dataclasses.replace(plan, block_k_local=bad)
+
+
+def test_block_v_h_field_format_and_checks():
+    """Format 8's block_v_h: the rule takes block_v (format 7's launches), a version-7 dict
+    is refused with the upgrade, the field is checked like block_v."""
+    for dev in ("cpu", "cuda"):
+        for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16), (64, 40, BF16)):
+            p = make_plan(K, V, dt, dev)
+            assert p.block_v_h == p.block_v, (dev, K, V, dt)
+    plan = make_plan(128, 128, torch.bfloat16, DEV)
+    new = dataclasses.replace(plan, block_v_h=32)
+    d = new.to_dict()
+    assert d["block_v_h"] == 32 and d["version"] == 8
+    assert GDNDetPlan.from_dict(json.loads(new.to_json())) == new and new.key != plan.key
+    v7 = {n: x for n, x in plan.to_dict().items() if n != "block_v_h"}
+    v7["version"] = 7
+    with pytest.raises(ValueError, match="format version 7 is not 8: .*block_v_h = <the "
+                                         "plan's block_v>"):
+        GDNDetPlan.from_dict(v7)
+    assert GDNDetPlan.from_dict({**v7, "block_v_h": plan.block_v, "version": 8}) == plan
+    for bad, match in ((24, "power of two"), (256, "block_v_h must be <="), (16, "store_16bit")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(plan, block_v_h=bad)
+
+
+def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
+    """The state kernels launch ceil(V / block_v_h) column blocks, the output kernel
+    ceil(V / block_v) (a field the launches ignored would pass the value tests)."""
+    import cake_gdn_det_train.api as api
+
+    grids = {}
+
+    class Rec:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            grids.setdefault(self.name, []).append(tuple(grid))
+            return self.kernel[grid]
+
+    for name in ("gdn_fwd_h_kernel", "gdn_bwd_dh_kernel", "gdn_fwd_o_kernel"):
+        monkeypatch.setattr(api, name, Rec(name, getattr(api, name)))
+    plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
+                               rec_form=0)
+    q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 32, 64, seed=81, h0=True)
+    o, _ = chunk_gated_delta_rule_det(q.requires_grad_(), k, v, g, beta, plan=plan)
+    o.sum().backward()
+    assert grids["gdn_fwd_h_kernel"] and all(gr[2] == 2 for gr in grids["gdn_fwd_h_kernel"])
+    assert grids["gdn_bwd_dh_kernel"] == [(1, 2, 2)]
+    assert grids["gdn_fwd_o_kernel"] and all(gr[2] == 1 for gr in grids["gdn_fwd_o_kernel"])

@@ -157,7 +157,7 @@ _FLA_COMPAT_WHY = {
     "state_v_first": "cake's states are [N, HV, K, V] (FLA's default layout); transpose "
                      "initial_state / final_state yourself",
     "transpose_state_layout": "cake's states are [N, HV, K, V] (FLA's default layout)",
-    "head_first": "inputs are [B, T, H, ...] (FLA removed head_first too)",
+    "head_first": "inputs are [B, T, H, ...] (FLA 0.6.0 refuses head_first altogether)",
     "cp_context": "context parallelism is the separate *-kcp package",
     "return_intermediate_states": "cake returns (o, final_state) only",
 }
@@ -166,10 +166,13 @@ _FLA_COMPAT_WHY = {
 def check_fla_compat(fla_kwargs: dict[str, object], entry: str,
                      accepted: tuple[str, ...] = tuple(FLA_COMPAT_KEYWORDS)) -> None:
     """Accept FLA's extra keywords of ``entry`` (a drop-in for FLA's function): the speed
-    hints of :data:`FLA_COMPAT_KEYWORDS` (ignored) and the options at FLA's default value.
+    hints of :data:`FLA_COMPAT_KEYWORDS` (ignored) and the options at FLA's default value
+    (flags off by truthiness, as FLA tests them; ``head_first`` is refused by FLA 0.6.0
+    whatever its value, accepted here when off).
 
     Raises:
-        TypeError: a keyword FLA's function does not take either (as Python would).
+        TypeError: a keyword not in ``accepted`` (FLA's functions take ``**kwargs`` and
+            ignore unknown names; cake says so instead, as Python would).
         ValueError: an option at a value cake does not implement, saying why.
     """
     for name, value in fla_kwargs.items():
@@ -178,8 +181,15 @@ def check_fla_compat(fla_kwargs: dict[str, object], entry: str,
         want = FLA_COMPAT_KEYWORDS[name]
         if want is ...:
             continue
-        same = value is want if want is None or isinstance(want, bool) else \
-            (not isinstance(value, bool) and value == want)
+        try:
+            if want is None:
+                same = value is None
+            elif want is False:  # FLA tests these flags by truthiness: None, 0 are off
+                same = not bool(value)
+            else:  # chunk_size: an int-valued number (64, 64.0, a 0-d tensor), not a bool
+                same = not isinstance(value, bool) and int(value) == want == float(value)
+        except (TypeError, ValueError, RuntimeError):  # arrays and other non-scalars
+            same = False
         if not same:
             raise ValueError(f"{name}={value!r} is not supported ({_FLA_COMPAT_WHY[name]}); "
                              f"only {name}={want!r}, FLA's default, is accepted")

@@ -199,10 +199,10 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
     fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
-    fwd_h[(N, HV, cdiv(V, plan.block_v))](
+    fwd_h[(N, HV, cdiv(V, plan.block_v_h))](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
-        DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v,
+        DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v_h,
         **_slice_arg(plan), HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
         num_warps=plan.num_warps_h,
         num_stages=plan.num_stages_h)
@@ -415,11 +415,11 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             num_warps=plan.num_warps_o)
         bwd_dh = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel,
                   gdn_bwd_dh_slice_kernel)[plan.rec_form]
-        bwd_dh[(N, HV, cdiv(V, plan.block_v))](
+        bwd_dh[(N, HV, cdiv(V, plan.block_v_h))](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
+            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v_h,
             **_slice_arg(plan), HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
             num_warps=plan.num_warps_h,
             num_stages=plan.num_stages_h)

@@ -56,15 +56,15 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
 ]
 PLANS = [
-    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 7,
+    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 8,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
                 "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local", "keep_states"]},
+                "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6265ccbb1a8f25b51adc727d5858c5755e43be46642b4dd879812057409d3a5e"
+SOURCE_DIGEST = "sha256:904609fb3d75be32ea0b19149a86bb7427dfba3761f0756c6c88242dfc0725df"
 # --- end of generated block ---
 
 MANIFEST = {

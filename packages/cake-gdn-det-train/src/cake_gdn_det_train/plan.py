@@ -18,8 +18,13 @@ MAX_HEAD_DIM = 256
 
 #: How to bring a dict of format version 6 to the current one (same launches and bits).
 _UPGRADES = {
-    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward); "
-       "add keep_states = 0 and set version = 7 for the same launches and memory",
+    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward) and "
+       "version 8 block_v_h (V columns per program of the two state kernels, block_v's "
+       "before); add keep_states = 0 and block_v_h = <the plan's block_v> and set version = "
+       "8 for the same launches and memory",
+    7: "version 8 added block_v_h (V columns per program of the two state kernels, fwd_h and "
+       "bwd_dh, which block_v set before); add block_v_h = <the plan's block_v> and set "
+       "version = 8 for the same launches and bits",
 }
 
 
@@ -31,9 +36,14 @@ class GDNDetPlan(Plan):
         head_k_dim / head_v_dim: K and V, the q/k and v head dims.
         chunk_size: tokens per chunk (64; the only value the kernels take today).
         block_k: K padded to a power of two >= 16 (the whole K per program).
-        block_v: columns of V per program in the state and output kernels (power of two
-            >= 16); V is split into ``ceil(V / block_v)`` independent column blocks (the
-            recurrence never mixes columns of V). Bits are promised per plan only.
+        block_v: columns of V per program in the output kernel and the backward's dv_local
+            kernel (power of two >= 16); V is split into ``ceil(V / block_v)`` independent
+            column blocks. Bits are promised per plan only.
+        block_v_h: the same for the two state-recurrence kernels (fwd_h, bwd_dh; the
+            recurrence never mixes columns of V); format 8 split it from ``block_v``. Their
+            grid is ``(N, HV, ceil(V / block_v_h))``: with one long sequence (N = 1) and
+            HV = 32, 64-column blocks fill 64 of an H200's 132 SMs, 32-column blocks 128.
+            The rule takes ``block_v_h = block_v`` (the launches of format 7).
         num_warps_prep / num_warps_h / num_warps_o / num_warps_local: warps of the
             chunk-prep (cumulative decay, triangular solve, w and u), state-recurrence
             (forward and backward), output (and the backward's dv_local) and backward
@@ -80,7 +90,8 @@ class GDNDetPlan(Plan):
             either way under the interpreter (tested); the backward's recompute runs the same
             computation on the same inputs, through kernel variants that differ only in
             reading the kept T and in not storing a final state, so on a GPU the equality is
-            the compiler's and is checked by hash (not yet run there). The kept tensors are
+            the compiler's: equal hashes on an H200 at the benchmark's cases a and b (session
+            13), where it took 12-15% less fwd+bwd time. The kept tensors are
             the forward's: a caller of the low-level functions must not modify the inputs
             in place between :func:`chunk_gdn_det_fwd` and :func:`chunk_gdn_det_bwd` (with 0
             the backward would recompute from the modified inputs, with 1 it mixes both;
@@ -102,7 +113,8 @@ class GDNDetPlan(Plan):
             ``[64, block_v]`` fp32 accumulator per slice (FLA's ``b_h1``, ``b_h2``;
             kernels/rec_slice.py): each slice updates with its own dots, and ``w S`` /
             ``k dS`` sum one dot per slice in slice order (other bits than 1, fixed per
-            plan). Never chosen by the rule; a candidate, not yet run on a GPU.
+            plan). Never chosen by the rule (on an H200, session 11: right against float64,
+            1% faster than 1, within the spread).
         prep_block: 0 = the chunk prep forms w and u as whole ``[64, K]`` / ``[64, V]``
             tiles (the rule's choice); a power of two >= 16 (on CUDA >= 32 with 16-bit
             intermediates, see :func:`cuda_plan_problem`) =
@@ -110,7 +122,7 @@ class GDNDetPlan(Plan):
             shape: fewer live registers; the offline sm_90 build of the default spills
             ~1 KB per thread). Each column is the same dot over the chunk's 64 rows as
             before; bits may still differ from 0 on a GPU (other tile shapes), fixed per
-            plan. A candidate, not yet run on a GPU.
+            plan. Not the rule's: no faster on an H200 (docs/benchmarks/gdn_speed_plan.md).
         local_form: 0 = the backward chunk-local gradients in one kernel holding whole-K
             ``[64, K]`` fp32 accumulators (kernels/bwd_local.py; the rule's choice);
             1 = two kernels (kernels/bwd_local_split.py, FLA's split of the work): one per
@@ -119,7 +131,8 @@ class GDNDetPlan(Plan):
             then one per (chunk, value head, K block) adding dk's dA terms from a
             ``[64, 64]`` matrix per chunk passed through an fp32 scratch of 256 bytes per
             token and value head (its warps: ``num_warps_o``). Other summation order: other bits
-            than 0, fixed per plan. A candidate, not yet run on a GPU.
+            than 0, fixed per plan. The rule's choice on CUDA at 16-bit K = 128 (faster on
+            an H200, session 9).
         block_k_local: columns of K per block of ``local_form = 1`` (power of two >= 16,
             <= block_k; on CUDA >= 32 with 16-bit intermediates); unused with
             ``local_form = 0``. Bits depend on it.
@@ -137,7 +150,7 @@ class GDNDetPlan(Plan):
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 7
+    format_version: ClassVar[int] = 8
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -163,6 +176,7 @@ class GDNDetPlan(Plan):
     local_form: int
     block_k_local: int
     keep_states: int
+    block_v_h: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -171,14 +185,17 @@ class GDNDetPlan(Plan):
         self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
         if self.chunk_size != CHUNK_SIZE:
             self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
-        self.require_power_of_two("block_k", "block_v", "block_v_local", minimum=16)
+        self.require_power_of_two("block_k", "block_v", "block_v_h", "block_v_local",
+                                  minimum=16)
         if self.block_v_local > _bvf(self.head_v_dim):
             self._fail("block_v_local must be <= head_v_dim rounded up to a power of two")
         self.require_power_of_two("l2norm_block_rows", "gate_block_t")
         if self.block_k < self.head_k_dim:
             self._fail("block_k must be >= head_k_dim")
-        if self.block_v > next_power_of_2(max(16, self.head_v_dim)):
-            self._fail("block_v must be <= head_v_dim rounded up to a power of two (>= 16)")
+        for name in ("block_v", "block_v_h"):
+            if getattr(self, name) > next_power_of_2(max(16, self.head_v_dim)):
+                self._fail(f"{name} must be <= head_v_dim rounded up to a power of two "
+                           "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
         self.require_flags("store_16bit", "keep_a", "local_form", "keep_states")
         if self.keep_states and not self.keep_a:
@@ -195,9 +212,10 @@ class GDNDetPlan(Plan):
                 self._fail("prep_block must be 0 or <= max(block_k, head_v_dim rounded up to "
                            "a power of two)")
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
-                                 or self.block_v < 32):
-            self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16 "
-                       "(16-wide 16-bit dots gave wrong results on an H200, Triton 3.6)")
+                                 or min(self.block_v, self.block_v_h) < 32):
+            self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32, block_v_h >= 32 and "
+                       "head_v_dim > 16 (16-wide 16-bit dots gave wrong results on an H200, "
+                       "Triton 3.6)")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_local",
                            "num_warps_l2norm",
                            "num_warps_gate")
@@ -335,5 +353,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         local_form=int(big_rec),
         block_k_local=min(64, block_k),
         keep_states=0,
+        block_v_h=block_v,
     )
 
