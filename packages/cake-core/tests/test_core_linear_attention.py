@@ -291,3 +291,32 @@ def test_saved_meta_and_host_offsets():
     on_dev = SimpleNamespace(meta=m0, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
     got = la.host_offsets(on_dev)
     assert got.dtype == torch.int64 and got.device.type == "cpu" and got.tolist() == [0, 5]
+
+
+def test_check_fla_compat_values():
+    """FLA's extra keywords: hints at any value; flags off by truthiness (None, 0, False,
+    numpy False); chunk_size an int-valued 64; anything else a ValueError saying why; a
+    keyword outside ``accepted`` a TypeError; a bool where cu_seqlens goes refused."""
+    import numpy as np
+    from cake_core.linear_attention import check_cu_seqlens_position, check_fla_compat
+
+    for kw in (dict(cu_seqlens_cpu=object(), chunk_indices=None, use_graph=True),
+               dict(chunk_size=64), dict(chunk_size=64.0), dict(chunk_size=torch.tensor(64)),
+               dict(state_v_first=None), dict(state_v_first=0), dict(head_first=np.False_),
+               dict(transpose_state_layout=False), dict(cp_context=None),
+               dict(return_intermediate_states=False)):
+        check_fla_compat(kw, "f")
+    for kw, match in ((dict(chunk_size=True), "chunk_size=True"),
+                      (dict(chunk_size=np.array([64, 64])), "chunk_size="),
+                      (dict(chunk_size=32), "fixed at 64"), (dict(chunk_size=64.5), "64.5"),
+                      (dict(state_v_first=1), "state_v_first=1"),
+                      (dict(head_first=True), "refuses head_first"),
+                      (dict(cp_context=0), "kcp"),
+                      (dict(return_intermediate_states=True), "final_state")):
+        with pytest.raises(ValueError, match=match):
+            check_fla_compat(kw, "f")
+    with pytest.raises(TypeError, match="f\\(\\) got an unexpected keyword argument 'use_graph'"):
+        check_fla_compat(dict(use_graph=True), "f", ("cu_seqlens_cpu",))
+    check_cu_seqlens_position(None)
+    with pytest.raises(ValueError, match="10th positional argument is cu_seqlens"):
+        check_cu_seqlens_position(True)
