@@ -43,7 +43,9 @@ DEFAULTS = {
     "gate": ["", "block_m_fwd=16", "block_m_fwd=64", "num_warps_fwd=4", "num_warps_fwd=16",
              "block_m_fwd=64 num_warps_fwd=16", "block_m_bwd=8", "block_m_bwd=32",
              "num_warps_bwd=2", "num_warps_bwd=8", "bwd_programs=528", "bwd_programs=132",
-             "block_m_bwd=32 num_warps_bwd=8", "block_m_bwd=8 num_warps_bwd=2"],
+             "block_m_bwd=32 num_warps_bwd=8", "block_m_bwd=8 num_warps_bwd=2",
+             # session 13 (no GPU): the backward loop pipelined (plan format 2)
+             "bwd_stages=2", "bwd_stages=3", "bwd_stages=4"],
 }
 
 

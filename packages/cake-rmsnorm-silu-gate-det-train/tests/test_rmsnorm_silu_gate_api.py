@@ -253,3 +253,34 @@ def test_plan_variant_fields_cross_the_op_boundary():
 
     p = dataclasses.replace(make_plan(96, torch.float16, DEV, group_size=48), bwd_programs=7)
     assert plan_from_op_fields(RMSNormSiluGateDetPlan, plan_to_op_fields(p)) == p
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_bwd_stages_same_bits_and_format(stages, make_inputs):
+    """Plan field bwd_stages (format 2): the backward loop pipelined over a program's row
+    blocks gives the rule's bits (same arithmetic, same order; programs own 3-4 blocks, the
+    last partly masked); a format-1 dict is refused with the upgrade; range checked."""
+    x, z, w, dy = make_inputs((3, 61, 48), torch.bfloat16, seed=stages)
+    base = dataclasses.replace(make_plan(48, torch.bfloat16, DEV, group_size=16),
+                               block_m_bwd=16, bwd_programs=4)
+    assert base.bwd_stages == 1  # the rule
+
+    def run(plan):
+        xs, zs, ws = (t.detach().clone().requires_grad_() for t in (x, z, w))
+        rmsnorm_silu_gate_det(xs, zs, ws, group_size=16, plan=plan).backward(dy)
+        return xs.grad, zs.grad, ws.grad
+
+    want = run(base)
+    got = run(dataclasses.replace(base, bwd_stages=stages))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    d = dataclasses.replace(base, bwd_stages=stages).to_dict()
+    assert d["version"] == 2 and d["bwd_stages"] == stages
+    v1 = {k: v for k, v in base.to_dict().items() if k != "bwd_stages"}
+    v1["version"] = 1
+    with pytest.raises(ValueError, match="format version 1 is not 2: .*bwd_stages = 1"):
+        RMSNormSiluGateDetPlan.from_dict(v1)
+    assert RMSNormSiluGateDetPlan.from_dict({**v1, "bwd_stages": 1, "version": 2}) == base
+    for bad in (0, 5, True):
+        with pytest.raises(ValueError, match="bwd_stages"):
+            dataclasses.replace(base, bwd_stages=bad)

@@ -241,7 +241,8 @@ def _launch_bwd(dy, x, z, weight, rstd, norm_before_gate: bool, activation: str,
         n_rows, D, G, D // G, plan.bwd_programs,
         dy2.stride(0), x2.stride(0), z2.stride(0), dx2.stride(0), dz2.stride(0),
         NORM_BEFORE_GATE=norm_before_gate, ACTIVATION=activation, BLOCK_M=plan.block_m_bwd,
-        BLOCK_NG=plan.block_ng, BLOCK_G=plan.block_g, num_warps=plan.num_warps_bwd,
+        BLOCK_NG=plan.block_ng, BLOCK_G=plan.block_g, STAGES=plan.bwd_stages,
+        num_warps=plan.num_warps_bwd,
     )
     if acc is not None:
         ordered_sum(partials, accumulate_into=acc, block=plan.reduce_block)

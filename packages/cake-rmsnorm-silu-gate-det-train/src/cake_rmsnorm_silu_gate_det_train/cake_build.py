@@ -38,12 +38,12 @@ KERNELS = [
 ]
 PLANS = [
     {"module": "cake_rmsnorm_silu_gate_det_train.plan", "class": "RMSNormSiluGateDetPlan",
-     "format_version": 1,
+     "format_version": 2,
      "fields": ["hidden_size", "group_size", "block_ng", "block_g", "block_m_fwd", "num_warps_fwd",
-                "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block"]},
+                "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9a12f398354fdcf214eccf4ffa93b3ab7b87c3b6b84bd1b3a4bddb147397cd20"
+SOURCE_DIGEST = "sha256:7380795cf4d178fe8e4788468f098162b3acea82f80b63551732be51df0640da"
 # --- end of generated block ---
 
 MANIFEST = {

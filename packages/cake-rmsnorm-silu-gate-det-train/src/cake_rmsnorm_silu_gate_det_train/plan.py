@@ -40,10 +40,21 @@ class RMSNormSiluGateDetPlan(Plan):
             ``cake_core.gemm.ordered_sum`` adds the P partials in index order. Changing P
             changes the summation order, so dweight bits are promised only for equal plans.
         reduce_block: columns per program of that ordered sum.
+        bwd_stages: software-pipelining stages of the backward's loop over a program's row
+            blocks (``tl.range(..., num_stages=bwd_stages)``; 1 = no pipelining, the rule's
+            choice). With 2 or more the next block's x, z, dy and rstd loads are issued
+            (cp.async on Hopper) while the current block computes: more bytes in flight per
+            SM, the same arithmetic in the same order, so the same bits (format 2; offline
+            sm_90 builds of the rule's D = 128 tile: at 1 the same 544 SASS instructions
+            and 97 registers as format 1; at 3, 100 registers, 24.7 KB of shared memory,
+            the loads through LDGSTS (cp.async); not yet timed).
     """
 
     family: ClassVar[str] = "cake-rmsnorm-silu-gate-det-train"
-    format_version: ClassVar[int] = 1
+    format_version: ClassVar[int] = 2
+    format_upgrades: ClassVar[dict[int, str]] = {
+        1: "version 2 added bwd_stages (the backward loop's pipelining stages); add "
+           "bwd_stages = 1 and set version = 2 for the same launches and bits"}
 
     hidden_size: int
     group_size: int
@@ -55,6 +66,7 @@ class RMSNormSiluGateDetPlan(Plan):
     num_warps_bwd: int
     bwd_programs: int
     reduce_block: int
+    bwd_stages: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,6 +83,7 @@ class RMSNormSiluGateDetPlan(Plan):
         if self.block_ng < self.hidden_size // self.group_size:
             self._fail("block_ng must be >= hidden_size // group_size")
         self.require_at_least("bwd_programs")
+        self.require_in_range("bwd_stages", 1, 4)
         self.require_warps("num_warps_fwd", "num_warps_bwd")
         self.require_mode(Mode.DET)
 
@@ -161,4 +174,5 @@ def _rule(hidden_size: int, group_size: int, device: torch.device) -> RMSNormSil
         num_warps_bwd=_warps(warp_scale * block_m_bwd * row),
         bwd_programs=bwd_programs,
         reduce_block=min(1024, next_power_of_2(hidden_size)),
+        bwd_stages=1,
     )

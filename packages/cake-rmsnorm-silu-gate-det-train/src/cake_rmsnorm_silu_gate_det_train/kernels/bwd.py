@@ -26,7 +26,7 @@ def rmsnorm_silu_gate_bwd_kernel(
     n_rows, n_cols, group_size, n_groups, n_programs,
     stride_dy, stride_x, stride_z, stride_dx, stride_dz,
     NORM_BEFORE_GATE: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    BLOCK_G: tl.constexpr, STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     grp = tl.arange(0, BLOCK_NG)
@@ -38,7 +38,7 @@ def rmsnorm_silu_gate_bwd_kernel(
     w = tl.load(W + wcols, mask=wmask, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_NG, BLOCK_G], dtype=tl.float32)
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
-    for blk in range(pid, n_blocks, n_programs):
+    for blk in tl.range(pid, n_blocks, n_programs, num_stages=STAGES):
         rows = (blk * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         rmask = rows < n_rows
         mask = rmask[:, None, None] & wmask[None, :, :]
