@@ -36,13 +36,16 @@ _COMMON = [
     "128 128 bfloat16 keep_a=0",
 ]
 CONFIGS = {
+    # format 8: block_v no longer sets the state kernels' width (block_v_h does); the
+    # state-kernel configurations of earlier sessions name both
     "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4",
+                      "128 128 bfloat16 block_v=32 block_v_h=32",
                       # rec_form: the recurrences in FLA's operand form (docs/benchmarks/
                       # gdn_speed_plan.md); not yet run on a GPU
                       "128 128 bfloat16 rec_form=1", "128 128 float16 rec_form=1",
-                      "128 128 bfloat16 rec_form=1 block_v=32",
+                      "128 128 bfloat16 rec_form=1 block_v=32 block_v_h=32",
                       "128 128 bfloat16 rec_form=1 num_warps_h=4",
-                      "128 128 bfloat16 rec_form=1 block_v=32 num_warps_h=4",
+                      "128 128 bfloat16 rec_form=1 block_v=32 block_v_h=32 num_warps_h=4",
                       "128 128 bfloat16 rec_form=1 num_stages_h=3",
                       "128 128 bfloat16 rec_form=1 keep_a=0", "64 64 float32 rec_form=1",
                       "32 16 bfloat16 rec_form=1", "16 16 float32 rec_form=1",
@@ -55,7 +58,7 @@ CONFIGS = {
                       "64 64 float32 prep_block=16", "100 48 bfloat16 prep_block=32",
                       "48 32 float32 prep_block=16 keep_a=0 lens=1,70,0,65",
                       "128 128 bfloat16 rec_form=1 prep_block=32",
-                      "128 128 bfloat16 rec_form=1 prep_block=32 block_v=32",
+                      "128 128 bfloat16 rec_form=1 prep_block=32 block_v=32 block_v_h=32",
                       "100 48 bfloat16 rec_form=1 prep_block=32 lens=1,70,0,65",
                       # local_form: the backward chunk-local gradients in two kernels
                       "128 128 bfloat16 local_form=1",
@@ -74,7 +77,7 @@ CONFIGS = {
                       # (docs/benchmarks/gdn_speed_plan.md); not yet run on a GPU
                       "128 128 bfloat16 rec_form=2",
                       "128 128 bfloat16 rec_form=2 num_warps_h=4",
-                      "128 128 bfloat16 rec_form=2 block_v=32",
+                      "128 128 bfloat16 rec_form=2 block_v=32 block_v_h=32",
                       "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
                       "64 64 float32 rec_form=2",
                       # keep_states: the backward reads the forward's chunk states, w,

@@ -120,14 +120,14 @@ def main():
     if "fwd_h" in only:
         t = {**ints, "Kp": bf, "W": bf, "U": bf, "GCUM": f32, "CU": i32, "CHUNK_OFF": i32,
              "H0": f32, "HBUF": bf, "VNEW": bf, "HT": f32}
-        c = dict(base, BV=plan.block_v, HAS_H0=True, STORE_FINAL=True, **rec)
+        c = dict(base, BV=plan.block_v_h, HAS_H0=True, STORE_FINAL=True, **rec)
         fn = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
         rows.append(("fwd_h", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "bwd_dh" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "W": bf, "GCUM": f32, "DO": bf, "CU": i32,
              "CHUNK_OFF": i32, "DHT": f32, "DH": bf, "DVNEW": bf, "DH0": f32, "scale": "fp32"}
-        c = dict(base, BV=plan.block_v, HAS_DHT=True, STORE_DH0=True, **rec)
+        c = dict(base, BV=plan.block_v_h, HAS_DHT=True, STORE_DH0=True, **rec)
         fn = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel, gdn_bwd_dh_slice_kernel)[plan.rec_form]
         rows.append(("bwd_dh", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:904609fb3d75be32ea0b19149a86bb7427dfba3761f0756c6c88242dfc0725df"
+SOURCE_DIGEST = "sha256:24b1f7e2e81cbf23a2232bbdc1af1134aa82844067c9ebcf1622bce2f059451b"
 # --- end of generated block ---
 
 MANIFEST = {

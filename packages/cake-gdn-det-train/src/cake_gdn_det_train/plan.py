@@ -105,12 +105,12 @@ class GDNDetPlan(Plan):
             transposed in registers (the rule's choice: the path checked on an H200);
             1 = FLA's form: the transposed operands (k in fwd_h; q, w in bwd_dh) are
             loaded as ``[K, 64]`` tiles straight into the dots and the decays scale the
-            ``[64, block_v]`` tiles (v_new, k @ dS, do) instead: fewer register products,
+            ``[64, block_v_h]`` tiles (v_new, k @ dS, do) instead: fewer register products,
             transposes and shared-memory round trips per serial step. Same math, other
             rounding (bits differ from 0, still fixed per plan). The rule's choice on
             CUDA at 16-bit K = 128 (docs/benchmarks/gdn_speed_plan.md); 2 = form 1 with
             the state (and dS) held as K slices of ``min(64, block_k)`` rows, one
-            ``[64, block_v]`` fp32 accumulator per slice (FLA's ``b_h1``, ``b_h2``;
+            ``[64, block_v_h]`` fp32 accumulator per slice (FLA's ``b_h1``, ``b_h2``;
             kernels/rec_slice.py): each slice updates with its own dots, and ``w S`` /
             ``k dS`` sum one dot per slice in slice order (other bits than 1, fixed per
             plan). Never chosen by the rule (on an H200, session 11: right against float64,
@@ -328,7 +328,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     # day: local_form = 1 took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms. Session 10
     # (same GPU and versions): block_v_local = 64 with it, case a 13.14 -> 12.43 ms and
     # 12.99 -> 12.37 (two runs), case b 5.47 -> 5.18 / 5.40 -> 5.13, right against float64.
-    big_rec = cuda and wide and block_k * block_v >= 8192
+    block_v_h = block_v  # the state kernels' V block (format 8): as format 7
+    big_rec = cuda and wide and block_k * block_v_h >= 8192
     return GDNDetPlan(
         head_k_dim=K,
         head_v_dim=V,
@@ -336,7 +337,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         block_k=block_k,
         block_v=block_v,
         num_warps_prep=4,
-        num_warps_h=8 if cuda and block_k * block_v >= 8192 else 4,
+        num_warps_h=8 if cuda and block_k * block_v_h >= 8192 else 4,
         num_warps_o=4,
         num_warps_local=8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=(3 if big_rec else 2) if wide else 1,
@@ -353,6 +354,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         local_form=int(big_rec),
         block_k_local=min(64, block_k),
         keep_states=0,
-        block_v_h=block_v,
+        block_v_h=block_v_h,
     )
 

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7380795cf4d178fe8e4788468f098162b3acea82f80b63551732be51df0640da"
+SOURCE_DIGEST = "sha256:6da5810b1336204e2e11130d5119bf90d576786a88bc15894319664d25cb11c1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -44,7 +44,9 @@ class RMSNormSiluGateDetPlan(Plan):
             blocks (``tl.range(..., num_stages=bwd_stages)``; 1 = no pipelining, the rule's
             choice). With 2 or more the next block's x, z, dy and rstd loads are issued
             (cp.async on Hopper) while the current block computes: more bytes in flight per
-            SM, the same arithmetic in the same order, so the same bits (format 2; offline
+            SM, the same arithmetic in the same order, so the same bits (tested under the
+            interpreter, where the loop is a plain loop; on a GPU by construction, not yet
+            hash-checked there) (format 2; offline
             sm_90 builds of the rule's D = 128 tile: at 1 the same 544 SASS instructions
             and 97 registers as format 1; at 3, 100 registers, 24.7 KB of shared memory,
             the loads through LDGSTS (cp.async); not yet timed).
