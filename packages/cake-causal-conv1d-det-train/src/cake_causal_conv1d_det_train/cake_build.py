@@ -36,6 +36,11 @@ KERNELS = [
     {"module": "cake_causal_conv1d_det_train.kernels.bwd_once",
      "function": "causal_conv1d_bwd_once_kernel"},
     {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "round_bf16"},
+    {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "block_origin"},
+    {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "add_x_taps"},
+    {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "add_state_taps"},
+    {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "silu_grad"},
+    {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "state_grads"},
     {"module": "cake_causal_conv1d_det_train.kernels.fwd", "function": "causal_conv1d_fwd_kernel"},
 ]
 PLANS = [
@@ -46,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:abb68d22c713d2f0c7341537b85d97affc1e9e79550a38c5b93aa3e86d6b7cfa"
+SOURCE_DIGEST = "sha256:58159340714e600c1a53c677e2136c1563576c4df04b5d61fb6bae56e975d47c"
 # --- end of generated block ---
 
 MANIFEST = {

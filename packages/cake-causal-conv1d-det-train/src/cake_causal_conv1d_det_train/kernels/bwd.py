@@ -23,7 +23,14 @@ the ``[D, W]`` weight or its ``[W, D]`` copy (plan.weight_tap_major).
 import triton
 import triton.language as tl
 
-from cake_causal_conv1d_det_train.kernels.common import round_bf16
+from cake_causal_conv1d_det_train.kernels.common import (
+    add_state_taps,
+    add_x_taps,
+    block_origin,
+    round_bf16,
+    silu_grad,
+    state_grads,
+)
 
 
 @triton.jit
@@ -36,16 +43,9 @@ def _bwd_window_step(k, pre, dpre_raw, x_own, dx, dw, b, WT, H0, DBP, rows, cols
     u = rows + k
     if HAS_H0:
         if start + k < W - 1:
-            for h_i in tl.static_range(W):
-                h_p = u + (h_i - (W - 1))
-                h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
-                              + (h_p + (W - 1))[:, None] * s_hk,
-                              mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
-                h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
-                              other=0.0).to(tl.float32)
-                pre += h_w[None, :] * h_v.to(tl.float32)
-    sig = 1.0 / (1.0 + tl.exp(-pre))
-    dpre = dpre_raw * (sig * (1.0 + pre * (1.0 - sig)))
+            pre = add_state_taps(pre, H0, WT, n, u, u, cols, cmask, s_hn, s_hd, s_hk,
+                                 stride_w, stride_wk, W, False)
+    dpre = silu_grad(dpre_raw, pre)
     if k == 0:
         if HAS_BIAS:
             tl.store(DBP + g * D + cols, tl.sum(dpre, axis=0), mask=cmask)
@@ -126,21 +126,9 @@ def causal_conv1d_bwd_kernel(
 ):
     g = tl.program_id(0).to(tl.int64)
     cb = tl.program_id(1)
-    if VARLEN:
-        n = tl.load(TABLE + 2 * g).to(tl.int64)
-        start = tl.load(TABLE + 2 * g + 1).to(tl.int64)
-        bos = tl.load(CU + n).to(tl.int64)
-        L = tl.load(CU + n + 1).to(tl.int64) - bos
-        x_off = bos * stride_xt
-        dy_off = bos * stride_dyt
-        dx_off = bos * D
-    else:
-        n = g // n_blk_seq
-        start = (g - n * n_blk_seq) * BLOCK_T
-        L = T
-        x_off = n * stride_xb
-        dy_off = n * stride_dyb
-        dx_off = n * T * D
+    n, start, L, x_off, dy_off, dx_off = block_origin(g, TABLE, CU, T, D, n_blk_seq,
+                                                      stride_xb, stride_xt, stride_dyb,
+                                                      stride_dyt, VARLEN, BLOCK_T)
     cols = cb * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     if HAS_BIAS:
@@ -167,25 +155,13 @@ def causal_conv1d_bwd_kernel(
             pre = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
             if HAS_BIAS:
                 pre += b[None, :]
-            for i in tl.static_range(W):
-                p = u + (i - (W - 1))
-                xi = tl.load(xp + (k + i - (W - 1)) * stride_xt,
-                             mask=((p >= 0) & (p < L))[:, None] & cmask[None, :], other=0.0)
-                wi = tl.load(WT + cols * stride_w + i * stride_wk, mask=cmask,
-                             other=0.0).to(tl.float32)
-                pre += wi[None, :] * xi.to(tl.float32)
+            pre = add_x_taps(pre, xp, k, u, L, WT, cols, cmask, stride_xt, stride_w,
+                             stride_wk, W)
             if HAS_H0:
                 if start + k < W - 1:
-                    for h_i in tl.static_range(W):
-                        h_p = u + (h_i - (W - 1))
-                        h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
-                                      + (h_p + (W - 1))[:, None] * s_hk,
-                                      mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
-                        h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
-                                      other=0.0).to(tl.float32)
-                        pre += h_w[None, :] * h_v.to(tl.float32)
-            sig = 1.0 / (1.0 + tl.exp(-pre))
-            dpre = dpre * (sig * (1.0 + pre * (1.0 - sig)))
+                    pre = add_state_taps(pre, H0, WT, n, u, u, cols, cmask, s_hn, s_hd,
+                                         s_hk, stride_w, stride_wk, W, False)
+            dpre = silu_grad(dpre, pre)
         if k == 0:
             if HAS_BIAS:
                 tl.store(DBP + g * D + cols, tl.sum(dpre, axis=0), mask=cmask)
@@ -226,36 +202,11 @@ def causal_conv1d_bwd_kernel(
                     h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
                                   other=0.0).to(tl.float32)
                     h_pre += h_w[None, :] * h_x.to(tl.float32)
-                for h_i in tl.static_range(W):
-                    h_p = h_r + (h_i - (W - 1))
-                    h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
-                                  + (h_p + (W - 1))[:, None] * s_hk,
-                                  mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
-                    h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
-                                  other=0.0).to(tl.float32)
-                    h_pre += h_w[None, :] * h_v.to(tl.float32)
-                h_sig = 1.0 / (1.0 + tl.exp(-h_pre))
-                h_dpre = h_dpre * (h_sig * (1.0 + h_pre * (1.0 - h_sig)))
-            # band[k, u, c] = weight[c, k - u], the tap output u applies to slot k
-            h_j = h_r[:, None] - h_r[None, :]
-            h_bm = ((h_j >= 0) & (h_j < W))[:, :, None] & cmask[None, None, :]
-            h_band = tl.load(WT + cols[None, None, :] * stride_w + h_j[:, :, None] * stride_wk,
-                             mask=h_bm, other=0.0).to(tl.float32)
-            h_dh = tl.sum(h_band * h_dpre[None, :, :], axis=1)
-            if HAS_DHT:
-                h_m = (h_rmask & (h_r >= L))[:, None] & cmask[None, :]
-                h_dh += tl.load(DHT + n * s_tn + cols[None, :] * s_td
-                                + (h_r - L)[:, None] * s_tk, mask=h_m,
-                                other=0.0).to(tl.float32)
-            if RNE:
-                h_dh = round_bf16(h_dh)
-            tl.store(DH0 + n * D * (W - 1) + cols[None, :] * (W - 1) + h_r[:, None],
-                     h_dh.to(DH0.dtype.element_ty), mask=h_rmask[:, None] & cmask[None, :])
-            # dweight pairs whose input is in the state: output u reads slot u + i at tap i
-            h_slot = h_r[:, None] + taps[None, :]
-            h_sm = (h_rmask[:, None] & (h_slot < W - 1))[:, :, None] & cmask[None, None, :]
-            h_s = tl.load(H0 + n * s_hn + cols[None, None, :] * s_hd + h_slot[:, :, None] * s_hk,
-                          mask=h_sm, other=0.0).to(tl.float32)
-            dw += tl.sum(h_dpre[:, None, :] * h_s, axis=0)
+                h_pre = add_state_taps(h_pre, H0, WT, n, h_r, h_r, cols, cmask, s_hn, s_hd,
+                                       s_hk, stride_w, stride_wk, W, False)
+                h_dpre = silu_grad(h_dpre, h_pre)
+            dw = state_grads(h_dpre, dw, h_r, h_rmask, taps, H0, WT, DHT, DH0, n, L, D, cols,
+                             cmask, stride_w, stride_wk, s_hn, s_hd, s_hk, s_tn, s_td, s_tk,
+                             W, HAS_DHT, RNE)
     tl.store(DWP + g * D * W + cols[None, :] * W + taps[:, None], dw,
              mask=(taps < W)[:, None] & cmask[None, :])

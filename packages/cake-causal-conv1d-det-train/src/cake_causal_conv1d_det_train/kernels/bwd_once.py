@@ -27,7 +27,13 @@ exactly as bwd.py (its W - 1 outputs' dpre recomputed there, a small [BW, BLOCK_
 import triton
 import triton.language as tl
 
-from cake_causal_conv1d_det_train.kernels.common import round_bf16
+from cake_causal_conv1d_det_train.kernels.common import (
+    add_state_taps,
+    block_origin,
+    round_bf16,
+    silu_grad,
+    state_grads,
+)
 
 
 @triton.jit
@@ -48,18 +54,11 @@ def _dpre_rows(X, WT, H0, DY, b, r, rmask, x_off, dy_off, n, cols, cmask, L, fir
         pre += wi[None, :] * xi.to(tl.float32)
     if HAS_H0:
         if first:
-            for h_i in tl.static_range(W):
-                h_p = r + (h_i - (W - 1))
-                h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
-                              + (h_p + (W - 1))[:, None] * s_hk,
-                              mask=(rmask & (h_p < 0))[:, None] & cmask[None, :], other=0.0)
-                h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
-                              other=0.0).to(tl.float32)
-                pre += h_w[None, :] * h_v.to(tl.float32)
+            pre = add_state_taps(pre, H0, WT, n, r, rmask, cols, cmask, s_hn, s_hd, s_hk,
+                                 stride_w, stride_wk, W, True)
     dy = tl.load(DY + dy_off + r[:, None] * stride_dyt + cols[None, :],
                  mask=(rmask & (r < L))[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-    sig = 1.0 / (1.0 + tl.exp(-pre))
-    return dy * (sig * (1.0 + pre * (1.0 - sig)))
+    return silu_grad(dy, pre)
 
 
 @triton.jit(do_not_specialize=["T", "n_blk_seq", "n_tiles"])
@@ -81,21 +80,9 @@ def causal_conv1d_bwd_once_kernel(
     for tile in range(pid, n_tiles, n_prog):
         g = (tile // n_cb).to(tl.int64)
         cb = tile % n_cb
-        if VARLEN:
-            n = tl.load(TABLE + 2 * g).to(tl.int64)
-            start = tl.load(TABLE + 2 * g + 1).to(tl.int64)
-            bos = tl.load(CU + n).to(tl.int64)
-            L = tl.load(CU + n + 1).to(tl.int64) - bos
-            x_off = bos * stride_xt
-            dy_off = bos * stride_dyt
-            dx_off = bos * D
-        else:
-            n = g // n_blk_seq
-            start = (g - n * n_blk_seq) * BLOCK_T
-            L = T
-            x_off = n * stride_xb
-            dy_off = n * stride_dyb
-            dx_off = n * T * D
+        n, start, L, x_off, dy_off, dx_off = block_origin(g, TABLE, CU, T, D, n_blk_seq,
+                                                          stride_xb, stride_xt, stride_dyb,
+                                                          stride_dyt, VARLEN, BLOCK_T)
         cols = cb * BLOCK_D + tl.arange(0, BLOCK_D)
         cmask = cols < D
         if HAS_BIAS:
@@ -148,27 +135,8 @@ def causal_conv1d_bwd_once_kernel(
                 h_d = _dpre_rows(X, WT, H0, DY, b, h_r, h_rmask, x_off, dy_off, n, cols,
                                  cmask, L, True, stride_xt, stride_w, stride_wk, stride_dyt,
                                  s_hn, s_hd, s_hk, W, HAS_BIAS, HAS_H0, BW, BLOCK_D)
-                # band[k, u, c] = weight[c, k - u], the tap output u applies to slot k
-                h_bj = h_r[:, None] - h_r[None, :]
-                h_bm = ((h_bj >= 0) & (h_bj < W))[:, :, None] & cmask[None, None, :]
-                h_band = tl.load(WT + cols[None, None, :] * stride_w
-                                 + h_bj[:, :, None] * stride_wk, mask=h_bm,
-                                 other=0.0).to(tl.float32)
-                h_dh = tl.sum(h_band * h_d[None, :, :], axis=1)
-                if HAS_DHT:
-                    h_m = (h_rmask & (h_r >= L))[:, None] & cmask[None, :]
-                    h_dh += tl.load(DHT + n * s_tn + cols[None, :] * s_td
-                                    + (h_r - L)[:, None] * s_tk, mask=h_m,
-                                    other=0.0).to(tl.float32)
-                if RNE:
-                    h_dh = round_bf16(h_dh)
-                tl.store(DH0 + n * D * (W - 1) + cols[None, :] * (W - 1) + h_r[:, None],
-                         h_dh.to(DH0.dtype.element_ty), mask=h_rmask[:, None] & cmask[None, :])
-                # dweight pairs whose input is in the state: output u reads slot u + i at tap i
-                h_slot = h_r[:, None] + taps[None, :]
-                h_sm = (h_rmask[:, None] & (h_slot < W - 1))[:, :, None] & cmask[None, None, :]
-                h_s = tl.load(H0 + n * s_hn + cols[None, None, :] * s_hd
-                              + h_slot[:, :, None] * s_hk, mask=h_sm, other=0.0).to(tl.float32)
-                dw += tl.sum(h_d[:, None, :] * h_s, axis=0)
+                dw = state_grads(h_d, dw, h_r, h_rmask, taps, H0, WT, DHT, DH0, n, L, D,
+                                 cols, cmask, stride_w, stride_wk, s_hn, s_hd, s_hk, s_tn,
+                                 s_td, s_tk, W, HAS_DHT, RNE)
         tl.store(DWP + g * D * W + cols[None, :] * W + taps[:, None], dw,
                  mask=(taps < W)[:, None] & cmask[None, :])

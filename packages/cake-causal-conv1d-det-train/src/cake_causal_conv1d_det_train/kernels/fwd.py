@@ -13,7 +13,12 @@ W - 1 inputs, in x's dtype, no arithmetic).
 import triton
 import triton.language as tl
 
-from cake_causal_conv1d_det_train.kernels.common import round_bf16
+from cake_causal_conv1d_det_train.kernels.common import (
+    add_state_taps,
+    add_x_taps,
+    block_origin,
+    round_bf16,
+)
 
 
 @triton.jit(do_not_specialize=["T", "n_blk_seq"])
@@ -26,19 +31,9 @@ def causal_conv1d_fwd_kernel(
 ):
     g = tl.program_id(0).to(tl.int64)
     cb = tl.program_id(1)
-    if VARLEN:
-        n = tl.load(TABLE + 2 * g).to(tl.int64)
-        start = tl.load(TABLE + 2 * g + 1).to(tl.int64)
-        bos = tl.load(CU + n).to(tl.int64)
-        L = tl.load(CU + n + 1).to(tl.int64) - bos
-        x_off = bos * stride_xt
-        y_off = bos * D
-    else:
-        n = g // n_blk_seq
-        start = (g - n * n_blk_seq) * BLOCK_T
-        L = T
-        x_off = n * stride_xb
-        y_off = n * T * D
+    n, start, L, x_off, _, y_off = block_origin(g, TABLE, CU, T, D, n_blk_seq, stride_xb,
+                                                stride_xt, stride_xb, stride_xt, VARLEN,
+                                                BLOCK_T)
     cols = cb * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     rows = start + tl.arange(0, BLOCK_T).to(tl.int64)
@@ -46,23 +41,12 @@ def causal_conv1d_fwd_kernel(
     if HAS_BIAS:
         y += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     xp = X + x_off + rows[:, None] * stride_xt + cols[None, :]
-    for i in tl.static_range(W):  # tap i reads position t - (W - 1) + i
-        p = rows + (i - (W - 1))
-        xi = tl.load(xp + (i - (W - 1)) * stride_xt,
-                     mask=((p >= 0) & (p < L))[:, None] & cmask[None, :], other=0.0)
-        wi = tl.load(WT + cols * stride_w + i * stride_wk, mask=cmask,
-                     other=0.0).to(tl.float32)
-        y += wi[None, :] * xi.to(tl.float32)
+    # tap i reads position t - (W - 1) + i
+    y = add_x_taps(y, xp, 0, rows, L, WT, cols, cmask, stride_xt, stride_w, stride_wk, W)
     if HAS_H0:
         if start < W - 1:  # rows that reach before the sequence start: the state's taps
-            for h_i in tl.static_range(W):
-                h_p = rows + (h_i - (W - 1))
-                h_v = tl.load(H0 + n * s_hn + cols[None, :] * s_hd
-                              + (h_p + (W - 1))[:, None] * s_hk,
-                              mask=(h_p < 0)[:, None] & cmask[None, :], other=0.0)
-                h_w = tl.load(WT + cols * stride_w + h_i * stride_wk, mask=cmask,
-                              other=0.0).to(tl.float32)
-                y += h_w[None, :] * h_v.to(tl.float32)
+            y = add_state_taps(y, H0, WT, n, rows, rows, cols, cmask, s_hn, s_hd, s_hk,
+                               stride_w, stride_wk, W, False)
     if SILU:
         y = y / (1.0 + tl.exp(-y))
     if RNE:
