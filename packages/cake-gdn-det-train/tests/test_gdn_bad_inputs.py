@@ -158,3 +158,17 @@ def test_make_plan_and_plan_fields_refused():
                               ("num_warps_h", 3, "num_warps_h")):
         with pytest.raises(ValueError, match=msg):
             type(make_plan(16, 16, torch.float32, DEV)).from_dict({**d, field: value})
+
+
+@pytest.mark.parametrize("fla_kw, msg", [
+    (dict(chunk_size=32), "chunk_size=32 is not supported"),
+    (dict(state_v_first=True), "state_v_first=True is not supported"),
+    (dict(cp_context=object()), "kcp"),
+    (dict(cu_seqlens=True), "10th positional argument is cu_seqlens"),
+], ids=["chunk_size", "state_v_first", "cp_context", "cu_seqlens-bool"])
+def test_fla_keyword_refusals_before_launch(fla_kw, msg, no_launch):
+    """FLA's keywords at values cake does not implement: ValueError from the autograd entry
+    before any launch, the caller's tensors unchanged."""
+    from cake_gdn_det_train import chunk_gated_delta_rule_det
+
+    assert_raises_unmodified(chunk_gated_delta_rule_det, {**_base(), **fla_kw}, msg)

@@ -237,3 +237,14 @@ def test_make_plan_and_workspace_arguments_refused():
             KDADetWorkspace.for_plan(plan, DEV, **kw)
     with pytest.raises(ValueError, match="plan: got dict"):
         KDADetWorkspace.for_plan(plan.to_dict(), DEV, num_v_heads=2, max_tokens=4)
+
+
+@pytest.mark.parametrize("fla_kw, msg", [
+    (dict(chunk_size=32), "chunk_size=32 is not supported"),
+    (dict(return_intermediate_states=True), "returns \\(o, final_state\\) only"),
+    (dict(cp_context=object()), "kcp"),
+], ids=["chunk_size", "intermediate_states", "cp_context"])
+def test_fla_keyword_refusals_before_launch(fla_kw, msg, no_launch):
+    """FLA's keywords at values cake does not implement: ValueError from the autograd entry
+    before any launch, the caller's tensors unchanged."""
+    assert_raises_unmodified(chunk_kda_det, {**_base(), **fla_kw}, msg)

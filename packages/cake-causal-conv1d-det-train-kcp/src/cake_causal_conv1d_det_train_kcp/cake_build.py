@@ -52,12 +52,17 @@ REUSED_KERNELS = {
         {"module": "cake_causal_conv1d_det_train.kernels.bwd_once",
          "function": "causal_conv1d_bwd_once_kernel"},
         {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "round_bf16"},
+        {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "block_origin"},
+        {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "add_x_taps"},
+        {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "add_state_taps"},
+        {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "silu_grad"},
+        {"module": "cake_causal_conv1d_det_train.kernels.common", "function": "state_grads"},
         {"module": "cake_causal_conv1d_det_train.kernels.fwd",
          "function": "causal_conv1d_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:ec65b4f8f2558582b3021c7572a630e48e7e6fb622b00f35aeb49870305b143f"
+SOURCE_DIGEST = "sha256:3b360e14be2d426daa743bdb5d94c9d4d2b57991b1a2b4d9faad64d52b73140a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs
