@@ -299,3 +299,72 @@ def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
     assert grids["gdn_fwd_h_kernel"] and all(gr[2] == 2 for gr in grids["gdn_fwd_h_kernel"])
     assert grids["gdn_bwd_dh_kernel"] == [(1, 2, 2)]
     assert grids["gdn_fwd_o_kernel"] and all(gr[2] == 1 for gr in grids["gdn_fwd_o_kernel"])
+
+
+def test_state_programs_rule():
+    """make_plan's state_programs rule (an H200, 2026-12-01): block_v_h = 32 where the
+    state kernels would fill at most half the SMs at block_v = 64, 16-bit intermediates and
+    K = block_k only (K = 100 faulted); nowhere else, never on the CPU; the argument is
+    checked."""
+    from cake_gdn_det_train.plan import _rule, narrow_states_pay
+
+    cuda = torch.device("cuda")
+    p128 = _rule(128, 128, BF16, cuda)
+    assert narrow_states_pay(p128, BF16, 32, 132)        # case a: 32 x 2 = 64 programs
+    assert not narrow_states_pay(p128, BF16, 64, 132)    # case d: 128 programs
+    assert not narrow_states_pay(p128, BF16, 0, 132)     # no sequences
+    assert narrow_states_pay(_rule(64, 64, BF16, cuda), torch.float16, 66, 132)
+    assert not narrow_states_pay(_rule(100, 48, BF16, cuda), BF16, 2, 132)   # K != block_k
+    assert not narrow_states_pay(_rule(128, 32, BF16, cuda), BF16, 2, 132)   # block_v 32
+    assert not narrow_states_pay(_rule(64, 64, torch.float32, cuda), torch.float32, 2, 132)
+    for dev in ("cpu",) + (("cuda",) if torch.cuda.is_available() else ()):
+        plain = make_plan(128, 128, BF16, dev)
+        narrow = make_plan(128, 128, BF16, dev, state_programs=1)
+        assert narrow.block_v_h == (32 if dev == "cuda" else plain.block_v_h)
+        assert dataclasses.replace(narrow, block_v_h=plain.block_v_h) == plain
+        assert make_plan(128, 128, BF16, dev, state_programs=10 ** 6) == plain
+    for bad in (-1, 1.5, True, "4"):
+        with pytest.raises(ValueError, match="state_programs"):
+            make_plan(128, 128, BF16, "cpu", state_programs=bad)
+
+
+def test_block_v_h_fault_fenced_on_cuda():
+    """The K = 100 / block_v_h = 32 fault of an H200 run (2026-12-01) is refused on CUDA
+    with 16-bit intermediates; K = block_k and fp32 intermediates stay allowed."""
+    cuda = torch.device("cuda")
+    bad = dataclasses.replace(make_plan(100, 48, BF16, "cpu"), block_v=64, block_v_h=32)
+    assert "block_v_h" in (cuda_plan_problem(bad, BF16) or "")
+    assert "block_v_h" in (cuda_plan_problem(bad, torch.float16) or "")
+    from cake_gdn_det_train.plan import _rule
+
+    for K, V, dt in ((128, 48, BF16), (128, 128, BF16)):
+        ok = dataclasses.replace(_rule(K, V, dt, cuda), block_v_h=32)
+        assert cuda_plan_problem(ok, dt) is None, (K, V)
+    f32 = dataclasses.replace(_rule(48, 40, torch.float32, cuda), block_v_h=32)
+    assert cuda_plan_problem(f32, torch.float32) is None
+
+
+def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
+    """A workspace made for one plan serves a call whose plan differs in block_v_h only (the
+    buffers are the same; the state_programs rule may narrow the default plan), with the
+    same bits as without a workspace; a plan that differs elsewhere is still refused."""
+    from cake_gdn_det_train import GDNDetWorkspace, chunk_gdn_det_fwd
+
+    base = make_plan(32, 64, torch.float32, DEV)
+    other = dataclasses.replace(base, block_v_h=32)
+    q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 32, 64, seed=83, h0=True)
+
+    def run(plan, ws=None):
+        return chunk_gdn_det_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                 plan=plan, workspace=ws)[:2]
+
+    # (the bits of two block_v_h may differ under the interpreter, whose dots are numpy
+    # products of the tile widths; on an H200 they were equal: docs/benchmarks/gdn.md)
+    for ws_plan, call_plan in ((base, other), (other, base), (other, None)):
+        ws = GDNDetWorkspace.for_plan(ws_plan, DEV, num_v_heads=2, max_tokens=70)
+        for a, b in zip(run(call_plan, ws), run(call_plan), strict=True):
+            assert torch.equal(a, b)
+    ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_h=2), DEV,
+                                  num_v_heads=2, max_tokens=70)
+    with pytest.raises(ValueError, match="workspace"):
+        chunk_gdn_det_fwd(q, k, v, g, beta, plan=base, workspace=ws)

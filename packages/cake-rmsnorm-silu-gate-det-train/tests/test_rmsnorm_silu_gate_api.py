@@ -261,9 +261,10 @@ def test_bwd_stages_same_bits_and_format(stages, make_inputs):
     blocks gives the rule's bits (same arithmetic, same order; programs own 3-4 blocks, the
     last partly masked); a format-1 dict is refused with the upgrade; range checked."""
     x, z, w, dy = make_inputs((3, 61, 48), torch.bfloat16, seed=stages)
-    base = dataclasses.replace(make_plan(48, torch.bfloat16, DEV, group_size=16),
-                               block_m_bwd=16, bwd_programs=4)
-    assert base.bwd_stages == 1  # the rule
+    rule = make_plan(48, torch.bfloat16, DEV, group_size=16)
+    # the rule: 3 on CUDA for rows of <= 1024 elements (timed on an H200), else 1
+    assert rule.bwd_stages == (3 if torch.device(DEV).type == "cuda" else 1)
+    base = dataclasses.replace(rule, block_m_bwd=16, bwd_programs=4, bwd_stages=1)
 
     def run(plan):
         xs, zs, ws = (t.detach().clone().requires_grad_() for t in (x, z, w))

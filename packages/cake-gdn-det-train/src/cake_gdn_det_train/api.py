@@ -14,6 +14,7 @@ are an elementwise fp32 kernel before the chunk kernels and one after the backwa
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -41,7 +42,8 @@ from cake_core.linear_attention import (
     saved_chunk_tables,
     saved_meta,
 )
-from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
+from cake_core.plan import cached_plan
+from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, sm_count, tl
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -69,6 +71,7 @@ from cake_gdn_det_train.plan import (
     GDNDetPlan,
     cuda_plan_problem,
     make_plan,
+    narrow_states_pay,
 )
 from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace, workspace_shapes
 
@@ -121,16 +124,34 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
     device, N, offsets = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens,
                                                 A_log, dt_bias, with_offsets=True)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    return (device, N, scale, A_log, dt_bias, sig, _resolve_plan(plan, K, V, q.dtype, device),
-            offsets)
+    return (device, N, scale, A_log, dt_bias, sig,
+            _resolve_plan(plan, K, V, q.dtype, device, state_programs=N * HV), offsets)
 
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
 
 
-def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
-    return resolve_plan(plan, K, V, dtype, device, plan_type=GDNDetPlan, make_plan=make_plan,
-                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
+def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device,
+                  state_programs: int | None = None) -> GDNDetPlan:
+    """The call's plan: the caller's (checked), else the rule's for (K, V, dtype, device),
+    narrowed by :func:`make_plan`'s ``state_programs`` rule when ``state_programs``
+    (``N * HV``) is given."""
+    got = resolve_plan(plan, K, V, dtype, device, plan_type=GDNDetPlan, make_plan=make_plan,
+                       cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
+    if plan is not None or state_programs is None or device.type != "cuda" or \
+            not narrow_states_pay(got, dtype, state_programs, _sms(device)):
+        return got
+    return cached_plan(_DEFAULT_PLANS, (K, V, dtype, device, "block_v_h", 32),
+                       lambda: dataclasses.replace(got, block_v_h=32))
+
+
+_SMS: dict[torch.device, int] = {}
+
+
+def _sms(device: torch.device) -> int:
+    if device not in _SMS:
+        _SMS[device] = sm_count(device)
+    return _SMS[device]
 
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -149,6 +170,13 @@ def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
 
 def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: int, NT: int,
                        NC: int, dtype: torch.dtype):
+    """The caller's workspace after every check (``None`` stays ``None``). A workspace made
+    for a plan that differs from the call's in ``block_v_h`` only serves it (the buffers
+    are the same; :func:`make_plan`'s ``state_programs`` rule may narrow the default)."""
+    own = getattr(workspace, "plan", None)
+    if isinstance(workspace, GDNDetWorkspace) and isinstance(own, GDNDetPlan) and \
+            own != plan and dataclasses.replace(own, block_v_h=plan.block_v_h) == plan:
+        plan = own
     return resolve_workspace(workspace, plan, device, workspace_type=GDNDetWorkspace,
                              buffer_shapes=workspace_shapes(plan, HV),
                              buffer_dtype=inter_dtype(plan, dtype), tokens=NT, chunks=NC)

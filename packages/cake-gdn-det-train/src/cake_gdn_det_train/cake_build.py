@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:24b1f7e2e81cbf23a2232bbdc1af1134aa82844067c9ebcf1622bce2f059451b"
+SOURCE_DIGEST = "sha256:efd6670dcf0b31e825db6efb3c9c002c5e58eeed88c84449dd2f8ee5922749b5"
 # --- end of generated block ---
 
 MANIFEST = {

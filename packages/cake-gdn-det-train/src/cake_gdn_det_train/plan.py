@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import ClassVar
 
 import torch
 from cake_core import Mode, Plan
 from cake_core.linear_attention import make_head_plan
-from cake_core.triton_utils import next_power_of_2
+from cake_core.plan import cached_plan
+from cake_core.triton_utils import next_power_of_2, sm_count
 
 #: Tokens per chunk (fixed: the WY/UT triangular system is solved on 64 x 64 tiles).
 CHUNK_SIZE = 64
@@ -266,6 +268,15 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "dbeta 0.04-0.2 off float64 at K, V = 100, 48 / 96, 64 / 128, 64 bf16 and "
                 "fp16 on an H200, Triton 3.6, right under the interpreter; the rule's "
                 "block_k_local=64 was right)")
+    if dtype != torch.float32 and plan.store_16bit and plan.head_k_dim != plan.block_k \
+            and plan.block_v_h < min(64, _bvf(plan.head_v_dim)):
+        return ("on CUDA with 16-bit intermediates block_v_h < min(64, V rounded up) needs "
+                "K = block_k (block_v_h=32 at "
+                "K = 100 with V = 48 / 64, bf16 and fp16, gave illegal memory accesses with "
+                "rec_form=1 (an out-of-range shared-memory address in the forward state "
+                "kernel) and o / dk / dv / dbeta 0.04-0.6 off float64 with rec_form=2 and with "
+                "4 warps or 2 stages, on an H200, Triton 3.6, 2026-12-01; right at K = 128, with "
+                "fp32 at K = 48, and under the interpreter)")
     if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k >= 64 \
             and plan.block_v_local < 32 and plan.head_v_dim > plan.block_v_local:
         return ("on CUDA fp32 intermediates with block_k >= 64 need block_v_local >= 32 when "
@@ -276,8 +287,19 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
 
 
 def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
-              device: torch.device | str) -> GDNDetPlan:
+              device: torch.device | str, *, state_programs: int | None = None) -> GDNDetPlan:
     """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``.
+
+    ``state_programs``: the number of (sequence, value head) pairs of the calls the plan is
+    for (``N * HV``; the entries pass it), or ``None``. It changes one field only: on CUDA
+    with 16-bit intermediates, K = block_k and block_v = 64, when ``state_programs *
+    ceil(V / 64)`` is at most half the GPU's SM count, ``block_v_h = 32`` (twice the state
+    kernels' programs): an H200, 2026-12-01 (Triton 3.6), case a of the benchmark (one
+    sequence, HV = 32: 64 programs for 132 SMs) fwd+bwd 11.24 -> 10.48 ms, while at case d
+    (128 programs) it was slower (fwd 1.29 -> 1.46 ms, bwd 2.26 -> 2.46 ms); the same bits
+    at both there (equal hashes; under the interpreter, whose dots are numpy products of
+    the tile widths, bits may differ). Otherwise ``block_v_h = block_v``. A workspace made for
+    either plan serves both (the buffers are the same).
 
     Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``;
     on CUDA ``block_v = min(64, next_power_of_2(max(V, 16)))`` with 4 warps per kernel
@@ -311,8 +333,30 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
             CUDA the limits of :func:`cuda_plan_problem` (K, V <= 128; fp32 inputs or
             V <= 16: K <= 64).
     """
-    return make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
+    plan = make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
                           rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
+    if state_programs is None:
+        return plan
+    if isinstance(state_programs, bool) or not isinstance(state_programs, numbers.Integral) \
+            or state_programs < 0:
+        raise ValueError(f"state_programs: must be None or an int >= 0, got {state_programs!r}")
+    device = torch.device(device)
+    if device.type != "cuda" or not narrow_states_pay(plan, dtype, int(state_programs),
+                                                      sm_count(device)):
+        return plan
+    return cached_plan(_PLANS, (plan, "block_v_h", 32),
+                       lambda: dataclasses.replace(plan, block_v_h=32))
+
+
+def narrow_states_pay(plan: GDNDetPlan, dtype: torch.dtype, state_programs: int,
+                      sms: int) -> bool:
+    """Whether :func:`make_plan`'s ``state_programs`` rule narrows the state kernels' V
+    block of the rule's ``plan`` to 32: 16-bit intermediates, K = block_k (K = 100 with
+    block_v_h = 32 faulted: :func:`cuda_plan_problem`), block_v = block_v_h = 64, and
+    ``state_programs * ceil(V / 64) <= sms / 2``."""
+    return (dtype != torch.float32 and bool(plan.store_16bit)
+            and plan.head_k_dim == plan.block_k and plan.block_v == plan.block_v_h == 64
+            and 0 < state_programs * -(-plan.head_v_dim // 64) * 2 <= sms)
 
 
 def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6da5810b1336204e2e11130d5119bf90d576786a88bc15894319664d25cb11c1"
+SOURCE_DIGEST = "sha256:5fdd863f829f1743ccb99a27cac21be112f4b479a23cac7c5f95bbe6ea2254c4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -40,16 +40,16 @@ class RMSNormSiluGateDetPlan(Plan):
             ``cake_core.gemm.ordered_sum`` adds the P partials in index order. Changing P
             changes the summation order, so dweight bits are promised only for equal plans.
         reduce_block: columns per program of that ordered sum.
-        bwd_stages: software-pipelining stages of the backward's loop over a program's row
-            blocks (``tl.range(..., num_stages=bwd_stages)``; 1 = no pipelining, the rule's
-            choice). With 2 or more the next block's x, z, dy and rstd loads are issued
-            (cp.async on Hopper) while the current block computes: more bytes in flight per
-            SM, the same arithmetic in the same order, so the same bits (tested under the
-            interpreter, where the loop is a plain loop; on a GPU by construction, not yet
-            hash-checked there) (format 2; offline
-            sm_90 builds of the rule's D = 128 tile: at 1 the same 544 SASS instructions
-            and 97 registers as format 1; at 3, 100 registers, 24.7 KB of shared memory,
-            the loads through LDGSTS (cp.async); not yet timed).
+        bwd_stages: software-pipelining stages of the backward's loop over a program's row blocks
+            (``tl.range(..., num_stages=bwd_stages)``; 1 = no pipelining). The rule: 3 on CUDA for
+            rows of at most 1024 padded elements (an H200, 2026-12-01: D = 128 fwd+bwd 0.98x FLA's
+            device time, was 1.04x; same bits), else 1. With 2 or more the next block's x, z, dy
+            and rstd loads are issued (cp.async on Hopper) while the current block computes: more
+            bytes in flight per SM, the same arithmetic in the same order, so the same bits (tested
+            under the interpreter, where the loop is a plain loop; on an H200 at D = 128 bf16 by
+            comparison with the plan at 1: difference 0) (format 2; offline sm_90 builds of the
+            rule's D = 128 tile: at 1 the same 544 SASS instructions and 97 registers as format 1;
+            at 3, 100 registers, 24.7 KB of shared memory, the loads through LDGSTS (cp.async)).
     """
 
     family: ClassVar[str] = "cake-rmsnorm-silu-gate-det-train"
@@ -161,6 +161,10 @@ def _rule(hidden_size: int, group_size: int, device: torch.device) -> RMSNormSil
     block_m_fwd = max(1, min(64, (2048 if short else 4096 if cuda else 16384) // row))
     block_m_bwd = max(1, min(64, (2048 if cuda else 16384) // row))
     warp_scale = 2 if short else 1
+    # H200 2026-12-01, D = 128 bf16 (524288 and 1048576 rows; docs/benchmarks/
+    # rmsnorm_silu_gate.md, session 14): bwd_stages = 3 took fwd+bwd device time from
+    # 1.043x / 1.039x FLA's to 0.982x / 0.977x with the same bits (diff 0, repeats); 2 was
+    # slower (1.17x), 4 as 3. Longer rows not timed: they keep 1.
     if cuda:
         bwd_programs = sm_count(device) * (2 if row <= 4096 else 1)
     else:
@@ -176,5 +180,5 @@ def _rule(hidden_size: int, group_size: int, device: torch.device) -> RMSNormSil
         num_warps_bwd=_warps(warp_scale * block_m_bwd * row),
         bwd_programs=bwd_programs,
         reduce_block=min(1024, next_power_of_2(hidden_size)),
-        bwd_stages=1,
+        bwd_stages=3 if short else 1,
     )
