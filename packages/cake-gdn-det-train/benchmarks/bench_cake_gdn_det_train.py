@@ -71,7 +71,10 @@ def cake_fn(plan_over):
     from cake_gdn_det_train import chunk_gated_delta_rule_det, make_plan
 
     def run(q, k, v, g, beta, h0, cu):
-        plan = make_plan(q.shape[-1], v.shape[-1], q.dtype, q.device)
+        # the plan the entry picks with plan=None: the rule with state_programs = N * HV
+        n = q.shape[0] if cu is None else cu.numel() - 1
+        plan = make_plan(q.shape[-1], v.shape[-1], q.dtype, q.device,
+                         state_programs=n * v.shape[2])
         if plan_over:
             plan = dataclasses.replace(plan, **plan_over)
         return chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,

@@ -304,7 +304,7 @@ def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
 def test_state_programs_rule():
     """make_plan's state_programs rule (an H200, 2026-12-01): block_v_h = 32 where the
     state kernels would fill at most half the SMs at block_v = 64, 16-bit intermediates and
-    K = block_k only (K = 100 faulted); nowhere else, never on the CPU; the argument is
+    K = 128 only (timed there; K = 100 faulted); nowhere else, never on the CPU; the argument is
     checked."""
     from cake_gdn_det_train.plan import _rule, narrow_states_pay
 
@@ -313,7 +313,8 @@ def test_state_programs_rule():
     assert narrow_states_pay(p128, BF16, 32, 132)        # case a: 32 x 2 = 64 programs
     assert not narrow_states_pay(p128, BF16, 64, 132)    # case d: 128 programs
     assert not narrow_states_pay(p128, BF16, 0, 132)     # no sequences
-    assert narrow_states_pay(_rule(64, 64, BF16, cuda), torch.float16, 66, 132)
+    assert narrow_states_pay(_rule(128, 100, BF16, cuda), torch.float16, 33, 132)
+    assert not narrow_states_pay(_rule(64, 64, BF16, cuda), BF16, 2, 132)   # K != 128
     assert not narrow_states_pay(_rule(100, 48, BF16, cuda), BF16, 2, 132)   # K != block_k
     assert not narrow_states_pay(_rule(128, 32, BF16, cuda), BF16, 2, 132)   # block_v 32
     assert not narrow_states_pay(_rule(64, 64, torch.float32, cuda), torch.float32, 2, 132)
@@ -366,5 +367,10 @@ def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
             assert torch.equal(a, b)
     ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_h=2), DEV,
                                   num_v_heads=2, max_tokens=70)
+    with pytest.raises(ValueError, match="workspace"):
+        chunk_gdn_det_fwd(q, k, v, g, beta, plan=base, workspace=ws)
+    # a workspace of other head dims: the workspace message (not a plan-field error)
+    ws = GDNDetWorkspace.for_plan(make_plan(32, 16, torch.float32, DEV), DEV, num_v_heads=2,
+                                  max_tokens=70)
     with pytest.raises(ValueError, match="workspace"):
         chunk_gdn_det_fwd(q, k, v, g, beta, plan=base, workspace=ws)

@@ -168,6 +168,12 @@ def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
     return tl.float32 if is_interpreting() else _TL[inter_dtype(plan, dtype)]
 
 
+def _without_block_v_h(plan: GDNDetPlan) -> dict:
+    d = plan.to_dict()
+    d.pop("block_v_h")
+    return d
+
+
 def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: int, NT: int,
                        NC: int, dtype: torch.dtype):
     """The caller's workspace after every check (``None`` stays ``None``). A workspace made
@@ -175,7 +181,7 @@ def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: in
     are the same; :func:`make_plan`'s ``state_programs`` rule may narrow the default)."""
     own = getattr(workspace, "plan", None)
     if isinstance(workspace, GDNDetWorkspace) and isinstance(own, GDNDetPlan) and \
-            own != plan and dataclasses.replace(own, block_v_h=plan.block_v_h) == plan:
+            own != plan and _without_block_v_h(own) == _without_block_v_h(plan):
         plan = own
     return resolve_workspace(workspace, plan, device, workspace_type=GDNDetWorkspace,
                              buffer_shapes=workspace_shapes(plan, HV),

@@ -292,7 +292,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 
     ``state_programs``: the number of (sequence, value head) pairs of the calls the plan is
     for (``N * HV``; the entries pass it), or ``None``. It changes one field only: on CUDA
-    with 16-bit intermediates, K = block_k and block_v = 64, when ``state_programs *
+    with 16-bit intermediates, K = 128 and block_v = 64, when ``state_programs *
     ceil(V / 64)`` is at most half the GPU's SM count, ``block_v_h = 32`` (twice the state
     kernels' programs): an H200, 2026-12-01 (Triton 3.6), case a of the benchmark (one
     sequence, HV = 32: 64 programs for 132 SMs) fwd+bwd 11.24 -> 10.48 ms, while at case d
@@ -351,11 +351,12 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 def narrow_states_pay(plan: GDNDetPlan, dtype: torch.dtype, state_programs: int,
                       sms: int) -> bool:
     """Whether :func:`make_plan`'s ``state_programs`` rule narrows the state kernels' V
-    block of the rule's ``plan`` to 32: 16-bit intermediates, K = block_k (K = 100 with
-    block_v_h = 32 faulted: :func:`cuda_plan_problem`), block_v = block_v_h = 64, and
+    block of the rule's ``plan`` to 32: 16-bit intermediates, K = 128 (where it was timed
+    and checked against float64 on an H200; K = 100 with block_v_h = 32 faulted:
+    :func:`cuda_plan_problem`), block_v = block_v_h = 64, and
     ``state_programs * ceil(V / 64) <= sms / 2``."""
     return (dtype != torch.float32 and bool(plan.store_16bit)
-            and plan.head_k_dim == plan.block_k and plan.block_v == plan.block_v_h == 64
+            and plan.head_k_dim == plan.block_k == 128 and plan.block_v == plan.block_v_h == 64
             and 0 < state_programs * -(-plan.head_v_dim // 64) * 2 <= sms)
 
 
