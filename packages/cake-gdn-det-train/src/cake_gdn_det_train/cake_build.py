@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:efd6670dcf0b31e825db6efb3c9c002c5e58eeed88c84449dd2f8ee5922749b5"
+SOURCE_DIGEST = "sha256:62560fdea7caba1b0eb877e5aae3b4d504459674e55992be1e731cff00f71121"
 # --- end of generated block ---
 
 MANIFEST = {
