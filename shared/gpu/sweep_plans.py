@@ -17,6 +17,7 @@ its output, never by timing at call time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 
@@ -39,7 +40,9 @@ DEFAULTS = {
              "bwd_window=1 weight_tap_major=1 block_t_bwd=128 block_d_bwd=32 num_warps_bwd=8",
              "weight_tap_major=1 block_t_fwd=128", "weight_tap_major=1 reduce_block=256",
              # session 13 (no GPU): the SiLU backward's dpre once per row (persistent, scratch)
-             "bwd_da_once=1", "bwd_da_once=1 weight_tap_major=1"],
+             "bwd_da_once=1", "bwd_da_once=1 weight_tap_major=1",
+             # session 14 (no GPU): the forward in 32 / 16-row sub-tiles (launcher knob)
+             "fwd_sub_t=32", "fwd_sub_t=16"],
     "gate": ["", "block_m_fwd=16", "block_m_fwd=64", "num_warps_fwd=4", "num_warps_fwd=16",
              "block_m_fwd=64 num_warps_fwd=16", "block_m_bwd=8", "block_m_bwd=32",
              "num_warps_bwd=2", "num_warps_bwd=8", "bwd_programs=528", "bwd_programs=132",
@@ -52,6 +55,27 @@ DEFAULTS = {
 
 def parse(s: str) -> dict:
     return {k: int(v) for k, v in (kv.split("=") for kv in s.split())}
+
+
+#: Launcher knobs that are not plan fields (module attributes the launcher reads), named in a
+#: configuration like a plan field: set for that configuration only.
+KNOBS = {"fwd_sub_t": ("cake_causal_conv1d_det_train.api", "FWD_SUB_T")}
+
+
+@contextlib.contextmanager
+def knobs(over: dict):
+    """Pops the KNOBS of ``over`` and sets them while the block runs."""
+    import importlib
+    old = []
+    for k in [k for k in over if k in KNOBS]:
+        mod = importlib.import_module(KNOBS[k][0])
+        old.append((mod, KNOBS[k][1], getattr(mod, KNOBS[k][1])))
+        setattr(mod, KNOBS[k][1], over.pop(k))
+    try:
+        yield over
+    finally:
+        for mod, name, val in reversed(old):
+            setattr(mod, name, val)
 
 
 def fam_rmsnorm(dev):
@@ -171,6 +195,7 @@ def main():
     configs = a.configs or DEFAULTS[a.family]
     for shape, base, cake, anchor, inputs, dy in globals()[f"fam_{a.family}"](dev):
         print(f"== {a.family} {shape}", flush=True)
+        af = afb = adf = adfb = None
         if not a.compile_only:
             af = triton.testing.do_bench(anchor, warmup=25, rep=a.reps)
             afb = triton.testing.do_bench(lambda: run_fb(anchor, inputs, dy, False), warmup=25,
@@ -182,28 +207,34 @@ def main():
                 print(f"   anchor device fwd {adf:.4f} ms  fwd+bwd {adfb:.4f} ms", flush=True)
         ref = run_fb(lambda: cake(base), inputs, dy)
         for c in configs:
-            try:
-                plan = dataclasses.replace(base, **parse(c))
-                got = run_fb(lambda plan=plan: cake(plan), inputs, dy)
-            except (ValueError, TypeError) as e:
-                print(f"   [{c}] refused: {str(e)[:150]}", flush=True)
-                continue
-            if a.compile_only:
-                continue
-            again = run_fb(lambda plan=plan: cake(plan), inputs, dy)
-            rep = all(torch.equal(u, v) for u, v in zip(got, again, strict=True))
-            err = max(((u.float() - v.float()).abs().max() / v.float().abs().max().clamp_min(1e-30))
-                      .item() for u, v in zip(got, ref, strict=True))
-            f = triton.testing.do_bench(lambda plan=plan: cake(plan), warmup=25, rep=a.reps)
-            fb = triton.testing.do_bench(lambda plan=plan: run_fb(lambda: cake(plan), inputs, dy, False),
-                                         warmup=25, rep=a.reps)
-            print(f"   [{c or 'rule'}] fwd {f:.4f} ({f / af:.3f}x)  fwd+bwd {fb:.4f} "
-                  f"({fb / afb:.3f}x)  diff-to-rule {err:.1e}  repeat {rep}", flush=True)
-            if a.device_time:
-                df = device_ms(lambda plan=plan: cake(plan))
-                dfb = device_ms(lambda plan=plan: run_fb(lambda: cake(plan), inputs, dy, False))
-                print(f"   [{c or 'rule'}] device fwd {df:.4f} ({df / adf:.3f}x)  fwd+bwd "
-                      f"{dfb:.4f} ({dfb / adfb:.3f}x)", flush=True)
+            with knobs(parse(c)) as over:
+                sweep_one(a, c, over, base, cake, inputs, dy, ref, af, afb, adf, adfb)
+
+
+def sweep_one(a, c, over, base, cake, inputs, dy, ref, af, afb, adf, adfb):
+    """One configuration: refused, or its bits, repeat, times and ratios printed."""
+    try:
+        plan = dataclasses.replace(base, **over)
+        got = run_fb(lambda plan=plan: cake(plan), inputs, dy)
+    except (ValueError, TypeError) as e:
+        print(f"   [{c}] refused: {str(e)[:150]}", flush=True)
+        return
+    if a.compile_only:
+        return
+    again = run_fb(lambda plan=plan: cake(plan), inputs, dy)
+    rep = all(torch.equal(u, v) for u, v in zip(got, again, strict=True))
+    err = max(((u.float() - v.float()).abs().max() / v.float().abs().max().clamp_min(1e-30))
+              .item() for u, v in zip(got, ref, strict=True))
+    f = triton.testing.do_bench(lambda plan=plan: cake(plan), warmup=25, rep=a.reps)
+    fb = triton.testing.do_bench(lambda plan=plan: run_fb(lambda: cake(plan), inputs, dy, False),
+                                 warmup=25, rep=a.reps)
+    print(f"   [{c or 'rule'}] fwd {f:.4f} ({f / af:.3f}x)  fwd+bwd {fb:.4f} "
+          f"({fb / afb:.3f}x)  diff-to-rule {err:.1e}  repeat {rep}", flush=True)
+    if a.device_time:
+        df = device_ms(lambda plan=plan: cake(plan))
+        dfb = device_ms(lambda plan=plan: run_fb(lambda: cake(plan), inputs, dy, False))
+        print(f"   [{c or 'rule'}] device fwd {df:.4f} ({df / adf:.3f}x)  fwd+bwd "
+              f"{dfb:.4f} ({dfb / adfb:.3f}x)", flush=True)
 
 
 if __name__ == "__main__":

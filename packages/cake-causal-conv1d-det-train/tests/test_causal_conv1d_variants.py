@@ -253,3 +253,26 @@ def test_da_once_custom_op_path(conv):
         assert_close_to_reference(a, ref[k], torch.float32, k)
         if is_interpreting():
             assert bitwise_equal(a, b), k
+
+
+@pytest.mark.parametrize("sub_t", [1, 2, 8])
+@pytest.mark.parametrize("dtype,W,activation", [(torch.float32, 4, "silu"),
+                                                (torch.bfloat16, 3, None)], ids=str)
+def test_forward_sub_tiles_same_bits(conv, monkeypatch, sub_t, dtype, W, activation):
+    """The forward's token block in sub-tiles of ``api.FWD_SUB_T`` rows (kernels/fwd.py):
+    the same y and final state bits as the whole block, packed (the initial state reaching
+    several sub-tiles when they are shorter than W - 1) and fixed length (a partial block);
+    and near float64."""
+    from cake_causal_conv1d_det_train import api
+
+    T = conv.CU_RAGGED[-1]
+    for inp in (conv.make_inputs(1, T, 20, W, dtype, cu=conv.CU_RAGGED, seed=sub_t),
+                conv.make_inputs(2, 21, 20, W, dtype, seed=sub_t + 1)):
+        plan = dataclasses.replace(make_plan(20, W, dtype, conv.DEV), block_t_fwd=16)
+        monkeypatch.setattr(api, "FWD_SUB_T", 16)
+        want = conv.run_cake(inp, activation, plan=plan)
+        monkeypatch.setattr(api, "FWD_SUB_T", sub_t)
+        got = conv.run_cake(inp, activation, plan=plan)
+        for k in ("y", "fs"):
+            assert bitwise_equal(got[k], want[k]), k
+        _check(got, conv.run_reference(inp, activation), dtype)

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:3b360e14be2d426daa743bdb5d94c9d4d2b57991b1a2b4d9faad64d52b73140a"
+SOURCE_DIGEST = "sha256:9f06cc13201f9ad89a9bf31edf2c9f96861140325ca626f4f807260b84f91b57"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

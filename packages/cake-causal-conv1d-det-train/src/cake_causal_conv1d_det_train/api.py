@@ -298,6 +298,15 @@ def _kernel_weight(weight: torch.Tensor, plan: CausalConv1dDetPlan):
     return weight, (weight.stride(0), 1)  # last dim contiguous (checked), W >= 2
 
 
+#: Rows per sub-tile of the forward's token block (kernels/fwd.py), each stored before the
+#: next one's loads: the same bits for any value (a code shape, not a plan field). Default:
+#: the whole block (``min(block_t_fwd, FWD_SUB_T)``; the same SASS as before the sub-tile
+#: loop). 32 takes fewer sm_90 registers at the rule's 64-token blocks
+#: (docs/benchmarks/causal_conv1d.md session 14: static counts); a candidate the next GPU
+#: session times (set this attribute), adopted only if faster.
+FWD_SUB_T = 1 << 30
+
+
 def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final_state: bool,
                 plan: CausalConv1dDetPlan):
     B, T, D = x.shape
@@ -316,7 +325,7 @@ def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final
             W=W, BW=next_power_of_2(W), SILU=bool(act), HAS_BIAS=bias is not None,
             HAS_H0=h0 is not None, HAS_FS=fs is not None, VARLEN=cu_seqlens is not None,
             RNE=_rne(x.dtype), BLOCK_T=plan.block_t_fwd, BLOCK_D=plan.block_d_fwd,
-            num_warps=plan.num_warps_fwd)
+            SUB_T=min(plan.block_t_fwd, FWD_SUB_T), num_warps=plan.num_warps_fwd)
     return y, fs
 
 

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:58159340714e600c1a53c677e2136c1563576c4df04b5d61fb6bae56e975d47c"
+SOURCE_DIGEST = "sha256:4262d3722b41059cfe2c18b20eaf37e4c270dc1ffe34f719b4522804de667065"
 # --- end of generated block ---
 
 MANIFEST = {

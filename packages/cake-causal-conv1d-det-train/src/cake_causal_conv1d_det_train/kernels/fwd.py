@@ -8,6 +8,15 @@ block cb. It reads the W - 1 halo rows before its block from x of the same seque
 from the initial state, else 0, one [BLOCK_T, BLOCK_D] tap at a time (order: common.py).
 The program of a sequence's last block also writes its final state (a copy of the last
 W - 1 inputs, in x's dtype, no arithmetic).
+
+The block is computed in sub-tiles of ``SUB_T`` rows (a power of two dividing BLOCK_T; the
+launcher's choice, not a plan field), each stored before the next one's loads: every element
+gets the same sum in the same order whatever SUB_T (the same bits), but ptxas can no longer
+keep the whole block's W shifted x tiles in flight at once (loads are not moved above a
+store to a pointer that may alias). For sm_90 at 64 x 128, 8 warps (W = 4, bf16) the whole
+block (SUB_T = 64) takes 96 registers without an activation (2 CTAs per SM) against 79 with
+SiLU; SUB_T = 32 takes 80 / 64 (3 / 4 CTAs per SM); no spills
+(docs/benchmarks/causal_conv1d.md session 14; static counts, not timings).
 """
 
 import triton
@@ -27,7 +36,7 @@ def causal_conv1d_fwd_kernel(
     T, D, n_blk_seq, stride_xb, stride_xt, stride_w, stride_wk, s_hn, s_hd, s_hk,
     W: tl.constexpr, BW: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_H0: tl.constexpr, HAS_FS: tl.constexpr, VARLEN: tl.constexpr, RNE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, SUB_T: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     cb = tl.program_id(1)
@@ -36,23 +45,27 @@ def causal_conv1d_fwd_kernel(
                                                 BLOCK_T)
     cols = cb * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
-    rows = start + tl.arange(0, BLOCK_T).to(tl.int64)
-    y = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-    if HAS_BIAS:
-        y += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    xp = X + x_off + rows[:, None] * stride_xt + cols[None, :]
-    # tap i reads position t - (W - 1) + i
-    y = add_x_taps(y, xp, 0, rows, L, WT, cols, cmask, stride_xt, stride_w, stride_wk, W)
-    if HAS_H0:
-        if start < W - 1:  # rows that reach before the sequence start: the state's taps
-            y = add_state_taps(y, H0, WT, n, rows, rows, cols, cmask, s_hn, s_hd, s_hk,
-                               stride_w, stride_wk, W, False)
-    if SILU:
-        y = y / (1.0 + tl.exp(-y))
-    if RNE:
-        y = round_bf16(y)
-    mask = (rows < L)[:, None] & cmask[None, :]
-    tl.store(Y + y_off + rows[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    # the block in sub-tiles of SUB_T rows, each stored before the next one's loads: the same
+    # per-element sums (the same bits), fewer registers (module docstring)
+    for h in tl.static_range(BLOCK_T // SUB_T):
+        rows = start + h * SUB_T + tl.arange(0, SUB_T).to(tl.int64)
+        y = tl.zeros([SUB_T, BLOCK_D], dtype=tl.float32)
+        if HAS_BIAS:
+            y += tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        xp = X + x_off + rows[:, None] * stride_xt + cols[None, :]
+        # tap i reads position t - (W - 1) + i
+        y = add_x_taps(y, xp, 0, rows, L, WT, cols, cmask, stride_xt, stride_w, stride_wk, W)
+        if HAS_H0:
+            if start + h * SUB_T < W - 1:  # rows that reach before the sequence start
+                y = add_state_taps(y, H0, WT, n, rows, rows, cols, cmask, s_hn, s_hd, s_hk,
+                                   stride_w, stride_wk, W, False)
+        if SILU:
+            y = y / (1.0 + tl.exp(-y))
+        if RNE:
+            y = round_bf16(y)
+        mask = (rows < L)[:, None] & cmask[None, :]
+        tl.store(Y + y_off + rows[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty),
+                 mask=mask)
     if HAS_FS:
         if start + BLOCK_T >= L:  # the sequence's last block: FS[n, c, j] = input L-W+1+j
             f_slot = tl.arange(0, BW).to(tl.int64)
