@@ -85,13 +85,18 @@ CONFIGS = {
                       "128 128 bfloat16 keep_states=1",
                       "100 48 bfloat16 keep_states=1 lens=1,70,0,65",
                       "48 32 float32 keep_states=1 lens=1,70,0,65",
-                      # block_v_h (format 8, session 13 on the CPU): the state kernels'
-                      # V blocks apart from the output kernel's; not yet run on a GPU
+                      # block_v_h (format 8): the state kernels' V blocks apart from the
+                      # output kernel's; session 14 (H200): right at K = 128, the 100 / 48
+                      # entry faulted (now refused by cuda_plan_problem: expect a ValueError)
                       "128 128 bfloat16 block_v_h=32 num_warps_h=4",
                       "128 128 bfloat16 block_v_h=32",
                       "128 128 bfloat16 block_v_h=32 num_warps_h=4 keep_states=1",
                       "100 48 bfloat16 block_v_h=32 lens=1,70,0,65",
-                      "128 128 float16 block_v_h=32 num_warps_h=4"],
+                      "128 128 float16 block_v_h=32 num_warps_h=4",
+                      # the session-14 rule's narrowed plans (state_programs): K = 128
+                      "128 100 bfloat16 block_v_h=32 lens=1,70,0,65",
+                      "128 64 float16 block_v_h=32",
+                      "128 128 bfloat16 block_v_h=32 keep_states=1 lens=1,70,0,65"],
     "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",
@@ -136,7 +141,26 @@ CONFIGS = {
                       "128 128 bfloat16 pairs_diag=1 num_warps_pairs=8",
                       "64 64 bfloat16 pairs_diag=1", "128 128 float32 pairs_diag=1",
                       "100 100 bfloat16 pairs_diag=1 lens=1,70,0,65",
-                      "48 32 float32 pairs_diag=1 keep_a=0 lens=1,70,0,65"],
+                      "48 32 float32 pairs_diag=1 keep_a=0 lens=1,70,0,65",
+                      # rec_form: the two state recurrences in FLA's operand form, 2 with
+                      # kg stored by the prep (docs/benchmarks/kda_fwd_plan.md, rank 4);
+                      # not yet run on a GPU
+                      "128 128 bfloat16 rec_form=1", "128 128 float16 rec_form=1",
+                      "128 128 bfloat16 rec_form=1 keep_a=0",
+                      "128 128 bfloat16 rec_form=1 block_v=32",
+                      "128 128 bfloat16 rec_form=1 pairs_diag=1 num_warps_pairs=8",
+                      "64 64 bfloat16 rec_form=1", "64 64 float32 rec_form=1",
+                      "128 128 float32 rec_form=1",
+                      "100 48 bfloat16 rec_form=1 lens=1,70,0,65",
+                      "48 40 float32 rec_form=1 lens=1,70,0,65",
+                      "128 128 bfloat16 rec_form=2", "128 128 float16 rec_form=2",
+                      "128 128 bfloat16 rec_form=2 keep_a=0",
+                      "128 128 bfloat16 rec_form=2 block_v=32",
+                      "128 128 bfloat16 rec_form=2 pairs_diag=1 num_warps_pairs=8",
+                      "64 64 bfloat16 rec_form=2", "64 64 float32 rec_form=2",
+                      "128 128 float32 rec_form=2",
+                      "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
+                      "48 40 float32 rec_form=2 lens=1,70,0,65"],
 }
 
 

@@ -7,7 +7,8 @@ loads and stores, barriers, tensor-core ops, global loads, MUFU = exp).
 Uses Triton's own compiler and its bundled ptxas / cuobjdump (target sm_90, CUDA 12-ish
 PTX), the default CUDA plan of ``make_plan(K, V, bf16, "cuda")`` (built without a device:
 the rule is plain Python) with ``--plan`` overrides, and compiles each chunk kernel of the
-forward prep and the backward chunk step for the plan's ``diag_load`` / ``bwd_split``.
+forward prep and the backward chunk step for the plan's ``diag_load`` / ``bwd_split``, and
+the two state kernels for its ``rec_form``.
 Static counts, not timings: a guide to where a candidate removes work, to be confirmed on
 the GPU. Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the
 interpreter); no GPU is used.
@@ -68,6 +69,7 @@ def build(fn, types, consts, num_warps, num_stages=1):
 def main():
     import torch
     from cake_kda_det_train.kernels.chunk_bwd import (
+        kda_bwd_dh_kernel,
         kda_bwd_intra_kernel,
         kda_bwd_local_kernel,
     )
@@ -78,6 +80,7 @@ def main():
         kda_fwd_pairs_kernel,
         kda_fwd_prep_kernel,
     )
+    from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
     from cake_kda_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
@@ -96,7 +99,7 @@ def main():
     prep_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "Gp": "*fp32",
               "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "GCUM": "*fp32",
               "Ap": "*bf16", "AQK": "*bf16", "W": "*bf16", "U": "*bf16", "AKKS": "*fp32",
-              "scale": "fp32"}
+              "KG": "*bf16", "scale": "fp32"}
     pairs = bool(plan.fwd_split)
     if pairs:
         c = dict(BT=64, BKI=plan.block_k_inner)
@@ -110,7 +113,7 @@ def main():
     for load_a, cumsum, what in preps:
         c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
                  LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
-                 PAIRS=pairs)
+                 PAIRS=pairs, STORE_KG=plan.rec_form == 2)
         rows.append((what, plan.num_warps_prep,
                      *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
         if pairs:
@@ -127,8 +130,10 @@ def main():
     h_t.update({"Kp": "*bf16", "W": "*bf16", "U": "*bf16", "GCUM": "*fp32", "CU": "*i32",
                 "CHUNK_OFF": "*i32", "H0": "*fp32", "HBUF": "*bf16", "VNEW": "*bf16",
                 "HT": "*fp32"})
+    fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
+    op = {"KG": plan.rec_form == 2} if plan.rec_form else {}
     rows.append((f"fwd state h (stages={plan.num_stages_h})", plan.num_warps_h,
-                 *build(kda_fwd_h_kernel, h_t, dict(hc, HAS_H0=True, STORE_FINAL=True),
+                 *build(fwd_h, h_t, dict(hc, HAS_H0=True, STORE_FINAL=True, **op),
                         plan.num_warps_h, plan.num_stages_h)))
     o_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     o_t.update({"Qp": "*bf16", "GCUM": "*fp32", "AQK": "*bf16", "VNEW": "*bf16",
@@ -139,6 +144,14 @@ def main():
     if a.fwd_only:
         _report(over, rows)
         return
+    dh_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
+    dh_t.update({"Qp": "*bf16", "Kp": "*bf16", "W": "*bf16", "GCUM": "*fp32", "AQK": "*bf16",
+                 "DO": "*bf16", "CU": "*i32", "CHUNK_OFF": "*i32", "DHT": "*fp32",
+                 "DH": "*bf16", "DU": "*bf16", "DH0": "*fp32", "scale": "fp32"})
+    bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
+    rows.append((f"bwd state dh (stages={plan.num_stages_h})", plan.num_warps_h,
+                 *build(bwd_dh, dh_t, dict(hc, HAS_DHT=True, STORE_DH0=True, **op),
+                        plan.num_warps_h, plan.num_stages_h)))
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",
              "VNEW": "*bf16", "DU": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32",

@@ -56,17 +56,19 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.gated", "function": "gated_pair_ld"},
     {"module": "cake_kda_det_train.kernels.gated", "function": "row_apply_ld"},
     {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply_ld"},
+    {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_fwd_h_op_kernel"},
+    {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 4,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 5,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs"]},
+                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:857a027ddd8652c9fa8700f2e344d98e5284f0542e4450eacc0a82d8b41c09ae"
+SOURCE_DIGEST = "sha256:5931944a8795e89abd7f9575538ea57a4f6fa0e1163dbeacdde96a6f994e727c"
 # --- end of generated block ---
 
 MANIFEST = {

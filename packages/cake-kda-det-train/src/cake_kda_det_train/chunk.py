@@ -25,6 +25,7 @@ from cake_kda_det_train.kernels.chunk_fwd import (
     kda_fwd_pairs_kernel,
     kda_fwd_prep_kernel,
 )
+from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -61,7 +62,9 @@ def _consts(plan: KDADetPlan, dtype: torch.dtype) -> dict:
 def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
                     scratch, load_a: bool, recompute: bool):
     """Chunk prep (G, T, w, u, Aqk) and the state recurrence (h, v_new, final state). With
-    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``."""
+    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``. Returns
+    kg ``[B * T, HV, K]`` (k exp(G_last - G) in the intermediates' dtype, a scratch of this
+    call, not of the workspace) with ``plan.rec_form = 2``, else None."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     starts, ends, chunk_off, cu_dev, NC = tabs
@@ -82,20 +85,26 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
             BC=SUB_CHUNK, BKI=plan.block_k_inner, WANT_AKK=not load_a,
             DIAG3=bool(plan.pairs_diag), num_warps=plan.num_warps_pairs, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
+    kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device) \
+        if plan.rec_form == 2 else None
     kda_fwd_prep_kernel[(NC, HV)](
         q, k, v, g_cumsum if recompute or pairs else g, beta, starts, ends, g_cumsum, A, aqk,
-        w, u, akks,
+        w, u, akks, kg if kg is not None else w,
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
         BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute and not pairs,
-        DIAG_LOAD=plan.diag_load, PAIRS=pairs,
+        DIAG_LOAD=plan.diag_load, PAIRS=pairs, STORE_KG=kg is not None,
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
-    kda_fwd_h_kernel[(N, HV, _cdiv(V, plan.block_v))](
-        k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
+    fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
+    op = {"KG": kg is not None} if plan.rec_form else {}
+    fwd_h[(N, HV, _cdiv(V, plan.block_v))](
+        kg if kg is not None else k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new,
+        ht if ht is not None else h,
         H, HV, HV // H, K, V,
         BV=plan.block_v, HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
-        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
+        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **cst)
+    return kg
 
 
 def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
@@ -197,19 +206,21 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
         scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
         g_cs = g_cumsum
-        _prep_and_state(q, k, v, None, beta, scale, initial_state, None, plan, tabs, g_cs,
-                        A, scratch, load_a=load_a, recompute=True)
+        kg = _prep_and_state(q, k, v, None, beta, scale, initial_state, None, plan, tabs,
+                             g_cs, A, scratch, load_a=load_a, recompute=True)
         w, _, v_new, h, aqk = scratch
         cst = _consts(plan, q.dtype)
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
         du = torch.empty((NT, HV, V), dtype=idt, device=dev)
         dht_c = dht.contiguous() if dht is not None else None
-        kda_bwd_dh_kernel[(N, HV, _cdiv(V, plan.block_v))](
-            q, k, w, g_cs, aqk, do, tabs[3], tabs[2], dht_c if dht_c is not None else dh,
-            dh, du, dh0 if dh0 is not None else dh,
+        bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
+        op = {"KG": kg is not None} if plan.rec_form else {}
+        bwd_dh[(N, HV, _cdiv(V, plan.block_v))](
+            q, kg if kg is not None else k, w, g_cs, aqk, do, tabs[3], tabs[2],
+            dht_c if dht_c is not None else dh, dh, du, dh0 if dh0 is not None else dh,
             scale, H, HV, HV // H, K, V,
             BV=plan.block_v, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
+            num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **cst)
         # diag_load = 2 / bwd_split: fp32 copies of each chunk's dA and gated dAqk (FLA keeps
         # the same two [T, 64] matrices), read back by the same program / the split kernel
         split = bool(plan.bwd_split)

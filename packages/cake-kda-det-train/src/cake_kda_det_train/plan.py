@@ -19,6 +19,16 @@ SUB_CHUNK = 16
 #: Largest head dims K and V.
 MAX_HEAD_DIM = 256
 
+#: How to bring a dict of an older format version to the current one (same launches, bits).
+_UPGRADES = {
+    3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
+       "num_warps_intra set before), version 5 rec_form; add pairs_diag = 0, "
+       "num_warps_pairs = <the plan's num_warps_intra> and rec_form = 0 and set version = 5 "
+       "for the same launches and bits",
+    4: "version 5 added rec_form (the operand form of the two state-recurrence kernels); add "
+       "rec_form = 0 and set version = 5 for the same launches and bits",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class KDADetPlan(Plan):
@@ -93,10 +103,27 @@ class KDADetPlan(Plan):
         num_warps_pairs: warps of the ``fwd_split`` pairs kernel (the forward's, and the
             backward's recompute of Aqk); ``num_warps_intra`` keeps the other sub-chunk
             kernels (4 in the rule, as before the field existed).
+        rec_form: form of the two state-recurrence kernels (the forward's state kernel,
+            also run by the backward's recompute, and the backward's dS kernel). 0 =
+            ``kda_fwd_h_kernel`` / ``kda_bwd_dh_kernel`` (the rule's choice). 1 = FLA's
+            operand form (kernels/rec_op.py): block pointers over the sequence's rows, the
+            transposed operands (k exp(G_last - G) in the forward, scale q exp(G) and w in
+            the backward) formed from ``[K, 64]`` tiles loaded transposed, so no register
+            transpose; the forward's state update takes v_new before its rounding to the
+            stored dtype. Same grid, order and products; other bits where that rounding or
+            the compiled dot order differ (fixed per plan). 2 = as 1, with kg = k
+            exp(G_last - G) formed once by the chunk prep and stored in the intermediates'
+            dtype (a ``[B * T, HV, K]`` scratch of each call, like w; the backward's
+            recompute forms it again): the forward state kernel loads kg^T by block pointer
+            straight into the dot and the dS kernel loads it as its decayed k (no ``[64, K]``
+            G tile, no exp tile per step there); kg rounded to the stored dtype: other bits
+            than 0 / 1 with 16-bit intermediates. Candidates not yet run on a GPU:
+            docs/benchmarks/kda_fwd_plan.md.
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 4
+    format_version: ClassVar[int] = 5
+    format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
     head_v_dim: int
@@ -123,6 +150,7 @@ class KDADetPlan(Plan):
     num_warps_intra: int
     pairs_diag: int
     num_warps_pairs: int
+    rec_form: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -145,6 +173,7 @@ class KDADetPlan(Plan):
         self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "pairs_diag")
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
+        self.require_in_range("rec_form", 0, 2)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or self.block_v < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16")
@@ -225,7 +254,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     float64 there; the interpreter takes them too, so that the CPU tests run the GPU's
     paths), ``num_warps_intra = 4`` (docs/benchmarks/kda_speed_plan.md);
     ``pairs_diag = 0`` and ``num_warps_pairs = 4`` (the pairs kernel as before those fields;
-    ``pairs_diag = 1`` is a candidate not yet run on a GPU: docs/benchmarks/kda_fwd_plan.md).
+    ``pairs_diag = 1`` is a candidate not yet run on a GPU: docs/benchmarks/kda_fwd_plan.md);
+    ``rec_form = 0`` (the state kernels as before the field; 1 and 2 are candidates, not yet
+    run on a GPU).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -278,4 +309,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_intra=4,
         pairs_diag=0,
         num_warps_pairs=4,
+        rec_form=0,
     )

@@ -15,6 +15,7 @@ pair products from :mod:`cake_kda_det_train.kernels.gated` (``M`` strictly lower
 backward's recompute, loads the forward's), T (or loads the forward's), w, u and Aqk,
 taking the key channels in blocks of ``BKI`` (the pair products summed over the blocks in
 index order; small blocks keep registers and shared memory bounded at K = 128);
+with ``plan.rec_form = 2`` it also stores kg = k exp(G_last - G) (kernels/rec_op.py);
 ``kda_fwd_h_kernel`` (per sequence, value head and V block) runs the state recurrence
 over the sequence's chunks in order, storing each chunk's S0 and v_new; ``kda_fwd_o_kernel``
 (per chunk, value head, V block) the output. No atomics: every program writes only its own
@@ -48,11 +49,12 @@ def _chunk_g(Gp, GCUM, g_off, kmask, tmask, last_off, ck, KD, CUMSUM: tl.constex
 @triton.jit
 def kda_fwd_prep_kernel(
     Qp, Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
-    GCUM, Ap, AQK, W, U, AKKS,
+    GCUM, Ap, AQK, W, U, AKKS, KG,
     scale, H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
     CUMSUM: tl.constexpr, DIAG_LOAD: tl.constexpr, PAIRS: tl.constexpr,
+    STORE_KG: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -131,6 +133,10 @@ def kda_fwd_prep_kernel(
         w = tl.zeros([BT, BKI], dtype=tl.float32)
         w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
         tl.store(W + g_off, w.to(W.dtype.element_ty), mask=kmask)
+        if STORE_KG:  # plan.rec_form = 2: kg = k exp(G_last - G) for the state kernels
+            gl = tl.sum(tl.where((tok == end - 1)[:, None], gc, 0.0), axis=0)
+            kg = tl.where(kmask, kb * tl.exp(tl.where(kmask, gl[None, :] - gc, 0.0)), 0.0)
+            tl.store(KG + g_off, kg.to(KG.dtype.element_ty), mask=kmask)
 
 
 @triton.jit
