@@ -67,11 +67,11 @@ def knobs(over: dict):
     """Pops the KNOBS of ``over`` and sets them while the block runs."""
     import importlib
     old = []
-    for k in [k for k in over if k in KNOBS]:
-        mod = importlib.import_module(KNOBS[k][0])
-        old.append((mod, KNOBS[k][1], getattr(mod, KNOBS[k][1])))
-        setattr(mod, KNOBS[k][1], over.pop(k))
     try:
+        for k in [k for k in over if k in KNOBS]:
+            mod = importlib.import_module(KNOBS[k][0])
+            old.append((mod, KNOBS[k][1], getattr(mod, KNOBS[k][1])))
+            setattr(mod, KNOBS[k][1], over.pop(k))
         yield over
     finally:
         for mod, name, val in reversed(old):

@@ -307,6 +307,14 @@ def _kernel_weight(weight: torch.Tensor, plan: CausalConv1dDetPlan):
 FWD_SUB_T = 1 << 30
 
 
+def _fwd_sub_t(plan: CausalConv1dDetPlan) -> int:
+    """``min(block_t_fwd, FWD_SUB_T)``, checked: a power of two >= 1."""
+    sub = min(plan.block_t_fwd, FWD_SUB_T)
+    if isinstance(sub, bool) or not isinstance(sub, int) or sub < 1 or sub & (sub - 1):
+        raise ValueError(f"FWD_SUB_T: must give a power of two >= 1, got {FWD_SUB_T!r}")
+    return sub
+
+
 def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final_state: bool,
                 plan: CausalConv1dDetPlan):
     B, T, D = x.shape
@@ -325,7 +333,7 @@ def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final
             W=W, BW=next_power_of_2(W), SILU=bool(act), HAS_BIAS=bias is not None,
             HAS_H0=h0 is not None, HAS_FS=fs is not None, VARLEN=cu_seqlens is not None,
             RNE=_rne(x.dtype), BLOCK_T=plan.block_t_fwd, BLOCK_D=plan.block_d_fwd,
-            SUB_T=min(plan.block_t_fwd, FWD_SUB_T), num_warps=plan.num_warps_fwd)
+            SUB_T=_fwd_sub_t(plan), num_warps=plan.num_warps_fwd)
     return y, fs
 
 

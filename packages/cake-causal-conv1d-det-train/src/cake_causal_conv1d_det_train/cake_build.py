@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4262d3722b41059cfe2c18b20eaf37e4c270dc1ffe34f719b4522804de667065"
+SOURCE_DIGEST = "sha256:5ab93b4d4b22d43a9ca8be6ac63bd435469f1b69bb27ce10f9b92c15e83eaf2b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:6479ce643c32e406c088e4abf65a01bc042e8a3bf1a029c5910659ade0f591be"
+SOURCE_DIGEST = "sha256:d75c6dca9a579e11a3a7f8a87f22383f874048df6424bb096284919bd7404d87"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -68,7 +68,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5931944a8795e89abd7f9575538ea57a4f6fa0e1163dbeacdde96a6f994e727c"
+SOURCE_DIGEST = "sha256:30b3a8cd37bf4ddfeb6a3d0ea6e6c60f8456da6fdbd1b88d4bf859ab8e05ba04"
 # --- end of generated block ---
 
 MANIFEST = {

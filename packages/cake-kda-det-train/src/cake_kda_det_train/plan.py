@@ -26,7 +26,9 @@ _UPGRADES = {
        "num_warps_pairs = <the plan's num_warps_intra> and rec_form = 0 and set version = 5 "
        "for the same launches and bits",
     4: "version 5 added rec_form (the operand form of the two state-recurrence kernels); add "
-       "rec_form = 0 and set version = 5 for the same launches and bits",
+       "rec_form = 0 (and num_warps_pairs = <the plan's num_warps_intra> if absent: dicts "
+       "written by early format-4 code lack it) and set version = 5 for the same launches "
+       "and bits",
 }
 
 

@@ -89,7 +89,7 @@ def kda_fwd_h_op_kernel(
         p_vn = tl.make_block_ptr(vn_base, (T, VD), (HV * VD, 1), (t0, iv * BV), (BT, BV),
                                  (1, 0))
         tl.store(p_vn, v32.to(VNEW.dtype.element_ty), boundary_check=(0, 1))
-        last = tl.minimum(t0 + BT, T) - 1
+        last = (tl.minimum(t0 + BT, T) - 1).to(tl.int64)  # offsets below reach T*HV*K
         glast = tl.load(g_base + last * (HV * KD) + ck, mask=ck < KD, other=0.0)
         if KG:
             kgt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
@@ -166,7 +166,7 @@ def kda_bwd_dh_op_kernel(
         p_wt = tl.make_block_ptr(w_base, (KD, T), (1, HV * KD), (0, t0), (BK, BT), (0, 1))
         dob = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
         aqkt = tl.load(p_at, boundary_check=(0, 1), padding_option="zero")
-        last = tl.minimum(t0 + BT, T) - 1
+        last = (tl.minimum(t0 + BT, T) - 1).to(tl.int64)  # offsets below reach T*HV*K
         glast = tl.load(g_base + last * (HV * KD) + ck, mask=ck < KD, other=0.0)
         if KG:
             kd = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
