@@ -14,7 +14,6 @@ are an elementwise fp32 kernel before the chunk kernels and one after the backwa
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -42,8 +41,7 @@ from cake_core.linear_attention import (
     saved_chunk_tables,
     saved_meta,
 )
-from cake_core.plan import cached_plan
-from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, sm_count, tl
+from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -71,7 +69,7 @@ from cake_gdn_det_train.plan import (
     GDNDetPlan,
     cuda_plan_problem,
     make_plan,
-    narrow_states_pay,
+    narrowed_for,
 )
 from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace, workspace_shapes
 
@@ -138,20 +136,9 @@ def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device
     (``N * HV``) is given."""
     got = resolve_plan(plan, K, V, dtype, device, plan_type=GDNDetPlan, make_plan=make_plan,
                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
-    if plan is not None or state_programs is None or device.type != "cuda" or \
-            not narrow_states_pay(got, dtype, state_programs, _sms(device)):
+    if plan is not None or state_programs is None:
         return got
-    return cached_plan(_DEFAULT_PLANS, (K, V, dtype, device, "block_v_h", 32),
-                       lambda: dataclasses.replace(got, block_v_h=32))
-
-
-_SMS: dict[torch.device, int] = {}
-
-
-def _sms(device: torch.device) -> int:
-    if device not in _SMS:
-        _SMS[device] = sm_count(device)
-    return _SMS[device]
+    return narrowed_for(got, dtype, device, state_programs)
 
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:62560fdea7caba1b0eb877e5aae3b4d504459674e55992be1e731cff00f71121"
+SOURCE_DIGEST = "sha256:50d3d7f7b7b4fed2c8dadea815caa6240d3b758bbae6b54182039f64e94f3954"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -340,8 +340,15 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     if isinstance(state_programs, bool) or not isinstance(state_programs, numbers.Integral) \
             or state_programs < 0:
         raise ValueError(f"state_programs: must be None or an int >= 0, got {state_programs!r}")
-    device = torch.device(device)
-    if device.type != "cuda" or not narrow_states_pay(plan, dtype, int(state_programs),
+    return narrowed_for(plan, dtype, torch.device(device), int(state_programs))
+
+
+def narrowed_for(plan: GDNDetPlan, dtype: torch.dtype, device: torch.device,
+                 state_programs: int) -> GDNDetPlan:
+    """The rule's ``plan`` after :func:`make_plan`'s ``state_programs`` rule: its
+    ``block_v_h = 32`` copy (memoised) on CUDA where :func:`narrow_states_pay` says so,
+    else ``plan``."""
+    if device.type != "cuda" or not narrow_states_pay(plan, dtype, state_programs,
                                                       sm_count(device)):
         return plan
     return cached_plan(_PLANS, (plan, "block_v_h", 32),
