@@ -153,8 +153,13 @@ def test_chunk_tables_for_and_saved_chunk_tables(monkeypatch):
     assert built == [64]
     la.chunk_tables_for(cu, off, 32, DEV)  # another chunk size: its own tables
     assert built == [64, 32]
-    la.chunk_tables_for(None, off, 64, DEV)  # no cu_seqlens: built each call
+    la._fixed_tables.clear()
+    fixed = la.chunk_tables_for(None, off, 64, DEV)  # no cu_seqlens: kept by value
+    assert built == [64, 32, 64] and fixed[1] is not dev_tables
+    assert la.chunk_tables_for(None, off.clone(), 64, DEV)[1] is fixed[1]
     assert built == [64, 32, 64]
+    la.chunk_tables_for(None, torch.tensor([0, 0, 1, 70, 76]), 64, DEV)  # other values
+    assert built == [64, 32, 64, 64]
     saved = SimpleNamespace(meta={"chunk_tables": (key, dev_tables), "cu_host": off},
                             cu_seqlens=None)
     assert la.saved_chunk_tables(saved, 64, DEV) is dev_tables
@@ -163,6 +168,26 @@ def test_chunk_tables_for_and_saved_chunk_tables(monkeypatch):
     saved.meta["chunk_tables"] = None
     assert la.saved_chunk_tables(saved, 64, DEV)[0].tolist() == dev_tables[0].tolist()
     varlen.clear_offsets_cache()
+    la._fixed_tables.clear()
+
+
+def test_fixed_tables_cache_is_bounded_and_uploads_match():
+    """The by-value cache of tables without cu_seqlens keeps at most
+    FIXED_TABLES_CACHE_SIZE entries, least recently used out; the one packed upload gives
+    the same values and dtypes as the host tables, also with no chunk at all."""
+    la._fixed_tables.clear()
+    for n in range(la.FIXED_TABLES_CACHE_SIZE + 3):
+        off = torch.arange(3, dtype=torch.int64) * (n + 1)
+        key, dev = la.chunk_tables_for(None, off, 4, DEV)
+        host = la.chunk_tables(off, 4)
+        assert [t.dtype for t in dev[:4]] == [torch.int32] * 3 + [torch.int64]
+        assert [t.tolist() for t in dev[:3]] == [t.tolist() for t in host[:3]]
+        assert dev[3].tolist() == off.tolist() and dev[4] == host[3]
+    assert len(la._fixed_tables) == la.FIXED_TABLES_CACHE_SIZE
+    empty = la.chunk_tables_for(None, torch.zeros(3, dtype=torch.int64), 4, DEV)[1]
+    assert empty[4] == 0 and [t.numel() for t in empty[:4]] == [0, 0, 3, 3]
+    la._fixed_tables.clear()
+
 
 def test_check_grad_outputs():
     saved = SimpleNamespace(q=torch.zeros(1, 10, 2, 16), v=torch.zeros(1, 10, 4, 8),

@@ -18,6 +18,8 @@ torch: importing it imports no Triton (the checks that need the backend rule imp
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -316,10 +318,59 @@ def chunk_tables_for(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, chu
 
     def build():
         starts, ends, chunk_off, NC = chunk_tables_for(cu_seqlens, offsets, chunk_size)
-        return (starts.to(device), ends.to(device), chunk_off.to(device), offsets.to(device),
-                NC)
+        return (*_upload_tables(offsets, starts, ends, chunk_off, device), NC)
 
+    if cu_seqlens is None:  # fixed-length rows (or a backward's host offsets): kept by value
+        return key, _kept_by_value(key, offsets, build)
     return key, offsets_derived(cu_seqlens, offsets, key, build)
+
+
+#: how many device chunk tables of calls without ``cu_seqlens`` are kept, keyed by their
+#: offsets' values (least recently used first out; each holds a few ``[NC]`` int32 tensors)
+FIXED_TABLES_CACHE_SIZE = 16
+_fixed_tables: OrderedDict = OrderedDict()
+_fixed_lock = threading.Lock()
+
+
+def _kept_by_value(key: tuple, offsets: torch.Tensor, build: Callable[[], Any]) -> Any:
+    """``build()``, remembered per ``(key, offsets' values)``: calls of fixed-length rows
+    (B rows of T tokens) rebuild and upload nothing after the first, so their forward and
+    backward make no host-device synchronisation."""
+    k = (key, offsets.numel(), offsets.numpy().tobytes())
+    with _fixed_lock:
+        if k in _fixed_tables:
+            _fixed_tables.move_to_end(k)
+            return _fixed_tables[k]
+    value = build()
+    with _fixed_lock:
+        _fixed_tables[k] = value
+        while len(_fixed_tables) > FIXED_TABLES_CACHE_SIZE:
+            _fixed_tables.popitem(last=False)
+    return value
+
+
+def _upload_tables(offsets: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+                   chunk_off: torch.Tensor, device: torch.device) -> tuple:
+    """``(starts, ends, chunk_off, cu)`` on ``device`` in one host-to-device copy: the int64
+    offsets and the three int32 tables packed as bytes (offsets first: 8-byte aligned), from
+    pinned memory without waiting on CUDA (the copy is ordered before the launches on the
+    current stream; torch keeps the pinned block until the copy is done). While a CUDA graph
+    is captured the copy is the plain synchronous one (a captured copy would read the pinned
+    block again at every replay, after torch gave it back)."""
+    parts = [offsets.contiguous(), starts.contiguous(), ends.contiguous(),
+             chunk_off.contiguous()]
+    raw = [t.view(torch.uint8) for t in parts]
+    host = torch.cat(raw)
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        dev = host.pin_memory().to(device, non_blocking=True)
+    else:
+        dev = host.to(device)
+    out, at = [], 0
+    for t, r in zip(parts, raw, strict=True):
+        out.append(dev[at:at + r.numel()].view(t.dtype))
+        at += r.numel()
+    cu, starts_d, ends_d, chunk_off_d = out
+    return starts_d, ends_d, chunk_off_d, cu
 
 
 def saved_chunk_tables(saved: Any, chunk_size: int, device: torch.device) -> tuple:
