@@ -41,8 +41,9 @@ DEFAULTS = {
              "weight_tap_major=1 block_t_fwd=128", "weight_tap_major=1 reduce_block=256",
              # session 13 (no GPU): the SiLU backward's dpre once per row (persistent, scratch)
              "bwd_da_once=1", "bwd_da_once=1 weight_tap_major=1",
-             # session 14 (no GPU): the forward in 32 / 16-row sub-tiles (launcher knob)
-             "fwd_sub_t=32", "fwd_sub_t=16"],
+             # session 14: the forward in 32 / 16-row sub-tiles (plan fields since session
+             # 15; the rule takes fwd_sub_t_linear = 32 and whole blocks with SiLU)
+             "fwd_sub_t=32", "fwd_sub_t=16", "fwd_sub_t_linear=64", "fwd_sub_t_linear=16"],
     "gate": ["", "block_m_fwd=16", "block_m_fwd=64", "num_warps_fwd=4", "num_warps_fwd=16",
              "block_m_fwd=64 num_warps_fwd=16", "block_m_bwd=8", "block_m_bwd=32",
              "num_warps_bwd=2", "num_warps_bwd=8", "bwd_programs=528", "bwd_programs=132",
@@ -59,7 +60,8 @@ def parse(s: str) -> dict:
 
 #: Launcher knobs that are not plan fields (module attributes the launcher reads), named in a
 #: configuration like a plan field: set for that configuration only.
-KNOBS = {"fwd_sub_t": ("cake_causal_conv1d_det_train.api", "FWD_SUB_T")}
+KNOBS: dict[str, tuple[str, str]] = {}  # none at present (session 14's fwd_sub_t became a
+# plan field of the conv family in session 15)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ local memory), per kernel and plan variant.
 
     TRITON_INTERPRET=0 python benchmarks/offline_build_conv.py [--varlen] [--w 4] [--no-silu]
 
-Compiles the forward (at api.FWD_SUB_T-row sub-tiles and whole blocks) and the backward as
+Compiles the forward (at 32-row sub-tiles and whole blocks) and the backward as
 ``api.py`` launches them for the benchmark's case
 (bf16, SiLU, no bias, no initial / final state; fixed length, or ``--varlen`` packed) at the
 CUDA rule's tiles and at a few candidates (``bwd_window = 1``, ``weight_tap_major = 1``,
@@ -27,7 +27,6 @@ from cake_core.bench import offline_sm90_build as build  # noqa: E402
 
 
 def main():
-    from cake_causal_conv1d_det_train.api import FWD_SUB_T
     from cake_causal_conv1d_det_train.kernels.bwd import causal_conv1d_bwd_kernel
     from cake_causal_conv1d_det_train.kernels.bwd_once import causal_conv1d_bwd_once_kernel
     from cake_causal_conv1d_det_train.kernels.fwd import causal_conv1d_fwd_kernel
@@ -52,12 +51,12 @@ def main():
     div16 = ("D", "stride_xb", "stride_xt", "stride_dyb", "stride_dyt")
     rows = []
     fwd_ptrs = {"X": dt, "WT": dt, "BIAS": dt, "H0": dt, "Y": dt, "FS": dt}
-    # forward sub-tiles: the launcher's (api.FWD_SUB_T) and the whole block (the code before)
+    # forward sub-tiles: 32 rows (the CUDA rule's fwd_sub_t_linear) and the whole block
     fwd_cfgs = [(bt, bd, warps, tm, st)
                 for bt, bd, warps, tm in ((64, 64, 8, 0), (64, 64, 8, 1), (64, 32, 4, 0),
                                           (128, 64, 8, 0), (128, 64, 8, 1), (64, 128, 8, 0),
                                           (64, 128, 8, 1))
-                for st in sorted({min(bt, FWD_SUB_T), bt})]
+                for st in sorted({min(bt, 32), bt})]
     for bt, bd, warps, tm, st in fwd_cfgs:
         t = {**{k: f"*{v}" for k, v in fwd_ptrs.items()}, "TABLE": table, "CU": cu,
              **{n: "i32" for n in ints}}

@@ -125,8 +125,9 @@ def test_variant_plan_fields():
     old = {k: v for k, v in rule.to_dict().items() if k not in ("bwd_window",
                                                                  "weight_tap_major",
                                                                  "bwd_da_once")}
-    with pytest.raises(ValueError, match="add bwd_window = 0 and weight_tap_major = 0 and "
-                                         "bwd_da_once = 0 and set version = 3"):
+    with pytest.raises(ValueError, match="add bwd_window = 0, weight_tap_major = 0, "
+                                         "bwd_da_once = 0, fwd_sub_t = fwd_sub_t_linear = "
+                                         "block_t_fwd and set version = 4"):
         CausalConv1dDetPlan.from_dict({**old, "version": 1})
 
 
@@ -158,7 +159,8 @@ def test_da_once_plan_fields():
         dataclasses.replace(rule, bwd_da_once=1, bwd_window=1)
     rule = dataclasses.replace(rule, bwd_da_once=0)
     v2 = {k: v for k, v in rule.to_dict().items() if k != "bwd_da_once"}
-    with pytest.raises(ValueError, match="add bwd_da_once = 0 and set version = 3"):
+    with pytest.raises(ValueError, match="add bwd_da_once = 0, fwd_sub_t = fwd_sub_t_linear "
+                                         "= block_t_fwd and set version = 4"):
         CausalConv1dDetPlan.from_dict({**v2, "version": 2})
 
 
@@ -258,21 +260,45 @@ def test_da_once_custom_op_path(conv):
 @pytest.mark.parametrize("sub_t", [1, 2, 8])
 @pytest.mark.parametrize("dtype,W,activation", [(torch.float32, 4, "silu"),
                                                 (torch.bfloat16, 3, None)], ids=str)
-def test_forward_sub_tiles_same_bits(conv, monkeypatch, sub_t, dtype, W, activation):
-    """The forward's token block in sub-tiles of ``api.FWD_SUB_T`` rows (kernels/fwd.py):
-    the same y and final state bits as the whole block, packed (the initial state reaching
-    several sub-tiles when they are shorter than W - 1) and fixed length (a partial block);
-    and near float64."""
-    from cake_causal_conv1d_det_train import api
-
+def test_forward_sub_tiles_same_bits(conv, sub_t, dtype, W, activation):
+    """The forward's token block in sub-tiles of ``plan.fwd_sub_t`` (SiLU) /
+    ``plan.fwd_sub_t_linear`` (no activation) rows (kernels/fwd.py): the same y and final
+    state bits as the whole block, packed (the initial state reaching several sub-tiles
+    when they are shorter than W - 1) and fixed length (a partial block); and near
+    float64. The field of the other activation has no effect."""
     T = conv.CU_RAGGED[-1]
+    field, other = ("fwd_sub_t", "fwd_sub_t_linear") if activation else \
+        ("fwd_sub_t_linear", "fwd_sub_t")
     for inp in (conv.make_inputs(1, T, 20, W, dtype, cu=conv.CU_RAGGED, seed=sub_t),
                 conv.make_inputs(2, 21, 20, W, dtype, seed=sub_t + 1)):
-        plan = dataclasses.replace(make_plan(20, W, dtype, conv.DEV), block_t_fwd=16)
-        monkeypatch.setattr(api, "FWD_SUB_T", 16)
-        want = conv.run_cake(inp, activation, plan=plan)
-        monkeypatch.setattr(api, "FWD_SUB_T", sub_t)
-        got = conv.run_cake(inp, activation, plan=plan)
+        whole = dataclasses.replace(make_plan(20, W, dtype, conv.DEV), block_t_fwd=16,
+                                    fwd_sub_t=16, fwd_sub_t_linear=16)
+        want = conv.run_cake(inp, activation, plan=whole)
+        got = conv.run_cake(inp, activation, plan=dataclasses.replace(whole, **{field: sub_t}))
         for k in ("y", "fs"):
             assert bitwise_equal(got[k], want[k]), k
         _check(got, conv.run_reference(inp, activation), dtype)
+    if sub_t == 1:  # the other activation's field leaves this launch alone
+        with_other = dataclasses.replace(whole, **{other: 1})
+        assert bitwise_equal(conv.run_cake(inp, activation, plan=with_other)["y"], want["y"])
+
+
+def test_sub_tile_fields_checked(conv):
+    """fwd_sub_t / fwd_sub_t_linear: powers of two (min(value, block_t_fwd) rows are used:
+    a larger value is the whole block, the same bits); a format-3 dict is refused and told
+    what to add."""
+    plan = make_plan(64, 4, torch.float32, "cpu")
+    for field in ("fwd_sub_t", "fwd_sub_t_linear"):
+        for bad, msg in ((3, "power of two"), (0, "power of two")):
+            with pytest.raises(ValueError, match=msg):
+                dataclasses.replace(plan, **{field: bad})
+    inp = conv.make_inputs(1, 40, 64, 4, torch.float32, seed=3)
+    big = dataclasses.replace(plan, fwd_sub_t=1 << 12, fwd_sub_t_linear=1 << 12)
+    for act in ("silu", None):
+        assert bitwise_equal(conv.run_cake(inp, act, plan=big)["y"],
+                             conv.run_cake(inp, act, plan=plan)["y"])
+    d = plan.to_dict()
+    del d["fwd_sub_t"], d["fwd_sub_t_linear"]
+    d["version"] = 3
+    with pytest.raises(ValueError, match="fwd_sub_t = fwd_sub_t_linear = block_t_fwd"):
+        type(plan).from_dict(d)

@@ -36,10 +36,10 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = [
     {"module": "cake_causal_conv1d_det_train.plan", "class": "CausalConv1dDetPlan",
-     "format_version": 3,
+     "format_version": 4,
      "fields": ["hidden_size", "kernel_size", "block_t_fwd", "block_d_fwd", "num_warps_fwd",
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce",
-                "bwd_window", "weight_tap_major", "bwd_da_once"]},
+                "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {

@@ -151,7 +151,7 @@ _DEFAULT_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
 
 #: Plan fields only the forward reads (the rule's fixed-length and packed plans differ in
 #: these alone on CUDA).
-FORWARD_FIELDS = ("block_t_fwd", "block_d_fwd", "num_warps_fwd")
+FORWARD_FIELDS = ("block_t_fwd", "block_d_fwd", "num_warps_fwd", "fwd_sub_t", "fwd_sub_t_linear")
 
 
 def adopt_workspace_plan(plan: CausalConv1dDetPlan, workspace) -> CausalConv1dDetPlan:
@@ -298,23 +298,6 @@ def _kernel_weight(weight: torch.Tensor, plan: CausalConv1dDetPlan):
     return weight, (weight.stride(0), 1)  # last dim contiguous (checked), W >= 2
 
 
-#: Rows per sub-tile of the forward's token block (kernels/fwd.py), each stored before the
-#: next one's loads: the same bits for any value (a code shape, not a plan field). Default:
-#: the whole block (``min(block_t_fwd, FWD_SUB_T)``; the same SASS as before the sub-tile
-#: loop). 32 takes fewer sm_90 registers at the rule's 64-token blocks
-#: (docs/benchmarks/causal_conv1d.md session 14: static counts); a candidate the next GPU
-#: session times (set this attribute), adopted only if faster.
-FWD_SUB_T = 1 << 30
-
-
-def _fwd_sub_t(plan: CausalConv1dDetPlan) -> int:
-    """``min(block_t_fwd, FWD_SUB_T)``, checked: a power of two >= 1."""
-    sub = min(plan.block_t_fwd, FWD_SUB_T)
-    if isinstance(sub, bool) or not isinstance(sub, int) or sub < 1 or sub & (sub - 1):
-        raise ValueError(f"FWD_SUB_T: must give a power of two >= 1, got {FWD_SUB_T!r}")
-    return sub
-
-
 def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final_state: bool,
                 plan: CausalConv1dDetPlan):
     B, T, D = x.shape
@@ -333,7 +316,8 @@ def _launch_fwd(x, weight, bias, h0, cu_seqlens, offsets, act: int, output_final
             W=W, BW=next_power_of_2(W), SILU=bool(act), HAS_BIAS=bias is not None,
             HAS_H0=h0 is not None, HAS_FS=fs is not None, VARLEN=cu_seqlens is not None,
             RNE=_rne(x.dtype), BLOCK_T=plan.block_t_fwd, BLOCK_D=plan.block_d_fwd,
-            SUB_T=_fwd_sub_t(plan), num_warps=plan.num_warps_fwd)
+            SUB_T=min(plan.block_t_fwd, plan.fwd_sub_t if act else plan.fwd_sub_t_linear),
+            num_warps=plan.num_warps_fwd)
     return y, fs
 
 

@@ -45,13 +45,13 @@ KERNELS = [
 ]
 PLANS = [
     {"module": "cake_causal_conv1d_det_train.plan", "class": "CausalConv1dDetPlan",
-     "format_version": 3,
+     "format_version": 4,
      "fields": ["hidden_size", "kernel_size", "block_t_fwd", "block_d_fwd", "num_warps_fwd",
                 "block_t_bwd", "block_d_bwd", "num_warps_bwd", "reduce_block", "num_warps_reduce",
-                "bwd_window", "weight_tap_major", "bwd_da_once"]},
+                "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5ab93b4d4b22d43a9ca8be6ac63bd435469f1b69bb27ce10f9b92c15e83eaf2b"
+SOURCE_DIGEST = "sha256:4b24fe2fbaab2f2570edea9c14e10abfa28b33f1cde21bdd2797b7c32138b630"
 # --- end of generated block ---
 
 MANIFEST = {

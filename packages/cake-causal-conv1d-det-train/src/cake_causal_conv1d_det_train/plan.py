@@ -23,11 +23,15 @@ _MAX_GRID_Y = 65535
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
     1: "version 2 added bwd_window (the SiLU backward's x tiles loaded once per shift) and "
-       "weight_tap_major (the taps read from a [W, D] copy); add bwd_window = 0 and "
-       "weight_tap_major = 0 and bwd_da_once = 0 and set version = 3 for the same launches "
-       "and bits",
+       "weight_tap_major (the taps read from a [W, D] copy); add bwd_window = 0, "
+       "weight_tap_major = 0, bwd_da_once = 0, fwd_sub_t = fwd_sub_t_linear = block_t_fwd "
+       "and set version = 4 for the same launches and bits",
     2: "version 3 added bwd_da_once (the SiLU backward's dpre formed once per row); add "
-       "bwd_da_once = 0 and set version = 3 for the same launches and bits",
+       "bwd_da_once = 0, fwd_sub_t = fwd_sub_t_linear = block_t_fwd and set version = 4 for "
+       "the same launches and bits",
+    3: "version 4 added fwd_sub_t and fwd_sub_t_linear (the forward's token block in "
+       "sub-tiles); add fwd_sub_t = fwd_sub_t_linear = block_t_fwd and set version = 4 for "
+       "the same launches and bits",
 }
 
 
@@ -66,10 +70,16 @@ class CausalConv1dDetPlan(Plan):
             (kernels/bwd_once.py; any W). The same values in the same order, so the same
             bits under the interpreter; the CUDA rule's choice for W <= 4. No effect without
             SiLU (dpre is dy, nothing to repeat); takes the place of bwd_window (not both).
+        fwd_sub_t / fwd_sub_t_linear: rows per sub-tile of the forward's token block with
+            SiLU / without activation (powers of two; ``min(value, block_t_fwd)`` rows are
+            used, so block_t_fwd or more = the whole block at once): each sub-tile is
+            loaded, computed and stored before the next (kernels/fwd.py), which bounds the
+            registers live at once. Every output element is the same sum in the same order,
+            so the same bits for any value.
     """
 
     family: ClassVar[str] = "cake-causal-conv1d-det-train"
-    format_version: ClassVar[int] = 3
+    format_version: ClassVar[int] = 4
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     hidden_size: int
@@ -85,6 +95,8 @@ class CausalConv1dDetPlan(Plan):
     bwd_window: int
     weight_tap_major: int
     bwd_da_once: int
+    fwd_sub_t: int
+    fwd_sub_t_linear: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -92,7 +104,7 @@ class CausalConv1dDetPlan(Plan):
         self.require_in_range("hidden_size", 1, MAX_HIDDEN)
         self.require_in_range("kernel_size", MIN_KERNEL_SIZE, MAX_KERNEL_SIZE)
         self.require_power_of_two("block_t_fwd", "block_d_fwd", "block_t_bwd", "block_d_bwd",
-                                  "reduce_block")
+                                  "reduce_block", "fwd_sub_t", "fwd_sub_t_linear")
         self.require_warps("num_warps_fwd", "num_warps_bwd", "num_warps_reduce")
         for name in ("block_d_fwd", "block_d_bwd"):
             if -(-self.hidden_size // getattr(self, name)) > _MAX_GRID_Y:
@@ -130,7 +142,11 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
     0.92-0.95x at three fixed-length shapes with D >= 4096, 1.006x at (8, 4096, 2048),
     0.80-0.84x packed (previous rule 1.17-1.43x); forward 0.95-0.98x fixed-length, 1.02x
     packed (the 128-channel forward was ~8% slower than the 64-channel one packed, the
-    64-channel one 12-14% slower fixed-length). CUDA, W > 4 (not timed; no register spills
+    64-channel one 12-14% slower fixed-length). Without activation the forward runs its
+    block in 32-row sub-tiles (``fwd_sub_t_linear = 32``; session 15: device time 3-24%
+    less at five shapes, fwd+bwd 0.7-8% less, same bits); with SiLU in whole blocks
+    (``fwd_sub_t = 64``: 32-row sub-tiles were 2.5% slower at (4, 4096, 4096) and 9% packed).
+    CUDA, W > 4 (not timed; no register spills
     for sm_90 in ptxas reports): 64-token blocks, forward tiles 64 x min(32, D') with 8
     warps (4 below 2048 elements), backward tiles 64 x min(16, D') with 8 warps (4 below
     1024 elements; it keeps W^2 taps in flight), 32 channels where 16 would need over 65535
@@ -164,7 +180,7 @@ def _rule(D: int, W: int, device: torch.device, varlen: bool = False) -> CausalC
             block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
             block_t_bwd=128, block_d_bwd=min(d2, 64), num_warps_bwd=4,
             reduce_block=1024, num_warps_reduce=4, bwd_window=0,
-            weight_tap_major=1, bwd_da_once=1)
+            weight_tap_major=1, bwd_da_once=1, fwd_sub_t=64, fwd_sub_t_linear=32)
     if device.type == "cuda":  # W > 4 (not timed): about 16 (forward) / 4 (backward, W^2
         # taps in flight) elements per thread, from ptxas register reports for sm_90
         bd_fwd = min(d2, 32)
@@ -176,11 +192,11 @@ def _rule(D: int, W: int, device: torch.device, varlen: bool = False) -> CausalC
             block_t_fwd=64, block_d_fwd=bd_fwd, num_warps_fwd=8 if 64 * bd_fwd >= 2048 else 4,
             block_t_bwd=64, block_d_bwd=bd_bwd, num_warps_bwd=8 if 64 * bd_bwd >= 1024 else 4,
             reduce_block=1024, num_warps_reduce=4, bwd_window=0,
-            weight_tap_major=0, bwd_da_once=0)
+            weight_tap_major=0, bwd_da_once=0, fwd_sub_t=64, fwd_sub_t_linear=64)
     bd = min(d2, 64)
     return CausalConv1dDetPlan(
         hidden_size=D, kernel_size=W,
         block_t_fwd=32, block_d_fwd=bd, num_warps_fwd=1,
         block_t_bwd=32, block_d_bwd=bd, num_warps_bwd=1,
         reduce_block=1024, num_warps_reduce=1, bwd_window=0,
-        weight_tap_major=0, bwd_da_once=0)
+        weight_tap_major=0, bwd_da_once=0, fwd_sub_t=32, fwd_sub_t_linear=32)
