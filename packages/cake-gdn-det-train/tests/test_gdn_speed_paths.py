@@ -252,12 +252,16 @@ def test_fields_serialised_and_checked():
 
 
 def test_block_v_h_field_format_and_checks():
-    """Format 8's block_v_h: the rule takes block_v (format 7's launches), a version-7 dict
-    is refused with the upgrade, the field is checked like block_v."""
+    """Format 8's block_v_h: the rule takes block_v (format 7's launches) except on CUDA at
+    K = V = 128 with 16-bit inputs (block_v = 128 there since session 15, block_v_h = 64),
+    a version-7 dict is refused with the upgrade, the field is checked like block_v."""
     for dev in ("cpu", "cuda"):
-        for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16), (64, 40, BF16)):
+        for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16), (64, 40, BF16),
+                         (128, 128, torch.float16), (128, 100, BF16), (100, 128, BF16)):
             p = make_plan(K, V, dt, dev)
-            assert p.block_v_h == p.block_v, (dev, K, V, dt)
+            wide = dev == "cuda" and (K, V) == (128, 128)
+            assert (p.block_v, p.block_v_h) == ((128, 64) if wide else (p.block_v,) * 2), \
+                (dev, K, V, dt)
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     new = dataclasses.replace(plan, block_v_h=32)
     d = new.to_dict()

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:50d3d7f7b7b4fed2c8dadea815caa6240d3b758bbae6b54182039f64e94f3954"
+SOURCE_DIGEST = "sha256:8884002ee391f12089fe870e600d71b0f8c8e8a7e493ffe64709fd0675d8d5af"
 # --- end of generated block ---
 
 MANIFEST = {

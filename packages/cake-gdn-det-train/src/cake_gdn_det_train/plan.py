@@ -45,7 +45,8 @@ class GDNDetPlan(Plan):
             recurrence never mixes columns of V); format 8 split it from ``block_v``. Their
             grid is ``(N, HV, ceil(V / block_v_h))``: with one long sequence (N = 1) and
             HV = 32, 64-column blocks fill 64 of an H200's 132 SMs, 32-column blocks 128.
-            The rule takes ``block_v_h = block_v`` (the launches of format 7).
+            The rule takes ``block_v_h = min(64, V rounded up)`` on CUDA (``block_v`` may be
+            wider) and the whole V under the interpreter.
         num_warps_prep / num_warps_h / num_warps_o / num_warps_local: warps of the
             chunk-prep (cumulative decay, triangular solve, w and u), state-recurrence
             (forward and backward), output (and the backward's dv_local) and backward
@@ -292,18 +293,22 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 
     ``state_programs``: the number of (sequence, value head) pairs of the calls the plan is
     for (``N * HV``; the entries pass it), or ``None``. It changes one field only: on CUDA
-    with 16-bit intermediates, K = 128 and block_v = 64, when ``state_programs *
+    with 16-bit intermediates, K = 128 and block_v_h = 64, when ``state_programs *
     ceil(V / 64)`` is at most half the GPU's SM count, ``block_v_h = 32`` (twice the state
     kernels' programs): an H200, 2026-12-01 (Triton 3.6), case a of the benchmark (one
     sequence, HV = 32: 64 programs for 132 SMs) fwd+bwd 11.24 -> 10.48 ms, while at case d
     (128 programs) it was slower (fwd 1.29 -> 1.46 ms, bwd 2.26 -> 2.46 ms); the same bits
     at both there (equal hashes; under the interpreter, whose dots are numpy products of
-    the tile widths, bits may differ). Otherwise ``block_v_h = block_v``. A workspace made for
+    the tile widths, bits may differ). Otherwise ``block_v_h`` stays. A workspace made for
     either plan serves both (the buffers are the same).
 
     Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``;
-    on CUDA ``block_v = min(64, next_power_of_2(max(V, 16)))`` with 4 warps per kernel
-    (8 for the state kernel when ``block_k * block_v >= 8192``, 8 for the backward local
+    on CUDA ``block_v = block_v_h = min(64, next_power_of_2(max(V, 16)))``, except
+    ``block_v = 128`` at K = V = 128 with 16-bit inputs (an H200, 2026-12-01: the output
+    kernel 0.67 -> 0.59 ms and the backward's dv_local 0.44 -> 0.31 ms at case a, fwd+bwd
+    10.16 -> 9.88 ms there, 4.96 -> 4.92 at b, 2.79 at d either way; the same bits; right
+    against float64 in bf16 and fp16, packed, with kept states), with 4 warps per kernel
+    (8 for the state kernel when ``block_k * block_v_h >= 8192``, 8 for the backward local
     kernel when ``block_k * V >= 4096``), recurrence kernels pipelined on 2 stages with
     16-bit intermediates, 1 with fp32; under the interpreter the
     whole V in one block (fewer programs, each costing Python time). The gate kernels take
@@ -360,10 +365,11 @@ def narrow_states_pay(plan: GDNDetPlan, dtype: torch.dtype, state_programs: int,
     """Whether :func:`make_plan`'s ``state_programs`` rule narrows the state kernels' V
     block of the rule's ``plan`` to 32: 16-bit intermediates, K = 128 (where it was timed
     and checked against float64 on an H200; K = 100 with block_v_h = 32 faulted:
-    :func:`cuda_plan_problem`), block_v = block_v_h = 64, and
+    :func:`cuda_plan_problem`), block_v_h = 64 (block_v 64 or 128), and
     ``state_programs * ceil(V / 64) <= sms / 2``."""
     return (dtype != torch.float32 and bool(plan.store_16bit)
-            and plan.head_k_dim == plan.block_k == 128 and plan.block_v == plan.block_v_h == 64
+            and plan.head_k_dim == plan.block_k == 128 and plan.block_v_h == 64
+            and plan.block_v in (64, 128)
             and 0 < state_programs * -(-plan.head_v_dim // 64) * 2 <= sms)
 
 
@@ -380,7 +386,13 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     # day: local_form = 1 took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms. Session 10
     # (same GPU and versions): block_v_local = 64 with it, case a 13.14 -> 12.43 ms and
     # 12.99 -> 12.37 (two runs), case b 5.47 -> 5.18 / 5.40 -> 5.13, right against float64.
-    block_v_h = block_v  # the state kernels' V block (format 8): as format 7
+    block_v_h = block_v  # the state kernels' V block (format 8)
+    if cuda and dtype != torch.float32 and K == block_k == 128 and V == 128:
+        # H200 2026-12-01 (session 15, docs/benchmarks/gdn.md): the output and dv_local
+        # kernels over the whole V (q, k and the decays loaded once per chunk and value head,
+        # not twice): fwd_o 0.671 -> 0.594 ms, dv_local 0.436 -> 0.307 ms at case a, the same
+        # bits; the state kernels keep 64 columns
+        block_v = 128
     big_rec = cuda and wide and block_k * block_v_h >= 8192
     return GDNDetPlan(
         head_k_dim=K,
