@@ -283,6 +283,38 @@ def test_forward_sub_tiles_same_bits(conv, sub_t, dtype, W, activation):
         assert bitwise_equal(conv.run_cake(inp, activation, plan=with_other)["y"], want["y"])
 
 
+def test_sub_tile_field_reaches_the_launch(conv, monkeypatch):
+    """The launch's SUB_T is min(block_t_fwd, fwd_sub_t) with SiLU and min(block_t_fwd,
+    fwd_sub_t_linear) without (every value gives the same bits, so only the launch shows
+    which field was read); the CUDA rule's choice for W <= 4 is 64 / 32."""
+    from cake_causal_conv1d_det_train import api
+
+    seen = []
+    real = api.causal_conv1d_fwd_kernel
+
+    class Rec:
+        def __getitem__(self, grid):
+            launch = real[grid]
+
+            def run(*args, **kw):
+                seen.append(kw["SUB_T"])
+                return launch(*args, **kw)
+            return run
+
+    monkeypatch.setattr(api, "causal_conv1d_fwd_kernel", Rec())
+    inp = conv.make_inputs(1, 40, 20, 4, torch.float32, seed=4)
+    plan = dataclasses.replace(make_plan(20, 4, torch.float32, conv.DEV), block_t_fwd=16,
+                               fwd_sub_t=4, fwd_sub_t_linear=2)
+    conv.run_cake(inp, "silu", plan=plan)
+    conv.run_cake(inp, None, plan=plan)
+    conv.run_cake(inp, None, plan=dataclasses.replace(plan, fwd_sub_t_linear=64))
+    assert seen == [4, 2, 16]
+    rule = make_plan(4096, 4, torch.bfloat16, "cuda")
+    assert (rule.block_t_fwd, rule.fwd_sub_t, rule.fwd_sub_t_linear) == (64, 64, 32)
+    wide = make_plan(4096, 5, torch.bfloat16, "cuda")  # W > 4: not timed, whole blocks
+    assert wide.fwd_sub_t == wide.fwd_sub_t_linear == wide.block_t_fwd
+
+
 def test_sub_tile_fields_checked(conv):
     """fwd_sub_t / fwd_sub_t_linear: powers of two (min(value, block_t_fwd) rows are used:
     a larger value is the whole block, the same bits); a format-3 dict is refused and told

@@ -189,6 +189,24 @@ def test_fixed_tables_cache_is_bounded_and_uploads_match():
     la._fixed_tables.clear()
 
 
+def test_fixed_tables_not_cached_while_capturing(monkeypatch):
+    """While a CUDA graph is captured nothing is served from or put in the by-value cache
+    (a graph would keep reading a table the cache later lets go)."""
+    la._fixed_tables.clear()
+    off = torch.arange(3, dtype=torch.int64) * 9
+    kept = la.chunk_tables_for(None, off, 4, DEV)[1]
+    n = len(la._fixed_tables)  # the host tables and the device ones
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    fresh = la.chunk_tables_for(None, off, 4, DEV)[1]
+    assert fresh is not kept and len(la._fixed_tables) == n
+    la.chunk_tables_for(None, off * 2, 4, DEV)
+    assert len(la._fixed_tables) == n
+    monkeypatch.undo()
+    assert la.chunk_tables_for(None, off, 4, DEV)[1] is kept
+    la._fixed_tables.clear()
+
+
 def test_check_grad_outputs():
     saved = SimpleNamespace(q=torch.zeros(1, 10, 2, 16), v=torch.zeros(1, 10, 4, 8),
                             cu_seqlens=torch.tensor([0, 4, 10]))

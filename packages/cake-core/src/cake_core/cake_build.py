@@ -37,7 +37,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3e17d0dbb45a2b0bb9cce369a006405e7597d08007af4c6cc9c6c1c8a091d048"
+SOURCE_DIGEST = "sha256:ff5f69a02ca45ca3936a98217af7109869132bb1f7d0da6d2298115ee84633ed"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -295,11 +295,14 @@ def chunk_tables_for(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, chu
                      device: torch.device | None = None) -> tuple:
     """The chunk tables of a call, kept with the :func:`cake_core.varlen.checked_offsets`
     entry of ``cu_seqlens`` (:func:`cake_core.varlen.offsets_derived`): a repeated call with
-    the same unchanged tensor rebuilds and uploads nothing.
+    the same unchanged tensor rebuilds and uploads nothing; without ``cu_seqlens``, kept by
+    the offsets' values (a :data:`FIXED_TABLES_CACHE_SIZE`-entry LRU; not while a CUDA graph
+    is captured). An upload is one pinned, non-blocking copy.
 
     Args:
-        cu_seqlens: the caller's tensor (the cache key), or ``None`` (fixed-length rows:
-            built every call).
+        cu_seqlens: the caller's tensor (the cache key), or ``None`` (fixed-length rows,
+            or a backward's host offsets: kept by the offsets' values, the last
+            :data:`FIXED_TABLES_CACHE_SIZE` of them).
         offsets: what :func:`~cake_core.varlen.checked_offsets` returned for it (or
             :func:`~cake_core.varlen.seq_offsets`).
         chunk_size: tokens per chunk.
@@ -312,6 +315,9 @@ def chunk_tables_for(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, chu
     Every tensor returned is shared with later calls: never modify it.
     """
     if device is None:
+        if cu_seqlens is None:
+            return _kept_by_value((_TABLES, chunk_size), offsets,
+                                  lambda: chunk_tables(offsets, chunk_size))
         return offsets_derived(cu_seqlens, offsets, (_TABLES, chunk_size),
                                lambda: chunk_tables(offsets, chunk_size))
     key = _tables_key(chunk_size, device)
@@ -325,8 +331,9 @@ def chunk_tables_for(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, chu
     return key, offsets_derived(cu_seqlens, offsets, key, build)
 
 
-#: how many device chunk tables of calls without ``cu_seqlens`` are kept, keyed by their
-#: offsets' values (least recently used first out; each holds a few ``[NC]`` int32 tensors)
+#: how many chunk tables (host, or per device and stream) of calls without ``cu_seqlens``
+#: are kept, keyed by their offsets' values (least recently used first out; each holds a
+#: few ``[NC]`` int32 tensors)
 FIXED_TABLES_CACHE_SIZE = 16
 _fixed_tables: OrderedDict = OrderedDict()
 _fixed_lock = threading.Lock()
@@ -335,7 +342,11 @@ _fixed_lock = threading.Lock()
 def _kept_by_value(key: tuple, offsets: torch.Tensor, build: Callable[[], Any]) -> Any:
     """``build()``, remembered per ``(key, offsets' values)``: calls of fixed-length rows
     (B rows of T tokens) rebuild and upload nothing after the first, so their forward and
-    backward make no host-device synchronisation."""
+    backward make no host-device synchronisation (and no host table work)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # a CUDA graph would keep reading a cached table after the cache let it go: nothing
+        # is served or kept while capturing (the upload then fails as it did before the cache)
+        return build()
     k = (key, offsets.numel(), offsets.numpy().tobytes())
     with _fixed_lock:
         if k in _fixed_tables:
@@ -355,8 +366,9 @@ def _upload_tables(offsets: torch.Tensor, starts: torch.Tensor, ends: torch.Tens
     offsets and the three int32 tables packed as bytes (offsets first: 8-byte aligned), from
     pinned memory without waiting on CUDA (the copy is ordered before the launches on the
     current stream; torch keeps the pinned block until the copy is done). While a CUDA graph
-    is captured the copy is the plain synchronous one (a captured copy would read the pinned
-    block again at every replay, after torch gave it back)."""
+    is captured the copy is the plain synchronous one, which CUDA refuses during a capture
+    (as every table upload did before this packing): a captured pinned copy would read the
+    pinned block again at every replay, after torch gave it back."""
     parts = [offsets.contiguous(), starts.contiguous(), ends.contiguous(),
              chunk_off.contiguous()]
     raw = [t.view(torch.uint8) for t in parts]

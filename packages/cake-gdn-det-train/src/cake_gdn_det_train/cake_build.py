@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8884002ee391f12089fe870e600d71b0f8c8e8a7e493ffe64709fd0675d8d5af"
+SOURCE_DIGEST = "sha256:edff76ce2928781d307636fc06f9421e04d106dd950368f8142d63cd6bae2124"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -320,7 +320,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     inputs keep 16-bit intermediates (``store_16bit=1``); under the interpreter
     ``fp32_dots=1`` (it computes fp32 regardless). ``store_16bit=1`` when block_k >= 32 and
     V > 16, else 0. On CUDA with 16-bit intermediates and
-    ``block_k * block_v >= 8192`` (K = 128): ``rec_form = 1`` and ``num_stages_h = 3`` (an
+    ``block_k * block_v_h >= 8192`` (K = 128): ``rec_form = 1`` and ``num_stages_h = 3`` (an
     H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every configuration right against
     float64, bitwise repeatable); elsewhere ``rec_form = 0``. ``prep_block = 0`` everywhere
     (``prep_block = 32`` was no faster and less accurate at K = 100 on an H200:
