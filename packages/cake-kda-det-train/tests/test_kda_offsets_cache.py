@@ -10,6 +10,7 @@ import cake_kda_det_train.api as api
 import pytest
 import torch
 from cake_core.testing import (
+    assert_fixed_length_tables_kept,
     bitwise_equal,
     counting_offsets_cache,
     no_kernel_launches,
@@ -195,24 +196,4 @@ def test_fixed_length_tables_kept(spy):
     launches with the very device tables of the first; the same bits as after a cleared
     cache; other row lengths get their own tables."""
     inp, do, _ = _inputs(5)
-    la._fixed_tables.clear()
-    _, _, s1 = chunk_kda_det_fwd(*inp[:5])
-    g1 = chunk_kda_det_bwd(do, None, s1)
-    n = spy["tables"]
-    assert n >= 1
-    o2, _, s2 = chunk_kda_det_fwd(*inp[:5])
-    g2 = chunk_kda_det_bwd(do, None, s2)
-    assert spy["tables"] == n
-    assert s2.meta["chunk_tables"][1] is s1.meta["chunk_tables"][1]
-    la._fixed_tables.clear()
-    o3, _, s3 = chunk_kda_det_fwd(*inp[:5])
-    g3 = chunk_kda_det_bwd(do, None, s3)
-    assert spy["tables"] > n and s3.meta["chunk_tables"][1] is not s1.meta["chunk_tables"][1]
-    assert bitwise_equal(o2, o3)
-    for a, b, c in zip(g1[:5], g2[:5], g3[:5], strict=True):
-        assert bitwise_equal(a, b) and bitwise_equal(a, c)
-    m = spy["tables"]
-    short = [t[:, :T - 7].contiguous() for t in inp[:5]]
-    chunk_kda_det_fwd(*short)
-    assert spy["tables"] > m
-    la._fixed_tables.clear()
+    assert_fixed_length_tables_kept(chunk_kda_det_fwd, chunk_kda_det_bwd, inp[:5], do, spy)

@@ -347,7 +347,7 @@ def _kept_by_value(key: tuple, offsets: torch.Tensor, build: Callable[[], Any]) 
         # a CUDA graph would keep reading a cached table after the cache let it go: nothing
         # is served or kept while capturing (the upload then fails as it did before the cache)
         return build()
-    k = (key, offsets.numel(), offsets.numpy().tobytes())
+    k = (key, offsets.numpy().tobytes())  # int64 offsets: the bytes fix their count
     with _fixed_lock:
         if k in _fixed_tables:
             _fixed_tables.move_to_end(k)

@@ -402,6 +402,48 @@ def counting_offsets_cache(tables_module: Any, tables_name: str):
         varlen.clear_offsets_cache()
 
 
+def assert_fixed_length_tables_kept(fwd: Callable[..., Any], bwd: Callable[..., Any],
+                                    inputs: Sequence[torch.Tensor], do: torch.Tensor,
+                                    counts: dict) -> None:
+    """A chunked family's calls without ``cu_seqlens`` keep their chunk tables by the
+    offsets' values (:func:`cake_core.linear_attention.chunk_tables_for`): a second call
+    builds and uploads nothing and launches with the very device tables of the first; the
+    same bits as after a cleared cache; other row lengths get their own tables.
+
+    Args:
+        fwd / bwd: the family's low-level pair (``fwd(q, k, v, g, beta) -> (o, ht,
+            saved)``, ``bwd(do, dht, saved) -> grads``, ``saved.meta["chunk_tables"]``).
+        inputs: q, k, v, g, beta ``[B, T, ...]`` (T > 7).
+        do: the upstream gradient of o.
+        counts: the dict :func:`counting_offsets_cache` yields (its ``"tables"`` count).
+    """
+    import cake_core.linear_attention as la
+
+    la._fixed_tables.clear()
+    try:
+        _, _, s1 = fwd(*inputs)
+        g1 = bwd(do, None, s1)
+        n = counts["tables"]
+        assert n >= 1
+        o2, _, s2 = fwd(*inputs)
+        g2 = bwd(do, None, s2)
+        assert counts["tables"] == n
+        assert s2.meta["chunk_tables"][1] is s1.meta["chunk_tables"][1]
+        la._fixed_tables.clear()
+        o3, _, s3 = fwd(*inputs)
+        g3 = bwd(do, None, s3)
+        assert counts["tables"] > n
+        assert s3.meta["chunk_tables"][1] is not s1.meta["chunk_tables"][1]
+        assert bitwise_equal(o2, o3)
+        for a, b, c in zip(g1[:5], g2[:5], g3[:5], strict=True):
+            assert bitwise_equal(a, b) and bitwise_equal(a, c)
+        m = counts["tables"]
+        fwd(*[t[:, :t.shape[1] - 7].contiguous() for t in inputs])
+        assert counts["tables"] > m
+    finally:
+        la._fixed_tables.clear()
+
+
 @contextlib.contextmanager
 def offsets_cache_disabled():
     """For the block, :func:`cake_core.varlen.checked_offsets` caches nothing (every call
