@@ -52,10 +52,11 @@ def test_fwd_small_rows_use_eps():
 def test_fwd_repeat_and_launch_parameters():
     x = randn((4, 9, 2, 32), torch.bfloat16, DEV, seed=5)
     assert_bitwise_repeat(lambda: l2norm_fwd(x, block_k=32, **LAUNCH), repeats=2)
-    # rows are independent: other row blocks give the same bits
+    # rows are independent: a row gives the same bits wherever it sits in a row block
+    # (same launch parameters; other warps may sum a row in another order on a GPU)
     a = l2norm_fwd(x, block_k=32, block_rows=16, num_warps=4)
-    b = l2norm_fwd(x, block_k=32, block_rows=64, num_warps=2)
-    assert bitwise_equal(a[0], b[0]) and bitwise_equal(a[1], b[1])
+    b = l2norm_fwd(x[1:], block_k=32, block_rows=16, num_warps=4)  # rows shifted by 18
+    assert bitwise_equal(a[0][1:], b[0]) and bitwise_equal(a[1][1:], b[1])
 
 
 def test_fwd_no_rows():

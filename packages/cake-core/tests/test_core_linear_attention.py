@@ -13,6 +13,8 @@ from cake_core.testing import assert_imports_without_triton, randn
 from cake_core.triton_utils import default_device
 
 DEV = default_device()
+# what tensors report as their device (cuda:0 for a tensor made on cuda)
+DEVT = torch.empty(0, device=DEV).device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +89,8 @@ def test_check_device_and_state():
     q, k, v, g, beta = _inputs()
     h0 = torch.zeros(3, 4, 16, 8, device=DEV)
     cu = torch.tensor([0, 2, 2, 10], dtype=torch.int32, device=DEV)
-    assert la.check_device_and_state(q, k, v, g, beta, h0, cu) == (DEV, 3)
-    assert la.check_device_and_state(q, k, v, g, beta, None, None) == (DEV, 1)
+    assert la.check_device_and_state(q, k, v, g, beta, h0, cu) == (DEVT, 3)
+    assert la.check_device_and_state(q, k, v, g, beta, None, None) == (DEVT, 1)
     with pytest.raises(ValueError, match=r"initial_state: expected shape \[1, 4, 16, 8\]"):
         la.check_device_and_state(q, k, v, g, beta, h0, None)
     with pytest.raises(ValueError, match="initial_state: expected dtype"):
@@ -117,7 +119,7 @@ def test_check_device_and_state_offsets(monkeypatch):
     q, k, v, g, beta = _inputs()
     cu = torch.tensor([0, 2, 2, 10], dtype=torch.int32, device=DEV)
     dev, n, off = la.check_device_and_state(q, k, v, g, beta, None, cu, with_offsets=True)
-    assert (dev, n) == (DEV, 3) and off.dtype == torch.int64 and off.tolist() == [0, 2, 2, 10]
+    assert (dev, n) == (DEVT, 3) and off.dtype == torch.int64 and off.tolist() == [0, 2, 2, 10]
     assert la.check_device_and_state(q, k, v, g, beta, None, cu, with_offsets=True)[2] is off
     assert la.op_offsets(cu, 1, 10, DEV) is off
     assert reads.count(True) == 1
@@ -147,7 +149,7 @@ def test_chunk_tables_for_and_saved_chunk_tables(monkeypatch):
         [t.tolist() if torch.is_tensor(t) else t for t in real(off, 64)]
     key, dev_tables = la.chunk_tables_for(cu, off, 64, DEV)
     assert key[1:3] == (64, DEV) and dev_tables[4] == host[3] == 4
-    assert dev_tables[3].tolist() == [0, 0, 1, 70, 75] and dev_tables[0].device == DEV
+    assert dev_tables[3].tolist() == [0, 0, 1, 70, 75] and dev_tables[0].device == DEVT
     assert la.chunk_tables_for(cu, off, 64, DEV)[1] is dev_tables
     assert la.chunk_tables_for(cu, off, 64) is host
     assert built == [64]
@@ -208,10 +210,11 @@ def test_fixed_tables_not_cached_while_capturing(monkeypatch):
 
 
 def test_check_grad_outputs():
-    saved = SimpleNamespace(q=torch.zeros(1, 10, 2, 16), v=torch.zeros(1, 10, 4, 8),
-                            cu_seqlens=torch.tensor([0, 4, 10]))
-    assert la.check_grad_outputs(torch.zeros(1, 10, 4, 8), torch.zeros(2, 4, 16, 8),
-                                 saved) == torch.device("cpu")
+    saved = SimpleNamespace(q=torch.zeros(1, 10, 2, 16, device=DEV),
+                            v=torch.zeros(1, 10, 4, 8, device=DEV),
+                            cu_seqlens=torch.tensor([0, 4, 10], device=DEV))
+    assert la.check_grad_outputs(torch.zeros(1, 10, 4, 8, device=DEV),
+                                 torch.zeros(2, 4, 16, 8, device=DEV), saved) == DEVT
     for do, dht, msg in ((torch.zeros(1, 10, 4, 4), None, "do: expected shape"),
                          (torch.zeros(1, 10, 4, 8).long(), None, "do: expected dtype"),
                          (torch.zeros(1, 10, 4, 8), torch.zeros(1, 4, 16, 8),
