@@ -135,13 +135,21 @@ CONFIGS = {
                       "100 100 bfloat16 fwd_split=1 bwd_split=1 lens=1,70,0,65",
                       "48 32 float32 fwd_split=1 bwd_split=1 keep_a=0 lens=1,70,0,65",
                       # pairs_diag: the pairs kernel's own sub-chunk as one 16x16xBKI
-                      # broadcast (docs/benchmarks/kda_fwd_plan.md); not yet run on a GPU
+                      # broadcast (1), or by the token-parallel kernel (2, the rule since
+                      # session 16), or 16 loaded steps (0, the rule before)
+                      # (docs/benchmarks/kda_fwd_plan.md); all right on an H200
                       "128 128 bfloat16 pairs_diag=1", "128 128 float16 pairs_diag=1",
                       "128 128 bfloat16 pairs_diag=1 keep_a=0",
                       "128 128 bfloat16 pairs_diag=1 num_warps_pairs=8",
                       "64 64 bfloat16 pairs_diag=1", "128 128 float32 pairs_diag=1",
                       "100 100 bfloat16 pairs_diag=1 lens=1,70,0,65",
                       "48 32 float32 pairs_diag=1 keep_a=0 lens=1,70,0,65",
+                      "128 128 bfloat16 pairs_diag=0", "128 128 float16 pairs_diag=0",
+                      "128 128 bfloat16 pairs_diag=0 keep_a=0",
+                      "100 100 bfloat16 pairs_diag=0 lens=1,70,0,65",
+                      "48 32 float32 pairs_diag=0 keep_a=0 lens=1,70,0,65",
+                      "128 128 bfloat16 pairs_diag=2 num_warps_pairs=8",
+                      "128 128 bfloat16 pairs_diag=2 rec_form=2",
                       # rec_form: the two state recurrences in FLA's operand form, 2 with
                       # kg stored by the prep (docs/benchmarks/kda_fwd_plan.md, rank 4);
                       # not yet run on a GPU

@@ -68,6 +68,7 @@ def build(fn, types, consts, num_warps, num_stages=1):
 
 def main():
     import torch
+    from cake_kda_det_train.chunk import TOK_HEADS, TOK_WARPS
     from cake_kda_det_train.kernels.chunk_bwd import (
         kda_bwd_dh_kernel,
         kda_bwd_intra_kernel,
@@ -78,6 +79,7 @@ def main():
         kda_fwd_h_kernel,
         kda_fwd_o_kernel,
         kda_fwd_pairs_kernel,
+        kda_fwd_pairs_tok_kernel,
         kda_fwd_prep_kernel,
     )
     from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
@@ -121,9 +123,14 @@ def main():
             pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
                        "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
             c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
-                     WANT_AKK=not load_a, DIAG3=bool(plan.pairs_diag))
+                     WANT_AKK=not load_a, DIAG=plan.pairs_diag)
             rows.append((what.replace("prep", "pairs"), plan.num_warps_pairs,
                          *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
+            if plan.pairs_diag == 2:
+                c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)),
+                         BH=TOK_HEADS, WANT_AKK=not load_a)
+                rows.append((what.replace("prep", "pairs tok"), TOK_WARPS,
+                             *build(kda_fwd_pairs_tok_kernel, pt, c, TOK_WARPS)))
     bk = triton.next_power_of_2(max(16, a.K))
     hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
     h_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}

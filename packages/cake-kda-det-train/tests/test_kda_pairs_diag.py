@@ -1,6 +1,8 @@
 """``plan.pairs_diag = 1``: the ``fwd_split`` pairs kernel forms the terms inside its own
 16-token sub-chunk as one ``[16, 16, block_k_inner]`` broadcast per key block instead of
-16 serial steps (docs/benchmarks/kda_fwd_plan.md). o, final state and every gradient
+16 serial steps (docs/benchmarks/kda_fwd_plan.md); ``pairs_diag = 2``: a token-parallel
+kernel forms them (one program per token and block of value heads, all key channels at
+once). o, final state and every gradient
 against the float64 reference (packed documents with an empty and a 1-token one, HV = 2H,
 strong decays, kept and recomputed T, K off the block size); close to ``pairs_diag = 0``;
 bitwise repeatable; the fields (and ``num_warps_pairs``, the pairs kernel's warps) are
@@ -18,8 +20,8 @@ DEV = default_device()
 LENS = [1, 37, 0, 20]
 
 
-def _plan(K, V, dtype, **over):
-    return dataclasses.replace(make_plan(K, V, dtype, DEV), fwd_split=1, pairs_diag=1,
+def _plan(K, V, dtype, diag=1, **over):
+    return dataclasses.replace(make_plan(K, V, dtype, DEV), fwd_split=1, pairs_diag=diag,
                                **{"num_warps_pairs": 8, **over})
 
 
@@ -28,11 +30,12 @@ def _plan(K, V, dtype, **over):
     (24, 16, torch.float32, dict(block_k_inner=16, keep_a=0, bwd_split=1)),
     (32, 32, torch.bfloat16, dict(block_k_inner=16, bwd_split=1)),
 ], ids=["fp32-bki16-kept", "fp32-bki16-recompute-split", "bf16-bki16-split"])
-def test_pairs_diag_vs_reference(K, V, dtype, over, kda):
+@pytest.mark.parametrize("diag", [1, 2])
+def test_pairs_diag_vs_reference(K, V, dtype, over, diag, kda):
     """Documents of 1, 37, 0 and 20 tokens (chunks ending inside a sub-chunk, an empty
     document, a 1-token one); K = 24 in blocks of 16 ends in a partly masked block; bf16
     at K = V = 32 stores 16-bit intermediates under the interpreter."""
-    plan = _plan(K, V, dtype, **over)
+    plan = _plan(K, V, dtype, diag, **over)
     if DEV.type == "cuda" and plan.block_k_inner == 16:
         pytest.skip("fp32 key blocks of 16 are refused on CUDA (cuda_plan_problem)")
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=81,
@@ -45,7 +48,8 @@ def test_pairs_diag_vs_reference(K, V, dtype, over, kda):
     assert all(bool(torch.isfinite(t).all()) for t in got if t is not None)
 
 
-def test_pairs_diag_close_to_loop_and_repeats(kda):
+@pytest.mark.parametrize("diag", [1, 2])
+def test_pairs_diag_close_to_loop_and_repeats(diag, kda):
     """Against ``pairs_diag = 0`` (the same terms, the in-block channel sums possibly in
     another order): close; and the same bits twice."""
     K, V = 24, 16
@@ -54,7 +58,7 @@ def test_pairs_diag_close_to_loop_and_repeats(kda):
     cu = kda.cu_of(LENS)
     do = randn(v.shape, torch.float32, DEV, seed=84)
     dht = randn(h0.shape, torch.float32, DEV, seed=85)
-    new = _plan(K, V, torch.float32, block_k_inner=16 if DEV.type == "cpu" else 32)
+    new = _plan(K, V, torch.float32, diag, block_k_inner=16 if DEV.type == "cpu" else 32)
     base = dataclasses.replace(new, pairs_diag=0)
     want = kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, base)
     got = assert_bitwise_repeat(lambda: kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, new),
@@ -67,7 +71,7 @@ def test_pairs_diag_close_to_loop_and_repeats(kda):
 
 def test_pairs_diag_field_serialised_and_checked():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
-    assert plan.pairs_diag == 0  # the rule keeps the loop
+    assert plan.pairs_diag == 2  # the rule: the token-parallel kernel
     on = dataclasses.replace(plan, pairs_diag=1)
     d = on.to_dict()
     assert d["pairs_diag"] == 1 and d["version"] == KDADetPlan.format_version >= 4
@@ -76,7 +80,7 @@ def test_pairs_diag_field_serialised_and_checked():
     old["version"] = 3  # a plan serialised before the field existed
     with pytest.raises(ValueError, match="format version 3"):
         KDADetPlan.from_dict(old)
-    for bad in (2, -1, True):
+    for bad in (3, -1, True):
         with pytest.raises(ValueError, match="pairs_diag"):
             dataclasses.replace(plan, pairs_diag=bad)
     assert plan.num_warps_pairs == 4

@@ -55,6 +55,7 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
+        {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
@@ -74,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d75c6dca9a579e11a3a7f8a87f22383f874048df6424bb096284919bd7404d87"
+SOURCE_DIGEST = "sha256:6a716ee760f78ca588cf8d2d8894e3de978f8a5fe052b6021b5c7b82f0bdedcb"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -44,6 +44,7 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
@@ -68,7 +69,7 @@ PLANS = [
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:30b3a8cd37bf4ddfeb6a3d0ea6e6c60f8456da6fdbd1b88d4bf859ab8e05ba04"
+SOURCE_DIGEST = "sha256:b332b2977b3e9f3811b91a8708c9c2b31a8541c14762b7717ba5ef80da2e3741"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -23,10 +23,16 @@ from cake_kda_det_train.kernels.chunk_fwd import (
     kda_fwd_h_kernel,
     kda_fwd_o_kernel,
     kda_fwd_pairs_kernel,
+    kda_fwd_pairs_tok_kernel,
     kda_fwd_prep_kernel,
 )
 from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
+
+# kda_fwd_pairs_tok_kernel (plan.pairs_diag = 2): value heads per program and warps
+# (H200, case a, session 16: 4 x 4 fastest of 1x1, 2x1, 4x2, 4x4, 8x4; within ~3%)
+TOK_HEADS = 4
+TOK_WARPS = 4
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -83,8 +89,13 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
         kda_fwd_pairs_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
             q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, WANT_AKK=not load_a,
-            DIAG3=bool(plan.pairs_diag), num_warps=plan.num_warps_pairs, DT=cst["DT"],
+            DIAG=plan.pairs_diag, num_warps=plan.num_warps_pairs, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
+        if plan.pairs_diag == 2:  # the diagonal blocks, token-parallel
+            kda_fwd_pairs_tok_kernel[(NC * CHUNK_SIZE, (HV + TOK_HEADS - 1) // TOK_HEADS)](
+                q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
+                BT=CHUNK_SIZE, BC=SUB_CHUNK, BKF=next_power_of_2(max(16, K)), BH=TOK_HEADS,
+                WANT_AKK=not load_a, num_warps=TOK_WARPS)
     kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device) \
         if plan.rec_form == 2 else None
     kda_fwd_prep_kernel[(NC, HV)](

@@ -94,13 +94,15 @@ class KDADetPlan(Plan):
             ``fwd_split``).
         pairs_diag: how the ``fwd_split`` pairs kernel forms the terms inside its own
             16-token sub-chunk (used only with ``fwd_split``). 0 = 16 serial steps, each
-            with the partner token's k and G rows loaded and one exp per row, channel and
-            product (A and Aqk each), placed into the ``[16, 64]`` tiles (the rule's
-            choice). 1 = all 16 x 16 pairs of one key block at once as a
-            ``[16, 16, block_k_inner]`` broadcast (one exp per pair and channel, shared by
-            A and Aqk; no serial loop), summed over the block's channels and stored as the
-            sub-chunk's diagonal block. Same terms, key blocks summed in index order;
-            the sum inside a block may run in another order on a GPU (other bits, fixed).
+            with the partner token's k and G rows loaded and one exp per pair and channel
+            shared by A and Aqk, kept in ``[16, 16]`` tiles. 1 = all 16 x 16 pairs of one
+            key block at once as a ``[16, 16, block_k_inner]`` broadcast (no serial loop).
+            Both sum key blocks in index order. 2 = a second, token-parallel kernel
+            (``kda_fwd_pairs_tok_kernel``, FLA's ``chunk_kda_fwd_intra_token_parallel``
+            form: one program per token and 4 value heads, 4 warps; all key channels of a
+            pair summed in one reduction; the rule's choice: H200 case a forward 2.27 ->
+            1.88-2.01 ms, fwd+bwd 8.61 -> 7.93-8.00 ms, session 16). Each value is other
+            bits than the others' (same math, fixed per plan).
             docs/benchmarks/kda_fwd_plan.md.
         num_warps_pairs: warps of the ``fwd_split`` pairs kernel (the forward's, and the
             backward's recompute of Aqk); ``num_warps_intra`` keeps the other sub-chunk
@@ -172,7 +174,8 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "pairs_diag")
+        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split")
+        self.require_in_range("pairs_diag", 0, 2)
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         self.require_in_range("rec_form", 0, 2)
@@ -255,8 +258,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     for 0, 0, 0; every configuration of ``shared/gpu/plan_configs.py`` with them matched
     float64 there; the interpreter takes them too, so that the CPU tests run the GPU's
     paths), ``num_warps_intra = 4`` (docs/benchmarks/kda_speed_plan.md);
-    ``pairs_diag = 0`` and ``num_warps_pairs = 4`` (the pairs kernel as before those fields;
-    ``pairs_diag = 1`` is a candidate not yet run on a GPU: docs/benchmarks/kda_fwd_plan.md);
+    ``pairs_diag = 2`` (the diagonal blocks token-parallel: forward at case a 2.27 -> ~1.9
+    ms on an H200, session 16; every ``plan_configs.py`` configuration with it matched
+    float64) and ``num_warps_pairs = 4`` (docs/benchmarks/kda_fwd_plan.md);
     ``rec_form = 0`` (the state kernels as before the field; 1 and 2 are candidates, not yet
     run on a GPU).
     Gate kernels
@@ -309,7 +313,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         bwd_split=1,
         fwd_split=1,
         num_warps_intra=4,
-        pairs_diag=0,
+        pairs_diag=2,
         num_warps_pairs=4,
         rec_form=0,
     )

@@ -255,7 +255,7 @@ def kda_fwd_pairs_kernel(
     Qp, Kp, GCUM, CHUNK_START, CHUNK_END, AKKS, AQK,
     scale, H, HV, GROUP, KD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr, WANT_AKK: tl.constexpr, DIAG3: tl.constexpr,
+    BKI: tl.constexpr, WANT_AKK: tl.constexpr, DIAG: tl.constexpr,
 ):
     """``plan.fwd_split = 1``: the gated pair products of the ``BC`` rows of one sub-chunk
     ``s`` (grid: chunk * sub-chunks, value head): ``sum_c L_i k_jc exp(G_ic - G_jc)`` with
@@ -263,10 +263,11 @@ def kda_fwd_pairs_kernel(
     j <= i (Aqk, stored times ``scale`` to ``AQK``). Per block of key channels, in index
     order: the earlier sub-chunks by one ``[BC, BKI] x [BKI, BT]`` dot (reference decay: the
     row before s, as :func:`gated_pair`), s itself by ``BC`` steps with the partner token's
-    k and G rows loaded; with ``DIAG3`` (``plan.pairs_diag = 1``) s itself at once as a
-    ``[BC, BC, BKI]`` broadcast (one exp per pair and channel, shared by A and Aqk), kept in
-    ``[BC, BC]`` tiles and stored after the rest of the rows. Writes only its sub-chunk's
-    rows."""
+    k and G rows loaded (``DIAG = 0``, ``plan.pairs_diag = 0``; one exp per pair and channel,
+    shared by A and Aqk); with ``DIAG = 1`` s itself at once as a ``[BC, BC, BKI]``
+    broadcast; both kept in ``[BC, BC]`` tiles and stored after the rest of the rows. With
+    ``DIAG = 2`` s's own block is left to :func:`kda_fwd_pairs_tok_kernel` (disjoint
+    columns). Writes only its sub-chunk's rows."""
     c = tl.program_id(0) // (BT // BC)
     s = tl.program_id(0) % (BT // BC)
     hv = tl.program_id(1)
@@ -284,7 +285,7 @@ def kda_fwd_pairs_kernel(
         last_off = (end - 1) * (HV * KD) + hv * KD
         akk = tl.zeros([BC, BT], dtype=tl.float32)
         aqk = tl.zeros([BC, BT], dtype=tl.float32)
-        dk3 = tl.zeros([BC, BC], dtype=tl.float32)  # DIAG3: s's own block
+        dk3 = tl.zeros([BC, BC], dtype=tl.float32)  # s's own block
         dq3 = tl.zeros([BC, BC], dtype=tl.float32)
         for k0 in range(0, KD, BKI):
             ck = k0 + tl.arange(0, BKI)
@@ -314,9 +315,7 @@ def kda_fwd_pairs_kernel(
                     mk = tl.dot((k_s * eg).to(DT), tl.trans(right.to(DT)), mk,
                                 input_precision=PREC)
                 mq = tl.dot((q_s * eg).to(DT), tl.trans(right.to(DT)), mq, input_precision=PREC)
-            dk = tl.zeros([BC, BT], dtype=tl.float32)
-            dq = tl.zeros([BC, BT], dtype=tl.float32)
-            if DIAG3:  # inside s at once: row i, partner j, channel c
+            if DIAG == 1:  # inside s at once: row i, partner j, channel c
                 vq = (sr[:, None] >= sr[None, :]) & smask[None, :]
                 e3 = tl.exp(tl.where(vq[:, :, None], g_s[:, None, :] - g_s[None, :, :], 0.0))
                 if WANT_AKK:
@@ -325,30 +324,31 @@ def kda_fwd_pairs_kernel(
                                   axis=2)
                 dq3 += tl.sum(tl.where(vq[:, :, None], q_s[:, None, :] * k_s[None, :, :] * e3,
                                        0.0), axis=2)
-            for jj in range(0 if DIAG3 else BC):  # inside s: the partner token's row, loaded
-                ptok = s0 + jj
-                pok = ptok < end
-                pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
-                             other=0.0).to(tl.float32)
-                pg = tl.load(GCUM + ptok * (HV * KD) + hv * KD + ck, mask=cmask & pok,
-                             other=0.0)
-                col = (rows == s * BC + jj)[None, :]
-                if WANT_AKK:
-                    valid = ((sr > jj) & pok)[:, None]
-                    val = tl.sum(tl.where(valid, k_s * pk[None, :] * tl.exp(
-                        tl.where(valid, g_s - pg[None, :], 0.0)), 0.0), axis=1)
-                    dk += tl.where(col, val[:, None], 0.0)
-                valid = ((sr >= jj) & pok)[:, None]
-                val = tl.sum(tl.where(valid, q_s * pk[None, :] * tl.exp(
-                    tl.where(valid, g_s - pg[None, :], 0.0)), 0.0), axis=1)
-                dq += tl.where(col, val[:, None], 0.0)
+            if DIAG == 0:  # inside s: the partner token's row, loaded
+                for jj in range(BC):
+                    ptok = s0 + jj
+                    pok = ptok < end
+                    pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
+                                 other=0.0).to(tl.float32)
+                    pg = tl.load(GCUM + ptok * (HV * KD) + hv * KD + ck, mask=cmask & pok,
+                                 other=0.0)
+                    col = (sr == jj)[None, :]
+                    # one exp per pair and channel for A (j < i) and Aqk (j <= i)
+                    valid = ((sr >= jj) & pok)[:, None]
+                    e = tl.exp(tl.where(valid, g_s - pg[None, :], 0.0))
+                    if WANT_AKK:
+                        vk = ((sr > jj) & pok)[:, None]
+                        val = tl.sum(tl.where(vk, k_s * pk[None, :] * e, 0.0), axis=1)
+                        dk3 += tl.where(col, val[:, None], 0.0)
+                    val = tl.sum(tl.where(valid, q_s * pk[None, :] * e, 0.0), axis=1)
+                    dq3 += tl.where(col, val[:, None], 0.0)
             if WANT_AKK:
-                akk += mk + dk
-            aqk += mq + dq
+                akk += mk
+            aqk += mq
         a_off = stok[:, None] * (HV * BT) + hv * BT + rows[None, :]
-        amask = smask[:, None]
-        if DIAG3:  # the diagonal block's columns from the [BC, BC] tiles (disjoint stores)
-            amask = amask & ((rows < s * BC) | (rows >= s * BC + BC))[None, :]
+        # the diagonal block's columns from the [BC, BC] tiles (disjoint stores)
+        amask = smask[:, None] & ((rows < s * BC) | (rows >= s * BC + BC))[None, :]
+        if DIAG != 2:
             d_off = stok[:, None] * (HV * BT) + hv * BT + s * BC + sr[None, :]
             if WANT_AKK:
                 tl.store(AKKS + d_off, dk3, mask=smask[:, None])
@@ -356,3 +356,57 @@ def kda_fwd_pairs_kernel(
         if WANT_AKK:
             tl.store(AKKS + a_off, akk, mask=amask)
         tl.store(AQK + a_off, (aqk * scale).to(AQK.dtype.element_ty), mask=amask)
+
+
+@triton.jit
+def kda_fwd_pairs_tok_kernel(
+    Qp, Kp, GCUM, CHUNK_START, CHUNK_END, AKKS, AQK,
+    scale, H, HV, GROUP, KD,
+    BT: tl.constexpr, BC: tl.constexpr, BKF: tl.constexpr, BH: tl.constexpr,
+    WANT_AKK: tl.constexpr,
+):
+    """``plan.pairs_diag = 2``: the diagonal ``[BC, BC]`` blocks of the gated pair products,
+    one program per chunk row (token) and block of ``BH`` value heads (grid: chunk * BT,
+    cdiv(HV, BH)); the token-parallel form of FLA's ``chunk_kda_fwd_intra_token_parallel``.
+    Token i of sub-chunk s pairs with each partner j of s up to itself, in order, with all
+    ``KD`` channels in one ``[BH, BKF]`` tile: ``e = exp(G_i - G_j)``, ``A[i, j] =
+    sum_c k_ic (k_jc e_c)`` for j < i (raw, fp32 to ``AKKS`` when ``WANT_AKK``) and
+    ``Aqk[i, j] = sum_c q_ic (k_jc e_c)`` for j <= i (times ``scale``, to ``AQK``); the
+    block's other columns are stored as zeros. Writes only row i's ``BC`` diagonal-block
+    columns (:func:`kda_fwd_pairs_kernel` with ``DIAG = 2`` writes the rest of the row)."""
+    c = tl.program_id(0) // BT
+    r = tl.program_id(0) % BT
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    i_tok = start + r
+    if i_tok < end:
+        il = r % BC
+        ts = i_tok - il
+        hv = tl.program_id(1) * BH + tl.arange(0, BH)
+        hmask = hv < HV
+        hk = hv // GROUP
+        ck = tl.arange(0, BKF)
+        m = hmask[:, None] & (ck < KD)[None, :]
+        qk_off = hk[:, None] * KD + ck[None, :]
+        g_off = hv[:, None] * KD + ck[None, :]
+        q_i = tl.load(Qp + i_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+        g_i = tl.load(GCUM + i_tok * (HV * KD) + g_off, mask=m, other=0.0)
+        if WANT_AKK:
+            k_i = tl.load(Kp + i_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+        cols = tl.arange(0, BC)
+        tq = tl.zeros([BH, BC], dtype=tl.float32)
+        tk = tl.zeros([BH, BC], dtype=tl.float32)
+        for jj in range(0, il + 1):
+            j_tok = ts + jj
+            k_j = tl.load(Kp + j_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+            g_j = tl.load(GCUM + j_tok * (HV * KD) + g_off, mask=m, other=0.0)
+            kg = tl.where(m, k_j * tl.exp(tl.where(m, g_i - g_j, 0.0)), 0.0)
+            col = (cols == jj)[None, :]
+            tq = tl.where(col, tl.sum(q_i * kg, axis=1)[:, None], tq)
+            if WANT_AKK:
+                if jj < il:
+                    tk = tl.where(col, tl.sum(k_i * kg, axis=1)[:, None], tk)
+        a_off = i_tok * (HV * BT) + hv[:, None] * BT + (r - il) + cols[None, :]
+        if WANT_AKK:
+            tl.store(AKKS + a_off, tk, mask=hmask[:, None])
+        tl.store(AQK + a_off, (tq * scale).to(AQK.dtype.element_ty), mask=hmask[:, None])
