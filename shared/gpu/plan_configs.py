@@ -150,6 +150,14 @@ CONFIGS = {
                       "48 32 float32 pairs_diag=0 keep_a=0 lens=1,70,0,65",
                       "128 128 bfloat16 pairs_diag=2 num_warps_pairs=8",
                       "128 128 bfloat16 pairs_diag=2 rec_form=2",
+                      # bwd_diag: the backward's in-sub-chunk terms token-parallel
+                      # (session 16, CPU-tested only)
+                      "128 128 bfloat16 bwd_diag=1", "128 128 float16 bwd_diag=1",
+                      "128 128 bfloat16 bwd_diag=1 keep_a=0",
+                      "128 128 bfloat16 bwd_diag=1 num_warps_intra=8",
+                      "64 64 bfloat16 bwd_diag=1", "128 128 float32 bwd_diag=1",
+                      "100 100 bfloat16 bwd_diag=1 lens=1,70,0,65",
+                      "48 32 float32 bwd_diag=1 keep_a=0 lens=1,70,0,65",
                       # rec_form: the two state recurrences in FLA's operand form, 2 with
                       # kg stored by the prep (docs/benchmarks/kda_fwd_plan.md, rank 4);
                       # not yet run on a GPU

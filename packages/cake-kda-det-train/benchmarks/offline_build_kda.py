@@ -72,6 +72,7 @@ def main():
     from cake_kda_det_train.kernels.chunk_bwd import (
         kda_bwd_dh_kernel,
         kda_bwd_intra_kernel,
+        kda_bwd_intra_tok_kernel,
         kda_bwd_local_kernel,
     )
     from cake_kda_det_train.kernels.chunk_fwd import (
@@ -174,9 +175,14 @@ def main():
         it.update({"Qp": "*bf16", "Kp": "*bf16", "BETA": "*fp32", "GCUM": "*fp32",
                    "PS": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "DQ": "*fp32",
                    "DK": "*fp32", "DG": "*fp32", "DBETA": "*fp32"})
-        c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
+        c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
+                 TOK_DIAG=bool(plan.bwd_diag))
         rows.append(("bwd intra (split)", plan.num_warps_intra,
                      *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
+        if plan.bwd_diag:
+            c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=TOK_HEADS)
+            rows.append(("bwd intra tok", TOK_WARPS,
+                         *build(kda_bwd_intra_tok_kernel, it, c, TOK_WARPS)))
     _report(over, rows)
 
 

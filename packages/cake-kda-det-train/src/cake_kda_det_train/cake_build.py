@@ -37,6 +37,7 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dh_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_local_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_tok_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dg_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_g"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
@@ -61,15 +62,16 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 5,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 6,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form"]},
+                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
+                "bwd_diag"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b332b2977b3e9f3811b91a8708c9c2b31a8541c14762b7717ba5ef80da2e3741"
+SOURCE_DIGEST = "sha256:62a7e6a92305dc8ffe1519149ce16217be1d4d83d069457632d16856201c4446"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -16,6 +16,7 @@ from cake_kda_det_train.kernels.chunk_bwd import (
     kda_bwd_dg_cumsum_kernel,
     kda_bwd_dh_kernel,
     kda_bwd_intra_kernel,
+    kda_bwd_intra_tok_kernel,
     kda_bwd_local_kernel,
 )
 from cake_kda_det_train.kernels.chunk_fwd import (
@@ -29,7 +30,8 @@ from cake_kda_det_train.kernels.chunk_fwd import (
 from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
 
-# kda_fwd_pairs_tok_kernel (plan.pairs_diag = 2): value heads per program and warps
+# kda_fwd_pairs_tok_kernel (plan.pairs_diag = 2) and kda_bwd_intra_tok_kernel
+# (plan.bwd_diag = 1): value heads per program and warps
 # (H200, case a, session 16: 4 x 4 fastest of 1x1, 2x1, 4x2, 4x4, 8x4; within ~3%)
 TOK_HEADS = 4
 TOK_WARPS = 4
@@ -251,7 +253,12 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
                 q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
                 H, HV, HV // H, K,
                 BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=plan.num_warps_intra,
-                DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
+                DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE, TOK_DIAG=bool(plan.bwd_diag))
+            if plan.bwd_diag:  # the terms inside each sub-chunk, token-parallel
+                kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, (HV + TOK_HEADS - 1) // TOK_HEADS)](
+                    q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
+                    H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
+                    BKF=next_power_of_2(max(16, K)), BH=TOK_HEADS, num_warps=TOK_WARPS)
             kda_bwd_dg_cumsum_kernel[(NC, HV)](
                 dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
                 num_warps=plan.num_warps_intra)

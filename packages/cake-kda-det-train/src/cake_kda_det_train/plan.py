@@ -22,12 +22,15 @@ MAX_HEAD_DIM = 256
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
     3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
-       "num_warps_intra set before), version 5 rec_form; add pairs_diag = 0, "
-       "num_warps_pairs = <the plan's num_warps_intra> and rec_form = 0 and set version = 5 "
-       "for the same launches and bits",
-    4: "version 5 added rec_form (the operand form of the two state-recurrence kernels); add "
-       "rec_form = 0 (and num_warps_pairs = <the plan's num_warps_intra> if absent: dicts "
-       "written by early format-4 code lack it) and set version = 5 for the same launches "
+       "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag; add "
+       "pairs_diag = 0, num_warps_pairs = <the plan's num_warps_intra>, rec_form = 0 and "
+       "bwd_diag = 0 and set version = 6 for the same launches and bits",
+    4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
+       "version 6 bwd_diag; add rec_form = 0 and bwd_diag = 0 (and num_warps_pairs = <the "
+       "plan's num_warps_intra> if absent: dicts written by early format-4 code lack it) "
+       "and set version = 6 for the same launches and bits",
+    5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
+       "inside each sub-chunk); add bwd_diag = 0 and set version = 6 for the same launches "
        "and bits",
 }
 
@@ -121,12 +124,20 @@ class KDADetPlan(Plan):
             recompute forms it again): the forward state kernel loads kg^T by block pointer
             straight into the dot and the dS kernel loads it as its decayed k (no ``[64, K]``
             G tile, no exp tile per step there); kg rounded to the stored dtype: other bits
-            than 0 / 1 with 16-bit intermediates. Candidates not yet run on a GPU:
-            docs/benchmarks/kda_fwd_plan.md.
+            than 0 / 1 with 16-bit intermediates. Both right on an H200 but not faster
+            (session 15): docs/benchmarks/kda_fwd_plan.md.
+        bwd_diag: how the backward's sub-chunk kernel (``bwd_split = 1``; unused without it)
+            forms the terms of dq, dk, dg and dbeta between tokens of the same 16-token
+            sub-chunk. 0 = 16 loaded partner steps per key block inside
+            ``kda_bwd_intra_kernel`` (the rule's choice). 1 = a second, token-parallel
+            kernel (``kda_bwd_intra_tok_kernel``, the backward counterpart of
+            ``pairs_diag = 2``: one program per token and 4 value heads, all key channels at
+            once) adds them to the rows the sub-chunk kernel stored. Same math, other bits
+            than 0 (fixed per plan). A candidate, not yet run on a GPU.
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 5
+    format_version: ClassVar[int] = 6
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -155,6 +166,7 @@ class KDADetPlan(Plan):
     pairs_diag: int
     num_warps_pairs: int
     rec_form: int
+    bwd_diag: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -174,7 +186,7 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split")
+        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "bwd_diag")
         self.require_in_range("pairs_diag", 0, 2)
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
@@ -261,8 +273,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``pairs_diag = 2`` (the diagonal blocks token-parallel: forward at case a 2.27 -> ~1.9
     ms on an H200, session 16; every ``plan_configs.py`` configuration with it matched
     float64) and ``num_warps_pairs = 4`` (docs/benchmarks/kda_fwd_plan.md);
-    ``rec_form = 0`` (the state kernels as before the field; 1 and 2 are candidates, not yet
-    run on a GPU).
+    ``rec_form = 0`` (1 and 2 were right on an H200 but not faster, session 15);
+    ``bwd_diag = 0`` (1 is a candidate, not yet run on a GPU).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -316,4 +328,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         pairs_diag=2,
         num_warps_pairs=4,
         rec_form=0,
+        bwd_diag=0,
     )

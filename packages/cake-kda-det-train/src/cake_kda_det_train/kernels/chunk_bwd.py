@@ -250,7 +250,7 @@ def kda_bwd_intra_kernel(
     Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA,
     H, HV, GROUP, KD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr,
+    BKI: tl.constexpr, TOK_DIAG: tl.constexpr,
 ):
     """``plan.bwd_split = 1``: step 3 of :func:`kda_bwd_local_kernel` for the ``BC`` rows of
     one sub-chunk ``s`` (grid: chunk * sub-chunks, value head), reading the chunk's dA and
@@ -338,7 +338,7 @@ def kda_bwd_intra_kernel(
                 t = tl.zeros([BC, BKI], dtype=tl.float32)
                 t = tl.dot(tl.trans(pq_c).to(DT), left_q.to(DT), t, input_precision=PREC)
                 dk_colq += er * t
-            for jj in range(BC):  # inside s: the partner token's row, loaded
+            for jj in range(0 if TOK_DIAG else BC):  # inside s: the partner's row, loaded
                 ptok = s0 + jj
                 pok = ptok < end
                 pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
@@ -372,6 +372,81 @@ def kda_bwd_intra_kernel(
             tl.store(DK + g_off, dk, mask=smk)
             tl.store(DG + g_off, dgc, mask=smk)
         tl.store(DBETA + stok * HV + hv, dbeta, mask=smask)
+
+
+@triton.jit
+def kda_bwd_intra_tok_kernel(
+    Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA,
+    H, HV, GROUP, KD,
+    BT: tl.constexpr, BC: tl.constexpr, BKF: tl.constexpr, BH: tl.constexpr,
+):
+    """``plan.bwd_diag = 1`` (after :func:`kda_bwd_intra_kernel` with ``TOK_DIAG``, before
+    :func:`kda_bwd_dg_cumsum_kernel`): the terms of step 3 inside each 16-token sub-chunk,
+    one program per chunk row (token i) and block of ``BH`` value heads (grid: chunk * BT,
+    cdiv(HV, BH)), all ``KD`` key channels in one ``[BH, BKF]`` tile; the token-parallel
+    form of :func:`kda_bwd_intra_kernel`'s partner loop. Over the partners j of i's
+    sub-chunk in order, with P = dA and Q = the gated dAqk (``PS``):
+    ``x += P[i, j] k_j exp(G_i - G_j)`` and ``dq_row += Q[i, j] k_j exp(G_i - G_j)`` for
+    j <= i; ``dk_col += P[j, i] beta_j k_j exp(G_j - G_i)`` and
+    ``dk_colq += Q[j, i] q_j exp(G_j - G_i)`` for j >= i. Then row i gets dq += dq_row,
+    dk += x beta_i + dk_col + dk_colq, dG += q_i dq_row + k_i x beta_i - k_i (dk_col +
+    dk_colq), dbeta += sum_c k_i x (read, added, stored: each row by one program)."""
+    c = tl.program_id(0) // BT
+    r = tl.program_id(0) % BT
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    i_tok = start + r
+    if i_tok < end:
+        il = r % BC
+        ts = i_tok - il
+        col0 = r - il  # the sub-chunk's first column in the chunk
+        nv = tl.minimum(end - ts, BC)
+        hv = tl.program_id(1) * BH + tl.arange(0, BH)
+        hmask = hv < HV
+        hk = hv // GROUP
+        ck = tl.arange(0, BKF)
+        m = hmask[:, None] & (ck < KD)[None, :]
+        qk_off = hk[:, None] * KD + ck[None, :]
+        g_off = hv[:, None] * KD + ck[None, :]
+        ps = HV * 2 * BT
+        psh = PS + hv * (2 * BT)
+        q_i = tl.load(Qp + i_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+        k_i = tl.load(Kp + i_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+        g_i = tl.load(GCUM + i_tok * (HV * KD) + g_off, mask=m, other=0.0)
+        beta_i = tl.load(BETA + i_tok * HV + hv, mask=hmask, other=0.0).to(tl.float32)
+        x = tl.zeros([BH, BKF], dtype=tl.float32)
+        dq_row = tl.zeros([BH, BKF], dtype=tl.float32)
+        dk_col = tl.zeros([BH, BKF], dtype=tl.float32)
+        dk_colq = tl.zeros([BH, BKF], dtype=tl.float32)
+        for jj in range(0, nv):
+            j_tok = ts + jj
+            k_j = tl.load(Kp + j_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+            g_j = tl.load(GCUM + j_tok * (HV * KD) + g_off, mask=m, other=0.0)
+            if jj <= il:  # row i with its earlier partner j (and itself)
+                kge = tl.where(m, k_j * tl.exp(tl.where(m, g_i - g_j, 0.0)), 0.0)
+                pa = tl.load(psh + i_tok * ps + col0 + jj, mask=hmask, other=0.0)
+                pb = tl.load(psh + i_tok * ps + BT + col0 + jj, mask=hmask, other=0.0)
+                x += pa[:, None] * kge
+                dq_row += pb[:, None] * kge
+            if jj >= il:  # column i with its later partner j (and itself)
+                q_j = tl.load(Qp + j_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+                e = tl.where(m, tl.exp(tl.where(m, g_j - g_i, 0.0)), 0.0)
+                b_j = tl.load(BETA + j_tok * HV + hv, mask=hmask, other=0.0).to(tl.float32)
+                pa = tl.load(psh + j_tok * ps + col0 + il, mask=hmask, other=0.0) * b_j
+                pb = tl.load(psh + j_tok * ps + BT + col0 + il, mask=hmask, other=0.0)
+                dk_col += pa[:, None] * (k_j * e)
+                dk_colq += pb[:, None] * (q_j * e)
+        row = i_tok * (HV * KD) + g_off
+        dk_row = x * beta_i[:, None]
+        dq = tl.load(DQ + row, mask=m, other=0.0) + dq_row
+        dk = tl.load(DK + row, mask=m, other=0.0) + dk_row + dk_col + dk_colq
+        dgc = tl.load(DG + row, mask=m, other=0.0) + q_i * dq_row + k_i * dk_row \
+            - k_i * (dk_col + dk_colq)
+        tl.store(DQ + row, dq, mask=m)
+        tl.store(DK + row, dk, mask=m)
+        tl.store(DG + row, dgc, mask=m)
+        db = tl.load(DBETA + i_tok * HV + hv, mask=hmask, other=0.0) + tl.sum(k_i * x, axis=1)
+        tl.store(DBETA + i_tok * HV + hv, db, mask=hmask)
 
 
 @triton.jit
