@@ -158,6 +158,14 @@ CONFIGS = {
                       "64 64 bfloat16 bwd_diag=1", "128 128 float32 bwd_diag=1",
                       "100 100 bfloat16 bwd_diag=1 lens=1,70,0,65",
                       "48 32 float32 bwd_diag=1 keep_a=0 lens=1,70,0,65",
+                      # dh_split: the dS kernel's state in two halves of the key channels
+                      # (session 16, CPU-tested only)
+                      "128 128 bfloat16 dh_split=1", "128 128 float16 dh_split=1",
+                      "128 128 bfloat16 dh_split=1 block_v=32",
+                      "128 128 bfloat16 dh_split=1 bwd_diag=1 num_warps_intra=8",
+                      "64 64 bfloat16 dh_split=1", "128 128 float32 dh_split=1",
+                      "100 100 bfloat16 dh_split=1 lens=1,70,0,65",
+                      "48 32 float32 dh_split=1 keep_a=0 lens=1,70,0,65",
                       # rec_form: the two state recurrences in FLA's operand form, 2 with
                       # kg stored by the prep (docs/benchmarks/kda_fwd_plan.md, rank 4);
                       # not yet run on a GPU

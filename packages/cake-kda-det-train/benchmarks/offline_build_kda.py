@@ -71,6 +71,7 @@ def main():
     from cake_kda_det_train.chunk import TOK_HEADS, TOK_WARPS
     from cake_kda_det_train.kernels.chunk_bwd import (
         kda_bwd_dh_kernel,
+        kda_bwd_dh_split_kernel,
         kda_bwd_intra_kernel,
         kda_bwd_intra_tok_kernel,
         kda_bwd_local_kernel,
@@ -157,8 +158,12 @@ def main():
                  "DO": "*bf16", "CU": "*i32", "CHUNK_OFF": "*i32", "DHT": "*fp32",
                  "DH": "*bf16", "DU": "*bf16", "DH0": "*fp32", "scale": "fp32"})
     bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
+    dhc = dict(hc)
+    if plan.dh_split and not plan.rec_form:
+        bwd_dh = kda_bwd_dh_split_kernel
+        dhc["BKH"] = dhc.pop("BK") // 2
     rows.append((f"bwd state dh (stages={plan.num_stages_h})", plan.num_warps_h,
-                 *build(bwd_dh, dh_t, dict(hc, HAS_DHT=True, STORE_DH0=True, **op),
+                 *build(bwd_dh, dh_t, dict(dhc, HAS_DHT=True, STORE_DH0=True, **op),
                         plan.num_warps_h, plan.num_stages_h)))
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",

@@ -94,11 +94,11 @@ def test_bwd_diag_field_serialised_and_checked():
     d = on.to_dict()
     assert d["bwd_diag"] == 1 and d["version"] == KDADetPlan.format_version == 6
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key
-    old = {n: x for n, x in plan.to_dict().items() if n != "bwd_diag"}
-    old["version"] = 5  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 5.*add bwd_diag = 0"):
+    old = {n: x for n, x in plan.to_dict().items() if n not in ("bwd_diag", "dh_split")}
+    old["version"] = 5  # a plan serialised before the fields existed
+    with pytest.raises(ValueError, match="format version 5.*add bwd_diag = 0 and dh_split = 0"):
         KDADetPlan.from_dict(old)
-    old["bwd_diag"], old["version"] = 0, 6  # the upgrade the message asks for
+    old.update(bwd_diag=0, dh_split=0, version=6)  # the upgrade the message asks for
     assert KDADetPlan.from_dict(old) == plan
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="bwd_diag"):

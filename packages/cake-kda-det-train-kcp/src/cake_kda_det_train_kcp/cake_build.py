@@ -41,12 +41,13 @@ PLANS = [
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
-                "bwd_diag"]},
+                "bwd_diag", "dh_split"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
     "cake-kda-det-train": [
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dh_kernel"},
+        {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dh_split_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_local_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_tok_kernel"},
@@ -77,7 +78,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d7f4183b140876a4cfb703471fc5002c44c1dc74afb582c89fe57568c76e8905"
+SOURCE_DIGEST = "sha256:e1d4e56c927b389d85404abe9b2cb5ad0dd003f41247b81bed54e37f2edb7eda"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

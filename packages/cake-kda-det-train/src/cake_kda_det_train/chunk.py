@@ -15,6 +15,7 @@ from cake_core.triton_utils import is_interpreting, next_power_of_2
 from cake_kda_det_train.kernels.chunk_bwd import (
     kda_bwd_dg_cumsum_kernel,
     kda_bwd_dh_kernel,
+    kda_bwd_dh_split_kernel,
     kda_bwd_intra_kernel,
     kda_bwd_intra_tok_kernel,
     kda_bwd_local_kernel,
@@ -228,12 +229,17 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
         dht_c = dht.contiguous() if dht is not None else None
         bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
         op = {"KG": kg is not None} if plan.rec_form else {}
+        dh_cst = cst
+        if plan.dh_split and not plan.rec_form:  # dS in two halves of the key channels
+            bwd_dh = kda_bwd_dh_split_kernel
+            dh_cst = {n: x for n, x in cst.items() if n != "BK"}
+            dh_cst["BKH"] = plan.block_k // 2
         bwd_dh[(N, HV, _cdiv(V, plan.block_v))](
             q, kg if kg is not None else k, w, g_cs, aqk, do, tabs[3], tabs[2],
             dht_c if dht_c is not None else dh, dh, du, dh0 if dh0 is not None else dh,
             scale, H, HV, HV // H, K, V,
             BV=plan.block_v, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **cst)
+            num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **dh_cst)
         # diag_load = 2 / bwd_split: fp32 copies of each chunk's dA and gated dAqk (FLA keeps
         # the same two [T, 64] matrices), read back by the same program / the split kernel
         split = bool(plan.bwd_split)

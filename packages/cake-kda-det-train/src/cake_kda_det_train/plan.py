@@ -22,16 +22,16 @@ MAX_HEAD_DIM = 256
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
     3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
-       "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag; add "
-       "pairs_diag = 0, num_warps_pairs = <the plan's num_warps_intra>, rec_form = 0 and "
-       "bwd_diag = 0 and set version = 6 for the same launches and bits",
+       "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag and dh_split; "
+       "add pairs_diag = 0, num_warps_pairs = <the plan's num_warps_intra>, rec_form = 0, "
+       "bwd_diag = 0 and dh_split = 0 and set version = 6 for the same launches and bits",
     4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
-       "version 6 bwd_diag; add rec_form = 0 and bwd_diag = 0 (and num_warps_pairs = <the "
-       "plan's num_warps_intra> if absent: dicts written by early format-4 code lack it) "
-       "and set version = 6 for the same launches and bits",
+       "version 6 bwd_diag and dh_split; add rec_form = 0, bwd_diag = 0 and dh_split = 0 "
+       "(and num_warps_pairs = <the plan's num_warps_intra> if absent: dicts written by "
+       "early format-4 code lack it) and set version = 6 for the same launches and bits",
     5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
-       "inside each sub-chunk); add bwd_diag = 0 and set version = 6 for the same launches "
-       "and bits",
+       "inside each sub-chunk) and dh_split (the dS kernel's state in two halves); add "
+       "bwd_diag = 0 and dh_split = 0 and set version = 6 for the same launches and bits",
 }
 
 
@@ -134,6 +134,12 @@ class KDADetPlan(Plan):
             ``pairs_diag = 2``: one program per token and 4 value heads, all key channels at
             once) adds them to the rows the sub-chunk kernel stored. Same math, other bits
             than 0 (fixed per plan). A candidate, not yet run on a GPU.
+        dh_split: the backward's dS recurrence (used only with ``rec_form = 0``). 0 =
+            ``kda_bwd_dh_kernel``, dS one ``[block_k, block_v]`` tile (the rule's choice).
+            1 = ``kda_bwd_dh_split_kernel``: dS as two ``[block_k / 2, block_v]`` halves,
+            k, q, w and G loaded per half (FLA's 64-row slices), fewer fp32 tiles live in
+            the serial loop; needs ``block_k >= 32``. Same recurrence; other bits than 0
+            (du summed over the halves in two dots). A candidate, not yet run on a GPU.
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
@@ -167,6 +173,7 @@ class KDADetPlan(Plan):
     num_warps_pairs: int
     rec_form: int
     bwd_diag: int
+    dh_split: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -186,7 +193,10 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "bwd_diag")
+        self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "bwd_diag",
+                           "dh_split")
+        if self.dh_split and self.block_k < 32:
+            self._fail("dh_split=1 needs block_k >= 32 (two halves of >= 16 key channels)")
         self.require_in_range("pairs_diag", 0, 2)
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
@@ -274,7 +284,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ms on an H200, session 16; every ``plan_configs.py`` configuration with it matched
     float64) and ``num_warps_pairs = 4`` (docs/benchmarks/kda_fwd_plan.md);
     ``rec_form = 0`` (1 and 2 were right on an H200 but not faster, session 15);
-    ``bwd_diag = 0`` (1 is a candidate, not yet run on a GPU).
+    ``bwd_diag = 0`` and ``dh_split = 0`` (1 is a candidate for each, not yet run on a
+    GPU).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -329,4 +340,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_pairs=4,
         rec_form=0,
         bwd_diag=0,
+        dh_split=0,
     )

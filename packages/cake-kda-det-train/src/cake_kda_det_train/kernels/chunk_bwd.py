@@ -91,6 +91,95 @@ def kda_bwd_dh_kernel(
 
 
 @triton.jit
+def kda_bwd_dh_split_kernel(
+    Qp, Kp, W, GCUM, AQK, DO, CU, CHUNK_OFF, DHT, DH, DU, DH0,
+    scale, H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BKH: tl.constexpr,
+    BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+):
+    """``plan.dh_split = 1``: :func:`kda_bwd_dh_kernel` with the state gradient dS kept as
+    two ``[BKH, BV]`` halves of the key channels (FLA's ``chunk_gated_delta_rule_bwd_dhu``
+    keeps 64-row slices): per chunk, du = Aqk^T do + kd_a dS_a + kd_b dS_b (three dots in
+    that order), then each half dS_h = exp(G_last) dS_h + qg_h^T do - w_h^T du, with
+    ``[64, BKH]`` tiles of k, q, w and G loaded per half (G twice), so fewer fp32 tiles are
+    live at once. Same recurrence and grid; other bits than 0 (du's sum over key channels
+    in two dots)."""
+    n = tl.program_id(0)
+    hv = tl.program_id(1)
+    vb = tl.program_id(2)
+    hk = hv // GROUP
+    bos = tl.load(CU + n).to(tl.int64)
+    eos = tl.load(CU + n + 1).to(tl.int64)
+    c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
+    nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
+    rows = tl.arange(0, BT)
+    ca = tl.arange(0, BKH)
+    cb = BKH + tl.arange(0, BKH)
+    cv = vb * BV + tl.arange(0, BV)
+    ha = (ca < KD)[:, None] & (cv < VD)[None, :]
+    hb = (cb < KD)[:, None] & (cv < VD)[None, :]
+    sa = ca[:, None] * VD + cv[None, :]
+    sb = cb[:, None] * VD + cv[None, :]
+    if HAS_DHT:
+        dha = tl.load(DHT + (n * HV + hv) * KD * VD + sa, mask=ha, other=0.0)
+        dhb = tl.load(DHT + (n * HV + hv) * KD * VD + sb, mask=hb, other=0.0)
+    else:
+        dha = tl.zeros([BKH, BV], dtype=tl.float32)
+        dhb = tl.zeros([BKH, BV], dtype=tl.float32)
+    for i in range(nch):
+        ci = nch - 1 - i
+        start = bos + ci * BT
+        tok = start + rows
+        tmask = tok < eos
+        ma = tmask[:, None] & (ca < KD)[None, :]
+        mb = tmask[:, None] & (cb < KD)[None, :]
+        vmask = tmask[:, None] & (cv < VD)[None, :]
+        dbase = DH + ((c0 + ci) * HV + hv) * KD * VD
+        tl.store(dbase + sa, dha.to(DH.dtype.element_ty), mask=ha)
+        tl.store(dbase + sb, dhb.to(DH.dtype.element_ty), mask=hb)
+        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
+        do = tl.load(DO + u_off, mask=vmask, other=0.0)
+        aqk = tl.load(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                      mask=tmask[:, None], other=0.0)
+        last = tl.minimum(start + BT, eos) - 1
+        gl_base = GCUM + last * (HV * KD) + hv * KD
+        g_base = GCUM + tok[:, None] * (HV * KD) + hv * KD
+        qk_base = tok[:, None] * (H * KD) + hk * KD
+        w_base = W + tok[:, None] * (HV * KD) + hv * KD
+        gla = tl.load(gl_base + ca, mask=ca < KD, other=0.0)
+        glb = tl.load(gl_base + cb, mask=cb < KD, other=0.0)
+        du = tl.zeros([BT, BV], dtype=tl.float32)
+        du = tl.dot(tl.trans(aqk.to(DT)), do.to(DT), du, input_precision=PREC)
+        g = tl.load(g_base + ca[None, :], mask=ma, other=0.0)
+        kb = tl.load(Kp + qk_base + ca[None, :], mask=ma, other=0.0).to(tl.float32)
+        kd = tl.where(ma, kb * tl.exp(tl.where(ma, gla[None, :] - g, 0.0)), 0.0)
+        du = tl.dot(kd.to(DT), dha.to(DT), du, input_precision=PREC)
+        g = tl.load(g_base + cb[None, :], mask=mb, other=0.0)
+        kb = tl.load(Kp + qk_base + cb[None, :], mask=mb, other=0.0).to(tl.float32)
+        kd = tl.where(mb, kb * tl.exp(tl.where(mb, glb[None, :] - g, 0.0)), 0.0)
+        du = tl.dot(kd.to(DT), dhb.to(DT), du, input_precision=PREC)
+        du = du.to(DU.dtype.element_ty)
+        tl.store(DU + u_off, du, mask=vmask)
+        g = tl.load(g_base + ca[None, :], mask=ma, other=0.0)
+        qb = tl.load(Qp + qk_base + ca[None, :], mask=ma, other=0.0).to(tl.float32)
+        qg = tl.where(ma, qb * tl.exp(tl.where(ma, g, 0.0)), 0.0) * scale
+        w = tl.load(w_base + ca[None, :], mask=ma, other=0.0)
+        dha = dha * tl.exp(gla)[:, None]
+        dha = tl.dot(tl.trans(qg.to(DT)), do.to(DT), dha, input_precision=PREC)
+        dha = tl.dot(tl.trans(-(w.to(DT))), du.to(DT), dha, input_precision=PREC)
+        g = tl.load(g_base + cb[None, :], mask=mb, other=0.0)
+        qb = tl.load(Qp + qk_base + cb[None, :], mask=mb, other=0.0).to(tl.float32)
+        qg = tl.where(mb, qb * tl.exp(tl.where(mb, g, 0.0)), 0.0) * scale
+        w = tl.load(w_base + cb[None, :], mask=mb, other=0.0)
+        dhb = dhb * tl.exp(glb)[:, None]
+        dhb = tl.dot(tl.trans(qg.to(DT)), do.to(DT), dhb, input_precision=PREC)
+        dhb = tl.dot(tl.trans(-(w.to(DT))), du.to(DT), dhb, input_precision=PREC)
+    if STORE_DH0:
+        tl.store(DH0 + (n * HV + hv) * KD * VD + sa, dha, mask=ha)
+        tl.store(DH0 + (n * HV + hv) * KD * VD + sb, dhb, mask=hb)
+
+
+@triton.jit
 def kda_bwd_local_kernel(
     Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, VNEW, DU, CHUNK_START, CHUNK_END,
     DQ, DK, DV, DG, DBETA, PS,
