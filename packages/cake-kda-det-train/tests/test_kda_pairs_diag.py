@@ -32,13 +32,28 @@ def _plan(K, V, dtype, diag=1, **over):
 ], ids=["fp32-bki16-kept", "fp32-bki16-recompute-split", "bf16-bki16-split"])
 @pytest.mark.parametrize("diag", [1, 2])
 def test_pairs_diag_vs_reference(K, V, dtype, over, diag, kda):
+    _vs_reference(K, V, 1, 2, dtype, over, diag, kda)
+
+
+@pytest.mark.parametrize("dtype, over", [
+    (torch.float32, dict()),
+    (torch.bfloat16, dict(keep_a=0)),
+], ids=["fp32-kept", "bf16-recompute"])
+def test_pairs_diag_tok_heads_vs_reference(dtype, over, kda):
+    """pairs_diag = 2 with H = 3 q/k heads and HV = 6 value heads: two programs per token
+    along the heads, the second with 2 of its 4 heads masked, value heads sharing a q/k
+    head (K = V = 32 for bf16's 16-bit intermediates)."""
+    _vs_reference(32, 32, 3, 6, dtype, over, 2, kda)
+
+
+def _vs_reference(K, V, H, HV, dtype, over, diag, kda):
     """Documents of 1, 37, 0 and 20 tokens (chunks ending inside a sub-chunk, an empty
     document, a 1-token one); K = 24 in blocks of 16 ends in a partly masked block; bf16
     at K = V = 32 stores 16-bit intermediates under the interpreter."""
     plan = _plan(K, V, dtype, diag, **over)
     if DEV.type == "cuda" and plan.block_k_inner == 16:
         pytest.skip("fp32 key blocks of 16 are refused on CUDA (cuda_plan_problem)")
-    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=81,
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), H, HV, K, V, dtype, seed=81,
                                                g_mode="strong", n_states=len(LENS), h0=True)
     # strong decays amplify fp32 rounding: dg came to 1.003e-5 against the default 1e-5 on
     # one CPU (numpy's BLAS rounds differently by CPU under the interpreter)

@@ -72,7 +72,7 @@ PLANS = [
                 "bwd_diag", "dh_split"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6c79d068eaf1f8431fd3ee6e8137049b8dc419d2a7a7441224966e7480ca978e"
+SOURCE_DIGEST = "sha256:7efd2722f5e9ce17df537c8f4af278c5aaf3f98e55d53b682c2eb433b33f393a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -90,8 +90,8 @@ class KDADetPlan(Plan):
         fwd_split: 1 = the chunk prep (forward, and the backward's recompute) gets its
             gated pair products (A = k k^T raw, to an fp32 ``[B * T, HV, 64]`` scratch, and
             Aqk) from a kernel per 16-token sub-chunk and value head (``[16, block_k_inner]``
-            tiles; earlier sub-chunks by one dot, the sub-chunk itself by 16 loaded steps,
-            key blocks in index order), after a kernel that forms G; the prep keeps the
+            tiles; earlier sub-chunks by one dot, key blocks in index order; the sub-chunk
+            itself as ``pairs_diag`` says), after a kernel that forms G; the prep keeps the
             solve, w and u. Other sum order than 0 (other bits, same math).
         num_warps_intra: warps of the sub-chunk kernels (used only with ``bwd_split`` or
             ``fwd_split``).
@@ -104,7 +104,7 @@ class KDADetPlan(Plan):
             (``kda_fwd_pairs_tok_kernel``, FLA's ``chunk_kda_fwd_intra_token_parallel``
             form: one program per token and 4 value heads, 4 warps; all key channels of a
             pair summed in one reduction; the rule's choice: H200 case a forward 2.27 ->
-            1.88-2.01 ms, fwd+bwd 8.61 -> 7.93-8.00 ms, session 16). Each value is other
+            1.74-1.88 ms, fwd+bwd 8.61 -> 7.77-7.93 ms, session 16). Each value is other
             bits than the others' (same math, fixed per plan).
             docs/benchmarks/kda_fwd_plan.md.
         num_warps_pairs: warps of the ``fwd_split`` pairs kernel (the forward's, and the
