@@ -29,8 +29,9 @@ def _plan(K, V, dtype, **over):
 ], ids=["fp32-k24", "fp32-k40-recompute", "bf16-k32", "fp32-k16-empty-half"])
 def test_dh_split_vs_reference(K, V, dtype, over, kda):
     """K = 24 in halves of 16 (the second partly masked); K = 40 in halves of 32 (the
-    second holds 8 channels); K = 16 in halves of 16 (the second all masked); bf16 at K = V = 32 stores 16-bit intermediates; documents of
-    1, 37, 0 and 90 tokens (a sequence of two chunks, so dS crosses a chunk)."""
+    second holds 8 channels); K = 16 in halves of 16 (the second all masked); bf16 at
+    K = V = 32 stores 16-bit intermediates; documents of 1, 37, 0 and 90 tokens (a
+    sequence of two chunks, so dS crosses a chunk)."""
     plan = _plan(K, V, dtype, **over)
     if DEV.type == "cuda" and plan.block_k_inner == 16:
         pytest.skip("fp32 key blocks of 16 are refused on CUDA (cuda_plan_problem)")
