@@ -53,7 +53,19 @@ class _Traced:
 @contextlib.contextmanager
 def trace(package: str):
     """Wrap every launched kernel (a ``@triton.jit`` global named ``*_kernel``) of the loaded
-    modules of ``package`` outside its ``kernels`` subpackage (where the launches are)."""
+    modules of ``package`` outside its ``kernels`` subpackage (where the launches are).
+
+    Meanwhile torch fills every new ``torch.empty`` tensor (NaN for floats, the largest
+    value for ints: ``torch.utils.deterministic.fill_uninitialized_memory`` under
+    ``torch.use_deterministic_algorithms(True, warn_only=True)``, both restored after): a
+    buffer that one launch fills only in part and a later launch completes (KDA's pair
+    products with ``pairs_diag = 2``) then hashes the same in two calls, and a read of
+    never-written memory shows as NaN."""
+    det = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
     log: list = []
     saved = []
     for mname, mod in list(sys.modules.items()):
@@ -70,6 +82,8 @@ def trace(package: str):
     finally:
         for mod, attr, val in saved:
             setattr(mod, attr, val)
+        torch.use_deterministic_algorithms(det[0], warn_only=det[1])
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def first_difference(a: list, b: list) -> str:
