@@ -145,6 +145,19 @@ def fwd_bwd_saved(inputs, h0, cu, do, dht, plan):
     return (o, ht, saved.g_cumsum, saved.A, *chunk_kda_det_bwd(do, dht, saved))
 
 
+def assert_repeats_and_close(inputs, h0, cu, do, dht, new, base, rtol=1e-4, atol=1e-5):
+    """``plan`` variant ``new``: the same bits twice, and close to ``base`` (same math, other
+    sum order) in every output of :func:`fwd_bwd_saved`."""
+    from cake_core.testing import assert_bitwise_repeat
+
+    want = fwd_bwd_saved(inputs, h0, cu, do, dht, base)
+    got = assert_bitwise_repeat(lambda: fwd_bwd_saved(inputs, h0, cu, do, dht, new), repeats=2)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
 @pytest.fixture
 def kda():
     """This module: ``kda.make_kda_inputs(...)``, ``kda.check_vs_reference(...)``, ..."""

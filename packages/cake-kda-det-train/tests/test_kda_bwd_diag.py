@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from cake_core.testing import assert_bitwise_repeat, randn
+from cake_core.testing import randn
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import KDADetPlan, make_plan
 
@@ -53,13 +53,7 @@ def test_bwd_diag_close_to_loop_and_repeats(kda):
     dht = randn(h0.shape, torch.float32, DEV, seed=95)
     new = _plan(K, V, torch.float32, block_k_inner=16 if DEV.type == "cpu" else 32)
     base = dataclasses.replace(new, bwd_diag=0)
-    want = kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, base)
-    got = assert_bitwise_repeat(lambda: kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, new),
-                                repeats=2)
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert (a is None) == (b is None), i
-        if a is not None:
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    kda.assert_repeats_and_close((q, k, v, g, beta), h0, cu, do, dht, new, base)
 
 
 def test_bwd_diag_launches_its_kernel(kda, monkeypatch):
