@@ -82,9 +82,9 @@ def test_bwd_diag_launches_its_kernel(kda, monkeypatch):
 
 
 def test_bwd_diag_field_serialised_and_checked():
-    plan = make_plan(128, 128, torch.bfloat16, DEV)
-    assert plan.bwd_diag == 0  # the rule keeps the loop
-    on = dataclasses.replace(plan, bwd_diag=1)
+    on = make_plan(128, 128, torch.bfloat16, DEV)
+    assert on.bwd_diag == 1  # the rule's choice (session 17)
+    plan = dataclasses.replace(on, bwd_diag=0)
     d = on.to_dict()
     assert d["bwd_diag"] == 1 and d["version"] == KDADetPlan.format_version == 6
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key

@@ -72,7 +72,7 @@ PLANS = [
                 "bwd_diag", "dh_split"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7efd2722f5e9ce17df537c8f4af278c5aaf3f98e55d53b682c2eb433b33f393a"
+SOURCE_DIGEST = "sha256:4af3b4a2b5f5ee944385c2ca03ba79d4c7aec4050e6644baaeeb5525522a1ece"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -129,11 +129,12 @@ class KDADetPlan(Plan):
         bwd_diag: how the backward's sub-chunk kernel (``bwd_split = 1``; unused without it)
             forms the terms of dq, dk, dg and dbeta between tokens of the same 16-token
             sub-chunk. 0 = 16 loaded partner steps per key block inside
-            ``kda_bwd_intra_kernel`` (the rule's choice). 1 = a second, token-parallel
+            ``kda_bwd_intra_kernel``. 1 = a second, token-parallel
             kernel (``kda_bwd_intra_tok_kernel``, the backward counterpart of
             ``pairs_diag = 2``: one program per token and 4 value heads, all key channels at
             once) adds them to the rows the sub-chunk kernel stored. Same math, other bits
-            than 0 (fixed per plan). A candidate, not yet run on a GPU.
+            than 0 (fixed per plan). The rule's choice since session 17: on an H200 the
+            backward at case a 6.37 -> 4.73 ms, forward+backward 7.79 -> 6.22 ms.
         dh_split: the backward's dS recurrence (used only with ``rec_form = 0``). 0 =
             ``kda_bwd_dh_kernel``, dS one ``[block_k, block_v]`` tile (the rule's choice).
             1 = ``kda_bwd_dh_split_kernel``: dS as two ``[block_k / 2, block_v]`` halves,
@@ -284,8 +285,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ms on an H200, session 16; every ``plan_configs.py`` configuration with it matched
     float64) and ``num_warps_pairs = 4`` (docs/benchmarks/kda_fwd_plan.md);
     ``rec_form = 0`` (1 and 2 were right on an H200 but not faster, session 15);
-    ``bwd_diag = 0`` and ``dh_split = 0`` (1 is a candidate for each, not yet run on a
-    GPU).
+    ``bwd_diag = 1`` (the backward's in-sub-chunk terms token-parallel: forward+backward
+    at case a 7.79 -> 6.22 ms, case b 15.32 -> 11.99 ms on an H200, session 17; every
+    ``plan_configs.py`` configuration with it matched float64 there);
+    ``dh_split = 0`` (1 was right on an H200 but 6% slower, session 17).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -293,7 +296,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     Known limit (H200, Triton 3.6, 2026-11-30): the backward's dk, dg and dbeta repeat
     bitwise call after call on a GPU that runs nothing else, but did not while another
     process time-shared the same GPU in session 7 (every plan tried;
-    ``shared/gpu/repeat_diag.py kda ... --burn``; not reproduced in 56 calls in session 8):
+    ``shared/gpu/repeat_diag.py kda ... --burn``; not reproduced in 56 calls in session 8;
+    seen again under mixed load in session 17, for this rule too):
     an intermittent fault of the compiled backward, under investigation (docs/determinism.md).
 
     Raises:
@@ -339,6 +343,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         pairs_diag=2,
         num_warps_pairs=4,
         rec_form=0,
-        bwd_diag=0,
+        bwd_diag=1,
         dh_split=0,
     )
