@@ -105,6 +105,24 @@ def test_cpu_timers():
     assert (cuda.warmup, cuda.rep) == (5.0, 20.0) and "do_bench" in cuda.kind
 
 
+def test_repeat_hashes_names_the_outputs_that_differ(capsys):
+    fixed = [torch.tensor([1.0, 2.0]), None, torch.tensor([3.0])]
+    same = bench.repeat_hashes(lambda: fixed, ("a", "b", "c"), runs=3)
+    assert len(same) == 3 and len(set(same)) == 1
+    assert same[0] == bench.bits_sha256(fixed)[:16] and capsys.readouterr().out == ""
+    n = [0]
+
+    def drifting():  # "c" takes a new value on every other call, "a" never changes
+        n[0] += 1
+        return [fixed[0], None, torch.tensor([float(n[0] // 2)])]
+
+    got = bench.repeat_hashes(drifting, ("a", "b", "c"), runs=4)
+    assert len(set(got)) == 3
+    assert "{'c': 3}" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="3 outputs for 2 names"):
+        bench.repeat_hashes(lambda: fixed, ("a", "b"))
+
+
 def test_result_helpers():
     ref = torch.tensor([1.0, -4.0, 2.0])
     out = torch.tensor([1.5, -4.0, 2.0], dtype=torch.bfloat16)

@@ -169,7 +169,7 @@ def errors(impls, in_kernel, T=1000, K=128):
 
 
 def hashes(fn, c, runs=5):
-    return [bench.bits_sha256(grads_of(fn, c))[:16] for _ in range(runs)]
+    return bench.repeat_hashes(lambda: grads_of(fn, c), NAMES, runs)
 
 
 def profile(fn, c, fwd_only=False):

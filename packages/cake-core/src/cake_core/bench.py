@@ -420,6 +420,27 @@ def bits_sha256(tensors: Iterable[torch.Tensor | None]) -> str:
     return h.hexdigest()
 
 
+def repeat_hashes(outputs_of: Callable[[], Sequence[torch.Tensor | None]],
+                  names: Sequence[str], runs: int = 5) -> list[str]:
+    """``runs`` calls of ``outputs_of()``: the first 16 hex digits of :func:`bits_sha256` of
+    each call's outputs (all equal = bitwise repeatable). When they differ, also prints the
+    outputs (by ``names``, in ``outputs_of()``'s order) that took more than one value, with
+    how many, so a repeat failure says where it is."""
+    combined, per = [], []
+    for _ in range(runs):
+        outs = list(outputs_of())
+        if len(outs) != len(names):
+            raise ValueError(f"{len(outs)} outputs for {len(names)} names")
+        combined.append(bits_sha256(outs)[:16])
+        per.append([bits_sha256([t])[:16] if t is not None else "-" for t in outs])
+    if len(set(combined)) > 1:
+        differ = {n: len({p[i] for p in per}) for i, n in enumerate(names)
+                  if len({p[i] for p in per}) > 1}
+        print(f"outputs that differ between the {runs} runs (distinct values): {differ}",
+              flush=True)
+    return combined
+
+
 def add_bandwidth(rec: dict[str, Any], nbytes: dict[str, int], peak_gbps: float,
                   phases: Iterable[str]) -> None:
     """For each phase timed in ``rec`` (``rec[phase]["ms"]``), add ``gbps`` (``nbytes[phase]``
