@@ -2,7 +2,7 @@
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
 # parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcp1 kcptests moelayer
-# kdahash kdatime burn, and <fam>tests
+# kdahash kdatime burn mixload, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -169,6 +169,32 @@ if has burn; then
         ${!cv:-$dc} "num_warps_bwd=2" --burn 2 2>&1 | grep -v Warn | tee -a "$OUT/burn.txt"
     fi
   done
+fi
+# mixload: repeat checks under the load that showed the KDA repeat fault (session 17: dk,
+# dg, dbeta took 2 values in 1 of 15 batches of 12 calls): KDA test files and plan_configs
+# compiling and launching in the background ($MIX_SECS seconds) while, for each plan of
+# $MIX_PLANS (';'-separated, default: the rule and num_warps_bwd=2, the local kernel
+# without wgmma), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
+# and one runs GDN's rule. Per batch: the outputs that took more than one value.
+if has mixload; then
+  MS=${MIX_SECS:-300}; T=packages/cake-kda-det-train/tests
+  for f in test_kda_split_edges.py test_kda_api.py test_kda_parity.py test_kda_modes.py; do
+    timeout $MS python3 -m pytest -q -p no:cacheprovider $T/$f > /dev/null 2>&1 &
+  done
+  timeout $MS python3 shared/gpu/plan_configs.py kda "128 128 float16" "64 64 bfloat16" \
+    "100 100 bfloat16 lens=1,70,0,65" "48 32 float32 keep_a=0 lens=1,70,0,65" > /dev/null 2>&1 &
+  IFS=';' read -ra MP <<< "${MIX_PLANS-;num_warps_bwd=2}"; W=(); i=0
+  for P in "${MP[@]}"; do
+    for j in $(seq ${MIX_PROCS:-2}); do
+      i=$((i+1))
+      { timeout $MS python3 shared/gpu/repeat_diag.py kda 12 a "$P" "$P" "$P" "$P" "$P" "$P" \
+          2>&1 | grep -v -i warn; } > "$OUT/mix_$i.txt" 2>&1 & W+=($!)
+    done
+  done
+  { timeout $MS python3 shared/gpu/repeat_diag.py gdn 12 a "" "" "" "" 2>&1 \
+      | grep -v -i warn; } > "$OUT/mix_gdn.txt" 2>&1 & W+=($!)
+  wait "${W[@]}"; wait
+  tail -n 8 "$OUT"/mix_*.txt | tee "$OUT/mixload.txt"; rm -f "$OUT"/mix_*.txt
 fi
 # moelayer: the MoEFeedForward layer vs eager torch (bf16, 8192 tokens), then the main job
 # with --moe 8,2 ($MOE_STEPS steps).
