@@ -1,8 +1,9 @@
-"""cake_core.triangular.unit_lower_inverse against float64 torch."""
+"""cake_core.triangular.unit_lower_inverse and unit_lower_inverse_blocked against float64
+torch."""
 
 import pytest
 import torch
-from cake_core.triangular import unit_lower_inverse
+from cake_core.triangular import unit_lower_inverse, unit_lower_inverse_blocked
 from cake_core.triton_utils import default_device, is_interpreting, tl, triton
 
 
@@ -21,6 +22,28 @@ def test_unit_lower_inverse_matches_float64(BT):
     t = torch.full((BT, BT), float("nan"), dtype=torch.float32, device=dev)  # poisoned
     prec = "ieee" if is_interpreting() else "tf32x3"
     _inverse_kernel[(1,)](a.float().to(dev), t, BT=BT, LOG2_BT=BT.bit_length() - 1,
+                          PREC=prec)
+    want = torch.linalg.inv(torch.eye(BT, dtype=torch.float64) + a)
+    assert torch.allclose(t.cpu().double(), want, rtol=1e-4, atol=1e-5)
+    assert torch.equal(torch.triu(t.cpu(), 1), torch.zeros(BT, BT))
+
+
+@triton.jit
+def _blocked_kernel(A, T, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.constexpr):
+    rows = tl.arange(0, BT)
+    off = rows[:, None] * BT + rows[None, :]
+    tl.store(T + off, unit_lower_inverse_blocked(tl.load(A + off), BT, LOG2_BT, PREC, 16, 4))
+
+
+@pytest.mark.parametrize("BT", [16, 32, 64])
+def test_unit_lower_inverse_blocked_matches_float64(BT):
+    """16 x 16 diagonal blocks first (BT = 16: all of it), then the whole-tile steps."""
+    dev = default_device()
+    gen = torch.Generator().manual_seed(100 + BT)
+    a = torch.tril(torch.randn(BT, BT, generator=gen, dtype=torch.float64), -1) * 0.3
+    t = torch.full((BT, BT), float("nan"), dtype=torch.float32, device=dev)  # poisoned
+    prec = "ieee" if is_interpreting() else "tf32x3"
+    _blocked_kernel[(1,)](a.float().to(dev), t, BT=BT, LOG2_BT=BT.bit_length() - 1,
                           PREC=prec)
     want = torch.linalg.inv(torch.eye(BT, dtype=torch.float64) + a)
     assert torch.allclose(t.cpu().double(), want, rtol=1e-4, atol=1e-5)

@@ -4,7 +4,7 @@ the sub-chunk kernel stored, instead of that kernel's 16 loaded partner steps pe
 block. o, final state and every gradient against the float64 reference (packed documents
 with an empty and a 1-token one, value heads in a partly filled block of 4, strong decays,
 kept and recomputed T, K off the block size); close to ``bwd_diag = 0``; bitwise
-repeatable; the field serialised (format version 6), a format-5 dict refused."""
+repeatable; the field serialised (format version 6, now 7), a format-5 dict refused."""
 
 import dataclasses
 
@@ -86,13 +86,14 @@ def test_bwd_diag_field_serialised_and_checked():
     assert on.bwd_diag == 1  # the rule's choice (session 17)
     plan = dataclasses.replace(on, bwd_diag=0)
     d = on.to_dict()
-    assert d["bwd_diag"] == 1 and d["version"] == KDADetPlan.format_version == 6
+    assert d["bwd_diag"] == 1 and d["version"] == KDADetPlan.format_version >= 6
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n not in ("bwd_diag", "dh_split")}
     old["version"] = 5  # a plan serialised before the fields existed
-    with pytest.raises(ValueError, match="format version 5.*add bwd_diag = 0 and dh_split = 0"):
+    want = "format version 5.*add bwd_diag = 0, dh_split = 0 and inv_blocked = 0"
+    with pytest.raises(ValueError, match=want):
         KDADetPlan.from_dict(old)
-    old.update(bwd_diag=0, dh_split=0, version=6)  # the upgrade the message asks for
+    old.update(bwd_diag=0, dh_split=0, inv_blocked=0, version=7)  # the upgrade asked for
     assert KDADetPlan.from_dict(old) == plan
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="bwd_diag"):

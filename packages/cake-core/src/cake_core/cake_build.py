@@ -33,11 +33,12 @@ KERNELS = [
     {"module": "cake_core.gemm", "function": "group_sum_cast_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+    {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     {"module": "cake_core.triton_utils", "function": "dot"},
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d523cd662d88619208178ec00005235b3e3dc4637d3a99b9e1f3b792f30f9bfd"
+SOURCE_DIGEST = "sha256:0c64aa27314da2c21ebef7bb49f473ae351ae6aa6c336e4e32d6bdfb71e7a976"
 # --- end of generated block ---
 
 MANIFEST = {

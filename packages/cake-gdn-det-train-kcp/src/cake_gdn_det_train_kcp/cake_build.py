@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:a457398434e2e8105147e60f3eef898cdd5a6c1abfcdbdd0d3b3c129a765ccf4"
+SOURCE_DIGEST = "sha256:96998ec75957344d4a178beadfd93972db7352494d874f4bd76f1c5a3dcd06fe"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

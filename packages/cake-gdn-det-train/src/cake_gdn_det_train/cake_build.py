@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:edff76ce2928781d307636fc06f9421e04d106dd950368f8142d63cd6bae2124"
+SOURCE_DIGEST = "sha256:38dbb933ee1c8604275c1f4fd3445652fad9cede97710bd0f38bcd528e4908b4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -63,16 +63,16 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 6,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 7,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
-                "bwd_diag", "dh_split"]},
+                "bwd_diag", "dh_split", "inv_blocked"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4af3b4a2b5f5ee944385c2ca03ba79d4c7aec4050e6644baaeeb5525522a1ece"
+SOURCE_DIGEST = "sha256:7d2076b29e3fbed72ef57fdf2b7194377df6a433ec65ea14f60630f79579ab4c"
 # --- end of generated block ---
 
 MANIFEST = {

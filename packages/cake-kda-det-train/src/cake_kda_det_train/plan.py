@@ -22,16 +22,21 @@ MAX_HEAD_DIM = 256
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
     3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
-       "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag and dh_split; "
-       "add pairs_diag = 0, num_warps_pairs = <the plan's num_warps_intra>, rec_form = 0, "
-       "bwd_diag = 0 and dh_split = 0 and set version = 6 for the same launches and bits",
+       "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag and dh_split, "
+       "version 7 inv_blocked; add pairs_diag = 0, num_warps_pairs = <the plan's "
+       "num_warps_intra>, rec_form = 0, bwd_diag = 0, dh_split = 0 and inv_blocked = 0 and "
+       "set version = 7 for the same launches and bits",
     4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
-       "version 6 bwd_diag and dh_split; add rec_form = 0, bwd_diag = 0 and dh_split = 0 "
-       "(and num_warps_pairs = <the plan's num_warps_intra> if absent: dicts written by "
-       "early format-4 code lack it) and set version = 6 for the same launches and bits",
+       "version 6 bwd_diag and dh_split, version 7 inv_blocked; add rec_form = 0, "
+       "bwd_diag = 0, dh_split = 0 and inv_blocked = 0 (and num_warps_pairs = <the plan's "
+       "num_warps_intra> if absent: dicts written by early format-4 code lack it) and set "
+       "version = 7 for the same launches and bits",
     5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
-       "inside each sub-chunk) and dh_split (the dS kernel's state in two halves); add "
-       "bwd_diag = 0 and dh_split = 0 and set version = 6 for the same launches and bits",
+       "inside each sub-chunk) and dh_split (the dS kernel's state in two halves), version 7 "
+       "inv_blocked; add bwd_diag = 0, dh_split = 0 and inv_blocked = 0 and set version = 7 "
+       "for the same launches and bits",
+    6: "version 7 added inv_blocked (how the chunk prep inverts I + A); add inv_blocked = 0 "
+       "and set version = 7 for the same launches and bits",
 }
 
 
@@ -140,11 +145,21 @@ class KDADetPlan(Plan):
             1 = ``kda_bwd_dh_split_kernel``: dS as two ``[block_k / 2, block_v]`` halves,
             k, q, w and G loaded per half (FLA's 64-row slices), fewer fp32 tiles live in
             the serial loop; needs ``block_k >= 32``. Same recurrence; other bits than 0
-            (du summed over the halves in two dots). A candidate, not yet run on a GPU.
+            (du summed over the halves in two dots). Right on an H200 but 6% slower
+            (session 17).
+        inv_blocked: how the forward's chunk prep inverts ``I + A`` (64 x 64, unit lower
+            triangular; the backward loads the kept T when ``keep_a``). 0 =
+            :func:`cake_core.triangular.unit_lower_inverse`, 6 block-doubling steps of two
+            64^3 dots (the rule's choice). 1 =
+            :func:`cake_core.triangular.unit_lower_inverse_blocked`: the four 16 x 16
+            diagonal blocks inverted apart (batched 16^3 dots), then the last 2 steps on the
+            whole tile: 4 of the 12 whole-tile dots (FLA inverts the 16 x 16 blocks apart
+            too, then merges). Same math, other bits than 0. A candidate, not yet run on a
+            GPU.
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 6
+    format_version: ClassVar[int] = 7
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -175,6 +190,7 @@ class KDADetPlan(Plan):
     rec_form: int
     bwd_diag: int
     dh_split: int
+    inv_blocked: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -195,7 +211,7 @@ class KDADetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
         self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "bwd_diag",
-                           "dh_split")
+                           "dh_split", "inv_blocked")
         if self.dh_split and self.block_k < 32:
             self._fail("dh_split=1 needs block_k >= 32 (two halves of >= 16 key channels)")
         self.require_in_range("pairs_diag", 0, 2)
@@ -288,7 +304,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``bwd_diag = 1`` (the backward's in-sub-chunk terms token-parallel: forward+backward
     at case a 7.79 -> 6.22 ms, case b 15.32 -> 11.99 ms on an H200, session 17; every
     ``plan_configs.py`` configuration with it matched float64 there);
-    ``dh_split = 0`` (1 was right on an H200 but 6% slower, session 17).
+    ``dh_split = 0`` (1 was right on an H200 but 6% slower, session 17); ``inv_blocked = 0``
+    (1 is a candidate, not yet run on a GPU).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -345,4 +362,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         rec_form=0,
         bwd_diag=1,
         dh_split=0,
+        inv_blocked=0,
     )

@@ -24,7 +24,7 @@ rows and columns.
 
 import triton
 import triton.language as tl
-from cake_core.triangular import unit_lower_inverse
+from cake_core.triangular import unit_lower_inverse, unit_lower_inverse_blocked
 
 from cake_kda_det_train.kernels.gated import gated_pair, gated_pair_ld
 
@@ -54,7 +54,7 @@ def kda_fwd_prep_kernel(
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
     CUMSUM: tl.constexpr, DIAG_LOAD: tl.constexpr, PAIRS: tl.constexpr,
-    STORE_KG: tl.constexpr,
+    STORE_KG: tl.constexpr, INV_BLOCKED: tl.constexpr = False,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -105,7 +105,10 @@ def kda_fwd_prep_kernel(
                           mask=tmask[:, None], other=0.0)
         lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
         a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
-        tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)  # T = (I + a_raw)^-1
+        if INV_BLOCKED:  # the 16 x 16 diagonal blocks apart first (plan.inv_blocked)
+            tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, 4)
+        else:
+            tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)  # T = (I + a_raw)^-1
         # rounded to A's dtype before use: a backward that loads the kept T computes w and
         # u from the same values as one that recomputes it
         tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
