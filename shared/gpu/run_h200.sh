@@ -174,7 +174,8 @@ fi
 # dg, dbeta took 2 values in 1 of 15 batches of 12 calls): KDA test files and plan_configs
 # compiling and launching in the background ($MIX_SECS seconds) while, for each plan of
 # $MIX_PLANS (';'-separated, default: the rule and num_warps_bwd=2, the local kernel
-# without wgmma), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
+# without wgmma; an empty item is the rule, so write the rule first: bash drops a trailing
+# empty item), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
 # and one runs GDN's rule. Per batch: the outputs that took more than one value.
 if has mixload; then
   MS=${MIX_SECS:-300}; T=packages/cake-kda-det-train/tests

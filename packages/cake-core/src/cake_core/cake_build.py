@@ -38,7 +38,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0c64aa27314da2c21ebef7bb49f473ae351ae6aa6c336e4e32d6bdfb71e7a976"
+SOURCE_DIGEST = "sha256:1fd2015607caad8202a251dc65fdd67aca227157e3a0735a865679a41418b7b3"
 # --- end of generated block ---
 
 MANIFEST = {

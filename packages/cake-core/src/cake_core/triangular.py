@@ -45,6 +45,8 @@ def unit_lower_inverse_blocked(a, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC:
     tile: ``BD = 16`` at ``BT = 64`` does 4 of the 12 whole-tile 64^3 dots (FLA solves the
     16 x 16 diagonal blocks apart too, then merges). Same math; other bits than
     :func:`unit_lower_inverse` (the block steps sum over 16, not 64, terms)."""
+    tl.static_assert((1 << LOG2_BD) == BD, "LOG2_BD must be log2(BD)")
+    tl.static_assert((BD >= 16) & (BD <= BT), "BD must be in [16, BT]")
     NB: tl.constexpr = BT // BD
     bi = tl.arange(0, NB)
     on_diag = (bi[:, None] == bi[None, :])[:, :, None, None]  # [NB, NB, 1, 1]

@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:96998ec75957344d4a178beadfd93972db7352494d874f4bd76f1c5a3dcd06fe"
+SOURCE_DIGEST = "sha256:b8d15aadf2b0f81998c4810226cc1093ccbd49d047f5c71a8a875d46bc355031"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:38dbb933ee1c8604275c1f4fd3445652fad9cede97710bd0f38bcd528e4908b4"
+SOURCE_DIGEST = "sha256:18ae86ccb34d3e9b36c6c5c531f105b593c2706cdd8e4fceb052d44bd77e281c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -76,9 +76,10 @@ REUSED_KERNELS = {
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+        {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:2a87d1190352800c187b5394c70f4cdf2a5d98a61ac5fa36d46cd2d4a6b3dfcc"
+SOURCE_DIGEST = "sha256:6c3d0be2d3a3e7d82a9bdd497dac4414c9496612757cf87b7820fa04845a1eb1"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

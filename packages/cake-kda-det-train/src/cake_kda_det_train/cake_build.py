@@ -22,10 +22,11 @@ FAMILY = {
 #: kernels of other cake packages this package launches or calls (kept by hand)
 SHARED_KERNELS = [
     # the q/k L2 norm, the fixed-order dA_log / ddt_bias sum and the unit lower triangular
-    # inverse the forward prep calls
+    # inverse the forward prep calls (whole tile, or blocks first with plan.inv_blocked)
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+    {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
 ]
 
 #: modules of other packages whose code fixes the bits, beyond the kernels listed here and
@@ -72,7 +73,7 @@ PLANS = [
                 "bwd_diag", "dh_split", "inv_blocked"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7d2076b29e3fbed72ef57fdf2b7194377df6a433ec65ea14f60630f79579ab4c"
+SOURCE_DIGEST = "sha256:32317216b5e3c6af1996e4bde597a159fbf939b3a789dfa379cb18d99396b28c"
 # --- end of generated block ---
 
 MANIFEST = {

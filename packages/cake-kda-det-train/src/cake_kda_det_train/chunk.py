@@ -108,8 +108,8 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
         BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute and not pairs,
         DIAG_LOAD=plan.diag_load, PAIRS=pairs, STORE_KG=kg is not None,
-        INV_BLOCKED=bool(plan.inv_blocked), num_warps=plan.num_warps_prep, DT=cst["DT"],
-        PREC=cst["PREC"], BT=CHUNK_SIZE)
+        INV_BLOCKED=bool(plan.inv_blocked), LOG2_BC=SUB_CHUNK.bit_length() - 1,
+        num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
     fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
     op = {"KG": kg is not None} if plan.rec_form else {}

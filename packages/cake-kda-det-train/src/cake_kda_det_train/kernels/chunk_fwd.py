@@ -54,7 +54,7 @@ def kda_fwd_prep_kernel(
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
     CUMSUM: tl.constexpr, DIAG_LOAD: tl.constexpr, PAIRS: tl.constexpr,
-    STORE_KG: tl.constexpr, INV_BLOCKED: tl.constexpr = False,
+    STORE_KG: tl.constexpr, INV_BLOCKED: tl.constexpr = False, LOG2_BC: tl.constexpr = 4,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -106,7 +106,7 @@ def kda_fwd_prep_kernel(
         lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
         a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
         if INV_BLOCKED:  # the 16 x 16 diagonal blocks apart first (plan.inv_blocked)
-            tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, 4)
+            tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, LOG2_BC)
         else:
             tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)  # T = (I + a_raw)^-1
         # rounded to A's dtype before use: a backward that loads the kept T computes w and
