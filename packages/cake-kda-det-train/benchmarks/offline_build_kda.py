@@ -117,7 +117,8 @@ def main():
     for load_a, cumsum, what in preps:
         c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
                  LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
-                 PAIRS=pairs, STORE_KG=plan.rec_form == 2, INV_BLOCKED=bool(plan.inv_blocked))
+                 PAIRS=pairs, STORE_KG=plan.rec_form == 2, INV_BLOCKED=bool(plan.inv_blocked),
+                 LOG2_BC=4)
         rows.append((what, plan.num_warps_prep,
                      *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
         if pairs:
