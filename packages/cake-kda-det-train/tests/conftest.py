@@ -158,6 +158,40 @@ def assert_repeats_and_close(inputs, h0, cu, do, dht, new, base, rtol=1e-4, atol
             torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
+def variant_plan(plan_of, K, V, dtype, over):
+    """``plan_of(K, V, dtype, **over)`` for a float64 test of a plan variant: on CUDA without
+    an overridden ``block_k_inner`` (the CUDA rule's key blocks: 16 is refused for fp32
+    there), skipped when :func:`cake_kda_det_train.plan.cuda_plan_problem` refuses it."""
+    from cake_kda_det_train.plan import cuda_plan_problem
+
+    if DEV.type == "cuda":
+        over = {n: x for n, x in over.items() if n != "block_k_inner"}
+    plan = plan_of(K, V, dtype, **over)
+    why = cuda_plan_problem(plan, dtype) if DEV.type == "cuda" else None
+    if why:
+        pytest.skip(why)
+    return plan
+
+
+def spy_launches(monkeypatch, name: str) -> list:
+    """Replace the kernel ``cake_kda_det_train.chunk.<name>`` by a spy that still launches
+    it: returns the list that gets ``(grid, kwargs)`` of every launch."""
+    import cake_kda_det_train.chunk as chunk
+
+    calls = []
+    real = getattr(chunk, name)
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                calls.append((grid, kwargs))
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(chunk, name, Spy())
+    return calls
+
+
 @pytest.fixture
 def kda():
     """This module: ``kda.make_kda_inputs(...)``, ``kda.check_vs_reference(...)``, ..."""

@@ -13,7 +13,6 @@ import torch
 from cake_core.testing import randn
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import KDADetPlan, make_plan
-from cake_kda_det_train.plan import cuda_plan_problem
 
 DEV = default_device()
 LENS = [1, 37, 0, 20]
@@ -32,12 +31,7 @@ def test_bwd_diag_vs_reference(K, V, H, HV, dtype, over, kda):
     """Documents of 1, 37, 0 and 20 tokens (chunks and sub-chunks cut short, an empty
     document, a 1-token one); K = 24 ends inside a 32-wide channel tile; HV = 6 fills one
     block of 4 value heads and half of the next."""
-    if DEV.type == "cuda":  # the CUDA rule's key blocks (16 is refused for fp32 there)
-        over = {n: x for n, x in over.items() if n != "block_k_inner"}
-    plan = _plan(K, V, dtype, **over)
-    why = cuda_plan_problem(plan, dtype) if DEV.type == "cuda" else None
-    if why:
-        pytest.skip(why)
+    plan = kda.variant_plan(_plan, K, V, dtype, over)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), H, HV, K, V, dtype, seed=91,
                                                g_mode="strong", n_states=len(LENS), h0=True)
     got = kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=91,
@@ -62,17 +56,7 @@ def test_bwd_diag_close_to_loop_and_repeats(kda):
 
 def test_bwd_diag_launches_its_kernel(kda, monkeypatch):
     """bwd_diag = 1 runs the token-parallel kernel once per backward (and 0 never)."""
-    import cake_kda_det_train.chunk as chunk
-
-    calls = []
-    real = chunk.kda_bwd_intra_tok_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            calls.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(chunk, "kda_bwd_intra_tok_kernel", Spy())
+    calls = kda.spy_launches(monkeypatch, "kda_bwd_intra_tok_kernel")
     K, V = 16, 16
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, 21, 1, 1, K, V, seed=97, n_states=1, h0=True)
     cu = kda.cu_of([21])

@@ -12,7 +12,6 @@ import torch
 from cake_core.testing import randn
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import KDADetPlan, make_plan
-from cake_kda_det_train.plan import cuda_plan_problem
 
 DEV = default_device()
 LENS = [1, 37, 0, 90]
@@ -33,12 +32,7 @@ def test_dh_split_vs_reference(K, V, dtype, over, kda):
     second holds 8 channels); K = 16 in halves of 16 (the second all masked); bf16 at
     K = V = 32 stores 16-bit intermediates; documents of 1, 37, 0 and 90 tokens (a
     sequence of two chunks, so dS crosses a chunk)."""
-    if DEV.type == "cuda":  # the CUDA rule's key blocks (16 is refused for fp32 there)
-        over = {n: x for n, x in over.items() if n != "block_k_inner"}
-    plan = _plan(K, V, dtype, **over)
-    why = cuda_plan_problem(plan, dtype) if DEV.type == "cuda" else None
-    if why:
-        pytest.skip(why)
+    plan = kda.variant_plan(_plan, K, V, dtype, over)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, dtype, seed=71,
                                                n_states=len(LENS), h0=True)
     got = kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=71,

@@ -12,7 +12,6 @@ import torch
 from cake_core.testing import randn
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import KDADetPlan, make_plan
-from cake_kda_det_train.plan import cuda_plan_problem
 
 DEV = default_device()
 LENS = [1, 70, 0, 65]
@@ -30,12 +29,7 @@ def _plan(K, V, dtype, **over):
 def test_inv_blocked_vs_reference(K, V, H, HV, dtype, over, kda):
     """Documents of 1, 70, 0 and 65 tokens (a chunk cut short after 6 and after 1 token,
     an empty document, a 1-token one); K = 24 ends inside a 32-wide channel tile."""
-    if DEV.type == "cuda":  # the CUDA rule's key blocks (16 is refused for fp32 there)
-        over = {n: x for n, x in over.items() if n != "block_k_inner"}
-    plan = _plan(K, V, dtype, **over)
-    why = cuda_plan_problem(plan, dtype) if DEV.type == "cuda" else None
-    if why:
-        pytest.skip(why)
+    plan = kda.variant_plan(_plan, K, V, dtype, over)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), H, HV, K, V, dtype, seed=101,
                                                g_mode="strong", n_states=len(LENS), h0=True)
     got = kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=101,
@@ -60,28 +54,17 @@ def test_inv_blocked_close_to_whole_tile_and_repeats(kda):
 
 def test_inv_blocked_reaches_the_prep_kernel(kda, monkeypatch):
     """The prep kernel is launched with INV_BLOCKED equal to the plan's field."""
-    import cake_kda_det_train.chunk as chunk
-
-    seen = []
-    real = chunk.kda_fwd_prep_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append(kwargs["INV_BLOCKED"])
-                return real[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(chunk, "kda_fwd_prep_kernel", Spy())
+    calls = kda.spy_launches(monkeypatch, "kda_fwd_prep_kernel")
     K, V = 16, 16
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, 21, 1, 1, K, V, seed=107, n_states=1, h0=True)
     cu = kda.cu_of([21])
     do = randn(v.shape, torch.float32, DEV, seed=108)
     for flag in (0, 1):
-        seen.clear()
+        calls.clear()
         kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, None,
                           dataclasses.replace(make_plan(K, V, torch.float32, DEV),
                                               inv_blocked=flag))
+        seen = [kwargs["INV_BLOCKED"] for _, kwargs in calls]
         assert seen and set(seen) == {bool(flag)}, (flag, seen)
 
 

@@ -33,12 +33,13 @@ KERNELS = [
     {"module": "cake_core.gemm", "function": "group_sum_cast_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+    {"module": "cake_core.triangular", "function": "_doubling_steps"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     {"module": "cake_core.triton_utils", "function": "dot"},
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1fd2015607caad8202a251dc65fdd67aca227157e3a0735a865679a41418b7b3"
+SOURCE_DIGEST = "sha256:0d419c441a5d23ee9e8dc696fccb8c327325cff8400bdc38059d1c7c1f118ad5"
 # --- end of generated block ---
 
 MANIFEST = {

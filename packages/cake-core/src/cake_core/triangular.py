@@ -22,8 +22,17 @@ def unit_lower_inverse(a, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC: tl.cons
     """``(I + a)^-1`` for ``a`` fp32 ``[BT, BT]``, zero on and above the diagonal."""
     rows = tl.arange(0, BT)
     tm = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    s = 1
-    for _ in range(LOG2_BT):
+    return _doubling_steps(a, tm, 1, LOG2_BT, BT, PREC)
+
+
+@triton.jit
+def _doubling_steps(a, tm, s0, STEPS: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+    """``STEPS`` block-doubling steps on the whole ``[BT, BT]`` tile from block size ``s0``:
+    ``tm`` (the inverse of the ``s0 x s0`` diagonal blocks) becomes the inverse of the
+    ``s0 * 2^STEPS`` ones."""
+    rows = tl.arange(0, BT)
+    s = s0
+    for _ in range(STEPS):
         e_mask = ((rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))) & \
             ((rows[:, None] // s) > (rows[None, :] // s))
         e = tl.where(e_mask, a, 0.0)
@@ -68,16 +77,4 @@ def unit_lower_inverse_blocked(a, BT: tl.constexpr, LOG2_BT: tl.constexpr, PREC:
         s = s * 2
     t4 = tl.where(on_diag, tl.expand_dims(tm, 1), 0.0)  # block diagonal [i, j, r, c]
     t = tl.reshape(tl.permute(t4, (0, 2, 1, 3)), (BT, BT))
-    rows = tl.arange(0, BT)
-    s = BD
-    for _ in range(LOG2_BT - LOG2_BD):
-        e_mask = ((rows[:, None] // (2 * s)) == (rows[None, :] // (2 * s))) & \
-            ((rows[:, None] // s) > (rows[None, :] // s))
-        e = tl.where(e_mask, a, 0.0)
-        et = tl.zeros([BT, BT], dtype=tl.float32)
-        et = tl.dot(e, t, et, input_precision=PREC)
-        tet = tl.zeros([BT, BT], dtype=tl.float32)
-        tet = tl.dot(t, et, tet, input_precision=PREC)
-        t = t - tet
-        s = s * 2
-    return t
+    return _doubling_steps(a, t, BD, LOG2_BT - LOG2_BD, BT, PREC)

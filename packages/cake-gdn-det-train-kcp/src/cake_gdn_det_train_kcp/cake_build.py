@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:b8d15aadf2b0f81998c4810226cc1093ccbd49d047f5c71a8a875d46bc355031"
+SOURCE_DIGEST = "sha256:14f4462b0b6ce55c6fc1405de9de9474434b199503e835fa9b5547c50d4bae4b"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

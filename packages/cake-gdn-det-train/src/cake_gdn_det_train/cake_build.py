@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:18ae86ccb34d3e9b36c6c5c531f105b593c2706cdd8e4fceb052d44bd77e281c"
+SOURCE_DIGEST = "sha256:050cf05ba2c10328321173e7d3da36703c80e0973350dc16edca9a32959226f5"
 # --- end of generated block ---
 
 MANIFEST = {

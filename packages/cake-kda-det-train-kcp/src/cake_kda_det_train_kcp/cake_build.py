@@ -79,7 +79,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:6c3d0be2d3a3e7d82a9bdd497dac4414c9496612757cf87b7820fa04845a1eb1"
+SOURCE_DIGEST = "sha256:72e07e0dbda582ee801daf72412892da2568e9a43f2357a6607e8198d90f985e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

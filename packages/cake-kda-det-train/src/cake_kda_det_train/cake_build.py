@@ -73,7 +73,7 @@ PLANS = [
                 "bwd_diag", "dh_split", "inv_blocked"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:32317216b5e3c6af1996e4bde597a159fbf939b3a789dfa379cb18d99396b28c"
+SOURCE_DIGEST = "sha256:f2f83a4a4b3ecdc793e13e061c8023fc577365d6b70a3416efe6bc00f66dd7fb"
 # --- end of generated block ---
 
 MANIFEST = {
