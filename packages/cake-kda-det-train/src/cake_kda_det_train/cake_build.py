@@ -73,7 +73,7 @@ PLANS = [
                 "bwd_diag", "dh_split", "inv_blocked"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f2f83a4a4b3ecdc793e13e061c8023fc577365d6b70a3416efe6bc00f66dd7fb"
+SOURCE_DIGEST = "sha256:4d451af27a4ecf71b86807f93d13ad688708cb40dec168e80d5cf0e8e4a83b2a"
 # --- end of generated block ---
 
 MANIFEST = {

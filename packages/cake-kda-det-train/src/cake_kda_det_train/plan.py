@@ -304,8 +304,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``bwd_diag = 1`` (the backward's in-sub-chunk terms token-parallel: forward+backward
     at case a 7.79 -> 6.22 ms, case b 15.32 -> 11.99 ms on an H200, session 17; every
     ``plan_configs.py`` configuration with it matched float64 there);
-    ``dh_split = 0`` (1 was right on an H200 but 6% slower, session 17); ``inv_blocked = 0``
-    (1 is a candidate, not yet run on a GPU).
+    ``dh_split = 0`` (1 was right on an H200 but 6% slower, session 17); ``inv_blocked = 1``
+    (the prep's inverse with its 16 x 16 diagonal blocks inverted apart: the prep kernel
+    481 -> 392 us per forward at case a on an H200, the same bits as 0 at cases a and b,
+    every ``plan_configs.py`` configuration with it matched float64 there, session 18).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -362,5 +364,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         rec_form=0,
         bwd_diag=1,
         dh_split=0,
-        inv_blocked=0,
+        inv_blocked=1,
     )
