@@ -179,10 +179,14 @@ fi
 # and one runs GDN's rule. Per batch: the outputs that took more than one value.
 if has mixload; then
   MS=${MIX_SECS:-300}; T=packages/cake-kda-det-train/tests
+  # the background compiles into a cache of its own, empty each time: a warm cache left
+  # little compiling and no fault in session 18's second call
+  BG_CACHE=$(mktemp -d)
   for f in test_kda_split_edges.py test_kda_api.py test_kda_parity.py test_kda_modes.py; do
-    timeout $MS python3 -m pytest -q -p no:cacheprovider $T/$f > /dev/null 2>&1 &
+    TRITON_CACHE_DIR=$BG_CACHE timeout $MS python3 -m pytest -q -p no:cacheprovider $T/$f \
+      > /dev/null 2>&1 &
   done
-  timeout $MS python3 shared/gpu/plan_configs.py kda "128 128 float16" "64 64 bfloat16" \
+  TRITON_CACHE_DIR=$BG_CACHE timeout $MS python3 shared/gpu/plan_configs.py kda "128 128 float16" "64 64 bfloat16" \
     "100 100 bfloat16 lens=1,70,0,65" "48 32 float32 keep_a=0 lens=1,70,0,65" > /dev/null 2>&1 &
   IFS=';' read -ra MP <<< "${MIX_PLANS-;num_warps_bwd=2}"; W=(); i=0
   for P in "${MP[@]}"; do
