@@ -167,12 +167,18 @@ CONFIGS = {
                       "100 100 bfloat16 dh_split=1 lens=1,70,0,65",
                       "48 32 float32 dh_split=1 keep_a=0 lens=1,70,0,65",
                       # inv_blocked: the prep's inverse with its 16 x 16 diagonal blocks
-                      # apart first (session 17, CPU-tested only)
+                      # apart first (session 17; adopted in session 18)
                       "128 128 bfloat16 inv_blocked=1", "128 128 float16 inv_blocked=1",
                       "128 128 float32 inv_blocked=1", "64 64 bfloat16 inv_blocked=1",
                       "128 128 bfloat16 inv_blocked=1 keep_a=0",
                       "100 100 bfloat16 inv_blocked=1 lens=1,70,0,65",
                       "48 32 float32 inv_blocked=1 keep_a=0 lens=1,70,0,65",
+                      # keep_aqk: the forward keeps Aqk, the backward skips both pairs
+                      # kernels (session 18, CPU-tested only; the same bits as 0 expected)
+                      "128 128 bfloat16 keep_aqk=1", "128 128 float16 keep_aqk=1",
+                      "128 128 float32 keep_aqk=1", "64 64 bfloat16 keep_aqk=1",
+                      "100 100 bfloat16 keep_aqk=1 lens=1,70,0,65",
+                      "48 32 float32 keep_aqk=1 lens=1,70,0,65",
                       # rec_form: the two state recurrences in FLA's operand form, 2 with
                       # kg stored by the prep (docs/benchmarks/kda_fwd_plan.md, rank 4);
                       # not yet run on a GPU

@@ -78,10 +78,10 @@ def test_bwd_diag_field_serialised_and_checked():
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n not in ("bwd_diag", "dh_split")}
     old["version"] = 5  # a plan serialised before the fields existed
-    want = "format version 5.*add bwd_diag = 0, dh_split = 0 and inv_blocked = 0"
+    want = "format version 5.*add bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0"
     with pytest.raises(ValueError, match=want):
         KDADetPlan.from_dict(old)
-    old.update(bwd_diag=0, dh_split=0, inv_blocked=0, version=7)  # the upgrade asked for
+    old.update(bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0, version=8)  # the upgrade
     assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, inv_blocked=0)
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="bwd_diag"):

@@ -73,13 +73,13 @@ def test_inv_blocked_field_serialised_and_checked():
     assert plan.inv_blocked == 1  # the rule's (session 18)
     off = dataclasses.replace(plan, inv_blocked=0)
     d = plan.to_dict()
-    assert d["inv_blocked"] == 1 and d["version"] == KDADetPlan.format_version == 7
+    assert d["inv_blocked"] == 1 and d["version"] == KDADetPlan.format_version >= 7
     assert KDADetPlan.from_dict(d) == plan and off.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n != "inv_blocked"}
     old["version"] = 6  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 6.*add inv_blocked = 0"):
+    with pytest.raises(ValueError, match="format version 6.*add inv_blocked = 0 and keep_aqk"):
         KDADetPlan.from_dict(old)
-    old.update(inv_blocked=0, version=7)  # the upgrade the message asks for
+    old.update(inv_blocked=0, keep_aqk=0, version=8)  # the upgrade the message asks for
     assert KDADetPlan.from_dict(old) == off
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="inv_blocked"):

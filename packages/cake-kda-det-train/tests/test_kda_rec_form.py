@@ -79,7 +79,8 @@ def test_rec_form_field_serialised_and_checked():
     old["version"] = 4  # a plan serialised before the field existed
     with pytest.raises(ValueError, match="format version 4.*add rec_form = 0"):
         KDADetPlan.from_dict(old)
-    old.update(rec_form=0, bwd_diag=0, dh_split=0, inv_blocked=0, version=7)  # the upgrade
+    old.update(rec_form=0, bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0,
+               version=8)  # the upgrade
     assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, bwd_diag=0, inv_blocked=0)
     assert dataclasses.replace(plan, rec_form=1).key not in (plan.key, on.key)
     for bad in (3, -1, True):

@@ -262,9 +262,10 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         qn, kn = q, k
     _, beta_eff = _gate_fwd(g, beta, None, None, None, False, use_sigmoid, plan)
     kept = saved.A
+    # T (with keep_aqk: T and Aqk stacked) when the forward kept what this plan loads
+    kept_shape = ((2,) if plan.keep_aqk else ()) + (NT, HV, CHUNK_SIZE)
     A = kept.contiguous() if plan.keep_a and kept is not None and \
-        kept.dtype == inter_dtype(plan, q.dtype) and \
-        tuple(kept.shape) == (NT, HV, CHUNK_SIZE) else None
+        kept.dtype == inter_dtype(plan, q.dtype) and tuple(kept.shape) == kept_shape else None
     dq, dk, dv, dg, dbeta, dh0 = kda_chunk_bwd(
         do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
         saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace,
@@ -488,7 +489,8 @@ def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale
     f32 = torch.float32
     ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
     rstd = (B, T, H) if use_l2 else (0,)
-    A = q.new_empty((B * T, HV, CHUNK_SIZE), dtype=inter_dtype(plan, q.dtype)) \
+    A = q.new_empty(((2,) if plan.keep_aqk else ()) + (B * T, HV, CHUNK_SIZE),
+                    dtype=inter_dtype(plan, q.dtype)) \
         if plan.keep_a else q.new_empty((0,), dtype=f32)
     return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
             q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)
@@ -633,7 +635,9 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     dt_bias (through :func:`chunk_kda_det_bwd`); bitwise repeatable for equal inputs,
     upstream gradients, plan and hardware; not twice differentiable. The forward keeps the
     inputs, g's within-chunk cumulative sum (fp32, 4 bytes per token, value head and
-    channel), the L2-norm rstds and, with ``plan.keep_a``, each chunk's T.
+    channel), the L2-norm rstds and, with ``plan.keep_a``, each chunk's T (2 bytes per
+    token, value head and chunk position in 16-bit intermediates), with ``plan.keep_aqk``
+    also each chunk's Aqk (as many again).
 
     Under ``torch.compile`` (``fullgraph=True`` works) the call becomes the custom ops
     ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), which launch

@@ -64,16 +64,16 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 7,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 8,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
-                "bwd_diag", "dh_split", "inv_blocked"]},
+                "bwd_diag", "dh_split", "inv_blocked", "keep_aqk"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4d451af27a4ecf71b86807f93d13ad688708cb40dec168e80d5cf0e8e4a83b2a"
+SOURCE_DIGEST = "sha256:be8e255376137520290ec379c77081bbb5cc5b9b7ae62d1480443a49e1213835"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -69,11 +69,13 @@ def _consts(plan: KDADetPlan, dtype: torch.dtype) -> dict:
 
 
 def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
-                    scratch, load_a: bool, recompute: bool):
+                    scratch, load_a: bool, recompute: bool, aqk_kept: bool = False):
     """Chunk prep (G, T, w, u, Aqk) and the state recurrence (h, v_new, final state). With
-    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``. Returns
-    kg ``[B * T, HV, K]`` (k exp(G_last - G) in the intermediates' dtype, a scratch of this
-    call, not of the workspace) with ``plan.rec_form = 2``, else None."""
+    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``. With
+    ``aqk_kept`` (the backward, ``load_a``, ``plan.keep_aqk``) scratch's aqk is the
+    forward's Aqk: neither pairs kernel runs. Returns kg ``[B * T, HV, K]`` (k exp(G_last -
+    G) in the intermediates' dtype, a scratch of this call, not of the workspace) with
+    ``plan.rec_form = 2``, else None."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     starts, ends, chunk_off, cu_dev, NC = tabs
@@ -82,7 +84,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
     cst = _consts(plan, q.dtype)
     pairs = bool(plan.fwd_split)
     akks = g_cumsum  # a placeholder pointer unless the pairs kernel fills an A scratch
-    if pairs:  # G, then the pair products per 16-token sub-chunk, then the prep
+    if pairs and not aqk_kept:  # G, then the pair products per sub-chunk, then the prep
         if not recompute:
             kda_chunk_cumsum_kernel[(NC, HV)](
                 g, g_cumsum, starts, ends, HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
@@ -140,7 +142,8 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
         ``(o, final_state, g_cumsum, A)``: o ``[B, T, HV, V]`` in v's dtype; final_state
         fp32 ``[N, HV, K, V]`` or None; g_cumsum fp32 ``[B * T, HV, K]`` (within-chunk
         cumulative decays); A ``[B * T, HV, 64]`` each chunk's T = (I + A)^-1 in
-        :func:`cake_kda_det_train.plan.inter_dtype`.
+        :func:`cake_kda_det_train.plan.inter_dtype` (with ``plan.keep_aqk``: ``[2, B * T,
+        HV, 64]``, T then each chunk's gated ``scale q k^T``).
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -150,7 +153,9 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     NC = tabs[4]
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     g_cumsum = torch.empty((NT, HV, K), dtype=torch.float32, device=dev)
-    A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
+    # with keep_aqk: T and Aqk stacked, both returned (module docstring of plan.keep_aqk)
+    A = torch.empty((2, NT, HV, CHUNK_SIZE) if plan.keep_aqk else (NT, HV, CHUNK_SIZE),
+                    dtype=idt, device=dev)
     ht = torch.empty((N, HV, K, V), dtype=torch.float32, device=dev) \
         if output_final_state else None
     if NC == 0:  # no tokens: every final state is its initial state
@@ -161,7 +166,11 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
                 ht.zero_()
         return o, ht, g_cumsum, A
     scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
-    _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
+    T_out = A
+    if plan.keep_aqk:  # Aqk into the returned stack, not the workspace
+        scratch = (*scratch[:4], A[1])
+        T_out = A[0]
+    _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, T_out,
                     scratch, load_a=False, recompute=False)
     _, _, v_new, h, aqk = scratch
     kda_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
@@ -181,7 +190,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     Args:
         do: ``[B, T, HV, V]``. dht: fp32 ``[N, HV, K, V]`` or None (zero).
         q, k, v, beta, initial_state, tabs, scale: as given to the forward.
-        g_cumsum: the forward's. A: the forward's T, or None (recomputed).
+        g_cumsum: the forward's. A: the forward's T (with ``plan.keep_aqk`` its ``[2, B *
+            T, HV, 64]`` stack of T and Aqk), or None (recomputed).
         grad_dtype: the dtype of the returned dq and dk (fp32 when a backward of the q/k L2
             norm follows, else q's dtype: the cast is fused into the value-head sum).
 
@@ -215,14 +225,20 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             else:
                 dh0.zero_()
     else:
+        kept_shape = ((2,) if plan.keep_aqk else ()) + (NT, HV, CHUNK_SIZE)
         load_a = bool(plan.keep_a) and A is not None and A.dtype == idt and \
-            tuple(A.shape) == (NT, HV, CHUNK_SIZE)
+            tuple(A.shape) == kept_shape
+        scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
+        aqk_kept = load_a and bool(plan.keep_aqk)
+        if aqk_kept:  # T and the forward's Aqk: no pairs kernel runs
+            scratch = (*scratch[:4], A[1])
+            A = A[0]
         if not load_a:
             A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
-        scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
         g_cs = g_cumsum
         kg = _prep_and_state(q, k, v, None, beta, scale, initial_state, None, plan, tabs,
-                             g_cs, A, scratch, load_a=load_a, recompute=True)
+                             g_cs, A, scratch, load_a=load_a, recompute=True,
+                             aqk_kept=aqk_kept)
         w, _, v_new, h, aqk = scratch
         cst = _consts(plan, q.dtype)
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)

@@ -23,20 +23,23 @@ MAX_HEAD_DIM = 256
 _UPGRADES = {
     3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
        "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag and dh_split, "
-       "version 7 inv_blocked; add pairs_diag = 0, num_warps_pairs = <the plan's "
-       "num_warps_intra>, rec_form = 0, bwd_diag = 0, dh_split = 0 and inv_blocked = 0 and "
-       "set version = 7 for the same launches and bits",
+       "version 7 inv_blocked, version 8 keep_aqk; add pairs_diag = 0, num_warps_pairs = "
+       "<the plan's num_warps_intra>, rec_form = 0, bwd_diag = 0, dh_split = 0, "
+       "inv_blocked = 0 and keep_aqk = 0 and set version = 8 for the same launches and bits",
     4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
-       "version 6 bwd_diag and dh_split, version 7 inv_blocked; add rec_form = 0, "
-       "bwd_diag = 0, dh_split = 0 and inv_blocked = 0 (and num_warps_pairs = <the plan's "
-       "num_warps_intra> if absent: dicts written by early format-4 code lack it) and set "
-       "version = 7 for the same launches and bits",
+       "version 6 bwd_diag and dh_split, version 7 inv_blocked, version 8 keep_aqk; add "
+       "rec_form = 0, bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0 (and "
+       "num_warps_pairs = <the plan's num_warps_intra> if absent: dicts written by early "
+       "format-4 code lack it) and set version = 8 for the same launches and bits",
     5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
        "inside each sub-chunk) and dh_split (the dS kernel's state in two halves), version 7 "
-       "inv_blocked; add bwd_diag = 0, dh_split = 0 and inv_blocked = 0 and set version = 7 "
-       "for the same launches and bits",
-    6: "version 7 added inv_blocked (how the chunk prep inverts I + A); add inv_blocked = 0 "
-       "and set version = 7 for the same launches and bits",
+       "inv_blocked, version 8 keep_aqk; add bwd_diag = 0, dh_split = 0, inv_blocked = 0 "
+       "and keep_aqk = 0 and set version = 8 for the same launches and bits",
+    6: "version 7 added inv_blocked (how the chunk prep inverts I + A), version 8 keep_aqk; "
+       "add inv_blocked = 0 and keep_aqk = 0 and set version = 8 for the same launches and "
+       "bits",
+    7: "version 8 added keep_aqk (the forward keeps each chunk's gated q k^T for the "
+       "backward); add keep_aqk = 0 and set version = 8 for the same launches and bits",
 }
 
 
@@ -154,12 +157,21 @@ class KDADetPlan(Plan):
             :func:`cake_core.triangular.unit_lower_inverse_blocked`: the four 16 x 16
             diagonal blocks inverted apart (batched 16^3 dots), then the last 2 steps on the
             whole tile: 4 of the 12 whole-tile dots (FLA inverts the 16 x 16 blocks apart
-            too, then merges). Same math, other bits than 0. A candidate, not yet run on a
-            GPU.
+            too, then merges). Same math; the blocked form's first steps are the whole-tile
+            form's with exact zeros left out, and on an H200 both gave the same bits at the
+            benchmark's cases a and b. The rule's choice since session 18 (the prep kernel
+            481 -> 392 us per forward at case a).
+        keep_aqk: 1 = the forward keeps each chunk's gated ``q k^T`` (``Aqk``, ``[B * T,
+            HV, 64]`` in the intermediates' dtype, FLA keeps it too) in the saved set beside
+            T, stacked as ``A`` ``[2, B * T, HV, 64]`` (T, then Aqk), and the backward
+            launches neither pairs kernel (it recomputed Aqk with them: ~0.5 ms of its 4.7
+            at case a on an H200, session 17's profile). Needs ``keep_a = 1`` and
+            ``fwd_split = 1``. The same kernels on the same inputs: the same bits as 0. 0 =
+            the backward recomputes Aqk (the rule's choice until checked on a GPU).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 7
+    format_version: ClassVar[int] = 8
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -191,6 +203,7 @@ class KDADetPlan(Plan):
     bwd_diag: int
     dh_split: int
     inv_blocked: int
+    keep_aqk: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -211,7 +224,10 @@ class KDADetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
         self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "bwd_diag",
-                           "dh_split", "inv_blocked")
+                           "dh_split", "inv_blocked", "keep_aqk")
+        if self.keep_aqk and not (self.keep_a and self.fwd_split):
+            self._fail("keep_aqk=1 needs keep_a=1 and fwd_split=1 (Aqk kept beside T, formed "
+                       "by the pairs kernels)")
         if self.dh_split and self.block_k < 32:
             self._fail("dh_split=1 needs block_k >= 32 (two halves of >= 16 key channels)")
         self.require_in_range("pairs_diag", 0, 2)
@@ -307,7 +323,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``dh_split = 0`` (1 was right on an H200 but 6% slower, session 17); ``inv_blocked = 1``
     (the prep's inverse with its 16 x 16 diagonal blocks inverted apart: the prep kernel
     481 -> 392 us per forward at case a on an H200, the same bits as 0 at cases a and b,
-    every ``plan_configs.py`` configuration with it matched float64 there, session 18).
+    every ``plan_configs.py`` configuration with it matched float64 there, session 18);
+    ``keep_aqk = 0`` (1 skips the backward's pairs kernels; CPU-tested, not yet run on a
+    GPU).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -365,4 +383,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         bwd_diag=1,
         dh_split=0,
         inv_blocked=1,
+        keep_aqk=0,
     )

@@ -23,7 +23,10 @@ class KDADetSavedSet(SavedSet):
         A: ``[NT, HV, 64]`` in ``plan.inter_dtype(plan, q.dtype)``, each chunk's inverse
             T of the WY/UT form (the low-level forward always keeps it, the autograd
             forward only with ``plan.keep_a``; ``None``: the backward recomputes it; used
-            only when the backward's plan has ``keep_a``).
+            only when the backward's plan has ``keep_a``). With ``plan.keep_aqk``: ``[2, NT,
+            HV, 64]``, T and then each chunk's gated ``scale q k^T`` (Aqk), which the
+            backward then loads instead of recomputing (used only when the backward's plan
+            has ``keep_aqk`` too).
         initial_state: fp32 ``[N, HV, K, V]`` or ``None``.
         cu_seqlens: int64 ``[N + 1]`` token offsets on the inputs' device (built from B
             and T when none was given).
