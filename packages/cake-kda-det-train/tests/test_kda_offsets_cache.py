@@ -36,11 +36,14 @@ def _loop_diag_plan_on_cpu(monkeypatch):
     (``pairs_diag = 1``, ``bwd_diag = 0``): the token-parallel kernels run one interpreted
     program per token, 80% of a call's CPU time here. These tests are about the offsets
     cache, which every plan shares; test_kda_pairs_diag.py / test_kda_bwd_diag.py test the
-    token-parallel kernels. On CUDA: the rule's plan."""
+    token-parallel kernels. On CUDA: the rule's plan. The entries' memo of resolved plans
+    is this test's own (an empty dict): no plan resolved before leaks in (the eager entry
+    and the traced one would disagree), none of these leaks out to later tests."""
     if DEV.type == "cpu":
         rule = api.make_plan
         monkeypatch.setattr(api, "make_plan", lambda *a, **k: dataclasses.replace(
             rule(*a, **k), pairs_diag=1, bwd_diag=0))
+        monkeypatch.setattr(api, "_DEFAULT_PLANS", {})
 
 
 @pytest.fixture
