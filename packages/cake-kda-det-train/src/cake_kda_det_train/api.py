@@ -46,7 +46,7 @@ from cake_core.linear_attention import (
 )
 from cake_core.triton_utils import cdiv
 
-from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd
+from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd, kept_a_shape
 from cake_kda_det_train.kernels.gate import (
     SOFTPLUS_THRESHOLD,
     kda_gate_bwd_kernel,
@@ -263,9 +263,9 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     _, beta_eff = _gate_fwd(g, beta, None, None, None, False, use_sigmoid, plan)
     kept = saved.A
     # T (with keep_aqk: T and Aqk stacked) when the forward kept what this plan loads
-    kept_shape = ((2,) if plan.keep_aqk else ()) + (NT, HV, CHUNK_SIZE)
     A = kept.contiguous() if plan.keep_a and kept is not None and \
-        kept.dtype == inter_dtype(plan, q.dtype) and tuple(kept.shape) == kept_shape else None
+        kept.dtype == inter_dtype(plan, q.dtype) and \
+        tuple(kept.shape) == kept_a_shape(plan, NT, HV) else None
     dq, dk, dv, dg, dbeta, dh0 = kda_chunk_bwd(
         do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
         saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace,
@@ -489,8 +489,7 @@ def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale
     f32 = torch.float32
     ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
     rstd = (B, T, H) if use_l2 else (0,)
-    A = q.new_empty(((2,) if plan.keep_aqk else ()) + (B * T, HV, CHUNK_SIZE),
-                    dtype=inter_dtype(plan, q.dtype)) \
+    A = q.new_empty(kept_a_shape(plan, B * T, HV), dtype=inter_dtype(plan, q.dtype)) \
         if plan.keep_a else q.new_empty((0,), dtype=f32)
     return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
             q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)

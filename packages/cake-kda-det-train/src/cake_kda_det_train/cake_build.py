@@ -73,7 +73,7 @@ PLANS = [
                 "bwd_diag", "dh_split", "inv_blocked", "keep_aqk"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:be8e255376137520290ec379c77081bbb5cc5b9b7ae62d1480443a49e1213835"
+SOURCE_DIGEST = "sha256:21df3d941ccfa22e7ffe3c2ab60c419da2681319bbaf6890a77d5c38d2d6d38d"
 # --- end of generated block ---
 
 MANIFEST = {

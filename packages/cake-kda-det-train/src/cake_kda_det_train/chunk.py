@@ -63,6 +63,12 @@ def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt):
             workspace["h"][:NC], workspace["aqk"][:NT])
 
 
+def kept_a_shape(plan: KDADetPlan, NT: int, HV: int) -> tuple[int, ...]:
+    """Shape of the A a forward with ``plan`` returns (and a backward with it loads): T
+    ``[NT, HV, 64]``, with ``plan.keep_aqk`` stacked with Aqk ``[2, NT, HV, 64]``."""
+    return ((2,) if plan.keep_aqk else ()) + (NT, HV, CHUNK_SIZE)
+
+
 def _consts(plan: KDADetPlan, dtype: torch.dtype) -> dict:
     return dict(DT=_dot_dtype(plan, dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
                 BK=plan.block_k)
@@ -153,9 +159,8 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     NC = tabs[4]
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     g_cumsum = torch.empty((NT, HV, K), dtype=torch.float32, device=dev)
-    # with keep_aqk: T and Aqk stacked, both returned (module docstring of plan.keep_aqk)
-    A = torch.empty((2, NT, HV, CHUNK_SIZE) if plan.keep_aqk else (NT, HV, CHUNK_SIZE),
-                    dtype=idt, device=dev)
+    # with keep_aqk: T and Aqk stacked, both returned (KDADetPlan.keep_aqk)
+    A = torch.empty(kept_a_shape(plan, NT, HV), dtype=idt, device=dev)
     ht = torch.empty((N, HV, K, V), dtype=torch.float32, device=dev) \
         if output_final_state else None
     if NC == 0:  # no tokens: every final state is its initial state
@@ -225,9 +230,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             else:
                 dh0.zero_()
     else:
-        kept_shape = ((2,) if plan.keep_aqk else ()) + (NT, HV, CHUNK_SIZE)
         load_a = bool(plan.keep_a) and A is not None and A.dtype == idt and \
-            tuple(A.shape) == kept_shape
+            tuple(A.shape) == kept_a_shape(plan, NT, HV)
         scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
         aqk_kept = load_a and bool(plan.keep_aqk)
         if aqk_kept:  # T and the forward's Aqk: no pairs kernel runs
