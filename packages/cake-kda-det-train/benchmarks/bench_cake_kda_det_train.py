@@ -95,7 +95,11 @@ def cake_fn(plan_over):
         q = x["q"]
         plan = make_plan(q.shape[-1], x["v"].shape[-1], q.dtype, q.device)
         if plan_over:
-            plan = dataclasses.replace(plan, **plan_over)
+            over = dict(plan_over)
+            if "keep_aqk" not in over and not (over.get("keep_a", 1)
+                                               and over.get("fwd_split", 1)):
+                over["keep_aqk"] = 0  # Aqk is kept only beside T from the pairs kernels
+            plan = dataclasses.replace(plan, **over)
         return chunk_kda_det(q, x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                              output_final_state=True, cu_seqlens=c["cu"], plan=plan,
                              **_opts(c, x))

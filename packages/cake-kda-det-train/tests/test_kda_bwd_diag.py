@@ -24,7 +24,7 @@ def _plan(K, V, dtype, **over):
 
 @pytest.mark.parametrize("K, V, H, HV, dtype, over", [
     (24, 16, 1, 2, torch.float32, dict(block_k_inner=16)),
-    (24, 16, 3, 6, torch.float32, dict(block_k_inner=16, keep_a=0)),
+    (24, 16, 3, 6, torch.float32, dict(block_k_inner=16, keep_a=0, keep_aqk=0)),
     (32, 32, 1, 2, torch.bfloat16, dict(block_k_inner=16)),
 ], ids=["fp32-kept", "fp32-hv6-recompute", "bf16"])
 def test_bwd_diag_vs_reference(K, V, H, HV, dtype, over, kda):
@@ -82,7 +82,7 @@ def test_bwd_diag_field_serialised_and_checked():
     with pytest.raises(ValueError, match=want):
         KDADetPlan.from_dict(old)
     old.update(bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0, version=8)  # the upgrade
-    assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, inv_blocked=0)
+    assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, inv_blocked=0, keep_aqk=0)
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="bwd_diag"):
             dataclasses.replace(plan, bwd_diag=bad)

@@ -23,9 +23,9 @@ LENS = [1, 70, 0, 65]
 
 @pytest.mark.parametrize("K, V, dtype, over", [
     (48, 32, torch.float32, dict(block_k_inner=32, diag_load=2)),
-    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, diag_load=1, bwd_split=1)),
+    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, keep_aqk=0, diag_load=1, bwd_split=1)),
     (64, 64, torch.bfloat16, dict(block_k_inner=32, diag_load=2, bwd_split=1)),
-    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, fwd_split=1)),
+    (40, 32, torch.float32, dict(block_k_inner=16, keep_a=0, keep_aqk=0, fwd_split=1)),
     (64, 64, torch.bfloat16, dict(block_k_inner=32, fwd_split=1, bwd_split=1)),
 ], ids=["fp32-bki32-level2", "fp32-bki16-recompute-level1-split", "bf16-64-level2-split",
         "fp32-bki16-recompute-fwdsplit", "bf16-64-fwdsplit-split"])
@@ -95,7 +95,7 @@ def test_new_fields_serialised_and_checked():
     # from a plan with diag_load, bwd_split and fwd_split 0 (the rule may choose others
     # on CUDA: the choice is the plan tests' business, the fields' form is this one's)
     plan = dataclasses.replace(make_plan(128, 128, torch.bfloat16, DEV), diag_load=0,
-                               bwd_split=0, fwd_split=0)
+                               bwd_split=0, fwd_split=0, keep_aqk=0)
     on = dataclasses.replace(plan, diag_load=1)
     d = on.to_dict()
     assert d["diag_load"] == 1 and d["version"] == KDADetPlan.format_version

@@ -104,12 +104,15 @@ def test_keep_aqk_autograd_and_compiled_same_bits(kda):
         def f(q, k, v, g, beta, h0):
             o, ht = chunk_kda_det(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                   cu_seqlens=cu, plan=plan)
-            return (o * o).sum() + (ht * ht).sum()
+            # no reduction: inductor may fuse a sum in another order than eager (a sum of
+            # o * o and ht * ht differed on an H200, session 19); cat is exact
+            return torch.cat((o.flatten(), ht.flatten()))
         return f
 
     def grads(f):
         xs = [t.detach().clone().requires_grad_() for t in (*inputs, h0)]
-        f(*xs).backward()
+        out = f(*xs)
+        out.backward(torch.cos(out.detach()))
         return [x.grad for x in xs]
 
     for a, b in zip(grads(step(on)), grads(step(off)), strict=True):
@@ -120,9 +123,9 @@ def test_keep_aqk_autograd_and_compiled_same_bits(kda):
 
 
 def test_keep_aqk_field_serialised_and_checked():
-    plan = api.make_plan(128, 128, torch.bfloat16, DEV)
-    assert plan.keep_aqk == 0  # the rule recomputes Aqk (until checked on a GPU)
-    on = dataclasses.replace(plan, keep_aqk=1)
+    on = api.make_plan(128, 128, torch.bfloat16, DEV)
+    assert on.keep_aqk == 1  # the rule keeps Aqk (session 19, checked on an H200)
+    plan = dataclasses.replace(on, keep_aqk=0)
     d = on.to_dict()
     assert d["keep_aqk"] == 1 and d["version"] == KDADetPlan.format_version == 8
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key

@@ -27,7 +27,7 @@ def _plan(K, V, dtype, diag=1, **over):
 
 @pytest.mark.parametrize("K, V, dtype, over", [
     (24, 16, torch.float32, dict(block_k_inner=16)),
-    (24, 16, torch.float32, dict(block_k_inner=16, keep_a=0, bwd_split=1)),
+    (24, 16, torch.float32, dict(block_k_inner=16, keep_a=0, keep_aqk=0, bwd_split=1)),
     (32, 32, torch.bfloat16, dict(block_k_inner=16, bwd_split=1)),
 ], ids=["fp32-bki16-kept", "fp32-bki16-recompute-split", "bf16-bki16-split"])
 @pytest.mark.parametrize("diag", [1, 2])
@@ -37,7 +37,7 @@ def test_pairs_diag_vs_reference(K, V, dtype, over, diag, kda):
 
 @pytest.mark.parametrize("dtype, over", [
     (torch.float32, dict()),
-    (torch.bfloat16, dict(keep_a=0)),
+    (torch.bfloat16, dict(keep_a=0, keep_aqk=0)),
 ], ids=["fp32-kept", "bf16-recompute"])
 def test_pairs_diag_tok_heads_vs_reference(dtype, over, kda):
     """pairs_diag = 2 with H = 3 q/k heads and HV = 6 value heads: two programs per token

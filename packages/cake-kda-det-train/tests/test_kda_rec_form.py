@@ -27,7 +27,7 @@ def _plan(K, V, dtype, **over):
 @pytest.mark.parametrize("rec_form", [1, 2])
 @pytest.mark.parametrize("K, V, dtype, over", [
     (24, 40, torch.float32, dict(block_v=16, store_16bit=0)),
-    (24, 40, torch.float32, dict(block_v=32, keep_a=0)),
+    (24, 40, torch.float32, dict(block_v=32, keep_a=0, keep_aqk=0)),
     (32, 32, torch.bfloat16, dict()),
 ], ids=["fp32-K24-V40-bv16", "fp32-K24-V40-bv32-recompute", "bf16-K32-V32"])
 def test_rec_form_vs_reference(K, V, dtype, over, rec_form, kda):
@@ -81,7 +81,8 @@ def test_rec_form_field_serialised_and_checked():
         KDADetPlan.from_dict(old)
     old.update(rec_form=0, bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0,
                version=8)  # the upgrade
-    assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, bwd_diag=0, inv_blocked=0)
+    assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, bwd_diag=0, inv_blocked=0,
+                                                           keep_aqk=0)
     assert dataclasses.replace(plan, rec_form=1).key not in (plan.key, on.key)
     for bad in (3, -1, True):
         with pytest.raises(ValueError, match="rec_form"):

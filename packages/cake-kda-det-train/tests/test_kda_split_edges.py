@@ -35,7 +35,7 @@ F32 = torch.float32
 
 def _old(plan):
     """The rule's plan with the pair products back in the chunk kernels."""
-    return dataclasses.replace(plan, fwd_split=0, bwd_split=0, diag_load=0)
+    return dataclasses.replace(plan, fwd_split=0, bwd_split=0, diag_load=0, keep_aqk=0)
 
 
 def test_rule_takes_the_split_paths():
@@ -193,7 +193,7 @@ def test_second_backward_through_retained_graph_same_bits(keep_a, kda):
     lens = [20, 0, 5]
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 1, 1, 16, 16, seed=93,
                                                n_states=3, h0=True)
-    plan = dataclasses.replace(make_plan(16, 16, F32, DEV), keep_a=keep_a)
+    plan = dataclasses.replace(make_plan(16, 16, F32, DEV), keep_a=keep_a, keep_aqk=keep_a)
     leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
     o, ht = chunk_kda_det(*leaves[:5], initial_state=leaves[5], output_final_state=True,
                           cu_seqlens=kda.cu_of(lens), plan=plan)

@@ -73,7 +73,7 @@ PLANS = [
                 "bwd_diag", "dh_split", "inv_blocked", "keep_aqk"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:21df3d941ccfa22e7ffe3c2ab60c419da2681319bbaf6890a77d5c38d2d6d38d"
+SOURCE_DIGEST = "sha256:98fe1bfe87a232f6a7d9c48404f227c54ef82107cd704ee44bd0c819844e1d86"
 # --- end of generated block ---
 
 MANIFEST = {

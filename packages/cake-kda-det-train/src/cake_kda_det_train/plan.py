@@ -166,8 +166,9 @@ class KDADetPlan(Plan):
             T, stacked as ``A`` ``[2, B * T, HV, 64]`` (T, then Aqk), and the backward
             launches neither pairs kernel (it recomputed Aqk with them: ~0.5 ms of its 4.7
             at case a on an H200, session 17's profile). Needs ``keep_a = 1`` and
-            ``fwd_split = 1``. The same kernels on the same inputs: the same bits as 0. 0 =
-            the backward recomputes Aqk (the rule's choice until checked on a GPU).
+            ``fwd_split = 1``. The same kernels on the same inputs: the same bits as 0 (on
+            an H200 at the benchmark's cases a and b too). 0 = the backward recomputes Aqk.
+            1 is the rule's choice since session 19 (fwd+bwd 6.17 -> 5.81 ms at case a).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
@@ -324,8 +325,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     (the prep's inverse with its 16 x 16 diagonal blocks inverted apart: the prep kernel
     481 -> 392 us per forward at case a on an H200, the same bits as 0 at cases a and b,
     every ``plan_configs.py`` configuration with it matched float64 there, session 18);
-    ``keep_aqk = 0`` (1 skips the backward's pairs kernels; CPU-tested, not yet run on a
-    GPU).
+    ``keep_aqk = 1`` (the forward keeps Aqk beside T, as FLA does, and the backward skips
+    its two pairs kernels: forward+backward 6.17 -> 5.81 ms at case a, 11.84 -> 11.06 ms
+    at b on an H200, the same bits as 0 at both, every ``plan_configs.py`` configuration
+    with it matched float64 there, session 19).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -383,5 +386,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         bwd_diag=1,
         dh_split=0,
         inv_blocked=1,
-        keep_aqk=0,
+        keep_aqk=1,
     )
