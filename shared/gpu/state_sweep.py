@@ -1,0 +1,91 @@
+"""Plan variants of KDA or GDN, one process, one benchmark case: every family kernel's CUDA
+time (profiler, us per launch, over 3 forward+backward steps), the event-timed fwd / bwd /
+fwd+bwd, and whether o, the final state and every gradient keep the bits of the first
+plan given.
+
+    python shared/gpu/state_sweep.py FAMILY CASE "" "block_v=32 num_warps_h=4" ...
+    (FAMILY: kda or gdn; CASE: a case of the family's benchmark; "" = the rule's plan:
+    write it first)
+
+Written after session 19 (H200) profiled FLA's KDA state recurrence at 152 us per forward
+at case a against cake's ``kda_fwd_h_kernel`` 281 us, and the backward's state kernel at
+197 against cake's 405 (docs/benchmarks/kda.md): the fields that shape those kernels
+(KDA: ``block_v``, shared by the state, output and dh kernels; ``num_warps_h``, shared by
+the state and dh kernels; ``num_stages_h``; ``rec_form``) are timed kernel by kernel, so
+that a field of their own is added only for a measured gain. Plans that the family's
+``cuda_plan_problem`` refuses are skipped. Bits are compared, not errors: run
+``shared/gpu/plan_configs.py`` on a candidate before adopting it. Each line is printed
+when measured (tee it into ``$OUT``: a call that runs past its limit returns only files).
+"""
+import dataclasses
+import importlib
+import importlib.util
+import sys
+
+import cake_core.triton_utils  # noqa: F401  (first: on a CPU it picks Triton's interpreter)
+import torch
+from cake_core import bench
+
+FAM = sys.argv[1]
+PKG = f"cake_{FAM}_det_train"
+spec = importlib.util.spec_from_file_location(
+    f"{FAM}_bench", f"packages/cake-{FAM}-det-train/benchmarks/bench_cake_{FAM}_det_train.py")
+b = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(b)
+plan_mod = importlib.import_module(f"{PKG}.plan")
+
+
+def overrides(rule, text: str) -> dict:
+    over = bench.parse_overrides(text.split()) if text.strip() else {}
+    if hasattr(rule, "keep_aqk") and "keep_aqk" not in over and not (
+            over.get("keep_a", 1) and over.get("fwd_split", 1)):
+        over["keep_aqk"] = 0  # KDA keeps Aqk only beside T from the pairs kernels
+    return over
+
+
+def per_kernel_us(step) -> dict:
+    out = {}
+    for e in bench.cuda_profile(step).key_averages():
+        if e.key.startswith(f"{FAM}_"):
+            total = getattr(e, "device_time_total", None) or e.cuda_time_total
+            out[e.key.removeprefix(f"{FAM}_").removesuffix("_kernel")] = round(total / e.count)
+    return out
+
+
+def main() -> None:
+    case, texts = sys.argv[2], sys.argv[3:] or [""]
+    cuda = torch.cuda.is_available()
+    if cuda:
+        c = b.make_case(**b.CASES[case])
+    else:  # a smoke run of the script itself under the interpreter
+        b.DEV = "cpu"
+        tiny = dict(B=1, T=100, H=1, docs=None, K=32, V=32, dev="cpu")
+        c = b.make_case(**tiny, **({"HV": 2} if FAM == "gdn" else {}))
+    q = c["q"]
+    rule = plan_mod.make_plan(q.shape[-1], c["v"].shape[-1], q.dtype, q.device)
+    want = None
+    print("torch", torch.__version__, "device", torch.cuda.get_device_name() if cuda else "cpu",
+          FAM, "case", case, flush=True)
+    for text in texts:
+        try:
+            over = overrides(rule, text)
+            plan = dataclasses.replace(rule, **over)
+        except ValueError as e:
+            print(f"[{text}] refused by the plan: {e}", flush=True)
+            continue
+        why = plan_mod.cuda_plan_problem(plan, q.dtype) if cuda else None
+        if why:
+            print(f"[{text}] skipped: {why}", flush=True)
+            continue
+        fn = b.cake_fn(over)
+        got = bench.bits_sha256(b.grads_of(fn, c))
+        want = want or got
+        row = {"same_bits_as_first": got == want}
+        if cuda:
+            row.update(per_kernel_us(lambda fn=fn: b.grads_of(fn, c)))
+            row.update(b.time_impl(fn, c, 10))
+        print(f"[{text}] {row}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
