@@ -5,7 +5,9 @@ plan given.
 
     python shared/gpu/state_sweep.py FAMILY CASE "" "block_v=32 num_warps_h=4" ...
     (FAMILY: kda or gdn; CASE: a case of the family's benchmark; "" = the rule's plan:
-    write it first)
+    write it first; an item ``module.NAME=value`` sets a launch constant of the family's
+    module for that variant only, e.g. ``chunk.TOK_HEADS=8 chunk.TOK_WARPS=2``: KDA's
+    token-parallel kernels take theirs from ``cake_kda_det_train.chunk``, not the plan)
 
 Written after session 19 (H200) profiled FLA's KDA state recurrence at 152 us per forward
 at case a against cake's ``kda_fwd_h_kernel`` 281 us, and the backward's state kernel at
@@ -35,8 +37,21 @@ spec.loader.exec_module(b)
 plan_mod = importlib.import_module(f"{PKG}.plan")
 
 
-def overrides(rule, text: str) -> dict:
-    over = bench.parse_overrides(text.split()) if text.strip() else {}
+def split(text: str) -> tuple[list[str], dict]:
+    """Plan items, and ``{(module, NAME): value}`` for the ``module.NAME=value`` items."""
+    plan_items, consts = [], {}
+    for item in text.split():
+        name, value = item.split("=")
+        if "." in name:
+            mod, attr = name.rsplit(".", 1)
+            consts[(f"{PKG}.{mod}", attr)] = int(value)
+        else:
+            plan_items.append(item)
+    return plan_items, consts
+
+
+def overrides(rule, items: list[str]) -> dict:
+    over = bench.parse_overrides(items) if items else {}
     if hasattr(rule, "keep_aqk") and "keep_aqk" not in over and not (
             over.get("keep_a", 1) and over.get("fwd_split", 1)):
         over["keep_aqk"] = 0  # KDA keeps Aqk only beside T from the pairs kernels
@@ -67,8 +82,9 @@ def main() -> None:
     print("torch", torch.__version__, "device", torch.cuda.get_device_name() if cuda else "cpu",
           FAM, "case", case, flush=True)
     for text in texts:
+        items, consts = split(text)
         try:
-            over = overrides(rule, text)
+            over = overrides(rule, items)
             plan = dataclasses.replace(rule, **over)
         except ValueError as e:
             print(f"[{text}] refused by the plan: {e}", flush=True)
@@ -77,13 +93,22 @@ def main() -> None:
         if why:
             print(f"[{text}] skipped: {why}", flush=True)
             continue
-        fn = b.cake_fn(over)
-        got = bench.bits_sha256(b.grads_of(fn, c))
-        want = want or got
-        row = {"same_bits_as_first": got == want}
-        if cuda:
-            row.update(per_kernel_us(lambda fn=fn: b.grads_of(fn, c)))
-            row.update(b.time_impl(fn, c, 10))
+        saved = {}
+        for (mod, attr), value in consts.items():
+            m = importlib.import_module(mod)
+            saved[(m, attr)] = getattr(m, attr)  # AttributeError: no such constant
+            setattr(m, attr, value)
+        try:
+            fn = b.cake_fn(over)
+            got = bench.bits_sha256(b.grads_of(fn, c))
+            want = want or got
+            row = {"same_bits_as_first": got == want}
+            if cuda:
+                row.update(per_kernel_us(lambda fn=fn: b.grads_of(fn, c)))
+                row.update(b.time_impl(fn, c, 10))
+        finally:
+            for (m, attr), value in saved.items():
+                setattr(m, attr, value)
         print(f"[{text}] {row}", flush=True)
 
 
