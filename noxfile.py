@@ -123,14 +123,22 @@ def _env_dropped_after(session: nox.Session):
 def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True) -> None:
     """BASE, then the local packages. ``compile_pyc=False`` skips pip's byte-compilation of
     torch (about 30 s of a session on the 2-core CI machine): worth it where one short
-    pytest process imports torch once (the legacy-name sessions), not where many do."""
-    session.install(*BASE, *([] if compile_pyc else ["--no-compile"]))
+    pytest process imports torch once (the legacy-name sessions), not where many do.
+    The local packages build with the env's hatchling (every package's only build
+    requirement) instead of one isolated build env each: 7.4 -> 3.5 s for three packages
+    on the 2-core machine, hatchling's install included."""
+    session.install(*BASE, BUILD_TOOLS[0], *([] if compile_pyc else ["--no-compile"]))
     paths: list[str] = []
     for d in dists:
         for p in _local_closure(d):
             if p not in paths:
                 paths.append(p)
-    session.install(*paths)
+    for p in paths:  # what --no-build-isolation relies on
+        meta = tomllib.loads((Path(p) / "pyproject.toml").read_text())
+        if meta["build-system"]["requires"] != [BUILD_TOOLS[0]]:
+            session.error(f"{p}: build requirements other than {BUILD_TOOLS[0]!r}: build it "
+                          "in an isolated env (noxfile.py _install)")
+    session.install("--no-build-isolation", *paths)
 
 
 @nox.session
