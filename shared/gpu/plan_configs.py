@@ -250,11 +250,9 @@ def one(fam, K, V, dtype, *over):
     plan = make_plan(K, V, dt, "cuda")  # the CUDA rule's plan, also under the interpreter
     kw = dict(kv.split("=") for kv in over)
     lens = [int(n) for n in kw.pop("lens", "1,63,1,85").split(",")]  # document lengths
-    kw = {n: int(x) for n, x in kw.items()}
-    if hasattr(plan, "keep_aqk") and "keep_aqk" not in kw and not (
-            kw.get("keep_a", 1) and kw.get("fwd_split", 1)):
-        kw["keep_aqk"] = 0  # KDA: Aqk is kept only beside T from the pairs kernels
-    plan = dataclasses.replace(plan, **kw)
+    # KDA's plan_variant keeps keep_aqk consistent with keep_a / fwd_split overrides
+    variant = getattr(sys.modules[type(plan).__module__], "plan_variant", dataclasses.replace)
+    plan = variant(plan, **{n: int(x) for n, x in kw.items()})
     gen = torch.Generator().manual_seed(0)
     B, T, H, HV = 1, sum(lens), 1, 2
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=DEV)

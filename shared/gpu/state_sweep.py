@@ -35,6 +35,8 @@ spec = importlib.util.spec_from_file_location(
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
 plan_mod = importlib.import_module(f"{PKG}.plan")
+#: KDA's plan_variant keeps keep_aqk consistent with keep_a / fwd_split overrides
+variant = getattr(plan_mod, "plan_variant", dataclasses.replace)
 
 
 def split(text: str) -> tuple[list[str], dict]:
@@ -48,14 +50,6 @@ def split(text: str) -> tuple[list[str], dict]:
         else:
             plan_items.append(item)
     return plan_items, consts
-
-
-def overrides(rule, items: list[str]) -> dict:
-    over = bench.parse_overrides(items) if items else {}
-    if hasattr(rule, "keep_aqk") and "keep_aqk" not in over and not (
-            over.get("keep_a", 1) and over.get("fwd_split", 1)):
-        over["keep_aqk"] = 0  # KDA keeps Aqk only beside T from the pairs kernels
-    return over
 
 
 def per_kernel_us(step) -> dict:
@@ -84,8 +78,8 @@ def main() -> None:
     for text in texts:
         items, consts = split(text)
         try:
-            over = overrides(rule, items)
-            plan = dataclasses.replace(rule, **over)
+            over = bench.parse_overrides(items) if items else {}
+            plan = variant(rule, **over)  # the benchmark's cake_fn applies over the same way
         except ValueError as e:
             print(f"[{text}] refused by the plan: {e}", flush=True)
             continue

@@ -33,7 +33,6 @@ FLA is imported only when asked for and never required: without it, cake runs al
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 import torch
@@ -90,16 +89,13 @@ def _opts(c, x):
 
 def cake_fn(plan_over):
     from cake_kda_det_train import chunk_kda_det, make_plan
+    from cake_kda_det_train.plan import plan_variant
 
     def run(c, x):
         q = x["q"]
         plan = make_plan(q.shape[-1], x["v"].shape[-1], q.dtype, q.device)
         if plan_over:
-            over = dict(plan_over)
-            if "keep_aqk" not in over and not (over.get("keep_a", 1)
-                                               and over.get("fwd_split", 1)):
-                over["keep_aqk"] = 0  # Aqk is kept only beside T from the pairs kernels
-            plan = dataclasses.replace(plan, **over)
+            plan = plan_variant(plan, **plan_over)
         return chunk_kda_det(q, x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                              output_final_state=True, cu_seqlens=c["cu"], plan=plan,
                              **_opts(c, x))

@@ -141,3 +141,15 @@ def test_keep_aqk_field_serialised_and_checked():
     for over in (dict(keep_a=0), dict(fwd_split=0)):
         with pytest.raises(ValueError, match="keep_aqk=1 needs keep_a=1 and fwd_split=1"):
             dataclasses.replace(on, **over)
+
+
+def test_plan_variant_turns_keep_aqk_off_with_what_it_needs():
+    """``plan_variant`` (the benchmark's and GPU tools' overrides): keep_a = 0 or fwd_split =
+    0 also turns keep_aqk off unless named; naming it keeps the plan's own check."""
+    from cake_kda_det_train.plan import plan_variant
+    rule = api.make_plan(64, 64, torch.bfloat16, DEV)
+    assert plan_variant(rule) == rule and plan_variant(rule, block_v=32).keep_aqk == 1
+    for over in (dict(keep_a=0), dict(fwd_split=0)):
+        assert plan_variant(rule, **over) == dataclasses.replace(rule, keep_aqk=0, **over)
+        with pytest.raises(ValueError, match="keep_aqk=1 needs"):
+            plan_variant(rule, keep_aqk=1, **over)

@@ -73,7 +73,7 @@ PLANS = [
                 "bwd_diag", "dh_split", "inv_blocked", "keep_aqk"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:98fe1bfe87a232f6a7d9c48404f227c54ef82107cd704ee44bd0c819844e1d86"
+SOURCE_DIGEST = "sha256:c4786b534cd323c80ccb3c8d37243428c8a46006311a5257a8ce80b9427769c9"
 # --- end of generated block ---
 
 MANIFEST = {

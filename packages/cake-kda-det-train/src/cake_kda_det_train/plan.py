@@ -348,6 +348,16 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
                           rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
 
 
+def plan_variant(plan: KDADetPlan, **over: int) -> KDADetPlan:
+    """``dataclasses.replace(plan, **over)``, except that an override turning ``keep_a`` or
+    ``fwd_split`` off also turns ``keep_aqk`` off when ``over`` does not name it
+    (``keep_aqk = 1`` needs both): how the benchmark and the GPU tools apply their
+    ``key=value`` overrides to the rule's plan. Raises ``ValueError`` as the plan does."""
+    if "keep_aqk" not in over and not (over.get("keep_a", 1) and over.get("fwd_split", 1)):
+        over = {**over, "keep_aqk": 0}
+    return dataclasses.replace(plan, **over)
+
+
 def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
     cuda = device.type == "cuda"
     block_k = next_power_of_2(max(K, 16))
