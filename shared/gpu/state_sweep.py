@@ -100,6 +100,8 @@ def main() -> None:
             if cuda:
                 row.update(per_kernel_us(lambda fn=fn: b.grads_of(fn, c)))
                 row.update(b.time_impl(fn, c, 10))
+        except Exception as e:  # e.g. OutOfResources: report it, go on with the next plan
+            row = {"failed": f"{type(e).__name__}: {str(e)[:200]}"}
         finally:
             for (m, attr), value in saved.items():
                 setattr(m, attr, value)
