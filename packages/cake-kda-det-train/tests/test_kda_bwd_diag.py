@@ -81,7 +81,8 @@ def test_bwd_diag_field_serialised_and_checked():
     want = "format version 5.*add bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0"
     with pytest.raises(ValueError, match=want):
         KDADetPlan.from_dict(old)
-    old.update(bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0, version=8)  # the upgrade
+    old.update(bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0,
+               version=KDADetPlan.format_version)  # the upgrade
     assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, inv_blocked=0, keep_aqk=0)
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="bwd_diag"):

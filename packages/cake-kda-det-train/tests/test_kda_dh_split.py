@@ -18,7 +18,9 @@ LENS = [1, 37, 0, 90]
 
 
 def _plan(K, V, dtype, **over):
-    return dataclasses.replace(make_plan(K, V, dtype, DEV), dh_split=1, **over)
+    # rec_form = 0 unless named: dh_split is a form of rec_form 0's dS kernel
+    return dataclasses.replace(make_plan(K, V, dtype, DEV), **{"dh_split": 1, "rec_form": 0,
+                                                              **over})
 
 
 @pytest.mark.parametrize("K, V, dtype, over", [

@@ -80,7 +80,8 @@ def test_inv_blocked_field_serialised_and_checked():
     old["version"] = 6  # a plan serialised before the field existed
     with pytest.raises(ValueError, match="format version 6.*add inv_blocked = 0 and keep_aqk"):
         KDADetPlan.from_dict(old)
-    old.update(inv_blocked=0, keep_aqk=0, version=8)  # the upgrade the message asks for
+    # the upgrade the message asks for
+    old.update(inv_blocked=0, keep_aqk=0, version=KDADetPlan.format_version)
     assert KDADetPlan.from_dict(old) == off
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="inv_blocked"):

@@ -16,7 +16,8 @@ DEV = default_device()
 
 @pytest.mark.parametrize("over", [
     dict(block_k_inner=16),
-    dict(block_k_inner=32, block_v=16, block_v_bwd=16, keep_a=0, keep_aqk=0, store_16bit=0),
+    dict(block_k_inner=32, block_v=16, block_v_h=16, block_v_bwd=16, keep_a=0, keep_aqk=0,
+         store_16bit=0),
 ], ids=["bki16", "bki32-bv16-recompute"])
 def test_plan_configurations(over, kda):
     K, V = 48, 32  # block_k 64: the last inner block is partly masked

@@ -26,8 +26,8 @@ def _plan(K, V, dtype, **over):
 
 @pytest.mark.parametrize("rec_form", [1, 2])
 @pytest.mark.parametrize("K, V, dtype, over", [
-    (24, 40, torch.float32, dict(block_v=16, store_16bit=0)),
-    (24, 40, torch.float32, dict(block_v=32, keep_a=0, keep_aqk=0)),
+    (24, 40, torch.float32, dict(block_v=16, block_v_h=16, store_16bit=0)),
+    (24, 40, torch.float32, dict(block_v=32, block_v_h=32, keep_a=0, keep_aqk=0)),
     (32, 32, torch.bfloat16, dict()),
 ], ids=["fp32-K24-V40-bv16", "fp32-K24-V40-bv32-recompute", "bf16-K32-V32"])
 def test_rec_form_vs_reference(K, V, dtype, over, rec_form, kda):
@@ -55,7 +55,7 @@ def test_rec_form_close_to_0_and_repeats(dtype, rec_form, kda):
     cu = kda.cu_of(LENS)
     do = randn(v.shape, dtype, DEV, seed=94)
     dht = randn(h0.shape, torch.float32, DEV, seed=95)
-    new = _plan(K, V, dtype, block_v=32, rec_form=rec_form)
+    new = _plan(K, V, dtype, block_v=32, block_v_h=32, rec_form=rec_form)
     base = dataclasses.replace(new, rec_form=0)
     want = kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, base)
     got = assert_bitwise_repeat(
@@ -68,10 +68,10 @@ def test_rec_form_close_to_0_and_repeats(dtype, rec_form, kda):
 
 
 def test_rec_form_field_serialised_and_checked():
-    plan = make_plan(128, 128, torch.bfloat16, DEV)
-    assert plan.rec_form == 0  # the rule keeps the original kernels
-    assert make_plan(24, 40, torch.float32, DEV).rec_form == 0
-    on = dataclasses.replace(plan, rec_form=2)
+    on = make_plan(128, 128, torch.bfloat16, DEV)
+    assert on.rec_form == 2  # the rule's form since session 20 (H200: same bits, faster)
+    assert make_plan(24, 40, torch.float32, DEV).rec_form == 2
+    plan = dataclasses.replace(on, rec_form=0)
     d = on.to_dict()
     assert d["rec_form"] == 2 and d["version"] == KDADetPlan.format_version >= 5
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key
@@ -80,7 +80,7 @@ def test_rec_form_field_serialised_and_checked():
     with pytest.raises(ValueError, match="format version 4.*add rec_form = 0"):
         KDADetPlan.from_dict(old)
     old.update(rec_form=0, bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0,
-               version=8)  # the upgrade
+               version=KDADetPlan.format_version)  # the upgrade
     assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, bwd_diag=0, inv_blocked=0,
                                                            keep_aqk=0)
     assert dataclasses.replace(plan, rec_form=1).key not in (plan.key, on.key)
@@ -113,7 +113,7 @@ def test_rec_form_launches_its_kernels(kda, monkeypatch):
     cu = kda.cu_of(lens)
     do = randn(v.shape, torch.float32, DEV, seed=98)
     dht = randn(h0.shape, torch.float32, DEV, seed=99)
-    base = make_plan(16, 16, torch.float32, DEV)
+    base = dataclasses.replace(make_plan(16, 16, torch.float32, DEV), rec_form=0)
     kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht, base)
     assert seen == []
     one = kda.fwd_bwd_saved((q, k, v, g, beta), h0, cu, do, dht,

@@ -64,16 +64,17 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 8,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 9,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
-                "bwd_diag", "dh_split", "inv_blocked", "keep_aqk"]},
+                "bwd_diag", "dh_split", "inv_blocked", "keep_aqk", "block_v_h", "num_warps_dh",
+                "num_stages_dh"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c4786b534cd323c80ccb3c8d37243428c8a46006311a5257a8ce80b9427769c9"
+SOURCE_DIGEST = "sha256:483965e370edaed867a3d958539cb580e4a4316ac3a269d89cafda0257329097"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -121,11 +121,11 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
     h0 = initial_state if initial_state is not None else g_cumsum
     fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
     op = {"KG": kg is not None} if plan.rec_form else {}
-    fwd_h[(N, HV, _cdiv(V, plan.block_v))](
+    fwd_h[(N, HV, _cdiv(V, plan.block_v_h))](
         kg if kg is not None else k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new,
         ht if ht is not None else h,
         H, HV, HV // H, K, V,
-        BV=plan.block_v, HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
+        BV=plan.block_v_h, HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
         num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **cst)
     return kg
 
@@ -255,12 +255,12 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             bwd_dh = kda_bwd_dh_split_kernel
             dh_cst = {n: x for n, x in cst.items() if n != "BK"}
             dh_cst["BKH"] = plan.block_k // 2
-        bwd_dh[(N, HV, _cdiv(V, plan.block_v))](
+        bwd_dh[(N, HV, _cdiv(V, plan.block_v_h))](
             q, kg if kg is not None else k, w, g_cs, aqk, do, tabs[3], tabs[2],
             dht_c if dht_c is not None else dh, dh, du, dh0 if dh0 is not None else dh,
             scale, H, HV, HV // H, K, V,
-            BV=plan.block_v, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **dh_cst)
+            BV=plan.block_v_h, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+            num_warps=plan.num_warps_dh, num_stages=plan.num_stages_dh, **op, **dh_cst)
         # diag_load = 2 / bwd_split: fp32 copies of each chunk's dA and gated dAqk (FLA keeps
         # the same two [T, 64] matrices), read back by the same program / the split kernel
         split = bool(plan.bwd_split)

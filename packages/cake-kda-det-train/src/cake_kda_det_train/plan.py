@@ -19,27 +19,39 @@ SUB_CHUNK = 16
 #: Largest head dims K and V.
 MAX_HEAD_DIM = 256
 
+#: The format-9 fields, added to each older version's upgrade.
+_V9 = ("; version 9 added block_v_h, num_warps_dh and num_stages_dh (the state kernels' V "
+       "block, the backward dS kernel's warps and stages, which block_v, num_warps_h and "
+       "num_stages_h set before): also add block_v_h = <the plan's block_v>, num_warps_dh = "
+       "<its num_warps_h> and num_stages_dh = <its num_stages_h>")
+
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
     3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
        "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag and dh_split, "
        "version 7 inv_blocked, version 8 keep_aqk; add pairs_diag = 0, num_warps_pairs = "
        "<the plan's num_warps_intra>, rec_form = 0, bwd_diag = 0, dh_split = 0, "
-       "inv_blocked = 0 and keep_aqk = 0 and set version = 8 for the same launches and bits",
+       "inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9,
     4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
        "version 6 bwd_diag and dh_split, version 7 inv_blocked, version 8 keep_aqk; add "
        "rec_form = 0, bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0 (and "
        "num_warps_pairs = <the plan's num_warps_intra> if absent: dicts written by early "
-       "format-4 code lack it) and set version = 8 for the same launches and bits",
+       "format-4 code lack it) and set version = 9 for the same launches and bits" + _V9,
     5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
        "inside each sub-chunk) and dh_split (the dS kernel's state in two halves), version 7 "
        "inv_blocked, version 8 keep_aqk; add bwd_diag = 0, dh_split = 0, inv_blocked = 0 "
-       "and keep_aqk = 0 and set version = 8 for the same launches and bits",
+       "and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9,
     6: "version 7 added inv_blocked (how the chunk prep inverts I + A), version 8 keep_aqk; "
-       "add inv_blocked = 0 and keep_aqk = 0 and set version = 8 for the same launches and "
-       "bits",
+       "add inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and "
+       "bits" + _V9,
     7: "version 8 added keep_aqk (the forward keeps each chunk's gated q k^T for the "
-       "backward); add keep_aqk = 0 and set version = 8 for the same launches and bits",
+       "backward); add keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9,
+    8: "version 9 added block_v_h (the V columns per program of the two state kernels; "
+       "block_v keeps the output kernel's), num_warps_dh and num_stages_dh (the backward dS "
+       "kernel's warps and stages; num_warps_h and num_stages_h keep the forward state "
+       "kernel's); add block_v_h = <the plan's block_v>, num_warps_dh = <its num_warps_h> "
+       "and num_stages_dh = <its num_stages_h> and set version = 9 for the same launches "
+       "and bits",
 }
 
 
@@ -55,15 +67,17 @@ class KDADetPlan(Plan):
         block_k_inner: key channels per step of the chunk-prep and backward chunk kernels'
             loops over K (power of two >= 16, <= block_k); their pair products and q/k
             gradients are formed block by block, summed in index order (bits depend on it).
-        block_v: columns of V per program of the state and output kernels (power of two
-            >= 16, <= V rounded up); the recurrence never mixes columns of V.
+        block_v: columns of V per program of the output kernel (power of two >= 16, <= V
+            rounded up); the state kernels take ``block_v_h`` (format 9; before it block_v
+            set both).
         block_v_bwd: columns of V per step of the backward chunk kernel's loop over V (its
             sums over V blocks run in index order, so bits depend on it).
         num_warps_prep / num_warps_h / num_warps_o / num_warps_bwd: warps of the chunk
             prep (cumulative decay, gated k k^T and q k^T, triangular solve, w and u), the
-            state recurrences (forward and backward), the output kernel and the backward
-            chunk kernel.
-        num_stages_h: software-pipelining stages of the recurrence kernels.
+            forward state recurrence (also run by the backward's recompute; the dS kernel
+            takes ``num_warps_dh``), the output kernel and the backward chunk kernel.
+        num_stages_h: software-pipelining stages of the forward state recurrence (the dS
+            kernel takes ``num_stages_dh``).
         keep_a: 1 = the autograd forward keeps each chunk's T = (I + A)^-1 for the backward
             (no recompute of the gated k k^T and the solve); 0 = recompute. Same bits
             either way (the forward rounds T to its stored dtype before using it).
@@ -169,10 +183,18 @@ class KDADetPlan(Plan):
             ``fwd_split = 1``. The same kernels on the same inputs: the same bits as 0 (on
             an H200 at the benchmark's cases a and b too). 0 = the backward recomputes Aqk.
             1 is the rule's choice since session 19 (fwd+bwd 6.17 -> 5.81 ms at case a).
+        block_v_h: columns of V per program of the two state kernels (the forward state
+            recurrence and the backward dS recurrence; power of two >= 16, <= V rounded up);
+            the recurrences never mix columns of V, so the bits do not depend on it.
+        num_warps_dh / num_stages_dh: warps and software-pipelining stages of the backward
+            dS kernel. Format 9 split these three from ``block_v``, ``num_warps_h`` and
+            ``num_stages_h`` (session 20, H200, case a with ``rec_form = 2``: the forward
+            state kernel 195 -> 179 us with 4 warps where the dS kernel went 312 -> 419; the
+            output kernel 203 -> 164 us with 128 columns where the state kernels slowed).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 8
+    format_version: ClassVar[int] = 9
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -205,6 +227,9 @@ class KDADetPlan(Plan):
     dh_split: int
     inv_blocked: int
     keep_aqk: int
+    block_v_h: int
+    num_warps_dh: int
+    num_stages_dh: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -214,13 +239,13 @@ class KDADetPlan(Plan):
         if self.chunk_size != CHUNK_SIZE:
             self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
         self.require_power_of_two("block_k", "block_k_inner", "block_v", "block_v_bwd",
-                                  minimum=16)
+                                  "block_v_h", minimum=16)
         if self.block_k_inner > self.block_k:
             self._fail("block_k_inner must be <= block_k")
         self.require_power_of_two("l2norm_block_rows", "gate_block_t")
         if self.block_k < self.head_k_dim:
             self._fail("block_k must be >= head_k_dim")
-        for name in ("block_v", "block_v_bwd"):
+        for name in ("block_v", "block_v_bwd", "block_v_h"):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
@@ -234,13 +259,15 @@ class KDADetPlan(Plan):
         self.require_in_range("pairs_diag", 0, 2)
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
+        self.require_in_range("num_stages_dh", 1, 4)
         self.require_in_range("rec_form", 0, 2)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
-                                 or self.block_v < 32):
-            self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32 and head_v_dim > 16")
+                                 or min(self.block_v, self.block_v_h) < 32):
+            self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32, block_v_h >= 32 "
+                       "and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                            "num_warps_l2norm", "num_warps_gate", "num_warps_intra",
-                           "num_warps_pairs")
+                           "num_warps_pairs", "num_warps_dh")
         self.require_mode(Mode.DET)
 
     @property
@@ -285,6 +312,15 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
     if plan.block_v_bwd > 32 and not (plan.block_v_bwd == 64 and _bvf(plan.head_v_dim) == 64):
         return ("on CUDA block_v_bwd > 32 only as 64 with V <= 64 (64 with V = 128 gave wrong "
                 "dk / dg, 128 failed to run, on an H200, Triton 3.6)")
+    if (fp32_inter and plan.rec_form == 0 and not plan.dh_split and plan.fp32_dots == 2
+            and plan.block_k == 64):
+        return ("on CUDA rec_form=0 (without dh_split) with fp32 intermediates and "
+                "fp32_dots=2 needs K <= 32 or K > 64 (kda_bwd_dh_kernel gave "
+                "dinitial_state ~100% off the float64 reference, different call to call, "
+                "at K = 48 and 64 with V = 40 or 100 and an empty document among packed "
+                "ones, on an H200, Triton 3.6; rec_form 1 and 2, dh_split=1 and "
+                "fp32_dots=1 were right there, as is the interpreter): use rec_form=2 (the "
+                "rule)")
     if plan.store_16bit and dtype != torch.float32 and plan.block_k < 64:
         return ("on CUDA 16-bit intermediates need K > 32 (store_16bit=1 at K = 32 gave a wrong "
                 "o and final state with num_warps_prep=4, and wrong dk / dg at V >= 64 with "
@@ -301,8 +337,8 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     (fp32 intermediates: the blocks of pair-product operands then fit the 227 KiB of shared
     memory of an sm_90 program; 16-bit: 64 was not repeatable on an H200, see
     :func:`cuda_plan_problem`, and 32 measured 12% faster forward+backward); on
-    CUDA ``block_v = min(64, V rounded up)``, ``block_v_bwd = min(32, V rounded up)``, 4
-    warps (8 for the recurrence and output kernels when ``block_k * block_v >= 8192``, for
+    CUDA ``block_v_bwd = min(32, V rounded up)``, 4
+    warps (8 for the output kernel when ``block_k * block_v >= 8192``, for
     the backward chunk kernel when ``block_k >= 64``: sm_90 builds compiled offline spilled
     2-4 KB per thread with 4 warps at K = V = 128; for the chunk prep when ``block_k >= 32``:
     4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
@@ -317,7 +353,19 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``pairs_diag = 2`` (the diagonal blocks token-parallel: forward at case a 2.27 -> ~1.9
     ms on an H200, session 16; every ``plan_configs.py`` configuration with it matched
     float64) and ``num_warps_pairs = 4`` (docs/benchmarks/kda_fwd_plan.md);
-    ``rec_form = 0`` (1 and 2 were right on an H200 but not faster, session 15);
+    ``rec_form = 2`` (the state kernels in FLA's operand form with kg stored by the prep:
+    on an H200, session 20, the same bits as 0 at the benchmark's cases a, b and c, every
+    ``plan_configs.py`` configuration with it matched float64, and the forward state kernel
+    279 -> 196 us, the dS kernel 399 -> 312 us at case a for a prep 257 -> 316 us; 0 also
+    hit a compiler fault with fp32 intermediates, see :func:`cuda_plan_problem`); the state
+    kernels' ``block_v_h = min(64, V rounded up)`` on CUDA, the output kernel's ``block_v =
+    min(128, V rounded up)`` with 16-bit intermediates (else 64: at case a 203 -> 164 us);
+    the forward state kernel 4 warps and 3 stages with 16-bit intermediates (179 -> 158
+    us; 8 warps otherwise when ``block_k * block_v_h >= 8192``), the dS kernel
+    ``num_warps_dh`` 8 when ``block_k * block_v_h >= 8192`` (4 measured 312 -> 419 us) and
+    2 stages with 16-bit intermediates (3 overflows shared memory at K = 128, 1 was
+    slower); session 20 took fwd+bwd at case a 5.75 -> 5.46 ms, b 11.00 -> 10.53, c 22.83
+    -> 21.49 (one H200, the same run);
     ``bwd_diag = 1`` (the backward's in-sub-chunk terms token-parallel: forward+backward
     at case a 7.79 -> 6.22 ms, case b 15.32 -> 11.99 ms on an H200, session 17; every
     ``plan_configs.py`` configuration with it matched float64 there);
@@ -362,10 +410,13 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
     cuda = device.type == "cuda"
     block_k = next_power_of_2(max(K, 16))
     block_v_full = _bvf(V)
-    block_v = min(64, block_v_full) if cuda else block_v_full
+    block_v_h = min(64, block_v_full) if cuda else block_v_full
     # CUDA: 16-bit intermediates from K = 64 on (Triton 3.6 built K = 32 wrongly on an H200)
     store_16bit = int(block_k >= (64 if cuda else 32) and block_v_full >= 32)
     wide = dtype != torch.float32 and store_16bit
+    # the output kernel: up to 128 columns with 16-bit intermediates (session 20)
+    block_v = min(128 if wide else 64, block_v_full) if cuda else block_v_full
+    big_h = cuda and block_k * block_v_h >= 8192
     return KDADetPlan(
         head_k_dim=K,
         head_v_dim=V,
@@ -375,10 +426,10 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         block_v=block_v,
         block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
         num_warps_prep=8 if cuda and block_k >= 32 else 4,
-        num_warps_h=8 if cuda and block_k * block_v >= 8192 else 4,
+        num_warps_h=8 if big_h and not wide else 4,
         num_warps_o=8 if cuda and block_k * block_v >= 8192 else 4,
         num_warps_bwd=8 if cuda and block_k >= 64 else 4,
-        num_stages_h=2 if wide else 1,
+        num_stages_h=3 if wide else 1,
         keep_a=1,
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
@@ -392,9 +443,12 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_intra=4,
         pairs_diag=2,
         num_warps_pairs=4,
-        rec_form=0,
+        rec_form=2,
         bwd_diag=1,
         dh_split=0,
         inv_blocked=1,
         keep_aqk=1,
+        block_v_h=block_v_h,
+        num_warps_dh=8 if big_h else 4,
+        num_stages_dh=2 if wide else 1,
     )
