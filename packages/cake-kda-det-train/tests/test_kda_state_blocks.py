@@ -103,3 +103,20 @@ def test_cuda_refuses_the_rec_form_0_dh_fault():
     for (K, V), over in fine:
         plan = dataclasses.replace(_rule(K, V, torch.float32, cuda), **over)
         assert cuda_plan_problem(plan, torch.float32) is None, (K, V, over)
+
+
+def test_cuda_refuses_dh_stages_that_overflow_shared_memory():
+    """num_stages_dh (format 9) inherits num_stages_h's shared-memory limits on CUDA: fp32
+    intermediates at K > 64 need 1 stage; rec_form 1 / 2 at K = 128 with 64-column state
+    blocks at most 2 (3 asked 256 KiB on an H200, session 20); the rule picks neither."""
+    cuda = torch.device("cuda")
+    f32 = _rule(128, 128, torch.float32, cuda)
+    assert "num_stages_dh=1" in cuda_plan_problem(
+        dataclasses.replace(f32, num_stages_dh=2), torch.float32)
+    bf = _rule(128, 128, torch.bfloat16, cuda)
+    assert cuda_plan_problem(bf, torch.bfloat16) is None
+    assert "num_stages_dh=1" in cuda_plan_problem(bf, torch.float32)  # bf16's plan, fp32 in
+    assert "num_stages_dh <= 2" in cuda_plan_problem(
+        dataclasses.replace(bf, num_stages_dh=3), torch.bfloat16)
+    for over in (dict(num_stages_dh=3, rec_form=0), dict(num_stages_dh=3, block_v_h=32)):
+        assert cuda_plan_problem(dataclasses.replace(bf, **over), torch.bfloat16) is None, over

@@ -74,7 +74,7 @@ PLANS = [
                 "num_stages_dh"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:483965e370edaed867a3d958539cb580e4a4316ac3a269d89cafda0257329097"
+SOURCE_DIGEST = "sha256:f4e31562e47b63535ccbcd0d815dde5ef3fa06d4d46cc2572254717a26713496"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -90,7 +90,7 @@ class KDADetPlan(Plan):
         store_16bit: 1 = with bf16/fp16 inputs the chunk intermediates (T, w, u, v_new, the
             chunk states h, the backward's dh and dv_new) are stored in the inputs' dtype
             and the big dots take 16-bit operands (fp32 accumulation), as FLA; 0 = fp32.
-            Needs block_k >= 32, block_v >= 32 and V > 16.
+            Needs block_k >= 32, block_v >= 32, block_v_h >= 32 and V > 16.
         diag_load: how the pair products' terms inside a 16-token sub-chunk (chunk prep and
             backward chunk kernel) get each step's partner. 0 = selected out of the
             register tiles (a 3-D reshape, masked sum and broadcast per step: layout
@@ -134,7 +134,8 @@ class KDADetPlan(Plan):
             kernels (4 in the rule, as before the field existed).
         rec_form: form of the two state-recurrence kernels (the forward's state kernel,
             also run by the backward's recompute, and the backward's dS kernel). 0 =
-            ``kda_fwd_h_kernel`` / ``kda_bwd_dh_kernel`` (the rule's choice). 1 = FLA's
+            ``kda_fwd_h_kernel`` / ``kda_bwd_dh_kernel`` (the rule's until session 20).
+            1 = FLA's
             operand form (kernels/rec_op.py): block pointers over the sequence's rows, the
             transposed operands (k exp(G_last - G) in the forward, scale q exp(G) and w in
             the backward) formed from ``[K, 64]`` tiles loaded transposed, so no register
@@ -146,8 +147,12 @@ class KDADetPlan(Plan):
             recompute forms it again): the forward state kernel loads kg^T by block pointer
             straight into the dot and the dS kernel loads it as its decayed k (no ``[64, K]``
             G tile, no exp tile per step there); kg rounded to the stored dtype: other bits
-            than 0 / 1 with 16-bit intermediates. Both right on an H200 but not faster
-            (session 15): docs/benchmarks/kda_fwd_plan.md.
+            than 0 / 1 with 16-bit intermediates (on an H200 at the benchmark's cases a, b
+            and c the same bits as 0, session 20). 2 is the rule's choice since session 20
+            (with format 9's own shapes for the state kernels, below: the forward state
+            kernel 280 -> 158 us and the dS kernel 402 -> 311 us at case a, against a prep
+            257 -> 315 us; session 15 timed 1 and 2 with the old shapes and found no gain):
+            docs/benchmarks/kda.md, kda_fwd_plan.md.
         bwd_diag: how the backward's sub-chunk kernel (``bwd_split = 1``; unused without it)
             forms the terms of dq, dk, dg and dbeta between tokens of the same 16-token
             sub-chunk. 0 = 16 loaded partner steps per key block inside
@@ -158,8 +163,8 @@ class KDADetPlan(Plan):
             than 0 (fixed per plan). The rule's choice since session 17: on an H200 the
             backward at case a 6.37 -> 4.73 ms, forward+backward 7.79 -> 6.22 ms.
         dh_split: the backward's dS recurrence (used only with ``rec_form = 0``). 0 =
-            ``kda_bwd_dh_kernel``, dS one ``[block_k, block_v]`` tile (the rule's choice).
-            1 = ``kda_bwd_dh_split_kernel``: dS as two ``[block_k / 2, block_v]`` halves,
+            ``kda_bwd_dh_kernel``, dS one ``[block_k, block_v_h]`` tile.
+            1 = ``kda_bwd_dh_split_kernel``: dS as two ``[block_k / 2, block_v_h]`` halves,
             k, q, w and G loaded per half (FLA's 64-row slices), fewer fp32 tiles live in
             the serial loop; needs ``block_k >= 32``. Same recurrence; other bits than 0
             (du summed over the halves in two dots). Right on an H200 but 6% slower
@@ -167,7 +172,7 @@ class KDADetPlan(Plan):
         inv_blocked: how the forward's chunk prep inverts ``I + A`` (64 x 64, unit lower
             triangular; the backward loads the kept T when ``keep_a``). 0 =
             :func:`cake_core.triangular.unit_lower_inverse`, 6 block-doubling steps of two
-            64^3 dots (the rule's choice). 1 =
+            64^3 dots (the rule's until session 18). 1 =
             :func:`cake_core.triangular.unit_lower_inverse_blocked`: the four 16 x 16
             diagonal blocks inverted apart (batched 16^3 dots), then the last 2 steps on the
             whole tile: 4 of the 12 whole-tile dots (FLA inverts the 16 x 16 blocks apart
@@ -185,7 +190,9 @@ class KDADetPlan(Plan):
             1 is the rule's choice since session 19 (fwd+bwd 6.17 -> 5.81 ms at case a).
         block_v_h: columns of V per program of the two state kernels (the forward state
             recurrence and the backward dS recurrence; power of two >= 16, <= V rounded up);
-            the recurrences never mix columns of V, so the bits do not depend on it.
+            the recurrences never mix columns of V (on an H200 the bits at the benchmark's
+            cases a-c did not depend on it, session 20; under the interpreter they can, its
+            matmul's summation order following the tile shape).
         num_warps_dh / num_stages_dh: warps and software-pipelining stages of the backward
             dS kernel. Format 9 split these three from ``block_v``, ``num_warps_h`` and
             ``num_stages_h`` (session 20, H200, case a with ``rec_form = 2``: the forward
@@ -295,10 +302,15 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
     if max(plan.head_k_dim, plan.head_v_dim) > 128:
         return "on CUDA K and V must be <= 128 (larger tiles are not built yet)"
     fp32_inter = dtype == torch.float32 or not plan.store_16bit
-    if fp32_inter and plan.block_k > 64 and (plan.num_stages_h > 1 or plan.block_k_inner > 32):
+    if fp32_inter and plan.block_k > 64 and (plan.num_stages_h > 1 or plan.num_stages_dh > 1
+                                             or plan.block_k_inner > 32):
         return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 64 need "
-                "num_stages_h=1 and block_k_inner<=32 (larger fp32 tiles overflow the 227 KiB "
-                "of shared memory)")
+                "num_stages_h=1, num_stages_dh=1 and block_k_inner<=32 (larger fp32 tiles "
+                "overflow the 227 KiB of shared memory)")
+    if plan.rec_form and plan.block_k >= 128 and plan.block_v_h >= 64 and plan.num_stages_dh > 2:
+        return ("on CUDA rec_form=1/2 at K > 64 with block_v_h >= 64 needs num_stages_dh <= 2 "
+                "(the dS kernel asked for 256 KiB of shared memory with 3 stages, rec_form=2, "
+                "16-bit intermediates, on an H200, Triton 3.6: more than its 227 KiB)")
     if plan.block_k_inner > 32:
         return ("on CUDA block_k_inner must be <= 32 (64 made dk, dg and dbeta differ from "
                 "call to call at K = V = 128, bf16, on an H200 running nothing else, Triton "
