@@ -135,6 +135,20 @@ def check_vs_reference(inputs, h0=None, A_log=None, dt_bias=None, *, dtype=torch
     return got
 
 
+def check_plan_on_docs(plan, lens, K, V, dtype, *, seed, H=1, HV=2, g_mode="strong",
+                       fp32_grad_tol=3e-5):
+    """A plan variant against the float64 reference on packed documents of ``lens`` tokens
+    (with an initial state per document and ``dht``): :func:`make_kda_inputs` then
+    :func:`check_vs_reference` (fp32 gradients at ``fp32_grad_tol``; None = the default),
+    and every gradient finite."""
+    q, k, v, g, beta, h0 = make_kda_inputs(1, sum(lens), H, HV, K, V, dtype, seed=seed,
+                                           g_mode=g_mode, n_states=len(lens), h0=True)
+    got = check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=seed,
+                             cu_seqlens=cu_of(lens), plan=plan,
+                             grad_tol=fp32_grad_tol if dtype == torch.float32 else None)
+    assert all(bool(torch.isfinite(t).all()) for t in got if t is not None)
+
+
 def fwd_bwd_saved(inputs, h0, cu, do, dht, plan):
     """One forward and backward with ``plan``: ``(o, ht, g_cumsum, A, *grads)`` (the saved
     G and T too, so that plan variants can be compared on them)."""
