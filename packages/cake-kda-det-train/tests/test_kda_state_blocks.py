@@ -39,7 +39,7 @@ def test_format_9_fields_serialised_and_checked():
     rule = make_plan(64, 40, torch.bfloat16, DEV)
     plan = dataclasses.replace(rule, block_v_h=32, num_warps_dh=2, num_stages_dh=3)
     d = plan.to_dict()
-    assert d["version"] == KDADetPlan.format_version == 9
+    assert d["version"] == KDADetPlan.format_version >= 9
     assert (d["block_v_h"], d["num_warps_dh"], d["num_stages_dh"]) == (32, 2, 3)
     assert KDADetPlan.from_dict(d) == plan and plan.key != rule.key
     new = ("block_v_h", "num_warps_dh", "num_stages_dh")
@@ -49,7 +49,8 @@ def test_format_9_fields_serialised_and_checked():
                                          "block_v>"):
         KDADetPlan.from_dict(old)
     old.update(block_v_h=old["block_v"], num_warps_dh=old["num_warps_h"],
-               num_stages_dh=old["num_stages_h"], version=9)  # the upgrade: same launches
+               num_stages_dh=old["num_stages_h"],
+               version=KDADetPlan.format_version)  # the upgrade: same launches
     up = KDADetPlan.from_dict(old)
     assert (up.block_v_h, up.num_warps_dh, up.num_stages_dh) == (
         rule.block_v, rule.num_warps_h, rule.num_stages_h)

@@ -43,6 +43,9 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dg_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_g"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_inv_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_h_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
@@ -64,17 +67,17 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 9,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 10,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
                 "bwd_diag", "dh_split", "inv_blocked", "keep_aqk", "block_v_h", "num_warps_dh",
-                "num_stages_dh"]},
+                "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f4e31562e47b63535ccbcd0d815dde5ef3fa06d4d46cc2572254717a26713496"
+SOURCE_DIGEST = "sha256:0355e02f33464f7b1057db2bf538eaaf861ac125c5c07f0cfe1617ba99631147"
 # --- end of generated block ---
 
 MANIFEST = {

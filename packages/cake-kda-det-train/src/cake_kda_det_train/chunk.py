@@ -23,6 +23,7 @@ from cake_kda_det_train.kernels.chunk_bwd import (
 from cake_kda_det_train.kernels.chunk_fwd import (
     kda_chunk_cumsum_kernel,
     kda_fwd_h_kernel,
+    kda_fwd_inv_kernel,
     kda_fwd_o_kernel,
     kda_fwd_pairs_kernel,
     kda_fwd_pairs_tok_kernel,
@@ -109,12 +110,19 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
                 WANT_AKK=not load_a, num_warps=TOK_WARPS)
     kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device) \
         if plan.rec_form == 2 else None
+    inv = bool(plan.inv_kernel) and pairs and not load_a
+    if inv:  # T in its own kernel (plan.inv_kernel), then loaded by the prep
+        kda_fwd_inv_kernel[(NC, HV)](
+            akks, beta, starts, ends, A, HV, PREC=cst["PREC"], BT=CHUNK_SIZE, BC=SUB_CHUNK,
+            LOG2_BT=CHUNK_SIZE.bit_length() - 1, LOG2_BC=SUB_CHUNK.bit_length() - 1,
+            MODE=plan.inv_kernel, INV_BLOCKED=bool(plan.inv_blocked),
+            num_warps=plan.num_warps_inv)
     kda_fwd_prep_kernel[(NC, HV)](
         q, k, v, g_cumsum if recompute or pairs else g, beta, starts, ends, g_cumsum, A, aqk,
         w, u, akks, kg if kg is not None else w,
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
-        BKI=plan.block_k_inner, LOAD_A=load_a, CUMSUM=not recompute and not pairs,
+        BKI=plan.block_k_inner, LOAD_A=load_a or inv, CUMSUM=not recompute and not pairs,
         DIAG_LOAD=plan.diag_load, PAIRS=pairs, STORE_KG=kg is not None,
         INV_BLOCKED=bool(plan.inv_blocked), LOG2_BC=SUB_CHUNK.bit_length() - 1,
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)

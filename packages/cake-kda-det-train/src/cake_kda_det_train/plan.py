@@ -25,32 +25,43 @@ _V9 = ("; version 9 added block_v_h, num_warps_dh and num_stages_dh (the state k
        "num_stages_h set before): also add block_v_h = <the plan's block_v>, num_warps_dh = "
        "<its num_warps_h> and num_stages_dh = <its num_stages_h>")
 
+#: The format-10 fields, added to each older version's upgrade.
+_V10 = ("; version 10 added inv_kernel and num_warps_inv (where the forward inverts I + A): "
+        "also add inv_kernel = 0 and num_warps_inv = 4 and set version = 10")
+
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
     3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
        "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag and dh_split, "
        "version 7 inv_blocked, version 8 keep_aqk; add pairs_diag = 0, num_warps_pairs = "
        "<the plan's num_warps_intra>, rec_form = 0, bwd_diag = 0, dh_split = 0, "
-       "inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9,
+       "inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and bits"
+       + _V9 + _V10,
     4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
        "version 6 bwd_diag and dh_split, version 7 inv_blocked, version 8 keep_aqk; add "
        "rec_form = 0, bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0 (and "
        "num_warps_pairs = <the plan's num_warps_intra> if absent: dicts written by early "
-       "format-4 code lack it) and set version = 9 for the same launches and bits" + _V9,
+       "format-4 code lack it) and set version = 9 for the same launches and bits"
+       + _V9 + _V10,
     5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
        "inside each sub-chunk) and dh_split (the dS kernel's state in two halves), version 7 "
        "inv_blocked, version 8 keep_aqk; add bwd_diag = 0, dh_split = 0, inv_blocked = 0 "
-       "and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9,
+       "and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9 + _V10,
     6: "version 7 added inv_blocked (how the chunk prep inverts I + A), version 8 keep_aqk; "
        "add inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and "
-       "bits" + _V9,
+       "bits" + _V9 + _V10,
     7: "version 8 added keep_aqk (the forward keeps each chunk's gated q k^T for the "
-       "backward); add keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9,
+       "backward); add keep_aqk = 0 and set version = 9 for the same launches and bits"
+       + _V9 + _V10,
     8: "version 9 added block_v_h (the V columns per program of the two state kernels; "
        "block_v keeps the output kernel's), num_warps_dh and num_stages_dh (the backward dS "
        "kernel's warps and stages; num_warps_h and num_stages_h keep the forward state "
        "kernel's); add block_v_h = <the plan's block_v>, num_warps_dh = <its num_warps_h> "
        "and num_stages_dh = <its num_stages_h> and set version = 9 for the same launches "
+       "and bits" + _V10,
+    9: "version 10 added inv_kernel (0: the forward's chunk prep inverts I + A, as before; "
+       "1, 2: a kernel of its own does) and num_warps_inv (that kernel's warps); add "
+       "inv_kernel = 0 and num_warps_inv = 4 and set version = 10 for the same launches "
        "and bits",
 }
 
@@ -198,10 +209,26 @@ class KDADetPlan(Plan):
             ``num_stages_h`` (session 20, H200, case a with ``rec_form = 2``: the forward
             state kernel 195 -> 179 us with 4 warps where the dS kernel went 312 -> 419; the
             output kernel 203 -> 164 us with 128 columns where the state kernels slowed).
+        inv_kernel: where the forward (and a backward that recomputes T, ``keep_a = 0``)
+            inverts ``I + A`` (used only with ``fwd_split = 1``: its input is the pairs
+            kernels' fp32 raw ``k k^T``; without it the prep forms A and inverts it itself).
+            0 = inside the chunk prep (``inv_blocked`` says how). 1 =
+            ``kda_fwd_inv_kernel``, one program per chunk and value head with
+            ``num_warps_inv`` warps, the prep's own whole-tile inverse (as ``inv_blocked``
+            says), T stored in A's dtype, then the prep loads it as the backward does: the
+            same bits as 0 (the same ops; under the interpreter, and on an H200 at case b
+            with 4 and 8 warps). 2 = the same kernel, FLA's ``solve_tril`` order: the four
+            16 x 16 diagonal blocks inverted apart (block doubling), then merged block by
+            block (``T_rc = -T_rr sum_{c <= m < r} A_rm T_mc``; 16 dots of 16^3 in place of
+            four of 64^3); other bits than 0 / 1 (same math). On an H200 at case b (session
+            21) the prep with the inverse took 913 us per forward; the inverse alone 218 us
+            (1, 4 warps), 117 us (2, 2 warps), and the prep without it 329 us (287 with 4
+            warps).
+        num_warps_inv: warps of ``kda_fwd_inv_kernel`` (``inv_kernel`` 1 or 2).
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 9
+    format_version: ClassVar[int] = 10
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -237,6 +264,8 @@ class KDADetPlan(Plan):
     block_v_h: int
     num_warps_dh: int
     num_stages_dh: int
+    inv_kernel: int
+    num_warps_inv: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -261,6 +290,7 @@ class KDADetPlan(Plan):
         if self.keep_aqk and not (self.keep_a and self.fwd_split):
             self._fail("keep_aqk=1 needs keep_a=1 and fwd_split=1 (Aqk kept beside T, formed "
                        "by the pairs kernels)")
+        self.require_in_range("inv_kernel", 0, 2)
         if self.dh_split and self.block_k < 32:
             self._fail("dh_split=1 needs block_k >= 32 (two halves of >= 16 key channels)")
         self.require_in_range("pairs_diag", 0, 2)
@@ -274,7 +304,7 @@ class KDADetPlan(Plan):
                        "and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                            "num_warps_l2norm", "num_warps_gate", "num_warps_intra",
-                           "num_warps_pairs", "num_warps_dh")
+                           "num_warps_pairs", "num_warps_dh", "num_warps_inv")
         self.require_mode(Mode.DET)
 
     @property
@@ -352,8 +382,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     CUDA ``block_v_bwd = min(32, V rounded up)``, 4
     warps (8 for the output kernel when ``block_k * block_v >= 8192``, for
     the backward chunk kernel when ``block_k >= 64``: sm_90 builds compiled offline spilled
-    2-4 KB per thread with 4 warps at K = V = 128; for the chunk prep when ``block_k >= 32``:
-    4 were built wrongly at K = 32 on an H200, see :func:`cuda_plan_problem`), 16-bit
+    2-4 KB per thread with 4 warps at K = V = 128; for the chunk prep when ``block_k >= 32``
+    with fp32 intermediates: 4 were built wrongly at K = 32 on an H200, see
+    :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
     V > 16, "tf32" for the fp32 solve then, "tf32x3" otherwise; under the interpreter the
     whole V in one block and ``fp32_dots=1``; ``fwd_split = 1``, ``bwd_split = 1``,
@@ -388,7 +419,12 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``keep_aqk = 1`` (the forward keeps Aqk beside T, as FLA does, and the backward skips
     its two pairs kernels: forward+backward 6.17 -> 5.81 ms at case a, 11.84 -> 11.06 ms
     at b on an H200, the same bits as 0 at both, every ``plan_configs.py`` configuration
-    with it matched float64 there, session 19).
+    with it matched float64 there, session 19); ``inv_kernel = 2`` with ``num_warps_inv =
+    2`` everywhere (the forward's T in its own kernel, 16 x 16 blocks merged: on an H200 at
+    case b the forward's prep 913 us -> inverse 116 + prep 292 us, fwd+bwd 10.51 -> 9.83 ms,
+    a 5.63 -> 5.22, c 21.30 -> 20.29 in the same call; 27 ``plan_configs.py``
+    configurations matched float64, session 21) and then ``num_warps_prep = 4`` with 16-bit
+    intermediates on CUDA (the prep without the inverse: 327 -> 291 us at b).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
@@ -437,7 +473,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         block_k_inner=min(block_k, 32 if cuda else 64),
         block_v=block_v,
         block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
-        num_warps_prep=8 if cuda and block_k >= 32 else 4,
+        # the prep without the inverse (inv_kernel): 4 warps with 16-bit intermediates
+        num_warps_prep=8 if cuda and block_k >= 32 and not wide else 4,
         num_warps_h=8 if big_h and not wide else 4,
         num_warps_o=8 if cuda and block_k * block_v >= 8192 else 4,
         num_warps_bwd=8 if cuda and block_k >= 64 else 4,
@@ -463,4 +500,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         block_v_h=block_v_h,
         num_warps_dh=8 if big_h else 4,
         num_stages_dh=2 if wide else 1,
+        inv_kernel=2,
+        num_warps_inv=2,
     )

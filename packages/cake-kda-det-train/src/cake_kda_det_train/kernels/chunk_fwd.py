@@ -143,6 +143,115 @@ def kda_fwd_prep_kernel(
 
 
 @triton.jit
+def _inv_block(AKKS, BETA, start, end, hv, HV, R: tl.constexpr, C: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr):
+    """Block (R, C) (``[BC, BC]``, R >= C) of ``A = M * beta_i akk`` (M: strictly lower,
+    rows inside the chunk), fp32."""
+    r = tl.arange(0, BC)
+    tok = start + R * BC + r
+    m = tok < end
+    a = tl.load(AKKS + tok[:, None] * (HV * BT) + hv * BT + C * BC + r[None, :],
+                mask=m[:, None], other=0.0)
+    b = tl.load(BETA + tok * HV + hv, mask=m, other=0.0).to(tl.float32)
+    keep = m[:, None]
+    if R == C:
+        keep = keep & (r[:, None] > r[None, :])
+    return tl.where(keep, b[:, None] * a, 0.0)
+
+
+@triton.jit
+def _inv_store(Ap, t, start, end, hv, HV, R: tl.constexpr, C: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr):
+    r = tl.arange(0, BC)
+    tok = start + R * BC + r
+    tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + C * BC + r[None, :],
+             t.to(Ap.dtype.element_ty), mask=(tok < end)[:, None])
+
+
+@triton.jit
+def kda_fwd_inv_kernel(
+    AKKS, BETA, CHUNK_START, CHUNK_END, Ap, HV,
+    PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, LOG2_BT: tl.constexpr,
+    LOG2_BC: tl.constexpr, MODE: tl.constexpr, INV_BLOCKED: tl.constexpr,
+):
+    """``plan.inv_kernel``: each chunk's T = (I + A)^-1 from the raw gated ``k k^T`` of the
+    pairs kernels (fp32 ``AKKS``, ``[B * T, HV, BT]``) and beta, stored in A's dtype to
+    ``Ap`` (one program per chunk and value head; grid: chunks, value heads); the prep then
+    loads it as the backward's does. ``MODE = 1``: the prep's own inverse, whole tile
+    (:func:`unit_lower_inverse_blocked` with ``INV_BLOCKED``, else
+    :func:`unit_lower_inverse`); ``MODE = 2``: the four ``[BC, BC]`` diagonal blocks
+    inverted apart (doubling), then merged block by block (``T_rc = -T_rr sum_{c <= m < r}
+    A_rm T_mc``, the merge of FLA's ``solve_tril``): 16 dots of ``BC^3`` after the blocks'
+    own, in place of the whole tile's four of ``BT^3``. Rows past the chunk's end are not
+    written; T's upper blocks are stored as zeros."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    if MODE == 1:
+        rows = tl.arange(0, BT)
+        tok = start + rows
+        tmask = tok < end
+        beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
+        akk = tl.load(AKKS + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                      mask=tmask[:, None], other=0.0)
+        lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
+        a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
+        if INV_BLOCKED:
+            tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, LOG2_BC)
+        else:
+            tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)
+        tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
+                 tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
+    else:
+        tl.static_assert(BT == 4 * BC, "MODE 2 merges four diagonal blocks")
+        t00 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 0, 0, BT, BC),
+                                 BC, LOG2_BC, PREC)
+        t11 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 1, 1, BT, BC),
+                                 BC, LOG2_BC, PREC)
+        t22 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 2, 2, BT, BC),
+                                 BC, LOG2_BC, PREC)
+        t33 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 3, 3, BT, BC),
+                                 BC, LOG2_BC, PREC)
+        a10 = _inv_block(AKKS, BETA, start, end, hv, HV, 1, 0, BT, BC)
+        a20 = _inv_block(AKKS, BETA, start, end, hv, HV, 2, 0, BT, BC)
+        a21 = _inv_block(AKKS, BETA, start, end, hv, HV, 2, 1, BT, BC)
+        a30 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 0, BT, BC)
+        a31 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 1, BT, BC)
+        a32 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 2, BT, BC)
+        t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC), input_precision=PREC)
+        t21 = -tl.dot(t22, tl.dot(a21, t11, input_precision=PREC), input_precision=PREC)
+        t32 = -tl.dot(t33, tl.dot(a32, t22, input_precision=PREC), input_precision=PREC)
+        s20 = tl.dot(a20, t00, input_precision=PREC)
+        s20 = tl.dot(a21, t10, s20, input_precision=PREC)
+        t20 = -tl.dot(t22, s20, input_precision=PREC)
+        s31 = tl.dot(a31, t11, input_precision=PREC)
+        s31 = tl.dot(a32, t21, s31, input_precision=PREC)
+        t31 = -tl.dot(t33, s31, input_precision=PREC)
+        s30 = tl.dot(a30, t00, input_precision=PREC)
+        s30 = tl.dot(a31, t10, s30, input_precision=PREC)
+        s30 = tl.dot(a32, t20, s30, input_precision=PREC)
+        t30 = -tl.dot(t33, s30, input_precision=PREC)
+        z = tl.zeros([BC, BC], dtype=tl.float32)
+        _inv_store(Ap, t00, start, end, hv, HV, 0, 0, BT, BC)
+        _inv_store(Ap, z, start, end, hv, HV, 0, 1, BT, BC)
+        _inv_store(Ap, z, start, end, hv, HV, 0, 2, BT, BC)
+        _inv_store(Ap, z, start, end, hv, HV, 0, 3, BT, BC)
+        _inv_store(Ap, t10, start, end, hv, HV, 1, 0, BT, BC)
+        _inv_store(Ap, t11, start, end, hv, HV, 1, 1, BT, BC)
+        _inv_store(Ap, z, start, end, hv, HV, 1, 2, BT, BC)
+        _inv_store(Ap, z, start, end, hv, HV, 1, 3, BT, BC)
+        _inv_store(Ap, t20, start, end, hv, HV, 2, 0, BT, BC)
+        _inv_store(Ap, t21, start, end, hv, HV, 2, 1, BT, BC)
+        _inv_store(Ap, t22, start, end, hv, HV, 2, 2, BT, BC)
+        _inv_store(Ap, z, start, end, hv, HV, 2, 3, BT, BC)
+        _inv_store(Ap, t30, start, end, hv, HV, 3, 0, BT, BC)
+        _inv_store(Ap, t31, start, end, hv, HV, 3, 1, BT, BC)
+        _inv_store(Ap, t32, start, end, hv, HV, 3, 2, BT, BC)
+        _inv_store(Ap, t33, start, end, hv, HV, 3, 3, BT, BC)
+
+
+@triton.jit
 def kda_fwd_h_kernel(
     Kp, W, U, GCUM, CU, CHUNK_OFF, H0, HBUF, VNEW, HT,
     H, HV, GROUP, KD, VD,
