@@ -3,7 +3,8 @@
     python shared/gpu/host_time.py a,b,c [PROFILE_CASE]
 
 Per case: the host time per call of 20 forward (then backward) calls not waited for, and
-the wall time per call once the GPU has finished them; with PROFILE_CASE, a cProfile of
+the wall time per call once the GPU has finished them; the host time from a forward's entry
+to its first kernel launch (median of 20 calls on an idle GPU); with PROFILE_CASE, a cProfile of
 20 calls at that case (by own time). The event-timed rows of the benchmark wait for the
 host before the first launch of each call: this tells how much of them is host work.
 """
@@ -32,6 +33,35 @@ def per_call_ms(f, n=20):
     return host, (time.perf_counter() - t) / n * 1e3
 
 
+def first_launch_us(f, n=20):
+    """Median host time (us) from a forward's entry to its first chunk kernel's launch (the
+    cumsum kernel, the first with the default options), each call on an idle GPU: what the
+    benchmark's event-timed forward waits before the GPU starts. Unprofiled."""
+    import cake_kda_det_train.chunk as chunk
+
+    real = chunk.kda_chunk_cumsum_kernel
+    marks = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                marks.append(time.perf_counter())
+                return real[grid](*a, **k)
+            return launch
+
+    chunk.kda_chunk_cumsum_kernel = Spy()
+    try:
+        took = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            f()
+            took.append(marks[-1] - t)
+    finally:
+        chunk.kda_chunk_cumsum_kernel = real
+    return sorted(took)[n // 2] * 1e6
+
+
 def main(case, profile):
     c = b.make_case(**b.CASES[case])
     fn = b.cake_fn({})
@@ -43,7 +73,9 @@ def main(case, profile):
              "bwd": lambda: torch.autograd.backward(outs, [c["do"], c["dht"]],
                                                     retain_graph=True)}
     print(case, " ".join("{} host/wall ms {:.3f} {:.3f}".format(n, *per_call_ms(f))
-                         for n, f in calls.items()), flush=True)
+                         for n, f in calls.items()),
+          "fwd entry->first launch host us {:.0f}".format(first_launch_us(calls["fwd"])),
+          flush=True)
     for name, f in calls.items() if profile else ():
         pr = cProfile.Profile()
         pr.enable()

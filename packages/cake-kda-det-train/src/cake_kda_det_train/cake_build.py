@@ -77,7 +77,7 @@ PLANS = [
                 "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0355e02f33464f7b1057db2bf538eaaf861ac125c5c07f0cfe1617ba99631147"
+SOURCE_DIGEST = "sha256:df7a305501ac54c7b203d25cb8d7a371362da3ff57fb26dec390e2b4d794a4d7"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -78,7 +78,8 @@ def _consts(plan: KDADetPlan, dtype: torch.dtype) -> dict:
 def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
                     scratch, load_a: bool, recompute: bool, aqk_kept: bool = False):
     """Chunk prep (G, T, w, u, Aqk) and the state recurrence (h, v_new, final state). With
-    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``. With
+    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``; so it is
+    with ``plan.fwd_split`` in the forward, whose caller formed G first (the cumsum kernel). With
     ``aqk_kept`` (the backward, ``load_a``, ``plan.keep_aqk``) scratch's aqk is the
     forward's Aqk: neither pairs kernel runs. Returns kg ``[B * T, HV, K]`` (k exp(G_last -
     G) in the intermediates' dtype, a scratch of this call, not of the workspace) with
@@ -91,11 +92,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
     cst = _consts(plan, q.dtype)
     pairs = bool(plan.fwd_split)
     akks = g_cumsum  # a placeholder pointer unless the pairs kernel fills an A scratch
-    if pairs and not aqk_kept:  # G, then the pair products per sub-chunk, then the prep
-        if not recompute:
-            kda_chunk_cumsum_kernel[(NC, HV)](
-                g, g_cumsum, starts, ends, HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
-                num_warps=plan.num_warps_intra)
+    if pairs and not aqk_kept:  # the pair products per sub-chunk (G formed), then the prep
         if not load_a:
             akks = torch.empty((B * T, HV, CHUNK_SIZE), dtype=torch.float32, device=q.device)
         kda_fwd_pairs_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
@@ -165,8 +162,12 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     dev = q.device
     idt = inter_dtype(plan, q.dtype)
     NC = tabs[4]
-    o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     g_cumsum = torch.empty((NT, HV, K), dtype=torch.float32, device=dev)
+    if NC and plan.fwd_split:  # G first: the GPU starts before the host's other allocations
+        kda_chunk_cumsum_kernel[(NC, HV)](
+            g, g_cumsum, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
+            num_warps=plan.num_warps_intra)
+    o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     # with keep_aqk: T and Aqk stacked, both returned (KDADetPlan.keep_aqk)
     A = torch.empty(kept_a_shape(plan, NT, HV), dtype=idt, device=dev)
     ht = torch.empty((N, HV, K, V), dtype=torch.float32, device=dev) \
