@@ -97,7 +97,18 @@ CONFIGS = {
                       "128 100 bfloat16 block_v_h=32 lens=1,70,0,65",
                       "128 64 float16 block_v_h=32",
                       "128 128 bfloat16 block_v_h=32 keep_states=1 lens=1,70,0,65"],
-    "kda": _COMMON + ["128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
+    "kda": _COMMON + [
+                      # format 10 (session 21, H200: all right): inv_kernel = 2 is the rule
+                      # (every configuration runs it); 1, its warps, chunks cut inside each
+                      # 16-row block (1/81/33/49), T recomputed
+                      "128 128 bfloat16 inv_kernel=1", "128 128 bfloat16 num_warps_inv=1",
+                      "128 128 bfloat16 num_warps_inv=4", "64 64 bfloat16 lens=1,81,33,49",
+                      "128 128 bfloat16 lens=1,81,33,49",
+                      "128 128 float32 inv_kernel=1 lens=1,70,0,65",
+                      "48 32 float32 keep_a=0 lens=1,70,0,65",
+                      "128 128 float16 keep_a=0 lens=1,81,33,49",
+                      "128 128 bfloat16 inv_kernel=0",
+                      "128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",
                       "48 32 float32 lens=1,70,0,65", "100 100 bfloat16 lens=1,70,0,65",

@@ -83,7 +83,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:8b4008646ffc73b59e7615d851203316061f6f41228dfcf9098ebfe7d20727ba"
+SOURCE_DIGEST = "sha256:9ba3f5f48a50d97bda979ee9dac4ac6c998ee049cff9813edd64fc28a3759194"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

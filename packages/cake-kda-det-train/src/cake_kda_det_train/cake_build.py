@@ -77,7 +77,7 @@ PLANS = [
                 "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:df7a305501ac54c7b203d25cb8d7a371362da3ff57fb26dec390e2b4d794a4d7"
+SOURCE_DIGEST = "sha256:bb8be68f4b6c6fd1ecd8d5dc6425e1745ac61611480ca26b9f7cf105cb8e47d1"
 # --- end of generated block ---
 
 MANIFEST = {

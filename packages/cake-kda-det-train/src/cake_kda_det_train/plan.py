@@ -26,8 +26,9 @@ _V9 = ("; version 9 added block_v_h, num_warps_dh and num_stages_dh (the state k
        "<its num_warps_h> and num_stages_dh = <its num_stages_h>")
 
 #: The format-10 fields, added to each older version's upgrade.
-_V10 = ("; version 10 added inv_kernel and num_warps_inv (where the forward inverts I + A): "
-        "also add inv_kernel = 0 and num_warps_inv = 4 and set version = 10")
+_V10 = ("; then (format 10, which added inv_kernel and num_warps_inv: where the forward "
+        "inverts I + A) add inv_kernel = 0 and num_warps_inv = 4 and set version = 10 "
+        "instead")
 
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
@@ -180,7 +181,8 @@ class KDADetPlan(Plan):
             the serial loop; needs ``block_k >= 32``. Same recurrence; other bits than 0
             (du summed over the halves in two dots). Right on an H200 but 6% slower
             (session 17).
-        inv_blocked: how the forward's chunk prep inverts ``I + A`` (64 x 64, unit lower
+        inv_blocked: how the forward's chunk prep (or ``kda_fwd_inv_kernel`` with
+            ``inv_kernel = 1``; unused with 2) inverts ``I + A`` (64 x 64, unit lower
             triangular; the backward loads the kept T when ``keep_a``). 0 =
             :func:`cake_core.triangular.unit_lower_inverse`, 6 block-doubling steps of two
             64^3 dots (the rule's until session 18). 1 =
@@ -215,15 +217,16 @@ class KDADetPlan(Plan):
             0 = inside the chunk prep (``inv_blocked`` says how). 1 =
             ``kda_fwd_inv_kernel``, one program per chunk and value head with
             ``num_warps_inv`` warps, the prep's own whole-tile inverse (as ``inv_blocked``
-            says), T stored in A's dtype, then the prep loads it as the backward does: the
-            same bits as 0 (the same ops; under the interpreter, and on an H200 at case b
-            with 4 and 8 warps). 2 = the same kernel, FLA's ``solve_tril`` order: the four
+            says), T rounded and stored in A's dtype as the prep does, then the prep loads
+            it as the backward does: the same bits as 0 (the same ops; under the
+            interpreter, and on an H200 at case b with 4 and 8 warps, session 21). 2 = the
+            same kernel, FLA's ``solve_tril`` order: the four
             16 x 16 diagonal blocks inverted apart (block doubling), then merged block by
             block (``T_rc = -T_rr sum_{c <= m < r} A_rm T_mc``; 16 dots of 16^3 in place of
             four of 64^3); other bits than 0 / 1 (same math). On an H200 at case b (session
             21) the prep with the inverse took 913 us per forward; the inverse alone 218 us
-            (1, 4 warps), 117 us (2, 2 warps), and the prep without it 329 us (287 with 4
-            warps).
+            (1, 4 warps), 116-117 us (2, 2 warps), and the prep without it 327-329 us (287-292
+            with 4 warps; two calls).
         num_warps_inv: warps of ``kda_fwd_inv_kernel`` (``inv_kernel`` 1 or 2).
     """
 
@@ -424,7 +427,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     case b the forward's prep 913 us -> inverse 116 + prep 292 us, fwd+bwd 10.51 -> 9.83 ms,
     a 5.63 -> 5.22, c 21.30 -> 20.29 in the same call; 27 ``plan_configs.py``
     configurations matched float64, session 21) and then ``num_warps_prep = 4`` with 16-bit
-    intermediates on CUDA (the prep without the inverse: 327 -> 291 us at b).
+    intermediates on CUDA (the prep without the inverse: 327 -> 292 us at b, call 4; 329 ->
+    287 in call 3; with ``inv_kernel = 0`` 4 prep warps were float64-right at K = V = 128
+    bf16 in earlier sessions' ``plan_configs.py`` runs).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.

@@ -12,7 +12,9 @@ pair products from :mod:`cake_kda_det_train.kernels.gated` (``M`` strictly lower
     S1  = exp(G_last) * S0 + (k * exp(G_last - G))^T v_new
 
 ``kda_fwd_prep_kernel`` (one program per chunk and value head) computes G (or, in the
-backward's recompute, loads the forward's), T (or loads the forward's), w, u and Aqk,
+backward's recompute, loads the forward's), T (or loads it: the forward's kept T in the
+backward, or with ``plan.inv_kernel`` the T that ``kda_fwd_inv_kernel`` just formed from
+the pairs kernels' raw k k^T), w, u and Aqk,
 taking the key channels in blocks of ``BKI`` (the pair products summed over the blocks in
 index order; small blocks keep registers and shared memory bounded at K = 128);
 with ``plan.rec_form = 2`` it also stores kg = k exp(G_last - G) (kernels/rec_op.py);
@@ -97,7 +99,7 @@ def kda_fwd_prep_kernel(
                 aqk += gated_pair(qb, kb, gc, DT, PREC, BT, BC, BKI, True)
 
     a_ptr = Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :]
-    if LOAD_A:  # the backward, with the T its forward kept
+    if LOAD_A:  # the backward with the T its forward kept, or T of kda_fwd_inv_kernel
         tm = tl.load(a_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
     else:
         if PAIRS:  # the raw gated k k^T of kda_fwd_pairs_kernel (fp32 scratch)
@@ -201,6 +203,8 @@ def kda_fwd_inv_kernel(
             tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, LOG2_BC)
         else:
             tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)
+        # rounded as the prep rounds its T (twice: the same ops, the same bits)
+        tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
         tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
                  tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
     else:
