@@ -54,6 +54,7 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dg_cumsum_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_g"},
+        {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_t"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
@@ -83,7 +84,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:9ba3f5f48a50d97bda979ee9dac4ac6c998ee049cff9813edd64fc28a3759194"
+SOURCE_DIGEST = "sha256:f4f4cd87e3d9189a1ce3dffa086b30c7d40904be5accb9ed6799ebde23822f5e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

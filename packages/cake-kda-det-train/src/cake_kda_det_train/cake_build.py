@@ -42,6 +42,7 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_tok_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dg_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_g"},
+    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_t"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
@@ -77,7 +78,7 @@ PLANS = [
                 "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bb8be68f4b6c6fd1ecd8d5dc6425e1745ac61611480ca26b9f7cf105cb8e47d1"
+SOURCE_DIGEST = "sha256:be959b46f228d3d82800a1ac3376ec8471fb00199cc9d9bdf5f14745c0600168"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -49,6 +49,25 @@ def _chunk_g(Gp, GCUM, g_off, kmask, tmask, last_off, ck, KD, CUMSUM: tl.constex
 
 
 @triton.jit
+def _chunk_t(akk, beta, rows, tmask, Ap, BT: tl.constexpr, LOG2_BT: tl.constexpr,
+             PREC: tl.constexpr, BC: tl.constexpr, LOG2_BC: tl.constexpr,
+             INV_BLOCKED: tl.constexpr):
+    """One chunk's whole-tile T = (I + A)^-1, A = M * beta_i akk (``akk`` the raw gated
+    ``k k^T`` ``[BT, BT]`` fp32; M strictly lower, rows inside the chunk), with the 16 x 16
+    diagonal blocks apart first when ``INV_BLOCKED`` (plan.inv_blocked); rounded to A's
+    dtype (``Ap``'s) and back before use, so a backward that loads the kept T computes w
+    and u from the same values as one that recomputes it. The prep's inverse and
+    ``kda_fwd_inv_kernel``'s mode 1 (the same ops, the same bits)."""
+    lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
+    a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
+    if INV_BLOCKED:
+        tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, LOG2_BC)
+    else:
+        tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)
+    return tm.to(Ap.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
 def kda_fwd_prep_kernel(
     Qp, Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
     GCUM, Ap, AQK, W, U, AKKS, KG,
@@ -105,15 +124,7 @@ def kda_fwd_prep_kernel(
         if PAIRS:  # the raw gated k k^T of kda_fwd_pairs_kernel (fp32 scratch)
             akk = tl.load(AKKS + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
                           mask=tmask[:, None], other=0.0)
-        lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
-        a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
-        if INV_BLOCKED:  # the 16 x 16 diagonal blocks apart first (plan.inv_blocked)
-            tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, LOG2_BC)
-        else:
-            tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)  # T = (I + a_raw)^-1
-        # rounded to A's dtype before use: a backward that loads the kept T computes w and
-        # u from the same values as one that recomputes it
-        tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
+        tm = _chunk_t(akk, beta, rows, tmask, Ap, BT, LOG2_BT, PREC, BC, LOG2_BC, INV_BLOCKED)
         tl.store(a_ptr, tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
     if not PAIRS:
         tl.store(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
@@ -197,14 +208,7 @@ def kda_fwd_inv_kernel(
         beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
         akk = tl.load(AKKS + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
                       mask=tmask[:, None], other=0.0)
-        lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
-        a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
-        if INV_BLOCKED:
-            tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, LOG2_BC)
-        else:
-            tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)
-        # rounded as the prep rounds its T (twice: the same ops, the same bits)
-        tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
+        tm = _chunk_t(akk, beta, rows, tmask, Ap, BT, LOG2_BT, PREC, BC, LOG2_BC, INV_BLOCKED)
         tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
                  tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
     else:
