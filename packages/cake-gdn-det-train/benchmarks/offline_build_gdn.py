@@ -161,7 +161,7 @@ def main():
                          *build(gdn_bwd_local_wy_kernel, {**t, "DZ": f32}, c,
                                 plan.num_warps_local)))
             t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
-            t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32)
+            t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32, DKO=f32)
             rows.append(("bwd_local_dk", plan.num_warps_o,
                          *build(gdn_bwd_local_dk_kernel, t, dict(base, BK=bk),
                                 plan.num_warps_o)))

@@ -378,3 +378,41 @@ def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
                                   max_tokens=70)
     with pytest.raises(ValueError, match="workspace"):
         chunk_gdn_det_fwd(q, k, v, g, beta, plan=base, workspace=ws)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("l2", [False, True], ids=["plain", "l2norm"])
+def test_one_value_head_per_qk_head_stores_dq_dk_in_place_of_the_cast(dtype, l2, gdn_inputs,
+                                                                      monkeypatch):
+    """H = HV with ``local_form = 1`` and no L2 norm: the split local kernels store dq and
+    dk in q's dtype themselves (no value-head sum, no cast pass; fp32 under the interpreter
+    for bf16, cast by torch). The same bits as the fp32 buffers cast afterwards (the cast
+    pass skipped is checked), and float64 parity; with the L2 norm the fp32 path runs."""
+    from cake_gdn_det_train import api
+
+    K, V = 64, 48
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), local_form=1, block_k_local=32,
+                               block_v_local=32)
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 2, 2, K, V, dtype, seed=77,
+                                      n_states=len(LENS), h0=True)
+    cu = _cu(LENS)
+    do = randn(v.shape, dtype, DEV, seed=78)
+    dht = randn(h0.shape, torch.float32, DEV, seed=79)
+    kw = dict(cu_seqlens=cu, plan=plan, use_qk_l2norm_in_kernel=l2)
+    sums = []
+    real_sum = api.group_sum_cast
+    monkeypatch.setattr(api, "group_sum_cast", lambda *a, **k: sums.append(1) or real_sum(*a, **k))
+    got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
+    assert len(sums) == (2 if l2 else 0)
+    assert got[2].dtype == got[3].dtype == dtype
+    # the same call with the fp32 buffers, cast after the kernels
+    monkeypatch.setattr(api, "direct_store_dtype", lambda dt: torch.float32)
+    cast_after = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
+    for i, (a, b) in enumerate(zip(got, cast_after, strict=True)):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"output {i}"
+    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                  dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
+    for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
+                          strict=True):
+        assert_close_to_reference(a, b, dtype, name)

@@ -187,6 +187,7 @@ def main():
                      *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
         if plan.bwd_diag:
             c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=TOK_HEADS)
+            it = dict(it, DQO="*bf16", DKO="*bf16")  # one value head per q/k head
             rows.append(("bwd intra tok", TOK_WARPS,
                          *build(kda_bwd_intra_tok_kernel, it, c, TOK_WARPS)))
     _report(over, rows)

@@ -82,3 +82,42 @@ def test_bwd_diag_field_serialised_and_checked():
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="bwd_diag"):
             dataclasses.replace(plan, bwd_diag=bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("l2", [False, True], ids=["plain", "l2norm"])
+def test_one_value_head_per_qk_head_stores_dq_dk_in_place_of_the_cast(dtype, l2, kda,
+                                                                      monkeypatch):
+    """H = HV (bwd_split = bwd_diag = 1): the token-parallel kernel, the last to add to dq
+    and dk, stores them in the gradients' dtype itself (no value-head sum, no cast pass;
+    fp32 under the interpreter for bf16, cast by torch; fp32 before the L2 norm's
+    backward). The same bits as the fp32 buffers cast afterwards (the skipped pass checked)
+    and float64 parity."""
+    from cake_kda_det_train import chunk as chunk_mod
+    from cake_kda_det_train import chunk_kda_det
+
+    K, V = 24, 16
+    plan = kda.variant_plan(_plan, K, V, dtype, dict(block_k_inner=16))
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 2, 2, K, V, dtype, seed=101,
+                                               g_mode="strong", n_states=len(LENS), h0=True,
+                                               normalize_k=not l2)
+    cu = kda.cu_of(LENS)
+    do = randn(v.shape, dtype, DEV, seed=102)
+    dht = randn(h0.shape, torch.float32, DEV, seed=103)
+    kw = dict(cu_seqlens=cu, plan=plan, use_qk_l2norm_in_kernel=l2)
+    sums = []
+    real_sum = chunk_mod.group_sum_cast
+    monkeypatch.setattr(chunk_mod, "group_sum_cast",
+                        lambda *a, **k: sums.append(1) or real_sum(*a, **k))
+    o, ht, got = kda.run_autograd(chunk_kda_det, (q, k, v, g, beta), (h0, None, None), do,
+                                  dht, **kw)
+    assert not sums  # the token-parallel kernel ran and stored dq, dk
+    assert got[0].dtype == got[1].dtype == dtype
+    monkeypatch.setattr(chunk_mod, "direct_store_dtype", lambda dt: torch.float32)
+    o2, ht2, cast_after = kda.run_autograd(chunk_kda_det, (q, k, v, g, beta), (h0, None, None),
+                                           do, dht, **kw)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    for i, (a, b) in enumerate(zip(got, cast_after, strict=True)):
+        assert (a is None) == (b is None), i
+        assert a is None or (a.dtype == b.dtype and torch.equal(a, b)), f"gradient {i}"
+    kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=101, **kw)

@@ -75,7 +75,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:14f4462b0b6ce55c6fc1405de9de9474434b199503e835fa9b5547c50d4bae4b"
+SOURCE_DIGEST = "sha256:0cd5f2ecb33dc5b935a05cbecfee19795a09eefa34c54cb247908e43ade2efbe"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -347,10 +347,13 @@ def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: 
 
 
 def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
-                 dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan):
+                 dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
+                 dk_out):
     """``plan.local_form = 1``: the chunk-local gradients in two kernels
     (kernels/bwd_local_split.py) through an fp32 ``[NT, HV, 64]`` scratch of the
-    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need."""
+    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need. ``dq_hv``: fp32
+    or q's dtype; ``dk_hv``: the fp32 partial dk; ``dk_out``: where the final dk goes
+    (``dk_hv`` itself, or a tensor of k's dtype)."""
     NT = dq_hv.shape[0]
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
@@ -361,7 +364,7 @@ def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, d
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=cdiv(K, BK),
         BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
     gdn_bwd_local_dk_kernel[(NC, HV, cdiv(K, BK))](
-        kn, dt[0], dt[1], dz, dk_hv,
+        kn, dt[0], dt[1], dz, dk_hv, dk_out,
         H, HV, HV // H, K,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, num_warps=plan.num_warps_o)
 
@@ -387,8 +390,16 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     else:
         qn, kn = q, k
     # every token lies in a chunk, so the local kernel writes every row of these
-    dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
+    # with one value head per q/k head (and no L2 norm backward after), the split local
+    # kernels store dq and dk in q's dtype themselves: no value-head sum, no cast pass (an
+    # H200, 2026-12-02: group_sum_cast took 2 x 94 us of case b's backward). The same bits:
+    # a sum of one term is the term, and both casts round to nearest even (under the
+    # interpreter bf16 stays fp32 and torch casts, as group_sum_cast does there)
+    direct = HV == H and not saved.use_qk_l2norm and bool(plan.local_form)
+    gdt = direct_store_dtype(q.dtype) if direct else f32
+    dq_hv = torch.empty((NT, HV, K), dtype=gdt, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
+    dk_out = torch.empty((NT, HV, K), dtype=gdt, device=dev) if gdt != f32 else dk_hv
     # dv is stored once, so the kernel writes v's dtype (rounded to nearest even; under the
     # interpreter, whose bf16 cast truncates, fp32 here and cast by torch below)
     dv = torch.empty((NT, HV, V), dtype=direct_store_dtype(v.dtype), device=dev)
@@ -446,7 +457,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             num_stages=plan.num_stages_h)
         if plan.local_form:
             _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
-                         dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan)
+                         dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan,
+                         dk_out)
         else:
             gdn_bwd_local_kernel[(NC, HV)](
                 qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
@@ -460,9 +472,12 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
                                  plan)
     # the fixed-order sum over each q/k head's value heads, fused with the cast (fp32 when the
     # L2 norm's backward follows)
-    gdt = f32 if saved.use_qk_l2norm else q.dtype
-    dq = group_sum_cast(dq_hv, H, gdt).view(B, T, H, K)
-    dk = group_sum_cast(dk_hv, H, gdt).view(B, T, H, K)
+    if direct:  # stored by the kernels (fp32 only under the interpreter: cast by .to below)
+        dq, dk = dq_hv.view(B, T, H, K), dk_out.view(B, T, H, K)
+    else:
+        gdt = f32 if saved.use_qk_l2norm else q.dtype
+        dq = group_sum_cast(dq_hv, H, gdt).view(B, T, H, K)
+        dk = group_sum_cast(dk_hv, H, gdt).view(B, T, H, K)
     if saved.use_qk_l2norm:
         dq = l2norm_bwd(q, saved.q_rstd, dq)
         dk = l2norm_bwd(k, saved.k_rstd, dk)

@@ -64,7 +64,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:050cf05ba2c10328321173e7d3da36703c80e0973350dc16edca9a32959226f5"
+SOURCE_DIGEST = "sha256:809a58d618b5873b96268f8350585559424c68dbb20979ebaf30688b54abb2d9"
 # --- end of generated block ---
 
 MANIFEST = {

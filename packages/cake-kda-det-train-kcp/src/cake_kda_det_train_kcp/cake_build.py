@@ -84,7 +84,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:f4f4cd87e3d9189a1ce3dffa086b30c7d40904be5accb9ed6799ebde23822f5e"
+SOURCE_DIGEST = "sha256:ec418379673949a943280c91ff2da0c3b6194798700389dbb8ee9672f0993ac8"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

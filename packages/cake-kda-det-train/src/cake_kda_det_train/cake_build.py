@@ -78,7 +78,7 @@ PLANS = [
                 "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:be959b46f228d3d82800a1ac3376ec8471fb00199cc9d9bdf5f14745c0600168"
+SOURCE_DIGEST = "sha256:c0cfad03ad42792e0f2610f4c0a0cef38da0fe4feeeef5f032d293fcc57b001d"
 # --- end of generated block ---
 
 MANIFEST = {

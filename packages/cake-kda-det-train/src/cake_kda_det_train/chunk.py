@@ -225,6 +225,16 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     NC = tabs[4]
     dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
+    # with one value head per q/k head, the token-parallel kernel (the last to add to dq and
+    # dk) stores them in grad_dtype itself: no value-head sum, no cast pass (an H200,
+    # 2026-12-02: GDN's two such passes took 2 x 94 us at its case b). The same bits: a sum
+    # of one term is the term and both casts round to nearest even (under the interpreter
+    # bf16 stays fp32 and torch casts, as group_sum_cast does there)
+    direct = HV == H and bool(plan.bwd_split) and bool(plan.bwd_diag)
+    odt = direct_store_dtype(grad_dtype) if direct else f32
+    dq_out, dk_out = (dq_hv, dk_hv) if odt == f32 else (
+        torch.empty((NT, HV, K), dtype=odt, device=dev),
+        torch.empty((NT, HV, K), dtype=odt, device=dev))
     # stored once: the kernel writes v's dtype (fp32 under the interpreter for bf16, whose
     # in-kernel bf16 cast truncates; the caller's cast rounds to nearest even)
     dv = torch.empty((B, T, HV, V), dtype=direct_store_dtype(v.dtype), device=dev)
@@ -293,12 +303,16 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             if plan.bwd_diag:  # the terms inside each sub-chunk, token-parallel
                 kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, (HV + TOK_HEADS - 1) // TOK_HEADS)](
                     q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
-                    H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
+                    dq_out, dk_out, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
                     BKF=next_power_of_2(max(16, K)), BH=TOK_HEADS, num_warps=TOK_WARPS)
             kda_bwd_dg_cumsum_kernel[(NC, HV)](
                 dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
                 num_warps=plan.num_warps_intra)
     # the fixed-order sum over each q/k head's value heads, fused with the cast to grad_dtype
-    dq = group_sum_cast(dq_hv, H, grad_dtype).view(B, T, H, K)
-    dk = group_sum_cast(dk_hv, H, grad_dtype).view(B, T, H, K)
+    if direct:  # stored by the token-parallel kernel (fp32 under the interpreter: cast here)
+        dq = dq_out.view(B, T, H, K).to(grad_dtype)
+        dk = dk_out.view(B, T, H, K).to(grad_dtype)
+    else:
+        dq = group_sum_cast(dq_hv, H, grad_dtype).view(B, T, H, K)
+        dk = group_sum_cast(dk_hv, H, grad_dtype).view(B, T, H, K)
     return dq, dk, dv, dg, dbeta, dh0

@@ -23,8 +23,10 @@ Tiles are addressed from scalar int64 bases of the chunk's rows with int32 in-ch
 offsets (per-element int64 addresses cost registers and spills).
 
 ``gdn_bwd_local_dk_kernel``, one program per (chunk, value head, K block):
-dk += z k + z^T k on the stored part (a read-modify-write of rows the program owns,
-after the first kernel: a fixed order).
+dk += z k + z^T k on the stored part (a read of rows the program owns, after the first
+kernel: a fixed order), stored to ``DKO``: ``DK`` itself (fp32, in place) or, with one
+value head per q/k head, a tensor of k's dtype (the cast the value-head sum would make,
+rounded as it rounds). ``DQ`` likewise is fp32 or q's dtype (dq is stored once).
 
 No atomics; each program writes only its own rows. Other summation order than
 ``local_form = 0`` (K in blocks, dq / dk terms in another order): other bits, fixed per
@@ -158,7 +160,7 @@ def gdn_bwd_local_wy_kernel(
         dbk = tl.dot(tm_t, dw, dbk, input_precision=PREC)
         kdbk += tl.sum(kb * dbk, axis=1)
         o_off = rows[:, None] * (HV * KD) + ck[None, :]
-        tl.store(DQ + o_off, dq, mask=kmask)
+        tl.store(DQ + o_off, dq.to(DQ.dtype.element_ty), mask=kmask)  # once: fp32 or q's
         dk = lam[:, None] * vds + dbk * bgk[:, None]
         dk = tl.dot(tl.trans(dpd), qb.to(DT), dk, input_precision=PREC)
         tl.store(DK + o_off, dk, mask=kmask)
@@ -201,7 +203,7 @@ def gdn_bwd_local_wy_kernel(
 
 @triton.jit
 def gdn_bwd_local_dk_kernel(
-    Kp, CHUNK_START, CHUNK_END, DZ, DK,
+    Kp, CHUNK_START, CHUNK_END, DZ, DK, DKO,
     H, HV, GROUP, KD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
 ):
@@ -225,4 +227,7 @@ def gdn_bwd_local_dk_kernel(
     dk = tl.load(dkp, mask=kmask, other=0.0)
     dk = tl.dot(z, kb, dk, input_precision=PREC)
     dk = tl.dot(tl.trans(z), kb, dk, input_precision=PREC)
-    tl.store(dkp, dk, mask=kmask)
+    # DKO: DK itself (fp32, in place), or k's dtype (one value head per q/k head: the cast
+    # the value-head sum would do, fused here)
+    dko = DKO + start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :]
+    tl.store(dko, dk.to(DKO.dtype.element_ty), mask=kmask)

@@ -465,7 +465,7 @@ def kda_bwd_intra_kernel(
 
 @triton.jit
 def kda_bwd_intra_tok_kernel(
-    Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA,
+    Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA, DQO, DKO,
     H, HV, GROUP, KD,
     BT: tl.constexpr, BC: tl.constexpr, BKF: tl.constexpr, BH: tl.constexpr,
 ):
@@ -479,7 +479,10 @@ def kda_bwd_intra_tok_kernel(
     j <= i; ``dk_col += P[j, i] beta_j k_j exp(G_j - G_i)`` and
     ``dk_colq += Q[j, i] q_j exp(G_j - G_i)`` for j >= i. Then row i gets dq += dq_row,
     dk += x beta_i + dk_col + dk_colq, dG += q_i dq_row + k_i x beta_i - k_i (dk_col +
-    dk_colq), dbeta += sum_c k_i x (read, added, stored: each row by one program)."""
+    dk_colq), dbeta += sum_c k_i x (read, added, stored: each row by one program).
+    The last writer of dq and dk: they go to ``DQO`` / ``DKO``, either ``DQ`` / ``DK``
+    themselves (fp32, in place) or, with one value head per q/k head, tensors of the
+    gradients' dtype (the cast the value-head sum would make, rounded as it rounds)."""
     c = tl.program_id(0) // BT
     r = tl.program_id(0) % BT
     start = tl.load(CHUNK_START + c).to(tl.int64)
@@ -531,8 +534,8 @@ def kda_bwd_intra_tok_kernel(
         dk = tl.load(DK + row, mask=m, other=0.0) + dk_row + dk_col + dk_colq
         dgc = tl.load(DG + row, mask=m, other=0.0) + q_i * dq_row + k_i * dk_row \
             - k_i * (dk_col + dk_colq)
-        tl.store(DQ + row, dq, mask=m)
-        tl.store(DK + row, dk, mask=m)
+        tl.store(DQO + row, dq.to(DQO.dtype.element_ty), mask=m)
+        tl.store(DKO + row, dk.to(DKO.dtype.element_ty), mask=m)
         tl.store(DG + row, dgc, mask=m)
         db = tl.load(DBETA + i_tok * HV + hv, mask=hmask, other=0.0) + tl.sum(k_i * x, axis=1)
         tl.store(DBETA + i_tok * HV + hv, db, mask=hmask)
