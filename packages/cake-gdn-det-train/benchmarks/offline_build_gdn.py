@@ -161,9 +161,11 @@ def main():
                          *build(gdn_bwd_local_wy_kernel, {**t, "DZ": f32}, c,
                                 plan.num_warps_local)))
             t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
-            t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32, DKO=f32)
+            t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32, DKO=bf, DQ=f32,
+                     DQO=bf)  # case a: two value heads per q/k head, summed here
             rows.append(("bwd_local_dk", plan.num_warps_o,
-                         *build(gdn_bwd_local_dk_kernel, t, dict(base, BK=bk),
+                         *build(gdn_bwd_local_dk_kernel, t,
+                                dict(base, BK=bk, SUM_DQ=True, PER_HEAD=False),
                                 plan.num_warps_o)))
         else:
             c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))

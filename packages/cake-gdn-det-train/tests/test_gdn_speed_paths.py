@@ -381,20 +381,24 @@ def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("l2", [False, True], ids=["plain", "l2norm"])
-def test_one_value_head_per_qk_head_stores_dq_dk_in_place_of_the_cast(dtype, l2, gdn_inputs,
-                                                                      monkeypatch):
-    """H = HV with ``local_form = 1`` and no L2 norm: the split local kernels store dq and
-    dk in q's dtype themselves (no value-head sum, no cast pass; fp32 under the interpreter
-    for bf16, cast by torch). The same bits as the fp32 buffers cast afterwards (the cast
-    pass skipped is checked), and float64 parity; with the L2 norm the fp32 path runs."""
+@pytest.mark.parametrize("H, HV, l2", [(2, 2, False), (2, 2, True), (1, 2, False),
+                                       (1, 3, True)],
+                         ids=["hv1-plain", "hv1-l2norm", "hv2-plain", "hv3-l2norm"])
+def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn_inputs,
+                                                           monkeypatch):
+    """``local_form = 1``: the dk kernel adds each q/k head's value heads' dk and dq in
+    index order and stores them in the gradients' dtype (fp32 before the L2 norm's
+    backward; bf16 stays fp32 under the interpreter and torch casts), and with one value
+    head per q/k head the first kernel stores dq as it is: no ``group_sum_cast`` pass. The
+    same bits as the per-value-head fp32 path with the pass (``_FUSED_GROUP_SUM = False``,
+    which this test checks does run the pass), and float64 parity."""
     from cake_gdn_det_train import api
 
     K, V = 64, 48
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), local_form=1, block_k_local=32,
                                block_v_local=32)
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 2, 2, K, V, dtype, seed=77,
-                                      n_states=len(LENS), h0=True)
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), H, HV, K, V, dtype, seed=77,
+                                      n_states=len(LENS), h0=True, normalize_k=not l2)
     cu = _cu(LENS)
     do = randn(v.shape, dtype, DEV, seed=78)
     dht = randn(h0.shape, torch.float32, DEV, seed=79)
@@ -403,12 +407,12 @@ def test_one_value_head_per_qk_head_stores_dq_dk_in_place_of_the_cast(dtype, l2,
     real_sum = api.group_sum_cast
     monkeypatch.setattr(api, "group_sum_cast", lambda *a, **k: sums.append(1) or real_sum(*a, **k))
     got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
-    assert len(sums) == (2 if l2 else 0)
+    assert not sums
     assert got[2].dtype == got[3].dtype == dtype
-    # the same call with the fp32 buffers, cast after the kernels
-    monkeypatch.setattr(api, "direct_store_dtype", lambda dt: torch.float32)
-    cast_after = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
-    for i, (a, b) in enumerate(zip(got, cast_after, strict=True)):
+    monkeypatch.setattr(api, "_FUSED_GROUP_SUM", False)
+    unfused = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
+    assert len(sums) == 2
+    for i, (a, b) in enumerate(zip(got, unfused, strict=True)):
         assert a.dtype == b.dtype and torch.equal(a, b), f"output {i}"
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),

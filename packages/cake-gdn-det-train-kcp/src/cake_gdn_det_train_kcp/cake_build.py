@@ -50,6 +50,7 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_split",
          "function": "gdn_bwd_local_wy_kernel"},
+        {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_split",
          "function": "gdn_bwd_local_dk_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
@@ -75,7 +76,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0cd5f2ecb33dc5b935a05cbecfee19795a09eefa34c54cb247908e43ade2efbe"
+SOURCE_DIGEST = "sha256:2dfc9b6a21468a3f46187fcec5adad7753ecffdd5c58cfcb81e2744e3bf9ad0b"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

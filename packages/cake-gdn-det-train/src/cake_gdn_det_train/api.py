@@ -346,14 +346,20 @@ def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: 
     return tuple(t.contiguous() for t, _, _ in want)
 
 
+#: the value-head sum of dq / dk fused into the local dk kernel (local_form = 1); False only
+#: in tests, to compare with the group_sum_cast pass it replaces
+_FUSED_GROUP_SUM = True
+
+
 def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                  dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
-                 dk_out):
+                 dq_out, dk_out):
     """``plan.local_form = 1``: the chunk-local gradients in two kernels
     (kernels/bwd_local_split.py) through an fp32 ``[NT, HV, 64]`` scratch of the
-    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need. ``dq_hv``: fp32
-    or q's dtype; ``dk_hv``: the fp32 partial dk; ``dk_out``: where the final dk goes
-    (``dk_hv`` itself, or a tensor of k's dtype)."""
+    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need. ``dq_hv``: the
+    first kernel's dq per value head (fp32, or the gradients' dtype with one value head per
+    q/k head); ``dk_hv``: its fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the
+    value-head sums (None: ``dq_hv`` / ``dk_hv`` per value head, summed by the caller)."""
     NT = dq_hv.shape[0]
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
@@ -363,10 +369,13 @@ def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, d
         scale, H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=cdiv(K, BK),
         BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
-    gdn_bwd_local_dk_kernel[(NC, HV, cdiv(K, BK))](
-        kn, dt[0], dt[1], dz, dk_hv, dk_out,
-        H, HV, HV // H, K,
-        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, num_warps=plan.num_warps_o)
+    fused = dk_out is not None
+    G = HV // H
+    gdn_bwd_local_dk_kernel[(NC, H if fused else HV, cdiv(K, BK))](
+        kn, dt[0], dt[1], dz, dk_hv, dk_out if fused else dk_hv, dq_hv,
+        dq_out if fused else dq_hv, H, HV, G, K,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, SUM_DQ=fused and G > 1,
+        PER_HEAD=not fused, num_warps=plan.num_warps_o)
 
 
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
@@ -390,16 +399,23 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     else:
         qn, kn = q, k
     # every token lies in a chunk, so the local kernel writes every row of these
-    # with one value head per q/k head (and no L2 norm backward after), the split local
-    # kernels store dq and dk in q's dtype themselves: no value-head sum, no cast pass (an
-    # H200, 2026-12-02: group_sum_cast took 2 x 94 us of case b's backward). The same bits:
-    # a sum of one term is the term, and both casts round to nearest even (under the
-    # interpreter bf16 stays fp32 and torch casts, as group_sum_cast does there)
-    direct = HV == H and not saved.use_qk_l2norm and bool(plan.local_form)
-    gdt = direct_store_dtype(q.dtype) if direct else f32
-    dq_hv = torch.empty((NT, HV, K), dtype=gdt, device=dev)
+    # local_form = 1: the split local kernels store dq and dk [NT, H, K] in the gradients'
+    # dtype themselves (the value-head sum and its cast fused into the dk kernel; with one
+    # value head per q/k head the first kernel stores dq as it is): no group_sum_cast pass
+    # (an H200, 2026-12-02: 2 x 94 us of case b's backward, 2 x 155 us of case a's). The
+    # same bits: the same fp32 adds in index order, both casts round to nearest even (under
+    # the interpreter bf16 stays fp32 and torch casts, as group_sum_cast does there)
+    G = HV // H
+    fused = bool(plan.local_form) and _FUSED_GROUP_SUM
+    gdt = f32 if saved.use_qk_l2norm else q.dtype
+    odt = direct_store_dtype(gdt)
+    dq_hv = torch.empty((NT, HV, K), dtype=odt if fused and G == 1 else f32, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
-    dk_out = torch.empty((NT, HV, K), dtype=gdt, device=dev) if gdt != f32 else dk_hv
+    dq_out = dk_out = None
+    if fused:
+        dq_out = dq_hv if G == 1 else torch.empty((NT, H, K), dtype=odt, device=dev)
+        dk_out = dk_hv if G == 1 and odt == f32 else \
+            torch.empty((NT, H, K), dtype=odt, device=dev)
     # dv is stored once, so the kernel writes v's dtype (rounded to nearest even; under the
     # interpreter, whose bf16 cast truncates, fp32 here and cast by torch below)
     dv = torch.empty((NT, HV, V), dtype=direct_store_dtype(v.dtype), device=dev)
@@ -458,7 +474,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         if plan.local_form:
             _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                          dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan,
-                         dk_out)
+                         dq_out, dk_out)
         else:
             gdn_bwd_local_kernel[(NC, HV)](
                 qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
@@ -472,10 +488,9 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
                                  plan)
     # the fixed-order sum over each q/k head's value heads, fused with the cast (fp32 when the
     # L2 norm's backward follows)
-    if direct:  # stored by the kernels (fp32 only under the interpreter: cast by .to below)
-        dq, dk = dq_hv.view(B, T, H, K), dk_out.view(B, T, H, K)
+    if fused:  # summed and cast by the kernels (bf16 under the interpreter: cast by .to below)
+        dq, dk = dq_out.view(B, T, H, K), dk_out.view(B, T, H, K)
     else:
-        gdt = f32 if saved.use_qk_l2norm else q.dtype
         dq = group_sum_cast(dq_hv, H, gdt).view(B, T, H, K)
         dk = group_sum_cast(dk_hv, H, gdt).view(B, T, H, K)
     if saved.use_qk_l2norm:

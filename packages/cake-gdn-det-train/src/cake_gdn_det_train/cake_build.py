@@ -35,6 +35,7 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dh_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_wy_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
@@ -64,7 +65,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:809a58d618b5873b96268f8350585559424c68dbb20979ebaf30688b54abb2d9"
+SOURCE_DIGEST = "sha256:c9f589f8f9ce6868c183b7e4afe2452121f8b77b3919b6e37eda7ff5d102a3f3"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -22,11 +22,13 @@ column blocks of ``BK`` (``plan.block_k_local``), V in blocks of ``BV``
 Tiles are addressed from scalar int64 bases of the chunk's rows with int32 in-chunk
 offsets (per-element int64 addresses cost registers and spills).
 
-``gdn_bwd_local_dk_kernel``, one program per (chunk, value head, K block):
-dk += z k + z^T k on the stored part (a read of rows the program owns, after the first
-kernel: a fixed order), stored to ``DKO``: ``DK`` itself (fp32, in place) or, with one
-value head per q/k head, a tensor of k's dtype (the cast the value-head sum would make,
-rounded as it rounds). ``DQ`` likewise is fp32 or q's dtype (dq is stored once).
+``gdn_bwd_local_dk_kernel``, one program per (chunk, q/k head, K block): per value head
+of the q/k head, dk = the stored part + z k + z^T k (a read of rows written by the first
+kernel: a fixed order); the value heads' dk (and, with more than one, their dq) added in
+index order in fp32 and cast once to the gradients' dtype: the value-head sum and cast of
+``cake_core.gemm.group_sum_cast``, fused (the same bits: the same adds in the same order,
+the same round to nearest even). With one value head per q/k head the first kernel stores
+dq in the gradients' dtype itself (``DQ`` fp32 or q's dtype).
 
 No atomics; each program writes only its own rows. Other summation order than
 ``local_form = 0`` (K in blocks, dq / dk terms in another order): other bits, fixed per
@@ -202,15 +204,46 @@ def gdn_bwd_local_wy_kernel(
 
 
 @triton.jit
+def _dk_of_head(Kb, DZ, DK, start, hv, rows, tmask, ck, kmask, HV, KD,
+                DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr):
+    """Value head ``hv``'s dk rows of the chunk: the stored fp32 part + z k + z^T k."""
+    z = tl.load(DZ + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                mask=tmask[:, None], other=0.0).to(DT)
+    dk = tl.load(DK + start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :],
+                 mask=kmask, other=0.0)
+    dk = tl.dot(z, Kb, dk, input_precision=PREC)
+    return tl.dot(tl.trans(z), Kb, dk, input_precision=PREC)
+
+
+@triton.jit
 def gdn_bwd_local_dk_kernel(
-    Kp, CHUNK_START, CHUNK_END, DZ, DK, DKO,
+    Kp, CHUNK_START, CHUNK_END, DZ, DK, DKO, DQ, DQO,
     H, HV, GROUP, KD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    SUM_DQ: tl.constexpr, PER_HEAD: tl.constexpr,
 ):
+    """One program per (chunk, q/k head, K block): each of the head's ``GROUP`` value
+    heads' dk (:func:`_dk_of_head`), added in index order in fp32 (``((x0 + x1) + ...)``,
+    as ``cake_core.gemm.group_sum_cast``), cast once and stored to ``DKO`` ``[NT, H, K]``
+    (fp32 or k's dtype; ``DK`` itself when ``GROUP`` is 1 and DKO is fp32). ``SUM_DQ``:
+    dq's fp32 parts ``DQ`` ``[NT, HV, K]`` (final per value head) added the same way into
+    ``DQO``; else the first kernel stored dq as it is. ``PER_HEAD`` (tests only: the
+    unfused path it replaced): one program per value head, its fp32 dk to ``DKO``
+    ``[NT, HV, K]``, summed by ``group_sum_cast`` afterwards."""
     c = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
     ik = tl.program_id(2)
-    hk = hv // GROUP
+    if PER_HEAD:
+        hv0 = tl.program_id(1)
+        hk = hv0 // GROUP
+        n_sum = 1
+        o_heads = HV
+        o_head = hv0
+    else:
+        hk = tl.program_id(1)
+        hv0 = hk * GROUP
+        n_sum = GROUP
+        o_heads = H
+        o_head = hk
     start = tl.load(CHUNK_START + c).to(tl.int64)
     end = tl.load(CHUNK_END + c).to(tl.int64)
     rows = tl.arange(0, BT)
@@ -219,15 +252,18 @@ def gdn_bwd_local_dk_kernel(
     kmask = tmask[:, None] & (ck < KD)[None, :]
 
     # scalar int64 row bases, int32 in-chunk offsets (fewer live address registers)
-    z = tl.load(DZ + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
-                mask=tmask[:, None], other=0.0).to(DT)
     kb = tl.load(Kp + start * (H * KD) + hk * KD + rows[:, None] * (H * KD) + ck[None, :],
                  mask=kmask, other=0.0).to(DT)
-    dkp = DK + start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :]
-    dk = tl.load(dkp, mask=kmask, other=0.0)
-    dk = tl.dot(z, kb, dk, input_precision=PREC)
-    dk = tl.dot(tl.trans(z), kb, dk, input_precision=PREC)
-    # DKO: DK itself (fp32, in place), or k's dtype (one value head per q/k head: the cast
-    # the value-head sum would do, fused here)
-    dko = DKO + start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :]
-    tl.store(dko, dk.to(DKO.dtype.element_ty), mask=kmask)
+    # the first head's value, then the others added (no 0 + x0: that would turn -0 into +0)
+    dk = _dk_of_head(kb, DZ, DK, start, hv0, rows, tmask, ck, kmask, HV, KD, DT, PREC, BT)
+    for j in range(1, n_sum):
+        dk += _dk_of_head(kb, DZ, DK, start, hv0 + j, rows, tmask, ck, kmask, HV, KD, DT,
+                          PREC, BT)
+    o_off = start * (o_heads * KD) + o_head * KD + rows[:, None] * (o_heads * KD) + ck[None, :]
+    tl.store(DKO + o_off, dk.to(DKO.dtype.element_ty), mask=kmask)
+    if SUM_DQ:
+        qp = DQ + start * (HV * KD) + hv0 * KD + rows[:, None] * (HV * KD) + ck[None, :]
+        dq = tl.load(qp, mask=kmask, other=0.0)
+        for j in range(1, GROUP):
+            dq += tl.load(qp + j * KD, mask=kmask, other=0.0)
+        tl.store(DQO + o_off, dq.to(DQO.dtype.element_ty), mask=kmask)
