@@ -274,16 +274,16 @@ def test_plan_field_serialised_and_checked():
         for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16)):
             assert make_plan(K, V, dt, dev).keep_states == 0
     d = keep.to_dict()
-    assert d["keep_states"] == 1 and d["version"] == 8
+    assert d["keep_states"] == 1 and d["version"] == 9
     assert GDNDetPlan.from_dict(d) == keep and keep.key != redo.key
     assert GDNDetPlan.from_dict(json.loads(keep.to_json())) == keep
     assert hash(keep) != hash(redo) and {keep: 1}[dataclasses.replace(redo, keep_states=1)]
     assert plan_from_op_fields(GDNDetPlan, plan_to_op_fields(keep)) == keep
     old = {n: x for n, x in redo.to_dict().items() if n not in ("keep_states", "block_v_h")}
     old["version"] = 6  # serialised before the field existed
-    with pytest.raises(ValueError, match="format version 6 is not 8: .*keep_states = 0"):
+    with pytest.raises(ValueError, match="format version 6 is not 9: .*keep_states = 0"):
         GDNDetPlan.from_dict(old)
-    old["keep_states"], old["block_v_h"], old["version"] = 0, redo.block_v, 8
+    old["keep_states"], old["block_v_h"], old["version"] = 0, redo.block_v, 9
     assert GDNDetPlan.from_dict(old) == redo
     for bad in (2, -1):
         with pytest.raises(ValueError, match="keep_states"):

@@ -169,7 +169,7 @@ def test_fields_serialised_and_checked():
     plan = dataclasses.replace(make_plan(128, 128, torch.bfloat16, DEV), rec_form=0)
     on = dataclasses.replace(plan, rec_form=1)
     d = on.to_dict()
-    assert d["rec_form"] == 1 and d["version"] == 8
+    assert d["rec_form"] == 1 and d["version"] == 9
     assert GDNDetPlan.from_dict(d) == on and on.key != plan.key
     old = {n: x for n, x in plan.to_dict().items() if n != "rec_form"}
     old["version"] = 4  # a plan serialised before the field existed
@@ -186,7 +186,7 @@ def test_fields_serialised_and_checked():
     # rule never takes it; nothing new refused on CUDA
     sl = dataclasses.replace(plan, rec_form=2)
     d = sl.to_dict()
-    assert d["rec_form"] == 2 and d["version"] == 8
+    assert d["rec_form"] == 2 and d["version"] == 9
     assert GDNDetPlan.from_dict(d) == sl and sl.key not in (plan.key, on.key)
     assert GDNDetPlan.from_dict(json.loads(sl.to_json())) == sl
     assert cuda_plan_problem(dataclasses.replace(gpu, rec_form=2), torch.bfloat16) is None
@@ -265,14 +265,14 @@ def test_block_v_h_field_format_and_checks():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     new = dataclasses.replace(plan, block_v_h=32)
     d = new.to_dict()
-    assert d["block_v_h"] == 32 and d["version"] == 8
+    assert d["block_v_h"] == 32 and d["version"] == 9
     assert GDNDetPlan.from_dict(json.loads(new.to_json())) == new and new.key != plan.key
     v7 = {n: x for n, x in plan.to_dict().items() if n != "block_v_h"}
     v7["version"] = 7
-    with pytest.raises(ValueError, match="format version 7 is not 8: .*block_v_h = <the "
+    with pytest.raises(ValueError, match="format version 7 is not 9: .*block_v_h = <the "
                                          "plan's block_v>"):
         GDNDetPlan.from_dict(v7)
-    assert GDNDetPlan.from_dict({**v7, "block_v_h": plan.block_v, "version": 8}) == plan
+    assert GDNDetPlan.from_dict({**v7, "block_v_h": plan.block_v, "version": 9}) == plan
     for bad, match in ((24, "power of two"), (256, "block_v_h must be <="), (16, "store_16bit")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(plan, block_v_h=bad)

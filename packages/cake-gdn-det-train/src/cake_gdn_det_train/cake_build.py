@@ -38,6 +38,10 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
+    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_blk"},
+    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
+    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_t_store"},
+    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "gdn_fwd_inv_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
@@ -57,15 +61,15 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
 ]
 PLANS = [
-    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 8,
+    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 9,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
                 "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local", "keep_states", "block_v_h"]},
+                "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c9f589f8f9ce6868c183b7e4afe2452121f8b77b3919b6e37eda7ff5d102a3f3"
+SOURCE_DIGEST = "sha256:9a0e8f7a13820d715e7e72e2a2af05da071b133bf14bc1e27701e80309c1ad37"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -19,14 +19,20 @@ MAX_HEAD_DIM = 256
 
 
 #: How to bring a dict of format version 6 to the current one (same launches and bits).
+_V9 = ("version 9 added inv_kernel (the forward's triangular inverse in a kernel of its own) "
+       "and num_warps_inv")
 _UPGRADES = {
-    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward) and "
+    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward), "
        "version 8 block_v_h (V columns per program of the two state kernels, block_v's "
-       "before); add keep_states = 0 and block_v_h = <the plan's block_v> and set version = "
-       "8 for the same launches and memory",
+       "before) and " + _V9 + "; add keep_states = 0, block_v_h = <the plan's block_v>, "
+       "inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same launches and "
+       "memory",
     7: "version 8 added block_v_h (V columns per program of the two state kernels, fwd_h and "
-       "bwd_dh, which block_v set before); add block_v_h = <the plan's block_v> and set "
-       "version = 8 for the same launches and bits",
+       "bwd_dh, which block_v set before) and " + _V9 + "; add block_v_h = <the plan's "
+       "block_v>, inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same "
+       "launches and bits",
+    8: _V9 + "; add inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same "
+       "launches and bits",
 }
 
 
@@ -139,6 +145,17 @@ class GDNDetPlan(Plan):
         block_k_local: columns of K per block of ``local_form = 1`` (power of two >= 16,
             <= block_k; on CUDA >= 32 with 16-bit intermediates); unused with
             ``local_form = 0``. Bits depend on it.
+        inv_kernel: where each chunk's T = (I + A_raw)^-1 is formed when it is not loaded
+            (the forward, and a backward that recomputes it). 0 = inside the chunk prep, as
+            one ``[64, 64]`` tile (:func:`cake_core.triangular.unit_lower_inverse`, six
+            doubling steps of 64^3 dots; the rule's choice); 1 = in a kernel of its own
+            before the prep (``gdn_fwd_inv_kernel``, kernels/fwd_inv.py): A_raw in
+            ``[16, 16]`` blocks (k k^T of each block pair, fp32 operands), the four diagonal
+            blocks inverted apart, then merged block by block (the order of FLA's
+            ``solve_tril``; KDA's ``inv_kernel = 2``), T stored in A's dtype; the prep then
+            loads it as the backward does. Other rounding than 0 (other bits, fixed per
+            plan). Format 9; built without a GPU (session 22): not yet timed.
+        num_warps_inv: warps of that kernel (KDA's is fastest with 2 on an H200).
 
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
     plan runs on CUDA: K, V <= 128; fp32 intermediates (fp32 inputs, or V <= 16, where the
@@ -153,7 +170,7 @@ class GDNDetPlan(Plan):
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 8
+    format_version: ClassVar[int] = 9
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -180,6 +197,8 @@ class GDNDetPlan(Plan):
     block_k_local: int
     keep_states: int
     block_v_h: int
+    inv_kernel: int
+    num_warps_inv: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -200,7 +219,7 @@ class GDNDetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two "
                            "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "local_form", "keep_states")
+        self.require_flags("store_16bit", "keep_a", "local_form", "keep_states", "inv_kernel")
         if self.keep_states and not self.keep_a:
             self._fail("keep_states=1 needs keep_a=1 (a backward that skips the chunk prep "
                        "reads the forward's T)")
@@ -220,8 +239,7 @@ class GDNDetPlan(Plan):
                        "head_v_dim > 16 (16-wide 16-bit dots gave wrong results on an H200, "
                        "Triton 3.6)")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_local",
-                           "num_warps_l2norm",
-                           "num_warps_gate")
+                           "num_warps_l2norm", "num_warps_gate", "num_warps_inv")
         self.require_mode(Mode.DET)
 
     @property
@@ -419,5 +437,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         block_k_local=min(64, block_k),
         keep_states=0,
         block_v_h=block_v_h,
+        inv_kernel=0,
+        num_warps_inv=2,
     )
 
