@@ -71,9 +71,9 @@ def test_saved_t_is_the_inverse(gdn_inputs):
     """The T the forward keeps (fp32 plan) against ``torch.linalg.inv`` of the float64
     A_raw of each chunk, for documents whose last chunk ends inside each 16-row block;
     rows past a chunk's end are never read (not compared)."""
-    K, V, HV = 32, 16, 2
+    K, V, H, HV = 32, 16, 2, 4
     lens = [1, 81, 33, 49, 64]
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, HV, K, V, seed=124, g_mode="strong",
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), H, HV, K, V, seed=124, g_mode="strong",
                                       n_states=len(lens), h0=True)
     plan = _plan(K, V, torch.float32, store_16bit=0)
     _, _, saved = chunk_gdn_det_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=_cu(lens),
@@ -85,7 +85,7 @@ def test_saved_t_is_the_inverse(gdn_inputs):
             s0, e0 = starts + c0, starts + min(c0 + 64, n)
             L = e0 - s0
             for hv in range(HV):
-                kk = k[0, s0:e0, 0].double()
+                kk = k[0, s0:e0, hv // (HV // H)].double()
                 gc = g[0, s0:e0, hv].double().cumsum(0)
                 b = beta[0, s0:e0, hv].double()
                 a = torch.tril(b[:, None] * (kk @ kk.T) * torch.exp(gc[:, None] - gc[None, :]),

@@ -382,8 +382,9 @@ def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("H, HV, l2", [(2, 2, False), (2, 2, True), (1, 2, False),
-                                       (1, 3, True)],
-                         ids=["hv1-plain", "hv1-l2norm", "hv2-plain", "hv3-l2norm"])
+                                       (1, 3, True), (2, 4, False)],
+                         ids=["hv1-plain", "hv1-l2norm", "hv2-plain", "hv3-l2norm",
+                              "two-heads-hv2"])
 def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn_inputs,
                                                            monkeypatch):
     """``local_form = 1``: the dk kernel adds each q/k head's value heads' dk and dq in

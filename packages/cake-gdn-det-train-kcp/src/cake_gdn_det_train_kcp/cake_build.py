@@ -54,7 +54,6 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_local_split",
          "function": "gdn_bwd_local_dk_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
-        {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_blk"},
         {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
         {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_t_store"},
         {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "gdn_fwd_inv_kernel"},
@@ -80,7 +79,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:cc63ffa8a2505e542718b04a189485611f7df9754ea5cd84dc77320baea934e2"
+SOURCE_DIGEST = "sha256:5ee8c9b5cfbe674bdd01353650f477f4f5c14f0f967fe958d8105d1aedd97a5e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -214,9 +214,10 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
     BT = CHUNK_SIZE
     DT = _dot_dtype(plan, k.dtype)
     if plan.inv_kernel and not load_a:  # T in a kernel of its own; the prep loads it
+        a_raw = torch.empty((A.shape[0], HV, BT), dtype=torch.float32, device=A.device)
         gdn_fwd_inv_kernel[(NC, HV)](
-            k, g, beta, starts, ends, A, H, HV, HV // H, K,
-            PREC=plan.dot_precision, BT=BT, BC=16, LOG2_BC=4, BK=plan.block_k,
+            k, g, beta, starts, ends, a_raw, A, H, HV, HV // H, K,
+            DT=DT, PREC=plan.dot_precision, BT=BT, BC=16, LOG2_BC=4, BK=plan.block_k,
             num_warps=plan.num_warps_inv)
         load_a = True
     gdn_fwd_prep_kernel[(NC, HV)](

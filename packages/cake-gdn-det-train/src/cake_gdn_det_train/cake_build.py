@@ -38,7 +38,6 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
-    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_blk"},
     {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
     {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_t_store"},
     {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "gdn_fwd_inv_kernel"},
@@ -69,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9a0e8f7a13820d715e7e72e2a2af05da071b133bf14bc1e27701e80309c1ad37"
+SOURCE_DIGEST = "sha256:db86c3c72088ab13a697c9a2cf7f0dd1ce045f8f39a66ff46bc65a24dec4694b"
 # --- end of generated block ---
 
 MANIFEST = {

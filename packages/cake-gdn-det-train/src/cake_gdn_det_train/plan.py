@@ -149,13 +149,16 @@ class GDNDetPlan(Plan):
             (the forward, and a backward that recomputes it). 0 = inside the chunk prep, as
             one ``[64, 64]`` tile (:func:`cake_core.triangular.unit_lower_inverse`, six
             doubling steps of 64^3 dots; the rule's choice); 1 = in a kernel of its own
-            before the prep (``gdn_fwd_inv_kernel``, kernels/fwd_inv.py): A_raw in
-            ``[16, 16]`` blocks (k k^T of each block pair, fp32 operands), the four diagonal
-            blocks inverted apart, then merged block by block (the order of FLA's
-            ``solve_tril``; KDA's ``inv_kernel = 2``), T stored in A's dtype; the prep then
-            loads it as the backward does. Other rounding than 0 (other bits, fixed per
-            plan). Format 9; built without a GPU (session 22): not yet timed.
-        num_warps_inv: warps of that kernel (KDA's is fastest with 2 on an H200).
+            before the prep (``gdn_fwd_inv_kernel``, kernels/fwd_inv.py): A_raw formed as
+            the prep forms it, passed through a transient fp32 scratch (256 bytes per token
+            and value head) and read back in ``[16, 16]`` blocks, the four diagonal blocks
+            inverted apart, then merged block by block (the order of FLA's ``solve_tril``;
+            KDA's ``inv_kernel = 2``), T stored in A's dtype; the prep then loads it as the
+            backward does. Other rounding than 0 (other bits, fixed per plan). Format 9;
+            built without a GPU (session 22; an offline sm_90 build: no spills with 2 to 8
+            warps, 72 bytes with 1): not yet timed.
+        num_warps_inv: warps of that kernel (2 by default, KDA's rule; KDA's kernel took
+            97 us with 1 warp and 116 with 2 at its case b on an H200, session 21).
 
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
     plan runs on CUDA: K, V <= 128; fp32 intermediates (fp32 inputs, or V <= 16, where the
