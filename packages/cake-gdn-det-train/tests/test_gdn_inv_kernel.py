@@ -62,9 +62,13 @@ def test_inv_kernel_vs_reference(K, V, H, HV, dtype, lens, over, gdn_inputs):
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu)
+    # CUDA's fp32 dots are tf32x3, not IEEE: with decays down to -20 per token an H200 gave
+    # dg 1.66e-5 (relative Frobenius) at fp32-tails-in-each-block, inv_kernel 0 (the rule)
+    # and 1 alike (session 23), as test_gdn_grads.test_decay_regimes allows
+    tol = 1e-4 if DEV.type == "cuda" and dtype == torch.float32 else None
     for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
                           strict=True):
-        assert_close_to_reference(a, b, dtype, name)
+        assert_close_to_reference(a, b, dtype, name, tol=tol)
 
 
 def test_saved_t_is_the_inverse(gdn_inputs):
