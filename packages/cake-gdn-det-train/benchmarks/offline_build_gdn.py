@@ -118,6 +118,8 @@ def main():
     rows = []
     # rec_form = 2: the state in K slices of BKS rows
     rec = dict(BKS=min(SLICE_K, plan.block_k)) if plan.rec_form == 2 else {}
+    if plan.rec_form == 1:  # kernels/rec_bp.py takes the shape as constexpr (case a's heads)
+        rec = dict(H=16, HV=32, GROUP=2, KD=a.K, VD=a.V)
     if "fwd_h" in only:
         t = {**ints, "Kp": bf, "W": bf, "U": bf, "GCUM": f32, "CU": i32, "CHUNK_OFF": i32,
              "H0": f32, "HBUF": bf, "VNEW": bf, "HT": f32}

@@ -307,6 +307,39 @@ def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
     assert grids["gdn_fwd_o_kernel"] and all(gr[2] == 1 for gr in grids["gdn_fwd_o_kernel"])
 
 
+def test_rec_form_1_state_grid_is_one_axis(monkeypatch, gdn_inputs):
+    """rec_form = 1 launches its state kernels on one axis of N * HV * ceil(V / block_v_h)
+    programs, V blocks fastest (kernels/rec_bp.py), with every (sequence, value head, V
+    block) once: right against float64 with three ragged sequences and two V blocks."""
+    import cake_gdn_det_train.api as api
+
+    grids = {}
+
+    class Rec:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            grids.setdefault(self.name, []).append(tuple(grid))
+            return self.kernel[grid]
+
+    for name in ("gdn_fwd_h_bp_kernel", "gdn_bwd_dh_bp_kernel"):
+        monkeypatch.setattr(api, name, Rec(name, getattr(api, name)))
+    plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
+                               rec_form=1)
+    lens = [70, 1, 65]
+    cu = torch.tensor([0, 70, 71, 136], dtype=torch.int32, device=DEV)
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, 2, 32, 64, seed=83, h0=True,
+                                      n_states=len(lens))
+    o, ht = chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,
+                                       output_final_state=True, cu_seqlens=cu, plan=plan)
+    assert grids["gdn_fwd_h_bp_kernel"] == [(3 * 2 * 2,)]
+    o64, ht64 = gdn_reference(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                              cu_seqlens=cu, dtype=torch.float64)
+    assert_close_to_reference(o, o64, torch.float32, "o")
+    assert_close_to_reference(ht, ht64, torch.float32, "final_state")
+
+
 def test_state_programs_rule():
     """make_plan's state_programs rule (an H200, 2026-12-01): block_v_h = 32 where the
     state kernels would fill at most half the SMs at block_v = 64, 16-bit intermediates and

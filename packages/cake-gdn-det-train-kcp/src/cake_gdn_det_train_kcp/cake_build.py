@@ -79,7 +79,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:5ee8c9b5cfbe674bdd01353650f477f4f5c14f0f967fe958d8105d1aedd97a5e"
+SOURCE_DIGEST = "sha256:eed9fc52e0d9a8aa3a7f991b93da679c193ed03646df138323c8216c2f0c02b0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

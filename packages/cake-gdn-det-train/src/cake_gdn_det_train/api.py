@@ -58,7 +58,11 @@ from cake_gdn_det_train.kernels.gate import (
     gdn_gate_bwd_kernel,
     gdn_gate_fwd_kernel,
 )
-from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
+from cake_gdn_det_train.kernels.rec_bp import (
+    gdn_bwd_dh_bp_kernel,
+    gdn_fwd_h_bp_kernel,
+    state_grid,
+)
 from cake_gdn_det_train.kernels.rec_slice import (
     SLICE_K,
     gdn_bwd_dh_slice_kernel,
@@ -203,6 +207,14 @@ def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: tor
             workspace["h"][:NC])
 
 
+def _rec_grid(plan: GDNDetPlan, N: int, HV: int, V: int) -> tuple[int, ...]:
+    """Grid of the two state kernels: ``rec_form = 1`` one axis, V blocks fastest
+    (kernels/rec_bp.py); the other forms (sequence, value head, V block)."""
+    if plan.rec_form == 1:
+        return state_grid(N, HV, V, plan.block_v_h)
+    return (N, HV, cdiv(V, plan.block_v_h))
+
+
 def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum, A, scratch,
                     load_a: bool = False):
     """Chunk prep (G, T, w, u) and the forward state recurrence (h, v_new, final state)."""
@@ -228,7 +240,7 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
     fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
-    fwd_h[(N, HV, cdiv(V, plan.block_v_h))](
+    fwd_h[_rec_grid(plan, N, HV, V)](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v_h,
@@ -471,7 +483,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             num_warps=plan.num_warps_o)
         bwd_dh = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel,
                   gdn_bwd_dh_slice_kernel)[plan.rec_form]
-        bwd_dh[(N, HV, cdiv(V, plan.block_v_h))](
+        bwd_dh[_rec_grid(plan, N, HV, V)](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,

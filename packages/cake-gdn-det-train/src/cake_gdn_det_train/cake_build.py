@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:db86c3c72088ab13a697c9a2cf7f0dd1ce045f8f39a66ff46bc65a24dec4694b"
+SOURCE_DIGEST = "sha256:745b771ed7fd1470cbec263f3a16f68675071a5175f93df0fa9e0e12bf6079a6"
 # --- end of generated block ---
 
 MANIFEST = {

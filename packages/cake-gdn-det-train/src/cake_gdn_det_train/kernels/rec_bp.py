@@ -21,6 +21,11 @@ three changes that shorten each serial step:
   other rounding: the bits differ from ``rec_form = 0`` and are fixed per plan. The
   forward's state update uses v_new before its rounding to the stored dtype (as FLA).
 
+The shape (H, HV, GROUP, K, V) is compile-time (one build per shape, as FLA's) and the
+grid is one axis of ``N * HV * ceil(V / BV)`` programs, V blocks fastest
+(:func:`state_grid`): an H200 (session 23, case a, the kernel alone) timed the forward
+kernel 696 -> 616 us with both, bits unchanged.
+
 S / dS are fp32, rounded to ``DT`` only as dot operands and to h's / dh's dtype when
 stored; initial state, final state, dh0 and dht are fp32.
 """
@@ -29,17 +34,28 @@ import triton
 import triton.language as tl
 
 
+def state_grid(N: int, HV: int, V: int, BV: int) -> tuple[int]:
+    """The launch grid of both kernels: ``(N * HV * ceil(V / BV),)``, V blocks fastest."""
+    return (N * HV * triton.cdiv(V, BV),)
+
+
 @triton.jit
 def gdn_fwd_h_bp_kernel(
     Kp, W, U, GCUM, CU, CHUNK_OFF, H0,
     HBUF, VNEW, HT,
-    H, HV, GROUP, KD, VD,
+    H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
+    VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
 ):
-    n = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    iv = tl.program_id(2)
+    # one axis, V blocks fastest: the programs of a value head, which read the same k / w
+    # (and q) tiles, are launched side by side (an H200: 11% off the forward kernel at
+    # case a with the shape constexpr, the same bits)
+    NV: tl.constexpr = (VD + BV - 1) // BV
+    pid = tl.program_id(0)
+    iv = pid % NV
+    hv = (pid // NV) % HV
+    n = (pid // (NV * HV)).to(tl.int64)
     hk = hv // GROUP
     bos = tl.load(CU + n).to(tl.int64)
     eos = tl.load(CU + n + 1).to(tl.int64)
@@ -96,13 +112,19 @@ def gdn_fwd_h_bp_kernel(
 def gdn_bwd_dh_bp_kernel(
     Qp, Kp, W, GCUM, DO, CU, CHUNK_OFF, DHT,
     DH, DVNEW, DH0,
-    scale, H, HV, GROUP, KD, VD,
+    scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
+    VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
 ):
-    n = tl.program_id(0).to(tl.int64)
-    hv = tl.program_id(1)
-    iv = tl.program_id(2)
+    # one axis, V blocks fastest: the programs of a value head, which read the same k / w
+    # (and q) tiles, are launched side by side (an H200: 11% off the forward kernel at
+    # case a with the shape constexpr, the same bits)
+    NV: tl.constexpr = (VD + BV - 1) // BV
+    pid = tl.program_id(0)
+    iv = pid % NV
+    hv = (pid // NV) % HV
+    n = (pid // (NV * HV)).to(tl.int64)
     hk = hv // GROUP
     bos = tl.load(CU + n).to(tl.int64)
     eos = tl.load(CU + n + 1).to(tl.int64)
