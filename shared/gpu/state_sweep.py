@@ -7,7 +7,11 @@ plan given.
     (FAMILY: kda or gdn; CASE: a case of the family's benchmark; "" = the rule's plan:
     write it first; an item ``module.NAME=value`` sets a launch constant of the family's
     module for that variant only, e.g. ``chunk.TOK_HEADS=8 chunk.TOK_WARPS=2``: KDA's
-    token-parallel kernels take theirs from ``cake_kda_det_train.chunk``, not the plan)
+    token-parallel kernels take theirs from ``cake_kda_det_train.chunk``, not the plan;
+    an item ``ce=KERNEL[,KERNEL...]`` launches, for that variant, a copy of each named
+    kernel of the family's ``api`` module whose shape arguments (H, HV, GROUP, KD, VD,
+    where it has them) are ``tl.constexpr``, as session 23 did by hand for GDN's state
+    kernels (7.6% off the forward one alone, the same bits): e.g. ``ce=gdn_fwd_o_kernel``)
 
 Written after session 19 (H200) profiled FLA's KDA state recurrence at 152 us per forward
 at case a against cake's ``kda_fwd_h_kernel`` 281 us, and the backward's state kernel at
@@ -39,12 +43,54 @@ plan_mod = importlib.import_module(f"{PKG}.plan")
 variant = getattr(plan_mod, "plan_variant", dataclasses.replace)
 
 
+#: the shape arguments a ``ce=`` variant makes compile-time
+SHAPE_ARGS = ("H", "HV", "GROUP", "KD", "VD")
+_CE_DIR = None
+
+
+def constexpr_variant(kernel):
+    """A copy of the Triton kernel ``kernel`` (a JITFunction of the family) whose
+    ``SHAPE_ARGS`` parameters are ``tl.constexpr``: its module's source, with that one
+    signature rewritten, written to a temporary folder and imported (Triton reads a
+    kernel's source from its file)."""
+    import inspect
+    import re
+    import tempfile
+
+    global _CE_DIR
+    _CE_DIR = _CE_DIR or tempfile.mkdtemp(prefix="cake_ce_")
+    mod = sys.modules[kernel.fn.__module__]
+    src = inspect.getsource(mod)
+    name = kernel.fn.__name__
+    start = src.index(f"def {name}(")
+    end = src.index("):", start)
+    sig = re.sub(r"\b(" + "|".join(SHAPE_ARGS) + r")\b(?=\s*[,)])", r"\1: tl.constexpr",
+                 src[start:end + 1])
+    path = f"{_CE_DIR}/{mod.__name__.replace('.', '_')}_{name}.py"
+    with open(path, "w") as f:
+        f.write(src[:start] + sig + src[end + 1:])
+    spec = importlib.util.spec_from_file_location(f"ce_{name}", path)
+    new = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(new)
+    return getattr(new, name)
+
+
 def split(text: str) -> tuple[list[str], dict]:
-    """Plan items, and ``{(module, NAME): value}`` for the ``module.NAME=value`` items."""
+    """Plan items, and ``{(module, NAME): value}`` for the ``module.NAME=value`` and
+    ``ce=KERNEL,...`` items (kernels named as the family's ``api`` module imports them;
+    patched in every module of the family that holds them)."""
     plan_items, consts = [], {}
     for item in text.split():
         name, value = item.split("=")
-        if "." in name:
+        if name == "ce":
+            api = importlib.import_module(f"{PKG}.api")
+            for kname in value.split(","):
+                orig = getattr(api, kname)
+                var = constexpr_variant(orig)
+                for mname, m in list(sys.modules.items()):  # every module that launches it
+                    if mname.startswith(PKG) and getattr(m, kname, None) is orig:
+                        consts[(mname, kname)] = var
+        elif "." in name:
             mod, attr = name.rsplit(".", 1)
             consts[(f"{PKG}.{mod}", attr)] = int(value)
         else:
