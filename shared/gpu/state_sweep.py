@@ -9,7 +9,7 @@ plan given.
     module for that variant only, e.g. ``chunk.TOK_HEADS=8 chunk.TOK_WARPS=2``: KDA's
     token-parallel kernels take theirs from ``cake_kda_det_train.chunk``, not the plan;
     an item ``ce=KERNEL[,KERNEL...]`` launches, for that variant, a copy of each named
-    kernel of the family's ``api`` module whose shape arguments (H, HV, GROUP, KD, VD,
+    kernel of the family whose shape arguments (H, HV, GROUP, KD, VD,
     where it has them) are ``tl.constexpr``, as session 23 did by hand for GDN's state
     kernels (7.6% off the forward one alone, the same bits): e.g. ``ce=gdn_fwd_o_kernel``)
 
@@ -77,15 +77,16 @@ def constexpr_variant(kernel):
 
 def split(text: str) -> tuple[list[str], dict]:
     """Plan items, and ``{(module, NAME): value}`` for the ``module.NAME=value`` and
-    ``ce=KERNEL,...`` items (kernels named as the family's ``api`` module imports them;
-    patched in every module of the family that holds them)."""
+    ``ce=KERNEL,...`` items (a kernel of the family by name, patched in every module of
+    the family that holds it: GDN launches from ``api``, KDA from ``chunk``)."""
     plan_items, consts = [], {}
     for item in text.split():
         name, value = item.split("=")
         if name == "ce":
-            api = importlib.import_module(f"{PKG}.api")
+            importlib.import_module(f"{PKG}.api")  # and the modules it launches from
             for kname in value.split(","):
-                orig = getattr(api, kname)
+                orig = next(getattr(m, kname) for n, m in list(sys.modules.items())
+                            if n.startswith(PKG) and hasattr(m, kname))
                 var = constexpr_variant(orig)
                 for mname, m in list(sys.modules.items()):  # every module that launches it
                     if mname.startswith(PKG) and getattr(m, kname, None) is orig:
