@@ -82,6 +82,11 @@ BASE = ["torch==2.13.0", "triton==3.6.0", "numpy>=1.24,<2.4", "pytest>=7",
         "pytest-xdist>=3.2"]
 
 
+#: what the manifest check and the release builds need (no torch, no Triton)
+BUILD_TOOLS = ["hatchling>=1.18", "packaging>=23", "tomli>=2; python_version < '3.11'",
+               "pytest>=7"]
+
+
 def _base_in_system() -> bool:
     """Whether the Python running nox already holds BASE and hatchling at versions they
     admit (.ci/run installs them there first). Then the envs that install BASE see that
@@ -93,7 +98,7 @@ def _base_in_system() -> bool:
 
     from packaging.requirements import Requirement
 
-    for spec in [*BASE, "hatchling>=1.18"]:
+    for spec in [*BASE, BUILD_TOOLS[0]]:
         req = Requirement(spec)
         try:
             got = metadata.version(req.name)
@@ -107,11 +112,14 @@ def _base_in_system() -> bool:
 #: the envs' venv options: see :func:`_base_in_system`
 VENV_PARAMS = ["--system-site-packages"] if _base_in_system() else []
 
-#: a session's python -c: exit with a message if any distribution named on the command
-#: line is installed where the env sees it
+#: a session's python -c: exit with a message if the env sees an installed cake-*
+#: distribution other than those named on the command line (its own)
 _FOREIGN_CHECK = (
-    "import sys, importlib.metadata as m; "
-    "s = [d for d in sys.argv[1:] if next(iter(m.distributions(name=d)), None)]; "
+    "import re, sys, importlib.metadata as m; "
+    "n = lambda d: re.sub(r'[-_.]+', '-', d).lower(); "
+    "own = {n(d) for d in sys.argv[1:]}; "
+    "s = sorted({n(d.metadata['Name']) for d in m.distributions()} - own); "
+    "s = [d for d in s if d.startswith('cake-')]; "
     "sys.exit('installed where this env sees them, outside its packages: ' + ', '.join(s) "
     "if s else 0)")
 
@@ -178,10 +186,7 @@ def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True
                           "in an isolated env (noxfile.py _install)")
     session.install("--no-build-isolation", *paths)
     # an env on the system site-packages must not see cake packages other than its own
-    mine = {Path(p).name for p in paths}
-    others = sorted(d.name for d in (ROOT / "packages").iterdir()
-                    if (d / "pyproject.toml").is_file() and d.name not in mine)
-    session.run("python", "-c", _FOREIGN_CHECK, *others, silent=True)
+    session.run("python", "-c", _FOREIGN_CHECK, *(Path(p).name for p in paths), silent=True)
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -221,10 +226,6 @@ def tests(session: nox.Session) -> None:
     session.notify("manifests")
     session.notify("release(core)")
 
-
-#: what the manifest check and the release builds need (no torch, no Triton)
-BUILD_TOOLS = ["hatchling>=1.18", "packaging>=23", "tomli>=2; python_version < '3.11'",
-               "pytest>=7"]
 
 
 @nox.session

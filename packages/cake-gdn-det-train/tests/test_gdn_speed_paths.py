@@ -331,13 +331,19 @@ def test_rec_form_1_state_grid_is_one_axis(monkeypatch, gdn_inputs):
     cu = torch.tensor([0, 70, 71, 136], dtype=torch.int32, device=DEV)
     q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, 2, 32, 64, seed=83, h0=True,
                                       n_states=len(lens))
-    o, ht = chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,
-                                       output_final_state=True, cu_seqlens=cu, plan=plan)
-    assert grids["gdn_fwd_h_bp_kernel"] == [(3 * 2 * 2,)]
-    o64, ht64 = gdn_reference(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                              cu_seqlens=cu, dtype=torch.float64)
-    assert_close_to_reference(o, o64, torch.float32, "o")
-    assert_close_to_reference(ht, ht64, torch.float32, "final_state")
+    do = randn(v.shape, torch.float32, DEV, seed=84)
+    dht = randn(h0.shape, torch.float32, DEV, seed=85)
+    got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, cu_seqlens=cu,
+                 plan=plan)
+    # the forward state kernel twice: the forward and the backward's recompute
+    assert grids["gdn_fwd_h_bp_kernel"] == [(3 * 2 * 2,)] * 2
+    assert grids["gdn_bwd_dh_bp_kernel"] == [(3 * 2 * 2,)]
+    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                  dht.double(), cu_seqlens=cu)
+    for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"), got,
+                          want, strict=True):
+        assert_close_to_reference(a, b, torch.float32, name)
 
 
 def test_state_programs_rule():

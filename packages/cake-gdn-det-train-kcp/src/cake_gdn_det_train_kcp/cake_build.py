@@ -79,7 +79,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:eed9fc52e0d9a8aa3a7f991b93da679c193ed03646df138323c8216c2f0c02b0"
+SOURCE_DIGEST = "sha256:1413f93fefade025fc004e302cb7c67cb86c97b47224f877993e6d003dd14eba"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

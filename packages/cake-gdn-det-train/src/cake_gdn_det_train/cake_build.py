@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:745b771ed7fd1470cbec263f3a16f68675071a5175f93df0fa9e0e12bf6079a6"
+SOURCE_DIGEST = "sha256:03ed20d35c88d201a6c3203471f87b2e0ca640a24e4a81c332325e12a3adba44"
 # --- end of generated block ---
 
 MANIFEST = {

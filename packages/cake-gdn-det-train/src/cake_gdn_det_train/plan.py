@@ -48,8 +48,9 @@ class GDNDetPlan(Plan):
             kernel (power of two >= 16); V is split into ``ceil(V / block_v)`` independent
             column blocks. Bits are promised per plan only.
         block_v_h: the same for the two state-recurrence kernels (fwd_h, bwd_dh; the
-            recurrence never mixes columns of V); format 8 split it from ``block_v``. Their
-            grid is ``(N, HV, ceil(V / block_v_h))``: with one long sequence (N = 1) and
+            recurrence never mixes columns of V); format 8 split it from ``block_v``. They
+            run ``N * HV * ceil(V / block_v_h)`` programs (``rec_form = 1``: on one grid
+            axis, V blocks fastest; else a 3-axis grid): with one long sequence (N = 1) and
             HV = 32, 64-column blocks fill 64 of an H200's 132 SMs, 32-column blocks 128.
             The rule takes ``block_v_h = min(64, V rounded up)`` on CUDA (``block_v`` may be
             wider) and the whole V under the interpreter.

@@ -1,8 +1,8 @@
 """The two chunk-recurrence kernels in FLA's operand form (plan ``rec_form = 1``).
 
-Same grid, order and math as kernels/fwd_h.py and kernels/bwd_dh.py (one program per
-(sequence, value head, V block), chunks in order, resp. reverse order; no atomics), with
-three changes that shorten each serial step:
+Same programs, order and math as kernels/fwd_h.py and kernels/bwd_dh.py (one program per
+(sequence, value head, V block), chunks in order, resp. reverse order; no atomics; here on
+a one-axis grid, :func:`state_grid`), with three changes that shorten each serial step:
 
 - every tile is addressed by a block pointer over the sequence's rows (base, shape,
   strides; bounds checked per block, zero padding) instead of a tensor of per-element
@@ -118,8 +118,8 @@ def gdn_bwd_dh_bp_kernel(
     BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
 ):
     # one axis, V blocks fastest: the programs of a value head, which read the same k / w
-    # (and q) tiles, are launched side by side (an H200: 11% off the forward kernel at
-    # case a with the shape constexpr, the same bits)
+    # (and q) tiles, are launched side by side (as the forward kernel; this one not timed
+    # alone)
     NV: tl.constexpr = (VD + BV - 1) // BV
     pid = tl.program_id(0)
     iv = pid % NV

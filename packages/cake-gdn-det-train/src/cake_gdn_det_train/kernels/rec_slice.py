@@ -14,7 +14,8 @@ so the compiled code has ``[64, BV]`` accumulators and ``[64, 64]``-deep MMA til
     backward: dv_new = dv_loc + exp(G_last - G) * sum_i k[:, i] @ dS_i     (index order)
               dS_i   = exp(G_last) dS_i + q[:, i]^T @ (scale exp(G) * do) - w[:, i]^T @ dv_new
 
-Same grid (sequence, value head, V block), same chunk order, no atomics, each program
+Same programs (sequence, value head, V block; here on a 3-axis grid, ``rec_form = 1`` on
+one axis), same chunk order, no atomics, each program
 writes only its own rows of h / v_new (dh / dv_new), fp32 S and dS, the same outputs and
 dtypes as ``rec_form = 1``. The K-contractions (``w S``, ``k dS``) are sums of one dot per
 slice: other rounding than one whole-K dot, so other bits than ``rec_form = 1``, fixed per
