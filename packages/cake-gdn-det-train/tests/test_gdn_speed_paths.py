@@ -280,9 +280,9 @@ def test_block_v_h_field_format_and_checks():
             dataclasses.replace(plan, block_v_h=bad)
 
 
-def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
-    """The state kernels launch ceil(V / block_v_h) column blocks, the output kernel
-    ceil(V / block_v) (a field the launches ignored would pass the value tests)."""
+def _record_grids(monkeypatch, *names) -> dict:
+    """Wrap the named kernels of ``cake_gdn_det_train.api`` so each launch records its
+    grid; return ``{name: [grid, ...]}`` (filled as the kernels launch)."""
     import cake_gdn_det_train.api as api
 
     grids = {}
@@ -295,8 +295,16 @@ def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
             grids.setdefault(self.name, []).append(tuple(grid))
             return self.kernel[grid]
 
-    for name in ("gdn_fwd_h_kernel", "gdn_bwd_dh_kernel", "gdn_fwd_o_kernel"):
+    for name in names:
         monkeypatch.setattr(api, name, Rec(name, getattr(api, name)))
+    return grids
+
+
+def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
+    """The state kernels launch ceil(V / block_v_h) column blocks, the output kernel
+    ceil(V / block_v) (a field the launches ignored would pass the value tests)."""
+    grids = _record_grids(monkeypatch, "gdn_fwd_h_kernel", "gdn_bwd_dh_kernel",
+                          "gdn_fwd_o_kernel")
     plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
                                rec_form=0)
     q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 32, 64, seed=81, h0=True)
@@ -311,20 +319,7 @@ def test_rec_form_1_state_grid_is_one_axis(monkeypatch, gdn_inputs):
     """rec_form = 1 launches its state kernels on one axis of N * HV * ceil(V / block_v_h)
     programs, V blocks fastest (kernels/rec_bp.py), with every (sequence, value head, V
     block) once: right against float64 with three ragged sequences and two V blocks."""
-    import cake_gdn_det_train.api as api
-
-    grids = {}
-
-    class Rec:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            grids.setdefault(self.name, []).append(tuple(grid))
-            return self.kernel[grid]
-
-    for name in ("gdn_fwd_h_bp_kernel", "gdn_bwd_dh_bp_kernel"):
-        monkeypatch.setattr(api, name, Rec(name, getattr(api, name)))
+    grids = _record_grids(monkeypatch, "gdn_fwd_h_bp_kernel", "gdn_bwd_dh_bp_kernel")
     plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
                                rec_form=1)
     lens = [70, 1, 65]
