@@ -173,9 +173,10 @@ fi
 # mixload: repeat checks under the load that showed the KDA repeat fault (session 17: dk,
 # dg, dbeta took 2 values in 1 of 15 batches of 12 calls): KDA test files and plan_configs
 # compiling and launching in the background ($MIX_SECS seconds) while, for each plan of
-# $MIX_PLANS (';'-separated, default: the rule and num_warps_bwd=2, the local kernel
-# without wgmma; an empty item is the rule, so write the rule first: bash drops a trailing
-# empty item), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
+# $MIX_PLANS (';'-separated, default ";": the rule, whose local kernel has had 2 warps, no
+# wgmma, since 2026-12-03, when the 8-warp build it replaced failed 9 of 12 batches; an
+# empty item is the rule, so write the rule first: bash drops a trailing empty item; 8
+# warps are now refused at K = 128), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
 # and one runs GDN's rule. Per batch: the outputs that took more than one value.
 if has mixload; then
   MS=${MIX_SECS:-300}; T=packages/cake-kda-det-train/tests
@@ -188,9 +189,9 @@ if has mixload; then
   done
   TRITON_CACHE_DIR=$BG_CACHE timeout $MS python3 shared/gpu/plan_configs.py kda "128 128 float16" "64 64 bfloat16" \
     "100 100 bfloat16 lens=1,70,0,65" "48 32 float32 keep_a=0 lens=1,70,0,65" > /dev/null 2>&1 &
-  IFS=';' read -ra MP <<< "${MIX_PLANS-;num_warps_bwd=2}"; W=(); i=0
+  IFS=';' read -ra MP <<< "${MIX_PLANS-;}"; W=(); i=0
   for P in "${MP[@]}"; do
-    for j in $(seq ${MIX_PROCS:-2}); do
+    for j in $(seq ${MIX_PROCS:-4}); do
       i=$((i+1))
       { timeout $MS python3 shared/gpu/repeat_diag.py kda 12 a "$P" "$P" "$P" "$P" "$P" "$P" \
           2>&1 | grep -v -i warn; } > "$OUT/mix_$i.txt" 2>&1 & W+=($!)

@@ -50,10 +50,15 @@ SASS_GROUPS = {
 #: with ``--align``: the int arguments marked divisible by 16 when their value is (as
 #: Triton's launcher specializes them at run time; every pointer is marked too)
 ALIGN = {}
+#: the heads and dims of the build (case a's); a kernel that takes H, HV, GROUP, KD or VD as
+#: ``tl.constexpr`` (every kernel of the CUDA rule since 2026-12-03) gets them from here
+SHAPE = {}
 
 
 def build(fn, types: dict, consts: dict, num_warps: int, num_stages: int = 1):
     """Compile ``fn`` for sm_90; return (registers, stack bytes, shared bytes, counts)."""
+    consts = {**{p.name: SHAPE[p.name] for p in fn.params
+                 if p.is_constexpr and p.name in SHAPE}, **consts}
     sig = {n: "constexpr" if n in consts else types[n] for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if n not in consts and (types[n].startswith("*") and ALIGN or ALIGN.get(n))}
@@ -107,6 +112,7 @@ def main():
     a = p.parse_args()
     if a.align:
         ALIGN.update(H=True, HV=True, KD=a.K % 16 == 0, VD=a.V % 16 == 0)
+    SHAPE.update(H=16, HV=32, GROUP=2, KD=a.K, VD=a.V)
     over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
     plan = dataclasses.replace(_rule(a.K, a.V, torch.bfloat16, torch.device("cuda")), **over)
     only = set(a.only.split(",")) if a.only else {"fwd_h", "bwd_dh", "prep", "o", "local"}

@@ -342,7 +342,8 @@ def test_rec_form_1_state_grid_is_one_axis(monkeypatch, gdn_inputs):
 
 
 def test_state_programs_rule():
-    """make_plan's state_programs rule (an H200, 2026-12-01): block_v_h = 32 where the
+    """make_plan's state_programs rule (an H200, 2026-12-01 / 12-03): block_v_h = 32 and
+    num_warps_h = 4 where the
     state kernels would fill at most half the SMs at block_v = 64, 16-bit intermediates and
     K = 128 only (timed there; K = 100 faulted); nowhere else, never on the CPU; the argument is
     checked."""
@@ -361,8 +362,10 @@ def test_state_programs_rule():
     for dev in ("cpu",) + (("cuda",) if torch.cuda.is_available() else ()):
         plain = make_plan(128, 128, BF16, dev)
         narrow = make_plan(128, 128, BF16, dev, state_programs=1)
-        assert narrow.block_v_h == (32 if dev == "cuda" else plain.block_v_h)
-        assert dataclasses.replace(narrow, block_v_h=plain.block_v_h) == plain
+        assert (narrow.block_v_h, narrow.num_warps_h) == \
+            ((32, 4) if dev == "cuda" else (plain.block_v_h, plain.num_warps_h))
+        assert dataclasses.replace(narrow, block_v_h=plain.block_v_h,
+                                   num_warps_h=plain.num_warps_h) == plain
         assert make_plan(128, 128, BF16, dev, state_programs=10 ** 6) == plain
     for bad in (-1, 1.5, True, "4"):
         with pytest.raises(ValueError, match="state_programs"):
@@ -386,13 +389,14 @@ def test_block_v_h_fault_fenced_on_cuda():
 
 
 def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
-    """A workspace made for one plan serves a call whose plan differs in block_v_h only (the
-    buffers are the same; the state_programs rule may narrow the default plan), with the
-    same bits as without a workspace; a plan that differs elsewhere is still refused."""
+    """A workspace made for one plan serves a call whose plan differs in block_v_h /
+    num_warps_h only (the buffers are the same; the state_programs rule may narrow the
+    default plan), with the same bits as without a workspace; a plan that differs elsewhere
+    is still refused."""
     from cake_gdn_det_train import GDNDetWorkspace, chunk_gdn_det_fwd
 
     base = make_plan(32, 64, torch.float32, DEV)
-    other = dataclasses.replace(base, block_v_h=32)
+    other = dataclasses.replace(base, block_v_h=32, num_warps_h=2)
     q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 32, 64, seed=83, h0=True)
 
     def run(plan, ws=None):
@@ -405,7 +409,7 @@ def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
         ws = GDNDetWorkspace.for_plan(ws_plan, DEV, num_v_heads=2, max_tokens=70)
         for a, b in zip(run(call_plan, ws), run(call_plan), strict=True):
             assert torch.equal(a, b)
-    ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_h=2), DEV,
+    ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_o=2), DEV,
                                   num_v_heads=2, max_tokens=70)
     with pytest.raises(ValueError, match="workspace"):
         chunk_gdn_det_fwd(q, k, v, g, beta, plan=base, workspace=ws)

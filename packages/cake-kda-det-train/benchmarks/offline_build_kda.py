@@ -39,7 +39,14 @@ SASS_GROUPS = {
 }
 
 
+#: the heads and dims of the build; a kernel that takes H, HV, GROUP, KD or VD as
+#: ``tl.constexpr`` (the rec_op state kernels since 2026-12-03) gets them from here
+SHAPE = {}
+
+
 def _sig(fn, types: dict, consts: dict):
+    consts = {**{p.name: SHAPE[p.name] for p in fn.params
+                 if p.is_constexpr and p.name in SHAPE}, **consts}
     sig = {}
     for name in fn.arg_names:
         sig[name] = "constexpr" if name in consts else types[name]
@@ -94,6 +101,7 @@ def main():
     p.add_argument("--fwd-only", action="store_true",
                    help="only the forward's kernels (cumsum, pairs, prep, state, output)")
     a = p.parse_args()
+    SHAPE.update(H=16, HV=16, GROUP=1, KD=a.K, VD=a.V)
     over = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in a.plan}
     plan = dataclasses.replace(_rule(a.K, a.V, torch.bfloat16, torch.device("cuda")), **over)
     dt, prec = triton.language.bfloat16, ("tf32", "ieee", "tf32x3")[plan.fp32_dots]

@@ -60,19 +60,23 @@ def test_cuda_rule_avoids_the_configurations_built_wrongly():
         for K in (16, 32, 48, 64, 100, 128):
             for V in (16, 32, 64, 128):
                 assert cuda_plan_problem(_rule(K, V, dt, cuda), dt) is None, (K, V, dt)
+                # the local kernel's 8-warp build did not repeat under load (2026-12-03)
+                assert _rule(K, V, dt, cuda).num_warps_bwd == (2 if K > 32 else 4), (K, V)
     cases = [((48, 32, torch.float32), dict(block_k_inner=16), "illegal memory access"),
              ((128, 128, torch.bfloat16), dict(block_v_bwd=64), "block_v_bwd"),
              ((32, 128, torch.bfloat16), dict(block_v_bwd=128), "block_v_bwd"),
              ((32, 64, torch.float16), dict(store_16bit=1), "store_16bit=0"),
              ((128, 128, torch.bfloat16), dict(block_k_inner=64), "block_k_inner"),
              ((64, 64, torch.float16), dict(block_k_inner=64), "block_k_inner"),
-             ((128, 128, torch.bfloat16), dict(num_warps_bwd=4), "num_warps_bwd")]
+             ((128, 128, torch.bfloat16), dict(num_warps_bwd=4), "num_warps_bwd"),
+             ((128, 128, torch.bfloat16), dict(num_warps_bwd=8), "num_warps_bwd")]
     for (K, V, dt), over, match in cases:
         bad = dataclasses.replace(_rule(K, V, dt, cuda), **over)
         assert match in cuda_plan_problem(bad, dt), (K, V, dt, over)
     fine = [((64, 64, torch.float32), dict(block_k_inner=32)),
             ((64, 64, torch.bfloat16), dict(block_v_bwd=64)),
-            ((128, 128, torch.bfloat16), dict(block_v_bwd=16))]
+            ((128, 128, torch.bfloat16), dict(block_v_bwd=16)),
+            ((64, 64, torch.bfloat16), dict(num_warps_bwd=8))]
     for (K, V, dt), over in fine:
         assert cuda_plan_problem(dataclasses.replace(_rule(K, V, dt, cuda), **over), dt) is None
 

@@ -79,7 +79,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:1413f93fefade025fc004e302cb7c67cb86c97b47224f877993e6d003dd14eba"
+SOURCE_DIGEST = "sha256:2220b3bf1460e63087f3b109aa926e04c537ab6a289fd31582618a79997a8b2c"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

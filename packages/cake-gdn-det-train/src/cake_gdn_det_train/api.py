@@ -160,17 +160,24 @@ def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
     return tl.float32 if is_interpreting() else _TL[inter_dtype(plan, dtype)]
 
 
+#: the fields that :func:`make_plan`'s ``state_programs`` rule may change: launch shapes of
+#: the two state kernels only (no buffer depends on them)
+_NARROWED_FIELDS = ("block_v_h", "num_warps_h")
+
+
 def _without_block_v_h(plan: GDNDetPlan) -> dict:
     d = plan.to_dict()
-    d.pop("block_v_h")
+    for name in _NARROWED_FIELDS:
+        d.pop(name)
     return d
 
 
 def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: int, NT: int,
                        NC: int, dtype: torch.dtype):
     """The caller's workspace after every check (``None`` stays ``None``). A workspace made
-    for a plan that differs from the call's in ``block_v_h`` only serves it (the buffers
-    are the same; :func:`make_plan`'s ``state_programs`` rule may narrow the default)."""
+    for a plan that differs from the call's in ``block_v_h`` / ``num_warps_h`` only serves
+    it (the buffers are the same; :func:`make_plan`'s ``state_programs`` rule may narrow
+    the default)."""
     own = getattr(workspace, "plan", None)
     if isinstance(workspace, GDNDetWorkspace) and isinstance(own, GDNDetPlan) and \
             own != plan and _without_block_v_h(own) == _without_block_v_h(plan):

@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:03ed20d35c88d201a6c3203471f87b2e0ca640a24e4a81c332325e12a3adba44"
+SOURCE_DIGEST = "sha256:caef2a6fd831ddda5c6623bf0e0c4f72c3ed4a19666fa99743ee034eeabf5d76"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -314,15 +314,18 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``.
 
     ``state_programs``: the number of (sequence, value head) pairs of the calls the plan is
-    for (``N * HV``; the entries pass it), or ``None``. It changes one field only: on CUDA
+    for (``N * HV``; the entries pass it), or ``None``. It changes two launch fields only: on CUDA
     with 16-bit intermediates, K = 128 and block_v_h = 64, when ``state_programs *
     ceil(V / 64)`` is at most half the GPU's SM count, ``block_v_h = 32`` (twice the state
     kernels' programs): an H200, 2026-12-01 (Triton 3.6), case a of the benchmark (one
     sequence, HV = 32: 64 programs for 132 SMs) fwd+bwd 11.24 -> 10.48 ms, while at case d
     (128 programs) it was slower (fwd 1.29 -> 1.46 ms, bwd 2.26 -> 2.46 ms); the same bits
     at both there (equal hashes; under the interpreter, whose dots are numpy products of
-    the tile widths, bits may differ). Otherwise ``block_v_h`` stays. A workspace made for
-    either plan serves both (the buffers are the same).
+    the tile widths, bits may differ). The narrowed plan's state kernels run 4 warps, not
+    the rule's 8 (an H200, 2026-12-03, case a: forward state kernel 779 -> 669 us, backward
+    950 -> 850 us, fwd+bwd 9.41 -> 9.14 ms, the same bits; at case d, not narrowed, 4 warps
+    made the backward one 173 -> 396 us, so the wide plan keeps 8). Otherwise the plan
+    stays. A workspace made for either plan serves both (the buffers are the same).
 
     Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``;
     on CUDA ``block_v = block_v_h = min(64, next_power_of_2(max(V, 16)))``, except
@@ -373,13 +376,13 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 def narrowed_for(plan: GDNDetPlan, dtype: torch.dtype, device: torch.device,
                  state_programs: int) -> GDNDetPlan:
     """The rule's ``plan`` after :func:`make_plan`'s ``state_programs`` rule: its
-    ``block_v_h = 32`` copy (memoised) on CUDA where :func:`narrow_states_pay` says so,
-    else ``plan``."""
+    ``block_v_h = 32``, ``num_warps_h = 4`` copy (memoised) on CUDA where
+    :func:`narrow_states_pay` says so, else ``plan``."""
     if device.type != "cuda" or not narrow_states_pay(plan, dtype, state_programs,
                                                       sm_count(device)):
         return plan
-    return cached_plan(_PLANS, (plan, "block_v_h", 32),
-                       lambda: dataclasses.replace(plan, block_v_h=32))
+    return cached_plan(_PLANS, (plan, "block_v_h", 32, "num_warps_h", 4),
+                       lambda: dataclasses.replace(plan, block_v_h=32, num_warps_h=4))
 
 
 def narrow_states_pay(plan: GDNDetPlan, dtype: torch.dtype, state_programs: int,

@@ -84,7 +84,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:ec418379673949a943280c91ff2da0c3b6194798700389dbb8ee9672f0993ac8"
+SOURCE_DIGEST = "sha256:a85cf49490186c4d7b86860cac43e7fcf12041fef37849d33ff40df8eb375540"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

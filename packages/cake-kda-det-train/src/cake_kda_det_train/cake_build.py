@@ -78,7 +78,7 @@ PLANS = [
                 "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c0cfad03ad42792e0f2610f4c0a0cef38da0fe4feeeef5f032d293fcc57b001d"
+SOURCE_DIGEST = "sha256:a9f8e056e2a36ccec830a6b5ea8966c82b058c948ae24d56799fe791c4059eb3"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -348,9 +348,11 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
         return ("on CUDA block_k_inner must be <= 32 (64 made dk, dg and dbeta differ from "
                 "call to call at K = V = 128, bf16, on an H200 running nothing else, Triton "
                 "3.6: a fault of the compiled backward chunk kernel)")
-    if plan.block_k >= 128 and plan.num_warps_bwd == 4:
-        return ("on CUDA num_warps_bwd=4 is refused at K > 64 (it gave dk and dg 14-20% off "
-                "the float64 reference at K = V = 128, bf16, on an H200, Triton 3.6)")
+    if plan.block_k >= 128 and plan.num_warps_bwd >= 4:
+        return ("on CUDA num_warps_bwd must be <= 2 at K > 64: 4 gave dk and dg 14-20% off "
+                "the float64 reference at K = V = 128, bf16, and 8 gave dk, dg and dbeta that "
+                "differed from call to call (11 of 96 batches of 12 calls while other "
+                "processes shared the GPU; 2: 0 of 96), on an H200, Triton 3.6")
     if fp32_inter and plan.block_k_inner == 16 and plan.block_k > 16:
         return ("on CUDA fp32 intermediates need block_k_inner >= 32 when K > 16 (16 made an "
                 "illegal memory access in the backward chunk kernel on an H200, Triton 3.6)")
@@ -383,9 +385,15 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     memory of an sm_90 program; 16-bit: 64 was not repeatable on an H200, see
     :func:`cuda_plan_problem`, and 32 measured 12% faster forward+backward); on
     CUDA ``block_v_bwd = min(32, V rounded up)``, 4
-    warps (8 for the output kernel when ``block_k * block_v >= 8192``, for
-    the backward chunk kernel when ``block_k >= 64``: sm_90 builds compiled offline spilled
-    2-4 KB per thread with 4 warps at K = V = 128; for the chunk prep when ``block_k >= 32``
+    warps (8 for the output kernel when ``block_k * block_v >= 8192``; **2** for the
+    backward chunk kernel when ``block_k >= 64``: its 8-warp (wgmma) build, the rule up to
+    session 23, gave dk, dg and dbeta that differed from call to call in 11 of 96 batches of
+    12 calls at case a while other processes shared the H200 (9 of 12 on 2026-12-03), the
+    2-warp build in 0 of 96, at 12% more forward+backward time (a 4.86 -> 5.44 ms, b 9.39
+    -> 10.54, c 19.32 -> 21.63; docs/determinism.md), right against float64 at K, V in
+    {64, 100, 128}, bf16, fp16 and fp32 on the H200; sm_90 builds with 4 warps spilled 2-4
+    KB per thread at K = V = 128 (and were wrong there: :func:`cuda_plan_problem`); for the
+    chunk prep when ``block_k >= 32``
     with fp32 intermediates: 4 were built wrongly at K = 32 on an H200, see
     :func:`cuda_plan_problem`), 16-bit
     intermediates for bf16/fp16 inputs when ``block_k >= 32`` (``>= 64`` on CUDA) and
@@ -482,7 +490,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_prep=8 if cuda and block_k >= 32 and not wide else 4,
         num_warps_h=8 if big_h and not wide else 4,
         num_warps_o=8 if cuda and block_k * block_v >= 8192 else 4,
-        num_warps_bwd=8 if cuda and block_k >= 64 else 4,
+        # 2 (no wgmma): the 8-warp build did not repeat under shared load (2026-12-03)
+        num_warps_bwd=2 if cuda and block_k >= 64 else 4,
         num_stages_h=3 if wide else 1,
         keep_a=1,
         l2norm_block_rows=16 if cuda else 256,

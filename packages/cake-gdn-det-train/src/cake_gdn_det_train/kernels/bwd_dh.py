@@ -23,7 +23,7 @@ import triton.language as tl
 def gdn_bwd_dv_local_kernel(
     Qp, Kp, GCUM, DO, CHUNK_START, CHUNK_END,
     DVL,
-    scale, H, HV, GROUP, KD, VD,
+    scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr,
 ):

@@ -46,7 +46,7 @@ import triton.language as tl
 def gdn_bwd_local_wy_kernel(
     Qp, Kp, Vp, BETA, GCUM, Ap, HBUF, DH, DO, DVNEW, VNEW, CHUNK_START, CHUNK_END,
     DQ, DK, DV, DG, DBETA, DZ,
-    scale, H, HV, GROUP, KD, VD,
+    scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     NK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
 ):
@@ -218,7 +218,7 @@ def _dk_of_head(Kb, DZ, DK, start, hv, rows, tmask, ck, kmask, HV, KD,
 @triton.jit
 def gdn_bwd_local_dk_kernel(
     Kp, CHUNK_START, CHUNK_END, DZ, DK, DKO, DQ, DQO,
-    H, HV, GROUP, KD,
+    H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     SUM_DQ: tl.constexpr, PER_HEAD: tl.constexpr,
 ):

@@ -17,7 +17,7 @@ import triton.language as tl
 def gdn_fwd_o_kernel(
     Qp, Kp, VNEW, GCUM, HBUF, CHUNK_START, CHUNK_END,
     O,
-    scale, H, HV, GROUP, KD, VD,
+    scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     c = tl.program_id(0).to(tl.int64)

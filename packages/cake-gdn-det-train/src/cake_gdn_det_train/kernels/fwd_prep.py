@@ -27,7 +27,7 @@ from cake_core.triangular import unit_lower_inverse
 def gdn_fwd_prep_kernel(
     Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
     GCUM, Ap, W, U,
-    H, HV, GROUP, KD, VD,
+    H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr, BCOL: tl.constexpr = 0,
 ):

@@ -35,7 +35,7 @@ import triton.language as tl
 @triton.jit
 def kda_fwd_h_op_kernel(
     Kp, W, U, GCUM, CU, CHUNK_OFF, H0, HBUF, VNEW, HT,
-    H, HV, GROUP, KD, VD,
+    H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, KG: tl.constexpr,
 ):
@@ -110,7 +110,7 @@ def kda_fwd_h_op_kernel(
 @triton.jit
 def kda_bwd_dh_op_kernel(
     Qp, Kp, W, GCUM, AQK, DO, CU, CHUNK_OFF, DHT, DH, DU, DH0,
-    scale, H, HV, GROUP, KD, VD,
+    scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, KG: tl.constexpr,
 ):
