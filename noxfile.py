@@ -18,7 +18,8 @@ Runs on the CPU through Triton's interpreter when no CUDA device is present.
 Where the Python running nox holds BASE (torch, Triton, numpy, pytest, pytest-xdist) and
 hatchling at admitted versions, as .ci/run installs them first, the family, integration and
 demo envs see them through `--system-site-packages` and install only their cake packages
-(an env that sees any other installed cake distribution fails); else each env holds its
+(an env that sees any other installed cake distribution fails; pytest loads only xdist,
+no auto-loaded plugins); else each env holds its
 own torch and Triton (about 1.6 GB). A session deletes its env when it ends, so
 `nox -s tests` needs disk for one env at a time, not ten (a CI machine ran out of disk
 otherwise). Set CAKE_NOX_KEEP_ENVS=1 to keep them (with `-r`).
@@ -124,6 +125,17 @@ _FOREIGN_CHECK = (
     "if s else 0)")
 
 
+#: pytest's plugins in the test sessions: xdist only, none auto-loaded (an env on the system
+#: site-packages would otherwise load whatever plugins that Python holds)
+PYTEST_PLUGINS = ["-p", "no:cacheprovider", "-p", "xdist.plugin"]
+
+
+def _pytest_env(workers: list[str]) -> dict[str, str]:
+    """No plugin auto-loading; with workers, torch on one thread each."""
+    return {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            **({"OMP_NUM_THREADS": "1"} if workers else {})}
+
+
 def _workers() -> list[str]:
     """pytest-xdist options of the family and integration sessions: one worker per core,
     at most 8 (``$CAKE_TEST_WORKERS`` sets the count; 0 runs in one process). Under Triton's
@@ -198,9 +210,9 @@ def family(session: nox.Session, family: str) -> None:
         _install(session, [dist], compile_pyc=family not in LEGACY)
         # a legacy name's 9 short tests: starting workers would cost more than they save
         workers = [] if family in LEGACY else _workers()
-        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
+        session.run("python", "-m", "pytest", "-q", *PYTEST_PLUGINS, *workers,
                     f"packages/{dist}/tests", *session.posargs,
-                    env={"OMP_NUM_THREADS": "1"} if workers else None)
+                    env=_pytest_env(workers))
 
 
 @nox.session(venv_params=VENV_PARAMS)
@@ -209,9 +221,8 @@ def integration(session: nox.Session) -> None:
     with _env_dropped_after(session):
         _install(session, list(FAMILIES.values()))
         workers = _workers()
-        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers,
-                    "tests-integration",
-                    *session.posargs, env={"OMP_NUM_THREADS": "1"} if workers else None)
+        session.run("python", "-m", "pytest", "-q", *PYTEST_PLUGINS, *workers,
+                    "tests-integration", *session.posargs, env=_pytest_env(workers))
 
 
 @nox.session
