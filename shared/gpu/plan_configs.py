@@ -93,10 +93,13 @@ CONFIGS = {
                       "128 128 bfloat16 block_v_h=32 num_warps_h=4 keep_states=1",
                       "100 48 bfloat16 block_v_h=32 lens=1,70,0,65",
                       "128 128 float16 block_v_h=32 num_warps_h=4",
-                      # the session-14 rule's narrowed plans (state_programs): K = 128
+                      # the session-14 narrowed plans (state_programs) with 8 state warps;
+                      # the rule's since session 24 add num_warps_h=4 (next lines)
                       "128 100 bfloat16 block_v_h=32 lens=1,70,0,65",
                       "128 64 float16 block_v_h=32",
                       "128 128 bfloat16 block_v_h=32 keep_states=1 lens=1,70,0,65",
+                      "128 100 bfloat16 block_v_h=32 num_warps_h=4 lens=1,70,0,65",
+                      "128 64 float16 block_v_h=32 num_warps_h=4",
                       # inv_kernel = 1 (format 9, session 22): T in its own kernel, 16 x 16
                       # blocks merged; built on the CPU, not yet run on a GPU
                       "128 128 bfloat16 inv_kernel=1", "128 128 float16 inv_kernel=1",

@@ -156,7 +156,8 @@ fi
 # burn: repeat checks while 2 other processes time-share the GPU (repeat_diag.py --burn 2
 # --trace: per-output distinct hashes over 20 calls, and the first launch that wrote other
 # bits), the rule's plan, for each family in $BURN_FAMS at its case ($BURN_CASE_<fam>);
-# for KDA also the rule's plan built without wgmma (DISABLE_MMA_V3), and num_warps_bwd=2.
+# for KDA also the rule's plan built without wgmma (DISABLE_MMA_V3), and num_warps_bwd=2
+# (the rule's since 2026-12-03, so that run repeats the first: kept for older checkouts).
 if has burn; then
   for fam in ${BURN_FAMS:-kda gdn}; do
     cv=BURN_CASE_${fam}; [ $fam = kda ] && dc=a || dc=d
@@ -175,8 +176,8 @@ fi
 # compiling and launching in the background ($MIX_SECS seconds) while, for each plan of
 # $MIX_PLANS (';'-separated, default ";": the rule, whose local kernel has had 2 warps, no
 # wgmma, since 2026-12-03, when the 8-warp build it replaced failed 9 of 12 batches; an
-# empty item is the rule, so write the rule first: bash drops a trailing empty item; 8
-# warps are now refused at K = 128), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
+# empty item is the rule, so write the rule first: bash drops a trailing empty item; 4 or
+# 8 warps are now refused at K > 64), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
 # and one runs GDN's rule. Per batch: the outputs that took more than one value.
 if has mixload; then
   MS=${MIX_SECS:-300}; T=packages/cake-kda-det-train/tests

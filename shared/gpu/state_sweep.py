@@ -11,7 +11,9 @@ plan given.
     an item ``ce=KERNEL[,KERNEL...]`` launches, for that variant, a copy of each named
     kernel of the family whose shape arguments (H, HV, GROUP, KD, VD,
     where it has them) are ``tl.constexpr``, as session 23 did by hand for GDN's state
-    kernels (7.6% off the forward one alone, the same bits): e.g. ``ce=gdn_fwd_o_kernel``)
+    kernels (7.6% off the forward one alone, the same bits): e.g. ``ce=kda_bwd_local_kernel``;
+    a kernel whose shape is already constexpr, as GDN's K = 128 rule kernels since session
+    24, is left as it is)
 
 Written after session 19 (H200) profiled FLA's KDA state recurrence at 152 us per forward
 at case a against cake's ``kda_fwd_h_kernel`` 281 us, and the backward's state kernel at

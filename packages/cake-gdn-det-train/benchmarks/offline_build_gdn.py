@@ -51,7 +51,8 @@ SASS_GROUPS = {
 #: Triton's launcher specializes them at run time; every pointer is marked too)
 ALIGN = {}
 #: the heads and dims of the build (case a's); a kernel that takes H, HV, GROUP, KD or VD as
-#: ``tl.constexpr`` (every kernel of the CUDA rule since 2026-12-03) gets them from here
+#: ``tl.constexpr`` (the rule's kernels at 16-bit K = 128, rec_form / local_form 1, since
+#: 2026-12-03; the others take them at run time) gets them from here
 SHAPE = {}
 
 

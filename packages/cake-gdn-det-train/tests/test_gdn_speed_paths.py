@@ -388,7 +388,7 @@ def test_block_v_h_fault_fenced_on_cuda():
     assert cuda_plan_problem(f32, torch.float32) is None
 
 
-def test_workspace_serves_plans_differing_in_block_v_h(gdn_inputs):
+def test_workspace_serves_plans_differing_in_narrowed_fields(gdn_inputs):
     """A workspace made for one plan serves a call whose plan differs in block_v_h /
     num_warps_h only (the buffers are the same; the state_programs rule may narrow the
     default plan), with the same bits as without a workspace; a plan that differs elsewhere

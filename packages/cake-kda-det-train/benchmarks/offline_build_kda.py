@@ -144,6 +144,8 @@ def main():
                              *build(kda_fwd_pairs_tok_kernel, pt, c, TOK_WARPS)))
     bk = triton.next_power_of_2(max(16, a.K))
     hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
+    # the state kernels' V block is block_v_h (format 9), the output kernel's block_v
+    sc = dict(hc, BV=plan.block_v_h)
     h_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     h_t.update({"Kp": "*bf16", "W": "*bf16", "U": "*bf16", "GCUM": "*fp32", "CU": "*i32",
                 "CHUNK_OFF": "*i32", "H0": "*fp32", "HBUF": "*bf16", "VNEW": "*bf16",
@@ -151,7 +153,7 @@ def main():
     fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
     op = {"KG": plan.rec_form == 2} if plan.rec_form else {}
     rows.append((f"fwd state h (stages={plan.num_stages_h})", plan.num_warps_h,
-                 *build(fwd_h, h_t, dict(hc, HAS_H0=True, STORE_FINAL=True, **op),
+                 *build(fwd_h, h_t, dict(sc, HAS_H0=True, STORE_FINAL=True, **op),
                         plan.num_warps_h, plan.num_stages_h)))
     o_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     o_t.update({"Qp": "*bf16", "GCUM": "*fp32", "AQK": "*bf16", "VNEW": "*bf16",
@@ -167,13 +169,13 @@ def main():
                  "DO": "*bf16", "CU": "*i32", "CHUNK_OFF": "*i32", "DHT": "*fp32",
                  "DH": "*bf16", "DU": "*bf16", "DH0": "*fp32", "scale": "fp32"})
     bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
-    dhc = dict(hc)
+    dhc = dict(sc)
     if plan.dh_split and not plan.rec_form:
         bwd_dh = kda_bwd_dh_split_kernel
         dhc["BKH"] = dhc.pop("BK") // 2
-    rows.append((f"bwd state dh (stages={plan.num_stages_h})", plan.num_warps_h,
+    rows.append((f"bwd state dh (stages={plan.num_stages_dh})", plan.num_warps_dh,
                  *build(bwd_dh, dh_t, dict(dhc, HAS_DHT=True, STORE_DH0=True, **op),
-                        plan.num_warps_h, plan.num_stages_h)))
+                        plan.num_warps_dh, plan.num_stages_dh)))
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",
              "VNEW": "*bf16", "DU": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32",

@@ -165,7 +165,7 @@ def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
 _NARROWED_FIELDS = ("block_v_h", "num_warps_h")
 
 
-def _without_block_v_h(plan: GDNDetPlan) -> dict:
+def _without_narrowed_fields(plan: GDNDetPlan) -> dict:
     d = plan.to_dict()
     for name in _NARROWED_FIELDS:
         d.pop(name)
@@ -180,7 +180,7 @@ def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: in
     the default)."""
     own = getattr(workspace, "plan", None)
     if isinstance(workspace, GDNDetWorkspace) and isinstance(own, GDNDetPlan) and \
-            own != plan and _without_block_v_h(own) == _without_block_v_h(plan):
+            own != plan and _without_narrowed_fields(own) == _without_narrowed_fields(plan):
         plan = own
     return resolve_workspace(workspace, plan, device, workspace_type=GDNDetWorkspace,
                              buffer_shapes=workspace_shapes(plan, HV),

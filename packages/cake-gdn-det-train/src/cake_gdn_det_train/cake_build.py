@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:caef2a6fd831ddda5c6623bf0e0c4f72c3ed4a19666fa99743ee034eeabf5d76"
+SOURCE_DIGEST = "sha256:99ccac228a18a2b9b0d84ef990ecd83f8d65807aa0785ba13daa01e3cc124196"
 # --- end of generated block ---
 
 MANIFEST = {

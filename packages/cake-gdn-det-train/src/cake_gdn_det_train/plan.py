@@ -323,7 +323,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     at both there (equal hashes; under the interpreter, whose dots are numpy products of
     the tile widths, bits may differ). The narrowed plan's state kernels run 4 warps, not
     the rule's 8 (an H200, 2026-12-03, case a: forward state kernel 779 -> 669 us, backward
-    950 -> 850 us, fwd+bwd 9.41 -> 9.14 ms, the same bits; at case d, not narrowed, 4 warps
+    943 -> 850 us, fwd+bwd 9.41 -> 9.14 ms, the same bits; at case d, not narrowed, 4 warps
     made the backward one 173 -> 396 us, so the wide plan keeps 8). Otherwise the plan
     stays. A workspace made for either plan serves both (the buffers are the same).
 
