@@ -92,3 +92,30 @@ def test_rule_takes_the_split_paths():
             for K, V in ((16, 16), (64, 128), (128, 128)):
                 p = _rule(K, V, dt, torch.device(dev))
                 assert (p.fwd_split, p.bwd_split, p.diag_load) == (1, 1, 2), (dev, K, V, dt)
+
+
+def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
+    """``chunk.BWD_MAXNREG`` (the backward chunk kernel's ``maxnreg``, a launch constant for
+    GPU sweeps, None in the rule) reaches the launch and leaves the results right against
+    float64 (on CUDA it changes only the register budget of the build)."""
+    from cake_kda_det_train import chunk
+
+    launches = []
+    real = chunk.kda_bwd_local_kernel
+
+    class Rec:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                launches.append(kw.get("maxnreg"))
+                return real[grid](*a, **kw)
+            return launch
+
+    monkeypatch.setattr(chunk, "kda_bwd_local_kernel", Rec())
+    monkeypatch.setattr(chunk, "BWD_MAXNREG", 255)
+    plan = make_plan(48, 32, torch.float32, DEV)
+    kda.check_plan_on_docs(plan, [1, 70, 0, 65], 48, 32, torch.float32, seed=5)
+    assert launches and set(launches) == {255}
+    monkeypatch.setattr(chunk, "BWD_MAXNREG", None)
+    launches.clear()
+    kda.check_plan_on_docs(plan, [3, 20], 48, 32, torch.float32, seed=6)
+    assert launches and set(launches) == {None}

@@ -78,7 +78,7 @@ PLANS = [
                 "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a9f8e056e2a36ccec830a6b5ea8966c82b058c948ae24d56799fe791c4059eb3"
+SOURCE_DIGEST = "sha256:71534c237600f715de26754cd3c2df1f21adea945bbb1410d214bbbf2d6d943e"
 # --- end of generated block ---
 
 MANIFEST = {

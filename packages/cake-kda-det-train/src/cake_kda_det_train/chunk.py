@@ -37,6 +37,14 @@ from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dty
 # (H200, case a, session 16: 4 x 4 fastest of 1x1, 2x1, 4x2, 4x4, 8x4; within ~3%)
 TOK_HEADS = 4
 TOK_WARPS = 4
+#: ``maxnreg`` of the backward chunk kernel's launch (the PTX ``.maxnreg``: registers per
+#: thread ptxas may use), or ``None``: ptxas decides (the rule). Offline sm_90 builds of the
+#: rule's 2-warp kernel at K = V = 128 (Triton 3.6, 2026-12-03): ptxas chose 32 registers
+#: and 7680 stack bytes per thread (11186 spill instructions); with 255, 255 and 4008
+#: (2950). Not yet timed on a GPU nor checked for bits there: a launch constant for
+#: ``shared/gpu/state_sweep.py`` (item ``chunk.BWD_MAXNREG=255``), not a plan field, until
+#: it is. The interpreter ignores it.
+BWD_MAXNREG = None
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -293,7 +301,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             NV=_cdiv(V, plan.block_v_bwd), DIAG_LOAD=plan.diag_load,
             P_LOAD=plan.diag_load == 2, SPLIT=split,
             num_warps=plan.num_warps_bwd, DT=cst["DT"],
-            PREC=cst["PREC"], BT=CHUNK_SIZE)
+            PREC=cst["PREC"], BT=CHUNK_SIZE,
+            **({"maxnreg": BWD_MAXNREG} if BWD_MAXNREG else {}))
         if split:  # step 3 per 16-token sub-chunk, then dg's reverse cumsum per chunk
             kda_bwd_intra_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
                 q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
