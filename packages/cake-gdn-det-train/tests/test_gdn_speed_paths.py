@@ -370,6 +370,10 @@ def test_state_programs_rule():
     for bad in (-1, 1.5, True, "4"):
         with pytest.raises(ValueError, match="state_programs"):
             make_plan(128, 128, BF16, "cpu", state_programs=bad)
+    if not torch.cuda.is_available():  # the SM count cannot be read: a ValueError, not a crash
+        with pytest.raises(ValueError, match="state_programs: .*no CUDA"):
+            make_plan(128, 128, BF16, "cuda", state_programs=1)
+        assert make_plan(128, 128, BF16, "cuda").block_v_h == 64
 
 
 def test_block_v_h_fault_fenced_on_cuda():

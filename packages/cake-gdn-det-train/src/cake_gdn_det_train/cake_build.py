@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:99ccac228a18a2b9b0d84ef990ecd83f8d65807aa0785ba13daa01e3cc124196"
+SOURCE_DIGEST = "sha256:3b87fb103e36588148b85b32c8f1fe159d1d920a3e59acc029bf672de32a4169"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -361,7 +361,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
             CUDA the limits of :func:`cuda_plan_problem` (K, V <= 128; fp32 inputs or
-            V <= 16: K <= 64).
+            V <= 16: K <= 64); if ``state_programs`` is neither None nor an int >= 0, or is
+            given for a CUDA device on a machine without CUDA (the rule reads that GPU's
+            SM count).
     """
     plan = make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
                           rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
@@ -370,6 +372,10 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     if isinstance(state_programs, bool) or not isinstance(state_programs, numbers.Integral) \
             or state_programs < 0:
         raise ValueError(f"state_programs: must be None or an int >= 0, got {state_programs!r}")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("state_programs: the rule reads the CUDA device's SM count, and this "
+                         "machine has no CUDA; pass state_programs=None for the plan without "
+                         "that rule (the narrowed plan differs in block_v_h and num_warps_h)")
     return narrowed_for(plan, dtype, torch.device(device), int(state_programs))
 
 
