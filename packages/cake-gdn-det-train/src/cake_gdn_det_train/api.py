@@ -71,6 +71,7 @@ from cake_gdn_det_train.kernels.rec_slice import (
 from cake_gdn_det_train.plan import (
     CHUNK_SIZE,
     MAX_HEAD_DIM,
+    NARROWED_FIELDS,
     GDNDetPlan,
     cuda_plan_problem,
     make_plan,
@@ -160,14 +161,9 @@ def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
     return tl.float32 if is_interpreting() else _TL[inter_dtype(plan, dtype)]
 
 
-#: the fields that :func:`make_plan`'s ``state_programs`` rule may change: launch shapes of
-#: the two state kernels only (no buffer depends on them)
-_NARROWED_FIELDS = ("block_v_h", "num_warps_h")
-
-
 def _without_narrowed_fields(plan: GDNDetPlan) -> dict:
     d = plan.to_dict()
-    for name in _NARROWED_FIELDS:
+    for name in NARROWED_FIELDS:
         d.pop(name)
     return d
 

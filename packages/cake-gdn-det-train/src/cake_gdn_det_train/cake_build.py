@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3b87fb103e36588148b85b32c8f1fe159d1d920a3e59acc029bf672de32a4169"
+SOURCE_DIGEST = "sha256:7ad6ffa1bbf151d94e04e02bd6000d26e51c58ac1a7f6b7c6ae72d3f3449fa4d"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -379,6 +379,11 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     return narrowed_for(plan, dtype, torch.device(device), int(state_programs))
 
 
+#: what :func:`make_plan`'s ``state_programs`` rule sets: launch shapes of the two state
+#: kernels only (no buffer depends on them, so a workspace serves either plan)
+NARROWED_FIELDS = {"block_v_h": 32, "num_warps_h": 4}
+
+
 def narrowed_for(plan: GDNDetPlan, dtype: torch.dtype, device: torch.device,
                  state_programs: int) -> GDNDetPlan:
     """The rule's ``plan`` after :func:`make_plan`'s ``state_programs`` rule: its
@@ -387,8 +392,8 @@ def narrowed_for(plan: GDNDetPlan, dtype: torch.dtype, device: torch.device,
     if device.type != "cuda" or not narrow_states_pay(plan, dtype, state_programs,
                                                       sm_count(device)):
         return plan
-    return cached_plan(_PLANS, (plan, "block_v_h", 32, "num_warps_h", 4),
-                       lambda: dataclasses.replace(plan, block_v_h=32, num_warps_h=4))
+    return cached_plan(_PLANS, (plan, *NARROWED_FIELDS.items()),
+                       lambda: dataclasses.replace(plan, **NARROWED_FIELDS))
 
 
 def narrow_states_pay(plan: GDNDetPlan, dtype: torch.dtype, state_programs: int,
