@@ -10,7 +10,12 @@ import dataclasses
 import pytest
 import torch
 from cake_causal_conv1d_det_train import CausalConv1dDetPlan, make_plan
-from cake_core.testing import assert_bitwise_repeat, assert_close_to_reference, bitwise_equal
+from cake_core.testing import (
+    assert_bitwise_repeat,
+    assert_close_to_reference,
+    bitwise_equal,
+    record_launches,
+)
 from cake_core.triton_utils import is_interpreting
 
 VARIANTS = {"window": dict(bwd_window=1), "tap-major": dict(weight_tap_major=1),
@@ -289,26 +294,14 @@ def test_sub_tile_field_reaches_the_launch(conv, monkeypatch):
     which field was read); the CUDA rule's choice for W <= 4 is 64 / 32."""
     from cake_causal_conv1d_det_train import api
 
-    seen = []
-    real = api.causal_conv1d_fwd_kernel
-
-    class Rec:
-        def __getitem__(self, grid):
-            launch = real[grid]
-
-            def run(*args, **kw):
-                seen.append(kw["SUB_T"])
-                return launch(*args, **kw)
-            return run
-
-    monkeypatch.setattr(api, "causal_conv1d_fwd_kernel", Rec())
     inp = conv.make_inputs(1, 40, 20, 4, torch.float32, seed=4)
     plan = dataclasses.replace(make_plan(20, 4, torch.float32, conv.DEV), block_t_fwd=16,
                                fwd_sub_t=4, fwd_sub_t_linear=2)
-    conv.run_cake(inp, "silu", plan=plan)
-    conv.run_cake(inp, None, plan=plan)
-    conv.run_cake(inp, None, plan=dataclasses.replace(plan, fwd_sub_t_linear=64))
-    assert seen == [4, 2, 16]
+    with record_launches(api, "causal_conv1d_fwd_kernel") as launches:
+        conv.run_cake(inp, "silu", plan=plan)
+        conv.run_cake(inp, None, plan=plan)
+        conv.run_cake(inp, None, plan=dataclasses.replace(plan, fwd_sub_t_linear=64))
+    assert [kw["SUB_T"] for _, kw in launches["causal_conv1d_fwd_kernel"]] == [4, 2, 16]
     rule = make_plan(4096, 4, torch.bfloat16, "cuda")
     assert (rule.block_t_fwd, rule.fwd_sub_t, rule.fwd_sub_t_linear) == (64, 64, 32)
     wide = make_plan(4096, 5, torch.bfloat16, "cuda")  # W > 4: not timed, whole blocks

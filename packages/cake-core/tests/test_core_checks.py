@@ -134,3 +134,17 @@ def test_positive_finite_traces_under_dynamic_fullgraph_compile():
         assert torch.equal(cg(torch.ones(n), 0.5), g(torch.ones(n), 0.5))
     with pytest.raises(ValueError, match="eps"):
         check_positive_finite(float("-inf"), "eps")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA only")
+def test_cuda_device_queries_without_cuda_are_value_errors():
+    """sm_count / device_signature of a CUDA device where there is no CUDA: a ValueError
+    that says why (torch raises an AssertionError there), so that every plan rule reading
+    them (mhc's token slices, GDN's state_programs) refuses such a device clearly."""
+    from cake_core.triton_utils import device_signature, sm_count
+    cuda = torch.device("cuda")
+    for query in (sm_count, device_signature):
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            query(cuda)
+    assert sm_count(torch.device("cpu")) == 4
+    assert device_signature(torch.device("cpu")) == "cpu-interpreter"

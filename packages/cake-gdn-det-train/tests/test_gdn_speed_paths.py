@@ -18,7 +18,12 @@ import json
 
 import pytest
 import torch
-from cake_core.testing import assert_bitwise_repeat, assert_close_to_reference, randn
+from cake_core.testing import (
+    assert_bitwise_repeat,
+    assert_close_to_reference,
+    randn,
+    record_launches,
+)
 from cake_core.triton_utils import default_device
 from cake_gdn_det_train import (
     GDNDetPlan,
@@ -280,46 +285,35 @@ def test_block_v_h_field_format_and_checks():
             dataclasses.replace(plan, block_v_h=bad)
 
 
-def _record_grids(monkeypatch, *names) -> dict:
-    """Wrap the named kernels of ``cake_gdn_det_train.api`` so each launch records its
-    grid; return ``{name: [grid, ...]}`` (filled as the kernels launch)."""
-    import cake_gdn_det_train.api as api
-
-    grids = {}
-
-    class Rec:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            grids.setdefault(self.name, []).append(tuple(grid))
-            return self.kernel[grid]
-
-    for name in names:
-        monkeypatch.setattr(api, name, Rec(name, getattr(api, name)))
-    return grids
+def _grids(launches: dict, name: str) -> list:
+    """The grids of ``name``'s launches in a ``cake_core.testing.record_launches`` record."""
+    return [grid for grid, _ in launches.get(name, [])]
 
 
-def test_block_v_h_sets_the_state_kernels_grid(monkeypatch, gdn_inputs):
+def test_block_v_h_sets_the_state_kernels_grid(gdn_inputs):
     """The state kernels launch ceil(V / block_v_h) column blocks, the output kernel
     ceil(V / block_v) (a field the launches ignored would pass the value tests)."""
-    grids = _record_grids(monkeypatch, "gdn_fwd_h_kernel", "gdn_bwd_dh_kernel",
-                          "gdn_fwd_o_kernel")
+    from cake_gdn_det_train import api
+
     plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
                                rec_form=0)
     q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 32, 64, seed=81, h0=True)
-    o, _ = chunk_gated_delta_rule_det(q.requires_grad_(), k, v, g, beta, plan=plan)
-    o.sum().backward()
-    assert grids["gdn_fwd_h_kernel"] and all(gr[2] == 2 for gr in grids["gdn_fwd_h_kernel"])
-    assert grids["gdn_bwd_dh_kernel"] == [(1, 2, 2)]
-    assert grids["gdn_fwd_o_kernel"] and all(gr[2] == 1 for gr in grids["gdn_fwd_o_kernel"])
+    with record_launches(api, "gdn_fwd_h_kernel", "gdn_bwd_dh_kernel",
+                         "gdn_fwd_o_kernel") as launches:
+        o, _ = chunk_gated_delta_rule_det(q.requires_grad_(), k, v, g, beta, plan=plan)
+        o.sum().backward()
+    fwd_h, fwd_o = _grids(launches, "gdn_fwd_h_kernel"), _grids(launches, "gdn_fwd_o_kernel")
+    assert fwd_h and all(gr[2] == 2 for gr in fwd_h)
+    assert _grids(launches, "gdn_bwd_dh_kernel") == [(1, 2, 2)]
+    assert fwd_o and all(gr[2] == 1 for gr in fwd_o)
 
 
-def test_rec_form_1_state_grid_is_one_axis(monkeypatch, gdn_inputs):
+def test_rec_form_1_state_grid_is_one_axis(gdn_inputs):
     """rec_form = 1 launches its state kernels on one axis of N * HV * ceil(V / block_v_h)
     programs, V blocks fastest (kernels/rec_bp.py), with every (sequence, value head, V
     block) once: right against float64 with three ragged sequences and two V blocks."""
-    grids = _record_grids(monkeypatch, "gdn_fwd_h_bp_kernel", "gdn_bwd_dh_bp_kernel")
+    from cake_gdn_det_train import api
+
     plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
                                rec_form=1)
     lens = [70, 1, 65]
@@ -328,11 +322,12 @@ def test_rec_form_1_state_grid_is_one_axis(monkeypatch, gdn_inputs):
                                       n_states=len(lens))
     do = randn(v.shape, torch.float32, DEV, seed=84)
     dht = randn(h0.shape, torch.float32, DEV, seed=85)
-    got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, cu_seqlens=cu,
-                 plan=plan)
+    with record_launches(api, "gdn_fwd_h_bp_kernel", "gdn_bwd_dh_bp_kernel") as launches:
+        got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
+                     cu_seqlens=cu, plan=plan)
     # the forward state kernel twice: the forward and the backward's recompute
-    assert grids["gdn_fwd_h_bp_kernel"] == [(3 * 2 * 2,)] * 2
-    assert grids["gdn_bwd_dh_bp_kernel"] == [(3 * 2 * 2,)]
+    assert _grids(launches, "gdn_fwd_h_bp_kernel") == [(3 * 2 * 2,)] * 2
+    assert _grids(launches, "gdn_bwd_dh_bp_kernel") == [(3 * 2 * 2,)]
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu)
@@ -465,3 +460,35 @@ def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn
     for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
                           strict=True):
         assert_close_to_reference(a, b, dtype, name)
+
+
+def test_wy_launch_constants_reach_the_launch(gdn_inputs, monkeypatch):
+    """``api.WY_STAGES`` / ``api.WY_MAXNREG`` (the local WY kernel's ``num_stages`` and
+    ``maxnreg``, launch constants for GPU sweeps, None in the rule) reach its launch and
+    are absent from it when None; results right against float64 either way (on CUDA they
+    change only the build's pipelining and register budget)."""
+    from cake_gdn_det_train import api
+
+    K, V, lens = 32, 40, [1, 70, 0, 65]
+    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), local_form=1,
+                               block_k_local=16)
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, 2, K, V, seed=91, h0=True,
+                                      n_states=len(lens))
+    cu = _cu(lens)
+    do = randn(v.shape, torch.float32, DEV, seed=92)
+    dht = randn(h0.shape, torch.float32, DEV, seed=93)
+    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                  dht.double(), cu_seqlens=cu)
+    for stages, maxnreg in ((1, 128), (None, None)):
+        monkeypatch.setattr(api, "WY_STAGES", stages)
+        monkeypatch.setattr(api, "WY_MAXNREG", maxnreg)
+        with record_launches(api, "gdn_bwd_local_wy_kernel") as launches:
+            got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
+                         cu_seqlens=cu, plan=plan)
+        kws = [kw for _, kw in launches["gdn_bwd_local_wy_kernel"]]
+        assert kws and all(kw.get("num_stages") == stages and kw.get("maxnreg") == maxnreg
+                           for kw in kws)
+        for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
+                              got, want, strict=True):
+            assert_close_to_reference(a, b, torch.float32, name)

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from cake_core.testing import record_launches
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import make_plan
 from cake_kda_det_train.plan import cuda_plan_problem
@@ -100,22 +101,10 @@ def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
     float64 (on CUDA it changes only the register budget of the build)."""
     from cake_kda_det_train import chunk
 
-    launches = []
-    real = chunk.kda_bwd_local_kernel
-
-    class Rec:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                launches.append(kw.get("maxnreg"))
-                return real[grid](*a, **kw)
-            return launch
-
-    monkeypatch.setattr(chunk, "kda_bwd_local_kernel", Rec())
-    monkeypatch.setattr(chunk, "BWD_MAXNREG", 255)
     plan = make_plan(48, 32, torch.float32, DEV)
-    kda.check_plan_on_docs(plan, [1, 70, 0, 65], 48, 32, torch.float32, seed=5)
-    assert launches and set(launches) == {255}
-    monkeypatch.setattr(chunk, "BWD_MAXNREG", None)
-    launches.clear()
-    kda.check_plan_on_docs(plan, [3, 20], 48, 32, torch.float32, seed=6)
-    assert launches and set(launches) == {None}
+    for maxnreg, lens, seed in ((255, [1, 70, 0, 65], 5), (None, [3, 20], 6)):
+        monkeypatch.setattr(chunk, "BWD_MAXNREG", maxnreg)
+        with record_launches(chunk, "kda_bwd_local_kernel") as launches:
+            kda.check_plan_on_docs(plan, lens, 48, 32, torch.float32, seed=seed)
+        got = [kw.get("maxnreg") for _, kw in launches["kda_bwd_local_kernel"]]
+        assert got and set(got) == {maxnreg}

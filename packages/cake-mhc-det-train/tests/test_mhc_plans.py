@@ -34,6 +34,9 @@ def test_make_plan_checks_and_caches():
         make_plan(4, 8, torch.int32, "cpu")
     with pytest.raises(ValueError, match="device"):
         make_plan(4, 8, torch.float32, "nodevice")
+    if not torch.cuda.is_available():  # the rule reads the SM count: a ValueError, not torch's
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            make_plan(4, 4096, torch.bfloat16, "cuda")
 
 
 def test_plans_are_dtype_agnostic():

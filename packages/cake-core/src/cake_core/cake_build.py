@@ -39,7 +39,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0d419c441a5d23ee9e8dc696fccb8c327325cff8400bdc38059d1c7c1f118ad5"
+SOURCE_DIGEST = "sha256:0f7d263d31cc01c0276c9a575b2605fc0f5d9830bb00152ce7b7ffffb96f7dfe"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -531,3 +531,47 @@ def no_kernel_launches(module: Any, *names: str):
     finally:
         for n, f in real.items():
             setattr(module, n, f)
+
+
+class _Recorder:
+    def __init__(self, name: str, kernel: Any, launches: dict):
+        self.name, self.kernel, self.launches = name, kernel, launches
+
+    def __getitem__(self, grid: Any):
+        launch = self.kernel[grid]
+
+        def run(*args: Any, **kwargs: Any):
+            self.launches.setdefault(self.name, []).append((tuple(grid), dict(kwargs)))
+            return launch(*args, **kwargs)
+        return run
+
+
+@contextlib.contextmanager
+def record_launches(module: Any, *names: str):
+    """For the block, wrap each ``module.<name>`` (a Triton kernel launched as
+    ``kernel[grid](*args, **kwargs)``) so that every launch is recorded and then run as
+    it is: a check that a plan field or launch constant reaches the launch (a field the
+    launch ignored would pass the value tests). Restored on exit.
+
+    Args:
+        module: the module the code under test looks the kernels up in (e.g. a family's
+            ``api``).
+        names: the kernels' attribute names.
+
+    Yields:
+        ``{name: [(grid, kwargs), ...]}``, filled in launch order (``grid`` a tuple,
+        ``kwargs`` the launch's keyword arguments: constexprs, ``num_warps``, ...).
+
+    Raises:
+        AttributeError: ``module`` has no attribute of one of ``names`` (raised before
+            anything is replaced).
+    """
+    real = {n: getattr(module, n) for n in names}
+    launches: dict = {}
+    try:
+        for n in names:
+            setattr(module, n, _Recorder(n, real[n], launches))
+        yield launches
+    finally:
+        for n, f in real.items():
+            setattr(module, n, f)

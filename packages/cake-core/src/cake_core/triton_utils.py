@@ -82,17 +82,34 @@ def launch_device_check(device: torch.device, name: str = "inputs") -> None:
         )
 
 
+def _cuda_properties(device: torch.device):
+    """``torch.cuda.get_device_properties(device)``, or ``ValueError`` where this machine
+    has no CUDA (torch itself raises an AssertionError or RuntimeError there)."""
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {device} is a CUDA device, but CUDA is not available here "
+                         "(a CUDA plan reads the device's SM count and compute capability)")
+    return torch.cuda.get_device_properties(device)
+
+
 def sm_count(device: torch.device) -> int:
-    """Number of streaming multiprocessors (a fixed 4 under the interpreter or on CPU)."""
+    """Number of streaming multiprocessors (a fixed 4 under the interpreter or on CPU).
+
+    Raises:
+        ValueError: ``device`` is a CUDA device and this machine has no CUDA.
+    """
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_properties(device).multi_processor_count
     return 4
 
 
 def device_signature(device: torch.device) -> str:
-    """A short string naming the hardware (for plan rules and benchmark records)."""
+    """A short string naming the hardware (for plan rules and benchmark records).
+
+    Raises:
+        ValueError: ``device`` is a CUDA device and this machine has no CUDA.
+    """
     if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
+        p = _cuda_properties(device)
         return f"{p.name}|sm_{p.major}{p.minor}|{p.multi_processor_count}"
     return "cpu-interpreter"
 

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4545d08b8a717e874fb0b825f24ef8ecff6fa5c513a1c7c371faef5140323404"
+SOURCE_DIGEST = "sha256:eef6f4b83efc4ff034ea5c1a2e6345d1ffc404e7f93315357220495ebaf1719b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -372,6 +372,16 @@ def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: 
 #: the value-head sum of dq / dk fused into the local dk kernel (local_form = 1); False only
 #: in tests, to compare with the group_sum_cast pass it replaces
 _FUSED_GROUP_SUM = True
+#: ``num_stages`` and ``maxnreg`` of the backward chunk-local WY kernel's launch
+#: (``local_form = 1``), or ``None``: Triton's default (3 stages) and ptxas's choice (the
+#: rule). Offline sm_90 builds at K = V = 128, 8 warps (Triton 3.6, 2026-12-03): 255
+#: registers, 40 stack bytes, 139 KB shared with 3 stages (one program per SM); 1 stage
+#: 57 KB; 1 stage with maxnreg 128: 128 registers, 672 stack bytes (two programs per SM
+#: would fit). Launch constants for ``shared/gpu/state_sweep.py`` (items
+#: ``api.WY_STAGES=1 api.WY_MAXNREG=128``), not plan fields, until timed on a GPU. The
+#: interpreter ignores them.
+WY_STAGES = None
+WY_MAXNREG = None
 
 
 def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
@@ -391,7 +401,9 @@ def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, d
         dq_hv, dk_hv, dv, dg, dbeta, dz,
         scale, H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=cdiv(K, BK),
-        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
+        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local,
+        **({"num_stages": WY_STAGES} if WY_STAGES else {}),
+        **({"maxnreg": WY_MAXNREG} if WY_MAXNREG else {}))
     fused = dk_out is not None
     G = HV // H
     gdn_bwd_local_dk_kernel[(NC, H if fused else HV, cdiv(K, BK))](

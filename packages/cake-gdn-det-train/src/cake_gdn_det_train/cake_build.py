@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7ad6ffa1bbf151d94e04e02bd6000d26e51c58ac1a7f6b7c6ae72d3f3449fa4d"
+SOURCE_DIGEST = "sha256:1fe3f187a3fa86bd04585730765228f8615e2f6c68384c82e118c7dfee21d748"
 # --- end of generated block ---
 
 MANIFEST = {

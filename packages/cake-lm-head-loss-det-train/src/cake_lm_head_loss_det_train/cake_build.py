@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:46256ace5c0dc0ad7fb397781b8952528e69811d4d63366816d8b11a0dd4e056"
+SOURCE_DIGEST = "sha256:7c0647bf3e1f10feaa46f3562807a19cae0a1bc25d0a3840a0f44208d8d214c4"
 # --- end of generated block ---
 
 MANIFEST = {

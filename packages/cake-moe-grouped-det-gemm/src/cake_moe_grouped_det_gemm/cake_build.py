@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:130122ef35c2db799811f18355b7a8d8afac1624339b167e772bfe03b835b799"
+SOURCE_DIGEST = "sha256:263d49bd99ce04c1071c022971e8a21cd67fb3c6f3555f576735aad8d3a7dd4a"
 # --- end of generated block ---
 
 MANIFEST = {
