@@ -377,9 +377,11 @@ _FUSED_GROUP_SUM = True
 #: rule). Offline sm_90 builds at K = V = 128, 8 warps (Triton 3.6, 2026-12-03): 255
 #: registers, 40 stack bytes, 139 KB shared with 3 stages (one program per SM); 1 stage
 #: 57 KB; 1 stage with maxnreg 128: 128 registers, 672 stack bytes (two programs per SM
-#: would fit). Launch constants for ``shared/gpu/state_sweep.py`` (items
-#: ``api.WY_STAGES=1 api.WY_MAXNREG=128``), not plan fields, until timed on a GPU. The
-#: interpreter ignores them.
+#: would fit). Timed on an H200 at case b (session 25, 2026-12-03, ``state_sweep.py``),
+#: the same bits everywhere, kernel us: rule 1526; 1 stage 1638; 2 stages 1637; 1 stage +
+#: maxnreg 128 2433; 2 + 128 2289; 1 + 168 2228: the rule stays, and these stay launch
+#: constants for sweeps (items ``api.WY_STAGES=1 api.WY_MAXNREG=128``). The interpreter
+#: ignores them.
 WY_STAGES = None
 WY_MAXNREG = None
 

@@ -68,7 +68,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1fe3f187a3fa86bd04585730765228f8615e2f6c68384c82e118c7dfee21d748"
+SOURCE_DIGEST = "sha256:c7557da85ca4bbcffd758f220cfa84edd92422326753cca5f38e6264beaaaeb2"
 # --- end of generated block ---
 
 MANIFEST = {

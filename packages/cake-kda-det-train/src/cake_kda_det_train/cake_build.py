@@ -78,7 +78,7 @@ PLANS = [
                 "num_stages_dh", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:71534c237600f715de26754cd3c2df1f21adea945bbb1410d214bbbf2d6d943e"
+SOURCE_DIGEST = "sha256:8a26b6e4fb47441054dbe5ea45f951ba236505264bdaa8a7a6aadd900efe1f86"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -41,9 +41,10 @@ TOK_WARPS = 4
 #: thread ptxas may use), or ``None``: ptxas decides (the rule). Offline sm_90 builds of the
 #: rule's 2-warp kernel at K = V = 128 (Triton 3.6, 2026-12-03): ptxas chose 32 registers
 #: and 7680 stack bytes per thread (11186 spill instructions); with 255, 255 and 4008
-#: (2950). Not yet timed on a GPU nor checked for bits there: a launch constant for
-#: ``shared/gpu/state_sweep.py`` (item ``chunk.BWD_MAXNREG=255``), not a plan field, until
-#: it is. The interpreter ignores it.
+#: (2950). Timed on an H200 at case b (session 25, 2026-12-03, ``shared/gpu/state_sweep.py``):
+#: the same bits at 255 / 168 / 128, kernel 3225 us (rule) against 3238 / 4585 / 5355: no
+#: gain, so it stays a launch constant for sweeps (``chunk.BWD_MAXNREG=255``), None in the
+#: rule. The interpreter ignores it.
 BWD_MAXNREG = None
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
