@@ -73,6 +73,14 @@ CONFIGS = {
                       # wrong dk / dg / dbeta on an H200 (session 10), refused on CUDA
                       "100 48 bfloat16 local_form=1 block_k_local=32 lens=1,70,0,65",
                       "48 32 float32 local_form=1 block_k_local=16 lens=1,70,0,65",
+                      # local_form = 2: K-block programs (kernels/bwd_local_kblock.py)
+                      "128 128 bfloat16 local_form=2", "128 128 float16 local_form=2",
+                      "128 128 bfloat16 local_form=2 block_k_local=32 block_v_local=32",
+                      "128 128 bfloat16 local_form=2 block_v_local=32",
+                      "128 128 bfloat16 local_form=2 keep_a=0",
+                      "128 64 bfloat16 local_form=2", "64 64 float32 local_form=2",
+                      "100 48 bfloat16 local_form=2 lens=1,70,0,65",
+                      "48 32 float32 local_form=2 block_k_local=16 lens=1,70,0,65",
                       # rec_form = 2: rec_form 1 with the state in 64-row K slices
                       # (docs/benchmarks/gdn_speed_plan.md); not yet run on a GPU
                       "128 128 bfloat16 rec_form=2",

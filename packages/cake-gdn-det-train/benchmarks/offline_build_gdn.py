@@ -85,6 +85,10 @@ def main():
     import torch
     from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
     from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
+    from cake_gdn_det_train.kernels.bwd_local_kblock import (
+        gdn_bwd_local_kblock_kernel,
+        gdn_bwd_local_wy_kb_kernel,
+    )
     from cake_gdn_det_train.kernels.bwd_local_split import (
         gdn_bwd_local_dk_kernel,
         gdn_bwd_local_wy_kernel,
@@ -172,9 +176,19 @@ def main():
             bk = plan.block_k_local
             c = dict(base, BK=bk, NK=-(-a.K // bk), BV=plan.block_v_local,
                      NV=-(-a.V // plan.block_v_local))
+        if plan.local_form == 1:
             rows.append(("bwd_local_wy", plan.num_warps_local,
                          *build(gdn_bwd_local_wy_kernel, {**t, "DZ": f32}, c,
                                 plan.num_warps_local)))
+        if plan.local_form == 2:  # kernels/bwd_local_kblock.py, at the plan's warps and 4
+            tk = {**t, "WT": f32, "WV": f32, "NT": "i32"}
+            for w in sorted({plan.num_warps_local, 4}, reverse=True):
+                rows.append(("bwd_local_kblock", w,
+                             *build(gdn_bwd_local_kblock_kernel, tk, c, w)))
+            for w in sorted({plan.num_warps_o, 8, 4}, reverse=True):
+                rows.append(("bwd_local_wy_kb", w,
+                             *build(gdn_bwd_local_wy_kb_kernel, {**tk, "DZ": f32}, c, w)))
+        if plan.local_form:
             t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
             t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32, DKO=bf, DQ=f32,
                      DQO=bf)  # case a: two value heads per q/k head, summed here

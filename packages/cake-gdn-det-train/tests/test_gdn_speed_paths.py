@@ -62,6 +62,11 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     (56, 40, torch.float32, dict(local_form=1, block_k_local=16,
                                  block_v_local=16 if DEV.type == "cpu" else 32)),
     (64, 48, torch.bfloat16, dict(local_form=1, block_k_local=32, block_v_local=32)),
+    # local_form = 2: K-block programs; three K blocks, the last partly masked; one K block
+    (40, 40, torch.float32, dict(local_form=2, block_k_local=16,
+                                 block_v_local=16 if DEV.type == "cpu" else 32)),
+    (128, 48, torch.bfloat16, dict(local_form=2, block_k_local=64, block_v_local=32)),
+    (64, 64, torch.bfloat16, dict(local_form=2, block_k_local=64)),
     # rec_form = 2: one masked slice; two slices; the second slice partly masked
     (48, 40, torch.float32, dict(block_v=32, rec_form=2)),
     (128, 64, torch.bfloat16, dict(block_v=32, rec_form=2)),
@@ -72,7 +77,9 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64, rec_form=2)),
 ], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
         "fp32-K40-V24-prep16-recompute", "fp32-K56-V40-local-bk16-bv16",
-        "bf16-K64-V48-local-bk32-16bit", "fp32-K48-V40-bv32-slice1",
+        "bf16-K64-V48-local-bk32-16bit", "fp32-K40-V40-kblock-bk16",
+        "bf16-K128-V48-kblock-bk64", "bf16-K64-V64-kblock-one-block",
+        "fp32-K48-V40-bv32-slice1",
         "bf16-K128-V64-bv32-slice2", "bf16-K100-V48-slice2-masked",
         "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64-slice"])
 def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
@@ -102,8 +109,10 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
 
 @pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16), (dict(prep_block=16), 16),
                                      (dict(local_form=1, block_k_local=16), 40),
+                                     (dict(local_form=2, block_k_local=16), 40),
                                      (dict(block_v_h=16), 16)],
-                         ids=["rec_form", "prep_block", "local_form-K40-bk16", "block_v_h"])
+                         ids=["rec_form", "prep_block", "local_form-K40-bk16",
+                              "local_form2-K40-bk16", "block_v_h"])
 def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     """fp32, packed 1/70/0/65, HV = 2H: twice the same bits; the default plan's values to
     fp32 rounding (the same math, other rounding; local_form: K in 3 blocks, one partly
@@ -243,12 +252,12 @@ def test_fields_serialised_and_checked():
         dataclasses.replace(loc, block_k_local=16), torch.bfloat16)
     fp32 = make_plan(56, 40, torch.float32, "cuda")
     assert fp32.block_v_local == 32 and cuda_plan_problem(fp32, torch.float32) is None
-    for lf in (0, 1):  # illegal memory accesses / wrong dk on an H200 (Triton 3.6)
+    for lf in (0, 1, 2):  # illegal memory accesses / wrong dk on an H200 (Triton 3.6)
         bad = dataclasses.replace(fp32, local_form=lf, block_k_local=16, block_v_local=16)
         assert "block_v_local >= 32" in cuda_plan_problem(bad, torch.float32)
     assert cuda_plan_problem(dataclasses.replace(loc, block_k_local=16), torch.float32) is not \
         None  # K = 128 fp32 is refused on CUDA anyway
-    for bad in (2, -1, True):
+    for bad in (3, -1, True):
         with pytest.raises(ValueError, match="local_form"):
             dataclasses.replace(plan, local_form=bad)
     for bad in (8, 24, 256, 0):
@@ -489,6 +498,45 @@ def test_wy_launch_constants_reach_the_launch(gdn_inputs, monkeypatch):
         kws = [kw for _, kw in launches["gdn_bwd_local_wy_kernel"]]
         assert kws and all(kw.get("num_stages") == stages and kw.get("maxnreg") == maxnreg
                            for kw in kws)
+        for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
+                              got, want, strict=True):
+            assert_close_to_reference(a, b, torch.float32, name)
+
+
+def test_local_form_2_launches_k_block_programs(gdn_inputs, monkeypatch):
+    """``local_form = 2`` launches the K-block kernel on (chunks, HV, ceil(K /
+    block_k_local)) and its WY kernel on (chunks, HV), not form 1's WY kernel; the warp
+    constants ``api.KB_WARPS`` / ``api.WYKB_WARPS`` (None in the rule: the plan's
+    ``num_warps_local`` / ``num_warps_o``) reach the launches; right against float64
+    either way (four packed sequences, one empty: 5 chunks; K in three blocks, the last partly
+    masked)."""
+    from cake_gdn_det_train import api
+
+    K, V, lens = 40, 32, [1, 70, 0, 65]
+    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), local_form=2,
+                               block_k_local=16)
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, 2, K, V, seed=94, h0=True,
+                                      n_states=len(lens))
+    cu = _cu(lens)
+    do = randn(v.shape, torch.float32, DEV, seed=95)
+    dht = randn(h0.shape, torch.float32, DEV, seed=96)
+    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                  dht.double(), cu_seqlens=cu)
+    names = ("gdn_bwd_local_kblock_kernel", "gdn_bwd_local_wy_kb_kernel",
+             "gdn_bwd_local_wy_kernel")
+    for kb_w, wy_w in ((2, 1), (None, None)):
+        monkeypatch.setattr(api, "KB_WARPS", kb_w)
+        monkeypatch.setattr(api, "WYKB_WARPS", wy_w)
+        with record_launches(api, *names) as launches:
+            got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
+                         cu_seqlens=cu, plan=plan)
+        assert _grids(launches, names[0]) == [(5, 2, 3)]
+        assert _grids(launches, names[1]) == [(5, 2)]
+        assert not launches.get(names[2])
+        assert [kw["num_warps"] for _, kw in launches[names[0]]] == \
+            [kb_w or plan.num_warps_local]
+        assert [kw["num_warps"] for _, kw in launches[names[1]]] == [wy_w or plan.num_warps_o]
         for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
                               got, want, strict=True):
             assert_close_to_reference(a, b, torch.float32, name)

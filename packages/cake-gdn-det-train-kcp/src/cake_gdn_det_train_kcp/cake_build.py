@@ -48,6 +48,10 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dv_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dh_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
+        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
+         "function": "gdn_bwd_local_kblock_kernel"},
+        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
+         "function": "gdn_bwd_local_wy_kb_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_split",
          "function": "gdn_bwd_local_wy_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
@@ -79,7 +83,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:2220b3bf1460e63087f3b109aa926e04c537ab6a289fd31582618a79997a8b2c"
+SOURCE_DIGEST = "sha256:cdd5a141396363b4d5283d97de80a13293272b0fd6d1e27046c6870f0921eceb"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

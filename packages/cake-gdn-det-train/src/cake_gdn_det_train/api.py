@@ -45,6 +45,10 @@ from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
 
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
+from cake_gdn_det_train.kernels.bwd_local_kblock import (
+    gdn_bwd_local_kblock_kernel,
+    gdn_bwd_local_wy_kb_kernel,
+)
 from cake_gdn_det_train.kernels.bwd_local_split import (
     gdn_bwd_local_dk_kernel,
     gdn_bwd_local_wy_kernel,
@@ -384,13 +388,19 @@ _FUSED_GROUP_SUM = True
 #: ignores them.
 WY_STAGES = None
 WY_MAXNREG = None
+#: warps of ``local_form = 2``'s two kernels (kernels/bwd_local_kblock.py), or ``None``:
+#: ``plan.num_warps_local`` for the K-block kernel, ``plan.num_warps_o`` for the WY kernel.
+#: Launch constants for GPU sweeps (``api.KB_WARPS=4``), not yet timed.
+KB_WARPS = None
+WYKB_WARPS = None
 
 
 def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                  dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
                  dq_out, dk_out):
-    """``plan.local_form = 1``: the chunk-local gradients in two kernels
-    (kernels/bwd_local_split.py) through an fp32 ``[NT, HV, 64]`` scratch of the
+    """``plan.local_form`` 1 or 2: the chunk-local gradients in two kernels
+    (kernels/bwd_local_split.py), or three (2: kernels/bwd_local_kblock.py, then the same
+    dk kernel) through an fp32 ``[NT, HV, 64]`` scratch of the
     ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need. ``dq_hv``: the
     first kernel's dq per value head (fp32, or the gradients' dtype with one value head per
     q/k head); ``dk_hv``: its fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the
@@ -398,14 +408,33 @@ def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, d
     NT = dq_hv.shape[0]
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
-    gdn_bwd_local_wy_kernel[(NC, HV)](
-        qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-        dq_hv, dk_hv, dv, dg, dbeta, dz,
-        scale, H, HV, HV // H, K, V,
-        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=cdiv(K, BK),
-        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local,
-        **({"num_stages": WY_STAGES} if WY_STAGES else {}),
-        **({"maxnreg": WY_MAXNREG} if WY_MAXNREG else {}))
+    NK = cdiv(K, BK)
+    if plan.local_form == 2:
+        # K-block programs, their partial dT (64 x 64 per chunk, value head and K block)
+        # and row sums through fp32 workspaces, added in K-block order by the WY kernel
+        wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
+        wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
+        gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
+            qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+            dq_hv, dk_hv, wt, wv, NT,
+            scale, H, HV, HV // H, K, V,
+            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
+            BV=BV, NV=cdiv(V, BV), num_warps=KB_WARPS or plan.num_warps_local)
+        gdn_bwd_local_wy_kb_kernel[(NC, HV)](
+            kn, v, beta_eff, g_cumsum, A, dv_new, dt[0], dt[1], wt, wv, NT,
+            dv, dg, dbeta, dz,
+            H, HV, HV // H, K, V,
+            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
+            BV=BV, NV=cdiv(V, BV), num_warps=WYKB_WARPS or plan.num_warps_o)
+    else:
+        gdn_bwd_local_wy_kernel[(NC, HV)](
+            qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+            dq_hv, dk_hv, dv, dg, dbeta, dz,
+            scale, H, HV, HV // H, K, V,
+            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
+            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local,
+            **({"num_stages": WY_STAGES} if WY_STAGES else {}),
+            **({"maxnreg": WY_MAXNREG} if WY_MAXNREG else {}))
     fused = dk_out is not None
     G = HV // H
     gdn_bwd_local_dk_kernel[(NC, H if fused else HV, cdiv(K, BK))](

@@ -34,6 +34,10 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dv_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dh_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
+     "function": "gdn_bwd_local_kblock_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
+     "function": "gdn_bwd_local_wy_kb_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_wy_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
@@ -68,7 +72,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c7557da85ca4bbcffd758f220cfa84edd92422326753cca5f38e6264beaaaeb2"
+SOURCE_DIGEST = "sha256:89a3ce966ce62bfd0dc5d30493ce5f8a469eb177cdc9b190c6e350f3d174aec7"
 # --- end of generated block ---
 
 MANIFEST = {

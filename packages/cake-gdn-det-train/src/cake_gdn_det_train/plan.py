@@ -142,8 +142,16 @@ class GDNDetPlan(Plan):
             ``[64, 64]`` matrix per chunk passed through an fp32 scratch of 256 bytes per
             token and value head (its warps: ``num_warps_o``). Other summation order: other bits
             than 0, fixed per plan. The rule's choice on CUDA at 16-bit K = 128 (faster on
-            an H200, session 9).
-        block_k_local: columns of K per block of ``local_form = 1`` (power of two >= 16,
+            an H200, session 9); 2 = form 1 with the first kernel's work over K in programs
+            of their own, one per (chunk, value head, K block of ``block_k_local``), as
+            FLA's ``chunk_bwd_dqkwg`` (kernels/bwd_local_kblock.py): each forms dp = do
+            v_new^T over V itself, stores its dq and its parts of dk, dT (``[64, 64]``,
+            fp32 workspace of 256 bytes per token, value head and K block) and of dg's and
+            dbeta's row sums (16 bytes per token, value head and K block); then one per
+            (chunk, value head) adds the parts in K-block order and forms dv, dT's v part,
+            dA, dg, dbeta and z; then form 1's dk kernel. Other bits than 1, fixed per plan.
+            Not the rule's (built without a GPU, session 26; not yet timed).
+        block_k_local: columns of K per block of ``local_form`` 1 and 2 (power of two >= 16,
             <= block_k; on CUDA >= 32 with 16-bit intermediates); unused with
             ``local_form = 0``. Bits depend on it.
         inv_kernel: where each chunk's T = (I + A_raw)^-1 is formed when it is not loaded
@@ -223,7 +231,8 @@ class GDNDetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two "
                            "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "local_form", "keep_states", "inv_kernel")
+        self.require_flags("store_16bit", "keep_a", "keep_states", "inv_kernel")
+        self.require_in_range("local_form", 0, 2)
         if self.keep_states and not self.keep_a:
             self._fail("keep_states=1 needs keep_a=1 (a backward that skips the chunk prep "
                        "reads the forward's T)")
