@@ -6,6 +6,7 @@ access poisons only its own process).
     python shared/gpu/plan_configs.py kda "128 128 bfloat16 block_v=32" ...
     python shared/gpu/plan_configs.py kda one K V dtype key=val ...   (one configuration)
     ... lens=1,70,0,65 (document lengths; default 1,63,1,85)
+    ... api.KB_WARPS=4 (a launch constant of the family's module ``api``, an int)
     CAKE_PLAN_CONFIGS_CPU=1 python ...   (the CUDA rule's plans under Triton's interpreter)
 
 Prints, per configuration, the max relative error of o, final_state and every gradient,
@@ -282,6 +283,10 @@ def one(fam, K, V, dtype, *over):
     plan = make_plan(K, V, dt, "cuda")  # the CUDA rule's plan, also under the interpreter
     kw = dict(kv.split("=") for kv in over)
     lens = [int(n) for n in kw.pop("lens", "1,63,1,85").split(",")]  # document lengths
+    import importlib
+    for name in [n for n in kw if "." in n]:  # module.NAME=int: a launch constant
+        mod, attr = name.rsplit(".", 1)
+        setattr(importlib.import_module(f"cake_{fam}_det_train.{mod}"), attr, int(kw.pop(name)))
     # KDA's plan_variant keeps keep_aqk consistent with keep_a / fwd_split overrides
     variant = getattr(sys.modules[type(plan).__module__], "plan_variant", dataclasses.replace)
     plan = variant(plan, **{n: int(x) for n, x in kw.items()})

@@ -124,7 +124,8 @@ def gdn_bwd_local_kblock_kernel(
     dtp = tl.zeros([BT, BT], dtype=tl.float32)
     dtp = tl.dot(dw, tl.trans(kb * bgk[:, None]).to(DT), dtp, input_precision=PREC)
     tl.store(WT + start * (HV * NK * BT) + hv * (NK * BT) + ik * BT
-             + rows[:, None] * (HV * NK * BT) + rows[None, :], dtp, mask=tmask[:, None])
+             + rows[:, None] * (HV * NK * BT) + rows[None, :], dtp.to(WT.dtype.element_ty),
+             mask=tmask[:, None])
     dbk = tl.zeros([BT, BK], dtype=tl.float32)
     dbk = tl.dot(tm_t, dw, dbk, input_precision=PREC)
     kdbk = tl.sum(kb * dbk, axis=1)
@@ -184,7 +185,7 @@ def gdn_bwd_local_wy_kb_kernel(
     wv = WV + tok * HV + hv
     dg_acc = tl.load(wv, mask=tmask, other=0.0)
     for ik in range(NK):
-        dt += tl.load(pt + ik * BT, mask=tmask[:, None], other=0.0)
+        dt += tl.load(pt + ik * BT, mask=tmask[:, None], other=0.0).to(tl.float32)
         if ik > 0:
             dg_acc += tl.load(wv + ik * (2 * NT * HV), mask=tmask, other=0.0)
         dbeta += tl.load(wv + ik * (2 * NT * HV) + NT * HV, mask=tmask, other=0.0)
