@@ -175,7 +175,8 @@ def test_fields_serialised_and_checked():
     cpu = make_plan(128, 128, torch.bfloat16, "cpu")
     assert cpu.rec_form == 0 and cpu.prep_block == 0
     gpu = make_plan(128, 128, torch.bfloat16, "cuda")
-    assert (gpu.rec_form, gpu.num_stages_h, gpu.prep_block, gpu.local_form) == (1, 3, 0, 1)
+    assert (gpu.rec_form, gpu.num_stages_h, gpu.prep_block, gpu.local_form) == (1, 3, 0, 2)
+    assert gpu.num_warps_local == 4  # local_form 2's K-block kernel (session 26)
     assert cpu.local_form == 0
     for K, V, dt in ((64, 64, torch.bfloat16), (64, 64, torch.float32), (32, 16, torch.bfloat16)):
         p = make_plan(K, V, dt, "cuda")
@@ -227,13 +228,13 @@ def test_fields_serialised_and_checked():
     assert "prep_block must be >= 32" in cuda_plan_problem(narrow, torch.bfloat16)
     assert cuda_plan_problem(narrow, torch.float16) is not None
     assert cuda_plan_problem(both, torch.bfloat16) is None
-    # local_form: the rule takes 1 where it takes rec_form = 1 (CUDA, 16-bit K = 128), else 0;
+    # local_form: the rule takes 2 where it takes rec_form = 1 (CUDA, 16-bit K = 128), else 0;
     # block_k_local = min(64, block_k)
     for K, V, dt in ((128, 128, torch.bfloat16), (64, 64, torch.float32), (16, 16, torch.float32),
                      (100, 48, torch.bfloat16)):
         for dev in ("cpu", "cuda"):
             p = make_plan(K, V, dt, dev)
-            assert p.local_form == p.rec_form and p.block_k_local == min(64, p.block_k), \
+            assert p.local_form == 2 * p.rec_form and p.block_k_local == min(64, p.block_k), \
                 (K, V, dt, dev)
             bvf = 1 << (max(V, 16) - 1).bit_length()  # V rounded up to a power of two
             want_bvl = (64 if p.rec_form else min(32, bvf)) if dev == "cuda" else bvf
@@ -503,17 +504,16 @@ def test_wy_launch_constants_reach_the_launch(gdn_inputs, monkeypatch):
             assert_close_to_reference(a, b, torch.float32, name)
 
 
-def test_local_form_2_launches_k_block_programs(gdn_inputs, monkeypatch):
+def test_local_form_2_launches_k_block_programs(gdn_inputs):
     """``local_form = 2`` launches the K-block kernel on (chunks, HV, ceil(K /
-    block_k_local)) and its WY kernel on (chunks, HV), not form 1's WY kernel; the warp
-    constants ``api.KB_WARPS`` / ``api.WYKB_WARPS`` (None in the rule: the plan's
-    ``num_warps_local`` / ``num_warps_o``) reach the launches; right against float64
-    either way (four packed sequences, one empty: 5 chunks; K in three blocks, the last partly
+    block_k_local)) with ``num_warps_local`` warps and its WY kernel on (chunks, HV) with
+    ``num_warps_o``, not form 1's WY kernel; right against float64 at two warp counts
+    (four packed sequences, one empty: 5 chunks; K in three blocks, the last partly
     masked)."""
     from cake_gdn_det_train import api
 
     K, V, lens = 40, 32, [1, 70, 0, 65]
-    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), local_form=2,
+    rule = dataclasses.replace(make_plan(K, V, torch.float32, DEV), local_form=2,
                                block_k_local=16)
     q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, 2, K, V, seed=94, h0=True,
                                       n_states=len(lens))
@@ -525,18 +525,15 @@ def test_local_form_2_launches_k_block_programs(gdn_inputs, monkeypatch):
                   dht.double(), cu_seqlens=cu)
     names = ("gdn_bwd_local_kblock_kernel", "gdn_bwd_local_wy_kb_kernel",
              "gdn_bwd_local_wy_kernel")
-    for kb_w, wy_w in ((2, 1), (None, None)):
-        monkeypatch.setattr(api, "KB_WARPS", kb_w)
-        monkeypatch.setattr(api, "WYKB_WARPS", wy_w)
+    for plan in (rule, dataclasses.replace(rule, num_warps_local=2, num_warps_o=1)):
         with record_launches(api, *names) as launches:
             got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
                          cu_seqlens=cu, plan=plan)
         assert _grids(launches, names[0]) == [(5, 2, 3)]
         assert _grids(launches, names[1]) == [(5, 2)]
         assert not launches.get(names[2])
-        assert [kw["num_warps"] for _, kw in launches[names[0]]] == \
-            [kb_w or plan.num_warps_local]
-        assert [kw["num_warps"] for _, kw in launches[names[1]]] == [wy_w or plan.num_warps_o]
+        assert [kw["num_warps"] for _, kw in launches[names[0]]] == [plan.num_warps_local]
+        assert [kw["num_warps"] for _, kw in launches[names[1]]] == [plan.num_warps_o]
         for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
                               got, want, strict=True):
             assert_close_to_reference(a, b, torch.float32, name)

@@ -83,7 +83,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:cdd5a141396363b4d5283d97de80a13293272b0fd6d1e27046c6870f0921eceb"
+SOURCE_DIGEST = "sha256:f800fed3f395f8ca862073fefa1aa14fbc81aeeb82dfa08cd5bb50bf87195644"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -388,16 +388,6 @@ _FUSED_GROUP_SUM = True
 #: ignores them.
 WY_STAGES = None
 WY_MAXNREG = None
-#: warps of ``local_form = 2``'s two kernels (kernels/bwd_local_kblock.py), or ``None``:
-#: ``plan.num_warps_local`` for the K-block kernel, ``plan.num_warps_o`` for the WY kernel.
-#: Launch constants for GPU sweeps (``api.KB_WARPS=4``), not yet timed.
-KB_WARPS = None
-WYKB_WARPS = None
-#: ``num_stages`` of the K-block kernel (None: Triton's default) and, when True, its
-#: partial dT stored in the intermediates' dtype (16-bit where they are) instead of fp32:
-#: launch constants for sweeps, not yet timed
-KB_STAGES = None
-WT_16BIT = False
 
 
 def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
@@ -416,23 +406,24 @@ def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, d
     NK = cdiv(K, BK)
     if plan.local_form == 2:
         # K-block programs, their partial dT (64 x 64 per chunk, value head and K block)
-        # and row sums through fp32 workspaces, added in K-block order by the WY kernel
-        wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype if WT_16BIT else torch.float32,
-                         device=dq_hv.device)
+        # and row sums through workspaces, added in K-block order by the WY kernel: dT's
+        # parts in the intermediates' dtype (an H200, case b: the WY kernel 457 -> 389 us
+        # and the K-block kernel 927 -> 913 with bf16 parts; errors against float64 the
+        # same to two digits: dT is cast to that dtype for its dots anyway), row sums fp32
+        wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
         wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
         gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
             qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
             dq_hv, dk_hv, wt, wv, NT,
             scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=KB_WARPS or plan.num_warps_local,
-            **({"num_stages": KB_STAGES} if KB_STAGES else {}))
+            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
         gdn_bwd_local_wy_kb_kernel[(NC, HV)](
             kn, v, beta_eff, g_cumsum, A, dv_new, dt[0], dt[1], wt, wv, NT,
             dv, dg, dbeta, dz,
             H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=WYKB_WARPS or plan.num_warps_o)
+            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_o)
     else:
         gdn_bwd_local_wy_kernel[(NC, HV)](
             qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],

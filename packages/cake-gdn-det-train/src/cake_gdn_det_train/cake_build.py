@@ -72,7 +72,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:89a3ce966ce62bfd0dc5d30493ce5f8a469eb177cdc9b190c6e350f3d174aec7"
+SOURCE_DIGEST = "sha256:1e0d26dbcab42e3f7ae0346f95181ce34455e0218d98bbc2a44b8e10e862e0e1"
 # --- end of generated block ---
 
 MANIFEST = {

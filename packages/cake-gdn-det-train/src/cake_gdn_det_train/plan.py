@@ -150,7 +150,10 @@ class GDNDetPlan(Plan):
             dbeta's row sums (16 bytes per token, value head and K block); then one per
             (chunk, value head) adds the parts in K-block order and forms dv, dT's v part,
             dA, dg, dbeta and z; then form 1's dk kernel. Other bits than 1, fixed per plan.
-            Not the rule's (built without a GPU, session 26; not yet timed).
+            dT's parts are stored in the intermediates' dtype (16-bit where they are: dT
+            is cast so for its dots anyway). The rule's choice on CUDA at 16-bit K = 128
+            since session 26 (an H200: the chunk-local kernels 1756 -> 1530 us at case b,
+            3678 -> 3278 at a, every configuration tried right against float64).
         block_k_local: columns of K per block of ``local_form`` 1 and 2 (power of two >= 16,
             <= block_k; on CUDA >= 32 with 16-bit intermediates); unused with
             ``local_form = 0``. Bits depend on it.
@@ -343,11 +346,12 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     10.16 -> 9.88 ms there, 4.96 -> 4.92 at b, 2.79 at d either way; the same bits; right
     against float64 in bf16 and fp16, packed, with kept states), with 4 warps per kernel
     (8 for the state kernel when ``block_k * block_v_h >= 8192``, 8 for the backward local
-    kernel when ``block_k * V >= 4096``), recurrence kernels pipelined on 2 stages with
-    16-bit intermediates, 1 with fp32; under the interpreter the
-    whole V in one block (fewer programs, each costing Python time). The gate kernels take
-    128 tokens per program on CUDA, 256 under the interpreter. On CUDA fp32 dots are
-    "tf32x3" (``fp32_dots=2``; "ieee" spills registers and compiles for minutes), except
+    kernel when ``block_k * V >= 4096``, except 4 with ``local_form = 2``), recurrence
+    kernels pipelined on 2 stages with 16-bit intermediates, 1 with fp32; under the
+    interpreter the whole V in one block (fewer programs, each costing Python time). The
+    gate kernels take 128 tokens per program on CUDA, 256 under the interpreter. On CUDA
+    fp32 dots are "tf32x3" (``fp32_dots=2``; "ieee" spills registers and compiles for
+    minutes), except
     with 16-bit intermediates, where only the chunk solve has fp32 operands: "tf32" there
     (an H200 run: 23% faster forward, errors against float64 unchanged to two digits, at
     K = V = 128 bf16). 16-bit
@@ -358,10 +362,11 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every configuration right against
     float64, bitwise repeatable); elsewhere ``rec_form = 0``. ``prep_block = 0`` everywhere
     (``prep_block = 32`` was no faster and less accurate at K = 100 on an H200:
-    docs/benchmarks/gdn_speed_plan.md). ``local_form = 1`` where ``rec_form = 1`` (an H200
-    run, 2026-11-30: 4-7% faster fwd+bwd at K = V = 128 bf16 than ``local_form = 0``, right
-    against float64 at every configuration tried, bitwise repeatable; ``block_k_local = 32``
-    and ``block_v_local = 16`` were slower), else 0; ``block_k_local = min(64, block_k)``.
+    docs/benchmarks/gdn_speed_plan.md). ``local_form = 2`` with ``num_warps_local = 4``
+    where ``rec_form = 1`` (an H200, session 26: the chunk-local kernels 12% faster than
+    form 1 at case b and a; form 1, the rule from 2026-11-30 to 12-03, was 4-7% faster
+    fwd+bwd than ``local_form = 0``; ``block_k_local = 32`` and ``block_v_local = 16`` or
+    32 were slower), else 0; ``block_k_local = min(64, block_k)``.
     ``keep_states = 0`` everywhere (the backward recomputes the chunk states: low memory,
     as FLA). ``block_v_local``: 64 where ``rec_form = 1`` (an H200 run, 2026-11-30: 5%
     faster fwd+bwd at K = V = 128 bf16 than 32, right against float64 at K = 128 with
@@ -448,7 +453,9 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_prep=4,
         num_warps_h=8 if cuda and block_k * block_v_h >= 8192 else 4,
         num_warps_o=4,
-        num_warps_local=8 if cuda and block_k * block_v_full >= 4096 else 4,
+        # local_form = 2 (session 26, an H200): its K-block kernel at 4 warps 925 us at case
+        # b against 1505 at 8 (4 warps spill 184 bytes in an offline build and still win)
+        num_warps_local=4 if big_rec else 8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=(3 if big_rec else 2) if wide else 1,
         block_v_local=(64 if big_rec else min(32, block_v_full)) if cuda else block_v_full,
         keep_a=1,
@@ -460,7 +467,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_gate=4,
         rec_form=int(big_rec),
         prep_block=0,
-        local_form=int(big_rec),
+        local_form=2 * int(big_rec),
         block_k_local=min(64, block_k),
         keep_states=0,
         block_v_h=block_v_h,
