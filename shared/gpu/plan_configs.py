@@ -82,6 +82,14 @@ CONFIGS = {
                       "128 64 bfloat16 local_form=2", "64 64 float32 local_form=2",
                       "100 48 bfloat16 local_form=2 lens=1,70,0,65",
                       "48 32 float32 local_form=2 block_k_local=16 lens=1,70,0,65",
+                      # the neighbours of the fenced fault (8 warps, block_k_local 16, fp32
+                      # K = V = 40: an illegal access, 2026-12-03); not yet run on a GPU
+                      "40 40 float32 local_form=2 block_k_local=16 block_v_local=32 "
+                      "num_warps_local=4 lens=1,70,0,65",
+                      "40 40 float32 local_form=2 block_k_local=32 block_v_local=32 "
+                      "lens=1,70,0,65",
+                      "40 32 float32 local_form=2 block_k_local=16 num_warps_local=2 "
+                      "num_warps_o=1 lens=1,70,0,65",
                       # rec_form = 2: rec_form 1 with the state in 64-row K slices
                       # (docs/benchmarks/gdn_speed_plan.md); not yet run on a GPU
                       "128 128 bfloat16 rec_form=2",

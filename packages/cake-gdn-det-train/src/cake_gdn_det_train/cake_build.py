@@ -72,7 +72,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1e0d26dbcab42e3f7ae0346f95181ce34455e0218d98bbc2a44b8e10e862e0e1"
+SOURCE_DIGEST = "sha256:cb5fb8d3e9418e6f3e7be7de875d8d2aef32dadf70a322ff7ce69ad2d39498c4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -318,6 +318,11 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "V > block_v_local (block_v_local=16 at K = 56 / 64, V = 40 / 48 fp32 gave "
                 "illegal memory accesses or wrong dk / dg / dbeta on an H200, Triton 3.6, with "
                 "either local_form; K = 32 was right)")
+    if plan.local_form == 2 and plan.num_warps_local > 4 and plan.block_k_local < 32:
+        return ("on CUDA local_form=2 with num_warps_local > 4 needs block_k_local >= 32 "
+                "(fp32 K = V = 40 with block_k_local=16 at 8 warps gave an illegal memory "
+                "access on an H200, Triton 3.6, 2026-12-03; the same at 4 warps with V = 32, "
+                "and 8 warps at block_k_local=64, were right; not narrowed further)")
     return None
 
 
