@@ -83,7 +83,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f800fed3f395f8ca862073fefa1aa14fbc81aeeb82dfa08cd5bb50bf87195644"
+SOURCE_DIGEST = "sha256:e8f512c2dae121579a7f923f8952e0ebf85ec8e079a878d56461d365c5759fa4"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -72,7 +72,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cb5fb8d3e9418e6f3e7be7de875d8d2aef32dadf70a322ff7ce69ad2d39498c4"
+SOURCE_DIGEST = "sha256:6d179a0ee12fafff98d17ef4ee739003bf57d9134e7f44604fa67ade444a55ca"
 # --- end of generated block ---
 
 MANIFEST = {

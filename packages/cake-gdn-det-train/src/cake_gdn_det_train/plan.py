@@ -155,7 +155,8 @@ class GDNDetPlan(Plan):
             since session 26 (an H200: the chunk-local kernels 1756 -> 1530 us at case b,
             3678 -> 3278 at a, every configuration tried right against float64).
         block_k_local: columns of K per block of ``local_form`` 1 and 2 (power of two >= 16,
-            <= block_k; on CUDA >= 32 with 16-bit intermediates); unused with
+            <= block_k; on CUDA >= 32 with 16-bit intermediates, and with ``local_form =
+            2`` at more than 4 ``num_warps_local``); unused with
             ``local_form = 0``. Bits depend on it.
         inv_kernel: where each chunk's T = (I + A_raw)^-1 is formed when it is not loaded
             (the forward, and a backward that recomputes it). 0 = inside the chunk prep, as
@@ -181,7 +182,9 @@ class GDNDetPlan(Plan):
     ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run);
     ``block_k_local >= min(64, block_k)`` where ``local_form = 1`` has ``block_v_local >=
     64`` (K blocks of 32 with 64-wide V blocks gave wrong dk / dg / dbeta on an H200; right
-    under the interpreter, so a compiler fault).
+    under the interpreter, so a compiler fault); ``block_k_local >= 32`` where
+    ``local_form = 2`` has ``num_warps_local > 4`` (8 warps with K blocks of 16 made an
+    illegal memory access at fp32 K = V = 40, 2026-12-03; not narrowed further).
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
@@ -356,22 +359,20 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     interpreter the whole V in one block (fewer programs, each costing Python time). The
     gate kernels take 128 tokens per program on CUDA, 256 under the interpreter. On CUDA
     fp32 dots are "tf32x3" (``fp32_dots=2``; "ieee" spills registers and compiles for
-    minutes), except
-    with 16-bit intermediates, where only the chunk solve has fp32 operands: "tf32" there
-    (an H200 run: 23% faster forward, errors against float64 unchanged to two digits, at
-    K = V = 128 bf16). 16-bit
-    inputs keep 16-bit intermediates (``store_16bit=1``); under the interpreter
-    ``fp32_dots=1`` (it computes fp32 regardless). ``store_16bit=1`` when block_k >= 32 and
-    V > 16, else 0. On CUDA with 16-bit intermediates and
-    ``block_k * block_v_h >= 8192`` (K = 128): ``rec_form = 1`` and ``num_stages_h = 3`` (an
-    H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every configuration right against
-    float64, bitwise repeatable); elsewhere ``rec_form = 0``. ``prep_block = 0`` everywhere
-    (``prep_block = 32`` was no faster and less accurate at K = 100 on an H200:
-    docs/benchmarks/gdn_speed_plan.md). ``local_form = 2`` with ``num_warps_local = 4``
-    where ``rec_form = 1`` (an H200, session 26: the chunk-local kernels 12% faster than
-    form 1 at case b and a; form 1, the rule from 2026-11-30 to 12-03, was 4-7% faster
-    fwd+bwd than ``local_form = 0``; ``block_k_local = 32`` and ``block_v_local = 16`` or
-    32 were slower), else 0; ``block_k_local = min(64, block_k)``.
+    minutes), except with 16-bit intermediates, where only the chunk solve has fp32
+    operands: "tf32" there (an H200 run: 23% faster forward, errors against float64
+    unchanged to two digits, at K = V = 128 bf16). 16-bit inputs keep 16-bit intermediates
+    (``store_16bit=1``); under the interpreter ``fp32_dots=1`` (it computes fp32
+    regardless). ``store_16bit=1`` when block_k >= 32 and V > 16, else 0. On CUDA with
+    16-bit intermediates and ``block_k * block_v_h >= 8192`` (K = 128): ``rec_form = 1`` and
+    ``num_stages_h = 3`` (an H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every
+    configuration right against float64, bitwise repeatable); elsewhere ``rec_form = 0``.
+    ``prep_block = 0`` everywhere (``prep_block = 32`` was no faster and less accurate at
+    K = 100 on an H200: docs/benchmarks/gdn_speed_plan.md). ``local_form = 2`` with
+    ``num_warps_local = 4`` where ``rec_form = 1`` (an H200, session 26: the chunk-local
+    kernels 11-13% faster than form 1 at cases a and b; form 1, the rule from 2026-11-30 to
+    12-03, was 4-7% faster fwd+bwd than ``local_form = 0``; ``block_k_local = 32`` and
+    ``block_v_local = 16`` or 32 were slower), else 0; ``block_k_local = min(64, block_k)``.
     ``keep_states = 0`` everywhere (the backward recomputes the chunk states: low memory,
     as FLA). ``block_v_local``: 64 where ``rec_form = 1`` (an H200 run, 2026-11-30: 5%
     faster fwd+bwd at K = V = 128 bf16 than 32, right against float64 at K = 128 with

@@ -12,7 +12,8 @@ v_new^T (``[64, 64]``, over the whole V: each K block's program forms it) and S 
 then its block's dq (final: the state term and dp's, as local_form 1), its part of dk (all
 but the dA terms), its part of dT (dw (beta gam k)^T over its K columns, to ``WT``
 ``[NT, HV, NK, 64]`` in the intermediates' dtype) and its parts of the row sums that feed
-dg and dbeta (to ``WV`` ``[NK, 2, NT, HV]``: dg's terms, the chunk-last token's included, and dbeta's).
+dg and dbeta (to ``WV`` ``[NK, 2, NT, HV]``: dg's terms, the chunk-last token's included,
+and dbeta's).
 
 ``gdn_bwd_local_wy_kb_kernel``, one program per (chunk, value head): dT's v part
 dv_new (beta v)^T, dv and dbeta's v term over V blocks, then the K blocks' dT parts and row
