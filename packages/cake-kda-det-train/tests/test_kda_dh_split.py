@@ -39,8 +39,8 @@ def test_dh_split_vs_reference(K, V, dtype, over, kda):
 
 
 def test_dh_split_close_to_whole_and_repeats(kda):
-    """Against ``dh_split = 0`` (the same recurrence, du summed in two dots): close; the
-    same bits twice."""
+    """Against ``dh_split = 0`` (the same recurrence, du summed in two dots; on CUDA with
+    ``fp32_dots = 1``, the one allowed there): close; the same bits twice."""
     K, V = 40, 24
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 2, K, V, seed=73,
                                                n_states=len(LENS), h0=True)
@@ -48,7 +48,9 @@ def test_dh_split_close_to_whole_and_repeats(kda):
     do = randn(v.shape, torch.float32, DEV, seed=74)
     dht = randn(h0.shape, torch.float32, DEV, seed=75)
     new = _plan(K, V, torch.float32, block_k_inner=16 if DEV.type == "cpu" else 32)
-    base = dataclasses.replace(new, dh_split=0)
+    # on CUDA, rec_form 0's whole dS kernel with fp32_dots = 2 at K in (32, 64] is refused
+    # (cuda_plan_problem): the baseline there takes fp32_dots = 1
+    base = dataclasses.replace(new, dh_split=0, **({} if DEV.type == "cpu" else {"fp32_dots": 1}))
     kda.assert_repeats_and_close((q, k, v, g, beta), h0, cu, do, dht, new, base)
 
 
