@@ -21,11 +21,14 @@ import torch
 from cake_core.testing import (
     assert_bitwise_repeat,
     assert_close_to_reference,
+    bitwise_equal,
+    poison_,
     randn,
     record_launches,
 )
 from cake_core.triton_utils import default_device
 from cake_gdn_det_train import (
+    GDNDetGrads,
     GDNDetPlan,
     chunk_gated_delta_rule_det,
     chunk_gdn_det_bwd,
@@ -547,3 +550,39 @@ def test_local_form_2_launches_k_block_programs(gdn_inputs):
         for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
                               got, want, strict=True):
             assert_close_to_reference(a, b, torch.float32, name)
+
+
+@pytest.mark.parametrize("over, K", [(dict(), 40), (dict(local_form=1, block_k_local=16), 40),
+                                     (dict(local_form=2, block_k_local=16), 40)],
+                         ids=["local_form0", "local_form1-K40-bk16", "local_form2-K40-bk16"])
+def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs, monkeypatch):
+    """Every tensor the package allocates with ``torch.empty`` in a call (outputs, the
+    backward's dh / dv_new / per-value-head dq, dk, ``local_form`` 1 and 2's z rows, partial
+    dT and row sums, which GDNDetWorkspace does not own) filled with NaN (integers: their
+    max) before the kernels see it: the same bits as a plain call, packed 1/70/0/65, HV =
+    2H, fp32 (no element read before it is written, so no earlier contents reach a result;
+    the test fails if one is: a NaN or a changed bit)."""
+    V = 32
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=78, g_mode="strong",
+                                      n_states=len(LENS), h0=True)
+    cu = _cu(LENS)
+    do = randn(v.shape, torch.float32, DEV, seed=79)
+    dht = randn(h0.shape, torch.float32, DEV, seed=80)
+    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), rec_form=0, **over)
+    want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan)
+    empty = torch.empty
+    calls = []
+
+    def poisoned_empty(*args, **kwargs):
+        calls.append(1)
+        return poison_(empty(*args, **kwargs))
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    got = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan)
+    monkeypatch.undo()
+    assert len(calls) > 10  # the package's allocations went through the poisoned empty
+    names = ("o", "final_state") + GDNDetGrads._fields
+    for name, a, b in zip(names, got, want, strict=True):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert bitwise_equal(a, b), name

@@ -72,7 +72,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6d179a0ee12fafff98d17ef4ee739003bf57d9134e7f44604fa67ade444a55ca"
+SOURCE_DIGEST = "sha256:5759de6cabe662160432a1f905e4f417dcc021085f292d89f0bacd5c022ea41b"
 # --- end of generated block ---
 
 MANIFEST = {
