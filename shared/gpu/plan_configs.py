@@ -83,7 +83,7 @@ CONFIGS = {
                       "100 48 bfloat16 local_form=2 lens=1,70,0,65",
                       "48 32 float32 local_form=2 block_k_local=16 lens=1,70,0,65",
                       # the neighbours of the fenced fault (8 warps, block_k_local 16, fp32
-                      # K = V = 40: an illegal access, 2026-12-03); not yet run on a GPU
+                      # K = V = 40: an illegal access, 2026-12-03); right on an H200, 12-04
                       "40 40 float32 local_form=2 block_k_local=16 block_v_local=32 "
                       "num_warps_local=4 lens=1,70,0,65",
                       "40 40 float32 local_form=2 block_k_local=32 block_v_local=32 "

@@ -9,7 +9,13 @@ from cake_causal_conv1d_det_train import (
     causal_conv1d_det_fwd,
     make_plan,
 )
-from cake_core.testing import assert_close_to_reference, bitwise_equal, poison_, randn
+from cake_core.testing import (
+    assert_close_to_reference,
+    bitwise_equal,
+    poison_,
+    poisoned_empty,
+    randn,
+)
 
 NAMES = ("y", "dx", "dweight", "dbias", "dh0")
 
@@ -124,26 +130,18 @@ def test_low_level_matches_autograd(conv):
     assert_close_to_reference(g0.dinitial_state, ref["dh0"], torch.bfloat16, "dh0")
 
 
-def test_outputs_and_workspace_fully_written(conv, monkeypatch):
+def test_outputs_and_workspace_fully_written(conv):
     """Every buffer the entry allocates, and the caller's workspace, starts as NaN: an
     element a kernel skipped would stay NaN. Same bits as without the workspace."""
-    import cake_causal_conv1d_det_train.api as api
-
     cu = (0, 0, 2, 40)
     inp = conv.make_inputs(1, cu[-1], 20, 4, torch.float16, cu=cu)
     want = conv.run_cake(inp, "silu")
-    real_empty = torch.empty
-
-    def poisoned_empty(*a, **k):
-        t = real_empty(*a, **k)
-        return poison_(t) if t.is_floating_point() else t
-
-    monkeypatch.setattr(api.torch, "empty", poisoned_empty)
-    plan = make_plan(20, 4, torch.float16, conv.DEV, varlen=True)  # the rule's packed plan
-    ws = CausalConv1dDetWorkspace.for_plan(plan, conv.DEV, max_tokens=200, max_seqs=10)
-    for name in ws.names:
-        poison_(ws[name])
-    got = conv.run_cake(inp, "silu", plan=plan, workspace=ws)
+    with poisoned_empty(floating_only=True):
+        plan = make_plan(20, 4, torch.float16, conv.DEV, varlen=True)  # the rule's packed plan
+        ws = CausalConv1dDetWorkspace.for_plan(plan, conv.DEV, max_tokens=200, max_seqs=10)
+        for name in ws.names:
+            poison_(ws[name])
+        got = conv.run_cake(inp, "silu", plan=plan, workspace=ws)
     for k in got:
         assert torch.isfinite(got[k].float()).all(), k
         assert bitwise_equal(got[k], want[k]), k

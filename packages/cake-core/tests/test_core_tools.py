@@ -45,6 +45,20 @@ def test_poison():
     assert (testing.poison_(torch.zeros(3, dtype=torch.int32)) == 2**31 - 1).all()
 
 
+def test_poisoned_empty_block_only():
+    real = torch.empty
+    with testing.poisoned_empty() as shapes:
+        assert torch.isnan(torch.empty(2, 3)).all()
+        assert (torch.empty(4, dtype=torch.int64) == 2**63 - 1).all()
+    assert shapes == [(2, 3), (4,)] and torch.empty is real
+    with testing.poisoned_empty(floating_only=True):
+        assert torch.isnan(torch.empty(2)).all()
+        torch.empty(2, dtype=torch.int32)  # left as allocated
+    with pytest.raises(RuntimeError), testing.poisoned_empty():
+        raise RuntimeError("restored on an error too")
+    assert torch.empty is real
+
+
 @pytest.mark.parametrize("name", [
     "cake-core", "cake-tinylm", "cake-gdn-det-train", "cake-gdn-det-train-kcp",
     "cake-kda-det-train", "cake-kda-det-train-kcp", "cake-lm-head-loss-det-train",

@@ -22,7 +22,7 @@ from cake_core.testing import (
     assert_bitwise_repeat,
     assert_close_to_reference,
     bitwise_equal,
-    poison_,
+    poisoned_empty,
     randn,
     record_launches,
 )
@@ -105,6 +105,16 @@ def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
         assert_close_to_reference(a, b, dtype, name)
 
 
+def _packed_case(gdn_inputs, K, V, seed):
+    """fp32 inputs (seed), packed ``LENS`` with HV = 2H, strong decays, an initial state;
+    do and dht (seeds + 1, + 2): ``(inputs, h0, cu, do, dht)``."""
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=seed, g_mode="strong",
+                                      n_states=len(LENS), h0=True)
+    do = randn(v.shape, torch.float32, DEV, seed=seed + 1)
+    dht = randn(h0.shape, torch.float32, DEV, seed=seed + 2)
+    return (q, k, v, g, beta), h0, _cu(LENS), do, dht
+
+
 def _fwd_bwd(inputs, h0, cu, do, dht, plan):
     o, ht, saved = chunk_gdn_det_fwd(*inputs, initial_state=h0, output_final_state=True,
                                      cu_seqlens=cu, plan=plan)
@@ -122,11 +132,7 @@ def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     fp32 rounding (the same math, other rounding; local_form: K in 3 blocks, one partly
     masked)."""
     V = 32
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=74, g_mode="strong",
-                                      n_states=len(LENS), h0=True)
-    cu = _cu(LENS)
-    do = randn(v.shape, torch.float32, DEV, seed=75)
-    dht = randn(h0.shape, torch.float32, DEV, seed=76)
+    (q, k, v, g, beta), h0, cu, do, dht = _packed_case(gdn_inputs, K, V, seed=74)
     # block_v = 16 (two V blocks) where store_16bit allows it (block_k 16)
     base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_v=16 if K <= 16 else 32,
                                rec_form=0)
@@ -555,7 +561,7 @@ def test_local_form_2_launches_k_block_programs(gdn_inputs):
 @pytest.mark.parametrize("over, K", [(dict(), 40), (dict(local_form=1, block_k_local=16), 40),
                                      (dict(local_form=2, block_k_local=16), 40)],
                          ids=["local_form0", "local_form1-K40-bk16", "local_form2-K40-bk16"])
-def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs, monkeypatch):
+def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs):
     """Every tensor the package allocates with ``torch.empty`` in a call (outputs, the
     backward's dh / dv_new / per-value-head dq, dk, ``local_form`` 1 and 2's z rows, partial
     dT and row sums, which GDNDetWorkspace does not own) filled with NaN (integers: their
@@ -563,23 +569,11 @@ def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs, monkeypatch):
     2H, fp32 (no element read before it is written, so no earlier contents reach a result;
     the test fails if one is: a NaN or a changed bit)."""
     V = 32
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=78, g_mode="strong",
-                                      n_states=len(LENS), h0=True)
-    cu = _cu(LENS)
-    do = randn(v.shape, torch.float32, DEV, seed=79)
-    dht = randn(h0.shape, torch.float32, DEV, seed=80)
+    (q, k, v, g, beta), h0, cu, do, dht = _packed_case(gdn_inputs, K, V, seed=78)
     plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), rec_form=0, **over)
     want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan)
-    empty = torch.empty
-    calls = []
-
-    def poisoned_empty(*args, **kwargs):
-        calls.append(1)
-        return poison_(empty(*args, **kwargs))
-
-    monkeypatch.setattr(torch, "empty", poisoned_empty)
-    got = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan)
-    monkeypatch.undo()
+    with poisoned_empty() as calls:
+        got = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, plan)
     assert len(calls) > 10  # the package's allocations went through the poisoned empty
     names = ("o", "final_state") + GDNDetGrads._fields
     for name, a, b in zip(names, got, want, strict=True):

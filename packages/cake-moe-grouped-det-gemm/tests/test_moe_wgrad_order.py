@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from _moe_cases import DEV, make
-from cake_core.testing import bitwise_equal, poison_, randn
+from cake_core.testing import bitwise_equal, poisoned_empty, randn
 from cake_moe_grouped_det_gemm import (
     MoEGroupedDetPlan,
     api,
@@ -64,14 +64,8 @@ def test_kernels_read_the_order(monkeypatch):
     good = _grads(x, w, offs, dy, plan).dweight
     monkeypatch.setattr(api, "_expert_order",
                         lambda ends: torch.zeros_like(ends, dtype=torch.int32))
-    real_empty = torch.empty
-
-    def poisoned_empty(*a, **k):
-        return poison_(real_empty(*a, **k))
-
-    monkeypatch.setattr(api.torch, "empty", poisoned_empty)
-    bad = _grads(x, w, offs, dy, plan).dweight
-    monkeypatch.setattr(api.torch, "empty", real_empty)
+    with poisoned_empty():
+        bad = _grads(x, w, offs, dy, plan).dweight
     assert not bitwise_equal(good, bad)
 
 

@@ -39,7 +39,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0f7d263d31cc01c0276c9a575b2605fc0f5d9830bb00152ce7b7ffffb96f7dfe"
+SOURCE_DIGEST = "sha256:1c54bf3d0320f5227945a67432ac4c324775f813f3f44cf8d0f0e3c908aee3f4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -1,6 +1,7 @@
 """Testing tools every family uses: float64 references, bitwise repeats, ragged batches,
-output poisoning, bad-input tables, compiled-versus-eager bits, import checks, probes of the
-``cu_seqlens`` offsets cache. Imported by tests and benchmarks only, never by kernels.
+output poisoning (of buffers, or of every ``torch.empty`` in a block), bad-input tables,
+compiled-versus-eager bits, import checks, probes of the ``cu_seqlens`` offsets cache.
+Imported by tests and benchmarks only, never by kernels.
 """
 
 from __future__ import annotations
@@ -117,6 +118,29 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     else:
         t.fill_(torch.iinfo(t.dtype).max)
     return t
+
+
+@contextlib.contextmanager
+def poisoned_empty(*, floating_only: bool = False):
+    """For the block, every ``torch.empty`` returns its tensor filled by :func:`poison_`
+    (NaN, or the integer dtype's max; with ``floating_only`` integer tensors are left as
+    allocated), so a buffer an entry allocates and a kernel reads before writing shows up
+    as a NaN or a changed bit. Yields a list that gains each such tensor's shape (a test
+    can check the entry's allocations went through it). ``torch.empty`` is restored on
+    exit. Raises nothing of its own."""
+    real = torch.empty
+    shapes: list[tuple[int, ...]] = []
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        shapes.append(tuple(t.shape))
+        return t if floating_only and not t.is_floating_point() else poison_(t)
+
+    torch.empty = empty
+    try:
+        yield shapes
+    finally:
+        torch.empty = real
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str = "cpu",
