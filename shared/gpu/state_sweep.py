@@ -6,8 +6,9 @@ plan given.
     python shared/gpu/state_sweep.py FAMILY CASE "" "block_v=32 num_warps_h=4" ...
     (FAMILY: kda or gdn; CASE: a case of the family's benchmark; "" = the rule's plan:
     write it first; an item ``module.NAME=value`` sets a launch constant of the family's
-    module for that variant only, e.g. ``chunk.TOK_HEADS=8 chunk.TOK_WARPS=2``: KDA's
-    token-parallel kernels take theirs from ``cake_kda_det_train.chunk``, not the plan;
+    module for that variant only, e.g. ``chunk.BWD_MAXNREG=255`` (KDA's token-parallel
+    kernels took their heads and warps from ``cake_kda_det_train.chunk`` until plan format
+    11 made them plan fields: ``tok_heads=2 num_warps_tok=1``);
     an item ``ce=KERNEL[,KERNEL...]`` launches, for that variant, a copy of each named
     kernel of the family whose shape arguments (H, HV, GROUP, KD, VD,
     where it has them) are ``tl.constexpr``, as session 23 did by hand for GDN's state

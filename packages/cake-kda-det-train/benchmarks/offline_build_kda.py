@@ -75,7 +75,6 @@ def build(fn, types, consts, num_warps, num_stages=1):
 
 def main():
     import torch
-    from cake_kda_det_train.chunk import TOK_HEADS, TOK_WARPS
     from cake_kda_det_train.kernels.chunk_bwd import (
         kda_bwd_dh_kernel,
         kda_bwd_dh_split_kernel,
@@ -139,9 +138,9 @@ def main():
                          *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
             if plan.pairs_diag == 2:
                 c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)),
-                         BH=TOK_HEADS, WANT_AKK=not load_a)
-                rows.append((what.replace("prep", "pairs tok"), TOK_WARPS,
-                             *build(kda_fwd_pairs_tok_kernel, pt, c, TOK_WARPS)))
+                         BH=plan.tok_heads, WANT_AKK=not load_a)
+                rows.append((what.replace("prep", "pairs tok"), plan.num_warps_tok,
+                             *build(kda_fwd_pairs_tok_kernel, pt, c, plan.num_warps_tok)))
     bk = triton.next_power_of_2(max(16, a.K))
     hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
     # the state kernels' V block is block_v_h (format 9), the output kernel's block_v
@@ -196,10 +195,10 @@ def main():
         rows.append(("bwd intra (split)", plan.num_warps_intra,
                      *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
         if plan.bwd_diag:
-            c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=TOK_HEADS)
+            c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads_bwd)
             it = dict(it, DQO="*bf16", DKO="*bf16")  # one value head per q/k head
-            rows.append(("bwd intra tok", TOK_WARPS,
-                         *build(kda_bwd_intra_tok_kernel, it, c, TOK_WARPS)))
+            rows.append(("bwd intra tok", plan.num_warps_tok_bwd,
+                         *build(kda_bwd_intra_tok_kernel, it, c, plan.num_warps_tok_bwd)))
     _report(over, rows)
 
 

@@ -32,11 +32,6 @@ from cake_kda_det_train.kernels.chunk_fwd import (
 from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
 
-# kda_fwd_pairs_tok_kernel (plan.pairs_diag = 2) and kda_bwd_intra_tok_kernel
-# (plan.bwd_diag = 1): value heads per program and warps
-# (H200, case a, session 16: 4 x 4 fastest of 1x1, 2x1, 4x2, 4x4, 8x4; within ~3%)
-TOK_HEADS = 4
-TOK_WARPS = 4
 #: ``maxnreg`` of the backward chunk kernel's launch (the PTX ``.maxnreg``: registers per
 #: thread ptxas may use), or ``None``: ptxas decides (the rule). Offline sm_90 builds of the
 #: rule's 2-warp kernel at K = V = 128 (Triton 3.6, 2026-12-03): ptxas chose 32 registers
@@ -110,10 +105,10 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
             DIAG=plan.pairs_diag, num_warps=plan.num_warps_pairs, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
         if plan.pairs_diag == 2:  # the diagonal blocks, token-parallel
-            kda_fwd_pairs_tok_kernel[(NC * CHUNK_SIZE, (HV + TOK_HEADS - 1) // TOK_HEADS)](
+            kda_fwd_pairs_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads))](
                 q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
-                BT=CHUNK_SIZE, BC=SUB_CHUNK, BKF=next_power_of_2(max(16, K)), BH=TOK_HEADS,
-                WANT_AKK=not load_a, num_warps=TOK_WARPS)
+                BT=CHUNK_SIZE, BC=SUB_CHUNK, BKF=next_power_of_2(max(16, K)),
+                BH=plan.tok_heads, WANT_AKK=not load_a, num_warps=plan.num_warps_tok)
     kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device) \
         if plan.rec_form == 2 else None
     inv = bool(plan.inv_kernel) and pairs and not load_a
@@ -311,10 +306,11 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
                 BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=plan.num_warps_intra,
                 DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE, TOK_DIAG=bool(plan.bwd_diag))
             if plan.bwd_diag:  # the terms inside each sub-chunk, token-parallel
-                kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, (HV + TOK_HEADS - 1) // TOK_HEADS)](
+                kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads_bwd))](
                     q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
                     dq_out, dk_out, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
-                    BKF=next_power_of_2(max(16, K)), BH=TOK_HEADS, num_warps=TOK_WARPS)
+                    BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd,
+                    num_warps=plan.num_warps_tok_bwd)
             kda_bwd_dg_cumsum_kernel[(NC, HV)](
                 dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
                 num_warps=plan.num_warps_intra)

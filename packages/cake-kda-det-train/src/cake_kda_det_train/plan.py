@@ -30,6 +30,12 @@ _V10 = ("; then (format 10, which added inv_kernel and num_warps_inv: where the 
         "inverts I + A) add inv_kernel = 0 and num_warps_inv = 4 and set version = 10 "
         "instead")
 
+#: The format-11 fields, added to each older version's upgrade.
+_V11 = ("; then (format 11, which added tok_heads, num_warps_tok, tok_heads_bwd and "
+        "num_warps_tok_bwd: the token-parallel kernels' value heads per program and warps) "
+        "add tok_heads = 4, num_warps_tok = 4, tok_heads_bwd = 4 and num_warps_tok_bwd = 4 "
+        "and set version = 11 instead")
+
 #: How to bring a dict of an older format version to the current one (same launches, bits).
 _UPGRADES = {
     3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
@@ -37,33 +43,38 @@ _UPGRADES = {
        "version 7 inv_blocked, version 8 keep_aqk; add pairs_diag = 0, num_warps_pairs = "
        "<the plan's num_warps_intra>, rec_form = 0, bwd_diag = 0, dh_split = 0, "
        "inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and bits"
-       + _V9 + _V10,
+       + _V9 + _V10 + _V11,
     4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
        "version 6 bwd_diag and dh_split, version 7 inv_blocked, version 8 keep_aqk; add "
        "rec_form = 0, bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0 (and "
        "num_warps_pairs = <the plan's num_warps_intra> if absent: dicts written by early "
        "format-4 code lack it) and set version = 9 for the same launches and bits"
-       + _V9 + _V10,
+       + _V9 + _V10 + _V11,
     5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
        "inside each sub-chunk) and dh_split (the dS kernel's state in two halves), version 7 "
        "inv_blocked, version 8 keep_aqk; add bwd_diag = 0, dh_split = 0, inv_blocked = 0 "
-       "and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9 + _V10,
+       "and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9 + _V10 + _V11,
     6: "version 7 added inv_blocked (how the chunk prep inverts I + A), version 8 keep_aqk; "
        "add inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and "
-       "bits" + _V9 + _V10,
+       "bits" + _V9 + _V10 + _V11,
     7: "version 8 added keep_aqk (the forward keeps each chunk's gated q k^T for the "
        "backward); add keep_aqk = 0 and set version = 9 for the same launches and bits"
-       + _V9 + _V10,
+       + _V9 + _V10 + _V11,
     8: "version 9 added block_v_h (the V columns per program of the two state kernels; "
        "block_v keeps the output kernel's), num_warps_dh and num_stages_dh (the backward dS "
        "kernel's warps and stages; num_warps_h and num_stages_h keep the forward state "
        "kernel's); add block_v_h = <the plan's block_v>, num_warps_dh = <its num_warps_h> "
        "and num_stages_dh = <its num_stages_h> and set version = 9 for the same launches "
-       "and bits" + _V10,
+       "and bits" + _V10 + _V11,
     9: "version 10 added inv_kernel (0: the forward's chunk prep inverts I + A, as before; "
        "1, 2: a kernel of its own does) and num_warps_inv (that kernel's warps); add "
        "inv_kernel = 0 and num_warps_inv = 4 and set version = 10 for the same launches "
-       "and bits",
+       "and bits" + _V11,
+    10: "version 11 added tok_heads and num_warps_tok (the value heads per program and "
+        "warps of the forward's token-parallel pairs kernel) and tok_heads_bwd and "
+        "num_warps_tok_bwd (the backward's token-parallel kernel's), which were 4 and 4 "
+        "for both; add tok_heads = 4, num_warps_tok = 4, tok_heads_bwd = 4 and "
+        "num_warps_tok_bwd = 4 and set version = 11 for the same launches and bits",
 }
 
 
@@ -228,10 +239,17 @@ class KDADetPlan(Plan):
             (1, 4 warps), 116-117 us (2, 2 warps), and the prep without it 327-329 us (287-292
             with 4 warps; two calls).
         num_warps_inv: warps of ``kda_fwd_inv_kernel`` (``inv_kernel`` 1 or 2).
+        tok_heads / num_warps_tok: value heads per program (a power of two, 1 to 64) and
+            warps of the forward's token-parallel kernel (``pairs_diag = 2``); format 11,
+            before it 4 and 4. The tile ``[tok_heads, K]`` and the warps set the order in
+            which each pair's sum over the K channels is reduced: other values can give
+            other bits (on an H200 at case b 2 / 1 did, 1 / 1 and 8 / 8 did not).
+        tok_heads_bwd / num_warps_tok_bwd: the same for the backward's token-parallel
+            kernel (``bwd_diag = 1``); its only reduction over K is dbeta's.
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 10
+    format_version: ClassVar[int] = 11
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
 
     head_k_dim: int
@@ -269,6 +287,10 @@ class KDADetPlan(Plan):
     num_stages_dh: int
     inv_kernel: int
     num_warps_inv: int
+    tok_heads: int
+    num_warps_tok: int
+    tok_heads_bwd: int
+    num_warps_tok_bwd: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -294,6 +316,9 @@ class KDADetPlan(Plan):
             self._fail("keep_aqk=1 needs keep_a=1 and fwd_split=1 (Aqk kept beside T, formed "
                        "by the pairs kernels)")
         self.require_in_range("inv_kernel", 0, 2)
+        self.require_power_of_two("tok_heads", "tok_heads_bwd")
+        self.require_in_range("tok_heads", 1, 64)
+        self.require_in_range("tok_heads_bwd", 1, 64)
         if self.dh_split and self.block_k < 32:
             self._fail("dh_split=1 needs block_k >= 32 (two halves of >= 16 key channels)")
         self.require_in_range("pairs_diag", 0, 2)
@@ -307,7 +332,8 @@ class KDADetPlan(Plan):
                        "and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                            "num_warps_l2norm", "num_warps_gate", "num_warps_intra",
-                           "num_warps_pairs", "num_warps_dh", "num_warps_inv")
+                           "num_warps_pairs", "num_warps_dh", "num_warps_inv",
+                           "num_warps_tok", "num_warps_tok_bwd")
         self.require_mode(Mode.DET)
 
     @property
@@ -516,4 +542,10 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_stages_dh=2 if wide else 1,
         inv_kernel=2,
         num_warps_inv=2,
+        # the token-parallel kernels on CUDA (H200, case b, session 29): forward 2 heads x
+        # 1 warp 435 us (4 x 4: 599, 8 x 4: 464), backward 1 x 1 1229 us (4 x 4: 1247)
+        tok_heads=2 if cuda else 4,
+        num_warps_tok=1 if cuda else 4,
+        tok_heads_bwd=1 if cuda else 4,
+        num_warps_tok_bwd=1 if cuda else 4,
     )
