@@ -68,17 +68,18 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 10,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 11,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
                 "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
                 "bwd_diag", "dh_split", "inv_blocked", "keep_aqk", "block_v_h", "num_warps_dh",
-                "num_stages_dh", "inv_kernel", "num_warps_inv"]},
+                "num_stages_dh", "inv_kernel", "num_warps_inv", "tok_heads", "num_warps_tok",
+                "tok_heads_bwd", "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8a26b6e4fb47441054dbe5ea45f951ba236505264bdaa8a7a6aadd900efe1f86"
+SOURCE_DIGEST = "sha256:be8ff202be6bfc61e1de960a559c452563d455f0465c7a70789c6803978e91f4"
 # --- end of generated block ---
 
 MANIFEST = {
