@@ -79,7 +79,7 @@ PLANS = [
                 "tok_heads_bwd", "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:be8ff202be6bfc61e1de960a559c452563d455f0465c7a70789c6803978e91f4"
+SOURCE_DIGEST = "sha256:0111543db83aca63bb7c4e43c24fd5e433afb211003c3bdeb5600b4f0ea487cd"
 # --- end of generated block ---
 
 MANIFEST = {

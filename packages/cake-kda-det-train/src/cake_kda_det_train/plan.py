@@ -463,7 +463,12 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     configurations matched float64, session 21) and then ``num_warps_prep = 4`` with 16-bit
     intermediates on CUDA (the prep without the inverse: 327 -> 292 us at b, call 4; 329 ->
     287 in call 3; with ``inv_kernel = 0`` 4 prep warps were float64-right at K = V = 128
-    bf16 in earlier sessions' ``plan_configs.py`` runs).
+    bf16 in earlier sessions' ``plan_configs.py`` runs); on CUDA ``tok_heads = 2``,
+    ``num_warps_tok = 1``, ``tok_heads_bwd = 1``, ``num_warps_tok_bwd = 1`` (format 11,
+    session 29, H200 at case b: the forward token-parallel kernel 624 -> 435 us, other
+    bits; the backward's 1247 -> 1229 us; side by side with FLA a 0.961x, b 0.962x, c
+    0.955x; the GPU suite and ``plan_configs.py`` float64-right), 4 / 4 / 4 / 4 under the
+    interpreter (fewer, larger programs for the CPU tests).
     Gate kernels
     (tiles of tokens x block_k):
     ``4096 // block_k`` tokens per program on CUDA (16 to 128), 256 under the interpreter.
