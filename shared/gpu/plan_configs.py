@@ -128,6 +128,14 @@ CONFIGS = {
                       "64 64 float32 inv_kernel=1 lens=1,81,33,49",
                       "32 32 bfloat16 inv_kernel=1 keep_a=0 lens=1,70,0,65"],
     "kda": _COMMON + [
+                      # format 11: the token-parallel kernels' head blocks (HV = 2 here, so
+                      # 4 and 8 overhang); the last was right on an H200 (session 29), the
+                      # others not yet run on a GPU
+                      "128 128 bfloat16 tok_heads=4 num_warps_tok=4 tok_heads_bwd=4 "
+                      "num_warps_tok_bwd=4 keep_aqk=0 lens=1,70,0,65",
+                      "64 64 float32 tok_heads=1 tok_heads_bwd=8 num_warps_tok_bwd=2",
+                      "128 128 bfloat16 tok_heads=8 num_warps_tok=4 tok_heads_bwd=2 "
+                      "num_warps_tok_bwd=1",
                       # format 10 (session 21, H200: all right): inv_kernel = 2 is the rule
                       # (every configuration runs it); 1, its warps, chunks cut inside each
                       # 16-row block (1/81/33/49), T recomputed

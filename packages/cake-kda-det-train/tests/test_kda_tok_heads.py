@@ -42,6 +42,20 @@ def test_tok_heads_vs_reference(K, V, dtype, H, HV, over, kda):
     kda.check_plan_on_docs(plan, LENS, K, V, dtype, seed=331, H=H, HV=HV)
 
 
+def test_tok_kernel_recompute_and_zeros_under_poison(kda):
+    """``keep_aqk = 0``: the backward recomputes Aqk with the forward's token-parallel kernel
+    (without A) at a head block that overhangs HV = 3; every floating ``torch.empty``
+    poisoned, so a zero above the diagonal that the kernel failed to store reaches o and the
+    gradients as NaN (shown to fail with the zero store removed)."""
+    from cake_core.testing import poisoned_empty
+
+    over = dict(tok_heads=2, num_warps_tok=1, tok_heads_bwd=2, num_warps_tok_bwd=1,
+                keep_aqk=0)
+    plan = kda.variant_plan(_plan, 32, 16, torch.float32, over)
+    with poisoned_empty(floating_only=True):
+        kda.check_plan_on_docs(plan, LENS, 32, 16, torch.float32, seed=347, H=1, HV=3)
+
+
 def test_tok_heads_close_to_4x4_and_repeat(kda):
     K, V = 32, 16
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(LENS), 1, 3, K, V, torch.float32,
@@ -112,7 +126,7 @@ def _rule_of(device):
 @pytest.mark.parametrize("over, msg", [
     (dict(tok_heads=3), "tok_heads must be a power of two"),
     (dict(tok_heads_bwd=0), "tok_heads_bwd must be a power of two"),
-    (dict(tok_heads=128), "tok_heads"),
+    (dict(tok_heads=128), r"tok_heads must be in \[1, 64\]"),
     (dict(num_warps_tok=3), "num_warps_tok"),
     (dict(num_warps_tok_bwd=64), "num_warps_tok_bwd"),
 ])

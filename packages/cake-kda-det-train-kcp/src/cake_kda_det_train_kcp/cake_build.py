@@ -85,7 +85,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:f203219e4037daaa46dc3cf14775c103fd685458de273751e18828037327da2c"
+SOURCE_DIGEST = "sha256:041be9b0a2e75949c6a64a02b206bf4edf6e829d44da6423588bca2caa3d7b63"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -79,7 +79,7 @@ PLANS = [
                 "tok_heads_bwd", "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0111543db83aca63bb7c4e43c24fd5e433afb211003c3bdeb5600b4f0ea487cd"
+SOURCE_DIGEST = "sha256:8aca6ed8dc8fb1c2d0c0bf3d0948c58718e808e499e547deed6614366f46cac4"
 # --- end of generated block ---
 
 MANIFEST = {

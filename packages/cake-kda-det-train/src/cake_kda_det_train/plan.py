@@ -547,8 +547,9 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_stages_dh=2 if wide else 1,
         inv_kernel=2,
         num_warps_inv=2,
-        # the token-parallel kernels on CUDA (H200, case b, session 29): forward 2 heads x
-        # 1 warp 435 us (4 x 4: 599, 8 x 4: 464), backward 1 x 1 1229 us (4 x 4: 1247)
+        # the token-parallel kernels on CUDA (H200, case b, session 29, compile-time shapes):
+        # forward 2 heads x 1 warp 435 us (4 x 4: 590, format 10's tile form 624; 8 x 4:
+        # 464), backward 1 x 1 1229 us (4 x 4: 1247)
         tok_heads=2 if cuda else 4,
         num_warps_tok=1 if cuda else 4,
         tok_heads_bwd=1 if cuda else 4,
