@@ -85,7 +85,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:041be9b0a2e75949c6a64a02b206bf4edf6e829d44da6423588bca2caa3d7b63"
+SOURCE_DIGEST = "sha256:a19a1376bb5a57e2469b58b99b93f5ee65022dfda4580e84dd8161d040aff332"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

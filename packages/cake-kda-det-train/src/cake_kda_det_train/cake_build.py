@@ -79,7 +79,7 @@ PLANS = [
                 "tok_heads_bwd", "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8aca6ed8dc8fb1c2d0c0bf3d0948c58718e808e499e547deed6614366f46cac4"
+SOURCE_DIGEST = "sha256:346bb849d0982f9dea79da1029f1ba8efd3e60a0764939b789b8156d998aee9e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -496,9 +496,9 @@ def kda_fwd_pairs_tok_kernel(
     does; gathering row i in a ``[BH, BC]`` tile first, as before session 29, gave the same
     bits); A's column i is stored as 0 in the loop, and the columns after i get their
     zeros in one masked store (other addresses: no order between the stores is needed; the
-    output kernel's ``Aqk v_new`` dot reads those zeros). Writes only row i's ``BC`` diagonal-block columns
-    (:func:`kda_fwd_pairs_kernel` with ``DIAG = 2`` writes the rest of the row). H, HV,
-    GROUP and KD are compile-time. On an H200 at case b (session 29, us per launch): the
+    output kernel's ``Aqk v_new`` dot reads those zeros). Writes only row i's ``BC``
+    diagonal-block columns (:func:`kda_fwd_pairs_kernel` with ``DIAG = 2`` writes the rest
+    of the row). H, HV, GROUP and KD are compile-time. On an H200 at case b (session 29, us per launch): the
     tile form 624, these stores 579 (the same bits), with compile-time shapes at the rule's
     2 heads x 1 warp 435 (445 without)."""
     c = tl.program_id(0) // BT
@@ -538,4 +538,3 @@ def kda_fwd_pairs_tok_kernel(
         if WANT_AKK:
             tl.store(AKKS + z_off, zero, mask=zm)
         tl.store(AQK + z_off, zero.to(AQK.dtype.element_ty), mask=zm)
-
