@@ -54,6 +54,8 @@ FAMILIES = {
     "conv_kcp": "cake-causal-conv1d-det-train-kcp",
     "moe": "cake-moe-grouped-det-gemm",
     "mhc": "cake-mhc-det-train",
+    "gqa_det": "cake-gqa-det-train",
+    "gqa": "cake-gqa-train",
     "tinylm": "cake-tinylm",
 }
 

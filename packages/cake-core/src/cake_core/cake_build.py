@@ -39,7 +39,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1c54bf3d0320f5227945a67432ac4c324775f813f3f44cf8d0f0e3c908aee3f4"
+SOURCE_DIGEST = "sha256:d06e26fec94ffe7908c1aa6160b3abdcbaf07367c6dcd3a6a05f3f90a9930cab"
 # --- end of generated block ---
 
 MANIFEST = {

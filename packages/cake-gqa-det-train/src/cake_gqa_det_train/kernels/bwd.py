@@ -1,0 +1,191 @@
+"""Backward kernels, with no atomics: every gradient element is summed by one program in a
+fixed order (FlashAttention-2's backward split in two passes, as its deterministic mode).
+
+* :func:`gqa_bwd_delta_kernel`: delta = rowsum(dO * O) per query row and head (fp32).
+* :func:`gqa_bwd_dkdv_kernel`: one program per (key block, KV head, document) sums dK and
+  dV over the KV head's query heads (in head order) and, per head, over the query blocks
+  that see the key block (in block order).
+* :func:`gqa_bwd_dq_kernel`: one program per (query block, query head, document) sums dQ
+  over the key blocks the rows see, in block order.
+"""
+
+from cake_core.triton_utils import dot, select_backend
+
+select_backend()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from cake_gqa_det_train.kernels.common import (  # noqa: E402
+    LOG2E,
+    block_full,
+    doc_bounds,
+    scores2,
+    visible,
+)
+
+
+@triton.jit
+def gqa_bwd_delta_kernel(O, DO, DELTA, n_tok, sot, soh, sdot, sdoh,
+                         D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """DELTA ``[Hq, T]`` fp32 = sum over d of dO * O, for one block of rows of one head."""
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    ok = offs_m < n_tok
+    o = tl.load(O + offs_m[:, None].to(tl.int64) * sot + h * soh + offs_d[None, :],
+                mask=ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + offs_m[:, None].to(tl.int64) * sdot + h * sdoh + offs_d[None, :],
+                 mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(DELTA + h.to(tl.int64) * n_tok + offs_m, tl.sum(o * do, 1), mask=ok)
+
+
+@triton.jit
+def lse2_row(LSE, row_ptr_off, ok):
+    """The rows' LSE in the log2 domain; a row that sees no key (-inf) reads 0, so that its
+    masked scores (-inf) give P = 0, not NaN."""
+    lse = tl.load(LSE + row_ptr_off, mask=ok, other=0.0)
+    return tl.where(lse == float("-inf"), 0.0, lse * LOG2E)
+
+
+@triton.jit
+def gqa_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
+    seq_q, seq_k, n_tok_q, scale, softcap, left, right,
+    sqt, sqh, skt, skh, svt, svh, sdot, sdoh, sdkt, sdkh, sdvt, sdvh,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
+    """dK, dV of one key block of one KV head: sum over its GROUP query heads (head order),
+    then over query blocks (block order). Written in K's / V's dtype."""
+    pid_n = tl.program_id(0)
+    hk = tl.program_id(1)
+    doc = tl.program_id(2)
+    q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
+    k0, len_k = doc_bounds(CU_K, doc, seq_k, VARLEN)
+    n_start = pid_n * BLOCK_N
+    if n_start >= len_k:
+        return
+    shift = len_k - len_q
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    col_ok = offs_n < len_k
+    k = tl.load(K + (k0 + offs_n)[:, None].to(tl.int64) * skt + hk * skh + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + (k0 + offs_n)[:, None].to(tl.int64) * svt + hk * svh + offs_d[None, :],
+                mask=col_ok[:, None], other=0.0)
+    # the query rows that see a key of the block
+    lo = 0
+    if HAS_RIGHT:
+        lo = tl.maximum(0, n_start - shift - right)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    hi = len_q
+    if HAS_LEFT:
+        hi = tl.minimum(hi, n_start + BLOCK_N - shift + left)
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        for m_start in range(lo, hi, BLOCK_M):
+            offs_m = m_start + offs_m0
+            row_ok = offs_m < len_q
+            rows = (q0 + offs_m).to(tl.int64)
+            qt = tl.load(Q + rows[None, :] * sqt + h * sqh + offs_d[:, None],
+                         mask=row_ok[None, :], other=0.0)
+            do = tl.load(DO + rows[:, None] * sdot + h * sdoh + offs_d[None, :],
+                         mask=row_ok[:, None], other=0.0)
+            lse2 = lse2_row(LSE, h.to(tl.int64) * n_tok_q + rows, row_ok)
+            delta = tl.load(DELTA + h.to(tl.int64) * n_tok_q + rows, mask=row_ok, other=0.0)
+            # transposed scores [BLOCK_N, BLOCK_M]
+            qkt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            qkt = dot(k, qt, qkt)
+            st, tt = scores2(qkt, scale, softcap, SOFTCAP)
+            pt = tl.exp2(st - lse2[None, :])
+            if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
+                              BLOCK_N, HAS_LEFT, HAS_RIGHT):
+                ok = tl.trans(visible(offs_m, offs_n, len_q, len_k, shift, left, right,
+                                      HAS_LEFT, HAS_RIGHT))
+                pt = tl.where(ok, pt, 0.0)
+            dv = dot(pt.to(do.dtype), do, dv)
+            dpt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            dpt = dot(v, tl.trans(do), dpt)
+            dst = pt * (dpt - delta[None, :])
+            if SOFTCAP:
+                dst = dst * (1.0 - tt * tt)
+            dk = dot(dst.to(qt.dtype), tl.trans(qt), dk)
+    rows_k = (k0 + offs_n)[:, None].to(tl.int64)
+    tl.store(DK + rows_k * sdkt + hk * sdkh + offs_d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + rows_k * sdvt + hk * sdvh + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def gqa_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
+    seq_q, seq_k, n_tok_q, scale, softcap, left, right,
+    sqt, sqh, skt, skh, svt, svh, sdot, sdoh, sdqt, sdqh,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+):
+    """dQ of one query block of one query head: sum over the key blocks its rows see, in
+    block order. Written in Q's dtype."""
+    # the last query blocks first: under a causal mask they have the most keys
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.program_id(1)
+    doc = tl.program_id(2)
+    q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
+    k0, len_k = doc_bounds(CU_K, doc, seq_k, VARLEN)
+    m_start = pid_m * BLOCK_M
+    if m_start >= len_q:
+        return
+    hk = h // GROUP
+    shift = len_k - len_q
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    row_ok = offs_m < len_q
+    rows = (q0 + offs_m).to(tl.int64)
+    q = tl.load(Q + rows[:, None] * sqt + h * sqh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + rows[:, None] * sdot + h * sdoh + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse2 = lse2_row(LSE, h.to(tl.int64) * n_tok_q + rows, row_ok)
+    delta = tl.load(DELTA + h.to(tl.int64) * n_tok_q + rows, mask=row_ok, other=0.0)
+    hi = len_k
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, m_start + BLOCK_M + shift + right)
+    lo = 0
+    if HAS_LEFT:
+        lo = tl.maximum(0, m_start + shift - left)
+        lo = (lo // BLOCK_N) * BLOCK_N
+    dq = tl.zeros([BLOCK_M, D], tl.float32)
+    for n_start in range(lo, hi, BLOCK_N):
+        offs_n = n_start + offs_n0
+        col_ok = offs_n < len_k
+        cols = (k0 + offs_n).to(tl.int64)
+        kt = tl.load(K + cols[None, :] * skt + hk * skh + offs_d[:, None],
+                     mask=col_ok[None, :], other=0.0)
+        vt = tl.load(V + cols[None, :] * svt + hk * svh + offs_d[:, None],
+                     mask=col_ok[None, :], other=0.0)
+        qk = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        qk = dot(q, kt, qk)
+        s, t = scores2(qk, scale, softcap, SOFTCAP)
+        p = tl.exp2(s - lse2[:, None])
+        if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
+                          BLOCK_N, HAS_LEFT, HAS_RIGHT):
+            ok = visible(offs_m, offs_n, len_q, len_k, shift, left, right, HAS_LEFT,
+                         HAS_RIGHT)
+            p = tl.where(ok, p, 0.0)
+        dp = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        dp = dot(do, vt, dp)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = dot(ds.to(kt.dtype), tl.trans(kt), dq)
+    tl.store(DQ + rows[:, None] * sdqt + h * sdqh + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])

@@ -1,0 +1,96 @@
+"""Launches of the forward and the delta kernel (shared with ``cake_gqa_train``) and of the
+det backward. Kernels never allocate: buffers come from here."""
+
+from __future__ import annotations
+
+import torch
+from cake_core.triton_utils import cdiv
+
+from cake_gqa_det_train.kernels.bwd import (
+    gqa_bwd_delta_kernel,
+    gqa_bwd_dkdv_kernel,
+    gqa_bwd_dq_kernel,
+)
+from cake_gqa_det_train.kernels.fwd import gqa_fwd_kernel
+from cake_gqa_det_train.plan import GQADetPlan
+
+# every buffer handed to a kernel comes from here (tests poison it)
+_empty = torch.empty
+
+
+def _flags(ints, softcap: float) -> dict:
+    seq_q, seq_k, n_docs, max_q, max_k, left, right = ints
+    return dict(VARLEN=seq_q < 0, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
+                SOFTCAP=softcap > 0)
+
+
+def launch_fwd(q, k, v, cu_q, cu_k, ints, scale: float, softcap: float,
+               block_m: int, block_n: int, warps: int, stages: int):
+    """q ``[Tq, Hq, D]``, k, v ``[Tk, Hkv, D]`` -> (out ``[Tq, Hq, D]`` q's dtype, lse
+    ``[Hq, Tq]`` fp32). ``ints``: the Problem's op ints with max lengths resolved."""
+    seq_q, seq_k, n_docs, max_q, max_k, left, right = ints
+    Tq, Hq, D = q.shape
+    Hkv = k.shape[1]
+    out = _empty((Tq, Hq, D), dtype=q.dtype, device=q.device)
+    lse = _empty((Hq, Tq), dtype=torch.float32, device=q.device)
+    if Tq == 0 or n_docs == 0 or max_q <= 0:
+        return out, lse
+    cu_q = cu_q if cu_q is not None else lse  # unused without VARLEN
+    cu_k = cu_k if cu_k is not None else lse
+    grid = (cdiv(max_q, block_m), Hq, n_docs)
+    gqa_fwd_kernel[grid](
+        q, k, v, out, lse, cu_q, cu_k, seq_q, seq_k, Tq, scale, softcap, left, right,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        GROUP=Hq // Hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, **_flags(ints, softcap),
+        num_warps=warps, num_stages=stages)
+    return out, lse
+
+
+def launch_delta(out, dout, delta, block_m: int):
+    """delta (fp32, ``Hq * Tq`` values, head-major) = rowsum(dO * O)."""
+    Tq, Hq, D = out.shape
+    if Tq == 0:
+        return
+    gqa_bwd_delta_kernel[(cdiv(Tq, block_m), Hq)](
+        out, dout, delta, Tq, out.stride(0), out.stride(1), dout.stride(0), dout.stride(1),
+        D=D, BLOCK_M=block_m, num_warps=4)
+
+
+def launch_bwd_det(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap: float,
+                   plan: GQADetPlan, delta=None):
+    """-> (dq, dk, dv) in the inputs' dtypes, with no atomics. ``delta``: an fp32 buffer of
+    at least ``Hq * Tq`` values (a workspace's), or ``None`` (allocated here)."""
+    seq_q, seq_k, n_docs, max_q, max_k, left, right = ints
+    Tq, Hq, D = q.shape
+    Tk, Hkv, _ = k.shape
+    dev = q.device
+    dq = _empty((Tq, Hq, D), dtype=q.dtype, device=dev)
+    dk = _empty((Tk, Hkv, D), dtype=k.dtype, device=dev)
+    dv = _empty((Tk, Hkv, D), dtype=v.dtype, device=dev)
+    if n_docs == 0 or (Tq == 0 and Tk == 0):
+        return dq, dk, dv
+    if Tq == 0 or max_q <= 0:  # keys nobody sees
+        dk.zero_()
+        dv.zero_()
+        return dq, dk, dv
+    delta = _empty((Hq * Tq,), dtype=torch.float32, device=dev) if delta is None \
+        else delta[: Hq * Tq]
+    launch_delta(out, dout, delta, plan.delta_block_m)
+    cu_q = cu_q if cu_q is not None else lse
+    cu_k = cu_k if cu_k is not None else lse
+    flags = _flags(ints, softcap)
+    common = (seq_q, seq_k, Tq, scale, softcap, left, right,
+              q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+              dout.stride(0), dout.stride(1))
+    if Tk > 0 and max_k > 0:
+        gqa_bwd_dkdv_kernel[(cdiv(max_k, plan.dkdv_block_n), Hkv, n_docs)](
+            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, *common,
+            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            GROUP=Hq // Hkv, D=D, BLOCK_M=plan.dkdv_block_m, BLOCK_N=plan.dkdv_block_n,
+            **flags, num_warps=plan.dkdv_warps, num_stages=plan.dkdv_stages)
+    gqa_bwd_dq_kernel[(cdiv(max_q, plan.dq_block_m), Hq, n_docs)](
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, dq.stride(0), dq.stride(1),
+        GROUP=Hq // Hkv, D=D, BLOCK_M=plan.dq_block_m, BLOCK_N=plan.dq_block_n,
+        **flags, num_warps=plan.dq_warps, num_stages=plan.dq_stages)
+    return dq, dk, dv

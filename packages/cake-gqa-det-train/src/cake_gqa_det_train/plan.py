@@ -1,0 +1,108 @@
+"""GQADetPlan and the rule that picks it (head dim, dtype, device; never timing)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan, check_device, check_float_dtype
+from cake_core.plan import cached_plan
+
+#: Head dims the kernels are built for (q's and v's head dim are equal).
+HEAD_DIMS = (64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class GQADetPlan(Plan):
+    """Execution plan of the det GQA kernels. Every field has a default (the CUDA rule's
+    plan at head dim 128); :func:`make_plan` picks them by head dim and device.
+
+    Fields:
+        head_dim: D, the head dim of q, k and v (64, 128 or 256).
+        fwd_block_m / fwd_block_n / fwd_warps / fwd_stages: the forward's query rows per
+            program, keys per step, warps and software-pipeline stages.
+        dkdv_block_m / dkdv_block_n / dkdv_warps / dkdv_stages: the dK/dV kernel's query
+            rows per step and keys per program (the program sums its KV head's query heads
+            in head order and their query blocks in block order: the bits depend on
+            dkdv_block_m).
+        dq_block_m / dq_block_n / dq_warps / dq_stages: the dQ kernel's query rows per
+            program and keys per step (its sum runs over key blocks in order: the bits
+            depend on dq_block_n).
+        delta_block_m: rows per program of rowsum(dO * O).
+
+    The forward's bits depend on fwd_block_n (the online softmax's steps); no field depends
+    on the inputs' dtype, token counts or head counts.
+    """
+
+    family: ClassVar[str] = "cake-gqa-det-train"
+    format_version: ClassVar[int] = 1
+
+    head_dim: int = 128
+    fwd_block_m: int = 128
+    fwd_block_n: int = 64
+    fwd_warps: int = 8
+    fwd_stages: int = 3
+    dkdv_block_m: int = 64
+    dkdv_block_n: int = 64
+    dkdv_warps: int = 4
+    dkdv_stages: int = 2
+    dq_block_m: int = 64
+    dq_block_n: int = 64
+    dq_warps: int = 4
+    dq_stages: int = 2
+    delta_block_m: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_int_fields()
+        if self.head_dim not in HEAD_DIMS:
+            self._fail(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        self.require_power_of_two("fwd_block_m", "fwd_block_n", "dkdv_block_m",
+                                  "dkdv_block_n", "dq_block_m", "dq_block_n", minimum=16)
+        self.require_power_of_two("delta_block_m")
+        self.require_warps("fwd_warps", "dkdv_warps", "dq_warps")
+        for n in ("fwd_stages", "dkdv_stages", "dq_stages"):
+            self.require_in_range(n, 1, 6)
+        self.require_mode(Mode.DET)
+
+
+_PLANS: dict[tuple, GQADetPlan] = {}
+
+
+def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> GQADetPlan:
+    """The plan for heads of dim ``head_dim`` in ``dtype`` on ``device``.
+
+    Rules (no timing at run time; from a sweep on an H200 at the benchmark shapes,
+    docs/benchmarks/gqa.md): on CUDA, forward tiles of 128 query rows x 64 keys with 8
+    warps (3 stages at D <= 128, 2 at D = 256, where a stage of K and V takes 64 KB of
+    shared memory). Backward at D <= 128: dK/dV programs of 64 keys stepping 64 query rows
+    and dQ programs of 64 rows stepping 64 keys, 4 warps each (8 warps took 1.65x the
+    time); at D = 256, 8 warps, dK/dV 64 x 64 and dQ programs of 128 rows stepping 32 keys
+    (64 keys overflow shared memory). Under the interpreter 32 x 32 tiles (fewer
+    Python-level programs than 16; loops still cross blocks in the tests). ``dtype`` is
+    part of the signature for rules to come: no field depends on it today.
+
+    Raises:
+        ValueError: head_dim not in (64, 128, 256), a bad dtype or device.
+    """
+    device = check_device(device)
+    check_float_dtype(dtype)
+    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim: must be one of {HEAD_DIMS}, got {head_dim!r}")
+    return cached_plan(_PLANS, (int(head_dim), device.type),
+                       lambda: _rule(int(head_dim), device))
+
+
+def _rule(D: int, device: torch.device) -> GQADetPlan:
+    if device.type != "cuda":
+        return GQADetPlan(head_dim=D, fwd_block_m=32, fwd_block_n=32, fwd_warps=4,
+                          fwd_stages=1, dkdv_block_m=32, dkdv_block_n=32, dkdv_warps=4,
+                          dkdv_stages=1, dq_block_m=32, dq_block_n=32, dq_warps=4,
+                          dq_stages=1, delta_block_m=32)
+    if D == 256:
+        return GQADetPlan(head_dim=D, fwd_block_m=128, fwd_block_n=64, fwd_warps=8,
+                          fwd_stages=2, dkdv_block_m=64, dkdv_block_n=64, dkdv_warps=8,
+                          dkdv_stages=2, dq_block_m=128, dq_block_n=32, dq_warps=8,
+                          dq_stages=2, delta_block_m=32)
+    return GQADetPlan(head_dim=D)

@@ -1,0 +1,104 @@
+"""Parity of out, lse, dq, dk, dv with the float64 reference on fresh random inputs:
+batched and packed (empty, length-1, 63, 64, 65 and long documents), seqlen_q != seqlen_k
+under causal, GQA ratios 1, 2 and 8, every head dim, windows, softcap, fully masked rows."""
+
+import pytest
+import torch
+from _gqa_cases import GRADS, make, reference, run
+from cake_core.testing import assert_close_to_reference
+from cake_gqa_det_train import gqa_det, gqa_reference
+
+TOL = 2e-5  # fp32 inputs under the interpreter: fp32 dots against float64
+
+
+def _check(case, tol=TOL, **kw):
+    got = run(gqa_det, case, **kw)
+    want = reference(case, **kw)
+    for n in GRADS:
+        g, w = got[n], want[n]
+        assert g.shape == w.shape, n
+        if n == "lse":
+            fin = torch.isfinite(w)
+            assert torch.equal(torch.isfinite(g), fin), "lse: -inf rows differ"
+            assert bool((g[~fin] == float("-inf")).all()), "lse: masked rows are not -inf"
+            g, w = g[fin], w[fin]
+        assert_close_to_reference(g, w, torch.float32, n, tol=tol)
+    return got
+
+
+def test_reference_matches_torch_sdpa():
+    """The reference itself against torch's math SDPA (no GQA, causal, square)."""
+    case = make(B=2, Sq=40, Hq=2, Hkv=2, D=64, seed=1)
+    q, k, v = (case[n].double() for n in ("q", "k", "v"))
+    out, _ = gqa_reference(q, k, v, causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    torch.testing.assert_close(out, want.transpose(1, 2))
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_packed_ragged_each_head_dim(D):
+    _check(make(lens_q=[0, 1, 63, 64, 65, 130], Hq=4, Hkv=2, D=D, seed=D))
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(2, 2), (4, 2), (8, 1)])
+def test_gqa_ratios_batched(Hq, Hkv):
+    _check(make(B=2, Sq=70, Hq=Hq, Hkv=Hkv, D=64, seed=Hq * 10 + Hkv))
+
+
+def test_seqlen_q_ne_k_causal_bottom_right():
+    # fewer queries than keys (bottom-right alignment), more queries than keys (rows with
+    # no visible key: O = 0, lse = -inf), a document with queries and no keys
+    _check(make(lens_q=[5, 70, 33, 4, 1], lens_k=[40, 20, 33, 0, 65], Hq=4, Hkv=2, D=64,
+                seed=3))
+
+
+def test_batched_seqlen_q_ne_k():
+    _check(make(B=2, Sq=20, Sk=50, Hq=2, Hkv=1, D=64, seed=4))
+    _check(make(B=1, Sq=50, Sk=20, Hq=2, Hkv=1, D=64, seed=5))
+
+
+def test_not_causal():
+    _check(make(lens_q=[17, 64, 3], lens_k=[9, 80, 1], D=64, seed=6), causal=False)
+
+
+@pytest.mark.parametrize("window", [(16, 0), (5, 7), (-1, 3), (40, -1)])
+def test_windows(window):
+    _check(make(lens_q=[1, 65, 100], lens_k=[1, 65, 90], D=64, seed=7), causal=False,
+           window_size=window)
+
+
+def test_window_with_causal():
+    _check(make(B=2, Sq=90, D=64, seed=8), causal=True, window_size=(33, 5))
+
+
+def test_softcap_and_scale():
+    _check(make(lens_q=[64, 37], D=128, seed=9), softcap=2.5, softmax_scale=0.3)
+
+
+def test_softcap_not_causal_window():
+    _check(make(B=1, Sq=48, Sk=70, D=64, seed=10), causal=False, softcap=1.0,
+           window_size=(20, 10))
+
+
+def test_fully_masked_rows_window():
+    """A window that leaves some rows without keys (left < -(shift))."""
+    got = _check(make(lens_q=[40], lens_k=[10], D=64, seed=11), causal=True,
+                 window_size=(3, 0))
+    assert bool((got["out"][:30] == 0).all())
+    assert bool((got["dq"][:30] == 0).all())
+
+
+def test_bf16_close():
+    case = make(lens_q=[0, 1, 65, 100], Hq=4, Hkv=1, D=64, dtype=torch.bfloat16, seed=12)
+    got = run(gqa_det, case)
+    want = reference(case)
+    for n in ("out", "dq", "dk", "dv"):
+        assert_close_to_reference(got[n].float(), want[n].float(), torch.bfloat16, n)
+
+
+def test_int64_offsets():
+    case = make(lens_q=[3, 64, 0, 20], D=64, seed=13)
+    case["cu_q"] = case["cu_q"].long()
+    case["cu_k"] = case["cu_k"].long()
+    _check(case)

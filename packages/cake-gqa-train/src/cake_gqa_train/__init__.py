@@ -1,0 +1,49 @@
+"""cake-gqa-train: grouped-query attention (causal, windowed, soft-capped, packed or
+batched) forward and backward in Triton, with a one-pass backward that sums dQ by floating
+atomic adds: faster than cake-gqa-det-train, not bitwise repeatable (the recorded
+exception to cake's ``det`` naming). flash-attn 2's ``flash_attn_func`` /
+``flash_attn_varlen_func`` on top.
+
+Public names are imported lazily (importing the package does not import Triton).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cake_core.lazy import lazy_exports
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "gqa": "api",
+    "gqa_fwd": "api",
+    "gqa_bwd": "api",
+    "flash_attn_func": "api",
+    "flash_attn_varlen_func": "api",
+    "GQAPlan": "plan",
+    "make_plan": "plan",
+    "GQASavedSet": "saved",
+    "GQAWorkspace": "saved",
+}
+
+__all__ = [
+    "GQAPlan",
+    "GQASavedSet",
+    "GQAWorkspace",
+    "__version__",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "gqa",
+    "gqa_bwd",
+    "gqa_fwd",
+    "make_plan",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cake_gqa_train.api import flash_attn_func, flash_attn_varlen_func, gqa, gqa_bwd, gqa_fwd
+    from cake_gqa_train.plan import GQAPlan, make_plan
+    from cake_gqa_train.saved import GQASavedSet, GQAWorkspace
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

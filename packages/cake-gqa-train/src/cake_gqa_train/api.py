@@ -1,0 +1,347 @@
+"""Autograd entry, low-level forward / backward and flash-attn's entry points of
+non-deterministic grouped-query attention.
+
+The math and the forward are cake-gqa-det-train's (:mod:`cake_gqa_det_train.reference`);
+the backward computes dK and dV per query head and, where several query heads share a KV
+head (GQA), sums them with fp32 atomic adds, so its bits may change from run to run. Under
+``torch.use_deterministic_algorithms(True)`` the backward raises ``RuntimeError`` before
+any launch (with ``warn_only=True`` it warns once and runs); use
+``cake_gqa_det_train.gqa_det`` for repeatable gradients.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from cake_core import Mode, check_dtype, check_shape, check_tensor, require_mode
+from cake_core.autograd import once_differentiable
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.triton_utils import cdiv
+from cake_gqa_det_train.inputs import Problem, check_call, read_max_lengths
+from cake_gqa_det_train.kernels.bwd import gqa_bwd_dq_kernel
+from cake_gqa_det_train.launch import launch_delta, launch_fwd
+
+from cake_gqa_train.kernels.bwd import gqa_bwd_dkdv_atomic_kernel
+from cake_gqa_train.plan import GQAPlan, make_plan
+from cake_gqa_train.saved import GQASavedSet, GQAWorkspace
+
+_OP = "cake_gqa_train"
+_empty = torch.empty
+_warned = False
+
+
+def _deterministic_alert() -> None:
+    """RuntimeError under ``torch.use_deterministic_algorithms(True)``; with
+    ``warn_only=True`` one warning per process, then the backward runs."""
+    global _warned
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    msg = ("cake_gqa_train's backward sums dK / dV with floating atomic adds and is not "
+           "deterministic; use cake_gqa_det_train.gqa_det (or its flash_attn_func / "
+           "flash_attn_varlen_func) for bitwise repeatable gradients")
+    if not torch.is_deterministic_algorithms_warn_only_enabled():
+        raise RuntimeError(msg)
+    if not _warned:
+        _warned = True
+        warnings.warn(msg, UserWarning, stacklevel=3)
+
+
+def _resolve_plan(plan, D: int, dtype, device) -> GQAPlan:
+    if plan is None:
+        return make_plan(D, dtype, device)
+    require_mode(plan, GQAPlan, Mode.NONDET, name="plan")
+    if plan.head_dim != D:
+        raise ValueError(f"plan: made for head_dim={plan.head_dim}, inputs have {D}")
+    return plan
+
+
+def _resolve_workspace(workspace, plan: GQAPlan, device, prob: Problem):
+    if workspace is None:
+        return None, None
+    require_mode(workspace, GQAWorkspace, Mode.NONDET, name="workspace")
+    workspace.check(plan, device)
+    need = {"delta": prob.heads_q * prob.n_tok_q,
+            "dkv_accum": 2 * prob.n_tok_k * prob.heads_kv * prob.head_dim}
+    for name, n in need.items():
+        buf = workspace[name]
+        if buf.dtype != torch.float32 or buf.dim() != 1 or not buf.is_contiguous() \
+                or buf.numel() < n:
+            raise ValueError(
+                f"workspace: {name!r} must be a contiguous 1-D fp32 tensor of at least {n} "
+                f"values, got {str(buf.dtype)[6:]} {list(buf.shape)}; build it with "
+                f"GQAWorkspace.for_plan(plan, device, num_heads={prob.heads_q}, "
+                f"max_tokens={prob.n_tok_q}, num_kv_heads={prob.heads_kv}, "
+                f"max_kv_tokens={prob.n_tok_k})")
+    return workspace["delta"], workspace["dkv_accum"]
+
+
+def _ints_resolved(ints, q, k, cu_q, cu_k) -> list[int]:
+    ints = list(ints)
+    if ints[0] < 0 and (ints[3] < 0 or ints[4] < 0):
+        mq, mk = read_max_lengths(cu_q, cu_k, q.shape[0], k.shape[0], q.device)
+        ints[3] = mq if ints[3] < 0 else ints[3]
+        ints[4] = mk if ints[4] < 0 else ints[4]
+    return ints
+
+
+def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap: float,
+               plan: GQAPlan, delta=None, dkv_accum=None):
+    """-> (dq, dk, dv): dK / dV per query head, summed over a KV head's query heads by fp32
+    atomic adds (GQA); dQ by cake-gqa-det-train's kernel. ``dkv_accum``: a workspace's
+    fp32 buffer of at least ``2 * Tk * Hkv * D`` values, or ``None``."""
+    seq_q, seq_k, n_docs, max_q, max_k, left, right = ints
+    Tq, Hq, D = q.shape
+    Tk, Hkv, _ = k.shape
+    dev = q.device
+    group = Hq // Hkv
+    dq = _empty((Tq, Hq, D), dtype=q.dtype, device=dev)
+    if Tq == 0 or n_docs == 0 or max_q <= 0:
+        return dq, torch.zeros_like(k), torch.zeros_like(v)
+    if group == 1:  # each program owns its rows: stored directly
+        dk, dv = (_empty((Tk, Hkv, D), dtype=t.dtype, device=dev) for t in (k, v))
+    elif dkv_accum is None:
+        dk, dv = torch.zeros((2, Tk, Hkv, D), dtype=torch.float32, device=dev).unbind(0)
+    else:
+        dk, dv = dkv_accum[: 2 * Tk * Hkv * D].view(2, Tk, Hkv, D).zero_().unbind(0)
+    delta = _empty((Hq * Tq,), dtype=torch.float32, device=dev) if delta is None \
+        else delta[: Hq * Tq]
+    launch_delta(out, dout, delta, plan.delta_block_m)
+    cu_q = cu_q if cu_q is not None else lse
+    cu_k = cu_k if cu_k is not None else lse
+    flags = dict(VARLEN=seq_q < 0, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
+                 SOFTCAP=softcap > 0)
+    common = (seq_q, seq_k, Tq, scale, softcap, left, right,
+              q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+              dout.stride(0), dout.stride(1))
+    if Tk > 0 and max_k > 0:
+        gqa_bwd_dkdv_atomic_kernel[(cdiv(max_k, plan.bwd_block_n), Hq, n_docs)](
+            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, *common,
+            dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+            GROUP=group, D=D, BLOCK_M=plan.bwd_block_m, BLOCK_N=plan.bwd_block_n, **flags,
+            num_warps=plan.bwd_warps, num_stages=plan.bwd_stages)
+    elif group == 1:
+        dk.zero_()
+        dv.zero_()
+    gqa_bwd_dq_kernel[(cdiv(max_q, plan.dq_block_m), Hq, n_docs)](
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, dq.stride(0), dq.stride(1),
+        GROUP=group, D=D, BLOCK_M=plan.dq_block_m, BLOCK_N=plan.dq_block_n, **flags,
+        num_warps=plan.dq_warps, num_stages=plan.dq_stages)
+    if group == 1:
+        return dq, dk, dv
+    return dq, (dk * scale).to(k.dtype), dv.to(v.dtype)
+
+
+@torch.library.custom_op(f"{_OP}::fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None,
+            cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
+            plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = plan_from_op_fields(GQAPlan, plan_fields, Mode.NONDET)
+    ints = _ints_resolved(ints, q, k, cu_q, cu_k)
+    return launch_fwd(q, k, v, cu_q, cu_k, ints, scale, softcap, plan.fwd_block_m,
+                      plan.fwd_block_n, plan.fwd_warps, plan.fwd_stages)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{_OP}::bwd", mutates_args=("delta", "dkv_accum"))
+def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor | None,
+            cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
+            plan_fields: list[int], delta: torch.Tensor | None,
+            dkv_accum: torch.Tensor | None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _deterministic_alert()
+    plan = plan_from_op_fields(GQAPlan, plan_fields, Mode.NONDET)
+    ints = _ints_resolved(ints, q, k, cu_q, cu_k)
+    return launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan, delta,
+                      dkv_accum)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan_fields, delta,
+              dkv_accum):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _lastc(t: torch.Tensor) -> torch.Tensor:
+    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+class _GQAFunction(torch.autograd.Function):
+    """One attention call's autograd node (eager and under ``torch.compile``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields, delta, dkv_accum):
+        out, lse = torch.ops.cake_gqa_train.fwd(q, k, v, cu_q, cu_k, ints, scale, softcap,
+                                                plan_fields)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.ints, ctx.scale, ctx.softcap = ints, scale, softcap
+        ctx.plan_fields, ctx.delta, ctx.dkv_accum = plan_fields, delta, dkv_accum
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, dlse):
+        _deterministic_alert()  # before anything is launched, also in eager mode
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = torch.ops.cake_gqa_train.bwd(
+            _lastc(dout), q, k, v, out, lse, cu_q, cu_k, ctx.ints, ctx.scale, ctx.softcap,
+            ctx.plan_fields, ctx.delta, ctx.dkv_accum)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+def _packed(q, k, v):
+    if q.dim() == 4:
+        return (q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
+                v.reshape(-1, *v.shape[2:]))
+    return q, k, v
+
+
+def _unpacked(out, lse, q_shape, prob: Problem):
+    if prob.varlen:
+        return out, lse
+    return out.reshape(q_shape), lse.reshape(prob.heads_q, q_shape[0], q_shape[1]) \
+        .permute(1, 0, 2)
+
+
+def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+        *, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+        softmax_scale: float | None = None, causal: bool = True,
+        window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+        return_lse: bool = False, plan: GQAPlan | None = None,
+        workspace: GQAWorkspace | None = None):
+    """Grouped-query attention, differentiable, with a backward that is not bitwise
+    repeatable (dK / dV summed over a KV head's query heads by fp32 atomic adds).
+
+    The math, arguments, shapes, dtypes and errors are those of
+    ``cake_gqa_det_train.gqa_det`` (plan: a :class:`GQAPlan`; workspace: a
+    :class:`GQAWorkspace`). The forward's bits equal gqa_det's for equal forward tiles.
+    The backward raises ``RuntimeError`` under ``torch.use_deterministic_algorithms(True)``
+    before any launch (``warn_only=True``: one warning, then it runs); it never falls back
+    to the deterministic kernels.
+
+    Example::
+
+        import torch
+        from cake_gqa_train import gqa
+        q = torch.randn(2, 128, 8, 64, requires_grad=True)  # CPU: Triton's interpreter
+        k, v = torch.randn(2, 2, 128, 2, 64).unbind(0)
+        gqa(q, k, v).sum().backward()
+    """
+    prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, softmax_scale, causal, window_size, softcap)
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
+    plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
+    delta, dkv_accum = _resolve_workspace(workspace, plan, device, prob)
+    if prob.varlen and cu_seqlens_k is None:
+        cu_seqlens_k = cu_seqlens_q
+    q3, k3, v3 = _packed(q, k, v)
+    out, lse = _GQAFunction.apply(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, prob.op_ints(),
+                                  prob.scale, prob.softcap, plan_to_op_fields(plan), delta,
+                                  dkv_accum)
+    out, lse = _unpacked(out, lse, tuple(q.shape), prob)
+    return (out, lse) if return_lse else out
+
+
+def gqa_fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, max_seqlen_q=None,
+            max_seqlen_k=None, softmax_scale=None, causal=True, window_size=(-1, -1),
+            softcap=0.0, plan: GQAPlan | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor, GQASavedSet]:
+    """The forward alone: ``(out, lse, saved)`` (a :class:`GQASavedSet` for
+    :func:`gqa_bwd`); arguments as :func:`gqa`."""
+    prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, softmax_scale, causal, window_size, softcap)
+    plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
+    if prob.varlen and cu_seqlens_k is None:
+        cu_seqlens_k = cu_seqlens_q
+    q3, k3, v3 = _packed(q.detach(), k.detach(), v.detach())
+    ints = _ints_resolved(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
+    out, lse = launch_fwd(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, ints, prob.scale,
+                          prob.softcap, plan.fwd_block_m, plan.fwd_block_n, plan.fwd_warps,
+                          plan.fwd_stages)
+    saved = GQASavedSet(
+        Mode.NONDET, {"q": q3, "k": k3, "v": v3, "out": out, "lse": lse,
+                      "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k},
+        meta={"plan": plan, "ints": ints, "scale": prob.scale, "softcap": prob.softcap,
+              "problem": prob, "shapes": (tuple(q.shape), tuple(k.shape), tuple(v.shape))})
+    o, lse_out = _unpacked(out, lse, tuple(q.shape), prob)
+    return o, lse_out, saved
+
+
+def gqa_bwd(dout: torch.Tensor, saved: GQASavedSet, *,
+            workspace: GQAWorkspace | None = None):
+    """The backward alone: ``(dq, dk, dv)`` like the forward's q, k, v.
+
+    Raises:
+        ValueError: a saved set or workspace of another type or mode (e.g.
+            cake_gqa_det_train's), a dout of another shape or dtype.
+        RuntimeError: under ``torch.use_deterministic_algorithms(True)``, before any launch.
+    """
+    require_mode(saved, GQASavedSet, Mode.NONDET, name="saved")
+    meta = saved.meta
+    plan, prob = meta["plan"], meta["problem"]
+    q_shape, k_shape, v_shape = meta["shapes"]
+    check_tensor(dout, "dout")
+    check_shape(dout, "dout", list(q_shape))
+    check_dtype(dout, "dout", (saved.q.dtype,))
+    if dout.device != saved.q.device:
+        raise ValueError(f"dout: on {dout.device}, the forward ran on {saved.q.device}")
+    delta, dkv_accum = _resolve_workspace(workspace, plan, saved.q.device, prob)
+    _deterministic_alert()
+    d3 = _lastc(dout.reshape(saved.out.shape))
+    dq, dk, dv = launch_bwd(d3, saved.q, saved.k, saved.v, saved.out, saved.lse,
+                            saved.cu_seqlens_q, saved.cu_seqlens_k, meta["ints"],
+                            meta["scale"], meta["softcap"], plan, delta, dkv_accum)
+    return dq.reshape(q_shape), dk.reshape(k_shape), dv.reshape(v_shape)
+
+
+def _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic):
+    if dropout_p != 0:
+        raise ValueError(f"dropout_p: attention dropout is not served, got {dropout_p!r}")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes: ALiBi is not served")
+    if return_attn_probs is not False:
+        raise ValueError("return_attn_probs: attention probabilities are not returned "
+                         "(use gqa(..., return_lse=True) for the log-sum-exp)")
+    if deterministic is not False:
+        raise ValueError("deterministic: cake_gqa_train's backward is not deterministic; "
+                         "use cake_gqa_det_train's flash_attn_func / flash_attn_varlen_func")
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_attn_probs=False):
+    """flash-attn 2's ``flash_attn_func`` on cake's non-det kernels (``[B, S, H, D]``).
+    ``deterministic=True``, ``dropout_p > 0``, ``alibi_slopes`` and
+    ``return_attn_probs=True`` raise ``ValueError``."""
+    _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
+    if not (isinstance(q, torch.Tensor) and q.dim() == 4):
+        raise ValueError("q: flash_attn_func takes [B, S, H, D]; packed input goes to "
+                         "flash_attn_varlen_func")
+    return gqa(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+               softcap=softcap)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """flash-attn 2's ``flash_attn_varlen_func`` on cake's non-det kernels (packed
+    ``[T, H, D]``); refusals as :func:`flash_attn_func`, and ``block_table``."""
+    _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
+    if block_table is not None:
+        raise ValueError("block_table: paged KV caches are not served (training kernels)")
+    if not (isinstance(q, torch.Tensor) and q.dim() == 3):
+        raise ValueError("q: flash_attn_varlen_func takes packed [T, H, D]")
+    if cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_k: required by flash_attn_varlen_func")
+    return gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+               max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
+               window_size=window_size, softcap=softcap)

@@ -1,0 +1,99 @@
+"""GQAPlan (mode ``nondet``) and the rule that picks it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+from cake_core import Mode, Plan, check_device, check_float_dtype
+from cake_core.plan import cached_plan
+from cake_gqa_det_train.plan import HEAD_DIMS
+
+
+@dataclasses.dataclass(frozen=True)
+class GQAPlan(Plan):
+    """Execution plan of the non-deterministic GQA kernels (``mode`` is ``nondet``). Every
+    field has a default (the CUDA rule's plan at head dim 128).
+
+    Fields:
+        head_dim: D (64, 128 or 256).
+        fwd_block_m / fwd_block_n / fwd_warps / fwd_stages: the forward (cake-gqa-det-train's
+            kernel): query rows per program, keys per step, warps, pipeline stages.
+        bwd_block_m / bwd_block_n / bwd_warps / bwd_stages: the dK / dV kernel (one program
+            per key block and query head; GQA's heads added atomically): query rows per
+            step, keys per program.
+        dq_block_m / dq_block_n / dq_warps / dq_stages: the dQ kernel (cake-gqa-det-train's).
+        delta_block_m: rows per program of rowsum(dO * O).
+    """
+
+    family: ClassVar[str] = "cake-gqa-train"
+    format_version: ClassVar[int] = 1
+
+    head_dim: int = 128
+    fwd_block_m: int = 128
+    fwd_block_n: int = 64
+    fwd_warps: int = 8
+    fwd_stages: int = 3
+    bwd_block_m: int = 32
+    bwd_block_n: int = 64
+    bwd_warps: int = 4
+    bwd_stages: int = 2
+    dq_block_m: int = 64
+    dq_block_n: int = 64
+    dq_warps: int = 4
+    dq_stages: int = 2
+    delta_block_m: int = 64
+    mode: Mode = dataclasses.field(default=Mode.NONDET, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_int_fields()
+        if self.head_dim not in HEAD_DIMS:
+            self._fail(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        self.require_power_of_two("fwd_block_m", "fwd_block_n", "bwd_block_m", "bwd_block_n",
+                                  "dq_block_m", "dq_block_n", minimum=16)
+        self.require_power_of_two("delta_block_m")
+        self.require_warps("fwd_warps", "bwd_warps", "dq_warps")
+        for n in ("fwd_stages", "bwd_stages", "dq_stages"):
+            self.require_in_range(n, 1, 6)
+        self.require_mode(Mode.NONDET)
+
+
+_PLANS: dict[tuple, GQAPlan] = {}
+
+
+def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> GQAPlan:
+    """The plan for heads of dim ``head_dim`` in ``dtype`` on ``device`` (a rule of head
+    dim and device, from a sweep on an H200 (docs/benchmarks/gqa.md): forward, dQ and delta
+    tiles as cake-gqa-det-train's rule; dK / dV programs of 64 keys stepping 32 query rows
+    with 4 warps at D <= 128, 64 x 64 with 8 warps at D = 256; 32 x 32 under the
+    interpreter).
+
+    Raises:
+        ValueError: head_dim not in (64, 128, 256), a bad dtype or device.
+    """
+    device = check_device(device)
+    check_float_dtype(dtype)
+    if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim: must be one of {HEAD_DIMS}, got {head_dim!r}")
+    return cached_plan(_PLANS, (int(head_dim), device.type),
+                       lambda: _rule(int(head_dim), device))
+
+
+def _rule(D: int, device: torch.device) -> GQAPlan:
+    from cake_gqa_det_train.plan import make_plan as det_rule
+
+    f = det_rule(D, torch.bfloat16, device)  # the forward is the det package's kernel
+    fwd = dict(fwd_block_m=f.fwd_block_m, fwd_block_n=f.fwd_block_n, fwd_warps=f.fwd_warps,
+               fwd_stages=f.fwd_stages, delta_block_m=f.delta_block_m,
+               dq_block_m=f.dq_block_m, dq_block_n=f.dq_block_n, dq_warps=f.dq_warps,
+               dq_stages=f.dq_stages)
+    if device.type != "cuda":
+        return GQAPlan(head_dim=D, bwd_block_m=32, bwd_block_n=32, bwd_warps=4,
+                       bwd_stages=1, **fwd)
+    if D == 256:
+        return GQAPlan(head_dim=D, bwd_block_m=64, bwd_block_n=64, bwd_warps=8,
+                       bwd_stages=2, **fwd)
+    return GQAPlan(head_dim=D, bwd_block_m=32, bwd_block_n=64, bwd_warps=4, bwd_stages=2,
+                   **fwd)
