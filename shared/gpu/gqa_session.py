@@ -81,6 +81,18 @@ def check():
                 res.append({"fn": name, "case": c, "opts": str(o), "errs": errs, "ok": ok})
                 print("check", name, c, o, [f"{e:.2e}" for e in errs], "OK" if ok else "FAIL",
                       flush=True)
+    # fp32 inputs (TF32 dots) at every head dim: runs and is close
+    for D in (64, 128, 256):
+        q, k, v, do, cq, ck = case([0, 1, 65, 300], 4, 2, D, seed=5, dtype=torch.float32)
+        ref = grads(gqa_reference_packed, q.double(), k.double(), v.double(), do.double(),
+                    cq, ck)
+        for name, fn in fns:
+            got = grads(fn, q, k, v, do, cq, ck)
+            errs = [rel(a, b) for a, b in zip(got, ref, strict=False)]
+            ok = all(e < 5e-3 for e in errs)
+            res.append({"fn": name, "case": f"fp32 D={D}", "errs": errs, "ok": ok})
+            print("check fp32", name, D, [f"{e:.2e}" for e in errs], "OK" if ok else "FAIL",
+                  flush=True)
     # bitwise repeats of det: 5 runs with other work between
     q, k, v, do, cq, ck = case([4096] * 4, 16, 2, 256, seed=1)
     hs = []
@@ -89,6 +101,13 @@ def check():
         hs.append(digest(grads(gqa_det, q, k, v, do, cq, ck)))
     print("det repeat hashes", hs, flush=True)
     RESULTS["check"] = {"cases": res, "det_hashes": hs, "det_repeat": len(set(hs)) == 1}
+
+
+def hash_step():
+    """One line: the digest of det's out and grads at benchmark case a (for comparing
+    processes)."""
+    q, k, v, do, cq, ck = case([4096] * 4, 16, 2, 256, seed=1)
+    print("HASH", digest(grads(gqa_det, q, k, v, do, cq, ck)), flush=True)
 
 
 def gqa_reference_packed(q, k, v, cq, ck, **kw):
@@ -232,6 +251,8 @@ if __name__ == "__main__":
     import triton
     RESULTS["env"] = {"torch": torch.__version__, "triton": triton.__version__,
                       "gpu": torch.cuda.get_device_name()}
+    if "hash" in sys.argv:
+        hash_step()
     for step in ("check", "sweep", "bench"):
         if step in sys.argv:
             t0 = time.time()

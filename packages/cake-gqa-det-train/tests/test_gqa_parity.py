@@ -4,11 +4,18 @@ under causal, GQA ratios 1, 2 and 8, every head dim, windows, softcap, fully mas
 
 import pytest
 import torch
-from _gqa_cases import GRADS, make, reference, run
+from _gqa_cases import (
+    DEV,  # noqa: E402
+    GRADS,
+    make,
+    reference,
+    run,
+)
 from cake_core.testing import assert_close_to_reference
 from cake_gqa_det_train import gqa_det, gqa_reference
 
-TOL = 2e-5  # fp32 inputs under the interpreter: fp32 dots against float64
+# fp32 inputs: fp32 dots under the interpreter, TF32 dots on CUDA
+TOL = 2e-5 if DEV.type == "cpu" else 5e-3
 
 
 def _check(case, tol=TOL, **kw):

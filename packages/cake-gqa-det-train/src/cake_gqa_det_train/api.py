@@ -21,7 +21,7 @@ from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 
-from cake_gqa_det_train.inputs import Problem, check_call, read_max_lengths
+from cake_gqa_det_train.inputs import Problem, check_call, resolve_op_ints
 from cake_gqa_det_train.launch import launch_bwd_det, launch_fwd
 from cake_gqa_det_train.plan import GQADetPlan, make_plan
 from cake_gqa_det_train.saved import GQADetSavedSet, GQADetWorkspace
@@ -43,6 +43,9 @@ def _resolve_workspace(workspace, plan: GQADetPlan, device, prob: Problem):
         return None
     require_mode(workspace, GQADetWorkspace, Mode.DET, name="workspace")
     workspace.check(plan, device)
+    if "delta" not in workspace.names:
+        raise ValueError("workspace: no 'delta' buffer; build it with "
+                         "GQADetWorkspace.for_plan(plan, device, num_heads, max_tokens)")
     buf = workspace["delta"]
     need = prob.heads_q * prob.n_tok_q
     if buf.dtype != torch.float32 or buf.dim() != 1 or not buf.is_contiguous() \
@@ -54,19 +57,6 @@ def _resolve_workspace(workspace, plan: GQADetPlan, device, prob: Problem):
     return buf
 
 
-def _ints_resolved(ints, q, k, cu_q, cu_k) -> list[int]:
-    """The op ints with the max lengths read from the offsets where they are -1 (a call
-    traced by torch.compile); the offsets' values are checked there, before any launch."""
-    ints = list(ints)
-    if ints[0] < 0 and (ints[3] < 0 or ints[4] < 0):
-        mq, mk = read_max_lengths(cu_q, cu_k, q.shape[0], k.shape[0], q.device)
-        if ints[3] < 0:
-            ints[3] = mq
-        if ints[4] < 0:
-            ints[4] = mk
-    return ints
-
-
 # ----------------------------------------------------------------------------- custom ops
 
 
@@ -75,7 +65,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
             cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
             plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(GQADetPlan, plan_fields)
-    ints = _ints_resolved(ints, q, k, cu_q, cu_k)
+    ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_fwd(q, k, v, cu_q, cu_k, ints, scale, softcap, plan.fwd_block_m,
                       plan.fwd_block_n, plan.fwd_warps, plan.fwd_stages)
 
@@ -93,7 +83,7 @@ def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             plan_fields: list[int], delta: torch.Tensor | None,
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(GQADetPlan, plan_fields)
-    ints = _ints_resolved(ints, q, k, cu_q, cu_k)
+    ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_bwd_det(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan,
                           delta)
 
@@ -101,6 +91,16 @@ def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 @_bwd_op.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan_fields, delta):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _distinct(q, k, v):
+    """The same tensor passed as two of q, k, v crosses the autograd Function as a view
+    (``torch.compile`` refuses a duplicate input there)."""
+    if k is q:
+        k = k.view_as(k)
+    if v is q or v is k:
+        v = v.view_as(v)
+    return q, k, v
 
 
 def _lastc(t: torch.Tensor) -> torch.Tensor:
@@ -171,8 +171,8 @@ def gqa_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Args:
         q: ``[B, Sq, Hq, D]``, or packed ``[Tq, Hq, D]`` with ``cu_seqlens_q``.
         k, v: ``[B, Sk, Hkv, D]`` / ``[Tk, Hkv, D]``; Hq a multiple of Hkv; D in
-            (64, 128, 256), the same for q, k and v. bf16 or fp16 (fp32 too under the
-            interpreter); last dim contiguous.
+            (64, 128, 256), the same for q, k and v. bf16, fp16 or fp32 (fp32's dots run
+            in TF32 on CUDA); last dim contiguous.
         cu_seqlens_q, cu_seqlens_k: packed input's offsets, ``[N + 1]`` int32/int64 from 0
             to Tq / Tk, non-decreasing (empty and length-1 documents allowed);
             ``cu_seqlens_k`` defaults to ``cu_seqlens_q``. Their values are read once per
@@ -208,9 +208,10 @@ def gqa_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
     delta = _resolve_workspace(workspace, plan, device, prob)
-    if prob.varlen and cu_seqlens_k is None:
-        cu_seqlens_k = cu_seqlens_q
     q3, k3, v3 = _packed(q, k, v, prob)
+    q3, k3, v3 = _distinct(q3, k3, v3)
+    if cu_seqlens_k is cu_seqlens_q:  # one tensor crosses once (None: "the same as q's")
+        cu_seqlens_k = None
     out, lse = _GQAFunction.apply(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, prob.op_ints(),
                                   prob.scale, prob.softcap, plan_to_op_fields(plan), delta)
     out, lse = _unpacked(out, lse, tuple(q.shape), prob)
@@ -234,7 +235,7 @@ def gqa_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if prob.varlen and cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
     q3, k3, v3 = _packed(q.detach(), k.detach(), v.detach(), prob)
-    ints = _ints_resolved(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
+    ints = resolve_op_ints(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
     out, lse = launch_fwd(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, ints, prob.scale,
                           prob.softcap, plan.fwd_block_m, plan.fwd_block_n, plan.fwd_warps,
                           plan.fwd_stages)

@@ -44,7 +44,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5caa0527dd8ebe8866ba17dba3012b8f94ed58ae2f26c6f28330f10fe8e364e9"
+SOURCE_DIGEST = "sha256:1015253fefc4788d26f17113371ea026254a743078de46f3a2733311c20013dd"
 # --- end of generated block ---
 
 MANIFEST = {

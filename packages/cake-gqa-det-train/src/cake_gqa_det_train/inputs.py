@@ -16,7 +16,7 @@ from cake_core import (
     check_tensor,
 )
 from cake_core.checks import check_cu_seqlens
-from cake_core.triton_utils import is_interpreting, launch_device_check
+from cake_core.triton_utils import launch_device_check
 from cake_core.varlen import checked_offsets
 
 from cake_gqa_det_train.plan import HEAD_DIMS
@@ -61,10 +61,8 @@ class Problem:
                 self.right]
 
 
-def _dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
-    if is_interpreting():
-        return (torch.bfloat16, torch.float16, torch.float32)
-    return (torch.bfloat16, torch.float16)
+#: Input dtypes (fp32 runs its dots in TF32 on CUDA, as torch's default for convolutions).
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _window(window_size, causal: bool) -> tuple[int, int]:
@@ -127,7 +125,7 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         if t.dim() != q.dim():
             raise ValueError(f"{n}: expected {q.dim()}-D like q, got {t.dim()}-D "
                              f"{list(t.shape)}")
-    check_dtype(q, "q", _dtypes(device))
+    check_dtype(q, "q", DTYPES)
     check_dtype(k, "k", (q.dtype,))
     check_dtype(v, "v", (q.dtype,))
     D = q.shape[-1]
@@ -154,6 +152,9 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             raise ValueError("cu_seqlens_q / cu_seqlens_k: only for packed [T, H, D] input; "
                              "q is [B, S, H, D]")
         B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+        for n, given, got in (("max_seqlen_q", max_q, Sq), ("max_seqlen_k", max_k, Sk)):
+            if given is not None and given < got:
+                raise ValueError(f"{n}: {given} is below the sequence length ({got})")
         if k.shape[0] != B:
             raise ValueError(f"k: batch {k.shape[0]} differs from q's {B}")
         if B > MAX_DOCS:
@@ -194,3 +195,25 @@ def read_max_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor, Tq: int, Tk: int,
     oq = checked_offsets(cu_q, Tq, device, name="cu_seqlens_q")
     ok = checked_offsets(cu_k, Tk, device, name="cu_seqlens_k")
     return _max_len(oq), _max_len(ok)
+
+
+def resolve_op_ints(ints, q: torch.Tensor, k: torch.Tensor, cu_q, cu_k) -> list[int]:
+    """Inside an op, before any launch: a packed call's offsets checked again (a cache hit
+    after the entry's check in eager mode; the only check of their values under
+    ``torch.compile``), max lengths read where they are -1 and refused where below the
+    longest document. Returns the ints with the max lengths resolved.
+
+    Raises:
+        ValueError: as :func:`check_call`.
+    """
+    ints = list(ints)
+    if ints[0] >= 0:  # fixed length
+        return ints
+    got_q, got_k = read_max_lengths(cu_q, cu_q if cu_k is None else cu_k, q.shape[0],
+                                    k.shape[0], q.device)
+    for i, n, got in ((3, "max_seqlen_q", got_q), (4, "max_seqlen_k", got_k)):
+        if ints[i] < 0:
+            ints[i] = got
+        elif ints[i] < got:
+            raise ValueError(f"{n}: {ints[i]} is below the longest document ({got})")
+    return ints

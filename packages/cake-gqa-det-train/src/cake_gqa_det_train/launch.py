@@ -36,7 +36,7 @@ def launch_fwd(q, k, v, cu_q, cu_k, ints, scale: float, softcap: float,
     if Tq == 0 or n_docs == 0 or max_q <= 0:
         return out, lse
     cu_q = cu_q if cu_q is not None else lse  # unused without VARLEN
-    cu_k = cu_k if cu_k is not None else lse
+    cu_k = cu_k if cu_k is not None else cu_q  # packed: None is "the same as q's"
     grid = (cdiv(max_q, block_m), Hq, n_docs)
     gqa_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, seq_q, seq_k, Tq, scale, softcap, left, right,
@@ -78,7 +78,7 @@ def launch_bwd_det(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, soft
         else delta[: Hq * Tq]
     launch_delta(out, dout, delta, plan.delta_block_m)
     cu_q = cu_q if cu_q is not None else lse
-    cu_k = cu_k if cu_k is not None else lse
+    cu_k = cu_k if cu_k is not None else cu_q
     flags = _flags(ints, softcap)
     common = (seq_q, seq_k, Tq, scale, softcap, left, right,
               q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

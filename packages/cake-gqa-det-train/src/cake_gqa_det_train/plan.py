@@ -80,8 +80,9 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     and dQ programs of 64 rows stepping 64 keys, 4 warps each (8 warps took 1.65x the
     time); at D = 256, 8 warps, dK/dV 64 x 64 and dQ programs of 128 rows stepping 32 keys
     (64 keys overflow shared memory). Under the interpreter 32 x 32 tiles (fewer
-    Python-level programs than 16; loops still cross blocks in the tests). ``dtype`` is
-    part of the signature for rules to come: no field depends on it today.
+    Python-level programs than 16; loops still cross blocks in the tests). fp32 inputs on
+    CUDA (dots in TF32) take smaller tiles and single-stage loops, as their tiles take
+    twice the shared memory (not tuned for speed).
 
     Raises:
         ValueError: head_dim not in (64, 128, 256), a bad dtype or device.
@@ -90,16 +91,24 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     check_float_dtype(dtype)
     if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim: must be one of {HEAD_DIMS}, got {head_dim!r}")
-    return cached_plan(_PLANS, (int(head_dim), device.type),
-                       lambda: _rule(int(head_dim), device))
+    return cached_plan(_PLANS, (int(head_dim), dtype, device.type),
+                       lambda: _rule(int(head_dim), dtype, device))
 
 
-def _rule(D: int, device: torch.device) -> GQADetPlan:
+def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
     if device.type != "cuda":
         return GQADetPlan(head_dim=D, fwd_block_m=32, fwd_block_n=32, fwd_warps=4,
                           fwd_stages=1, dkdv_block_m=32, dkdv_block_n=32, dkdv_warps=4,
                           dkdv_stages=1, dq_block_m=32, dq_block_n=32, dq_warps=4,
                           dq_stages=1, delta_block_m=32)
+    if dtype == torch.float32:  # twice the bytes a tile: fewer stages, smaller tiles
+        wide = D == 256
+        return GQADetPlan(head_dim=D, fwd_block_m=64 if wide else 128, fwd_block_n=64,
+                          fwd_warps=4 if wide else 8, fwd_stages=1 if wide else 2,
+                          dkdv_block_m=32, dkdv_block_n=32 if wide else 64, dkdv_warps=4,
+                          dkdv_stages=1, dq_block_m=32 if wide else 64,
+                          dq_block_n=32 if wide else 64, dq_warps=4, dq_stages=1,
+                          delta_block_m=32)
     if D == 256:
         return GQADetPlan(head_dim=D, fwd_block_m=128, fwd_block_n=64, fwd_warps=8,
                           fwd_stages=2, dkdv_block_m=64, dkdv_block_n=64, dkdv_warps=8,

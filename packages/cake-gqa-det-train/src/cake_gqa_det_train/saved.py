@@ -14,10 +14,11 @@ class GQADetSavedSet(SavedSet):
 
     Tensors: ``q`` ``[Tq, Hq, D]``, ``k`` / ``v`` ``[Tk, Hkv, D]`` (packed views of the
     inputs), ``out`` ``[Tq, Hq, D]``, ``lse`` ``[Hq, Tq]`` fp32, ``cu_seqlens_q`` /
-    ``cu_seqlens_k`` (``None`` for fixed-length input). Meta: ``plan``, ``scale``,
-    ``softcap``, ``left``, ``right`` (the window, causal folded in), ``lengths`` (the
-    fixed lengths ``(Sq, Sk)`` or ``(-1, -1)``), ``n_docs``, ``max_seqlen`` ``(q, k)``,
-    ``shapes`` (the caller's q, k, v shapes).
+    ``cu_seqlens_k`` (``None`` for fixed-length input). Meta: ``plan``, ``ints`` (the
+    kernels' ``(seq_q, seq_k, n_docs, max_q, max_k, left, right)``: fixed lengths or -1,
+    documents, longest documents, the window with causal folded in), ``scale``,
+    ``softcap``, ``problem`` (the checked call) and ``shapes`` (the caller's q, k, v
+    shapes).
     """
 
     tensor_names = ("q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")

@@ -18,7 +18,7 @@ from cake_core import Mode, check_dtype, check_shape, check_tensor, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import cdiv
-from cake_gqa_det_train.inputs import Problem, check_call, read_max_lengths
+from cake_gqa_det_train.inputs import Problem, check_call, resolve_op_ints
 from cake_gqa_det_train.kernels.bwd import gqa_bwd_dq_kernel
 from cake_gqa_det_train.launch import launch_delta, launch_fwd
 
@@ -64,6 +64,9 @@ def _resolve_workspace(workspace, plan: GQAPlan, device, prob: Problem):
     need = {"delta": prob.heads_q * prob.n_tok_q,
             "dkv_accum": 2 * prob.n_tok_k * prob.heads_kv * prob.head_dim}
     for name, n in need.items():
+        if name not in workspace.names:
+            raise ValueError(f"workspace: no {name!r} buffer; build it with "
+                             "GQAWorkspace.for_plan")
         buf = workspace[name]
         if buf.dtype != torch.float32 or buf.dim() != 1 or not buf.is_contiguous() \
                 or buf.numel() < n:
@@ -74,15 +77,6 @@ def _resolve_workspace(workspace, plan: GQAPlan, device, prob: Problem):
                 f"max_tokens={prob.n_tok_q}, num_kv_heads={prob.heads_kv}, "
                 f"max_kv_tokens={prob.n_tok_k})")
     return workspace["delta"], workspace["dkv_accum"]
-
-
-def _ints_resolved(ints, q, k, cu_q, cu_k) -> list[int]:
-    ints = list(ints)
-    if ints[0] < 0 and (ints[3] < 0 or ints[4] < 0):
-        mq, mk = read_max_lengths(cu_q, cu_k, q.shape[0], k.shape[0], q.device)
-        ints[3] = mq if ints[3] < 0 else ints[3]
-        ints[4] = mk if ints[4] < 0 else ints[4]
-    return ints
 
 
 def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap: float,
@@ -108,7 +102,7 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
         else delta[: Hq * Tq]
     launch_delta(out, dout, delta, plan.delta_block_m)
     cu_q = cu_q if cu_q is not None else lse
-    cu_k = cu_k if cu_k is not None else lse
+    cu_k = cu_k if cu_k is not None else cu_q
     flags = dict(VARLEN=seq_q < 0, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
                  SOFTCAP=softcap > 0)
     common = (seq_q, seq_k, Tq, scale, softcap, left, right,
@@ -137,7 +131,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tenso
             cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
             plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(GQAPlan, plan_fields, Mode.NONDET)
-    ints = _ints_resolved(ints, q, k, cu_q, cu_k)
+    ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_fwd(q, k, v, cu_q, cu_k, ints, scale, softcap, plan.fwd_block_m,
                       plan.fwd_block_n, plan.fwd_warps, plan.fwd_stages)
 
@@ -156,7 +150,7 @@ def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _deterministic_alert()
     plan = plan_from_op_fields(GQAPlan, plan_fields, Mode.NONDET)
-    ints = _ints_resolved(ints, q, k, cu_q, cu_k)
+    ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan, delta,
                       dkv_accum)
 
@@ -165,6 +159,16 @@ def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def _bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan_fields, delta,
               dkv_accum):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _distinct(q, k, v):
+    """The same tensor passed as two of q, k, v crosses the autograd Function as a view
+    (``torch.compile`` refuses a duplicate input there)."""
+    if k is q:
+        k = k.view_as(k)
+    if v is q or v is k:
+        v = v.view_as(v)
+    return q, k, v
 
 
 def _lastc(t: torch.Tensor) -> torch.Tensor:
@@ -240,9 +244,10 @@ def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
     delta, dkv_accum = _resolve_workspace(workspace, plan, device, prob)
-    if prob.varlen and cu_seqlens_k is None:
-        cu_seqlens_k = cu_seqlens_q
     q3, k3, v3 = _packed(q, k, v)
+    q3, k3, v3 = _distinct(q3, k3, v3)
+    if cu_seqlens_k is cu_seqlens_q:  # one tensor crosses once (None: "the same as q's")
+        cu_seqlens_k = None
     out, lse = _GQAFunction.apply(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, prob.op_ints(),
                                   prob.scale, prob.softcap, plan_to_op_fields(plan), delta,
                                   dkv_accum)
@@ -262,7 +267,7 @@ def gqa_fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, max_seqlen_q=None,
     if prob.varlen and cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
     q3, k3, v3 = _packed(q.detach(), k.detach(), v.detach())
-    ints = _ints_resolved(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
+    ints = resolve_op_ints(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
     out, lse = launch_fwd(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, ints, prob.scale,
                           prob.softcap, plan.fwd_block_m, plan.fwd_block_n, plan.fwd_warps,
                           plan.fwd_stages)

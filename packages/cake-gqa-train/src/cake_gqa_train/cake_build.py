@@ -38,7 +38,7 @@ PLANS = [
                 "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4a8d5bac696896b074248510330d5f3e6b559d3708f520ed9ae33bd7d51e5ab8"
+SOURCE_DIGEST = "sha256:218ae87aaef56b6bc2b1c8938ab3ae29d3d4ba82da7768cbaf341f702802066b"
 # --- end of generated block ---
 
 MANIFEST = {

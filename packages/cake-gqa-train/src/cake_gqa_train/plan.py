@@ -67,8 +67,8 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     """The plan for heads of dim ``head_dim`` in ``dtype`` on ``device`` (a rule of head
     dim and device, from a sweep on an H200 (docs/benchmarks/gqa.md): forward, dQ and delta
     tiles as cake-gqa-det-train's rule; dK / dV programs of 64 keys stepping 32 query rows
-    with 4 warps at D <= 128, 64 x 64 with 8 warps at D = 256; 32 x 32 under the
-    interpreter).
+    with 4 warps at D <= 128, 64 x 64 with 8 warps at D = 256; fp32 on CUDA as the det
+    rule's fp32 tiles; 32 x 32 under the interpreter).
 
     Raises:
         ValueError: head_dim not in (64, 128, 256), a bad dtype or device.
@@ -77,20 +77,23 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     check_float_dtype(dtype)
     if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim: must be one of {HEAD_DIMS}, got {head_dim!r}")
-    return cached_plan(_PLANS, (int(head_dim), device.type),
-                       lambda: _rule(int(head_dim), device))
+    return cached_plan(_PLANS, (int(head_dim), dtype, device.type),
+                       lambda: _rule(int(head_dim), dtype, device))
 
 
-def _rule(D: int, device: torch.device) -> GQAPlan:
+def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQAPlan:
     from cake_gqa_det_train.plan import make_plan as det_rule
 
-    f = det_rule(D, torch.bfloat16, device)  # the forward is the det package's kernel
+    f = det_rule(D, dtype, device)  # the forward and dQ are the det package's kernels
     fwd = dict(fwd_block_m=f.fwd_block_m, fwd_block_n=f.fwd_block_n, fwd_warps=f.fwd_warps,
                fwd_stages=f.fwd_stages, delta_block_m=f.delta_block_m,
                dq_block_m=f.dq_block_m, dq_block_n=f.dq_block_n, dq_warps=f.dq_warps,
                dq_stages=f.dq_stages)
     if device.type != "cuda":
         return GQAPlan(head_dim=D, bwd_block_m=32, bwd_block_n=32, bwd_warps=4,
+                       bwd_stages=1, **fwd)
+    if dtype == torch.float32:  # as the det rule: twice the bytes a tile
+        return GQAPlan(head_dim=D, bwd_block_m=32, bwd_block_n=f.dkdv_block_n, bwd_warps=4,
                        bwd_stages=1, **fwd)
     if D == 256:
         return GQAPlan(head_dim=D, bwd_block_m=64, bwd_block_n=64, bwd_warps=8,

@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:606b681e8975bdebf37ce228fd2abe8c678b01d4b72bdf7333f07b3c523b6df5"
+SOURCE_DIGEST = "sha256:c341a5a9a2aa1b531cc9d241cb04b900e28c819fd08fbf7c8ab33c81a497b464"
 # --- end of generated block ---
 
 MANIFEST = {

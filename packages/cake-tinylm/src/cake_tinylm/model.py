@@ -24,6 +24,7 @@ blocks' short conv by :func:`make_short_conv`, their gated output norm by
 - norms: ``cake_rmsnorm_det_train.RMSNorm``;
 - projections (attention ``qkv``/``proj``, MLP ``fc1``/``fc2``):
   ``cake_dense_projection_det_gemm.Linear``;
+- the attention core (``mixer="attention"``): ``cake_gqa_det_train.gqa_det``;
 - head + loss: ``cake_lm_head_loss_det_train.LMHeadLoss`` (``lm_head.weight`` ``[V, d]``),
   which computes the cross entropy chunk by chunk without materializing the logits;
 - with ``mixer="gdn"``, the Gated DeltaNet block: short conv
@@ -39,14 +40,15 @@ blocks' short conv by :func:`make_short_conv`, their gated output norm by
 
 ``impl="torch"`` uses ``torch.nn.RMSNorm``, ``torch.nn.Linear`` and ``nn.Linear`` +
 ``F.cross_entropy`` with the same parameter names and shapes, so one ``state_dict`` loads
-into both. Token and position embeddings and the attention core are plain torch in both;
-the torch build's Gated DeltaNet and Kimi Delta Attention cores are
+into both. Token and position embeddings are plain torch in both; the cake build's
+attention core is ``cake_gqa_det_train.gqa_det``, the torch build's is plain torch; the
+torch build's Gated DeltaNet and Kimi Delta Attention cores are
 :func:`gated_delta_rule_torch` (token by token; a per-head or a per-channel decay), its MoE
 :class:`MoEFeedForwardTorch` (every expert on every token, masked; same routing rule).
 
-Attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V`` with an explicit
-causal mask) rather than ``scaled_dot_product_attention``, so that its CUDA backward stays
-deterministic under ``torch.use_deterministic_algorithms(True)``.
+The torch build's attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V``
+with an explicit causal mask) rather than ``scaled_dot_product_attention``, so that its CUDA
+backward stays deterministic under ``torch.use_deterministic_algorithms(True)``.
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ MHC_STREAMS: tuple[int, ...] = (0, 2, 4, 8)
 MHC_SINKHORN_ITERS = 20
 
 
+#: Head dims of the attention mixer (those cake-gqa-det-train serves).
+ATTN_HEAD_DIMS = (64, 128, 256)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of :class:`TinyLM`.
@@ -104,6 +110,9 @@ class ModelConfig:
         d_model: residual width; must be divisible by ``n_heads``.
         n_layers: number of blocks.
         n_heads: attention heads.
+        attn_head_dim: head dim of the attention mixer (q, k and v), 64, 128 or 256 (what
+            cake-gqa-det-train serves; transformers' ``head_dim``): its projections are
+            ``d_model -> 3 * n_heads * attn_head_dim`` and back.
         max_seq_len: longest sequence (size of the learned position table).
         mlp_ratio: MLP hidden width = ``mlp_ratio * d_model``.
         activation: ``"gelu"`` (tanh approximation) or ``"silu"``.
@@ -125,6 +134,7 @@ class ModelConfig:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
+    attn_head_dim: int = 64
     max_seq_len: int = 128
     mlp_ratio: int = 4
     activation: str = "gelu"
@@ -140,6 +150,9 @@ class ModelConfig:
                 or 1 <= self.moe_top_k <= self.moe_experts):
             raise ValueError(f"moe: top-k must be in [1, experts] (or both 0 for the dense "
                              f"MLP), got experts={self.moe_experts}, top_k={self.moe_top_k}")
+        if self.attn_head_dim not in ATTN_HEAD_DIMS:
+            raise ValueError(f"attn_head_dim must be one of {ATTN_HEAD_DIMS} (cake-gqa-det-"
+                             f"train's head dims), got {self.attn_head_dim!r}")
         if self.mhc not in MHC_STREAMS:
             raise ValueError(f"mhc must be one of {MHC_STREAMS}, got {self.mhc!r}")
         if self.mhc and self.moe_experts:
@@ -234,31 +247,44 @@ def make_head(d_model: int, vocab_size: int, impl: Impl = "cake") -> nn.Module:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention; the attention core in plain torch (no SDPA).
+    """Multi-head causal self-attention: ``n_heads`` heads of ``attn_head_dim``.
 
-    Parameters: ``qkv`` (``Linear(d, 3d)``), ``proj`` (``Linear(d, d)``), both built by
-    :func:`make_linear` (cake's ``Linear`` for ``impl="cake"``).
+    Parameters: ``qkv`` (``Linear(d, 3 * n_heads * attn_head_dim)``), ``proj``
+    (``Linear(n_heads * attn_head_dim, d)``), both built by :func:`make_linear`. The core:
+    ``impl="cake"`` -> ``cake_gqa_det_train.gqa_det`` (causal; dQ, dK, dV in a fixed
+    order); ``impl="torch"`` -> plain torch (``softmax(QK^T / sqrt(hd)) V`` with an
+    explicit causal mask, no SDPA, so its CUDA backward stays deterministic under
+    ``torch.use_deterministic_algorithms(True)``).
     Input ``[B, T, d]`` with ``T <= max_seq_len``; output ``[B, T, d]``, same dtype.
     """
 
     def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
         super().__init__()
+        self.impl = impl
         self.n_heads = cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
-        self.qkv = make_linear(cfg.d_model, 3 * cfg.d_model, impl=impl)
-        self.proj = make_linear(cfg.d_model, cfg.d_model, impl=impl)
-        mask = torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool).tril()
-        self.register_buffer("causal_mask", mask, persistent=False)
+        self.head_dim = cfg.attn_head_dim
+        inner = cfg.n_heads * cfg.attn_head_dim
+        self.qkv = make_linear(cfg.d_model, 3 * inner, impl=impl)
+        self.proj = make_linear(inner, cfg.d_model, impl=impl)
+        if impl == "torch":
+            mask = torch.ones(cfg.max_seq_len, cfg.max_seq_len, dtype=torch.bool).tril()
+            self.register_buffer("causal_mask", mask, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.n_heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # [B, nh, T, T]
-        att = att.masked_fill(~self.causal_mask[:t, :t], float("-inf"))
-        att = torch.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)
-        return self.proj(y)
+        b, t, _ = x.shape
+        inner = self.n_heads * self.head_dim
+        q, k, v = (z.view(b, t, self.n_heads, self.head_dim)
+                   for z in self.qkv(x).split(inner, dim=-1))
+        if self.impl == "cake":
+            from cake_gqa_det_train import gqa_det
+
+            y = gqa_det(q, k, v, causal=True)
+        else:
+            q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            att = att.masked_fill(~self.causal_mask[:t, :t], float("-inf"))
+            y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2)
+        return self.proj(y.reshape(b, t, inner))
 
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -692,7 +718,7 @@ class MoEFeedForwardTorch(nn.Module):
 def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
     """Build a block's token mixer, by ``cfg.mixer``: ``"attention"`` ->
     :class:`CausalSelfAttention` whose ``qkv`` and ``proj`` projections are ``impl``'s Linear
-    (the attention core itself is plain torch); ``"gdn"`` -> :class:`GatedDeltaNet`
+    and whose core is cake-gqa-det-train (cake) or plain torch; ``"gdn"`` -> :class:`GatedDeltaNet`
     (``impl``'s Linear for ``qkv``, ``ab``, ``gate``, ``proj``; core in cake's
     ``chunk_gated_delta_rule_det`` or in plain torch); ``"kda"`` ->
     :class:`KimiDeltaAttention` (``impl``'s Linear for every projection; core in cake's

@@ -27,6 +27,7 @@ _CAKE_PACKAGES = {
     "cake-kda-det-train-kcp": "cake_kda_det_train_kcp",
     "cake-moe-grouped-det-gemm": "cake_moe_grouped_det_gemm",
     "cake-mhc-det-train": "cake_mhc_det_train",
+    "cake-gqa-det-train": "cake_gqa_det_train",
     "cake-tinylm": "cake_tinylm",
 }
 
@@ -36,7 +37,7 @@ _BASE_FAMILIES = (
     "cake-lm-head-loss-det-train",
 )
 _MIXER_FAMILIES = {
-    "attention": (),
+    "attention": ("cake-gqa-det-train",),
     "gdn": ("cake-causal-conv1d-det-train", "cake-gdn-det-train",
             "cake-rmsnorm-silu-gate-det-train"),
     "kda": ("cake-causal-conv1d-det-train", "cake-kda-det-train",
@@ -46,7 +47,8 @@ _MIXER_FAMILIES = {
 
 def cake_families(mixer: str, moe: bool = False, mhc: int = 0) -> list[str]:
     """The cake kernel families (distribution names) the cake runs train with, for a token
-    ``mixer``: the norms, projections and fused head + loss always; with ``"gdn"`` or
+    ``mixer``: the norms, projections and fused head + loss always; with ``"attention"``
+    the attention core; with ``"gdn"`` or
     ``"kda"`` also the short conv, the delta-rule core and the gated output norm; with
     ``moe`` the MoE grouped GEMM; with ``mhc`` streams (> 0) the hyper-connections.
 
