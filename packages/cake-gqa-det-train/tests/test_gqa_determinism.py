@@ -101,7 +101,8 @@ def test_bits_promised_per_plan():
     case = make(B=1, Sq=100, Hq=4, Hkv=2, D=64, seed=33)
     plan = make_plan(64, torch.float32, DEV)
     a = run(gqa_det, case, plan=plan)
-    b = run(gqa_det, case, plan=dataclasses.replace(plan, dkdv_block_m=16 if plan.dkdv_block_m != 16 else 32))
+    other = 16 if plan.dkdv_block_m != 16 else 32
+    b = run(gqa_det, case, plan=dataclasses.replace(plan, dkdv_block_m=other))
     for n in ("out", "lse", "dq"):
         assert bitwise_equal(a[n], b[n]), n
     assert not (bitwise_equal(a["dk"], b["dk"]) and bitwise_equal(a["dv"], b["dv"]))
