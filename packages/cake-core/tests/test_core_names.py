@@ -42,7 +42,8 @@ def test_canonical_names_and_exceptions():
             "cake-kda-det-train-kcp", "cake-lm-head-loss-det-train",
             "cake-moe-grouped-det-gemm", "cake-dense-projection-det-gemm",
             "cake-mhc-det-train", "cake-rmsnorm-det-train", "cake-rmsnorm-silu-gate-det-train",
-            "cake-causal-conv1d-det-train", "cake-causal-conv1d-det-train-kcp"} == det
+            "cake-causal-conv1d-det-train", "cake-causal-conv1d-det-train-kcp",
+            "cake-gqa-det-train"} == det
     exc = {e.family: e for e in REGISTRY if e.mode == "exception"}
     assert set(exc) == {"gqa", "dsa", "mok"}
     assert "atomic" in exc["gqa"].exception_reason and "atomic" in exc["dsa"].exception_reason
