@@ -44,7 +44,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1015253fefc4788d26f17113371ea026254a743078de46f3a2733311c20013dd"
+SOURCE_DIGEST = "sha256:428762691f5eef943a24a5163b2cb93982c2fa5c8c552f06ae75681f1370bfe2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -44,13 +44,13 @@ class GQADetPlan(Plan):
     fwd_warps: int = 8
     fwd_stages: int = 3
     dkdv_block_m: int = 64
-    dkdv_block_n: int = 64
-    dkdv_warps: int = 4
+    dkdv_block_n: int = 128
+    dkdv_warps: int = 8
     dkdv_stages: int = 2
-    dq_block_m: int = 64
+    dq_block_m: int = 128
     dq_block_n: int = 64
-    dq_warps: int = 4
-    dq_stages: int = 2
+    dq_warps: int = 8
+    dq_stages: int = 3
     delta_block_m: int = 64
 
     def __post_init__(self) -> None:
@@ -76,10 +76,10 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     Rules (no timing at run time; from a sweep on an H200 at the benchmark shapes,
     docs/benchmarks/gqa.md): on CUDA, forward tiles of 128 query rows x 64 keys with 8
     warps (3 stages at D <= 128, 2 at D = 256, where a stage of K and V takes 64 KB of
-    shared memory). Backward at D <= 128: dK/dV programs of 64 keys stepping 64 query rows
-    and dQ programs of 64 rows stepping 64 keys, 4 warps each (8 warps took 1.65x the
-    time); at D = 256, 8 warps, dK/dV 64 x 64 and dQ programs of 128 rows stepping 32 keys
-    (64 keys overflow shared memory). Under the interpreter 32 x 32 tiles (fewer
+    shared memory). Backward at D <= 128: dK/dV programs of 128 keys stepping 64 query
+    rows (8 warps, 2 stages) and dQ programs of 128 rows stepping 64 keys (8 warps, 3
+    stages); at D = 256, 8 warps, dK/dV programs of 64 keys stepping 64 rows in one stage
+    and dQ programs of 128 rows stepping 32 keys (64 keys overflow shared memory). Under the interpreter 32 x 32 tiles (fewer
     Python-level programs than 16; loops still cross blocks in the tests). fp32 inputs on
     CUDA (dots in TF32) take smaller tiles and single-stage loops, as their tiles take
     twice the shared memory (not tuned for speed).
@@ -112,6 +112,6 @@ def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
     if D == 256:
         return GQADetPlan(head_dim=D, fwd_block_m=128, fwd_block_n=64, fwd_warps=8,
                           fwd_stages=2, dkdv_block_m=64, dkdv_block_n=64, dkdv_warps=8,
-                          dkdv_stages=2, dq_block_m=128, dq_block_n=32, dq_warps=8,
+                          dkdv_stages=1, dq_block_m=128, dq_block_n=32, dq_warps=8,
                           dq_stages=2, delta_block_m=32)
     return GQADetPlan(head_dim=D)

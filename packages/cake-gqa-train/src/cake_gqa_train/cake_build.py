@@ -38,7 +38,7 @@ PLANS = [
                 "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:218ae87aaef56b6bc2b1c8938ab3ae29d3d4ba82da7768cbaf341f702802066b"
+SOURCE_DIGEST = "sha256:687be9b15d054fb03dc06c57f3655de91095bb4e2dbc7a77b84ab8bd8bb26741"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -35,9 +35,9 @@ class GQAPlan(Plan):
     fwd_block_n: int = 64
     fwd_warps: int = 8
     fwd_stages: int = 3
-    bwd_block_m: int = 32
-    bwd_block_n: int = 64
-    bwd_warps: int = 4
+    bwd_block_m: int = 64
+    bwd_block_n: int = 128
+    bwd_warps: int = 8
     bwd_stages: int = 2
     dq_block_m: int = 64
     dq_block_n: int = 64
@@ -66,8 +66,9 @@ _PLANS: dict[tuple, GQAPlan] = {}
 def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> GQAPlan:
     """The plan for heads of dim ``head_dim`` in ``dtype`` on ``device`` (a rule of head
     dim and device, from a sweep on an H200 (docs/benchmarks/gqa.md): forward, dQ and delta
-    tiles as cake-gqa-det-train's rule; dK / dV programs of 64 keys stepping 32 query rows
-    with 4 warps at D <= 128, 64 x 64 with 8 warps at D = 256; fp32 on CUDA as the det
+    tiles as cake-gqa-det-train's rule; dK / dV programs as that rule's dK / dV kernel
+    (128 keys stepping 64 rows, 8 warps at D <= 128; 64 x 64, 8 warps, one stage at
+    D = 256), one per query head instead of per KV head; fp32 on CUDA as the det
     rule's fp32 tiles; 32 x 32 under the interpreter).
 
     Raises:
@@ -97,6 +98,6 @@ def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQAPlan:
                        bwd_stages=1, **fwd)
     if D == 256:
         return GQAPlan(head_dim=D, bwd_block_m=64, bwd_block_n=64, bwd_warps=8,
-                       bwd_stages=2, **fwd)
-    return GQAPlan(head_dim=D, bwd_block_m=32, bwd_block_n=64, bwd_warps=4, bwd_stages=2,
+                       bwd_stages=1, **fwd)
+    return GQAPlan(head_dim=D, bwd_block_m=64, bwd_block_n=128, bwd_warps=8, bwd_stages=2,
                    **fwd)
