@@ -44,7 +44,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:428762691f5eef943a24a5163b2cb93982c2fa5c8c552f06ae75681f1370bfe2"
+SOURCE_DIGEST = "sha256:747caa224b656b38db989030cab0408370ee34e1559a5f8074e2a0a584cb8cfd"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -79,10 +79,10 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     shared memory). Backward at D <= 128: dK/dV programs of 128 keys stepping 64 query
     rows (8 warps, 2 stages) and dQ programs of 128 rows stepping 64 keys (8 warps, 3
     stages); at D = 256, 8 warps, dK/dV programs of 64 keys stepping 64 rows in one stage
-    and dQ programs of 128 rows stepping 32 keys (64 keys overflow shared memory). Under the interpreter 32 x 32 tiles (fewer
-    Python-level programs than 16; loops still cross blocks in the tests). fp32 inputs on
-    CUDA (dots in TF32) take smaller tiles and single-stage loops, as their tiles take
-    twice the shared memory (not tuned for speed).
+    and dQ programs of 128 rows stepping 32 keys (64 keys overflow shared memory). Under
+    the interpreter 32 x 32 tiles (fewer Python-level programs than 16; loops still cross
+    blocks in the tests). fp32 inputs on CUDA (dots in TF32) take smaller tiles and
+    single-stage loops, as their tiles take twice the shared memory (not tuned for speed).
 
     Raises:
         ValueError: head_dim not in (64, 128, 256), a bad dtype or device.
