@@ -1,5 +1,6 @@
-"""GQA on one GPU: bf16 parity against float64, bitwise repeats, a plan sweep and the
-side-by-side benchmark with torch SDPA (flash, cuDNN). Dev tooling, ships in no wheel.
+"""GQA on one GPU: bf16 parity against float64, bitwise repeats, a plan sweep and a quick
+side-by-side with torch SDPA (flash, cuDNN); the package's benchmark
+(packages/cake-gqa-det-train/benchmarks) is the record. Dev tooling, ships in no wheel.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python shared/gpu/gqa_session.py \
         check sweep bench [--nondet] [--out DIR]
