@@ -336,3 +336,21 @@ def test_cdiv():
     from cake_core.triton_utils import cdiv
 
     assert [cdiv(a, 4) for a in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_import_cake_core_applies_the_backend_rule_without_triton():
+    """``import cake_core`` sets TRITON_INTERPRET=1 on a machine without CUDA (unless set)
+    and imports no Triton, so a later torch.compile (which imports Triton) still finds the
+    interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys, torch; os.environ.pop('TRITON_INTERPRET', None); "
+            "import cake_core; assert 'triton' not in sys.modules; "
+            "print(os.environ.get('TRITON_INTERPRET'), torch.cuda.is_available())")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert out == (["None", "True"] if out[1] == "True" else ["1", "False"])

@@ -435,3 +435,19 @@ def test_compile_refuses_small_max_seqlen():
     cf(c["q"], c["k"], c["v"], c["cu_q"], cu_k, 40, 40)
     with pytest.raises(ValueError, match="max_seqlen_q: 20 is below the longest document"):
         cf(c["q"], c["k"], c["v"], c["cu_q"], cu_k, 20, 40)
+
+
+def test_flash_attn_flags_as_flash_attn_takes_them():
+    """flash-attn's ``causal`` accepts 0 / 1 and numpy bools (gqa_det wants a bool)."""
+    import numpy as np
+
+    c = make(B=1, Sq=20, Hq=2, Hkv=1, D=64, seed=40)
+    want = flash_attn_func(c["q"], c["k"], c["v"], causal=True)
+    for flag in (1, np.bool_(True)):
+        assert bitwise_equal(flash_attn_func(c["q"], c["k"], c["v"], causal=flag), want)
+
+
+def test_plan_for_another_element_size_refused():
+    c = make(B=1, Sq=20, Hq=2, Hkv=1, D=64, seed=41)
+    with pytest.raises(ValueError, match="plan: made for 2-byte inputs, q is float32"):
+        gqa_det(c["q"], c["k"], c["v"], plan=make_plan(64, torch.bfloat16, DEV))

@@ -242,7 +242,7 @@ FA = {
     "3-D q": (args_with(P, cu_seqlens_q=lambda a: None, cu_seqlens_k=lambda a: None),
               r"q: flash_attn_func takes \[B, S, H, D\]"),
     "q not a tensor": (args_with(B, q=lambda a: None), r"q: flash_attn_func takes"),
-    "causal int": (args_with(B, causal=lambda a: 0), "causal: expected a bool"),
+    "causal 2": (args_with(B, causal=lambda a: 2), "causal: expected a bool"),
     "k batch differs": (args_with(B, k=lambda a: a["k"][:1], v=lambda a: a["v"][:1]),
                         "k: batch 1 differs"),
 }

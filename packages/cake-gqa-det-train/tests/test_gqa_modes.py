@@ -131,7 +131,9 @@ def test_plan_dict_round_trip_and_stable_key():
             assert back == plan and hash(back) == hash(plan) and back.key == plan.key
             assert GQADetPlan.from_dict(json.loads(plan.to_json())).to_json() == plan.to_json()
     a, b = make_plan(64, torch.float32, "cpu"), make_plan(64, torch.float16, "cpu")
-    assert a == b and a.key == b.key  # the interpreter's rule: no field depends on the dtype
+    # the interpreter's rule: only the element size depends on the dtype
+    assert (a.elem_bytes, b.elem_bytes) == (4, 2)
+    assert dataclasses.replace(b, elem_bytes=4) == a and a.key != b.key
     assert a.key != make_plan(128, torch.float32, "cpu").key
     assert a.key != dataclasses.replace(a, dkdv_block_m=64).key  # bits depend on it
 
@@ -188,7 +190,7 @@ def test_make_plan_rules():
     assert (cpu.fwd_block_m, cpu.fwd_block_n, cpu.dkdv_block_m, cpu.dkdv_block_n,
             cpu.dq_block_m, cpu.dq_block_n) == (32,) * 6
     assert make_plan(64, torch.float32, "cpu") is cpu  # cached
-    assert make_plan(64, torch.bfloat16, "cpu") == cpu
+    assert dataclasses.replace(make_plan(64, torch.bfloat16, "cpu"), elem_bytes=4) == cpu
     for D in HEAD_DIMS:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             for device in ("cpu", "cuda", torch.device("cuda", 1)):

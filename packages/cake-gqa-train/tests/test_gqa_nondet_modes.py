@@ -127,3 +127,19 @@ def test_names_carry_no_det():
         assert "det" not in name.lower().replace("_deterministic", ""), name
     for name in det.__all__:
         assert "nondet" not in name.lower(), name
+
+
+def test_workspace_gradients_in_fresh_memory(case):
+    """With a workspace, dK / dV (fp32 sums there) come back in their own memory: autograd
+    accepts them and a second backward does not overwrite the first's."""
+    q, k, v, do, cq, ck = case
+    plan = nd.make_plan(64, q.dtype, DEV)
+    ws = nd.GQAWorkspace.for_plan(plan, DEV, 4, q.shape[0], 2, k.shape[0])
+    kk = k.detach().clone().requires_grad_()
+    nd.gqa(q, kk, v, cq, ck, plan=plan, workspace=ws).backward(do)
+    _, _, saved = nd.gqa_fwd(q, k, v, cq, ck, plan=plan)
+    _, dk1, dv1 = nd.gqa_bwd(do, saved, workspace=ws)
+    keep = dv1.clone()
+    nd.gqa_bwd(do * 2, saved, workspace=ws)
+    assert torch.equal(dv1, keep)
+    torch.testing.assert_close(kk.grad, dk1)

@@ -39,7 +39,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d06e26fec94ffe7908c1aa6160b3abdcbaf07367c6dcd3a6a05f3f90a9930cab"
+SOURCE_DIGEST = "sha256:68212cbcff06c2c3305018a7d9a4ac5f51bd41621adb323f5581f67901058250"
 # --- end of generated block ---
 
 MANIFEST = {

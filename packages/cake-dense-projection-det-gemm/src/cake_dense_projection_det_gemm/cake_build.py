@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:eef6f4b83efc4ff034ea5c1a2e6345d1ffc404e7f93315357220495ebaf1719b"
+SOURCE_DIGEST = "sha256:00483174de7518577e6ca90ae709ffc3f04a22f70e73eb86678cef4841420e0d"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -35,6 +35,9 @@ def _resolve_plan(plan, D: int, dtype, device) -> GQADetPlan:
     require_mode(plan, GQADetPlan, Mode.DET, name="plan")
     if plan.head_dim != D:
         raise ValueError(f"plan: made for head_dim={plan.head_dim}, inputs have {D}")
+    if plan.elem_bytes != dtype.itemsize:
+        raise ValueError(f"plan: made for {plan.elem_bytes}-byte inputs, q is "
+                         f"{str(dtype)[6:]}; make_plan(D, q.dtype, device)")
     return plan
 
 
@@ -285,6 +288,15 @@ def gqa_det_bwd(dout: torch.Tensor, saved: GQADetSavedSet, *,
 # ----------------------------------------------------------------------------- flash-attn
 
 
+def _fa_flag(v, name: str) -> bool:
+    """flash-attn's flags as it takes them (Python truthiness of a bool, 0 / 1 or a numpy
+    bool); anything else is refused."""
+    numpy_bool = type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")
+    if isinstance(v, bool) or numpy_bool or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    raise ValueError(f"{name}: expected a bool, got {v!r}")
+
+
 def _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic):
     if dropout_p != 0:
         raise ValueError(f"dropout_p: attention dropout is not served, got {dropout_p!r}")
@@ -305,6 +317,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     nothing (the backward always is). ``dropout_p > 0``, ``alibi_slopes`` and
     ``return_attn_probs=True`` raise ``ValueError``; other errors as :func:`gqa_det`."""
     _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
+    causal = _fa_flag(causal, "causal")
     if not (isinstance(q, torch.Tensor) and q.dim() == 4):
         raise ValueError("q: flash_attn_func takes [B, S, H, D]; packed input goes to "
                          "flash_attn_varlen_func")
@@ -322,6 +335,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``alibi_slopes``, ``return_attn_probs=True`` and ``block_table`` raise
     ``ValueError``; other errors as :func:`gqa_det`."""
     _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
+    causal = _fa_flag(causal, "causal")
     if block_table is not None:
         raise ValueError("block_table: paged KV caches are not served (training kernels)")
     if not (isinstance(q, torch.Tensor) and q.dim() == 3):

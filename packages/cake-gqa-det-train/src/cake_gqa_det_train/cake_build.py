@@ -39,12 +39,12 @@ KERNELS = [
 ]
 PLANS = [
     {"module": "cake_gqa_det_train.plan", "class": "GQADetPlan", "format_version": 1,
-     "fields": ["head_dim", "fwd_block_m", "fwd_block_n", "fwd_warps", "fwd_stages",
+     "fields": ["head_dim", "elem_bytes", "fwd_block_m", "fwd_block_n", "fwd_warps", "fwd_stages",
                 "dkdv_block_m", "dkdv_block_n", "dkdv_warps", "dkdv_stages", "dq_block_m",
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:747caa224b656b38db989030cab0408370ee34e1559a5f8074e2a0a584cb8cfd"
+SOURCE_DIGEST = "sha256:0e70b7583db7f6f566e4afd88a0c5be9a69569d8a8344dd160fb0d0687a0b345"
 # --- end of generated block ---
 
 MANIFEST = {

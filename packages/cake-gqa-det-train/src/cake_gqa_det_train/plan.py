@@ -19,6 +19,9 @@ class GQADetPlan(Plan):
     plan at head dim 128); :func:`make_plan` picks them by head dim and device.
 
     Fields:
+        elem_bytes: bytes of an input element the tiles are sized for: 2 (bf16, fp16) or
+            4 (fp32, whose tiles take twice the shared memory); a call refuses a plan made
+            for the other size.
         head_dim: D, the head dim of q, k and v (64, 128 or 256).
         fwd_block_m / fwd_block_n / fwd_warps / fwd_stages: the forward's query rows per
             program, keys per step, warps and software-pipeline stages.
@@ -39,6 +42,7 @@ class GQADetPlan(Plan):
     format_version: ClassVar[int] = 1
 
     head_dim: int = 128
+    elem_bytes: int = 2
     fwd_block_m: int = 128
     fwd_block_n: int = 64
     fwd_warps: int = 8
@@ -58,6 +62,8 @@ class GQADetPlan(Plan):
         self.require_int_fields()
         if self.head_dim not in HEAD_DIMS:
             self._fail(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.elem_bytes not in (2, 4):
+            self._fail(f"elem_bytes must be 2 or 4, got {self.elem_bytes}")
         self.require_power_of_two("fwd_block_m", "fwd_block_n", "dkdv_block_m",
                                   "dkdv_block_n", "dq_block_m", "dq_block_n", minimum=16)
         self.require_power_of_two("delta_block_m")
@@ -96,6 +102,10 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
 
 
 def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
+    return dataclasses.replace(_tiles(D, dtype, device), elem_bytes=dtype.itemsize)
+
+
+def _tiles(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
     if device.type != "cuda":
         return GQADetPlan(head_dim=D, fwd_block_m=32, fwd_block_n=32, fwd_warps=4,
                           fwd_stages=1, dkdv_block_m=32, dkdv_block_n=32, dkdv_warps=4,

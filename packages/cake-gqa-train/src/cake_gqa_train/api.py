@@ -53,6 +53,9 @@ def _resolve_plan(plan, D: int, dtype, device) -> GQAPlan:
     require_mode(plan, GQAPlan, Mode.NONDET, name="plan")
     if plan.head_dim != D:
         raise ValueError(f"plan: made for head_dim={plan.head_dim}, inputs have {D}")
+    if plan.elem_bytes != dtype.itemsize:
+        raise ValueError(f"plan: made for {plan.elem_bytes}-byte inputs, q is "
+                         f"{str(dtype)[6:]}; make_plan(D, q.dtype, device)")
     return plan
 
 
@@ -123,7 +126,8 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
         num_warps=plan.dq_warps, num_stages=plan.dq_stages)
     if group == 1:
         return dq, dk, dv
-    return dq, (dk * scale).to(k.dtype), dv.to(v.dtype)
+    # fresh memory, never a view of the workspace (copy=True for fp32 inputs)
+    return dq, (dk * scale).to(k.dtype), dv.to(v.dtype, copy=True)
 
 
 @torch.library.custom_op(f"{_OP}::fwd", mutates_args=())
@@ -307,6 +311,15 @@ def gqa_bwd(dout: torch.Tensor, saved: GQASavedSet, *,
     return dq.reshape(q_shape), dk.reshape(k_shape), dv.reshape(v_shape)
 
 
+def _fa_flag(v, name: str) -> bool:
+    """flash-attn's flags as it takes them (Python truthiness of a bool, 0 / 1 or a numpy
+    bool); anything else is refused."""
+    numpy_bool = type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")
+    if isinstance(v, bool) or numpy_bool or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    raise ValueError(f"{name}: expected a bool, got {v!r}")
+
+
 def _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic):
     if dropout_p != 0:
         raise ValueError(f"dropout_p: attention dropout is not served, got {dropout_p!r}")
@@ -327,6 +340,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``deterministic=True``, ``dropout_p > 0``, ``alibi_slopes`` and
     ``return_attn_probs=True`` raise ``ValueError``."""
     _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
+    causal = _fa_flag(causal, "causal")
     if not (isinstance(q, torch.Tensor) and q.dim() == 4):
         raise ValueError("q: flash_attn_func takes [B, S, H, D]; packed input goes to "
                          "flash_attn_varlen_func")
@@ -341,6 +355,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """flash-attn 2's ``flash_attn_varlen_func`` on cake's non-det kernels (packed
     ``[T, H, D]``); refusals as :func:`flash_attn_func`, and ``block_table``."""
     _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
+    causal = _fa_flag(causal, "causal")
     if block_table is not None:
         raise ValueError("block_table: paged KV caches are not served (training kernels)")
     if not (isinstance(q, torch.Tensor) and q.dim() == 3):

@@ -33,12 +33,12 @@ KERNELS = [
 ]
 PLANS = [
     {"module": "cake_gqa_train.plan", "class": "GQAPlan", "format_version": 1,
-     "fields": ["head_dim", "fwd_block_m", "fwd_block_n", "fwd_warps", "fwd_stages", "bwd_block_m",
-                "bwd_block_n", "bwd_warps", "bwd_stages", "dq_block_m", "dq_block_n", "dq_warps",
-                "dq_stages", "delta_block_m", "mode"]},
+     "fields": ["head_dim", "elem_bytes", "fwd_block_m", "fwd_block_n", "fwd_warps", "fwd_stages",
+                "bwd_block_m", "bwd_block_n", "bwd_warps", "bwd_stages", "dq_block_m",
+                "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:687be9b15d054fb03dc06c57f3655de91095bb4e2dbc7a77b84ab8bd8bb26741"
+SOURCE_DIGEST = "sha256:da93a1d30eef04e9e1c76fab9f71dc1d06ec78fd7664200aebf6f226bbd4ed6f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -17,6 +17,9 @@ class GQAPlan(Plan):
     field has a default (the CUDA rule's plan at head dim 128).
 
     Fields:
+        elem_bytes: bytes of an input element the tiles are sized for: 2 (bf16, fp16) or
+            4 (fp32, whose tiles take twice the shared memory); a call refuses a plan made
+            for the other size.
         head_dim: D (64, 128 or 256).
         fwd_block_m / fwd_block_n / fwd_warps / fwd_stages: the forward (cake-gqa-det-train's
             kernel): query rows per program, keys per step, warps, pipeline stages.
@@ -31,6 +34,7 @@ class GQAPlan(Plan):
     format_version: ClassVar[int] = 1
 
     head_dim: int = 128
+    elem_bytes: int = 2
     fwd_block_m: int = 128
     fwd_block_n: int = 64
     fwd_warps: int = 8
@@ -51,6 +55,8 @@ class GQAPlan(Plan):
         self.require_int_fields()
         if self.head_dim not in HEAD_DIMS:
             self._fail(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.elem_bytes not in (2, 4):
+            self._fail(f"elem_bytes must be 2 or 4, got {self.elem_bytes}")
         self.require_power_of_two("fwd_block_m", "fwd_block_n", "bwd_block_m", "bwd_block_n",
                                   "dq_block_m", "dq_block_n", minimum=16)
         self.require_power_of_two("delta_block_m")
@@ -86,7 +92,8 @@ def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQAPlan:
     from cake_gqa_det_train.plan import make_plan as det_rule
 
     f = det_rule(D, dtype, device)  # the forward and dQ are the det package's kernels
-    fwd = dict(fwd_block_m=f.fwd_block_m, fwd_block_n=f.fwd_block_n, fwd_warps=f.fwd_warps,
+    fwd = dict(elem_bytes=f.elem_bytes, fwd_block_m=f.fwd_block_m, fwd_block_n=f.fwd_block_n,
+               fwd_warps=f.fwd_warps,
                fwd_stages=f.fwd_stages, delta_block_m=f.delta_block_m,
                dq_block_m=f.dq_block_m, dq_block_n=f.dq_block_n, dq_warps=f.dq_warps,
                dq_stages=f.dq_stages)

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7c0647bf3e1f10feaa46f3562807a19cae0a1bc25d0a3840a0f44208d8d214c4"
+SOURCE_DIGEST = "sha256:341ebb8427af2f7ce8e268dddb536256bb1b7d07daca7c3bf13ce1d030f5ba3c"
 # --- end of generated block ---
 
 MANIFEST = {

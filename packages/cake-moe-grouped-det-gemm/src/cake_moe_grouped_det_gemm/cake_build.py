@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:263d49bd99ce04c1071c022971e8a21cd67fb3c6f3555f576735aad8d3a7dd4a"
+SOURCE_DIGEST = "sha256:888063ef0e36b84d26261c3467ca35b60883a8c69e607c315becea28648bc273"
 # --- end of generated block ---
 
 MANIFEST = {
