@@ -105,7 +105,8 @@ def test_bits_promised_per_plan():
     b = run(gqa_det, case, plan=dataclasses.replace(plan, dkdv_block_m=other))
     for n in ("out", "lse", "dq"):
         assert bitwise_equal(a[n], b[n]), n
-    assert not (bitwise_equal(a["dk"], b["dk"]) and bitwise_equal(a["dv"], b["dv"]))
+    if DEV.type == "cpu":  # on CUDA the MMA steps over K in 8s either way: bits may agree
+        assert not (bitwise_equal(a["dk"], b["dk"]) and bitwise_equal(a["dv"], b["dv"]))
     tol = 1e-5 if DEV.type == "cpu" else 2e-3  # TF32 dots on CUDA
     torch.testing.assert_close(a["dk"], b["dk"], rtol=10 * tol, atol=tol)
 
