@@ -52,3 +52,33 @@ def test_gdn_plan_and_workspace_refused_by_kda():
     kda_plan = make_kda_plan(K, V, torch.float32, DEV)
     with pytest.raises(ValueError, match="plan: got KDADetPlan"):
         chunk_gdn_det_fwd(q, k, v, g_chan[..., 0], beta, plan=kda_plan)
+
+
+def test_every_workspace_for_plan_refuses_cuda_without_cuda():
+    """Workspace.for_plan(..., "cuda") on a machine without CUDA is a ValueError, as
+    make_plan's is (torch's own error was a RuntimeError or an AssertionError)."""
+    import importlib
+    import inspect
+
+    from cake_core.names import REGISTRY
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    seen = 0
+    for e in REGISTRY:
+        if e.planned or e.mode not in ("det", "exception") or e.kind != "local":
+            continue
+        mod = importlib.import_module(e.import_name)
+        for name in dir(mod):
+            obj = getattr(mod, name)
+            if not (isinstance(obj, type) and name.endswith("Workspace")
+                    and hasattr(obj, "for_plan")):
+                continue
+            params = list(inspect.signature(obj.for_plan).parameters.values())[2:]
+            args = [1 for p in params if p.default is p.empty and p.kind != p.KEYWORD_ONLY]
+            kw = {p.name: 1 for p in params if p.default is p.empty
+                  and p.kind == p.KEYWORD_ONLY}
+            with pytest.raises(ValueError, match="CUDA is not available here"):
+                obj.for_plan(None, "cuda", *args, **kw)
+            seen += 1
+    assert seen >= 10, seen

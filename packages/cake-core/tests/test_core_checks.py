@@ -148,3 +148,14 @@ def test_cuda_device_queries_without_cuda_are_value_errors():
             query(cuda)
     assert sm_count(torch.device("cpu")) == 4
     assert device_signature(torch.device("cpu")) == "cpu-interpreter"
+
+
+def test_check_alloc_device():
+    from cake_core.checks import check_alloc_device
+
+    assert check_alloc_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device: "):
+        check_alloc_device("not-a-device")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            check_alloc_device("cuda")

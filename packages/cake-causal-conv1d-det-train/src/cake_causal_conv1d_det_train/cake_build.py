@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4b24fe2fbaab2f2570edea9c14e10abfa28b33f1cde21bdd2797b7c32138b630"
+SOURCE_DIGEST = "sha256:d802f4fb89c4bc8cde91b29f6fbc5b3dcb4eaaf992163b1a7c3c1a59e01913f4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -6,6 +6,7 @@ import numbers
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.checks import check_alloc_device
 
 from cake_causal_conv1d_det_train.plan import CausalConv1dDetPlan
 
@@ -83,6 +84,7 @@ class CausalConv1dDetWorkspace(Workspace):
             ValueError: a plan of another type, ``max_tokens`` not an int >= 0,
                 ``max_seqs`` not an int >= 1.
         """
+        device = check_alloc_device(device)
         if not isinstance(plan, CausalConv1dDetPlan):
             raise ValueError(f"plan: expected CausalConv1dDetPlan, got {type(plan).__name__}")
         cap = _count(max_tokens, "max_tokens", 0)

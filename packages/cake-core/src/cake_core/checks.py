@@ -124,6 +124,16 @@ def check_device(device: object, name: str = "device") -> torch.device:
         raise ValueError(f"{name}: {e}") from None
 
 
+def check_alloc_device(device: object, name: str = "device") -> torch.device:
+    """:func:`check_device`, and ``ValueError`` for a CUDA device on a machine without CUDA
+    (what a workspace's ``for_plan`` checks before it allocates: torch itself raises a
+    RuntimeError or an AssertionError there)."""
+    dev = check_device(device, name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}: {dev} is a CUDA device, but CUDA is not available here")
+    return dev
+
+
 def check_positive_finite(v: object, name: str) -> float:
     """Raise ``ValueError`` unless ``v`` is a real number > 0 and finite; return it.
 

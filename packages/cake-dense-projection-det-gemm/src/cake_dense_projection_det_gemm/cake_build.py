@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:00483174de7518577e6ca90ae709ffc3f04a22f70e73eb86678cef4841420e0d"
+SOURCE_DIGEST = "sha256:6346d94268070ced8865f9106f457bde7b933e3d04a3b55dee0862133119b018"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.checks import check_alloc_device
 
 from cake_dense_projection_det_gemm.plan import DenseProjectionDetPlan
 
@@ -44,6 +45,7 @@ class DenseProjectionDetWorkspace(Workspace):
     def for_plan(cls, plan: DenseProjectionDetPlan, device: torch.device | str
                  ) -> DenseProjectionDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
+        device = check_alloc_device(device)
         if not isinstance(plan, DenseProjectionDetPlan):
             raise ValueError(f"plan: expected DenseProjectionDetPlan, got {type(plan).__name__}")
         bufs = {n: torch.empty(s, dtype=torch.float32, device=device)

@@ -72,7 +72,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5759de6cabe662160432a1f905e4f417dcc021085f292d89f0bacd5c022ea41b"
+SOURCE_DIGEST = "sha256:20776b949ad44de4c76361ca3c16a6e17c562072f72307246a1cded7edc3460b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace, check_float_dtype, check_int
+from cake_core.checks import check_alloc_device
 from cake_core.linear_attention import inter_dtype
 from cake_core.varlen import max_chunks as _max_chunks
 
@@ -97,6 +98,7 @@ class GDNDetWorkspace(Workspace):
         Raises:
             ValueError: a plan of another type, counts that are not ints (HV, max_seqs >= 1,
                 max_tokens >= 0), ``dtype`` not fp32/bf16/fp16."""
+        device = check_alloc_device(device)
         if not isinstance(plan, GDNDetPlan):
             raise ValueError(f"plan: expected GDNDetPlan, got {type(plan).__name__}")
         check_float_dtype(dtype)

@@ -44,7 +44,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0e70b7583db7f6f566e4afd88a0c5be9a69569d8a8344dd160fb0d0687a0b345"
+SOURCE_DIGEST = "sha256:ae546d488169e5a7625c0b01ccc9e05a4fc54aa8424fe47799b4ca2e8194e8e3"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace, check_int
+from cake_core.checks import check_alloc_device
 
 from cake_gqa_det_train.plan import GQADetPlan
 
@@ -38,6 +39,7 @@ class GQADetWorkspace(Workspace):
     def for_plan(cls, plan: GQADetPlan, device: torch.device | str, num_heads: int,
                  max_tokens: int) -> GQADetWorkspace:
         """Allocate room for ``num_heads`` query heads of ``max_tokens`` query tokens."""
+        device = check_alloc_device(device)
         if not isinstance(plan, GQADetPlan):
             raise ValueError(f"plan: expected GQADetPlan, got {type(plan).__name__}")
         num_heads = check_int(num_heads, "num_heads", 1)

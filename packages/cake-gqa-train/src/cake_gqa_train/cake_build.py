@@ -38,7 +38,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:da93a1d30eef04e9e1c76fab9f71dc1d06ec78fd7664200aebf6f226bbd4ed6f"
+SOURCE_DIGEST = "sha256:544374f3503aac1148f530cc0dbf0304726f1a26e3370e1a62860108635b8e24"
 # --- end of generated block ---
 
 MANIFEST = {

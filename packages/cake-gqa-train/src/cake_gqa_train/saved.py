@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace, check_int
+from cake_core.checks import check_alloc_device
 
 from cake_gqa_train.plan import GQAPlan
 
@@ -28,6 +29,7 @@ class GQAWorkspace(Workspace):
                  max_tokens: int, num_kv_heads: int, max_kv_tokens: int) -> GQAWorkspace:
         """Allocate room for ``num_heads`` query heads of ``max_tokens`` query tokens and
         ``num_kv_heads`` KV heads of ``max_kv_tokens`` key tokens."""
+        device = check_alloc_device(device)
         if not isinstance(plan, GQAPlan):
             raise ValueError(f"plan: expected GQAPlan, got {type(plan).__name__}")
         num_heads = check_int(num_heads, "num_heads", 1)

@@ -79,7 +79,7 @@ PLANS = [
                 "tok_heads_bwd", "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:346bb849d0982f9dea79da1029f1ba8efd3e60a0764939b789b8156d998aee9e"
+SOURCE_DIGEST = "sha256:5d957ae674cc20e4baaf10b5cbc862bb3de39efb306e29f5f744e707e20bf4c9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace, check_float_dtype, check_int, require_mode
+from cake_core.checks import check_alloc_device
 from cake_core.varlen import max_chunks
 
 from cake_kda_det_train.plan import CHUNK_SIZE, KDADetPlan, inter_dtype
@@ -89,6 +90,7 @@ class KDADetWorkspace(Workspace):
             ValueError: a plan of another type or mode, counts that are not ints
                 (HV >= 1, max_tokens >= 0, max_seqs >= 1), ``dtype`` not fp32/bf16/fp16.
         """
+        device = check_alloc_device(device)
         require_mode(plan, KDADetPlan, Mode.DET, name="plan")
         check_float_dtype(dtype)
         HV = check_int(num_v_heads, "num_v_heads", 1)

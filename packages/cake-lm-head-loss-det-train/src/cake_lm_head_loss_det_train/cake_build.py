@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:341ebb8427af2f7ce8e268dddb536256bb1b7d07daca7c3bf13ce1d030f5ba3c"
+SOURCE_DIGEST = "sha256:8193256f19dff7d519bea6bd3c5b856411232c60095213ec12ee5ca7eaa08681"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.checks import check_alloc_device
 
 from cake_lm_head_loss_det_train.plan import LMHeadLossDetPlan
 
@@ -46,6 +47,7 @@ class LMHeadLossDetWorkspace(Workspace):
     def for_plan(cls, plan: LMHeadLossDetPlan, device: torch.device | str,
                  dtype: torch.dtype = torch.bfloat16) -> LMHeadLossDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device`` for ``dtype`` inputs."""
+        device = check_alloc_device(device)
         if not isinstance(plan, LMHeadLossDetPlan):
             raise ValueError(f"plan: expected LMHeadLossDetPlan, got {type(plan).__name__}")
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):

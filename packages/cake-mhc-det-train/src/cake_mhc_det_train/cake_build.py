@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b8bc773b9faa72b5f0918add54169189440bf8068ca4d236e063c19f89408438"
+SOURCE_DIGEST = "sha256:bcbcb3659afa652475a075dc2be0b68e230e606baac34b74280ed444657bdbf0"
 # --- end of generated block ---
 
 MANIFEST = {

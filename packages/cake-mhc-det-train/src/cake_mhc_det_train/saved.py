@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.checks import check_alloc_device
 
 from cake_mhc_det_train.plan import MHCDetPlan
 
@@ -47,6 +48,7 @@ class MHCDetWorkspace(Workspace):
     @classmethod
     def for_plan(cls, plan: MHCDetPlan, device: torch.device | str) -> MHCDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
+        device = check_alloc_device(device)
         if not isinstance(plan, MHCDetPlan):
             raise ValueError(f"plan: expected MHCDetPlan, got {type(plan).__name__}")
         parts = torch.empty(plan.dphi_slices, plan.n_streams * plan.hidden_size, plan.n_coeffs,

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:888063ef0e36b84d26261c3467ca35b60883a8c69e607c315becea28648bc273"
+SOURCE_DIGEST = "sha256:2bbd75f809089eab80f4e71420b8a3f5f9d95bcbcc0b5103b515c6d34f39fe4b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.checks import check_alloc_device
 
 from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan
 
@@ -47,6 +48,7 @@ class MoEGroupedDetWorkspace(Workspace):
     def for_plan(cls, plan: MoEGroupedDetPlan, device: torch.device | str
                  ) -> MoEGroupedDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
+        device = check_alloc_device(device)
         if not isinstance(plan, MoEGroupedDetPlan):
             raise ValueError(f"plan: expected MoEGroupedDetPlan, got {type(plan).__name__}")
         bufs = {n: torch.empty(s, dtype=torch.float32, device=device)

@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fb5c7838300d8d2541118558c83164e9d4b02e790aee69e2832bc65b993a6332"
+SOURCE_DIGEST = "sha256:2acd66a4ccdfb1e010750eb9d1764f2fff1bdd46c0eaaf76deeb266f1758b41b"
 # --- end of generated block ---
 
 MANIFEST = {

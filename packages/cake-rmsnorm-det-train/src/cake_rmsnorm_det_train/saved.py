@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.checks import check_alloc_device
 
 from cake_rmsnorm_det_train.plan import RMSNormDetPlan
 
@@ -33,6 +34,7 @@ class RMSNormDetWorkspace(Workspace):
     @classmethod
     def for_plan(cls, plan: RMSNormDetPlan, device: torch.device | str) -> RMSNormDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
+        device = check_alloc_device(device)
         if not isinstance(plan, RMSNormDetPlan):
             raise ValueError(f"plan: expected RMSNormDetPlan, got {type(plan).__name__}")
         partials = torch.empty(plan.bwd_programs, plan.hidden_size, dtype=torch.float32,

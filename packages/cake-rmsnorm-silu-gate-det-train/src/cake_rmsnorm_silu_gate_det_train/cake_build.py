@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5fdd863f829f1743ccb99a27cac21be112f4b479a23cac7c5f95bbe6ea2254c4"
+SOURCE_DIGEST = "sha256:0cbd1003e5a930815f173875f341956f80f82143996f79b2250dc3b4a6aec480"
 # --- end of generated block ---
 
 MANIFEST = {

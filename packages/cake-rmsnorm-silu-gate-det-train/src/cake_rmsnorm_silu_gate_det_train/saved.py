@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
+from cake_core.checks import check_alloc_device
 
 from cake_rmsnorm_silu_gate_det_train.plan import RMSNormSiluGateDetPlan
 
@@ -42,6 +43,7 @@ class RMSNormSiluGateDetWorkspace(Workspace):
         Raises:
             ValueError: ``plan`` is not an RMSNormSiluGateDetPlan.
         """
+        device = check_alloc_device(device)
         if not isinstance(plan, RMSNormSiluGateDetPlan):
             raise ValueError(f"plan: expected RMSNormSiluGateDetPlan, got {type(plan).__name__}")
         partials = torch.empty(plan.bwd_programs, plan.hidden_size, dtype=torch.float32,
