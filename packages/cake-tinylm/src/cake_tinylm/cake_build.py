@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c341a5a9a2aa1b531cc9d241cb04b900e28c819fd08fbf7c8ab33c81a497b464"
+SOURCE_DIGEST = "sha256:0c76094fe35a1fd9c5ceb0e2d3e03acf6fc6d22adc0292a302ba99552f85f3a9"
 # --- end of generated block ---
 
 MANIFEST = {
