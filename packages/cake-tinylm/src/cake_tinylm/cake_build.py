@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0c76094fe35a1fd9c5ceb0e2d3e03acf6fc6d22adc0292a302ba99552f85f3a9"
+SOURCE_DIGEST = "sha256:7e93b2c1bc53ad3b3d27a4b132b49fd3beb3257caacb93ee6cd5fa1e57743a65"
 # --- end of generated block ---
 
 MANIFEST = {

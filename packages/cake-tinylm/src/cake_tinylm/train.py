@@ -54,7 +54,7 @@ CUDA_DEFAULTS: dict[str, object] = dict(
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines one job. Field defaults are the CPU defaults: the whole job
-    (three trainings) takes about two minutes on a 2-core CPU through the Triton
+    (three trainings) takes about four minutes on a 2-core CPU through the Triton
     interpreter, where a cake step costs its ~50 interpreted kernel launches more than its
     tokens (4 x 32 tokens keep every GEMM at one or two programs, with no split-K);
     :data:`CUDA_DEFAULTS` replaces some of them on a GPU.
