@@ -320,6 +320,13 @@ def test_non_contiguous_inputs_same_bits(packed):
         assert c["q"].stride(1) == D and not c["q"].is_contiguous()
         _assert_same(_grads(gqa_det, c, softcap=3.0),
                      _grads(plain, c))
+    else:  # packed head-major storage [H, T, D] seen as [T, H, D]: no copy, head stride T*D
+        c = {n: t.transpose(0, 1).contiguous().transpose(0, 1)
+             for n, t in zip("qkv", split(qkv), strict=True)}
+        c["do"] = do
+        assert c["q"].stride(1) == 70 * D and not c["q"].is_contiguous()
+        _assert_same(_grads(lambda q, k, v: gqa_det(q, k, v, *extra, softcap=3.0), c),
+                     _grads(plain, c))
 
 
 # ----------------------------------------------------------------------------- zero tokens

@@ -325,3 +325,9 @@ def test_workspace_without_delta_buffer_refused_with_value_error():
     plan = make_plan(64, torch.float32, DEV)
     ws = GQADetWorkspace(plan, DEV, {"scratch": torch.zeros(4 * 45, device=DEV)})
     _refused(gqa_det, dict(_args(c), plan=plan, workspace=ws), "workspace: .*'delta'")
+
+
+def test_defaults_are_the_cuda_rule_at_head_dim_128():
+    from cake_gqa_det_train.plan import _rule
+
+    assert GQADetPlan() == _rule(128, torch.bfloat16, torch.device("cuda"))

@@ -122,9 +122,10 @@ def test_bad_inputs_as_det(case):
 
 
 def test_names_carry_no_det():
-    """The exception package's public names carry neither ``det`` nor a det object."""
+    """The exception package's public names carry no ``det``; the det package's no
+    ``nondet``."""
     for name in nd.__all__:
-        assert "det" not in name.lower().replace("_deterministic", ""), name
+        assert "det" not in name.lower(), name
     for name in det.__all__:
         assert "nondet" not in name.lower(), name
 
@@ -143,3 +144,25 @@ def test_workspace_gradients_in_fresh_memory(case):
     nd.gqa_bwd(do * 2, saved, workspace=ws)
     assert torch.equal(dv1, keep)
     torch.testing.assert_close(kk.grad, dk1)
+
+
+def test_defaults_are_the_cuda_rule_at_head_dim_128():
+    from cake_gqa_train.plan import _rule
+
+    assert nd.GQAPlan() == _rule(128, torch.bfloat16, torch.device("cuda"))
+
+
+def test_flash_attn_deterministic_flags(case):
+    """``deterministic`` as flash-attn takes it: falsy values run, truthy ones are refused
+    (naming the det package) in this package and accepted by the det one."""
+    import numpy as np
+
+    q, k, v, _, cq, ck = case
+    want = nd.flash_attn_varlen_func(q, k, v, cq, ck, 45, 45)
+    for flag in (0, np.bool_(False)):
+        assert torch.equal(nd.flash_attn_varlen_func(q, k, v, cq, ck, 45, 45,
+                                                     deterministic=flag), want)
+    for flag in (1, np.bool_(True)):
+        with pytest.raises(ValueError, match="cake_gqa_det_train"):
+            nd.flash_attn_varlen_func(q, k, v, cq, ck, 45, 45, deterministic=flag)
+        det.flash_attn_varlen_func(q, k, v, cq, ck, 45, 45, deterministic=flag)

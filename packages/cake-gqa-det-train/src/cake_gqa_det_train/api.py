@@ -17,7 +17,7 @@ order); no atomics, so equal inputs and plan give equal bits.
 from __future__ import annotations
 
 import torch
-from cake_core import Mode, require_mode
+from cake_core import Mode, check_dtype, check_shape, check_tensor, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 
@@ -139,7 +139,7 @@ class _GQAFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------- public API
 
 
-def _packed(q, k, v, prob: Problem):
+def _packed(q, k, v):
     if q.dim() == 4:
         return (q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
                 v.reshape(-1, *v.shape[2:]))
@@ -211,7 +211,7 @@ def gqa_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
     delta = _resolve_workspace(workspace, plan, device, prob)
-    q3, k3, v3 = _packed(q, k, v, prob)
+    q3, k3, v3 = _packed(q, k, v)
     q3, k3, v3 = _distinct(q3, k3, v3)
     if cu_seqlens_k is cu_seqlens_q:  # one tensor crosses once (None: "the same as q's")
         cu_seqlens_k = None
@@ -237,7 +237,7 @@ def gqa_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
     if prob.varlen and cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
-    q3, k3, v3 = _packed(q.detach(), k.detach(), v.detach(), prob)
+    q3, k3, v3 = _packed(q.detach(), k.detach(), v.detach())
     ints = resolve_op_ints(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
     out, lse = launch_fwd(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, ints, prob.scale,
                           prob.softcap, plan.fwd_block_m, plan.fwd_block_n, plan.fwd_warps,
@@ -270,8 +270,6 @@ def gqa_det_bwd(dout: torch.Tensor, saved: GQADetSavedSet, *,
     meta = saved.meta
     plan, prob = meta["plan"], meta["problem"]
     q_shape, k_shape, v_shape = meta["shapes"]
-    from cake_core import check_dtype, check_shape, check_tensor
-
     check_tensor(dout, "dout")
     check_shape(dout, "dout", list(q_shape))
     check_dtype(dout, "dout", (saved.q.dtype,))
@@ -305,8 +303,7 @@ def _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic
     if return_attn_probs is not False:
         raise ValueError("return_attn_probs: attention probabilities are not returned "
                          "(use gqa_det(..., return_lse=True) for the log-sum-exp)")
-    if not isinstance(deterministic, bool):
-        raise ValueError(f"deterministic: expected a bool, got {deterministic!r}")
+    _fa_flag(deterministic, "deterministic")  # accepted; the backward always is
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,

@@ -44,7 +44,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ae546d488169e5a7625c0b01ccc9e05a4fc54aa8424fe47799b4ca2e8194e8e3"
+SOURCE_DIGEST = "sha256:414ff6f4f890253d12c12072d5a2e1d7c5bbd0f3131b5b4c66dda09c6bda1e6b"
 # --- end of generated block ---
 
 MANIFEST = {

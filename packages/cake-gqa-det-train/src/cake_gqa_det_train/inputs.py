@@ -51,10 +51,6 @@ class Problem:
     left: int
     right: int
 
-    @property
-    def group(self) -> int:
-        return self.heads_q // self.heads_kv
-
     def op_ints(self) -> list[int]:
         """What crosses a custom op: (seq_q, seq_k, n_docs, max_q, max_k, left, right)."""
         return [self.seq_q, self.seq_k, self.n_docs, self.max_q, self.max_k, self.left,

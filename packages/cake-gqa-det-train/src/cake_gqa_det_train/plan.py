@@ -27,15 +27,16 @@ class GQADetPlan(Plan):
             program, keys per step, warps and software-pipeline stages.
         dkdv_block_m / dkdv_block_n / dkdv_warps / dkdv_stages: the dK/dV kernel's query
             rows per step and keys per program (the program sums its KV head's query heads
-            in head order and their query blocks in block order: the bits depend on
+            in head order and their query blocks in block order: the bits may depend on
             dkdv_block_m).
         dq_block_m / dq_block_n / dq_warps / dq_stages: the dQ kernel's query rows per
             program and keys per step (its sum runs over key blocks in order: the bits
-            depend on dq_block_n).
+            may depend on dq_block_n).
         delta_block_m: rows per program of rowsum(dO * O).
 
-    The forward's bits depend on fwd_block_n (the online softmax's steps); no field depends
-    on the inputs' dtype, token counts or head counts.
+    The forward's bits may depend on fwd_block_n (the online softmax's steps). Token and
+    head counts are no fields: one plan serves every shape of its head dim and element
+    size.
     """
 
     family: ClassVar[str] = "cake-gqa-det-train"

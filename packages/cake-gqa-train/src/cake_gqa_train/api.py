@@ -20,7 +20,7 @@ from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import cdiv
 from cake_gqa_det_train.inputs import Problem, check_call, resolve_op_ints
 from cake_gqa_det_train.kernels.bwd import gqa_bwd_dq_kernel
-from cake_gqa_det_train.launch import launch_delta, launch_fwd
+from cake_gqa_det_train.launch import _flags, launch_delta, launch_fwd
 
 from cake_gqa_train.kernels.bwd import gqa_bwd_dkdv_atomic_kernel
 from cake_gqa_train.plan import GQAPlan, make_plan
@@ -106,8 +106,7 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
     launch_delta(out, dout, delta, plan.delta_block_m)
     cu_q = cu_q if cu_q is not None else lse
     cu_k = cu_k if cu_k is not None else cu_q
-    flags = dict(VARLEN=seq_q < 0, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0,
-                 SOFTCAP=softcap > 0)
+    flags = _flags(ints, softcap)
     common = (seq_q, seq_k, Tq, scale, softcap, left, right,
               q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
               dout.stride(0), dout.stride(1))
@@ -328,7 +327,7 @@ def _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic
     if return_attn_probs is not False:
         raise ValueError("return_attn_probs: attention probabilities are not returned "
                          "(use gqa(..., return_lse=True) for the log-sum-exp)")
-    if deterministic is not False:
+    if _fa_flag(deterministic, "deterministic"):
         raise ValueError("deterministic: cake_gqa_train's backward is not deterministic; "
                          "use cake_gqa_det_train's flash_attn_func / flash_attn_varlen_func")
 

@@ -38,7 +38,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:544374f3503aac1148f530cc0dbf0304726f1a26e3370e1a62860108635b8e24"
+SOURCE_DIGEST = "sha256:7289b7cf9cf126829d69b550d25ad941081695911464fad07c58729aa635b9e3"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,10 +43,10 @@ class GQAPlan(Plan):
     bwd_block_n: int = 128
     bwd_warps: int = 8
     bwd_stages: int = 2
-    dq_block_m: int = 64
+    dq_block_m: int = 128
     dq_block_n: int = 64
-    dq_warps: int = 4
-    dq_stages: int = 2
+    dq_warps: int = 8
+    dq_stages: int = 3
     delta_block_m: int = 64
     mode: Mode = dataclasses.field(default=Mode.NONDET, kw_only=True)
 
@@ -71,11 +71,11 @@ _PLANS: dict[tuple, GQAPlan] = {}
 
 def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> GQAPlan:
     """The plan for heads of dim ``head_dim`` in ``dtype`` on ``device`` (a rule of head
-    dim and device, from a sweep on an H200 (docs/benchmarks/gqa.md): forward, dQ and delta
-    tiles as cake-gqa-det-train's rule; dK / dV programs as that rule's dK / dV kernel
-    (128 keys stepping 64 rows, 8 warps at D <= 128; 64 x 64, 8 warps, one stage at
-    D = 256), one per query head instead of per KV head; fp32 on CUDA as the det
-    rule's fp32 tiles; 32 x 32 under the interpreter).
+    dim, element size and device, from a sweep on an H200 (docs/benchmarks/gqa.md):
+    forward, dQ and delta tiles as cake-gqa-det-train's rule; dK / dV programs as that
+    rule's dK / dV kernel (128 keys stepping 64 rows, 8 warps at D <= 128; 64 x 64, 8
+    warps, one stage at D = 256), one per query head instead of per KV head; fp32 on CUDA
+    as the det rule's fp32 tiles; 32 x 32 under the interpreter).
 
     Raises:
         ValueError: head_dim not in (64, 128, 256), a bad dtype or device.

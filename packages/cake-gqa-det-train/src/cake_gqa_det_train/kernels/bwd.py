@@ -30,7 +30,7 @@ def gqa_bwd_delta_kernel(O, DO, DELTA, n_tok, sot, soh, sdot, sdoh,
                          D: tl.constexpr, BLOCK_M: tl.constexpr):
     """DELTA ``[Hq, T]`` fp32 = sum over d of dO * O, for one block of rows of one head."""
     pid = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)  # h * stride in int64: head-major packed input
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     ok = offs_m < n_tok
@@ -61,7 +61,7 @@ def gqa_bwd_dkdv_kernel(
     """dK, dV of one key block of one KV head: sum over its GROUP query heads (head order),
     then over query blocks (block order). Written in K's / V's dtype."""
     pid_n = tl.program_id(0)
-    hk = tl.program_id(1)
+    hk = tl.program_id(1).to(tl.int64)  # hk * stride in int64
     doc = tl.program_id(2)
     q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
     k0, len_k = doc_bounds(CU_K, doc, seq_k, VARLEN)
@@ -136,7 +136,7 @@ def gqa_bwd_dq_kernel(
     block order. Written in Q's dtype."""
     # the last query blocks first: under a causal mask they have the most keys
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)  # h * stride in int64: head-major packed input
     doc = tl.program_id(2)
     q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
     k0, len_k = doc_bounds(CU_K, doc, seq_k, VARLEN)

@@ -32,7 +32,7 @@ def gqa_fwd_kernel(
     lengths (unused when VARLEN). ``left`` / ``right``: the window (used when HAS_*)."""
     # the last query blocks first: under a causal mask they have the most keys
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)  # h * stride in int64: head-major packed input
     doc = tl.program_id(2)
     q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
     k0, len_k = doc_bounds(CU_K, doc, seq_k, VARLEN)

@@ -1,2 +1,2 @@
-"""Triton kernels of cake-gqa-train: the backward with atomic dQ (bwd.py); the forward and
-the delta kernel are cake-gqa-det-train's."""
+"""Triton kernels of cake-gqa-train: dK / dV per query head summed by atomic adds
+(bwd.py); the forward, delta and dQ kernels are cake-gqa-det-train's."""

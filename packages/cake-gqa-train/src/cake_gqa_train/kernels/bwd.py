@@ -31,7 +31,7 @@ def gqa_bwd_dkdv_atomic_kernel(
     """One query head's share of dK, dV of one key block: stored in K's / V's dtype when
     GROUP = 1, else added (fp32, dK unscaled) into DK / DV ``[Tk, Hkv, D]`` contiguous."""
     pid_n = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)  # h * stride in int64: head-major packed input
     hk = h // GROUP
     doc = tl.program_id(2)
     q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
