@@ -17,10 +17,23 @@ order); no atomics, so equal inputs and plan give equal bits.
 from __future__ import annotations
 
 import torch
-from cake_core import Mode, check_dtype, check_shape, check_tensor, require_mode
+from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 
+from cake_gqa_det_train.entry import (
+    check_fa_batched,
+    check_fa_varlen,
+    checked_dout,
+    distinct,
+    fa_flag,
+    forward_saved,
+    lastc,
+    packed,
+    refuse_fa_options,
+    resolve_plan,
+    unpacked,
+)
 from cake_gqa_det_train.inputs import Problem, check_call, resolve_op_ints
 from cake_gqa_det_train.launch import launch_bwd_det, launch_fwd
 from cake_gqa_det_train.plan import GQADetPlan, make_plan
@@ -30,15 +43,7 @@ _OP = "cake_gqa_det_train"
 
 
 def _resolve_plan(plan, D: int, dtype, device) -> GQADetPlan:
-    if plan is None:
-        return make_plan(D, dtype, device)
-    require_mode(plan, GQADetPlan, Mode.DET, name="plan")
-    if plan.head_dim != D:
-        raise ValueError(f"plan: made for head_dim={plan.head_dim}, inputs have {D}")
-    if plan.elem_bytes != dtype.itemsize:
-        raise ValueError(f"plan: made for {plan.elem_bytes}-byte inputs, q is "
-                         f"{str(dtype)[6:]}; make_plan(D, q.dtype, device)")
-    return plan
+    return resolve_plan(plan, GQADetPlan, Mode.DET, D, dtype, device, make_plan)
 
 
 def _resolve_workspace(workspace, plan: GQADetPlan, device, prob: Problem):
@@ -96,20 +101,6 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan_fi
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _distinct(q, k, v):
-    """The same tensor passed as two of q, k, v crosses the autograd Function as a view
-    (``torch.compile`` refuses a duplicate input there)."""
-    if k is q:
-        k = k.view_as(k)
-    if v is q or v is k:
-        v = v.view_as(v)
-    return q, k, v
-
-
-def _lastc(t: torch.Tensor) -> torch.Tensor:
-    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
-
-
 class _GQAFunction(torch.autograd.Function):
     """One attention call's autograd node (eager, and traced by dynamo under
     ``torch.compile``: the same ops, the same bits). Saved tensors go through
@@ -131,27 +122,12 @@ class _GQAFunction(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = torch.ops.cake_gqa_det_train.bwd(
-            _lastc(dout), q, k, v, out, lse, cu_q, cu_k, ctx.ints, ctx.scale, ctx.softcap,
+            lastc(dout), q, k, v, out, lse, cu_q, cu_k, ctx.ints, ctx.scale, ctx.softcap,
             ctx.plan_fields, ctx.delta)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- public API
-
-
-def _packed(q, k, v):
-    if q.dim() == 4:
-        return (q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
-                v.reshape(-1, *v.shape[2:]))
-    return q, k, v
-
-
-def _unpacked(out, lse, q_shape, prob: Problem):
-    if prob.varlen:
-        return out, lse
-    B, Sq = q_shape[0], q_shape[1]
-    return (out.reshape(q_shape),
-            lse.reshape(prob.heads_q, B, Sq).permute(1, 0, 2))
 
 
 def gqa_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -211,13 +187,13 @@ def gqa_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
     delta = _resolve_workspace(workspace, plan, device, prob)
-    q3, k3, v3 = _packed(q, k, v)
-    q3, k3, v3 = _distinct(q3, k3, v3)
+    q3, k3, v3 = packed(q, k, v)
+    q3, k3, v3 = distinct(q3, k3, v3)
     if cu_seqlens_k is cu_seqlens_q:  # one tensor crosses once (None: "the same as q's")
         cu_seqlens_k = None
     out, lse = _GQAFunction.apply(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, prob.op_ints(),
                                   prob.scale, prob.softcap, plan_to_op_fields(plan), delta)
-    out, lse = _unpacked(out, lse, tuple(q.shape), prob)
+    out, lse = unpacked(out, lse, tuple(q.shape), prob)
     return (out, lse) if return_lse else out
 
 
@@ -235,20 +211,8 @@ def gqa_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, softmax_scale, causal, window_size, softcap)
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
-    if prob.varlen and cu_seqlens_k is None:
-        cu_seqlens_k = cu_seqlens_q
-    q3, k3, v3 = _packed(q.detach(), k.detach(), v.detach())
-    ints = resolve_op_ints(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
-    out, lse = launch_fwd(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, ints, prob.scale,
-                          prob.softcap, plan.fwd_block_m, plan.fwd_block_n, plan.fwd_warps,
-                          plan.fwd_stages)
-    saved = GQADetSavedSet(
-        Mode.DET, {"q": q3, "k": k3, "v": v3, "out": out, "lse": lse,
-                   "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k},
-        meta={"plan": plan, "ints": ints, "scale": prob.scale, "softcap": prob.softcap,
-              "problem": prob, "shapes": (tuple(q.shape), tuple(k.shape), tuple(v.shape))})
-    o, lse_out = _unpacked(out, lse, tuple(q.shape), prob)
-    return o, lse_out, saved
+    return forward_saved(q, k, v, cu_seqlens_q, cu_seqlens_k, prob, plan, GQADetSavedSet,
+                         Mode.DET)
 
 
 def gqa_det_bwd(dout: torch.Tensor, saved: GQADetSavedSet, *,
@@ -270,13 +234,8 @@ def gqa_det_bwd(dout: torch.Tensor, saved: GQADetSavedSet, *,
     meta = saved.meta
     plan, prob = meta["plan"], meta["problem"]
     q_shape, k_shape, v_shape = meta["shapes"]
-    check_tensor(dout, "dout")
-    check_shape(dout, "dout", list(q_shape))
-    check_dtype(dout, "dout", (saved.q.dtype,))
-    if dout.device != saved.q.device:
-        raise ValueError(f"dout: on {dout.device}, the forward ran on {saved.q.device}")
+    d3 = checked_dout(dout, saved)
     delta = _resolve_workspace(workspace, plan, saved.q.device, prob)
-    d3 = _lastc(dout.reshape(saved.out.shape))
     dq, dk, dv = launch_bwd_det(d3, saved.q, saved.k, saved.v, saved.out, saved.lse,
                                 saved.cu_seqlens_q, saved.cu_seqlens_k, meta["ints"],
                                 meta["scale"], meta["softcap"], plan, delta)
@@ -286,26 +245,6 @@ def gqa_det_bwd(dout: torch.Tensor, saved: GQADetSavedSet, *,
 # ----------------------------------------------------------------------------- flash-attn
 
 
-def _fa_flag(v, name: str) -> bool:
-    """flash-attn's flags as it takes them (Python truthiness of a bool, 0 / 1 or a numpy
-    bool); anything else is refused."""
-    numpy_bool = type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")
-    if isinstance(v, bool) or numpy_bool or (isinstance(v, int) and v in (0, 1)):
-        return bool(v)
-    raise ValueError(f"{name}: expected a bool, got {v!r}")
-
-
-def _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic):
-    if dropout_p != 0:
-        raise ValueError(f"dropout_p: attention dropout is not served, got {dropout_p!r}")
-    if alibi_slopes is not None:
-        raise ValueError("alibi_slopes: ALiBi is not served")
-    if return_attn_probs is not False:
-        raise ValueError("return_attn_probs: attention probabilities are not returned "
-                         "(use gqa_det(..., return_lse=True) for the log-sum-exp)")
-    _fa_flag(deterministic, "deterministic")  # accepted; the backward always is
-
-
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False):
@@ -313,11 +252,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     k, v ``[B, Sk, Hkv, D]`` -> out like q. ``deterministic`` is accepted and changes
     nothing (the backward always is). ``dropout_p > 0``, ``alibi_slopes`` and
     ``return_attn_probs=True`` raise ``ValueError``; other errors as :func:`gqa_det`."""
-    _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
-    causal = _fa_flag(causal, "causal")
-    if not (isinstance(q, torch.Tensor) and q.dim() == 4):
-        raise ValueError("q: flash_attn_func takes [B, S, H, D]; packed input goes to "
-                         "flash_attn_varlen_func")
+    refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, "gqa_det")
+    fa_flag(deterministic, "deterministic")  # accepted; the backward always is
+    causal = fa_flag(causal, "causal")
+    check_fa_batched(q)
     return gqa_det(q, k, v, softmax_scale=softmax_scale, causal=causal,
                    window_size=window_size, softcap=softcap)
 
@@ -331,14 +269,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     ``deterministic`` is accepted and changes nothing. ``dropout_p > 0``,
     ``alibi_slopes``, ``return_attn_probs=True`` and ``block_table`` raise
     ``ValueError``; other errors as :func:`gqa_det`."""
-    _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
-    causal = _fa_flag(causal, "causal")
-    if block_table is not None:
-        raise ValueError("block_table: paged KV caches are not served (training kernels)")
-    if not (isinstance(q, torch.Tensor) and q.dim() == 3):
-        raise ValueError("q: flash_attn_varlen_func takes packed [T, H, D]")
-    if cu_seqlens_k is None:
-        raise ValueError("cu_seqlens_k: required by flash_attn_varlen_func")
+    refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, "gqa_det")
+    fa_flag(deterministic, "deterministic")  # accepted; the backward always is
+    causal = fa_flag(causal, "causal")
+    check_fa_varlen(q, cu_seqlens_k, block_table)
     return gqa_det(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                    max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                    window_size=window_size, softcap=softcap)

@@ -28,6 +28,9 @@ DIGEST_EXTRA = []
 KERNELS = [
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "gqa_bwd_delta_kernel"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "lse2_row"},
+    {"module": "cake_gqa_det_train.kernels.bwd", "function": "key_block"},
+    {"module": "cake_gqa_det_train.kernels.bwd", "function": "query_range"},
+    {"module": "cake_gqa_det_train.kernels.bwd", "function": "dkdv_one_head"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "gqa_bwd_dkdv_kernel"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "gqa_bwd_dq_kernel"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "doc_bounds"},
@@ -44,7 +47,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:414ff6f4f890253d12c12072d5a2e1d7c5bbd0f3131b5b4c66dda09c6bda1e6b"
+SOURCE_DIGEST = "sha256:49f8b0437288bae39ab4198e9f6ecf13931b15527f5bd570e78caed1186bf8a2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -57,11 +57,44 @@ def launch_delta(out, dout, delta, block_m: int):
         D=D, BLOCK_M=block_m, num_warps=4)
 
 
+def bwd_prologue(out, dout, lse, cu_q, cu_k, ints, softcap: float, plan, delta=None):
+    """What every backward launches first and passes on: delta (rowsum(dO * O), fp32, in
+    ``delta``'s first ``Hq * Tq`` values or allocated), the offsets to pass (placeholders
+    without VARLEN; ``cu_k`` None is ``cu_q``) and the kernels' flags. Returns
+    ``(delta, cu_q, cu_k, flags)``."""
+    Tq, Hq, _ = out.shape
+    delta = _empty((Hq * Tq,), dtype=torch.float32, device=out.device) if delta is None \
+        else delta[: Hq * Tq]
+    launch_delta(out, dout, delta, plan.delta_block_m)
+    cu_q = cu_q if cu_q is not None else lse  # unused without VARLEN
+    cu_k = cu_k if cu_k is not None else cu_q
+    return delta, cu_q, cu_k, _flags(ints, softcap)
+
+
+def bwd_common(q, k, v, dout, ints, scale: float, softcap: float) -> tuple:
+    """The backward kernels' scalar and stride arguments after their tensors."""
+    seq_q, seq_k, _, _, _, left, right = ints
+    return (seq_q, seq_k, q.shape[0], scale, softcap, left, right,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dout.stride(0), dout.stride(1))
+
+
+def launch_dq(dq, q, k, v, dout, lse, delta, cu_q, cu_k, ints, common: tuple, flags: dict,
+              plan) -> None:
+    """dQ by :func:`gqa_bwd_dq_kernel` (over key blocks in order; no atomics)."""
+    n_docs, max_q = ints[2], ints[3]
+    Hq, Hkv = q.shape[1], k.shape[1]
+    gqa_bwd_dq_kernel[(cdiv(max_q, plan.dq_block_m), Hq, n_docs)](
+        q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, dq.stride(0), dq.stride(1),
+        GROUP=Hq // Hkv, D=q.shape[2], BLOCK_M=plan.dq_block_m, BLOCK_N=plan.dq_block_n,
+        **flags, num_warps=plan.dq_warps, num_stages=plan.dq_stages)
+
+
 def launch_bwd_det(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap: float,
                    plan: GQADetPlan, delta=None):
     """-> (dq, dk, dv) in the inputs' dtypes, with no atomics. ``delta``: an fp32 buffer of
     at least ``Hq * Tq`` values (a workspace's), or ``None`` (allocated here)."""
-    seq_q, seq_k, n_docs, max_q, max_k, left, right = ints
+    _, _, n_docs, max_q, max_k, _, _ = ints
     Tq, Hq, D = q.shape
     Tk, Hkv, _ = k.shape
     dev = q.device
@@ -74,23 +107,14 @@ def launch_bwd_det(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, soft
         dk.zero_()
         dv.zero_()
         return dq, dk, dv
-    delta = _empty((Hq * Tq,), dtype=torch.float32, device=dev) if delta is None \
-        else delta[: Hq * Tq]
-    launch_delta(out, dout, delta, plan.delta_block_m)
-    cu_q = cu_q if cu_q is not None else lse
-    cu_k = cu_k if cu_k is not None else cu_q
-    flags = _flags(ints, softcap)
-    common = (seq_q, seq_k, Tq, scale, softcap, left, right,
-              q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-              dout.stride(0), dout.stride(1))
+    delta, cu_q, cu_k, flags = bwd_prologue(out, dout, lse, cu_q, cu_k, ints, softcap, plan,
+                                            delta)
+    common = bwd_common(q, k, v, dout, ints, scale, softcap)
     if Tk > 0 and max_k > 0:
         gqa_bwd_dkdv_kernel[(cdiv(max_k, plan.dkdv_block_n), Hkv, n_docs)](
             q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, *common,
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             GROUP=Hq // Hkv, D=D, BLOCK_M=plan.dkdv_block_m, BLOCK_N=plan.dkdv_block_n,
             **flags, num_warps=plan.dkdv_warps, num_stages=plan.dkdv_stages)
-    gqa_bwd_dq_kernel[(cdiv(max_q, plan.dq_block_m), Hq, n_docs)](
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, dq.stride(0), dq.stride(1),
-        GROUP=Hq // Hkv, D=D, BLOCK_M=plan.dq_block_m, BLOCK_N=plan.dq_block_n,
-        **flags, num_warps=plan.dq_warps, num_stages=plan.dq_stages)
+    launch_dq(dq, q, k, v, dout, lse, delta, cu_q, cu_k, ints, common, flags, plan)
     return dq, dk, dv

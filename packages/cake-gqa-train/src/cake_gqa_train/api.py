@@ -14,13 +14,25 @@ from __future__ import annotations
 import warnings
 
 import torch
-from cake_core import Mode, check_dtype, check_shape, check_tensor, require_mode
+from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import cdiv
+from cake_gqa_det_train.entry import (
+    check_fa_batched,
+    check_fa_varlen,
+    checked_dout,
+    distinct,
+    fa_flag,
+    forward_saved,
+    lastc,
+    packed,
+    refuse_fa_options,
+    resolve_plan,
+    unpacked,
+)
 from cake_gqa_det_train.inputs import Problem, check_call, resolve_op_ints
-from cake_gqa_det_train.kernels.bwd import gqa_bwd_dq_kernel
-from cake_gqa_det_train.launch import _flags, launch_delta, launch_fwd
+from cake_gqa_det_train.launch import bwd_common, bwd_prologue, launch_dq, launch_fwd
 
 from cake_gqa_train.kernels.bwd import gqa_bwd_dkdv_atomic_kernel
 from cake_gqa_train.plan import GQAPlan, make_plan
@@ -48,15 +60,7 @@ def _deterministic_alert() -> None:
 
 
 def _resolve_plan(plan, D: int, dtype, device) -> GQAPlan:
-    if plan is None:
-        return make_plan(D, dtype, device)
-    require_mode(plan, GQAPlan, Mode.NONDET, name="plan")
-    if plan.head_dim != D:
-        raise ValueError(f"plan: made for head_dim={plan.head_dim}, inputs have {D}")
-    if plan.elem_bytes != dtype.itemsize:
-        raise ValueError(f"plan: made for {plan.elem_bytes}-byte inputs, q is "
-                         f"{str(dtype)[6:]}; make_plan(D, q.dtype, device)")
-    return plan
+    return resolve_plan(plan, GQAPlan, Mode.NONDET, D, dtype, device, make_plan)
 
 
 def _resolve_workspace(workspace, plan: GQAPlan, device, prob: Problem):
@@ -87,7 +91,7 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
     """-> (dq, dk, dv): dK / dV per query head, summed over a KV head's query heads by fp32
     atomic adds (GQA); dQ by cake-gqa-det-train's kernel. ``dkv_accum``: a workspace's
     fp32 buffer of at least ``2 * Tk * Hkv * D`` values, or ``None``."""
-    seq_q, seq_k, n_docs, max_q, max_k, left, right = ints
+    _, _, n_docs, max_q, max_k, _, _ = ints
     Tq, Hq, D = q.shape
     Tk, Hkv, _ = k.shape
     dev = q.device
@@ -101,15 +105,9 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
         dk, dv = torch.zeros((2, Tk, Hkv, D), dtype=torch.float32, device=dev).unbind(0)
     else:
         dk, dv = dkv_accum[: 2 * Tk * Hkv * D].view(2, Tk, Hkv, D).zero_().unbind(0)
-    delta = _empty((Hq * Tq,), dtype=torch.float32, device=dev) if delta is None \
-        else delta[: Hq * Tq]
-    launch_delta(out, dout, delta, plan.delta_block_m)
-    cu_q = cu_q if cu_q is not None else lse
-    cu_k = cu_k if cu_k is not None else cu_q
-    flags = _flags(ints, softcap)
-    common = (seq_q, seq_k, Tq, scale, softcap, left, right,
-              q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-              dout.stride(0), dout.stride(1))
+    delta, cu_q, cu_k, flags = bwd_prologue(out, dout, lse, cu_q, cu_k, ints, softcap, plan,
+                                            delta)
+    common = bwd_common(q, k, v, dout, ints, scale, softcap)
     if Tk > 0 and max_k > 0:
         gqa_bwd_dkdv_atomic_kernel[(cdiv(max_k, plan.bwd_block_n), Hq, n_docs)](
             q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, *common,
@@ -119,10 +117,7 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
     elif group == 1:
         dk.zero_()
         dv.zero_()
-    gqa_bwd_dq_kernel[(cdiv(max_q, plan.dq_block_m), Hq, n_docs)](
-        q, k, v, dout, lse, delta, dq, cu_q, cu_k, *common, dq.stride(0), dq.stride(1),
-        GROUP=group, D=D, BLOCK_M=plan.dq_block_m, BLOCK_N=plan.dq_block_n, **flags,
-        num_warps=plan.dq_warps, num_stages=plan.dq_stages)
+    launch_dq(dq, q, k, v, dout, lse, delta, cu_q, cu_k, ints, common, flags, plan)
     if group == 1:
         return dq, dk, dv
     # fresh memory, never a view of the workspace (copy=True for fp32 inputs)
@@ -164,20 +159,6 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan_fi
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _distinct(q, k, v):
-    """The same tensor passed as two of q, k, v crosses the autograd Function as a view
-    (``torch.compile`` refuses a duplicate input there)."""
-    if k is q:
-        k = k.view_as(k)
-    if v is q or v is k:
-        v = v.view_as(v)
-    return q, k, v
-
-
-def _lastc(t: torch.Tensor) -> torch.Tensor:
-    return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
-
-
 class _GQAFunction(torch.autograd.Function):
     """One attention call's autograd node (eager and under ``torch.compile``)."""
 
@@ -197,23 +178,9 @@ class _GQAFunction(torch.autograd.Function):
         _deterministic_alert()  # before anything is launched, also in eager mode
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = torch.ops.cake_gqa_train.bwd(
-            _lastc(dout), q, k, v, out, lse, cu_q, cu_k, ctx.ints, ctx.scale, ctx.softcap,
+            lastc(dout), q, k, v, out, lse, cu_q, cu_k, ctx.ints, ctx.scale, ctx.softcap,
             ctx.plan_fields, ctx.delta, ctx.dkv_accum)
         return dq, dk, dv, None, None, None, None, None, None, None, None
-
-
-def _packed(q, k, v):
-    if q.dim() == 4:
-        return (q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
-                v.reshape(-1, *v.shape[2:]))
-    return q, k, v
-
-
-def _unpacked(out, lse, q_shape, prob: Problem):
-    if prob.varlen:
-        return out, lse
-    return out.reshape(q_shape), lse.reshape(prob.heads_q, q_shape[0], q_shape[1]) \
-        .permute(1, 0, 2)
 
 
 def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -247,14 +214,14 @@ def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
     delta, dkv_accum = _resolve_workspace(workspace, plan, device, prob)
-    q3, k3, v3 = _packed(q, k, v)
-    q3, k3, v3 = _distinct(q3, k3, v3)
+    q3, k3, v3 = packed(q, k, v)
+    q3, k3, v3 = distinct(q3, k3, v3)
     if cu_seqlens_k is cu_seqlens_q:  # one tensor crosses once (None: "the same as q's")
         cu_seqlens_k = None
     out, lse = _GQAFunction.apply(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, prob.op_ints(),
                                   prob.scale, prob.softcap, plan_to_op_fields(plan), delta,
                                   dkv_accum)
-    out, lse = _unpacked(out, lse, tuple(q.shape), prob)
+    out, lse = unpacked(out, lse, tuple(q.shape), prob)
     return (out, lse) if return_lse else out
 
 
@@ -267,20 +234,8 @@ def gqa_fwd(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, *, max_seqlen_q=None,
     prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, softmax_scale, causal, window_size, softcap)
     plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
-    if prob.varlen and cu_seqlens_k is None:
-        cu_seqlens_k = cu_seqlens_q
-    q3, k3, v3 = _packed(q.detach(), k.detach(), v.detach())
-    ints = resolve_op_ints(prob.op_ints(), q3, k3, cu_seqlens_q, cu_seqlens_k)
-    out, lse = launch_fwd(q3, k3, v3, cu_seqlens_q, cu_seqlens_k, ints, prob.scale,
-                          prob.softcap, plan.fwd_block_m, plan.fwd_block_n, plan.fwd_warps,
-                          plan.fwd_stages)
-    saved = GQASavedSet(
-        Mode.NONDET, {"q": q3, "k": k3, "v": v3, "out": out, "lse": lse,
-                      "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k},
-        meta={"plan": plan, "ints": ints, "scale": prob.scale, "softcap": prob.softcap,
-              "problem": prob, "shapes": (tuple(q.shape), tuple(k.shape), tuple(v.shape))})
-    o, lse_out = _unpacked(out, lse, tuple(q.shape), prob)
-    return o, lse_out, saved
+    return forward_saved(q, k, v, cu_seqlens_q, cu_seqlens_k, prob, plan, GQASavedSet,
+                         Mode.NONDET)
 
 
 def gqa_bwd(dout: torch.Tensor, saved: GQASavedSet, *,
@@ -296,38 +251,17 @@ def gqa_bwd(dout: torch.Tensor, saved: GQASavedSet, *,
     meta = saved.meta
     plan, prob = meta["plan"], meta["problem"]
     q_shape, k_shape, v_shape = meta["shapes"]
-    check_tensor(dout, "dout")
-    check_shape(dout, "dout", list(q_shape))
-    check_dtype(dout, "dout", (saved.q.dtype,))
-    if dout.device != saved.q.device:
-        raise ValueError(f"dout: on {dout.device}, the forward ran on {saved.q.device}")
+    d3 = checked_dout(dout, saved)
     delta, dkv_accum = _resolve_workspace(workspace, plan, saved.q.device, prob)
     _deterministic_alert()
-    d3 = _lastc(dout.reshape(saved.out.shape))
     dq, dk, dv = launch_bwd(d3, saved.q, saved.k, saved.v, saved.out, saved.lse,
                             saved.cu_seqlens_q, saved.cu_seqlens_k, meta["ints"],
                             meta["scale"], meta["softcap"], plan, delta, dkv_accum)
     return dq.reshape(q_shape), dk.reshape(k_shape), dv.reshape(v_shape)
 
 
-def _fa_flag(v, name: str) -> bool:
-    """flash-attn's flags as it takes them (Python truthiness of a bool, 0 / 1 or a numpy
-    bool); anything else is refused."""
-    numpy_bool = type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_")
-    if isinstance(v, bool) or numpy_bool or (isinstance(v, int) and v in (0, 1)):
-        return bool(v)
-    raise ValueError(f"{name}: expected a bool, got {v!r}")
-
-
-def _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic):
-    if dropout_p != 0:
-        raise ValueError(f"dropout_p: attention dropout is not served, got {dropout_p!r}")
-    if alibi_slopes is not None:
-        raise ValueError("alibi_slopes: ALiBi is not served")
-    if return_attn_probs is not False:
-        raise ValueError("return_attn_probs: attention probabilities are not returned "
-                         "(use gqa(..., return_lse=True) for the log-sum-exp)")
-    if _fa_flag(deterministic, "deterministic"):
+def _refuse_deterministic(deterministic) -> None:
+    if fa_flag(deterministic, "deterministic"):
         raise ValueError("deterministic: cake_gqa_train's backward is not deterministic; "
                          "use cake_gqa_det_train's flash_attn_func / flash_attn_varlen_func")
 
@@ -338,11 +272,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """flash-attn 2's ``flash_attn_func`` on cake's non-det kernels (``[B, S, H, D]``).
     ``deterministic=True``, ``dropout_p > 0``, ``alibi_slopes`` and
     ``return_attn_probs=True`` raise ``ValueError``."""
-    _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
-    causal = _fa_flag(causal, "causal")
-    if not (isinstance(q, torch.Tensor) and q.dim() == 4):
-        raise ValueError("q: flash_attn_func takes [B, S, H, D]; packed input goes to "
-                         "flash_attn_varlen_func")
+    refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, "gqa")
+    _refuse_deterministic(deterministic)
+    causal = fa_flag(causal, "causal")
+    check_fa_batched(q)
     return gqa(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                softcap=softcap)
 
@@ -353,14 +286,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            deterministic=False, return_attn_probs=False, block_table=None):
     """flash-attn 2's ``flash_attn_varlen_func`` on cake's non-det kernels (packed
     ``[T, H, D]``); refusals as :func:`flash_attn_func`, and ``block_table``."""
-    _refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, deterministic)
-    causal = _fa_flag(causal, "causal")
-    if block_table is not None:
-        raise ValueError("block_table: paged KV caches are not served (training kernels)")
-    if not (isinstance(q, torch.Tensor) and q.dim() == 3):
-        raise ValueError("q: flash_attn_varlen_func takes packed [T, H, D]")
-    if cu_seqlens_k is None:
-        raise ValueError("cu_seqlens_k: required by flash_attn_varlen_func")
+    refuse_fa_options(dropout_p, alibi_slopes, return_attn_probs, "gqa")
+    _refuse_deterministic(deterministic)
+    causal = fa_flag(causal, "causal")
+    check_fa_varlen(q, cu_seqlens_k, block_table)
     return gqa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal,
                window_size=window_size, softcap=softcap)

@@ -38,7 +38,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7289b7cf9cf126829d69b550d25ad941081695911464fad07c58729aa635b9e3"
+SOURCE_DIGEST = "sha256:d7cb08597ba7cc20131413195c139722bc67bb91ce98fa01244e5442b47ddf6e"
 # --- end of generated block ---
 
 MANIFEST = {

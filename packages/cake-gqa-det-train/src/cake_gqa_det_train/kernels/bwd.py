@@ -50,6 +50,69 @@ def lse2_row(LSE, row_ptr_off, ok):
 
 
 @triton.jit
+def key_block(K, V, k0, hk, offs_n, offs_d, col_ok, skt, skh, svt, svh):
+    """The K and V tiles ``[BLOCK_N, D]`` of one key block of KV head ``hk``."""
+    rows = (k0 + offs_n)[:, None].to(tl.int64)
+    k = tl.load(K + rows * skt + hk * skh + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + rows * svt + hk * svh + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    return k, v
+
+
+@triton.jit
+def query_range(n_start, len_q, shift, left, right, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[lo, hi): the query rows that see a key of the block starting at ``n_start`` (lo
+    aligned down to BLOCK_M)."""
+    lo = 0
+    if HAS_RIGHT:
+        lo = tl.maximum(0, n_start - shift - right)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    hi = len_q
+    if HAS_LEFT:
+        hi = tl.minimum(hi, n_start + BLOCK_N - shift + left)
+    return lo, hi
+
+
+@triton.jit
+def dkdv_one_head(dk, dv, k, v, Q, DO, LSE, DELTA, h, q0, lo, hi, n_start, offs_n, offs_d,
+                  len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
+                  sqt, sqh, sdot, sdoh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
+    """``(dk, dv)`` plus query head ``h``'s share of one key block's dK (unscaled) and dV:
+    the query blocks of [lo, hi) in order. Rows past the document's end load zeros and add
+    nothing."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for m_start in range(lo, hi, BLOCK_M):
+        offs_m = m_start + offs_m0
+        row_ok = offs_m < len_q
+        rows = (q0 + offs_m).to(tl.int64)
+        qt = tl.load(Q + rows[None, :] * sqt + h * sqh + offs_d[:, None],
+                     mask=row_ok[None, :], other=0.0)
+        do = tl.load(DO + rows[:, None] * sdot + h * sdoh + offs_d[None, :],
+                     mask=row_ok[:, None], other=0.0)
+        lse2 = lse2_row(LSE, h * n_tok_q + rows, row_ok)
+        delta = tl.load(DELTA + h * n_tok_q + rows, mask=row_ok, other=0.0)
+        # transposed scores [BLOCK_N, BLOCK_M]
+        qkt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        qkt = dot(k, qt, qkt)
+        st, tt = scores2(qkt, scale, softcap, SOFTCAP)
+        pt = tl.exp2(st - lse2[None, :])
+        if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
+                          BLOCK_N, HAS_LEFT, HAS_RIGHT):
+            ok = tl.trans(visible(offs_m, offs_n, len_q, len_k, shift, left, right,
+                                  HAS_LEFT, HAS_RIGHT))
+            pt = tl.where(ok, pt, 0.0)
+        dv = dot(pt.to(do.dtype), do, dv)
+        dpt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        dpt = dot(v, tl.trans(do), dpt)
+        dst = pt * (dpt - delta[None, :])
+        if SOFTCAP:
+            dst = dst * (1.0 - tt * tt)
+        dk = dot(dst.to(qt.dtype), tl.trans(qt), dk)
+    return dk, dv
+
+
+@triton.jit
 def gqa_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
     seq_q, seq_k, n_tok_q, scale, softcap, left, right,
@@ -71,51 +134,17 @@ def gqa_bwd_dkdv_kernel(
     shift = len_k - len_q
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    offs_m0 = tl.arange(0, BLOCK_M)
     col_ok = offs_n < len_k
-    k = tl.load(K + (k0 + offs_n)[:, None].to(tl.int64) * skt + hk * skh + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + (k0 + offs_n)[:, None].to(tl.int64) * svt + hk * svh + offs_d[None, :],
-                mask=col_ok[:, None], other=0.0)
-    # the query rows that see a key of the block
-    lo = 0
-    if HAS_RIGHT:
-        lo = tl.maximum(0, n_start - shift - right)
-        lo = (lo // BLOCK_M) * BLOCK_M
-    hi = len_q
-    if HAS_LEFT:
-        hi = tl.minimum(hi, n_start + BLOCK_N - shift + left)
+    k, v = key_block(K, V, k0, hk, offs_n, offs_d, col_ok, skt, skh, svt, svh)
+    lo, hi = query_range(n_start, len_q, shift, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
+                         HAS_RIGHT)
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
     for g in range(GROUP):
-        h = hk * GROUP + g
-        for m_start in range(lo, hi, BLOCK_M):
-            offs_m = m_start + offs_m0
-            row_ok = offs_m < len_q
-            rows = (q0 + offs_m).to(tl.int64)
-            qt = tl.load(Q + rows[None, :] * sqt + h * sqh + offs_d[:, None],
-                         mask=row_ok[None, :], other=0.0)
-            do = tl.load(DO + rows[:, None] * sdot + h * sdoh + offs_d[None, :],
-                         mask=row_ok[:, None], other=0.0)
-            lse2 = lse2_row(LSE, h.to(tl.int64) * n_tok_q + rows, row_ok)
-            delta = tl.load(DELTA + h.to(tl.int64) * n_tok_q + rows, mask=row_ok, other=0.0)
-            # transposed scores [BLOCK_N, BLOCK_M]
-            qkt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-            qkt = dot(k, qt, qkt)
-            st, tt = scores2(qkt, scale, softcap, SOFTCAP)
-            pt = tl.exp2(st - lse2[None, :])
-            if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
-                              BLOCK_N, HAS_LEFT, HAS_RIGHT):
-                ok = tl.trans(visible(offs_m, offs_n, len_q, len_k, shift, left, right,
-                                      HAS_LEFT, HAS_RIGHT))
-                pt = tl.where(ok, pt, 0.0)
-            dv = dot(pt.to(do.dtype), do, dv)
-            dpt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-            dpt = dot(v, tl.trans(do), dpt)
-            dst = pt * (dpt - delta[None, :])
-            if SOFTCAP:
-                dst = dst * (1.0 - tt * tt)
-            dk = dot(dst.to(qt.dtype), tl.trans(qt), dk)
+        dk, dv = dkdv_one_head(dk, dv, k, v, Q, DO, LSE, DELTA, hk * GROUP + g, q0, lo, hi,
+                               n_start, offs_n, offs_d, len_q, len_k, shift, n_tok_q, scale,
+                               softcap, left, right, sqt, sqh, sdot, sdoh, BLOCK_M, BLOCK_N,
+                               HAS_LEFT, HAS_RIGHT, SOFTCAP)
     rows_k = (k0 + offs_n)[:, None].to(tl.int64)
     tl.store(DK + rows_k * sdkt + hk * sdkh + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
