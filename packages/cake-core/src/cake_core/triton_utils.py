@@ -99,6 +99,24 @@ def dot(a, b, acc):
         return tl.dot(a, b, acc)
 
 
+def _torch_scratch(size: int, alignment: int, stream):
+    # torch's caching allocator, on the current CUDA device (the one Triton launches on)
+    return torch.empty(size, dtype=torch.int8,
+                       device="cuda" if select_backend() == "cuda" else "cpu")
+
+
+def ensure_scratch_allocator() -> None:
+    """Give Triton an allocator for kernels' global scratch (device-side TMA descriptors,
+    ``tl.make_tensor_descriptor``) unless one is set: torch's caching allocator. Triton
+    keeps the allocator per thread (a ContextVar) and autograd runs backwards in threads of
+    its own, so a launch that needs scratch calls this first, each time (cheap). An
+    allocator the caller set is left as it is."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
+
+
 def default_device() -> torch.device:
     """``cuda`` when kernels compile for CUDA in this process, else ``cpu``."""
     return torch.device("cuda" if select_backend() == "cuda" else "cpu")

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6346d94268070ced8865f9106f457bde7b933e3d04a3b55dee0862133119b018"
+SOURCE_DIGEST = "sha256:848cfd7a3034365e358f4641c697fe777a2608846597109723790bcc6ce0be3b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -34,6 +34,7 @@ KERNELS = [
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "gqa_bwd_dkdv_kernel"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "gqa_bwd_dq_kernel"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "doc_bounds"},
+    {"module": "cake_gqa_det_train.kernels.common", "function": "doc_desc"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "visible"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "tanh"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "scores2"},
@@ -47,7 +48,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:49f8b0437288bae39ab4198e9f6ecf13931b15527f5bd570e78caed1186bf8a2"
+SOURCE_DIGEST = "sha256:696dba38cd7f3173cb735c0c5637af67119ef144161708bac494db108095bdf9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -1,10 +1,11 @@
 """Launches of the forward and the delta kernel (shared with ``cake_gqa_train``) and of the
-det backward. Kernels never allocate: buffers come from here."""
+det backward. Kernels never allocate: buffers come from here (and the descriptors'
+scratch from torch's allocator, :func:`cake_core.triton_utils.ensure_scratch_allocator`)."""
 
 from __future__ import annotations
 
 import torch
-from cake_core.triton_utils import cdiv
+from cake_core.triton_utils import cdiv, ensure_scratch_allocator
 
 from cake_gqa_det_train.kernels.bwd import (
     gqa_bwd_delta_kernel,
@@ -16,6 +17,22 @@ from cake_gqa_det_train.plan import GQADetPlan
 
 # every buffer handed to a kernel comes from here (tests poison it)
 _empty = torch.empty
+
+
+def tma_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [T, H, D]`` as the kernels' TMA descriptors read it, ``[T, H * D]`` rows: heads
+    contiguous in a token, the row stride a multiple of 16 bytes, the base 16-byte aligned;
+    else a contiguous copy (e.g. head-major input)."""
+    T, H, D = x.shape
+    ok = (x.stride(2) == 1 and (H == 1 or x.stride(1) == D)
+          and (row_stride(x) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
+    return x if ok else x.contiguous()
+
+
+def row_stride(x: torch.Tensor) -> int:
+    """The token stride of ``x [T, H, D]`` (that of a dense tensor where T <= 1, where the
+    stride addresses nothing)."""
+    return x.stride(0) if x.shape[0] > 1 else x.shape[1] * x.shape[2]
 
 
 def _flags(ints, softcap: float) -> dict:
@@ -37,11 +54,12 @@ def launch_fwd(q, k, v, cu_q, cu_k, ints, scale: float, softcap: float,
         return out, lse
     cu_q = cu_q if cu_q is not None else lse  # unused without VARLEN
     cu_k = cu_k if cu_k is not None else cu_q  # packed: None is "the same as q's"
+    q, k, v = tma_rows(q), tma_rows(k), tma_rows(v)
+    ensure_scratch_allocator()
     grid = (cdiv(max_q, block_m), Hq, n_docs)
     gqa_fwd_kernel[grid](
         q, k, v, out, lse, cu_q, cu_k, seq_q, seq_k, Tq, scale, softcap, left, right,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
+        row_stride(q), row_stride(k), row_stride(v), out.stride(0), out.stride(1), Hq, Hkv,
         GROUP=Hq // Hkv, D=D, BLOCK_M=block_m, BLOCK_N=block_n, **_flags(ints, softcap),
         num_warps=warps, num_stages=stages)
     return out, lse
@@ -68,15 +86,21 @@ def bwd_prologue(out, dout, lse, cu_q, cu_k, ints, softcap: float, plan, delta=N
     launch_delta(out, dout, delta, plan.delta_block_m)
     cu_q = cu_q if cu_q is not None else lse  # unused without VARLEN
     cu_k = cu_k if cu_k is not None else cu_q
+    ensure_scratch_allocator()
     return delta, cu_q, cu_k, _flags(ints, softcap)
 
 
+def bwd_inputs(q, k, v, dout):
+    """q, k, v, dout as the backward kernels' descriptors read them (:func:`tma_rows`)."""
+    return tma_rows(q), tma_rows(k), tma_rows(v), tma_rows(dout)
+
+
 def bwd_common(q, k, v, dout, ints, scale: float, softcap: float) -> tuple:
-    """The backward kernels' scalar and stride arguments after their tensors."""
+    """The backward kernels' scalar and stride arguments after their tensors (q, k, v,
+    dout from :func:`bwd_inputs`)."""
     seq_q, seq_k, _, _, _, left, right = ints
-    return (seq_q, seq_k, q.shape[0], scale, softcap, left, right,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            dout.stride(0), dout.stride(1))
+    return (seq_q, seq_k, q.shape[0], scale, softcap, left, right, row_stride(q),
+            row_stride(k), row_stride(v), row_stride(dout), q.shape[1], k.shape[1])
 
 
 def launch_dq(dq, q, k, v, dout, lse, delta, cu_q, cu_k, ints, common: tuple, flags: dict,
@@ -109,6 +133,7 @@ def launch_bwd_det(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, soft
         return dq, dk, dv
     delta, cu_q, cu_k, flags = bwd_prologue(out, dout, lse, cu_q, cu_k, ints, softcap, plan,
                                             delta)
+    q, k, v, dout = bwd_inputs(q, k, v, dout)
     common = bwd_common(q, k, v, dout, ints, scale, softcap)
     if Tk > 0 and max_k > 0:
         gqa_bwd_dkdv_kernel[(cdiv(max_k, plan.dkdv_block_n), Hkv, n_docs)](

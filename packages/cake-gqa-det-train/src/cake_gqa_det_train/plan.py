@@ -45,12 +45,12 @@ class GQADetPlan(Plan):
     head_dim: int = 128
     elem_bytes: int = 2
     fwd_block_m: int = 128
-    fwd_block_n: int = 64
+    fwd_block_n: int = 128
     fwd_warps: int = 8
     fwd_stages: int = 3
     dkdv_block_m: int = 64
-    dkdv_block_n: int = 128
-    dkdv_warps: int = 8
+    dkdv_block_n: int = 64
+    dkdv_warps: int = 4
     dkdv_stages: int = 2
     dq_block_m: int = 128
     dq_block_n: int = 64
@@ -80,13 +80,12 @@ _PLANS: dict[tuple, GQADetPlan] = {}
 def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> GQADetPlan:
     """The plan for heads of dim ``head_dim`` in ``dtype`` on ``device``.
 
-    Rules (no timing at run time; from a sweep on an H200 at the benchmark shapes,
-    docs/benchmarks/gqa.md): on CUDA, forward tiles of 128 query rows x 64 keys with 8
-    warps (3 stages at D <= 128, 2 at D = 256, where a stage of K and V takes 64 KB of
-    shared memory). Backward at D <= 128: dK/dV programs of 128 keys stepping 64 query
-    rows (8 warps, 2 stages) and dQ programs of 128 rows stepping 64 keys (8 warps, 3
-    stages); at D = 256, 8 warps, dK/dV programs of 64 keys stepping 64 rows in one stage
-    and dQ programs of 128 rows stepping 32 keys (64 keys overflow shared memory). Under
+    Rules (no timing at run time; from sweeps on an H200 at the benchmark shapes,
+    docs/benchmarks/gqa.md): on CUDA, forward programs of 128 query rows with 8 warps
+    stepping 128 keys in 3 stages at D <= 128, 64 keys in 2 stages at D = 256 (more
+    overflows shared memory). Backward: dK/dV programs of 64 keys stepping 64 query rows
+    in 2 stages (4 warps at D <= 128, 8 at D = 256); dQ programs of 128 rows with 8 warps
+    in 3 stages stepping 64 keys at D <= 128, 32 at D = 256. Under
     the interpreter 32 x 32 tiles (fewer Python-level programs than 16; loops still cross
     blocks in the tests). fp32 inputs on CUDA (dots in TF32) take smaller tiles and
     single-stage loops, as their tiles take twice the shared memory (not tuned for speed).
@@ -123,6 +122,6 @@ def _tiles(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
     if D == 256:
         return GQADetPlan(head_dim=D, fwd_block_m=128, fwd_block_n=64, fwd_warps=8,
                           fwd_stages=2, dkdv_block_m=64, dkdv_block_n=64, dkdv_warps=8,
-                          dkdv_stages=1, dq_block_m=128, dq_block_n=32, dq_warps=8,
-                          dq_stages=2, delta_block_m=32)
+                          dkdv_stages=2, dq_block_m=128, dq_block_n=32, dq_warps=8,
+                          dq_stages=3, delta_block_m=32)
     return GQADetPlan(head_dim=D)

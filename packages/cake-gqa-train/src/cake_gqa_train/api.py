@@ -32,7 +32,13 @@ from cake_gqa_det_train.entry import (
     unpacked,
 )
 from cake_gqa_det_train.inputs import Problem, check_call, resolve_op_ints
-from cake_gqa_det_train.launch import bwd_common, bwd_prologue, launch_dq, launch_fwd
+from cake_gqa_det_train.launch import (
+    bwd_common,
+    bwd_inputs,
+    bwd_prologue,
+    launch_dq,
+    launch_fwd,
+)
 
 from cake_gqa_train.kernels.bwd import gqa_bwd_dkdv_atomic_kernel
 from cake_gqa_train.plan import GQAPlan, make_plan
@@ -107,6 +113,7 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
         dk, dv = dkv_accum[: 2 * Tk * Hkv * D].view(2, Tk, Hkv, D).zero_().unbind(0)
     delta, cu_q, cu_k, flags = bwd_prologue(out, dout, lse, cu_q, cu_k, ints, softcap, plan,
                                             delta)
+    q, k, v, dout = bwd_inputs(q, k, v, dout)
     common = bwd_common(q, k, v, dout, ints, scale, softcap)
     if Tk > 0 and max_k > 0:
         gqa_bwd_dkdv_atomic_kernel[(cdiv(max_k, plan.bwd_block_n), Hq, n_docs)](

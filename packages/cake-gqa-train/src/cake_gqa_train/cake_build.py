@@ -38,7 +38,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d7cb08597ba7cc20131413195c139722bc67bb91ce98fa01244e5442b47ddf6e"
+SOURCE_DIGEST = "sha256:461efc0e602f7aaa0dd2236135427a3ea6333275b442de9a2d8cd1276a0404b8"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -36,12 +36,12 @@ class GQAPlan(Plan):
     head_dim: int = 128
     elem_bytes: int = 2
     fwd_block_m: int = 128
-    fwd_block_n: int = 64
+    fwd_block_n: int = 128
     fwd_warps: int = 8
     fwd_stages: int = 3
     bwd_block_m: int = 64
-    bwd_block_n: int = 128
-    bwd_warps: int = 8
+    bwd_block_n: int = 64
+    bwd_warps: int = 4
     bwd_stages: int = 2
     dq_block_m: int = 128
     dq_block_n: int = 64
@@ -71,11 +71,8 @@ _PLANS: dict[tuple, GQAPlan] = {}
 
 def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> GQAPlan:
     """The plan for heads of dim ``head_dim`` in ``dtype`` on ``device`` (a rule of head
-    dim, element size and device, from a sweep on an H200 (docs/benchmarks/gqa.md):
-    forward, dQ and delta tiles as cake-gqa-det-train's rule; dK / dV programs as that
-    rule's dK / dV kernel (128 keys stepping 64 rows, 8 warps at D <= 128; 64 x 64, 8
-    warps, one stage at D = 256), one per query head instead of per KV head; fp32 on CUDA
-    as the det rule's fp32 tiles; 32 x 32 under the interpreter).
+    dim, element size and device: every tile as cake-gqa-det-train's rule picks it, the
+    dK / dV programs one per query head instead of one per KV head).
 
     Raises:
         ValueError: head_dim not in (64, 128, 256), a bad dtype or device.
@@ -92,19 +89,8 @@ def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQAPlan:
     from cake_gqa_det_train.plan import make_plan as det_rule
 
     f = det_rule(D, dtype, device)  # the forward and dQ are the det package's kernels
-    fwd = dict(elem_bytes=f.elem_bytes, fwd_block_m=f.fwd_block_m, fwd_block_n=f.fwd_block_n,
-               fwd_warps=f.fwd_warps,
-               fwd_stages=f.fwd_stages, delta_block_m=f.delta_block_m,
-               dq_block_m=f.dq_block_m, dq_block_n=f.dq_block_n, dq_warps=f.dq_warps,
-               dq_stages=f.dq_stages)
-    if device.type != "cuda":
-        return GQAPlan(head_dim=D, bwd_block_m=32, bwd_block_n=32, bwd_warps=4,
-                       bwd_stages=1, **fwd)
-    if dtype == torch.float32:  # as the det rule: twice the bytes a tile
-        return GQAPlan(head_dim=D, bwd_block_m=32, bwd_block_n=f.dkdv_block_n, bwd_warps=4,
-                       bwd_stages=1, **fwd)
-    if D == 256:
-        return GQAPlan(head_dim=D, bwd_block_m=64, bwd_block_n=64, bwd_warps=8,
-                       bwd_stages=1, **fwd)
-    return GQAPlan(head_dim=D, bwd_block_m=64, bwd_block_n=128, bwd_warps=8, bwd_stages=2,
-                   **fwd)
+    keep = ("elem_bytes", "fwd_block_m", "fwd_block_n", "fwd_warps", "fwd_stages",
+            "delta_block_m", "dq_block_m", "dq_block_n", "dq_warps", "dq_stages")
+    return GQAPlan(head_dim=D, bwd_block_m=f.dkdv_block_m, bwd_block_n=f.dkdv_block_n,
+                   bwd_warps=f.dkdv_warps, bwd_stages=f.dkdv_stages,
+                   **{n: getattr(f, n) for n in keep})

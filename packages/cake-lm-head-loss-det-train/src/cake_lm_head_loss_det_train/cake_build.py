@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8193256f19dff7d519bea6bd3c5b856411232c60095213ec12ee5ca7eaa08681"
+SOURCE_DIGEST = "sha256:de7cb8722fd8b999aa44d66dc48fef1f95437172282d4aade5b437369c90748c"
 # --- end of generated block ---
 
 MANIFEST = {

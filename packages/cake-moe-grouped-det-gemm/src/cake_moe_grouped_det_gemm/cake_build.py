@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2bbd75f809089eab80f4e71420b8a3f5f9d95bcbcc0b5103b515c6d34f39fe4b"
+SOURCE_DIGEST = "sha256:a976289106971730dc1bfe17d9cdf124f8a67ea569b4174bffdd069735c64e2f"
 # --- end of generated block ---
 
 MANIFEST = {

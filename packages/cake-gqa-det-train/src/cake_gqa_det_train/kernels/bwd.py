@@ -1,5 +1,6 @@
 """Backward kernels, with no atomics: every gradient element is summed by one program in a
 fixed order (FlashAttention-2's backward split in two passes, as its deterministic mode).
+Q, K, V and dO tiles come in through per-document TMA descriptors.
 
 * :func:`gqa_bwd_delta_kernel`: delta = rowsum(dO * O) per query row and head (fp32).
 * :func:`gqa_bwd_dkdv_kernel`: one program per (key block, KV head, document) sums dK and
@@ -20,6 +21,7 @@ from cake_gqa_det_train.kernels.common import (  # noqa: E402
     LOG2E,
     block_full,
     doc_bounds,
+    doc_desc,
     scores2,
     visible,
 )
@@ -50,11 +52,12 @@ def lse2_row(LSE, row_ptr_off, ok):
 
 
 @triton.jit
-def key_block(K, V, k0, hk, offs_n, offs_d, col_ok, skt, skh, svt, svh):
-    """The K and V tiles ``[BLOCK_N, D]`` of one key block of KV head ``hk``."""
-    rows = (k0 + offs_n)[:, None].to(tl.int64)
-    k = tl.load(K + rows * skt + hk * skh + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + rows * svt + hk * svh + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+def key_block(K, V, k0, len_k, skt, svt, n_start, hk, Hkv, BLOCK_N: tl.constexpr,
+              D: tl.constexpr):
+    """The K and V tiles ``[BLOCK_N, D]`` of the key block at ``n_start`` of KV head ``hk``
+    (rows past the document's end are zeros)."""
+    k = doc_desc(K, k0, len_k, skt, Hkv * D, BLOCK_N, D).load([n_start, hk * D])
+    v = doc_desc(V, k0, len_k, svt, Hkv * D, BLOCK_N, D).load([n_start, hk * D])
     return k, v
 
 
@@ -74,27 +77,26 @@ def query_range(n_start, len_q, shift, left, right, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def dkdv_one_head(dk, dv, k, v, Q, DO, LSE, DELTA, h, q0, lo, hi, n_start, offs_n, offs_d,
+def dkdv_one_head(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, h, q0, lo, hi, n_start, offs_n,
                   len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
-                  sqt, sqh, sdot, sdoh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
     """``(dk, dv)`` plus query head ``h``'s share of one key block's dK (unscaled) and dV:
-    the query blocks of [lo, hi) in order. Rows past the document's end load zeros and add
-    nothing."""
+    the query blocks of [lo, hi) in order, Q and dO tiles from the document's descriptors.
+    Rows past the document's end load zeros and add nothing."""
     offs_m0 = tl.arange(0, BLOCK_M)
+    h64 = h.to(tl.int64)  # h * n_tok_q in int64
     for m_start in range(lo, hi, BLOCK_M):
         offs_m = m_start + offs_m0
         row_ok = offs_m < len_q
         rows = (q0 + offs_m).to(tl.int64)
-        qt = tl.load(Q + rows[None, :] * sqt + h * sqh + offs_d[:, None],
-                     mask=row_ok[None, :], other=0.0)
-        do = tl.load(DO + rows[:, None] * sdot + h * sdoh + offs_d[None, :],
-                     mask=row_ok[:, None], other=0.0)
-        lse2 = lse2_row(LSE, h * n_tok_q + rows, row_ok)
-        delta = tl.load(DELTA + h * n_tok_q + rows, mask=row_ok, other=0.0)
+        q = q_desc.load([m_start, h * D])
+        do = do_desc.load([m_start, h * D])
+        lse2 = lse2_row(LSE, h64 * n_tok_q + rows, row_ok)
+        delta = tl.load(DELTA + h64 * n_tok_q + rows, mask=row_ok, other=0.0)
         # transposed scores [BLOCK_N, BLOCK_M]
         qkt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        qkt = dot(k, qt, qkt)
+        qkt = dot(k, tl.trans(q), qkt)
         st, tt = scores2(qkt, scale, softcap, SOFTCAP)
         pt = tl.exp2(st - lse2[None, :])
         if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
@@ -108,7 +110,7 @@ def dkdv_one_head(dk, dv, k, v, Q, DO, LSE, DELTA, h, q0, lo, hi, n_start, offs_
         dst = pt * (dpt - delta[None, :])
         if SOFTCAP:
             dst = dst * (1.0 - tt * tt)
-        dk = dot(dst.to(qt.dtype), tl.trans(qt), dk)
+        dk = dot(dst.to(q.dtype), q, dk)
     return dk, dv
 
 
@@ -116,7 +118,7 @@ def dkdv_one_head(dk, dv, k, v, Q, DO, LSE, DELTA, h, q0, lo, hi, n_start, offs_
 def gqa_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
     seq_q, seq_k, n_tok_q, scale, softcap, left, right,
-    sqt, sqh, skt, skh, svt, svh, sdot, sdoh, sdkt, sdkh, sdvt, sdvh,
+    sqt, skt, svt, sdot, Hq, Hkv, sdkt, sdkh, sdvt, sdvh,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -124,7 +126,7 @@ def gqa_bwd_dkdv_kernel(
     """dK, dV of one key block of one KV head: sum over its GROUP query heads (head order),
     then over query blocks (block order). Written in K's / V's dtype."""
     pid_n = tl.program_id(0)
-    hk = tl.program_id(1).to(tl.int64)  # hk * stride in int64
+    hk = tl.program_id(1)
     doc = tl.program_id(2)
     q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
     k0, len_k = doc_bounds(CU_K, doc, seq_k, VARLEN)
@@ -135,20 +137,23 @@ def gqa_bwd_dkdv_kernel(
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     col_ok = offs_n < len_k
-    k, v = key_block(K, V, k0, hk, offs_n, offs_d, col_ok, skt, skh, svt, svh)
+    k, v = key_block(K, V, k0, len_k, skt, svt, n_start, hk, Hkv, BLOCK_N, D)
+    q_desc = doc_desc(Q, q0, len_q, sqt, Hq * D, BLOCK_M, D)
+    do_desc = doc_desc(DO, q0, len_q, sdot, Hq * D, BLOCK_M, D)
     lo, hi = query_range(n_start, len_q, shift, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
                          HAS_RIGHT)
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
     for g in range(GROUP):
-        dk, dv = dkdv_one_head(dk, dv, k, v, Q, DO, LSE, DELTA, hk * GROUP + g, q0, lo, hi,
-                               n_start, offs_n, offs_d, len_q, len_k, shift, n_tok_q, scale,
-                               softcap, left, right, sqt, sqh, sdot, sdoh, BLOCK_M, BLOCK_N,
-                               HAS_LEFT, HAS_RIGHT, SOFTCAP)
+        dk, dv = dkdv_one_head(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, hk * GROUP + g, q0,
+                               lo, hi, n_start, offs_n, len_q, len_k, shift, n_tok_q, scale,
+                               softcap, left, right, BLOCK_M, BLOCK_N, D, HAS_LEFT,
+                               HAS_RIGHT, SOFTCAP)
     rows_k = (k0 + offs_n)[:, None].to(tl.int64)
-    tl.store(DK + rows_k * sdkt + hk * sdkh + offs_d[None, :],
+    hk64 = hk.to(tl.int64)  # hk * stride in int64
+    tl.store(DK + rows_k * sdkt + hk64 * sdkh + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + rows_k * sdvt + hk * sdvh + offs_d[None, :],
+    tl.store(DV + rows_k * sdvt + hk64 * sdvh + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
@@ -156,7 +161,7 @@ def gqa_bwd_dkdv_kernel(
 def gqa_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
     seq_q, seq_k, n_tok_q, scale, softcap, left, right,
-    sqt, sqh, skt, skh, svt, svh, sdot, sdoh, sdqt, sdqh,
+    sqt, skt, svt, sdot, Hq, Hkv, sdqt, sdqh,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -165,7 +170,7 @@ def gqa_bwd_dq_kernel(
     block order. Written in Q's dtype."""
     # the last query blocks first: under a causal mask they have the most keys
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)  # h * stride in int64: head-major packed input
+    h = tl.program_id(1)
     doc = tl.program_id(2)
     q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
     k0, len_k = doc_bounds(CU_K, doc, seq_k, VARLEN)
@@ -174,17 +179,18 @@ def gqa_bwd_dq_kernel(
         return
     hk = h // GROUP
     shift = len_k - len_q
+    k_desc = doc_desc(K, k0, len_k, skt, Hkv * D, BLOCK_N, D)
+    v_desc = doc_desc(V, k0, len_k, svt, Hkv * D, BLOCK_N, D)
     offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     offs_n0 = tl.arange(0, BLOCK_N)
     row_ok = offs_m < len_q
     rows = (q0 + offs_m).to(tl.int64)
-    q = tl.load(Q + rows[:, None] * sqt + h * sqh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + rows[:, None] * sdot + h * sdoh + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
-    lse2 = lse2_row(LSE, h.to(tl.int64) * n_tok_q + rows, row_ok)
-    delta = tl.load(DELTA + h.to(tl.int64) * n_tok_q + rows, mask=row_ok, other=0.0)
+    h64 = h.to(tl.int64)  # h * stride in int64
+    q = doc_desc(Q, q0, len_q, sqt, Hq * D, BLOCK_M, D).load([m_start, h * D])
+    do = doc_desc(DO, q0, len_q, sdot, Hq * D, BLOCK_M, D).load([m_start, h * D])
+    lse2 = lse2_row(LSE, h64 * n_tok_q + rows, row_ok)
+    delta = tl.load(DELTA + h64 * n_tok_q + rows, mask=row_ok, other=0.0)
     hi = len_k
     if HAS_RIGHT:
         hi = tl.minimum(hi, m_start + BLOCK_M + shift + right)
@@ -195,14 +201,10 @@ def gqa_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, D], tl.float32)
     for n_start in range(lo, hi, BLOCK_N):
         offs_n = n_start + offs_n0
-        col_ok = offs_n < len_k
-        cols = (k0 + offs_n).to(tl.int64)
-        kt = tl.load(K + cols[None, :] * skt + hk * skh + offs_d[:, None],
-                     mask=col_ok[None, :], other=0.0)
-        vt = tl.load(V + cols[None, :] * svt + hk * svh + offs_d[:, None],
-                     mask=col_ok[None, :], other=0.0)
+        k = k_desc.load([n_start, hk * D])
+        v = v_desc.load([n_start, hk * D])
         qk = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        qk = dot(q, kt, qk)
+        qk = dot(q, tl.trans(k), qk)
         s, t = scores2(qk, scale, softcap, SOFTCAP)
         p = tl.exp2(s - lse2[:, None])
         if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
@@ -211,10 +213,10 @@ def gqa_bwd_dq_kernel(
                          HAS_RIGHT)
             p = tl.where(ok, p, 0.0)
         dp = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        dp = dot(do, vt, dp)
+        dp = dot(do, tl.trans(v), dp)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq = dot(ds.to(kt.dtype), tl.trans(kt), dq)
-    tl.store(DQ + rows[:, None] * sdqt + h * sdqh + offs_d[None, :],
+        dq = dot(ds.to(k.dtype), k, dq)
+    tl.store(DQ + rows[:, None] * sdqt + h64 * sdqh + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])

@@ -1,5 +1,5 @@
-"""Jitted helpers the forward and backward kernels share: a document's bounds, the mask,
-the (optionally soft-capped) scores in the log2 domain."""
+"""Jitted helpers the forward and backward kernels share: a document's bounds and its TMA
+descriptors, the mask, the (optionally soft-capped) scores in the log2 domain."""
 
 from cake_core.triton_utils import select_backend
 
@@ -21,6 +21,17 @@ def doc_bounds(cu_ptr, doc, fixed_len, VARLEN: tl.constexpr):
         return start, end - start
     else:
         return doc * fixed_len, fixed_len + 0 * doc
+
+
+@triton.jit
+def doc_desc(X, start, length, row_stride, n_cols, BLOCK: tl.constexpr, D: tl.constexpr):
+    """A TMA descriptor of one document's rows of ``X`` seen as ``[T, H * D]`` (``n_cols``
+    = H * D, columns contiguous): ``BLOCK`` x ``D`` tiles at (row in the document, head *
+    D); rows past the document's end read zeros. A document of no rows gets a one-row
+    descriptor that nothing loads from."""
+    return tl.make_tensor_descriptor(X + start.to(tl.int64) * row_stride,
+                                     shape=[tl.maximum(length, 1), n_cols],
+                                     strides=[row_stride, 1], block_shape=[BLOCK, D])
 
 
 @triton.jit

@@ -11,14 +11,14 @@ select_backend()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from cake_gqa_det_train.kernels.bwd import dkdv_one_head, key_block, query_range  # noqa: E402
-from cake_gqa_det_train.kernels.common import doc_bounds  # noqa: E402
+from cake_gqa_det_train.kernels.common import doc_bounds, doc_desc  # noqa: E402
 
 
 @triton.jit
 def gqa_bwd_dkdv_atomic_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K,
     seq_q, seq_k, n_tok_q, scale, softcap, left, right,
-    sqt, sqh, skt, skh, svt, svh, sdot, sdoh, sdkt, sdkh, sdvt, sdvh,
+    sqt, skt, svt, sdot, Hq, Hkv, sdkt, sdkh, sdvt, sdvh,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -26,7 +26,7 @@ def gqa_bwd_dkdv_atomic_kernel(
     """One query head's share of dK, dV of one key block: stored in K's / V's dtype when
     GROUP = 1, else added (fp32, dK unscaled) into DK / DV ``[Tk, Hkv, D]`` contiguous."""
     pid_n = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)  # h * stride in int64: head-major packed input
+    h = tl.program_id(1)
     hk = h // GROUP
     doc = tl.program_id(2)
     q0, len_q = doc_bounds(CU_Q, doc, seq_q, VARLEN)
@@ -38,16 +38,18 @@ def gqa_bwd_dkdv_atomic_kernel(
     offs_n = n_start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     col_ok = offs_n < len_k
-    k, v = key_block(K, V, k0, hk, offs_n, offs_d, col_ok, skt, skh, svt, svh)
+    k, v = key_block(K, V, k0, len_k, skt, svt, n_start, hk, Hkv, BLOCK_N, D)
+    q_desc = doc_desc(Q, q0, len_q, sqt, Hq * D, BLOCK_M, D)
+    do_desc = doc_desc(DO, q0, len_q, sdot, Hq * D, BLOCK_M, D)
     lo, hi = query_range(n_start, len_q, shift, left, right, BLOCK_M, BLOCK_N, HAS_LEFT,
                          HAS_RIGHT)
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
-    dk, dv = dkdv_one_head(dk, dv, k, v, Q, DO, LSE, DELTA, h, q0, lo, hi, n_start, offs_n,
-                           offs_d, len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
-                           sqt, sqh, sdot, sdoh, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
-                           SOFTCAP)
+    dk, dv = dkdv_one_head(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, h, q0, lo, hi, n_start,
+                           offs_n, len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
+                           BLOCK_M, BLOCK_N, D, HAS_LEFT, HAS_RIGHT, SOFTCAP)
     rows_k = (k0 + offs_n)[:, None].to(tl.int64)
+    hk = hk.to(tl.int64)  # hk * stride in int64
     if GROUP == 1:
         tl.store(DK + rows_k * sdkt + hk * sdkh + offs_d[None, :],
                  (dk * scale).to(DK.dtype.element_ty), mask=col_ok[:, None])
