@@ -1,87 +1,100 @@
-"""Per-kernel times of the GQA backward at the benchmark shapes, and candidate tiles for
-each kernel alone (dev tooling). Prints ms per launch (do_bench medians).
+"""Per-kernel times of the GQA forward and backward at the benchmark shapes, for candidate
+tiles of each kernel alone (dev tooling; the search space of the plan rules). Prints ms per
+launch (do_bench medians), registers and spills.
 
-    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python shared/gpu/gqa_kernels.py
+    PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python shared/gpu/gqa_kernels.py [a b c]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import cake_gqa_det_train.launch as L
 import torch
-from cake_core.triton_utils import cdiv
+from cake_core.triton_utils import cdiv, ensure_scratch_allocator
 from cake_gqa_det_train import gqa_det_fwd, make_plan
 from cake_gqa_det_train.kernels.bwd import gqa_bwd_dkdv_kernel, gqa_bwd_dq_kernel
+from cake_gqa_det_train.kernels.fwd import gqa_fwd_kernel
 from triton.testing import do_bench
 
 DEV = torch.device("cuda")
-SHAPES = [(4, 4096, 16, 2, 256), (4, 4096, 32, 8, 128), (1, 32768, 16, 16, 128)]
+SHAPES = {"a": (4, 4096, 16, 2, 256), "b": (4, 4096, 32, 8, 128),
+          "c": (1, 32768, 16, 16, 128)}
+# fwd: (block_m, block_n, warps, stages); dkdv: (block_m rows per step, block_n keys per
+# program, ...); dq: (block_m rows per program, block_n keys per step, ...)
 CANDS = {
-    256: {"dkdv": [(64, 64, 8, 2), (64, 64, 8, 1), (32, 64, 8, 2), (64, 32, 4, 2),
-                   (64, 64, 4, 2), (128, 64, 8, 1)],
-          "dq": [(128, 32, 8, 2), (128, 32, 8, 1), (64, 32, 4, 2), (64, 64, 8, 1),
-                 (128, 16, 8, 2), (64, 32, 8, 2)]},
-    128: {"dkdv": [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 8, 2),
-                   (32, 128, 8, 2), (64, 32, 4, 2), (128, 64, 8, 2), (64, 64, 8, 3)],
-          "dq": [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 2),
-                 (64, 32, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)]},
+    256: {"fwd": [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3)],
+          "dkdv": [(64, 64, 8, 2), (64, 64, 8, 1), (32, 64, 8, 3), (64, 32, 4, 2)],
+          "dq": [(128, 32, 8, 3), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2)]},
+    128: {"fwd": [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3)],
+          "dkdv": [(64, 64, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)],
+          "dq": [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3)]},
 }
 
 
-def main():
+def _regs(ck):
+    try:
+        return int(ck.n_regs), int(ck.n_spills)
+    except Exception:  # noqa: BLE001
+        return None, None
+
+
+def main(names):
+    ensure_scratch_allocator()
     res = []
-    for B, S, Hq, Hkv, D in SHAPES:
+    for name in names:
+        B, S, Hq, Hkv, D = SHAPES[name]
         g = torch.Generator().manual_seed(0)
-        q = torch.randn(B * S, Hq, D, generator=g).to(DEV, torch.bfloat16)
-        k = torch.randn(B * S, Hkv, D, generator=g).to(DEV, torch.bfloat16)
-        v = torch.randn(B * S, Hkv, D, generator=g).to(DEV, torch.bfloat16)
-        do = torch.randn(B * S, Hq, D, generator=g).to(DEV, torch.bfloat16)
+        q, k, v, do = (torch.randn(B * S, h, D, generator=g).to(DEV, torch.bfloat16)
+                       for h in (Hq, Hkv, Hkv, Hq))
         cu = torch.arange(B + 1, device=DEV, dtype=torch.int32) * S
         plan = make_plan(D, torch.bfloat16, DEV)
         out, lse, saved = gqa_det_fwd(q, k, v, cu, cu, max_seqlen_q=S, max_seqlen_k=S)
         ints = saved.meta["ints"]
-        seq_q, seq_k, n_docs, max_q, max_k, left, right = ints
+        _, _, n_docs, max_q, max_k, _, _ = ints
         scale = saved.meta["scale"]
         delta = torch.empty(Hq * B * S, device=DEV)
-        fwd_ms = do_bench(lambda: L.launch_fwd(q, k, v, cu, cu, ints, scale, 0.0,
-                                               plan.fwd_block_m, plan.fwd_block_n,
-                                               plan.fwd_warps, plan.fwd_stages))
-        delta_ms = do_bench(lambda: L.launch_delta(out, do, delta, plan.delta_block_m))
-        row = {"shape": (B, S, Hq, Hkv, D), "fwd": fwd_ms, "delta": delta_ms}
-        print(row, flush=True)
-        dq = torch.empty_like(q)
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        common = (seq_q, seq_k, B * S, scale, 0.0, left, right, q.stride(0), q.stride(1),
-                  k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0),
-                  do.stride(1))
+        row = {"shape": SHAPES[name],
+               "delta": do_bench(lambda: L.launch_delta(out, do, delta, plan.delta_block_m))}
+        L.launch_delta(out, do, delta, plan.delta_block_m)
+        common = L.bwd_common(q, k, v, do, ints, scale, 0.0)
         flags = dict(VARLEN=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False)
-        for kind in ("dkdv", "dq"):
+        o, dq = torch.empty_like(q), torch.empty_like(q)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        for kind in ("fwd", "dkdv", "dq"):
             for bm, bn, w, st in CANDS[D][kind]:
-                if kind == "dkdv":
+                if kind == "fwd":
                     def f():
-                        gqa_bwd_dkdv_kernel[(cdiv(max_k, bn), Hkv, n_docs)](
+                        return gqa_fwd_kernel[(cdiv(max_q, bm), Hq, n_docs)](
+                            q, k, v, o, lse, cu, cu, *common[:7], *common[7:10],
+                            o.stride(0), o.stride(1), Hq, Hkv, GROUP=Hq // Hkv, D=D,
+                            BLOCK_M=bm, BLOCK_N=bn, **flags, num_warps=w, num_stages=st)
+                elif kind == "dkdv":
+                    def f():
+                        return gqa_bwd_dkdv_kernel[(cdiv(max_k, bn), Hkv, n_docs)](
                             q, k, v, do, lse, delta, dk, dv, cu, cu, *common,
                             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
                             GROUP=Hq // Hkv, D=D, BLOCK_M=bm, BLOCK_N=bn, **flags,
                             num_warps=w, num_stages=st)
                 else:
                     def f():
-                        gqa_bwd_dq_kernel[(cdiv(max_q, bm), Hq, n_docs)](
+                        return gqa_bwd_dq_kernel[(cdiv(max_q, bm), Hq, n_docs)](
                             q, k, v, do, lse, delta, dq, cu, cu, *common, dq.stride(0),
                             dq.stride(1), GROUP=Hq // Hkv, D=D, BLOCK_M=bm, BLOCK_N=bn,
                             **flags, num_warps=w, num_stages=st)
+                key = f"{kind} {bm}x{bn} w{w} s{st}"
                 try:
-                    ms = do_bench(f)
+                    ck = f()
+                    row[key] = {"ms": do_bench(f), "regs": _regs(ck)}
                 except Exception as e:  # noqa: BLE001
-                    ms = repr(e)[:80]
-                row[f"{kind} {bm}x{bn} w{w} s{st}"] = ms
-                print(row["shape"], kind, (bm, bn, w, st), ms, flush=True)
+                    row[key] = repr(e)[:120]
+                print(name, key, row[key], flush=True)
         res.append(row)
     with open(os.path.join(os.environ.get("OUT", "."), "gqa_kernels.json"), "w") as fh:
         json.dump(res, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ["a", "b", "c"])
