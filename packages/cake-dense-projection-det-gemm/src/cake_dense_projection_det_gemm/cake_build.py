@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6346d94268070ced8865f9106f457bde7b933e3d04a3b55dee0862133119b018"
+SOURCE_DIGEST = "sha256:ae5bf7ad49ee66ca6891b5d18eda5a6de218ce4f5bd2ca29ec026ef103713b95"
 # --- end of generated block ---
 
 MANIFEST = {

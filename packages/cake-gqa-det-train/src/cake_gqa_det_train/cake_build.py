@@ -47,7 +47,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:49f8b0437288bae39ab4198e9f6ecf13931b15527f5bd570e78caed1186bf8a2"
+SOURCE_DIGEST = "sha256:4c5a16a5ce0c55ccc239b46b0b693178ba7a357bc86e3c08b7a8aa59492f0e93"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -38,7 +38,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d7cb08597ba7cc20131413195c139722bc67bb91ce98fa01244e5442b47ddf6e"
+SOURCE_DIGEST = "sha256:d866020f95e07f413f0eb2a3f23ba4ffc603a6d05b16b2409db36958804f616e"
 # --- end of generated block ---
 
 MANIFEST = {

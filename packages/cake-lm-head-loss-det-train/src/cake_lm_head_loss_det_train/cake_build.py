@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8193256f19dff7d519bea6bd3c5b856411232c60095213ec12ee5ca7eaa08681"
+SOURCE_DIGEST = "sha256:c142a74de4aff095a6d2a890d05c623cf7e2930a1fdd08a2d5b93976bab2fa6a"
 # --- end of generated block ---
 
 MANIFEST = {

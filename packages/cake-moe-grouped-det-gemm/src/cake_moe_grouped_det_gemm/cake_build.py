@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2bbd75f809089eab80f4e71420b8a3f5f9d95bcbcc0b5103b515c6d34f39fe4b"
+SOURCE_DIGEST = "sha256:40fb46d85fad0b1a52cc932654cf0e351ef31dff4f586ba1f48a0fa37d671a49"
 # --- end of generated block ---
 
 MANIFEST = {
