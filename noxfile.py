@@ -19,16 +19,22 @@ Where the Python running nox holds BASE (torch, Triton, numpy, pytest, pytest-xd
 hatchling at admitted versions, as .ci/run installs them first, the family, integration and
 demo envs see them through `--system-site-packages` and install only their cake packages
 (an env that sees any other installed cake distribution fails; pytest loads only xdist,
-no auto-loaded plugins); else each env holds its
-own torch and Triton (about 1.6 GB). A session deletes its env when it ends, so
+no auto-loaded plugins); else each env holds its own torch and Triton (about 1.6 GB).
+Torch is then the CPU build from PyTorch's CPU index (https://download.pytorch.org/whl/cpu),
+here and in the release check's clean install, unless pip is configured with sources of its
+own (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX or pip.conf: local
+wheels, a mirror), which then serve it. A session deletes its env when it ends, so
 `nox -s tests` needs disk for one env at a time, not ten (a CI machine ran out of disk
 otherwise). Set CAKE_NOX_KEEP_ENVS=1 to keep them (with `-r`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -83,6 +89,38 @@ PACKAGES = {**FAMILIES, **LEGACY}
 #: (a GPU machine keeps its own), the Triton the GPU has, and an interpreter-safe numpy.
 BASE = ["torch==2.13.0", "triton==3.6.0", "numpy>=1.24,<2.4", "pytest>=7",
         "pytest-xdist>=3.2"]
+
+
+#: where an env that installs its own torch takes it when pip is given no source besides
+#: PyPI: PyTorch's CPU wheel index (pytorch.org's install command for CPU-only Linux), whose
+#: torch is the CPU build; PyPI's Linux torch is the CUDA build (several GB of NVIDIA
+#: libraries this CPU-only use never loads)
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+#: pip options that name where packages come from (an index, local wheels, or none)
+_PIP_SOURCES = ("index-url", "extra-index-url", "find-links", "no-index")
+
+
+@functools.cache
+def _pip_has_sources() -> bool:
+    """Whether pip is configured with a source besides PyPI (``PIP_INDEX_URL``,
+    ``PIP_EXTRA_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX`` or the same options in
+    pip's config files, as ``pip config list`` shows them): then torch comes from there
+    (a machine with local wheels, a mirror) and nox adds no index of its own."""
+    if any(os.environ.get("PIP_" + k.upper().replace("-", "_")) for k in _PIP_SOURCES):
+        return True
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                             capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(ln.split("=", 1)[0].rsplit(".", 1)[-1] in _PIP_SOURCES
+               for ln in out.splitlines() if "=" in ln)
+
+
+def _torch_index() -> str | None:
+    """:data:`TORCH_CPU_INDEX`, unless pip is configured with sources of its own."""
+    return None if _pip_has_sources() else TORCH_CPU_INDEX
 
 
 #: what the manifest check and the release builds need (no torch, no Triton)
@@ -186,8 +224,15 @@ def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True
     pytest process imports torch once (the legacy-name sessions), not where many do.
     The local packages build with the env's hatchling (every package's only build
     requirement) instead of one isolated build env each: 7.4 -> 3.5 s for three packages
-    on the 2-core machine, hatchling's install included."""
-    session.install(*BASE, BUILD_TOOLS[0], *([] if compile_pyc else ["--no-compile"]))
+    on the 2-core machine, hatchling's install included. An env that installs its own torch
+    (no ``--system-site-packages``) takes it first from :func:`_torch_index` alone, as
+    pytorch.org's CPU-only install command does (``--index-url``); BASE then finds it
+    installed."""
+    no_pyc = [] if compile_pyc else ["--no-compile"]
+    torch_pin = next(b for b in BASE if b.startswith("torch=="))
+    if not VENV_PARAMS and _torch_index():  # its own torch: the CPU build, as pytorch.org says
+        session.install("--index-url", _torch_index(), torch_pin, *no_pyc)
+    session.install(*BASE, BUILD_TOOLS[0], *no_pyc)
     paths: list[str] = []
     for d in dists:
         for p in _local_closure(d):
@@ -270,7 +315,8 @@ def release(session: nox.Session, family: str) -> None:
         session.install(*BUILD_TOOLS[:3])
         pins = Path(session.virtualenv.location) / "constraints.txt"
         pins.write_text("\n".join(b for b in BASE if not b.startswith("pytest")) + "\n")
-        session.run("python", "shared/release.py", dist, "--constraint", str(pins),
+        index = ["--torch-index", _torch_index()] if _torch_index() else []
+        session.run("python", "shared/release.py", dist, "--constraint", str(pins), *index,
                     *session.posargs)
 
 
