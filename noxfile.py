@@ -251,7 +251,7 @@ def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True
 @nox.session(venv_params=VENV_PARAMS)
 @nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
 def family(session: nox.Session, family: str) -> None:
-    """One package's tests (family or legacy name) alone with its dependencies."""
+    """One family's or legacy name's tests, in an env with only it and its dependencies."""
     dist = PACKAGES[family]
     with _env_dropped_after(session):
         _install(session, [dist], compile_pyc=family not in LEGACY)
@@ -264,7 +264,7 @@ def family(session: nox.Session, family: str) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def integration(session: nox.Session) -> None:
-    """tests-integration/, with every package installed."""
+    """tests-integration/, in one env with every package installed."""
     with _env_dropped_after(session):
         _install(session, list(FAMILIES.values()))
         workers = _workers()
@@ -274,10 +274,8 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every family and legacy-name session, the integration tests, the manifests and a
-    cake-core release dry run.
-
-    The release dry run takes cake-core: its clean install needs no other cake wheel."""
+    """Every family(<id>) session (legacy names too), integration, manifests, release(core)."""
+    # the release dry run takes cake-core: its clean install needs no other cake wheel
     for fid in PACKAGES:
         session.notify(f"family({fid})")
     session.notify("integration")
@@ -288,12 +286,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def manifests(session: nox.Session) -> None:
-    """Build every package (sdist, wheel from it) and check its build manifest.
-
-    shared/check_cake_build_manifests.py: zero findings or the session fails; then the
-    checker's own tests (shared/tests: planted findings, release tag rules).
-    Regenerate stale manifests with ``python3 shared/check_cake_build_manifests.py
-    --write``."""
+    """Build every package (sdist, wheel of it), check its manifest, then run shared/tests."""
+    # shared/check_cake_build_manifests.py: zero findings or the session fails; then the
+    # checker's own tests (shared/tests: planted findings, release tag rules, the CI base,
+    # dependency ranges). Regenerate stale manifests with
+    # ``python3 shared/check_cake_build_manifests.py --write``.
     session.install(*BUILD_TOOLS)
     session.run("python", "shared/check_cake_build_manifests.py", *session.posargs)
     session.run("pytest", "-q", "-p", "no:cacheprovider", "shared/tests")
@@ -302,14 +299,12 @@ def manifests(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
 def release(session: nox.Session, family: str) -> None:
-    """Release checks of one family: build, version == the tag's, clean install, import.
-
-    docs/releasing.md. Manifest check and build of the family and its local cake-*
-    dependencies, built version == the tag's (``-- --tag
-    <dist>-v<version>``, ``$CAKE_RELEASE_TAG`` or the tag at HEAD; a dry run against the
-    version file without one), then install in a fresh venv with only its declared
-    dependencies (torch / Triton held to the BASE pins) and import it. Artifacts:
-    dist/release/<dist>/."""
+    """One family's release checks: build, version == the tag's, clean install and import."""
+    # docs/releasing.md. Manifest check and build of the family and its local cake-*
+    # dependencies, built version == the tag's (``-- --tag <dist>-v<version>``,
+    # ``$CAKE_RELEASE_TAG`` or the tag at HEAD; a dry run against the version file without
+    # one), then install in a fresh venv with only its declared dependencies (torch / Triton
+    # held to the BASE pins) and import it. Artifacts: dist/release/<dist>/.
     dist = PACKAGES[family]
     with _env_dropped_after(session):
         session.install(*BUILD_TOOLS[:3])
@@ -322,7 +317,7 @@ def release(session: nox.Session, family: str) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def demo(session: nox.Session) -> None:
-    """The main job on its embedded defaults."""
+    """The main job, cake-tinylm train, on its embedded defaults (its options after --)."""
     with _env_dropped_after(session):
         _install(session, ["cake-tinylm"])
         session.run("cake-tinylm", "train", *session.posargs)
@@ -330,19 +325,20 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def names_doc(session: nox.Session) -> None:
-    """Write docs/training_backend_names.md from the name registry (cake_core.names);
-    `-- --check` only reports a stale doc. Standard library only: no env, no torch."""
+    """Write docs/training_backend_names.md from cake_core.names (-- --check: report only)."""
+    # standard library only: no env, no torch
     session.run("python3", "shared/names_doc.py", *session.posargs, external=True)
 
 
 @nox.session(venv_backend="none")
 def legacy_packages(session: nox.Session) -> None:
-    """Write the legacy distributions from the registry (`-- cake-mhc-train` for one,
-    `-- --check` to report stale files). Standard library only."""
+    """Write the legacy distributions from cake_core.names (-- <dist>: one; -- --check)."""
+    # `-- cake-mhc-train` writes one; `-- --check` reports stale files. Standard library only.
     session.run("python3", "shared/legacy_packages.py", *session.posargs, external=True)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff check of the whole repository (pyproject.toml's rules)."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
