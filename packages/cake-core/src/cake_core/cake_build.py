@@ -39,7 +39,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f70e72dec63c1dc04ad0e987aa5a10a746bf369c2736d1b1bf625ae4436aa5c0"
+SOURCE_DIGEST = "sha256:e2b280364de79205ae03096bc64e842f954ed2d6c7b4013542c89795a495abf4"
 # --- end of generated block ---
 
 MANIFEST = {

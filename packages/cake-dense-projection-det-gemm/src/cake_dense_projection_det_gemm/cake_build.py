@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ae5bf7ad49ee66ca6891b5d18eda5a6de218ce4f5bd2ca29ec026ef103713b95"
+SOURCE_DIGEST = "sha256:b2c6e7833b79c5d02807de0572af5455bcea15e00b2d37fdd00960fb1966e9ec"
 # --- end of generated block ---
 
 MANIFEST = {

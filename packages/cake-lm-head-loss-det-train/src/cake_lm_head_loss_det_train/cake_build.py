@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c142a74de4aff095a6d2a890d05c623cf7e2930a1fdd08a2d5b93976bab2fa6a"
+SOURCE_DIGEST = "sha256:3297bf10e4a875e1dfdfb312b97005457decafa527732b9330c8da74509ede83"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:40fb46d85fad0b1a52cc932654cf0e351ef31dff4f586ba1f48a0fa37d671a49"
+SOURCE_DIGEST = "sha256:c9cc99ce79f143a4fe2bbf7d7aebf8679f01f3baed45e6282d7c8237ab48231b"
 # --- end of generated block ---
 
 MANIFEST = {
