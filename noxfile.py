@@ -19,16 +19,22 @@ Where the Python running nox holds BASE (torch, Triton, numpy, pytest, pytest-xd
 hatchling at admitted versions, as .ci/run installs them first, the family, integration and
 demo envs see them through `--system-site-packages` and install only their cake packages
 (an env that sees any other installed cake distribution fails; pytest loads only xdist,
-no auto-loaded plugins); else each env holds its
-own torch and Triton (about 1.6 GB). A session deletes its env when it ends, so
+no auto-loaded plugins); else each env holds its own torch and Triton (about 1.6 GB).
+Torch is then the CPU build from PyTorch's CPU index (https://download.pytorch.org/whl/cpu),
+here and in the release check's clean install, unless pip is configured with sources of its
+own (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_NO_INDEX or pip.conf: local
+wheels, a mirror), which then serve it. A session deletes its env when it ends, so
 `nox -s tests` needs disk for one env at a time, not ten (a CI machine ran out of disk
 otherwise). Set CAKE_NOX_KEEP_ENVS=1 to keep them (with `-r`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -83,6 +89,38 @@ PACKAGES = {**FAMILIES, **LEGACY}
 #: (a GPU machine keeps its own), the Triton the GPU has, and an interpreter-safe numpy.
 BASE = ["torch==2.13.0", "triton==3.6.0", "numpy>=1.24,<2.4", "pytest>=7",
         "pytest-xdist>=3.2"]
+
+
+#: where an env that installs its own torch takes it when pip is given no source besides
+#: PyPI: PyTorch's CPU wheel index (pytorch.org's install command for CPU-only Linux), whose
+#: torch is the CPU build; PyPI's Linux torch is the CUDA build (several GB of NVIDIA
+#: libraries this CPU-only use never loads)
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+#: pip options that name where packages come from (an index, local wheels, or none)
+_PIP_SOURCES = ("index-url", "extra-index-url", "find-links", "no-index")
+
+
+@functools.cache
+def _pip_has_sources() -> bool:
+    """Whether pip is configured with a source besides PyPI (``PIP_INDEX_URL``,
+    ``PIP_EXTRA_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX`` or the same options in
+    pip's config files, as ``pip config list`` shows them): then torch comes from there
+    (a machine with local wheels, a mirror) and nox adds no index of its own."""
+    if any(os.environ.get("PIP_" + k.upper().replace("-", "_")) for k in _PIP_SOURCES):
+        return True
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
+                             capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(ln.split("=", 1)[0].rsplit(".", 1)[-1] in _PIP_SOURCES
+               for ln in out.splitlines() if "=" in ln)
+
+
+def _torch_index() -> str | None:
+    """:data:`TORCH_CPU_INDEX`, unless pip is configured with sources of its own."""
+    return None if _pip_has_sources() else TORCH_CPU_INDEX
 
 
 #: what the manifest check and the release builds need (no torch, no Triton)
@@ -186,8 +224,15 @@ def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True
     pytest process imports torch once (the legacy-name sessions), not where many do.
     The local packages build with the env's hatchling (every package's only build
     requirement) instead of one isolated build env each: 7.4 -> 3.5 s for three packages
-    on the 2-core machine, hatchling's install included."""
-    session.install(*BASE, BUILD_TOOLS[0], *([] if compile_pyc else ["--no-compile"]))
+    on the 2-core machine, hatchling's install included. An env that installs its own torch
+    (no ``--system-site-packages``) takes it first from :func:`_torch_index` alone, as
+    pytorch.org's CPU-only install command does (``--index-url``); BASE then finds it
+    installed."""
+    no_pyc = [] if compile_pyc else ["--no-compile"]
+    torch_pin = next(b for b in BASE if b.startswith("torch=="))
+    if not VENV_PARAMS and _torch_index():  # its own torch: the CPU build, as pytorch.org says
+        session.install("--index-url", _torch_index(), torch_pin, *no_pyc)
+    session.install(*BASE, BUILD_TOOLS[0], *no_pyc)
     paths: list[str] = []
     for d in dists:
         for p in _local_closure(d):
@@ -206,7 +251,7 @@ def _install(session: nox.Session, dists: list[str], *, compile_pyc: bool = True
 @nox.session(venv_params=VENV_PARAMS)
 @nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
 def family(session: nox.Session, family: str) -> None:
-    """One package's tests (family or legacy name) alone with its dependencies."""
+    """One family's or legacy name's tests, in an env with only it and its dependencies."""
     dist = PACKAGES[family]
     with _env_dropped_after(session):
         _install(session, [dist], compile_pyc=family not in LEGACY)
@@ -219,7 +264,7 @@ def family(session: nox.Session, family: str) -> None:
 
 @nox.session(venv_params=VENV_PARAMS)
 def integration(session: nox.Session) -> None:
-    """tests-integration/, with every package installed."""
+    """tests-integration/, in one env with every package installed."""
     with _env_dropped_after(session):
         _install(session, list(FAMILIES.values()))
         workers = _workers()
@@ -229,10 +274,8 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every family and legacy-name session, the integration tests, the manifests and a
-    cake-core release dry run.
-
-    The release dry run takes cake-core: its clean install needs no other cake wheel."""
+    """Every family(<id>) session (legacy names too), integration, manifests, release(core)."""
+    # the release dry run takes cake-core: its clean install needs no other cake wheel
     for fid in PACKAGES:
         session.notify(f"family({fid})")
     session.notify("integration")
@@ -243,12 +286,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def manifests(session: nox.Session) -> None:
-    """Build every package (sdist, wheel from it) and check its build manifest.
-
-    shared/check_cake_build_manifests.py: zero findings or the session fails; then the
-    checker's own tests (shared/tests: planted findings, release tag rules).
-    Regenerate stale manifests with ``python3 shared/check_cake_build_manifests.py
-    --write``."""
+    """Build every package (sdist, wheel of it), check its manifest, then run shared/tests."""
+    # shared/check_cake_build_manifests.py: zero findings or the session fails; then the
+    # checker's own tests (shared/tests: planted findings, release tag rules, the CI base,
+    # dependency ranges). Regenerate stale manifests with
+    # ``python3 shared/check_cake_build_manifests.py --write``.
     session.install(*BUILD_TOOLS)
     session.run("python", "shared/check_cake_build_manifests.py", *session.posargs)
     session.run("pytest", "-q", "-p", "no:cacheprovider", "shared/tests")
@@ -257,26 +299,25 @@ def manifests(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("family", list(PACKAGES), ids=list(PACKAGES))
 def release(session: nox.Session, family: str) -> None:
-    """Release checks of one family: build, version == the tag's, clean install, import.
-
-    docs/releasing.md. Manifest check and build of the family and its local cake-*
-    dependencies, built version == the tag's (``-- --tag
-    <dist>-v<version>``, ``$CAKE_RELEASE_TAG`` or the tag at HEAD; a dry run against the
-    version file without one), then install in a fresh venv with only its declared
-    dependencies (torch / Triton held to the BASE pins) and import it. Artifacts:
-    dist/release/<dist>/."""
+    """One family's release checks: build, version == the tag's, clean install and import."""
+    # docs/releasing.md. Manifest check and build of the family and its local cake-*
+    # dependencies, built version == the tag's (``-- --tag <dist>-v<version>``,
+    # ``$CAKE_RELEASE_TAG`` or the tag at HEAD; a dry run against the version file without
+    # one), then install in a fresh venv with only its declared dependencies (torch / Triton
+    # held to the BASE pins) and import it. Artifacts: dist/release/<dist>/.
     dist = PACKAGES[family]
     with _env_dropped_after(session):
         session.install(*BUILD_TOOLS[:3])
         pins = Path(session.virtualenv.location) / "constraints.txt"
         pins.write_text("\n".join(b for b in BASE if not b.startswith("pytest")) + "\n")
-        session.run("python", "shared/release.py", dist, "--constraint", str(pins),
+        index = ["--torch-index", _torch_index()] if _torch_index() else []
+        session.run("python", "shared/release.py", dist, "--constraint", str(pins), *index,
                     *session.posargs)
 
 
 @nox.session(venv_params=VENV_PARAMS)
 def demo(session: nox.Session) -> None:
-    """The main job on its embedded defaults."""
+    """The main job, cake-tinylm train, on its embedded defaults (its options after --)."""
     with _env_dropped_after(session):
         _install(session, ["cake-tinylm"])
         session.run("cake-tinylm", "train", *session.posargs)
@@ -284,19 +325,20 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def names_doc(session: nox.Session) -> None:
-    """Write docs/training_backend_names.md from the name registry (cake_core.names);
-    `-- --check` only reports a stale doc. Standard library only: no env, no torch."""
+    """Write docs/training_backend_names.md from cake_core.names (-- --check: report only)."""
+    # standard library only: no env, no torch
     session.run("python3", "shared/names_doc.py", *session.posargs, external=True)
 
 
 @nox.session(venv_backend="none")
 def legacy_packages(session: nox.Session) -> None:
-    """Write the legacy distributions from the registry (`-- cake-mhc-train` for one,
-    `-- --check` to report stale files). Standard library only."""
+    """Write the legacy distributions from cake_core.names (-- <dist>: one; -- --check)."""
+    # `-- cake-mhc-train` writes one; `-- --check` reports stale files. Standard library only.
     session.run("python3", "shared/legacy_packages.py", *session.posargs, external=True)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff check of the whole repository (pyproject.toml's rules)."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")

@@ -16,7 +16,8 @@ local ``cake-*`` distribution it depends on (static checks, then the sdist and t
 built from the sdist; any finding stops the release); (2) check that the built version
 equals the tag's (and the version file's); (3) unless ``--no-install``, create a fresh
 virtual environment, install the wheels there (the distribution's and its local
-dependencies', everything else resolved from its declared dependencies; on a machine
+dependencies', everything else resolved from its declared dependencies, torch first from
+``--torch-index`` alone where given, e.g. PyTorch's CPU index for its CPU build; on a machine
 without CUDA also cake-core's declared ``interpreter`` extra, numpy, which Triton's
 interpreter needs), run ``pip check`` and import the package from a folder outside the
 repository: its version, every name of ``__all__`` and its build manifest. The sdist and
@@ -155,8 +156,11 @@ _INTERPRETER_PROBE = (
 
 
 def clean_install(wheels: list[Path], dist: str, import_name: str, version: str,
-                  venv: Path, constraints: Path | None) -> None:
-    """A fresh venv with only the wheels and their declared dependencies; pip check; import."""
+                  venv: Path, constraints: Path | None, torch_index: str | None = None,
+                  torch_req: str | None = None) -> None:
+    """A fresh venv with only the wheels and their declared dependencies; pip check; import.
+    ``torch_index``: torch (``torch_req``, the declared range) installed first from that
+    index alone (PyTorch's CPU index: its CPU build), the rest then resolved as usual."""
     t0 = time.perf_counter()
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -166,6 +170,11 @@ def clean_install(wheels: list[Path], dist: str, import_name: str, version: str,
     if constraints is not None:
         cmd += ["-c", str(constraints)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    if torch_index and torch_req:
+        first = [str(py), "-m", "pip", "install", "-q", "--no-compile", "--index-url",
+                 torch_index, torch_req]
+        subprocess.run(first + (["-c", str(constraints)] if constraints else []), check=True,
+                       env=env)
     subprocess.run(cmd, check=True, env=env)
     # Without CUDA, cake runs its kernels through Triton's interpreter, which needs numpy:
     # cake-core declares it as its ``interpreter`` extra, added here on such machines.
@@ -188,7 +197,7 @@ def clean_install(wheels: list[Path], dist: str, import_name: str, version: str,
 
 def release(dist: str, *, tag: str | None = None, out: Path | None = None,
             install: bool = True, constraints: Path | None = None,
-            root: Path = ROOT) -> Version:
+            root: Path = ROOT, torch_index: str | None = None) -> Version:
     """Run the release checks of ``dist`` (a package under ``root/packages``); returns the
     version. ``ReleaseError`` on a failed check."""
     chk = _checker()
@@ -233,7 +242,10 @@ def release(dist: str, *, tag: str | None = None, out: Path | None = None,
     if install:
         venv = Path(tempfile.mkdtemp(prefix=f"{dist}-release-venv-"))
         try:
-            clean_install(wheels, dist, pkg.import_name, str(built), venv, constraints)
+            torch_req = next((d for p in pkgs for d in p.pyproject["project"].get(
+                "dependencies", []) if Requirement(d).name == "torch"), None)
+            clean_install(wheels, dist, pkg.import_name, str(built), venv, constraints,
+                          torch_index, torch_req)
         except subprocess.CalledProcessError as e:
             step = "import" if e.cmd[1] == "-c" else " ".join(map(str, e.cmd[1:4]))
             raise ReleaseError(f"{dist}: the clean-environment {step} failed (exit "
@@ -259,10 +271,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the clean-environment install and import")
     ap.add_argument("-c", "--constraint", type=Path, default=None,
                     help="pip constraints for the clean install (e.g. the CI's torch pin)")
+    ap.add_argument("--torch-index", default=None,
+                    help="install torch first from this index alone in the clean install "
+                         "(https://download.pytorch.org/whl/cpu: the CPU build; nox passes "
+                         "it where pip has no sources of its own)")
     args = ap.parse_args(argv)
     try:
         release(args.dist, tag=args.tag, out=args.out, install=not args.no_install,
-                constraints=args.constraint)
+                constraints=args.constraint, torch_index=args.torch_index)
     except ReleaseError as e:
         print(f"release check failed: {e}", file=sys.stderr)
         return 1

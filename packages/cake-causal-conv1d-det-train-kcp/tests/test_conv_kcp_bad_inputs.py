@@ -64,7 +64,7 @@ def _cases(local, ctx):
         (dict(x=x.transpose(1, 2).contiguous().transpose(1, 2)), "^x: last dimension must be "
                                                                   "contiguous"),
         (dict(x=list(x)), "^x: expected a"),
-        (dict(weight=w[:4]), r"^weight: expected shape \[8, W\]"),
+        (dict(weight=w[:4]), r"^weight: expected shape \[8, W\] \(\[D, W\]: one filter"),
         (dict(weight=w[:, :1]), r"^weight: kernel size W must be in \[2, 8\]"),
         (dict(weight=w.half()), "^weight: expected dtype"),
         (dict(weight=w.t().contiguous().t()), "^weight: last dimension"),

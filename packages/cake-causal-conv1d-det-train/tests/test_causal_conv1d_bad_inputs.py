@@ -41,7 +41,13 @@ def _packed():
 
 
 CASES = {
-    "x 2-D": (lambda: (_t((T, D)), _t((D, W))), {}, "x: expected 3-D"),
+    "x 2-D": (lambda: (_t((T, D)), _t((D, W))), {},
+              r"x: expected 3-D tensor \(\[B, T, D\], FLA's layout; channel-first \[B, D, T\] "
+              r"\(causal-conv1d's causal_conv1d_fn\) is not served\)"),
+    # channel-first x [B, D, T] reads as D = 10 channels: the weight's check says why
+    "x channel-first": (lambda: (_t((B, D, T)), _t((D, W))), {},
+                        r"weight: expected shape \[10, W\] \(\[D, W\]: .* \(x is \[B, T, D\], "
+                        r"FLA's layout; channel-first \[B, D, T\] is not served\)\), got \[8, 4\]"),
     "x int": (lambda: (_t((B, T, D)).to(torch.int32), _t((D, W))), {}, "x: expected dtype"),
     "x float64": (lambda: (_t((B, T, D)).double(), _t((D, W))), {}, "x: expected dtype"),
     "x channels strided": (lambda: (_t((B, D, T)).transpose(1, 2), _t((D, W))), {},

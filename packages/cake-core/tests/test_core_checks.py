@@ -31,6 +31,16 @@ def test_tensor_dtype_ndim_shape():
     check_shape(x, "x", [None, 3])
     with pytest.raises(ValueError, match=r"x: expected shape \[\*, 4\], got \[2, 3\]"):
         check_shape(x, "x", [None, 4])
+    # a layout, when given, follows the expected rank or sizes
+    with pytest.raises(ValueError, match=r"^x: expected 3-D tensor \(\[B, T, D\], FLA's\), "
+                                         r"got 2-D \(2, 3\)$"):
+        check_ndim(x, "x", ndim=3, layout="[B, T, D], FLA's")
+    with pytest.raises(ValueError, match=r"^x: expected at least 3-D tensor \(\[B, T, D\]\), "
+                                         r"got 2-D \(2, 3\)$"):
+        check_ndim(x, "x", min_ndim=3, layout="[B, T, D]")
+    with pytest.raises(ValueError, match=r"^x: expected shape \[\*, 4\] \(\[T, D\]\), got "
+                                         r"\[2, 3\]$"):
+        check_shape(x, "x", [None, 4], layout="[T, D]")
 
 
 def test_device_stride_scalar():

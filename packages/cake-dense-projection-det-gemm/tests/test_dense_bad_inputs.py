@@ -39,6 +39,10 @@ CASES = {
     "weight fp32, x bf16": (lambda: (_t(X, torch.bfloat16), _t(W)), {},
                             "weight: expected dtype"),
     "weight wrong K": (lambda: (_t(X), _t((8, 15))), {}, r"weight: expected shape \[\*, 16\]"),
+    "weight transposed": (lambda: (_t(X), _t((16, 8))), {},
+                          r"weight: expected shape \[\*, 16\] \(\[N, K\] = \[out_features, "
+                          r"in_features\], torch.nn.Linear's layout; a transposed \[K, N\] is "
+                          r"not served\), got \[16, 8\]"),
     "weight 1-D": (lambda: (_t(X), _t((16,))), {}, "weight: expected 2-D"),
     "weight 3-D": (lambda: (_t(X), _t((1, 8, 16))), {}, "weight: expected 2-D"),
     "N = 0": (lambda: (_t(X), _t((0, 16))), {}, "weight: out_features"),

@@ -41,6 +41,11 @@ def _with(**changes):
     return args_with(_base, **changes)
 
 
+def _head_first(name):
+    """The base's ``name`` as a head-first ([B, H, T, ...]) view."""
+    return lambda a: a[name].transpose(1, 2)
+
+
 def _cu(*vals, dtype=torch.int32):
     return lambda a: torch.tensor(vals, dtype=dtype, device=DEV)
 
@@ -53,7 +58,14 @@ _GATE = {"use_gate_in_kernel": lambda a: True}
 _A = {**_GATE, "A_log": _t(4)}
 
 CASES = {
-    "q 3-D": (_with(q=lambda a: a["q"][0]), "q: expected 4-D"),
+    "q 3-D": (_with(q=lambda a: a["q"][0]),
+              r"q: expected 4-D tensor \(\[B, T, H, K\], FLA's layout; head-first "
+              r"\[B, H, T, K\] is not served\), got 3-D \(10, 2, 16\)"),
+    # every input head-first ([B, H, T, K]): q and k read as T = 2, H = 10; v says why
+    "head-first inputs": (
+        _with(**{n: _head_first(n) for n in ("q", "k", "v", "g", "beta")}),
+        r"v: expected shape \[1, 2, \*, \*\] \(\[B, T, HV, V\], FLA's layout; head-first "
+        r"\[B, HV, T, V\] is not served\), got \[1, 4, 10, 16\]"),
     "q int": (_with(q=lambda a: a["q"].to(torch.int32)), "q: expected dtype"),
     "q float64": (_with(q=lambda a: a["q"].double()), "q: expected dtype"),
     "q not a tensor": (_with(q=lambda a: a["q"].tolist()), "q: expected a torch.Tensor"),

@@ -40,6 +40,10 @@ CASES = {
                        "hidden: last dimension must be contiguous"),
     "H = 0": (lambda: (_h((6, 0)), _w(H=0), _y()), {}, "last dimension"),
     "weight wrong H": (lambda: (_h(), _w(H=15), _y()), {}, r"weight: expected shape \[V, 16\]"),
+    "weight transposed": (lambda: (_h(), _w().t().contiguous(), _y()), {},
+                          r"weight: expected shape \[V, 16\] \(\[V, H\] = \[vocab, hidden\], "
+                          r"torch.nn.Linear's layout of the LM head; a transposed \[H, V\] is "
+                          r"not served\), got \[16, 10\]"),
     "weight 1-D": (lambda: (_h(), _h((16,)), _y()), {}, "weight: expected shape"),
     "V = 0": (lambda: (_h(), _w(V=0), _y()), {}, "vocabulary size"),
     "weight dtype": (lambda: (_h(), _w(dtype=torch.bfloat16), _y()), {},

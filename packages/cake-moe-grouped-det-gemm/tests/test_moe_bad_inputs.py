@@ -47,6 +47,10 @@ CASES = {
     "weight 2-D": (lambda a: w_(a, weight=_t((8, 16))), "weight: expected 3-D"),
     "weight wrong K": (lambda a: w_(a, weight=_t((3, 8, 15))),
                        r"weight: expected shape \[\*, \*, 16\]"),
+    "weight [E, K, N]": (lambda a: w_(a, weight=_t((3, 16, 8))),
+                         r"weight: expected shape \[\*, \*, 16\] \(\[E, N, K\]: E stacked "
+                         r"torch.nn.Linear weights \[out_features, in_features\]; \[E, K, N\] "
+                         r"\(torch._grouped_mm's mat_b\) is not served\), got \[3, 16, 8\]"),
     "weight dtype": (lambda a: w_(a, weight=a["weight"].half()), "weight: expected dtype"),
     "E = 0": (lambda a: w_(a, weight=_t((0, 8, 16)), offs=_i32([])), "weight: needs E"),
     "N = 0": (lambda a: w_(a, weight=_t((3, 0, 16))), "weight: needs E"),

@@ -49,7 +49,7 @@ from cake_causal_conv1d_det_train import (
     causal_conv1d_det_fwd,
     make_plan,
 )
-from cake_causal_conv1d_det_train.api import adopt_workspace_plan
+from cake_causal_conv1d_det_train.api import WEIGHT_LAYOUT, X_LAYOUT, adopt_workspace_plan
 from cake_causal_conv1d_det_train.plan import MAX_HIDDEN, MAX_KERNEL_SIZE, MIN_KERNEL_SIZE
 from cake_core import (
     Mode,
@@ -155,7 +155,7 @@ def _check_fwd(x, weight, bias, ctx, activation, plan, workspace):
     ``(activation, plan, workspace)``."""
     check_context(ctx)
     check_tensor(x, "x")
-    check_ndim(x, "x", ndim=3)
+    check_ndim(x, "x", ndim=3, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
     B, T, D = x.shape
     if B != 1:
@@ -167,7 +167,8 @@ def _check_fwd(x, weight, bias, ctx, activation, plan, workspace):
     ctx.check_num_tokens(x, "x")
     check_tensor(weight, "weight")
     if weight.dim() != 2 or weight.shape[0] != D:
-        raise ValueError(f"weight: expected shape [{D}, W], got {list(weight.shape)}")
+        raise ValueError(f"weight: expected shape [{D}, W] ({WEIGHT_LAYOUT}), got "
+                         f"{list(weight.shape)}")
     W = weight.shape[1]
     if not MIN_KERNEL_SIZE <= W <= MAX_KERNEL_SIZE:
         raise ValueError(f"weight: kernel size W must be in [{MIN_KERNEL_SIZE}, "
@@ -204,7 +205,7 @@ def _check_bwd(dy, saved, ctx, reduce_weight_grads, plan, workspace):
     check_flag(reduce_weight_grads, "reduce_weight_grads")
     x = saved.x
     check_tensor(dy, "dy")
-    check_shape(dy, "dy", list(x.shape))
+    check_shape(dy, "dy", list(x.shape), layout=X_LAYOUT)
     check_dtype(dy, "dy", _FLOATS)
     check_last_dim_contiguous(dy, "dy")
     device = check_same_device(("saved", x), ("dy", dy))

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:9f06cc13201f9ad89a9bf31edf2c9f96861140325ca626f4f807260b84f91b57"
+SOURCE_DIGEST = "sha256:47ca75a94099ee6976a83fc216cfc174ccf10a8f4bbda504377c9ae82ca7bee2"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

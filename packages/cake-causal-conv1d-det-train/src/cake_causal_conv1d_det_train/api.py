@@ -93,13 +93,23 @@ def _dtypes(*ds: torch.dtype) -> tuple[torch.dtype, ...]:
     return tuple(dict.fromkeys(ds))
 
 
+#: the layouts the input checks name in their messages: FLA's token-major ``x`` (channels
+#: last); channel-first ``[B, D, T]`` input, causal-conv1d's ``causal_conv1d_fn``, is not
+#: served
+X_LAYOUT = ("[B, T, D], FLA's layout; channel-first [B, D, T] (causal-conv1d's "
+            "causal_conv1d_fn) is not served")
+WEIGHT_LAYOUT = ("[D, W]: one filter of W taps per channel, D being x's last dim (x is "
+                 "[B, T, D], FLA's layout; channel-first [B, D, T] is not served)")
+STATE_LAYOUT = "[N, D, W - 1]: each sequence's last W - 1 inputs, channel-first, as FLA's"
+
+
 def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output_final_state):
     """All checks of the forward entries; returns ``(device, N, act, offsets)``: offsets the
     int64 CPU sequence offsets (``None`` while torch.compile traces). Reads cu_seqlens'
     values (one host sync) unless torch.compile is tracing or this very tensor, unchanged,
     was checked before (:func:`cake_core.varlen.checked_offsets`)."""
     check_tensor(x, "x")
-    check_ndim(x, "x", ndim=3)
+    check_ndim(x, "x", ndim=3, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
     B, T, D = x.shape
     if not 1 <= D <= MAX_HIDDEN:
@@ -107,7 +117,8 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
     check_last_dim_contiguous(x, "x")
     check_tensor(weight, "weight")
     if weight.dim() != 2 or weight.shape[0] != D:
-        raise ValueError(f"weight: expected shape [{D}, W], got {list(weight.shape)}")
+        raise ValueError(f"weight: expected shape [{D}, W] ({WEIGHT_LAYOUT}), got "
+                         f"{list(weight.shape)}")
     W = weight.shape[1]
     if not MIN_KERNEL_SIZE <= W <= MAX_KERNEL_SIZE:
         raise ValueError(f"weight: kernel size W must be in [{MIN_KERNEL_SIZE}, "
@@ -141,7 +152,7 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
         N = B
         offsets = None if torch.compiler.is_compiling() else seq_offsets(None, B, T)
     if initial_state is not None:
-        check_shape(initial_state, "initial_state", [N, D, W - 1])
+        check_shape(initial_state, "initial_state", [N, D, W - 1], layout=STATE_LAYOUT)
         check_dtype(initial_state, "initial_state", (x.dtype,))
     return device, N, act, offsets
 
@@ -655,12 +666,12 @@ def causal_conv1d_det_bwd(dy: torch.Tensor, dfinal_state: torch.Tensor | None,
     W = weight.shape[1]
     N = saved.n_seqs
     check_tensor(dy, "dy")
-    check_shape(dy, "dy", [B, T, D])
+    check_shape(dy, "dy", [B, T, D], layout=X_LAYOUT)
     check_dtype(dy, "dy", _FLOATS)
     check_last_dim_contiguous(dy, "dy")
     if dfinal_state is not None:
         check_tensor(dfinal_state, "dfinal_state")
-        check_shape(dfinal_state, "dfinal_state", [N, D, W - 1])
+        check_shape(dfinal_state, "dfinal_state", [N, D, W - 1], layout=STATE_LAYOUT)
         check_dtype(dfinal_state, "dfinal_state", _FLOATS)
     device = check_same_device(("saved", x), ("dy", dy), ("dfinal_state", dfinal_state))
     launch_device_check(device, "dy")

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d802f4fb89c4bc8cde91b29f6fbc5b3dcb4eaaf992163b1a7c3c1a59e01913f4"
+SOURCE_DIGEST = "sha256:822d2d92758e137ef4799e3df4b3ffb640d1a69bb8df797f1980c3a81b300111"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -85,7 +85,8 @@ class ShortConvolution(nn.Conv1d):
         h0 = cache if cache is not None else initial_state
         if not isinstance(x, torch.Tensor) or x.dim() < 3:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"x: expected [B, T, D], got {got}")
+            raise ValueError(f"x: expected [B, T, D] (FLA's layout; channel-first [B, D, T] is "
+                             f"not served), got {got}")
         shape = x.shape
         D = self.hidden_size
         if x.shape[-1] != D or x.dim() != 3:

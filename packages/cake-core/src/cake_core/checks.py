@@ -29,23 +29,36 @@ def check_dtype(t: torch.Tensor, name: str, allowed: Iterable[torch.dtype]) -> N
 
 
 def check_ndim(t: torch.Tensor, name: str, *, min_ndim: int | None = None,
-               ndim: int | None = None) -> None:
-    """Raise ``ValueError`` unless ``t`` has exactly ``ndim`` or at least ``min_ndim`` dims."""
+               ndim: int | None = None, layout: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``t`` has exactly ``ndim`` or at least ``min_ndim`` dims.
+
+    ``layout`` names the expected layout in the message, after the rank: ``"q: expected 4-D
+    tensor ([B, T, H, K], FLA's layout; head-first [B, H, T, K] is not served), got 3-D
+    (2, 16, 8)"``."""
+    at = f" ({layout})" if layout else ""
     if ndim is not None and t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim}-D tensor, got {t.dim()}-D {tuple(t.shape)}")
+        raise ValueError(
+            f"{name}: expected {ndim}-D tensor{at}, got {t.dim()}-D {tuple(t.shape)}")
     if min_ndim is not None and t.dim() < min_ndim:
         raise ValueError(
-            f"{name}: expected at least {min_ndim}-D tensor, got {t.dim()}-D {tuple(t.shape)}"
+            f"{name}: expected at least {min_ndim}-D tensor{at}, got {t.dim()}-D "
+            f"{tuple(t.shape)}"
         )
 
 
-def check_shape(t: torch.Tensor, name: str, shape: Sequence[int | None]) -> None:
-    """Raise ``ValueError`` unless ``t.shape`` matches ``shape`` (``None`` = any size)."""
+def check_shape(t: torch.Tensor, name: str, shape: Sequence[int | None], *,
+                layout: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``t.shape`` matches ``shape`` (``None`` = any size).
+
+    ``layout`` names the expected layout in the message, after the sizes: ``"k: expected
+    shape [2, 16, 4, 8] ([B, T, H, K], FLA's layout; head-first [B, H, T, K] is not
+    served), got [2, 4, 16, 8]"``."""
     ok = t.dim() == len(shape) and all(
         s is None or s == d for s, d in zip(shape, t.shape, strict=False))
     if not ok:
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+        at = f" ({layout})" if layout else ""
+        raise ValueError(f"{name}: expected shape {want}{at}, got {list(t.shape)}")
 
 
 def check_same_device(*named: tuple[str, torch.Tensor | None]) -> torch.device:

@@ -46,6 +46,7 @@ from cake_core.varlen import checked_offsets, chunk_tables, offsets_derived, seq
 __all__ = [
     "FLA_COMPAT_KEYWORDS",
     "L2NORM_EPS",
+    "LAYOUTS",
     "beta_code",
     "check_cu_seqlens_position",
     "check_device_and_state",
@@ -75,6 +76,25 @@ L2NORM_EPS = 1e-6
 
 # ----------------------------------------------------------------------------- input checks
 
+def _fla(dims: str, head_first: str) -> str:
+    return f"{dims}, FLA's layout; head-first {head_first} is not served"
+
+
+#: the layouts the input checks name in their messages: FLA's token-major ones (``T``
+#: before the heads); head-first inputs (``[B, H, T, K]``, FLA's old ``head_first=True``)
+#: are not served
+LAYOUTS = {
+    "q": _fla("[B, T, H, K]", "[B, H, T, K]"),
+    "k": _fla("[B, T, H, K]", "[B, H, T, K]"),
+    "v": _fla("[B, T, HV, V]", "[B, HV, T, V]"),
+    "g": _fla("[B, T, HV]", "[B, HV, T]"),
+    "g_per_channel": _fla("[B, T, HV, K]", "[B, HV, T, K]"),
+    "beta": _fla("[B, T, HV]", "[B, HV, T]"),
+    "do": _fla("[B, T, HV, V] like o", "[B, HV, T, V]"),
+    "state": "[N, HV, K, V]: one fp32 state per sequence, FLA's layout",
+}
+
+
 
 def check_qkv_g_beta(q: object, k: object, v: object, g: object, beta: object, *,
                      max_head_dim: int, per_channel_decay: bool) -> tuple[int, ...]:
@@ -91,17 +111,18 @@ def check_qkv_g_beta(q: object, k: object, v: object, g: object, beta: object, *
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta")):
         check_tensor(t, name)
-    check_ndim(q, "q", ndim=4)
+    check_ndim(q, "q", ndim=4, layout=LAYOUTS["q"])
     B, T, H, K = q.shape
     if H < 1:
-        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
+        raise ValueError(f"q: expected at least one head ({LAYOUTS['q']}), got shape "
+                         f"{list(q.shape)}")
     if not 1 <= K <= max_head_dim:
         raise ValueError(f"q: head dim K must be in [1, {max_head_dim}], got {K}")
     check_dtype(q, "q", FLOAT_DTYPES)
-    check_shape(k, "k", [B, T, H, K])
+    check_shape(k, "k", [B, T, H, K], layout=LAYOUTS["k"])
     check_dtype(k, "k", (q.dtype,))
-    check_ndim(v, "v", ndim=4)
-    check_shape(v, "v", [B, T, None, None])
+    check_ndim(v, "v", ndim=4, layout=LAYOUTS["v"])
+    check_shape(v, "v", [B, T, None, None], layout=LAYOUTS["v"])
     HV, V = v.shape[2], v.shape[3]
     if HV < 1 or HV % H:
         raise ValueError(f"v: value heads HV = {HV} must be a positive multiple of the q/k "
@@ -109,9 +130,10 @@ def check_qkv_g_beta(q: object, k: object, v: object, g: object, beta: object, *
     if not 1 <= V <= max_head_dim:
         raise ValueError(f"v: head dim V must be in [1, {max_head_dim}], got {V}")
     check_dtype(v, "v", (q.dtype,))
-    check_shape(g, "g", [B, T, HV, K] if per_channel_decay else [B, T, HV])
+    check_shape(g, "g", [B, T, HV, K] if per_channel_decay else [B, T, HV],
+                layout=LAYOUTS["g_per_channel" if per_channel_decay else "g"])
     check_dtype(g, "g", (torch.float32, q.dtype))
-    check_shape(beta, "beta", [B, T, HV])
+    check_shape(beta, "beta", [B, T, HV], layout=LAYOUTS["beta"])
     check_dtype(beta, "beta", (torch.float32, q.dtype))
     return B, T, H, K, HV, V
 
@@ -262,7 +284,7 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         offsets = None if compiling else seq_offsets(None, B, T)
     if initial_state is not None:
         check_tensor(initial_state, "initial_state")
-        check_shape(initial_state, "initial_state", [N, HV, K, V])
+        check_shape(initial_state, "initial_state", [N, HV, K, V], layout=LAYOUTS["state"])
         check_dtype(initial_state, "initial_state", (torch.float32,))
     return (device, N, offsets) if with_offsets else (device, N)
 
@@ -408,11 +430,11 @@ def check_grad_outputs(do: object, dht: object, saved: Any) -> torch.device:
     HV, V = v.shape[2], v.shape[3]
     N = saved.cu_seqlens.numel() - 1
     check_tensor(do, "do")
-    check_shape(do, "do", list(v.shape))
+    check_shape(do, "do", list(v.shape), layout=LAYOUTS["do"])
     check_dtype(do, "do", FLOAT_DTYPES)
     if dht is not None:
         check_tensor(dht, "dht")
-        check_shape(dht, "dht", [N, HV, K, V])
+        check_shape(dht, "dht", [N, HV, K, V], layout=LAYOUTS["state"])
         check_dtype(dht, "dht", (torch.float32,))
     device = check_same_device(("saved", v), ("do", do), ("dht", dht))
     launch_device_check(device, "do")

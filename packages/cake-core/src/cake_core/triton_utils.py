@@ -3,15 +3,21 @@
 The rule (:func:`select_backend`), applied once before any family defines kernels:
 a CUDA device present -> kernels compile for the GPU; no CUDA device and
 ``TRITON_INTERPRET`` unset -> cake sets ``TRITON_INTERPRET=1`` so kernels run on the CPU
-through Triton's interpreter. Setting ``TRITON_INTERPRET`` yourself always wins. At call
-time :func:`launch_device_check` refuses tensors the chosen backend cannot run on.
+through Triton's interpreter. Setting ``TRITON_INTERPRET`` yourself always wins. Under the
+interpreter, importing this module raises ``ImportError`` naming ``cake-core[interpreter]``
+when numpy is missing or incompatible with the installed Triton
+(:func:`cake_core.backend.require_interpreter_numpy`). At call time
+:func:`launch_device_check` refuses tensors the chosen backend cannot run on.
 """
 
 from __future__ import annotations
 
 import torch
 
-from cake_core.backend import select_backend  # noqa: E402  (re-exported)
+from cake_core.backend import (  # noqa: E402  (re-exported)
+    require_interpreter_numpy,
+    select_backend,
+)
 
 
 def is_interpreting() -> bool:
@@ -78,6 +84,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 select_backend()
+# under the interpreter, a missing or incompatible numpy: one ImportError naming the extra
+require_interpreter_numpy()
 
 import triton  # noqa: E402  (after the backend rule sets TRITON_INTERPRET)
 import triton.language as tl  # noqa: E402

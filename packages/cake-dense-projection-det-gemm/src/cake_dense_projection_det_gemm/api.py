@@ -61,20 +61,26 @@ class DenseProjectionDetGrads(NamedTuple):
 # ----------------------------------------------------------------------------- checks
 
 
+#: the layouts the input checks name in their messages: torch.nn.Linear's
+X_LAYOUT = "[..., K]: in_features last, as torch.nn.functional.linear's input"
+WEIGHT_LAYOUT = ("[N, K] = [out_features, in_features], torch.nn.Linear's layout; a "
+                 "transposed [K, N] is not served")
+
+
 def _check_main_grad(main_grad, N: int, K: int) -> None:
     check_accumulator(main_grad, "main_grad", (N, K))
 
 
 def _check_inputs(x, weight, bias, main_grad) -> torch.device:
     check_tensor(x, "x")
-    check_ndim(x, "x", min_ndim=1)
+    check_ndim(x, "x", min_ndim=1, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
     K = x.shape[-1]
     if K < 1:
         raise ValueError(f"x: last dimension (in_features K) must be >= 1, got {K}")
     check_tensor(weight, "weight")
-    check_ndim(weight, "weight", ndim=2)
-    check_shape(weight, "weight", [None, K])
+    check_ndim(weight, "weight", ndim=2, layout=WEIGHT_LAYOUT)
+    check_shape(weight, "weight", [None, K], layout=WEIGHT_LAYOUT)
     check_dtype(weight, "weight", (x.dtype,))
     N = weight.shape[0]
     if N < 1:
@@ -385,7 +391,7 @@ def dense_projection_det_bwd(dy: torch.Tensor, saved: DenseProjectionDetSavedSet
     x, weight = saved.tensors()
     N, K = weight.shape
     check_tensor(dy, "dy")
-    check_shape(dy, "dy", [*x.shape[:-1], N])
+    check_shape(dy, "dy", [*x.shape[:-1], N], layout="[..., N]: like the output, x's leading dims")
     check_dtype(dy, "dy", (x.dtype,))
     _check_main_grad(main_grad, N, K)
     device = check_same_device(("saved", x), ("dy", dy), ("main_grad", main_grad))

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:848cfd7a3034365e358f4641c697fe777a2608846597109723790bcc6ce0be3b"
+SOURCE_DIGEST = "sha256:6b7de11ae9326e8b66490391703a3ce13f28daef411f320c898dfed76ae0bddd"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -62,7 +62,7 @@ from cake_core.kcp_route import (
     forward_ring,
 )
 from cake_core.kcp_state import FragmentGroups, fragment_groups
-from cake_core.linear_attention import check_qkv_g_beta, resolve_plan, resolve_scale
+from cake_core.linear_attention import LAYOUTS, check_qkv_g_beta, resolve_plan, resolve_scale
 from cake_core.triton_utils import launch_device_check
 from cake_gdn_det_train import (
     GDNDetPlan,
@@ -157,7 +157,7 @@ def _check_bwd(do, saved, ctx, plan, workspace):
         raise ValueError(f"saved: made on (partition, rank, exchange) = {made}, but ctx is "
                          f"{(ctx.partition.key, ctx.rank, ctx.exchange)}")
     check_tensor(do, "do")
-    check_shape(do, "do", list(saved.v.shape))
+    check_shape(do, "do", list(saved.v.shape), layout=LAYOUTS["do"])
     check_dtype(do, "do", _FLOAT)
     device = check_same_device(("saved", saved.v), ("do", do))
     launch_device_check(device, "do")

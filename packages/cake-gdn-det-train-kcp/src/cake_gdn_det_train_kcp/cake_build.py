@@ -83,7 +83,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e8f512c2dae121579a7f923f8952e0ebf85ec8e079a878d56461d365c5759fa4"
+SOURCE_DIGEST = "sha256:8b56b5c18fa58360854223b8ba1ea119842d5ccd27d786ee847804d434ca4d6a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

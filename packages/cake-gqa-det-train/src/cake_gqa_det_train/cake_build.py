@@ -48,7 +48,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:696dba38cd7f3173cb735c0c5637af67119ef144161708bac494db108095bdf9"
+SOURCE_DIGEST = "sha256:6122aed3202fd9cdea06ddbebf8529f85baf66957fae4fb70838f5081f4aec68"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -38,7 +38,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:461efc0e602f7aaa0dd2236135427a3ea6333275b442de9a2d8cd1276a0404b8"
+SOURCE_DIGEST = "sha256:732144f8fa1a5ffe620879f95c5738b26aa6a66e0c7d76e5ee7efe0a91d1c4d1"
 # --- end of generated block ---
 
 MANIFEST = {

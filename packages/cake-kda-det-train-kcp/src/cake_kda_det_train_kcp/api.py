@@ -84,6 +84,7 @@ from cake_core.kcp_route import (
 )
 from cake_core.kcp_state import FragmentGroups, fragment_groups
 from cake_core.linear_attention import (
+    LAYOUTS,
     check_gate_params,
     check_options,
     check_qkv_g_beta,
@@ -260,7 +261,7 @@ def _check_bwd(do, saved, ctx, plan, workspace, reduce):
         raise ValueError(f"saved: made on (partition, rank, exchange) = {made}, but ctx is "
                          f"{(ctx.partition.key, ctx.rank, ctx.exchange)}")
     check_tensor(do, "do")
-    check_shape(do, "do", list(saved.v.shape))
+    check_shape(do, "do", list(saved.v.shape), layout=LAYOUTS["do"])
     check_dtype(do, "do", _FLOAT)
     if reduce is None:
         reduce = saved.reduce_gate_param_grads

@@ -85,7 +85,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:a19a1376bb5a57e2469b58b99b93f5ee65022dfda4580e84dd8161d040aff332"
+SOURCE_DIGEST = "sha256:29955c36650b9023b113b9f6da5c7e195b82a6486928d960d45916778b738b63"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

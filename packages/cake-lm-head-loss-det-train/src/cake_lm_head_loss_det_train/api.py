@@ -92,7 +92,9 @@ def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_s
     check_last_dim_contiguous(hidden, "hidden")
     check_tensor(weight, "weight")
     if weight.dim() != 2 or weight.shape[1] != H:
-        raise ValueError(f"weight: expected shape [V, {H}], got {list(weight.shape)}")
+        raise ValueError(f"weight: expected shape [V, {H}] ([V, H] = [vocab, hidden], "
+                         f"torch.nn.Linear's layout of the LM head; a transposed [H, V] is "
+                         f"not served), got {list(weight.shape)}")
     V = weight.shape[0]
     if not 1 <= V <= MAX_VOCAB:
         raise ValueError(f"weight: vocabulary size (V) must be in [1, {MAX_VOCAB}], got {V}")
@@ -100,10 +102,11 @@ def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_s
     check_last_dim_contiguous(weight, "weight")
     check_tensor(labels, "labels")
     check_dtype(labels, "labels", (torch.int64,))
-    check_shape(labels, "labels", list(hidden.shape[:-1]))
+    check_shape(labels, "labels", list(hidden.shape[:-1]),
+                layout="hidden's leading dims: [T] or [B, S], one label per token")
     if bias is not None:
         check_tensor(bias, "bias")
-        check_shape(bias, "bias", [V])
+        check_shape(bias, "bias", [V], layout="[V]: one bias per vocabulary row of weight")
         check_dtype(bias, "bias", (hidden.dtype, torch.float32))
         if not bias.is_contiguous():
             raise ValueError("bias: must be contiguous")

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:de7cb8722fd8b999aa44d66dc48fef1f95437172282d4aade5b437369c90748c"
+SOURCE_DIGEST = "sha256:267af1555ef5d1c84fadb2f49068f2d551988d92f5c97d5d9b532d364cfe64b8"
 # --- end of generated block ---
 
 MANIFEST = {

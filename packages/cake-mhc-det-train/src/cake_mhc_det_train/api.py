@@ -79,7 +79,8 @@ def _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters):
     check_last_dim_contiguous(X, "X")
     M = n_coeffs(n)
     check_tensor(phi, "phi")
-    check_shape(phi, "phi", [n * C, M])
+    check_shape(phi, "phi", [n * C, M],
+                layout="[n * C, n^2 + 2n]: X's flattened streams by columns pre | post | res")
     check_dtype(phi, "phi", (torch.float32,))
     if not phi.is_contiguous():
         raise ValueError("phi: must be contiguous")
@@ -88,7 +89,7 @@ def _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters):
     check_dtype(alpha, "alpha", (torch.float32,))
     check_last_dim_contiguous(alpha, "alpha")
     check_tensor(bias, "bias")
-    check_shape(bias, "bias", [M])
+    check_shape(bias, "bias", [M], layout="[n^2 + 2n]: one per column of phi")
     check_dtype(bias, "bias", (torch.float32,))
     check_last_dim_contiguous(bias, "bias")
     check_positive_finite(eps, "eps")
@@ -500,7 +501,7 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
     n, C = X.shape[-2], X.shape[-1]
     lead = tuple(X.shape[:-2])
     check_tensor(B, "B")
-    check_shape(B, "B", [*lead, C])
+    check_shape(B, "B", [*lead, C], layout="X's leading dims + [C]: the branch output")
     check_dtype(B, "B", (X.dtype,))
     check_last_dim_contiguous(B, "B")
     device = check_same_device(("X", X), ("B", B), ("handle", coef))

@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bcbcb3659afa652475a075dc2be0b68e230e606baac34b74280ed444657bdbf0"
+SOURCE_DIGEST = "sha256:51b52ccc97c2429eae603283e1d4c146f48f77caa2352c5236c1be5e1020f037"
 # --- end of generated block ---
 
 MANIFEST = {

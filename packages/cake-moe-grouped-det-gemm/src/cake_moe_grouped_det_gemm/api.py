@@ -81,7 +81,7 @@ def _check_group_sizes(offs, m_sizes, E: int, M: int, device: torch.device) -> N
         raise ValueError("offs: give exactly one of offs and m_sizes")
     name, t = ("offs", offs) if offs is not None else ("m_sizes", m_sizes)
     check_tensor(t, name)
-    check_shape(t, name, [E])
+    check_shape(t, name, [E], layout="[E]: one entry per expert of weight")
     check_dtype(t, name, (torch.int32,))
     if t.device != device:
         raise ValueError(f"{name}: on {t.device}, but x is on {device}; all inputs must share "
@@ -101,13 +101,19 @@ def _check_group_sizes(offs, m_sizes, E: int, M: int, device: torch.device) -> N
             raise ValueError(f"m_sizes: sum {int(v.sum())} exceeds the M={M} rows of x")
 
 
+#: the layouts the input checks name in their messages
+X_LAYOUT = "[M, K]: the tokens' rows grouped by expert, in_features last"
+WEIGHT_LAYOUT = ("[E, N, K]: E stacked torch.nn.Linear weights [out_features, in_features]; "
+                 "[E, K, N] (torch._grouped_mm's mat_b) is not served")
+
+
 def _check_main_grad(main_grad, E: int, N: int, K: int) -> None:
     check_accumulator(main_grad, "main_grad", (E, N, K))
 
 
 def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
     check_tensor(x, "x")
-    check_ndim(x, "x", ndim=2)
+    check_ndim(x, "x", ndim=2, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
     M, K = x.shape
     if K < 1:
@@ -115,8 +121,8 @@ def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
     if M > _INT32_MAX:
         raise ValueError(f"x: at most {_INT32_MAX} rows (int32 offsets), got {M}")
     check_tensor(weight, "weight")
-    check_ndim(weight, "weight", ndim=3)
-    check_shape(weight, "weight", [None, None, K])
+    check_ndim(weight, "weight", ndim=3, layout=WEIGHT_LAYOUT)
+    check_shape(weight, "weight", [None, None, K], layout=WEIGHT_LAYOUT)
     check_dtype(weight, "weight", (x.dtype,))
     E, N = weight.shape[:2]
     if E < 1 or N < 1:
@@ -543,7 +549,7 @@ def moe_grouped_det_gemm_bwd(dy: torch.Tensor, saved: MoEGroupedDetSavedSet, *,
     M = x.shape[0]
     E, N, K = weight.shape
     check_tensor(dy, "dy")
-    check_shape(dy, "dy", [M, N])
+    check_shape(dy, "dy", [M, N], layout="[M, N]: the output's, x's rows by out_features")
     check_dtype(dy, "dy", (x.dtype,))
     _check_main_grad(main_grad, E, N, K)
     device = check_same_device(("saved", x), ("dy", dy), ("main_grad", main_grad))

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a976289106971730dc1bfe17d9cdf124f8a67ea569b4174bffdd069735c64e2f"
+SOURCE_DIGEST = "sha256:b7890d42ccefa92f1aac83fd54bf2412f2a4cfed02a8fa10f2f44ab0743ec67a"
 # --- end of generated block ---
 
 MANIFEST = {

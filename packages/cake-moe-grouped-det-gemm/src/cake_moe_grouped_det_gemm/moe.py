@@ -97,7 +97,7 @@ def moe_topk_det(probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.T
         ValueError: ``probs`` not a 2-D floating tensor, k out of ``[1, E]``.
     """
     check_tensor(probs, "probs")
-    check_ndim(probs, "probs", ndim=2)
+    check_ndim(probs, "probs", ndim=2, layout="[T, E]: tokens by experts")
     if not probs.is_floating_point():
         raise ValueError(f"probs: expected a floating dtype, got {str(probs.dtype)[6:]}")
     _check_top_k(top_k, probs.shape[1])
@@ -152,7 +152,7 @@ def moe_route_det(logits: torch.Tensor, top_k: int, *,
         ValueError: bad ``logits`` or ``top_k``, ``T·k`` over 2³¹ - 1.
     """
     check_tensor(logits, "logits")
-    check_ndim(logits, "logits", ndim=2)
+    check_ndim(logits, "logits", ndim=2, layout="[T, E]: tokens by experts")
     check_dtype(logits, "logits", FLOAT_DTYPES)
     T, E = logits.shape
     _check_top_k(top_k, E)
@@ -296,13 +296,17 @@ def _check_coef(v) -> float:
     return float(v)
 
 
+_W_DOWN = "[E, d_model, d_ff]: E stacked torch.nn.Linear(d_ff, d_model) weights"
+
+
 def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
                  plans):
     check_tensor(x, "x")
     check_dtype(x, "x", FLOAT_DTYPES)
-    check_ndim(x, "x", min_ndim=1)
+    check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
     check_tensor(router_weight, "router_weight")
-    check_ndim(router_weight, "router_weight", ndim=2)
+    check_ndim(router_weight, "router_weight", ndim=2,
+               layout="[E, d_model]: torch.nn.Linear(d_model, E)'s weight")
     check_dtype(router_weight, "router_weight", FLOAT_DTYPES)
     E, d = router_weight.shape
     if E < 1 or d < 1:
@@ -311,14 +315,16 @@ def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux
     if x.shape[-1] != d:
         raise ValueError(f"x: last dim must be d_model={d}, got {list(x.shape)}")
     check_tensor(w_down, "w_down")
-    check_ndim(w_down, "w_down", ndim=3)
+    check_ndim(w_down, "w_down", ndim=3, layout=_W_DOWN)
     f = w_down.shape[2]
     if f < 1:
         raise ValueError(f"w_down: needs d_ff >= 1, got {list(w_down.shape)}")
-    check_shape(w_down, "w_down", [E, d, f])
+    check_shape(w_down, "w_down", [E, d, f], layout=_W_DOWN)
     check_dtype(w_down, "w_down", (x.dtype,))
     check_tensor(w_gate_up, "w_gate_up")
-    check_shape(w_gate_up, "w_gate_up", [E, 2 * f, d])
+    check_shape(w_gate_up, "w_gate_up", [E, 2 * f, d],
+                layout="[E, 2 * d_ff, d_model]: E stacked torch.nn.Linear weights, gate rows "
+                       "then up rows")
     check_dtype(w_gate_up, "w_gate_up", (x.dtype,))
     top_k = _check_top_k(top_k, E)
     check_flag(normalize_topk, "normalize_topk")

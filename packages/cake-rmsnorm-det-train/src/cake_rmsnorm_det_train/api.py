@@ -79,24 +79,28 @@ def _fast_ok(x, weight, eps) -> bool:
 _LAUNCH_DEVICE_TYPE = "cpu" if select_backend() == "interpreter" else "cuda"
 
 
+#: the layout the input checks name in their messages (torch.nn.RMSNorm's over one dim)
+X_LAYOUT = "[..., H]: normalized over the last dim, as torch.nn.RMSNorm(H)"
+
+
 def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device:
     if residual is None and dweight_accumulator is None and _fast_ok(x, weight, eps):
         return x.device
     check_tensor(x, "x")
-    check_ndim(x, "x", min_ndim=1)
+    check_ndim(x, "x", min_ndim=1, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
     H = x.shape[-1]
     if not 1 <= H <= MAX_HIDDEN:
         raise ValueError(f"x: last dimension (H) must be in [1, {MAX_HIDDEN}], got {H}")
     check_last_dim_contiguous(x, "x")
     check_tensor(weight, "weight")
-    check_shape(weight, "weight", [H])
+    check_shape(weight, "weight", [H], layout="[H]: one weight per channel of x's last dim")
     check_dtype(weight, "weight", (torch.float32, x.dtype))
     check_last_dim_contiguous(weight, "weight")
     check_positive_finite(eps, "eps")
     if residual is not None:
         check_tensor(residual, "residual")
-        check_shape(residual, "residual", list(x.shape))
+        check_shape(residual, "residual", list(x.shape), layout="x's shape")
         check_dtype(residual, "residual", (x.dtype,))
         check_last_dim_contiguous(residual, "residual")
     check_accumulator(dweight_accumulator, "dweight_accumulator", (H,))
@@ -379,13 +383,13 @@ def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDet
     xh, weight, rstd = saved.tensors()
     H = xh.shape[-1]
     check_tensor(dy, "dy")
-    check_shape(dy, "dy", list(xh.shape))
+    check_shape(dy, "dy", list(xh.shape), layout="x's shape")
     check_dtype(dy, "dy", (xh.dtype,))
     if dh is not None:
         if not saved.has_residual:
             raise ValueError("dh: given, but the forward had no residual")
         check_tensor(dh, "dh")
-        check_shape(dh, "dh", list(xh.shape))
+        check_shape(dh, "dh", list(xh.shape), layout="x's shape")
         check_dtype(dh, "dh", (xh.dtype,))
     check_accumulator(dweight_accumulator, "dweight_accumulator", (H,))
     device = check_same_device(("saved", xh), ("dy", dy), ("dh", dh),

@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2acd66a4ccdfb1e010750eb9d1764f2fff1bdd46c0eaaf76deeb266f1758b41b"
+SOURCE_DIGEST = "sha256:d7c2f670cc62700f30e65e819ca102f856f5b10a6137230584b9743d3233439f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -55,6 +55,9 @@ from cake_rmsnorm_silu_gate_det_train.saved import (
 )
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+#: the layout the input checks name in their messages: normalized over the last dim (in
+#: groups of group_size channels when given), as FLA's / Mamba2's gated RMSNorm
+X_LAYOUT = "[..., D]: normalized over the last dim (per group with group_size)"
 
 
 class RMSNormSiluGateDetGrads(NamedTuple):
@@ -110,18 +113,18 @@ def _check_inputs(x, z, weight, eps, norm_before_gate, group_size, activation,
             _fast_ok(x, z, weight, eps, norm_before_gate, group_size):
         return x.device, x.shape[-1], act
     check_tensor(x, "x")
-    check_ndim(x, "x", min_ndim=1)
+    check_ndim(x, "x", min_ndim=1, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
     D = x.shape[-1]
     if not 1 <= D <= MAX_HIDDEN:
         raise ValueError(f"x: last dimension (D) must be in [1, {MAX_HIDDEN}], got {D}")
     check_last_dim_contiguous(x, "x")
     check_tensor(z, "z")
-    check_shape(z, "z", list(x.shape))
+    check_shape(z, "z", list(x.shape), layout="x's shape: the gate of each element")
     check_dtype(z, "z", (x.dtype,))
     check_last_dim_contiguous(z, "z")
     check_tensor(weight, "weight")
-    check_shape(weight, "weight", [D])
+    check_shape(weight, "weight", [D], layout="[D]: one weight per channel of x's last dim")
     check_dtype(weight, "weight", (torch.float32, x.dtype))
     check_last_dim_contiguous(weight, "weight")
     check_positive_finite(eps, "eps")
@@ -484,7 +487,7 @@ def rmsnorm_silu_gate_det_bwd(dy: torch.Tensor, saved: RMSNormSiluGateDetSavedSe
     x, z, weight, rstd = saved.tensors()
     D = x.shape[-1]
     check_tensor(dy, "dy")
-    check_shape(dy, "dy", list(x.shape))
+    check_shape(dy, "dy", list(x.shape), layout="x's shape")
     check_dtype(dy, "dy", (x.dtype,))
     check_accumulator(dweight_accumulator, "dweight_accumulator", (D,))
     device = check_same_device(("saved", x), ("dy", dy),

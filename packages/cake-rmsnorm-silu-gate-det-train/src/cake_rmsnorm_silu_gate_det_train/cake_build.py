@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0cbd1003e5a930815f173875f341956f80f82143996f79b2250dc3b4a6aec480"
+SOURCE_DIGEST = "sha256:06d85603792865168a20bc269eb6cc4ddb45058350c6ef1fc90e4dcc690ff3f7"
 # --- end of generated block ---
 
 MANIFEST = {
