@@ -90,13 +90,6 @@ CONFIGS = {
                       "lens=1,70,0,65",
                       "40 32 float32 local_form=2 block_k_local=16 num_warps_local=2 "
                       "num_warps_o=1 lens=1,70,0,65",
-                      # rec_form = 2: rec_form 1 with the state in 64-row K slices
-                      # (docs/benchmarks/gdn_speed_plan.md); not yet run on a GPU
-                      "128 128 bfloat16 rec_form=2",
-                      "128 128 bfloat16 rec_form=2 num_warps_h=4",
-                      "128 128 bfloat16 rec_form=2 block_v=32 block_v_h=32",
-                      "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
-                      "64 64 float32 rec_form=2",
                       # keep_states: the backward reads the forward's chunk states, w,
                       # v_new (built and tested on the CPU; not yet run on a GPU)
                       "128 128 bfloat16 keep_states=1",

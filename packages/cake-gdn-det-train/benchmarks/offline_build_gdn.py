@@ -9,7 +9,7 @@ copies, register moves between layouts via shared memory show up as LDS/STS + BA
 Uses Triton's own compiler and its bundled cuobjdump (target sm_90), the default CUDA plan
 of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--plan``
 overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
-kernels/rec_bp.py with ``rec_form = 1``, of kernels/rec_slice.py with ``rec_form = 2``),
+kernels/rec_bp.py with ``rec_form = 1``),
 the chunk prep (forward, and the backward's with the kept T), the output kernel and the
 two backward chunk-local kernels (with ``local_form = 1`` the two kernels of
 kernels/bwd_local_split.py instead of bwd_local).
@@ -17,7 +17,7 @@ Static counts (each loop body once), not timings: a guide to where a candidate r
 work, to be confirmed on the GPU. ``--align`` gives the arguments the divisibility hints a
 launch gives them (16-byte aligned pointers; H = HV = 32 and K, V where multiples of 16):
 without it the loads are not vectorised and the builds spill where a real launch does not
-(docs/benchmarks/gdn_speed_plan.md, "rec_form = 2").
+(docs/benchmarks/gdn_speed_plan.md).
 Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
 """
 
@@ -98,11 +98,6 @@ def main():
     from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
     from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
     from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
-    from cake_gdn_det_train.kernels.rec_slice import (
-        SLICE_K,
-        gdn_bwd_dh_slice_kernel,
-        gdn_fwd_h_slice_kernel,
-    )
     from cake_gdn_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
@@ -127,22 +122,21 @@ def main():
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
     base = dict(DT=dt, PREC=prec, BT=64, BK=plan.block_k)
     rows = []
-    # rec_form = 2: the state in K slices of BKS rows
-    rec = dict(BKS=min(SLICE_K, plan.block_k)) if plan.rec_form == 2 else {}
+    rec = {}
     if plan.rec_form == 1:  # kernels/rec_bp.py takes the shape as constexpr (case a's heads)
         rec = dict(H=16, HV=32, GROUP=2, KD=a.K, VD=a.V)
     if "fwd_h" in only:
         t = {**ints, "Kp": bf, "W": bf, "U": bf, "GCUM": f32, "CU": i32, "CHUNK_OFF": i32,
              "H0": f32, "HBUF": bf, "VNEW": bf, "HT": f32}
         c = dict(base, BV=plan.block_v_h, HAS_H0=True, STORE_FINAL=True, **rec)
-        fn = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
+        fn = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel)[plan.rec_form]
         rows.append(("fwd_h", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "bwd_dh" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "W": bf, "GCUM": f32, "DO": bf, "CU": i32,
              "CHUNK_OFF": i32, "DHT": f32, "DH": bf, "DVNEW": bf, "DH0": f32, "scale": "fp32"}
         c = dict(base, BV=plan.block_v_h, HAS_DHT=True, STORE_DH0=True, **rec)
-        fn = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel, gdn_bwd_dh_slice_kernel)[plan.rec_form]
+        fn = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel)[plan.rec_form]
         rows.append(("bwd_dh", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "prep" in only:

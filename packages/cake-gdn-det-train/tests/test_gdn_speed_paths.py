@@ -8,10 +8,7 @@ final_state and every gradient against the float64 token recurrence (packed
 HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
 masked column blocks, V in two blocks; kept and recomputed T); bitwise repeatable; close
 to the default plan; the fields are part of the plan's serialised form (since format version 6)
-and checked. ``plan.rec_form = 2`` (rec_form 1 with the state and dS held as 64-row K
-slices, kernels/rec_slice.py): the same float64 checks with one masked, two and two
-partly masked slices, bitwise repeat and rec_form = 1's values to fp32 rounding (four
-slices at K = 200 under the interpreter), never the rule's choice."""
+and checked."""
 
 import dataclasses
 import json
@@ -71,21 +68,15 @@ def _grads(fn, inputs, h0, do, dht, **kw):
                                  block_v_local=16 if DEV.type == "cpu" else 32)),
     (128, 48, torch.bfloat16, dict(local_form=2, block_k_local=64, block_v_local=32)),
     (64, 64, torch.bfloat16, dict(local_form=2, block_k_local=64)),
-    # rec_form = 2: one masked slice; two slices; the second slice partly masked
-    (48, 40, torch.float32, dict(block_v=32, rec_form=2)),
-    (128, 64, torch.bfloat16, dict(block_v=32, rec_form=2)),
-    (100, 48, torch.bfloat16, dict(rec_form=2)),
     # block_v_h (format 8): the state kernels' V blocks apart from the output kernel's
     (48, 40, torch.float32, dict(block_v_h=32)),  # two V blocks, the second partly masked
     (128, 64, torch.bfloat16, dict(block_v_h=32, rec_form=1, num_warps_h=4)),
-    (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64, rec_form=2)),
+    (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64)),
 ], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
         "fp32-K40-V24-prep16-recompute", "fp32-K56-V40-local-bk16-bv16",
         "bf16-K64-V48-local-bk32-16bit", "fp32-K40-V40-kblock-bk16",
         "bf16-K128-V48-kblock-bk64", "bf16-K64-V64-kblock-one-block",
-        "fp32-K48-V40-bv32-slice1",
-        "bf16-K128-V64-bv32-slice2", "bf16-K100-V48-slice2-masked",
-        "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64-slice"])
+        "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64"])
 def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
     if dtype == torch.bfloat16:
@@ -150,36 +141,6 @@ def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"output {i}")
 
 
-@pytest.mark.parametrize("K", [
-    40,
-    pytest.param(100, marks=pytest.mark.skipif(
-        DEV.type == "cuda", reason="fp32 K > 64 is refused on CUDA (the bf16 K = 100 / 128 "
-        "cases of test_speed_paths_vs_reference run the two slices there)")),
-    pytest.param(200, marks=pytest.mark.skipif(
-        DEV.type == "cuda", reason="K > 128 is refused on CUDA")),
-], ids=["K40-one-slice", "K100-two-slices", "K200-four-slices"])
-def test_rec_slice_repeats_and_is_close_to_rec_form_1(K, gdn_inputs):
-    """rec_form = 2 (state in 64-row K slices) against rec_form = 1, fp32, packed
-    1/70/0/65, HV = 2H, V = 40 in two blocks of 32: twice the same bits, rec_form = 1's
-    values to fp32 rounding (only the sums over slices of w S and k dS are rounded
-    otherwise). K = 200: four slices, the last partly masked."""
-    V = 40
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=77, n_states=len(LENS),
-                                      h0=True)
-    cu = _cu(LENS)
-    do = randn(v.shape, torch.float32, DEV, seed=78)
-    dht = randn(h0.shape, torch.float32, DEV, seed=79)
-    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_v=32, rec_form=1)
-    new = dataclasses.replace(base, rec_form=2)
-    got = assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new),
-                                repeats=2)
-    want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert (a is None) == (b is None), i
-        if a is not None:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"output {i}")
-
-
 def test_fields_serialised_and_checked():
     # the rule: rec_form = 1 (3 stages) only on CUDA at 16-bit K = 128; prep_block never
     cpu = make_plan(128, 128, torch.bfloat16, "cpu")
@@ -204,19 +165,9 @@ def test_fields_serialised_and_checked():
     old["version"] = 5  # before local_form / block_k_local
     with pytest.raises(ValueError, match="format version 5"):
         GDNDetPlan.from_dict(old)
-    for bad in (3, -1, True):
+    for bad in (2, 3, -1, True):
         with pytest.raises(ValueError, match="rec_form"):
             dataclasses.replace(plan, rec_form=bad)
-    # rec_form = 2 (state in K slices): a new value of the field, same format version; the
-    # rule never takes it; nothing new refused on CUDA
-    sl = dataclasses.replace(plan, rec_form=2)
-    d = sl.to_dict()
-    assert d["rec_form"] == 2 and d["version"] == 9
-    assert GDNDetPlan.from_dict(d) == sl and sl.key not in (plan.key, on.key)
-    assert GDNDetPlan.from_dict(json.loads(sl.to_json())) == sl
-    assert cuda_plan_problem(dataclasses.replace(gpu, rec_form=2), torch.bfloat16) is None
-    assert cuda_plan_problem(dataclasses.replace(gpu, rec_form=2, num_warps_h=4, block_v=32),
-                             torch.bfloat16) is None
     for K, V in ((16, 16), (48, 40), (64, 64), (100, 48), (128, 128), (200, 24), (256, 256)):
         for dt in (torch.float32, torch.bfloat16, torch.float16):
             for dev in ("cpu", "cuda"):

@@ -67,23 +67,12 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
         {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_rows"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_slices"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_slices"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_rows_at_slices"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
-        {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e8f512c2dae121579a7f923f8952e0ebf85ec8e079a878d56461d365c5759fa4"
+SOURCE_DIGEST = "sha256:5cb05de1e13c69ca96ebf72784ffc245e4818167050d4e206348c6253cf72f72"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

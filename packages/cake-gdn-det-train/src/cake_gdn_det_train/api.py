@@ -67,11 +67,6 @@ from cake_gdn_det_train.kernels.rec_bp import (
     gdn_fwd_h_bp_kernel,
     state_grid,
 )
-from cake_gdn_det_train.kernels.rec_slice import (
-    SLICE_K,
-    gdn_bwd_dh_slice_kernel,
-    gdn_fwd_h_slice_kernel,
-)
 from cake_gdn_det_train.plan import (
     CHUNK_SIZE,
     MAX_HEAD_DIM,
@@ -154,11 +149,6 @@ def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _slice_arg(plan: GDNDetPlan) -> dict:
-    """The state-slice height of the ``rec_form = 2`` recurrence kernels (none for 0 / 1)."""
-    return {"BKS": min(SLICE_K, plan.block_k)} if plan.rec_form == 2 else {}
-
-
 def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
     """``DT`` of the kernels: the intermediates' dtype on CUDA, fp32 under the interpreter
     (its bf16 ``tl.dot`` is wrong in Triton 3.6)."""
@@ -216,7 +206,7 @@ def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: tor
 
 def _rec_grid(plan: GDNDetPlan, N: int, HV: int, V: int) -> tuple[int, ...]:
     """Grid of the two state kernels: ``rec_form = 1`` one axis, V blocks fastest
-    (kernels/rec_bp.py); the other forms (sequence, value head, V block)."""
+    (kernels/rec_bp.py); ``rec_form = 0`` (sequence, value head, V block)."""
     if plan.rec_form == 1:
         return state_grid(N, HV, V, plan.block_v_h)
     return (N, HV, cdiv(V, plan.block_v_h))
@@ -246,12 +236,12 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         BVF=max(16, next_power_of_2(V)), LOAD_A=load_a, BCOL=plan.prep_block,
         num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
-    fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
+    fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel)[plan.rec_form]
     fwd_h[_rec_grid(plan, N, HV, V)](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v_h,
-        **_slice_arg(plan), HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
+        HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
         num_warps=plan.num_warps_h,
         num_stages=plan.num_stages_h)
 
@@ -525,14 +515,13 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
             num_warps=plan.num_warps_o)
-        bwd_dh = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel,
-                  gdn_bwd_dh_slice_kernel)[plan.rec_form]
+        bwd_dh = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel)[plan.rec_form]
         bwd_dh[_rec_grid(plan, N, HV, V)](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v_h,
-            **_slice_arg(plan), HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+            HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
             num_warps=plan.num_warps_h,
             num_stages=plan.num_stages_h)
         if plan.local_form:

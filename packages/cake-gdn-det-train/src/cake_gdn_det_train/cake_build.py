@@ -51,17 +51,6 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_rows"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_slices"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_slices"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_rows_at_slices"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
 ]
 PLANS = [
     {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 9,
@@ -72,7 +61,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:20776b949ad44de4c76361ca3c16a6e17c562072f72307246a1cded7edc3460b"
+SOURCE_DIGEST = "sha256:cafce601fcdfcdff59b88e275ca77908cd0148cf231582dc93fc614be690ed2f"
 # --- end of generated block ---
 
 MANIFEST = {

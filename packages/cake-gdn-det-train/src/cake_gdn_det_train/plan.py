@@ -118,13 +118,7 @@ class GDNDetPlan(Plan):
             ``[64, block_v_h]`` tiles (v_new, k @ dS, do) instead: fewer register products,
             transposes and shared-memory round trips per serial step. Same math, other
             rounding (bits differ from 0, still fixed per plan). The rule's choice on
-            CUDA at 16-bit K = 128 (docs/benchmarks/gdn_speed_plan.md); 2 = form 1 with
-            the state (and dS) held as K slices of ``min(64, block_k)`` rows, one
-            ``[64, block_v_h]`` fp32 accumulator per slice (FLA's ``b_h1``, ``b_h2``;
-            kernels/rec_slice.py): each slice updates with its own dots, and ``w S`` /
-            ``k dS`` sum one dot per slice in slice order (other bits than 1, fixed per
-            plan). Never chosen by the rule (on an H200, session 11: right against float64,
-            1% faster than 1, within the spread).
+            CUDA at 16-bit K = 128 (docs/benchmarks/gdn_speed_plan.md).
         prep_block: 0 = the chunk prep forms w and u as whole ``[64, K]`` / ``[64, V]``
             tiles (the rule's choice); a power of two >= 16 (on CUDA >= 32 with 16-bit
             intermediates, see :func:`cuda_plan_problem`) =
@@ -242,7 +236,7 @@ class GDNDetPlan(Plan):
         if self.keep_states and not self.keep_a:
             self._fail("keep_states=1 needs keep_a=1 (a backward that skips the chunk prep "
                        "reads the forward's T)")
-        self.require_in_range("rec_form", 0, 2)
+        self.require_in_range("rec_form", 0, 1)
         self.require_power_of_two("block_k_local", minimum=16)
         if self.block_k_local > self.block_k:
             self._fail("block_k_local must be <= block_k")
@@ -312,9 +306,9 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "K = block_k (block_v_h=32 at "
                 "K = 100 with V = 48 / 64, bf16 and fp16, gave illegal memory accesses with "
                 "rec_form=1 (an out-of-range shared-memory address in the forward state "
-                "kernel) and o / dk / dv / dbeta 0.04-0.6 off float64 with rec_form=2 and with "
-                "4 warps or 2 stages, on an H200, Triton 3.6, 2026-12-01; right at K = 128, with "
-                "fp32 at K = 48, and under the interpreter)")
+                "kernel) and o / dk / dv / dbeta 0.04-0.6 off float64 with 4 warps or 2 "
+                "stages, on an H200, Triton 3.6, 2026-12-01; right at K = 128, with fp32 at "
+                "K = 48, and under the interpreter)")
     if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k >= 64 \
             and plan.block_v_local < 32 and plan.head_v_dim > plan.block_v_local:
         return ("on CUDA fp32 intermediates with block_k >= 64 need block_v_local >= 32 when "
