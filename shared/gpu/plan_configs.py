@@ -61,19 +61,6 @@ CONFIGS = {
                       "128 128 bfloat16 rec_form=1 prep_block=32",
                       "128 128 bfloat16 rec_form=1 prep_block=32 block_v=32 block_v_h=32",
                       "100 48 bfloat16 rec_form=1 prep_block=32 lens=1,70,0,65",
-                      # local_form: the backward chunk-local gradients in two kernels
-                      "128 128 bfloat16 local_form=1",
-                      "128 128 bfloat16 local_form=1 block_k_local=32 block_v_local=32",
-                      "128 128 bfloat16 local_form=1 block_k_local=32 block_v_local=16",
-                      "128 128 float16 local_form=1 block_k_local=32 block_v_local=32",
-                      "128 128 bfloat16 local_form=1 block_k_local=32 block_v_local=32 keep_a=0",
-                      "64 64 float32 local_form=1", "32 16 bfloat16 local_form=1",
-                      "16 16 float32 local_form=1",
-                      "100 48 bfloat16 local_form=1 block_k_local=32 block_v_local=32 lens=1,70,0,65",
-                      # block_v_local = 64 (the rule at K = 128 16-bit) with block_k_local = 32:
-                      # wrong dk / dg / dbeta on an H200 (session 10), refused on CUDA
-                      "100 48 bfloat16 local_form=1 block_k_local=32 lens=1,70,0,65",
-                      "48 32 float32 local_form=1 block_k_local=16 lens=1,70,0,65",
                       # local_form = 2: K-block programs (kernels/bwd_local_kblock.py)
                       "128 128 bfloat16 local_form=2", "128 128 float16 local_form=2",
                       "128 128 bfloat16 local_form=2 block_k_local=32 block_v_local=32",

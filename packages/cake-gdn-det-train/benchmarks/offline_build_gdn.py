@@ -11,8 +11,8 @@ of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--p
 overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
 kernels/rec_bp.py with ``rec_form = 1``),
 the chunk prep (forward, and the backward's with the kept T), the output kernel and the
-two backward chunk-local kernels (with ``local_form = 1`` the two kernels of
-kernels/bwd_local_split.py instead of bwd_local).
+backward chunk-local kernel (with ``local_form = 2`` the three kernels of
+kernels/bwd_local_kblock.py instead of bwd_local).
 Static counts (each loop body once), not timings: a guide to where a candidate removes
 work, to be confirmed on the GPU. ``--align`` gives the arguments the divisibility hints a
 launch gives them (16-byte aligned pointers; H = HV = 32 and K, V where multiples of 16):
@@ -51,7 +51,7 @@ SASS_GROUPS = {
 #: Triton's launcher specializes them at run time; every pointer is marked too)
 ALIGN = {}
 #: the heads and dims of the build (case a's); a kernel that takes H, HV, GROUP, KD or VD as
-#: ``tl.constexpr`` (the rule's kernels at 16-bit K = 128, rec_form / local_form 1, since
+#: ``tl.constexpr`` (the rule's kernels at 16-bit K = 128, rec_form 1 / local_form 2, since
 #: 2026-12-03; the others take them at run time) gets them from here
 SHAPE = {}
 
@@ -86,12 +86,9 @@ def main():
     from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
     from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
     from cake_gdn_det_train.kernels.bwd_local_kblock import (
+        gdn_bwd_local_dk_kernel,
         gdn_bwd_local_kblock_kernel,
         gdn_bwd_local_wy_kb_kernel,
-    )
-    from cake_gdn_det_train.kernels.bwd_local_split import (
-        gdn_bwd_local_dk_kernel,
-        gdn_bwd_local_wy_kernel,
     )
     from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
     from cake_gdn_det_train.kernels.fwd_inv import gdn_fwd_inv_kernel
@@ -166,15 +163,10 @@ def main():
              "HBUF": bf, "DH": bf, "DO": bf, "DVNEW": bf, "VNEW": bf, "CHUNK_START": i32,
              "CHUNK_END": i32, "DQ": f32, "DK": f32, "DV": f32, "DG": f32, "DBETA": f32,
              "scale": "fp32"}
-        if plan.local_form:
+        if plan.local_form:  # 2: kernels/bwd_local_kblock.py, at the plan's warps and 4
             bk = plan.block_k_local
             c = dict(base, BK=bk, NK=-(-a.K // bk), BV=plan.block_v_local,
                      NV=-(-a.V // plan.block_v_local))
-        if plan.local_form == 1:
-            rows.append(("bwd_local_wy", plan.num_warps_local,
-                         *build(gdn_bwd_local_wy_kernel, {**t, "DZ": f32}, c,
-                                plan.num_warps_local)))
-        if plan.local_form == 2:  # kernels/bwd_local_kblock.py, at the plan's warps and 4
             tk = {**t, "WT": f32, "WV": f32, "NT": "i32"}
             for w in sorted({plan.num_warps_local, 4}, reverse=True):
                 rows.append(("bwd_local_kblock", w,
@@ -182,13 +174,12 @@ def main():
             for w in sorted({plan.num_warps_o, 8, 4}, reverse=True):
                 rows.append(("bwd_local_wy_kb", w,
                              *build(gdn_bwd_local_wy_kb_kernel, {**tk, "DZ": f32}, c, w)))
-        if plan.local_form:
             t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
             t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32, DKO=bf, DQ=f32,
                      DQO=bf)  # case a: two value heads per q/k head, summed here
             rows.append(("bwd_local_dk", plan.num_warps_o,
                          *build(gdn_bwd_local_dk_kernel, t,
-                                dict(base, BK=bk, SUM_DQ=True, PER_HEAD=False),
+                                dict(base, BK=bk, SUM_DQ=True),
                                 plan.num_warps_o)))
         else:
             c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))

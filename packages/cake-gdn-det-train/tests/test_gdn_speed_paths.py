@@ -1,8 +1,9 @@
 """The speed candidates of docs/benchmarks/gdn_speed_plan.md: ``plan.rec_form = 1``
 (FLA's operand form of the two chunk-recurrence kernels: block pointers, the transposed
 k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]`` tiles),
-``plan.prep_block`` (the chunk prep's w and u in column blocks) and ``plan.local_form = 1``
-(the backward chunk-local gradients in two kernels, K in blocks of ``block_k_local``): o,
+``plan.prep_block`` (the chunk prep's w and u in column blocks) and ``plan.local_form = 2``
+(the backward chunk-local gradients with K-block programs, K in blocks of
+``block_k_local``): o,
 final_state and every gradient against the float64 token recurrence (packed
 1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size;
 HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
@@ -58,12 +59,12 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     (48, 40, torch.float32, dict(block_v=32, rec_form=1, prep_block=32)),
     (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1, prep_block=32)),
     (40, 24, torch.float32, dict(prep_block=16, keep_a=0)),
-    # 16-column V blocks of fp32 intermediates are refused on CUDA (cuda_plan_problem)
-    (56, 40, torch.float32, dict(local_form=1, block_k_local=16,
-                                 block_v_local=16 if DEV.type == "cpu" else 32)),
-    (64, 48, torch.bfloat16, dict(local_form=1, block_k_local=32, block_v_local=32)),
     # local_form = 2: K-block programs; three K blocks, the last partly masked; one K block
-    # (8 warps at block_k_local 16 are refused on CUDA: an illegal access on an H200)
+    # (8 warps at block_k_local 16 are refused on CUDA: an illegal access on an H200;
+    # 16-column V blocks of fp32 intermediates are refused on CUDA: cuda_plan_problem)
+    (56, 40, torch.float32, dict(local_form=2, block_k_local=16, num_warps_local=4,
+                                 block_v_local=16 if DEV.type == "cpu" else 32)),
+    (64, 48, torch.bfloat16, dict(local_form=2, block_k_local=32, block_v_local=32)),
     (40, 40, torch.float32, dict(local_form=2, block_k_local=16, num_warps_local=4,
                                  block_v_local=16 if DEV.type == "cpu" else 32)),
     (128, 48, torch.bfloat16, dict(local_form=2, block_k_local=64, block_v_local=32)),
@@ -73,8 +74,8 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     (128, 64, torch.bfloat16, dict(block_v_h=32, rec_form=1, num_warps_h=4)),
     (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64)),
 ], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
-        "fp32-K40-V24-prep16-recompute", "fp32-K56-V40-local-bk16-bv16",
-        "bf16-K64-V48-local-bk32-16bit", "fp32-K40-V40-kblock-bk16",
+        "fp32-K40-V24-prep16-recompute", "fp32-K56-V40-kblock-bk16-bv16",
+        "bf16-K64-V48-kblock-bk32-16bit", "fp32-K40-V40-kblock-bk16",
         "bf16-K128-V48-kblock-bk64", "bf16-K64-V64-kblock-one-block",
         "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64"])
 def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
@@ -113,11 +114,9 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
 
 
 @pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16), (dict(prep_block=16), 16),
-                                     (dict(local_form=1, block_k_local=16), 40),
                                      (dict(local_form=2, block_k_local=16), 40),
                                      (dict(block_v_h=16), 16)],
-                         ids=["rec_form", "prep_block", "local_form-K40-bk16",
-                              "local_form2-K40-bk16", "block_v_h"])
+                         ids=["rec_form", "prep_block", "local_form2-K40-bk16", "block_v_h"])
 def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     """fp32, packed 1/70/0/65, HV = 2H: twice the same bits; the default plan's values to
     fp32 rounding (the same math, other rounding; local_form: K in 3 blocks, one partly
@@ -200,9 +199,9 @@ def test_fields_serialised_and_checked():
             bvf = 1 << (max(V, 16) - 1).bit_length()  # V rounded up to a power of two
             want_bvl = (64 if p.rec_form else min(32, bvf)) if dev == "cuda" else bvf
             assert p.block_v_local == want_bvl, (K, V, dt, dev)
-    loc = dataclasses.replace(plan, local_form=1, block_k_local=32, block_v_local=32)
+    loc = dataclasses.replace(plan, local_form=2, block_k_local=32, block_v_local=32)
     d = loc.to_dict()
-    assert (d["local_form"], d["block_k_local"]) == (1, 32)
+    assert (d["local_form"], d["block_k_local"]) == (2, 32)
     assert GDNDetPlan.from_dict(d) == loc and loc.key != plan.key
     assert cuda_plan_problem(loc, torch.bfloat16) is None
     # K blocks of 32 with 64-wide V blocks: wrong dk / dg / dbeta on an H200 (Triton 3.6)
@@ -214,7 +213,7 @@ def test_fields_serialised_and_checked():
         dataclasses.replace(loc, block_k_local=16), torch.bfloat16)
     fp32 = make_plan(56, 40, torch.float32, "cuda")
     assert fp32.block_v_local == 32 and cuda_plan_problem(fp32, torch.float32) is None
-    for lf in (0, 1, 2):  # illegal memory accesses / wrong dk on an H200 (Triton 3.6)
+    for lf in (0, 2):  # illegal memory accesses / wrong dk on an H200 (Triton 3.6)
         bad = dataclasses.replace(fp32, local_form=lf, block_k_local=16, block_v_local=16)
         assert "block_v_local >= 32" in cuda_plan_problem(bad, torch.float32)
     assert cuda_plan_problem(dataclasses.replace(loc, block_k_local=16), torch.float32) is not \
@@ -225,10 +224,9 @@ def test_fields_serialised_and_checked():
     kb16 = dataclasses.replace(k40, local_form=2, block_k_local=16, block_v_local=32)
     assert "block_k_local >= 32" in cuda_plan_problem(kb16, torch.float32)
     for ok in (dataclasses.replace(kb16, num_warps_local=4),
-               dataclasses.replace(kb16, block_k_local=32),
-               dataclasses.replace(kb16, local_form=1)):
+               dataclasses.replace(kb16, block_k_local=32)):
         assert cuda_plan_problem(ok, torch.float32) is None, ok
-    for bad in (3, -1, True):
+    for bad in (1, 3, -1, True):
         with pytest.raises(ValueError, match="local_form"):
             dataclasses.replace(plan, local_form=bad)
     for bad in (8, 24, 256, 0):
@@ -404,18 +402,16 @@ def test_workspace_serves_plans_differing_in_narrowed_fields(gdn_inputs):
                                        (1, 3, True), (2, 4, False)],
                          ids=["hv1-plain", "hv1-l2norm", "hv2-plain", "hv3-l2norm",
                               "two-heads-hv2"])
-def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn_inputs,
-                                                           monkeypatch):
-    """``local_form = 1``: the dk kernel adds each q/k head's value heads' dk and dq in
+def test_local_dk_kernel_sums_value_heads(dtype, H, HV, l2, gdn_inputs, monkeypatch):
+    """``local_form = 2``: the dk kernel adds each q/k head's value heads' dk and dq in
     index order and stores them in the gradients' dtype (fp32 before the L2 norm's
     backward; bf16 stays fp32 under the interpreter and torch casts), and with one value
-    head per q/k head the first kernel stores dq as it is: no ``group_sum_cast`` pass. The
-    same bits as the per-value-head fp32 path with the pass (``_FUSED_GROUP_SUM = False``,
-    which this test checks does run the pass), and float64 parity."""
+    head per q/k head the first kernel stores dq as it is: no ``group_sum_cast`` pass;
+    float64 parity."""
     from cake_gdn_det_train import api
 
     K, V = 64, 48
-    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), local_form=1, block_k_local=32,
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), local_form=2, block_k_local=32,
                                block_v_local=32)
     q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), H, HV, K, V, dtype, seed=77,
                                       n_states=len(LENS), h0=True, normalize_k=not l2)
@@ -429,11 +425,6 @@ def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn
     got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
     assert not sums
     assert got[2].dtype == got[3].dtype == dtype
-    monkeypatch.setattr(api, "_FUSED_GROUP_SUM", False)
-    unfused = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
-    assert len(sums) == 2
-    for i, (a, b) in enumerate(zip(got, unfused, strict=True)):
-        assert a.dtype == b.dtype and torch.equal(a, b), f"output {i}"
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
@@ -442,42 +433,10 @@ def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn
         assert_close_to_reference(a, b, dtype, name)
 
 
-def test_wy_launch_constants_reach_the_launch(gdn_inputs, monkeypatch):
-    """``api.WY_STAGES`` / ``api.WY_MAXNREG`` (the local WY kernel's ``num_stages`` and
-    ``maxnreg``, launch constants for GPU sweeps, None in the rule) reach its launch and
-    are absent from it when None; results right against float64 either way (on CUDA they
-    change only the build's pipelining and register budget)."""
-    from cake_gdn_det_train import api
-
-    K, V, lens = 32, 40, [1, 70, 0, 65]
-    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), local_form=1,
-                               block_k_local=16)
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, 2, K, V, seed=91, h0=True,
-                                      n_states=len(lens))
-    cu = _cu(lens)
-    do = randn(v.shape, torch.float32, DEV, seed=92)
-    dht = randn(h0.shape, torch.float32, DEV, seed=93)
-    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
-                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
-                  dht.double(), cu_seqlens=cu)
-    for stages, maxnreg in ((1, 128), (None, None)):
-        monkeypatch.setattr(api, "WY_STAGES", stages)
-        monkeypatch.setattr(api, "WY_MAXNREG", maxnreg)
-        with record_launches(api, "gdn_bwd_local_wy_kernel") as launches:
-            got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
-                         cu_seqlens=cu, plan=plan)
-        kws = [kw for _, kw in launches["gdn_bwd_local_wy_kernel"]]
-        assert kws and all(kw.get("num_stages") == stages and kw.get("maxnreg") == maxnreg
-                           for kw in kws)
-        for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
-                              got, want, strict=True):
-            assert_close_to_reference(a, b, torch.float32, name)
-
-
 def test_local_form_2_launches_k_block_programs(gdn_inputs):
     """``local_form = 2`` launches the K-block kernel on (chunks, HV, ceil(K /
     block_k_local)) with ``num_warps_local`` warps and its WY kernel on (chunks, HV) with
-    ``num_warps_o``, not form 1's WY kernel; right against float64 at two warp counts
+    ``num_warps_o``; right against float64 at two warp counts
     (four packed sequences, one empty: 5 chunks; K in three blocks, the last partly
     masked)."""
     from cake_gdn_det_train import api
@@ -493,15 +452,13 @@ def test_local_form_2_launches_k_block_programs(gdn_inputs):
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu)
-    names = ("gdn_bwd_local_kblock_kernel", "gdn_bwd_local_wy_kb_kernel",
-             "gdn_bwd_local_wy_kernel")
+    names = ("gdn_bwd_local_kblock_kernel", "gdn_bwd_local_wy_kb_kernel")
     for plan in (rule, dataclasses.replace(rule, num_warps_local=2, num_warps_o=1)):
         with record_launches(api, *names) as launches:
             got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
                          cu_seqlens=cu, plan=plan)
         assert _grids(launches, names[0]) == [(5, 2, 3)]
         assert _grids(launches, names[1]) == [(5, 2)]
-        assert not launches.get(names[2])
         assert [kw["num_warps"] for _, kw in launches[names[0]]] == [plan.num_warps_local]
         assert [kw["num_warps"] for _, kw in launches[names[1]]] == [plan.num_warps_o]
         for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
@@ -509,12 +466,11 @@ def test_local_form_2_launches_k_block_programs(gdn_inputs):
             assert_close_to_reference(a, b, torch.float32, name)
 
 
-@pytest.mark.parametrize("over, K", [(dict(), 40), (dict(local_form=1, block_k_local=16), 40),
-                                     (dict(local_form=2, block_k_local=16), 40)],
-                         ids=["local_form0", "local_form1-K40-bk16", "local_form2-K40-bk16"])
+@pytest.mark.parametrize("over, K", [(dict(), 40), (dict(local_form=2, block_k_local=16), 40)],
+                         ids=["local_form0", "local_form2-K40-bk16"])
 def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs):
     """Every tensor the package allocates with ``torch.empty`` in a call (outputs, the
-    backward's dh / dv_new / per-value-head dq, dk, ``local_form`` 1 and 2's z rows, partial
+    backward's dh / dv_new / per-value-head dq, dk, ``local_form = 2``'s z rows, partial
     dT and row sums, which GDNDetWorkspace does not own) filled with NaN (integers: their
     max) before the kernels see it: the same bits as a plain call, packed 1/70/0/65, HV =
     2H, fp32 (no element read before it is written, so no earlier contents reach a result;

@@ -52,10 +52,8 @@ REUSED_KERNELS = {
          "function": "gdn_bwd_local_kblock_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_wy_kb_kernel"},
-        {"module": "cake_gdn_det_train.kernels.bwd_local_split",
-         "function": "gdn_bwd_local_wy_kernel"},
-        {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
-        {"module": "cake_gdn_det_train.kernels.bwd_local_split",
+        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_dk_of_head"},
+        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_dk_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
@@ -72,7 +70,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:5cb05de1e13c69ca96ebf72784ffc245e4818167050d4e206348c6253cf72f72"
+SOURCE_DIGEST = "sha256:d0d35afdac5dcefeedaf56ae543826f5859518477f2ba992927d3029456312dc"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -46,12 +46,9 @@ from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
 from cake_gdn_det_train.kernels.bwd_local_kblock import (
+    gdn_bwd_local_dk_kernel,
     gdn_bwd_local_kblock_kernel,
     gdn_bwd_local_wy_kb_kernel,
-)
-from cake_gdn_det_train.kernels.bwd_local_split import (
-    gdn_bwd_local_dk_kernel,
-    gdn_bwd_local_wy_kernel,
 )
 from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
 from cake_gdn_det_train.kernels.fwd_inv import gdn_fwd_inv_kernel
@@ -363,73 +360,42 @@ def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: 
     return tuple(t.contiguous() for t, _, _ in want)
 
 
-#: the value-head sum of dq / dk fused into the local dk kernel (local_form = 1); False only
-#: in tests, to compare with the group_sum_cast pass it replaces
-_FUSED_GROUP_SUM = True
-#: ``num_stages`` and ``maxnreg`` of the backward chunk-local WY kernel's launch
-#: (``local_form = 1``), or ``None``: Triton's default (3 stages) and ptxas's choice (the
-#: rule). Offline sm_90 builds at K = V = 128, 8 warps (Triton 3.6, 2026-12-03): 255
-#: registers, 40 stack bytes, 139 KB shared with 3 stages (one program per SM); 1 stage
-#: 57 KB; 1 stage with maxnreg 128: 128 registers, 672 stack bytes (two programs per SM
-#: would fit). Timed on an H200 at case b (session 25, 2026-12-03, ``state_sweep.py``),
-#: the same bits everywhere, kernel us: rule 1526; 1 stage 1638; 2 stages 1637; 1 stage +
-#: maxnreg 128 2433; 2 + 128 2289; 1 + 168 2228: the rule stays, and these stay launch
-#: constants for sweeps (items ``api.WY_STAGES=1 api.WY_MAXNREG=128``). The interpreter
-#: ignores them.
-WY_STAGES = None
-WY_MAXNREG = None
-
-
-def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
-                 dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
-                 dq_out, dk_out):
-    """``plan.local_form`` 1 or 2: the chunk-local gradients in two kernels
-    (kernels/bwd_local_split.py), or three (2: kernels/bwd_local_kblock.py, then the same
-    dk kernel) through an fp32 ``[NT, HV, 64]`` scratch of the
-    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need. ``dq_hv``: the
-    first kernel's dq per value head (fp32, or the gradients' dtype with one value head per
-    q/k head); ``dk_hv``: its fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the
-    value-head sums (None: ``dq_hv`` / ``dk_hv`` per value head, summed by the caller)."""
+def _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
+                  dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
+                  dq_out, dk_out):
+    """``plan.local_form = 2``: the chunk-local gradients in three kernels
+    (kernels/bwd_local_kblock.py): K-block programs, their partial dT (64 x 64 per chunk,
+    value head and K block) and row sums through workspaces, added in K-block order by the
+    WY kernel, which stores the ``[64, 64]`` matrix z per chunk that the dk kernel's terms
+    need in an fp32 ``[NT, HV, 64]`` scratch. ``dq_hv``: the first kernel's dq per value
+    head (fp32, or the gradients' dtype with one value head per q/k head); ``dk_hv``: its
+    fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the value-head sums."""
     NT = dq_hv.shape[0]
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
     NK = cdiv(K, BK)
-    if plan.local_form == 2:
-        # K-block programs, their partial dT (64 x 64 per chunk, value head and K block)
-        # and row sums through workspaces, added in K-block order by the WY kernel: dT's
-        # parts in the intermediates' dtype (an H200, case b: the WY kernel 457 -> 389 us
-        # and the K-block kernel 927 -> 913 with bf16 parts; errors against float64 the
-        # same to two digits: dT is cast to that dtype for its dots anyway), row sums fp32
-        wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
-        wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
-        gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
-            qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-            dq_hv, dk_hv, wt, wv, NT,
-            scale, H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
-        gdn_bwd_local_wy_kb_kernel[(NC, HV)](
-            kn, v, beta_eff, g_cumsum, A, dv_new, dt[0], dt[1], wt, wv, NT,
-            dv, dg, dbeta, dz,
-            H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_o)
-    else:
-        gdn_bwd_local_wy_kernel[(NC, HV)](
-            qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-            dq_hv, dk_hv, dv, dg, dbeta, dz,
-            scale, H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local,
-            **({"num_stages": WY_STAGES} if WY_STAGES else {}),
-            **({"maxnreg": WY_MAXNREG} if WY_MAXNREG else {}))
-    fused = dk_out is not None
+    # dT's parts in the intermediates' dtype (an H200, case b: the WY kernel 457 -> 389 us
+    # and the K-block kernel 927 -> 913 with bf16 parts; errors against float64 the same to
+    # two digits: dT is cast to that dtype for its dots anyway), row sums fp32
+    wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
+    wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
+    gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
+        qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+        dq_hv, dk_hv, wt, wv, NT,
+        scale, H, HV, HV // H, K, V,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
+        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
+    gdn_bwd_local_wy_kb_kernel[(NC, HV)](
+        kn, v, beta_eff, g_cumsum, A, dv_new, dt[0], dt[1], wt, wv, NT,
+        dv, dg, dbeta, dz,
+        H, HV, HV // H, K, V,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
+        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_o)
     G = HV // H
-    gdn_bwd_local_dk_kernel[(NC, H if fused else HV, cdiv(K, BK))](
-        kn, dt[0], dt[1], dz, dk_hv, dk_out if fused else dk_hv, dq_hv,
-        dq_out if fused else dq_hv, H, HV, G, K,
-        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, SUM_DQ=fused and G > 1,
-        PER_HEAD=not fused, num_warps=plan.num_warps_o)
+    gdn_bwd_local_dk_kernel[(NC, H, cdiv(K, BK))](
+        kn, dt[0], dt[1], dz, dk_hv, dk_out, dq_hv, dq_out, H, HV, G, K,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, SUM_DQ=G > 1,
+        num_warps=plan.num_warps_o)
 
 
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
@@ -453,14 +419,14 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     else:
         qn, kn = q, k
     # every token lies in a chunk, so the local kernel writes every row of these
-    # local_form = 1: the split local kernels store dq and dk [NT, H, K] in the gradients'
+    # local_form = 2: the local kernels store dq and dk [NT, H, K] in the gradients'
     # dtype themselves (the value-head sum and its cast fused into the dk kernel; with one
     # value head per q/k head the first kernel stores dq as it is): no group_sum_cast pass
     # (an H200, 2026-12-02: 2 x 94 us of case b's backward, 2 x 155 us of case a's). The
     # same bits: the same fp32 adds in index order, both casts round to nearest even (under
     # the interpreter bf16 stays fp32 and torch casts, as group_sum_cast does there)
     G = HV // H
-    fused = bool(plan.local_form) and _FUSED_GROUP_SUM
+    fused = bool(plan.local_form)
     gdt = f32 if saved.use_qk_l2norm else q.dtype
     odt = direct_store_dtype(gdt)
     dq_hv = torch.empty((NT, HV, K), dtype=odt if fused and G == 1 else f32, device=dev)
@@ -525,7 +491,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             num_warps=plan.num_warps_h,
             num_stages=plan.num_stages_h)
         if plan.local_form:
-            _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
+            _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                          dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan,
                          dq_out, dk_out)
         else:

@@ -38,9 +38,9 @@ KERNELS = [
      "function": "gdn_bwd_local_kblock_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_wy_kb_kernel"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_wy_kernel"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_dk_of_head"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
+     "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
     {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_t_store"},
@@ -61,7 +61,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cafce601fcdfcdff59b88e275ca77908cd0148cf231582dc93fc614be690ed2f"
+SOURCE_DIGEST = "sha256:60c97eeefe9792b632f70311cbfb5c1bf0c8ee21232a198435848771cf72a96d"
 # --- end of generated block ---
 
 MANIFEST = {

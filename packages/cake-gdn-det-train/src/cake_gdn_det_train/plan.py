@@ -127,31 +127,16 @@ class GDNDetPlan(Plan):
             ~1 KB per thread). Each column is the same dot over the chunk's 64 rows as
             before; bits may still differ from 0 on a GPU (other tile shapes), fixed per
             plan. Not the rule's: no faster on an H200 (docs/benchmarks/gdn_speed_plan.md).
-        local_form: 0 = the backward chunk-local gradients in one kernel holding whole-K
-            ``[64, K]`` fp32 accumulators (kernels/bwd_local.py; the rule's choice);
-            1 = two kernels (kernels/bwd_local_split.py, FLA's split of the work): one per
-            (chunk, value head) over K blocks of ``block_k_local`` (``[64, 64]`` /
-            ``[64, block_k_local]`` tiles; dq, dv, dbeta, dg and dk but its dA terms),
-            then one per (chunk, value head, K block) adding dk's dA terms from a
-            ``[64, 64]`` matrix per chunk passed through an fp32 scratch of 256 bytes per
-            token and value head (its warps: ``num_warps_o``). Other summation order: other bits
-            than 0, fixed per plan. The rule's choice on CUDA at 16-bit K = 128 (faster on
-            an H200, session 9); 2 = form 1 with the first kernel's work over K in programs
-            of their own, one per (chunk, value head, K block of ``block_k_local``), as
-            FLA's ``chunk_bwd_dqkwg`` (kernels/bwd_local_kblock.py): each forms dp = do
-            v_new^T over V itself, stores its dq and its parts of dk, dT (``[64, 64]``,
-            fp32 workspace of 256 bytes per token, value head and K block) and of dg's and
-            dbeta's row sums (16 bytes per token, value head and K block); then one per
-            (chunk, value head) adds the parts in K-block order and forms dv, dT's v part,
-            dA, dg, dbeta and z; then form 1's dk kernel. Other bits than 1, fixed per plan.
-            dT's parts are stored in the intermediates' dtype (16-bit where they are: dT
-            is cast so for its dots anyway). The rule's choice on CUDA at 16-bit K = 128
-            since session 26 (an H200: the chunk-local kernels 1756 -> 1530 us at case b,
-            3678 -> 3278 at a, every configuration tried right against float64).
-        block_k_local: columns of K per block of ``local_form`` 1 and 2 (power of two >= 16,
-            <= block_k; on CUDA >= 32 with 16-bit intermediates, and with ``local_form =
-            2`` at more than 4 ``num_warps_local``); unused with
-            ``local_form = 0``. Bits depend on it.
+        local_form: 0 = the backward chunk-local gradients in one kernel per (chunk, value
+            head) holding whole-K ``[64, K]`` fp32 accumulators (kernels/bwd_local.py);
+            2 = in three kernels (kernels/bwd_local_kblock.py, FLA's ``chunk_bwd_dqkwg``
+            split): one per (chunk, value head, K block of ``block_k_local``), partial dT
+            and row sums through workspaces, added in K-block order by one per (chunk,
+            value head), then dk's dA terms per (chunk, q/k head, K block) (its two later
+            kernels' warps: ``num_warps_o``). Other summation order: other bits than 0,
+            fixed per plan. The rule's choice on CUDA at 16-bit K = 128 (an H200: faster).
+        block_k_local: columns of K per block of ``local_form = 2`` (power of two >= 16,
+            <= block_k); unused with ``local_form = 0``. Bits depend on it.
         inv_kernel: where each chunk's T = (I + A_raw)^-1 is formed when it is not loaded
             (the forward, and a backward that recomputes it). 0 = inside the chunk prep, as
             one ``[64, 64]`` tile (:func:`cake_core.triangular.unit_lower_inverse`, six
@@ -173,8 +158,8 @@ class GDNDetPlan(Plan):
     shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
     on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
     intermediates (the 16-wide 16-bit dot fault of ``store_16bit``); likewise
-    ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run);
-    ``block_k_local >= min(64, block_k)`` where ``local_form = 1`` has ``block_v_local >=
+    ``block_k_local`` >= 32 with ``local_form = 2`` and 16-bit intermediates;
+    ``block_k_local >= min(64, block_k)`` where ``local_form = 2`` has ``block_v_local >=
     64`` (K blocks of 32 with 64-wide V blocks gave wrong dk / dg / dbeta on an H200; right
     under the interpreter, so a compiler fault); ``block_k_local >= 32`` where
     ``local_form = 2`` has ``num_warps_local > 4`` (8 warps with K blocks of 16 made an
@@ -232,7 +217,8 @@ class GDNDetPlan(Plan):
                            "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
         self.require_flags("store_16bit", "keep_a", "keep_states", "inv_kernel")
-        self.require_in_range("local_form", 0, 2)
+        if self.local_form not in (0, 2):
+            self._fail(f"local_form must be 0 or 2, got {self.local_form}")
         if self.keep_states and not self.keep_a:
             self._fail("keep_states=1 needs keep_a=1 (a backward that skips the chunk prep "
                        "reads the forward's T)")
@@ -291,15 +277,15 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "Triton 3.6)")
     if dtype != torch.float32 and plan.store_16bit and plan.local_form \
             and plan.block_k_local < 32:
-        return ("on CUDA local_form=1 needs block_k_local >= 32 with 16-bit intermediates "
+        return ("on CUDA local_form=2 needs block_k_local >= 32 with 16-bit intermediates "
                 "(16-wide 16-bit dots gave wrong results on an H200, Triton 3.6)")
     if plan.local_form and plan.block_k_local < min(64, plan.block_k) \
             and plan.block_v_local >= 64:
-        return ("on CUDA local_form=1 with block_v_local >= 64 needs block_k_local >= "
-                "min(64, block_k) (block_k_local=32 with block_v_local=64 gave dk / dg / "
-                "dbeta 0.04-0.2 off float64 at K, V = 100, 48 / 96, 64 / 128, 64 bf16 and "
-                "fp16 on an H200, Triton 3.6, right under the interpreter; the rule's "
-                "block_k_local=64 was right)")
+        return ("on CUDA local_form=2 with block_v_local >= 64 needs block_k_local >= "
+                "min(64, block_k) (K blocks of 32 with block_v_local=64 gave dk / dg / dbeta "
+                "0.04-0.2 off float64 at K, V = 100, 48 / 96, 64 / 128, 64 bf16 and fp16 on an "
+                "H200, Triton 3.6, right under the interpreter; the rule's block_k_local=64 "
+                "was right)")
     if dtype != torch.float32 and plan.store_16bit and plan.head_k_dim != plan.block_k \
             and plan.block_v_h < min(64, _bvf(plan.head_v_dim)):
         return ("on CUDA with 16-bit intermediates block_v_h < min(64, V rounded up) needs "
@@ -433,8 +419,8 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     # H200 2026-11-30 (docs/benchmarks/gdn.md): at K = V = 128 bf16 the backward-recurrence
     # form with 3 stages took 14.5 ms fwd+bwd at case a (default form, 2 stages: 15.7 ms);
     # adopted where it was measured, the 16-bit [128, 64] state tiles. Same place, same
-    # day: local_form = 1 took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms. Session 10
-    # (same GPU and versions): block_v_local = 64 with it, case a 13.14 -> 12.43 ms and
+    # day: split local kernels took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms. Session 10
+    # (same GPU and versions): block_v_local = 64 with them, case a 13.14 -> 12.43 ms and
     # 12.99 -> 12.37 (two runs), case b 5.47 -> 5.18 / 5.40 -> 5.13, right against float64.
     block_v_h = block_v  # the state kernels' V block (format 8)
     if cuda and dtype != torch.float32 and K == block_k == 128 and V == 128:
