@@ -37,8 +37,8 @@ _COMMON = [
     "128 128 bfloat16 keep_a=0",
 ]
 CONFIGS = {
-    # format 8: block_v no longer sets the state kernels' width (block_v_h does); the
-    # state-kernel configurations of earlier sessions name both
+    # block_v sets the output kernels' width, block_v_h the state kernels'; the
+    # state-kernel configurations name both
     "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4",
                       "128 128 bfloat16 block_v=32 block_v_h=32",
                       # rec_form: the recurrences in FLA's operand form (docs/benchmarks/
@@ -82,7 +82,7 @@ CONFIGS = {
                       "128 128 bfloat16 keep_states=1",
                       "100 48 bfloat16 keep_states=1 lens=1,70,0,65",
                       "48 32 float32 keep_states=1 lens=1,70,0,65",
-                      # block_v_h (format 8): the state kernels' V blocks apart from the
+                      # block_v_h: the state kernels' V blocks apart from the
                       # output kernel's; session 14 (H200): right at K = 128, the 100 / 48
                       # entry faulted (now refused by cuda_plan_problem: expect a ValueError)
                       "128 128 bfloat16 block_v_h=32 num_warps_h=4",

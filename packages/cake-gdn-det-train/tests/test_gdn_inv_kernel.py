@@ -5,7 +5,7 @@ prep then loads. o, final state and every gradient against the float64 token rec
 with two q/k heads; kept and recomputed T; fp32 and 16-bit); T itself against
 ``torch.linalg.inv`` of the float64 A_raw; close to ``inv_kernel = 0`` and bitwise
 repeatable; the kernel runs once per forward and once more only in a backward that
-recomputes T; the fields serialised (format 9), a format-8 dict refused with its upgrade."""
+recomputes T; the fields serialised."""
 
 import dataclasses
 import json
@@ -162,15 +162,8 @@ def test_fields_serialised_and_checked():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     on = dataclasses.replace(plan, inv_kernel=1, num_warps_inv=1)
     d = on.to_dict()
-    assert d["inv_kernel"] == 1 and d["num_warps_inv"] == 1 and d["version"] == 9
+    assert d["inv_kernel"] == 1 and d["num_warps_inv"] == 1 and d["version"] == 1
     assert GDNDetPlan.from_dict(json.loads(on.to_json())) == on and on.key != plan.key
-    v8 = {n: x for n, x in plan.to_dict().items() if n not in ("inv_kernel", "num_warps_inv")}
-    v8["version"] = 8
-    with pytest.raises(ValueError, match="format version 8 is not 9: .*inv_kernel = 0 and "
-                                         "num_warps_inv = 2"):
-        GDNDetPlan.from_dict(v8)
-    assert GDNDetPlan.from_dict({**v8, "inv_kernel": 0, "num_warps_inv": 2,
-                                 "version": 9}) == plan
     for name, bad in (("inv_kernel", 2), ("inv_kernel", -1), ("num_warps_inv", 3)):
         with pytest.raises(ValueError, match=name):
             dataclasses.replace(plan, **{name: bad})

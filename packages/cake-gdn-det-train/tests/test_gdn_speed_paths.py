@@ -8,8 +8,7 @@ final_state and every gradient against the float64 token recurrence (packed
 1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size;
 HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
 masked column blocks, V in two blocks; kept and recomputed T); bitwise repeatable; close
-to the default plan; the fields are part of the plan's serialised form (since format version 6)
-and checked."""
+to the default plan; the fields are part of the plan's serialised form and checked."""
 
 import dataclasses
 import json
@@ -69,7 +68,7 @@ def _grads(fn, inputs, h0, do, dht, **kw):
                                  block_v_local=16 if DEV.type == "cpu" else 32)),
     (128, 48, torch.bfloat16, dict(local_form=2, block_k_local=64, block_v_local=32)),
     (64, 64, torch.bfloat16, dict(local_form=2, block_k_local=64)),
-    # block_v_h (format 8): the state kernels' V blocks apart from the output kernel's
+    # block_v_h: the state kernels' V blocks apart from the output kernel's
     (48, 40, torch.float32, dict(block_v_h=32)),  # two V blocks, the second partly masked
     (128, 64, torch.bfloat16, dict(block_v_h=32, rec_form=1, num_warps_h=4)),
     (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64)),
@@ -154,16 +153,11 @@ def test_fields_serialised_and_checked():
     plan = dataclasses.replace(make_plan(128, 128, torch.bfloat16, DEV), rec_form=0)
     on = dataclasses.replace(plan, rec_form=1)
     d = on.to_dict()
-    assert d["rec_form"] == 1 and d["version"] == 9
+    assert d["rec_form"] == 1 and d["version"] == 1
     assert GDNDetPlan.from_dict(d) == on and on.key != plan.key
-    old = {n: x for n, x in plan.to_dict().items() if n != "rec_form"}
-    old["version"] = 4  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 4"):
-        GDNDetPlan.from_dict(old)
-    old = {n: x for n, x in plan.to_dict().items() if n not in ("local_form", "block_k_local")}
-    old["version"] = 5  # before local_form / block_k_local
-    with pytest.raises(ValueError, match="format version 5"):
-        GDNDetPlan.from_dict(old)
+    for version in (0, 2):  # no other format exists: refused, with no upgrade to offer
+        with pytest.raises(ValueError, match=f"format version {version} is not 1$"):
+            GDNDetPlan.from_dict({**d, "version": version})
     for bad in (2, 3, -1, True):
         with pytest.raises(ValueError, match="rec_form"):
             dataclasses.replace(plan, rec_form=bad)
@@ -235,9 +229,8 @@ def test_fields_serialised_and_checked():
 
 
 def test_block_v_h_field_format_and_checks():
-    """Format 8's block_v_h: the rule takes block_v (format 7's launches) except on CUDA at
-    K = V = 128 with 16-bit inputs (block_v = 128 there since session 15, block_v_h = 64),
-    a version-7 dict is refused with the upgrade, the field is checked like block_v."""
+    """block_v_h: the rule takes block_v except on CUDA at K = V = 128 with 16-bit inputs
+    (block_v = 128 there, block_v_h = 64); serialised; the field is checked like block_v."""
     for dev in ("cpu", "cuda"):
         for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16), (64, 40, BF16),
                          (128, 128, torch.float16), (128, 100, BF16), (100, 128, BF16)):
@@ -248,16 +241,10 @@ def test_block_v_h_field_format_and_checks():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     new = dataclasses.replace(plan, block_v_h=32)
     d = new.to_dict()
-    assert d["block_v_h"] == 32 and d["version"] == 9
+    assert d["block_v_h"] == 32 and d["version"] == 1
     assert GDNDetPlan.from_dict(json.loads(new.to_json())) == new and new.key != plan.key
-    v7 = {n: x for n, x in plan.to_dict().items() if n != "block_v_h"}
-    v7["version"] = 7
-    with pytest.raises(ValueError, match="format version 7 is not 9: .*block_v_h = <the "
-                                         "plan's block_v>"):
-        GDNDetPlan.from_dict(v7)
-    # the upgrade's block_v_h = block_v: format 7's launches (on CUDA the rule's 64 differs)
-    assert GDNDetPlan.from_dict({**v7, "block_v_h": plan.block_v, "version": 9}) == \
-        dataclasses.replace(plan, block_v_h=plan.block_v)
+    with pytest.raises(ValueError, match="missing .*block_v_h"):
+        GDNDetPlan.from_dict({n: x for n, x in d.items() if n != "block_v_h"})
     for bad, match in ((24, "power of two"), (256, "block_v_h must be <="), (16, "store_16bit")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(plan, block_v_h=bad)

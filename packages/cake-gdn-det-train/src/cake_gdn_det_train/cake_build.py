@@ -53,7 +53,7 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
 ]
 PLANS = [
-    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 9,
+    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 1,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
@@ -61,7 +61,7 @@ PLANS = [
                 "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:60c97eeefe9792b632f70311cbfb5c1bf0c8ee21232a198435848771cf72a96d"
+SOURCE_DIGEST = "sha256:349ec708290ba1b0c2f49449bee2de9595a34cd25883c5cce7f2ee975bd7ebd1"
 # --- end of generated block ---
 
 MANIFEST = {

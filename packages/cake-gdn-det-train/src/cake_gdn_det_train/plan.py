@@ -18,24 +18,6 @@ CHUNK_SIZE = 64
 MAX_HEAD_DIM = 256
 
 
-#: How to bring a dict of format version 6 to the current one (same launches and bits).
-_V9 = ("version 9 added inv_kernel (the forward's triangular inverse in a kernel of its own) "
-       "and num_warps_inv")
-_UPGRADES = {
-    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward), "
-       "version 8 block_v_h (V columns per program of the two state kernels, block_v's "
-       "before) and " + _V9 + "; add keep_states = 0, block_v_h = <the plan's block_v>, "
-       "inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same launches and "
-       "memory",
-    7: "version 8 added block_v_h (V columns per program of the two state kernels, fwd_h and "
-       "bwd_dh, which block_v set before) and " + _V9 + "; add block_v_h = <the plan's "
-       "block_v>, inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same "
-       "launches and bits",
-    8: _V9 + "; add inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same "
-       "launches and bits",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class GDNDetPlan(Plan):
     """Execution plan of the det chunked Gated DeltaNet kernels.
@@ -48,7 +30,7 @@ class GDNDetPlan(Plan):
             kernel (power of two >= 16); V is split into ``ceil(V / block_v)`` independent
             column blocks. Bits are promised per plan only.
         block_v_h: the same for the two state-recurrence kernels (fwd_h, bwd_dh; the
-            recurrence never mixes columns of V); format 8 split it from ``block_v``. They
+            recurrence never mixes columns of V). They
             run ``N * HV * ceil(V / block_v_h)`` programs (``rec_form = 1``: on one grid
             axis, V blocks fastest; else a 3-axis grid): with one long sequence (N = 1) and
             HV = 32, 64-column blocks fill 64 of an H200's 132 SMs, 32-column blocks 128.
@@ -146,7 +128,7 @@ class GDNDetPlan(Plan):
             and value head) and read back in ``[16, 16]`` blocks, the four diagonal blocks
             inverted apart, then merged block by block (the order of FLA's ``solve_tril``;
             KDA's ``inv_kernel = 2``), T stored in A's dtype; the prep then loads it as the
-            backward does. Other rounding than 0 (other bits, fixed per plan). Format 9;
+            backward does. Other rounding than 0 (other bits, fixed per plan);
             built without a GPU (session 22; an offline sm_90 build: no spills with 2 to 8
             warps, 72 bytes with 1): not yet timed.
         num_warps_inv: warps of that kernel (2 by default, KDA's rule; KDA's kernel took
@@ -167,8 +149,7 @@ class GDNDetPlan(Plan):
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 9
-    format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
+    format_version: ClassVar[int] = 1
 
     head_k_dim: int
     head_v_dim: int
@@ -422,7 +403,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     # day: split local kernels took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms. Session 10
     # (same GPU and versions): block_v_local = 64 with them, case a 13.14 -> 12.43 ms and
     # 12.99 -> 12.37 (two runs), case b 5.47 -> 5.18 / 5.40 -> 5.13, right against float64.
-    block_v_h = block_v  # the state kernels' V block (format 8)
+    block_v_h = block_v  # the state kernels' V block
     if cuda and dtype != torch.float32 and K == block_k == 128 and V == 128:
         # H200 2026-12-01 (session 15, docs/benchmarks/gdn.md): the output and dv_local
         # kernels over the whole V (q, k and the decays loaded once per chunk and value head,

@@ -55,7 +55,7 @@ class GDNDetSavedSet(SavedSet):
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
                     "q_rstd", "k_rstd", "A_log", "dt_bias", "h", "w", "v_new")
-    format_version = 3
+    format_version = 1
 
 
 def workspace_shapes(plan: GDNDetPlan, HV: int) -> dict[str, tuple[int, ...]]:
