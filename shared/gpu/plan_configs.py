@@ -96,17 +96,7 @@ CONFIGS = {
                       "128 64 float16 block_v_h=32",
                       "128 128 bfloat16 block_v_h=32 keep_states=1 lens=1,70,0,65",
                       "128 100 bfloat16 block_v_h=32 num_warps_h=4 lens=1,70,0,65",
-                      "128 64 float16 block_v_h=32 num_warps_h=4",
-                      # inv_kernel = 1 (format 9, session 22): T in its own kernel, 16 x 16
-                      # blocks merged; built on the CPU, not yet run on a GPU
-                      "128 128 bfloat16 inv_kernel=1", "128 128 float16 inv_kernel=1",
-                      "128 128 bfloat16 inv_kernel=1 keep_a=0",
-                      "128 128 bfloat16 inv_kernel=1 num_warps_inv=1",
-                      "128 128 bfloat16 inv_kernel=1 num_warps_inv=4",
-                      "128 128 bfloat16 inv_kernel=1 lens=1,81,33,49",
-                      "100 48 bfloat16 inv_kernel=1 lens=1,70,0,65",
-                      "64 64 float32 inv_kernel=1 lens=1,81,33,49",
-                      "32 32 bfloat16 inv_kernel=1 keep_a=0 lens=1,70,0,65"],
+                      "128 64 float16 block_v_h=32 num_warps_h=4"],
     "kda": _COMMON + [
                       # format 11: the token-parallel kernels' head blocks (HV = 2 here, so
                       # 4 and 8 overhang); the last was right on an H200 (session 29), the

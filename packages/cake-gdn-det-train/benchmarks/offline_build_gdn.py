@@ -91,7 +91,6 @@ def main():
         gdn_bwd_local_wy_kb_kernel,
     )
     from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
-    from cake_gdn_det_train.kernels.fwd_inv import gdn_fwd_inv_kernel
     from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
     from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
     from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
@@ -143,11 +142,6 @@ def main():
             c = dict(base, LOG2_BT=6, BVF=bvf, LOAD_A=load_a, BCOL=plan.prep_block)
             rows.append(("prep (kept T)" if load_a else "prep", plan.num_warps_prep,
                          *build(gdn_fwd_prep_kernel, t, c, plan.num_warps_prep)))
-        t = {**{n: "i32" for n in ("H", "HV", "GROUP", "KD")}, "Kp": bf, "Gp": f32,
-             "BETA": f32, "CHUNK_START": i32, "CHUNK_END": i32, "AS": f32, "Ap": bf}
-        c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BC=4, BK=plan.block_k)
-        rows.append(("fwd_inv (inv_kernel=1)", plan.num_warps_inv,
-                     *build(gdn_fwd_inv_kernel, t, c, plan.num_warps_inv)))
     if "o" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "HBUF": bf,
              "CHUNK_START": i32, "CHUNK_END": i32, "O": bf, "scale": "fp32"}

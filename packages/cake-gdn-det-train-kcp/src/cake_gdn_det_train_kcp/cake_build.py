@@ -40,7 +40,7 @@ PLANS = [
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
                 "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
+                "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -56,9 +56,6 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_dk_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
-        {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
-        {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_t_store"},
-        {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "gdn_fwd_inv_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
@@ -70,7 +67,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d0d35afdac5dcefeedaf56ae543826f5859518477f2ba992927d3029456312dc"
+SOURCE_DIGEST = "sha256:3d7c4c948e5e9ee68716d089218291825b0344662d51dcea592f64241f39ad25"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

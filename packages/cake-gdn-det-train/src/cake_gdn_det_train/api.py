@@ -51,7 +51,6 @@ from cake_gdn_det_train.kernels.bwd_local_kblock import (
     gdn_bwd_local_wy_kb_kernel,
 )
 from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
-from cake_gdn_det_train.kernels.fwd_inv import gdn_fwd_inv_kernel
 from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
 from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
 from cake_gdn_det_train.kernels.gate import (
@@ -219,13 +218,6 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
     w, u, v_new, h = scratch
     BT = CHUNK_SIZE
     DT = _dot_dtype(plan, k.dtype)
-    if plan.inv_kernel and not load_a:  # T in a kernel of its own; the prep loads it
-        a_raw = torch.empty((A.shape[0], HV, BT), dtype=torch.float32, device=A.device)
-        gdn_fwd_inv_kernel[(NC, HV)](
-            k, g, beta, starts, ends, a_raw, A, H, HV, HV // H, K,
-            DT=DT, PREC=plan.dot_precision, BT=BT, BC=16, LOG2_BC=4, BK=plan.block_k,
-            num_warps=plan.num_warps_inv)
-        load_a = True
     gdn_fwd_prep_kernel[(NC, HV)](
         k, v, g, beta, starts, ends, g_cumsum, A, w, u,
         H, HV, HV // H, K, V,

@@ -42,9 +42,6 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
-    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
-    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_t_store"},
-    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "gdn_fwd_inv_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
@@ -58,10 +55,10 @@ PLANS = [
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
                 "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
+                "block_k_local", "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:349ec708290ba1b0c2f49449bee2de9595a34cd25883c5cce7f2ee975bd7ebd1"
+SOURCE_DIGEST = "sha256:3799d5e1012aeafd94a2b687316305909645511211c8b7261fb997d9b8d19afb"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -119,20 +119,6 @@ class GDNDetPlan(Plan):
             fixed per plan. The rule's choice on CUDA at 16-bit K = 128 (an H200: faster).
         block_k_local: columns of K per block of ``local_form = 2`` (power of two >= 16,
             <= block_k); unused with ``local_form = 0``. Bits depend on it.
-        inv_kernel: where each chunk's T = (I + A_raw)^-1 is formed when it is not loaded
-            (the forward, and a backward that recomputes it). 0 = inside the chunk prep, as
-            one ``[64, 64]`` tile (:func:`cake_core.triangular.unit_lower_inverse`, six
-            doubling steps of 64^3 dots; the rule's choice); 1 = in a kernel of its own
-            before the prep (``gdn_fwd_inv_kernel``, kernels/fwd_inv.py): A_raw formed as
-            the prep forms it, passed through a transient fp32 scratch (256 bytes per token
-            and value head) and read back in ``[16, 16]`` blocks, the four diagonal blocks
-            inverted apart, then merged block by block (the order of FLA's ``solve_tril``;
-            KDA's ``inv_kernel = 2``), T stored in A's dtype; the prep then loads it as the
-            backward does. Other rounding than 0 (other bits, fixed per plan);
-            built without a GPU (session 22; an offline sm_90 build: no spills with 2 to 8
-            warps, 72 bytes with 1): not yet timed.
-        num_warps_inv: warps of that kernel (2 by default, KDA's rule; KDA's kernel took
-            97 us with 1 warp and 116 with 2 at its case b on an H200, session 21).
 
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
     plan runs on CUDA: K, V <= 128; fp32 intermediates (fp32 inputs, or V <= 16, where the
@@ -175,8 +161,6 @@ class GDNDetPlan(Plan):
     block_k_local: int
     keep_states: int
     block_v_h: int
-    inv_kernel: int
-    num_warps_inv: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -197,7 +181,7 @@ class GDNDetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two "
                            "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "keep_states", "inv_kernel")
+        self.require_flags("store_16bit", "keep_a", "keep_states")
         if self.local_form not in (0, 2):
             self._fail(f"local_form must be 0 or 2, got {self.local_form}")
         if self.keep_states and not self.keep_a:
@@ -219,7 +203,7 @@ class GDNDetPlan(Plan):
                        "head_v_dim > 16 (16-wide 16-bit dots gave wrong results on an H200, "
                        "Triton 3.6)")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_local",
-                           "num_warps_l2norm", "num_warps_gate", "num_warps_inv")
+                           "num_warps_l2norm", "num_warps_gate")
         self.require_mode(Mode.DET)
 
     @property
@@ -438,7 +422,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         block_k_local=min(64, block_k),
         keep_states=0,
         block_v_h=block_v_h,
-        inv_kernel=0,
-        num_warps_inv=2,
     )
 
