@@ -52,15 +52,6 @@ CONFIGS = {
                       "32 16 bfloat16 rec_form=1", "16 16 float32 rec_form=1",
                       "100 48 bfloat16 rec_form=1 lens=1,70,0,65",
                       "48 32 float32 rec_form=1 lens=1,70,0,65",
-                      # prep_block: the chunk prep's w and u in column blocks
-                      "128 128 bfloat16 prep_block=32", "128 128 bfloat16 prep_block=64",
-                      "128 128 float16 prep_block=32", "128 128 bfloat16 prep_block=32 keep_a=0",
-                      "128 128 bfloat16 prep_block=32 num_warps_prep=8",
-                      "64 64 float32 prep_block=16", "100 48 bfloat16 prep_block=32",
-                      "48 32 float32 prep_block=16 keep_a=0 lens=1,70,0,65",
-                      "128 128 bfloat16 rec_form=1 prep_block=32",
-                      "128 128 bfloat16 rec_form=1 prep_block=32 block_v=32 block_v_h=32",
-                      "100 48 bfloat16 rec_form=1 prep_block=32 lens=1,70,0,65",
                       # local_form = 2: K-block programs (kernels/bwd_local_kblock.py)
                       "128 128 bfloat16 local_form=2", "128 128 float16 local_form=2",
                       "128 128 bfloat16 local_form=2 block_k_local=32 block_v_local=32",

@@ -139,7 +139,7 @@ def main():
         t = {**ints, "Kp": bf, "Vp": bf, "Gp": f32, "BETA": f32, "CHUNK_START": i32,
              "CHUNK_END": i32, "GCUM": f32, "Ap": bf, "W": bf, "U": bf}
         for load_a in (False, True):
-            c = dict(base, LOG2_BT=6, BVF=bvf, LOAD_A=load_a, BCOL=plan.prep_block)
+            c = dict(base, LOG2_BT=6, BVF=bvf, LOAD_A=load_a)
             rows.append(("prep (kept T)" if load_a else "prep", plan.num_warps_prep,
                          *build(gdn_fwd_prep_kernel, t, c, plan.num_warps_prep)))
     if "o" in only:

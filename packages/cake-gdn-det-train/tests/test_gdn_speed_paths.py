@@ -1,14 +1,13 @@
-"""The speed candidates of docs/benchmarks/gdn_speed_plan.md: ``plan.rec_form = 1``
+"""The CUDA rule's speed paths (docs/benchmarks/gdn_speed_plan.md): ``plan.rec_form = 1``
 (FLA's operand form of the two chunk-recurrence kernels: block pointers, the transposed
 k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]`` tiles),
-``plan.prep_block`` (the chunk prep's w and u in column blocks) and ``plan.local_form = 2``
-(the backward chunk-local gradients with K-block programs, K in blocks of
-``block_k_local``): o,
-final_state and every gradient against the float64 token recurrence (packed
-1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size;
-HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
-masked column blocks, V in two blocks; kept and recomputed T); bitwise repeatable; close
-to the default plan; the fields are part of the plan's serialised form and checked."""
+``plan.local_form = 2`` (the backward chunk-local gradients with K-block programs, K in
+blocks of ``block_k_local``) and ``plan.block_v_h``: o, final_state and every gradient
+against the float64 token recurrence (packed 1/70/0/65-token documents: an empty and a
+length-1 document, lengths off the chunk size; HV = 2H, an initial state and a
+final-state gradient; K and V off the block sizes: partly masked column blocks, V in two
+blocks); bitwise repeatable; close to the CPU rule's plan; the fields are part of the
+plan's serialised form and checked."""
 
 import dataclasses
 import json
@@ -55,9 +54,8 @@ def _grads(fn, inputs, h0, do, dht, **kw):
 
 
 @pytest.mark.parametrize("K, V, dtype, over", [
-    (48, 40, torch.float32, dict(block_v=32, rec_form=1, prep_block=32)),
-    (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1, prep_block=32)),
-    (40, 24, torch.float32, dict(prep_block=16, keep_a=0)),
+    (48, 40, torch.float32, dict(block_v=32, rec_form=1)),
+    (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1)),
     # local_form = 2: K-block programs; three K blocks, the last partly masked; one K block
     # (8 warps at block_k_local 16 are refused on CUDA: an illegal access on an H200;
     # 16-column V blocks of fp32 intermediates are refused on CUDA: cuda_plan_problem)
@@ -72,8 +70,8 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     (48, 40, torch.float32, dict(block_v_h=32)),  # two V blocks, the second partly masked
     (128, 64, torch.bfloat16, dict(block_v_h=32, rec_form=1, num_warps_h=4)),
     (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64)),
-], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
-        "fp32-K40-V24-prep16-recompute", "fp32-K56-V40-kblock-bk16-bv16",
+], ids=["fp32-K48-V40-bv32-form1", "bf16-K32-V64-bv32-16bit-form1",
+        "fp32-K56-V40-kblock-bk16-bv16",
         "bf16-K64-V48-kblock-bk32-16bit", "fp32-K40-V40-kblock-bk16",
         "bf16-K128-V48-kblock-bk64", "bf16-K64-V64-kblock-one-block",
         "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64"])
@@ -112,10 +110,10 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
     return (o, ht, *chunk_gdn_det_bwd(do, dht, saved))
 
 
-@pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16), (dict(prep_block=16), 16),
+@pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16),
                                      (dict(local_form=2, block_k_local=16), 40),
                                      (dict(block_v_h=16), 16)],
-                         ids=["rec_form", "prep_block", "local_form2-K40-bk16", "block_v_h"])
+                         ids=["rec_form", "local_form2-K40-bk16", "block_v_h"])
 def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     """fp32, packed 1/70/0/65, HV = 2H: twice the same bits; the default plan's values to
     fp32 rounding (the same math, other rounding; local_form: K in 3 blocks, one partly
@@ -131,20 +129,16 @@ def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert (a is None) == (b is None), i
-        if a is not None and DEV.type == "cpu" and "prep_block" in over:
-            # the same math per column under the interpreter; numpy's BLAS may still round a
-            # column block otherwise than the whole product (seen on one CPU), so not bitwise
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"output {i}")
-        elif a is not None:
+        if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"output {i}")
 
 
 def test_fields_serialised_and_checked():
-    # the rule: rec_form = 1 (3 stages) only on CUDA at 16-bit K = 128; prep_block never
+    # the rule: rec_form = 1 (3 stages) only on CUDA at 16-bit K = 128
     cpu = make_plan(128, 128, torch.bfloat16, "cpu")
-    assert cpu.rec_form == 0 and cpu.prep_block == 0
+    assert cpu.rec_form == 0
     gpu = make_plan(128, 128, torch.bfloat16, "cuda")
-    assert (gpu.rec_form, gpu.num_stages_h, gpu.prep_block, gpu.local_form) == (1, 3, 0, 2)
+    assert (gpu.rec_form, gpu.num_stages_h, gpu.local_form) == (1, 3, 2)
     assert gpu.num_warps_local == 4  # local_form 2's K-block kernel (session 26)
     assert cpu.local_form == 0
     for K, V, dt in ((64, 64, torch.bfloat16), (64, 64, torch.float32), (32, 16, torch.bfloat16)):
@@ -170,18 +164,6 @@ def test_fields_serialised_and_checked():
                     assert dev == "cuda", (K, V, dt)
                     continue
                 assert p.rec_form in (0, 1), (K, V, dt, dev)
-    both = dataclasses.replace(plan, rec_form=1, prep_block=32)
-    assert GDNDetPlan.from_dict(both.to_dict()) == both and both.key != on.key
-    k100 = dataclasses.replace(make_plan(100, 48, torch.bfloat16, "cuda"), prep_block=32)
-    assert "K = block_k" in cuda_plan_problem(k100, torch.bfloat16)
-    assert cuda_plan_problem(dataclasses.replace(gpu, prep_block=32), torch.bfloat16) is None
-    for bad in (8, 24, -16, 512):
-        with pytest.raises(ValueError, match="prep_block"):
-            dataclasses.replace(plan, prep_block=bad)
-    narrow = dataclasses.replace(plan, prep_block=16)  # fine for the plan; not on CUDA
-    assert "prep_block must be >= 32" in cuda_plan_problem(narrow, torch.bfloat16)
-    assert cuda_plan_problem(narrow, torch.float16) is not None
-    assert cuda_plan_problem(both, torch.bfloat16) is None
     # local_form: the rule takes 2 where it takes rec_form = 1 (CUDA, 16-bit K = 128), else 0;
     # block_k_local = min(64, block_k)
     for K, V, dt in ((128, 128, torch.bfloat16), (64, 64, torch.float32), (16, 16, torch.float32),

@@ -39,8 +39,8 @@ PLANS = [
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
-                "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local", "keep_states", "block_v_h"]},
+                "gate_block_t", "num_warps_gate", "rec_form", "local_form", "block_k_local",
+                "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -67,7 +67,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:3d7c4c948e5e9ee68716d089218291825b0344662d51dcea592f64241f39ad25"
+SOURCE_DIGEST = "sha256:9bf44d6fc0cc7d5c844c2465cd971c301a97180482281eef3f761c4c019bd949"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -222,7 +222,7 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         k, v, g, beta, starts, ends, g_cumsum, A, w, u,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
-        BVF=max(16, next_power_of_2(V)), LOAD_A=load_a, BCOL=plan.prep_block,
+        BVF=max(16, next_power_of_2(V)), LOAD_A=load_a,
         num_warps=plan.num_warps_prep)
     h0 = initial_state if initial_state is not None else g_cumsum
     fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel)[plan.rec_form]

@@ -54,11 +54,11 @@ PLANS = [
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
                 "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
                 "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
-                "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local", "keep_states", "block_v_h"]},
+                "gate_block_t", "num_warps_gate", "rec_form", "local_form", "block_k_local",
+                "keep_states", "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3799d5e1012aeafd94a2b687316305909645511211c8b7261fb997d9b8d19afb"
+SOURCE_DIGEST = "sha256:2ec0cb1a6398200aca64ea9501d2dbe7e53c4adf641512c098cb22037829c51b"
 # --- end of generated block ---
 
 MANIFEST = {

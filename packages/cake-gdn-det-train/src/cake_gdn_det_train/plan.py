@@ -101,14 +101,6 @@ class GDNDetPlan(Plan):
             transposes and shared-memory round trips per serial step. Same math, other
             rounding (bits differ from 0, still fixed per plan). The rule's choice on
             CUDA at 16-bit K = 128 (docs/benchmarks/gdn_speed_plan.md).
-        prep_block: 0 = the chunk prep forms w and u as whole ``[64, K]`` / ``[64, V]``
-            tiles (the rule's choice); a power of two >= 16 (on CUDA >= 32 with 16-bit
-            intermediates, see :func:`cuda_plan_problem`) =
-            in column blocks of that width, k and v loaded per block (FLA's recompute_w_u
-            shape: fewer live registers; the offline sm_90 build of the default spills
-            ~1 KB per thread). Each column is the same dot over the chunk's 64 rows as
-            before; bits may still differ from 0 on a GPU (other tile shapes), fixed per
-            plan. Not the rule's: no faster on an H200 (docs/benchmarks/gdn_speed_plan.md).
         local_form: 0 = the backward chunk-local gradients in one kernel per (chunk, value
             head) holding whole-K ``[64, K]`` fp32 accumulators (kernels/bwd_local.py);
             2 = in three kernels (kernels/bwd_local_kblock.py, FLA's ``chunk_bwd_dqkwg``
@@ -124,9 +116,9 @@ class GDNDetPlan(Plan):
     plan runs on CUDA: K, V <= 128; fp32 intermediates (fp32 inputs, or V <= 16, where the
     rule takes ``store_16bit = 0``) K <= 64 (larger fp32 tiles overflow the 227 KiB of
     shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
-    on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
-    intermediates (the 16-wide 16-bit dot fault of ``store_16bit``); likewise
-    ``block_k_local`` >= 32 with ``local_form = 2`` and 16-bit intermediates;
+    on 16 x 16 tiles made an illegal memory access); ``block_k_local`` >= 32 with
+    ``local_form = 2`` and 16-bit intermediates (the 16-wide 16-bit dot fault of
+    ``store_16bit``);
     ``block_k_local >= min(64, block_k)`` where ``local_form = 2`` has ``block_v_local >=
     64`` (K blocks of 32 with 64-wide V blocks gave wrong dk / dg / dbeta on an H200; right
     under the interpreter, so a compiler fault); ``block_k_local >= 32`` where
@@ -156,7 +148,6 @@ class GDNDetPlan(Plan):
     gate_block_t: int
     num_warps_gate: int
     rec_form: int
-    prep_block: int
     local_form: int
     block_k_local: int
     keep_states: int
@@ -192,11 +183,6 @@ class GDNDetPlan(Plan):
         if self.block_k_local > self.block_k:
             self._fail("block_k_local must be <= block_k")
         self.require_in_range("num_stages_h", 1, 4)
-        if self.prep_block:
-            self.require_power_of_two("prep_block", minimum=16)
-            if self.prep_block > max(self.block_k, _bvf(self.head_v_dim)):
-                self._fail("prep_block must be 0 or <= max(block_k, head_v_dim rounded up to "
-                           "a power of two)")
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or min(self.block_v, self.block_v_h) < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32, block_v_h >= 32 and "
@@ -232,14 +218,6 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "use bf16/fp16 inputs with V > 16, or K <= 64")
     if plan.num_warps_local > 4 and plan.block_k * _bvf(plan.head_v_dim) < 4096:
         return "on CUDA num_warps_local > 4 needs block_k * V >= 4096"
-    if dtype != torch.float32 and plan.store_16bit and 0 < plan.prep_block < 32:
-        return ("on CUDA prep_block must be >= 32 with 16-bit intermediates (16-wide 16-bit "
-                "dots gave wrong results on an H200, Triton 3.6)")
-    if dtype != torch.float32 and plan.store_16bit and plan.prep_block \
-            and plan.head_k_dim != plan.block_k:
-        return ("on CUDA prep_block > 0 with 16-bit intermediates needs K = block_k (at K = 100 "
-                "bf16 it gave o 10x further from float64 than prep_block=0 on an H200, "
-                "Triton 3.6)")
     if dtype != torch.float32 and plan.store_16bit and plan.local_form \
             and plan.block_k_local < 32:
         return ("on CUDA local_form=2 needs block_k_local >= 32 with 16-bit intermediates "
@@ -312,8 +290,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     16-bit intermediates and ``block_k * block_v_h >= 8192`` (K = 128): ``rec_form = 1`` and
     ``num_stages_h = 3`` (an H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every
     configuration right against float64, bitwise repeatable); elsewhere ``rec_form = 0``.
-    ``prep_block = 0`` everywhere (``prep_block = 32`` was no faster and less accurate at
-    K = 100 on an H200: docs/benchmarks/gdn_speed_plan.md). ``local_form = 2`` with
+    ``local_form = 2`` with
     ``num_warps_local = 4`` where ``rec_form = 1`` (an H200, session 26: the chunk-local
     kernels 11-13% faster than form 1 at cases a and b; form 1, the rule from 2026-11-30 to
     12-03, was 4-7% faster fwd+bwd than ``local_form = 0``; ``block_k_local = 32`` and
@@ -417,7 +394,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         gate_block_t=128 if cuda else 256,
         num_warps_gate=4,
         rec_form=int(big_rec),
-        prep_block=0,
         local_form=2 * int(big_rec),
         block_k_local=min(64, block_k),
         keep_states=0,
