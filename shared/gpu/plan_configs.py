@@ -33,6 +33,9 @@ _COMMON = [
     "128 128 bfloat16 block_v=32", "128 128 bfloat16 num_warps_h=4",
     "128 128 bfloat16 fp32_dots=0", "128 128 bfloat16 store_16bit=0",
     "64 64 float32 fp32_dots=0", "128 128 bfloat16 num_stages_h=1",
+]
+#: fields KDA's plan has and GDN's no longer (GDN keeps T always, its prep runs 4 warps)
+_KDA_ONLY = [
     "128 128 bfloat16 num_warps_prep=4", "128 128 bfloat16 num_warps_prep=8",
     "128 128 bfloat16 keep_a=0",
 ]
@@ -48,7 +51,7 @@ CONFIGS = {
                       "128 128 bfloat16 rec_form=1 num_warps_h=4",
                       "128 128 bfloat16 rec_form=1 block_v=32 block_v_h=32 num_warps_h=4",
                       "128 128 bfloat16 rec_form=1 num_stages_h=3",
-                      "128 128 bfloat16 rec_form=1 keep_a=0", "64 64 float32 rec_form=1",
+                      "64 64 float32 rec_form=1",
                       "32 16 bfloat16 rec_form=1", "16 16 float32 rec_form=1",
                       "100 48 bfloat16 rec_form=1 lens=1,70,0,65",
                       "48 32 float32 rec_form=1 lens=1,70,0,65",
@@ -56,7 +59,6 @@ CONFIGS = {
                       "128 128 bfloat16 local_form=2", "128 128 float16 local_form=2",
                       "128 128 bfloat16 local_form=2 block_k_local=32 block_v_local=32",
                       "128 128 bfloat16 local_form=2 block_v_local=32",
-                      "128 128 bfloat16 local_form=2 keep_a=0",
                       "128 64 bfloat16 local_form=2", "64 64 float32 local_form=2",
                       "100 48 bfloat16 local_form=2 lens=1,70,0,65",
                       "48 32 float32 local_form=2 block_k_local=16 lens=1,70,0,65",
@@ -88,7 +90,7 @@ CONFIGS = {
                       "128 128 bfloat16 block_v_h=32 keep_states=1 lens=1,70,0,65",
                       "128 100 bfloat16 block_v_h=32 num_warps_h=4 lens=1,70,0,65",
                       "128 64 float16 block_v_h=32 num_warps_h=4"],
-    "kda": _COMMON + [
+    "kda": _COMMON + _KDA_ONLY + [
                       # format 11: the token-parallel kernels' head blocks (HV = 2 here, so
                       # 4 and 8 overhang); the last was right on an H200 (session 29), the
                       # others not yet run on a GPU

@@ -457,7 +457,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
             # the forward's T when it kept one of this plan's dtype (same bits as recomputing)
             kept = saved.A
-            load_a = bool(plan.keep_a) and kept is not None and kept.dtype == idt and \
+            load_a = kept is not None and kept.dtype == idt and \
                 tuple(kept.shape) == (NT, HV, CHUNK_SIZE)
             A = kept.contiguous() if load_a else \
                 torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
@@ -677,8 +677,8 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
 # What torch.compile traces (the eager entry keeps _GDNDetFunction: less host time). The
 # plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
 # (final state, L2-norm rstd, gradients of absent inputs) are empty fp32 tensors ``[0]``.
-# g_cumsum and A are not outputs: the backward recomputes them (the eager one keeps A with
-# plan.keep_a); with plan.keep_states = 1 the ops still keep nothing beyond the inputs and
+# g_cumsum and A are not outputs: the backward recomputes them (the eager one keeps A);
+# with plan.keep_states = 1 the ops still keep nothing beyond the inputs and
 # recompute the chunk states, w and v_new too (same bits as the eager path, which keeps them).
 
 
@@ -798,10 +798,10 @@ class _GDNDetFunction(torch.autograd.Function):
         o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, plan, None, tables[1],
             gate)
-        # A (T) only when the plan says (keep_a); g_cumsum, h, w and v_new only with
+        # A (T) always (the backward skips k k^T and the solve); g_cumsum, h, w and v_new only with
         # keep_states (states is None otherwise): else the backward recomputes them
         saved = _saved_set(q, k, v, g, beta, g_cumsum if states is not None else None,
-                           A if plan.keep_a else None, initial_state, tables, q_rstd, k_rstd,
+                           A, initial_state, tables, q_rstd, k_rstd,
                            A_log, dt_bias, scale, use_l2, plan, cu_seqlens is not None,
                            use_gate, use_sigmoid, cu_host=cu, states=states)
         ctx.save_for_backward(*saved.tensors())

@@ -60,19 +60,12 @@ class GDNDetPlan(Plan):
         block_v_local: columns of V per step of the backward local kernel's loop over V
             (power of two >= 16, <= V rounded up); its sums over V blocks run in index
             order, so bits depend on it.
-        keep_a: 1 = the autograd forward keeps each chunk's T = (I + A_raw)^-1 for the
-            backward, which then skips k k^T and the triangular solve (as FLA does): 64
-            values per token and value head in the intermediates' dtype (128 bytes per
-            token and head with bf16; 0.13 GB for 32768 tokens x 32 heads). 0 = keep
-            nothing beyond the inputs; the backward recomputes T. Same bits either way
-            (the forward rounds T to its stored dtype before using it).
         keep_states: 1 = the autograd forward (and :func:`chunk_gdn_det_fwd`) also keeps, for
             the backward, the chunk states h ``[NC, HV, K, V]`` (NC = the chunks of all
             sequences), w ``[NT, HV, K]`` and v_new ``[NT, HV, V]`` in the intermediates'
             dtype, and g's fp32 within-chunk cumulative sum ``[NT, HV]``, in fresh tensors
             (never a workspace's buffers); the backward then skips the chunk prep and the
-            forward state recurrence (it runs only its own kernels). Needs ``keep_a = 1``
-            (the backward without the prep reads the kept T). Memory, per layer: 2 (K + V)
+            forward state recurrence (it runs only its own kernels). Memory, per layer: 2 (K + V)
             bytes per token and value head for w and v_new plus 2 K V bytes per chunk and
             value head for h with bf16 (twice that with fp32 intermediates), plus 4 bytes
             per token and value head for g's cumsum; at 32768 tokens (one sequence, 512
@@ -140,7 +133,6 @@ class GDNDetPlan(Plan):
     num_warps_local: int
     num_stages_h: int
     block_v_local: int
-    keep_a: int
     l2norm_block_rows: int
     num_warps_l2norm: int
     fp32_dots: int
@@ -172,12 +164,9 @@ class GDNDetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two "
                            "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "keep_states")
+        self.require_flags("store_16bit", "keep_states")
         if self.local_form not in (0, 2):
             self._fail(f"local_form must be 0 or 2, got {self.local_form}")
-        if self.keep_states and not self.keep_a:
-            self._fail("keep_states=1 needs keep_a=1 (a backward that skips the chunk prep "
-                       "reads the forward's T)")
         self.require_in_range("rec_form", 0, 1)
         self.require_power_of_two("block_k_local", minimum=16)
         if self.block_k_local > self.block_k:
@@ -386,7 +375,6 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
         num_warps_local=4 if big_rec else 8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=(3 if big_rec else 2) if wide else 1,
         block_v_local=(64 if big_rec else min(32, block_v_full)) if cuda else block_v_full,
-        keep_a=1,
         l2norm_block_rows=16 if cuda else 256,
         num_warps_l2norm=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,
