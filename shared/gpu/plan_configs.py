@@ -69,7 +69,7 @@ CONFIGS = {
                       "40 40 float32 local_form=2 block_k_local=32 block_v_local=32 "
                       "lens=1,70,0,65",
                       "40 32 float32 local_form=2 block_k_local=16 num_warps_local=2 "
-                      "num_warps_o=1 lens=1,70,0,65",
+                      "lens=1,70,0,65",
                       # keep_states: the backward reads the forward's chunk states, w,
                       # v_new (built and tested on the CPU; not yet run on a GPU)
                       "128 128 bfloat16 keep_states=1",

@@ -140,18 +140,16 @@ def main():
              "CHUNK_END": i32, "GCUM": f32, "Ap": bf, "W": bf, "U": bf}
         for load_a in (False, True):
             c = dict(base, LOG2_BT=6, BVF=bvf, LOAD_A=load_a)
-            rows.append(("prep (kept T)" if load_a else "prep", plan.num_warps_prep,
-                         *build(gdn_fwd_prep_kernel, t, c, plan.num_warps_prep)))
+            rows.append(("prep (kept T)" if load_a else "prep", 4,
+                         *build(gdn_fwd_prep_kernel, t, c, 4)))
     if "o" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "HBUF": bf,
              "CHUNK_START": i32, "CHUNK_END": i32, "O": bf, "scale": "fp32"}
-        rows.append(("fwd_o", plan.num_warps_o,
-                     *build(gdn_fwd_o_kernel, t, dict(base, BV=plan.block_v), plan.num_warps_o)))
+        rows.append(("fwd_o", 4, *build(gdn_fwd_o_kernel, t, dict(base, BV=plan.block_v), 4)))
         t = {**ints, "Qp": bf, "Kp": bf, "GCUM": f32, "DO": bf, "CHUNK_START": i32,
              "CHUNK_END": i32, "DVL": bf, "scale": "fp32"}
-        rows.append(("bwd_dv_local", plan.num_warps_o,
-                     *build(gdn_bwd_dv_local_kernel, t, dict(base, BV=plan.block_v),
-                            plan.num_warps_o)))
+        rows.append(("bwd_dv_local", 4,
+                     *build(gdn_bwd_dv_local_kernel, t, dict(base, BV=plan.block_v), 4)))
     if "local" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "Vp": bf, "BETA": f32, "GCUM": f32, "Ap": bf,
              "HBUF": bf, "DH": bf, "DO": bf, "DVNEW": bf, "VNEW": bf, "CHUNK_START": i32,
@@ -165,16 +163,14 @@ def main():
             for w in sorted({plan.num_warps_local, 4}, reverse=True):
                 rows.append(("bwd_local_kblock", w,
                              *build(gdn_bwd_local_kblock_kernel, tk, c, w)))
-            for w in sorted({plan.num_warps_o, 8, 4}, reverse=True):
+            for w in (8, 4):
                 rows.append(("bwd_local_wy_kb", w,
                              *build(gdn_bwd_local_wy_kb_kernel, {**tk, "DZ": f32}, c, w)))
             t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
             t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32, DKO=bf, DQ=f32,
                      DQO=bf)  # case a: two value heads per q/k head, summed here
-            rows.append(("bwd_local_dk", plan.num_warps_o,
-                         *build(gdn_bwd_local_dk_kernel, t,
-                                dict(base, BK=bk, SUM_DQ=True),
-                                plan.num_warps_o)))
+            rows.append(("bwd_local_dk", 4,
+                         *build(gdn_bwd_local_dk_kernel, t, dict(base, BK=bk, SUM_DQ=True), 4)))
         else:
             c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))
             rows.append(("bwd_local", plan.num_warps_local,

@@ -355,7 +355,7 @@ def test_workspace_serves_plans_differing_in_narrowed_fields(gdn_inputs):
         ws = GDNDetWorkspace.for_plan(ws_plan, DEV, num_v_heads=2, max_tokens=70)
         for a, b in zip(run(call_plan, ws), run(call_plan), strict=True):
             assert torch.equal(a, b)
-    ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_o=2), DEV,
+    ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_local=2), DEV,
                                   num_v_heads=2, max_tokens=70)
     with pytest.raises(ValueError, match="workspace"):
         chunk_gdn_det_fwd(q, k, v, g, beta, plan=base, workspace=ws)
@@ -405,7 +405,7 @@ def test_local_dk_kernel_sums_value_heads(dtype, H, HV, l2, gdn_inputs, monkeypa
 def test_local_form_2_launches_k_block_programs(gdn_inputs):
     """``local_form = 2`` launches the K-block kernel on (chunks, HV, ceil(K /
     block_k_local)) with ``num_warps_local`` warps and its WY kernel on (chunks, HV) with
-    ``num_warps_o``; right against float64 at two warp counts
+    4 warps; right against float64 at two warp counts
     (four packed sequences, one empty: 5 chunks; K in three blocks, the last partly
     masked)."""
     from cake_gdn_det_train import api
@@ -422,14 +422,14 @@ def test_local_form_2_launches_k_block_programs(gdn_inputs):
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu)
     names = ("gdn_bwd_local_kblock_kernel", "gdn_bwd_local_wy_kb_kernel")
-    for plan in (rule, dataclasses.replace(rule, num_warps_local=2, num_warps_o=1)):
+    for plan in (rule, dataclasses.replace(rule, num_warps_local=2)):
         with record_launches(api, *names) as launches:
             got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
                          cu_seqlens=cu, plan=plan)
         assert _grids(launches, names[0]) == [(5, 2, 3)]
         assert _grids(launches, names[1]) == [(5, 2)]
         assert [kw["num_warps"] for _, kw in launches[names[0]]] == [plan.num_warps_local]
-        assert [kw["num_warps"] for _, kw in launches[names[1]]] == [plan.num_warps_o]
+        assert [kw["num_warps"] for _, kw in launches[names[1]]] == [4]
         for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
                               got, want, strict=True):
             assert_close_to_reference(a, b, torch.float32, name)

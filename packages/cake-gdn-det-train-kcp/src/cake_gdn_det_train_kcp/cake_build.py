@@ -36,11 +36,10 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = [
     {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 1,
-     "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
-                "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
-                "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
-                "gate_block_t", "num_warps_gate", "rec_form", "local_form", "block_k_local",
-                "keep_states", "block_v_h"]},
+     "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "num_warps_h", "num_warps_local",
+                "num_stages_h", "block_v_local", "l2norm_block_rows", "fp32_dots", "store_16bit",
+                "gate_block_t", "rec_form", "local_form", "block_k_local", "keep_states",
+                "block_v_h"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {

@@ -51,14 +51,13 @@ KERNELS = [
 ]
 PLANS = [
     {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 1,
-     "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
-                "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
-                "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
-                "gate_block_t", "num_warps_gate", "rec_form", "local_form", "block_k_local",
-                "keep_states", "block_v_h"]},
+     "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "num_warps_h", "num_warps_local",
+                "num_stages_h", "block_v_local", "l2norm_block_rows", "fp32_dots", "store_16bit",
+                "gate_block_t", "rec_form", "local_form", "block_k_local", "keep_states",
+                "block_v_h"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4a22e314022fc72502f68af215fd6748744dd9b11938fbf5567d426f168607b4"
+SOURCE_DIGEST = "sha256:0ce737e8056f926c60f401184b8db19f88fe38c141e4fe67e82b257d28407045"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -24,7 +24,6 @@ class GDNDetPlan(Plan):
 
     Fields:
         head_k_dim / head_v_dim: K and V, the q/k and v head dims.
-        chunk_size: tokens per chunk (64; the only value the kernels take today).
         block_k: K padded to a power of two >= 16 (the whole K per program).
         block_v: columns of V per program in the output kernel and the backward's dv_local
             kernel (power of two >= 16); V is split into ``ceil(V / block_v)`` independent
@@ -36,12 +35,10 @@ class GDNDetPlan(Plan):
             HV = 32, 64-column blocks fill 64 of an H200's 132 SMs, 32-column blocks 128.
             The rule takes ``block_v_h = min(64, V rounded up)`` on CUDA (``block_v`` may be
             wider) and the whole V under the interpreter.
-        num_warps_prep / num_warps_h / num_warps_o / num_warps_local: warps of the
-            chunk-prep (cumulative decay, triangular solve, w and u), state-recurrence
-            (forward and backward), output (and the backward's dv_local) and backward
-            chunk-local kernels.
-        l2norm_block_rows / num_warps_l2norm: rows per program of the q/k L2-norm kernel.
-        gate_block_t / num_warps_gate: tokens per program of the in-kernel gate / beta
+        num_warps_h / num_warps_local: warps of the state-recurrence (forward and
+            backward) and backward chunk-local kernels (the others run 4).
+        l2norm_block_rows: rows per program of the q/k L2-norm kernel.
+        gate_block_t: tokens per program of the in-kernel gate / beta
             sigmoid kernels (power of two); also the first stage of the fixed-order sums
             dA_log and ddt_bias (one partial per block of ``gate_block_t`` tokens), so
             their bits depend on it.
@@ -100,7 +97,7 @@ class GDNDetPlan(Plan):
             split): one per (chunk, value head, K block of ``block_k_local``), partial dT
             and row sums through workspaces, added in K-block order by one per (chunk,
             value head), then dk's dA terms per (chunk, q/k head, K block) (its two later
-            kernels' warps: ``num_warps_o``). Other summation order: other bits than 0,
+            kernels run 4 warps). Other summation order: other bits than 0,
             fixed per plan. The rule's choice on CUDA at 16-bit K = 128 (an H200: faster).
         block_k_local: columns of K per block of ``local_form = 2`` (power of two >= 16,
             <= block_k); unused with ``local_form = 0``. Bits depend on it.
@@ -124,21 +121,16 @@ class GDNDetPlan(Plan):
 
     head_k_dim: int
     head_v_dim: int
-    chunk_size: int
     block_k: int
     block_v: int
-    num_warps_prep: int
     num_warps_h: int
-    num_warps_o: int
     num_warps_local: int
     num_stages_h: int
     block_v_local: int
     l2norm_block_rows: int
-    num_warps_l2norm: int
     fp32_dots: int
     store_16bit: int
     gate_block_t: int
-    num_warps_gate: int
     rec_form: int
     local_form: int
     block_k_local: int
@@ -150,8 +142,6 @@ class GDNDetPlan(Plan):
         self.require_int_fields()
         self.require_in_range("head_k_dim", 1, MAX_HEAD_DIM)
         self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
-        if self.chunk_size != CHUNK_SIZE:
-            self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
         self.require_power_of_two("block_k", "block_v", "block_v_h", "block_v_local",
                                   minimum=16)
         if self.block_v_local > _bvf(self.head_v_dim):
@@ -177,8 +167,7 @@ class GDNDetPlan(Plan):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32, block_v_h >= 32 and "
                        "head_v_dim > 16 (16-wide 16-bit dots gave wrong results on an H200, "
                        "Triton 3.6)")
-        self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_local",
-                           "num_warps_l2norm", "num_warps_gate")
+        self.require_warps("num_warps_h", "num_warps_local")
         self.require_mode(Mode.DET)
 
     @property
@@ -259,7 +248,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     made the backward one 173 -> 396 us, so the wide plan keeps 8). Otherwise the plan
     stays. A workspace made for either plan serves both (the buffers are the same).
 
-    Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``;
+    Rules (no timing): ``block_k = next_power_of_2(max(K, 16))``;
     on CUDA ``block_v = block_v_h = min(64, next_power_of_2(max(V, 16)))``, except
     ``block_v = 128`` at K = V = 128 with 16-bit inputs (an H200, 2026-12-01: the output
     kernel 0.67 -> 0.59 ms and the backward's dv_local 0.44 -> 0.31 ms at case a, fwd+bwd
@@ -364,23 +353,18 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     return GDNDetPlan(
         head_k_dim=K,
         head_v_dim=V,
-        chunk_size=CHUNK_SIZE,
         block_k=block_k,
         block_v=block_v,
-        num_warps_prep=4,
         num_warps_h=8 if cuda and block_k * block_v_h >= 8192 else 4,
-        num_warps_o=4,
         # local_form = 2 (session 26, an H200): its K-block kernel at 4 warps 925 us at case
         # b against 1505 at 8 (4 warps spill 184 bytes in an offline build and still win)
         num_warps_local=4 if big_rec else 8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=(3 if big_rec else 2) if wide else 1,
         block_v_local=(64 if big_rec else min(32, block_v_full)) if cuda else block_v_full,
         l2norm_block_rows=16 if cuda else 256,
-        num_warps_l2norm=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,
         store_16bit=store_16bit,
         gate_block_t=128 if cuda else 256,
-        num_warps_gate=4,
         rec_form=int(big_rec),
         local_form=2 * int(big_rec),
         block_k_local=min(64, block_k),
