@@ -51,13 +51,13 @@ KERNELS = [
 ]
 PLANS = [
     {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 1,
-     "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "num_warps_h", "num_warps_local",
-                "num_stages_h", "block_v_local", "l2norm_block_rows", "fp32_dots", "store_16bit",
-                "gate_block_t", "rec_form", "local_form", "block_k_local", "keep_states",
-                "block_v_h"]},
+     "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "block_v_h", "block_v_local",
+                "block_k_local", "num_warps_h", "num_warps_local", "num_stages_h", "rec_form",
+                "local_form", "fp32_dots", "store_16bit", "l2norm_block_rows", "gate_block_t",
+                "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0ce737e8056f926c60f401184b8db19f88fe38c141e4fe67e82b257d28407045"
+SOURCE_DIGEST = "sha256:934533ad6504e01de73a433f60f6d7769bcd9ab46bcbd905eb696ca09aebff65"
 # --- end of generated block ---
 
 MANIFEST = {
