@@ -33,12 +33,15 @@ _COMMON = [
     "128 128 bfloat16 block_v=32", "128 128 bfloat16 num_warps_h=4",
     "128 128 bfloat16 fp32_dots=0", "128 128 bfloat16 store_16bit=0",
     "64 64 float32 fp32_dots=0", "128 128 bfloat16 num_stages_h=1",
+]
+#: fields KDA's plan has and GDN's no longer (GDN keeps T always, its prep runs 4 warps)
+_KDA_ONLY = [
     "128 128 bfloat16 num_warps_prep=4", "128 128 bfloat16 num_warps_prep=8",
     "128 128 bfloat16 keep_a=0",
 ]
 CONFIGS = {
-    # format 8: block_v no longer sets the state kernels' width (block_v_h does); the
-    # state-kernel configurations of earlier sessions name both
+    # block_v sets the output kernels' width, block_v_h the state kernels'; the
+    # state-kernel configurations name both
     "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4",
                       "128 128 bfloat16 block_v=32 block_v_h=32",
                       # rec_form: the recurrences in FLA's operand form (docs/benchmarks/
@@ -48,37 +51,14 @@ CONFIGS = {
                       "128 128 bfloat16 rec_form=1 num_warps_h=4",
                       "128 128 bfloat16 rec_form=1 block_v=32 block_v_h=32 num_warps_h=4",
                       "128 128 bfloat16 rec_form=1 num_stages_h=3",
-                      "128 128 bfloat16 rec_form=1 keep_a=0", "64 64 float32 rec_form=1",
+                      "64 64 float32 rec_form=1",
                       "32 16 bfloat16 rec_form=1", "16 16 float32 rec_form=1",
                       "100 48 bfloat16 rec_form=1 lens=1,70,0,65",
                       "48 32 float32 rec_form=1 lens=1,70,0,65",
-                      # prep_block: the chunk prep's w and u in column blocks
-                      "128 128 bfloat16 prep_block=32", "128 128 bfloat16 prep_block=64",
-                      "128 128 float16 prep_block=32", "128 128 bfloat16 prep_block=32 keep_a=0",
-                      "128 128 bfloat16 prep_block=32 num_warps_prep=8",
-                      "64 64 float32 prep_block=16", "100 48 bfloat16 prep_block=32",
-                      "48 32 float32 prep_block=16 keep_a=0 lens=1,70,0,65",
-                      "128 128 bfloat16 rec_form=1 prep_block=32",
-                      "128 128 bfloat16 rec_form=1 prep_block=32 block_v=32 block_v_h=32",
-                      "100 48 bfloat16 rec_form=1 prep_block=32 lens=1,70,0,65",
-                      # local_form: the backward chunk-local gradients in two kernels
-                      "128 128 bfloat16 local_form=1",
-                      "128 128 bfloat16 local_form=1 block_k_local=32 block_v_local=32",
-                      "128 128 bfloat16 local_form=1 block_k_local=32 block_v_local=16",
-                      "128 128 float16 local_form=1 block_k_local=32 block_v_local=32",
-                      "128 128 bfloat16 local_form=1 block_k_local=32 block_v_local=32 keep_a=0",
-                      "64 64 float32 local_form=1", "32 16 bfloat16 local_form=1",
-                      "16 16 float32 local_form=1",
-                      "100 48 bfloat16 local_form=1 block_k_local=32 block_v_local=32 lens=1,70,0,65",
-                      # block_v_local = 64 (the rule at K = 128 16-bit) with block_k_local = 32:
-                      # wrong dk / dg / dbeta on an H200 (session 10), refused on CUDA
-                      "100 48 bfloat16 local_form=1 block_k_local=32 lens=1,70,0,65",
-                      "48 32 float32 local_form=1 block_k_local=16 lens=1,70,0,65",
                       # local_form = 2: K-block programs (kernels/bwd_local_kblock.py)
                       "128 128 bfloat16 local_form=2", "128 128 float16 local_form=2",
                       "128 128 bfloat16 local_form=2 block_k_local=32 block_v_local=32",
                       "128 128 bfloat16 local_form=2 block_v_local=32",
-                      "128 128 bfloat16 local_form=2 keep_a=0",
                       "128 64 bfloat16 local_form=2", "64 64 float32 local_form=2",
                       "100 48 bfloat16 local_form=2 lens=1,70,0,65",
                       "48 32 float32 local_form=2 block_k_local=16 lens=1,70,0,65",
@@ -89,20 +69,13 @@ CONFIGS = {
                       "40 40 float32 local_form=2 block_k_local=32 block_v_local=32 "
                       "lens=1,70,0,65",
                       "40 32 float32 local_form=2 block_k_local=16 num_warps_local=2 "
-                      "num_warps_o=1 lens=1,70,0,65",
-                      # rec_form = 2: rec_form 1 with the state in 64-row K slices
-                      # (docs/benchmarks/gdn_speed_plan.md); not yet run on a GPU
-                      "128 128 bfloat16 rec_form=2",
-                      "128 128 bfloat16 rec_form=2 num_warps_h=4",
-                      "128 128 bfloat16 rec_form=2 block_v=32 block_v_h=32",
-                      "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
-                      "64 64 float32 rec_form=2",
+                      "lens=1,70,0,65",
                       # keep_states: the backward reads the forward's chunk states, w,
                       # v_new (built and tested on the CPU; not yet run on a GPU)
                       "128 128 bfloat16 keep_states=1",
                       "100 48 bfloat16 keep_states=1 lens=1,70,0,65",
                       "48 32 float32 keep_states=1 lens=1,70,0,65",
-                      # block_v_h (format 8): the state kernels' V blocks apart from the
+                      # block_v_h: the state kernels' V blocks apart from the
                       # output kernel's; session 14 (H200): right at K = 128, the 100 / 48
                       # entry faulted (now refused by cuda_plan_problem: expect a ValueError)
                       "128 128 bfloat16 block_v_h=32 num_warps_h=4",
@@ -116,18 +89,8 @@ CONFIGS = {
                       "128 64 float16 block_v_h=32",
                       "128 128 bfloat16 block_v_h=32 keep_states=1 lens=1,70,0,65",
                       "128 100 bfloat16 block_v_h=32 num_warps_h=4 lens=1,70,0,65",
-                      "128 64 float16 block_v_h=32 num_warps_h=4",
-                      # inv_kernel = 1 (format 9, session 22): T in its own kernel, 16 x 16
-                      # blocks merged; built on the CPU, not yet run on a GPU
-                      "128 128 bfloat16 inv_kernel=1", "128 128 float16 inv_kernel=1",
-                      "128 128 bfloat16 inv_kernel=1 keep_a=0",
-                      "128 128 bfloat16 inv_kernel=1 num_warps_inv=1",
-                      "128 128 bfloat16 inv_kernel=1 num_warps_inv=4",
-                      "128 128 bfloat16 inv_kernel=1 lens=1,81,33,49",
-                      "100 48 bfloat16 inv_kernel=1 lens=1,70,0,65",
-                      "64 64 float32 inv_kernel=1 lens=1,81,33,49",
-                      "32 32 bfloat16 inv_kernel=1 keep_a=0 lens=1,70,0,65"],
-    "kda": _COMMON + [
+                      "128 64 float16 block_v_h=32 num_warps_h=4"],
+    "kda": _COMMON + _KDA_ONLY + [
                       # format 11: the token-parallel kernels' head blocks (HV = 2 here, so
                       # 4 and 8 overhang); the last was right on an H200 (session 29), the
                       # others not yet run on a GPU

@@ -9,15 +9,15 @@ copies, register moves between layouts via shared memory show up as LDS/STS + BA
 Uses Triton's own compiler and its bundled cuobjdump (target sm_90), the default CUDA plan
 of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--plan``
 overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
-kernels/rec_bp.py with ``rec_form = 1``, of kernels/rec_slice.py with ``rec_form = 2``),
+kernels/rec_bp.py with ``rec_form = 1``),
 the chunk prep (forward, and the backward's with the kept T), the output kernel and the
-two backward chunk-local kernels (with ``local_form = 1`` the two kernels of
-kernels/bwd_local_split.py instead of bwd_local).
+backward chunk-local kernel (with ``local_form = 2`` the three kernels of
+kernels/bwd_local_kblock.py instead of bwd_local).
 Static counts (each loop body once), not timings: a guide to where a candidate removes
 work, to be confirmed on the GPU. ``--align`` gives the arguments the divisibility hints a
 launch gives them (16-byte aligned pointers; H = HV = 32 and K, V where multiples of 16):
 without it the loads are not vectorised and the builds spill where a real launch does not
-(docs/benchmarks/gdn_speed_plan.md, "rec_form = 2").
+(docs/benchmarks/gdn_speed_plan.md).
 Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
 """
 
@@ -51,7 +51,7 @@ SASS_GROUPS = {
 #: Triton's launcher specializes them at run time; every pointer is marked too)
 ALIGN = {}
 #: the heads and dims of the build (case a's); a kernel that takes H, HV, GROUP, KD or VD as
-#: ``tl.constexpr`` (the rule's kernels at 16-bit K = 128, rec_form / local_form 1, since
+#: ``tl.constexpr`` (the rule's kernels at 16-bit K = 128, rec_form 1 / local_form 2, since
 #: 2026-12-03; the others take them at run time) gets them from here
 SHAPE = {}
 
@@ -86,23 +86,14 @@ def main():
     from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
     from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
     from cake_gdn_det_train.kernels.bwd_local_kblock import (
+        gdn_bwd_local_dk_kernel,
         gdn_bwd_local_kblock_kernel,
         gdn_bwd_local_wy_kb_kernel,
     )
-    from cake_gdn_det_train.kernels.bwd_local_split import (
-        gdn_bwd_local_dk_kernel,
-        gdn_bwd_local_wy_kernel,
-    )
     from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
-    from cake_gdn_det_train.kernels.fwd_inv import gdn_fwd_inv_kernel
     from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
     from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
     from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
-    from cake_gdn_det_train.kernels.rec_slice import (
-        SLICE_K,
-        gdn_bwd_dh_slice_kernel,
-        gdn_fwd_h_slice_kernel,
-    )
     from cake_gdn_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
@@ -127,75 +118,59 @@ def main():
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
     base = dict(DT=dt, PREC=prec, BT=64, BK=plan.block_k)
     rows = []
-    # rec_form = 2: the state in K slices of BKS rows
-    rec = dict(BKS=min(SLICE_K, plan.block_k)) if plan.rec_form == 2 else {}
+    rec = {}
     if plan.rec_form == 1:  # kernels/rec_bp.py takes the shape as constexpr (case a's heads)
         rec = dict(H=16, HV=32, GROUP=2, KD=a.K, VD=a.V)
     if "fwd_h" in only:
         t = {**ints, "Kp": bf, "W": bf, "U": bf, "GCUM": f32, "CU": i32, "CHUNK_OFF": i32,
              "H0": f32, "HBUF": bf, "VNEW": bf, "HT": f32}
         c = dict(base, BV=plan.block_v_h, HAS_H0=True, STORE_FINAL=True, **rec)
-        fn = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
+        fn = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel)[plan.rec_form]
         rows.append(("fwd_h", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "bwd_dh" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "W": bf, "GCUM": f32, "DO": bf, "CU": i32,
              "CHUNK_OFF": i32, "DHT": f32, "DH": bf, "DVNEW": bf, "DH0": f32, "scale": "fp32"}
         c = dict(base, BV=plan.block_v_h, HAS_DHT=True, STORE_DH0=True, **rec)
-        fn = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel, gdn_bwd_dh_slice_kernel)[plan.rec_form]
+        fn = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel)[plan.rec_form]
         rows.append(("bwd_dh", plan.num_warps_h,
                      *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "prep" in only:
         t = {**ints, "Kp": bf, "Vp": bf, "Gp": f32, "BETA": f32, "CHUNK_START": i32,
              "CHUNK_END": i32, "GCUM": f32, "Ap": bf, "W": bf, "U": bf}
         for load_a in (False, True):
-            c = dict(base, LOG2_BT=6, BVF=bvf, LOAD_A=load_a, BCOL=plan.prep_block)
-            rows.append(("prep (kept T)" if load_a else "prep", plan.num_warps_prep,
-                         *build(gdn_fwd_prep_kernel, t, c, plan.num_warps_prep)))
-        t = {**{n: "i32" for n in ("H", "HV", "GROUP", "KD")}, "Kp": bf, "Gp": f32,
-             "BETA": f32, "CHUNK_START": i32, "CHUNK_END": i32, "AS": f32, "Ap": bf}
-        c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BC=4, BK=plan.block_k)
-        rows.append(("fwd_inv (inv_kernel=1)", plan.num_warps_inv,
-                     *build(gdn_fwd_inv_kernel, t, c, plan.num_warps_inv)))
+            c = dict(base, LOG2_BT=6, BVF=bvf, LOAD_A=load_a)
+            rows.append(("prep (kept T)" if load_a else "prep", 4,
+                         *build(gdn_fwd_prep_kernel, t, c, 4)))
     if "o" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "HBUF": bf,
              "CHUNK_START": i32, "CHUNK_END": i32, "O": bf, "scale": "fp32"}
-        rows.append(("fwd_o", plan.num_warps_o,
-                     *build(gdn_fwd_o_kernel, t, dict(base, BV=plan.block_v), plan.num_warps_o)))
+        rows.append(("fwd_o", 4, *build(gdn_fwd_o_kernel, t, dict(base, BV=plan.block_v), 4)))
         t = {**ints, "Qp": bf, "Kp": bf, "GCUM": f32, "DO": bf, "CHUNK_START": i32,
              "CHUNK_END": i32, "DVL": bf, "scale": "fp32"}
-        rows.append(("bwd_dv_local", plan.num_warps_o,
-                     *build(gdn_bwd_dv_local_kernel, t, dict(base, BV=plan.block_v),
-                            plan.num_warps_o)))
+        rows.append(("bwd_dv_local", 4,
+                     *build(gdn_bwd_dv_local_kernel, t, dict(base, BV=plan.block_v), 4)))
     if "local" in only:
         t = {**ints, "Qp": bf, "Kp": bf, "Vp": bf, "BETA": f32, "GCUM": f32, "Ap": bf,
              "HBUF": bf, "DH": bf, "DO": bf, "DVNEW": bf, "VNEW": bf, "CHUNK_START": i32,
              "CHUNK_END": i32, "DQ": f32, "DK": f32, "DV": f32, "DG": f32, "DBETA": f32,
              "scale": "fp32"}
-        if plan.local_form:
+        if plan.local_form:  # 2: kernels/bwd_local_kblock.py, at the plan's warps and 4
             bk = plan.block_k_local
             c = dict(base, BK=bk, NK=-(-a.K // bk), BV=plan.block_v_local,
                      NV=-(-a.V // plan.block_v_local))
-        if plan.local_form == 1:
-            rows.append(("bwd_local_wy", plan.num_warps_local,
-                         *build(gdn_bwd_local_wy_kernel, {**t, "DZ": f32}, c,
-                                plan.num_warps_local)))
-        if plan.local_form == 2:  # kernels/bwd_local_kblock.py, at the plan's warps and 4
             tk = {**t, "WT": f32, "WV": f32, "NT": "i32"}
             for w in sorted({plan.num_warps_local, 4}, reverse=True):
                 rows.append(("bwd_local_kblock", w,
                              *build(gdn_bwd_local_kblock_kernel, tk, c, w)))
-            for w in sorted({plan.num_warps_o, 8, 4}, reverse=True):
+            for w in (8, 4):
                 rows.append(("bwd_local_wy_kb", w,
                              *build(gdn_bwd_local_wy_kb_kernel, {**tk, "DZ": f32}, c, w)))
-        if plan.local_form:
             t = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
             t.update(Kp=bf, CHUNK_START=i32, CHUNK_END=i32, DZ=f32, DK=f32, DKO=bf, DQ=f32,
                      DQO=bf)  # case a: two value heads per q/k head, summed here
-            rows.append(("bwd_local_dk", plan.num_warps_o,
-                         *build(gdn_bwd_local_dk_kernel, t,
-                                dict(base, BK=bk, SUM_DQ=True, PER_HEAD=False),
-                                plan.num_warps_o)))
+            rows.append(("bwd_local_dk", 4,
+                         *build(gdn_bwd_local_dk_kernel, t, dict(base, BK=bk, SUM_DQ=True), 4)))
         else:
             c = dict(base, BV=plan.block_v_local, NV=-(-a.V // plan.block_v_local))
             rows.append(("bwd_local", plan.num_warps_local,

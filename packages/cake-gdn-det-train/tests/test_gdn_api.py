@@ -66,7 +66,7 @@ def test_plan_rule_and_roundtrip(K, V, dtype):
             make_plan(K, V, dtype, DEV)
         return
     plan = make_plan(K, V, dtype, DEV)
-    assert plan.chunk_size == 64 and plan.block_k >= max(K, 16) and plan.mode == Mode.DET
+    assert plan.block_k >= max(K, 16) and plan.mode == Mode.DET
     assert plan.store_16bit == int(plan.block_k >= 32 and V > 16)
     if DEV.type == "cuda":  # ieee spills registers; tf32x3 is close to fp32; with 16-bit
         # intermediates only the chunk solve is an fp32 dot, and tf32 is enough there

@@ -160,16 +160,20 @@ def test_make_plan_and_plan_fields_refused():
     with pytest.raises(ValueError, match="dtype"):
         make_plan(16, 16, torch.float64, DEV)
     d = make_plan(16, 16, torch.float32, DEV).to_dict()
-    for field, value, msg in (("chunk_size", 32, "chunk_size must be 64"),
-                              ("block_k", 8, "block_k must be a power of two >= 16"),
+    for field, value, msg in (("block_k", 8, "block_k must be a power of two >= 16"),
                               ("block_v", 24, "block_v must be a power of two"),
                               ("fp32_dots", 3, "fp32_dots"),
                               ("store_16bit", 2, "store_16bit must be 0 or 1"),
                               ("gate_block_t", 24, "gate_block_t must be a power of two"),
-                              ("num_warps_gate", 3, "num_warps_gate"),
-                              ("num_warps_h", 3, "num_warps_h")):
+                              ("num_warps_h", 3, "num_warps_h"),
+                              ("num_warps_local", 3, "num_warps_local"),
+                              ("local_form", 1, "local_form must be 0 or 2"),
+                              ("rec_form", 2, "rec_form")):
         with pytest.raises(ValueError, match=msg):
             type(make_plan(16, 16, torch.float32, DEV)).from_dict({**d, field: value})
+    for gone in ("chunk_size", "keep_a", "num_warps_o", "prep_block", "inv_kernel"):
+        with pytest.raises(ValueError, match=f"unknown GDNDetPlan fields .*{gone}"):
+            type(make_plan(16, 16, torch.float32, DEV)).from_dict({**d, gone: 0})
 
 
 @pytest.mark.parametrize("fla_kw, msg", [

@@ -40,7 +40,7 @@ NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", 
 
 def _plans(K, V, dtype):
     base = make_plan(K, V, dtype, DEV)
-    assert base.keep_states == 0 and base.keep_a == 1
+    assert base.keep_states == 0
     return base, dataclasses.replace(base, keep_states=1)
 
 
@@ -149,7 +149,7 @@ def test_saved_set_holds_states_and_backward_skips_recompute(gdn_inputs, monkeyp
     assert s1.v_new.shape == (NT, HV, V)
     assert {s1.h.dtype, s1.w.dtype, s1.v_new.dtype, s1.A.dtype} == {idt}
     assert s1.g_cumsum.dtype == torch.float32 and s1.g_cumsum.shape == (NT, HV)
-    assert len(s1.tensors()) == len(s1.tensor_names) == 16 and s1.version == 3
+    assert len(s1.tensors()) == len(s1.tensor_names) == 16 and s1.version == 1
 
     calls = []
 
@@ -274,21 +274,15 @@ def test_plan_field_serialised_and_checked():
         for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16)):
             assert make_plan(K, V, dt, dev).keep_states == 0
     d = keep.to_dict()
-    assert d["keep_states"] == 1 and d["version"] == 9
+    assert d["keep_states"] == 1 and d["version"] == 1
     assert GDNDetPlan.from_dict(d) == keep and keep.key != redo.key
     assert GDNDetPlan.from_dict(json.loads(keep.to_json())) == keep
     assert hash(keep) != hash(redo) and {keep: 1}[dataclasses.replace(redo, keep_states=1)]
     assert plan_from_op_fields(GDNDetPlan, plan_to_op_fields(keep)) == keep
-    old = {n: x for n, x in redo.to_dict().items() if n not in ("keep_states", "block_v_h")}
-    old["version"] = 6  # serialised before the field existed
-    with pytest.raises(ValueError, match="format version 6 is not 9: .*keep_states = 0"):
-        GDNDetPlan.from_dict(old)
-    old["keep_states"], old["block_v_h"], old["version"] = 0, redo.block_v, 9
-    assert GDNDetPlan.from_dict(old) == redo
+    with pytest.raises(ValueError, match="missing .*keep_states"):
+        GDNDetPlan.from_dict({n: x for n, x in redo.to_dict().items() if n != "keep_states"})
     for bad in (2, -1):
         with pytest.raises(ValueError, match="keep_states"):
             dataclasses.replace(redo, keep_states=bad)
-    with pytest.raises(ValueError, match="keep_states=1 needs keep_a=1"):
-        dataclasses.replace(keep, keep_a=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         keep.keep_states = 0

@@ -1,17 +1,13 @@
-"""The speed candidates of docs/benchmarks/gdn_speed_plan.md: ``plan.rec_form = 1``
+"""The CUDA rule's speed paths (docs/benchmarks/gdn_speed_plan.md): ``plan.rec_form = 1``
 (FLA's operand form of the two chunk-recurrence kernels: block pointers, the transposed
 k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]`` tiles),
-``plan.prep_block`` (the chunk prep's w and u in column blocks) and ``plan.local_form = 1``
-(the backward chunk-local gradients in two kernels, K in blocks of ``block_k_local``): o,
-final_state and every gradient against the float64 token recurrence (packed
-1/70/0/65-token documents: an empty and a length-1 document, lengths off the chunk size;
-HV = 2H, an initial state and a final-state gradient; K and V off the block sizes: partly
-masked column blocks, V in two blocks; kept and recomputed T); bitwise repeatable; close
-to the default plan; the fields are part of the plan's serialised form (since format version 6)
-and checked. ``plan.rec_form = 2`` (rec_form 1 with the state and dS held as 64-row K
-slices, kernels/rec_slice.py): the same float64 checks with one masked, two and two
-partly masked slices, bitwise repeat and rec_form = 1's values to fp32 rounding (four
-slices at K = 200 under the interpreter), never the rule's choice."""
+``plan.local_form = 2`` (the backward chunk-local gradients with K-block programs, K in
+blocks of ``block_k_local``) and ``plan.block_v_h``: o, final_state and every gradient
+against the float64 token recurrence (packed 1/70/0/65-token documents: an empty and a
+length-1 document, lengths off the chunk size; HV = 2H, an initial state and a
+final-state gradient; K and V off the block sizes: partly masked column blocks, V in two
+blocks); bitwise repeatable; close to the CPU rule's plan; the fields are part of the
+plan's serialised form and checked."""
 
 import dataclasses
 import json
@@ -58,34 +54,27 @@ def _grads(fn, inputs, h0, do, dht, **kw):
 
 
 @pytest.mark.parametrize("K, V, dtype, over", [
-    (48, 40, torch.float32, dict(block_v=32, rec_form=1, prep_block=32)),
-    (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1, prep_block=32)),
-    (40, 24, torch.float32, dict(prep_block=16, keep_a=0)),
-    # 16-column V blocks of fp32 intermediates are refused on CUDA (cuda_plan_problem)
-    (56, 40, torch.float32, dict(local_form=1, block_k_local=16,
-                                 block_v_local=16 if DEV.type == "cpu" else 32)),
-    (64, 48, torch.bfloat16, dict(local_form=1, block_k_local=32, block_v_local=32)),
+    (48, 40, torch.float32, dict(block_v=32, rec_form=1)),
+    (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1)),
     # local_form = 2: K-block programs; three K blocks, the last partly masked; one K block
-    # (8 warps at block_k_local 16 are refused on CUDA: an illegal access on an H200)
+    # (8 warps at block_k_local 16 are refused on CUDA: an illegal access on an H200;
+    # 16-column V blocks of fp32 intermediates are refused on CUDA: cuda_plan_problem)
+    (56, 40, torch.float32, dict(local_form=2, block_k_local=16, num_warps_local=4,
+                                 block_v_local=16 if DEV.type == "cpu" else 32)),
+    (64, 48, torch.bfloat16, dict(local_form=2, block_k_local=32, block_v_local=32)),
     (40, 40, torch.float32, dict(local_form=2, block_k_local=16, num_warps_local=4,
                                  block_v_local=16 if DEV.type == "cpu" else 32)),
     (128, 48, torch.bfloat16, dict(local_form=2, block_k_local=64, block_v_local=32)),
     (64, 64, torch.bfloat16, dict(local_form=2, block_k_local=64)),
-    # rec_form = 2: one masked slice; two slices; the second slice partly masked
-    (48, 40, torch.float32, dict(block_v=32, rec_form=2)),
-    (128, 64, torch.bfloat16, dict(block_v=32, rec_form=2)),
-    (100, 48, torch.bfloat16, dict(rec_form=2)),
-    # block_v_h (format 8): the state kernels' V blocks apart from the output kernel's
+    # block_v_h: the state kernels' V blocks apart from the output kernel's
     (48, 40, torch.float32, dict(block_v_h=32)),  # two V blocks, the second partly masked
     (128, 64, torch.bfloat16, dict(block_v_h=32, rec_form=1, num_warps_h=4)),
-    (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64, rec_form=2)),
-], ids=["fp32-K48-V40-bv32-both", "bf16-K32-V64-bv32-16bit-both",
-        "fp32-K40-V24-prep16-recompute", "fp32-K56-V40-local-bk16-bv16",
-        "bf16-K64-V48-local-bk32-16bit", "fp32-K40-V40-kblock-bk16",
+    (64, 48, torch.bfloat16, dict(block_v=32, block_v_h=64)),
+], ids=["fp32-K48-V40-bv32-form1", "bf16-K32-V64-bv32-16bit-form1",
+        "fp32-K56-V40-kblock-bk16-bv16",
+        "bf16-K64-V48-kblock-bk32-16bit", "fp32-K40-V40-kblock-bk16",
         "bf16-K128-V48-kblock-bk64", "bf16-K64-V64-kblock-one-block",
-        "fp32-K48-V40-bv32-slice1",
-        "bf16-K128-V64-bv32-slice2", "bf16-K100-V48-slice2-masked",
-        "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64-slice"])
+        "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64"])
 def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
     if dtype == torch.bfloat16:
@@ -121,12 +110,10 @@ def _fwd_bwd(inputs, h0, cu, do, dht, plan):
     return (o, ht, *chunk_gdn_det_bwd(do, dht, saved))
 
 
-@pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16), (dict(prep_block=16), 16),
-                                     (dict(local_form=1, block_k_local=16), 40),
+@pytest.mark.parametrize("over, K", [(dict(rec_form=1), 16),
                                      (dict(local_form=2, block_k_local=16), 40),
                                      (dict(block_v_h=16), 16)],
-                         ids=["rec_form", "prep_block", "local_form-K40-bk16",
-                              "local_form2-K40-bk16", "block_v_h"])
+                         ids=["rec_form", "local_form2-K40-bk16", "block_v_h"])
 def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     """fp32, packed 1/70/0/65, HV = 2H: twice the same bits; the default plan's values to
     fp32 rounding (the same math, other rounding; local_form: K in 3 blocks, one partly
@@ -142,50 +129,16 @@ def test_speed_paths_repeat_and_are_close_to_default(over, K, gdn_inputs):
     want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         assert (a is None) == (b is None), i
-        if a is not None and DEV.type == "cpu" and "prep_block" in over:
-            # the same math per column under the interpreter; numpy's BLAS may still round a
-            # column block otherwise than the whole product (seen on one CPU), so not bitwise
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=f"output {i}")
-        elif a is not None:
+        if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"output {i}")
 
 
-@pytest.mark.parametrize("K", [
-    40,
-    pytest.param(100, marks=pytest.mark.skipif(
-        DEV.type == "cuda", reason="fp32 K > 64 is refused on CUDA (the bf16 K = 100 / 128 "
-        "cases of test_speed_paths_vs_reference run the two slices there)")),
-    pytest.param(200, marks=pytest.mark.skipif(
-        DEV.type == "cuda", reason="K > 128 is refused on CUDA")),
-], ids=["K40-one-slice", "K100-two-slices", "K200-four-slices"])
-def test_rec_slice_repeats_and_is_close_to_rec_form_1(K, gdn_inputs):
-    """rec_form = 2 (state in 64-row K slices) against rec_form = 1, fp32, packed
-    1/70/0/65, HV = 2H, V = 40 in two blocks of 32: twice the same bits, rec_form = 1's
-    values to fp32 rounding (only the sums over slices of w S and k dS are rounded
-    otherwise). K = 200: four slices, the last partly masked."""
-    V = 40
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 2, K, V, seed=77, n_states=len(LENS),
-                                      h0=True)
-    cu = _cu(LENS)
-    do = randn(v.shape, torch.float32, DEV, seed=78)
-    dht = randn(h0.shape, torch.float32, DEV, seed=79)
-    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), block_v=32, rec_form=1)
-    new = dataclasses.replace(base, rec_form=2)
-    got = assert_bitwise_repeat(lambda: _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, new),
-                                repeats=2)
-    want = _fwd_bwd((q, k, v, g, beta), h0, cu, do, dht, base)
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert (a is None) == (b is None), i
-        if a is not None:
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"output {i}")
-
-
 def test_fields_serialised_and_checked():
-    # the rule: rec_form = 1 (3 stages) only on CUDA at 16-bit K = 128; prep_block never
+    # the rule: rec_form = 1 (3 stages) only on CUDA at 16-bit K = 128
     cpu = make_plan(128, 128, torch.bfloat16, "cpu")
-    assert cpu.rec_form == 0 and cpu.prep_block == 0
+    assert cpu.rec_form == 0
     gpu = make_plan(128, 128, torch.bfloat16, "cuda")
-    assert (gpu.rec_form, gpu.num_stages_h, gpu.prep_block, gpu.local_form) == (1, 3, 0, 2)
+    assert (gpu.rec_form, gpu.num_stages_h, gpu.local_form) == (1, 3, 2)
     assert gpu.num_warps_local == 4  # local_form 2's K-block kernel (session 26)
     assert cpu.local_form == 0
     for K, V, dt in ((64, 64, torch.bfloat16), (64, 64, torch.float32), (32, 16, torch.bfloat16)):
@@ -194,29 +147,14 @@ def test_fields_serialised_and_checked():
     plan = dataclasses.replace(make_plan(128, 128, torch.bfloat16, DEV), rec_form=0)
     on = dataclasses.replace(plan, rec_form=1)
     d = on.to_dict()
-    assert d["rec_form"] == 1 and d["version"] == 9
+    assert d["rec_form"] == 1 and d["version"] == 1
     assert GDNDetPlan.from_dict(d) == on and on.key != plan.key
-    old = {n: x for n, x in plan.to_dict().items() if n != "rec_form"}
-    old["version"] = 4  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 4"):
-        GDNDetPlan.from_dict(old)
-    old = {n: x for n, x in plan.to_dict().items() if n not in ("local_form", "block_k_local")}
-    old["version"] = 5  # before local_form / block_k_local
-    with pytest.raises(ValueError, match="format version 5"):
-        GDNDetPlan.from_dict(old)
-    for bad in (3, -1, True):
+    for version in (0, 2):  # no other format exists: refused, with no upgrade to offer
+        with pytest.raises(ValueError, match=f"format version {version} is not 1$"):
+            GDNDetPlan.from_dict({**d, "version": version})
+    for bad in (2, 3, -1, True):
         with pytest.raises(ValueError, match="rec_form"):
             dataclasses.replace(plan, rec_form=bad)
-    # rec_form = 2 (state in K slices): a new value of the field, same format version; the
-    # rule never takes it; nothing new refused on CUDA
-    sl = dataclasses.replace(plan, rec_form=2)
-    d = sl.to_dict()
-    assert d["rec_form"] == 2 and d["version"] == 9
-    assert GDNDetPlan.from_dict(d) == sl and sl.key not in (plan.key, on.key)
-    assert GDNDetPlan.from_dict(json.loads(sl.to_json())) == sl
-    assert cuda_plan_problem(dataclasses.replace(gpu, rec_form=2), torch.bfloat16) is None
-    assert cuda_plan_problem(dataclasses.replace(gpu, rec_form=2, num_warps_h=4, block_v=32),
-                             torch.bfloat16) is None
     for K, V in ((16, 16), (48, 40), (64, 64), (100, 48), (128, 128), (200, 24), (256, 256)):
         for dt in (torch.float32, torch.bfloat16, torch.float16):
             for dev in ("cpu", "cuda"):
@@ -226,18 +164,6 @@ def test_fields_serialised_and_checked():
                     assert dev == "cuda", (K, V, dt)
                     continue
                 assert p.rec_form in (0, 1), (K, V, dt, dev)
-    both = dataclasses.replace(plan, rec_form=1, prep_block=32)
-    assert GDNDetPlan.from_dict(both.to_dict()) == both and both.key != on.key
-    k100 = dataclasses.replace(make_plan(100, 48, torch.bfloat16, "cuda"), prep_block=32)
-    assert "K = block_k" in cuda_plan_problem(k100, torch.bfloat16)
-    assert cuda_plan_problem(dataclasses.replace(gpu, prep_block=32), torch.bfloat16) is None
-    for bad in (8, 24, -16, 512):
-        with pytest.raises(ValueError, match="prep_block"):
-            dataclasses.replace(plan, prep_block=bad)
-    narrow = dataclasses.replace(plan, prep_block=16)  # fine for the plan; not on CUDA
-    assert "prep_block must be >= 32" in cuda_plan_problem(narrow, torch.bfloat16)
-    assert cuda_plan_problem(narrow, torch.float16) is not None
-    assert cuda_plan_problem(both, torch.bfloat16) is None
     # local_form: the rule takes 2 where it takes rec_form = 1 (CUDA, 16-bit K = 128), else 0;
     # block_k_local = min(64, block_k)
     for K, V, dt in ((128, 128, torch.bfloat16), (64, 64, torch.float32), (16, 16, torch.float32),
@@ -249,9 +175,9 @@ def test_fields_serialised_and_checked():
             bvf = 1 << (max(V, 16) - 1).bit_length()  # V rounded up to a power of two
             want_bvl = (64 if p.rec_form else min(32, bvf)) if dev == "cuda" else bvf
             assert p.block_v_local == want_bvl, (K, V, dt, dev)
-    loc = dataclasses.replace(plan, local_form=1, block_k_local=32, block_v_local=32)
+    loc = dataclasses.replace(plan, local_form=2, block_k_local=32, block_v_local=32)
     d = loc.to_dict()
-    assert (d["local_form"], d["block_k_local"]) == (1, 32)
+    assert (d["local_form"], d["block_k_local"]) == (2, 32)
     assert GDNDetPlan.from_dict(d) == loc and loc.key != plan.key
     assert cuda_plan_problem(loc, torch.bfloat16) is None
     # K blocks of 32 with 64-wide V blocks: wrong dk / dg / dbeta on an H200 (Triton 3.6)
@@ -263,7 +189,7 @@ def test_fields_serialised_and_checked():
         dataclasses.replace(loc, block_k_local=16), torch.bfloat16)
     fp32 = make_plan(56, 40, torch.float32, "cuda")
     assert fp32.block_v_local == 32 and cuda_plan_problem(fp32, torch.float32) is None
-    for lf in (0, 1, 2):  # illegal memory accesses / wrong dk on an H200 (Triton 3.6)
+    for lf in (0, 2):  # illegal memory accesses / wrong dk on an H200 (Triton 3.6)
         bad = dataclasses.replace(fp32, local_form=lf, block_k_local=16, block_v_local=16)
         assert "block_v_local >= 32" in cuda_plan_problem(bad, torch.float32)
     assert cuda_plan_problem(dataclasses.replace(loc, block_k_local=16), torch.float32) is not \
@@ -274,10 +200,9 @@ def test_fields_serialised_and_checked():
     kb16 = dataclasses.replace(k40, local_form=2, block_k_local=16, block_v_local=32)
     assert "block_k_local >= 32" in cuda_plan_problem(kb16, torch.float32)
     for ok in (dataclasses.replace(kb16, num_warps_local=4),
-               dataclasses.replace(kb16, block_k_local=32),
-               dataclasses.replace(kb16, local_form=1)):
+               dataclasses.replace(kb16, block_k_local=32)):
         assert cuda_plan_problem(ok, torch.float32) is None, ok
-    for bad in (3, -1, True):
+    for bad in (1, 3, -1, True):
         with pytest.raises(ValueError, match="local_form"):
             dataclasses.replace(plan, local_form=bad)
     for bad in (8, 24, 256, 0):
@@ -286,9 +211,8 @@ def test_fields_serialised_and_checked():
 
 
 def test_block_v_h_field_format_and_checks():
-    """Format 8's block_v_h: the rule takes block_v (format 7's launches) except on CUDA at
-    K = V = 128 with 16-bit inputs (block_v = 128 there since session 15, block_v_h = 64),
-    a version-7 dict is refused with the upgrade, the field is checked like block_v."""
+    """block_v_h: the rule takes block_v except on CUDA at K = V = 128 with 16-bit inputs
+    (block_v = 128 there, block_v_h = 64); serialised; the field is checked like block_v."""
     for dev in ("cpu", "cuda"):
         for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16), (64, 40, BF16),
                          (128, 128, torch.float16), (128, 100, BF16), (100, 128, BF16)):
@@ -299,16 +223,10 @@ def test_block_v_h_field_format_and_checks():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     new = dataclasses.replace(plan, block_v_h=32)
     d = new.to_dict()
-    assert d["block_v_h"] == 32 and d["version"] == 9
+    assert d["block_v_h"] == 32 and d["version"] == 1
     assert GDNDetPlan.from_dict(json.loads(new.to_json())) == new and new.key != plan.key
-    v7 = {n: x for n, x in plan.to_dict().items() if n != "block_v_h"}
-    v7["version"] = 7
-    with pytest.raises(ValueError, match="format version 7 is not 9: .*block_v_h = <the "
-                                         "plan's block_v>"):
-        GDNDetPlan.from_dict(v7)
-    # the upgrade's block_v_h = block_v: format 7's launches (on CUDA the rule's 64 differs)
-    assert GDNDetPlan.from_dict({**v7, "block_v_h": plan.block_v, "version": 9}) == \
-        dataclasses.replace(plan, block_v_h=plan.block_v)
+    with pytest.raises(ValueError, match="missing .*block_v_h"):
+        GDNDetPlan.from_dict({n: x for n, x in d.items() if n != "block_v_h"})
     for bad, match in ((24, "power of two"), (256, "block_v_h must be <="), (16, "store_16bit")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(plan, block_v_h=bad)
@@ -437,7 +355,7 @@ def test_workspace_serves_plans_differing_in_narrowed_fields(gdn_inputs):
         ws = GDNDetWorkspace.for_plan(ws_plan, DEV, num_v_heads=2, max_tokens=70)
         for a, b in zip(run(call_plan, ws), run(call_plan), strict=True):
             assert torch.equal(a, b)
-    ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_o=2), DEV,
+    ws = GDNDetWorkspace.for_plan(dataclasses.replace(base, num_warps_local=2), DEV,
                                   num_v_heads=2, max_tokens=70)
     with pytest.raises(ValueError, match="workspace"):
         chunk_gdn_det_fwd(q, k, v, g, beta, plan=base, workspace=ws)
@@ -453,18 +371,16 @@ def test_workspace_serves_plans_differing_in_narrowed_fields(gdn_inputs):
                                        (1, 3, True), (2, 4, False)],
                          ids=["hv1-plain", "hv1-l2norm", "hv2-plain", "hv3-l2norm",
                               "two-heads-hv2"])
-def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn_inputs,
-                                                           monkeypatch):
-    """``local_form = 1``: the dk kernel adds each q/k head's value heads' dk and dq in
+def test_local_dk_kernel_sums_value_heads(dtype, H, HV, l2, gdn_inputs, monkeypatch):
+    """``local_form = 2``: the dk kernel adds each q/k head's value heads' dk and dq in
     index order and stores them in the gradients' dtype (fp32 before the L2 norm's
     backward; bf16 stays fp32 under the interpreter and torch casts), and with one value
-    head per q/k head the first kernel stores dq as it is: no ``group_sum_cast`` pass. The
-    same bits as the per-value-head fp32 path with the pass (``_FUSED_GROUP_SUM = False``,
-    which this test checks does run the pass), and float64 parity."""
+    head per q/k head the first kernel stores dq as it is: no ``group_sum_cast`` pass;
+    float64 parity."""
     from cake_gdn_det_train import api
 
     K, V = 64, 48
-    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), local_form=1, block_k_local=32,
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), local_form=2, block_k_local=32,
                                block_v_local=32)
     q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), H, HV, K, V, dtype, seed=77,
                                       n_states=len(LENS), h0=True, normalize_k=not l2)
@@ -478,11 +394,6 @@ def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn
     got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
     assert not sums
     assert got[2].dtype == got[3].dtype == dtype
-    monkeypatch.setattr(api, "_FUSED_GROUP_SUM", False)
-    unfused = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
-    assert len(sums) == 2
-    for i, (a, b) in enumerate(zip(got, unfused, strict=True)):
-        assert a.dtype == b.dtype and torch.equal(a, b), f"output {i}"
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
@@ -491,42 +402,10 @@ def test_local_dk_kernel_sums_value_heads_as_the_cast_pass(dtype, H, HV, l2, gdn
         assert_close_to_reference(a, b, dtype, name)
 
 
-def test_wy_launch_constants_reach_the_launch(gdn_inputs, monkeypatch):
-    """``api.WY_STAGES`` / ``api.WY_MAXNREG`` (the local WY kernel's ``num_stages`` and
-    ``maxnreg``, launch constants for GPU sweeps, None in the rule) reach its launch and
-    are absent from it when None; results right against float64 either way (on CUDA they
-    change only the build's pipelining and register budget)."""
-    from cake_gdn_det_train import api
-
-    K, V, lens = 32, 40, [1, 70, 0, 65]
-    plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), local_form=1,
-                               block_k_local=16)
-    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, 2, K, V, seed=91, h0=True,
-                                      n_states=len(lens))
-    cu = _cu(lens)
-    do = randn(v.shape, torch.float32, DEV, seed=92)
-    dht = randn(h0.shape, torch.float32, DEV, seed=93)
-    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
-                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
-                  dht.double(), cu_seqlens=cu)
-    for stages, maxnreg in ((1, 128), (None, None)):
-        monkeypatch.setattr(api, "WY_STAGES", stages)
-        monkeypatch.setattr(api, "WY_MAXNREG", maxnreg)
-        with record_launches(api, "gdn_bwd_local_wy_kernel") as launches:
-            got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
-                         cu_seqlens=cu, plan=plan)
-        kws = [kw for _, kw in launches["gdn_bwd_local_wy_kernel"]]
-        assert kws and all(kw.get("num_stages") == stages and kw.get("maxnreg") == maxnreg
-                           for kw in kws)
-        for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
-                              got, want, strict=True):
-            assert_close_to_reference(a, b, torch.float32, name)
-
-
 def test_local_form_2_launches_k_block_programs(gdn_inputs):
     """``local_form = 2`` launches the K-block kernel on (chunks, HV, ceil(K /
     block_k_local)) with ``num_warps_local`` warps and its WY kernel on (chunks, HV) with
-    ``num_warps_o``, not form 1's WY kernel; right against float64 at two warp counts
+    4 warps; right against float64 at two warp counts
     (four packed sequences, one empty: 5 chunks; K in three blocks, the last partly
     masked)."""
     from cake_gdn_det_train import api
@@ -542,28 +421,25 @@ def test_local_form_2_launches_k_block_programs(gdn_inputs):
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu)
-    names = ("gdn_bwd_local_kblock_kernel", "gdn_bwd_local_wy_kb_kernel",
-             "gdn_bwd_local_wy_kernel")
-    for plan in (rule, dataclasses.replace(rule, num_warps_local=2, num_warps_o=1)):
+    names = ("gdn_bwd_local_kblock_kernel", "gdn_bwd_local_wy_kb_kernel")
+    for plan in (rule, dataclasses.replace(rule, num_warps_local=2)):
         with record_launches(api, *names) as launches:
             got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
                          cu_seqlens=cu, plan=plan)
         assert _grids(launches, names[0]) == [(5, 2, 3)]
         assert _grids(launches, names[1]) == [(5, 2)]
-        assert not launches.get(names[2])
         assert [kw["num_warps"] for _, kw in launches[names[0]]] == [plan.num_warps_local]
-        assert [kw["num_warps"] for _, kw in launches[names[1]]] == [plan.num_warps_o]
+        assert [kw["num_warps"] for _, kw in launches[names[1]]] == [4]
         for name, a, b in zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"),
                               got, want, strict=True):
             assert_close_to_reference(a, b, torch.float32, name)
 
 
-@pytest.mark.parametrize("over, K", [(dict(), 40), (dict(local_form=1, block_k_local=16), 40),
-                                     (dict(local_form=2, block_k_local=16), 40)],
-                         ids=["local_form0", "local_form1-K40-bk16", "local_form2-K40-bk16"])
+@pytest.mark.parametrize("over, K", [(dict(), 40), (dict(local_form=2, block_k_local=16), 40)],
+                         ids=["local_form0", "local_form2-K40-bk16"])
 def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs):
     """Every tensor the package allocates with ``torch.empty`` in a call (outputs, the
-    backward's dh / dv_new / per-value-head dq, dk, ``local_form`` 1 and 2's z rows, partial
+    backward's dh / dv_new / per-value-head dq, dk, ``local_form = 2``'s z rows, partial
     dT and row sums, which GDNDetWorkspace does not own) filled with NaN (integers: their
     max) before the kernels see it: the same bits as a plain call, packed 1/70/0/65, HV =
     2H, fp32 (no element read before it is written, so no earlier contents reach a result;

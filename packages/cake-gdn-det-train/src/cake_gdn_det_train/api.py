@@ -46,15 +46,11 @@ from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
 from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
 from cake_gdn_det_train.kernels.bwd_local_kblock import (
+    gdn_bwd_local_dk_kernel,
     gdn_bwd_local_kblock_kernel,
     gdn_bwd_local_wy_kb_kernel,
 )
-from cake_gdn_det_train.kernels.bwd_local_split import (
-    gdn_bwd_local_dk_kernel,
-    gdn_bwd_local_wy_kernel,
-)
 from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
-from cake_gdn_det_train.kernels.fwd_inv import gdn_fwd_inv_kernel
 from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
 from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
 from cake_gdn_det_train.kernels.gate import (
@@ -66,11 +62,6 @@ from cake_gdn_det_train.kernels.rec_bp import (
     gdn_bwd_dh_bp_kernel,
     gdn_fwd_h_bp_kernel,
     state_grid,
-)
-from cake_gdn_det_train.kernels.rec_slice import (
-    SLICE_K,
-    gdn_bwd_dh_slice_kernel,
-    gdn_fwd_h_slice_kernel,
 )
 from cake_gdn_det_train.plan import (
     CHUNK_SIZE,
@@ -154,11 +145,6 @@ def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _slice_arg(plan: GDNDetPlan) -> dict:
-    """The state-slice height of the ``rec_form = 2`` recurrence kernels (none for 0 / 1)."""
-    return {"BKS": min(SLICE_K, plan.block_k)} if plan.rec_form == 2 else {}
-
-
 def _dot_dtype(plan: GDNDetPlan, dtype: torch.dtype):
     """``DT`` of the kernels: the intermediates' dtype on CUDA, fp32 under the interpreter
     (its bf16 ``tl.dot`` is wrong in Triton 3.6)."""
@@ -195,7 +181,7 @@ def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
     in fp32, stored in x's dtype, as FLA) with this plan's launch fields; returns
     ``(y, fp32 rstd per row)``. x is contiguous."""
     return l2norm_fwd(x, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
-                      num_warps=plan.num_warps_l2norm)
+                      num_warps=4)
 
 
 def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: torch.dtype,
@@ -216,7 +202,7 @@ def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: tor
 
 def _rec_grid(plan: GDNDetPlan, N: int, HV: int, V: int) -> tuple[int, ...]:
     """Grid of the two state kernels: ``rec_form = 1`` one axis, V blocks fastest
-    (kernels/rec_bp.py); the other forms (sequence, value head, V block)."""
+    (kernels/rec_bp.py); ``rec_form = 0`` (sequence, value head, V block)."""
     if plan.rec_form == 1:
         return state_grid(N, HV, V, plan.block_v_h)
     return (N, HV, cdiv(V, plan.block_v_h))
@@ -232,26 +218,19 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
     w, u, v_new, h = scratch
     BT = CHUNK_SIZE
     DT = _dot_dtype(plan, k.dtype)
-    if plan.inv_kernel and not load_a:  # T in a kernel of its own; the prep loads it
-        a_raw = torch.empty((A.shape[0], HV, BT), dtype=torch.float32, device=A.device)
-        gdn_fwd_inv_kernel[(NC, HV)](
-            k, g, beta, starts, ends, a_raw, A, H, HV, HV // H, K,
-            DT=DT, PREC=plan.dot_precision, BT=BT, BC=16, LOG2_BC=4, BK=plan.block_k,
-            num_warps=plan.num_warps_inv)
-        load_a = True
     gdn_fwd_prep_kernel[(NC, HV)](
         k, v, g, beta, starts, ends, g_cumsum, A, w, u,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
-        BVF=max(16, next_power_of_2(V)), LOAD_A=load_a, BCOL=plan.prep_block,
-        num_warps=plan.num_warps_prep)
+        BVF=max(16, next_power_of_2(V)), LOAD_A=load_a,
+        num_warps=4)
     h0 = initial_state if initial_state is not None else g_cumsum
-    fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel, gdn_fwd_h_slice_kernel)[plan.rec_form]
+    fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel)[plan.rec_form]
     fwd_h[_rec_grid(plan, N, HV, V)](
         k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v_h,
-        **_slice_arg(plan), HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
+        HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
         num_warps=plan.num_warps_h,
         num_stages=plan.num_stages_h)
 
@@ -273,7 +252,7 @@ def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: int, plan: G
             g_out, b_out, NT, HV,
             USE_GATE=use_gate, HAS_BIAS=dt_bias is not None, BETA_SIGMOID=use_sigmoid,
             THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, next_power_of_2(HV)),
-            num_warps=plan.num_warps_gate)
+            num_warps=4)
     return g_out, b_out
 
 
@@ -298,7 +277,7 @@ def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: i
             dg, dbeta, da_part, db_part, NT, HV,
             USE_GATE=use_gate, HAS_BIAS=has_bias, BETA_SIGMOID=use_sigmoid,
             THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BH=max(2, next_power_of_2(HV)),
-            num_warps=plan.num_warps_gate)
+            num_warps=4)
     if not use_gate:
         return None, None
     # fp32 sums, cast once on the host (the interpreter's in-kernel bf16 cast truncates)
@@ -353,7 +332,7 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         q, k, v_new, g_cumsum, h, dt[0], dt[1], o,
         scale, H, HV, HV // H, K, V,
         DT=_dot_dtype(plan, q.dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
-        BK=plan.block_k, BV=plan.block_v, num_warps=plan.num_warps_o)
+        BK=plan.block_k, BV=plan.block_v, num_warps=4)
     return o, ht, (q_rstd, k_rstd, g_cumsum, A, (h, w, v_new) if keep_states else None)
 
 
@@ -373,73 +352,42 @@ def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: 
     return tuple(t.contiguous() for t, _, _ in want)
 
 
-#: the value-head sum of dq / dk fused into the local dk kernel (local_form = 1); False only
-#: in tests, to compare with the group_sum_cast pass it replaces
-_FUSED_GROUP_SUM = True
-#: ``num_stages`` and ``maxnreg`` of the backward chunk-local WY kernel's launch
-#: (``local_form = 1``), or ``None``: Triton's default (3 stages) and ptxas's choice (the
-#: rule). Offline sm_90 builds at K = V = 128, 8 warps (Triton 3.6, 2026-12-03): 255
-#: registers, 40 stack bytes, 139 KB shared with 3 stages (one program per SM); 1 stage
-#: 57 KB; 1 stage with maxnreg 128: 128 registers, 672 stack bytes (two programs per SM
-#: would fit). Timed on an H200 at case b (session 25, 2026-12-03, ``state_sweep.py``),
-#: the same bits everywhere, kernel us: rule 1526; 1 stage 1638; 2 stages 1637; 1 stage +
-#: maxnreg 128 2433; 2 + 128 2289; 1 + 168 2228: the rule stays, and these stay launch
-#: constants for sweeps (items ``api.WY_STAGES=1 api.WY_MAXNREG=128``). The interpreter
-#: ignores them.
-WY_STAGES = None
-WY_MAXNREG = None
-
-
-def _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
-                 dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
-                 dq_out, dk_out):
-    """``plan.local_form`` 1 or 2: the chunk-local gradients in two kernels
-    (kernels/bwd_local_split.py), or three (2: kernels/bwd_local_kblock.py, then the same
-    dk kernel) through an fp32 ``[NT, HV, 64]`` scratch of the
-    ``[64, 64]`` matrix z per chunk that the second kernel's dk terms need. ``dq_hv``: the
-    first kernel's dq per value head (fp32, or the gradients' dtype with one value head per
-    q/k head); ``dk_hv``: its fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the
-    value-head sums (None: ``dq_hv`` / ``dk_hv`` per value head, summed by the caller)."""
+def _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
+                  dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
+                  dq_out, dk_out):
+    """``plan.local_form = 2``: the chunk-local gradients in three kernels
+    (kernels/bwd_local_kblock.py): K-block programs, their partial dT (64 x 64 per chunk,
+    value head and K block) and row sums through workspaces, added in K-block order by the
+    WY kernel, which stores the ``[64, 64]`` matrix z per chunk that the dk kernel's terms
+    need in an fp32 ``[NT, HV, 64]`` scratch. ``dq_hv``: the first kernel's dq per value
+    head (fp32, or the gradients' dtype with one value head per q/k head); ``dk_hv``: its
+    fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the value-head sums."""
     NT = dq_hv.shape[0]
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
     NK = cdiv(K, BK)
-    if plan.local_form == 2:
-        # K-block programs, their partial dT (64 x 64 per chunk, value head and K block)
-        # and row sums through workspaces, added in K-block order by the WY kernel: dT's
-        # parts in the intermediates' dtype (an H200, case b: the WY kernel 457 -> 389 us
-        # and the K-block kernel 927 -> 913 with bf16 parts; errors against float64 the
-        # same to two digits: dT is cast to that dtype for its dots anyway), row sums fp32
-        wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
-        wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
-        gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
-            qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-            dq_hv, dk_hv, wt, wv, NT,
-            scale, H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
-        gdn_bwd_local_wy_kb_kernel[(NC, HV)](
-            kn, v, beta_eff, g_cumsum, A, dv_new, dt[0], dt[1], wt, wv, NT,
-            dv, dg, dbeta, dz,
-            H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_o)
-    else:
-        gdn_bwd_local_wy_kernel[(NC, HV)](
-            qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-            dq_hv, dk_hv, dv, dg, dbeta, dz,
-            scale, H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-            BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local,
-            **({"num_stages": WY_STAGES} if WY_STAGES else {}),
-            **({"maxnreg": WY_MAXNREG} if WY_MAXNREG else {}))
-    fused = dk_out is not None
+    # dT's parts in the intermediates' dtype (an H200, case b: the WY kernel 457 -> 389 us
+    # and the K-block kernel 927 -> 913 with bf16 parts; errors against float64 the same to
+    # two digits: dT is cast to that dtype for its dots anyway), row sums fp32
+    wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
+    wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
+    gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
+        qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
+        dq_hv, dk_hv, wt, wv, NT,
+        scale, H, HV, HV // H, K, V,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
+        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
+    gdn_bwd_local_wy_kb_kernel[(NC, HV)](
+        kn, v, beta_eff, g_cumsum, A, dv_new, dt[0], dt[1], wt, wv, NT,
+        dv, dg, dbeta, dz,
+        H, HV, HV // H, K, V,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
+        BV=BV, NV=cdiv(V, BV), num_warps=4)
     G = HV // H
-    gdn_bwd_local_dk_kernel[(NC, H if fused else HV, cdiv(K, BK))](
-        kn, dt[0], dt[1], dz, dk_hv, dk_out if fused else dk_hv, dq_hv,
-        dq_out if fused else dq_hv, H, HV, G, K,
-        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, SUM_DQ=fused and G > 1,
-        PER_HEAD=not fused, num_warps=plan.num_warps_o)
+    gdn_bwd_local_dk_kernel[(NC, H, cdiv(K, BK))](
+        kn, dt[0], dt[1], dz, dk_hv, dk_out, dq_hv, dq_out, H, HV, G, K,
+        DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, SUM_DQ=G > 1,
+        num_warps=4)
 
 
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
@@ -463,14 +411,14 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     else:
         qn, kn = q, k
     # every token lies in a chunk, so the local kernel writes every row of these
-    # local_form = 1: the split local kernels store dq and dk [NT, H, K] in the gradients'
+    # local_form = 2: the local kernels store dq and dk [NT, H, K] in the gradients'
     # dtype themselves (the value-head sum and its cast fused into the dk kernel; with one
     # value head per q/k head the first kernel stores dq as it is): no group_sum_cast pass
     # (an H200, 2026-12-02: 2 x 94 us of case b's backward, 2 x 155 us of case a's). The
     # same bits: the same fp32 adds in index order, both casts round to nearest even (under
     # the interpreter bf16 stays fp32 and torch casts, as group_sum_cast does there)
     G = HV // H
-    fused = bool(plan.local_form) and _FUSED_GROUP_SUM
+    fused = bool(plan.local_form)
     gdt = f32 if saved.use_qk_l2norm else q.dtype
     odt = direct_store_dtype(gdt)
     dq_hv = torch.empty((NT, HV, K), dtype=odt if fused and G == 1 else f32, device=dev)
@@ -509,7 +457,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
             # the forward's T when it kept one of this plan's dtype (same bits as recomputing)
             kept = saved.A
-            load_a = bool(plan.keep_a) and kept is not None and kept.dtype == idt and \
+            load_a = kept is not None and kept.dtype == idt and \
                 tuple(kept.shape) == (NT, HV, CHUNK_SIZE)
             A = kept.contiguous() if load_a else \
                 torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
@@ -524,19 +472,18 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             qn, kn, g_cumsum, do_c, dt[0], dt[1], dv_new,
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
-            num_warps=plan.num_warps_o)
-        bwd_dh = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel,
-                  gdn_bwd_dh_slice_kernel)[plan.rec_form]
+            num_warps=4)
+        bwd_dh = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel)[plan.rec_form]
         bwd_dh[_rec_grid(plan, N, HV, V)](
             qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
             dh, dv_new, dh0 if dh0 is not None else dh,
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v_h,
-            **_slice_arg(plan), HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
+            HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
             num_warps=plan.num_warps_h,
             num_stages=plan.num_stages_h)
         if plan.local_form:
-            _local_split(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
+            _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                          dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan,
                          dq_out, dk_out)
         else:
@@ -730,8 +677,8 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
 # What torch.compile traces (the eager entry keeps _GDNDetFunction: less host time). The
 # plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
 # (final state, L2-norm rstd, gradients of absent inputs) are empty fp32 tensors ``[0]``.
-# g_cumsum and A are not outputs: the backward recomputes them (the eager one keeps A with
-# plan.keep_a); with plan.keep_states = 1 the ops still keep nothing beyond the inputs and
+# g_cumsum and A are not outputs: the backward recomputes them (the eager one keeps A);
+# with plan.keep_states = 1 the ops still keep nothing beyond the inputs and
 # recompute the chunk states, w and v_new too (same bits as the eager path, which keeps them).
 
 
@@ -851,10 +798,10 @@ class _GDNDetFunction(torch.autograd.Function):
         o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, plan, None, tables[1],
             gate)
-        # A (T) only when the plan says (keep_a); g_cumsum, h, w and v_new only with
+        # A (T) always (the backward skips k k^T and the solve); g_cumsum, h, w and v_new only with
         # keep_states (states is None otherwise): else the backward recomputes them
         saved = _saved_set(q, k, v, g, beta, g_cumsum if states is not None else None,
-                           A if plan.keep_a else None, initial_state, tables, q_rstd, k_rstd,
+                           A, initial_state, tables, q_rstd, k_rstd,
                            A_log, dt_bias, scale, use_l2, plan, cu_seqlens is not None,
                            use_gate, use_sigmoid, cu_host=cu, states=states)
         ctx.save_for_backward(*saved.tensors())

@@ -38,41 +38,26 @@ KERNELS = [
      "function": "gdn_bwd_local_kblock_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_wy_kb_kernel"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_wy_kernel"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "_dk_of_head"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_split", "function": "gdn_bwd_local_dk_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_dk_of_head"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
+     "function": "gdn_bwd_local_dk_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
-    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_a_block"},
-    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "_t_store"},
-    {"module": "cake_gdn_det_train.kernels.fwd_inv", "function": "gdn_fwd_inv_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
     {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_rows"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_cols"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_state"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_state"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_ld_slices"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_st_slices"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_rows_at_slices"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_fwd_slice_update"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "_bwd_slice_update"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_fwd_h_slice_kernel"},
-    {"module": "cake_gdn_det_train.kernels.rec_slice", "function": "gdn_bwd_dh_slice_kernel"},
 ]
 PLANS = [
-    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 9,
-     "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_v", "num_warps_prep",
-                "num_warps_h", "num_warps_o", "num_warps_local", "num_stages_h", "block_v_local",
-                "keep_a", "l2norm_block_rows", "num_warps_l2norm", "fp32_dots", "store_16bit",
-                "gate_block_t", "num_warps_gate", "rec_form", "prep_block", "local_form",
-                "block_k_local", "keep_states", "block_v_h", "inv_kernel", "num_warps_inv"]},
+    {"module": "cake_gdn_det_train.plan", "class": "GDNDetPlan", "format_version": 1,
+     "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "block_v_h", "block_v_local",
+                "block_k_local", "num_warps_h", "num_warps_local", "num_stages_h", "rec_form",
+                "local_form", "fp32_dots", "store_16bit", "l2norm_block_rows", "gate_block_t",
+                "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:20776b949ad44de4c76361ca3c16a6e17c562072f72307246a1cded7edc3460b"
+SOURCE_DIGEST = "sha256:934533ad6504e01de73a433f60f6d7769bcd9ab46bcbd905eb696ca09aebff65"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -18,213 +18,90 @@ CHUNK_SIZE = 64
 MAX_HEAD_DIM = 256
 
 
-#: How to bring a dict of format version 6 to the current one (same launches and bits).
-_V9 = ("version 9 added inv_kernel (the forward's triangular inverse in a kernel of its own) "
-       "and num_warps_inv")
-_UPGRADES = {
-    6: "version 7 added keep_states (keep the chunk states, w and v_new for the backward), "
-       "version 8 block_v_h (V columns per program of the two state kernels, block_v's "
-       "before) and " + _V9 + "; add keep_states = 0, block_v_h = <the plan's block_v>, "
-       "inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same launches and "
-       "memory",
-    7: "version 8 added block_v_h (V columns per program of the two state kernels, fwd_h and "
-       "bwd_dh, which block_v set before) and " + _V9 + "; add block_v_h = <the plan's "
-       "block_v>, inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same "
-       "launches and bits",
-    8: _V9 + "; add inv_kernel = 0 and num_warps_inv = 2 and set version = 9 for the same "
-       "launches and bits",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class GDNDetPlan(Plan):
-    """Execution plan of the det chunked Gated DeltaNet kernels.
+    """Execution plan of the det chunked Gated DeltaNet kernels (64-token chunks).
+
+    Bits are promised per plan. Each field, then the rule's value (:func:`make_plan`) and
+    why; V' is V rounded up to a power of two >= 16, "16-bit K = 128" means CUDA with
+    16-bit intermediates at K = 128, where the H200 timings of docs/benchmarks/gdn.md chose:
 
     Fields:
-        head_k_dim / head_v_dim: K and V, the q/k and v head dims.
-        chunk_size: tokens per chunk (64; the only value the kernels take today).
-        block_k: K padded to a power of two >= 16 (the whole K per program).
-        block_v: columns of V per program in the output kernel and the backward's dv_local
-            kernel (power of two >= 16); V is split into ``ceil(V / block_v)`` independent
-            column blocks. Bits are promised per plan only.
-        block_v_h: the same for the two state-recurrence kernels (fwd_h, bwd_dh; the
-            recurrence never mixes columns of V); format 8 split it from ``block_v``. They
-            run ``N * HV * ceil(V / block_v_h)`` programs (``rec_form = 1``: on one grid
-            axis, V blocks fastest; else a 3-axis grid): with one long sequence (N = 1) and
-            HV = 32, 64-column blocks fill 64 of an H200's 132 SMs, 32-column blocks 128.
-            The rule takes ``block_v_h = min(64, V rounded up)`` on CUDA (``block_v`` may be
-            wider) and the whole V under the interpreter.
-        num_warps_prep / num_warps_h / num_warps_o / num_warps_local: warps of the
-            chunk-prep (cumulative decay, triangular solve, w and u), state-recurrence
-            (forward and backward), output (and the backward's dv_local) and backward
-            chunk-local kernels.
-        l2norm_block_rows / num_warps_l2norm: rows per program of the q/k L2-norm kernel.
-        gate_block_t / num_warps_gate: tokens per program of the in-kernel gate / beta
-            sigmoid kernels (power of two); also the first stage of the fixed-order sums
-            dA_log and ddt_bias (one partial per block of ``gate_block_t`` tokens), so
-            their bits depend on it.
-        fp32_dots: precision of the dots whose operands are fp32 (the in-chunk triangular
-            solve always; every dot when the inputs are fp32): 0 = "tf32", 1 = "ieee" (full
-            fp32 on CUDA cores: slow, and it spills registers at these tile sizes),
-            2 = "tf32x3" (three TF32 products, close to fp32). The interpreter always
-            computes fp32.
-        store_16bit: 1 = with bf16/fp16 inputs, the chunk intermediates (T, w, u, v_new, the
-            chunk states h, and the backward's dh and dv_new) are stored in the inputs'
-            dtype and the big dots take 16-bit operands with fp32 accumulation (as FLA:
-            half the memory traffic, tensor cores at full rate); 0 = all fp32. States
-            carried across chunks, g's cumulative sum and all gradients accumulate in
-            fp32 either way. fp32 inputs ignore it. Needs block_k >= 32 and V > 16: with
-            16-wide 16-bit dots an H200 (Triton 3.6) gave wrong outputs (K=32, V=16).
-        block_v_local: columns of V per step of the backward local kernel's loop over V
-            (power of two >= 16, <= V rounded up); its sums over V blocks run in index
-            order, so bits depend on it.
-        keep_a: 1 = the autograd forward keeps each chunk's T = (I + A_raw)^-1 for the
-            backward, which then skips k k^T and the triangular solve (as FLA does): 64
-            values per token and value head in the intermediates' dtype (128 bytes per
-            token and head with bf16; 0.13 GB for 32768 tokens x 32 heads). 0 = keep
-            nothing beyond the inputs; the backward recomputes T. Same bits either way
-            (the forward rounds T to its stored dtype before using it).
-        keep_states: 1 = the autograd forward (and :func:`chunk_gdn_det_fwd`) also keeps, for
-            the backward, the chunk states h ``[NC, HV, K, V]`` (NC = the chunks of all
-            sequences), w ``[NT, HV, K]`` and v_new ``[NT, HV, V]`` in the intermediates'
-            dtype, and g's fp32 within-chunk cumulative sum ``[NT, HV]``, in fresh tensors
-            (never a workspace's buffers); the backward then skips the chunk prep and the
-            forward state recurrence (it runs only its own kernels). Needs ``keep_a = 1``
-            (the backward without the prep reads the kept T). Memory, per layer: 2 (K + V)
-            bytes per token and value head for w and v_new plus 2 K V bytes per chunk and
-            value head for h with bf16 (twice that with fp32 intermediates), plus 4 bytes
-            per token and value head for g's cumsum; at 32768 tokens (one sequence, 512
-            chunks), HV = 32, K = V = 128, bf16: h 0.54 GB + w 0.27 GB + v_new 0.27 GB +
-            g_cumsum 0.004 GB = 1.08 GB (1.0 GiB), on top of T's 0.13 GB. 0 (the rule's
-            choice, as FLA: keep memory low) = the backward recomputes them. Same bits
-            either way under the interpreter (tested); the backward's recompute runs the same
-            computation on the same inputs, through kernel variants that differ only in
-            reading the kept T and in not storing a final state, so on a GPU the equality is
-            the compiler's: equal hashes on an H200 at the benchmark's cases a and b (session
-            13), where it took 12-15% less fwd+bwd time. The kept tensors are
-            the forward's: a caller of the low-level functions must not modify the inputs
-            in place between :func:`chunk_gdn_det_fwd` and :func:`chunk_gdn_det_bwd` (with 0
-            the backward would recompute from the modified inputs, with 1 it mixes both;
-            neither is the gradient of the forward that ran; the autograd entry refuses it).
-            The custom ops that ``torch.compile`` traces always recompute (T and the
-            states).
-        num_stages_h: software-pipelining stages of the two chunk-recurrence kernels
-            (shared memory grows with it).
-        rec_form: operand form of the two chunk-recurrence kernels (fwd_h, bwd_dh).
-            0 = the decays multiply the ``[64, K]`` tiles (k, q) and k, q, w are
-            transposed in registers (the rule's choice: the path checked on an H200);
-            1 = FLA's form: the transposed operands (k in fwd_h; q, w in bwd_dh) are
-            loaded as ``[K, 64]`` tiles straight into the dots and the decays scale the
-            ``[64, block_v_h]`` tiles (v_new, k @ dS, do) instead: fewer register products,
-            transposes and shared-memory round trips per serial step. Same math, other
-            rounding (bits differ from 0, still fixed per plan). The rule's choice on
-            CUDA at 16-bit K = 128 (docs/benchmarks/gdn_speed_plan.md); 2 = form 1 with
-            the state (and dS) held as K slices of ``min(64, block_k)`` rows, one
-            ``[64, block_v_h]`` fp32 accumulator per slice (FLA's ``b_h1``, ``b_h2``;
-            kernels/rec_slice.py): each slice updates with its own dots, and ``w S`` /
-            ``k dS`` sum one dot per slice in slice order (other bits than 1, fixed per
-            plan). Never chosen by the rule (on an H200, session 11: right against float64,
-            1% faster than 1, within the spread).
-        prep_block: 0 = the chunk prep forms w and u as whole ``[64, K]`` / ``[64, V]``
-            tiles (the rule's choice); a power of two >= 16 (on CUDA >= 32 with 16-bit
-            intermediates, see :func:`cuda_plan_problem`) =
-            in column blocks of that width, k and v loaded per block (FLA's recompute_w_u
-            shape: fewer live registers; the offline sm_90 build of the default spills
-            ~1 KB per thread). Each column is the same dot over the chunk's 64 rows as
-            before; bits may still differ from 0 on a GPU (other tile shapes), fixed per
-            plan. Not the rule's: no faster on an H200 (docs/benchmarks/gdn_speed_plan.md).
-        local_form: 0 = the backward chunk-local gradients in one kernel holding whole-K
-            ``[64, K]`` fp32 accumulators (kernels/bwd_local.py; the rule's choice);
-            1 = two kernels (kernels/bwd_local_split.py, FLA's split of the work): one per
-            (chunk, value head) over K blocks of ``block_k_local`` (``[64, 64]`` /
-            ``[64, block_k_local]`` tiles; dq, dv, dbeta, dg and dk but its dA terms),
-            then one per (chunk, value head, K block) adding dk's dA terms from a
-            ``[64, 64]`` matrix per chunk passed through an fp32 scratch of 256 bytes per
-            token and value head (its warps: ``num_warps_o``). Other summation order: other bits
-            than 0, fixed per plan. The rule's choice on CUDA at 16-bit K = 128 (faster on
-            an H200, session 9); 2 = form 1 with the first kernel's work over K in programs
-            of their own, one per (chunk, value head, K block of ``block_k_local``), as
-            FLA's ``chunk_bwd_dqkwg`` (kernels/bwd_local_kblock.py): each forms dp = do
-            v_new^T over V itself, stores its dq and its parts of dk, dT (``[64, 64]``,
-            fp32 workspace of 256 bytes per token, value head and K block) and of dg's and
-            dbeta's row sums (16 bytes per token, value head and K block); then one per
-            (chunk, value head) adds the parts in K-block order and forms dv, dT's v part,
-            dA, dg, dbeta and z; then form 1's dk kernel. Other bits than 1, fixed per plan.
-            dT's parts are stored in the intermediates' dtype (16-bit where they are: dT
-            is cast so for its dots anyway). The rule's choice on CUDA at 16-bit K = 128
-            since session 26 (an H200: the chunk-local kernels 1756 -> 1530 us at case b,
-            3678 -> 3278 at a, every configuration tried right against float64).
-        block_k_local: columns of K per block of ``local_form`` 1 and 2 (power of two >= 16,
-            <= block_k; on CUDA >= 32 with 16-bit intermediates, and with ``local_form =
-            2`` at more than 4 ``num_warps_local``); unused with
-            ``local_form = 0``. Bits depend on it.
-        inv_kernel: where each chunk's T = (I + A_raw)^-1 is formed when it is not loaded
-            (the forward, and a backward that recomputes it). 0 = inside the chunk prep, as
-            one ``[64, 64]`` tile (:func:`cake_core.triangular.unit_lower_inverse`, six
-            doubling steps of 64^3 dots; the rule's choice); 1 = in a kernel of its own
-            before the prep (``gdn_fwd_inv_kernel``, kernels/fwd_inv.py): A_raw formed as
-            the prep forms it, passed through a transient fp32 scratch (256 bytes per token
-            and value head) and read back in ``[16, 16]`` blocks, the four diagonal blocks
-            inverted apart, then merged block by block (the order of FLA's ``solve_tril``;
-            KDA's ``inv_kernel = 2``), T stored in A's dtype; the prep then loads it as the
-            backward does. Other rounding than 0 (other bits, fixed per plan). Format 9;
-            built without a GPU (session 22; an offline sm_90 build: no spills with 2 to 8
-            warps, 72 bytes with 1): not yet timed.
-        num_warps_inv: warps of that kernel (2 by default, KDA's rule; KDA's kernel took
-            97 us with 1 warp and 116 with 2 at its case b on an H200, session 21).
+        head_k_dim / head_v_dim: K and V, the q/k and v head dims (1 to 256).
+        block_k: K padded to a power of two >= 16 (each program holds the whole K).
+        block_v: V columns per program of the output and dv_local kernels: min(64, V') on
+            CUDA, 128 at 16-bit K = V = 128 (faster), V' under the interpreter (fewer programs).
+        block_v_h: the same for the state-recurrence kernels: min(64, V') on CUDA (32 by the
+            ``state_programs`` rule when the GPU is half empty), V' under the interpreter.
+        block_v_local: V columns per step of the backward local kernels (bits depend on it):
+            64 at 16-bit K = 128, min(32, V') elsewhere on CUDA (faster), V' interpreted.
+        block_k_local: K columns per block of ``local_form = 2`` (bits depend on it):
+            min(64, block_k) (32 was slower).
+        num_warps_h: warps of the state-recurrence kernels: 8 on CUDA for state tiles
+            ``block_k * block_v_h >= 8192``, else 4 (the kernels not named here run 4).
+        num_warps_local: warps of the backward local kernel: 8 on CUDA for ``block_k * V'
+            >= 4096`` with ``local_form = 0`` (faster), else 4.
+        num_stages_h: pipelining stages of the state-recurrence kernels: 3 at 16-bit K = 128
+            (faster), 2 with other 16-bit intermediates, 1 with fp32 ones (shared memory).
+        rec_form: the state-recurrence kernels: 0 = decays on the ``[64, K]`` tiles
+            (kernels/fwd_h.py, bwd_dh.py); 1 = FLA's operand form (kernels/rec_bp.py, other
+            rounding), the rule's at 16-bit K = 128 (faster).
+        local_form: the backward chunk-local gradients: 0 = one kernel with whole-K tiles
+            (kernels/bwd_local.py); 2 = K-block programs summed in K-block order
+            (kernels/bwd_local_kblock.py, other bits), the rule's at 16-bit K = 128 (faster).
+        fp32_dots: precision of dots with fp32 operands, 0 = "tf32", 1 = "ieee", 2 = "tf32x3":
+            0 on CUDA with 16-bit intermediates (only the chunk solve is fp32 there), 2 with
+            fp32 ones ("ieee" spills), 1 under the interpreter (it computes fp32 anyway).
+        store_16bit: 1 = with bf16 / fp16 inputs the chunk intermediates are stored, and the
+            big dots fed, in that dtype (as FLA: half the traffic): 1 where block_k >= 32
+            and V > 16 (16-wide 16-bit dots were wrong on an H200), else 0.
+        l2norm_block_rows: rows per program of the q/k L2-norm kernel: 16 on CUDA, 256 under
+            the interpreter (fewer programs).
+        gate_block_t: tokens per program of the gate / beta-sigmoid kernels and the first
+            stage of the dA_log / ddt_bias sums (bits depend on it): 128 on CUDA, 256
+            interpreted.
+        keep_states: a user choice of memory for time: 1 = the forward keeps the chunk
+            states, w, v_new and g's chunk cumsum and the backward skips their recompute
+            (about 1 GB more per layer at 32768 tokens, HV = 32, K = V = 128, bf16; 12-15%
+            less fwd+bwd time on an H200; same bits; low-level callers must not modify the
+            inputs in place in between); 0 (the rule's) = low memory, as FLA.
 
-    Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a
-    plan runs on CUDA: K, V <= 128; fp32 intermediates (fp32 inputs, or V <= 16, where the
-    rule takes ``store_16bit = 0``) K <= 64 (larger fp32 tiles overflow the 227 KiB of
-    shared memory); num_warps_local 8 only with block_k * V >= 4096 (8 warps
-    on 16 x 16 tiles made an illegal memory access); ``prep_block`` >= 32 with 16-bit
-    intermediates (the 16-wide 16-bit dot fault of ``store_16bit``); likewise
-    ``block_k_local`` >= 32 with ``local_form = 1`` (assumed from that fault, not yet run);
-    ``block_k_local >= min(64, block_k)`` where ``local_form = 1`` has ``block_v_local >=
-    64`` (K blocks of 32 with 64-wide V blocks gave wrong dk / dg / dbeta on an H200; right
-    under the interpreter, so a compiler fault); ``block_k_local >= 32`` where
-    ``local_form = 2`` has ``num_warps_local > 4`` (8 warps with K blocks of 16 made an
-    illegal memory access at fp32 K = V = 40, 2026-12-03; not narrowed further).
+    Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a plan
+    runs on CUDA: K, V <= 128; K <= 64 with fp32 intermediates (shared memory);
+    ``num_warps_local = 8`` only with ``block_k * V' >= 4096``; with ``local_form = 2``,
+    ``block_k_local >= 32`` with 16-bit intermediates or more than 4 ``num_warps_local``,
+    and ``block_k_local >= min(64, block_k)`` with ``block_v_local >= 64``;
+    ``block_v_h >= min(64, V')`` with 16-bit intermediates at K != block_k; ``block_v_local
+    >= 32`` with fp32 intermediates at block_k >= 64 and V > block_v_local (illegal
+    accesses or wrong gradients otherwise).
     """
 
     family: ClassVar[str] = "cake-gdn-det-train"
-    format_version: ClassVar[int] = 9
-    format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
+    format_version: ClassVar[int] = 1
 
     head_k_dim: int
     head_v_dim: int
-    chunk_size: int
     block_k: int
     block_v: int
-    num_warps_prep: int
+    block_v_h: int
+    block_v_local: int
+    block_k_local: int
     num_warps_h: int
-    num_warps_o: int
     num_warps_local: int
     num_stages_h: int
-    block_v_local: int
-    keep_a: int
-    l2norm_block_rows: int
-    num_warps_l2norm: int
+    rec_form: int
+    local_form: int
     fp32_dots: int
     store_16bit: int
+    l2norm_block_rows: int
     gate_block_t: int
-    num_warps_gate: int
-    rec_form: int
-    prep_block: int
-    local_form: int
-    block_k_local: int
     keep_states: int
-    block_v_h: int
-    inv_kernel: int
-    num_warps_inv: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.require_int_fields()
         self.require_in_range("head_k_dim", 1, MAX_HEAD_DIM)
         self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
-        if self.chunk_size != CHUNK_SIZE:
-            self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
         self.require_power_of_two("block_k", "block_v", "block_v_h", "block_v_local",
                                   minimum=16)
         if self.block_v_local > _bvf(self.head_v_dim):
@@ -237,28 +114,20 @@ class GDNDetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two "
                            "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_a", "keep_states", "inv_kernel")
-        self.require_in_range("local_form", 0, 2)
-        if self.keep_states and not self.keep_a:
-            self._fail("keep_states=1 needs keep_a=1 (a backward that skips the chunk prep "
-                       "reads the forward's T)")
-        self.require_in_range("rec_form", 0, 2)
+        self.require_flags("store_16bit", "keep_states")
+        if self.local_form not in (0, 2):
+            self._fail(f"local_form must be 0 or 2, got {self.local_form}")
+        self.require_in_range("rec_form", 0, 1)
         self.require_power_of_two("block_k_local", minimum=16)
         if self.block_k_local > self.block_k:
             self._fail("block_k_local must be <= block_k")
         self.require_in_range("num_stages_h", 1, 4)
-        if self.prep_block:
-            self.require_power_of_two("prep_block", minimum=16)
-            if self.prep_block > max(self.block_k, _bvf(self.head_v_dim)):
-                self._fail("prep_block must be 0 or <= max(block_k, head_v_dim rounded up to "
-                           "a power of two)")
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or min(self.block_v, self.block_v_h) < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32, block_v_h >= 32 and "
                        "head_v_dim > 16 (16-wide 16-bit dots gave wrong results on an H200, "
                        "Triton 3.6)")
-        self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_local",
-                           "num_warps_l2norm", "num_warps_gate", "num_warps_inv")
+        self.require_warps("num_warps_h", "num_warps_local")
         self.require_mode(Mode.DET)
 
     @property
@@ -287,34 +156,26 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "use bf16/fp16 inputs with V > 16, or K <= 64")
     if plan.num_warps_local > 4 and plan.block_k * _bvf(plan.head_v_dim) < 4096:
         return "on CUDA num_warps_local > 4 needs block_k * V >= 4096"
-    if dtype != torch.float32 and plan.store_16bit and 0 < plan.prep_block < 32:
-        return ("on CUDA prep_block must be >= 32 with 16-bit intermediates (16-wide 16-bit "
-                "dots gave wrong results on an H200, Triton 3.6)")
-    if dtype != torch.float32 and plan.store_16bit and plan.prep_block \
-            and plan.head_k_dim != plan.block_k:
-        return ("on CUDA prep_block > 0 with 16-bit intermediates needs K = block_k (at K = 100 "
-                "bf16 it gave o 10x further from float64 than prep_block=0 on an H200, "
-                "Triton 3.6)")
     if dtype != torch.float32 and plan.store_16bit and plan.local_form \
             and plan.block_k_local < 32:
-        return ("on CUDA local_form=1 needs block_k_local >= 32 with 16-bit intermediates "
+        return ("on CUDA local_form=2 needs block_k_local >= 32 with 16-bit intermediates "
                 "(16-wide 16-bit dots gave wrong results on an H200, Triton 3.6)")
     if plan.local_form and plan.block_k_local < min(64, plan.block_k) \
             and plan.block_v_local >= 64:
-        return ("on CUDA local_form=1 with block_v_local >= 64 needs block_k_local >= "
-                "min(64, block_k) (block_k_local=32 with block_v_local=64 gave dk / dg / "
-                "dbeta 0.04-0.2 off float64 at K, V = 100, 48 / 96, 64 / 128, 64 bf16 and "
-                "fp16 on an H200, Triton 3.6, right under the interpreter; the rule's "
-                "block_k_local=64 was right)")
+        return ("on CUDA local_form=2 with block_v_local >= 64 needs block_k_local >= "
+                "min(64, block_k) (K blocks of 32 with block_v_local=64 gave dk / dg / dbeta "
+                "0.04-0.2 off float64 at K, V = 100, 48 / 96, 64 / 128, 64 bf16 and fp16 on an "
+                "H200, Triton 3.6, right under the interpreter; the rule's block_k_local=64 "
+                "was right)")
     if dtype != torch.float32 and plan.store_16bit and plan.head_k_dim != plan.block_k \
             and plan.block_v_h < min(64, _bvf(plan.head_v_dim)):
         return ("on CUDA with 16-bit intermediates block_v_h < min(64, V rounded up) needs "
                 "K = block_k (block_v_h=32 at "
                 "K = 100 with V = 48 / 64, bf16 and fp16, gave illegal memory accesses with "
                 "rec_form=1 (an out-of-range shared-memory address in the forward state "
-                "kernel) and o / dk / dv / dbeta 0.04-0.6 off float64 with rec_form=2 and with "
-                "4 warps or 2 stages, on an H200, Triton 3.6, 2026-12-01; right at K = 128, with "
-                "fp32 at K = 48, and under the interpreter)")
+                "kernel) and o / dk / dv / dbeta 0.04-0.6 off float64 with 4 warps or 2 "
+                "stages, on an H200, Triton 3.6, 2026-12-01; right at K = 128, with fp32 at "
+                "K = 48, and under the interpreter)")
     if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k >= 64 \
             and plan.block_v_local < 32 and plan.head_v_dim > plan.block_v_local:
         return ("on CUDA fp32 intermediates with block_k >= 64 need block_v_local >= 32 when "
@@ -331,52 +192,17 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
 
 def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
               device: torch.device | str, *, state_programs: int | None = None) -> GDNDetPlan:
-    """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``.
+    """Pick the plan for heads of ``head_k_dim`` (K) and ``head_v_dim`` (V) on ``device``
+    by rule (no timing; each field's rule and why: :class:`GDNDetPlan`; the H200
+    measurements behind them: docs/benchmarks/gdn.md).
 
     ``state_programs``: the number of (sequence, value head) pairs of the calls the plan is
-    for (``N * HV``; the entries pass it), or ``None``. It changes two launch fields only: on CUDA
-    with 16-bit intermediates, K = 128 and block_v_h = 64, when ``state_programs *
-    ceil(V / 64)`` is at most half the GPU's SM count, ``block_v_h = 32`` (twice the state
-    kernels' programs): an H200, 2026-12-01 (Triton 3.6), case a of the benchmark (one
-    sequence, HV = 32: 64 programs for 132 SMs) fwd+bwd 11.24 -> 10.48 ms, while at case d
-    (128 programs) it was slower (fwd 1.29 -> 1.46 ms, bwd 2.26 -> 2.46 ms); the same bits
-    at both there (equal hashes; under the interpreter, whose dots are numpy products of
-    the tile widths, bits may differ). The narrowed plan's state kernels run 4 warps, not
-    the rule's 8 (an H200, 2026-12-03, case a: forward state kernel 779 -> 669 us, backward
-    943 -> 850 us, fwd+bwd 9.41 -> 9.14 ms, the same bits; at case d, not narrowed, 4 warps
-    made the backward one 173 -> 396 us, so the wide plan keeps 8). Otherwise the plan
-    stays. A workspace made for either plan serves both (the buffers are the same).
-
-    Rules (no timing): ``chunk_size = 64``; ``block_k = next_power_of_2(max(K, 16))``;
-    on CUDA ``block_v = block_v_h = min(64, next_power_of_2(max(V, 16)))``, except
-    ``block_v = 128`` at K = V = 128 with 16-bit inputs (an H200, 2026-12-01: the output
-    kernel 0.67 -> 0.59 ms and the backward's dv_local 0.44 -> 0.31 ms at case a, fwd+bwd
-    10.16 -> 9.88 ms there, 4.96 -> 4.92 at b, 2.79 at d either way; the same bits; right
-    against float64 in bf16 and fp16, packed, with kept states), with 4 warps per kernel
-    (8 for the state kernel when ``block_k * block_v_h >= 8192``, 8 for the backward local
-    kernel when ``block_k * V >= 4096``, except 4 with ``local_form = 2``), recurrence
-    kernels pipelined on 2 stages with 16-bit intermediates, 1 with fp32; under the
-    interpreter the whole V in one block (fewer programs, each costing Python time). The
-    gate kernels take 128 tokens per program on CUDA, 256 under the interpreter. On CUDA
-    fp32 dots are "tf32x3" (``fp32_dots=2``; "ieee" spills registers and compiles for
-    minutes), except with 16-bit intermediates, where only the chunk solve has fp32
-    operands: "tf32" there (an H200 run: 23% faster forward, errors against float64
-    unchanged to two digits, at K = V = 128 bf16). 16-bit inputs keep 16-bit intermediates
-    (``store_16bit=1``); under the interpreter ``fp32_dots=1`` (it computes fp32
-    regardless). ``store_16bit=1`` when block_k >= 32 and V > 16, else 0. On CUDA with
-    16-bit intermediates and ``block_k * block_v_h >= 8192`` (K = 128): ``rec_form = 1`` and
-    ``num_stages_h = 3`` (an H200 run: 8-9% faster fwd+bwd at K = V = 128 bf16, every
-    configuration right against float64, bitwise repeatable); elsewhere ``rec_form = 0``.
-    ``prep_block = 0`` everywhere (``prep_block = 32`` was no faster and less accurate at
-    K = 100 on an H200: docs/benchmarks/gdn_speed_plan.md). ``local_form = 2`` with
-    ``num_warps_local = 4`` where ``rec_form = 1`` (an H200, session 26: the chunk-local
-    kernels 11-13% faster than form 1 at cases a and b; form 1, the rule from 2026-11-30 to
-    12-03, was 4-7% faster fwd+bwd than ``local_form = 0``; ``block_k_local = 32`` and
-    ``block_v_local = 16`` or 32 were slower), else 0; ``block_k_local = min(64, block_k)``.
-    ``keep_states = 0`` everywhere (the backward recomputes the chunk states: low memory,
-    as FLA). ``block_v_local``: 64 where ``rec_form = 1`` (an H200 run, 2026-11-30: 5%
-    faster fwd+bwd at K = V = 128 bf16 than 32, right against float64 at K = 128 with
-    V = 64 and 128, bf16 and fp16), else min(32, V rounded up) on CUDA; V rounded up on the CPU.
+    for (``N * HV``; the entries pass it), or ``None``. It changes two launch fields only:
+    on CUDA with 16-bit intermediates, K = 128 and block_v_h = 64, when ``state_programs *
+    ceil(V / 64)`` is at most half the GPU's SM count, the state kernels take
+    ``block_v_h = 32`` and ``num_warps_h = 4`` (twice the programs: faster on an H200 at one
+    long sequence, slower at full occupancy, the same bits there). A workspace made for
+    either plan serves both (the buffers are the same).
 
     Raises:
         ValueError: if K or V is outside [1, 256], ``dtype`` is not fp32/bf16/fp16, or on
@@ -436,48 +262,28 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     block_v = min(64, block_v_full) if cuda else block_v_full
     store_16bit = int(block_k >= 32 and block_v_full >= 32)
     wide = dtype != torch.float32 and store_16bit
-    # H200 2026-11-30 (docs/benchmarks/gdn.md): at K = V = 128 bf16 the backward-recurrence
-    # form with 3 stages took 14.5 ms fwd+bwd at case a (default form, 2 stages: 15.7 ms);
-    # adopted where it was measured, the 16-bit [128, 64] state tiles. Same place, same
-    # day: local_form = 1 took case a 14.49 -> 13.94 ms, case b 7.66 -> 7.15 ms. Session 10
-    # (same GPU and versions): block_v_local = 64 with it, case a 13.14 -> 12.43 ms and
-    # 12.99 -> 12.37 (two runs), case b 5.47 -> 5.18 / 5.40 -> 5.13, right against float64.
-    block_v_h = block_v  # the state kernels' V block (format 8)
+    block_v_h = block_v
     if cuda and dtype != torch.float32 and K == block_k == 128 and V == 128:
-        # H200 2026-12-01 (session 15, docs/benchmarks/gdn.md): the output and dv_local
-        # kernels over the whole V (q, k and the decays loaded once per chunk and value head,
-        # not twice): fwd_o 0.671 -> 0.594 ms, dv_local 0.436 -> 0.307 ms at case a, the same
-        # bits; the state kernels keep 64 columns
-        block_v = 128
+        block_v = 128  # output and dv_local kernels over the whole V: faster on an H200
+    # the 16-bit [128, 64] state tiles, where the H200 timed rec_form 1 with 3 stages and
+    # local_form 2 (its K-block kernel at 4 warps) with 64-column V steps faster
     big_rec = cuda and wide and block_k * block_v_h >= 8192
     return GDNDetPlan(
         head_k_dim=K,
         head_v_dim=V,
-        chunk_size=CHUNK_SIZE,
         block_k=block_k,
         block_v=block_v,
-        num_warps_prep=4,
+        block_v_h=block_v_h,
+        block_v_local=(64 if big_rec else min(32, block_v_full)) if cuda else block_v_full,
+        block_k_local=min(64, block_k),
         num_warps_h=8 if cuda and block_k * block_v_h >= 8192 else 4,
-        num_warps_o=4,
-        # local_form = 2 (session 26, an H200): its K-block kernel at 4 warps 925 us at case
-        # b against 1505 at 8 (4 warps spill 184 bytes in an offline build and still win)
         num_warps_local=4 if big_rec else 8 if cuda and block_k * block_v_full >= 4096 else 4,
         num_stages_h=(3 if big_rec else 2) if wide else 1,
-        block_v_local=(64 if big_rec else min(32, block_v_full)) if cuda else block_v_full,
-        keep_a=1,
-        l2norm_block_rows=16 if cuda else 256,
-        num_warps_l2norm=4,
+        rec_form=int(big_rec),
+        local_form=2 * int(big_rec),
         fp32_dots=(0 if wide else 2) if cuda else 1,
         store_16bit=store_16bit,
+        l2norm_block_rows=16 if cuda else 256,
         gate_block_t=128 if cuda else 256,
-        num_warps_gate=4,
-        rec_form=int(big_rec),
-        prep_block=0,
-        local_form=2 * int(big_rec),
-        block_k_local=min(64, block_k),
         keep_states=0,
-        block_v_h=block_v_h,
-        inv_kernel=0,
-        num_warps_inv=2,
     )
-

@@ -55,7 +55,7 @@ class GDNDetSavedSet(SavedSet):
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
                     "q_rstd", "k_rstd", "A_log", "dt_bias", "h", "w", "v_new")
-    format_version = 3
+    format_version = 1
 
 
 def workspace_shapes(plan: GDNDetPlan, HV: int) -> dict[str, tuple[int, ...]]:
@@ -80,7 +80,7 @@ class GDNDetWorkspace(Workspace):
     its saved set keeps, and uses only ``u`` here).
     Not in it: the outputs and gradients, and the backward's own buffers (dh, dv_new, the
     fp32 per-value-head dq / dk, the chunk prep's g_cumsum and T when recomputed, and
-    ``local_form`` 1 / 2's z rows, partial dT and row sums), allocated per call as FLA
+    ``local_form = 2``'s z rows, partial dT and row sums), allocated per call as FLA
     does. Every element a kernel reads from them was written earlier in the same call, and
     the partials are added in a fixed order by the kernel that reads them, so no buffer's
     earlier contents reach a result.

@@ -1,29 +1,40 @@
-"""The backward chunk-local gradients with K-block programs (plan ``local_form = 2``).
+"""The backward chunk-local gradients in three kernels (plan ``local_form = 2``).
 
-Same math as kernels/bwd_local_split.py (``local_form = 1``; see kernels/bwd_local.py for
-the chunk's forward taken apart in reverse), with the work over K moved out of the one
-program per (chunk, value head) into programs of their own, as FLA's ``chunk_bwd_dqkwg``
-divides it (one program per K block; fla/ops/common/chunk_o.py), the partial sums over K
-passed through fp32 workspaces and added in K-block order by a second kernel:
+Same math as kernels/bwd_local.py (see its docstring for the chunk's forward taken apart
+in reverse), with the work over K in programs of its own, as FLA's ``chunk_bwd_dqkwg``
+divides it (one program per K block; fla/ops/common/chunk_o.py): no whole-K ``[64, K]``
+fp32 tile is alive. K is processed in column blocks of ``BK`` (``plan.block_k_local``), V
+in blocks of ``BV`` (``plan.block_v_local``), both in index order; the partial sums over
+K pass through workspaces and are added in K-block order:
 
 ``gdn_bwd_local_kblock_kernel``, one program per (chunk, value head, K block of ``BK``
-columns): over V blocks of ``BV``, do S^T, v_new dS^T, dv_new S^T (``[64, BK]``), dp = do
-v_new^T (``[64, 64]``, over the whole V: each K block's program forms it) and S . dS;
-then its block's dq (final: the state term and dp's, as local_form 1), its part of dk (all
-but the dA terms), its part of dT (dw (beta gam k)^T over its K columns, to ``WT``
-``[NT, HV, NK, 64]`` in the intermediates' dtype) and its parts of the row sums that feed
-dg and dbeta (to ``WV`` ``[NK, 2, NT, HV]``: dg's terms, the chunk-last token's included,
-and dbeta's).
+columns): over V blocks, do S^T, v_new dS^T, dv_new S^T (``[64, BK]``), dp = do v_new^T
+(``[64, 64]``, over the whole V: each K block's program forms it) and S . dS; then its
+block's dq (final: the state term and dp's), its part of dk (all but the dA terms), its
+part of dT (dw (beta gam k)^T over its K columns, to ``WT`` ``[NT, HV, NK, 64]`` in the
+intermediates' dtype) and its parts of the row sums that feed dg and dbeta (to ``WV``
+``[NK, 2, NT, HV]`` fp32: dg's terms, the chunk-last token's included, and dbeta's).
 
 ``gdn_bwd_local_wy_kb_kernel``, one program per (chunk, value head): dT's v part
 dv_new (beta v)^T, dv and dbeta's v term over V blocks, then the K blocks' dT parts and row
 sums added in K-block order, dA_raw = -T^T dT T^T, k k^T over K blocks, dbeta, dg (reverse
-cumulative sum inside the chunk) and z to ``DZ`` as local_form 1's first kernel stores it;
-its second kernel (``gdn_bwd_local_dk_kernel``) then adds dk's dA terms unchanged.
+cumulative sum inside the chunk) and z = beta_i dA_raw exp(G_i - G_j) (i > j), stored in
+the fp32 workspace ``DZ`` ``[NT, HV, 64]`` (one row per token).
 
-No atomics: each program writes only its own rows; each sum over K blocks is an ordered
-sum of workspace rows. Other summation order than local_form 1: other bits, fixed per
-plan. Dots take ``DT`` operands with fp32 accumulation. The code is cake's own.
+``gdn_bwd_local_dk_kernel``, one program per (chunk, q/k head, K block): per value head
+of the q/k head, dk = the stored part + z k + z^T k (a read of rows written by the first
+two kernels: a fixed order); the value heads' dk (and, with more than one, their dq) added
+in index order in fp32 and cast once to the gradients' dtype: the value-head sum and cast
+of ``cake_core.gemm.group_sum_cast``, fused (the same adds in the same order, the same
+round to nearest even). With one value head per q/k head the first kernel stores dq in
+the gradients' dtype itself (``DQ`` fp32 or q's dtype).
+
+Tiles are addressed from scalar int64 bases of the chunk's rows with int32 in-chunk
+offsets (per-element int64 addresses cost registers and spills). No atomics: each program
+writes only its own rows; each sum over K blocks is an ordered sum of workspace rows.
+Other summation order than ``local_form = 0``: other bits, fixed per plan. Dots take
+``DT`` operands (the intermediates' dtype on CUDA, fp32 under the interpreter) with fp32
+accumulation. The code is cake's own.
 """
 
 import triton
@@ -217,3 +228,57 @@ def gdn_bwd_local_wy_kb_kernel(
     dg = tl.sum(tl.where(rows[None, :] >= rows[:, None], dg_acc[None, :], 0.0), axis=1)
     tl.store(DG + tok * HV + hv, dg, mask=tmask)
     tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)
+
+
+@triton.jit
+def _dk_of_head(Kb, DZ, DK, start, hv, rows, tmask, ck, kmask, HV, KD,
+                DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr):
+    """Value head ``hv``'s dk rows of the chunk: the stored fp32 part + z k + z^T k."""
+    z = tl.load(DZ + start * (HV * BT) + hv * BT + rows[:, None] * (HV * BT) + rows[None, :],
+                mask=tmask[:, None], other=0.0).to(DT)
+    dk = tl.load(DK + start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :],
+                 mask=kmask, other=0.0)
+    dk = tl.dot(z, Kb, dk, input_precision=PREC)
+    return tl.dot(tl.trans(z), Kb, dk, input_precision=PREC)
+
+
+@triton.jit
+def gdn_bwd_local_dk_kernel(
+    Kp, CHUNK_START, CHUNK_END, DZ, DK, DKO, DQ, DQO,
+    H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    SUM_DQ: tl.constexpr,
+):
+    """One program per (chunk, q/k head, K block): each of the head's ``GROUP`` value
+    heads' dk (:func:`_dk_of_head`), added in index order in fp32 (``((x0 + x1) + ...)``,
+    as ``cake_core.gemm.group_sum_cast``), cast once and stored to ``DKO`` ``[NT, H, K]``
+    (fp32 or k's dtype; ``DK`` itself when ``GROUP`` is 1 and DKO is fp32). ``SUM_DQ``:
+    dq's fp32 parts ``DQ`` ``[NT, HV, K]`` (final per value head) added the same way into
+    ``DQO``; else the first kernel stored dq as it is."""
+    c = tl.program_id(0).to(tl.int64)
+    hk = tl.program_id(1)
+    ik = tl.program_id(2)
+    hv0 = hk * GROUP
+    start = tl.load(CHUNK_START + c).to(tl.int64)
+    end = tl.load(CHUNK_END + c).to(tl.int64)
+    rows = tl.arange(0, BT)
+    tmask = start + rows < end
+    ck = ik * BK + tl.arange(0, BK)
+    kmask = tmask[:, None] & (ck < KD)[None, :]
+
+    # scalar int64 row bases, int32 in-chunk offsets (fewer live address registers)
+    kb = tl.load(Kp + start * (H * KD) + hk * KD + rows[:, None] * (H * KD) + ck[None, :],
+                 mask=kmask, other=0.0).to(DT)
+    # the first head's value, then the others added (no 0 + x0: that would turn -0 into +0)
+    dk = _dk_of_head(kb, DZ, DK, start, hv0, rows, tmask, ck, kmask, HV, KD, DT, PREC, BT)
+    for j in range(1, GROUP):
+        dk += _dk_of_head(kb, DZ, DK, start, hv0 + j, rows, tmask, ck, kmask, HV, KD, DT,
+                          PREC, BT)
+    o_off = start * (H * KD) + hk * KD + rows[:, None] * (H * KD) + ck[None, :]
+    tl.store(DKO + o_off, dk.to(DKO.dtype.element_ty), mask=kmask)
+    if SUM_DQ:
+        qp = DQ + start * (HV * KD) + hv0 * KD + rows[:, None] * (HV * KD) + ck[None, :]
+        dq = tl.load(qp, mask=kmask, other=0.0)
+        for j in range(1, GROUP):
+            dq += tl.load(qp + j * KD, mask=kmask, other=0.0)
+        tl.store(DQO + o_off, dq.to(DQO.dtype.element_ty), mask=kmask)

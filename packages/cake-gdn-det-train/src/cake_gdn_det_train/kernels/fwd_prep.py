@@ -29,7 +29,7 @@ def gdn_fwd_prep_kernel(
     GCUM, Ap, W, U,
     H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, LOG2_BT: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr, BCOL: tl.constexpr = 0,
+    BK: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -67,40 +67,13 @@ def gdn_fwd_prep_kernel(
         tm = tm.to(Ap.dtype.element_ty).to(tl.float32)
         tl.store(a_ptr, tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
 
-    if BCOL == 0:
-        w = tl.zeros([BT, BK], dtype=tl.float32)
-        w = tl.dot(tm.to(DT), (kb * (beta * tl.exp(gc))[:, None]).to(DT), w,
-                   input_precision=PREC)
-        u = tl.zeros([BT, BVF], dtype=tl.float32)
-        u = tl.dot(tm.to(DT), (vb * beta[:, None]).to(DT), u, input_precision=PREC)
+    w = tl.zeros([BT, BK], dtype=tl.float32)
+    w = tl.dot(tm.to(DT), (kb * (beta * tl.exp(gc))[:, None]).to(DT), w, input_precision=PREC)
+    u = tl.zeros([BT, BVF], dtype=tl.float32)
+    u = tl.dot(tm.to(DT), (vb * beta[:, None]).to(DT), u, input_precision=PREC)
 
-        tl.store(GCUM + tok * HV + hv, gc, mask=tmask)
-        tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :],
-                 w.to(W.dtype.element_ty), mask=kmask)
-        tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :],
-                 u.to(U.dtype.element_ty), mask=vmask)
-    else:
-        # w and u in column blocks of BCOL (each column is its own dot over the chunk's
-        # rows: the same sums), k and v loaded per block
-        tl.store(GCUM + tok * HV + hv, gc, mask=tmask)
-        t16 = tm.to(DT)
-        bg = beta * tl.exp(gc)
-        cb = tl.arange(0, BCOL)
-        for j in range(0, tl.cdiv(KD, BCOL)):
-            cj = j * BCOL + cb
-            mj = tmask[:, None] & (cj < KD)[None, :]
-            kj = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + cj[None, :], mask=mj,
-                         other=0.0)
-            wj = tl.zeros([BT, BCOL], dtype=tl.float32)
-            wj = tl.dot(t16, (kj * bg[:, None]).to(DT), wj, input_precision=PREC)
-            tl.store(W + tok[:, None] * (HV * KD) + hv * KD + cj[None, :],
-                     wj.to(W.dtype.element_ty), mask=mj)
-        for j in range(0, tl.cdiv(VD, BCOL)):
-            cj = j * BCOL + cb
-            mj = tmask[:, None] & (cj < VD)[None, :]
-            vj = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cj[None, :], mask=mj,
-                         other=0.0)
-            uj = tl.zeros([BT, BCOL], dtype=tl.float32)
-            uj = tl.dot(t16, (vj * beta[:, None]).to(DT), uj, input_precision=PREC)
-            tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cj[None, :],
-                     uj.to(U.dtype.element_ty), mask=mj)
+    tl.store(GCUM + tok * HV + hv, gc, mask=tmask)
+    tl.store(W + tok[:, None] * (HV * KD) + hv * KD + ck[None, :],
+             w.to(W.dtype.element_ty), mask=kmask)
+    tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :],
+             u.to(U.dtype.element_ty), mask=vmask)
