@@ -354,3 +354,38 @@ def test_import_cake_core_applies_the_backend_rule_without_triton():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True).stdout.split()
     assert out == (["None", "True"] if out[1] == "True" else ["1", "False"])
+
+
+def _in_thread(fn):
+    """fn() in a new thread (Triton's allocator is per thread: a new one starts unset)."""
+    import threading
+
+    out = {}
+    t = threading.Thread(target=lambda: out.update(value=fn()))
+    t.start()
+    t.join()
+    return out["value"]
+
+
+def test_ensure_scratch_allocator_sets_torch_once_per_thread_and_keeps_a_users():
+    import triton
+    from cake_core.triton_utils import ensure_scratch_allocator
+    from triton.runtime import _allocation
+
+    def unset_then_ensured():
+        was_null = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+        ensure_scratch_allocator()
+        buf = _allocation._allocator.get()(256, 128, None)
+        return was_null, buf.numel(), buf.dtype
+
+    assert _in_thread(unset_then_ensured) == (True, 256, torch.int8)
+
+    def users_kept():
+        def mine(size, alignment, stream):
+            return torch.empty(size, dtype=torch.int8)
+
+        triton.set_allocator(mine)
+        ensure_scratch_allocator()
+        return _allocation._allocator.get() is mine
+
+    assert _in_thread(users_kept)

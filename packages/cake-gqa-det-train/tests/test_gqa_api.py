@@ -320,13 +320,57 @@ def test_non_contiguous_inputs_same_bits(packed):
         assert c["q"].stride(1) == D and not c["q"].is_contiguous()
         _assert_same(_grads(gqa_det, c, softcap=3.0),
                      _grads(plain, c))
-    else:  # packed head-major storage [H, T, D] seen as [T, H, D]: no copy, head stride T*D
+    else:  # packed head-major storage [H, T, D] seen as [T, H, D]: head stride T*D (copied)
         c = {n: t.transpose(0, 1).contiguous().transpose(0, 1)
              for n, t in zip("qkv", split(qkv), strict=True)}
         c["do"] = do
         assert c["q"].stride(1) == 70 * D and not c["q"].is_contiguous()
         _assert_same(_grads(lambda q, k, v: gqa_det(q, k, v, *extra, softcap=3.0), c),
                      _grads(plain, c))
+
+
+def test_tma_rows_copies_only_what_descriptors_cannot_read():
+    """The kernels' descriptors read [T, H * D] rows: heads contiguous in a token, rows of
+    16-byte multiples, a 16-byte aligned base. Anything else is copied, never changed."""
+    from cake_gqa_det_train.launch import row_stride, tma_rows
+
+    x = randn((10, 4, 64), torch.float32, DEV, seed=30)
+    assert tma_rows(x) is x
+    sliced = randn((10, 8, 64), torch.float32, DEV, seed=31)[:, 2:6]  # token stride 8 * 64
+    assert tma_rows(sliced) is sliced
+    head_major = x.transpose(0, 1).contiguous().transpose(0, 1)
+    odd = torch.empty(10 * 4 * 64 + 1, dtype=torch.float32, device=DEV)[1:].view(10, 4, 64)
+    odd.copy_(x)
+    for t in (head_major, odd):
+        y = tma_rows(t)
+        assert y is not t and y.is_contiguous() and torch.equal(y, x)
+    one = x[:1].as_strided((1, 4, 64), (3, 64, 1))  # one token: its stride addresses nothing
+    assert row_stride(one) == 4 * 64 and tma_rows(one) is one
+
+
+def test_misaligned_inputs_same_bits():
+    """q, k, v and dout starting one element past an aligned address (copied for the
+    descriptors) give the bits of aligned tensors, and stay unchanged."""
+    c = make(lens_q=[30, 1, 0, 65], Hq=4, Hkv=2, seed=32)
+
+    def shifted(t, grad):
+        buf = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+        buf[1:].copy_(t.reshape(-1))
+        buf.requires_grad_(grad)
+        return buf, buf[1:].view(t.shape)
+
+    bufs, views = zip(*(shifted(c[n], n != "do") for n in ("q", "k", "v", "do")),
+                      strict=True)
+    assert all(x.data_ptr() % 16 != 0 for x in views)
+    before = [x.detach().clone() for x in views]
+    out = gqa_det(*views[:3], c["cu_q"], c["cu_k"])
+    out.backward(views[3])
+    got = [out.detach()] + [b.grad[1:].view(x.shape)
+                            for b, x in zip(bufs[:3], views[:3], strict=True)]
+    want = _grads(lambda q, k, v: gqa_det(q, k, v, c["cu_q"], c["cu_k"]), c)
+    _assert_same(got, want)
+    for x, t in zip(views, before, strict=True):
+        assert torch.equal(x.detach(), t)
 
 
 # ----------------------------------------------------------------------------- zero tokens

@@ -48,7 +48,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6122aed3202fd9cdea06ddbebf8529f85baf66957fae4fb70838f5081f4aec68"
+SOURCE_DIGEST = "sha256:5d5da9050adf824bf6d6e51a760c48e0918d73992a64e8b8b7d128fba862669b"
 # --- end of generated block ---
 
 MANIFEST = {

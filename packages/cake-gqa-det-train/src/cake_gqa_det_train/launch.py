@@ -26,7 +26,7 @@ def tma_rows(x: torch.Tensor) -> torch.Tensor:
     T, H, D = x.shape
     ok = (x.stride(2) == 1 and (H == 1 or x.stride(1) == D)
           and (row_stride(x) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0)
-    return x if ok else x.contiguous()
+    return x if ok else x.clone(memory_format=torch.contiguous_format)
 
 
 def row_stride(x: torch.Tensor) -> int:
