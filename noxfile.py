@@ -188,7 +188,8 @@ def _workers() -> list[str]:
 
 
 def _local_closure(dist: str) -> list[str]:
-    """The package folder and those of every cake-* package it depends on (recursively)."""
+    """The package folder and those of every cake-* package it depends on (recursively),
+    its extras' included (GDN's ``layers``: its tests build the whole layer)."""
     seen: list[str] = []
 
     def visit(name: str) -> None:
@@ -196,7 +197,8 @@ def _local_closure(dist: str) -> list[str]:
             return
         seen.append(name)
         meta = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())
-        for dep in meta["project"].get("dependencies", []):
+        extras = meta["project"].get("optional-dependencies", {}).values()
+        for dep in [*meta["project"].get("dependencies", []), *(d for e in extras for d in e)]:
             dep_name = dep.split(";")[0].split("[")[0]
             for sep in "<>=!~ ":
                 dep_name = dep_name.split(sep)[0]

@@ -33,6 +33,7 @@ _LAZY = {
     "GDNDetSavedSet": "saved",
     "GDNDetWorkspace": "saved",
     "gdn_reference": "reference",
+    "GatedDeltaNet": "layers",
 }
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "GDNDetPlan",
     "GDNDetSavedSet",
     "GDNDetWorkspace",
+    "GatedDeltaNet",
     "__version__",
     "chunk_gated_delta_rule_det",
     "chunk_gdn_det_bwd",
@@ -55,6 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
         chunk_gdn_det_bwd,
         chunk_gdn_det_fwd,
     )
+    from cake_gdn_det_train.layers import GatedDeltaNet
     from cake_gdn_det_train.plan import GDNDetPlan, make_plan
     from cake_gdn_det_train.reference import gdn_reference
     from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace

@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:934533ad6504e01de73a433f60f6d7769bcd9ab46bcbd905eb696ca09aebff65"
+SOURCE_DIGEST = "sha256:d675cf2eaee17b33d152db12e15c1cce19ff0d24c0aad76210b3b24743734812"
 # --- end of generated block ---
 
 MANIFEST = {

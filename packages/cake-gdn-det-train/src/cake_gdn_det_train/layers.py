@@ -1,0 +1,211 @@
+"""``GatedDeltaNet``: FLA's Gated DeltaNet layer (``fla.layers.GatedDeltaNet``) on cake's
+deterministic kernels. Needs the ``layers`` extra: ``pip install
+cake-gdn-det-train[layers]`` (the short convolution, gated RMSNorm, RMSNorm and dense
+projection packages); the core package alone needs only cake-core."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from cake_gdn_det_train.api import chunk_gated_delta_rule_det
+
+_EXTRA = ("GatedDeltaNet needs the layers extra: pip install 'cake-gdn-det-train[layers]' "
+          "(from this repository: pip install ./packages/cake-causal-conv1d-det-train "
+          "./packages/cake-rmsnorm-silu-gate-det-train ./packages/cake-rmsnorm-det-train "
+          "./packages/cake-dense-projection-det-gemm)")
+
+
+def _parts():
+    try:
+        from cake_causal_conv1d_det_train import ShortConvolution
+        from cake_dense_projection_det_gemm import Linear
+        from cake_rmsnorm_det_train import RMSNorm
+        from cake_rmsnorm_silu_gate_det_train import RMSNormGated
+    except ImportError as e:  # pragma: no cover - the extra is installed in the tests
+        raise ImportError(_EXTRA) from e
+    return ShortConvolution, Linear, RMSNorm, RMSNormGated
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+    return v
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet layer (Yang, Kautz & Hatamizadeh, 2024, arXiv:2412.06464) with FLA's
+    constructor arguments, parameters and ``state_dict`` keys, so FLA checkpoints load as
+    they are; every step runs on cake's deterministic kernels.
+
+    Per token (``H = num_heads`` key heads of ``K = head_dim``, ``HV = num_v_heads`` value
+    heads of ``V = head_dim * expand_v``, value head ``j`` reading key head
+    ``j // (HV // H)``)::
+
+        q, k, v = silu(conv(q_proj(x))), silu(conv(k_proj(x))), silu(conv(v_proj(x)))
+        q, k    = l2norm(q), l2norm(k)                       # per head
+        g       = -exp(A_log) * softplus(a_proj(x) + dt_bias)
+        beta    = sigmoid(b_proj(x))                         # 2 * sigmoid with allow_neg_eigval
+        o       = gated delta rule(q, k, v, g, beta), scale K ** -0.5, state from zero
+        o       = rmsnorm(o) * o_norm.weight * silu(g_proj(x))   # RMSNorm alone without use_gate
+        out     = o_proj(o)
+
+    Modules: ``q_proj`` / ``k_proj`` / ``v_proj`` / ``a_proj`` / ``b_proj`` / ``g_proj`` /
+    ``o_proj`` (:class:`cake_dense_projection_det_gemm.Linear`, no bias), ``q_conv1d`` /
+    ``k_conv1d`` / ``v_conv1d`` (:class:`cake_causal_conv1d_det_train.ShortConvolution`,
+    SiLU), ``o_norm`` (:class:`cake_rmsnorm_silu_gate_det_train.RMSNormGated` with the
+    gate, :class:`cake_rmsnorm_det_train.RMSNorm` without), ``A_log`` and ``dt_bias``
+    ``[HV]`` (FLA's initialisation, marked ``_no_weight_decay``). The core is
+    :func:`chunk_gated_delta_rule_det` with the L2 norm, the gate and beta's sigmoid in the
+    kernel.
+
+    Args (FLA's): hidden_size, expand_v, head_dim, num_heads, num_v_heads (default
+    num_heads; a multiple of it), mode (``"chunk"`` or ``"fused_recurrent"``: the same
+    math, cake runs its chunked kernels for both), use_gate, use_short_conv (without it q,
+    k, v get SiLU alone, as in FLA), allow_neg_eigval, conv_size, conv_bias, layer_idx,
+    norm_eps; other keywords are accepted and ignored, as FLA's layer does.
+
+    ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
+    output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
+    ``hidden_states`` ``[B, T, hidden_size]``; ``attention_mask`` ``[B, T]`` of 0 / 1
+    (padding: the kept tokens are packed into documents and the padded positions of the
+    output are 0); ``kwargs["cu_seqlens"]`` ``[N + 1]`` for packed input ``[1, T, ...]``.
+
+    Raises:
+        ValueError: bad constructor arguments; in forward, ``use_cache=True`` or a
+            ``past_key_values`` (decoding is not served: cake serves training),
+            ``output_attentions=True``, a mask of the wrong shape or given with
+            ``cu_seqlens``, and whatever the kernels refuse (head dims, dtypes).
+        ImportError: the ``layers`` extra is not installed.
+
+    Example::
+
+        import torch
+        from cake_gdn_det_train import GatedDeltaNet
+
+        layer = GatedDeltaNet(hidden_size=64, head_dim=16, num_heads=2, expand_v=2)
+        x = torch.randn(2, 24, 64, requires_grad=True)
+        o, _, _ = layer(x)
+        o.sum().backward()
+    """
+
+    def __init__(self, hidden_size: int = 2048, expand_v: float = 2, head_dim: int = 256,
+                 num_heads: int = 6, num_v_heads: int | None = None, mode: str = "chunk",
+                 use_gate: bool = True, use_short_conv: bool = True,
+                 allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False,
+                 layer_idx: int | None = None, norm_eps: float = 1e-5, **kwargs) -> None:
+        super().__init__()
+        ShortConvolution, Linear, RMSNorm, RMSNormGated = _parts()
+        self.hidden_size = _positive_int("hidden_size", hidden_size)
+        self.head_dim = _positive_int("head_dim", head_dim)
+        self.num_heads = _positive_int("num_heads", num_heads)
+        self.num_v_heads = self.num_heads if num_v_heads is None else \
+            _positive_int("num_v_heads", num_v_heads)
+        if self.num_v_heads % self.num_heads:
+            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of "
+                             f"num_heads ({self.num_heads})")
+        head_v = self.head_dim * expand_v
+        if not math.isclose(head_v, round(head_v)) or round(head_v) < 1:
+            raise ValueError(f"head_dim * expand_v must be a positive integer, got "
+                             f"{self.head_dim} * {expand_v!r}")
+        if mode not in ("chunk", "fused_recurrent"):
+            raise ValueError(f"mode: 'chunk' or 'fused_recurrent', got {mode!r}")
+        self.mode, self.expand_v = mode, expand_v
+        self.use_gate, self.use_short_conv = bool(use_gate), bool(use_short_conv)
+        self.allow_neg_eigval = bool(allow_neg_eigval)
+        self.conv_size, self.conv_bias = conv_size, conv_bias
+        self.layer_idx, self.norm_eps = layer_idx, norm_eps
+        self.head_k_dim, self.head_v_dim = self.head_dim, int(round(head_v))
+        self.key_dim = self.num_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        hv = self.num_v_heads
+        self.q_proj = Linear(self.hidden_size, self.key_dim, bias=False)
+        self.k_proj = Linear(self.hidden_size, self.key_dim, bias=False)
+        self.v_proj = Linear(self.hidden_size, self.value_dim, bias=False)
+        self.a_proj = Linear(self.hidden_size, hv, bias=False)
+        self.b_proj = Linear(self.hidden_size, hv, bias=False)
+        # FLA's init: A ~ U(0, 16); dt log-uniform in [1e-3, 0.1] (floor 1e-4), dt_bias its
+        # inverse softplus
+        a = torch.empty(hv, dtype=torch.float32).uniform_(0, 16)
+        self.A_log = nn.Parameter(torch.log(a))
+        self.A_log._no_weight_decay = True
+        dt = torch.exp(torch.rand(hv) * (math.log(0.1) - math.log(1e-3))
+                       + math.log(1e-3)).clamp(min=1e-4)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.dt_bias._no_weight_decay = True
+        if self.use_short_conv:
+            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias,
+                                             activation="silu")
+            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias,
+                                             activation="silu")
+            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, bias=conv_bias,
+                                             activation="silu")
+        if self.use_gate:
+            self.g_proj = Linear(self.hidden_size, self.value_dim, bias=False)
+            self.o_norm = RMSNormGated(self.head_v_dim, eps=norm_eps, activation="swish")
+        else:
+            self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = Linear(self.value_dim, self.hidden_size, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                past_key_values=None, use_cache: bool | None = False,
+                output_attentions: bool | None = False, **kwargs):
+        if use_cache or past_key_values is not None:
+            raise ValueError("use_cache / past_key_values: decoding is not served (cake "
+                             "serves training); run FLA's layer to generate")
+        if output_attentions:
+            raise ValueError("output_attentions=True: a linear-attention layer has no "
+                             "attention weights (FLA's returns None)")
+        x = hidden_states
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got "
+                             f"{tuple(getattr(x, 'shape', ()))}")
+        B, T, _ = x.shape
+        cu_seqlens = kwargs.get("cu_seqlens")
+        keep = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (B, T):
+                raise ValueError(f"attention_mask: expected [B, T] = [{B}, {T}] of 0 / 1 "
+                                 f"(padding), got {tuple(attention_mask.shape)}")
+            if cu_seqlens is not None:
+                raise ValueError("attention_mask and cu_seqlens: give one (packed input "
+                                 "has no padding)")
+            mask = attention_mask.bool()
+            if not bool(mask.all()):  # unpad: each row's kept tokens become one document
+                keep = mask.reshape(-1).nonzero().squeeze(1)
+                lens = mask.sum(1, dtype=torch.int32)
+                cu_seqlens = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
+                x = x.reshape(B * T, -1).index_select(0, keep).unsqueeze(0)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.use_short_conv:
+            q, _ = self.q_conv1d(q, cu_seqlens=cu_seqlens)
+            k, _ = self.k_conv1d(k, cu_seqlens=cu_seqlens)
+            v, _ = self.v_conv1d(v, cu_seqlens=cu_seqlens)
+        else:
+            q, k, v = (nn.functional.silu(t) for t in (q, k, v))
+        q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
+        k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
+        v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
+        o, _ = chunk_gated_delta_rule_det(
+            q, k, v, self.a_proj(x), self.b_proj(x), cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log,
+            dt_bias=self.dt_bias, use_beta_sigmoid_in_kernel=True,
+            allow_neg_eigval=self.allow_neg_eigval)
+        if self.use_gate:
+            o = self.o_norm(o, self.g_proj(x).unflatten(-1, (self.num_v_heads,
+                                                              self.head_v_dim)))
+        else:
+            o = self.o_norm(o)
+        o = self.o_proj(o.flatten(-2))
+        if keep is not None:  # back to [B, T, hidden]; padded positions 0
+            o = o.new_zeros(B * T, self.hidden_size).index_copy(0, keep, o[0])
+            o = o.reshape(B, T, self.hidden_size)
+        return o, None, past_key_values
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
+                f"num_v_heads={self.num_v_heads}, head_k_dim={self.head_k_dim}, "
+                f"head_v_dim={self.head_v_dim}, use_gate={self.use_gate}, "
+                f"use_short_conv={self.use_short_conv}")
