@@ -6,6 +6,7 @@
                                the manifest check and a release dry run of cake-core
     nox -s manifests           build every package (sdist, wheel from the sdist) and check
                                its build manifest (shared/check_cake_build_manifests.py)
+    nox -s wheels              the same builds, every wheel copied into dist/
     nox -s "release(core)"     the release checks of one family (docs/releasing.md)
     nox -s demo                the main job (cake-tinylm train) on its defaults
     nox -s "family(legacy_gdn)"  a legacy name's import stub with its canonical target(s)
@@ -296,6 +297,25 @@ def manifests(session: nox.Session) -> None:
     session.install(*BUILD_TOOLS)
     session.run("python", "shared/check_cake_build_manifests.py", *session.posargs)
     session.run("pytest", "-q", "-p", "no:cacheprovider", "shared/tests")
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every package's wheel (from its sdist, manifests checked) into dist/."""
+    # the manifests session's build: shared/check_cake_build_manifests.py builds each sdist,
+    # then the wheel from the unpacked sdist, and checks both; the wheels land in dist/
+    # (`pip install dist/*.whl` installs every family with cake-core)
+    session.install(*BUILD_TOOLS)
+    built = Path(session.create_tmp()).resolve() / "wheels"  # the hooks run in each package
+    shutil.rmtree(built, ignore_errors=True)
+    session.run("python", "shared/check_cake_build_manifests.py", "--keep", str(built),
+                *session.posargs)
+    out = ROOT / "dist"
+    out.mkdir(exist_ok=True)
+    for whl in sorted(built.glob("*/*.whl")):
+        shutil.copy2(whl, out / whl.name)
+        session.log(f"dist/{whl.name}")
+    shutil.rmtree(built, ignore_errors=True)
 
 
 @nox.session
