@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d675cf2eaee17b33d152db12e15c1cce19ff0d24c0aad76210b3b24743734812"
+SOURCE_DIGEST = "sha256:aeba1012441139ca49bab61364a2093c73cbacf9631ae45aa6e28bfd20ccf9cd"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+from cake_core.layer_utils import check_training_call, head_dims, pad, positive_int, unpad
 from torch import nn
 
 from cake_gdn_det_train.api import chunk_gated_delta_rule_det
@@ -27,12 +28,6 @@ def _parts():
     except ImportError as e:  # pragma: no cover - the extra is installed in the tests
         raise ImportError(_EXTRA) from e
     return ShortConvolution, Linear, RMSNorm, RMSNormGated
-
-
-def _positive_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
-    return v
 
 
 class GatedDeltaNet(nn.Module):
@@ -98,26 +93,16 @@ class GatedDeltaNet(nn.Module):
                  layer_idx: int | None = None, norm_eps: float = 1e-5, **kwargs) -> None:
         super().__init__()
         ShortConvolution, Linear, RMSNorm, RMSNormGated = _parts()
-        self.hidden_size = _positive_int("hidden_size", hidden_size)
-        self.head_dim = _positive_int("head_dim", head_dim)
-        self.num_heads = _positive_int("num_heads", num_heads)
-        self.num_v_heads = self.num_heads if num_v_heads is None else \
-            _positive_int("num_v_heads", num_v_heads)
-        if self.num_v_heads % self.num_heads:
-            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of "
-                             f"num_heads ({self.num_heads})")
-        head_v = self.head_dim * expand_v
-        if not math.isclose(head_v, round(head_v)) or round(head_v) < 1:
-            raise ValueError(f"head_dim * expand_v must be a positive integer, got "
-                             f"{self.head_dim} * {expand_v!r}")
-        if mode not in ("chunk", "fused_recurrent"):
-            raise ValueError(f"mode: 'chunk' or 'fused_recurrent', got {mode!r}")
-        self.mode, self.expand_v = mode, expand_v
+        self.hidden_size = positive_int("hidden_size", hidden_size)
+        self.head_k_dim, self.head_v_dim, self.num_v_heads = head_dims(
+            head_dim, expand_v, num_heads, num_v_heads)
+        check_training_call(mode, None, False, False)
+        self.head_dim, self.num_heads, self.expand_v, self.mode = head_dim, num_heads, \
+            expand_v, mode
         self.use_gate, self.use_short_conv = bool(use_gate), bool(use_short_conv)
         self.allow_neg_eigval = bool(allow_neg_eigval)
         self.conv_size, self.conv_bias = conv_size, conv_bias
         self.layer_idx, self.norm_eps = layer_idx, norm_eps
-        self.head_k_dim, self.head_v_dim = self.head_dim, int(round(head_v))
         self.key_dim = self.num_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         hv = self.num_v_heads
@@ -152,32 +137,10 @@ class GatedDeltaNet(nn.Module):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 past_key_values=None, use_cache: bool | None = False,
                 output_attentions: bool | None = False, **kwargs):
-        if use_cache or past_key_values is not None:
-            raise ValueError("use_cache / past_key_values: decoding is not served (cake "
-                             "serves training); run FLA's layer to generate")
-        if output_attentions:
-            raise ValueError("output_attentions=True: a linear-attention layer has no "
-                             "attention weights (FLA's returns None)")
-        x = hidden_states
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states: expected [B, T, {self.hidden_size}], got "
-                             f"{tuple(getattr(x, 'shape', ()))}")
-        B, T, _ = x.shape
-        cu_seqlens = kwargs.get("cu_seqlens")
-        keep = None
-        if attention_mask is not None:
-            if tuple(attention_mask.shape) != (B, T):
-                raise ValueError(f"attention_mask: expected [B, T] = [{B}, {T}] of 0 / 1 "
-                                 f"(padding), got {tuple(attention_mask.shape)}")
-            if cu_seqlens is not None:
-                raise ValueError("attention_mask and cu_seqlens: give one (packed input "
-                                 "has no padding)")
-            mask = attention_mask.bool()
-            if not bool(mask.all()):  # unpad: each row's kept tokens become one document
-                keep = mask.reshape(-1).nonzero().squeeze(1)
-                lens = mask.sum(1, dtype=torch.int32)
-                cu_seqlens = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
-                x = x.reshape(B * T, -1).index_select(0, keep).unsqueeze(0)
+        check_training_call(self.mode, past_key_values, use_cache, output_attentions)
+        x, cu_seqlens, keep = unpad(hidden_states, self.hidden_size, attention_mask,
+                                    kwargs.get("cu_seqlens"))
+        B, T = hidden_states.shape[:2]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.use_short_conv:
             q, _ = self.q_conv1d(q, cu_seqlens=cu_seqlens)
@@ -198,11 +161,7 @@ class GatedDeltaNet(nn.Module):
                                                               self.head_v_dim)))
         else:
             o = self.o_norm(o)
-        o = self.o_proj(o.flatten(-2))
-        if keep is not None:  # back to [B, T, hidden]; padded positions 0
-            o = o.new_zeros(B * T, self.hidden_size).index_copy(0, keep, o[0])
-            o = o.reshape(B, T, self.hidden_size)
-        return o, None, past_key_values
+        return pad(self.o_proj(o.flatten(-2)), keep, B, T), None, past_key_values
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "

@@ -1,0 +1,95 @@
+"""What the families' whole layers (FLA's ``fla.layers`` drop-ins) share: the checks of
+FLA's layer arguments and the padding mask turned into packed documents and back (FLA's
+``get_unpad_data`` / ``pad_input``)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+
+def positive_int(name: str, v) -> int:
+    """``v`` if it is an int >= 1, else ``ValueError``."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}: must be an int >= 1, got {v!r}")
+    return v
+
+
+def head_dims(head_dim: int, expand_v: float, num_heads: int,
+              num_v_heads: int | None) -> tuple[int, int, int]:
+    """``(K, V, HV)`` of FLA's layer arguments (``V = head_dim * expand_v``, ``HV`` defaults
+    to ``num_heads`` and is a multiple of it), or ``ValueError``."""
+    positive_int("head_dim", head_dim)
+    positive_int("num_heads", num_heads)
+    hv = num_heads if num_v_heads is None else positive_int("num_v_heads", num_v_heads)
+    if hv % num_heads:
+        raise ValueError(f"num_v_heads ({hv}) must be a multiple of num_heads ({num_heads})")
+    v = head_dim * expand_v
+    if isinstance(expand_v, bool) or not math.isclose(v, round(v)) or round(v) < 1:
+        raise ValueError(f"head_dim * expand_v must be a positive integer, got "
+                         f"{head_dim} * {expand_v!r}")
+    return head_dim, int(round(v)), hv
+
+
+def check_training_call(mode: str, past_key_values, use_cache, output_attentions) -> None:
+    """The FLA layer arguments a training kernel does not serve, as ``ValueError``."""
+    if mode not in ("chunk", "fused_recurrent"):
+        raise ValueError(f"mode: 'chunk' or 'fused_recurrent', got {mode!r}")
+    if use_cache or past_key_values is not None:
+        raise ValueError("use_cache / past_key_values: decoding is not served (cake "
+                         "serves training); run FLA's layer to generate")
+    if output_attentions:
+        raise ValueError("output_attentions=True: a linear-attention layer has no "
+                         "attention weights (FLA's returns None)")
+
+
+class Unpadded(NamedTuple):
+    """A layer's input as its kernels take it: ``x`` (``[B, T, D]``, or the kept tokens
+    packed as ``[1, T', D]``), ``cu_seqlens`` (or None) and ``keep`` (the kept positions
+    of the flattened ``[B * T]``, or None when nothing was unpadded)."""
+
+    x: torch.Tensor
+    cu_seqlens: torch.Tensor | None
+    keep: torch.Tensor | None
+
+
+def unpad(hidden_states: torch.Tensor, hidden_size: int,
+          attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> Unpadded:
+    """``hidden_states [B, T, hidden_size]`` with FLA's padding mask ``[B, T]`` of 0 / 1
+    (each row's kept tokens become one document, in order) or packed ``cu_seqlens``.
+
+    Raises:
+        ValueError: a wrong shape, a mask of the wrong shape, or both a mask and
+            ``cu_seqlens``. Nothing the caller owns is modified.
+    """
+    x = hidden_states
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != hidden_size:
+        raise ValueError(f"hidden_states: expected [B, T, {hidden_size}], got "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    B, T, _ = x.shape
+    if attention_mask is None:
+        return Unpadded(x, cu_seqlens, None)
+    if tuple(attention_mask.shape) != (B, T):
+        raise ValueError(f"attention_mask: expected [B, T] = [{B}, {T}] of 0 / 1 (padding), "
+                         f"got {tuple(attention_mask.shape)}")
+    if cu_seqlens is not None:
+        raise ValueError("attention_mask and cu_seqlens: give one (packed input has no "
+                         "padding)")
+    mask = attention_mask.bool()
+    if bool(mask.all()):
+        return Unpadded(x, None, None)
+    keep = mask.reshape(-1).nonzero().squeeze(1)
+    lens = mask.sum(1, dtype=torch.int32)
+    cu = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
+    return Unpadded(x.reshape(B * T, -1).index_select(0, keep).unsqueeze(0), cu, keep)
+
+
+def pad(o: torch.Tensor, keep: torch.Tensor | None, B: int, T: int) -> torch.Tensor:
+    """A packed output ``[1, T', D]`` back to ``[B, T, D]`` (padded positions 0), or ``o``
+    as it is when ``keep`` is None."""
+    if keep is None:
+        return o
+    out = o.new_zeros(B * T, o.shape[-1]).index_copy(0, keep, o[0])
+    return out.reshape(B, T, o.shape[-1])
