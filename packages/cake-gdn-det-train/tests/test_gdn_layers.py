@@ -9,6 +9,9 @@ from cake_core.triton_utils import default_device
 from cake_gdn_det_train import GatedDeltaNet, gdn_reference
 
 DEV = default_device()
+#: fp32 tolerances: gradients summed with cancellation (dA_log, ddt_bias: over every token)
+#: looser; CUDA's fp32 dots are tf32x3, not IEEE
+TOL, PARAM_TOL = (1e-4, 3e-4) if DEV.type == "cuda" else (3e-5, 1e-4)
 FLA_KEYS = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "a_proj.weight",
             "b_proj.weight", "A_log", "dt_bias", "q_conv1d.weight", "k_conv1d.weight",
             "v_conv1d.weight", "g_proj.weight", "o_norm.weight", "o_proj.weight"]
@@ -72,10 +75,11 @@ def test_layer_matches_float64_torch(kw):
     out.backward(do)
     ref, xr, p = reference(layer, x)
     ref.backward(do.double())
-    assert_close_to_reference(out, ref, torch.float32)
-    assert_close_to_reference(x.grad, xr.grad, torch.float32)
+    assert_close_to_reference(out, ref, torch.float32, tol=TOL)
+    assert_close_to_reference(x.grad, xr.grad, torch.float32, "dx", tol=TOL)
     for n, t in layer.named_parameters():
-        assert_close_to_reference(t.grad, p[n].grad, torch.float32)
+        assert_close_to_reference(t.grad, p[n].grad, torch.float32, f"d{n}",
+                                  tol=PARAM_TOL if n in ("A_log", "dt_bias") else TOL)
 
 
 def test_state_dict_keys_are_flas():
@@ -97,7 +101,7 @@ def test_packed_and_padded_equal_separate_documents():
     alone = [layer(d)[0] for d in docs]
     cu = torch.tensor([0, 5, 6, 26], dtype=torch.int32, device=DEV)
     packed, _, _ = layer(torch.cat(docs, 1), cu_seqlens=cu)
-    assert_close_to_reference(packed, torch.cat(alone, 1).double(), torch.float32)
+    assert_close_to_reference(packed, torch.cat(alone, 1).double(), torch.float32, tol=TOL)
     T = max(lens)
     x = torch.randn(3, T, 64, device=DEV)
     mask = torch.zeros(3, T, dtype=torch.long, device=DEV)
@@ -109,7 +113,8 @@ def test_packed_and_padded_equal_separate_documents():
     assert none is None and torch.equal(x, x_before)
     for i, n in enumerate(lens):
         assert bool((padded[i, : T - n] == 0).all())
-        assert_close_to_reference(padded[i, T - n:], alone[i][0].double(), torch.float32)
+        assert_close_to_reference(padded[i, T - n:], alone[i][0].double(), torch.float32,
+                                  tol=TOL)
     ones = torch.ones(3, T, dtype=torch.long, device=DEV)
     assert torch.equal(layer(x, attention_mask=ones)[0], layer(x)[0])
 
