@@ -91,7 +91,7 @@ CONFIGS = {
                       "128 100 bfloat16 block_v_h=32 num_warps_h=4 lens=1,70,0,65",
                       "128 64 float16 block_v_h=32 num_warps_h=4"],
     "kda": _COMMON + _KDA_ONLY + [
-                      # format 11: the token-parallel kernels' head blocks (HV = 2 here, so
+                      # the token-parallel kernels' head blocks (HV = 2 here, so
                       # 4 and 8 overhang); the last was right on an H200 (session 29), the
                       # others not yet run on a GPU
                       "128 128 bfloat16 tok_heads=4 num_warps_tok=4 tok_heads_bwd=4 "

@@ -69,16 +69,8 @@ def test_bwd_diag_field_serialised_and_checked():
     assert on.bwd_diag == 1  # the rule's choice (session 17)
     plan = dataclasses.replace(on, bwd_diag=0)
     d = on.to_dict()
-    assert d["bwd_diag"] == 1 and d["version"] == KDADetPlan.format_version >= 6
+    assert d["bwd_diag"] == 1 and d["version"] == KDADetPlan.format_version == 1
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key
-    old = {n: x for n, x in plan.to_dict().items() if n not in ("bwd_diag", "dh_split")}
-    old["version"] = 5  # a plan serialised before the fields existed
-    want = "format version 5.*add bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0"
-    with pytest.raises(ValueError, match=want):
-        KDADetPlan.from_dict(old)
-    old.update(bwd_diag=0, dh_split=0, inv_blocked=0, keep_aqk=0,
-               version=KDADetPlan.format_version)  # the upgrade
-    assert KDADetPlan.from_dict(old) == dataclasses.replace(plan, inv_blocked=0, keep_aqk=0)
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="bwd_diag"):
             dataclasses.replace(plan, bwd_diag=bad)

@@ -66,18 +66,10 @@ def test_inv_blocked_reaches_the_prep_kernel(kda, monkeypatch):
 def test_inv_blocked_field_serialised_and_checked():
     plan = make_plan(128, 128, torch.bfloat16, DEV)
     assert plan.inv_blocked == 1  # the rule's (session 18)
-    off = dataclasses.replace(plan, inv_blocked=0, keep_aqk=0)
     d = plan.to_dict()
-    assert d["inv_blocked"] == 1 and d["version"] == KDADetPlan.format_version >= 7
+    assert d["inv_blocked"] == 1 and d["version"] == KDADetPlan.format_version == 1
     assert KDADetPlan.from_dict(d) == plan
     assert dataclasses.replace(plan, inv_blocked=0).key != plan.key
-    old = {n: x for n, x in plan.to_dict().items() if n != "inv_blocked"}
-    old["version"] = 6  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 6.*add inv_blocked = 0 and keep_aqk"):
-        KDADetPlan.from_dict(old)
-    # the upgrade the message asks for
-    old.update(inv_blocked=0, keep_aqk=0, version=KDADetPlan.format_version)
-    assert KDADetPlan.from_dict(old) == off
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="inv_blocked"):
             dataclasses.replace(plan, inv_blocked=bad)

