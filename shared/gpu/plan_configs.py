@@ -161,7 +161,6 @@ CONFIGS = {
                       "100 100 bfloat16 pairs_diag=0 lens=1,70,0,65",
                       "48 32 float32 pairs_diag=0 keep_a=0 lens=1,70,0,65",
                       "128 128 bfloat16 pairs_diag=2 num_warps_pairs=8",
-                      "128 128 bfloat16 pairs_diag=2 rec_form=2",
                       # bwd_diag: the backward's in-sub-chunk terms token-parallel
                       # (the rule's 1 since session 17; 0 = the loop, the rule before)
                       "128 128 bfloat16 bwd_diag=0", "128 128 bfloat16 bwd_diag=1", "128 128 float16 bwd_diag=1",
@@ -170,14 +169,6 @@ CONFIGS = {
                       "64 64 bfloat16 bwd_diag=1", "128 128 float32 bwd_diag=1",
                       "100 100 bfloat16 bwd_diag=1 lens=1,70,0,65",
                       "48 32 float32 bwd_diag=1 keep_a=0 lens=1,70,0,65",
-                      # dh_split: the dS kernel's state in two halves of the key channels
-                      # (right on an H200 but slower, session 17; off in the rule)
-                      "128 128 bfloat16 dh_split=1", "128 128 float16 dh_split=1",
-                      "128 128 bfloat16 dh_split=1 block_v=32",
-                      "128 128 bfloat16 dh_split=1 bwd_diag=1 num_warps_intra=8",
-                      "64 64 bfloat16 dh_split=1", "128 128 float32 dh_split=1",
-                      "100 100 bfloat16 dh_split=1 lens=1,70,0,65",
-                      "48 32 float32 dh_split=1 keep_a=0 lens=1,70,0,65",
                       # inv_blocked: the prep's inverse with its 16 x 16 diagonal blocks
                       # apart first (session 17; adopted in session 18)
                       "128 128 bfloat16 inv_blocked=1", "128 128 float16 inv_blocked=1",
@@ -190,26 +181,7 @@ CONFIGS = {
                       "128 128 bfloat16 keep_aqk=1", "128 128 float16 keep_aqk=1",
                       "128 128 float32 keep_aqk=1", "64 64 bfloat16 keep_aqk=1",
                       "100 100 bfloat16 keep_aqk=1 lens=1,70,0,65",
-                      "48 32 float32 keep_aqk=1 lens=1,70,0,65",
-                      # rec_form: the two state recurrences in FLA's operand form, 2 with
-                      # kg stored by the prep (docs/benchmarks/kda_fwd_plan.md, rank 4);
-                      # not yet run on a GPU
-                      "128 128 bfloat16 rec_form=1", "128 128 float16 rec_form=1",
-                      "128 128 bfloat16 rec_form=1 keep_a=0",
-                      "128 128 bfloat16 rec_form=1 block_v=32",
-                      "128 128 bfloat16 rec_form=1 pairs_diag=1 num_warps_pairs=8",
-                      "64 64 bfloat16 rec_form=1", "64 64 float32 rec_form=1",
-                      "128 128 float32 rec_form=1",
-                      "100 48 bfloat16 rec_form=1 lens=1,70,0,65",
-                      "48 40 float32 rec_form=1 lens=1,70,0,65",
-                      "128 128 bfloat16 rec_form=2", "128 128 float16 rec_form=2",
-                      "128 128 bfloat16 rec_form=2 keep_a=0",
-                      "128 128 bfloat16 rec_form=2 block_v=32",
-                      "128 128 bfloat16 rec_form=2 pairs_diag=1 num_warps_pairs=8",
-                      "64 64 bfloat16 rec_form=2", "64 64 float32 rec_form=2",
-                      "128 128 float32 rec_form=2",
-                      "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
-                      "48 40 float32 rec_form=2 lens=1,70,0,65"],
+                      "48 32 float32 keep_aqk=1 lens=1,70,0,65"]
 }
 
 

@@ -8,7 +8,7 @@ Uses Triton's own compiler and its bundled ptxas / cuobjdump (target sm_90, CUDA
 PTX), the default CUDA plan of ``make_plan(K, V, bf16, "cuda")`` (built without a device:
 the rule is plain Python) with ``--plan`` overrides, and compiles each chunk kernel of the
 forward prep and the backward chunk step for the plan's ``diag_load`` / ``bwd_split``, and
-the two state kernels for its ``rec_form``.
+the two state kernels.
 Static counts, not timings: a guide to where a candidate removes work, to be confirmed on
 the GPU. Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the
 interpreter); no GPU is used.
@@ -76,15 +76,12 @@ def build(fn, types, consts, num_warps, num_stages=1):
 def main():
     import torch
     from cake_kda_det_train.kernels.chunk_bwd import (
-        kda_bwd_dh_kernel,
-        kda_bwd_dh_split_kernel,
         kda_bwd_intra_kernel,
         kda_bwd_intra_tok_kernel,
         kda_bwd_local_kernel,
     )
     from cake_kda_det_train.kernels.chunk_fwd import (
         kda_chunk_cumsum_kernel,
-        kda_fwd_h_kernel,
         kda_fwd_o_kernel,
         kda_fwd_pairs_kernel,
         kda_fwd_pairs_tok_kernel,
@@ -124,7 +121,7 @@ def main():
     for load_a, cumsum, what in preps:
         c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
                  LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
-                 PAIRS=pairs, STORE_KG=plan.rec_form == 2, INV_BLOCKED=bool(plan.inv_blocked),
+                 PAIRS=pairs, INV_BLOCKED=bool(plan.inv_blocked),
                  LOG2_BC=4)
         rows.append((what, plan.num_warps_prep,
                      *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
@@ -149,10 +146,8 @@ def main():
     h_t.update({"Kp": "*bf16", "W": "*bf16", "U": "*bf16", "GCUM": "*fp32", "CU": "*i32",
                 "CHUNK_OFF": "*i32", "H0": "*fp32", "HBUF": "*bf16", "VNEW": "*bf16",
                 "HT": "*fp32"})
-    fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
-    op = {"KG": plan.rec_form == 2} if plan.rec_form else {}
     rows.append((f"fwd state h (stages={plan.num_stages_h})", plan.num_warps_h,
-                 *build(fwd_h, h_t, dict(sc, HAS_H0=True, STORE_FINAL=True, **op),
+                 *build(kda_fwd_h_op_kernel, h_t, dict(sc, HAS_H0=True, STORE_FINAL=True),
                         plan.num_warps_h, plan.num_stages_h)))
     o_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     o_t.update({"Qp": "*bf16", "GCUM": "*fp32", "AQK": "*bf16", "VNEW": "*bf16",
@@ -167,13 +162,8 @@ def main():
     dh_t.update({"Qp": "*bf16", "Kp": "*bf16", "W": "*bf16", "GCUM": "*fp32", "AQK": "*bf16",
                  "DO": "*bf16", "CU": "*i32", "CHUNK_OFF": "*i32", "DHT": "*fp32",
                  "DH": "*bf16", "DU": "*bf16", "DH0": "*fp32", "scale": "fp32"})
-    bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
-    dhc = dict(sc)
-    if plan.dh_split and not plan.rec_form:
-        bwd_dh = kda_bwd_dh_split_kernel
-        dhc["BKH"] = dhc.pop("BK") // 2
     rows.append((f"bwd state dh (stages={plan.num_stages_dh})", plan.num_warps_dh,
-                 *build(bwd_dh, dh_t, dict(dhc, HAS_DHT=True, STORE_DH0=True, **op),
+                 *build(kda_bwd_dh_op_kernel, dh_t, dict(sc, HAS_DHT=True, STORE_DH0=True),
                         plan.num_warps_dh, plan.num_stages_dh)))
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",

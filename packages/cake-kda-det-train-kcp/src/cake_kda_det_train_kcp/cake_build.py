@@ -40,16 +40,14 @@ PLANS = [
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                 "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
                 "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "rec_form",
-                "bwd_diag", "dh_split", "inv_blocked", "keep_aqk", "block_v_h", "num_warps_dh",
-                "num_stages_dh", "inv_kernel", "num_warps_inv", "tok_heads", "num_warps_tok",
-                "tok_heads_bwd", "num_warps_tok_bwd"]},
+                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "bwd_diag",
+                "inv_blocked", "keep_aqk", "block_v_h", "num_warps_dh", "num_stages_dh",
+                "inv_kernel", "num_warps_inv", "tok_heads", "num_warps_tok", "tok_heads_bwd",
+                "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
     "cake-kda-det-train": [
-        {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dh_kernel"},
-        {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dh_split_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_local_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_tok_kernel"},
@@ -60,7 +58,6 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_inv_kernel"},
-        {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_h_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
@@ -85,7 +82,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
-SOURCE_DIGEST = "sha256:29955c36650b9023b113b9f6da5c7e195b82a6486928d960d45916778b738b63"
+SOURCE_DIGEST = "sha256:f8d2dcf9a35b3fc320bbce0c8afa165dbabb1d3d7bbd465181afce538589edb5"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -14,15 +14,12 @@ from cake_core.triton_utils import is_interpreting, next_power_of_2
 
 from cake_kda_det_train.kernels.chunk_bwd import (
     kda_bwd_dg_cumsum_kernel,
-    kda_bwd_dh_kernel,
-    kda_bwd_dh_split_kernel,
     kda_bwd_intra_kernel,
     kda_bwd_intra_tok_kernel,
     kda_bwd_local_kernel,
 )
 from cake_kda_det_train.kernels.chunk_fwd import (
     kda_chunk_cumsum_kernel,
-    kda_fwd_h_kernel,
     kda_fwd_inv_kernel,
     kda_fwd_o_kernel,
     kda_fwd_pairs_kernel,
@@ -86,8 +83,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
     with ``plan.fwd_split`` in the forward, whose caller formed G first (the cumsum kernel). With
     ``aqk_kept`` (the backward, ``load_a``, ``plan.keep_aqk``) scratch's aqk is the
     forward's Aqk: neither pairs kernel runs. Returns kg ``[B * T, HV, K]`` (k exp(G_last -
-    G) in the intermediates' dtype, a scratch of this call, not of the workspace) with
-    ``plan.rec_form = 2``, else None."""
+    G) in the intermediates' dtype, a scratch of this call, not of the workspace)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     starts, ends, chunk_off, cu_dev, NC = tabs
@@ -109,8 +105,7 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
                 q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
                 BT=CHUNK_SIZE, BC=SUB_CHUNK, BKF=next_power_of_2(max(16, K)),
                 BH=plan.tok_heads, WANT_AKK=not load_a, num_warps=plan.num_warps_tok)
-    kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device) \
-        if plan.rec_form == 2 else None
+    kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device)
     inv = bool(plan.inv_kernel) and pairs and not load_a
     if inv:  # T in its own kernel (plan.inv_kernel), then loaded by the prep
         kda_fwd_inv_kernel[(NC, HV)](
@@ -120,22 +115,20 @@ def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cu
             num_warps=plan.num_warps_inv)
     kda_fwd_prep_kernel[(NC, HV)](
         q, k, v, g_cumsum if recompute or pairs else g, beta, starts, ends, g_cumsum, A, aqk,
-        w, u, akks, kg if kg is not None else w,
+        w, u, akks, kg,
         scale, H, HV, HV // H, K, V,
         BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
         BKI=plan.block_k_inner, LOAD_A=load_a or inv, CUMSUM=not recompute and not pairs,
-        DIAG_LOAD=plan.diag_load, PAIRS=pairs, STORE_KG=kg is not None,
+        DIAG_LOAD=plan.diag_load, PAIRS=pairs,
         INV_BLOCKED=bool(plan.inv_blocked), LOG2_BC=SUB_CHUNK.bit_length() - 1,
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
-    fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
-    op = {"KG": kg is not None} if plan.rec_form else {}
-    fwd_h[(N, HV, _cdiv(V, plan.block_v_h))](
-        kg if kg is not None else k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new,
+    kda_fwd_h_op_kernel[(N, HV, _cdiv(V, plan.block_v_h))](
+        kg, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new,
         ht if ht is not None else h,
         H, HV, HV // H, K, V,
         BV=plan.block_v_h, HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
-        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **cst)
+        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
     return kg
 
 
@@ -271,19 +264,12 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
         du = torch.empty((NT, HV, V), dtype=idt, device=dev)
         dht_c = dht.contiguous() if dht is not None else None
-        bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
-        op = {"KG": kg is not None} if plan.rec_form else {}
-        dh_cst = cst
-        if plan.dh_split and not plan.rec_form:  # dS in two halves of the key channels
-            bwd_dh = kda_bwd_dh_split_kernel
-            dh_cst = {n: x for n, x in cst.items() if n != "BK"}
-            dh_cst["BKH"] = plan.block_k // 2
-        bwd_dh[(N, HV, _cdiv(V, plan.block_v_h))](
-            q, kg if kg is not None else k, w, g_cs, aqk, do, tabs[3], tabs[2],
+        kda_bwd_dh_op_kernel[(N, HV, _cdiv(V, plan.block_v_h))](
+            q, kg, w, g_cs, aqk, do, tabs[3], tabs[2],
             dht_c if dht_c is not None else dh, dh, du, dh0 if dh0 is not None else dh,
             scale, H, HV, HV // H, K, V,
             BV=plan.block_v_h, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=plan.num_warps_dh, num_stages=plan.num_stages_dh, **op, **dh_cst)
+            num_warps=plan.num_warps_dh, num_stages=plan.num_stages_dh, **cst)
         # diag_load = 2 / bwd_split: fp32 copies of each chunk's dA and gated dAqk (FLA keeps
         # the same two [T, 64] matrices), read back by the same program / the split kernel
         split = bool(plan.bwd_split)

@@ -96,27 +96,6 @@ class KDADetPlan(Plan):
         num_warps_pairs: warps of the ``fwd_split`` pairs kernel (the forward's, and the
             backward's recompute of Aqk); ``num_warps_intra`` keeps the other sub-chunk
             kernels (4 in the rule, as before the field existed).
-        rec_form: form of the two state-recurrence kernels (the forward's state kernel,
-            also run by the backward's recompute, and the backward's dS kernel). 0 =
-            ``kda_fwd_h_kernel`` / ``kda_bwd_dh_kernel`` (the rule's until session 20).
-            1 = FLA's
-            operand form (kernels/rec_op.py): block pointers over the sequence's rows, the
-            transposed operands (k exp(G_last - G) in the forward, scale q exp(G) and w in
-            the backward) formed from ``[K, 64]`` tiles loaded transposed, so no register
-            transpose; the forward's state update takes v_new before its rounding to the
-            stored dtype. Same grid, order and products; other bits where that rounding or
-            the compiled dot order differ (fixed per plan). 2 = as 1, with kg = k
-            exp(G_last - G) formed once by the chunk prep and stored in the intermediates'
-            dtype (a ``[B * T, HV, K]`` scratch of each call, like w; the backward's
-            recompute forms it again): the forward state kernel loads kg^T by block pointer
-            straight into the dot and the dS kernel loads it as its decayed k (no ``[64, K]``
-            G tile, no exp tile per step there); kg rounded to the stored dtype: other bits
-            than 0 / 1 with 16-bit intermediates (on an H200 at the benchmark's cases a, b
-            and c the same bits as 0, session 20). 2 is the rule's choice since session 20
-            (with format 9's own shapes for the state kernels, below: the forward state
-            kernel 280 -> 158 us and the dS kernel 402 -> 311 us at case a, against a prep
-            257 -> 315 us; session 15 timed 1 and 2 with the old shapes and found no gain):
-            docs/benchmarks/kda.md, kda_fwd_plan.md.
         bwd_diag: how the backward's sub-chunk kernel (``bwd_split = 1``; unused without it)
             forms the terms of dq, dk, dg and dbeta between tokens of the same 16-token
             sub-chunk. 0 = 16 loaded partner steps per key block inside
@@ -126,13 +105,6 @@ class KDADetPlan(Plan):
             once) adds them to the rows the sub-chunk kernel stored. Same math, other bits
             than 0 (fixed per plan). The rule's choice since session 17: on an H200 the
             backward at case a 6.37 -> 4.73 ms, forward+backward 7.79 -> 6.22 ms.
-        dh_split: the backward's dS recurrence (used only with ``rec_form = 0``). 0 =
-            ``kda_bwd_dh_kernel``, dS one ``[block_k, block_v_h]`` tile.
-            1 = ``kda_bwd_dh_split_kernel``: dS as two ``[block_k / 2, block_v_h]`` halves,
-            k, q, w and G loaded per half (FLA's 64-row slices), fewer fp32 tiles live in
-            the serial loop; needs ``block_k >= 32``. Same recurrence; other bits than 0
-            (du summed over the halves in two dots). Right on an H200 but 6% slower
-            (session 17).
         inv_blocked: how the forward's chunk prep (or ``kda_fwd_inv_kernel`` with
             ``inv_kernel = 1``; unused with 2) inverts ``I + A`` (64 x 64, unit lower
             triangular; the backward loads the kept T when ``keep_a``). 0 =
@@ -159,8 +131,8 @@ class KDADetPlan(Plan):
             cases a-c did not depend on it, session 20; under the interpreter they can, its
             matmul's summation order following the tile shape).
         num_warps_dh / num_stages_dh: warps and software-pipelining stages of the backward
-            dS kernel. Format 9 split these three from ``block_v``, ``num_warps_h`` and
-            ``num_stages_h`` (session 20, H200, case a with ``rec_form = 2``: the forward
+            dS kernel, apart from ``block_v``, ``num_warps_h`` and
+            ``num_stages_h`` (session 20, H200, case a: the forward
             state kernel 195 -> 179 us with 4 warps where the dS kernel went 312 -> 419; the
             output kernel 203 -> 164 us with 128 columns where the state kernels slowed).
         inv_kernel: where the forward (and a backward that recomputes T, ``keep_a = 0``)
@@ -217,9 +189,7 @@ class KDADetPlan(Plan):
     num_warps_intra: int
     pairs_diag: int
     num_warps_pairs: int
-    rec_form: int
     bwd_diag: int
-    dh_split: int
     inv_blocked: int
     keep_aqk: int
     block_v_h: int
@@ -251,7 +221,7 @@ class KDADetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
         self.require_flags("store_16bit", "keep_a", "bwd_split", "fwd_split", "bwd_diag",
-                           "dh_split", "inv_blocked", "keep_aqk")
+                           "inv_blocked", "keep_aqk")
         if self.keep_aqk and not (self.keep_a and self.fwd_split):
             self._fail("keep_aqk=1 needs keep_a=1 and fwd_split=1 (Aqk kept beside T, formed "
                        "by the pairs kernels)")
@@ -259,13 +229,10 @@ class KDADetPlan(Plan):
         self.require_power_of_two("tok_heads", "tok_heads_bwd")
         self.require_in_range("tok_heads", 1, 64)
         self.require_in_range("tok_heads_bwd", 1, 64)
-        if self.dh_split and self.block_k < 32:
-            self._fail("dh_split=1 needs block_k >= 32 (two halves of >= 16 key channels)")
         self.require_in_range("pairs_diag", 0, 2)
         self.require_in_range("diag_load", 0, 2)
         self.require_in_range("num_stages_h", 1, 4)
         self.require_in_range("num_stages_dh", 1, 4)
-        self.require_in_range("rec_form", 0, 2)
         if self.store_16bit and (self.block_k < 32 or _bvf(self.head_v_dim) < 32
                                  or min(self.block_v, self.block_v_h) < 32):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32, block_v_h >= 32 "
@@ -306,9 +273,9 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
         return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 64 need "
                 "num_stages_h=1, num_stages_dh=1 and block_k_inner<=32 (larger fp32 tiles "
                 "overflow the 227 KiB of shared memory)")
-    if plan.rec_form and plan.block_k >= 128 and plan.block_v_h >= 64 and plan.num_stages_dh > 2:
-        return ("on CUDA rec_form=1/2 at K > 64 with block_v_h >= 64 needs num_stages_dh <= 2 "
-                "(the dS kernel asked for 256 KiB of shared memory with 3 stages, rec_form=2, "
+    if plan.block_k >= 128 and plan.block_v_h >= 64 and plan.num_stages_dh > 2:
+        return ("on CUDA K > 64 with block_v_h >= 64 needs num_stages_dh <= 2 "
+                "(the dS kernel asked for 256 KiB of shared memory with 3 stages, "
                 "16-bit intermediates, on an H200, Triton 3.6: more than its 227 KiB)")
     if plan.block_k_inner > 32:
         return ("on CUDA block_k_inner must be <= 32 (64 made dk, dg and dbeta differ from "
@@ -325,15 +292,6 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
     if plan.block_v_bwd > 32 and not (plan.block_v_bwd == 64 and _bvf(plan.head_v_dim) == 64):
         return ("on CUDA block_v_bwd > 32 only as 64 with V <= 64 (64 with V = 128 gave wrong "
                 "dk / dg, 128 failed to run, on an H200, Triton 3.6)")
-    if (fp32_inter and plan.rec_form == 0 and not plan.dh_split and plan.fp32_dots == 2
-            and plan.block_k == 64):
-        return ("on CUDA rec_form=0 (without dh_split) with fp32 intermediates and "
-                "fp32_dots=2 needs K <= 32 or K > 64 (kda_bwd_dh_kernel gave "
-                "dinitial_state ~100% off the float64 reference, different call to call, "
-                "at K = 48 and 64 with V = 40 or 100 and an empty document among packed "
-                "ones, on an H200, Triton 3.6; rec_form 1 and 2, dh_split=1 and "
-                "fp32_dots=1 were right there, as is the interpreter): use rec_form=2 (the "
-                "rule)")
     if plan.store_16bit and dtype != torch.float32 and plan.block_k < 64:
         return ("on CUDA 16-bit intermediates need K > 32 (store_16bit=1 at K = 32 gave a wrong "
                 "o and final state with num_warps_prep=4, and wrong dk / dg at V >= 64 with "
@@ -373,11 +331,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``pairs_diag = 2`` (the diagonal blocks token-parallel: forward at case a 2.27 -> ~1.9
     ms on an H200, session 16; every ``plan_configs.py`` configuration with it matched
     float64) and ``num_warps_pairs = 4`` (docs/benchmarks/kda_fwd_plan.md);
-    ``rec_form = 2`` (the state kernels in FLA's operand form with kg stored by the prep:
-    on an H200, session 20, the same bits as 0 at the benchmark's cases a, b and c, every
-    ``plan_configs.py`` configuration with it matched float64, and the forward state kernel
-    279 -> 196 us, the dS kernel 399 -> 312 us at case a for a prep 257 -> 316 us; 0 also
-    hit a compiler fault with fp32 intermediates, see :func:`cuda_plan_problem`); the state
+    the state
     kernels' ``block_v_h = min(64, V rounded up)`` on CUDA, the output kernel's ``block_v =
     min(128, V rounded up)`` with 16-bit intermediates (else 64: at case a 203 -> 164 us);
     the forward state kernel 4 warps and 3 stages with 16-bit intermediates (179 -> 158
@@ -389,7 +343,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     ``bwd_diag = 1`` (the backward's in-sub-chunk terms token-parallel: forward+backward
     at case a 7.79 -> 6.22 ms, case b 15.32 -> 11.99 ms on an H200, session 17; every
     ``plan_configs.py`` configuration with it matched float64 there);
-    ``dh_split = 0`` (1 was right on an H200 but 6% slower, session 17); ``inv_blocked = 1``
+    ``inv_blocked = 1``
     (the prep's inverse with its 16 x 16 diagonal blocks inverted apart: the prep kernel
     481 -> 392 us per forward at case a on an H200, the same bits as 0 at cases a and b,
     every ``plan_configs.py`` configuration with it matched float64 there, session 18);
@@ -477,9 +431,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_intra=4,
         pairs_diag=2,
         num_warps_pairs=4,
-        rec_form=2,
         bwd_diag=1,
-        dh_split=0,
         inv_blocked=1,
         keep_aqk=1,
         block_v_h=block_v_h,

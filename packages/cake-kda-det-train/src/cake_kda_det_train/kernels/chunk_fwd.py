@@ -17,8 +17,9 @@ backward, or with ``plan.inv_kernel`` the T that ``kda_fwd_inv_kernel`` just for
 the pairs kernels' raw k k^T), w, u and Aqk,
 taking the key channels in blocks of ``BKI`` (the pair products summed over the blocks in
 index order; small blocks keep registers and shared memory bounded at K = 128);
-with ``plan.rec_form = 2`` it also stores kg = k exp(G_last - G) (kernels/rec_op.py);
-``kda_fwd_h_kernel`` (per sequence, value head and V block) runs the state recurrence
+and kg = k exp(G_last - G) for the state kernels;
+``kda_fwd_h_op_kernel`` (kernels/rec_op.py; per sequence, value head and V block) runs the
+state recurrence
 over the sequence's chunks in order, storing each chunk's S0 and v_new; ``kda_fwd_o_kernel``
 (per chunk, value head, V block) the output. No atomics: every program writes only its own
 rows and columns.
@@ -75,7 +76,7 @@ def kda_fwd_prep_kernel(
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
     CUMSUM: tl.constexpr, DIAG_LOAD: tl.constexpr, PAIRS: tl.constexpr,
-    STORE_KG: tl.constexpr, INV_BLOCKED: tl.constexpr = False, LOG2_BC: tl.constexpr = 4,
+    INV_BLOCKED: tl.constexpr = False, LOG2_BC: tl.constexpr = 4,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -149,10 +150,10 @@ def kda_fwd_prep_kernel(
         w = tl.zeros([BT, BKI], dtype=tl.float32)
         w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
         tl.store(W + g_off, w.to(W.dtype.element_ty), mask=kmask)
-        if STORE_KG:  # plan.rec_form = 2: kg = k exp(G_last - G) for the state kernels
-            gl = tl.sum(tl.where((tok == end - 1)[:, None], gc, 0.0), axis=0)
-            kg = tl.where(kmask, kb * tl.exp(tl.where(kmask, gl[None, :] - gc, 0.0)), 0.0)
-            tl.store(KG + g_off, kg.to(KG.dtype.element_ty), mask=kmask)
+        # kg = k exp(G_last - G) for the state kernels (kernels/rec_op.py)
+        gl = tl.sum(tl.where((tok == end - 1)[:, None], gc, 0.0), axis=0)
+        kg = tl.where(kmask, kb * tl.exp(tl.where(kmask, gl[None, :] - gc, 0.0)), 0.0)
+        tl.store(KG + g_off, kg.to(KG.dtype.element_ty), mask=kmask)
 
 
 @triton.jit
@@ -257,58 +258,6 @@ def kda_fwd_inv_kernel(
         _inv_store(Ap, t31, start, end, hv, HV, 3, 1, BT, BC)
         _inv_store(Ap, t32, start, end, hv, HV, 3, 2, BT, BC)
         _inv_store(Ap, t33, start, end, hv, HV, 3, 3, BT, BC)
-
-
-@triton.jit
-def kda_fwd_h_kernel(
-    Kp, W, U, GCUM, CU, CHUNK_OFF, H0, HBUF, VNEW, HT,
-    H, HV, GROUP, KD, VD,
-    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
-):
-    n = tl.program_id(0)
-    hv = tl.program_id(1)
-    vb = tl.program_id(2)
-    hk = hv // GROUP
-    bos = tl.load(CU + n).to(tl.int64)
-    eos = tl.load(CU + n + 1).to(tl.int64)
-    c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
-    nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
-    rows = tl.arange(0, BT)
-    ck = tl.arange(0, BK)
-    cv = vb * BV + tl.arange(0, BV)
-    hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
-    s_off = ck[:, None] * VD + cv[None, :]
-    if HAS_H0:
-        h = tl.load(H0 + (n * HV + hv) * KD * VD + s_off, mask=hmask, other=0.0)
-    else:
-        h = tl.zeros([BK, BV], dtype=tl.float32)
-    for i in range(nch):
-        start = bos + i * BT
-        tok = start + rows
-        tmask = tok < eos
-        kmask = tmask[:, None] & (ck < KD)[None, :]
-        vmask = tmask[:, None] & (cv < VD)[None, :]
-        tl.store(HBUF + ((c0 + i) * HV + hv) * KD * VD + s_off, h.to(HBUF.dtype.element_ty),
-                 mask=hmask)
-        kv_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-        w = tl.load(W + kv_off, mask=kmask, other=0.0)
-        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
-        u = tl.load(U + u_off, mask=vmask, other=0.0).to(tl.float32)
-        wh = tl.zeros([BT, BV], dtype=tl.float32)
-        wh = tl.dot(w.to(DT), h.to(DT), wh, input_precision=PREC)
-        vnew = (u - wh).to(VNEW.dtype.element_ty)
-        tl.store(VNEW + u_off, vnew, mask=vmask)
-        last = tl.minimum(start + BT, eos) - 1
-        glast = tl.load(GCUM + last * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
-        gc = tl.load(GCUM + kv_off, mask=kmask, other=0.0)
-        kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
-                     other=0.0).to(tl.float32)
-        kd = tl.where(kmask, kb * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
-        h = h * tl.exp(glast)[:, None]
-        h = tl.dot(tl.trans(kd.to(DT)), vnew.to(DT), h, input_precision=PREC)
-    if STORE_FINAL:
-        tl.store(HT + (n * HV + hv) * KD * VD + s_off, h, mask=hmask)
 
 
 @triton.jit
