@@ -42,8 +42,7 @@ spec = importlib.util.spec_from_file_location(
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
 plan_mod = importlib.import_module(f"{PKG}.plan")
-#: KDA's plan_variant keeps keep_aqk consistent with keep_a / fwd_split overrides
-variant = getattr(plan_mod, "plan_variant", dataclasses.replace)
+variant = dataclasses.replace
 
 
 #: the shape arguments a ``ce=`` variant makes compile-time

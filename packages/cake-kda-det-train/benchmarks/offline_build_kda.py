@@ -7,8 +7,7 @@ loads and stores, barriers, tensor-core ops, global loads, MUFU = exp).
 Uses Triton's own compiler and its bundled ptxas / cuobjdump (target sm_90, CUDA 12-ish
 PTX), the default CUDA plan of ``make_plan(K, V, bf16, "cuda")`` (built without a device:
 the rule is plain Python) with ``--plan`` overrides, and compiles each chunk kernel of the
-forward prep and the backward chunk step for the plan's ``diag_load`` / ``bwd_split``, and
-the two state kernels.
+forward and the backward.
 Static counts, not timings: a guide to where a candidate removes work, to be confirmed on
 the GPU. Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the
 interpreter); no GPU is used.
@@ -82,6 +81,7 @@ def main():
     )
     from cake_kda_det_train.kernels.chunk_fwd import (
         kda_chunk_cumsum_kernel,
+        kda_fwd_inv_kernel,
         kda_fwd_o_kernel,
         kda_fwd_pairs_kernel,
         kda_fwd_pairs_tok_kernel,
@@ -104,40 +104,32 @@ def main():
     bvf = triton.next_power_of_2(max(16, a.V))
     ints = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     rows = []
-    prep_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "Gp": "*fp32",
-              "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "GCUM": "*fp32",
-              "Ap": "*bf16", "AQK": "*bf16", "W": "*bf16", "U": "*bf16", "AKKS": "*fp32",
-              "KG": "*bf16", "scale": "fp32"}
-    pairs = bool(plan.fwd_split)
-    if pairs:
-        c = dict(BT=64, BKI=plan.block_k_inner)
-        rows.append(("fwd cumsum (split)", plan.num_warps_intra,
-                     *build(kda_chunk_cumsum_kernel,
-                            {"Gp": "*fp32", "GCUM": "*fp32", "CHUNK_START": "*i32",
-                             "CHUNK_END": "*i32", "HV": "i32", "KD": "i32"}, c,
-                            plan.num_warps_intra)))
-    preps = ((False, True, "fwd prep"),) if a.fwd_only else \
-        ((False, True, "fwd prep"), (True, False, "bwd recompute prep"))
-    for load_a, cumsum, what in preps:
-        c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
-                 LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
-                 PAIRS=pairs, INV_BLOCKED=bool(plan.inv_blocked),
-                 LOG2_BC=4)
-        rows.append((what, plan.num_warps_prep,
-                     *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
-        if pairs:
-            pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
-            pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
-                       "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
-            c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
-                     WANT_AKK=not load_a, DIAG=plan.pairs_diag)
-            rows.append((what.replace("prep", "pairs"), plan.num_warps_pairs,
-                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
-            if plan.pairs_diag == 2:
-                c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)),
-                         BH=plan.tok_heads, WANT_AKK=not load_a)
-                rows.append((what.replace("prep", "pairs tok"), plan.num_warps_tok,
-                             *build(kda_fwd_pairs_tok_kernel, pt, c, plan.num_warps_tok)))
+    prep_t = {**ints, "Kp": "*bf16", "Vp": "*bf16", "GCUM": "*fp32", "BETA": "*fp32",
+              "CHUNK_START": "*i32", "CHUNK_END": "*i32", "Ap": "*bf16", "W": "*bf16",
+              "U": "*bf16", "KG": "*bf16"}
+    c = dict(BT=64, BKI=plan.block_k_inner)
+    rows.append(("fwd cumsum", plan.num_warps_intra,
+                 *build(kda_chunk_cumsum_kernel,
+                        {"Gp": "*fp32", "GCUM": "*fp32", "CHUNK_START": "*i32",
+                         "CHUNK_END": "*i32", "HV": "i32", "KD": "i32"}, c,
+                        plan.num_warps_intra)))
+    pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+    pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
+               "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
+    c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
+    rows.append(("fwd pairs", plan.num_warps_pairs,
+                 *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
+    c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads)
+    rows.append(("fwd pairs tok", plan.num_warps_tok,
+                 *build(kda_fwd_pairs_tok_kernel, pt, c, plan.num_warps_tok)))
+    it_t = {"AKKS": "*fp32", "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32",
+            "Ap": "*bf16", "HV": "i32"}
+    rows.append(("fwd inverse", plan.num_warps_inv,
+                 *build(kda_fwd_inv_kernel, it_t, dict(PREC=prec, BT=64, BC=16, LOG2_BC=4),
+                        plan.num_warps_inv)))
+    c = dict(DT=dt, PREC=prec, BT=64, BKI=plan.block_k_inner, BVF=bvf)
+    rows.append(("prep (w, u, kg)", plan.num_warps_prep,
+                 *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
     bk = triton.next_power_of_2(max(16, a.K))
     hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
     # the state kernels' V block is block_v_h (format 9), the output kernel's block_v
@@ -171,24 +163,20 @@ def main():
              "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32", "DG": "*fp32", "DBETA": "*fp32",
              "PS": "*fp32", "scale": "fp32"}
     c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
-             NV=-(-a.V // plan.block_v_bwd), DIAG_LOAD=plan.diag_load,
-             P_LOAD=plan.diag_load == 2, SPLIT=bool(plan.bwd_split))
+             NV=-(-a.V // plan.block_v_bwd))
     rows.append(("bwd chunk (local)", plan.num_warps_bwd,
                  *build(kda_bwd_local_kernel, loc_t, c, plan.num_warps_bwd)))
-    if plan.bwd_split:
-        it = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
-        it.update({"Qp": "*bf16", "Kp": "*bf16", "BETA": "*fp32", "GCUM": "*fp32",
-                   "PS": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "DQ": "*fp32",
-                   "DK": "*fp32", "DG": "*fp32", "DBETA": "*fp32"})
-        c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
-                 TOK_DIAG=bool(plan.bwd_diag))
-        rows.append(("bwd intra (split)", plan.num_warps_intra,
-                     *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
-        if plan.bwd_diag:
-            c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads_bwd)
-            it = dict(it, DQO="*bf16", DKO="*bf16")  # one value head per q/k head
-            rows.append(("bwd intra tok", plan.num_warps_tok_bwd,
-                         *build(kda_bwd_intra_tok_kernel, it, c, plan.num_warps_tok_bwd)))
+    it = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+    it.update({"Qp": "*bf16", "Kp": "*bf16", "BETA": "*fp32", "GCUM": "*fp32",
+               "PS": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "DQ": "*fp32",
+               "DK": "*fp32", "DG": "*fp32", "DBETA": "*fp32"})
+    c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
+    rows.append(("bwd intra", plan.num_warps_intra,
+                 *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
+    c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads_bwd)
+    it = dict(it, DQO="*bf16", DKO="*bf16")  # one value head per q/k head
+    rows.append(("bwd intra tok", plan.num_warps_tok_bwd,
+                 *build(kda_bwd_intra_tok_kernel, it, c, plan.num_warps_tok_bwd)))
     _report(over, rows)
 
 

@@ -77,7 +77,7 @@ def test_saved_set_contents(kda):
     assert saved.use_gate_in_kernel and saved.lower_bound == -2.0
     assert saved.use_beta_sigmoid_in_kernel and saved.allow_neg_eigval
     assert saved.cu_seqlens.tolist() == [0, 70] and saved.cu_host.tolist() == [0, 70]
-    # T and Aqk stacked (the rule's keep_aqk = 1)
+    # T and Aqk stacked
     assert saved.A.shape == (2, 70, 2, 64) and saved.g_cumsum.shape == (70, 2, 16)
     assert saved.g_cumsum.dtype == torch.float32
     assert saved.q_rstd.shape == (1, 70, 1) and saved.k_rstd.dtype == torch.float32

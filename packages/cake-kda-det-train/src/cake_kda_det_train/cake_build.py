@@ -39,8 +39,6 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_intra_tok_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_bwd", "function": "kda_bwd_dg_cumsum_kernel"},
-    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_g"},
-    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_chunk_t"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_prep_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
@@ -52,15 +50,6 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "_row_at"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "_partner"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "gated_pair"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "row_apply"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "_partner_load"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "gated_pair_ld"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "row_apply_ld"},
-    {"module": "cake_kda_det_train.kernels.gated", "function": "col_apply_ld"},
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_fwd_h_op_kernel"},
     {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
@@ -68,15 +57,13 @@ PLANS = [
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
      "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
                 "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
-                "num_stages_h", "keep_a", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
-                "num_warps_gate", "fp32_dots", "store_16bit", "diag_load", "bwd_split",
-                "fwd_split", "num_warps_intra", "pairs_diag", "num_warps_pairs", "bwd_diag",
-                "inv_blocked", "keep_aqk", "block_v_h", "num_warps_dh", "num_stages_dh",
-                "inv_kernel", "num_warps_inv", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd"]},
+                "num_stages_h", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
+                "num_warps_gate", "fp32_dots", "store_16bit", "num_warps_intra", "num_warps_pairs",
+                "block_v_h", "num_warps_dh", "num_stages_dh", "num_warps_inv", "tok_heads",
+                "num_warps_tok", "tok_heads_bwd", "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3265d6e1d8caf6d755f803c85f12a37d8f00cc6156cf9b24235a830a2f54205d"
+SOURCE_DIGEST = "sha256:1d91ff80d3c1834d07fd3fe0c74a0c892d8f159f84bfa2aa1f3e1cab62673306"
 # --- end of generated block ---
 
 MANIFEST = {
