@@ -95,8 +95,7 @@ CONFIGS = {
                       "64 64 float32 tok_heads=1 tok_heads_bwd=8 num_warps_tok_bwd=2",
                       "128 128 bfloat16 tok_heads=8 num_warps_tok=4 tok_heads_bwd=2 "
                       "num_warps_tok_bwd=1",
-                      # the inverse kernel's warps; chunks cut inside each 16-row block
-                      "128 128 bfloat16 num_warps_inv=1", "128 128 bfloat16 num_warps_inv=4",
+                      # chunks cut inside each 16-row block
                       "64 64 bfloat16 lens=1,81,33,49", "128 128 bfloat16 lens=1,81,33,49",
                       "128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
@@ -108,11 +107,7 @@ CONFIGS = {
                       "64 64 bfloat16 block_k_inner=16 block_v=32",
                       "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16", "128 128 float32",
                       "128 64 float32", "128 128 bfloat16 block_k_inner=32",
-                      "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16",
-                      # the sub-chunk kernels' warps
-                      "128 128 bfloat16 num_warps_intra=2",
-                      "128 128 bfloat16 num_warps_intra=8",
-                      "128 128 bfloat16 num_warps_pairs=8"],
+                      "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16"],
 }
 
 

@@ -108,25 +108,25 @@ def main():
               "CHUNK_START": "*i32", "CHUNK_END": "*i32", "Ap": "*bf16", "W": "*bf16",
               "U": "*bf16", "KG": "*bf16"}
     c = dict(BT=64, BKI=plan.block_k_inner)
-    rows.append(("fwd cumsum", plan.num_warps_intra,
+    rows.append(("fwd cumsum", 4,
                  *build(kda_chunk_cumsum_kernel,
                         {"Gp": "*fp32", "GCUM": "*fp32", "CHUNK_START": "*i32",
                          "CHUNK_END": "*i32", "HV": "i32", "KD": "i32"}, c,
-                        plan.num_warps_intra)))
+                        4)))
     pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
     pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
                "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
     c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
-    rows.append(("fwd pairs", plan.num_warps_pairs,
-                 *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
+    rows.append(("fwd pairs", 4,
+                 *build(kda_fwd_pairs_kernel, pt, c, 4)))
     c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads)
     rows.append(("fwd pairs tok", plan.num_warps_tok,
                  *build(kda_fwd_pairs_tok_kernel, pt, c, plan.num_warps_tok)))
     it_t = {"AKKS": "*fp32", "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32",
             "Ap": "*bf16", "HV": "i32"}
-    rows.append(("fwd inverse", plan.num_warps_inv,
+    rows.append(("fwd inverse", 2,
                  *build(kda_fwd_inv_kernel, it_t, dict(PREC=prec, BT=64, BC=16, LOG2_BC=4),
-                        plan.num_warps_inv)))
+                        2)))
     c = dict(DT=dt, PREC=prec, BT=64, BKI=plan.block_k_inner, BVF=bvf)
     rows.append(("prep (w, u, kg)", plan.num_warps_prep,
                  *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
@@ -171,8 +171,8 @@ def main():
                "PS": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "DQ": "*fp32",
                "DK": "*fp32", "DG": "*fp32", "DBETA": "*fp32"})
     c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
-    rows.append(("bwd intra", plan.num_warps_intra,
-                 *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
+    rows.append(("bwd intra", 4,
+                 *build(kda_bwd_intra_kernel, it, c, 4)))
     c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads_bwd)
     it = dict(it, DQO="*bf16", DKO="*bf16")  # one value head per q/k head
     rows.append(("bwd intra tok", plan.num_warps_tok_bwd,

@@ -119,3 +119,8 @@ def test_plan_format_1_only():
         for v in (0, 2, 11):
             with pytest.raises(ValueError, match=f"format version {v} is not 1$"):
                 KDADetPlan.from_dict({**d, "version": v})
+        # fields removed in issue 42 (every rule output had one value) are refused by name
+        for name, x in (("chunk_size", 64), ("keep_a", 1), ("rec_form", 2),
+                        ("num_warps_intra", 4), ("inv_kernel", 2)):
+            with pytest.raises(ValueError, match=f"unknown KDADetPlan fields .*{name}"):
+                KDADetPlan.from_dict({**d, name: x})

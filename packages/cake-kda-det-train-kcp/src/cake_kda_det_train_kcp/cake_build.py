@@ -36,12 +36,11 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = [
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
-     "fields": ["head_k_dim", "head_v_dim", "chunk_size", "block_k", "block_k_inner", "block_v",
-                "block_v_bwd", "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
-                "num_stages_h", "l2norm_block_rows", "num_warps_l2norm", "gate_block_t",
-                "num_warps_gate", "fp32_dots", "store_16bit", "num_warps_intra", "num_warps_pairs",
-                "block_v_h", "num_warps_dh", "num_stages_dh", "num_warps_inv", "tok_heads",
-                "num_warps_tok", "tok_heads_bwd", "num_warps_tok_bwd"]},
+     "fields": ["head_k_dim", "head_v_dim", "block_k", "block_k_inner", "block_v", "block_v_bwd",
+                "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
+                "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
+                "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
+                "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {

@@ -93,7 +93,7 @@ def _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsu
         akks = torch.empty((B * T, HV, CHUNK_SIZE), dtype=torch.float32, device=q.device)
         kda_fwd_pairs_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
             q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
-            BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=plan.num_warps_pairs, DT=cst["DT"],
+            BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=4, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
         kda_fwd_pairs_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads))](
             q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
@@ -101,7 +101,7 @@ def _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsu
             BH=plan.tok_heads, num_warps=plan.num_warps_tok)
         kda_fwd_inv_kernel[(NC, HV)](
             akks, beta, starts, ends, A, HV, PREC=cst["PREC"], BT=CHUNK_SIZE, BC=SUB_CHUNK,
-            LOG2_BC=SUB_CHUNK.bit_length() - 1, num_warps=plan.num_warps_inv)
+            LOG2_BC=SUB_CHUNK.bit_length() - 1, num_warps=2)
     kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device)
     kda_fwd_prep_kernel[(NC, HV)](
         k, v, g_cumsum, beta, starts, ends, A, w, u, kg, H, HV, HV // H, K, V,
@@ -148,7 +148,7 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     if NC:  # G first: the GPU starts before the host's other allocations
         kda_chunk_cumsum_kernel[(NC, HV)](
             g, g_cumsum, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
-            num_warps=plan.num_warps_intra)
+            num_warps=4)
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     # T and Aqk stacked, both returned for the backward
     A = torch.empty(kept_a_shape(NT, HV), dtype=idt, device=dev)
@@ -265,7 +265,7 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
         kda_bwd_intra_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
             q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
             H, HV, HV // H, K,
-            BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=plan.num_warps_intra,
+            BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=4,
             DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
         kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads_bwd))](
             q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
@@ -274,7 +274,7 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             num_warps=plan.num_warps_tok_bwd)
         kda_bwd_dg_cumsum_kernel[(NC, HV)](
             dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
-            num_warps=plan.num_warps_intra)
+            num_warps=4)
     # the fixed-order sum over each q/k head's value heads, fused with the cast to grad_dtype
     if direct:  # stored by the token-parallel kernel (fp32 under the interpreter: cast here)
         dq = dq_out.view(B, T, H, K).to(grad_dtype)

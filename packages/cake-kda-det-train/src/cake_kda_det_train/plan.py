@@ -21,60 +21,67 @@ MAX_HEAD_DIM = 256
 
 @dataclasses.dataclass(frozen=True)
 class KDADetPlan(Plan):
-    """Execution plan of the det chunked Kimi Delta Attention kernels.
+    """Execution plan of the det chunked Kimi Delta Attention kernels (64-token chunks).
+
+    Bits are promised per plan. Each field, then the rule's value (:func:`make_plan`) and
+    why; V' is V rounded up to a power of two >= 16, "16-bit" means 16-bit intermediates
+    (``store_16bit`` with bf16 / fp16 inputs); the H200 timings and faults behind the CUDA
+    values are in docs/benchmarks/kda.md:
 
     Fields:
-        head_k_dim / head_v_dim: K and V, the q/k and v head dims.
-        chunk_size: tokens per chunk (64, the only value the kernels take).
-        block_k: K padded to a power of two >= 16 (the whole K per program of the
-            recurrence and output kernels).
-        block_k_inner: key channels per step of the chunk-prep and backward chunk kernels'
-            loops over K (power of two >= 16, <= block_k); their pair products and q/k
-            gradients are formed block by block, summed in index order (bits depend on it).
-        block_v: columns of V per program of the output kernel (power of two >= 16, <= V
-            rounded up); the state kernels take ``block_v_h`` (format 9; before it block_v
-            set both).
-        block_v_bwd: columns of V per step of the backward chunk kernel's loop over V (its
-            sums over V blocks run in index order, so bits depend on it).
-        num_warps_prep / num_warps_h / num_warps_o / num_warps_bwd: warps of the chunk
-            prep (cumulative decay, gated k k^T and q k^T, triangular solve, w and u), the
-            forward state recurrence (also run by the backward's recompute; the dS kernel
-            takes ``num_warps_dh``), the output kernel and the backward chunk kernel.
-        num_stages_h: software-pipelining stages of the forward state recurrence (the dS
-            kernel takes ``num_stages_dh``).
-        l2norm_block_rows / num_warps_l2norm: rows per program of the q/k L2 norm.
-        gate_block_t / num_warps_gate: tokens per program of the in-kernel gate and beta
-            sigmoid kernels; also the first stage of the fixed-order sums dA_log and
-            ddt_bias (one partial per block), so their bits depend on it.
-        fp32_dots: precision of dots with fp32 operands: 0 = "tf32", 1 = "ieee",
-            2 = "tf32x3". The interpreter always computes fp32.
-        store_16bit: 1 = with bf16/fp16 inputs the chunk intermediates (T, w, u, v_new, the
-            chunk states h, the backward's dh and dv_new) are stored in the inputs' dtype
-            and the big dots take 16-bit operands (fp32 accumulation), as FLA; 0 = fp32.
-            Needs block_k >= 32, block_v >= 32, block_v_h >= 32 and V > 16.
-        num_warps_intra: warps of the cumulative-decay kernel, the backward's sub-chunk kernel
-            and its dg cumsum kernel.
-        num_warps_pairs: warps of the forward's sub-chunk pairs kernel (also run by a
-            backward that recomputes T and Aqk).
-        block_v_h: columns of V per program of the two state kernels (the forward state
-            recurrence and the backward dS recurrence; power of two >= 16, <= V rounded up);
-            the recurrences never mix columns of V (on an H200 the bits at the benchmark's
-            cases a-c did not depend on it, session 20; under the interpreter they can, its
-            matmul's summation order following the tile shape).
-        num_warps_dh / num_stages_dh: warps and software-pipelining stages of the backward
-            dS kernel, apart from ``block_v``, ``num_warps_h`` and
-            ``num_stages_h`` (session 20, H200, case a: the forward
-            state kernel 195 -> 179 us with 4 warps where the dS kernel went 312 -> 419; the
-            output kernel 203 -> 164 us with 128 columns where the state kernels slowed).
-        num_warps_inv: warps of ``kda_fwd_inv_kernel`` (T = (I + A)^-1, FLA's ``solve_tril``
-            order).
+        head_k_dim / head_v_dim: K and V, the q/k and v head dims (1 to 256).
+        block_k: K padded to a power of two >= 16 (the recurrence and output kernels hold
+            the whole K per program).
+        block_k_inner: key channels per step of the loops over K of the chunk prep, the
+            pairs kernel and the backward chunk kernels (bits depend on it: their sums run
+            block by block in index order): min(block_k, 32) on CUDA (64 was not repeatable
+            on an H200 and does not fit shared memory with fp32 intermediates), min(block_k,
+            64) under the interpreter (fewer steps).
+        block_v: V columns per program of the output kernel: on CUDA min(128, V') at
+            16-bit (faster), else min(64, V'); V' under the interpreter.
+        block_v_bwd: V columns per step of the backward chunk kernel's loop over V (bits
+            depend on it): min(32, V') on CUDA (larger ones were wrong or failed on an
+            H200), V' under the interpreter.
+        block_v_h: V columns per program of the two state-recurrence kernels (they never
+            mix columns of V): min(64, V') on CUDA, V' under the interpreter.
+        num_warps_prep: warps of the chunk prep (w, u, kg): 8 on CUDA at K >= 32 with fp32
+            intermediates (4 were built wrongly at K = 32), else 4 (faster at 16-bit).
+        num_warps_h: warps of the forward state recurrence: 8 on CUDA for state tiles
+            ``block_k * block_v_h >= 8192`` with fp32 intermediates, else 4 (faster at
+            16-bit).
+        num_warps_o: warps of the output kernel: 8 on CUDA for ``block_k * block_v >=
+            8192``, else 4.
+        num_warps_bwd: warps of the backward chunk kernel: 2 on CUDA at block_k >= 64 (4
+            were wrong and 8 not repeatable under shared load on an H200), else 4.
+        num_stages_h: pipelining stages of the forward state recurrence: 3 at 16-bit
+            (faster), else 1 (shared memory with fp32 intermediates).
+        num_warps_dh / num_stages_dh: warps and stages of the backward dS recurrence: 8
+            warps on CUDA for ``block_k * block_v_h >= 8192`` (4 were slower), else 4; 2
+            stages at 16-bit (3 overflow shared memory at K = 128, 1 was slower), else 1.
+        l2norm_block_rows: rows per program of the q/k L2-norm kernel: 16 on CUDA, 256
+            under the interpreter (fewer programs).
+        gate_block_t: tokens per program of the in-kernel gate and beta-sigmoid kernels and
+            the first stage of the dA_log / ddt_bias sums (bits depend on it): ``4096 //
+            block_k`` on CUDA (16 to 128), 256 under the interpreter.
+        fp32_dots: precision of dots with fp32 operands, 0 = "tf32", 1 = "ieee", 2 =
+            "tf32x3": on CUDA 0 at 16-bit (only the solve is fp32 there), else 2 ("ieee"
+            spills); 1 under the interpreter (it computes fp32 anyway).
+        store_16bit: 1 = with bf16 / fp16 inputs the chunk intermediates (T, Aqk, w, u,
+            kg, v_new, the chunk states, dS and du) are stored, and the big dots fed, in
+            that dtype (as FLA: half the traffic): 1 at block_k >= 64 on CUDA (32 was wrong
+            on an H200) or >= 32 under the interpreter, with V > 16; else 0. Needs block_k,
+            block_v and block_v_h >= 32.
         tok_heads / num_warps_tok: value heads per program (a power of two, 1 to 64) and
-            warps of the forward's token-parallel kernel; format 11,
-            before it 4 and 4. The tile ``[tok_heads, K]`` and the warps set the order in
-            which each pair's sum over the K channels is reduced: other values can give
-            other bits (on an H200 at case b 2 / 1 did, 1 / 1 and 8 / 8 did not).
+            warps of the forward's token-parallel pairs kernel (bits depend on them: the
+            order of each pair's sum over K): 2 / 1 on CUDA (faster), 4 / 4 under the
+            interpreter (fewer programs).
         tok_heads_bwd / num_warps_tok_bwd: the same for the backward's token-parallel
-            kernel; its only reduction over K is dbeta's.
+            kernel (its only sum over K is dbeta's): 1 / 1 on CUDA, 4 / 4 interpreted.
+
+    The kernels not named here run with fixed launch constants (the cumulative decay, the
+    sub-chunk pairs and intra kernels and the q/k L2 norm and gate kernels 4 warps, the
+    inverse kernel 2). Limits found on an H200 (Triton 3.6) are checked by
+    :func:`cuda_plan_problem` when a plan runs on CUDA.
     """
 
     family: ClassVar[str] = "cake-kda-det-train"
@@ -82,7 +89,6 @@ class KDADetPlan(Plan):
 
     head_k_dim: int
     head_v_dim: int
-    chunk_size: int
     block_k: int
     block_k_inner: int
     block_v: int
@@ -93,17 +99,12 @@ class KDADetPlan(Plan):
     num_warps_bwd: int
     num_stages_h: int
     l2norm_block_rows: int
-    num_warps_l2norm: int
     gate_block_t: int
-    num_warps_gate: int
     fp32_dots: int
     store_16bit: int
-    num_warps_intra: int
-    num_warps_pairs: int
     block_v_h: int
     num_warps_dh: int
     num_stages_dh: int
-    num_warps_inv: int
     tok_heads: int
     num_warps_tok: int
     tok_heads_bwd: int
@@ -114,8 +115,6 @@ class KDADetPlan(Plan):
         self.require_int_fields()
         self.require_in_range("head_k_dim", 1, MAX_HEAD_DIM)
         self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
-        if self.chunk_size != CHUNK_SIZE:
-            self._fail(f"chunk_size must be {CHUNK_SIZE}, got {self.chunk_size}")
         self.require_power_of_two("block_k", "block_k_inner", "block_v", "block_v_bwd",
                                   "block_v_h", minimum=16)
         if self.block_k_inner > self.block_k:
@@ -138,9 +137,7 @@ class KDADetPlan(Plan):
             self._fail("store_16bit=1 needs block_k >= 32, block_v >= 32, block_v_h >= 32 "
                        "and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
-                           "num_warps_l2norm", "num_warps_gate", "num_warps_intra",
-                           "num_warps_pairs", "num_warps_dh", "num_warps_inv",
-                           "num_warps_tok", "num_warps_tok_bwd")
+                           "num_warps_dh", "num_warps_tok", "num_warps_tok_bwd")
         self.require_mode(Mode.DET)
 
     @property
@@ -220,6 +217,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 
 
 def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
+    """The rule's plan; each value's reason is in :class:`KDADetPlan`'s docstring."""
     cuda = device.type == "cuda"
     block_k = next_power_of_2(max(K, 16))
     block_v_full = _bvf(V)
@@ -227,39 +225,27 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
     # CUDA: 16-bit intermediates from K = 64 on (Triton 3.6 built K = 32 wrongly on an H200)
     store_16bit = int(block_k >= (64 if cuda else 32) and block_v_full >= 32)
     wide = dtype != torch.float32 and store_16bit
-    # the output kernel: up to 128 columns with 16-bit intermediates (session 20)
     block_v = min(128 if wide else 64, block_v_full) if cuda else block_v_full
     big_h = cuda and block_k * block_v_h >= 8192
     return KDADetPlan(
         head_k_dim=K,
         head_v_dim=V,
-        chunk_size=CHUNK_SIZE,
         block_k=block_k,
         block_k_inner=min(block_k, 32 if cuda else 64),
         block_v=block_v,
         block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
-        # the prep (T from its own kernel): 4 warps with 16-bit intermediates
         num_warps_prep=8 if cuda and block_k >= 32 and not wide else 4,
         num_warps_h=8 if big_h and not wide else 4,
         num_warps_o=8 if cuda and block_k * block_v >= 8192 else 4,
-        # 2 (no wgmma): the 8-warp build did not repeat under shared load (2026-12-03)
         num_warps_bwd=2 if cuda and block_k >= 64 else 4,
         num_stages_h=3 if wide else 1,
         l2norm_block_rows=16 if cuda else 256,
-        num_warps_l2norm=4,
         gate_block_t=min(128, max(16, 4096 // block_k)) if cuda else 256,
-        num_warps_gate=4,
         fp32_dots=(0 if wide else 2) if cuda else 1,
         store_16bit=store_16bit,
-        num_warps_intra=4,
-        num_warps_pairs=4,
         block_v_h=block_v_h,
         num_warps_dh=8 if big_h else 4,
         num_stages_dh=2 if wide else 1,
-        num_warps_inv=2,
-        # the token-parallel kernels on CUDA (H200, case b, session 29, compile-time shapes):
-        # forward 2 heads x 1 warp 435 us (4 x 4: 590, format 10's tile form 624; 8 x 4:
-        # 464), backward 1 x 1 1229 us (4 x 4: 1247)
         tok_heads=2 if cuda else 4,
         num_warps_tok=1 if cuda else 4,
         tok_heads_bwd=1 if cuda else 4,
