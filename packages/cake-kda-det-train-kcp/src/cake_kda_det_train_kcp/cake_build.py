@@ -65,7 +65,6 @@ REUSED_KERNELS = {
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
-        {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     ],
 }
 SOURCE_DIGEST = "sha256:e567df3a3ff4c2e6c7dad26ec8ebb477a74a8999b4df176cdd49a7e735272f09"

@@ -22,11 +22,10 @@ FAMILY = {
 #: kernels of other cake packages this package launches or calls (kept by hand)
 SHARED_KERNELS = [
     # the q/k L2 norm, the fixed-order dA_log / ddt_bias sum and the unit lower triangular
-    # inverse the forward prep calls (whole tile, or blocks first with plan.inv_blocked)
+    # inverse of the 16 x 16 diagonal blocks (kda_fwd_inv_kernel)
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
-    {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
 ]
 
 #: modules of other packages whose code fixes the bits, beyond the kernels listed here and
