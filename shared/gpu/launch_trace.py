@@ -59,7 +59,7 @@ def trace(package: str):
     value for ints: ``torch.utils.deterministic.fill_uninitialized_memory`` under
     ``torch.use_deterministic_algorithms(True, warn_only=True)``, both restored after): a
     buffer that one launch fills only in part and a later launch completes (KDA's pair
-    products with ``pairs_diag = 2``) then hashes the same in two calls, and a read of
+    products, by its sub-chunk and token-parallel kernels) then hashes the same in two calls, and a read of
     never-written memory shows as NaN."""
     det = (torch.are_deterministic_algorithms_enabled(),
            torch.is_deterministic_algorithms_warn_only_enabled())

@@ -34,10 +34,9 @@ _COMMON = [
     "128 128 bfloat16 fp32_dots=0", "128 128 bfloat16 store_16bit=0",
     "64 64 float32 fp32_dots=0", "128 128 bfloat16 num_stages_h=1",
 ]
-#: fields KDA's plan has and GDN's no longer (GDN keeps T always, its prep runs 4 warps)
+#: fields KDA's plan has and GDN's no longer (GDN's prep runs 4 warps)
 _KDA_ONLY = [
     "128 128 bfloat16 num_warps_prep=4", "128 128 bfloat16 num_warps_prep=8",
-    "128 128 bfloat16 keep_a=0",
 ]
 CONFIGS = {
     # block_v sets the output kernels' width, block_v_h the state kernels'; the
@@ -91,24 +90,13 @@ CONFIGS = {
                       "128 100 bfloat16 block_v_h=32 num_warps_h=4 lens=1,70,0,65",
                       "128 64 float16 block_v_h=32 num_warps_h=4"],
     "kda": _COMMON + _KDA_ONLY + [
-                      # format 11: the token-parallel kernels' head blocks (HV = 2 here, so
-                      # 4 and 8 overhang); the last was right on an H200 (session 29), the
-                      # others not yet run on a GPU
-                      "128 128 bfloat16 tok_heads=4 num_warps_tok=4 tok_heads_bwd=4 "
-                      "num_warps_tok_bwd=4 keep_aqk=0 lens=1,70,0,65",
+                      # the token-parallel kernels' head blocks (HV = 2 here, so
+                      # 4 and 8 overhang); not yet run on a GPU
                       "64 64 float32 tok_heads=1 tok_heads_bwd=8 num_warps_tok_bwd=2",
                       "128 128 bfloat16 tok_heads=8 num_warps_tok=4 tok_heads_bwd=2 "
                       "num_warps_tok_bwd=1",
-                      # format 10 (session 21, H200: all right): inv_kernel = 2 is the rule
-                      # (every configuration runs it); 1, its warps, chunks cut inside each
-                      # 16-row block (1/81/33/49), T recomputed
-                      "128 128 bfloat16 inv_kernel=1", "128 128 bfloat16 num_warps_inv=1",
-                      "128 128 bfloat16 num_warps_inv=4", "64 64 bfloat16 lens=1,81,33,49",
-                      "128 128 bfloat16 lens=1,81,33,49",
-                      "128 128 float32 inv_kernel=1 lens=1,70,0,65",
-                      "48 32 float32 keep_a=0 lens=1,70,0,65",
-                      "128 128 float16 keep_a=0 lens=1,81,33,49",
-                      "128 128 bfloat16 inv_kernel=0",
+                      # chunks cut inside each 16-row block
+                      "64 64 bfloat16 lens=1,81,33,49", "128 128 bfloat16 lens=1,81,33,49",
                       "128 128 bfloat16 num_warps_bwd=4", "64 64 bfloat16 block_v_bwd=64",
                       "128 128 bfloat16 block_v_bwd=16", "32 32 bfloat16", "32 32 float16",
                       "32 64 float16", "32 128 bfloat16", "64 32 bfloat16", "128 32 float16",
@@ -119,97 +107,7 @@ CONFIGS = {
                       "64 64 bfloat16 block_k_inner=16 block_v=32",
                       "128 128 bfloat16 num_warps_o=4", "64 64 bfloat16", "128 128 float32",
                       "128 64 float32", "128 128 bfloat16 block_k_inner=32",
-                      "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16",
-                      # diag_load 1 / 2: sub-chunk partners loaded (docs/benchmarks/
-                      # kda_speed_plan.md); not yet run on a GPU
-                      "128 128 bfloat16 diag_load=1", "128 128 bfloat16 diag_load=2",
-                      "128 128 float16 diag_load=1", "128 128 float16 diag_load=2",
-                      "64 64 bfloat16 diag_load=1", "64 64 bfloat16 diag_load=2",
-                      "128 128 float32 diag_load=2", "32 32 float16 diag_load=2",
-                      "100 100 bfloat16 diag_load=1 lens=1,70,0,65",
-                      "100 100 bfloat16 diag_load=2 lens=1,70,0,65",
-                      "48 32 float32 diag_load=2 lens=1,70,0,65",
-                      "128 128 bfloat16 diag_load=2 keep_a=0",
-                      # bwd_split: the pair-product gradients per 16-token sub-chunk
-                      "128 128 bfloat16 bwd_split=1", "128 128 bfloat16 bwd_split=1 diag_load=2",
-                      "128 128 float16 bwd_split=1 diag_load=2",
-                      "128 128 bfloat16 bwd_split=1 diag_load=2 num_warps_intra=2",
-                      "128 128 bfloat16 bwd_split=1 diag_load=2 num_warps_intra=8",
-                      "64 64 bfloat16 bwd_split=1 diag_load=2", "128 128 float32 bwd_split=1",
-                      "100 100 bfloat16 bwd_split=1 diag_load=2 lens=1,70,0,65",
-                      "48 32 float32 bwd_split=1 diag_load=2 lens=1,70,0,65",
-                      # fwd_split: the pair products per 16-token sub-chunk
-                      "128 128 bfloat16 fwd_split=1", "128 128 float16 fwd_split=1",
-                      "128 128 bfloat16 fwd_split=1 keep_a=0",
-                      "128 128 bfloat16 fwd_split=1 bwd_split=1",
-                      "128 128 bfloat16 fwd_split=1 bwd_split=1 num_warps_intra=8",
-                      "64 64 bfloat16 fwd_split=1 bwd_split=1", "128 128 float32 fwd_split=1",
-                      "100 100 bfloat16 fwd_split=1 bwd_split=1 lens=1,70,0,65",
-                      "48 32 float32 fwd_split=1 bwd_split=1 keep_a=0 lens=1,70,0,65",
-                      # pairs_diag: the pairs kernel's own sub-chunk as one 16x16xBKI
-                      # broadcast (1), or by the token-parallel kernel (2, the rule since
-                      # session 16), or 16 loaded steps (0, the rule before)
-                      # (docs/benchmarks/kda_fwd_plan.md); all right on an H200
-                      "128 128 bfloat16 pairs_diag=1", "128 128 float16 pairs_diag=1",
-                      "128 128 bfloat16 pairs_diag=1 keep_a=0",
-                      "128 128 bfloat16 pairs_diag=1 num_warps_pairs=8",
-                      "64 64 bfloat16 pairs_diag=1", "128 128 float32 pairs_diag=1",
-                      "100 100 bfloat16 pairs_diag=1 lens=1,70,0,65",
-                      "48 32 float32 pairs_diag=1 keep_a=0 lens=1,70,0,65",
-                      "128 128 bfloat16 pairs_diag=0", "128 128 float16 pairs_diag=0",
-                      "128 128 bfloat16 pairs_diag=0 keep_a=0",
-                      "100 100 bfloat16 pairs_diag=0 lens=1,70,0,65",
-                      "48 32 float32 pairs_diag=0 keep_a=0 lens=1,70,0,65",
-                      "128 128 bfloat16 pairs_diag=2 num_warps_pairs=8",
-                      "128 128 bfloat16 pairs_diag=2 rec_form=2",
-                      # bwd_diag: the backward's in-sub-chunk terms token-parallel
-                      # (the rule's 1 since session 17; 0 = the loop, the rule before)
-                      "128 128 bfloat16 bwd_diag=0", "128 128 bfloat16 bwd_diag=1", "128 128 float16 bwd_diag=1",
-                      "128 128 bfloat16 bwd_diag=1 keep_a=0",
-                      "128 128 bfloat16 bwd_diag=1 num_warps_intra=8",
-                      "64 64 bfloat16 bwd_diag=1", "128 128 float32 bwd_diag=1",
-                      "100 100 bfloat16 bwd_diag=1 lens=1,70,0,65",
-                      "48 32 float32 bwd_diag=1 keep_a=0 lens=1,70,0,65",
-                      # dh_split: the dS kernel's state in two halves of the key channels
-                      # (right on an H200 but slower, session 17; off in the rule)
-                      "128 128 bfloat16 dh_split=1", "128 128 float16 dh_split=1",
-                      "128 128 bfloat16 dh_split=1 block_v=32",
-                      "128 128 bfloat16 dh_split=1 bwd_diag=1 num_warps_intra=8",
-                      "64 64 bfloat16 dh_split=1", "128 128 float32 dh_split=1",
-                      "100 100 bfloat16 dh_split=1 lens=1,70,0,65",
-                      "48 32 float32 dh_split=1 keep_a=0 lens=1,70,0,65",
-                      # inv_blocked: the prep's inverse with its 16 x 16 diagonal blocks
-                      # apart first (session 17; adopted in session 18)
-                      "128 128 bfloat16 inv_blocked=1", "128 128 float16 inv_blocked=1",
-                      "128 128 float32 inv_blocked=1", "64 64 bfloat16 inv_blocked=1",
-                      "128 128 bfloat16 inv_blocked=1 keep_a=0",
-                      "100 100 bfloat16 inv_blocked=1 lens=1,70,0,65",
-                      "48 32 float32 inv_blocked=1 keep_a=0 lens=1,70,0,65",
-                      # keep_aqk: the forward keeps Aqk, the backward skips both pairs
-                      # kernels (session 18, CPU-tested only; the same bits as 0 expected)
-                      "128 128 bfloat16 keep_aqk=1", "128 128 float16 keep_aqk=1",
-                      "128 128 float32 keep_aqk=1", "64 64 bfloat16 keep_aqk=1",
-                      "100 100 bfloat16 keep_aqk=1 lens=1,70,0,65",
-                      "48 32 float32 keep_aqk=1 lens=1,70,0,65",
-                      # rec_form: the two state recurrences in FLA's operand form, 2 with
-                      # kg stored by the prep (docs/benchmarks/kda_fwd_plan.md, rank 4);
-                      # not yet run on a GPU
-                      "128 128 bfloat16 rec_form=1", "128 128 float16 rec_form=1",
-                      "128 128 bfloat16 rec_form=1 keep_a=0",
-                      "128 128 bfloat16 rec_form=1 block_v=32",
-                      "128 128 bfloat16 rec_form=1 pairs_diag=1 num_warps_pairs=8",
-                      "64 64 bfloat16 rec_form=1", "64 64 float32 rec_form=1",
-                      "128 128 float32 rec_form=1",
-                      "100 48 bfloat16 rec_form=1 lens=1,70,0,65",
-                      "48 40 float32 rec_form=1 lens=1,70,0,65",
-                      "128 128 bfloat16 rec_form=2", "128 128 float16 rec_form=2",
-                      "128 128 bfloat16 rec_form=2 keep_a=0",
-                      "128 128 bfloat16 rec_form=2 block_v=32",
-                      "128 128 bfloat16 rec_form=2 pairs_diag=1 num_warps_pairs=8",
-                      "64 64 bfloat16 rec_form=2", "64 64 float32 rec_form=2",
-                      "128 128 float32 rec_form=2",
-                      "100 48 bfloat16 rec_form=2 lens=1,70,0,65",
-                      "48 40 float32 rec_form=2 lens=1,70,0,65"],
+                      "128 128 bfloat16 block_k_inner=128", "64 64 float32 block_k_inner=16"],
 }
 
 
@@ -266,9 +164,7 @@ def one(fam, K, V, dtype, *over):
     for name in [n for n in kw if "." in n]:  # module.NAME=int: a launch constant
         mod, attr = name.rsplit(".", 1)
         setattr(importlib.import_module(f"cake_{fam}_det_train.{mod}"), attr, int(kw.pop(name)))
-    # KDA's plan_variant keeps keep_aqk consistent with keep_a / fwd_split overrides
-    variant = getattr(sys.modules[type(plan).__module__], "plan_variant", dataclasses.replace)
-    plan = variant(plan, **{n: int(x) for n, x in kw.items()})
+    plan = dataclasses.replace(plan, **{n: int(x) for n, x in kw.items()})
     gen = torch.Generator().manual_seed(0)
     B, T, H, HV = 1, sum(lens), 1, 2
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=DEV)

@@ -2,7 +2,7 @@
 identical calls, per plan, at one of the family benchmark's cases (bf16, K = V = 128).
 
     python shared/gpu/repeat_diag.py FAMILY RUNS CASE ["plan overrides" ...] [--burn N] [--trace]
-    e.g. python shared/gpu/repeat_diag.py kda 20 a "" "bwd_split=0 fwd_split=0" --burn 2
+    e.g. python shared/gpu/repeat_diag.py kda 20 a "" "num_warps_bwd=4" --burn 2
     (FAMILY: kda or gdn; CASE: a benchmark case, or "B,T,H"; "" = the rule's plan)
     --no-wgmma: dots built without Hopper's wgmma (tells a wgmma-path fault from others)
 

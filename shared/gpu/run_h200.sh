@@ -134,7 +134,7 @@ fi
 # $KDA_PLANS (";"-separated), in parallel processes (this also fills Triton's cache for
 # kdatime); kdatime: cake's fwd+bwd time at cases $KDA_CASES for the same plans, one after
 # another (docs/benchmarks/kda_speed_plan.md).
-KDA_PLANS=${KDA_PLANS:-"diag_load=1;diag_load=2;bwd_split=1;diag_load=2 bwd_split=1;fwd_split=1;fwd_split=1 bwd_split=1;fwd_split=1 bwd_split=1 diag_load=2;fwd_split=1 bwd_split=1 num_warps_intra=8"}
+KDA_PLANS=${KDA_PLANS:-"num_warps_bwd=4;block_v_bwd=16"}
 KB=packages/cake-kda-det-train/benchmarks/bench_cake_kda_det_train.py
 if has kdahash; then
   IFS=';' read -ra KP <<< "$KDA_PLANS"; KP=("" "${KP[@]}"); i=0
@@ -189,7 +189,7 @@ if has mixload; then
       > /dev/null 2>&1 &
   done
   TRITON_CACHE_DIR=$BG_CACHE timeout $MS python3 shared/gpu/plan_configs.py kda "128 128 float16" "64 64 bfloat16" \
-    "100 100 bfloat16 lens=1,70,0,65" "48 32 float32 keep_a=0 lens=1,70,0,65" > /dev/null 2>&1 &
+    "100 100 bfloat16 lens=1,70,0,65" "48 32 float32 lens=1,70,0,65" > /dev/null 2>&1 &
   IFS=';' read -ra MP <<< "${MIX_PLANS-;}"; W=(); i=0
   for P in "${MP[@]}"; do
     for j in $(seq ${MIX_PROCS:-4}); do

@@ -17,10 +17,10 @@ plan given.
     24, is left as it is)
 
 Written after session 19 (H200) profiled FLA's KDA state recurrence at 152 us per forward
-at case a against cake's ``kda_fwd_h_kernel`` 281 us, and the backward's state kernel at
+at case a against cake's state kernel of then 281 us, and the backward's state kernel at
 197 against cake's 405 (docs/benchmarks/kda.md): the fields that shape those kernels
 (KDA: ``block_v``, shared by the state, output and dh kernels; ``num_warps_h``, shared by
-the state and dh kernels; ``num_stages_h``; ``rec_form``) are timed kernel by kernel, so
+the state and dh kernels; ``num_stages_h``; the then ``rec_form``) are timed kernel by kernel, so
 that a field of their own is added only for a measured gain. Plans that the family's
 ``cuda_plan_problem`` refuses are skipped. Bits are compared, not errors: run
 ``shared/gpu/plan_configs.py`` on a candidate before adopting it. Each line is printed
@@ -42,8 +42,7 @@ spec = importlib.util.spec_from_file_location(
 b = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(b)
 plan_mod = importlib.import_module(f"{PKG}.plan")
-#: KDA's plan_variant keeps keep_aqk consistent with keep_a / fwd_split overrides
-variant = getattr(plan_mod, "plan_variant", dataclasses.replace)
+variant = dataclasses.replace
 
 
 #: the shape arguments a ``ce=`` variant makes compile-time

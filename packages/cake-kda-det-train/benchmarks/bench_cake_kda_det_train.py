@@ -33,6 +33,7 @@ FLA is imported only when asked for and never required: without it, cake runs al
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -89,7 +90,6 @@ def _opts(c, x):
 
 def cake_fn(plan_over):
     from cake_kda_det_train import chunk_kda_det, make_plan
-    from cake_kda_det_train.plan import plan_variant
 
     plans = {}  # one plan per (K, V, dtype, device): a variant's host work is not timed
 
@@ -98,7 +98,7 @@ def cake_fn(plan_over):
         key = (q.shape[-1], x["v"].shape[-1], q.dtype, q.device)
         if key not in plans:
             plan = make_plan(*key)
-            plans[key] = plan_variant(plan, **plan_over) if plan_over else plan
+            plans[key] = dataclasses.replace(plan, **plan_over) if plan_over else plan
         plan = plans[key]
         return chunk_kda_det(q, x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                              output_final_state=True, cu_seqlens=c["cu"], plan=plan,

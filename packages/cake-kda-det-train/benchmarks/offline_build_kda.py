@@ -7,8 +7,7 @@ loads and stores, barriers, tensor-core ops, global loads, MUFU = exp).
 Uses Triton's own compiler and its bundled ptxas / cuobjdump (target sm_90, CUDA 12-ish
 PTX), the default CUDA plan of ``make_plan(K, V, bf16, "cuda")`` (built without a device:
 the rule is plain Python) with ``--plan`` overrides, and compiles each chunk kernel of the
-forward prep and the backward chunk step for the plan's ``diag_load`` / ``bwd_split``, and
-the two state kernels for its ``rec_form``.
+forward and the backward.
 Static counts, not timings: a guide to where a candidate removes work, to be confirmed on
 the GPU. Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the
 interpreter); no GPU is used.
@@ -76,15 +75,13 @@ def build(fn, types, consts, num_warps, num_stages=1):
 def main():
     import torch
     from cake_kda_det_train.kernels.chunk_bwd import (
-        kda_bwd_dh_kernel,
-        kda_bwd_dh_split_kernel,
         kda_bwd_intra_kernel,
         kda_bwd_intra_tok_kernel,
         kda_bwd_local_kernel,
     )
     from cake_kda_det_train.kernels.chunk_fwd import (
         kda_chunk_cumsum_kernel,
-        kda_fwd_h_kernel,
+        kda_fwd_inv_kernel,
         kda_fwd_o_kernel,
         kda_fwd_pairs_kernel,
         kda_fwd_pairs_tok_kernel,
@@ -107,40 +104,32 @@ def main():
     bvf = triton.next_power_of_2(max(16, a.V))
     ints = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     rows = []
-    prep_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "Gp": "*fp32",
-              "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "GCUM": "*fp32",
-              "Ap": "*bf16", "AQK": "*bf16", "W": "*bf16", "U": "*bf16", "AKKS": "*fp32",
-              "KG": "*bf16", "scale": "fp32"}
-    pairs = bool(plan.fwd_split)
-    if pairs:
-        c = dict(BT=64, BKI=plan.block_k_inner)
-        rows.append(("fwd cumsum (split)", plan.num_warps_intra,
-                     *build(kda_chunk_cumsum_kernel,
-                            {"Gp": "*fp32", "GCUM": "*fp32", "CHUNK_START": "*i32",
-                             "CHUNK_END": "*i32", "HV": "i32", "KD": "i32"}, c,
-                            plan.num_warps_intra)))
-    preps = ((False, True, "fwd prep"),) if a.fwd_only else \
-        ((False, True, "fwd prep"), (True, False, "bwd recompute prep"))
-    for load_a, cumsum, what in preps:
-        c = dict(DT=dt, PREC=prec, BT=64, BC=16, LOG2_BT=6, BKI=plan.block_k_inner, BVF=bvf,
-                 LOAD_A=load_a, CUMSUM=cumsum and not pairs, DIAG_LOAD=plan.diag_load,
-                 PAIRS=pairs, STORE_KG=plan.rec_form == 2, INV_BLOCKED=bool(plan.inv_blocked),
-                 LOG2_BC=4)
-        rows.append((what, plan.num_warps_prep,
-                     *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
-        if pairs:
-            pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
-            pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
-                       "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
-            c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
-                     WANT_AKK=not load_a, DIAG=plan.pairs_diag)
-            rows.append((what.replace("prep", "pairs"), plan.num_warps_pairs,
-                         *build(kda_fwd_pairs_kernel, pt, c, plan.num_warps_pairs)))
-            if plan.pairs_diag == 2:
-                c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)),
-                         BH=plan.tok_heads, WANT_AKK=not load_a)
-                rows.append((what.replace("prep", "pairs tok"), plan.num_warps_tok,
-                             *build(kda_fwd_pairs_tok_kernel, pt, c, plan.num_warps_tok)))
+    prep_t = {**ints, "Kp": "*bf16", "Vp": "*bf16", "GCUM": "*fp32", "BETA": "*fp32",
+              "CHUNK_START": "*i32", "CHUNK_END": "*i32", "Ap": "*bf16", "W": "*bf16",
+              "U": "*bf16", "KG": "*bf16"}
+    c = dict(BT=64, BKI=plan.block_k_inner)
+    rows.append(("fwd cumsum", 4,
+                 *build(kda_chunk_cumsum_kernel,
+                        {"Gp": "*fp32", "GCUM": "*fp32", "CHUNK_START": "*i32",
+                         "CHUNK_END": "*i32", "HV": "i32", "KD": "i32"}, c,
+                        4)))
+    pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+    pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
+               "CHUNK_END": "*i32", "AKKS": "*fp32", "AQK": "*bf16", "scale": "fp32"})
+    c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
+    rows.append(("fwd pairs", 4,
+                 *build(kda_fwd_pairs_kernel, pt, c, 4)))
+    c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads)
+    rows.append(("fwd pairs tok", plan.num_warps_tok,
+                 *build(kda_fwd_pairs_tok_kernel, pt, c, plan.num_warps_tok)))
+    it_t = {"AKKS": "*fp32", "BETA": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32",
+            "Ap": "*bf16", "HV": "i32"}
+    rows.append(("fwd inverse", 2,
+                 *build(kda_fwd_inv_kernel, it_t, dict(PREC=prec, BT=64, BC=16, LOG2_BC=4),
+                        2)))
+    c = dict(DT=dt, PREC=prec, BT=64, BKI=plan.block_k_inner, BVF=bvf)
+    rows.append(("prep (w, u, kg)", plan.num_warps_prep,
+                 *build(kda_fwd_prep_kernel, prep_t, c, plan.num_warps_prep)))
     bk = triton.next_power_of_2(max(16, a.K))
     hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
     # the state kernels' V block is block_v_h (format 9), the output kernel's block_v
@@ -149,10 +138,8 @@ def main():
     h_t.update({"Kp": "*bf16", "W": "*bf16", "U": "*bf16", "GCUM": "*fp32", "CU": "*i32",
                 "CHUNK_OFF": "*i32", "H0": "*fp32", "HBUF": "*bf16", "VNEW": "*bf16",
                 "HT": "*fp32"})
-    fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
-    op = {"KG": plan.rec_form == 2} if plan.rec_form else {}
     rows.append((f"fwd state h (stages={plan.num_stages_h})", plan.num_warps_h,
-                 *build(fwd_h, h_t, dict(sc, HAS_H0=True, STORE_FINAL=True, **op),
+                 *build(kda_fwd_h_op_kernel, h_t, dict(sc, HAS_H0=True, STORE_FINAL=True),
                         plan.num_warps_h, plan.num_stages_h)))
     o_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     o_t.update({"Qp": "*bf16", "GCUM": "*fp32", "AQK": "*bf16", "VNEW": "*bf16",
@@ -167,13 +154,8 @@ def main():
     dh_t.update({"Qp": "*bf16", "Kp": "*bf16", "W": "*bf16", "GCUM": "*fp32", "AQK": "*bf16",
                  "DO": "*bf16", "CU": "*i32", "CHUNK_OFF": "*i32", "DHT": "*fp32",
                  "DH": "*bf16", "DU": "*bf16", "DH0": "*fp32", "scale": "fp32"})
-    bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
-    dhc = dict(sc)
-    if plan.dh_split and not plan.rec_form:
-        bwd_dh = kda_bwd_dh_split_kernel
-        dhc["BKH"] = dhc.pop("BK") // 2
     rows.append((f"bwd state dh (stages={plan.num_stages_dh})", plan.num_warps_dh,
-                 *build(bwd_dh, dh_t, dict(dhc, HAS_DHT=True, STORE_DH0=True, **op),
+                 *build(kda_bwd_dh_op_kernel, dh_t, dict(sc, HAS_DHT=True, STORE_DH0=True),
                         plan.num_warps_dh, plan.num_stages_dh)))
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",
@@ -181,24 +163,20 @@ def main():
              "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32", "DG": "*fp32", "DBETA": "*fp32",
              "PS": "*fp32", "scale": "fp32"}
     c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
-             NV=-(-a.V // plan.block_v_bwd), DIAG_LOAD=plan.diag_load,
-             P_LOAD=plan.diag_load == 2, SPLIT=bool(plan.bwd_split))
+             NV=-(-a.V // plan.block_v_bwd))
     rows.append(("bwd chunk (local)", plan.num_warps_bwd,
                  *build(kda_bwd_local_kernel, loc_t, c, plan.num_warps_bwd)))
-    if plan.bwd_split:
-        it = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
-        it.update({"Qp": "*bf16", "Kp": "*bf16", "BETA": "*fp32", "GCUM": "*fp32",
-                   "PS": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "DQ": "*fp32",
-                   "DK": "*fp32", "DG": "*fp32", "DBETA": "*fp32"})
-        c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner,
-                 TOK_DIAG=bool(plan.bwd_diag))
-        rows.append(("bwd intra (split)", plan.num_warps_intra,
-                     *build(kda_bwd_intra_kernel, it, c, plan.num_warps_intra)))
-        if plan.bwd_diag:
-            c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads_bwd)
-            it = dict(it, DQO="*bf16", DKO="*bf16")  # one value head per q/k head
-            rows.append(("bwd intra tok", plan.num_warps_tok_bwd,
-                         *build(kda_bwd_intra_tok_kernel, it, c, plan.num_warps_tok_bwd)))
+    it = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
+    it.update({"Qp": "*bf16", "Kp": "*bf16", "BETA": "*fp32", "GCUM": "*fp32",
+               "PS": "*fp32", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "DQ": "*fp32",
+               "DK": "*fp32", "DG": "*fp32", "DBETA": "*fp32"})
+    c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner)
+    rows.append(("bwd intra", 4,
+                 *build(kda_bwd_intra_kernel, it, c, 4)))
+    c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads_bwd)
+    it = dict(it, DQO="*bf16", DKO="*bf16")  # one value head per q/k head
+    rows.append(("bwd intra tok", plan.num_warps_tok_bwd,
+                 *build(kda_bwd_intra_tok_kernel, it, c, plan.num_warps_tok_bwd)))
     _report(over, rows)
 
 

@@ -82,7 +82,7 @@ def test_custom_ops_opcheck(kda):
                                       "test_autograd_registration"))
     o, ht, q_rstd, k_rstd, g_cumsum, A = torch.ops.cake_kda_det_train.fwd(*args)
     assert ht.shape == (2, HV, K, V) and q_rstd.shape == (1, n, H)
-    assert g_cumsum.shape == (n, HV, K) and A.shape == (2, n, HV, 64)  # T, Aqk (keep_aqk)
+    assert g_cumsum.shape == (n, HV, K) and A.shape == (2, n, HV, 64)  # T, Aqk
     with torch.no_grad():
         bwd_args = (torch.ones_like(o), torch.ones_like(ht), q, k, v, g, beta, g_cumsum, A, h0,
                     cu, q_rstd, k_rstd, A_log, dt_bias, 0.3, True, True, None, 1, fields)

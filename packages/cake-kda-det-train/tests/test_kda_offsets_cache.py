@@ -4,7 +4,6 @@ as without the cache, no second read-back or table build for the same unchanged 
 eager entries, the low-level pair and the custom ops), in-place edits checked again before
 any launch."""
 
-import dataclasses
 
 import cake_core.linear_attention as la
 import cake_core.varlen as varlen
@@ -28,22 +27,6 @@ DEV = default_device()
 # a chunk boundary
 CU = (0, 0, 1, 70, 75, 150)
 T, H, HV, K, V = CU[-1], 1, 2, 16, 16
-
-
-@pytest.fixture(autouse=True)
-def _loop_diag_plan_on_cpu(monkeypatch):
-    """Under the interpreter the rule's plan with the diagonal terms formed by the loop
-    (``pairs_diag = 1``, ``bwd_diag = 0``): the token-parallel kernels run one interpreted
-    program per token, 80% of a call's CPU time here. These tests are about the offsets
-    cache, which every plan shares; test_kda_pairs_diag.py / test_kda_bwd_diag.py test the
-    token-parallel kernels. On CUDA: the rule's plan. The entries' memo of resolved plans
-    is this test's own (an empty dict): no plan resolved before leaks in (the eager entry
-    and the traced one would disagree), none of these leaks out to later tests."""
-    if DEV.type == "cpu":
-        rule = api.make_plan
-        monkeypatch.setattr(api, "make_plan", lambda *a, **k: dataclasses.replace(
-            rule(*a, **k), pairs_diag=1, bwd_diag=0))
-        monkeypatch.setattr(api, "_DEFAULT_PLANS", {})
 
 
 @pytest.fixture

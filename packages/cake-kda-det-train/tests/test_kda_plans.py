@@ -10,16 +10,15 @@ import torch
 from cake_core.testing import record_launches
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import make_plan
-from cake_kda_det_train.plan import cuda_plan_problem
+from cake_kda_det_train.plan import KDADetPlan, _rule, cuda_plan_problem
 
 DEV = default_device()
 
 
 @pytest.mark.parametrize("over", [
     dict(block_k_inner=16),
-    dict(block_k_inner=32, block_v=16, block_v_h=16, block_v_bwd=16, keep_a=0, keep_aqk=0,
-         store_16bit=0),
-], ids=["bki16", "bki32-bv16-recompute"])
+    dict(block_k_inner=32, block_v=16, block_v_h=16, block_v_bwd=16, store_16bit=0),
+], ids=["bki16", "bki32-bv16"])
 def test_plan_configurations(over, kda):
     K, V = 48, 32  # block_k 64: the last inner block is partly masked
     lens = [1, 70, 0, 65]
@@ -82,17 +81,16 @@ def test_cuda_rule_avoids_the_configurations_built_wrongly():
         assert cuda_plan_problem(dataclasses.replace(_rule(K, V, dt, cuda), **over), dt) is None
 
 
-def test_rule_takes_the_split_paths():
-    """The rule forms the pair products in their own sub-chunk kernels, forward and
-    backward, with the partners loaded (2.7x faster at the benchmark's case a on an H200),
-    on CUDA and under the interpreter alike (the CPU tests run the GPU's paths)."""
+def test_rule_prep_warps():
+    """The chunk prep (w, u, kg; T comes from its own kernel) 4 warps with 16-bit
+    intermediates on CUDA, 8 with fp32 ones at K >= 32; 4 under the interpreter."""
     from cake_kda_det_train.plan import _rule
 
-    for dev in ("cuda", "cpu"):
-        for dt in (torch.float32, torch.bfloat16):
-            for K, V in ((16, 16), (64, 128), (128, 128)):
-                p = _rule(K, V, dt, torch.device(dev))
-                assert (p.fwd_split, p.bwd_split, p.diag_load) == (1, 1, 2), (dev, K, V, dt)
+    cuda = torch.device("cuda")
+    assert _rule(128, 128, torch.bfloat16, cuda).num_warps_prep == 4
+    assert _rule(128, 128, torch.float32, cuda).num_warps_prep == 8
+    assert _rule(32, 32, torch.bfloat16, cuda).num_warps_prep == 8
+    assert _rule(128, 128, torch.float32, torch.device("cpu")).num_warps_prep == 4
 
 
 def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
@@ -108,3 +106,21 @@ def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
             kda.check_plan_on_docs(plan, lens, 48, 32, torch.float32, seed=seed)
         got = [kw.get("maxnreg") for _, kw in launches["kda_bwd_local_kernel"]]
         assert got and set(got) == {maxnreg}
+
+
+def test_plan_format_1_only():
+    """Format 1 is the only one (no release exists: no upgrade messages); a dict of any other
+    version is refused, and the rule's plans round-trip."""
+    assert KDADetPlan.format_version == 1 and not KDADetPlan.format_upgrades
+    for dev in ("cpu", "cuda"):
+        plan = _rule(128, 128, torch.bfloat16, torch.device(dev))
+        d = plan.to_dict()
+        assert d["version"] == 1 and KDADetPlan.from_dict(d) == plan
+        for v in (0, 2, 11):
+            with pytest.raises(ValueError, match=f"format version {v} is not 1$"):
+                KDADetPlan.from_dict({**d, "version": v})
+        # fields removed in issue 42 (every rule output had one value) are refused by name
+        for name, x in (("chunk_size", 64), ("keep_a", 1), ("rec_form", 2),
+                        ("num_warps_intra", 4), ("inv_kernel", 2)):
+            with pytest.raises(ValueError, match=f"unknown KDADetPlan fields .*{name}"):
+                KDADetPlan.from_dict({**d, name: x})

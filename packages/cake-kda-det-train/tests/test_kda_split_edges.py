@@ -1,18 +1,17 @@
-"""Edge cases of the rule's split plan (``fwd_split = 1``, ``bwd_split = 1``, ``diag_load =
-2``: the pair products of each 64-token chunk and their gradients in kernels per 16-token
-sub-chunk), as a user of FLA's ``chunk_kda`` meets them: K and V tiny, odd or at the limit,
-K != V, GVA with several q/k heads, lengths around the 16-token sub-chunk and the 64-token
-chunk, packed documents that are empty or one token long, no tokens at all, fp16 / bf16,
-non-contiguous inputs, gradients to a subset of the inputs, a second backward through a
-retained graph, ``torch.utils.checkpoint``, a workspace reused across lengths, and the
-split forward with the unsplit backward. Against float64 through the
-reference (``conftest.check_vs_reference``) or bitwise against the plain call.
+"""Edge cases of the chunk kernels (the pair products of each 64-token chunk and their
+gradients in kernels per 16-token sub-chunk and per token), as a user of FLA's
+``chunk_kda`` meets them: K and V tiny, odd or at the limit, K != V, GVA with several q/k
+heads, lengths around the 16-token sub-chunk and the 64-token chunk, packed documents that
+are empty or one token long, no tokens at all, fp16 / bf16, non-contiguous inputs,
+gradients to a subset of the inputs, a second backward through a retained graph,
+``torch.utils.checkpoint`` and a workspace reused across lengths. Against float64 through
+the reference (``conftest.check_vs_reference``) or bitwise against the plain call.
 
-Two known limits are kept as strict xfails, the same with and without the splits: the
-within-chunk cumulative decay is an fp32 running sum (as in FLA), so a very large decay
-early in a chunk followed by small ones loses the small differences to rounding; and bf16
-with the q/k L2 norm and the other in-kernel options puts o just past bf16's tolerance
-with the rule's 16-bit intermediates (within it with ``store_16bit = 0``)."""
+Two known limits are kept as strict xfails: the within-chunk cumulative decay is an fp32
+running sum (as in FLA), so a very large decay early in a chunk followed by small ones
+loses the small differences to rounding; and bf16 with the q/k L2 norm and the other
+in-kernel options puts o just past bf16's tolerance with the rule's 16-bit intermediates
+(within it with ``store_16bit = 0``)."""
 
 import dataclasses
 
@@ -33,40 +32,28 @@ DEV = default_device()
 F32 = torch.float32
 
 
-def _old(plan):
-    """The rule's plan with the pair products back in the chunk kernels."""
-    return dataclasses.replace(plan, fwd_split=0, bwd_split=0, diag_load=0, keep_aqk=0)
-
-
-def test_rule_takes_the_split_paths():
-    for dtype in (F32, torch.bfloat16):
-        p = make_plan(16, 16, dtype, DEV)
-        assert (p.fwd_split, p.bwd_split, p.diag_load) == (1, 1, 2)
-
-
-@pytest.mark.parametrize("B, T, H, HV, K, V, dtype, old, opts", [
-    (1, 17, 1, 1, 1, 1, F32, True, {}),
-    (2, 16, 1, 1, 3, 5, F32, False, dict(with_dht=False)),
-    (1, 33, 1, 2, 17, 2, F32, False, {}),
-    (1, 20, 2, 4, 16, 16, F32, False, {}),
-    (1, 17, 1, 1, 256, 256, F32, False, {}),
-    (1, 40, 1, 1, 32, 48, torch.float16, False, {}),
-    (1, 20, 1, 1, 5, 3, torch.bfloat16, False, {}),
+@pytest.mark.parametrize("B, T, H, HV, K, V, dtype, opts", [
+    (1, 17, 1, 1, 1, 1, F32, {}),
+    (2, 16, 1, 1, 3, 5, F32, dict(with_dht=False)),
+    (1, 33, 1, 2, 17, 2, F32, {}),
+    (1, 20, 2, 4, 16, 16, F32, {}),
+    (1, 17, 1, 1, 256, 256, F32, {}),
+    (1, 40, 1, 1, 32, 48, torch.float16, {}),
+    (1, 20, 1, 1, 5, 3, torch.bfloat16, {}),
 ], ids=["K1V1-T17", "K3V5-B2-T16-nodht", "K17V2-HV2-T33", "H2-HV4", "K256V256",
         "fp16-K32V48", "bf16-K5V3"])
-def test_odd_head_dims_vs_reference(B, T, H, HV, K, V, dtype, old, opts, kda):
+def test_odd_head_dims_vs_reference(B, T, H, HV, K, V, dtype, opts, kda):
     """Head dims 1, 2, 3, 5, 17, 48 and 256 (masked key blocks and V columns of the
-    sub-chunk kernels), K != V, two q/k heads of two value heads each; the rule's split
-    plan, and where ``old`` the same plan without the splits, both against float64."""
+    sub-chunk kernels), K != V, two q/k heads of two value heads each; the rule's plan
+    against float64."""
     q, k, v, g, beta, h0 = kda.make_kda_inputs(B, T, H, HV, K, V, dtype, seed=K + V, h0=True)
     if DEV.type == "cuda" and max(K, V) > 128:  # CUDA builds tiles up to 128 only
         with pytest.raises(ValueError, match=r"on CUDA K and V must be <= 128"):
             make_plan(K, V, dtype, DEV)
         return
     plan = make_plan(K, V, dtype, DEV)
-    for p in (plan, _old(plan)) if old else (plan,):
-        kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=K + V, plan=p,
-                               **opts)
+    kda.check_vs_reference((q, k, v, g, beta), h0, dtype=dtype, seed=K + V, plan=plan,
+                           **opts)
 
 
 def test_packed_sub_chunk_edges_vs_reference(kda):
@@ -95,19 +82,18 @@ def _every_option_bf16(kda):
 
 
 def test_every_option_bf16_gva_packed_fp32_intermediates_vs_reference(kda):
-    """:func:`_every_option_bf16` through the split kernels with fp32 intermediates
+    """:func:`_every_option_bf16` with fp32 intermediates
     (``store_16bit = 0``): o, final state and every gradient within bf16's tolerance (the
     rule's 16-bit intermediates: the xfail below)."""
     inputs, h0, A_log, dt_bias, kw = _every_option_bf16(kda)
     plan = dataclasses.replace(make_plan(33, 20, torch.bfloat16, DEV), store_16bit=0)
-    assert (plan.fwd_split, plan.bwd_split, plan.diag_load) == (1, 1, 2)
     kda.check_vs_reference(inputs, h0, A_log, dt_bias, dtype=torch.bfloat16, seed=2,
                            plan=plan, **kw)
 
 
 @pytest.mark.xfail(strict=DEV.type != "cuda", raises=AssertionError, reason=(
-    "precision limit of the rule's 16-bit intermediates (store_16bit=1, as FLA), split or "
-    "not: bf16 with the q/k L2 norm (normalised q/k stored in bf16, as FLA) and the other "
+    "precision limit of the rule's 16-bit intermediates (store_16bit=1, as FLA): "
+    "bf16 with the q/k L2 norm (normalised q/k stored in bf16, as FLA) and the other "
     "in-kernel options puts o 1.6-1.7e-2 off float64 on seeds 1, 2 and 83 (tolerance "
     "1.6e-2; 0.9e-2 with store_16bit=0; the gradients stay under 1e-2); strict under the "
     "interpreter only: on an H200 the compiled kernels' rounding passed (2026-11-30)"))
@@ -186,14 +172,13 @@ def test_grads_of_a_subset_of_inputs(kda):
             assert bitwise_equal(a, b) if m else a is None, mask
 
 
-@pytest.mark.parametrize("keep_a", [1, 0], ids=["kept-T", "recomputed-T"])
-def test_second_backward_through_retained_graph_same_bits(keep_a, kda):
-    """``retain_graph=True``: a second backward reads the same saved tensors (the split
+def test_second_backward_through_retained_graph_same_bits(kda):
+    """``retain_graph=True``: a second backward reads the same saved tensors (the
     backward must not write into the saved G or T) and gives the same bits."""
     lens = [20, 0, 5]
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 1, 1, 16, 16, seed=93,
                                                n_states=3, h0=True)
-    plan = dataclasses.replace(make_plan(16, 16, F32, DEV), keep_a=keep_a, keep_aqk=keep_a)
+    plan = make_plan(16, 16, F32, DEV)
     leaves = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
     o, ht = chunk_kda_det(*leaves[:5], initial_state=leaves[5], output_final_state=True,
                           cu_seqlens=kda.cu_of(lens), plan=plan)
@@ -249,30 +234,8 @@ def test_workspace_reused_across_lengths_same_bits(kda):
         assert bitwise_equal(a, b), i
 
 
-def test_split_forward_with_unsplit_backward(kda):
-    """The split forward's saved set (its T and G) through the unsplit backward: the same
-    math in another sum order, so within 1e-5 of the split backward's gradients."""
-    lens = [20, 0, 17]
-    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 1, 1, 16, 16, seed=99,
-                                               g_mode="strong", n_states=3, h0=True)
-    new = make_plan(16, 16, F32, DEV)
-    do = randn(v.shape, F32, DEV, seed=100)
-    dht = randn(h0.shape, F32, DEV, seed=101)
-    _, _, saved = chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0,
-                                    output_final_state=True, cu_seqlens=kda.cu_of(lens),
-                                    plan=new)
-    want = chunk_kda_det_bwd(do, dht, saved)
-    got = chunk_kda_det_bwd(do, dht, saved, plan=_old(new))
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        if b is None:
-            assert a is None, i
-            continue
-        err = float((a - b).norm() / b.norm())
-        assert err < 1e-5, (i, err)
-
-
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known limit, the unsplit plan (same errors) and FLA alike: the within-chunk "
+    "known limit, FLA alike: the within-chunk "
     "cumulative decay G is an fp32 running sum, so after a decay of -500 at a chunk's "
     "first token the later tokens' differences G_i - G_j (about -1e-3 per token) carry "
     "the rounding of |G| ~ 500 (ulp 3e-5): o, the final state and the gradients are "

@@ -1,11 +1,9 @@
-"""Plan format 9: ``block_v_h`` (the V columns per program of the two state kernels),
-``num_warps_dh`` and ``num_stages_dh`` (the backward dS kernel's), split from ``block_v``
-(now the output kernel's alone), ``num_warps_h`` and ``num_stages_h`` (now the forward
-state kernel's). Session 20 (H200) measured each kernel apart (docs/benchmarks/kda.md).
-Against the float64 reference with the state kernels and the output kernel in different
-V blocks (partial last blocks); the fields serialised, checked, a format-8 dict refused
-with its upgrade; the CUDA rule's choices; the rec_form = 0 configuration Triton 3.6 built
-wrongly refused on CUDA."""
+"""``block_v_h`` (the V columns per program of the two state kernels), ``num_warps_dh``
+and ``num_stages_dh`` (the backward dS kernel's), apart from ``block_v`` (the output
+kernel's), ``num_warps_h`` and ``num_stages_h`` (the forward state kernel's). Session 20
+(H200) measured each kernel apart (docs/benchmarks/kda.md). Against the float64 reference
+with the state kernels and the output kernel in different V blocks (partial last blocks);
+the fields serialised and checked; the CUDA rule's choices and shared-memory limits."""
 
 import dataclasses
 
@@ -22,10 +20,10 @@ LENS = [1, 70, 0, 65]
 @pytest.mark.parametrize("K, V, dtype, over", [
     (24, 40, torch.float32, dict(block_v=64, block_v_h=16, num_warps_dh=2, num_stages_dh=2,
                                  store_16bit=0)),
-    (24, 40, torch.float32, dict(block_v=16, block_v_h=32, rec_form=0, num_stages_h=2,
+    (24, 40, torch.float32, dict(block_v=16, block_v_h=32, num_stages_h=2,
                                  store_16bit=0)),
     (32, 48, torch.bfloat16, dict(block_v=32, block_v_h=64, num_warps_h=2)),
-], ids=["fp32-vh16-o64", "fp32-rec0-vh32-o16", "bf16-vh64-o32"])
+], ids=["fp32-vh16-o64", "fp32-vh32-o16", "bf16-vh64-o32"])
 def test_state_and_output_blocks_vs_reference(K, V, dtype, over, kda):
     """V = 40 / 48 in state blocks of 16 / 32 / 64 and output blocks of 16 / 32 / 64: partly
     masked last blocks, different in the two kernels; documents of 1, 70, 0 and 65 tokens."""
@@ -39,25 +37,9 @@ def test_format_9_fields_serialised_and_checked():
     rule = make_plan(64, 40, torch.bfloat16, DEV)
     plan = dataclasses.replace(rule, block_v_h=32, num_warps_dh=2, num_stages_dh=3)
     d = plan.to_dict()
-    assert d["version"] == KDADetPlan.format_version >= 9
+    assert d["version"] == KDADetPlan.format_version == 1
     assert (d["block_v_h"], d["num_warps_dh"], d["num_stages_dh"]) == (32, 2, 3)
     assert KDADetPlan.from_dict(d) == plan and plan.key != rule.key
-    new = ("block_v_h", "num_warps_dh", "num_stages_dh")
-    old = {n: x for n, x in rule.to_dict().items() if n not in new}
-    old["version"] = 8  # a plan serialised before the fields existed
-    with pytest.raises(ValueError, match="format version 8.*add block_v_h = <the plan's "
-                                         "block_v>"):
-        KDADetPlan.from_dict(old)
-    old.update(block_v_h=old["block_v"], num_warps_dh=old["num_warps_h"],
-               num_stages_dh=old["num_stages_h"],
-               version=KDADetPlan.format_version)  # the upgrade: same launches
-    up = KDADetPlan.from_dict(old)
-    assert (up.block_v_h, up.num_warps_dh, up.num_stages_dh) == (
-        rule.block_v, rule.num_warps_h, rule.num_stages_h)
-    old7 = {n: x for n, x in rule.to_dict().items() if n not in new + ("keep_aqk",)}
-    old7["version"] = 7
-    with pytest.raises(ValueError, match="add keep_aqk = 0.*also add block_v_h"):
-        KDADetPlan.from_dict(old7)
     for name, bad in (("block_v_h", 24), ("block_v_h", 8), ("block_v_h", 128),
                       ("num_warps_dh", 3), ("num_stages_dh", 0), ("num_stages_dh", 5)):
         with pytest.raises(ValueError, match=name):
@@ -69,41 +51,20 @@ def test_format_9_fields_serialised_and_checked():
 def test_cuda_rule_state_kernel_fields():
     """The CUDA rule at K = V = 128 (session 20, H200): the output kernel in 128 columns
     with 16-bit intermediates, the state kernels in 64; the forward state kernel 4 warps and
-    3 stages, the dS kernel 8 warps and 2; rec_form 2 in every dtype (and on the CPU)."""
+    3 stages, the dS kernel 8 warps and 2."""
     cuda = torch.device("cuda")
     for dt in (torch.bfloat16, torch.float16):
         p = _rule(128, 128, dt, cuda)
         assert (p.block_v, p.block_v_h, p.num_warps_h, p.num_stages_h, p.num_warps_dh,
-                p.num_stages_dh, p.rec_form) == (128, 64, 4, 3, 8, 2, 2), dt
+                p.num_stages_dh) == (128, 64, 4, 3, 8, 2), dt
     p = _rule(128, 128, torch.float32, cuda)
     assert (p.block_v, p.block_v_h, p.num_warps_h, p.num_stages_h, p.num_warps_dh,
-            p.num_stages_dh, p.rec_form) == (64, 64, 8, 1, 8, 1, 2)
-    for dev in ("cpu", "cuda"):
-        for dt in (torch.float32, torch.bfloat16):
-            for K, V in ((16, 16), (48, 40), (128, 128)):
-                assert _rule(K, V, dt, torch.device(dev)).rec_form == 2, (dev, dt, K, V)
-
-
-def test_cuda_refuses_the_rec_form_0_dh_fault():
-    """rec_form = 0's dS kernel with fp32 intermediates and tf32x3 dots gave dh0 ~100% off
-    float64 at K = 48 and 64 (V = 40 or 100, an empty document among packed ones) on an
-    H200, Triton 3.6 (session 20); refused there by name, its neighbours that were right
-    are not."""
-    cuda = torch.device("cuda")
-    for K, V in ((48, 40), (64, 40), (48, 100)):
-        bad = dataclasses.replace(_rule(K, V, torch.float32, cuda), rec_form=0)
-        assert "rec_form=0" in cuda_plan_problem(bad, torch.float32), (K, V)
-    fine = [((24, 40), dict(rec_form=0)), ((128, 40), dict(rec_form=0)),
-            ((48, 40), dict(rec_form=0, dh_split=1)), ((48, 40), dict(rec_form=0, fp32_dots=1)),
-            ((48, 40), dict(rec_form=1)), ((48, 40), dict())]
-    for (K, V), over in fine:
-        plan = dataclasses.replace(_rule(K, V, torch.float32, cuda), **over)
-        assert cuda_plan_problem(plan, torch.float32) is None, (K, V, over)
+            p.num_stages_dh) == (64, 64, 8, 1, 8, 1)
 
 
 def test_cuda_refuses_dh_stages_that_overflow_shared_memory():
     """num_stages_dh (format 9) inherits num_stages_h's shared-memory limits on CUDA: fp32
-    intermediates at K > 64 need 1 stage; rec_form 1 / 2 at K = 128 with 64-column state
+    intermediates at K > 64 need 1 stage; K = 128 with 64-column state
     blocks at most 2 (3 asked 256 KiB on an H200, session 20); the rule picks neither."""
     cuda = torch.device("cuda")
     f32 = _rule(128, 128, torch.float32, cuda)
@@ -114,5 +75,5 @@ def test_cuda_refuses_dh_stages_that_overflow_shared_memory():
     assert "num_stages_dh=1" in cuda_plan_problem(bf, torch.float32)  # bf16's plan, fp32 in
     assert "num_stages_dh <= 2" in cuda_plan_problem(
         dataclasses.replace(bf, num_stages_dh=3), torch.bfloat16)
-    for over in (dict(num_stages_dh=3, rec_form=0), dict(num_stages_dh=3, block_v_h=32)):
+    for over in (dict(num_stages_dh=3, block_v_h=32),):
         assert cuda_plan_problem(dataclasses.replace(bf, **over), torch.bfloat16) is None, over

@@ -1,14 +1,11 @@
-"""Plan format 11: ``tok_heads`` / ``num_warps_tok`` and ``tok_heads_bwd`` /
-``num_warps_tok_bwd``, the value heads per program and the warps of the two token-parallel
-kernels (``kda_fwd_pairs_tok_kernel`` with ``pairs_diag = 2``, ``kda_bwd_intra_tok_kernel``
-with ``bwd_diag = 1``), module constants (4 and 4) before. On an H200 (session 29, case b)
-the forward kernel took 624 us at 4 x 4 and 435 at the CUDA rule's 2 x 1 (other bits: the
-tile sets the order of each pair's sum over K), the backward one 1247 at 4 x 4 and 1229 at
-1 x 1. Against the float64 reference (packed documents with an empty and a 1-token one,
-chunks cut short, strong decays; head blocks that overhang the value heads, GQA), the
-same math at every head block: close to the 4 x 4 plan and repeatable; the kernels
-launched with the plan's heads and warps; the fields serialised, checked, a format-10 dict
-refused with its upgrade; the rule's choice."""
+"""``tok_heads`` / ``num_warps_tok`` and ``tok_heads_bwd`` / ``num_warps_tok_bwd``: the
+value heads per program and the warps of the two token-parallel kernels
+(``kda_fwd_pairs_tok_kernel``, ``kda_bwd_intra_tok_kernel``). Against the float64
+reference (packed documents with an empty and a 1-token one, chunks cut short, strong
+decays; head blocks that overhang the value heads, GQA), the same math at every head
+block: close to the 4 x 4 plan and repeatable (the tile sets the order of each pair's sum
+over K: other bits); the kernels launched with the plan's heads and warps; the fields
+serialised and checked; the rule's choice."""
 
 import dataclasses
 
@@ -42,15 +39,13 @@ def test_tok_heads_vs_reference(K, V, dtype, H, HV, over, kda):
     kda.check_plan_on_docs(plan, LENS, K, V, dtype, seed=331, H=H, HV=HV)
 
 
-def test_tok_kernel_recompute_and_zeros_under_poison(kda):
-    """``keep_aqk = 0``: the backward recomputes Aqk with the forward's token-parallel kernel
-    (without A) at a head block that overhangs HV = 3; every floating ``torch.empty``
-    poisoned, so a zero above the diagonal that the kernel failed to store reaches o and the
-    gradients as NaN (shown to fail with the zero store removed)."""
+def test_tok_kernel_zeros_under_poison(kda):
+    """The forward's token-parallel kernel at a head block that overhangs HV = 3; every
+    floating ``torch.empty`` poisoned, so a zero above the diagonal that the kernel failed
+    to store reaches o and the gradients as NaN (shown to fail with the zero store removed)."""
     from cake_core.testing import poisoned_empty
 
-    over = dict(tok_heads=2, num_warps_tok=1, tok_heads_bwd=2, num_warps_tok_bwd=1,
-                keep_aqk=0)
+    over = dict(tok_heads=2, num_warps_tok=1, tok_heads_bwd=2, num_warps_tok_bwd=1)
     plan = kda.variant_plan(_plan, 32, 16, torch.float32, over)
     with poisoned_empty(floating_only=True):
         kda.check_plan_on_docs(plan, LENS, 32, 16, torch.float32, seed=347, H=1, HV=3)
@@ -88,7 +83,7 @@ def test_tok_kernels_launch_as_the_plan_says(kda, monkeypatch):
         assert (bgrid[1], bkw["BH"], bkw["num_warps"]) == (-(-HV // bh), bh, bw)
 
 
-def test_format_11_fields_serialised_and_checked():
+def test_tok_fields_serialised_and_checked():
     rule = make_plan(64, 64, torch.bfloat16, DEV)
     want = (2, 1, 1, 1) if DEV.type == "cuda" else (4, 4, 4, 4)  # the rule's (session 29)
     assert (rule.tok_heads, rule.num_warps_tok, rule.tok_heads_bwd,
@@ -99,22 +94,10 @@ def test_format_11_fields_serialised_and_checked():
     plan = dataclasses.replace(rule, tok_heads=8, num_warps_tok=2, tok_heads_bwd=16,
                                num_warps_tok_bwd=8)
     d = plan.to_dict()
-    assert d["version"] == KDADetPlan.format_version == 11
+    assert d["version"] == KDADetPlan.format_version == 1
     assert (d["tok_heads"], d["num_warps_tok"], d["tok_heads_bwd"],
             d["num_warps_tok_bwd"]) == (8, 2, 16, 8)
     assert KDADetPlan.from_dict(d) == plan and plan.key != rule.key
-    old = {n: x for n, x in rule.to_dict().items() if n not in OLD}
-    old["version"] = 10  # a plan serialised before the fields existed
-    with pytest.raises(ValueError, match="format version 10.*add tok_heads = 4, "
-                                         "num_warps_tok = 4, tok_heads_bwd = 4"):
-        KDADetPlan.from_dict(old)
-    old.update(OLD, version=11)  # the upgrade: the launches of format 10
-    assert KDADetPlan.from_dict(old) == dataclasses.replace(rule, **OLD)
-    old9 = {n: x for n, x in old.items() if n not in ("inv_kernel", "num_warps_inv", *OLD)}
-    old9["version"] = 9
-    with pytest.raises(ValueError, match="add inv_kernel = 0.*then .format 11.*add "
-                                         "tok_heads = 4"):
-        KDADetPlan.from_dict(old9)
 
 
 def _rule_of(device):

@@ -161,7 +161,7 @@ def _resolve_workspace(workspace, plan: KDADetPlan, device: torch.device, HV: in
 
 def _l2norm(x: torch.Tensor, plan: KDADetPlan):
     return l2norm_fwd(x, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
-                      num_warps=plan.num_warps_l2norm)
+                      num_warps=4)
 
 
 def _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate: bool, use_sigmoid: int,
@@ -184,7 +184,7 @@ def _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate: bool, use_sigmoid:
             USE_GATE=use_gate, HAS_A=A_log is not None, HAS_BIAS=dt_bias is not None,
             LOWER_BOUND=lower_bound is not None, BETA_SIGMOID=use_sigmoid,
             THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BK=plan.block_k,
-            num_warps=plan.num_warps_gate)
+            num_warps=4)
     return g_out, b_out
 
 
@@ -213,7 +213,7 @@ def _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg, dbeta, use_gate: bool,
             USE_GATE=use_gate, HAS_A=has_a, HAS_BIAS=has_bias,
             LOWER_BOUND=lower_bound is not None, BETA_SIGMOID=use_sigmoid,
             THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BK=plan.block_k,
-            num_warps=plan.num_warps_gate)
+            num_warps=4)
     # fp32 sums in block order, cast once on the host
     dA_log = ddt_bias = None
     if has_a:
@@ -262,10 +262,10 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         qn, kn = q, k
     _, beta_eff = _gate_fwd(g, beta, None, None, None, False, use_sigmoid, plan)
     kept = saved.A
-    # T (with keep_aqk: T and Aqk stacked) when the forward kept what this plan loads
-    A = kept.contiguous() if plan.keep_a and kept is not None and \
+    # T and Aqk stacked when the forward kept what this plan loads, else recomputed
+    A = kept.contiguous() if kept is not None and \
         kept.dtype == inter_dtype(plan, q.dtype) and \
-        tuple(kept.shape) == kept_a_shape(plan, NT, HV) else None
+        tuple(kept.shape) == kept_a_shape(NT, HV) else None
     dq, dk, dv, dg, dbeta, dh0 = kda_chunk_bwd(
         do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
         saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace,
@@ -450,8 +450,8 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
 # ----------------------------------------------------------------------------- custom ops
 # What torch.compile traces (the eager entry keeps _KDADetFunction: less host time). The
 # plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
-# (final state, L2-norm rstds, A without keep_a, gradients of absent inputs) are empty fp32
-# tensors ``[0]``. g_cumsum (and A with keep_a) are outputs so autograd can save them.
+# (final state, L2-norm rstds, gradients of absent inputs) are empty fp32 tensors ``[0]``.
+# g_cumsum and A are outputs so autograd can save them.
 
 
 @torch.library.custom_op("cake_kda_det_train::fwd", mutates_args=())
@@ -476,7 +476,7 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
         qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state, use_l2,
         tabs, plan, None, gate)
     return (o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q),
-            g_cumsum, optional_output(A if plan.keep_a else None, q))
+            g_cumsum, A)
 
 
 @_fwd_op.register_fake
@@ -489,8 +489,7 @@ def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale
     f32 = torch.float32
     ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
     rstd = (B, T, H) if use_l2 else (0,)
-    A = q.new_empty(kept_a_shape(plan, B * T, HV), dtype=inter_dtype(plan, q.dtype)) \
-        if plan.keep_a else q.new_empty((0,), dtype=f32)
+    A = q.new_empty(kept_a_shape(B * T, HV), dtype=inter_dtype(plan, q.dtype))
     return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
             q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)
 
@@ -583,7 +582,7 @@ class _KDADetFunction(torch.autograd.Function):
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state, use_l2,
             tables[1], plan, workspace, gate)
-        saved = _saved_set(q, k, v, g, beta, g_cumsum, A if plan.keep_a else None,
+        saved = _saved_set(q, k, v, g, beta, g_cumsum, A,
                            initial_state, tables, q_rstd, k_rstd, A_log, dt_bias,
                            scale, use_l2, plan, cu_seqlens is not None, use_gate, lower_bound,
                            use_sigmoid, cu_host=cu)
@@ -634,9 +633,8 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     dt_bias (through :func:`chunk_kda_det_bwd`); bitwise repeatable for equal inputs,
     upstream gradients, plan and hardware; not twice differentiable. The forward keeps the
     inputs, g's within-chunk cumulative sum (fp32, 4 bytes per token, value head and
-    channel), the L2-norm rstds and, with ``plan.keep_a``, each chunk's T (2 bytes per
-    token, value head and chunk position in 16-bit intermediates), with ``plan.keep_aqk``
-    also each chunk's Aqk (as many again).
+    channel), the L2-norm rstds and each chunk's T and Aqk (2 bytes each per token, value
+    head and chunk position in 16-bit intermediates).
 
     Under ``torch.compile`` (``fullgraph=True`` works) the call becomes the custom ops
     ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), which launch

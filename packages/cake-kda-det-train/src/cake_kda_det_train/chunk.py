@@ -14,15 +14,12 @@ from cake_core.triton_utils import is_interpreting, next_power_of_2
 
 from cake_kda_det_train.kernels.chunk_bwd import (
     kda_bwd_dg_cumsum_kernel,
-    kda_bwd_dh_kernel,
-    kda_bwd_dh_split_kernel,
     kda_bwd_intra_kernel,
     kda_bwd_intra_tok_kernel,
     kda_bwd_local_kernel,
 )
 from cake_kda_det_train.kernels.chunk_fwd import (
     kda_chunk_cumsum_kernel,
-    kda_fwd_h_kernel,
     kda_fwd_inv_kernel,
     kda_fwd_o_kernel,
     kda_fwd_pairs_kernel,
@@ -68,10 +65,10 @@ def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt):
             workspace["h"][:NC], workspace["aqk"][:NT])
 
 
-def kept_a_shape(plan: KDADetPlan, NT: int, HV: int) -> tuple[int, ...]:
-    """Shape of the A a forward with ``plan`` returns (and a backward with it loads): T
-    ``[NT, HV, 64]``, with ``plan.keep_aqk`` stacked with Aqk ``[2, NT, HV, 64]``."""
-    return ((2,) if plan.keep_aqk else ()) + (NT, HV, CHUNK_SIZE)
+def kept_a_shape(NT: int, HV: int) -> tuple[int, ...]:
+    """Shape of the A a forward returns (and a backward loads): T and Aqk stacked,
+    ``[2, NT, HV, 64]``."""
+    return (2, NT, HV, CHUNK_SIZE)
 
 
 def _consts(plan: KDADetPlan, dtype: torch.dtype) -> dict:
@@ -79,63 +76,44 @@ def _consts(plan: KDADetPlan, dtype: torch.dtype) -> dict:
                 BK=plan.block_k)
 
 
-def _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
-                    scratch, load_a: bool, recompute: bool, aqk_kept: bool = False):
-    """Chunk prep (G, T, w, u, Aqk) and the state recurrence (h, v_new, final state). With
-    ``recompute`` (the backward) ``g`` is ignored and G is read from ``g_cumsum``; so it is
-    with ``plan.fwd_split`` in the forward, whose caller formed G first (the cumsum kernel). With
-    ``aqk_kept`` (the backward, ``load_a``, ``plan.keep_aqk``) scratch's aqk is the
-    forward's Aqk: neither pairs kernel runs. Returns kg ``[B * T, HV, K]`` (k exp(G_last -
-    G) in the intermediates' dtype, a scratch of this call, not of the workspace) with
-    ``plan.rec_form = 2``, else None."""
+def _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A,
+                    scratch, load_a: bool):
+    """The chunk quantities (T, w, u, Aqk, kg) from G (``g_cumsum``, formed first) and the
+    state recurrence (h, v_new, final state). With ``load_a`` (the backward given the
+    forward's T and Aqk) ``A`` is that T and scratch's aqk that Aqk: neither the pairs nor
+    the inverse kernel runs. Returns kg ``[B * T, HV, K]`` (k exp(G_last - G) in the
+    intermediates' dtype, a scratch of this call, not of the workspace)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     starts, ends, chunk_off, cu_dev, NC = tabs
     N = cu_dev.numel() - 1
     w, u, v_new, h, aqk = scratch
     cst = _consts(plan, q.dtype)
-    pairs = bool(plan.fwd_split)
-    akks = g_cumsum  # a placeholder pointer unless the pairs kernel fills an A scratch
-    if pairs and not aqk_kept:  # the pair products per sub-chunk (G formed), then the prep
-        if not load_a:
-            akks = torch.empty((B * T, HV, CHUNK_SIZE), dtype=torch.float32, device=q.device)
+    if not load_a:  # the pair products per sub-chunk, the diagonal blocks per token, then T
+        akks = torch.empty((B * T, HV, CHUNK_SIZE), dtype=torch.float32, device=q.device)
         kda_fwd_pairs_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
             q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
-            BC=SUB_CHUNK, BKI=plan.block_k_inner, WANT_AKK=not load_a,
-            DIAG=plan.pairs_diag, num_warps=plan.num_warps_pairs, DT=cst["DT"],
+            BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=4, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE)
-        if plan.pairs_diag == 2:  # the diagonal blocks, token-parallel
-            kda_fwd_pairs_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads))](
-                q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
-                BT=CHUNK_SIZE, BC=SUB_CHUNK, BKF=next_power_of_2(max(16, K)),
-                BH=plan.tok_heads, WANT_AKK=not load_a, num_warps=plan.num_warps_tok)
-    kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device) \
-        if plan.rec_form == 2 else None
-    inv = bool(plan.inv_kernel) and pairs and not load_a
-    if inv:  # T in its own kernel (plan.inv_kernel), then loaded by the prep
+        kda_fwd_pairs_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads))](
+            q, k, g_cumsum, starts, ends, akks, aqk, scale, H, HV, HV // H, K,
+            BT=CHUNK_SIZE, BC=SUB_CHUNK, BKF=next_power_of_2(max(16, K)),
+            BH=plan.tok_heads, num_warps=plan.num_warps_tok)
         kda_fwd_inv_kernel[(NC, HV)](
             akks, beta, starts, ends, A, HV, PREC=cst["PREC"], BT=CHUNK_SIZE, BC=SUB_CHUNK,
-            LOG2_BT=CHUNK_SIZE.bit_length() - 1, LOG2_BC=SUB_CHUNK.bit_length() - 1,
-            MODE=plan.inv_kernel, INV_BLOCKED=bool(plan.inv_blocked),
-            num_warps=plan.num_warps_inv)
+            LOG2_BC=SUB_CHUNK.bit_length() - 1, num_warps=2)
+    kg = torch.empty((B * T, HV, K), dtype=w.dtype, device=q.device)
     kda_fwd_prep_kernel[(NC, HV)](
-        q, k, v, g_cumsum if recompute or pairs else g, beta, starts, ends, g_cumsum, A, aqk,
-        w, u, akks, kg if kg is not None else w,
-        scale, H, HV, HV // H, K, V,
-        BC=SUB_CHUNK, LOG2_BT=CHUNK_SIZE.bit_length() - 1, BVF=next_power_of_2(max(16, V)),
-        BKI=plan.block_k_inner, LOAD_A=load_a or inv, CUMSUM=not recompute and not pairs,
-        DIAG_LOAD=plan.diag_load, PAIRS=pairs, STORE_KG=kg is not None,
-        INV_BLOCKED=bool(plan.inv_blocked), LOG2_BC=SUB_CHUNK.bit_length() - 1,
+        k, v, g_cumsum, beta, starts, ends, A, w, u, kg, H, HV, HV // H, K, V,
+        BKI=plan.block_k_inner, BVF=next_power_of_2(max(16, V)),
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
     h0 = initial_state if initial_state is not None else g_cumsum
-    fwd_h = kda_fwd_h_op_kernel if plan.rec_form else kda_fwd_h_kernel
-    op = {"KG": kg is not None} if plan.rec_form else {}
-    fwd_h[(N, HV, _cdiv(V, plan.block_v_h))](
-        kg if kg is not None else k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new,
+    kda_fwd_h_op_kernel[(N, HV, _cdiv(V, plan.block_v_h))](
+        kg, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new,
         ht if ht is not None else h,
         H, HV, HV // H, K, V,
         BV=plan.block_v_h, HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
-        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **op, **cst)
+        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
     return kg
 
 
@@ -157,8 +135,8 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
         ``(o, final_state, g_cumsum, A)``: o ``[B, T, HV, V]`` in v's dtype; final_state
         fp32 ``[N, HV, K, V]`` or None; g_cumsum fp32 ``[B * T, HV, K]`` (within-chunk
         cumulative decays); A ``[B * T, HV, 64]`` each chunk's T = (I + A)^-1 in
-        :func:`cake_kda_det_train.plan.inter_dtype` (with ``plan.keep_aqk``: ``[2, B * T,
-        HV, 64]``, T then each chunk's gated ``scale q k^T``).
+        :func:`cake_kda_det_train.plan.inter_dtype` stacked with each chunk's gated ``scale
+        q k^T``: ``[2, B * T, HV, 64]``.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -167,13 +145,13 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     idt = inter_dtype(plan, q.dtype)
     NC = tabs[4]
     g_cumsum = torch.empty((NT, HV, K), dtype=torch.float32, device=dev)
-    if NC and plan.fwd_split:  # G first: the GPU starts before the host's other allocations
+    if NC:  # G first: the GPU starts before the host's other allocations
         kda_chunk_cumsum_kernel[(NC, HV)](
             g, g_cumsum, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
-            num_warps=plan.num_warps_intra)
+            num_warps=4)
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
-    # with keep_aqk: T and Aqk stacked, both returned (KDADetPlan.keep_aqk)
-    A = torch.empty(kept_a_shape(plan, NT, HV), dtype=idt, device=dev)
+    # T and Aqk stacked, both returned for the backward
+    A = torch.empty(kept_a_shape(NT, HV), dtype=idt, device=dev)
     ht = torch.empty((N, HV, K, V), dtype=torch.float32, device=dev) \
         if output_final_state else None
     if NC == 0:  # no tokens: every final state is its initial state
@@ -184,12 +162,9 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
                 ht.zero_()
         return o, ht, g_cumsum, A
     scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
-    T_out = A
-    if plan.keep_aqk:  # Aqk into the returned stack, not the workspace
-        scratch = (*scratch[:4], A[1])
-        T_out = A[0]
-    _prep_and_state(q, k, v, g, beta, scale, initial_state, ht, plan, tabs, g_cumsum, T_out,
-                    scratch, load_a=False, recompute=False)
+    scratch = (*scratch[:4], A[1])  # Aqk into the returned stack, not the workspace
+    _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A[0],
+                    scratch, load_a=False)
     _, _, v_new, h, aqk = scratch
     kda_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
         q, g_cumsum, aqk, v_new, h, tabs[0], tabs[1], o,
@@ -208,8 +183,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     Args:
         do: ``[B, T, HV, V]``. dht: fp32 ``[N, HV, K, V]`` or None (zero).
         q, k, v, beta, initial_state, tabs, scale: as given to the forward.
-        g_cumsum: the forward's. A: the forward's T (with ``plan.keep_aqk`` its ``[2, B *
-            T, HV, 64]`` stack of T and Aqk), or None (recomputed).
+        g_cumsum: the forward's. A: the forward's ``[2, B * T, HV, 64]`` stack of T and
+            Aqk, or None (recomputed).
         grad_dtype: the dtype of the returned dq and dk (fp32 when a backward of the q/k L2
             norm follows, else q's dtype: the cast is fused into the value-head sum).
 
@@ -234,7 +209,7 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     # 2026-12-02: GDN's two such passes took 2 x 94 us at its case b). The same bits: a sum
     # of one term is the term and both casts round to nearest even (under the interpreter
     # bf16 stays fp32 and torch casts, as group_sum_cast does there)
-    direct = HV == H and bool(plan.bwd_split) and bool(plan.bwd_diag)
+    direct = HV == H
     odt = direct_store_dtype(grad_dtype) if direct else f32
     dq_out, dk_out = (dq_hv, dk_hv) if odt == f32 else (
         torch.empty((NT, HV, K), dtype=odt, device=dev),
@@ -253,67 +228,53 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             else:
                 dh0.zero_()
     else:
-        load_a = bool(plan.keep_a) and A is not None and A.dtype == idt and \
-            tuple(A.shape) == kept_a_shape(plan, NT, HV)
+        load_a = A is not None and A.dtype == idt and tuple(A.shape) == kept_a_shape(NT, HV)
         scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
-        aqk_kept = load_a and bool(plan.keep_aqk)
-        if aqk_kept:  # T and the forward's Aqk: no pairs kernel runs
+        if load_a:  # T and the forward's Aqk: neither the pairs nor the inverse kernel runs
             scratch = (*scratch[:4], A[1])
             A = A[0]
-        if not load_a:
+        else:
             A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
         g_cs = g_cumsum
-        kg = _prep_and_state(q, k, v, None, beta, scale, initial_state, None, plan, tabs,
-                             g_cs, A, scratch, load_a=load_a, recompute=True,
-                             aqk_kept=aqk_kept)
+        kg = _prep_and_state(q, k, v, beta, scale, initial_state, None, plan, tabs, g_cs, A,
+                             scratch, load_a=load_a)
         w, _, v_new, h, aqk = scratch
         cst = _consts(plan, q.dtype)
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
         du = torch.empty((NT, HV, V), dtype=idt, device=dev)
         dht_c = dht.contiguous() if dht is not None else None
-        bwd_dh = kda_bwd_dh_op_kernel if plan.rec_form else kda_bwd_dh_kernel
-        op = {"KG": kg is not None} if plan.rec_form else {}
-        dh_cst = cst
-        if plan.dh_split and not plan.rec_form:  # dS in two halves of the key channels
-            bwd_dh = kda_bwd_dh_split_kernel
-            dh_cst = {n: x for n, x in cst.items() if n != "BK"}
-            dh_cst["BKH"] = plan.block_k // 2
-        bwd_dh[(N, HV, _cdiv(V, plan.block_v_h))](
-            q, kg if kg is not None else k, w, g_cs, aqk, do, tabs[3], tabs[2],
+        kda_bwd_dh_op_kernel[(N, HV, _cdiv(V, plan.block_v_h))](
+            q, kg, w, g_cs, aqk, do, tabs[3], tabs[2],
             dht_c if dht_c is not None else dh, dh, du, dh0 if dh0 is not None else dh,
             scale, H, HV, HV // H, K, V,
             BV=plan.block_v_h, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=plan.num_warps_dh, num_stages=plan.num_stages_dh, **op, **dh_cst)
-        # diag_load = 2 / bwd_split: fp32 copies of each chunk's dA and gated dAqk (FLA keeps
-        # the same two [T, 64] matrices), read back by the same program / the split kernel
-        split = bool(plan.bwd_split)
-        pscr = torch.empty((NT, HV, 2 * CHUNK_SIZE), dtype=f32, device=dev) \
-            if plan.diag_load == 2 or split else dg
+            num_warps=plan.num_warps_dh, num_stages=plan.num_stages_dh, **cst)
+        # fp32 copies of each chunk's dA and gated dAqk (FLA keeps the same two [T, 64]
+        # matrices), read back by the sub-chunk and token-parallel kernels
+        pscr = torch.empty((NT, HV, 2 * CHUNK_SIZE), dtype=f32, device=dev)
         kda_bwd_local_kernel[(NC, HV)](
             q, k, v, beta, g_cs, A, h, dh, do, v_new, du, tabs[0], tabs[1],
             dq_hv, dk_hv, dv, dg, dbeta, pscr,
             scale, H, HV, HV // H, K, V,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
-            NV=_cdiv(V, plan.block_v_bwd), DIAG_LOAD=plan.diag_load,
-            P_LOAD=plan.diag_load == 2, SPLIT=split,
-            num_warps=plan.num_warps_bwd, DT=cst["DT"],
+            NV=_cdiv(V, plan.block_v_bwd), num_warps=plan.num_warps_bwd, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE,
             **({"maxnreg": BWD_MAXNREG} if BWD_MAXNREG else {}))
-        if split:  # step 3 per 16-token sub-chunk, then dg's reverse cumsum per chunk
-            kda_bwd_intra_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
-                q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
-                H, HV, HV // H, K,
-                BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=plan.num_warps_intra,
-                DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE, TOK_DIAG=bool(plan.bwd_diag))
-            if plan.bwd_diag:  # the terms inside each sub-chunk, token-parallel
-                kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads_bwd))](
-                    q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
-                    dq_out, dk_out, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
-                    BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd,
-                    num_warps=plan.num_warps_tok_bwd)
-            kda_bwd_dg_cumsum_kernel[(NC, HV)](
-                dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
-                num_warps=plan.num_warps_intra)
+        # step 3 per 16-token sub-chunk, the terms inside each sub-chunk token-parallel,
+        # then dg's reverse cumsum per chunk
+        kda_bwd_intra_kernel[(NC * (CHUNK_SIZE // SUB_CHUNK), HV)](
+            q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
+            H, HV, HV // H, K,
+            BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=4,
+            DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
+        kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads_bwd))](
+            q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
+            dq_out, dk_out, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
+            BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd,
+            num_warps=plan.num_warps_tok_bwd)
+        kda_bwd_dg_cumsum_kernel[(NC, HV)](
+            dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
+            num_warps=4)
     # the fixed-order sum over each q/k head's value heads, fused with the cast to grad_dtype
     if direct:  # stored by the token-parallel kernel (fp32 under the interpreter: cast here)
         dq = dq_out.view(B, T, H, K).to(grad_dtype)

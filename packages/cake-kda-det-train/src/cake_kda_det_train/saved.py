@@ -21,13 +21,10 @@ class KDADetSavedSet(SavedSet):
         beta: ``[B, T, HV]`` as given (pre-sigmoid with ``use_beta_sigmoid_in_kernel``).
         g_cumsum: fp32 ``[NT, HV, K]``, the within-chunk (64 tokens, per sequence)
             cumulative sum of the per-token log decay (g, or the gate computed from it).
-        A: ``[NT, HV, 64]`` in ``plan.inter_dtype(plan, q.dtype)``, each chunk's inverse
-            T of the WY/UT form (the low-level forward always keeps it, the autograd
-            forward only with ``plan.keep_a``; ``None``: the backward recomputes it; used
-            only when the backward's plan has ``keep_a``). With ``plan.keep_aqk``: ``[2, NT,
-            HV, 64]``, T and then each chunk's gated ``scale q k^T`` (Aqk), which the
-            backward then loads instead of recomputing (used only when the backward's plan
-            has ``keep_aqk`` too).
+        A: ``[2, NT, HV, 64]`` in ``plan.inter_dtype(plan, q.dtype)``: each chunk's
+            inverse T of the WY/UT form, then its gated ``scale q k^T`` (Aqk), which the
+            backward loads instead of recomputing them (``None``, or another dtype or
+            shape: the backward recomputes both).
         initial_state: fp32 ``[N, HV, K, V]`` or ``None``.
         cu_seqlens: int64 ``[N + 1]`` token offsets on the inputs' device (built from B
             and T when none was given).

@@ -7,8 +7,8 @@ after the chunk, ``kd = k exp(G_last - G)``, ``qg = scale q exp(G)``:
     du  = Aqk^T do + kd dS                                (gradient of v_new)
     dS0 = exp(G_last) * dS + qg^T do - w^T du             (carried to the previous chunk)
 
-``kda_bwd_dh_kernel`` runs that recurrence over each sequence's chunks in reverse (per
-sequence, value head and V block), storing dS and du per chunk. ``kda_bwd_local_kernel``
+``kda_bwd_dh_op_kernel`` (kernels/rec_op.py) runs that recurrence over each sequence's
+chunks in reverse (per sequence, value head and V block), storing dS and du per chunk. ``kda_bwd_local_kernel``
 (per chunk and value head) then forms the chunk-local gradients, summing over V blocks in
 index order, key channels in blocks of ``BKI`` (the q/k/g terms before the pair products
 are parked in the dq, dk, dg outputs and read back by the same program):
@@ -16,7 +16,7 @@ are parked in the dq, dk, dg outputs and read back by the same program):
     dqg = do S0^T   dAqk = do v_new^T   dkd = v_new dS^T   dw = -du S0^T
     dT  = du (beta v)^T + dw (beta k exp(G))^T             dA = -T^T dT T^T (strictly lower)
     dv  = beta T^T du      dk_w = (T^T dw) beta exp(G)
-    q/k gradients through the gated pairs (kernels/gated.py: row_apply / col_apply)
+    q/k gradients through the gated pairs (kda_bwd_intra_kernel, kda_bwd_intra_tok_kernel)
     dG  = q dq + k (dk_row + dk_w) - k (dk_col + dk_colq + dk_kd),
           + sum_i k_i dk_kd_i + exp(G_last) sum_v S0 dS  on the last row,
     dg  = reverse cumulative sum of dG within the chunk
@@ -34,156 +34,6 @@ launch) 3221 -> 3051, 1835 -> 1804, 1265 -> 1247 and 186 -> 166, the same bits.
 import triton
 import triton.language as tl
 
-from cake_kda_det_train.kernels.gated import col_apply, col_apply_ld, row_apply, row_apply_ld
-
-
-@triton.jit
-def kda_bwd_dh_kernel(
-    Qp, Kp, W, GCUM, AQK, DO, CU, CHUNK_OFF, DHT, DH, DU, DH0,
-    scale, H, HV, GROUP, KD, VD,
-    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-):
-    n = tl.program_id(0)
-    hv = tl.program_id(1)
-    vb = tl.program_id(2)
-    hk = hv // GROUP
-    bos = tl.load(CU + n).to(tl.int64)
-    eos = tl.load(CU + n + 1).to(tl.int64)
-    c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
-    nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
-    rows = tl.arange(0, BT)
-    ck = tl.arange(0, BK)
-    cv = vb * BV + tl.arange(0, BV)
-    hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
-    s_off = ck[:, None] * VD + cv[None, :]
-    if HAS_DHT:
-        dh = tl.load(DHT + (n * HV + hv) * KD * VD + s_off, mask=hmask, other=0.0)
-    else:
-        dh = tl.zeros([BK, BV], dtype=tl.float32)
-    for i in range(nch):
-        ci = nch - 1 - i
-        start = bos + ci * BT
-        tok = start + rows
-        tmask = tok < eos
-        kmask = tmask[:, None] & (ck < KD)[None, :]
-        vmask = tmask[:, None] & (cv < VD)[None, :]
-        tl.store(DH + ((c0 + ci) * HV + hv) * KD * VD + s_off, dh.to(DH.dtype.element_ty),
-                 mask=hmask)
-        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
-        do = tl.load(DO + u_off, mask=vmask, other=0.0)
-        aqk = tl.load(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                      mask=tmask[:, None], other=0.0)
-        last = tl.minimum(start + BT, eos) - 1
-        glast = tl.load(GCUM + last * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
-        kv_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-        gc = tl.load(GCUM + kv_off, mask=kmask, other=0.0)
-        qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(W + kv_off, mask=kmask, other=0.0)
-        kd = tl.where(kmask, kb * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
-        qg = tl.where(kmask, qb * tl.exp(tl.where(kmask, gc, 0.0)), 0.0) * scale
-        du = tl.zeros([BT, BV], dtype=tl.float32)
-        du = tl.dot(tl.trans(aqk.to(DT)), do.to(DT), du, input_precision=PREC)
-        du = tl.dot(kd.to(DT), dh.to(DT), du, input_precision=PREC)
-        du = du.to(DU.dtype.element_ty)
-        tl.store(DU + u_off, du, mask=vmask)
-        dh = dh * tl.exp(glast)[:, None]
-        dh = tl.dot(tl.trans(qg.to(DT)), do.to(DT), dh, input_precision=PREC)
-        dh = tl.dot(tl.trans(-(w.to(DT))), du.to(DT), dh, input_precision=PREC)
-    if STORE_DH0:
-        tl.store(DH0 + (n * HV + hv) * KD * VD + s_off, dh, mask=hmask)
-
-
-@triton.jit
-def kda_bwd_dh_split_kernel(
-    Qp, Kp, W, GCUM, AQK, DO, CU, CHUNK_OFF, DHT, DH, DU, DH0,
-    scale, H, HV, GROUP, KD, VD,
-    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BKH: tl.constexpr,
-    BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-):
-    """``plan.dh_split = 1``: :func:`kda_bwd_dh_kernel` with the state gradient dS kept as
-    two ``[BKH, BV]`` halves of the key channels (FLA's ``chunk_gated_delta_rule_bwd_dhu``
-    keeps 64-row slices): per chunk, du = Aqk^T do + kd_a dS_a + kd_b dS_b (three dots in
-    that order), then each half dS_h = exp(G_last) dS_h + qg_h^T do - w_h^T du, with
-    ``[64, BKH]`` tiles of k, q, w and G loaded per half (G twice), so fewer fp32 tiles are
-    live at once. Same recurrence and grid; other bits than 0 (du's sum over key channels
-    in two dots)."""
-    n = tl.program_id(0)
-    hv = tl.program_id(1)
-    vb = tl.program_id(2)
-    hk = hv // GROUP
-    bos = tl.load(CU + n).to(tl.int64)
-    eos = tl.load(CU + n + 1).to(tl.int64)
-    c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
-    nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
-    rows = tl.arange(0, BT)
-    ca = tl.arange(0, BKH)
-    cb = BKH + tl.arange(0, BKH)
-    cv = vb * BV + tl.arange(0, BV)
-    ha = (ca < KD)[:, None] & (cv < VD)[None, :]
-    hb = (cb < KD)[:, None] & (cv < VD)[None, :]
-    sa = ca[:, None] * VD + cv[None, :]
-    sb = cb[:, None] * VD + cv[None, :]
-    if HAS_DHT:
-        dha = tl.load(DHT + (n * HV + hv) * KD * VD + sa, mask=ha, other=0.0)
-        dhb = tl.load(DHT + (n * HV + hv) * KD * VD + sb, mask=hb, other=0.0)
-    else:
-        dha = tl.zeros([BKH, BV], dtype=tl.float32)
-        dhb = tl.zeros([BKH, BV], dtype=tl.float32)
-    for i in range(nch):
-        ci = nch - 1 - i
-        start = bos + ci * BT
-        tok = start + rows
-        tmask = tok < eos
-        ma = tmask[:, None] & (ca < KD)[None, :]
-        mb = tmask[:, None] & (cb < KD)[None, :]
-        vmask = tmask[:, None] & (cv < VD)[None, :]
-        dbase = DH + ((c0 + ci) * HV + hv) * KD * VD
-        tl.store(dbase + sa, dha.to(DH.dtype.element_ty), mask=ha)
-        tl.store(dbase + sb, dhb.to(DH.dtype.element_ty), mask=hb)
-        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
-        do = tl.load(DO + u_off, mask=vmask, other=0.0)
-        aqk = tl.load(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                      mask=tmask[:, None], other=0.0)
-        last = tl.minimum(start + BT, eos) - 1
-        gl_base = GCUM + last * (HV * KD) + hv * KD
-        g_base = GCUM + tok[:, None] * (HV * KD) + hv * KD
-        qk_base = tok[:, None] * (H * KD) + hk * KD
-        w_base = W + tok[:, None] * (HV * KD) + hv * KD
-        gla = tl.load(gl_base + ca, mask=ca < KD, other=0.0)
-        glb = tl.load(gl_base + cb, mask=cb < KD, other=0.0)
-        du = tl.zeros([BT, BV], dtype=tl.float32)
-        du = tl.dot(tl.trans(aqk.to(DT)), do.to(DT), du, input_precision=PREC)
-        g = tl.load(g_base + ca[None, :], mask=ma, other=0.0)
-        kb = tl.load(Kp + qk_base + ca[None, :], mask=ma, other=0.0).to(tl.float32)
-        kd = tl.where(ma, kb * tl.exp(tl.where(ma, gla[None, :] - g, 0.0)), 0.0)
-        du = tl.dot(kd.to(DT), dha.to(DT), du, input_precision=PREC)
-        g = tl.load(g_base + cb[None, :], mask=mb, other=0.0)
-        kb = tl.load(Kp + qk_base + cb[None, :], mask=mb, other=0.0).to(tl.float32)
-        kd = tl.where(mb, kb * tl.exp(tl.where(mb, glb[None, :] - g, 0.0)), 0.0)
-        du = tl.dot(kd.to(DT), dhb.to(DT), du, input_precision=PREC)
-        du = du.to(DU.dtype.element_ty)
-        tl.store(DU + u_off, du, mask=vmask)
-        g = tl.load(g_base + ca[None, :], mask=ma, other=0.0)
-        qb = tl.load(Qp + qk_base + ca[None, :], mask=ma, other=0.0).to(tl.float32)
-        qg = tl.where(ma, qb * tl.exp(tl.where(ma, g, 0.0)), 0.0) * scale
-        w = tl.load(w_base + ca[None, :], mask=ma, other=0.0)
-        dha = dha * tl.exp(gla)[:, None]
-        dha = tl.dot(tl.trans(qg.to(DT)), do.to(DT), dha, input_precision=PREC)
-        dha = tl.dot(tl.trans(-(w.to(DT))), du.to(DT), dha, input_precision=PREC)
-        g = tl.load(g_base + cb[None, :], mask=mb, other=0.0)
-        qb = tl.load(Qp + qk_base + cb[None, :], mask=mb, other=0.0).to(tl.float32)
-        qg = tl.where(mb, qb * tl.exp(tl.where(mb, g, 0.0)), 0.0) * scale
-        w = tl.load(w_base + cb[None, :], mask=mb, other=0.0)
-        dhb = dhb * tl.exp(glb)[:, None]
-        dhb = tl.dot(tl.trans(qg.to(DT)), do.to(DT), dhb, input_precision=PREC)
-        dhb = tl.dot(tl.trans(-(w.to(DT))), du.to(DT), dhb, input_precision=PREC)
-    if STORE_DH0:
-        tl.store(DH0 + (n * HV + hv) * KD * VD + sa, dha, mask=ha)
-        tl.store(DH0 + (n * HV + hv) * KD * VD + sb, dhb, mask=hb)
-
 
 @triton.jit
 def kda_bwd_local_kernel(
@@ -192,8 +42,7 @@ def kda_bwd_local_kernel(
     scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, DIAG_LOAD: tl.constexpr,
-    P_LOAD: tl.constexpr, SPLIT: tl.constexpr,
+    BKI: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
 ):
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -287,57 +136,10 @@ def kda_bwd_local_kernel(
     da = tl.where((rows[:, None] > rows[None, :]) & tmask[:, None], -da, 0.0)
     pq = tl.where((rows[:, None] >= rows[None, :]) & tmask[:, None], daqk * scale, 0.0)
     ps_da = PS + hv * (2 * BT)  # [token, 2 * BT] rows: dA, then pq (this chunk's rows only)
-    if P_LOAD or SPLIT:
-        p_off = tok[:, None] * (HV * 2 * BT) + rows[None, :]
-        tl.store(ps_da + p_off, da, mask=tmask[:, None])
-        tl.store(ps_da + BT + p_off, pq, mask=tmask[:, None])
-        if P_LOAD:
-            tl.debug_barrier()  # visible to every thread of the program
-    if not SPLIT:  # else the rest runs in kda_bwd_intra_kernel, one program per sub-chunk
-        for k0 in range(0, KD, BKI):
-            ck = k0 + tl.arange(0, BKI)
-            kmask = tmask[:, None] & (ck < KD)[None, :]
-            g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-            qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-            glast = tl.load(GCUM + last_off + ck, mask=ck < KD, other=0.0)
-            # rows past the chunk's end take the last row's G (as the forward's cumsum): a 0
-            # there would overflow exp(G - r) in the pair products
-            gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
-            gc = tl.where(tmask[:, None], gc, glast[None, :])
-            kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-            qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-            if DIAG_LOAD > 0:  # partner rows of q, k and G loaded (and P's entries: 2)
-                kbase = Kp + hk * KD
-                qbase = Qp + hk * KD
-                gbase = GCUM + hv * KD
-                ps = HV * 2 * BT
-                x = row_apply_ld(da, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start, end,
-                                 ps_da, ps, DT, PREC, BT, BC, BKI, P_LOAD)
-                dbeta += tl.sum(kb * x, axis=1)
-                dk_row = x * beta[:, None]
-                dk_col = col_apply_ld(da * beta[:, None], kb, gc, kbase, H * KD, gbase, HV * KD,
-                                      ck, KD, start, end, ps_da, ps, BETA + hv, HV, DT, PREC, BT,
-                                      BC, BKI, P_LOAD, True)
-                dq_row = row_apply_ld(pq, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD, start,
-                                      end, ps_da + BT, ps, DT, PREC, BT, BC, BKI, P_LOAD)
-                dk_colq = col_apply_ld(pq, qb, gc, qbase, H * KD, gbase, HV * KD, ck, KD, start,
-                                       end, ps_da + BT, ps, BETA, HV, DT, PREC, BT, BC, BKI,
-                                       P_LOAD, False)
-            else:
-                x = row_apply(da, kb, gc, DT, PREC, BT, BC, BKI)
-                dbeta += tl.sum(kb * x, axis=1)
-                dk_row = x * beta[:, None]
-                dk_col = col_apply(da * beta[:, None], kb, gc, DT, PREC, BT, BC, BKI)
-                dq_row = row_apply(pq, kb, gc, DT, PREC, BT, BC, BKI)
-                dk_colq = col_apply(pq, qb, gc, DT, PREC, BT, BC, BKI)
-            dq = tl.load(DQ + g_off, mask=kmask, other=0.0) + dq_row
-            dk = tl.load(DK + g_off, mask=kmask, other=0.0) + dk_row + dk_col + dk_colq
-            dgc = tl.load(DG + g_off, mask=kmask, other=0.0) + qb * dq_row + kb * dk_row \
-                - kb * (dk_col + dk_colq)
-            dg = tl.cumsum(dgc, axis=0, reverse=True)
-            tl.store(DQ + g_off, dq, mask=kmask)
-            tl.store(DK + g_off, dk, mask=kmask)
-            tl.store(DG + g_off, dg, mask=kmask)
+    # to kda_bwd_intra_kernel (one program per sub-chunk) and kda_bwd_intra_tok_kernel
+    p_off = tok[:, None] * (HV * 2 * BT) + rows[None, :]
+    tl.store(ps_da + p_off, da, mask=tmask[:, None])
+    tl.store(ps_da + BT + p_off, pq, mask=tmask[:, None])
     tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)
 
 
@@ -346,18 +148,18 @@ def kda_bwd_intra_kernel(
     Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA,
     H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr, TOK_DIAG: tl.constexpr,
+    BKI: tl.constexpr,
 ):
-    """``plan.bwd_split = 1``: step 3 of :func:`kda_bwd_local_kernel` for the ``BC`` rows of
-    one sub-chunk ``s`` (grid: chunk * sub-chunks, value head), reading the chunk's dA and
-    gated dAqk (``PS``, fp32 ``[token, HV, 2 * BT]``) and the parked dq, dk, dG and dbeta
-    that the chunk kernel wrote. Per block of key channels, the row sums of
-    ``row_apply(P, k)`` (P = dA, then dAqk) over the earlier sub-chunks are one
-    ``[BC, BT] x [BT, BKI]`` dot with the reference decay of the row before ``s``, and
-    over ``s`` itself ``BC`` steps with the partner token's k, G and P entries loaded;
-    ``col_apply(P, L)`` (P = dA diag(beta) with L = k, dAqk with L = q) the same over the
-    later sub-chunks (reference: the last row of ``s``). dG is stored before its reverse
-    cumulative sum (:func:`kda_bwd_dg_cumsum_kernel`). Writes only its sub-chunk's rows."""
+    """Step 3 of :func:`kda_bwd_local_kernel` for the ``BC`` rows of one sub-chunk ``s``
+    (grid: chunk * sub-chunks, value head), reading the chunk's dA and gated dAqk (``PS``,
+    fp32 ``[token, HV, 2 * BT]``) and the parked dq, dk, dG and dbeta that the chunk kernel
+    wrote. Per block of key channels, the row sums ``sum_j P_ij k_j exp(G_i - G_j)`` (P =
+    dA, then dAqk) over the earlier sub-chunks are one ``[BC, BT] x [BT, BKI]`` dot with
+    the reference decay of the row before ``s``; the column sums (P = dA diag(beta) with
+    k, dAqk with q) the same over the later sub-chunks (reference: the last row of ``s``).
+    The terms inside ``s`` are added by :func:`kda_bwd_intra_tok_kernel`. dG is stored
+    before its reverse cumulative sum (:func:`kda_bwd_dg_cumsum_kernel`). Writes only its
+    sub-chunk's rows."""
     c = tl.program_id(0) // (BT // BC)
     s = tl.program_id(0) % (BT // BC)
     hv = tl.program_id(1)
@@ -404,10 +206,10 @@ def kda_bwd_intra_kernel(
             qk_s = stok[:, None] * (H * KD) + hk * KD + ck[None, :]
             k_s = tl.load(Kp + qk_s, mask=smk, other=0.0).to(tl.float32)
             q_s = tl.load(Qp + qk_s, mask=smk, other=0.0).to(tl.float32)
-            x = tl.zeros([BC, BKI], dtype=tl.float32)       # row_apply(dA, k)
-            dq_row = tl.zeros([BC, BKI], dtype=tl.float32)  # row_apply(dAqk, k)
-            dk_col = tl.zeros([BC, BKI], dtype=tl.float32)  # col_apply(dA diag(beta), k)
-            dk_colq = tl.zeros([BC, BKI], dtype=tl.float32)  # col_apply(dAqk, q)
+            x = tl.zeros([BC, BKI], dtype=tl.float32)       # row sums of dA with k
+            dq_row = tl.zeros([BC, BKI], dtype=tl.float32)  # row sums of dAqk with k
+            dk_col = tl.zeros([BC, BKI], dtype=tl.float32)  # column sums of dA diag(beta), k
+            dk_colq = tl.zeros([BC, BKI], dtype=tl.float32)  # column sums of dAqk with q
             if s > 0:  # the earlier sub-chunks, reference: the row before s
                 r = tl.load(GCUM + (s0 - 1) * (HV * KD) + hv * KD + ck, mask=cmask, other=0.0)
                 before = (rows < s * BC)[:, None]
@@ -434,30 +236,6 @@ def kda_bwd_intra_kernel(
                 t = tl.zeros([BC, BKI], dtype=tl.float32)
                 t = tl.dot(tl.trans(pq_c).to(DT), left_q.to(DT), t, input_precision=PREC)
                 dk_colq += er * t
-            for jj in range(0 if TOK_DIAG else BC):  # inside s: the partner's row, loaded
-                ptok = s0 + jj
-                pok = ptok < end
-                pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
-                             other=0.0).to(tl.float32)
-                pqv = tl.load(Qp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
-                              other=0.0).to(tl.float32)
-                pg = tl.load(GCUM + ptok * (HV * KD) + hv * KD + ck, mask=cmask & pok,
-                             other=0.0)
-                # row i of s pairs with earlier partner jj (P[i, jj]), column j of s with
-                # later partner jj (P[jj, j])
-                vr = ((sr >= jj) & pok)[:, None]
-                er = tl.exp(tl.where(vr, g_s - pg[None, :], 0.0))
-                pa = tl.load(psb + stok * ps + s * BC + jj, mask=smask, other=0.0)
-                pb = tl.load(psb + BT + stok * ps + s * BC + jj, mask=smask, other=0.0)
-                x += tl.where(vr, pa[:, None] * pk[None, :] * er, 0.0)
-                dq_row += tl.where(vr, pb[:, None] * pk[None, :] * er, 0.0)
-                vc = ((sr <= jj) & pok)[:, None]
-                ec = tl.exp(tl.where(vc, pg[None, :] - g_s, 0.0))
-                bj = tl.load(BETA + ptok * HV + hv, mask=pok, other=0.0).to(tl.float32)
-                pa = tl.load(psb + ptok * ps + s * BC + sr, mask=pok, other=0.0) * bj
-                pb = tl.load(psb + BT + ptok * ps + s * BC + sr, mask=pok, other=0.0)
-                dk_col += tl.where(vc, pa[:, None] * pk[None, :] * ec, 0.0)
-                dk_colq += tl.where(vc, pb[:, None] * pqv[None, :] * ec, 0.0)
             dbeta += tl.sum(k_s * x, axis=1)
             dk_row = x * beta_s[:, None]
             dq = tl.load(DQ + g_off, mask=smk, other=0.0) + dq_row
@@ -476,12 +254,10 @@ def kda_bwd_intra_tok_kernel(
     H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BKF: tl.constexpr, BH: tl.constexpr,
 ):
-    """``plan.bwd_diag = 1`` (after :func:`kda_bwd_intra_kernel` with ``TOK_DIAG``, before
-    :func:`kda_bwd_dg_cumsum_kernel`): the terms of step 3 inside each 16-token sub-chunk,
-    one program per chunk row (token i) and block of ``BH`` value heads (grid: chunk * BT,
-    cdiv(HV, BH)), all ``KD`` key channels in one ``[BH, BKF]`` tile; the token-parallel
-    form of :func:`kda_bwd_intra_kernel`'s partner loop. Over the partners j of i's
-    sub-chunk in order, with P = dA and Q = the gated dAqk (``PS``):
+    """After :func:`kda_bwd_intra_kernel`, before :func:`kda_bwd_dg_cumsum_kernel`: the
+    terms of step 3 inside each 16-token sub-chunk, one program per chunk row (token i) and
+    block of ``BH`` value heads (grid: chunk * BT, cdiv(HV, BH)), all ``KD`` key channels
+    in one ``[BH, BKF]`` tile. Over the partners j of i's sub-chunk in order, with P = dA and Q = the gated dAqk (``PS``):
     ``x += P[i, j] k_j exp(G_i - G_j)`` and ``dq_row += Q[i, j] k_j exp(G_i - G_j)`` for
     j <= i; ``dk_col += P[j, i] beta_j k_j exp(G_j - G_i)`` and
     ``dk_colq += Q[j, i] q_j exp(G_j - G_i)`` for j >= i. Then row i gets dq += dq_row,
@@ -553,7 +329,7 @@ def kda_bwd_dg_cumsum_kernel(
     DG, CHUNK_START, CHUNK_END, HV: tl.constexpr, KD: tl.constexpr,
     BT: tl.constexpr, BKI: tl.constexpr,
 ):
-    """``plan.bwd_split = 1``: dg = the reverse cumulative sum of dG within each chunk
+    """dg = the reverse cumulative sum of dG within each chunk
     (grid: chunk, value head; key channels in blocks of ``BKI``), in place."""
     c = tl.program_id(0)
     hv = tl.program_id(1)

@@ -1,8 +1,8 @@
 """Forward chunk kernels of the det chunked KDA (and the backward's recompute).
 
 Per 64-token chunk of one sequence and value head, with ``G`` the within-chunk cumulative
-sum of the per-channel log decays g ``[BT, K]``, S0 the state at the chunk's start, and
-pair products from :mod:`cake_kda_det_train.kernels.gated` (``M`` strictly lower):
+sum of the per-channel log decays g ``[BT, K]``, S0 the state at the chunk's start and
+``M`` strictly lower:
 
     A   = M * beta_i sum_c k_ic k_jc exp(G_ic - G_jc)        T = (I + A)^-1
     w   = T (beta * exp(G) * k)         u = T (beta * v)      (WY/UT form)
@@ -11,72 +11,33 @@ pair products from :mod:`cake_kda_det_train.kernels.gated` (``M`` strictly lower
     o   = scale (q * exp(G)) S0 + Aqk v_new
     S1  = exp(G_last) * S0 + (k * exp(G_last - G))^T v_new
 
-``kda_fwd_prep_kernel`` (one program per chunk and value head) computes G (or, in the
-backward's recompute, loads the forward's), T (or loads it: the forward's kept T in the
-backward, or with ``plan.inv_kernel`` the T that ``kda_fwd_inv_kernel`` just formed from
-the pairs kernels' raw k k^T), w, u and Aqk,
-taking the key channels in blocks of ``BKI`` (the pair products summed over the blocks in
-index order; small blocks keep registers and shared memory bounded at K = 128);
-with ``plan.rec_form = 2`` it also stores kg = k exp(G_last - G) (kernels/rec_op.py);
-``kda_fwd_h_kernel`` (per sequence, value head and V block) runs the state recurrence
-over the sequence's chunks in order, storing each chunk's S0 and v_new; ``kda_fwd_o_kernel``
-(per chunk, value head, V block) the output. No atomics: every program writes only its own
-rows and columns.
+In launch order: ``kda_chunk_cumsum_kernel`` forms G; ``kda_fwd_pairs_kernel`` (per
+16-token sub-chunk) the pair products with the earlier sub-chunks and
+``kda_fwd_pairs_tok_kernel`` (per token) those inside each sub-chunk (raw k k^T to an fp32
+scratch, Aqk); ``kda_fwd_inv_kernel`` T; ``kda_fwd_prep_kernel`` (per chunk and value head)
+w, u and kg = k exp(G_last - G), key channels in blocks of ``BKI``;
+``kda_fwd_h_op_kernel`` (kernels/rec_op.py; per sequence, value head and V block) the state
+recurrence over the sequence's chunks in order, storing each chunk's S0 and v_new;
+``kda_fwd_o_kernel`` (per chunk, value head, V block) the output. The backward's recompute
+runs the same kernels (without the pairs and inverse kernels when the forward's T and Aqk
+are given). No atomics: every program writes only its own rows and columns.
 """
 
 import triton
 import triton.language as tl
-from cake_core.triangular import unit_lower_inverse, unit_lower_inverse_blocked
-
-from cake_kda_det_train.kernels.gated import gated_pair, gated_pair_ld
-
-
-@triton.jit
-def _chunk_g(Gp, GCUM, g_off, kmask, tmask, last_off, ck, KD, CUMSUM: tl.constexpr):
-    """G ``[BT, BKI]`` of one block of key channels: the cumulative sum of the per-token
-    decays (stored to GCUM when ``CUMSUM``), or the forward's G loaded back from ``Gp`` with
-    rows past the chunk's end set to the last row's (as the cumsum gives them: a 0 there
-    would overflow exp(G - r) in the pair products)."""
-    if CUMSUM:
-        g = tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32)
-        gc = tl.cumsum(g, axis=0)
-        tl.store(GCUM + g_off, gc, mask=kmask)
-    else:
-        glast = tl.load(Gp + last_off + ck, mask=ck < KD, other=0.0)
-        gc = tl.load(Gp + g_off, mask=kmask, other=0.0)
-        gc = tl.where(tmask[:, None], gc, glast[None, :])
-    return gc
-
-
-@triton.jit
-def _chunk_t(akk, beta, rows, tmask, Ap, BT: tl.constexpr, LOG2_BT: tl.constexpr,
-             PREC: tl.constexpr, BC: tl.constexpr, LOG2_BC: tl.constexpr,
-             INV_BLOCKED: tl.constexpr):
-    """One chunk's whole-tile T = (I + A)^-1, A = M * beta_i akk (``akk`` the raw gated
-    ``k k^T`` ``[BT, BT]`` fp32; M strictly lower, rows inside the chunk), with the 16 x 16
-    diagonal blocks apart first when ``INV_BLOCKED`` (plan.inv_blocked); rounded to A's
-    dtype (``Ap``'s) and back before use, so a backward that loads the kept T computes w
-    and u from the same values as one that recomputes it. The prep's inverse and
-    ``kda_fwd_inv_kernel``'s mode 1 (the same ops, the same bits)."""
-    lower = (rows[:, None] > rows[None, :]) & tmask[:, None]
-    a_raw = tl.where(lower, beta[:, None] * akk, 0.0)
-    if INV_BLOCKED:
-        tm = unit_lower_inverse_blocked(a_raw, BT, LOG2_BT, PREC, BC, LOG2_BC)
-    else:
-        tm = unit_lower_inverse(a_raw, BT, LOG2_BT, PREC)
-    return tm.to(Ap.dtype.element_ty).to(tl.float32)
+from cake_core.triangular import unit_lower_inverse
 
 
 @triton.jit
 def kda_fwd_prep_kernel(
-    Qp, Kp, Vp, Gp, BETA, CHUNK_START, CHUNK_END,
-    GCUM, Ap, AQK, W, U, AKKS, KG,
-    scale, H, HV, GROUP, KD, VD,
-    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    LOG2_BT: tl.constexpr, BKI: tl.constexpr, BVF: tl.constexpr, LOAD_A: tl.constexpr,
-    CUMSUM: tl.constexpr, DIAG_LOAD: tl.constexpr, PAIRS: tl.constexpr,
-    STORE_KG: tl.constexpr, INV_BLOCKED: tl.constexpr = False, LOG2_BC: tl.constexpr = 4,
+    Kp, Vp, GCUM, BETA, CHUNK_START, CHUNK_END, Ap, W, U, KG,
+    H, HV, GROUP, KD, VD,
+    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BKI: tl.constexpr,
+    BVF: tl.constexpr,
 ):
+    """w, u and kg of one chunk and value head (grid: chunks, value heads) from the T that
+    ``kda_fwd_inv_kernel`` stored (or the forward kept, in the backward) and the G of
+    ``kda_chunk_cumsum_kernel``; key channels in blocks of ``BKI``."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // GROUP
@@ -88,71 +49,29 @@ def kda_fwd_prep_kernel(
     cv = tl.arange(0, BVF)
     vmask = tmask[:, None] & (cv < VD)[None, :]
     beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
-    last_off = (end - 1) * (HV * KD) + hv * KD
-
-    # the gated pair products, summed over blocks of BKI key channels in index order
-    akk = tl.zeros([BT, BT], dtype=tl.float32)
-    aqk = tl.zeros([BT, BT], dtype=tl.float32)
-    if not PAIRS:  # else kda_fwd_pairs_kernel formed them (plan.fwd_split)
-        for k0 in range(0, KD, BKI):
-            ck = k0 + tl.arange(0, BKI)
-            kmask = tmask[:, None] & (ck < KD)[None, :]
-            gc = _chunk_g(Gp, GCUM, tok[:, None] * (HV * KD) + hv * KD + ck[None, :], kmask,
-                          tmask, last_off, ck, KD, CUMSUM)
-            qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-            kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-            qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-            if DIAG_LOAD > 0:  # partner rows of k and G loaded (G: this block's, just stored)
-                if CUMSUM:
-                    tl.debug_barrier()  # the GCUM stores are visible to every thread
-                kbase = Kp + hk * KD
-                gbase = GCUM + hv * KD
-                if not LOAD_A:
-                    akk += gated_pair_ld(kb, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD,
-                                         start, end, DT, PREC, BT, BC, BKI, False)
-                aqk += gated_pair_ld(qb, kb, gc, kbase, H * KD, gbase, HV * KD, ck, KD,
-                                     start, end, DT, PREC, BT, BC, BKI, True)
-            else:
-                if not LOAD_A:
-                    akk += gated_pair(kb, kb, gc, DT, PREC, BT, BC, BKI, False)
-                aqk += gated_pair(qb, kb, gc, DT, PREC, BT, BC, BKI, True)
-
-    a_ptr = Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :]
-    if LOAD_A:  # the backward with the T its forward kept, or T of kda_fwd_inv_kernel
-        tm = tl.load(a_ptr, mask=tmask[:, None], other=0.0).to(tl.float32)
-    else:
-        if PAIRS:  # the raw gated k k^T of kda_fwd_pairs_kernel (fp32 scratch)
-            akk = tl.load(AKKS + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                          mask=tmask[:, None], other=0.0)
-        tm = _chunk_t(akk, beta, rows, tmask, Ap, BT, LOG2_BT, PREC, BC, LOG2_BC, INV_BLOCKED)
-        tl.store(a_ptr, tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
-    if not PAIRS:
-        tl.store(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                 (aqk * scale).to(AQK.dtype.element_ty), mask=tmask[:, None])
+    tm = tl.load(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :], mask=tmask[:, None],
+                 other=0.0).to(tl.float32)
 
     vb = tl.load(Vp + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask, other=0.0)
     u = tl.zeros([BT, BVF], dtype=tl.float32)
     u = tl.dot(tm.to(DT), (vb.to(tl.float32) * beta[:, None]).to(DT), u, input_precision=PREC)
     tl.store(U + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], u.to(U.dtype.element_ty),
              mask=vmask)
-    for k0 in range(0, KD, BKI):  # w, block by block (G recomputed: same op, same bits)
+    for k0 in range(0, KD, BKI):  # w and kg, block by block
         ck = k0 + tl.arange(0, BKI)
         kmask = tmask[:, None] & (ck < KD)[None, :]
         g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-        if CUMSUM:
-            gc = tl.cumsum(tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32), axis=0)
-        else:
-            gc = tl.load(Gp + g_off, mask=kmask, other=0.0)
+        gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
         kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
                      other=0.0).to(tl.float32)
         eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
         w = tl.zeros([BT, BKI], dtype=tl.float32)
         w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
         tl.store(W + g_off, w.to(W.dtype.element_ty), mask=kmask)
-        if STORE_KG:  # plan.rec_form = 2: kg = k exp(G_last - G) for the state kernels
-            gl = tl.sum(tl.where((tok == end - 1)[:, None], gc, 0.0), axis=0)
-            kg = tl.where(kmask, kb * tl.exp(tl.where(kmask, gl[None, :] - gc, 0.0)), 0.0)
-            tl.store(KG + g_off, kg.to(KG.dtype.element_ty), mask=kmask)
+        # kg = k exp(G_last - G) for the state kernels (kernels/rec_op.py)
+        gl = tl.sum(tl.where((tok == end - 1)[:, None], gc, 0.0), axis=0)
+        kg = tl.where(kmask, kb * tl.exp(tl.where(kmask, gl[None, :] - gc, 0.0)), 0.0)
+        tl.store(KG + g_off, kg.to(KG.dtype.element_ty), mask=kmask)
 
 
 @triton.jit
@@ -184,131 +103,64 @@ def _inv_store(Ap, t, start, end, hv, HV, R: tl.constexpr, C: tl.constexpr,
 @triton.jit
 def kda_fwd_inv_kernel(
     AKKS, BETA, CHUNK_START, CHUNK_END, Ap, HV,
-    PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, LOG2_BT: tl.constexpr,
-    LOG2_BC: tl.constexpr, MODE: tl.constexpr, INV_BLOCKED: tl.constexpr,
+    PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, LOG2_BC: tl.constexpr,
 ):
-    """``plan.inv_kernel``: each chunk's T = (I + A)^-1 from the raw gated ``k k^T`` of the
-    pairs kernels (fp32 ``AKKS``, ``[B * T, HV, BT]``) and beta, stored in A's dtype to
-    ``Ap`` (one program per chunk and value head; grid: chunks, value heads); the prep then
-    loads it as the backward's does. ``MODE = 1``: the prep's own inverse, whole tile
-    (:func:`unit_lower_inverse_blocked` with ``INV_BLOCKED``, else
-    :func:`unit_lower_inverse`); ``MODE = 2``: the four ``[BC, BC]`` diagonal blocks
-    inverted apart (doubling), then merged block by block (``T_rc = -T_rr sum_{c <= m < r}
-    A_rm T_mc``, the merge of FLA's ``solve_tril``): 16 dots of ``BC^3`` after the blocks'
-    own, in place of the whole tile's four of ``BT^3``. Rows past the chunk's end are not
-    written; T's upper blocks are stored as zeros."""
+    """Each chunk's T = (I + A)^-1 from the raw gated ``k k^T`` of the pairs kernels (fp32
+    ``AKKS``, ``[B * T, HV, BT]``) and beta, stored in A's dtype to ``Ap`` (one program per
+    chunk and value head; grid: chunks, value heads); the prep then loads it. The four
+    ``[BC, BC]`` diagonal blocks inverted apart (doubling), then merged block by block
+    (``T_rc = -T_rr sum_{c <= m < r} A_rm T_mc``, the merge of FLA's ``solve_tril``): 16
+    dots of ``BC^3`` after the blocks' own, in place of the whole tile's four of ``BT^3``.
+    Rows past the chunk's end are not written; T's upper blocks are stored as zeros."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     start = tl.load(CHUNK_START + c).to(tl.int64)
     end = tl.load(CHUNK_END + c).to(tl.int64)
-    if MODE == 1:
-        rows = tl.arange(0, BT)
-        tok = start + rows
-        tmask = tok < end
-        beta = tl.load(BETA + tok * HV + hv, mask=tmask, other=0.0).to(tl.float32)
-        akk = tl.load(AKKS + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                      mask=tmask[:, None], other=0.0)
-        tm = _chunk_t(akk, beta, rows, tmask, Ap, BT, LOG2_BT, PREC, BC, LOG2_BC, INV_BLOCKED)
-        tl.store(Ap + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                 tm.to(Ap.dtype.element_ty), mask=tmask[:, None])
-    else:
-        tl.static_assert(BT == 4 * BC, "MODE 2 merges four diagonal blocks")
-        t00 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 0, 0, BT, BC),
-                                 BC, LOG2_BC, PREC)
-        t11 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 1, 1, BT, BC),
-                                 BC, LOG2_BC, PREC)
-        t22 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 2, 2, BT, BC),
-                                 BC, LOG2_BC, PREC)
-        t33 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 3, 3, BT, BC),
-                                 BC, LOG2_BC, PREC)
-        a10 = _inv_block(AKKS, BETA, start, end, hv, HV, 1, 0, BT, BC)
-        a20 = _inv_block(AKKS, BETA, start, end, hv, HV, 2, 0, BT, BC)
-        a21 = _inv_block(AKKS, BETA, start, end, hv, HV, 2, 1, BT, BC)
-        a30 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 0, BT, BC)
-        a31 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 1, BT, BC)
-        a32 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 2, BT, BC)
-        t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC), input_precision=PREC)
-        t21 = -tl.dot(t22, tl.dot(a21, t11, input_precision=PREC), input_precision=PREC)
-        t32 = -tl.dot(t33, tl.dot(a32, t22, input_precision=PREC), input_precision=PREC)
-        s20 = tl.dot(a20, t00, input_precision=PREC)
-        s20 = tl.dot(a21, t10, s20, input_precision=PREC)
-        t20 = -tl.dot(t22, s20, input_precision=PREC)
-        s31 = tl.dot(a31, t11, input_precision=PREC)
-        s31 = tl.dot(a32, t21, s31, input_precision=PREC)
-        t31 = -tl.dot(t33, s31, input_precision=PREC)
-        s30 = tl.dot(a30, t00, input_precision=PREC)
-        s30 = tl.dot(a31, t10, s30, input_precision=PREC)
-        s30 = tl.dot(a32, t20, s30, input_precision=PREC)
-        t30 = -tl.dot(t33, s30, input_precision=PREC)
-        z = tl.zeros([BC, BC], dtype=tl.float32)
-        _inv_store(Ap, t00, start, end, hv, HV, 0, 0, BT, BC)
-        _inv_store(Ap, z, start, end, hv, HV, 0, 1, BT, BC)
-        _inv_store(Ap, z, start, end, hv, HV, 0, 2, BT, BC)
-        _inv_store(Ap, z, start, end, hv, HV, 0, 3, BT, BC)
-        _inv_store(Ap, t10, start, end, hv, HV, 1, 0, BT, BC)
-        _inv_store(Ap, t11, start, end, hv, HV, 1, 1, BT, BC)
-        _inv_store(Ap, z, start, end, hv, HV, 1, 2, BT, BC)
-        _inv_store(Ap, z, start, end, hv, HV, 1, 3, BT, BC)
-        _inv_store(Ap, t20, start, end, hv, HV, 2, 0, BT, BC)
-        _inv_store(Ap, t21, start, end, hv, HV, 2, 1, BT, BC)
-        _inv_store(Ap, t22, start, end, hv, HV, 2, 2, BT, BC)
-        _inv_store(Ap, z, start, end, hv, HV, 2, 3, BT, BC)
-        _inv_store(Ap, t30, start, end, hv, HV, 3, 0, BT, BC)
-        _inv_store(Ap, t31, start, end, hv, HV, 3, 1, BT, BC)
-        _inv_store(Ap, t32, start, end, hv, HV, 3, 2, BT, BC)
-        _inv_store(Ap, t33, start, end, hv, HV, 3, 3, BT, BC)
-
-
-@triton.jit
-def kda_fwd_h_kernel(
-    Kp, W, U, GCUM, CU, CHUNK_OFF, H0, HBUF, VNEW, HT,
-    H, HV, GROUP, KD, VD,
-    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
-):
-    n = tl.program_id(0)
-    hv = tl.program_id(1)
-    vb = tl.program_id(2)
-    hk = hv // GROUP
-    bos = tl.load(CU + n).to(tl.int64)
-    eos = tl.load(CU + n + 1).to(tl.int64)
-    c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
-    nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
-    rows = tl.arange(0, BT)
-    ck = tl.arange(0, BK)
-    cv = vb * BV + tl.arange(0, BV)
-    hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
-    s_off = ck[:, None] * VD + cv[None, :]
-    if HAS_H0:
-        h = tl.load(H0 + (n * HV + hv) * KD * VD + s_off, mask=hmask, other=0.0)
-    else:
-        h = tl.zeros([BK, BV], dtype=tl.float32)
-    for i in range(nch):
-        start = bos + i * BT
-        tok = start + rows
-        tmask = tok < eos
-        kmask = tmask[:, None] & (ck < KD)[None, :]
-        vmask = tmask[:, None] & (cv < VD)[None, :]
-        tl.store(HBUF + ((c0 + i) * HV + hv) * KD * VD + s_off, h.to(HBUF.dtype.element_ty),
-                 mask=hmask)
-        kv_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
-        w = tl.load(W + kv_off, mask=kmask, other=0.0)
-        u_off = tok[:, None] * (HV * VD) + hv * VD + cv[None, :]
-        u = tl.load(U + u_off, mask=vmask, other=0.0).to(tl.float32)
-        wh = tl.zeros([BT, BV], dtype=tl.float32)
-        wh = tl.dot(w.to(DT), h.to(DT), wh, input_precision=PREC)
-        vnew = (u - wh).to(VNEW.dtype.element_ty)
-        tl.store(VNEW + u_off, vnew, mask=vmask)
-        last = tl.minimum(start + BT, eos) - 1
-        glast = tl.load(GCUM + last * (HV * KD) + hv * KD + ck, mask=ck < KD, other=0.0)
-        gc = tl.load(GCUM + kv_off, mask=kmask, other=0.0)
-        kb = tl.load(Kp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
-                     other=0.0).to(tl.float32)
-        kd = tl.where(kmask, kb * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
-        h = h * tl.exp(glast)[:, None]
-        h = tl.dot(tl.trans(kd.to(DT)), vnew.to(DT), h, input_precision=PREC)
-    if STORE_FINAL:
-        tl.store(HT + (n * HV + hv) * KD * VD + s_off, h, mask=hmask)
+    tl.static_assert(BT == 4 * BC, "the merge takes four diagonal blocks")
+    t00 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 0, 0, BT, BC),
+                             BC, LOG2_BC, PREC)
+    t11 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 1, 1, BT, BC),
+                             BC, LOG2_BC, PREC)
+    t22 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 2, 2, BT, BC),
+                             BC, LOG2_BC, PREC)
+    t33 = unit_lower_inverse(_inv_block(AKKS, BETA, start, end, hv, HV, 3, 3, BT, BC),
+                             BC, LOG2_BC, PREC)
+    a10 = _inv_block(AKKS, BETA, start, end, hv, HV, 1, 0, BT, BC)
+    a20 = _inv_block(AKKS, BETA, start, end, hv, HV, 2, 0, BT, BC)
+    a21 = _inv_block(AKKS, BETA, start, end, hv, HV, 2, 1, BT, BC)
+    a30 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 0, BT, BC)
+    a31 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 1, BT, BC)
+    a32 = _inv_block(AKKS, BETA, start, end, hv, HV, 3, 2, BT, BC)
+    t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC), input_precision=PREC)
+    t21 = -tl.dot(t22, tl.dot(a21, t11, input_precision=PREC), input_precision=PREC)
+    t32 = -tl.dot(t33, tl.dot(a32, t22, input_precision=PREC), input_precision=PREC)
+    s20 = tl.dot(a20, t00, input_precision=PREC)
+    s20 = tl.dot(a21, t10, s20, input_precision=PREC)
+    t20 = -tl.dot(t22, s20, input_precision=PREC)
+    s31 = tl.dot(a31, t11, input_precision=PREC)
+    s31 = tl.dot(a32, t21, s31, input_precision=PREC)
+    t31 = -tl.dot(t33, s31, input_precision=PREC)
+    s30 = tl.dot(a30, t00, input_precision=PREC)
+    s30 = tl.dot(a31, t10, s30, input_precision=PREC)
+    s30 = tl.dot(a32, t20, s30, input_precision=PREC)
+    t30 = -tl.dot(t33, s30, input_precision=PREC)
+    z = tl.zeros([BC, BC], dtype=tl.float32)
+    _inv_store(Ap, t00, start, end, hv, HV, 0, 0, BT, BC)
+    _inv_store(Ap, z, start, end, hv, HV, 0, 1, BT, BC)
+    _inv_store(Ap, z, start, end, hv, HV, 0, 2, BT, BC)
+    _inv_store(Ap, z, start, end, hv, HV, 0, 3, BT, BC)
+    _inv_store(Ap, t10, start, end, hv, HV, 1, 0, BT, BC)
+    _inv_store(Ap, t11, start, end, hv, HV, 1, 1, BT, BC)
+    _inv_store(Ap, z, start, end, hv, HV, 1, 2, BT, BC)
+    _inv_store(Ap, z, start, end, hv, HV, 1, 3, BT, BC)
+    _inv_store(Ap, t20, start, end, hv, HV, 2, 0, BT, BC)
+    _inv_store(Ap, t21, start, end, hv, HV, 2, 1, BT, BC)
+    _inv_store(Ap, t22, start, end, hv, HV, 2, 2, BT, BC)
+    _inv_store(Ap, z, start, end, hv, HV, 2, 3, BT, BC)
+    _inv_store(Ap, t30, start, end, hv, HV, 3, 0, BT, BC)
+    _inv_store(Ap, t31, start, end, hv, HV, 3, 1, BT, BC)
+    _inv_store(Ap, t32, start, end, hv, HV, 3, 2, BT, BC)
+    _inv_store(Ap, t33, start, end, hv, HV, 3, 3, BT, BC)
 
 
 @triton.jit
@@ -354,7 +206,7 @@ def kda_chunk_cumsum_kernel(
     Gp, GCUM, CHUNK_START, CHUNK_END, HV, KD,
     BT: tl.constexpr, BKI: tl.constexpr,
 ):
-    """``plan.fwd_split = 1``: G, the cumulative sum of the per-token log decays within
+    """G, the cumulative sum of the per-token log decays within
     each chunk (grid: chunk, value head; key channels in blocks of ``BKI``)."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
@@ -375,19 +227,15 @@ def kda_fwd_pairs_kernel(
     Qp, Kp, GCUM, CHUNK_START, CHUNK_END, AKKS, AQK,
     scale, H, HV, GROUP, KD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-    BKI: tl.constexpr, WANT_AKK: tl.constexpr, DIAG: tl.constexpr,
+    BKI: tl.constexpr,
 ):
-    """``plan.fwd_split = 1``: the gated pair products of the ``BC`` rows of one sub-chunk
-    ``s`` (grid: chunk * sub-chunks, value head): ``sum_c L_i k_jc exp(G_ic - G_jc)`` with
-    L = k for j < i (A, raw: stored fp32 to ``AKKS`` when ``WANT_AKK``) and L = q for
-    j <= i (Aqk, stored times ``scale`` to ``AQK``). Per block of key channels, in index
-    order: the earlier sub-chunks by one ``[BC, BKI] x [BKI, BT]`` dot (reference decay: the
-    row before s, as :func:`gated_pair`), s itself by ``BC`` steps with the partner token's
-    k and G rows loaded (``DIAG = 0``, ``plan.pairs_diag = 0``; one exp per pair and channel,
-    shared by A and Aqk); with ``DIAG = 1`` s itself at once as a ``[BC, BC, BKI]``
-    broadcast; both kept in ``[BC, BC]`` tiles and stored after the rest of the rows. With
-    ``DIAG = 2`` s's own block is left to :func:`kda_fwd_pairs_tok_kernel` (disjoint
-    columns). Writes only its sub-chunk's rows."""
+    """The gated pair products of the ``BC`` rows of one sub-chunk ``s`` with the earlier
+    sub-chunks (grid: chunk * sub-chunks, value head): ``sum_c L_i k_jc exp(G_ic - G_jc)``
+    with L = k (A, raw: stored fp32 to ``AKKS``) and L = q (Aqk, stored times ``scale`` to
+    ``AQK``). Per block of key channels, in index order, one ``[BC, BKI] x [BKI, BT]`` dot
+    (reference decay: the row before s); s's own ``[BC, BC]`` block is left to
+    :func:`kda_fwd_pairs_tok_kernel` (disjoint columns), the later columns stored as zeros.
+    Writes only its sub-chunk's rows."""
     c = tl.program_id(0) // (BT // BC)
     s = tl.program_id(0) % (BT // BC)
     hv = tl.program_id(1)
@@ -405,8 +253,6 @@ def kda_fwd_pairs_kernel(
         last_off = (end - 1) * (HV * KD) + hv * KD
         akk = tl.zeros([BC, BT], dtype=tl.float32)
         aqk = tl.zeros([BC, BT], dtype=tl.float32)
-        dk3 = tl.zeros([BC, BC], dtype=tl.float32)  # s's own block
-        dq3 = tl.zeros([BC, BC], dtype=tl.float32)
         for k0 in range(0, KD, BKI):
             ck = k0 + tl.arange(0, BKI)
             cmask = ck < KD
@@ -431,50 +277,14 @@ def kda_fwd_pairs_kernel(
                 right = tl.where(before, k_all * tl.exp(tl.where(before, r[None, :] - g_all,
                                                                   0.0)), 0.0)
                 eg = tl.exp(g_s - r[None, :])
-                if WANT_AKK:
-                    mk = tl.dot((k_s * eg).to(DT), tl.trans(right.to(DT)), mk,
-                                input_precision=PREC)
+                mk = tl.dot((k_s * eg).to(DT), tl.trans(right.to(DT)), mk, input_precision=PREC)
                 mq = tl.dot((q_s * eg).to(DT), tl.trans(right.to(DT)), mq, input_precision=PREC)
-            if DIAG == 1:  # inside s at once: row i, partner j, channel c
-                vq = (sr[:, None] >= sr[None, :]) & smask[None, :]
-                e3 = tl.exp(tl.where(vq[:, :, None], g_s[:, None, :] - g_s[None, :, :], 0.0))
-                if WANT_AKK:
-                    vk = ((sr[:, None] > sr[None, :]) & smask[None, :])[:, :, None]
-                    dk3 += tl.sum(tl.where(vk, k_s[:, None, :] * k_s[None, :, :] * e3, 0.0),
-                                  axis=2)
-                dq3 += tl.sum(tl.where(vq[:, :, None], q_s[:, None, :] * k_s[None, :, :] * e3,
-                                       0.0), axis=2)
-            if DIAG == 0:  # inside s: the partner token's row, loaded
-                for jj in range(BC):
-                    ptok = s0 + jj
-                    pok = ptok < end
-                    pk = tl.load(Kp + ptok * (H * KD) + hk * KD + ck, mask=cmask & pok,
-                                 other=0.0).to(tl.float32)
-                    pg = tl.load(GCUM + ptok * (HV * KD) + hv * KD + ck, mask=cmask & pok,
-                                 other=0.0)
-                    col = (sr == jj)[None, :]
-                    # one exp per pair and channel for A (j < i) and Aqk (j <= i)
-                    valid = ((sr >= jj) & pok)[:, None]
-                    e = tl.exp(tl.where(valid, g_s - pg[None, :], 0.0))
-                    if WANT_AKK:
-                        vk = ((sr > jj) & pok)[:, None]
-                        val = tl.sum(tl.where(vk, k_s * pk[None, :] * e, 0.0), axis=1)
-                        dk3 += tl.where(col, val[:, None], 0.0)
-                    val = tl.sum(tl.where(valid, q_s * pk[None, :] * e, 0.0), axis=1)
-                    dq3 += tl.where(col, val[:, None], 0.0)
-            if WANT_AKK:
-                akk += mk
+            akk += mk
             aqk += mq
         a_off = stok[:, None] * (HV * BT) + hv * BT + rows[None, :]
         # the diagonal block's columns from the [BC, BC] tiles (disjoint stores)
         amask = smask[:, None] & ((rows < s * BC) | (rows >= s * BC + BC))[None, :]
-        if DIAG != 2:
-            d_off = stok[:, None] * (HV * BT) + hv * BT + s * BC + sr[None, :]
-            if WANT_AKK:
-                tl.store(AKKS + d_off, dk3, mask=smask[:, None])
-            tl.store(AQK + d_off, (dq3 * scale).to(AQK.dtype.element_ty), mask=smask[:, None])
-        if WANT_AKK:
-            tl.store(AKKS + a_off, akk, mask=amask)
+        tl.store(AKKS + a_off, akk, mask=amask)
         tl.store(AQK + a_off, (aqk * scale).to(AQK.dtype.element_ty), mask=amask)
 
 
@@ -483,21 +293,20 @@ def kda_fwd_pairs_tok_kernel(
     Qp, Kp, GCUM, CHUNK_START, CHUNK_END, AKKS, AQK,
     scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BKF: tl.constexpr, BH: tl.constexpr,
-    WANT_AKK: tl.constexpr,
 ):
-    """``plan.pairs_diag = 2``: the diagonal ``[BC, BC]`` blocks of the gated pair products,
+    """The diagonal ``[BC, BC]`` blocks of the gated pair products,
     one program per chunk row (token) and block of ``BH`` (``plan.tok_heads``) value heads
     (grid: chunk * BT, cdiv(HV, BH)); the token-parallel form of FLA's
     ``chunk_kda_fwd_intra_token_parallel``. Token i of sub-chunk s pairs with each partner
     j of s up to itself, in order, with all ``KD`` channels in one ``[BH, BKF]`` tile:
     ``e = exp(G_i - G_j)``, ``A[i, j] = sum_c k_ic (k_jc e_c)`` for j < i (raw, fp32 to
-    ``AKKS`` when ``WANT_AKK``) and ``Aqk[i, j] = sum_c q_ic (k_jc e_c)`` for j <= i (times
+    ``AKKS``) and ``Aqk[i, j] = sum_c q_ic (k_jc e_c)`` for j <= i (times
     ``scale``, to ``AQK``), each column stored as soon as it is summed (as FLA's kernel
     does; gathering row i in a ``[BH, BC]`` tile first, as before session 29, gave the same
     bits); A's column i is stored as 0 in the loop, and the columns after i get their
     zeros in one masked store (other addresses: no order between the stores is needed; the
     output kernel's ``Aqk v_new`` dot reads those zeros). Writes only row i's ``BC``
-    diagonal-block columns (:func:`kda_fwd_pairs_kernel` with ``DIAG = 2`` writes the rest
+    diagonal-block columns (:func:`kda_fwd_pairs_kernel` writes the rest
     of the row). H, HV, GROUP and KD are compile-time. On an H200 at case b (session 29, us per launch): the
     tile form 624, these stores 579 (the same bits), with compile-time shapes at the rule's
     2 heads x 1 warp 435 (445 without)."""
@@ -518,8 +327,7 @@ def kda_fwd_pairs_tok_kernel(
         g_off = hv[:, None] * KD + ck[None, :]
         q_i = tl.load(Qp + i_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
         g_i = tl.load(GCUM + i_tok * (HV * KD) + g_off, mask=m, other=0.0)
-        if WANT_AKK:
-            k_i = tl.load(Kp + i_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
+        k_i = tl.load(Kp + i_tok * (H * KD) + qk_off, mask=m, other=0.0).to(tl.float32)
         row = i_tok * (HV * BT) + hv * BT + (r - il)
         for jj in range(0, il + 1):
             j_tok = ts + jj
@@ -528,13 +336,11 @@ def kda_fwd_pairs_tok_kernel(
             kg = k_j * tl.exp(g_i - g_j)  # masked lanes: k_j = 0, exp(0) = 1
             aq = tl.sum(q_i * kg, axis=1)
             tl.store(AQK + row + jj, (aq * scale).to(AQK.dtype.element_ty), mask=hmask)
-            if WANT_AKK:
-                ak = tl.sum(k_i * kg, axis=1)
-                tl.store(AKKS + row + jj, tl.where(jj < il, ak, 0.0), mask=hmask)
+            ak = tl.sum(k_i * kg, axis=1)
+            tl.store(AKKS + row + jj, tl.where(jj < il, ak, 0.0), mask=hmask)
         cols = tl.arange(0, BC)
         z_off = row[:, None] + cols[None, :]
         zm = hmask[:, None] & (cols > il)[None, :]
         zero = tl.zeros([BH, BC], dtype=tl.float32)
-        if WANT_AKK:
-            tl.store(AKKS + z_off, zero, mask=zm)
+        tl.store(AKKS + z_off, zero, mask=zm)
         tl.store(AQK + z_off, zero.to(AQK.dtype.element_ty), mask=zm)

@@ -1,31 +1,22 @@
-"""The two KDA state-recurrence kernels in FLA's operand form (plan ``rec_form = 1``).
+"""The two KDA state-recurrence kernels (FLA's operand form).
 
-Same grid, order and math as ``kda_fwd_h_kernel`` (kernels/chunk_fwd.py) and
-``kda_bwd_dh_kernel`` (kernels/chunk_bwd.py): one program per (sequence, value head, V
-block), chunks in order (resp. reverse order), no atomics, fp32 state. Per chunk, with G
-the within-chunk cumulative log decay ``[64, K]``:
+One program per (sequence, value head, V block), chunks in order (resp. reverse order), no
+atomics, fp32 state. Per chunk, with G the within-chunk cumulative log decay ``[64, K]``
+and kg = k exp(G_last - G) stored by the chunk prep (kernels/chunk_fwd.py) in the
+intermediates' dtype:
 
     forward:   v_new = u - w @ S                                  (stored)
-               S     = diag(exp(G_last)) S + kg^T @ v_new,   kg = k * exp(G_last - G)
-    backward:  du    = Aqk^T @ do + kd @ dS,                 kd = kg   (stored)
+               S     = diag(exp(G_last)) S + kg^T @ v_new
+    backward:  du    = Aqk^T @ do + kg @ dS                       (stored)
                dS    = diag(exp(G_last)) dS + qg^T @ do - w^T @ du,  qg = scale q exp(G)
 
-Changes against the original kernels, which shorten each serial step:
-
-- every tile is addressed by a block pointer over the sequence's rows (base, shape,
-  strides; bounds checked per block, zero padding) instead of per-element pointers;
-- the operands used transposed (kg in the forward; qg and w in the backward) are formed
-  from ``[K, 64]`` tiles loaded transposed (k^T and G^T, q^T and G^T, w^T), so the product
-  feeds the dot as it is: no register transpose of a ``[64, K]`` tile. kg^T (qg^T) is
-  formed once per step, in the state kernel; G stays fp32 (nothing new is stored, the
-  workspace is unchanged). The backward loads G both ways (``[64, K]`` for kd, ``[K, 64]``
-  for qg^T): one more L1/L2-resident tile instead of a transpose.
-- the forward's state update takes v_new before its rounding to the stored dtype (as FLA
-  and GDN's ``rec_form = 1``); the same value where the dots take the stored dtype.
-
-Same products and dots as ``rec_form = 0``: other bits only where the rounding of v_new or
-the compiled dot order differs (fixed per plan). Masks: rows past the sequence's end and
-channels past K are zero (block-pointer padding), the decays' exponents there are 0.
+Every tile is addressed by a block pointer over the sequence's rows (base, shape, strides;
+bounds checked per block, zero padding); the operands used transposed (kg in the forward;
+qg and w in the backward) are loaded transposed (kg^T, q^T and G^T, w^T), so the product
+feeds the dot as it is: no register transpose of a ``[64, K]`` tile. The forward's state
+update takes v_new before its rounding to the stored dtype (as FLA). Masks: rows past the
+sequence's end and channels past K are zero (block-pointer padding), the decays' exponents
+there are 0.
 """
 
 import triton
@@ -37,29 +28,22 @@ def kda_fwd_h_op_kernel(
     Kp, W, U, GCUM, CU, CHUNK_OFF, H0, HBUF, VNEW, HT,
     H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, KG: tl.constexpr,
+    BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
 ):
-    """``KG`` (``rec_form = 2``): ``Kp`` is the prep's kg ``[B * T, HV, K]`` (k exp(G_last -
-    G), the intermediates' dtype), loaded transposed straight into the dot (no G tile, no
-    exp tile); else q/k's k, decayed here."""
+    """``Kp`` is the prep's kg ``[B * T, HV, K]`` (k exp(G_last - G), the intermediates'
+    dtype), loaded transposed straight into the dot (no G tile, no exp tile)."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
-    hk = hv // GROUP
     bos = tl.load(CU + n).to(tl.int64)
     eos = tl.load(CU + n + 1).to(tl.int64)
     c0 = tl.load(CHUNK_OFF + n).to(tl.int64)
     nch = tl.load(CHUNK_OFF + n + 1) - tl.load(CHUNK_OFF + n)
     T = (eos - bos).to(tl.int32)
-    rows = tl.arange(0, BT)
     ck = tl.arange(0, BK)
 
-    if KG:
-        k_base = Kp + bos * (HV * KD) + hv * KD
-        k_row = HV * KD
-    else:
-        k_base = Kp + bos * (H * KD) + hk * KD
-        k_row = H * KD
+    k_base = Kp + bos * (HV * KD) + hv * KD
+    k_row = HV * KD
     w_base = W + bos * (HV * KD) + hv * KD
     g_base = GCUM + bos * (HV * KD) + hv * KD
     u_base = U + bos * (HV * VD) + hv * VD
@@ -91,14 +75,7 @@ def kda_fwd_h_op_kernel(
         tl.store(p_vn, v32.to(VNEW.dtype.element_ty), boundary_check=(0, 1))
         last = (tl.minimum(t0 + BT, T) - 1).to(tl.int64)  # offsets below reach T*HV*K
         glast = tl.load(g_base + last * (HV * KD) + ck, mask=ck < KD, other=0.0)
-        if KG:
-            kgt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
-        else:
-            p_gt = tl.make_block_ptr(g_base, (KD, T), (1, HV * KD), (0, t0), (BK, BT), (0, 1))
-            kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-            gt = tl.load(p_gt, boundary_check=(0, 1), padding_option="zero")
-            valid = (ck < KD)[:, None] & (t0 + rows < T)[None, :]
-            kgt = tl.where(valid, kt * tl.exp(tl.where(valid, glast[:, None] - gt, 0.0)), 0.0)
+        kgt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
         s = s * tl.exp(glast)[:, None]
         s = tl.dot(kgt.to(DT), v32.to(DT), s, input_precision=PREC)
 
@@ -112,10 +89,10 @@ def kda_bwd_dh_op_kernel(
     Qp, Kp, W, GCUM, AQK, DO, CU, CHUNK_OFF, DHT, DH, DU, DH0,
     scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr, VD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, KG: tl.constexpr,
+    BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
 ):
-    """``KG`` (``rec_form = 2``): ``Kp`` is the prep's kg ``[B * T, HV, K]``, loaded as kd
-    (no ``[64, K]`` G tile, no exp tile); else q/k's k, decayed here."""
+    """``Kp`` is the prep's kg ``[B * T, HV, K]``, loaded as kd (no ``[64, K]`` G tile, no
+    exp tile)."""
     n = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
     iv = tl.program_id(2)
@@ -129,12 +106,8 @@ def kda_bwd_dh_op_kernel(
     ck = tl.arange(0, BK)
 
     q_base = Qp + bos * (H * KD) + hk * KD
-    if KG:
-        k_base = Kp + bos * (HV * KD) + hv * KD
-        k_row = HV * KD
-    else:
-        k_base = Kp + bos * (H * KD) + hk * KD
-        k_row = H * KD
+    k_base = Kp + bos * (HV * KD) + hv * KD
+    k_row = HV * KD
     w_base = W + bos * (HV * KD) + hv * KD
     g_base = GCUM + bos * (HV * KD) + hv * KD
     a_base = AQK + bos * (HV * BT) + hv * BT
@@ -168,14 +141,7 @@ def kda_bwd_dh_op_kernel(
         aqkt = tl.load(p_at, boundary_check=(0, 1), padding_option="zero")
         last = (tl.minimum(t0 + BT, T) - 1).to(tl.int64)  # offsets below reach T*HV*K
         glast = tl.load(g_base + last * (HV * KD) + ck, mask=ck < KD, other=0.0)
-        if KG:
-            kd = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-        else:
-            p_g = tl.make_block_ptr(g_base, (T, KD), (HV * KD, 1), (t0, 0), (BT, BK), (1, 0))
-            kb = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-            gc = tl.load(p_g, boundary_check=(0, 1), padding_option="zero")
-            kmask = (t0 + rows < T)[:, None] & (ck < KD)[None, :]
-            kd = tl.where(kmask, kb * tl.exp(tl.where(kmask, glast[None, :] - gc, 0.0)), 0.0)
+        kd = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         du = tl.zeros([BT, BV], dtype=tl.float32)
         du = tl.dot(aqkt.to(DT), dob.to(DT), du, input_precision=PREC)
         du = tl.dot(kd.to(DT), dh.to(DT), du, input_precision=PREC)
