@@ -35,6 +35,7 @@ _LAZY = {
     "KDADetWorkspace": "saved",
     "kda_recurrence_ref": "reference",
     "kda_gate_ref": "reference",
+    "KimiDeltaAttention": "layers",
 }
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "KDADetPlan",
     "KDADetSavedSet",
     "KDADetWorkspace",
+    "KimiDeltaAttention",
     "__version__",
     "chunk_kda_det",
     "chunk_kda_det_bwd",
@@ -58,6 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
         chunk_kda_det_bwd,
         chunk_kda_det_fwd,
     )
+    from cake_kda_det_train.layers import KimiDeltaAttention
     from cake_kda_det_train.plan import KDADetPlan, make_plan
     from cake_kda_det_train.reference import kda_gate_ref, kda_recurrence_ref
     from cake_kda_det_train.saved import KDADetSavedSet, KDADetWorkspace

@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0ec12c9d663bcf7e559226db6df0e403e8572006b5da9fbfcae3e8d18ea44190"
+SOURCE_DIGEST = "sha256:218d63d73d1df746a564fa44ea4c97b8576c6003f25637df35c23163ef155c8e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -1,0 +1,145 @@
+"""KimiDeltaAttention, the whole layer: float64 parity with a plain-torch layer on the same
+parameters, FLA's state_dict keys, padding masks and packed input, bad arguments."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cake_core.testing import assert_close_to_reference
+from cake_core.triton_utils import default_device
+from cake_kda_det_train import KimiDeltaAttention, kda_recurrence_ref
+
+DEV = default_device()
+#: fp32 tolerances of the family's own tests: gradients 3e-5, dA_log / ddt_bias 1e-4 (sums
+#: over tokens with cancellation); CUDA's fp32 dots are tf32x3, not IEEE
+TOL, PARAM_TOL = (1e-4, 3e-4) if DEV.type == "cuda" else (3e-5, 1e-4)
+FLA_KEYS = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight",
+            "k_conv1d.weight", "v_conv1d.weight", "f_proj.0.weight", "f_proj.1.weight",
+            "b_proj.weight", "A_log", "dt_bias", "g_proj.0.weight", "g_proj.1.weight",
+            "g_proj.1.bias", "o_norm.weight", "o_proj.weight"]
+
+
+def _layer(seed=0, **kw):
+    torch.manual_seed(seed)
+    args = dict(hidden_size=64, head_dim=16, num_heads=4)
+    args.update(kw)
+    layer = KimiDeltaAttention(**args).to(DEV)
+    with torch.no_grad():  # parameters FLA initialises to constants, off them
+        layer.o_norm.weight.uniform_(0.5, 1.5)
+        layer.dt_bias.uniform_(-0.5, 0.5)
+        # A in U(0.5, 4), not FLA's U(1, 16): decays that strong amplify fp32 rounding in the
+        # chunked form past these tolerances (~1e-4 on dA_log, the same math)
+        layer.A_log.copy_(torch.empty_like(layer.A_log).uniform_(0.5, 4).log())
+    return layer
+
+
+def reference(layer, x, cu_seqlens=None):
+    """The layer in float64 torch, from the layer's parameters."""
+    p = {n: t.detach().double().requires_grad_() for n, t in layer.named_parameters()}
+    x = x.detach().double().requires_grad_()
+
+    def conv(t, name):
+        if not layer.use_short_conv:
+            return F.silu(t)
+        w = p[f"{name}_conv1d.weight"]
+        W = w.shape[-1]
+        docs = [(0, t.shape[1])] if cu_seqlens is None else \
+            list(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True))
+        outs = [F.conv1d(F.pad(t[:, s:e].transpose(1, 2), (W - 1, 0)), w,
+                         groups=w.shape[0]).transpose(1, 2) for s, e in docs]
+        return F.silu(torch.cat(outs, 1))
+
+    H, K, V = layer.num_heads, layer.head_k_dim, layer.head_v_dim
+    q = conv(F.linear(x, p["q_proj.weight"]), "q").unflatten(-1, (H, K))
+    k = conv(F.linear(x, p["k_proj.weight"]), "k").unflatten(-1, (H, K))
+    v = conv(F.linear(x, p["v_proj.weight"]), "v").unflatten(-1, (H, V))
+    f = F.linear(F.linear(x, p["f_proj.0.weight"]), p["f_proj.1.weight"]).unflatten(-1, (H, K))
+    o, _ = kda_recurrence_ref(q, k, v, f, F.linear(x, p["b_proj.weight"]),
+                              cu_seqlens=cu_seqlens, dtype=torch.float64,
+                              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                              A_log=p["A_log"], dt_bias=p["dt_bias"],
+                              use_beta_sigmoid_in_kernel=True,
+                              allow_neg_eigval=layer.allow_neg_eigval)
+    z = F.linear(F.linear(x, p["g_proj.0.weight"]), p["g_proj.1.weight"], p["g_proj.1.bias"])
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + layer.norm_eps)
+    o = o * p["o_norm.weight"] * torch.sigmoid(z.unflatten(-1, (H, V)))
+    return F.linear(o.flatten(-2), p["o_proj.weight"]), x, p
+
+
+@pytest.mark.parametrize("kw", [{}, {"allow_neg_eigval": True, "expand_v": 2},
+                                {"use_short_conv": False}])
+def test_layer_matches_float64_torch(kw):
+    layer = _layer(**kw)
+    x = torch.randn(2, 33, 64, device=DEV, requires_grad=True)
+    do = torch.randn(2, 33, 64, device=DEV)
+    out, _, _ = layer(x)
+    out.backward(do)
+    ref, xr, p = reference(layer, x)
+    ref.backward(do.double())
+    assert_close_to_reference(out, ref, torch.float32, tol=TOL)
+    assert_close_to_reference(x.grad, xr.grad, torch.float32, "dx", tol=TOL)
+    for n, t in layer.named_parameters():
+        assert_close_to_reference(t.grad, p[n].grad, torch.float32, f"d{n}",
+                                  tol=PARAM_TOL if n in ("A_log", "dt_bias") else TOL)
+
+
+def test_state_dict_keys_are_flas():
+    assert sorted(_layer().state_dict()) == sorted(FLA_KEYS)
+    keys = sorted(_layer(use_short_conv=False).state_dict())
+    assert keys == sorted(k for k in FLA_KEYS if "conv1d" not in k)
+    layer, other = _layer(seed=1), _layer(seed=2)
+    other.load_state_dict(layer.state_dict())
+    x = torch.randn(1, 9, 64, device=DEV)
+    assert torch.equal(layer(x)[0], other(x)[0])
+    assert layer.A_log._no_weight_decay and layer.dt_bias._no_weight_decay
+
+
+def test_packed_and_padded_equal_separate_documents():
+    layer = _layer(seed=3)
+    lens = [5, 1, 20]
+    docs = [torch.randn(1, n, 64, device=DEV) for n in lens]
+    alone = [layer(d)[0] for d in docs]
+    cu = torch.tensor([0, 5, 6, 26], dtype=torch.int32, device=DEV)
+    packed, _, _ = layer(torch.cat(docs, 1), cu_seqlens=cu)
+    assert_close_to_reference(packed, torch.cat(alone, 1).double(), torch.float32, tol=TOL)
+    T = max(lens)
+    x = torch.randn(3, T, 64, device=DEV)
+    mask = torch.zeros(3, T, dtype=torch.long, device=DEV)
+    for i, (d, n) in enumerate(zip(docs, lens, strict=True)):
+        x[i, T - n:] = d[0]
+        mask[i, T - n:] = 1
+    padded, none, _ = layer(x, attention_mask=mask)
+    assert none is None
+    for i, n in enumerate(lens):
+        assert bool((padded[i, : T - n] == 0).all())
+        assert_close_to_reference(padded[i, T - n:], alone[i][0].double(), torch.float32,
+                                  tol=TOL)
+
+
+def test_repeats_bitwise():
+    layer = _layer(seed=4)
+    x = torch.randn(2, 40, 64, device=DEV, requires_grad=True)
+
+    def run():
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        out, _, _ = layer(x)
+        out.square().sum().backward()
+        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+    a, b = run(), run()
+    assert all(torch.equal(s, t) for s, t in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"num_heads": 2, "num_v_heads": 4}, "not served"),
+    ({"mode": "parallel"}, "mode"),
+    ({"expand_v": 0.3}, "expand_v"),
+])
+def test_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _layer(**kw)
+    layer = _layer()
+    with pytest.raises(ValueError, match="decoding is not served"):
+        layer(torch.randn(1, 8, 64, device=DEV), use_cache=True)
+    with pytest.raises(ValueError, match=r"attention_mask: expected \[B, T\]"):
+        layer(torch.randn(2, 8, 64, device=DEV), attention_mask=torch.ones(2, 9, device=DEV))
