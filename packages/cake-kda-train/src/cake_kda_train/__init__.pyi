@@ -10,6 +10,7 @@ from cake_kda_det_train import KDADetGrads as KDADetGrads
 from cake_kda_det_train import KDADetPlan as KDADetPlan
 from cake_kda_det_train import KDADetSavedSet as KDADetSavedSet
 from cake_kda_det_train import KDADetWorkspace as KDADetWorkspace
+from cake_kda_det_train import KimiDeltaAttention as KimiDeltaAttention
 from cake_kda_det_train import chunk_kda_det as chunk_kda_det
 from cake_kda_det_train import chunk_kda_det_bwd as chunk_kda_det_bwd
 from cake_kda_det_train import chunk_kda_det_fwd as chunk_kda_det_fwd
@@ -53,6 +54,7 @@ __all__ = [
     "KDADetPlan",
     "KDADetSavedSet",
     "KDADetWorkspace",
+    "KimiDeltaAttention",
     "build_context_det_kcp",
     "chunk_kda_det",
     "chunk_kda_det_bwd",
