@@ -34,12 +34,11 @@ KERNELS = [
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     {"module": "cake_core.triangular", "function": "_doubling_steps"},
-    {"module": "cake_core.triangular", "function": "unit_lower_inverse_blocked"},
     {"module": "cake_core.triton_utils", "function": "dot"},
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:66732a3eeae24ad2c6712e4703a506b87a6c0bb701130ec7cd74338cf4d9772a"
+SOURCE_DIGEST = "sha256:62dea7dea023d0ccff74f71bb404278d6ba52e9fc737caef50a935ad980bc80d"
 # --- end of generated block ---
 
 MANIFEST = {

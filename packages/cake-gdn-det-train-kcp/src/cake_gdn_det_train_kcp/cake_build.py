@@ -66,7 +66,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:88546cf979b1db5a7f78671608610123b4c66ad9b26b6d07c4315a0e0ff36595"
+SOURCE_DIGEST = "sha256:00d2203b2808e8d92f38a28abf17d07f6de1bba3e208574f0a949a0ca7548b10"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

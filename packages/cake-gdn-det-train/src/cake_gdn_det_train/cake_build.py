@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:aeba1012441139ca49bab61364a2093c73cbacf9631ae45aa6e28bfd20ccf9cd"
+SOURCE_DIGEST = "sha256:3c76ef5a830d172169f5f0a13e9489644366dc333334936a1175795ee5f781a9"
 # --- end of generated block ---
 
 MANIFEST = {

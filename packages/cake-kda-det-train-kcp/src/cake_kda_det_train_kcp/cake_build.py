@@ -67,7 +67,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e567df3a3ff4c2e6c7dad26ec8ebb477a74a8999b4df176cdd49a7e735272f09"
+SOURCE_DIGEST = "sha256:08e7696f6c886b2422924fe743a72b1d07e89a6b1d7dc754b2441022e1bde342"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:218d63d73d1df746a564fa44ea4c97b8576c6003f25637df35c23163ef155c8e"
+SOURCE_DIGEST = "sha256:888dd7e4b4f9f66027fc61d8397e19efe9113a58a3164398f5701ec1acbb264c"
 # --- end of generated block ---
 
 MANIFEST = {
