@@ -4,7 +4,7 @@ parameters, FLA's state_dict keys, padding masks and packed input, bad arguments
 import pytest
 import torch
 import torch.nn.functional as F
-from cake_core.testing import assert_close_to_reference
+from cake_core.testing import assert_close_to_reference, assert_raises_unmodified
 from cake_core.triton_utils import default_device
 from cake_kda_det_train import KimiDeltaAttention, kda_recurrence_ref
 
@@ -143,3 +143,19 @@ def test_bad_arguments(kw, match):
         layer(torch.randn(1, 8, 64, device=DEV), use_cache=True)
     with pytest.raises(ValueError, match=r"attention_mask: expected \[B, T\]"):
         layer(torch.randn(2, 8, 64, device=DEV), attention_mask=torch.ones(2, 9, device=DEV))
+
+
+def test_refused_before_any_launch_inputs_unchanged():
+    """A head dim the kernels do not serve, a mask of the wrong shape: ValueError before
+    the first projection runs, the caller's tensors as they were."""
+    layer = KimiDeltaAttention(hidden_size=64, head_dim=512, num_heads=1).to(DEV)
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a projection ran before the refusal")
+
+    layer.q_proj.forward = launched
+    x = torch.randn(2, 8, 64, device=DEV)
+    assert_raises_unmodified(layer, {"hidden_states": x}, r"head_k_dim: must be an int")
+    assert_raises_unmodified(layer, {"hidden_states": x,
+                                      "attention_mask": torch.ones(2, 9, device=DEV)},
+                             r"attention_mask: expected \[B, T\]")

@@ -38,7 +38,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:62dea7dea023d0ccff74f71bb404278d6ba52e9fc737caef50a935ad980bc80d"
+SOURCE_DIGEST = "sha256:e57e6c66d95b69c0dd936279cf039696ace054bc096e2e4a1ec757a1b2c5ed27"
 # --- end of generated block ---
 
 MANIFEST = {

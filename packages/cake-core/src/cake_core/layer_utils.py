@@ -1,6 +1,7 @@
 """What the families' whole layers (FLA's ``fla.layers`` drop-ins) share: the checks of
-FLA's layer arguments and the padding mask turned into packed documents and back (FLA's
-``get_unpad_data`` / ``pad_input``)."""
+FLA's layer arguments, the q / k / v projections with their short convolutions, and the
+padding mask turned into packed documents and back (FLA's ``get_unpad_data`` /
+``pad_input``)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,32 @@ def check_training_call(mode: str, past_key_values, use_cache, output_attentions
     if output_attentions:
         raise ValueError("output_attentions=True: a linear-attention layer has no "
                          "attention weights (FLA's returns None)")
+
+
+def build_qkv(layer, Linear, ShortConvolution) -> None:
+    """Give ``layer`` FLA's ``q_proj`` / ``k_proj`` / ``v_proj`` (no bias) and, with
+    ``layer.use_short_conv``, ``q_conv1d`` / ``k_conv1d`` / ``v_conv1d`` (SiLU), from its
+    ``hidden_size``, ``key_dim``, ``value_dim``, ``conv_size`` and ``conv_bias``; the
+    module classes are the caller's (cake's dense projection and short convolution)."""
+    d, kd, vd = layer.hidden_size, layer.key_dim, layer.value_dim
+    layer.q_proj = Linear(d, kd, bias=False)
+    layer.k_proj = Linear(d, kd, bias=False)
+    layer.v_proj = Linear(d, vd, bias=False)
+    if layer.use_short_conv:
+        for name, width in (("q", kd), ("k", kd), ("v", vd)):
+            setattr(layer, f"{name}_conv1d", ShortConvolution(
+                width, layer.conv_size, bias=layer.conv_bias, activation="silu"))
+
+
+def project_qkv(layer, x: torch.Tensor, cu_seqlens: torch.Tensor | None):
+    """``(q, k, v)`` ``[B, T, H * K]`` / ``[B, T, HV * V]`` of a layer made by
+    :func:`build_qkv`: projected, then its short convolutions (each document from a zero
+    state), or SiLU alone without them, as FLA's layers."""
+    q, k, v = layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)
+    if not layer.use_short_conv:
+        return tuple(torch.nn.functional.silu(t) for t in (q, k, v))
+    return tuple(getattr(layer, f"{n}_conv1d")(t, cu_seqlens=cu_seqlens)[0]
+                 for n, t in zip("qkv", (q, k, v), strict=True))
 
 
 class Unpadded(NamedTuple):

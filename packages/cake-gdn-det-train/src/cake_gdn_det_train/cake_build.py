@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3c76ef5a830d172169f5f0a13e9489644366dc333334936a1175795ee5f781a9"
+SOURCE_DIGEST = "sha256:11778e7adaf754fdc71079432ced4c2d78fb0feeea441024578764c917c3f9d5"
 # --- end of generated block ---
 
 MANIFEST = {

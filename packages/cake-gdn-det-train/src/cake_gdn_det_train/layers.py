@@ -8,10 +8,19 @@ from __future__ import annotations
 import math
 
 import torch
-from cake_core.layer_utils import check_training_call, head_dims, pad, positive_int, unpad
+from cake_core.layer_utils import (
+    build_qkv,
+    check_training_call,
+    head_dims,
+    pad,
+    positive_int,
+    project_qkv,
+    unpad,
+)
 from torch import nn
 
 from cake_gdn_det_train.api import chunk_gated_delta_rule_det
+from cake_gdn_det_train.plan import make_plan
 
 _EXTRA = ("GatedDeltaNet needs the layers extra: pip install 'cake-gdn-det-train[layers]' "
           "(from this repository: pip install ./packages/cake-causal-conv1d-det-train "
@@ -106,9 +115,7 @@ class GatedDeltaNet(nn.Module):
         self.key_dim = self.num_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         hv = self.num_v_heads
-        self.q_proj = Linear(self.hidden_size, self.key_dim, bias=False)
-        self.k_proj = Linear(self.hidden_size, self.key_dim, bias=False)
-        self.v_proj = Linear(self.hidden_size, self.value_dim, bias=False)
+        build_qkv(self, Linear, ShortConvolution)
         self.a_proj = Linear(self.hidden_size, hv, bias=False)
         self.b_proj = Linear(self.hidden_size, hv, bias=False)
         # FLA's init: A ~ U(0, 16); dt log-uniform in [1e-3, 0.1] (floor 1e-4), dt_bias its
@@ -120,13 +127,6 @@ class GatedDeltaNet(nn.Module):
                        + math.log(1e-3)).clamp(min=1e-4)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.dt_bias._no_weight_decay = True
-        if self.use_short_conv:
-            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias,
-                                             activation="silu")
-            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias,
-                                             activation="silu")
-            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, bias=conv_bias,
-                                             activation="silu")
         if self.use_gate:
             self.g_proj = Linear(self.hidden_size, self.value_dim, bias=False)
             self.o_norm = RMSNormGated(self.head_v_dim, eps=norm_eps, activation="swish")
@@ -141,13 +141,9 @@ class GatedDeltaNet(nn.Module):
         x, cu_seqlens, keep = unpad(hidden_states, self.hidden_size, attention_mask,
                                     kwargs.get("cu_seqlens"))
         B, T = hidden_states.shape[:2]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.use_short_conv:
-            q, _ = self.q_conv1d(q, cu_seqlens=cu_seqlens)
-            k, _ = self.k_conv1d(k, cu_seqlens=cu_seqlens)
-            v, _ = self.v_conv1d(v, cu_seqlens=cu_seqlens)
-        else:
-            q, k, v = (nn.functional.silu(t) for t in (q, k, v))
+        # head dims, dtype and device the core serves: refused before any launch
+        make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
+        q, k, v = project_qkv(self, x, cu_seqlens)
         q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
         v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))

@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:888dd7e4b4f9f66027fc61d8397e19efe9113a58a3164398f5701ec1acbb264c"
+SOURCE_DIGEST = "sha256:444d186794dde9fba4a8db6c6c92bb7d29f1468cd126d25ada77e8d09f3f3eb5"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -6,10 +6,19 @@ packages); the core package alone needs only cake-core."""
 from __future__ import annotations
 
 import torch
-from cake_core.layer_utils import check_training_call, head_dims, pad, positive_int, unpad
+from cake_core.layer_utils import (
+    build_qkv,
+    check_training_call,
+    head_dims,
+    pad,
+    positive_int,
+    project_qkv,
+    unpad,
+)
 from torch import nn
 
 from cake_kda_det_train.api import chunk_kda_det
+from cake_kda_det_train.plan import make_plan
 
 _EXTRA = ("KimiDeltaAttention needs the layers extra: pip install "
           "'cake-kda-det-train[layers]' (from this repository: pip install "
@@ -107,13 +116,7 @@ class KimiDeltaAttention(nn.Module):
         self.key_dim = num_heads * self.head_k_dim
         self.value_dim = num_heads * self.head_v_dim
         d, kd, vd, hv = self.hidden_size, self.key_dim, self.value_dim, self.head_v_dim
-        self.q_proj = Linear(d, kd, bias=False)
-        self.k_proj = Linear(d, kd, bias=False)
-        self.v_proj = Linear(d, vd, bias=False)
-        if self.use_short_conv:
-            self.q_conv1d = ShortConvolution(kd, conv_size, bias=conv_bias, activation="silu")
-            self.k_conv1d = ShortConvolution(kd, conv_size, bias=conv_bias, activation="silu")
-            self.v_conv1d = ShortConvolution(vd, conv_size, bias=conv_bias, activation="silu")
+        build_qkv(self, Linear, ShortConvolution)
         self.f_proj = nn.Sequential(Linear(d, hv, bias=False), Linear(hv, kd, bias=False))
         self.b_proj = Linear(d, num_heads, bias=False)
         # FLA's init: A ~ U(1, 16), dt_bias zeros
@@ -133,13 +136,9 @@ class KimiDeltaAttention(nn.Module):
         x, cu_seqlens, keep = unpad(hidden_states, self.hidden_size, attention_mask,
                                     kwargs.get("cu_seqlens"))
         B, T = hidden_states.shape[:2]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if self.use_short_conv:
-            q, _ = self.q_conv1d(q, cu_seqlens=cu_seqlens)
-            k, _ = self.k_conv1d(k, cu_seqlens=cu_seqlens)
-            v, _ = self.v_conv1d(v, cu_seqlens=cu_seqlens)
-        else:
-            q, k, v = (nn.functional.silu(t) for t in (q, k, v))
+        # head dims, dtype and device the core serves: refused before any launch
+        make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
+        q, k, v = project_qkv(self, x, cu_seqlens)
         H, K = self.num_heads, self.head_k_dim
         o, _ = chunk_kda_det(
             q.unflatten(-1, (H, K)), k.unflatten(-1, (H, K)),
