@@ -1,16 +1,16 @@
 """The README's quick start runs as written, under torchrun with 2 ranks (gloo on the CPU,
 NCCL with one GPU per rank)."""
 import pathlib
-import re
 import subprocess
 import sys
+
+from cake_core.testing import readme_quick_start
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_quick_start_runs_on_two_ranks(tmp_path):
-    text = README.read_text()
-    block = re.search(r"```python\n(.*?)```", text[text.index("## Quick start"):], re.S).group(1)
+    block = readme_quick_start(README)
     script = tmp_path / "conv_kcp.py"
     script.write_text(block)
     # each rank's output in its own file (the ranks' prints interleave on one stdout)

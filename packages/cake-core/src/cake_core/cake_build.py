@@ -38,7 +38,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e57e6c66d95b69c0dd936279cf039696ace054bc096e2e4a1ec757a1b2c5ed27"
+SOURCE_DIGEST = "sha256:a66884655d82473c3cba9b8ae976a0b9ac00c1433f5b00a75f0fa5a20f5f9e6f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -168,6 +168,23 @@ def assert_same_output_across_processes(code: str, processes: int = 2,
     return outs[0]
 
 
+def readme_quick_start(readme) -> str:
+    """The first ```python block after ``## Quick start`` in the README at ``readme``."""
+    text = open(readme, encoding="utf-8").read()
+    return re.search(r"```python\n(.*?)```", text[text.index("## Quick start"):],
+                     re.S).group(1)
+
+
+def run_readme_quick_start(readme, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the README's quick start (:func:`readme_quick_start`) as written, in a new
+    process of this Python; assert it exits 0 (stderr's tail in the message) and return the
+    finished run (its ``stdout`` for the caller's checks)."""
+    done = subprocess.run([sys.executable, "-c", readme_quick_start(readme)],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
 def assert_imports_without_triton(*modules: str) -> None:
     """Import ``modules`` in a fresh interpreter (this process's ``sys.path``) and assert
     it exits 0 without having imported Triton (a family's package and manifest must not)."""
