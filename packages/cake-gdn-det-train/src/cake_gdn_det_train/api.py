@@ -366,9 +366,8 @@ def _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, 
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
     NK = cdiv(K, BK)
-    # dT's parts in the intermediates' dtype (an H200, case b: the WY kernel 457 -> 389 us
-    # and the K-block kernel 927 -> 913 with bf16 parts; errors against float64 the same to
-    # two digits: dT is cast to that dtype for its dots anyway), row sums fp32
+    # dT's parts in the intermediates' dtype (faster, and as accurate: dT is cast to that
+    # dtype for its dots anyway; docs/benchmarks/gdn.md), row sums fp32
     wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
     wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
     gdn_bwd_local_kblock_kernel[(NC, HV, NK)](

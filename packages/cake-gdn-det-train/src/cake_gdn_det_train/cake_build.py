@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:11778e7adaf754fdc71079432ced4c2d78fb0feeea441024578764c917c3f9d5"
+SOURCE_DIGEST = "sha256:79b78b0d1795aa8e12344e24f8738c9dc665806ffb5388c14587a366e4ce2776"
 # --- end of generated block ---
 
 MANIFEST = {

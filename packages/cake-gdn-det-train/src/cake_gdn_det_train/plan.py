@@ -174,7 +174,7 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
                 "K = 100 with V = 48 / 64, bf16 and fp16, gave illegal memory accesses with "
                 "rec_form=1 (an out-of-range shared-memory address in the forward state "
                 "kernel) and o / dk / dv / dbeta 0.04-0.6 off float64 with 4 warps or 2 "
-                "stages, on an H200, Triton 3.6, 2026-12-01; right at K = 128, with fp32 at "
+                "stages, on an H200 with Triton 3.6; right at K = 128, with fp32 at "
                 "K = 48, and under the interpreter)")
     if (dtype == torch.float32 or not plan.store_16bit) and plan.block_k >= 64 \
             and plan.block_v_local < 32 and plan.head_v_dim > plan.block_v_local:
