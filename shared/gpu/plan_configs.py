@@ -43,8 +43,8 @@ CONFIGS = {
     # state-kernel configurations name both
     "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4",
                       "128 128 bfloat16 block_v=32 block_v_h=32",
-                      # rec_form: the recurrences in FLA's operand form (docs/benchmarks/
-                      # gdn_speed_plan.md); not yet run on a GPU
+                      # rec_form: the recurrences in FLA's operand form (the rule's at
+                      # 16-bit K = 128; docs/benchmarks/gdn.md)
                       "128 128 bfloat16 rec_form=1", "128 128 float16 rec_form=1",
                       "128 128 bfloat16 rec_form=1 block_v=32 block_v_h=32",
                       "128 128 bfloat16 rec_form=1 num_warps_h=4",

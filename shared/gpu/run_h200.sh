@@ -133,7 +133,7 @@ fi
 # kdahash: bitwise repeat (5 runs) at case a for the default plan and each plan of
 # $KDA_PLANS (";"-separated), in parallel processes (this also fills Triton's cache for
 # kdatime); kdatime: cake's fwd+bwd time at cases $KDA_CASES for the same plans, one after
-# another (docs/benchmarks/kda_speed_plan.md).
+# another (docs/benchmarks/kda.md).
 KDA_PLANS=${KDA_PLANS:-"num_warps_bwd=4;block_v_bwd=16"}
 KB=packages/cake-kda-det-train/benchmarks/bench_cake_kda_det_train.py
 if has kdahash; then

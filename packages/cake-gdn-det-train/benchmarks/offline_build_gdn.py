@@ -17,7 +17,7 @@ Static counts (each loop body once), not timings: a guide to where a candidate r
 work, to be confirmed on the GPU. ``--align`` gives the arguments the divisibility hints a
 launch gives them (16-byte aligned pointers; H = HV = 32 and K, V where multiples of 16):
 without it the loads are not vectorised and the builds spill where a real launch does not
-(docs/benchmarks/gdn_speed_plan.md).
+(static counts; the GPU timings are in docs/benchmarks/gdn.md).
 Needs ``TRITON_INTERPRET=0`` on a machine without CUDA (else cake picks the interpreter).
 """
 

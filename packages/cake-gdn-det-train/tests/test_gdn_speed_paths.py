@@ -1,4 +1,4 @@
-"""The CUDA rule's speed paths (docs/benchmarks/gdn_speed_plan.md): ``plan.rec_form = 1``
+"""The CUDA rule's speed paths (docs/benchmarks/gdn.md): ``plan.rec_form = 1``
 (FLA's operand form of the two chunk-recurrence kernels: block pointers, the transposed
 k / q / w tiles loaded straight into the dots, the decays on the ``[64, block_v]`` tiles),
 ``plan.local_form = 2`` (the backward chunk-local gradients with K-block programs, K in

@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:444d186794dde9fba4a8db6c6c92bb7d29f1468cd126d25ada77e8d09f3f3eb5"
+SOURCE_DIGEST = "sha256:7810536a56953e690cfdfe1feebda75e99fb351d1f3113dd6e225f09b76a4bfa"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -202,7 +202,7 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
 
     The rule (shapes, dtype and device; no timing) gives each field the default that
     :class:`KDADetPlan`'s docstring states with its reason; the H200 measurements behind
-    them are in docs/benchmarks/kda.md, kda_fwd_plan.md and kda_speed_plan.md.
+    them are in docs/benchmarks/kda.md.
 
     Known limit (H200, Triton 3.6): the backward's dk, dg and dbeta repeat bitwise call
     after call on a GPU that runs nothing else, but did not in some runs while another
