@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:47ca75a94099ee6976a83fc216cfc174ccf10a8f4bbda504377c9ae82ca7bee2"
+SOURCE_DIGEST = "sha256:0268da8d38d10574c15d18044392e9937170c3fee2fade56192d9a700d5ea8a6"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:822d2d92758e137ef4799e3df4b3ffb640d1a69bb8df797f1980c3a81b300111"
+SOURCE_DIGEST = "sha256:c349bd7d8a087cddf83fda433e4e5db7fbe5dee15723d4d8f89ab3986efa90ca"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -57,8 +57,8 @@ class CausalConv1dDetPlan(Plan):
             output shifts tap by tap (W^2 + 1 shifted x tile loads per program); 1 = it
             loads each of the 2W - 1 distinct shifted x tiles once and feeds every shift's
             accumulator from it (W <= 4 only; the same sums in the same order, so the same
-            bits under the interpreter; timed on an H200, not faster: not in the rule). No
-            effect without SiLU.
+            bits under the interpreter; not faster on a GPU, so not in the rule). No effect
+            without SiLU.
         weight_tap_major: 0 = the kernels read the taps from the ``[D, W]`` weight (one
             2-byte load per channel and tap); 1 = from a ``[W, D]`` contiguous copy made per
             forward / backward call (a small torch copy; each tap's channels load as
@@ -133,19 +133,16 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
     ``dtype`` on ``device``; ``varlen``: whether the calls pass ``cu_seqlens`` (packed
     documents; the entry points ask for that plan when they choose it themselves).
 
-    Rules (no timing at call time). CUDA, W <= 4 (one H200, W = 4, SiLU, bf16, 2026-12-01;
-    docs/benchmarks/causal_conv1d.md session 13): ``weight_tap_major = 1`` and
-    ``bwd_da_once = 1``; backward tiles of 128 tokens x min(64, D') channels (D' = D
-    rounded up to a power of two), 4 warps; forward tiles of 64 tokens x min(128, D')
-    channels for fixed-length calls and x min(64, D') when ``varlen``, 8 warps (4 below 2048
-    elements). Measured with this rule, device time against FLA's Triton conv: fwd+bwd
-    0.92-0.95x at three fixed-length shapes with D >= 4096, 1.006x at (8, 4096, 2048),
-    0.80-0.84x packed (previous rule 1.17-1.43x); forward 0.95-0.98x fixed-length, 1.02x
-    packed (the 128-channel forward was ~8% slower than the 64-channel one packed, the
-    64-channel one 12-14% slower fixed-length). Without activation the forward runs its
-    block in 32-row sub-tiles (``fwd_sub_t_linear = 32``; session 15: device time 3-24%
-    less at five shapes, fwd+bwd 0.7-8% less, same bits); with SiLU in whole blocks
-    (``fwd_sub_t = 64``: 32-row sub-tiles were 2.5% slower at (4, 4096, 4096) and 9% packed).
+    Rules (no timing at call time; measurements: docs/benchmarks/causal_conv1d.md). CUDA,
+    W <= 4: ``weight_tap_major = 1`` (each tap one vector load) and ``bwd_da_once = 1``
+    (dpre once per row: the per-shift recompute made the backward instruction-bound);
+    backward tiles of 128 tokens x min(64, D') channels (D' = D rounded up to a power of
+    two), 4 warps (the fastest tiles timed); forward tiles of 64 tokens x min(128, D')
+    channels for fixed-length calls and x min(64, D') when ``varlen`` (128 channels were
+    faster fixed-length, slower packed), 8 warps (4 below 2048 elements). Without activation
+    the forward runs its block in 32-row sub-tiles (``fwd_sub_t_linear = 32``: fewer live
+    registers, more programs per SM, same bits); with SiLU in whole blocks (``fwd_sub_t =
+    64``: sub-tiles were slower there).
     CUDA, W > 4 (not timed; no register spills
     for sm_90 in ptxas reports): 64-token blocks, forward tiles 64 x min(32, D') with 8
     warps (4 below 2048 elements), backward tiles 64 x min(16, D') with 8 warps (4 below
@@ -172,8 +169,8 @@ def make_plan(hidden_size: int, kernel_size: int, dtype: torch.dtype,
 def _rule(D: int, W: int, device: torch.device, varlen: bool = False) -> CausalConv1dDetPlan:
     d2 = next_power_of_2(D)
     if device.type == "cuda" and W <= 4:
-        # H200 2026-12-01 (session 13 sweeps, docs/benchmarks/causal_conv1d.md): the dpre-once
-        # persistent backward with 128 x 64 tiles; the forward's taps as [W, D] vectors
+        # the dpre-once persistent backward with 128 x 64 tiles; the forward's taps as [W, D]
+        # vectors (measurements: docs/benchmarks/causal_conv1d.md)
         bd_fwd = min(d2, 64 if varlen else 128)
         return CausalConv1dDetPlan(
             hidden_size=D, kernel_size=W,

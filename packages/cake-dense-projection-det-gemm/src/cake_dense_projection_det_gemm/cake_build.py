@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6b7de11ae9326e8b66490391703a3ce13f28daef411f320c898dfed76ae0bddd"
+SOURCE_DIGEST = "sha256:f026a230f769db530a688995fd851bb6a6db011e1e1340cac7f437a27a99788d"
 # --- end of generated block ---
 
 MANIFEST = {

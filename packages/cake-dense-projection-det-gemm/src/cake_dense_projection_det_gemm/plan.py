@@ -152,26 +152,24 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
               device: torch.device | str) -> DenseProjectionDetPlan:
     """Pick the plan for ``y[M, N] = x[M, K] · W[N, K]ᵀ`` in ``dtype`` on ``device``.
 
-    Rules (read M, N, K, dtype and the SM count; never timing), from the H200 sweep in
-    docs/benchmarks/dense_projection.md (``bench_... --sweep``):
+    Rules (read M, N, K, dtype and the SM count; never timing; measurements:
+    docs/benchmarks/dense_projection.md):
 
     - CUDA, bf16/fp16, forward and dgrad: routed to cuBLAS (``cublas_fwd_dgrad = 1``): it
-      was 1.2-1.4x faster than every cake tile configuration tried on the large shapes and
-      3.6x on the skinny one, and it repeats bitwise on the H200 (tested on the GPU by
-      ``test_cuda_cublas_route_repeats_bitwise``). The cake tiles below stay in the plan
-      for fp32 and for callers who set ``cublas_fwd_dgrad = 0``.
+      was faster than every cake tile configuration tried, and it repeats bitwise (tested
+      on the GPU by ``test_cuda_cublas_route_repeats_bitwise``). The cake tiles below stay
+      in the plan for fp32 and for callers who set ``cublas_fwd_dgrad = 0``.
     - CUDA cake forward/dgrad tiles: 128×256×64 (8 warps, 3 stages, group_m 8) when the
       output ``[M, max(N, K)]`` fills at least one wave of SMs with them, else 128×128×64
       (4 stages), else 64×128×64 (4 warps, 4 stages). fp32: block_k 32, 3 stages.
     - CUDA wgrad ``dW[N, K]`` (always cake: fixed order): 128×256 output tiles, 64 tokens
       per step, 8 warps, 3 stages when ``cdiv(N, 128) · cdiv(K, 256)`` fills the SMs (the
-      sweep's best on all three large shapes: 0.81-0.93x cuBLAS), else 128×128 tiles.
+      sweep's best on the large shapes), else 128×128 tiles.
       fp32: 32 tokens per step, 128×128.
     - Split rule (wgrad and dbias): with T = number of wgrad output tiles,
       ``S = 1`` when T >= SMs, else ``S = clamp(min(SMs // T, M // MIN_SLICE), 1, 16)``,
-      MIN_SLICE = 4096 tokens on CUDA (at M=4096, N=128, K=8192 the sweep timed S=1 at
-      0.050 ms, S=2 at 0.154 ms, S=4 at 0.058 ms: slices shorter than 4096 tokens do not
-      pay for their partial planes).
+      MIN_SLICE = 4096 tokens on CUDA (shorter slices did not pay for their partial
+      planes).
     - CPU (Triton interpreter; every launch, program and K step costs Python time, while
       numpy multiplies a whole block in one call): tiles follow the GEMM dims, ``fit(d)`` =
       the next power of two of d clamped to [16, 256] (``CPU_TILE_MIN``, ``CPU_TILE_MAX``).
@@ -185,14 +183,12 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
     - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
     - CUDA wgrad on Hopper or newer (compute capability >= 9), bf16/fp16, N and K multiples
       of 8 (TMA reads 16-byte rows): ``wgrad_tma = 1`` (TMA-descriptor operand loads) with 4
-      stages. Measured on an H200 (docs/benchmarks/dense_projection.md, session 11): with
-      the 128×256 tiles 0.97-1.03x cuBLAS's time on the three large shapes (pointer loads:
-      1.25-1.29x), ``+ main_grad`` 0.95-1.07x (3 stages: 0.98-1.13x); 128×128 at 4096×128×8192
-      0.046 ms against the pointer kernel's 0.051. When even 128×128 tiles leave SMs idle
-      (``cdiv(N, 128) · cdiv(K, 128) < SMs``): 64×128 tiles, 128 tokens per step, 4 warps,
-      4 stages (at 4096×128×8192, interleaved CUDA-graph timing: 20.6 µs against 27.4 µs
-      for 128×128 and cuBLAS's 20.0 µs). The persistent form (``wgrad_tma = 2``)
-      was not faster and is slower on the skinny shape; it stays opt-in. Elsewhere
+      stages: pipelined TMA loads brought the wgrad to about cuBLAS's time, where pointer
+      loads took a quarter more (4 stages help the ``main_grad`` epilogue). When even
+      128×128 tiles leave SMs idle (``cdiv(N, 128) · cdiv(K, 128) < SMs``): 64×128 tiles,
+      128 tokens per step, 4 warps, 4 stages (more programs on a skinny GEMM). The
+      persistent form (``wgrad_tma = 2``) was not faster and is slower on the skinny shape;
+      it stays opt-in. Elsewhere
       (CPU, fp32, older GPUs, unaligned N or K): ``wgrad_tma = 0``, the pointer kernel.
 
     Equal arguments give the equal plan (cached; a pure function of its key).

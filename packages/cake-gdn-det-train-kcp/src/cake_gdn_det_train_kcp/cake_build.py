@@ -66,7 +66,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:00d2203b2808e8d92f38a28abf17d07f6de1bba3e208574f0a949a0ca7548b10"
+SOURCE_DIGEST = "sha256:749cd4b79819c3e7fa86dde5f6634fe98d3d8039e5306c0db87f6848e9d00589"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -413,9 +413,9 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     # local_form = 2: the local kernels store dq and dk [NT, H, K] in the gradients'
     # dtype themselves (the value-head sum and its cast fused into the dk kernel; with one
     # value head per q/k head the first kernel stores dq as it is): no group_sum_cast pass
-    # (an H200, 2026-12-02: 2 x 94 us of case b's backward, 2 x 155 us of case a's). The
-    # same bits: the same fp32 adds in index order, both casts round to nearest even (under
-    # the interpreter bf16 stays fp32 and torch casts, as group_sum_cast does there)
+    # (two elementwise passes fewer in the backward). The same bits: the same fp32 adds in
+    # index order, both casts round to nearest even (under the interpreter bf16 stays fp32
+    # and torch casts, as group_sum_cast does there)
     G = HV // H
     fused = bool(plan.local_form)
     gdt = f32 if saved.use_qk_l2norm else q.dtype

@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:79b78b0d1795aa8e12344e24f8738c9dc665806ffb5388c14587a366e4ce2776"
+SOURCE_DIGEST = "sha256:0feefe48c976b75c6084f4bd468830319f95cf01003afbc5859ff0abdeaae54b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -62,9 +62,9 @@ class GDNDetPlan(Plan):
             interpreted.
         keep_states: a user choice of memory for time: 1 = the forward keeps the chunk
             states, w, v_new and g's chunk cumsum and the backward skips their recompute
-            (about 1 GB more per layer at 32768 tokens, HV = 32, K = V = 128, bf16; 12-15%
-            less fwd+bwd time on an H200; same bits; low-level callers must not modify the
-            inputs in place in between); 0 (the rule's) = low memory, as FLA.
+            (about 1 GB more per layer at 32768 tokens, HV = 32, K = V = 128, bf16; less
+            fwd+bwd time, measurements: docs/benchmarks/gdn.md; same bits; low-level callers
+            must not modify the inputs in place in between); 0 (the rule's) = low memory, as FLA.
 
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a plan
     runs on CUDA: K, V <= 128; K <= 64 with fp32 intermediates (shared memory);

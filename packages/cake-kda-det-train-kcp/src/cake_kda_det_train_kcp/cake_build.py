@@ -67,7 +67,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:08e7696f6c886b2422924fe743a72b1d07e89a6b1d7dc754b2441022e1bde342"
+SOURCE_DIGEST = "sha256:7cc9b1b49b75a22421ecc889925a19ee6c53d15d225374c2bdbf301f164e1444"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7810536a56953e690cfdfe1feebda75e99fb351d1f3113dd6e225f09b76a4bfa"
+SOURCE_DIGEST = "sha256:5094602e5aaf8ad558b3eebf9a3cf4a5b5811101391f875e75f2818876d6b9e9"
 # --- end of generated block ---
 
 MANIFEST = {

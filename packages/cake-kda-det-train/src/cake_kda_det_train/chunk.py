@@ -30,13 +30,10 @@ from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
 
 #: ``maxnreg`` of the backward chunk kernel's launch (the PTX ``.maxnreg``: registers per
-#: thread ptxas may use), or ``None``: ptxas decides (the rule). Offline sm_90 builds of the
-#: rule's 2-warp kernel at K = V = 128 (Triton 3.6, 2026-12-03): ptxas chose 32 registers
-#: and 7680 stack bytes per thread (11186 spill instructions); with 255, 255 and 4008
-#: (2950). Timed on an H200 at case b (session 25, 2026-12-03, ``shared/gpu/state_sweep.py``):
-#: the same bits at 255 / 168 / 128, kernel 3225 us (rule) against 3238 / 4585 / 5355: no
-#: gain, so it stays a launch constant for sweeps (``chunk.BWD_MAXNREG=255``), None in the
-#: rule. The interpreter ignores it.
+#: thread ptxas may use), or ``None``: ptxas decides (the rule). A cap gave the same bits and
+#: no gain (255) or a slower kernel (168, 128; measurements: docs/benchmarks/kda.md), so it
+#: stays a launch constant for sweeps (``chunk.BWD_MAXNREG=255``), None in the rule. The
+#: interpreter ignores it.
 BWD_MAXNREG = None
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -205,8 +202,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
     # with one value head per q/k head, the token-parallel kernel (the last to add to dq and
-    # dk) stores them in grad_dtype itself: no value-head sum, no cast pass (an H200,
-    # 2026-12-02: GDN's two such passes took 2 x 94 us at its case b). The same bits: a sum
+    # dk) stores them in grad_dtype itself: no value-head sum, no cast pass (two
+    # elementwise passes fewer in the backward). The same bits: a sum
     # of one term is the term and both casts round to nearest even (under the interpreter
     # bf16 stays fp32 and torch casts, as group_sum_cast does there)
     direct = HV == H

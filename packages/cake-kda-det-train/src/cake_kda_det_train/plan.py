@@ -158,7 +158,7 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
 
     The shared-memory limit comes from sm_90 builds compiled offline (227 KiB per program).
     The others are configurations that Triton 3.6 builds wrongly for an H200 (sm_90),
-    measured on 2026-11-30 against the float64 recurrence (``shared/gpu/plan_configs.py``,
+    found against the float64 recurrence (``shared/gpu/plan_configs.py``,
     ``shared/gpu/kda_diag.py``; docs/benchmarks/kda.md): the same plans are right under the
     interpreter, so the fault is in the compiled code, like the Hopper miscompile FLA guards
     its own GDN backward against."""

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:267af1555ef5d1c84fadb2f49068f2d551988d92f5c97d5d9b532d364cfe64b8"
+SOURCE_DIGEST = "sha256:bee6587c6a510863c4437ddc2d5f6cb0ea770a98e31cfc6d8d60b1fcd1fa927a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -126,15 +126,14 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     Rules (no timing): on CUDA ``chunk_tokens`` is the largest multiple of 128 with
     ``chunk_tokens * V <= max(2**26, V * H / 3)`` logits elements, clamped to
     ``[128, 4096]`` (at H = 4096: 2048 tokens for V = 32000, 1280 for V = 128256 and
-    151936). The floor was 2**27 until an H200 run put its 4096-token chunks at V = 32000,
-    T = 16384 above FLA's peak memory; 2**25 (1280 tokens) met the memory but cost 13% of
-    the time there (each chunk re-reads and re-writes the fp32 dweight sum;
-    docs/benchmarks/lm_head_loss.md); under the interpreter the largest
+    151936): a larger floor's chunk buffers raise the peak memory at small vocabularies, a
+    smaller one costs time (each chunk re-reads and re-writes the fp32 dweight sum;
+    measurements: docs/benchmarks/lm_head_loss.md); under the interpreter the largest
     power of two with ``chunk_tokens * V <= 2**16``, clamped to ``[16, 4096]``. CE tile: 1 row x
     ``min(4096, next_power_of_2(V))`` columns, 8 warps on CUDA; 16 rows x
     ``min(2048, next_power_of_2(V))`` on the CPU. On CUDA with bf16/fp16 the logits and
-    dhidden GEMMs go to cuBLAS (``cublas_gemms = 1``; an H200 run had cake's tiles at
-    1.2-1.4x cuBLAS's time on GEMMs of this size, docs/benchmarks/dense_projection.md) and
+    dhidden GEMMs go to cuBLAS (``cublas_gemms = 1``; faster than cake's tiles on GEMMs of
+    this size, docs/benchmarks/dense_projection.md) and
     the dweight GEMM uses 128x256x64 tiles (8 warps, 3 stages; the sweep's best for a
     weight gradient); the cake tiles of the other two stay 128x128x64. fp32 on CUDA:
     64x64x32 (4 warps) for the three, no cuBLAS; on

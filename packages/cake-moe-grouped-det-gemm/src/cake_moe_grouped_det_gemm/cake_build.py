@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b7890d42ccefa92f1aac83fd54bf2412f2a4cfed02a8fa10f2f44ab0743ec67a"
+SOURCE_DIGEST = "sha256:d78cc49bc2f2cc7f87d3e48a1856fbcd88c527e560c282c70f1bc2ee18979d66"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -84,11 +84,10 @@ class MoEGroupedDetPlan(Plan):
             and ``_grouped_mm(dy, weight, offs=ends)``, ``ends`` the device-side clamped
             row ends, int32), then a Triton kernel (``zero_tail_rows_kernel``) writes zeros to
             the rows past the last expert's end, which torch leaves unwritten; no host sync.
-            Measured on one H200 (torch 2.11.0+cu130; docs/benchmarks/moe.md, session 12):
-            bf16, M = 131072 rows, (E, N, K) in {(8, 3072, 4096), (128, 4096, 1536),
-            (64, 3072, 4096)}, balanced and skewed routing: bitwise equal over 5 runs and
-            across two processes, 1.66e-3 relative error against float64 (the bf16 output
-            rounding, as cake's kernels). 0 keeps them on cake's kernels (the rule's choice
+            On one H200 (torch 2.11.0+cu130, bf16, balanced and skewed routing) torch's
+            kernels repeated bitwise over 5 runs and across two processes, with the bf16
+            output rounding's error against float64, as cake's kernels
+            (docs/benchmarks/moe.md). 0 keeps them on cake's kernels (the rule's choice
             everywhere but Hopper with bf16 and aligned N and K, see :func:`make_plan`). The wgrad
             (fixed-order split-K, ``main_grad``-fused) is always cake's. With 1 the
             forward/dgrad tile fields (block_m / _n / _k, num_warps, num_stages) stay in the
@@ -104,11 +103,9 @@ class MoEGroupedDetPlan(Plan):
             sync), so that the longest reductions start first and the short ones fill the
             tail (longest-processing-time order, for skewed routing). Every tile is still
             computed by one program with the same steps: **the same bits** for 0 and 1
-            (tested). Costs a sort of E ints per backward. The rule: 1 on CUDA, 0 on the
-            CPU (one H200, 2026-12-01, bf16, M = 131072, E in {8, 128}, (N, K) in
-            {(3072, 4096), (4096, 1536)}: skewed wgrad 0.86-0.94x torch._grouped_mm's time
-            with 1 against 0.87-1.07x with 0; balanced 0.90-1.07x, as with 0;
-            docs/benchmarks/moe.md).
+            (tested). Costs a sort of E ints per backward. The rule: 1 on CUDA (faster on
+            skewed routing, no slower on balanced; measurements: docs/benchmarks/moe.md), 0
+            on the CPU.
 
     Format version 4 added ``wgrad_order``, 3 ``grouped_mm_fwd_dgrad``, 2 ``tma``. An older
     dict is refused by ``from_dict``: re-make the plan, or add the missing fields as 0 and
@@ -219,23 +216,17 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
     - ``allow_tf32 = 0``; ``reduce_block`` 1024 (4096 on the CPU).
     - ``tma = 1`` on CUDA devices of compute capability >= 9 (Hopper) for bf16/fp16 with N
       and K multiples of 8 (TMA reads 16-byte rows); 0 elsewhere (CPU, fp32, older GPUs,
-      unaligned N or K). Measured on an H200 (docs/benchmarks/moe.md, session 11; same
-      tiles): wgrad 0.88-1.07x torch._grouped_mm's time against 1.09-1.30x with pointer
-      loads, forward 1.30-1.46x against 1.34-1.69x, dgrad 1.35-1.50x against 1.41-1.52x.
+      unaligned N or K): pipelined TMA loads made every phase faster than masked pointer
+      loads (measurements: docs/benchmarks/moe.md).
     - ``grouped_mm_fwd_dgrad = 1`` (forward and dgrad on ``torch._grouped_mm``, the wgrad
       still cake's) on CUDA devices of compute capability 9.x (Hopper) for bf16 with N and K
       multiples of 8, when this torch has ``torch._grouped_mm``; 0 elsewhere (CPU, fp16,
-      fp32, other GPUs, unaligned N or K). Evidence (one H200, torch 2.11.0+cu130, session
-      12, docs/benchmarks/moe.md): bitwise equal over 5 runs and across two processes at
-      M = 131072, E in {8, 64, 128} (one (N, K) each), balanced and skewed routing, 1.66e-3
-      from float64; and cake's forward/dgrad took 1.30-1.50x torch's time (session 11);
-      with the route, 0.97-1.02x (session 12, E = 8 and 128). The forward/dgrad tiles
-      above stay in the plan, unused by those phases. Not measured: the MoEFeedForward
-      layer with the route.
+      fp32, other GPUs, unaligned N or K): torch's kernels were faster than cake's forward
+      and dgrad and repeated bitwise across runs and processes (measurements:
+      docs/benchmarks/moe.md). The forward/dgrad tiles above stay in the plan, unused by
+      those phases.
     - ``wgrad_order = 1`` (the wgrad's experts launched most rows first; the same bits) on
-      CUDA, 0 on the CPU. Evidence (one H200, session 13, docs/benchmarks/moe.md): skewed
-      routing wgrad 0.86-0.94x torch._grouped_mm's time at E = 8 and 128 against 0.87-1.07x
-      with 0; balanced routing 0.90-1.07x, as with 0.
+      CUDA (a skewed expert's long reduction no longer starts last), 0 on the CPU.
 
     Equal arguments give the equal plan (cached; a pure function of its key).
 

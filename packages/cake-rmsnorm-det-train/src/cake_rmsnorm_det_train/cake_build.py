@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d7c2f670cc62700f30e65e819ca102f856f5b10a6137230584b9743d3233439f"
+SOURCE_DIGEST = "sha256:0f3e1f630a167539a6f7464f2a04bdaa2383116b6420fc2366014ca730381525"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -66,7 +66,7 @@ _PLANS: dict[tuple, RMSNormDetPlan] = {}
 def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str) -> RMSNormDetPlan:
     """Pick the plan for rows of ``hidden_size`` elements of ``dtype`` on ``device``.
 
-    Rules (no timing at call time; derived once from an H200 sweep recorded in
+    Rules (no timing at call time; from a sweep of the tile shapes, measurements:
     docs/benchmarks/rmsnorm.md): a whole row per tile; forward tiles of about 4096
     elements on CUDA (one 2048-wide row per program with 4 warps; 16384 elements under the
     interpreter, where each program costs Python time);
@@ -93,8 +93,7 @@ def _rule(hidden_size: int, device: torch.device) -> RMSNormDetPlan:
     block_h = next_power_of_2(hidden_size)
     cuda = device.type == "cuda"
     tile = 4096 if cuda else 16384
-    # H200 2026-11-30: 2048-wide rows one per program (4 warps) beat two per program (8 warps)
-    # by 2% in the forward at 65536 x 2048 bf16 (docs/benchmarks/rmsnorm.md)
+    # 2048-wide rows one per program (4 warps): faster than two per program (8 warps)
     block_m_fwd = 1 if cuda and block_h == 2048 else max(1, min(64, tile // block_h))
     block_m_bwd = max(1, min(64, (4096 if cuda else 16384) // block_h))
     if cuda:

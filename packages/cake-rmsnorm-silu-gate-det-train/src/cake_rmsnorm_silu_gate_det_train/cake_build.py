@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:06d85603792865168a20bc269eb6cc4ddb45058350c6ef1fc90e4dcc690ff3f7"
+SOURCE_DIGEST = "sha256:1710f50c2bda01a63b02c7db21fdb1491ea95d13e4a0840fe13626d7cd789857"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -42,14 +42,12 @@ class RMSNormSiluGateDetPlan(Plan):
         reduce_block: columns per program of that ordered sum.
         bwd_stages: software-pipelining stages of the backward's loop over a program's row blocks
             (``tl.range(..., num_stages=bwd_stages)``; 1 = no pipelining). The rule: 3 on CUDA for
-            rows of at most 1024 padded elements (an H200, 2026-12-01: D = 128 fwd+bwd 0.98x FLA's
-            device time, was 1.04x; same bits), else 1. With 2 or more the next block's x, z, dy
-            and rstd loads are issued (cp.async on Hopper) while the current block computes: more
-            bytes in flight per SM, the same arithmetic in the same order, so the same bits (tested
-            under the interpreter, where the loop is a plain loop; on an H200 at D = 128 bf16 by
-            comparison with the plan at 1: difference 0) (format 2; offline sm_90 builds of the
-            rule's D = 128 tile: at 1 the same 544 SASS instructions and 97 registers as format 1;
-            at 3, 100 registers, 24.7 KB of shared memory, the loads through LDGSTS (cp.async)).
+            rows of at most 1024 padded elements (faster; measurements:
+            docs/benchmarks/rmsnorm_silu_gate.md), else 1 (not timed). With 2 or more the next
+            block's x, z, dy and rstd loads are issued (cp.async on Hopper) while the current
+            block computes: more bytes in flight per SM, the same arithmetic in the same order,
+            so the same bits (tested under the interpreter, where the loop is a plain loop, and
+            on a GPU by comparison with the plan at 1) (format 2).
     """
 
     family: ClassVar[str] = "cake-rmsnorm-silu-gate-det-train"
@@ -108,8 +106,8 @@ def make_plan(hidden_size: int, dtype: torch.dtype, device: torch.device | str, 
     the interpreter (each program costs Python time); 1 to 64 rows per tile;
     ``max(1, min(16, tile_elements // 512))`` warps; on CUDA with padded rows of at most
     1024 elements forward tiles of about 2048 elements and twice those warps in both
-    kernels (an H200 sweep at D = 128: 8-18% less device time; docs/benchmarks/
-    rmsnorm_silu_gate.md); ``bwd_programs`` = 2 per SM on CUDA
+    kernels (faster for short rows; measurements: docs/benchmarks/rmsnorm_silu_gate.md);
+    ``bwd_programs`` = 2 per SM on CUDA
     (1 per SM for padded rows over 4096 elements), 4 on the CPU; ordered-sum blocks of
     ``min(1024, next_pow2(D))`` columns. ``dtype`` is part of the signature for rules to
     come; today's rules read D, G and the device only.
@@ -153,18 +151,14 @@ def _rule(hidden_size: int, group_size: int, device: torch.device) -> RMSNormSil
     block_ng, block_g = padded_row(hidden_size, group_size)
     row = block_ng * block_g
     cuda = device.type == "cuda"
-    # H200 2026-11-30 (docs/benchmarks/rmsnorm_silu_gate.md), D = 128: forward tiles of 2048
-    # elements and both kernels with twice the warps of the general formula took the device
-    # time from 1.18x to 1.09x FLA's (fwd) and 1.34x to 1.10x (fwd+bwd); rows over 1024
-    # elements keep the general rule (not timed)
+    # short rows: forward tiles of 2048 elements and twice the general warps in both kernels
+    # (faster at D = 128); rows over 1024 elements keep the general rule (not timed)
     short = cuda and row <= 1024
     block_m_fwd = max(1, min(64, (2048 if short else 4096 if cuda else 16384) // row))
     block_m_bwd = max(1, min(64, (2048 if cuda else 16384) // row))
     warp_scale = 2 if short else 1
-    # H200 2026-12-01, D = 128 bf16 (524288 and 1048576 rows; docs/benchmarks/
-    # rmsnorm_silu_gate.md, session 14): bwd_stages = 3 took fwd+bwd device time from
-    # 1.043x / 1.039x FLA's to 0.982x / 0.977x with the same bits (diff 0, repeats); 2 was
-    # slower (1.17x), 4 as 3. Longer rows not timed: they keep 1.
+    # bwd_stages = 3 for short rows (the pipelined loop: faster, same bits; 2 was slower, 4
+    # no better); longer rows not timed: they keep 1
     if cuda:
         bwd_programs = sm_count(device) * (2 if row <= 4096 else 1)
     else:

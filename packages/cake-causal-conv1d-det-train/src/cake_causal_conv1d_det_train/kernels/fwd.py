@@ -13,10 +13,8 @@ The block is computed in sub-tiles of ``SUB_T`` rows (a power of two dividing BL
 launcher's choice, not a plan field), each stored before the next one's loads: every element
 gets the same sum in the same order whatever SUB_T (the same bits), but ptxas can no longer
 keep the whole block's W shifted x tiles in flight at once (loads are not moved above a
-store to a pointer that may alias). For sm_90 at 64 x 128, 8 warps (W = 4, bf16) the whole
-block (SUB_T = 64) takes 96 registers without an activation (2 CTAs per SM) against 79 with
-SiLU; SUB_T = 32 takes 80 / 64 (3 / 4 CTAs per SM); no spills
-(docs/benchmarks/causal_conv1d.md session 14; static counts, not timings).
+store to a pointer that may alias), so fewer registers are live and more programs fit per SM
+(measurements: docs/benchmarks/causal_conv1d.md).
 """
 
 import triton

@@ -23,8 +23,8 @@ a one-axis grid, :func:`state_grid`), with three changes that shorten each seria
 
 The shape (H, HV, GROUP, K, V) is compile-time (one build per shape, as FLA's) and the
 grid is one axis of ``N * HV * ceil(V / BV)`` programs, V blocks fastest
-(:func:`state_grid`): an H200 (session 23, case a, the kernel alone) timed the forward
-kernel 696 -> 616 us with both, bits unchanged.
+(:func:`state_grid`): the programs of a value head, which read the same tiles, run side by
+side; faster with the same bits (measurements: docs/benchmarks/gdn.md).
 
 S / dS are fp32, rounded to ``DT`` only as dot operands and to h's / dh's dtype when
 stored; initial state, final state, dh0 and dht are fp32.
@@ -49,8 +49,7 @@ def gdn_fwd_h_bp_kernel(
     BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
 ):
     # one axis, V blocks fastest: the programs of a value head, which read the same k / w
-    # (and q) tiles, are launched side by side (an H200: 11% off the forward kernel at
-    # case a with the shape constexpr, the same bits)
+    # (and q) tiles, are launched side by side (faster, the same bits)
     NV: tl.constexpr = (VD + BV - 1) // BV
     pid = tl.program_id(0)
     iv = pid % NV

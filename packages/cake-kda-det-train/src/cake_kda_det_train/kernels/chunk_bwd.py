@@ -27,8 +27,7 @@ each program writes only its own chunk's rows.
 ``kda_bwd_local_kernel``, ``kda_bwd_intra_kernel``, ``kda_bwd_intra_tok_kernel`` and
 ``kda_bwd_dg_cumsum_kernel`` take the shapes (H, HV, GROUP, KD, VD) as ``tl.constexpr``, so
 Triton builds them once per head shape, as FLA's kernels and the state kernels of
-kernels/rec_op.py are built: on an H200 at the benchmark's case b (session 29, us per
-launch) 3221 -> 3051, 1835 -> 1804, 1265 -> 1247 and 186 -> 166, the same bits.
+kernels/rec_op.py are built: faster, the same bits (measurements: docs/benchmarks/kda.md).
 """
 
 import triton

@@ -302,14 +302,12 @@ def kda_fwd_pairs_tok_kernel(
     ``e = exp(G_i - G_j)``, ``A[i, j] = sum_c k_ic (k_jc e_c)`` for j < i (raw, fp32 to
     ``AKKS``) and ``Aqk[i, j] = sum_c q_ic (k_jc e_c)`` for j <= i (times
     ``scale``, to ``AQK``), each column stored as soon as it is summed (as FLA's kernel
-    does; gathering row i in a ``[BH, BC]`` tile first, as before session 29, gave the same
-    bits); A's column i is stored as 0 in the loop, and the columns after i get their
-    zeros in one masked store (other addresses: no order between the stores is needed; the
-    output kernel's ``Aqk v_new`` dot reads those zeros). Writes only row i's ``BC``
-    diagonal-block columns (:func:`kda_fwd_pairs_kernel` writes the rest
-    of the row). H, HV, GROUP and KD are compile-time. On an H200 at case b (session 29, us per launch): the
-    tile form 624, these stores 579 (the same bits), with compile-time shapes at the rule's
-    2 heads x 1 warp 435 (445 without)."""
+    does: faster than gathering row i in a ``[BH, BC]`` tile first, with the same bits);
+    A's column i is stored as 0 in the loop, and the columns after i get their zeros in one
+    masked store (other addresses: no order between the stores is needed; the output
+    kernel's ``Aqk v_new`` dot reads those zeros). Writes only row i's ``BC`` diagonal-block
+    columns (:func:`kda_fwd_pairs_kernel` writes the rest of the row). H, HV, GROUP and KD are compile-time (faster; measurements:
+    docs/benchmarks/kda.md)."""
     c = tl.program_id(0) // BT
     r = tl.program_id(0) % BT
     start = tl.load(CHUNK_START + c).to(tl.int64)

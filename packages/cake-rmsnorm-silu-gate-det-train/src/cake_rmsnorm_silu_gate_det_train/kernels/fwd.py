@@ -26,11 +26,9 @@ def rmsnorm_silu_gate_fwd_kernel(
     NORM_BEFORE_GATE: tl.constexpr, ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_NG: tl.constexpr,
     BLOCK_G: tl.constexpr, OFF64: tl.constexpr,
 ):
-    # The weight loaded before the rows, rsqrt, 32-bit offsets where they fit: device time
-    # 1.074 -> 1.043x FLA's at 524288 x 128 on an H200 (2026-11-30, with streaming cache
-    # hints). Without the hints (as cake-rmsnorm-det-train): 0.991x / 0.994x FLA's at
-    # 524288 / 1048576 rows, against 1.035x / 1.044x with them, same bits (interleaved
-    # CUDA-graph A/B, outputs allocated per call; docs/benchmarks/rmsnorm_silu_gate.md).
+    # The weight loaded before the rows, rsqrt, 32-bit offsets where they fit (faster); no
+    # streaming cache hints, which cost time with outputs allocated per call (same bits;
+    # measurements: docs/benchmarks/rmsnorm_silu_gate.md).
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     if OFF64:
