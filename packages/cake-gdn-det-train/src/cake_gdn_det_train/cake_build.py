@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0feefe48c976b75c6084f4bd468830319f95cf01003afbc5859ff0abdeaae54b"
+SOURCE_DIGEST = "sha256:7aa70968d57ac61b34b5f024dada9ea4f754c4e0aa85337af429df3f1e133e66"
 # --- end of generated block ---
 
 MANIFEST = {

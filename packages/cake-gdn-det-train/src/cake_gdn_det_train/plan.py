@@ -185,7 +185,7 @@ def cuda_plan_problem(plan: GDNDetPlan, dtype: torch.dtype) -> str | None:
     if plan.local_form == 2 and plan.num_warps_local > 4 and plan.block_k_local < 32:
         return ("on CUDA local_form=2 with num_warps_local > 4 needs block_k_local >= 32 "
                 "(fp32 K = V = 40 with block_k_local=16 at 8 warps gave an illegal memory "
-                "access on an H200, Triton 3.6, 2026-12-03; the same at 4 warps with V = 32, "
+                "access on an H200, Triton 3.6; the same at 4 warps with V = 32, "
                 "and 8 warps at block_k_local=64, were right; not narrowed further)")
     return None
 
