@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:79b78b0d1795aa8e12344e24f8738c9dc665806ffb5388c14587a366e4ce2776"
+SOURCE_DIGEST = "sha256:b18186f190e59932953448a886d633aaad20a064df69a96fa189e06ada875997"
 # --- end of generated block ---
 
 MANIFEST = {

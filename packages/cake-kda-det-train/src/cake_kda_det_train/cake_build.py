@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:444d186794dde9fba4a8db6c6c92bb7d29f1468cd126d25ada77e8d09f3f3eb5"
+SOURCE_DIGEST = "sha256:79584fe97b29563b969f5f3af9abb4f3915cd101e14f099723f0d3f6681f68ce"
 # --- end of generated block ---
 
 MANIFEST = {
