@@ -175,3 +175,31 @@ def test_refused_before_any_launch_inputs_unchanged():
     assert_raises_unmodified(layer, {"hidden_states": x,
                                       "attention_mask": torch.ones(2, 9, device=DEV)},
                              r"attention_mask: expected \[B, T\]")
+
+
+def test_torch_impl_same_parameters_same_output():
+    """impl="torch": the same state_dict from the same seed, plain torch modules, and the
+    cake layer's output and gradients within fp32 tolerance (padded input too)."""
+    args = dict(hidden_size=64, head_dim=16, num_heads=2, num_v_heads=4, expand_v=2)
+    torch.manual_seed(5)
+    cake = GatedDeltaNet(**args).to(DEV)
+    torch.manual_seed(5)
+    ref = GatedDeltaNet(**args, impl="torch").to(DEV)
+    assert cake.state_dict().keys() == ref.state_dict().keys()
+    assert all(torch.equal(t, ref.state_dict()[n]) for n, t in cake.state_dict().items())
+    assert not [m for m in ref.modules() if type(m).__module__.startswith("cake_")
+                and type(m).__module__ != "cake_core.layer_utils" and m is not ref]
+    x = torch.randn(2, 20, 64, device=DEV)
+    mask = torch.ones(2, 20, dtype=torch.long, device=DEV)
+    mask[1, :6] = 0
+    for kw in ({}, {"attention_mask": mask}):
+        out, _, _ = cake(x, **kw)
+        out_ref, _, _ = ref(x, **kw)
+        out.square().sum().backward()
+        out_ref.square().sum().backward()
+        assert_close_to_reference(out, out_ref.double(), torch.float32, tol=TOL)
+        for (n, p), q in zip(cake.named_parameters(), ref.parameters(), strict=True):
+            assert_close_to_reference(p.grad, q.grad.double(), torch.float32, f"d{n}",
+                                      tol=PARAM_TOL)
+    with pytest.raises(ValueError, match="impl"):
+        GatedDeltaNet(**args, impl="triton")

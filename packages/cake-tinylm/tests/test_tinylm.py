@@ -244,9 +244,55 @@ def test_cli_train_exit_code_follows_verdict(tmp_path, monkeypatch, capsys):
 GDN_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, mixer="gdn")
 
 
-def test_gdn_mixer_cake_and_torch_match_from_same_weights():
+def _fla_layer_checks(cake, ref, layer_cls, keys):
+    """The mixer of both builds is the family's layer (FLA's keys), the cake one on cake's
+    modules, the torch one on plain torch with no kernel package's module."""
+    from cake_causal_conv1d_det_train import ShortConvolution
+    from cake_core.layer_utils import RMSNormGatedTorch, ShortConvolutionTorch
     from cake_dense_projection_det_gemm import Linear
-    from cake_tinylm.model import GatedDeltaNet, gated_delta_rule_torch
+    from cake_rmsnorm_silu_gate_det_train import RMSNormGated
+
+    mixer, ref_mixer = cake.blocks[0].mixer, ref.blocks[0].mixer
+    assert isinstance(mixer, layer_cls) and isinstance(ref_mixer, layer_cls)
+    assert (mixer.impl, ref_mixer.impl) == ("cake", "torch")
+    assert sorted(mixer.state_dict()) == sorted(keys)
+    assert {type(m) for m in mixer.modules() if "Linear" in type(m).__name__} == {Linear}
+    assert {type(m) for m in ref_mixer.modules() if "Linear" in type(m).__name__} == {
+        torch.nn.Linear}
+    assert type(mixer.q_conv1d) is ShortConvolution and type(mixer.o_norm) is RMSNormGated
+    assert type(ref_mixer.q_conv1d) is ShortConvolutionTorch
+    assert type(ref_mixer.o_norm) is RMSNormGatedTorch
+    kernel_pkgs = ("cake_rmsnorm_det_train", "cake_dense_projection_det_gemm",
+                   "cake_lm_head_loss_det_train", "cake_causal_conv1d_det_train",
+                   "cake_rmsnorm_silu_gate_det_train", "cake_gdn_det_train",
+                   "cake_kda_det_train")
+    assert not [m for m in ref.modules() if type(m).__module__.startswith(kernel_pkgs)]
+    # heads of d_model // n_heads for q, k and v; FLA's short conv of 4, no bias
+    assert mixer.q_proj.weight.shape == mixer.v_proj.weight.shape == (32, 32)
+    assert mixer.q_conv1d.weight.shape == (32, 1, 4) and mixer.o_norm.weight.shape == (16,)
+    assert float(mixer.q_conv1d.weight.detach().abs().max()) > 0.1  # own init, not N(0, .02)
+
+
+def _cake_torch_parity(cake, ref):
+    idx = torch.randint(0, 256, (2, 16))
+    _, loss_c = cake(idx, idx)
+    _, loss_r = ref(idx, idx)
+    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
+    loss_c.backward()
+    loss_r.backward()
+    gc = dict(cake.named_parameters())
+    for name, p in ref.named_parameters():
+        assert bool(p.grad.isfinite().all()), name
+        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+GDN_KEYS = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "a_proj.weight",
+            "b_proj.weight", "A_log", "dt_bias", "q_conv1d.weight", "k_conv1d.weight",
+            "v_conv1d.weight", "g_proj.weight", "o_norm.weight", "o_proj.weight"]
+
+
+def test_gdn_mixer_cake_and_torch_match_from_same_weights():
+    from cake_gdn_det_train import GatedDeltaNet
 
     assert ModelConfig().mixer == "attention" and TrainConfig().mixer == "attention"
     with pytest.raises(ValueError):
@@ -256,34 +302,11 @@ def test_gdn_mixer_cake_and_torch_match_from_same_weights():
     ref = build_model(GDN_SMALL, "torch")
     assert cake.state_dict().keys() == ref.state_dict().keys()
     ref.load_state_dict(cake.state_dict())
+    _fla_layer_checks(cake, ref, GatedDeltaNet, GDN_KEYS)
     mixer = cake.blocks[0].mixer
-    assert type(mixer) is GatedDeltaNet and type(ref.blocks[0].mixer) is GatedDeltaNet
-    assert {type(mixer.qkv), type(mixer.ab), type(mixer.gate), type(mixer.proj)} == {Linear}
-    from cake_causal_conv1d_det_train import ShortConvolution
-    from cake_rmsnorm_silu_gate_det_train import RMSNormGated
-
-    assert type(mixer.conv) is ShortConvolution and type(mixer.o_norm) is RMSNormGated
-    assert mixer.conv.weight.shape == (96, 1, 4) and mixer.o_norm.weight.shape == (16,)
-    assert float(mixer.conv.weight.detach().abs().max()) > 0.1  # own init, not N(0, 0.02)
-    assert mixer.ab.weight.shape == (4, 32) and mixer.A_log.shape == mixer.dt_bias.shape == (2,)
+    assert mixer.a_proj.weight.shape == (2, 32) and mixer.A_log.shape == mixer.dt_bias.shape == (2,)
     assert bool((mixer.dt_bias != 0).all())  # FLA's init survives TinyLM's zero-bias init
-    assert type(ref.blocks[0].mixer.qkv) is torch.nn.Linear
-    idx = torch.randint(0, 256, (2, 16))
-    _, loss_c = cake(idx, idx)
-    _, loss_r = ref(idx, idx)
-    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
-    loss_c.backward()
-    loss_r.backward()
-    gc = dict(cake.named_parameters())
-    for name, p in ref.named_parameters():
-        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
-    # The torch recurrence: one token, zero state -> o = scale * beta * (q.k) v.
-    q, k, v = torch.randn(3, 1, 1, 1, 4).unbind(0)
-    beta = torch.full((1, 1, 1), 0.5)
-    o = gated_delta_rule_torch(q, k, v, torch.zeros(1, 1, 1), beta)
-    torch.testing.assert_close(o, 0.5 * 0.5 * (q * k).sum(-1, keepdim=True) * v)
-    bf = gated_delta_rule_torch(q.bfloat16(), k.bfloat16(), v.bfloat16(), beta * 0, beta)
-    assert bf.dtype == torch.bfloat16 and bf.shape == v.shape
+    _cake_torch_parity(cake, ref)
 
 
 def test_gdn_mixer_short_job_is_bitwise_deterministic(tmp_path):
@@ -307,71 +330,29 @@ def test_gdn_mixer_short_job_is_bitwise_deterministic(tmp_path):
 KDA_SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=16, mixer="kda")
 
 
+KDA_KEYS = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight",
+            "k_conv1d.weight", "v_conv1d.weight", "f_proj.0.weight", "f_proj.1.weight",
+            "b_proj.weight", "A_log", "dt_bias", "g_proj.0.weight", "g_proj.1.weight",
+            "g_proj.1.bias", "o_norm.weight", "o_proj.weight"]
+
+
 def test_kda_mixer_cake_and_torch_match_from_same_weights():
-    from cake_causal_conv1d_det_train import ShortConvolution
-    from cake_dense_projection_det_gemm import Linear
-    from cake_rmsnorm_silu_gate_det_train import RMSNormGated
-    from cake_tinylm.model import KimiDeltaAttention
+    from cake_kda_det_train import KimiDeltaAttention
 
     torch.manual_seed(0)
     cake = build_model(KDA_SMALL, "cake")
     ref = build_model(KDA_SMALL, "torch")
     assert cake.state_dict().keys() == ref.state_dict().keys()
     ref.load_state_dict(cake.state_dict())
+    _fla_layer_checks(cake, ref, KimiDeltaAttention, KDA_KEYS)
     mixer = cake.blocks[0].mixer
-    assert type(mixer) is KimiDeltaAttention and type(ref.blocks[0].mixer) is KimiDeltaAttention
-    linears = (mixer.qkv, *mixer.f_proj, mixer.b_proj, *mixer.g_proj, mixer.o_proj)
-    assert {type(m) for m in linears} == {Linear}
-    # FLA's layout: no biases but the output gate's second projection; low-rank K = 16.
-    assert [m.bias is not None for m in linears] == [False] * 5 + [True, False]
-    assert mixer.qkv.weight.shape == (96, 32) and mixer.b_proj.weight.shape == (2, 32)
+    # FLA's low-rank gate projections through K = 16 channels; sigmoid-gated output norm
     assert mixer.f_proj[0].weight.shape == (16, 32) and mixer.f_proj[1].weight.shape == (32, 16)
-    assert mixer.g_proj[1].bias.shape == (32,) and mixer.o_proj.weight.shape == (32, 32)
-    assert type(mixer.conv) is ShortConvolution and mixer.conv.weight.shape == (96, 1, 4)
-    assert type(mixer.o_norm) is RMSNormGated and mixer.o_norm.activation == "sigmoid"
-    assert mixer.o_norm.weight.shape == (16,)
+    assert mixer.g_proj[1].bias.shape == (32,) and mixer.o_norm.activation == "sigmoid"
     a = mixer.A_log.detach().exp()
     assert mixer.A_log.shape == (2,) and bool(((a >= 1) & (a <= 16)).all())  # log U(1, 16)
     assert mixer.dt_bias.shape == (32,) and not mixer.dt_bias.detach().any()
-    assert float(mixer.conv.weight.detach().abs().max()) > 0.1  # own init, not N(0, 0.02)
-    ref_mixer = ref.blocks[0].mixer
-    assert type(ref_mixer.qkv) is torch.nn.Linear and isinstance(ref_mixer.conv, torch.nn.Conv1d)
-    kernel_pkgs = ("cake_rmsnorm_det_train", "cake_dense_projection_det_gemm",
-                   "cake_lm_head_loss_det_train", "cake_causal_conv1d_det_train",
-                   "cake_rmsnorm_silu_gate_det_train", "cake_kda_det_train")
-    assert not [m for m in ref.modules() if type(m).__module__.startswith(kernel_pkgs)]
-    idx = torch.randint(0, 256, (2, 16))
-    _, loss_c = cake(idx, idx)
-    _, loss_r = ref(idx, idx)
-    torch.testing.assert_close(loss_c, loss_r, rtol=1e-5, atol=1e-5)
-    loss_c.backward()
-    loss_r.backward()
-    gc = dict(cake.named_parameters())
-    for name, p in ref.named_parameters():
-        assert bool(p.grad.isfinite().all()), name
-        torch.testing.assert_close(gc[name].grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_per_channel_delta_rule_torch_matches_kda_reference():
-    from cake_kda_det_train import kda_recurrence_ref
-    from cake_tinylm.model import gated_delta_rule_torch, make_gated_norm
-
-    torch.manual_seed(1)
-    q, k, v = torch.randn(3, 2, 5, 2, 4).unbind(0)
-    g = -torch.rand(2, 5, 2, 4) * 3
-    beta = torch.rand(2, 5, 2)
-    o = gated_delta_rule_torch(q, k, v, g, beta)
-    o_ref, _ = kda_recurrence_ref(q, k, v, g, beta, dtype=torch.float64)
-    torch.testing.assert_close(o, o_ref.float(), rtol=1e-5, atol=1e-6)
-    # a per-channel decay constant over K is the per-head (GDN) one
-    g_head = g[..., 0]
-    torch.testing.assert_close(
-        gated_delta_rule_torch(q, k, v, g_head[..., None].expand_as(g), beta),
-        gated_delta_rule_torch(q, k, v, g_head, beta))
-    with pytest.raises(ValueError):
-        gated_delta_rule_torch(q, k, v, g[..., :3], beta)
-    with pytest.raises(ValueError):
-        make_gated_norm(4, 1e-5, "relu", "torch")
+    _cake_torch_parity(cake, ref)
 
 
 def test_kda_mixer_short_job_is_bitwise_deterministic(tmp_path):

@@ -38,7 +38,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a66884655d82473c3cba9b8ae976a0b9ac00c1433f5b00a75f0fa5a20f5f9e6f"
+SOURCE_DIGEST = "sha256:7dc46f44a2496b9f8927d227bdc3c0463b8cf7dd62f8dd80f80b216f36e908d8"
 # --- end of generated block ---
 
 MANIFEST = {

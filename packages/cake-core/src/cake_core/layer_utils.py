@@ -1,7 +1,8 @@
 """What the families' whole layers (FLA's ``fla.layers`` drop-ins) share: the checks of
-FLA's layer arguments, the q / k / v projections with their short convolutions, and the
+FLA's layer arguments, the q / k / v projections with their short convolutions, the
 padding mask turned into packed documents and back (FLA's ``get_unpad_data`` /
-``pad_input``)."""
+``pad_input``), and the plain-torch parts of their ``impl="torch"`` build (the same
+parameters run without cake's kernels: a baseline to compare against)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,18 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: a layer's ``impl``: ``"cake"`` (cake's kernels) or ``"torch"`` (plain torch, same parameters)
+IMPLS: tuple[str, ...] = ("cake", "torch")
+
+
+def check_impl(impl) -> str:
+    """``impl`` if it is one of :data:`IMPLS`, else ``ValueError``."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ValueError(f"impl: one of {IMPLS}, got {impl!r}")
+    return impl
 
 
 def positive_int(name: str, v) -> int:
@@ -120,3 +133,72 @@ def pad(o: torch.Tensor, keep: torch.Tensor | None, B: int, T: int) -> torch.Ten
         return o
     out = o.new_zeros(B * T, o.shape[-1]).index_copy(0, keep, o[0])
     return out.reshape(B, T, o.shape[-1])
+
+
+# ----------------------------------------------------------------- the impl="torch" build
+
+
+class ShortConvolutionTorch(nn.Conv1d):
+    """Plain-torch stand-in for ``cake_causal_conv1d_det_train.ShortConvolution`` in a
+    layer's ``impl="torch"`` build: the same constructor arguments (``hidden_size``,
+    ``kernel_size``, ``bias``, ``activation``), the same ``nn.Conv1d`` parameters and
+    initialisation (``weight`` ``[D, 1, W]``, ``bias`` ``[D]`` or None).
+
+    ``forward(x, cu_seqlens=None) -> (y, None)``: x ``[B, T, D]`` (packed ``[1, T, D]``
+    with ``cu_seqlens`` ``[N + 1]``); ``y[t, c] = act(sum_j w[c, j] x[t - W + 1 + j, c]
+    + bias[c])``, each sequence from a zero state, ``act`` SiLU (``"silu"`` / ``"swish"``)
+    or none (``None``); y like x.
+    """
+
+    def __init__(self, hidden_size: int, kernel_size: int, bias: bool = False,
+                 activation: str | None = "silu") -> None:
+        if activation not in (None, "silu", "swish"):
+            raise ValueError(f"activation: None, 'silu' or 'swish', got {activation!r}")
+        super().__init__(hidden_size, hidden_size, kernel_size, padding=kernel_size - 1,
+                         groups=hidden_size, bias=bias)
+        self.hidden_size, self.activation = hidden_size, activation
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None):
+        W = self.kernel_size[0]
+        bounds = [0, x.shape[1]] if cu_seqlens is None else [int(c) for c in cu_seqlens]
+        ys = [F.conv1d(F.pad(x[:, s:e].transpose(1, 2), (W - 1, 0)), self.weight, self.bias,
+                       groups=self.hidden_size).transpose(1, 2)
+              for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+        y = torch.cat(ys, 1)
+        return (F.silu(y) if self.activation else y), None
+
+
+class RMSNormGatedTorch(nn.Module):
+    """Plain-torch stand-in for ``cake_rmsnorm_silu_gate_det_train.RMSNormGated`` (norm
+    before gate) in a layer's ``impl="torch"`` build: ``weight`` ``[hidden_size]`` (ones),
+    ``forward(x, z) = rmsnorm(x) * weight * gate(z)`` over the last dim, in fp32, returned
+    in x's dtype; ``gate`` is SiLU (``activation="swish"`` / ``"silu"``) or sigmoid."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *,
+                 activation: str = "swish") -> None:
+        super().__init__()
+        if activation not in ("silu", "swish", "sigmoid"):
+            raise ValueError(f"activation: 'silu', 'swish' or 'sigmoid', got {activation!r}")
+        self.hidden_size, self.eps, self.activation = hidden_size, eps, activation
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        xf, zf = x.float(), z.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        gate = torch.sigmoid(zf) if self.activation == "sigmoid" else F.silu(zf)
+        return (y * gate).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}, activation={self.activation}"
+
+
+def torch_core(reference):
+    """A layer's core for its ``impl="torch"`` build: ``reference`` (the family's
+    token-by-token spec, called with the keywords of its ``chunk_*_det``) computed in fp32,
+    ``o`` returned in v's dtype, as the kernels return it."""
+
+    def core(q, k, v, g, beta, **kwargs):
+        o, state = reference(q, k, v, g, beta, dtype=torch.float32, **kwargs)
+        return o.to(v.dtype), state
+
+    return core

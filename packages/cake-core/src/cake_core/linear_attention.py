@@ -651,33 +651,34 @@ def delta_rule_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     # value head j uses q/k head j // group
     q = q.repeat_interleave(group, dim=2)
     k = k.repeat_interleave(group, dim=2)
+    per_channel = g.dim() == 4
+    # (first row, rows, first token, end): the B sequences of an unpacked batch run together
+    # (one token loop), the documents of a packed one one after another
     if cu_seqlens is None:
-        spans = [(b, 0, T) for b in range(B)]
+        spans = [(0, B, 0, T)]
     else:
         cu = [int(x) for x in cu_seqlens.tolist()]
-        spans = [(0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
+        spans = [(n, 1, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
     outs, finals = [], []
-    for n, (b, bos, eos) in enumerate(spans):
+    for n, rows, bos, eos in spans:
+        b = slice(0, rows)  # batch rows of q, k, v, g, beta (row 0 when packed)
         if initial_state is not None:
-            S = initial_state[n].to(dtype)
+            S = initial_state[n:n + rows].to(dtype)
         else:
-            S = torch.zeros(HV, K, V, dtype=dtype, device=q.device)
+            S = torch.zeros(rows, HV, K, V, dtype=dtype, device=q.device)
         seq_out = []
         for t in range(bos, eos):
-            kt, vt, qt = k[b, t], v[b, t], q[b, t]          # [HV, K], [HV, V], [HV, K]
-            decay = torch.exp(g[b, t])                     # [HV] or [HV, K]
-            S = S * (decay[:, None, None] if decay.dim() == 1 else decay[:, :, None])
-            kS = torch.einsum("hk,hkv->hv", kt, S)
-            u = beta[b, t][:, None] * (vt - kS)
-            S = S + kt[:, :, None] * u[:, None, :]
-            seq_out.append(scale * torch.einsum("hk,hkv->hv", qt, S))
-        outs.append(torch.stack(seq_out) if seq_out else v.new_zeros((0, HV, V)))
+            kt, vt, qt = k[b, t], v[b, t], q[b, t]      # [rows, HV, K], [.., V], [.., K]
+            decay = torch.exp(g[b, t])                 # [rows, HV] or [rows, HV, K]
+            S = S * (decay[..., None] if per_channel else decay[..., None, None])
+            kS = torch.einsum("bhk,bhkv->bhv", kt, S)
+            u = beta[b, t][..., None] * (vt - kS)
+            S = S + kt[..., None] * u[..., None, :]
+            seq_out.append(scale * torch.einsum("bhk,bhkv->bhv", qt, S))
+        outs.append(torch.stack(seq_out, 1) if seq_out else v.new_zeros((rows, 0, HV, V)))
         finals.append(S)
-    if cu_seqlens is None:
-        o = torch.stack(outs) if outs else v.new_zeros((B, T, HV, V))
-    else:
-        o = torch.cat(outs).unsqueeze(0)
+    o = torch.cat(outs, 1) if outs else v.new_zeros((1, 0, HV, V))
     final = None
     if output_final_state:
-        final = torch.stack(finals) if finals else v.new_zeros((0, HV, K, V))
+        final = torch.cat(finals) if finals else v.new_zeros((0, HV, K, V))
     return o, final

@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7aa70968d57ac61b34b5f024dada9ea4f754c4e0aa85337af429df3f1e133e66"
+SOURCE_DIGEST = "sha256:ec8f30345a6045b49dc8b15ac42b65ad27197133e23136dfb2313ae008d96644"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -9,18 +9,23 @@ import math
 
 import torch
 from cake_core.layer_utils import (
+    RMSNormGatedTorch,
+    ShortConvolutionTorch,
     build_qkv,
+    check_impl,
     check_training_call,
     head_dims,
     pad,
     positive_int,
     project_qkv,
+    torch_core,
     unpad,
 )
 from torch import nn
 
 from cake_gdn_det_train.api import chunk_gated_delta_rule_det
 from cake_gdn_det_train.plan import make_plan
+from cake_gdn_det_train.reference import gdn_reference
 
 _EXTRA = ("GatedDeltaNet needs the layers extra: pip install 'cake-gdn-det-train[layers]' "
           "(from this repository: pip install ./packages/cake-causal-conv1d-det-train "
@@ -28,7 +33,9 @@ _EXTRA = ("GatedDeltaNet needs the layers extra: pip install 'cake-gdn-det-train
           "./packages/cake-dense-projection-det-gemm)")
 
 
-def _parts():
+def _parts(impl: str):
+    if impl == "torch":
+        return ShortConvolutionTorch, nn.Linear, nn.RMSNorm, RMSNormGatedTorch
     try:
         from cake_causal_conv1d_det_train import ShortConvolution
         from cake_dense_projection_det_gemm import Linear
@@ -69,7 +76,15 @@ class GatedDeltaNet(nn.Module):
     num_heads; a multiple of it), mode (``"chunk"`` or ``"fused_recurrent"``: the same
     math, cake runs its chunked kernels for both), use_gate, use_short_conv (without it q,
     k, v get SiLU alone, as in FLA), allow_neg_eigval, conv_size, conv_bias, layer_idx,
-    norm_eps; other keywords are accepted and ignored, as FLA's layer does.
+    norm_eps; other keywords are accepted and ignored, as FLA's layer does. And cake's
+    ``impl``: ``"cake"`` (the default) runs everything above on cake's kernels;
+    ``"torch"`` builds the same parameters (same names, shapes and initialisation, so one
+    ``state_dict`` loads into both) from plain torch modules (``torch.nn.Linear``,
+    ``torch.nn.RMSNorm``, :class:`cake_core.layer_utils.ShortConvolutionTorch` and
+    :class:`~cake_core.layer_utils.RMSNormGatedTorch`) and runs the core as
+    :func:`~cake_gdn_det_train.gdn_reference` in fp32, token by token: a slow plain-torch
+    baseline that needs no ``layers`` extra, launches no Triton kernel and serves any
+    head dim.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
@@ -78,10 +93,10 @@ class GatedDeltaNet(nn.Module):
     output are 0); ``kwargs["cu_seqlens"]`` ``[N + 1]`` for packed input ``[1, T, ...]``.
 
     Raises:
-        ValueError: bad constructor arguments; in forward, ``use_cache=True`` or a
-            ``past_key_values`` (decoding is not served: cake serves training),
-            ``output_attentions=True``, a mask of the wrong shape or given with
-            ``cu_seqlens``, and whatever the kernels refuse (head dims, dtypes).
+        ValueError: bad constructor arguments (``impl`` included); in forward,
+            ``use_cache=True`` or a ``past_key_values`` (decoding is not served: cake
+            serves training), ``output_attentions=True``, a mask of the wrong shape or
+            given with ``cu_seqlens``, and whatever the kernels refuse (head dims, dtypes).
         ImportError: the ``layers`` extra is not installed.
 
     Example::
@@ -99,9 +114,12 @@ class GatedDeltaNet(nn.Module):
                  num_heads: int = 6, num_v_heads: int | None = None, mode: str = "chunk",
                  use_gate: bool = True, use_short_conv: bool = True,
                  allow_neg_eigval: bool = False, conv_size: int = 4, conv_bias: bool = False,
-                 layer_idx: int | None = None, norm_eps: float = 1e-5, **kwargs) -> None:
+                 layer_idx: int | None = None, norm_eps: float = 1e-5, *, impl: str = "cake",
+                 **kwargs) -> None:
         super().__init__()
-        ShortConvolution, Linear, RMSNorm, RMSNormGated = _parts()
+        self.impl = check_impl(impl)
+        ShortConvolution, Linear, RMSNorm, RMSNormGated = _parts(impl)
+        self._core = chunk_gated_delta_rule_det if impl == "cake" else torch_core(gdn_reference)
         self.hidden_size = positive_int("hidden_size", hidden_size)
         self.head_k_dim, self.head_v_dim, self.num_v_heads = head_dims(
             head_dim, expand_v, num_heads, num_v_heads)
@@ -141,13 +159,13 @@ class GatedDeltaNet(nn.Module):
         x, cu_seqlens, keep = unpad(hidden_states, self.hidden_size, attention_mask,
                                     kwargs.get("cu_seqlens"))
         B, T = hidden_states.shape[:2]
-        # head dims, dtype and device the core serves: refused before any launch
-        make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
+        if self.impl == "cake":  # head dims, dtype, device the core serves: before any launch
+            make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
         q, k, v = project_qkv(self, x, cu_seqlens)
         q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
         v = v.unflatten(-1, (self.num_v_heads, self.head_v_dim))
-        o, _ = chunk_gated_delta_rule_det(
+        o, _ = self._core(
             q, k, v, self.a_proj(x), self.b_proj(x), cu_seqlens=cu_seqlens,
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log,
             dt_bias=self.dt_bias, use_beta_sigmoid_in_kernel=True,
@@ -163,4 +181,4 @@ class GatedDeltaNet(nn.Module):
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
                 f"num_v_heads={self.num_v_heads}, head_k_dim={self.head_k_dim}, "
                 f"head_v_dim={self.head_v_dim}, use_gate={self.use_gate}, "
-                f"use_short_conv={self.use_short_conv}")
+                f"use_short_conv={self.use_short_conv}, impl={self.impl}")

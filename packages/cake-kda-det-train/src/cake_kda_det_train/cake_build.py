@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5094602e5aaf8ad558b3eebf9a3cf4a5b5811101391f875e75f2818876d6b9e9"
+SOURCE_DIGEST = "sha256:8a2403927088a04e1c08b1c3fd744c521bf0e95c09a57d2611940663c479f673"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import torch
 from cake_core.layer_utils import (
+    RMSNormGatedTorch,
+    ShortConvolutionTorch,
     build_qkv,
+    check_impl,
     check_training_call,
     head_dims,
     pad,
     positive_int,
     project_qkv,
+    torch_core,
     unpad,
 )
 from torch import nn
 
 from cake_kda_det_train.api import chunk_kda_det
 from cake_kda_det_train.plan import make_plan
+from cake_kda_det_train.reference import kda_recurrence_ref
 
 _EXTRA = ("KimiDeltaAttention needs the layers extra: pip install "
           "'cake-kda-det-train[layers]' (from this repository: pip install "
@@ -27,7 +32,9 @@ _EXTRA = ("KimiDeltaAttention needs the layers extra: pip install "
           "./packages/cake-dense-projection-det-gemm)")
 
 
-def _parts():
+def _parts(impl: str):
+    if impl == "torch":
+        return ShortConvolutionTorch, nn.Linear, RMSNormGatedTorch
     try:
         from cake_causal_conv1d_det_train import ShortConvolution
         from cake_dense_projection_det_gemm import Linear
@@ -68,7 +75,14 @@ class KimiDeltaAttention(nn.Module):
     (``"chunk"`` or ``"fused_recurrent"``: the same math; cake runs its chunked kernels),
     use_short_conv (without it q, k, v get SiLU alone, as in FLA), allow_neg_eigval,
     conv_size, conv_bias, layer_idx, norm_eps; other keywords are accepted and ignored, as
-    FLA's layer does.
+    FLA's layer does. And cake's ``impl``: ``"cake"`` (the default) runs everything above
+    on cake's kernels; ``"torch"`` builds the same parameters (same names, shapes and
+    initialisation, so one ``state_dict`` loads into both) from plain torch modules
+    (``torch.nn.Linear``, :class:`cake_core.layer_utils.ShortConvolutionTorch` and
+    :class:`~cake_core.layer_utils.RMSNormGatedTorch`) and runs the core as
+    :func:`~cake_kda_det_train.kda_recurrence_ref` in fp32, token by token: a slow
+    plain-torch baseline that needs no ``layers`` extra, launches no Triton kernel and
+    serves any head dim.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
@@ -77,10 +91,10 @@ class KimiDeltaAttention(nn.Module):
     output are 0); ``kwargs["cu_seqlens"]`` ``[N + 1]`` for packed input ``[1, T, ...]``.
 
     Raises:
-        ValueError: bad constructor arguments; in forward, ``use_cache=True`` or a
-            ``past_key_values`` (decoding is not served: cake serves training),
-            ``output_attentions=True``, a mask of the wrong shape or given with
-            ``cu_seqlens``, and whatever the kernels refuse (head dims, dtypes).
+        ValueError: bad constructor arguments (``impl`` included); in forward,
+            ``use_cache=True`` or a ``past_key_values`` (decoding is not served: cake
+            serves training), ``output_attentions=True``, a mask of the wrong shape or
+            given with ``cu_seqlens``, and whatever the kernels refuse (head dims, dtypes).
         ImportError: the ``layers`` extra is not installed.
 
     Example::
@@ -98,9 +112,11 @@ class KimiDeltaAttention(nn.Module):
                  num_heads: int = 16, num_v_heads: int | None = None, mode: str = "chunk",
                  use_short_conv: bool = True, allow_neg_eigval: bool = False,
                  conv_size: int = 4, conv_bias: bool = False, layer_idx: int | None = None,
-                 norm_eps: float = 1e-5, **kwargs) -> None:
+                 norm_eps: float = 1e-5, *, impl: str = "cake", **kwargs) -> None:
         super().__init__()
-        ShortConvolution, Linear, RMSNormGated = _parts()
+        self.impl = check_impl(impl)
+        ShortConvolution, Linear, RMSNormGated = _parts(impl)
+        self._core = chunk_kda_det if impl == "cake" else torch_core(kda_recurrence_ref)
         self.hidden_size = positive_int("hidden_size", hidden_size)
         self.head_k_dim, self.head_v_dim, self.num_v_heads = head_dims(
             head_dim, expand_v, num_heads, num_v_heads)
@@ -136,11 +152,11 @@ class KimiDeltaAttention(nn.Module):
         x, cu_seqlens, keep = unpad(hidden_states, self.hidden_size, attention_mask,
                                     kwargs.get("cu_seqlens"))
         B, T = hidden_states.shape[:2]
-        # head dims, dtype and device the core serves: refused before any launch
-        make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
+        if self.impl == "cake":  # head dims, dtype, device the core serves: before any launch
+            make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
         q, k, v = project_qkv(self, x, cu_seqlens)
         H, K = self.num_heads, self.head_k_dim
-        o, _ = chunk_kda_det(
+        o, _ = self._core(
             q.unflatten(-1, (H, K)), k.unflatten(-1, (H, K)),
             v.unflatten(-1, (H, self.head_v_dim)), self.f_proj(x).unflatten(-1, (H, K)),
             self.b_proj(x), cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
@@ -152,4 +168,4 @@ class KimiDeltaAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
                 f"head_k_dim={self.head_k_dim}, head_v_dim={self.head_v_dim}, "
-                f"use_short_conv={self.use_short_conv}")
+                f"use_short_conv={self.use_short_conv}, impl={self.impl}")

@@ -7,11 +7,11 @@ The model (:class:`TinyLM`) is a pre-norm decoder built from cake kernels: every
 :func:`run_job` trains it twice from the same initial weights on the same batches, checks
 that the two runs are bitwise identical (losses and final weights), and trains the same
 model built from torch modules for comparison. With ``mixer="gdn"`` (``--mixer gdn``) every
-block's token mixer is a Gated DeltaNet layer whose core is
-``cake_gdn_det_train.chunk_gated_delta_rule_det`` in the cake model; with ``mixer="kda"``
-(``--mixer kda``) a Kimi Delta Attention layer whose core is
-``cake_kda_det_train.chunk_kda_det``. Both blocks' short convolution and gated output norm
-run on ``cake_causal_conv1d_det_train`` and ``cake_rmsnorm_silu_gate_det_train``.
+block's token mixer is cake-gdn-det-train's Gated DeltaNet layer
+(``cake_gdn_det_train.GatedDeltaNet``, FLA's layer on cake's kernels); with
+``mixer="kda"`` (``--mixer kda``) cake-kda-det-train's Kimi Delta Attention layer
+(``cake_kda_det_train.KimiDeltaAttention``). The torch model builds the same layers with
+``impl="torch"`` (plain torch, the same parameters).
 ``cake-tinylm train`` (or ``python -m cake_tinylm train``) runs it from the shell.
 """
 
@@ -20,13 +20,11 @@ from .model import (
     ModelConfig,
     TinyLM,
     build_model,
-    make_gated_norm,
     make_head,
     make_linear,
     make_mixer,
     make_mlp,
     make_norm,
-    make_short_conv,
 )
 from .report import format_summary, write_report
 from .train import CUDA_DEFAULTS, JobResult, RunResult, TrainConfig, default_config, run_job
@@ -48,13 +46,11 @@ __all__ = [
     "format_summary",
     "get_batch",
     "load_corpus",
-    "make_gated_norm",
     "make_head",
     "make_linear",
     "make_mixer",
     "make_mlp",
     "make_norm",
-    "make_short_conv",
     "run_job",
     "split_train_val",
     "stdlib_files",

@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7e93b2c1bc53ad3b3d27a4b132b49fd3beb3257caacb93ee6cd5fa1e57743a65"
+SOURCE_DIGEST = "sha256:b9d96fdff673fc232646f61d0dc0e2690b5139606dd2c430d98f546c92fad2e6"
 # --- end of generated block ---
 
 MANIFEST = {

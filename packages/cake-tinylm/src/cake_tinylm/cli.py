@@ -65,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--mixer",
         choices=MIXERS,
         default=cpu["mixer"],
-        help="token mixer of every block: causal self-attention, a Gated DeltaNet block (gdn: "
-        "short conv, chunk_gated_delta_rule_det, SiLU-gated output norm on cake in the cake "
-        "runs) or a Kimi Delta Attention block (kda: short conv, chunk_kda_det, sigmoid-gated "
-        "output norm on cake in the cake runs) (default: %(default)s)",
+        help="token mixer of every block: causal self-attention, a Gated DeltaNet layer (gdn: "
+        "cake_gdn_det_train.GatedDeltaNet, FLA's layer on cake's kernels) or a Kimi Delta "
+        "Attention layer (kda: cake_kda_det_train.KimiDeltaAttention); the torch run builds "
+        "the same layer in plain torch (default: %(default)s)",
     )
     p.add_argument(
         "--moe",

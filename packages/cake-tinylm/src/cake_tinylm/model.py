@@ -17,9 +17,8 @@ streams feeds ``norm_f``. The cake build runs ``cake_mhc_det_train.HyperConnecti
 torch build :class:`HyperConnectionTorch` (the same math and parameters in plain torch).
 
 Every norm is built by :func:`make_norm`, every projection by :func:`make_linear`, the
-output head by :func:`make_head`, every mixer by :func:`make_mixer` (the GDN and KDA
-blocks' short conv by :func:`make_short_conv`, their gated output norm by
-:func:`make_gated_norm`), every MLP by :func:`make_mlp`. ``impl="cake"`` uses cake's modules:
+output head by :func:`make_head`, every mixer by :func:`make_mixer`, every MLP by
+:func:`make_mlp`. ``impl="cake"`` uses cake's modules:
 
 - norms: ``cake_rmsnorm_det_train.RMSNorm``;
 - projections (attention ``qkv``/``proj``, MLP ``fc1``/``fc2``):
@@ -27,13 +26,13 @@ blocks' short conv by :func:`make_short_conv`, their gated output norm by
 - the attention core (``mixer="attention"``): ``cake_gqa_det_train.gqa_det``;
 - head + loss: ``cake_lm_head_loss_det_train.LMHeadLoss`` (``lm_head.weight`` ``[V, d]``),
   which computes the cross entropy chunk by chunk without materializing the logits;
-- with ``mixer="gdn"``, the Gated DeltaNet block: short conv
-  (``cake_causal_conv1d_det_train``), the core (q/k L2 norm, gate, beta sigmoid, chunked
-  recurrence: ``cake_gdn_det_train.chunk_gated_delta_rule_det``) and the gated output norm
-  (``cake_rmsnorm_silu_gate_det_train``), imported only then;
-- with ``mixer="kda"``, the Kimi Delta Attention block: the same short conv, the core (q/k
-  L2 norm, per-channel gate, chunked recurrence: ``cake_kda_det_train.chunk_kda_det``) and
-  the sigmoid-gated output norm (``cake_rmsnorm_silu_gate_det_train``), imported only then;
+- with ``mixer="gdn"``, the Gated DeltaNet layer ``cake_gdn_det_train.GatedDeltaNet``
+  (FLA's layer: projections, short convs on ``cake_causal_conv1d_det_train``, the core
+  ``chunk_gated_delta_rule_det``, the gated output norm on
+  ``cake_rmsnorm_silu_gate_det_train``) as :class:`GatedDeltaNet`;
+- with ``mixer="kda"``, the Kimi Delta Attention layer
+  ``cake_kda_det_train.KimiDeltaAttention`` (the same parts, the core ``chunk_kda_det``)
+  as :class:`KimiDeltaAttention`;
 - with ``moe_experts`` > 0, every block's MLP is
   ``cake_moe_grouped_det_gemm.MoEFeedForward`` (top-k router, SwiGLU experts on the det
   grouped GEMM), imported only then.
@@ -42,8 +41,9 @@ blocks' short conv by :func:`make_short_conv`, their gated output norm by
 ``F.cross_entropy`` with the same parameter names and shapes, so one ``state_dict`` loads
 into both. Token and position embeddings are plain torch in both; the cake build's
 attention core is ``cake_gqa_det_train.gqa_det``, the torch build's is plain torch; the
-torch build's Gated DeltaNet and Kimi Delta Attention cores are
-:func:`gated_delta_rule_torch` (token by token; a per-head or a per-channel decay), its MoE
+torch build's Gated DeltaNet and Kimi Delta Attention mixers are the same layers built with
+``impl="torch"`` (``torch.nn.Linear``, ``F.conv1d``, the families' token-by-token
+reference cores in fp32, an fp32 gated norm; the same parameters), its MoE
 :class:`MoEFeedForwardTorch` (every expert on every token, masked; same routing rule).
 
 The torch build's attention is written out in plain torch (``softmax(QK^T / sqrt(d)) V``
@@ -61,6 +61,8 @@ import torch
 import torch.nn.functional as F
 from cake_dense_projection_det_gemm import Linear as CakeLinear
 from cake_dense_projection_det_gemm import dense_projection_det
+from cake_gdn_det_train.layers import GatedDeltaNet as _GDNLayer
+from cake_kda_det_train.layers import KimiDeltaAttention as _KDALayer
 from cake_lm_head_loss_det_train import LMHeadLoss as CakeLMHeadLoss
 from cake_rmsnorm_det_train import RMSNorm as CakeRMSNorm
 from torch import nn
@@ -77,15 +79,11 @@ __all__ = [
     "ModelConfig",
     "TinyLM",
     "build_model",
-    "gated_delta_rule_torch",
     "make_head",
-    "make_gated_norm",
     "make_linear",
     "make_mixer",
     "make_mlp",
     "make_norm",
-    "make_short_conv",
-    "short_conv_torch",
 ]
 
 Impl = Literal["cake", "torch"]
@@ -287,372 +285,106 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.reshape(b, t, inner))
 
 
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x * rsqrt(sum(x**2) + eps)`` over the last dimension, in fp32 (FLA's q/k norm)."""
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
-def _decay_gate_torch(raw: torch.Tensor, A_log: torch.Tensor,
-                      dt_bias: torch.Tensor) -> torch.Tensor:
-    """FLA's log-decay gate in plain fp32 torch: ``-exp(A_log[h]) * softplus(raw + dt_bias)``.
-
-    ``raw`` is ``[B, T, H]`` with ``dt_bias`` ``[H]`` (Gated DeltaNet: one decay per head) or
-    ``[B, T, H, K]`` with ``dt_bias`` ``[H * K]`` (Kimi Delta Attention: one per key
-    channel); ``A_log`` is ``[H]``. Returns fp32 of ``raw``'s shape, ``<= 0``.
-    """
-    heads = raw.shape[2]
-    a = A_log.float().exp().view(heads, *([1] * (raw.dim() - 3)))
-    return -a * F.softplus(raw.float() + dt_bias.float().view(raw.shape[2:]))
-
-
-def gated_delta_rule_torch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """The gated delta rule token by token in plain torch (fp32 state), differentiable:
-    Gated DeltaNet's (one decay per head) or Kimi Delta Attention's (one per key channel).
-
-    Per sequence and head, state ``S`` ``[K, V]`` from zero; for each token ``t``::
-
-        S   <- diag(exp(g_t)) S        # g_t a scalar (GDN) or a [K] vector (KDA)
-        u_t  = beta_t * (v_t - S^T k_t)
-        S   <- S + k_t u_t^T
-        o_t  = scale * S^T q_t
-
-    Args:
-        q, k: ``[B, T, H, K]`` (used as given: normalize them first if wanted).
-        v: ``[B, T, H, V]``.
-        g: log-space decay (``<= 0``): ``[B, T, H]`` (per head; row ``c`` of ``S`` is
-            scaled by ``exp(g_t)``) or ``[B, T, H, K]`` (per key channel; row ``c`` by
-            ``exp(g_t[c])``).
-        beta: ``[B, T, H]`` write strength in ``(0, 1)``.
-        scale: output scale, default ``K ** -0.5``.
-
-    Returns:
-        ``o`` ``[B, T, H, V]`` in ``v``'s dtype (all arithmetic in fp32).
-
-    Raises:
-        ValueError: if ``g`` is neither ``[B, T, H]`` nor ``[B, T, H, K]``.
-    """
-    b, t, h, dk = q.shape
-    if tuple(g.shape) not in ((b, t, h), (b, t, h, dk)):
-        raise ValueError(f"g must be [B, T, H] or [B, T, H, K] = {[b, t, h, dk]}, got "
-                         f"{list(g.shape)}")
-    if scale is None:
-        scale = dk**-0.5
-    out_dtype = v.dtype
-    per_channel = g.dim() == 4
-    q, k, v, g, beta = (z.float() for z in (q, k, v, g, beta))
-    state = q.new_zeros(b, h, dk, v.shape[-1])
-    outs = []
-    for i in range(t):
-        decay = g[:, i].exp()                                        # [B, H] or [B, H, K]
-        state = state * (decay[..., None] if per_channel else decay[..., None, None])
-        k_i = k[:, i, :, :, None]                                    # [B, H, K, 1]
-        u = beta[:, i, :, None] * (v[:, i] - (state * k_i).sum(-2))  # [B, H, V]
-        state = state + k_i * u[:, :, None, :]
-        outs.append(scale * (state * q[:, i, :, :, None]).sum(-2))
-    return torch.stack(outs, dim=1).to(out_dtype)
-
-
-#: kernel size of the short causal convolution of the GDN and KDA blocks (FLA's default).
+#: kernel size of the short causal convolutions of the GDN and KDA layers (FLA's default).
 SHORT_CONV_SIZE = 4
 
 
-def short_conv_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv1d with SiLU in plain torch: x ``[B, T, D]``, weight
-    ``[D, 1, W]`` (``nn.Conv1d`` layout); ``silu(sum_j w[c, j] x[t - W + 1 + j, c])``."""
-    w = weight.shape[-1]
-    y = F.conv1d(x.transpose(1, 2), weight, padding=w - 1, groups=x.shape[-1])
-    return F.silu(y[..., : x.shape[1]]).transpose(1, 2)
+def _layer_args(cfg: ModelConfig, impl: Impl) -> dict:
+    """FLA layer arguments of tinylm's GDN / KDA mixer: ``n_heads`` heads with
+    ``K = V = d_model // n_heads`` (``expand_v=1``), short conv size 4, ``cfg.norm_eps``."""
+    return dict(hidden_size=cfg.d_model, expand_v=1, head_dim=cfg.d_model // cfg.n_heads,
+                num_heads=cfg.n_heads, conv_size=SHORT_CONV_SIZE, norm_eps=cfg.norm_eps,
+                impl=impl)
 
 
-class _ShortConvTorch(nn.Conv1d):
-    """``nn.Conv1d(D, D, W, groups=D, padding=W - 1, bias=False)`` (its parameters and init)
-    run as :func:`short_conv_torch`; ``forward(x) -> (y, None)``, the call of cake's
-    ``ShortConvolution``."""
-
-    def __init__(self, channels: int, kernel_size: int) -> None:
-        super().__init__(channels, channels, kernel_size, groups=channels, bias=False,
-                         padding=kernel_size - 1)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return short_conv_torch(x, self.weight), None
-
-
-def make_short_conv(channels: int, impl: Impl = "cake") -> nn.Module:
-    """Build the short convolution of the GDN and KDA blocks: depthwise, causal, kernel
-    :data:`SHORT_CONV_SIZE`, no bias, SiLU; ``weight`` ``[channels, 1, 4]`` with
-    ``nn.Conv1d``'s init. Called as ``conv(x)`` on ``[B, T, channels]``, returning
-    ``(y, _)`` with ``y`` like ``x``.
-
-    Args:
-        channels: ``D``.
-        impl: ``"cake"`` -> ``cake_causal_conv1d_det_train.ShortConvolution`` (FLA's
-            drop-in), ``"torch"`` -> an ``nn.Conv1d`` run by :func:`short_conv_torch`.
-
-    Raises:
-        ValueError: on an unknown ``impl``.
-    """
-    _check_impl(impl)
-    if impl == "cake":
-        from cake_causal_conv1d_det_train import ShortConvolution
-
-        return ShortConvolution(channels, SHORT_CONV_SIZE, bias=False, activation="silu")
-    return _ShortConvTorch(channels, SHORT_CONV_SIZE)
-
-
-def _short_conv_cp(conv: nn.Module, x: torch.Tensor, cp) -> torch.Tensor:
-    """The blocks' short conv (SiLU, no bias) on this rank's tokens ``[1, T_r, D]``, with
-    the rows before each fragment taken from the ranks that hold them
+def _qkv_cp(layer: nn.Module, x: torch.Tensor, cp) -> tuple[torch.Tensor, ...]:
+    """``(q, k, v)`` ``[1, T_r, H, K]`` of a GDN / KDA layer on this rank's tokens
+    ``[1, T_r, d]``: each projection's short conv (SiLU, no bias) takes the rows before
+    each fragment from the ranks that hold them
     (``cake_causal_conv1d_det_train_kcp.causal_conv1d_det_kcp``; dweight is this rank's
     share, summed across ranks with every other gradient by the CP trainer)."""
     from cake_causal_conv1d_det_train_kcp import causal_conv1d_det_kcp
 
-    D = x.shape[-1]
-    w = conv.weight.reshape(D, conv.weight.shape[-1])
-    return causal_conv1d_det_kcp(x, w, None, cp.ctx, activation="silu")
+    if layer.impl != "cake":
+        raise ValueError("cp: only the cake build has a context-parallel route")
+    out = []
+    for name, heads, dim in (("q", layer.num_heads, layer.head_k_dim),
+                             ("k", layer.num_heads, layer.head_k_dim),
+                             ("v", layer.num_v_heads, layer.head_v_dim)):
+        conv = getattr(layer, f"{name}_conv1d")
+        w = conv.weight.reshape(conv.weight.shape[0], conv.weight.shape[-1])
+        y = causal_conv1d_det_kcp(getattr(layer, f"{name}_proj")(x), w, None, cp.ctx,
+                                  activation="silu")
+        out.append(y.unflatten(-1, (heads, dim)))
+    return tuple(out)
 
 
-_GATES = {"silu": F.silu, "sigmoid": torch.sigmoid}
+class GatedDeltaNet(_GDNLayer):
+    """tinylm's ``gdn`` mixer: ``cake_gdn_det_train.GatedDeltaNet`` (FLA's Gated DeltaNet
+    layer: its parameters, ``state_dict`` keys and initialisation, ``A_log`` and
+    ``dt_bias`` included) with ``n_heads`` heads of ``K = V = d_model // n_heads``, called
+    as ``mixer(x) -> o`` on ``[B, T, d]``.
 
-
-class _GatedNormTorch(nn.Module):
-    """``rmsnorm(x) * weight * gate(z)`` over the last dim in fp32 (FLA's FusedRMSNormGated,
-    norm before gate), plain torch; ``gate`` is ``silu`` or ``sigmoid`` (``activation``);
-    parameter ``weight`` (ones), as cake's RMSNormGated."""
-
-    def __init__(self, dim: int, eps: float, activation: str = "silu") -> None:
-        super().__init__()
-        self.eps = eps
-        self.activation = activation
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float() * _GATES[self.activation](z.float())).to(x.dtype)
-
-
-def make_gated_norm(dim: int, eps: float, activation: str = "silu",
-                    impl: Impl = "cake") -> nn.Module:
-    """Build a gated RMSNorm, norm before gate: ``rmsnorm(x) * weight * gate(z)`` over the
-    last dim (``weight`` ``[dim]``, ones), called as ``norm(x, z)``; output like ``x``.
-
-    Args:
-        dim: normalized size.
-        eps: epsilon added to the mean square.
-        activation: the gate, ``"silu"`` (Gated DeltaNet) or ``"sigmoid"`` (Kimi Delta
-            Attention).
-        impl: ``"cake"`` -> ``cake_rmsnorm_silu_gate_det_train.RMSNormGated`` (FLA's
-            ``FusedRMSNormGated`` drop-in), ``"torch"`` -> the same in plain fp32 torch.
-
-    Raises:
-        ValueError: on an unknown ``impl`` or ``activation``.
-    """
-    _check_impl(impl)
-    if activation not in _GATES:
-        raise ValueError(f"activation must be one of {sorted(_GATES)}, got {activation!r}")
-    if impl == "cake":
-        from cake_rmsnorm_silu_gate_det_train import RMSNormGated
-
-        return RMSNormGated(dim, eps=eps, activation=activation)
-    return _GatedNormTorch(dim, eps, activation)
-
-
-def _low_rank(in_features: int, rank: int, out_features: int, bias: bool,
-              impl: Impl) -> nn.Sequential:
-    """``Linear(in, rank, bias=False)`` then ``Linear(rank, out, bias)`` (FLA's low-rank gate
-    projections), both by :func:`make_linear`; parameters ``0.weight``, ``1.weight``
-    (and ``1.bias``)."""
-    return nn.Sequential(make_linear(in_features, rank, bias=False, impl=impl),
-                         make_linear(rank, out_features, bias=bias, impl=impl))
-
-
-class GatedDeltaNet(nn.Module):
-    """Gated DeltaNet block (Yang, Kautz & Hatamizadeh, 2024), laid out as FLA's layer.
-
-    ``n_heads`` heads with ``K = V = d_model // n_heads``. Parameters: ``qkv``
-    (``Linear(d, 3d)``: q, k, v), ``conv`` (depthwise causal conv of size 4 over the 3d
-    q/k/v channels, ``weight`` ``[3d, 1, 4]``, no bias, SiLU; FLA's three ShortConvolutions
-    in one; :func:`make_short_conv`), ``ab`` (``Linear(d, 2 n_heads)``: the raw gate ``a``
-    and pre-sigmoid ``b``), ``gate`` (``Linear(d, d)``: the output gate z), ``o_norm``
-    (gated RMSNorm over each head, ``weight`` ``[K]``, :func:`make_gated_norm`), ``proj``
-    (``Linear(d, d)``); ``A_log`` and ``dt_bias`` ``[n_heads]`` (FLA's init). Per head::
-
-        q, k, v = silu(conv(qkv(x)))
-        q, k = l2norm(q), l2norm(k)          # x * rsqrt(sum(x**2) + 1e-6)
-        g    = -exp(A_log) * softplus(a + dt_bias)
-        beta = sigmoid(b)
-        o    = gated delta rule(q, k, v, g, beta), scale K ** -0.5, state from zero
-        o    = rmsnorm(o) * o_norm.weight * silu(z)
-        out  = proj(o)
-
-    ``impl="cake"`` runs the conv (``cake_causal_conv1d_det_train.ShortConvolution``), the
-    core (``cake_gdn_det_train.chunk_gated_delta_rule_det`` with the L2 norm, gate and
-    sigmoid in the kernel) and the gated norm (``cake_rmsnorm_silu_gate_det_train``'s
-    ``RMSNormGated``) on cake; ``impl="torch"`` computes all of it in plain torch
-    (``F.conv1d``, :func:`gated_delta_rule_torch`, fp32 gated norm), calling no cake code.
-    Both builds have the same ``state_dict`` keys. Input ``[B, T, d]``; output ``[B, T, d]``.
+    ``impl="cake"`` runs the layer on cake's kernels; ``impl="torch"`` is the layer's plain
+    torch build (``torch.nn.Linear``, ``F.conv1d``, the token-by-token reference core in
+    fp32, an fp32 gated norm), the same parameters. ``mixer(x, cp=...)`` (a
+    :class:`cake_tinylm.cp.CPContext`, cake only) runs it on this rank's ``[1, T_r, d]``
+    of a context-parallel packed batch: the short convs and the core
+    (``cake_gdn_det_train_kcp``) exchange across ranks, the gate
+    ``-exp(A_log) softplus(a + dt_bias)`` and beta's sigmoid run in fp32 torch.
     """
 
     def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
-        super().__init__()
-        self.impl = impl
-        self.n_heads = cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
-        d = cfg.d_model
-        self.qkv = make_linear(d, 3 * d, impl=impl)
-        self.conv = make_short_conv(3 * d, impl)
-        self.o_norm = make_gated_norm(self.head_dim, cfg.norm_eps, "silu", impl)
-        self.ab = make_linear(d, 2 * cfg.n_heads, impl=impl)
-        self.gate = make_linear(d, d, impl=impl)
-        self.proj = make_linear(d, d, impl=impl)
-        # FLA's GatedDeltaNet init: A ~ U(0, 16); dt log-uniform in [1e-3, 0.1], dt_bias its
-        # inverse softplus. TinyLM's init leaves these two alone.
-        a = torch.empty(cfg.n_heads).uniform_(0, 16)
-        dt = torch.exp(torch.rand(cfg.n_heads) * (math.log(0.1) - math.log(1e-3))
-                       + math.log(1e-3)).clamp(min=1e-4)
-        self.A_log = nn.Parameter(torch.log(a))
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        _check_impl(impl)
+        super().__init__(**_layer_args(cfg, impl))
 
     def forward(self, x: torch.Tensor, cp=None) -> torch.Tensor:
-        """``x`` ``[B, T, d]``; with ``cp`` (a :class:`cake_tinylm.cp.CPContext`, cake only)
-        ``x`` is this rank's ``[1, T_r, d]`` of a context-parallel packed batch: the conv and
-        the core exchange across ranks, the gate and beta's sigmoid run in fp32 torch."""
-        b, t, d = x.shape
-        shape = (b, t, self.n_heads, self.head_dim)
-        if cp is not None:
-            if self.impl != "cake":
-                raise ValueError("cp: only the cake build has a context-parallel route")
-            from cake_gdn_det_train_kcp import chunk_gated_delta_rule_det_kcp
+        if cp is None:
+            return super().forward(x)[0]
+        from cake_gdn_det_train.reference import gdn_gate_reference
+        from cake_gdn_det_train_kcp import chunk_gated_delta_rule_det_kcp
 
-            qkv = _short_conv_cp(self.conv, self.qkv(x), cp)
-            q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
-            a, beta = self.ab(x).split(self.n_heads, dim=-1)
-            g = _decay_gate_torch(a, self.A_log, self.dt_bias)
-            o = chunk_gated_delta_rule_det_kcp(q, k, v, g, beta.float().sigmoid(), cp.ctx,
-                                               use_qk_l2norm_in_kernel=True)
-            o = self.o_norm(o, self.gate(x).reshape(shape))
-            return self.proj(o.reshape(b, t, d))
-        qkv, _ = self.conv(self.qkv(x))
-        q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
-        a, beta = self.ab(x).split(self.n_heads, dim=-1)  # [B, T, H] each
-        if self.impl == "cake":
-            from cake_gdn_det_train import chunk_gated_delta_rule_det
-
-            o, _ = chunk_gated_delta_rule_det(
-                q, k, v, a, beta,
-                use_qk_l2norm_in_kernel=True,
-                use_gate_in_kernel=True,
-                A_log=self.A_log,
-                dt_bias=self.dt_bias,
-                use_beta_sigmoid_in_kernel=True,
-            )
-        else:
-            g = _decay_gate_torch(a, self.A_log, self.dt_bias)
-            o = gated_delta_rule_torch(_l2norm(q), _l2norm(k), v, g, beta.float().sigmoid())
-        o = self.o_norm(o, self.gate(x).reshape(shape))
-        return self.proj(o.reshape(b, t, d))
+        q, k, v = _qkv_cp(self, x, cp)
+        g = gdn_gate_reference(self.a_proj(x).float(), self.A_log, self.dt_bias)
+        beta = self.b_proj(x).float().sigmoid()
+        o = chunk_gated_delta_rule_det_kcp(q, k, v, g, beta, cp.ctx,
+                                           use_qk_l2norm_in_kernel=True)
+        o = self.o_norm(o, self.g_proj(x).unflatten(-1, (self.num_v_heads, self.head_v_dim)))
+        return self.o_proj(o.flatten(-2))
 
 
-class KimiDeltaAttention(nn.Module):
-    """Kimi Delta Attention block (Kimi Team, 2025, "Kimi Linear", arXiv:2510.26692), laid
-    out as FLA's ``KimiDeltaAttention`` layer: a gated delta rule whose decay is per key
-    channel.
+class KimiDeltaAttention(_KDALayer):
+    """tinylm's ``kda`` mixer: ``cake_kda_det_train.KimiDeltaAttention`` (FLA's Kimi Delta
+    Attention layer: its parameters, ``state_dict`` keys and initialisation, ``A_log`` and
+    ``dt_bias`` included) with ``n_heads`` heads of ``K = V = d_model // n_heads``, called
+    as ``mixer(x) -> o`` on ``[B, T, d]``.
 
-    ``n_heads`` heads with ``K = V = d_model // n_heads`` (``H K = d``). Parameters:
-    ``qkv`` (``Linear(d, 3d)``, no bias: FLA's ``q_proj``, ``k_proj``, ``v_proj`` in one),
-    ``conv`` (depthwise causal conv of size 4 over the 3d q/k/v channels, ``weight``
-    ``[3d, 1, 4]``, no bias, SiLU: FLA's three ShortConvolutions in one, as in
-    :class:`GatedDeltaNet`), ``f_proj`` (low-rank ``Linear(d, K) -> Linear(K, d)``, no
-    biases: the raw gate, one value per head and key channel), ``b_proj`` (``Linear(d, H)``,
-    no bias: pre-sigmoid beta), ``A_log`` ``[H]`` (``log U(1, 16)``, from the torch RNG, as
-    FLA) and ``dt_bias`` ``[d]`` (zeros, as FLA), ``g_proj`` (low-rank ``Linear(d, K) ->
-    Linear(K, d)`` with a bias on the second: the output gate z), ``o_norm`` (RMSNorm gated
-    by sigmoid over each head, ``weight`` ``[K]``), ``o_proj`` (``Linear(d, d)``, no bias).
-    Per head::
-
-        q, k, v = silu(conv(qkv(x)))
-        q, k = l2norm(q), l2norm(k)          # x * rsqrt(sum(x**2) + 1e-6)
-        g    = -exp(A_log) * softplus(f_proj(x) + dt_bias)     # [K] per token, <= 0
-        beta = sigmoid(b_proj(x))
-        o    = gated delta rule(q, k, v, g, beta), scale K ** -0.5, state from zero
-        o    = rmsnorm(o) * o_norm.weight * sigmoid(z),  z = g_proj(x)
-        out  = o_proj(o)
-
-    ``impl="cake"`` runs the conv (``cake_causal_conv1d_det_train.ShortConvolution``), the
-    core (``cake_kda_det_train.chunk_kda_det`` with the L2 norm and the gate in the kernel;
-    beta's sigmoid in torch, fp32, as FLA's layer does it outside the kernel) and the gated
-    norm (``cake_rmsnorm_silu_gate_det_train``'s ``RMSNormGated(activation="sigmoid")``) on
-    cake; ``impl="torch"`` computes all of it in plain torch (``F.conv1d``,
-    :func:`gated_delta_rule_torch` with a ``[B, T, H, K]`` decay, fp32 gated norm), calling
-    no cake code. Both builds have the same ``state_dict`` keys. Input ``[B, T, d]``;
-    output ``[B, T, d]``.
+    ``impl="cake"`` runs the layer on cake's kernels; ``impl="torch"`` is the layer's plain
+    torch build (``torch.nn.Linear``, ``F.conv1d``, the token-by-token reference core in
+    fp32, an fp32 gated norm), the same parameters. ``mixer(x, cp=...)`` (a
+    :class:`cake_tinylm.cp.CPContext`, cake only) runs it on this rank's ``[1, T_r, d]``
+    of a context-parallel packed batch: the short convs and the core
+    (``cake_kda_det_train_kcp``, gate in the kernel) exchange across ranks, beta's sigmoid
+    runs in fp32 torch.
     """
 
     def __init__(self, cfg: ModelConfig, impl: Impl = "cake") -> None:
-        super().__init__()
-        self.impl = impl
-        self.n_heads = cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
-        d, h, hd = cfg.d_model, cfg.n_heads, self.head_dim
-        self.qkv = make_linear(d, 3 * d, bias=False, impl=impl)
-        self.conv = make_short_conv(3 * d, impl)
-        self.f_proj = _low_rank(d, hd, d, bias=False, impl=impl)
-        self.b_proj = make_linear(d, h, bias=False, impl=impl)
-        # FLA's KimiDeltaAttention init: A ~ U(1, 16), dt_bias zeros. TinyLM's init leaves
-        # these two alone.
-        self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
-        self.dt_bias = nn.Parameter(torch.zeros(d))
-        self.g_proj = _low_rank(d, hd, d, bias=True, impl=impl)
-        self.o_norm = make_gated_norm(hd, cfg.norm_eps, "sigmoid", impl)
-        self.o_proj = make_linear(d, d, bias=False, impl=impl)
+        _check_impl(impl)
+        super().__init__(**_layer_args(cfg, impl))
 
     def forward(self, x: torch.Tensor, cp=None) -> torch.Tensor:
-        """``x`` ``[B, T, d]``; with ``cp`` (a :class:`cake_tinylm.cp.CPContext`, cake only)
-        ``x`` is this rank's ``[1, T_r, d]`` of a context-parallel packed batch: the conv and
-        the core (gate in the kernel, as single-process) exchange across ranks."""
-        b, t, d = x.shape
-        shape = (b, t, self.n_heads, self.head_dim)
-        if cp is not None:
-            if self.impl != "cake":
-                raise ValueError("cp: only the cake build has a context-parallel route")
-            from cake_kda_det_train_kcp import chunk_kda_det_kcp
+        if cp is None:
+            return super().forward(x)[0]
+        from cake_kda_det_train_kcp import chunk_kda_det_kcp
 
-            qkv = _short_conv_cp(self.conv, self.qkv(x), cp)
-            q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
-            f = self.f_proj(x).reshape(shape)
-            beta = self.b_proj(x).float().sigmoid()
-            o = chunk_kda_det_kcp(q, k, v, f, beta, cp.ctx, A_log=self.A_log,
-                                  dt_bias=self.dt_bias, use_qk_l2norm_in_kernel=True,
-                                  use_gate_in_kernel=True, reduce_gate_param_grads=False)
-            o = self.o_norm(o, self.g_proj(x).reshape(shape))
-            return self.o_proj(o.reshape(b, t, d))
-        qkv, _ = self.conv(self.qkv(x))
-        q, k, v = (z.reshape(shape) for z in qkv.split(d, dim=-1))
-        f = self.f_proj(x).reshape(shape)                  # raw gate [B, T, H, K]
-        beta = self.b_proj(x).float().sigmoid()            # [B, T, H]
-        if self.impl == "cake":
-            from cake_kda_det_train import chunk_kda_det
-
-            o, _ = chunk_kda_det(
-                q, k, v, f, beta,
-                A_log=self.A_log,
-                dt_bias=self.dt_bias,
-                use_qk_l2norm_in_kernel=True,
-                use_gate_in_kernel=True,
-            )
-        else:
-            g = _decay_gate_torch(f, self.A_log, self.dt_bias)
-            o = gated_delta_rule_torch(_l2norm(q), _l2norm(k), v, g, beta)
-        o = self.o_norm(o, self.g_proj(x).reshape(shape))
-        return self.o_proj(o.reshape(b, t, d))
+        q, k, v = _qkv_cp(self, x, cp)
+        f = self.f_proj(x).unflatten(-1, (self.num_heads, self.head_k_dim))
+        beta = self.b_proj(x).float().sigmoid()
+        o = chunk_kda_det_kcp(q, k, v, f, beta, cp.ctx, A_log=self.A_log,
+                              dt_bias=self.dt_bias, use_qk_l2norm_in_kernel=True,
+                              use_gate_in_kernel=True, reduce_gate_param_grads=False)
+        o = self.o_norm(o, self.g_proj(x).unflatten(-1, (self.num_heads, self.head_v_dim)))
+        return self.o_proj(o.flatten(-2))
 
 
 class MLP(nn.Module):
@@ -718,12 +450,9 @@ class MoEFeedForwardTorch(nn.Module):
 def make_mixer(cfg: ModelConfig, impl: Impl = "cake") -> nn.Module:
     """Build a block's token mixer, by ``cfg.mixer``: ``"attention"`` ->
     :class:`CausalSelfAttention` whose ``qkv`` and ``proj`` projections are ``impl``'s Linear
-    and whose core is cake-gqa-det-train (cake) or plain torch; ``"gdn"`` -> :class:`GatedDeltaNet`
-    (``impl``'s Linear for ``qkv``, ``ab``, ``gate``, ``proj``; core in cake's
-    ``chunk_gated_delta_rule_det`` or in plain torch); ``"kda"`` ->
-    :class:`KimiDeltaAttention` (``impl``'s Linear for every projection; core in cake's
-    ``chunk_kda_det`` or in plain torch). The GDN and KDA blocks' short conv and gated
-    norm come from :func:`make_short_conv` and :func:`make_gated_norm`.
+    and whose core is cake-gqa-det-train (cake) or plain torch; ``"gdn"`` ->
+    :class:`GatedDeltaNet` (cake-gdn-det-train's layer, its ``impl``); ``"kda"`` ->
+    :class:`KimiDeltaAttention` (cake-kda-det-train's layer, its ``impl``).
 
     Raises:
         ValueError: on an unknown ``impl``.
