@@ -88,6 +88,15 @@ def test_softcap_not_causal_window():
            window_size=(20, 10))
 
 
+@pytest.mark.parametrize("window", [(9, 4), (1, 0), (3, -1)])
+def test_window_past_the_document_seqlen_q_ne_k(window):
+    """Windows under which whole query blocks see no key block and whole key blocks no
+    query block (Sq > Sk and Sq < Sk, a keyless document): the loops over the blocks whose
+    mask is all-true get empty ranges there, never negative ones."""
+    case = make(lens_q=[5, 70, 4, 1], lens_k=[40, 20, 0, 65], seed=3)
+    _check(case, causal=False, window_size=window, softcap=3.0 if window == (9, 4) else 0.0)
+
+
 def test_fully_masked_rows_window():
     """A window that leaves some rows without keys (left < -(shift))."""
     got = _check(make(lens_q=[40], lens_k=[10], D=64, seed=11), causal=True,

@@ -30,8 +30,10 @@ KERNELS = [
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "lse2_row"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "key_block"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "query_range"},
+    {"module": "cake_gqa_det_train.kernels.bwd", "function": "dkdv_step"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "dkdv_one_head"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "gqa_bwd_dkdv_kernel"},
+    {"module": "cake_gqa_det_train.kernels.bwd", "function": "dq_step"},
     {"module": "cake_gqa_det_train.kernels.bwd", "function": "gqa_bwd_dq_kernel"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "doc_bounds"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "doc_desc"},
@@ -39,6 +41,8 @@ KERNELS = [
     {"module": "cake_gqa_det_train.kernels.common", "function": "tanh"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "scores2"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "block_full"},
+    {"module": "cake_gqa_det_train.kernels.common", "function": "full_q_blocks"},
+    {"module": "cake_gqa_det_train.kernels.common", "function": "full_k_blocks"},
     {"module": "cake_gqa_det_train.kernels.fwd", "function": "gqa_fwd_kernel"},
 ]
 PLANS = [
@@ -48,7 +52,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5d5da9050adf824bf6d6e51a760c48e0918d73992a64e8b8b7d128fba862669b"
+SOURCE_DIGEST = "sha256:235f3e97cbcfd133b3e8a0075fd28d6c21827fb0ead8e9a951a9be959c035786"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -38,7 +38,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:732144f8fa1a5ffe620879f95c5738b26aa6a66e0c7d76e5ee7efe0a91d1c4d1"
+SOURCE_DIGEST = "sha256:8161aa61fd1d48eece67c9a27a7bec0a937aa23cc9eb30b050524c3e186e7dfe"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -5,9 +5,13 @@ Q, K, V and dO tiles come in through per-document TMA descriptors.
 * :func:`gqa_bwd_delta_kernel`: delta = rowsum(dO * O) per query row and head (fp32).
 * :func:`gqa_bwd_dkdv_kernel`: one program per (key block, KV head, document) sums dK and
   dV over the KV head's query heads (in head order) and, per head, over the query blocks
-  that see the key block (in block order).
+  that see the key block (in block order); the scores as Q K^T, so that K and V stay in
+  shared memory.
 * :func:`gqa_bwd_dq_kernel`: one program per (query block, query head, document) sums dQ
   over the key blocks the rows see, in block order.
+
+Both loops run the blocks whose mask is all-true in a loop of their own, with no mask
+code, between the masked blocks before and after them: the same blocks in the same order.
 """
 
 from cake_core.triton_utils import dot, select_backend
@@ -19,9 +23,10 @@ import triton.language as tl  # noqa: E402
 
 from cake_gqa_det_train.kernels.common import (  # noqa: E402
     LOG2E,
-    block_full,
     doc_bounds,
     doc_desc,
+    full_k_blocks,
+    full_q_blocks,
     scores2,
     visible,
 )
@@ -77,40 +82,62 @@ def query_range(n_start, len_q, shift, left, right, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def dkdv_step(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, h, q0, m_start, offs_n, len_q,
+              len_k, shift, n_tok_q, scale, softcap, left, right, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, D: tl.constexpr, HAS_LEFT: tl.constexpr,
+              HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr):
+    """``(dk, dv)`` plus the query block at ``m_start`` of head ``h``: scores as Q K^T (K
+    and V are the products' second operands, so they stay in shared memory), P and dS
+    transposed into the dV and dK products. MASK: apply the mask (else it is all-true)."""
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < len_q
+    h64 = h.to(tl.int64)  # h * n_tok_q in int64
+    rows = (q0 + offs_m).to(tl.int64)
+    q = q_desc.load([m_start, h * D])
+    do = do_desc.load([m_start, h * D])
+    lse2 = lse2_row(LSE, h64 * n_tok_q + rows, row_ok)
+    delta = tl.load(DELTA + h64 * n_tok_q + rows, mask=row_ok, other=0.0)
+    qk = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    qk = dot(q, tl.trans(k), qk)
+    s, t = scores2(qk, scale, softcap, SOFTCAP)
+    p = tl.exp2(s - lse2[:, None])
+    if MASK:
+        ok = visible(offs_m, offs_n, len_q, len_k, shift, left, right, HAS_LEFT, HAS_RIGHT)
+        p = tl.where(ok, p, 0.0)
+    dv = dot(tl.trans(p.to(do.dtype)), do, dv)
+    dp = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    dp = dot(do, tl.trans(v), dp)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    dk = dot(tl.trans(ds.to(q.dtype)), q, dk)
+    return dk, dv
+
+
+@triton.jit
 def dkdv_one_head(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, h, q0, lo, hi, n_start, offs_n,
                   len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr):
     """``(dk, dv)`` plus query head ``h``'s share of one key block's dK (unscaled) and dV:
     the query blocks of [lo, hi) in order, Q and dO tiles from the document's descriptors.
-    Rows past the document's end load zeros and add nothing."""
-    offs_m0 = tl.arange(0, BLOCK_M)
-    h64 = h.to(tl.int64)  # h * n_tok_q in int64
-    for m_start in range(lo, hi, BLOCK_M):
-        offs_m = m_start + offs_m0
-        row_ok = offs_m < len_q
-        rows = (q0 + offs_m).to(tl.int64)
-        q = q_desc.load([m_start, h * D])
-        do = do_desc.load([m_start, h * D])
-        lse2 = lse2_row(LSE, h64 * n_tok_q + rows, row_ok)
-        delta = tl.load(DELTA + h64 * n_tok_q + rows, mask=row_ok, other=0.0)
-        # transposed scores [BLOCK_N, BLOCK_M]
-        qkt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        qkt = dot(k, tl.trans(q), qkt)
-        st, tt = scores2(qkt, scale, softcap, SOFTCAP)
-        pt = tl.exp2(st - lse2[None, :])
-        if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
-                          BLOCK_N, HAS_LEFT, HAS_RIGHT):
-            ok = tl.trans(visible(offs_m, offs_n, len_q, len_k, shift, left, right,
-                                  HAS_LEFT, HAS_RIGHT))
-            pt = tl.where(ok, pt, 0.0)
-        dv = dot(pt.to(do.dtype), do, dv)
-        dpt = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        dpt = dot(v, tl.trans(do), dpt)
-        dst = pt * (dpt - delta[None, :])
-        if SOFTCAP:
-            dst = dst * (1.0 - tt * tt)
-        dk = dot(dst.to(q.dtype), q, dk)
+    The blocks whose mask is all-true run in a loop with no mask code, between the masked
+    ones before and after them (the same order, so the same sums). Rows past the
+    document's end load zeros and add nothing."""
+    a, b = full_q_blocks(n_start, lo, hi, len_k, shift, left, right, BLOCK_M, BLOCK_N,
+                         HAS_LEFT, HAS_RIGHT)
+    for m_start in range(lo, a, BLOCK_M):
+        dk, dv = dkdv_step(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, h, q0, m_start, offs_n,
+                           len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
+                           BLOCK_M, BLOCK_N, D, HAS_LEFT, HAS_RIGHT, SOFTCAP, True)
+    for m_start in range(a, b, BLOCK_M):
+        dk, dv = dkdv_step(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, h, q0, m_start, offs_n,
+                           len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
+                           BLOCK_M, BLOCK_N, D, HAS_LEFT, HAS_RIGHT, SOFTCAP, False)
+    for m_start in range(b, hi, BLOCK_M):
+        dk, dv = dkdv_step(dk, dv, k, v, q_desc, do_desc, LSE, DELTA, h, q0, m_start, offs_n,
+                           len_q, len_k, shift, n_tok_q, scale, softcap, left, right,
+                           BLOCK_M, BLOCK_N, D, HAS_LEFT, HAS_RIGHT, SOFTCAP, True)
     return dk, dv
 
 
@@ -158,6 +185,31 @@ def gqa_bwd_dkdv_kernel(
 
 
 @triton.jit
+def dq_step(dq, q, do, lse2, delta, k_desc, v_desc, hk, n_start, offs_m, offs_n0, len_q,
+            len_k, shift, scale, softcap, left, right, D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr,
+            HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, MASK: tl.constexpr):
+    """``dq`` (unscaled) plus the key block at ``n_start``. MASK: apply the mask (else it is
+    all-true)."""
+    k = k_desc.load([n_start, hk * D])
+    v = v_desc.load([n_start, hk * D])
+    qk = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    qk = dot(q, tl.trans(k), qk)
+    s, t = scores2(qk, scale, softcap, SOFTCAP)
+    p = tl.exp2(s - lse2[:, None])
+    if MASK:
+        ok = visible(offs_m, n_start + offs_n0, len_q, len_k, shift, left, right, HAS_LEFT,
+                     HAS_RIGHT)
+        p = tl.where(ok, p, 0.0)
+    dp = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    dp = dot(do, tl.trans(v), dp)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return dot(ds.to(k.dtype), k, dq)
+
+
+@triton.jit
 def gqa_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K,
     seq_q, seq_k, n_tok_q, scale, softcap, left, right,
@@ -198,25 +250,20 @@ def gqa_bwd_dq_kernel(
     if HAS_LEFT:
         lo = tl.maximum(0, m_start + shift - left)
         lo = (lo // BLOCK_N) * BLOCK_N
+    a, b = full_k_blocks(m_start, lo, hi, len_k, shift, left, right, BLOCK_M, BLOCK_N,
+                         HAS_LEFT, HAS_RIGHT)
     dq = tl.zeros([BLOCK_M, D], tl.float32)
-    for n_start in range(lo, hi, BLOCK_N):
-        offs_n = n_start + offs_n0
-        k = k_desc.load([n_start, hk * D])
-        v = v_desc.load([n_start, hk * D])
-        qk = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        qk = dot(q, tl.trans(k), qk)
-        s, t = scores2(qk, scale, softcap, SOFTCAP)
-        p = tl.exp2(s - lse2[:, None])
-        if not block_full(m_start, n_start, len_q, len_k, shift, left, right, BLOCK_M,
-                          BLOCK_N, HAS_LEFT, HAS_RIGHT):
-            ok = visible(offs_m, offs_n, len_q, len_k, shift, left, right, HAS_LEFT,
-                         HAS_RIGHT)
-            p = tl.where(ok, p, 0.0)
-        dp = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        dp = dot(do, tl.trans(v), dp)
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            ds = ds * (1.0 - t * t)
-        dq = dot(ds.to(k.dtype), k, dq)
+    for n_start in range(lo, a, BLOCK_N):
+        dq = dq_step(dq, q, do, lse2, delta, k_desc, v_desc, hk, n_start, offs_m, offs_n0,
+                     len_q, len_k, shift, scale, softcap, left, right, D, BLOCK_M, BLOCK_N,
+                     HAS_LEFT, HAS_RIGHT, SOFTCAP, True)
+    for n_start in range(a, b, BLOCK_N):
+        dq = dq_step(dq, q, do, lse2, delta, k_desc, v_desc, hk, n_start, offs_m, offs_n0,
+                     len_q, len_k, shift, scale, softcap, left, right, D, BLOCK_M, BLOCK_N,
+                     HAS_LEFT, HAS_RIGHT, SOFTCAP, False)
+    for n_start in range(b, hi, BLOCK_N):
+        dq = dq_step(dq, q, do, lse2, delta, k_desc, v_desc, hk, n_start, offs_m, offs_n0,
+                     len_q, len_k, shift, scale, softcap, left, right, D, BLOCK_M, BLOCK_N,
+                     HAS_LEFT, HAS_RIGHT, SOFTCAP, True)
     tl.store(DQ + rows[:, None] * sdqt + h64 * sdqh + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])

@@ -77,3 +77,44 @@ def block_full(m_start, n_start, len_q, len_k, shift, left, right,
     if HAS_LEFT:  # the last row sees down to m_start + BLOCK_M - 1 + shift - left
         full = full & (n_start >= m_start + BLOCK_M - 1 + shift - left)
     return full
+
+
+@triton.jit
+def full_q_blocks(n_start, lo, hi, len_k, shift, left, right, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[a, b), lo <= a <= b <= hi: the query blocks of [lo, hi) (lo on the BLOCK_M grid)
+    whose mask against the key block at ``n_start`` is all-true (:func:`block_full`'s
+    conditions solved for the block's first row); those before a and from b on need it.
+    An empty range (hi <= lo, a window that sees none of the rows) gives a = b = lo."""
+    hi = tl.maximum(hi, lo)
+    a = lo
+    b = hi
+    if HAS_RIGHT:  # n_start + BLOCK_N - 1 <= m_start + shift + right
+        x = tl.maximum(n_start + BLOCK_N - 1 - shift - right, lo)
+        a = tl.minimum((x + BLOCK_M - 1) // BLOCK_M * BLOCK_M, hi)
+    if HAS_LEFT:  # n_start >= m_start + BLOCK_M - 1 + shift - left
+        y = n_start - BLOCK_M + 1 - shift + left
+        b = tl.where(y < lo, lo, tl.minimum(y // BLOCK_M * BLOCK_M + BLOCK_M, hi))
+    partial = n_start + BLOCK_N > len_k  # the document's last key block: masked throughout
+    a = tl.where(partial, hi, a)
+    b = tl.where(partial, hi, tl.maximum(b, a))
+    return a, b
+
+
+@triton.jit
+def full_k_blocks(m_start, lo, hi, len_k, shift, left, right, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """[a, b), lo <= a <= b <= hi: the key blocks of [lo, hi) (lo on the BLOCK_N grid)
+    whose mask against the query block at ``m_start`` is all-true. An empty range (hi <=
+    lo) gives a = b = lo."""
+    hi = tl.maximum(hi, lo)
+    a = lo
+    if HAS_LEFT:  # n_start >= m_start + BLOCK_M - 1 + shift - left
+        x = tl.maximum(m_start + BLOCK_M - 1 + shift - left, lo)
+        a = tl.minimum((x + BLOCK_N - 1) // BLOCK_N * BLOCK_N, hi)
+    z = len_k - BLOCK_N  # n_start + BLOCK_N <= len_k
+    if HAS_RIGHT:  # n_start + BLOCK_N - 1 <= m_start + shift + right
+        z = tl.minimum(z, m_start + shift + right - BLOCK_N + 1)
+    b = tl.where(z < lo, lo, tl.minimum(z // BLOCK_N * BLOCK_N + BLOCK_N, hi))
+    b = tl.maximum(b, a)
+    return a, b
