@@ -12,8 +12,8 @@ TOL = 2e-5 if DTYPE == torch.float32 else TOLERANCES[DTYPE]
 NAMES = ("out", "dq", "dk", "dv")
 
 
-def _check(case, **kw):
-    got = grads(gqa, *case, **kw)
+def _check(case, plan=None, **kw):
+    got = grads(gqa, *case, plan=plan, **kw)
     want = reference(*case, **kw)
     for n, g, w in zip(NAMES, got, want, strict=True):
         assert_close_to_reference(g.double(), w, DTYPE, n, tol=TOL)
@@ -48,3 +48,27 @@ def test_batched_layout_and_lse():
     qb, kb, vb = (t.reshape(2, 64, *t.shape[1:]) for t in (q, k, v))
     out, lse = gqa(qb, kb, vb, return_lse=True)
     assert out.shape == qb.shape and lse.shape == (2, 4, 64) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("atomic", [0, 1])
+def test_both_dkdv_kernels(atomic):
+    """``bwd_atomic`` 1 (per query head, atomic adds) and 0 (cake-gqa-det-train's kernel,
+    the CUDA rule's) against float64, GQA and a window."""
+    import dataclasses
+
+    from cake_gqa_train import make_plan
+
+    case = make([5, 70, 4, 1], [40, 20, 0, 65], Hq=4, Hkv=2, seed=5)
+    plan = dataclasses.replace(make_plan(64, case[0].dtype, case[0].device), bwd_atomic=atomic)
+    _check(case, plan=plan)
+    _check(case, causal=False, window_size=(9, 4), plan=plan)
+
+
+def test_rule_picks_the_det_kernel_on_cuda():
+    """CUDA: the det package's dK / dV kernel at every head dim; the interpreter runs the
+    atomic one."""
+    from cake_gqa_train import make_plan
+
+    for D in (64, 128, 256):
+        assert make_plan(D, torch.bfloat16, "cuda").bwd_atomic == 0
+    assert make_plan(64, torch.float32, "cpu").bwd_atomic == 1

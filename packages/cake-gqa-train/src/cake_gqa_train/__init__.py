@@ -1,7 +1,8 @@
 """cake-gqa-train: grouped-query attention (causal, windowed, soft-capped, packed or
-batched) forward and backward in Triton, with a backward that sums dK and dV over a KV
-head's query heads by floating atomic adds: faster than cake-gqa-det-train with GQA, not
-bitwise repeatable (the recorded exception to cake's ``det`` naming). flash-attn 2's
+batched) forward and backward in Triton, not promised bitwise repeatable: its plan may sum
+dK and dV over a KV head's query heads by floating atomic adds (``bwd_atomic``; on CUDA the
+rule runs cake-gqa-det-train's kernel, no slower there). The recorded exception to cake's
+``det`` naming. flash-attn 2's
 ``flash_attn_func`` / ``flash_attn_varlen_func`` on top.
 
 Public names are imported lazily (importing the package does not import Triton).

@@ -32,6 +32,7 @@ from cake_gqa_det_train.entry import (
     unpacked,
 )
 from cake_gqa_det_train.inputs import Problem, check_call, resolve_op_ints
+from cake_gqa_det_train.kernels.bwd import gqa_bwd_dkdv_kernel
 from cake_gqa_det_train.launch import (
     bwd_common,
     bwd_inputs,
@@ -95,7 +96,8 @@ def _resolve_workspace(workspace, plan: GQAPlan, device, prob: Problem):
 def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap: float,
                plan: GQAPlan, delta=None, dkv_accum=None):
     """-> (dq, dk, dv): dK / dV per query head, summed over a KV head's query heads by fp32
-    atomic adds (GQA); dQ by cake-gqa-det-train's kernel. ``dkv_accum``: a workspace's
+    atomic adds (GQA; ``plan.bwd_atomic``), else by cake-gqa-det-train's kernel; dQ by
+    cake-gqa-det-train's kernel. ``dkv_accum``: a workspace's
     fp32 buffer of at least ``2 * Tk * Hkv * D`` values, or ``None``."""
     _, _, n_docs, max_q, max_k, _, _ = ints
     Tq, Hq, D = q.shape
@@ -105,7 +107,10 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
     dq = _empty((Tq, Hq, D), dtype=q.dtype, device=dev)
     if Tq == 0 or n_docs == 0 or max_q <= 0:
         return dq, torch.zeros_like(k), torch.zeros_like(v)
-    if group == 1:  # each program owns its rows: stored directly
+    # each program owns its rows (one query head per KV head, or the det kernel): stored
+    # directly in k's / v's dtype
+    direct = group == 1 or not plan.bwd_atomic
+    if direct:
         dk, dv = (_empty((Tk, Hkv, D), dtype=t.dtype, device=dev) for t in (k, v))
     elif dkv_accum is None:
         dk, dv = torch.zeros((2, Tk, Hkv, D), dtype=torch.float32, device=dev).unbind(0)
@@ -116,16 +121,18 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
     q, k, v, dout = bwd_inputs(q, k, v, dout)
     common = bwd_common(q, k, v, dout, ints, scale, softcap)
     if Tk > 0 and max_k > 0:
-        gqa_bwd_dkdv_atomic_kernel[(cdiv(max_k, plan.bwd_block_n), Hq, n_docs)](
+        kernel, heads = ((gqa_bwd_dkdv_atomic_kernel, Hq) if plan.bwd_atomic
+                         else (gqa_bwd_dkdv_kernel, Hkv))
+        kernel[(cdiv(max_k, plan.bwd_block_n), heads, n_docs)](
             q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, *common,
             dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
             GROUP=group, D=D, BLOCK_M=plan.bwd_block_m, BLOCK_N=plan.bwd_block_n, **flags,
             num_warps=plan.bwd_warps, num_stages=plan.bwd_stages)
-    elif group == 1:
+    elif direct:
         dk.zero_()
         dv.zero_()
     launch_dq(dq, q, k, v, dout, lse, delta, cu_q, cu_k, ints, common, flags, plan)
-    if group == 1:
+    if direct:
         return dq, dk, dv
     # fresh memory, never a view of the workspace (copy=True for fp32 inputs)
     return dq, (dk * scale).to(k.dtype), dv.to(v.dtype, copy=True)

@@ -23,9 +23,12 @@ class GQAPlan(Plan):
         head_dim: D (64, 128 or 256).
         fwd_block_m / fwd_block_n / fwd_warps / fwd_stages: the forward (cake-gqa-det-train's
             kernel): query rows per program, keys per step, warps, pipeline stages.
-        bwd_block_m / bwd_block_n / bwd_warps / bwd_stages: the dK / dV kernel (one program
-            per key block and query head; GQA's heads added atomically): query rows per
-            step, keys per program.
+        bwd_atomic: 1: dK / dV by the atomic kernel (one program per key block and query
+            head; GQA's heads added atomically); 0: by cake-gqa-det-train's kernel (one
+            program per key block and KV head), the CUDA rule's: on an H200 the atomic
+            kernel was no faster at any benchmark shape (docs/benchmarks/gqa.md).
+        bwd_block_m / bwd_block_n / bwd_warps / bwd_stages: the dK / dV kernel: query rows
+            per step, keys per program.
         dq_block_m / dq_block_n / dq_warps / dq_stages: the dQ kernel (cake-gqa-det-train's).
         delta_block_m: rows per program of rowsum(dO * O).
     """
@@ -39,6 +42,7 @@ class GQAPlan(Plan):
     fwd_block_n: int = 128
     fwd_warps: int = 8
     fwd_stages: int = 3
+    bwd_atomic: int = 0
     bwd_block_m: int = 64
     bwd_block_n: int = 64
     bwd_warps: int = 4
@@ -61,6 +65,7 @@ class GQAPlan(Plan):
                                   "dq_block_m", "dq_block_n", minimum=16)
         self.require_power_of_two("delta_block_m")
         self.require_warps("fwd_warps", "bwd_warps", "dq_warps")
+        self.require_in_range("bwd_atomic", 0, 1)
         for n in ("fwd_stages", "bwd_stages", "dq_stages"):
             self.require_in_range(n, 1, 6)
         self.require_mode(Mode.NONDET)
@@ -91,6 +96,9 @@ def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQAPlan:
     f = det_rule(D, dtype, device)  # the forward and dQ are the det package's kernels
     keep = ("elem_bytes", "fwd_block_m", "fwd_block_n", "fwd_warps", "fwd_stages",
             "delta_block_m", "dq_block_m", "dq_block_n", "dq_warps", "dq_stages")
-    return GQAPlan(head_dim=D, bwd_block_m=f.dkdv_block_m, bwd_block_n=f.dkdv_block_n,
-                   bwd_warps=f.dkdv_warps, bwd_stages=f.dkdv_stages,
+    # CUDA: the det kernel, no slower than the atomic one at any benchmark shape on an H200
+    # (measurements: docs/benchmarks/gqa.md); the interpreter runs the atomic kernel
+    atomic = int(device.type != "cuda")
+    return GQAPlan(head_dim=D, bwd_atomic=atomic, bwd_block_m=f.dkdv_block_m,
+                   bwd_block_n=f.dkdv_block_n, bwd_warps=f.dkdv_warps, bwd_stages=f.dkdv_stages,
                    **{n: getattr(f, n) for n in keep})
