@@ -44,8 +44,8 @@ PLANS = [
 PACKAGE_DATA = []
 REUSED_KERNELS = {
     "cake-gdn-det-train": [
-        {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dv_local_kernel"},
-        {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dh_kernel"},
+        {"module": "cake_gdn_det_train.kernels.bwd_dv_local",
+         "function": "gdn_bwd_dv_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_kblock_kernel"},
@@ -54,19 +54,18 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_dk_of_head"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_dk_kernel"},
-        {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
-        {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
-        {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:00d2203b2808e8d92f38a28abf17d07f6de1bba3e208574f0a949a0ca7548b10"
+SOURCE_DIGEST = "sha256:079549992f61aaf562c6151d52503805d8cacf3de0d38c7b85adae61f1c5258e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -60,14 +60,14 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
-        {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_fwd_h_op_kernel"},
-        {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:08e7696f6c886b2422924fe743a72b1d07e89a6b1d7dc754b2441022e1bde342"
+SOURCE_DIGEST = "sha256:699ad200744c86f5714bfb065fe9c19d892b3d2f2865abeb47643f80b9ad5f5a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -26,6 +26,9 @@ SHARED_KERNELS = [
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+    # the state recurrence, forward and backward
+    {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
+    {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
 ]
 
 #: modules of other packages whose code fixes the bits, beyond the kernels listed here and
@@ -49,8 +52,6 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
-    {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_fwd_h_op_kernel"},
-    {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
@@ -61,7 +62,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:444d186794dde9fba4a8db6c6c92bb7d29f1468cd126d25ada77e8d09f3f3eb5"
+SOURCE_DIGEST = "sha256:235a43c6bcf03443096bde57f9d170f1d489a03e471960116133742686d301d9"
 # --- end of generated block ---
 
 MANIFEST = {

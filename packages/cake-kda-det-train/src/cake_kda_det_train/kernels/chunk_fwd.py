@@ -16,7 +16,8 @@ In launch order: ``kda_chunk_cumsum_kernel`` forms G; ``kda_fwd_pairs_kernel`` (
 ``kda_fwd_pairs_tok_kernel`` (per token) those inside each sub-chunk (raw k k^T to an fp32
 scratch, Aqk); ``kda_fwd_inv_kernel`` T; ``kda_fwd_prep_kernel`` (per chunk and value head)
 w, u and kg = k exp(G_last - G), key channels in blocks of ``BKI``;
-``kda_fwd_h_op_kernel`` (kernels/rec_op.py; per sequence, value head and V block) the state
+``cake_core.chunk_state.chunk_state_fwd_kernel`` (its per-channel form, shared with GDN;
+per sequence, value head and V block) the state
 recurrence over the sequence's chunks in order, storing each chunk's S0 and v_new;
 ``kda_fwd_o_kernel`` (per chunk, value head, V block) the output. The backward's recompute
 runs the same kernels (without the pairs and inverse kernels when the forward's T and Aqk
@@ -68,7 +69,7 @@ def kda_fwd_prep_kernel(
         w = tl.zeros([BT, BKI], dtype=tl.float32)
         w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
         tl.store(W + g_off, w.to(W.dtype.element_ty), mask=kmask)
-        # kg = k exp(G_last - G) for the state kernels (kernels/rec_op.py)
+        # kg = k exp(G_last - G) for the state kernels (cake_core.chunk_state)
         gl = tl.sum(tl.where((tok == end - 1)[:, None], gc, 0.0), axis=0)
         kg = tl.where(kmask, kb * tl.exp(tl.where(kmask, gl[None, :] - gc, 0.0)), 0.0)
         tl.store(KG + g_off, kg.to(KG.dtype.element_ty), mask=kmask)
