@@ -83,6 +83,7 @@ def build(fn, types: dict, consts: dict, num_warps: int, num_stages: int = 1):
 
 def main():
     import torch
+    from cake_core.chunk_output import chunk_output_kernel
     from cake_core.chunk_state import chunk_state_bwd_kernel, chunk_state_fwd_kernel
     from cake_gdn_det_train.kernels.bwd_dv_local import gdn_bwd_dv_local_kernel
     from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -91,7 +92,6 @@ def main():
         gdn_bwd_local_kblock_kernel,
         gdn_bwd_local_wy_kb_kernel,
     )
-    from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
     from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
     from cake_gdn_det_train.plan import _rule
 
@@ -139,9 +139,10 @@ def main():
             rows.append(("prep (kept T)" if load_a else "prep", 4,
                          *build(gdn_fwd_prep_kernel, t, c, 4)))
     if "o" in only:
-        t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "HBUF": bf,
+        t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "AQK": f32, "HBUF": bf,
              "CHUNK_START": i32, "CHUNK_END": i32, "O": bf, "scale": "fp32"}
-        rows.append(("fwd_o", 4, *build(gdn_fwd_o_kernel, t, dict(base, BV=plan.block_v), 4)))
+        rows.append(("fwd_o", 4, *build(chunk_output_kernel, t,
+                                        dict(base, BV=plan.block_v, GK=False), 4)))
         t = {**ints, "Qp": bf, "Kp": bf, "GCUM": f32, "DO": bf, "CHUNK_START": i32,
              "CHUNK_END": i32, "DVL": bf, "scale": "fp32"}
         rows.append(("bwd_dv_local", 4,

@@ -240,18 +240,17 @@ def _grids(launches: dict, name: str) -> list:
 def test_block_v_h_sets_the_state_kernels_grid(gdn_inputs):
     """The state kernels launch ceil(V / block_v_h) column blocks, the output kernel
     ceil(V / block_v) (a field the launches ignored would pass the value tests)."""
-    from cake_core import chunk_state
-    from cake_gdn_det_train import api
+    from cake_core import chunk_output, chunk_state
 
     plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
                                rec_form=0)
     q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 32, 64, seed=81, h0=True)
     states = ("chunk_state_fwd_kernel", "chunk_state_bwd_kernel")
-    with record_launches(api, "gdn_fwd_o_kernel") as launches, \
+    with record_launches(chunk_output, "chunk_output_kernel") as launches, \
             record_launches(chunk_state, *states) as state_launches:
         o, _ = chunk_gated_delta_rule_det(q.requires_grad_(), k, v, g, beta, plan=plan)
         o.sum().backward()
-    fwd_h, fwd_o = _grids(state_launches, states[0]), _grids(launches, "gdn_fwd_o_kernel")
+    fwd_h, fwd_o = _grids(state_launches, states[0]), _grids(launches, "chunk_output_kernel")
     assert fwd_h and all(gr[2] == 2 for gr in fwd_h)
     assert _grids(state_launches, states[1]) == [(1, 2, 2)]
     # rec_form = 0: the scalar decay on the [64, K] tiles

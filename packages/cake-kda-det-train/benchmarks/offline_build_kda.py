@@ -74,6 +74,7 @@ def build(fn, types, consts, num_warps, num_stages=1):
 
 def main():
     import torch
+    from cake_core.chunk_output import chunk_output_kernel
     from cake_core.chunk_state import chunk_state_bwd_kernel, chunk_state_fwd_kernel
     from cake_kda_det_train.kernels.chunk_bwd import (
         kda_bwd_intra_kernel,
@@ -83,7 +84,6 @@ def main():
     from cake_kda_det_train.kernels.chunk_fwd import (
         kda_chunk_cumsum_kernel,
         kda_fwd_inv_kernel,
-        kda_fwd_o_kernel,
         kda_fwd_pairs_kernel,
         kda_fwd_pairs_tok_kernel,
         kda_fwd_prep_kernel,
@@ -146,7 +146,8 @@ def main():
                 "HBUF": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "O": "*bf16",
                 "scale": "fp32"})
     rows.append(("fwd output o", plan.num_warps_o,
-                 *build(kda_fwd_o_kernel, o_t, hc, plan.num_warps_o)))
+                 *build(chunk_output_kernel, {**o_t, "Kp": "*bf16"}, dict(hc, GK=True),
+                        plan.num_warps_o)))
     if a.fwd_only:
         _report(over, rows)
         return

@@ -54,7 +54,6 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_dk_of_head"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_dk_kernel"},
-        {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
@@ -63,9 +62,10 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
         {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
         {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
+        {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:079549992f61aaf562c6151d52503805d8cacf3de0d38c7b85adae61f1c5258e"
+SOURCE_DIGEST = "sha256:d7104faa362a5e881324fb2743f8b4b84da929219e37e8620e947b69f8c5265f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -5,9 +5,10 @@ per sequence and value head, state S ``[K, V]`` in fp32, for each token
 
     S <- exp(g_t) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = scale S^T q_t
 
-computed on 64-token chunks in the WY/UT form (kernels/fwd_prep.py, the state recurrence of
-cake_core.chunk_state, kernels/fwd_o.py; backward: kernels/bwd_dv_local.py, cake_core.chunk_state,
-kernels/bwd_local.py, after recomputing the forward's chunk quantities).
+computed on 64-token chunks in the WY/UT form (kernels/fwd_prep.py, the state recurrence
+of cake_core.chunk_state, the output of cake_core.chunk_output; backward:
+kernels/bwd_dv_local.py, cake_core.chunk_state, kernels/bwd_local.py, after recomputing the
+forward's chunk quantities).
 FLA's in-kernel gate (``g_t = -exp(A_log) * softplus(g_raw + dt_bias)``) and beta sigmoid
 are an elementwise fp32 kernel before the chunk kernels and one after the backward's
 (kernels/gate.py), with dA_log / ddt_bias summed in a fixed two-stage order.
@@ -20,6 +21,7 @@ from typing import NamedTuple
 import torch
 from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
+from cake_core.chunk_output import chunk_output
 from cake_core.chunk_state import chunk_state_bwd, chunk_state_fwd
 from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import direct_store_dtype, group_sum_cast, ordered_sum
@@ -52,7 +54,6 @@ from cake_gdn_det_train.kernels.bwd_local_kblock import (
     gdn_bwd_local_kblock_kernel,
     gdn_bwd_local_wy_kb_kernel,
 )
-from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
 from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
 from cake_gdn_det_train.kernels.gate import (
     SOFTPLUS_THRESHOLD,
@@ -319,11 +320,10 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt, keep_states)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
     w, _, v_new, h = scratch
-    gdn_fwd_o_kernel[(NC, HV, cdiv(V, plan.block_v))](
-        q, k, v_new, g_cumsum, h, dt[0], dt[1], o,
-        scale, H, HV, HV // H, K, V,
-        DT=_dot_dtype(plan, q.dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
-        BK=plan.block_k, BV=plan.block_v, num_warps=4)
+    chunk_output(q, k, g_cumsum, None, v_new, h, dt[0], dt[1], o, scale, chunks=NC, H=H, HV=HV,
+                 K=K, V=V, dot_dtype=_dot_dtype(plan, q.dtype), precision=plan.dot_precision,
+                 block_k=plan.block_k, block_v=plan.block_v, per_channel=False, num_warps=4,
+                 chunk_size=CHUNK_SIZE)
     return o, ht, (q_rstd, k_rstd, g_cumsum, A, (h, w, v_new) if keep_states else None)
 
 

@@ -23,9 +23,10 @@ SHARED_KERNELS = [
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
-    # the state recurrence, forward and backward
+    # the state recurrence, forward and backward, and the output stage
     {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
     {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
+    {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
 ]
 
 #: modules of other packages whose code fixes the bits, beyond the kernels listed here and
@@ -43,7 +44,6 @@ KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_dk_of_head"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_dk_kernel"},
-    {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
     {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
@@ -56,7 +56,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ae446748f05ef59f6ef1437d80b56deb7f229bf4a3c2b88f88472a1f54a0a5ec"
+SOURCE_DIGEST = "sha256:0f01251a824fc2076fec19108cfb4c22eba7e4d31ce858f9c365ac5323a98291"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -53,7 +53,6 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_inv_kernel"},
-        {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
@@ -65,9 +64,10 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
         {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
         {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
+        {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:699ad200744c86f5714bfb065fe9c19d892b3d2f2865abeb47643f80b9ad5f5a"
+SOURCE_DIGEST = "sha256:87467f741e44794663b5acf548166f37f39f3cb8e7ca726a4ee46a6acf712d2a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -26,9 +26,10 @@ SHARED_KERNELS = [
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
-    # the state recurrence, forward and backward
+    # the state recurrence, forward and backward, and the output stage
     {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
     {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
+    {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
 ]
 
 #: modules of other packages whose code fixes the bits, beyond the kernels listed here and
@@ -45,7 +46,6 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_inv_kernel"},
-    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
@@ -62,7 +62,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:235a43c6bcf03443096bde57f9d170f1d489a03e471960116133742686d301d9"
+SOURCE_DIGEST = "sha256:77d9755c4ef4ae9969c6a434cd87d51bdefd40a6706872304ef6e27b4da7d588"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import triton.language as tl
+from cake_core.chunk_output import chunk_output
 from cake_core.chunk_state import chunk_state_bwd, chunk_state_fwd
 from cake_core.gemm import direct_store_dtype, group_sum_cast
 from cake_core.triton_utils import is_interpreting, next_power_of_2
@@ -22,7 +23,6 @@ from cake_kda_det_train.kernels.chunk_bwd import (
 from cake_kda_det_train.kernels.chunk_fwd import (
     kda_chunk_cumsum_kernel,
     kda_fwd_inv_kernel,
-    kda_fwd_o_kernel,
     kda_fwd_pairs_kernel,
     kda_fwd_pairs_tok_kernel,
     kda_fwd_prep_kernel,
@@ -163,10 +163,11 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A[0],
                     scratch, load_a=False)
     _, _, v_new, h, aqk = scratch
-    kda_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
-        q, g_cumsum, aqk, v_new, h, tabs[0], tabs[1], o,
-        scale, H, HV, HV // H, K, V,
-        BV=plan.block_v, num_warps=plan.num_warps_o, **_consts(plan, q.dtype))
+    cst = _consts(plan, q.dtype)
+    chunk_output(q, None, g_cumsum, aqk, v_new, h, tabs[0], tabs[1], o, scale, chunks=NC, H=H,
+                 HV=HV, K=K, V=V, dot_dtype=cst["DT"], precision=cst["PREC"],
+                 block_k=plan.block_k, block_v=plan.block_v, per_channel=True,
+                 num_warps=plan.num_warps_o, chunk_size=CHUNK_SIZE)
     return o, ht, g_cumsum, A
 
 
