@@ -145,7 +145,11 @@ def hash_cases(fams, dev, out: dict, pick: str = ""):
             else:
                 B, T, cu, n = 2, 70, None, 2
             inputs, h0, do, dht = _inputs(fam, B, T, 1, 2, K, V, dtype, dev, n)
-            res = _run(entry, plan, inputs, h0, do, dht, cu, l2=name.endswith("fixed"))
+            try:
+                res = _run(entry, plan, inputs, h0, do, dht, cu, l2=name.endswith("fixed"))
+            except ValueError as e:  # a plan this device refuses (cuda_plan_problem)
+                print(f"{fam}/{name} refused: {e}", flush=True)
+                continue
             for nm, t in zip(NAMES, res, strict=True):
                 key = f"{fam}/{name} {nm}"
                 out[key] = None if t is None else t.detach().cpu()
@@ -177,11 +181,12 @@ def bench_cases(repo, fams, reps, out: dict):
             ms = {}
             for impl, fn in impls.items():
                 grads = b.grads_of(fn, c)
-                if impl == "cake":
+                if impl == "cake":  # large: kept as hashes
                     for nm, t in zip(b.NAMES, grads, strict=True):
                         key = f"{fam}/bench-{case} {nm}"
-                        out[key] = None if t is None else t.detach().cpu()
-                        print(f"{key} {_sha(t)}", flush=True)
+                        out[key] = _sha(t)
+                        print(f"{key} {out[key]}", flush=True)
+                del grads
                 x = b.leaves(c)
 
                 def fwd_bwd(fn=fn, x=x):
@@ -199,9 +204,10 @@ def bench_cases(repo, fams, reps, out: dict):
 
 
 def compare(out: dict, path: str, subset: bool) -> bool:
-    """Whether every output of ``out`` has the bits of the one in ``path`` (outputs of
-    only one side: differences, except the CUDA-only benchmark cases and, with ``subset``
-    (a run of some cases), the saved outputs of the others)."""
+    """Whether every output of ``out`` has the bits of the one in ``path`` (the benchmark
+    cases' by their sha256; outputs of only one side: differences, except the CUDA-only
+    benchmark cases and, with ``subset`` (a run of some cases), the saved outputs of the
+    others)."""
     import torch
     ref = torch.load(path)
     ok = True
@@ -212,9 +218,10 @@ def compare(out: dict, path: str, subset: bool) -> bool:
                 ok = False
             continue
         a, b = ref[key], out[key]
-        same = (a is None and b is None) or (
-            a is not None and b is not None and a.dtype == b.dtype and a.shape == b.shape
-            and torch.equal(_bits(a), _bits(b)))
+        if isinstance(a, str) or isinstance(b, str) or a is None or b is None:
+            same = a == b if isinstance(a, str) or isinstance(b, str) else a is b
+        else:
+            same = a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b))
         if not same:
             print(f"DIFF {key}")
             ok = False
