@@ -27,6 +27,9 @@ def test_planted_fault_is_named():
     with lt.trace("cake_kda_det_train") as two:
         b.grads_of(fn, c)
     assert "kda_bwd_local_kernel" in [x[0] for x in one]
+    # the chunk engine's kernels, launched from cake-core, are traced too
+    assert {"chunk_state_fwd_kernel", "chunk_state_bwd_kernel",
+            "chunk_output_kernel"} <= {x[0] for x in one}
     assert lt.first_difference(one, two) == "no difference"
 
     with lt.trace("cake_kda_det_train") as bad_log:

@@ -1,5 +1,6 @@
-"""Time GDN's forward state kernel (kernels/rec_bp.py, ``rec_form = 1``) alone, beside FLA's
-``chunk_gated_delta_rule_fwd_h`` on the same inputs (fla-core importable), on one GPU.
+"""Time GDN's forward state kernel (cake_core.chunk_state in GDN's ``rec_form = 1``) alone,
+beside FLA's ``chunk_gated_delta_rule_fwd_h`` on the same inputs (fla-core importable), on
+one GPU.
 
     python3 shared/gpu/fwd_h_alone.py [--shape T H HV K V] [--configs BV,warps,stages ...]
 
@@ -17,7 +18,7 @@ import time
 import torch
 import triton
 import triton.language as tl
-from cake_gdn_det_train.kernels.rec_bp import gdn_fwd_h_bp_kernel, state_grid
+from cake_core.chunk_state import chunk_state_fwd_kernel, state_grid
 
 
 def main():
@@ -43,10 +44,11 @@ def main():
         vn = torch.empty(T, HV, V, dtype=bf, device=dev)
 
         def f():
-            gdn_fwd_h_bp_kernel[state_grid(1, HV, V, BV)](
+            chunk_state_fwd_kernel[state_grid(1, HV, V, BV, True)](
                 k, w, u, gc, cu, co, gc, h, vn, h, H, HV, HV // H, K, V,
                 DT=tl.bfloat16, PREC="tf32", BT=BT, BK=triton.next_power_of_2(K), BV=BV,
-                HAS_H0=False, STORE_FINAL=False, num_warps=nw, num_stages=ns)
+                GK=False, V_DECAY=True, FLAT=True, HAS_H0=False, STORE_FINAL=False,
+                num_warps=nw, num_stages=ns)
         f()
         torch.cuda.synchronize()
         us = triton.testing.do_bench(f, warmup=10, rep=100) * 1e3

@@ -50,10 +50,15 @@ class _Traced:
         return run
 
 
+#: cake-core's chunk engine (GDN, KDA): modules holding kernels and their launch helpers
+ENGINE = ("cake_core.chunk_state", "cake_core.chunk_output")
+
+
 @contextlib.contextmanager
 def trace(package: str):
     """Wrap every launched kernel (a ``@triton.jit`` global named ``*_kernel``) of the loaded
-    modules of ``package`` outside its ``kernels`` subpackage (where the launches are).
+    modules of ``package`` outside its ``kernels`` subpackage (where the launches are), and
+    of cake-core's chunk engine (:data:`ENGINE`, launched by GDN and KDA).
 
     Meanwhile torch fills every new ``torch.empty`` tensor (NaN for floats, the largest
     value for ints: ``torch.utils.deterministic.fill_uninitialized_memory`` under
@@ -69,7 +74,8 @@ def trace(package: str):
     log: list = []
     saved = []
     for mname, mod in list(sys.modules.items()):
-        if mod is None or not (mname == package or mname.startswith(package + ".")):
+        if mod is None or not (mname == package or mname.startswith(package + ".")
+                               or mname in ENGINE):
             continue
         if ".kernels" in mname:  # kernels' own globals: helpers the compiler resolves
             continue

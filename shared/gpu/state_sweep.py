@@ -104,7 +104,8 @@ def split(text: str) -> tuple[list[str], dict]:
 def per_kernel_us(step) -> dict:
     out = {}
     for e in bench.cuda_profile(step).key_averages():
-        if e.key.startswith(f"{FAM}_"):
+        # the family's kernels and the chunk engine's it launches from cake-core
+        if e.key.startswith((f"{FAM}_", "chunk_state_", "chunk_output_")):
             total = getattr(e, "device_time_total", None) or e.cuda_time_total
             out[e.key.removeprefix(f"{FAM}_").removesuffix("_kernel")] = round(total / e.count)
     return out

@@ -224,21 +224,22 @@ def test_missing_manifest(tmp_path):
 
 def test_sibling_registry_points_at_a_missing_kernel(tmp_path):
     d = scratch(tmp_path, KCP)
-    edit(src(d) / "cake_build.py", '"function": "gdn_fwd_h_kernel"',
-         '"function": "gdn_fwd_h_kernel_gone"')
+    edit(src(d) / "cake_build.py", '"function": "gdn_fwd_prep_kernel"',
+         '"function": "gdn_fwd_prep_kernel_gone"')
     fs = findings(d)
-    assert any(f.kind == "sibling-kernel" and "gdn_fwd_h_kernel_gone" in f.detail
+    assert any(f.kind == "sibling-kernel" and "gdn_fwd_prep_kernel_gone" in f.detail
                for f in fs), fs
 
 
 def test_sibling_registry_lags_the_sibling(tmp_path):
     """The sibling gained a kernel the KCP copy of its kernel list lacks."""
     d = scratch(tmp_path, KCP)
-    line = '{"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},\n'
+    line = ('{"module": "cake_gdn_det_train.kernels.fwd_prep", '
+            '"function": "gdn_fwd_prep_kernel"},\n')
     edit(src(d) / "cake_build.py", " " * 8 + line, "")
     fs = findings(d)
-    assert any(f.kind == "sibling-kernel" and "lacks cake_gdn_det_train.kernels.fwd_h."
-               "gdn_fwd_h_kernel" in f.detail for f in fs), fs
+    assert any(f.kind == "sibling-kernel" and "lacks cake_gdn_det_train.kernels.fwd_prep."
+               "gdn_fwd_prep_kernel" in f.detail for f in fs), fs
 
 
 def test_sibling_registry_points_at_a_missing_entry_point(tmp_path):

@@ -8,8 +8,8 @@ copies, register moves between layouts via shared memory show up as LDS/STS + BA
 
 Uses Triton's own compiler and its bundled cuobjdump (target sm_90), the default CUDA plan
 of ``make_plan(K, V, bf16, "cuda")``'s rule (plain Python, no device) with ``--plan``
-overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``; those of
-kernels/rec_bp.py with ``rec_form = 1``),
+overrides, and compiles the two chunk-recurrence kernels (``fwd_h``, ``bwd_dh``: those of
+cake_core.chunk_state in the plan's ``rec_form``),
 the chunk prep (forward, and the backward's with the kept T), the output kernel and the
 backward chunk-local kernel (with ``local_form = 2`` the three kernels of
 kernels/bwd_local_kblock.py instead of bwd_local).
@@ -51,8 +51,8 @@ SASS_GROUPS = {
 #: Triton's launcher specializes them at run time; every pointer is marked too)
 ALIGN = {}
 #: the heads and dims of the build (case a's); a kernel that takes H, HV, GROUP, KD or VD as
-#: ``tl.constexpr`` (the rule's kernels at 16-bit K = 128, rec_form 1 / local_form 2, since
-#: 2026-12-03; the others take them at run time) gets them from here
+#: ``tl.constexpr`` (the state kernels; the rule's kernels at 16-bit K = 128, local_form 2,
+#: since 2026-12-03; the others take them at run time) gets them from here
 SHAPE = {}
 
 
@@ -83,17 +83,16 @@ def build(fn, types: dict, consts: dict, num_warps: int, num_stages: int = 1):
 
 def main():
     import torch
-    from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
+    from cake_core.chunk_output import chunk_output_kernel
+    from cake_core.chunk_state import chunk_state_bwd_kernel, chunk_state_fwd_kernel
+    from cake_gdn_det_train.kernels.bwd_dv_local import gdn_bwd_dv_local_kernel
     from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
     from cake_gdn_det_train.kernels.bwd_local_kblock import (
         gdn_bwd_local_dk_kernel,
         gdn_bwd_local_kblock_kernel,
         gdn_bwd_local_wy_kb_kernel,
     )
-    from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
-    from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
     from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
-    from cake_gdn_det_train.kernels.rec_bp import gdn_bwd_dh_bp_kernel, gdn_fwd_h_bp_kernel
     from cake_gdn_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
@@ -118,23 +117,20 @@ def main():
     bf, f32, i32 = "*bf16", "*fp32", "*i32"
     base = dict(DT=dt, PREC=prec, BT=64, BK=plan.block_k)
     rows = []
-    rec = {}
-    if plan.rec_form == 1:  # kernels/rec_bp.py takes the shape as constexpr (case a's heads)
-        rec = dict(H=16, HV=32, GROUP=2, KD=a.K, VD=a.V)
+    # the state kernels' form (api._rec_opts); their shape is constexpr (SHAPE)
+    rec = dict(GK=False, V_DECAY=plan.rec_form == 1, FLAT=plan.rec_form == 1)
     if "fwd_h" in only:
         t = {**ints, "Kp": bf, "W": bf, "U": bf, "GCUM": f32, "CU": i32, "CHUNK_OFF": i32,
              "H0": f32, "HBUF": bf, "VNEW": bf, "HT": f32}
         c = dict(base, BV=plan.block_v_h, HAS_H0=True, STORE_FINAL=True, **rec)
-        fn = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel)[plan.rec_form]
         rows.append(("fwd_h", plan.num_warps_h,
-                     *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
+                     *build(chunk_state_fwd_kernel, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "bwd_dh" in only:
-        t = {**ints, "Qp": bf, "Kp": bf, "W": bf, "GCUM": f32, "DO": bf, "CU": i32,
-             "CHUNK_OFF": i32, "DHT": f32, "DH": bf, "DVNEW": bf, "DH0": f32, "scale": "fp32"}
+        t = {**ints, "Qp": bf, "Kp": bf, "W": bf, "GCUM": f32, "AQK": f32, "DO": bf, "CU": i32,
+             "CHUNK_OFF": i32, "DHT": f32, "DH": bf, "DV": bf, "DH0": f32, "scale": "fp32"}
         c = dict(base, BV=plan.block_v_h, HAS_DHT=True, STORE_DH0=True, **rec)
-        fn = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel)[plan.rec_form]
         rows.append(("bwd_dh", plan.num_warps_h,
-                     *build(fn, t, c, plan.num_warps_h, plan.num_stages_h)))
+                     *build(chunk_state_bwd_kernel, t, c, plan.num_warps_h, plan.num_stages_h)))
     if "prep" in only:
         t = {**ints, "Kp": bf, "Vp": bf, "Gp": f32, "BETA": f32, "CHUNK_START": i32,
              "CHUNK_END": i32, "GCUM": f32, "Ap": bf, "W": bf, "U": bf}
@@ -143,9 +139,10 @@ def main():
             rows.append(("prep (kept T)" if load_a else "prep", 4,
                          *build(gdn_fwd_prep_kernel, t, c, 4)))
     if "o" in only:
-        t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "HBUF": bf,
+        t = {**ints, "Qp": bf, "Kp": bf, "VNEW": bf, "GCUM": f32, "AQK": f32, "HBUF": bf,
              "CHUNK_START": i32, "CHUNK_END": i32, "O": bf, "scale": "fp32"}
-        rows.append(("fwd_o", 4, *build(gdn_fwd_o_kernel, t, dict(base, BV=plan.block_v), 4)))
+        rows.append(("fwd_o", 4, *build(chunk_output_kernel, t,
+                                        dict(base, BV=plan.block_v, GK=False), 4)))
         t = {**ints, "Qp": bf, "Kp": bf, "GCUM": f32, "DO": bf, "CHUNK_START": i32,
              "CHUNK_END": i32, "DVL": bf, "scale": "fp32"}
         rows.append(("bwd_dv_local", 4,

@@ -240,26 +240,31 @@ def _grids(launches: dict, name: str) -> list:
 def test_block_v_h_sets_the_state_kernels_grid(gdn_inputs):
     """The state kernels launch ceil(V / block_v_h) column blocks, the output kernel
     ceil(V / block_v) (a field the launches ignored would pass the value tests)."""
-    from cake_gdn_det_train import api
+    from cake_core import chunk_output, chunk_state
 
     plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
                                rec_form=0)
     q, k, v, g, beta, h0 = gdn_inputs(1, 70, 1, 2, 32, 64, seed=81, h0=True)
-    with record_launches(api, "gdn_fwd_h_kernel", "gdn_bwd_dh_kernel",
-                         "gdn_fwd_o_kernel") as launches:
+    states = ("chunk_state_fwd_kernel", "chunk_state_bwd_kernel")
+    with record_launches(chunk_output, "chunk_output_kernel") as launches, \
+            record_launches(chunk_state, *states) as state_launches:
         o, _ = chunk_gated_delta_rule_det(q.requires_grad_(), k, v, g, beta, plan=plan)
         o.sum().backward()
-    fwd_h, fwd_o = _grids(launches, "gdn_fwd_h_kernel"), _grids(launches, "gdn_fwd_o_kernel")
+    fwd_h, fwd_o = _grids(state_launches, states[0]), _grids(launches, "chunk_output_kernel")
     assert fwd_h and all(gr[2] == 2 for gr in fwd_h)
-    assert _grids(launches, "gdn_bwd_dh_kernel") == [(1, 2, 2)]
+    assert _grids(state_launches, states[1]) == [(1, 2, 2)]
+    # rec_form = 0: the scalar decay on the [64, K] tiles
+    assert all(not kw["GK"] and not kw["V_DECAY"] and not kw["FLAT"]
+               for name in states for _, kw in state_launches[name])
     assert fwd_o and all(gr[2] == 1 for gr in fwd_o)
 
 
 def test_rec_form_1_state_grid_is_one_axis(gdn_inputs):
     """rec_form = 1 launches its state kernels on one axis of N * HV * ceil(V / block_v_h)
-    programs, V blocks fastest (kernels/rec_bp.py), with every (sequence, value head, V
-    block) once: right against float64 with three ragged sequences and two V blocks."""
-    from cake_gdn_det_train import api
+    programs, V blocks fastest (cake_core.chunk_state's ``FLAT``, with the decays on the
+    ``[64, block_v_h]`` tiles), with every (sequence, value head, V block) once: right
+    against float64 with three ragged sequences and two V blocks."""
+    from cake_core import chunk_state
 
     plan = dataclasses.replace(make_plan(32, 64, torch.float32, DEV), block_v=64, block_v_h=32,
                                rec_form=1)
@@ -269,12 +274,15 @@ def test_rec_form_1_state_grid_is_one_axis(gdn_inputs):
                                       n_states=len(lens))
     do = randn(v.shape, torch.float32, DEV, seed=84)
     dht = randn(h0.shape, torch.float32, DEV, seed=85)
-    with record_launches(api, "gdn_fwd_h_bp_kernel", "gdn_bwd_dh_bp_kernel") as launches:
+    states = ("chunk_state_fwd_kernel", "chunk_state_bwd_kernel")
+    with record_launches(chunk_state, *states) as launches:
         got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
                      cu_seqlens=cu, plan=plan)
     # the forward state kernel twice: the forward and the backward's recompute
-    assert _grids(launches, "gdn_fwd_h_bp_kernel") == [(3 * 2 * 2,)] * 2
-    assert _grids(launches, "gdn_bwd_dh_bp_kernel") == [(3 * 2 * 2,)]
+    assert _grids(launches, states[0]) == [(3 * 2 * 2,)] * 2
+    assert _grids(launches, states[1]) == [(3 * 2 * 2,)]
+    assert all(not kw["GK"] and kw["V_DECAY"] and kw["FLAT"]
+               for name in states for _, kw in launches[name])
     want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
                   [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
                   dht.double(), cu_seqlens=cu)

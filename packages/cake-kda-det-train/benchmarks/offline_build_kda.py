@@ -39,7 +39,7 @@ SASS_GROUPS = {
 
 
 #: the heads and dims of the build; a kernel that takes H, HV, GROUP, KD or VD as
-#: ``tl.constexpr`` (the rec_op state kernels since 2026-12-03) gets them from here
+#: ``tl.constexpr`` (the state kernels of cake_core.chunk_state) gets them from here
 SHAPE = {}
 
 
@@ -74,6 +74,8 @@ def build(fn, types, consts, num_warps, num_stages=1):
 
 def main():
     import torch
+    from cake_core.chunk_output import chunk_output_kernel
+    from cake_core.chunk_state import chunk_state_bwd_kernel, chunk_state_fwd_kernel
     from cake_kda_det_train.kernels.chunk_bwd import (
         kda_bwd_intra_kernel,
         kda_bwd_intra_tok_kernel,
@@ -82,12 +84,10 @@ def main():
     from cake_kda_det_train.kernels.chunk_fwd import (
         kda_chunk_cumsum_kernel,
         kda_fwd_inv_kernel,
-        kda_fwd_o_kernel,
         kda_fwd_pairs_kernel,
         kda_fwd_pairs_tok_kernel,
         kda_fwd_prep_kernel,
     )
-    from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
     from cake_kda_det_train.plan import _rule
 
     p = argparse.ArgumentParser()
@@ -133,29 +133,30 @@ def main():
     bk = triton.next_power_of_2(max(16, a.K))
     hc = dict(DT=dt, PREC=prec, BT=64, BK=bk, BV=plan.block_v)
     # the state kernels' V block is block_v_h (format 9), the output kernel's block_v
-    sc = dict(hc, BV=plan.block_v_h)
+    sc = dict(hc, BV=plan.block_v_h, GK=True, V_DECAY=False, FLAT=False)
     h_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     h_t.update({"Kp": "*bf16", "W": "*bf16", "U": "*bf16", "GCUM": "*fp32", "CU": "*i32",
                 "CHUNK_OFF": "*i32", "H0": "*fp32", "HBUF": "*bf16", "VNEW": "*bf16",
                 "HT": "*fp32"})
     rows.append((f"fwd state h (stages={plan.num_stages_h})", plan.num_warps_h,
-                 *build(kda_fwd_h_op_kernel, h_t, dict(sc, HAS_H0=True, STORE_FINAL=True),
+                 *build(chunk_state_fwd_kernel, h_t, dict(sc, HAS_H0=True, STORE_FINAL=True),
                         plan.num_warps_h, plan.num_stages_h)))
     o_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     o_t.update({"Qp": "*bf16", "GCUM": "*fp32", "AQK": "*bf16", "VNEW": "*bf16",
                 "HBUF": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32", "O": "*bf16",
                 "scale": "fp32"})
     rows.append(("fwd output o", plan.num_warps_o,
-                 *build(kda_fwd_o_kernel, o_t, hc, plan.num_warps_o)))
+                 *build(chunk_output_kernel, {**o_t, "Kp": "*bf16"}, dict(hc, GK=True),
+                        plan.num_warps_o)))
     if a.fwd_only:
         _report(over, rows)
         return
     dh_t = {n: "i32" for n in ("H", "HV", "GROUP", "KD", "VD")}
     dh_t.update({"Qp": "*bf16", "Kp": "*bf16", "W": "*bf16", "GCUM": "*fp32", "AQK": "*bf16",
                  "DO": "*bf16", "CU": "*i32", "CHUNK_OFF": "*i32", "DHT": "*fp32",
-                 "DH": "*bf16", "DU": "*bf16", "DH0": "*fp32", "scale": "fp32"})
+                 "DH": "*bf16", "DV": "*bf16", "DH0": "*fp32", "scale": "fp32"})
     rows.append((f"bwd state dh (stages={plan.num_stages_dh})", plan.num_warps_dh,
-                 *build(kda_bwd_dh_op_kernel, dh_t, dict(sc, HAS_DHT=True, STORE_DH0=True),
+                 *build(chunk_state_bwd_kernel, dh_t, dict(sc, HAS_DHT=True, STORE_DH0=True),
                         plan.num_warps_dh, plan.num_stages_dh)))
     loc_t = {**ints, "Qp": "*bf16", "Kp": "*bf16", "Vp": "*bf16", "BETA": "*fp32",
              "GCUM": "*fp32", "Ap": "*bf16", "HBUF": "*bf16", "DH": "*bf16", "DO": "*bf16",

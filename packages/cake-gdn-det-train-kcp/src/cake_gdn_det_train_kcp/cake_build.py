@@ -44,8 +44,8 @@ PLANS = [
 PACKAGE_DATA = []
 REUSED_KERNELS = {
     "cake-gdn-det-train": [
-        {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dv_local_kernel"},
-        {"module": "cake_gdn_det_train.kernels.bwd_dh", "function": "gdn_bwd_dh_kernel"},
+        {"module": "cake_gdn_det_train.kernels.bwd_dv_local",
+         "function": "gdn_bwd_dv_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_kblock_kernel"},
@@ -54,19 +54,18 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_dk_of_head"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_dk_kernel"},
-        {"module": "cake_gdn_det_train.kernels.fwd_h", "function": "gdn_fwd_h_kernel"},
-        {"module": "cake_gdn_det_train.kernels.fwd_o", "function": "gdn_fwd_o_kernel"},
         {"module": "cake_gdn_det_train.kernels.fwd_prep", "function": "gdn_fwd_prep_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
-        {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_fwd_h_bp_kernel"},
-        {"module": "cake_gdn_det_train.kernels.rec_bp", "function": "gdn_bwd_dh_bp_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
+        {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:749cd4b79819c3e7fa86dde5f6634fe98d3d8039e5306c0db87f6848e9d00589"
+SOURCE_DIGEST = "sha256:d7104faa362a5e881324fb2743f8b4b84da929219e37e8620e947b69f8c5265f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

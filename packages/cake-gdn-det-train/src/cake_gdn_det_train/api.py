@@ -5,8 +5,10 @@ per sequence and value head, state S ``[K, V]`` in fp32, for each token
 
     S <- exp(g_t) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = scale S^T q_t
 
-computed on 64-token chunks in the WY/UT form (kernels/fwd_prep.py, fwd_h.py, fwd_o.py;
-backward: kernels/bwd_dh.py, bwd_local.py, after recomputing the forward's chunk quantities).
+computed on 64-token chunks in the WY/UT form (kernels/fwd_prep.py, the state recurrence
+of cake_core.chunk_state, the output of cake_core.chunk_output; backward:
+kernels/bwd_dv_local.py, cake_core.chunk_state, kernels/bwd_local.py, after recomputing the
+forward's chunk quantities).
 FLA's in-kernel gate (``g_t = -exp(A_log) * softplus(g_raw + dt_bias)``) and beta sigmoid
 are an elementwise fp32 kernel before the chunk kernels and one after the backward's
 (kernels/gate.py), with dA_log / ddt_bias summed in a fixed two-stage order.
@@ -19,6 +21,8 @@ from typing import NamedTuple
 import torch
 from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
+from cake_core.chunk_output import chunk_output
+from cake_core.chunk_state import chunk_state_bwd, chunk_state_fwd
 from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import direct_store_dtype, group_sum_cast, ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
@@ -43,25 +47,18 @@ from cake_core.linear_attention import (
 )
 from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
 
-from cake_gdn_det_train.kernels.bwd_dh import gdn_bwd_dh_kernel, gdn_bwd_dv_local_kernel
+from cake_gdn_det_train.kernels.bwd_dv_local import gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
 from cake_gdn_det_train.kernels.bwd_local_kblock import (
     gdn_bwd_local_dk_kernel,
     gdn_bwd_local_kblock_kernel,
     gdn_bwd_local_wy_kb_kernel,
 )
-from cake_gdn_det_train.kernels.fwd_h import gdn_fwd_h_kernel
-from cake_gdn_det_train.kernels.fwd_o import gdn_fwd_o_kernel
 from cake_gdn_det_train.kernels.fwd_prep import gdn_fwd_prep_kernel
 from cake_gdn_det_train.kernels.gate import (
     SOFTPLUS_THRESHOLD,
     gdn_gate_bwd_kernel,
     gdn_gate_fwd_kernel,
-)
-from cake_gdn_det_train.kernels.rec_bp import (
-    gdn_bwd_dh_bp_kernel,
-    gdn_fwd_h_bp_kernel,
-    state_grid,
 )
 from cake_gdn_det_train.plan import (
     CHUNK_SIZE,
@@ -200,12 +197,15 @@ def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: tor
             workspace["h"][:NC])
 
 
-def _rec_grid(plan: GDNDetPlan, N: int, HV: int, V: int) -> tuple[int, ...]:
-    """Grid of the two state kernels: ``rec_form = 1`` one axis, V blocks fastest
-    (kernels/rec_bp.py); ``rec_form = 0`` (sequence, value head, V block)."""
-    if plan.rec_form == 1:
-        return state_grid(N, HV, V, plan.block_v_h)
-    return (N, HV, cdiv(V, plan.block_v_h))
+def _rec_opts(plan: GDNDetPlan, DT) -> dict:
+    """The state kernels' (cake_core.chunk_state) form and launch: scalar decay;
+    ``rec_form = 1`` the decays on the ``[64, block_v_h]`` tiles and a one-axis grid, V
+    blocks fastest; ``rec_form = 0`` the decays on the ``[64, K]`` tiles, grid (sequence,
+    value head, V block)."""
+    return dict(dot_dtype=DT, precision=plan.dot_precision, block_k=plan.block_k,
+                block_v=plan.block_v_h, per_channel=False, decay_on_v=plan.rec_form == 1,
+                flat_grid=plan.rec_form == 1, num_warps=plan.num_warps_h,
+                num_stages=plan.num_stages_h, chunk_size=CHUNK_SIZE)
 
 
 def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum, A, scratch,
@@ -214,7 +214,6 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     starts, ends, chunk_off, cu_dev, NC = dev_tables
-    N = cu_dev.numel() - 1
     w, u, v_new, h = scratch
     BT = CHUNK_SIZE
     DT = _dot_dtype(plan, k.dtype)
@@ -224,15 +223,8 @@ def _prep_and_state(k, v, g, beta, initial_state, ht, plan, dev_tables, g_cumsum
         DT=DT, PREC=plan.dot_precision, BT=BT, LOG2_BT=BT.bit_length() - 1, BK=plan.block_k,
         BVF=max(16, next_power_of_2(V)), LOAD_A=load_a,
         num_warps=4)
-    h0 = initial_state if initial_state is not None else g_cumsum
-    fwd_h = (gdn_fwd_h_kernel, gdn_fwd_h_bp_kernel)[plan.rec_form]
-    fwd_h[_rec_grid(plan, N, HV, V)](
-        k, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new, ht if ht is not None else h,
-        H, HV, HV // H, K, V,
-        DT=DT, PREC=plan.dot_precision, BT=BT, BK=plan.block_k, BV=plan.block_v_h,
-        HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
-        num_warps=plan.num_warps_h,
-        num_stages=plan.num_stages_h)
+    chunk_state_fwd(k, w, u, g_cumsum, cu_dev, chunk_off, initial_state, h, v_new, ht,
+                    H=H, HV=HV, K=K, V=V, **_rec_opts(plan, DT))
 
 
 def _gate_fwd(g, beta, A_log, dt_bias, use_gate: bool, use_sigmoid: int, plan: GDNDetPlan):
@@ -328,11 +320,10 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt, keep_states)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
     w, _, v_new, h = scratch
-    gdn_fwd_o_kernel[(NC, HV, cdiv(V, plan.block_v))](
-        q, k, v_new, g_cumsum, h, dt[0], dt[1], o,
-        scale, H, HV, HV // H, K, V,
-        DT=_dot_dtype(plan, q.dtype), PREC=plan.dot_precision, BT=CHUNK_SIZE,
-        BK=plan.block_k, BV=plan.block_v, num_warps=4)
+    chunk_output(q, k, g_cumsum, None, v_new, h, dt[0], dt[1], o, scale, chunks=NC, H=H, HV=HV,
+                 K=K, V=V, dot_dtype=_dot_dtype(plan, q.dtype), precision=plan.dot_precision,
+                 block_k=plan.block_k, block_v=plan.block_v, per_channel=False, num_warps=4,
+                 chunk_size=CHUNK_SIZE)
     return o, ht, (q_rstd, k_rstd, g_cumsum, A, (h, w, v_new) if keep_states else None)
 
 
@@ -472,15 +463,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
             saved.scale, H, HV, HV // H, K, V,
             DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v,
             num_warps=4)
-        bwd_dh = (gdn_bwd_dh_kernel, gdn_bwd_dh_bp_kernel)[plan.rec_form]
-        bwd_dh[_rec_grid(plan, N, HV, V)](
-            qn, kn, w, g_cumsum, do_c, dt[3], dt[2], dht_c if dht_c is not None else dh,
-            dh, dv_new, dh0 if dh0 is not None else dh,
-            saved.scale, H, HV, HV // H, K, V,
-            DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=plan.block_k, BV=plan.block_v_h,
-            HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=plan.num_warps_h,
-            num_stages=plan.num_stages_h)
+        chunk_state_bwd(qn, kn, w, g_cumsum, None, do_c, dt[3], dt[2], dht_c, dh, dv_new, dh0,
+                        saved.scale, H=H, HV=HV, K=K, V=V, **_rec_opts(plan, DT))
         if plan.local_form:
             _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                          dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan,

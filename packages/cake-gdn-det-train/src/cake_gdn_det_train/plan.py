@@ -43,9 +43,10 @@ class GDNDetPlan(Plan):
             >= 4096`` with ``local_form = 0`` (faster), else 4.
         num_stages_h: pipelining stages of the state-recurrence kernels: 3 at 16-bit K = 128
             (faster), 2 with other 16-bit intermediates, 1 with fp32 ones (shared memory).
-        rec_form: the state-recurrence kernels: 0 = decays on the ``[64, K]`` tiles
-            (kernels/fwd_h.py, bwd_dh.py); 1 = FLA's operand form (kernels/rec_bp.py, other
-            rounding), the rule's at 16-bit K = 128 (faster).
+        rec_form: the form of the state-recurrence kernels (cake_core.chunk_state, scalar
+            decay): 0 = decays on the ``[64, K]`` tiles; 1 = FLA's operand form (decays on
+            the ``[64, block_v_h]`` tiles, other rounding; a one-axis grid), the rule's at
+            16-bit K = 128 (faster).
         local_form: the backward chunk-local gradients: 0 = one kernel with whole-K tiles
             (kernels/bwd_local.py); 2 = K-block programs summed in K-block order
             (kernels/bwd_local_kblock.py, other bits), the rule's at 16-bit K = 128 (faster).

@@ -53,21 +53,21 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_inv_kernel"},
-        {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
-        {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_fwd_h_op_kernel"},
-        {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
+        {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
+        {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:7cc9b1b49b75a22421ecc889925a19ee6c53d15d225374c2bdbf301f164e1444"
+SOURCE_DIGEST = "sha256:1f56736acdc76125137501e5ed0f50301f5553960f8c39baa8a823c14ff6c15a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -26,6 +26,10 @@ SHARED_KERNELS = [
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
+    # the state recurrence, forward and backward, and the output stage
+    {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
+    {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
+    {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
 ]
 
 #: modules of other packages whose code fixes the bits, beyond the kernels listed here and
@@ -42,15 +46,12 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_block"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "_inv_store"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_inv_kernel"},
-    {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_o_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_chunk_cumsum_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
-    {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_fwd_h_op_kernel"},
-    {"module": "cake_kda_det_train.kernels.rec_op", "function": "kda_bwd_dh_op_kernel"},
 ]
 PLANS = [
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
@@ -61,7 +62,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8a2403927088a04e1c08b1c3fd744c521bf0e95c09a57d2611940663c479f673"
+SOURCE_DIGEST = "sha256:2049d45b27b48b8e81436067c05d84bf64156d6fa7a01c2b2e7cb86cf974e542"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 import triton.language as tl
+from cake_core.chunk_output import chunk_output
+from cake_core.chunk_state import chunk_state_bwd, chunk_state_fwd
 from cake_core.gemm import direct_store_dtype, group_sum_cast
 from cake_core.triton_utils import is_interpreting, next_power_of_2
 
@@ -21,12 +23,10 @@ from cake_kda_det_train.kernels.chunk_bwd import (
 from cake_kda_det_train.kernels.chunk_fwd import (
     kda_chunk_cumsum_kernel,
     kda_fwd_inv_kernel,
-    kda_fwd_o_kernel,
     kda_fwd_pairs_kernel,
     kda_fwd_pairs_tok_kernel,
     kda_fwd_prep_kernel,
 )
-from cake_kda_det_train.kernels.rec_op import kda_bwd_dh_op_kernel, kda_fwd_h_op_kernel
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
 
 #: ``maxnreg`` of the backward chunk kernel's launch (the PTX ``.maxnreg``: registers per
@@ -83,7 +83,6 @@ def _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsu
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     starts, ends, chunk_off, cu_dev, NC = tabs
-    N = cu_dev.numel() - 1
     w, u, v_new, h, aqk = scratch
     cst = _consts(plan, q.dtype)
     if not load_a:  # the pair products per sub-chunk, the diagonal blocks per token, then T
@@ -104,13 +103,11 @@ def _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsu
         k, v, g_cumsum, beta, starts, ends, A, w, u, kg, H, HV, HV // H, K, V,
         BKI=plan.block_k_inner, BVF=next_power_of_2(max(16, V)),
         num_warps=plan.num_warps_prep, DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
-    h0 = initial_state if initial_state is not None else g_cumsum
-    kda_fwd_h_op_kernel[(N, HV, _cdiv(V, plan.block_v_h))](
-        kg, w, u, g_cumsum, cu_dev, chunk_off, h0, h, v_new,
-        ht if ht is not None else h,
-        H, HV, HV // H, K, V,
-        BV=plan.block_v_h, HAS_H0=initial_state is not None, STORE_FINAL=ht is not None,
-        num_warps=plan.num_warps_h, num_stages=plan.num_stages_h, **cst)
+    chunk_state_fwd(kg, w, u, g_cumsum, cu_dev, chunk_off, initial_state, h, v_new, ht,
+                    H=H, HV=HV, K=K, V=V, dot_dtype=cst["DT"], precision=cst["PREC"],
+                    block_k=plan.block_k, block_v=plan.block_v_h, per_channel=True,
+                    num_warps=plan.num_warps_h, num_stages=plan.num_stages_h,
+                    chunk_size=CHUNK_SIZE)
     return kg
 
 
@@ -163,10 +160,11 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A[0],
                     scratch, load_a=False)
     _, _, v_new, h, aqk = scratch
-    kda_fwd_o_kernel[(NC, HV, _cdiv(V, plan.block_v))](
-        q, g_cumsum, aqk, v_new, h, tabs[0], tabs[1], o,
-        scale, H, HV, HV // H, K, V,
-        BV=plan.block_v, num_warps=plan.num_warps_o, **_consts(plan, q.dtype))
+    cst = _consts(plan, q.dtype)
+    chunk_output(q, None, g_cumsum, aqk, v_new, h, tabs[0], tabs[1], o, scale, chunks=NC, H=H,
+                 HV=HV, K=K, V=V, dot_dtype=cst["DT"], precision=cst["PREC"],
+                 block_k=plan.block_k, block_v=plan.block_v, per_channel=True,
+                 num_warps=plan.num_warps_o, chunk_size=CHUNK_SIZE)
     return o, ht, g_cumsum, A
 
 
@@ -240,12 +238,11 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
         du = torch.empty((NT, HV, V), dtype=idt, device=dev)
         dht_c = dht.contiguous() if dht is not None else None
-        kda_bwd_dh_op_kernel[(N, HV, _cdiv(V, plan.block_v_h))](
-            q, kg, w, g_cs, aqk, do, tabs[3], tabs[2],
-            dht_c if dht_c is not None else dh, dh, du, dh0 if dh0 is not None else dh,
-            scale, H, HV, HV // H, K, V,
-            BV=plan.block_v_h, HAS_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=plan.num_warps_dh, num_stages=plan.num_stages_dh, **cst)
+        chunk_state_bwd(q, kg, w, g_cs, aqk, do, tabs[3], tabs[2], dht_c, dh, du, dh0, scale,
+                        H=H, HV=HV, K=K, V=V, dot_dtype=cst["DT"], precision=cst["PREC"],
+                        block_k=plan.block_k, block_v=plan.block_v_h, per_channel=True,
+                        num_warps=plan.num_warps_dh, num_stages=plan.num_stages_dh,
+                        chunk_size=CHUNK_SIZE)
         # fp32 copies of each chunk's dA and gated dAqk (FLA keeps the same two [T, 64]
         # matrices), read back by the sub-chunk and token-parallel kernels
         pscr = torch.empty((NT, HV, 2 * CHUNK_SIZE), dtype=f32, device=dev)

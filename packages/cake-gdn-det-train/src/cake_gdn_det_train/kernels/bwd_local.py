@@ -1,7 +1,7 @@
 """Chunk-local gradients, one program per (chunk, value head); V in blocks of ``BV``.
 
 Given the chunk's state S = h[c] at its start, dS = dh[c] the gradient of the state at its
-end, dv_new (from bwd_dh.py), v_new, T = A (saved) and the inputs, this kernel takes the
+end, dv_new (from cake_core.chunk_state), v_new, T = A (saved) and the inputs, this kernel takes the
 chunk's forward apart in reverse (G cumulative log-decay, gam = exp(G),
 lam = exp(G_last - G), P = (q k^T) * exp(G_i - G_j) for i >= j):
 

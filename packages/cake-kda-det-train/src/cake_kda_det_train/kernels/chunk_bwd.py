@@ -7,8 +7,9 @@ after the chunk, ``kd = k exp(G_last - G)``, ``qg = scale q exp(G)``:
     du  = Aqk^T do + kd dS                                (gradient of v_new)
     dS0 = exp(G_last) * dS + qg^T do - w^T du             (carried to the previous chunk)
 
-``kda_bwd_dh_op_kernel`` (kernels/rec_op.py) runs that recurrence over each sequence's
-chunks in reverse (per sequence, value head and V block), storing dS and du per chunk. ``kda_bwd_local_kernel``
+``cake_core.chunk_state.chunk_state_bwd_kernel`` (its per-channel form, shared with GDN)
+runs that recurrence over each sequence's chunks in reverse (per sequence, value head and V
+block), storing dS and du per chunk. ``kda_bwd_local_kernel``
 (per chunk and value head) then forms the chunk-local gradients, summing over V blocks in
 index order, key channels in blocks of ``BKI`` (the q/k/g terms before the pair products
 are parked in the dq, dk, dg outputs and read back by the same program):
@@ -27,7 +28,7 @@ each program writes only its own chunk's rows.
 ``kda_bwd_local_kernel``, ``kda_bwd_intra_kernel``, ``kda_bwd_intra_tok_kernel`` and
 ``kda_bwd_dg_cumsum_kernel`` take the shapes (H, HV, GROUP, KD, VD) as ``tl.constexpr``, so
 Triton builds them once per head shape, as FLA's kernels and the state kernels of
-kernels/rec_op.py are built: faster, the same bits (measurements: docs/benchmarks/kda.md).
+cake_core.chunk_state are built: faster, the same bits (measurements: docs/benchmarks/kda.md).
 """
 
 import triton

@@ -16,11 +16,13 @@ In launch order: ``kda_chunk_cumsum_kernel`` forms G; ``kda_fwd_pairs_kernel`` (
 ``kda_fwd_pairs_tok_kernel`` (per token) those inside each sub-chunk (raw k k^T to an fp32
 scratch, Aqk); ``kda_fwd_inv_kernel`` T; ``kda_fwd_prep_kernel`` (per chunk and value head)
 w, u and kg = k exp(G_last - G), key channels in blocks of ``BKI``;
-``kda_fwd_h_op_kernel`` (kernels/rec_op.py; per sequence, value head and V block) the state
-recurrence over the sequence's chunks in order, storing each chunk's S0 and v_new;
-``kda_fwd_o_kernel`` (per chunk, value head, V block) the output. The backward's recompute
-runs the same kernels (without the pairs and inverse kernels when the forward's T and Aqk
-are given). No atomics: every program writes only its own rows and columns.
+``cake_core.chunk_state.chunk_state_fwd_kernel`` (its per-channel form, shared with GDN;
+per sequence, value head and V block) the state recurrence over the sequence's chunks in
+order, storing each chunk's S0 and v_new; ``cake_core.chunk_output.chunk_output_kernel``
+(its per-channel form, shared with GDN; per chunk, value head, V block) the output. The
+backward's recompute runs the same kernels (without the pairs and inverse kernels when the
+forward's T and Aqk are given). No atomics: every program writes only its own rows and
+columns.
 """
 
 import triton
@@ -68,7 +70,7 @@ def kda_fwd_prep_kernel(
         w = tl.zeros([BT, BKI], dtype=tl.float32)
         w = tl.dot(tm.to(DT), (kb * eg * beta[:, None]).to(DT), w, input_precision=PREC)
         tl.store(W + g_off, w.to(W.dtype.element_ty), mask=kmask)
-        # kg = k exp(G_last - G) for the state kernels (kernels/rec_op.py)
+        # kg = k exp(G_last - G) for the state kernels (cake_core.chunk_state)
         gl = tl.sum(tl.where((tok == end - 1)[:, None], gc, 0.0), axis=0)
         kg = tl.where(kmask, kb * tl.exp(tl.where(kmask, gl[None, :] - gc, 0.0)), 0.0)
         tl.store(KG + g_off, kg.to(KG.dtype.element_ty), mask=kmask)
@@ -161,44 +163,6 @@ def kda_fwd_inv_kernel(
     _inv_store(Ap, t31, start, end, hv, HV, 3, 1, BT, BC)
     _inv_store(Ap, t32, start, end, hv, HV, 3, 2, BT, BC)
     _inv_store(Ap, t33, start, end, hv, HV, 3, 3, BT, BC)
-
-
-@triton.jit
-def kda_fwd_o_kernel(
-    Qp, GCUM, AQK, VNEW, HBUF, CHUNK_START, CHUNK_END, O,
-    scale, H, HV, GROUP, KD, VD,
-    DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr,
-):
-    c = tl.program_id(0)
-    hv = tl.program_id(1)
-    vb = tl.program_id(2)
-    hk = hv // GROUP
-    start = tl.load(CHUNK_START + c).to(tl.int64)
-    end = tl.load(CHUNK_END + c).to(tl.int64)
-    rows = tl.arange(0, BT)
-    tok = start + rows
-    tmask = tok < end
-    ck = tl.arange(0, BK)
-    cv = vb * BV + tl.arange(0, BV)
-    kmask = tmask[:, None] & (ck < KD)[None, :]
-    vmask = tmask[:, None] & (cv < VD)[None, :]
-    qb = tl.load(Qp + tok[:, None] * (H * KD) + hk * KD + ck[None, :], mask=kmask,
-                 other=0.0).to(tl.float32)
-    gc = tl.load(GCUM + tok[:, None] * (HV * KD) + hv * KD + ck[None, :], mask=kmask, other=0.0)
-    qg = tl.where(kmask, qb * tl.exp(tl.where(kmask, gc, 0.0)), 0.0) * scale
-    hmask = (ck < KD)[:, None] & (cv < VD)[None, :]
-    h = tl.load(HBUF + (c * HV + hv) * KD * VD + ck[:, None] * VD + cv[None, :], mask=hmask,
-                other=0.0)
-    o = tl.zeros([BT, BV], dtype=tl.float32)
-    o = tl.dot(qg.to(DT), h.to(DT), o, input_precision=PREC)
-    aqk = tl.load(AQK + tok[:, None] * (HV * BT) + hv * BT + rows[None, :],
-                  mask=tmask[:, None], other=0.0)
-    vnew = tl.load(VNEW + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], mask=vmask,
-                   other=0.0)
-    o = tl.dot(aqk.to(DT), vnew.to(DT), o, input_precision=PREC)
-    tl.store(O + tok[:, None] * (HV * VD) + hv * VD + cv[None, :], o.to(O.dtype.element_ty),
-             mask=vmask)
 
 
 @triton.jit
