@@ -38,7 +38,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a66884655d82473c3cba9b8ae976a0b9ac00c1433f5b00a75f0fa5a20f5f9e6f"
+SOURCE_DIGEST = "sha256:e084ee5246fad6a31c7aee6fb34188b7937f0d86fffb070a51cfce1b573af9cd"
 # --- end of generated block ---
 
 MANIFEST = {

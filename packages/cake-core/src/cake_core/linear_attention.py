@@ -41,7 +41,14 @@ from cake_core.checks import (
 )
 from cake_core.mode import Mode, require_mode
 from cake_core.plan import Plan, cached_plan
-from cake_core.varlen import checked_offsets, chunk_tables, offsets_derived, seq_offsets
+from cake_core.varlen import (
+    SeqChunks,
+    checked_offsets,
+    chunk_tables,
+    offsets_derived,
+    resolve_chunks,
+    seq_offsets,
+)
 
 __all__ = [
     "FLA_COMPAT_KEYWORDS",
@@ -67,6 +74,7 @@ __all__ = [
     "resolve_scale",
     "resolve_workspace",
     "saved_chunk_tables",
+    "saved_chunks",
     "saved_meta",
 ]
 
@@ -247,7 +255,7 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            g: torch.Tensor, beta: torch.Tensor, initial_state: object,
                            cu_seqlens: object, A_log: torch.Tensor | None = None,
                            dt_bias: torch.Tensor | None = None, *,
-                           with_offsets: bool = False) -> tuple:
+                           with_offsets: bool = False, chunk_size: int | None = None) -> tuple:
     """After :func:`check_qkv_g_beta`: every tensor on one device that the backend can
     launch on, ``cu_seqlens`` (only with ``B == 1``; its values are read, one host sync,
     once per tensor version (:func:`cake_core.varlen.checked_offsets`: a repeated call with
@@ -255,7 +263,9 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the family's op checks them before launching) and ``initial_state`` (fp32
     ``[N, HV, K, V]``). Returns ``(device, N)``, N the number of sequences; with
     ``with_offsets`` ``(device, N, offsets)``: the int64 CPU offsets ``[N + 1]`` (owned by
-    the cache: read-only; ``None`` while torch.compile traces).
+    the cache: read-only; ``None`` while torch.compile traces); with ``chunk_size``
+    ``(device, N, seqs)``: the call's sequences resolved once
+    (:func:`cake_core.varlen.resolve_chunks`; ``None`` while torch.compile traces).
 
     Raises:
         ValueError: naming the first argument that breaks a rule.
@@ -269,6 +279,7 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                ("dt_bias", dt_bias))
     launch_device_check(device, "q")
     compiling = torch.compiler.is_compiling()
+    seqs = None
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
@@ -276,6 +287,9 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if compiling:
             check_cu_seqlens(cu_seqlens, T, device, read_values=False)
             offsets = None
+        elif chunk_size is not None:
+            seqs = resolve_chunks(cu_seqlens, B, T, device, chunk_size)
+            offsets = seqs.offsets
         else:
             offsets = checked_offsets(cu_seqlens, T, device)
         N = cu_seqlens.numel() - 1
@@ -286,6 +300,10 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         check_tensor(initial_state, "initial_state")
         check_shape(initial_state, "initial_state", [N, HV, K, V], layout=LAYOUTS["state"])
         check_dtype(initial_state, "initial_state", (torch.float32,))
+    if chunk_size is not None:
+        if cu_seqlens is None and not compiling:
+            seqs = resolve_chunks(None, B, T, device, chunk_size)
+        return device, N, seqs
     return (device, N, offsets) if with_offsets else (device, N)
 
 
@@ -416,6 +434,18 @@ def saved_chunk_tables(saved: Any, chunk_size: int, device: torch.device) -> tup
     if kept is not None and kept[0] == _tables_key(chunk_size, device):
         return kept[1]
     return chunk_tables_for(None, host_offsets(saved), chunk_size, device)[1]
+
+
+def saved_chunks(saved: Any, chunk_size: int, device: torch.device) -> SeqChunks:
+    """The sequences a backward of ``saved`` launches with: the forward's
+    (``saved.meta["seqs"]``, :func:`cake_core.varlen.resolve_chunks`) when made for this
+    chunk size, else resolved from ``saved.cu_seqlens`` (its device offsets: a cache hit
+    when they are the forward's, else one read-back)."""
+    seqs = saved.meta.get("seqs")
+    if seqs is not None and seqs.chunk_size == chunk_size:
+        return seqs
+    B, T = saved.q.shape[:2]
+    return resolve_chunks(saved.cu_seqlens, B, T, device, chunk_size)
 
 
 def check_grad_outputs(do: object, dht: object, saved: Any) -> torch.device:
@@ -552,7 +582,9 @@ def resolve_for_backward(saved: Any, plan: object, workspace: object, device: to
     dtype = saved.q.dtype
     plan = resolve_plan(plan if plan is not None else saved.plan, K, V, dtype, device)
     kept = saved.meta.get("chunk_tables")
-    if kept is not None and kept[0][1] == chunk_size:
+    if saved.meta.get("seqs") is not None:
+        NC = saved_chunks(saved, chunk_size, device).num_chunks
+    elif kept is not None and kept[0][1] == chunk_size:
         NC = kept[1][4]
     else:
         NC = chunk_tables(host_offsets(saved), chunk_size)[3]
@@ -569,7 +601,7 @@ def beta_code(use_sigmoid: bool, allow_neg_eigval: bool) -> int:
 
 
 def saved_meta(*, scale: float, use_qk_l2norm: bool, plan: Plan, varlen: bool,
-               use_gate_in_kernel: bool, beta: int, cu_host: torch.Tensor | None,
+               use_gate_in_kernel: bool, beta: int, cu_host: torch.Tensor | None = None,
                **extra: Any) -> dict[str, Any]:
     """The metadata a forward keeps beside its saved tensors: ``scale``, ``use_qk_l2norm``,
     ``plan``, ``varlen`` (``cu_seqlens`` was given), ``use_gate_in_kernel``,

@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:79b78b0d1795aa8e12344e24f8738c9dc665806ffb5388c14587a366e4ce2776"
+SOURCE_DIGEST = "sha256:74042e7c1a8a6420f92390d45b78e0ebd71ad789e38c14fe8af87927f0a30fb9"
 # --- end of generated block ---
 
 MANIFEST = {
