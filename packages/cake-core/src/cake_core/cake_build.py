@@ -38,7 +38,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e084ee5246fad6a31c7aee6fb34188b7937f0d86fffb070a51cfce1b573af9cd"
+SOURCE_DIGEST = "sha256:9df7c565a99566a5c3efd210feeb1f573982c74a5e6b0acc28a5e3dc44f022c6"
 # --- end of generated block ---
 
 MANIFEST = {

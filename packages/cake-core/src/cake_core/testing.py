@@ -460,17 +460,9 @@ def assert_fixed_length_tables_kept(fwd: Callable[..., Any], bwd: Callable[..., 
         do: the upstream gradient of o.
         counts: the dict :func:`counting_offsets_cache` yields (its ``"tables"`` count).
     """
-    import cake_core.linear_attention as la
     import cake_core.varlen as varlen
 
-    def clear():
-        varlen.clear_offsets_cache()
-        getattr(la, "_fixed_tables", {}).clear()
-
-    def kept(s):
-        return s.meta["seqs"] if "seqs" in s.meta else s.meta["chunk_tables"][1]
-
-    clear()
+    varlen.clear_offsets_cache()
     try:
         _, _, s1 = fwd(*inputs)
         g1 = bwd(do, None, s1)
@@ -479,12 +471,12 @@ def assert_fixed_length_tables_kept(fwd: Callable[..., Any], bwd: Callable[..., 
         o2, _, s2 = fwd(*inputs)
         g2 = bwd(do, None, s2)
         assert counts["tables"] == n
-        assert kept(s2) is kept(s1)
-        clear()
+        assert s2.meta["seqs"] is s1.meta["seqs"]
+        varlen.clear_offsets_cache()
         o3, _, s3 = fwd(*inputs)
         g3 = bwd(do, None, s3)
         assert counts["tables"] > n
-        assert kept(s3) is not kept(s1)
+        assert s3.meta["seqs"] is not s1.meta["seqs"]
         assert bitwise_equal(o2, o3)
         for a, b, c in zip(g1[:5], g2[:5], g3[:5], strict=True):
             assert bitwise_equal(a, b) and bitwise_equal(a, c)
@@ -492,7 +484,7 @@ def assert_fixed_length_tables_kept(fwd: Callable[..., Any], bwd: Callable[..., 
         fwd(*[t[:, :t.shape[1] - 7].contiguous() for t in inputs])
         assert counts["tables"] > m
     finally:
-        clear()
+        varlen.clear_offsets_cache()
 
 
 @contextlib.contextmanager

@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:444d186794dde9fba4a8db6c6c92bb7d29f1468cd126d25ada77e8d09f3f3eb5"
+SOURCE_DIGEST = "sha256:a0393894894ebe80bba1896a4ddc799573aa07dd1bdf94fa749024a3de7c9db8"
 # --- end of generated block ---
 
 MANIFEST = {
