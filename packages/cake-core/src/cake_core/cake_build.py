@@ -38,7 +38,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9df7c565a99566a5c3efd210feeb1f573982c74a5e6b0acc28a5e3dc44f022c6"
+SOURCE_DIGEST = "sha256:d6a21f03df2ed9e1c8b0d005db1e80acb31de4de6add9a2730ca7977f799daa6"
 # --- end of generated block ---
 
 MANIFEST = {

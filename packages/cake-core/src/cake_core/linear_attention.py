@@ -44,6 +44,7 @@ __all__ = [
     "FLA_COMPAT_KEYWORDS",
     "L2NORM_EPS",
     "LAYOUTS",
+    "autograd_cu_seqlens",
     "beta_code",
     "check_cu_seqlens_position",
     "check_device_and_state",
@@ -293,6 +294,20 @@ def saved_chunks(saved: Any, chunk_size: int, device: torch.device) -> SeqChunks
         return seqs
     B, T = saved.q.shape[:2]
     return resolve_chunks(saved.cu_seqlens, B, T, device, chunk_size)
+
+
+def autograd_cu_seqlens(cu_seqlens: torch.Tensor | None, q: torch.Tensor,
+                        chunk_size: int) -> torch.Tensor | None:
+    """What a family's registered autograd saves for ``cu_seqlens`` (its ``setup_context``,
+    right after the fwd op ran): eagerly, the device offsets of the call's
+    :class:`~cake_core.varlen.SeqChunks` (the op's, found in the cache), so that the bwd op
+    resolves them to the forward's very object and launches with the forward's tables,
+    whatever happens to the caller's tensor; while traced (fake tensors), or without
+    ``cu_seqlens``, the argument itself."""
+    if cu_seqlens is None or type(q) is not torch.Tensor or torch.compiler.is_compiling():
+        return cu_seqlens
+    B, T = q.shape[:2]
+    return resolve_chunks(cu_seqlens, B, T, q.device, chunk_size).cu
 
 
 def check_grad_outputs(do: object, dht: object, saved: Any) -> torch.device:

@@ -57,7 +57,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:74042e7c1a8a6420f92390d45b78e0ebd71ad789e38c14fe8af87927f0a30fb9"
+SOURCE_DIGEST = "sha256:0dbfabc83ce4e2fd6b4f5fcd2e9fbf79540636ff6c2a064973deb87889a5ac33"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -27,6 +27,7 @@ from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_f
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
+    autograd_cu_seqlens,
     beta_code,
     check_cu_seqlens_position,
     check_device_and_state,
@@ -534,23 +535,13 @@ def _bwd_fake(do, dht, q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens,
             g.new_empty(g.shape), beta.new_empty(beta.shape), dh0, dA, ddt)
 
 
-def _saved_offsets(cu_seqlens, q):
-    """What the autograd saves for ``cu_seqlens``: in eager, the device offsets of the
-    forward's :class:`~cake_core.varlen.SeqChunks` (the op's, a cache hit), so the backward
-    launches with the forward's tables whatever happens to the caller's tensor; while
-    traced, the argument itself."""
-    if cu_seqlens is None or type(q) is not torch.Tensor or torch.compiler.is_compiling():
-        return cu_seqlens
-    B, T = q.shape[:2]
-    return resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE).cu
-
-
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
      use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
     _, _, q_rstd, k_rstd, g_cumsum, A = output
-    ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state,
-                          _saved_offsets(cu_seqlens, q), q_rstd, k_rstd, A_log, dt_bias)
+    cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
+    ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd,
+                          A_log, dt_bias)
     ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
     ctx.use_gate, ctx.lower_bound = use_gate, lower_bound
     ctx.use_sigmoid, ctx.plan_fields = use_sigmoid, plan_fields

@@ -61,7 +61,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a0393894894ebe80bba1896a4ddc799573aa07dd1bdf94fa749024a3de7c9db8"
+SOURCE_DIGEST = "sha256:7487baac650da5fd76abf32a54ca843ebc9af8a52e04c62c1bada48b2796881f"
 # --- end of generated block ---
 
 MANIFEST = {
