@@ -1,5 +1,5 @@
 """cake_core.linear_attention: the chunked linear-attention families' checks, plan and
-workspace resolution, beta mode, saved metadata and host offsets."""
+workspace resolution, beta mode, saved metadata and the call's resolved sequences."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -89,25 +89,26 @@ def test_check_device_and_state():
     q, k, v, g, beta = _inputs()
     h0 = torch.zeros(3, 4, 16, 8, device=DEV)
     cu = torch.tensor([0, 2, 2, 10], dtype=torch.int32, device=DEV)
-    assert la.check_device_and_state(q, k, v, g, beta, h0, cu) == (DEVT, 3)
-    assert la.check_device_and_state(q, k, v, g, beta, None, None) == (DEVT, 1)
+    assert la.check_device_and_state(q, k, v, g, beta, h0, cu, chunk_size=64)[:2] == (DEVT, 3)
+    assert la.check_device_and_state(q, k, v, g, beta, None, None,
+                                     chunk_size=64)[:2] == (DEVT, 1)
     with pytest.raises(ValueError, match=r"initial_state: expected shape \[1, 4, 16, 8\]"):
-        la.check_device_and_state(q, k, v, g, beta, h0, None)
+        la.check_device_and_state(q, k, v, g, beta, h0, None, chunk_size=64)
     with pytest.raises(ValueError, match="initial_state: expected dtype"):
-        la.check_device_and_state(q, k, v, g, beta, h0.double(), cu)
+        la.check_device_and_state(q, k, v, g, beta, h0.double(), cu, chunk_size=64)
     with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 10"):
-        la.check_device_and_state(q, k, v, g, beta, None, cu[:3])
+        la.check_device_and_state(q, k, v, g, beta, None, cu[:3], chunk_size=64)
     with pytest.raises(ValueError, match="dt_bias: on meta"):
         la.check_device_and_state(q, k, v, g, beta, None, None, None,
-                                  torch.zeros(4, device="meta"))
+                                  torch.zeros(4, device="meta"), chunk_size=64)
     q2, k2, v2, g2, b2 = _inputs(B=2, T=5)
     with pytest.raises(ValueError, match="cu_seqlens: packed sequences need B == 1, got B = 2"):
-        la.check_device_and_state(q2, k2, v2, g2, b2, None, cu[:2])
+        la.check_device_and_state(q2, k2, v2, g2, b2, None, cu[:2], chunk_size=64)
 
 
-def test_check_device_and_state_offsets(monkeypatch):
-    """with_offsets: the checked int64 CPU offsets, read back once per cu_seqlens version;
-    [0, T, ..., BT] without cu_seqlens."""
+def test_check_device_and_state_resolves_once(monkeypatch):
+    """The call's SeqChunks, resolved once per cu_seqlens version (read back and built
+    once); [0, T, ..., BT] without cu_seqlens, kept per row shape."""
     import cake_core.varlen as varlen
 
     varlen.clear_offsets_cache()
@@ -118,95 +119,44 @@ def test_check_device_and_state_offsets(monkeypatch):
                         real(*a, **kw))
     q, k, v, g, beta = _inputs()
     cu = torch.tensor([0, 2, 2, 10], dtype=torch.int32, device=DEV)
-    dev, n, off = la.check_device_and_state(q, k, v, g, beta, None, cu, with_offsets=True)
-    assert (dev, n) == (DEVT, 3) and off.dtype == torch.int64 and off.tolist() == [0, 2, 2, 10]
-    assert la.check_device_and_state(q, k, v, g, beta, None, cu, with_offsets=True)[2] is off
-    assert la.op_offsets(cu, 1, 10, DEV) is off
+    dev, n, seqs = la.check_device_and_state(q, k, v, g, beta, None, cu, chunk_size=4)
+    assert (dev, n) == (DEVT, 3) and seqs.offsets.dtype == torch.int64
+    assert seqs.offsets.tolist() == [0, 2, 2, 10] and seqs.num_chunks == 3
+    assert la.check_device_and_state(q, k, v, g, beta, None, cu, chunk_size=4)[2] is seqs
     assert reads.count(True) == 1
     cu[1] = 3  # in-place edits: read (and checked) again
     with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
-        la.op_offsets(cu, 1, 10, DEV)
+        la.check_device_and_state(q, k, v, g, beta, None, cu, chunk_size=4)
     cu[1] = 1
-    assert la.op_offsets(cu, 1, 10, DEV).tolist() == [0, 1, 2, 10]
-    assert reads.count(True) == 3
+    again = la.check_device_and_state(q, k, v, g, beta, None, cu, chunk_size=4)[2]
+    assert again.offsets.tolist() == [0, 1, 2, 10] and reads.count(True) == 3
     q2, k2, v2, g2, b2 = _inputs(B=2, T=5)
-    assert la.check_device_and_state(q2, k2, v2, g2, b2, None, None,
-                                     with_offsets=True)[2].tolist() == [0, 5, 10]
+    rows = la.check_device_and_state(q2, k2, v2, g2, b2, None, None, chunk_size=4)[2]
+    assert rows.offsets.tolist() == [0, 5, 10] and rows.num_chunks == 4
+    assert la.check_device_and_state(q2, k2, v2, g2, b2, None, None, chunk_size=4)[2] is rows
     varlen.clear_offsets_cache()
 
 
-def test_chunk_tables_for_and_saved_chunk_tables(monkeypatch):
+def test_saved_chunks(monkeypatch):
+    """A backward's sequences: the saved set's SeqChunks when made for the chunk size, else
+    resolved from its saved device offsets (the forward's object when cached)."""
     import cake_core.varlen as varlen
 
     varlen.clear_offsets_cache()
-    built = []
-    real = la.chunk_tables
-    monkeypatch.setattr(la, "chunk_tables", lambda *a: built.append(a[1]) or real(*a))
     cu = torch.tensor([0, 0, 1, 70, 75], dtype=torch.int64, device=DEV)
-    off = varlen.checked_offsets(cu, 75, DEV)
-    host = la.chunk_tables_for(cu, off, 64)
-    assert [t.tolist() if torch.is_tensor(t) else t for t in host] == \
-        [t.tolist() if torch.is_tensor(t) else t for t in real(off, 64)]
-    key, dev_tables = la.chunk_tables_for(cu, off, 64, DEV)
-    assert key[1:3] == (64, DEV) and dev_tables[4] == host[3] == 4
-    assert dev_tables[3].tolist() == [0, 0, 1, 70, 75] and dev_tables[0].device == DEVT
-    assert la.chunk_tables_for(cu, off, 64, DEV)[1] is dev_tables
-    assert la.chunk_tables_for(cu, off, 64) is host
-    assert built == [64]
-    la.chunk_tables_for(cu, off, 32, DEV)  # another chunk size: its own tables
-    assert built == [64, 32]
-    la._fixed_tables.clear()
-    fixed = la.chunk_tables_for(None, off, 64, DEV)  # no cu_seqlens: kept by value
-    assert built == [64, 32, 64] and fixed[1] is not dev_tables
-    assert la.chunk_tables_for(None, off.clone(), 64, DEV)[1] is fixed[1]
-    assert built == [64, 32, 64]
-    la.chunk_tables_for(None, torch.tensor([0, 0, 1, 70, 76]), 64, DEV)  # other values
-    assert built == [64, 32, 64, 64]
-    saved = SimpleNamespace(meta={"chunk_tables": (key, dev_tables), "cu_host": off},
-                            cu_seqlens=None)
-    assert la.saved_chunk_tables(saved, 64, DEV) is dev_tables
-    rebuilt = la.saved_chunk_tables(saved, 32, DEV)  # made for another chunk size
-    assert rebuilt is not dev_tables and rebuilt[4] == 5 and built[-1] == 32
-    saved.meta["chunk_tables"] = None
-    assert la.saved_chunk_tables(saved, 64, DEV)[0].tolist() == dev_tables[0].tolist()
+    seqs = varlen.resolve_chunks(cu, 1, 75, DEVT, 64)
+    q = torch.zeros(1, 75, 1, 4, device=DEV)
+    saved = SimpleNamespace(meta={"seqs": seqs}, cu_seqlens=seqs.cu, q=q)
+    assert la.saved_chunks(saved, 64, DEVT) is seqs
+    other = la.saved_chunks(saved, 32, DEVT)  # made for another chunk size
+    assert other is not seqs and other.num_chunks == 5 and other.chunk_size == 32
+    saved.meta["seqs"] = None  # resolved from the saved device offsets: the forward's
+    assert la.saved_chunks(saved, 64, DEVT) is seqs
     varlen.clear_offsets_cache()
-    la._fixed_tables.clear()
-
-
-def test_fixed_tables_cache_is_bounded_and_uploads_match():
-    """The by-value cache of tables without cu_seqlens keeps at most
-    FIXED_TABLES_CACHE_SIZE entries, least recently used out; the one packed upload gives
-    the same values and dtypes as the host tables, also with no chunk at all."""
-    la._fixed_tables.clear()
-    for n in range(la.FIXED_TABLES_CACHE_SIZE + 3):
-        off = torch.arange(3, dtype=torch.int64) * (n + 1)
-        key, dev = la.chunk_tables_for(None, off, 4, DEV)
-        host = la.chunk_tables(off, 4)
-        assert [t.dtype for t in dev[:4]] == [torch.int32] * 3 + [torch.int64]
-        assert [t.tolist() for t in dev[:3]] == [t.tolist() for t in host[:3]]
-        assert dev[3].tolist() == off.tolist() and dev[4] == host[3]
-    assert len(la._fixed_tables) == la.FIXED_TABLES_CACHE_SIZE
-    empty = la.chunk_tables_for(None, torch.zeros(3, dtype=torch.int64), 4, DEV)[1]
-    assert empty[4] == 0 and [t.numel() for t in empty[:4]] == [0, 0, 3, 3]
-    la._fixed_tables.clear()
-
-
-def test_fixed_tables_not_cached_while_capturing(monkeypatch):
-    """While a CUDA graph is captured nothing is served from or put in the by-value cache
-    (a graph would keep reading a table the cache later lets go)."""
-    la._fixed_tables.clear()
-    off = torch.arange(3, dtype=torch.int64) * 9
-    kept = la.chunk_tables_for(None, off, 4, DEV)[1]
-    n = len(la._fixed_tables)  # the host tables and the device ones
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    fresh = la.chunk_tables_for(None, off, 4, DEV)[1]
-    assert fresh is not kept and len(la._fixed_tables) == n
-    la.chunk_tables_for(None, off * 2, 4, DEV)
-    assert len(la._fixed_tables) == n
-    monkeypatch.undo()
-    assert la.chunk_tables_for(None, off, 4, DEV)[1] is kept
-    la._fixed_tables.clear()
+    rebuilt = la.saved_chunks(saved, 64, DEVT)
+    assert rebuilt is not seqs and rebuilt.offsets.tolist() == seqs.offsets.tolist()
+    assert [t.tolist() for t in rebuilt.tables[:4]] == [t.tolist() for t in seqs.tables[:4]]
+    varlen.clear_offsets_cache()
 
 
 def test_check_grad_outputs():
@@ -322,21 +272,17 @@ def test_resolve_workspace():
         resolve(torch.zeros(3))
 
 
-def test_saved_meta_and_host_offsets():
+def test_saved_meta():
     plan = HeadPlan(head_k_dim=16, head_v_dim=8)
-    cu = torch.tensor([0, 3, 7])
+    seqs = object()
     m = la.saved_meta(scale=0.5, use_qk_l2norm=True, plan=plan, varlen=False,
-                      use_gate_in_kernel=True, beta=2, cu_host=cu, lower_bound=-1.0)
+                      use_gate_in_kernel=True, beta=2, seqs=seqs, lower_bound=-1.0)
     assert m == {"scale": 0.5, "use_qk_l2norm": True, "plan": plan, "varlen": False,
                  "use_gate_in_kernel": True, "use_beta_sigmoid_in_kernel": True,
-                 "allow_neg_eigval": True, "cu_host": cu, "lower_bound": -1.0}
+                 "allow_neg_eigval": True, "seqs": seqs, "lower_bound": -1.0}
     m0 = la.saved_meta(scale=1.0, use_qk_l2norm=False, plan=plan, varlen=True,
-                       use_gate_in_kernel=False, beta=0, cu_host=None)
+                       use_gate_in_kernel=False, beta=0, seqs=None)
     assert not m0["use_beta_sigmoid_in_kernel"] and not m0["allow_neg_eigval"]
-    assert la.host_offsets(SimpleNamespace(meta=m, cu_seqlens=None)) is cu
-    on_dev = SimpleNamespace(meta=m0, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
-    got = la.host_offsets(on_dev)
-    assert got.dtype == torch.int64 and got.device.type == "cpu" and got.tolist() == [0, 5]
 
 
 def test_check_fla_compat_values():

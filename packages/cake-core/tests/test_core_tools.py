@@ -148,29 +148,29 @@ def test_offsets_cache_probes():
     strided_cu_seqlens; no_kernel_launches."""
     from types import SimpleNamespace
 
-    import cake_core.linear_attention as la
     import cake_core.varlen as varlen
 
-    real_check, real_tables = varlen.check_cu_seqlens, la.chunk_tables
+    real_check, real_tables = varlen.check_cu_seqlens, varlen.chunk_tables
     cu = torch.tensor([0, 0, 1, 70, 75], dtype=torch.int32)
-    with testing.counting_offsets_cache(la, "chunk_tables") as counts:
+    cpu = torch.device("cpu")
+    with testing.counting_offsets_cache(varlen, "chunk_tables") as counts:
         assert len(varlen._cache) == 0  # a clean cache
-        off = varlen.checked_offsets(cu, 75)
-        host = la.chunk_tables_for(cu, off, 64)
+        seqs = varlen.resolve_chunks(cu, 1, 75, cpu, 64)
         assert counts == {"reads": 1, "tables": 1}
-        assert varlen.checked_offsets(cu, 75) is off  # hits: nothing counted
-        assert la.chunk_tables_for(cu, off, 64) is host
+        off = varlen.checked_offsets(cu, 75)
+        assert off is seqs.offsets  # hits: nothing counted
+        assert varlen.resolve_chunks(cu, 1, 75, cpu, 64) is seqs
         assert counts == {"reads": 1, "tables": 1}
         with testing.offsets_cache_disabled():
             off2 = varlen.checked_offsets(cu, 75)
-            la.chunk_tables_for(cu, off2, 64)
-        assert off2 is not off and counts == {"reads": 2, "tables": 2}
+            varlen.resolve_chunks(cu, 1, 75, cpu, 64)
+        assert off2 is not off and counts == {"reads": 3, "tables": 2}
         assert varlen.checked_offsets(cu, 75) is off  # enabled again, the entry kept
-        assert counts["reads"] == 2
-    assert varlen.check_cu_seqlens is real_check and la.chunk_tables is real_tables
+        assert counts["reads"] == 3
+    assert varlen.check_cu_seqlens is real_check and varlen.chunk_tables is real_tables
     assert len(varlen._cache) == 0  # cleared on exit
     with pytest.raises(AttributeError):
-        with testing.counting_offsets_cache(la, "no_such_builder"):
+        with testing.counting_offsets_cache(varlen, "no_such_builder"):
             pass
     assert varlen.check_cu_seqlens is real_check
 

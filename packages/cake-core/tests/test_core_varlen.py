@@ -1,4 +1,5 @@
-"""cake_core.varlen: sequence offsets, chunk tables, the chunk bound, the value-head sum."""
+"""cake_core.varlen: sequence offsets, chunk tables, the chunk bound, the value-head sum, the
+offsets cache and the resolved sequences of a chunked call (resolve_chunks)."""
 
 import itertools
 
@@ -208,3 +209,73 @@ def test_offsets_derived(offsets_cache):
     b = varlen.offsets_derived(cu, off2, "k", build)
     assert b is not a and varlen.offsets_derived(cu, off2, "k", build) is b
     assert varlen.offsets_derived(None, off2, "k", build) is not b
+
+
+# ----------------------------------------------------------------------------- resolve_chunks
+
+CPU = torch.device("cpu")
+
+
+def test_resolve_chunks_once_per_version(offsets_cache, monkeypatch):
+    """One SeqChunks per cu_seqlens version: read back and built once, the same object for
+    the tensor and for its own device offsets (what a saved set keeps); the tables are
+    chunk_tables' and the offsets', in one upload; an edit is resolved again."""
+    varlen, reads = offsets_cache
+    built = []
+    real = varlen.chunk_tables
+    monkeypatch.setattr(varlen, "chunk_tables", lambda *a: built.append(a[1]) or real(*a))
+    cu = torch.tensor([0, 0, 1, 70, 75], dtype=torch.int32)
+    seqs = varlen.resolve_chunks(cu, 1, 75, CPU, 64)
+    starts, ends, chunk_off, nc = real(seqs.offsets, 64)
+    assert seqs.num_chunks == nc == 4 and seqs.num_seqs == 4 and seqs.chunk_size == 64
+    assert [t.tolist() for t in seqs.tables[:3]] == [t.tolist() for t in (starts, ends,
+                                                                            chunk_off)]
+    assert [t.dtype for t in seqs.tables[:4]] == [torch.int32] * 3 + [torch.int64]
+    assert seqs.cu.tolist() == [0, 0, 1, 70, 75] and seqs.tables[4] == 4
+    assert varlen.resolve_chunks(cu, 1, 75, CPU, 64) is seqs
+    assert varlen.resolve_chunks(seqs.cu, 1, 75, CPU, 64) is seqs  # a saved cu_seqlens
+    assert varlen.checked_offsets(cu, 75) is seqs.offsets
+    assert len(reads) == 1 and built == [64]
+    other = varlen.resolve_chunks(cu, 1, 75, CPU, 32)  # another chunk size: its own
+    assert other.num_chunks == 5 and built == [64, 32] and len(reads) == 1
+    assert seqs.tables_on(CPU) is not None and seqs.tables_on(CPU)[0] is seqs.starts
+    cu[3] = 64
+    again = varlen.resolve_chunks(cu, 1, 75, CPU, 64)
+    assert again is not seqs and again.offsets.tolist() == [0, 0, 1, 64, 75]
+    assert len(reads) == 2 and seqs.offsets.tolist() == [0, 0, 1, 70, 75]
+    with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 76"):
+        varlen.resolve_chunks(cu, 1, 76, CPU, 64)
+
+
+def test_resolve_chunks_rows_kept_and_bounded(offsets_cache, monkeypatch):
+    """Without cu_seqlens (B rows of T tokens): kept per (B, T) in the same cache (at most
+    OFFSETS_CACHE_SIZE entries, least recently used out), also with no chunk at all."""
+    varlen, reads = offsets_cache
+    rows = varlen.resolve_chunks(None, 2, 70, CPU, 64)
+    assert rows.offsets.tolist() == [0, 70, 140] and rows.num_chunks == 4
+    assert [t.tolist() for t in rows.tables[:3]] == [[0, 64, 70, 134], [64, 70, 134, 140],
+                                                    [0, 2, 4]]
+    assert varlen.resolve_chunks(None, 2, 70, CPU, 64) is rows
+    assert varlen.resolve_chunks(rows.cu, 2, 70, CPU, 64) is rows
+    assert reads == []
+    for n in range(varlen.OFFSETS_CACHE_SIZE + 3):
+        varlen.resolve_chunks(None, 3, n + 1, CPU, 4)
+    assert len(varlen._cache) == varlen.OFFSETS_CACHE_SIZE
+    empty = varlen.resolve_chunks(None, 2, 0, CPU, 4)
+    assert empty.num_chunks == 0 and [t.numel() for t in empty.tables[:4]] == [0, 0, 3, 3]
+
+
+def test_resolve_chunks_rows_not_cached_while_capturing(offsets_cache, monkeypatch):
+    """While a CUDA graph is captured no rows' SeqChunks is served from or put in the cache
+    (a graph would keep reading tables the cache later lets go)."""
+    varlen, _ = offsets_cache
+    kept = varlen.resolve_chunks(None, 2, 9, CPU, 4)
+    n = len(varlen._cache)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    fresh = varlen.resolve_chunks(None, 2, 9, CPU, 4)
+    assert fresh is not kept and len(varlen._cache) == n
+    varlen.resolve_chunks(None, 2, 18, CPU, 4)
+    assert len(varlen._cache) == n
+    monkeypatch.undo()
+    assert varlen.resolve_chunks(None, 2, 9, CPU, 4) is kept

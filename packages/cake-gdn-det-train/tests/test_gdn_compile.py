@@ -1,5 +1,7 @@
 """torch.compile (custom ops ``cake_gdn_det_train::fwd`` / ``::bwd``, fullgraph) and
-torch.utils.checkpoint: the same bits as the eager autograd entry."""
+torch.utils.checkpoint: the same bits as the eager autograd entry (the same ops)."""
+
+import dataclasses
 
 import cake_gdn_det_train.api as api
 import pytest
@@ -14,6 +16,7 @@ from cake_core.testing import (
 )
 from cake_core.triton_utils import default_device
 from cake_gdn_det_train import chunk_gated_delta_rule_det
+from cake_gdn_det_train.saved import max_chunks
 
 DEV = default_device()
 BACKEND = "aot_eager" if DEV.type == "cpu" else "inductor"
@@ -69,21 +72,29 @@ def test_compile_fullgraph_plain_call(gdn_inputs):
     assert_compile_same_bits(f, (q, k, v, g, beta), BACKEND)
 
 
-def test_custom_ops_opcheck(gdn_inputs):
-    """Schema, fake implementations (incl. dynamic shapes) and autograd registration."""
+@pytest.mark.parametrize("keep_states", [0, 1])
+def test_custom_ops_opcheck(gdn_inputs, keep_states):
+    """Schema, fake implementations (incl. dynamic shapes) and autograd registration; with
+    plan.keep_states the fwd op also returns g_cumsum, h (max_chunks rows), w and v_new."""
     q, k, v, g, beta, h0, A_log, dt_bias = (t.requires_grad_() for t in _inputs(gdn_inputs))
     cu = torch.tensor(CU, dtype=torch.int64, device=DEV)
-    plan = api.make_plan(K, V, torch.float32, DEV)
+    plan = dataclasses.replace(api.make_plan(K, V, torch.float32, DEV), keep_states=keep_states)
     fields = api.plan_to_op_fields(plan)
     args = (q, k, v, g, beta, h0, cu, A_log, dt_bias, 0.3, True, True, True, True, fields)
     torch.library.opcheck(torch.ops.cake_gdn_det_train.fwd, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
-    o, ht, q_rstd, k_rstd = torch.ops.cake_gdn_det_train.fwd(*args)
+    o, ht, q_rstd, k_rstd, g_cumsum, A, h, w, v_new = torch.ops.cake_gdn_det_train.fwd(*args)
     assert ht.shape == (len(CU) - 1, HV, K, V) and q_rstd.shape == (1, T, H)
+    assert A.shape == (T, HV, 64)
+    if keep_states:
+        assert h.shape == (max_chunks(T, len(CU) - 1), HV, K, V) and w.shape == (T, HV, K)
+    else:
+        assert [t.shape for t in (g_cumsum, h, w, v_new)] == [(0,)] * 4
     with torch.no_grad():
         bwd_args = (torch.ones_like(o), torch.ones_like(ht), q, k, v, g, beta, h0, cu, q_rstd,
-                    k_rstd, A_log, dt_bias, 0.3, True, True, True, fields)
+                    k_rstd, A_log, dt_bias, g_cumsum, A, h, w, v_new, 0.3, True, True, True,
+                    fields)
     torch.library.opcheck(torch.ops.cake_gdn_det_train.bwd, bwd_args,
                           test_utils=("test_schema", "test_faketensor"))
 

@@ -1,6 +1,7 @@
 """Backward: gradients of q, k, v, g, beta and initial_state against float64 autograd through
 the token-by-token reference; the low-level backward; bitwise repeats; bad inputs."""
 
+import cake_core.varlen as varlen
 import cake_gdn_det_train.api as api
 import pytest
 import torch
@@ -224,18 +225,19 @@ def test_kept_or_recomputed_t_same_bits(dtype, gdn_inputs):
 
 
 def test_backward_uses_the_forwards_host_offsets(gdn_inputs):
-    # the saved set carries the CPU offsets the forward read and its device chunk tables (no
-    # device read, no table rebuild in backward); without the tables the backward rebuilds
-    # them from the offsets, without both it reads cu_seqlens: same bits
+    # the saved set carries the forward's SeqChunks (CPU offsets and device chunk tables: no
+    # device read, no table rebuild in backward); without it the backward resolves the saved
+    # cu_seqlens (its device offsets): same bits
     q, k, v, g, beta, h0 = gdn_inputs(1, 90, 1, 2, 16, 16, seed=91, n_states=3, h0=True)
     cu = torch.tensor([0, 20, 20, 90], dtype=torch.int32, device=DEV)
     do = randn(v.shape, torch.float32, DEV, seed=92)
     _, _, saved = chunk_gdn_det_fwd(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
-    assert saved.cu_host.device.type == "cpu" and saved.cu_host.tolist() == [0, 20, 20, 90]
+    off = saved.seqs.offsets
+    assert off.device.type == "cpu" and off.tolist() == [0, 20, 20, 90]
     a = chunk_gdn_det_bwd(do, None, saved)
-    saved.meta["chunk_tables"] = None
-    b = chunk_gdn_det_bwd(do, None, saved)
-    saved.meta["cu_host"] = None
-    c = chunk_gdn_det_bwd(do, None, saved)
+    varlen.clear_offsets_cache()
+    b = chunk_gdn_det_bwd(do, None, saved)  # the kept SeqChunks: nothing resolved
+    saved.meta["seqs"] = None
+    c = chunk_gdn_det_bwd(do, None, saved)  # resolved from the saved device offsets
     for x, y, z in zip(a[:6], b[:6], c[:6], strict=True):
         assert bitwise_equal(x, y) and bitwise_equal(x, z)

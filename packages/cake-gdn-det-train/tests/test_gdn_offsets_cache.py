@@ -1,10 +1,9 @@
-"""cu_seqlens checked and read back once per tensor version (cake_core.varlen.checked_offsets),
-the chunk tables kept beside it (cake_core.linear_attention.chunk_tables_for): the same bits
+"""cu_seqlens checked, read back and turned into chunk tables once per tensor version
+(cake_core.varlen.resolve_chunks: one SeqChunks, kept in the offsets cache): the same bits
 as without the cache, no second read-back or table build for the same unchanged tensor (the
 eager entries, the low-level pair and the custom ops), in-place edits checked again before
 any launch."""
 
-import cake_core.linear_attention as la
 import cake_core.varlen as varlen
 import cake_gdn_det_train.api as api
 import pytest
@@ -31,7 +30,7 @@ T, H, HV, K, V = CU[-1], 1, 2, 16, 16
 @pytest.fixture
 def spy():
     """A clean cache; counts of the value checks (host read-backs) and chunk tables built."""
-    with counting_offsets_cache(la, "chunk_tables") as counts:
+    with counting_offsets_cache(varlen, "chunk_tables") as counts:
         yield counts
 
 
@@ -88,8 +87,7 @@ def test_second_call_reads_nothing_back(spy):
         _, _, s2 = chunk_gdn_det_fwd(*inp[:5], initial_state=inp[5], cu_seqlens=cu)
         chunk_gdn_det_bwd(do, None, s2)
         # the very device tables (and saved offsets) of the first call: nothing uploaded
-        assert s2.meta["chunk_tables"][1] is s1.meta["chunk_tables"][1]
-        assert s2.cu_seqlens is s1.cu_seqlens and s2.cu_host is s1.cu_host
+        assert s2.seqs is s1.seqs and s2.cu_seqlens is s1.seqs.cu
     assert spy == n
 
 
@@ -197,3 +195,39 @@ def test_fixed_length_tables_kept(spy):
     cache; other row lengths get their own tables."""
     inp, do, _ = _inputs(5)
     assert_fixed_length_tables_kept(chunk_gdn_det_fwd, chunk_gdn_det_bwd, inp[:5], do, spy)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_one_call_resolves_once_and_saves_that_object(spy, monkeypatch, packed):
+    """One autograd call (forward and backward through the custom ops) resolves its
+    sequences once: one read-back of cu_seqlens, one chunk-table build; the backward's saved
+    set holds the very SeqChunks whose tables the forward launched with. The same for the
+    low-level pair (its saved set's ``seqs``)."""
+    inp, do, dht = _inputs(7)
+    cu = torch.tensor(CU, dtype=torch.int32, device=DEV) if packed else None
+    h0 = inp[5] if packed else None
+    launched, saved_seqs = [], []
+    real_fwd, real_bwd = api._launch_fwd, api._launch_bwd
+
+    def fwd_spy(*a, **kw):
+        launched.append(a[11])  # dt: the device chunk tables
+        return real_fwd(*a, **kw)
+
+    def bwd_spy(do, dht, saved, *a, **kw):
+        saved_seqs.append(saved.seqs)
+        return real_bwd(do, dht, saved, *a, **kw)
+
+    monkeypatch.setattr(api, "_launch_fwd", fwd_spy)
+    monkeypatch.setattr(api, "_launch_bwd", bwd_spy)
+    leaves = [t.detach().clone().requires_grad_() for t in inp[:5]]
+    o, _ = chunk_gated_delta_rule_det(*leaves, initial_state=h0, cu_seqlens=cu)
+    o.backward(do)
+    assert spy == {"reads": int(packed), "tables": 1}
+    (seqs,) = saved_seqs
+    assert all(a is b for a, b in zip(launched[0], seqs.tables, strict=True))
+    assert seqs.offsets.tolist() == (list(CU) if packed else [0, T])
+    _, _, saved = chunk_gdn_det_fwd(*inp[:5], initial_state=h0, cu_seqlens=cu)
+    chunk_gdn_det_bwd(do, None, saved)
+    assert spy == {"reads": int(packed), "tables": 1}  # the same unchanged cu_seqlens
+    assert saved.seqs is seqs and saved_seqs[1] is seqs and saved.cu_seqlens is seqs.cu
+    assert all(a is b for a, b in zip(launched[1], seqs.tables, strict=True))

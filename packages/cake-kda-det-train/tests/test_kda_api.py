@@ -76,7 +76,8 @@ def test_saved_set_contents(kda):
     assert saved.scale == 0.5 and saved.use_qk_l2norm and not saved.varlen
     assert saved.use_gate_in_kernel and saved.lower_bound == -2.0
     assert saved.use_beta_sigmoid_in_kernel and saved.allow_neg_eigval
-    assert saved.cu_seqlens.tolist() == [0, 70] and saved.cu_host.tolist() == [0, 70]
+    assert saved.cu_seqlens.tolist() == [0, 70] and saved.seqs.offsets.tolist() == [0, 70]
+    assert saved.cu_seqlens is saved.seqs.cu and saved.seqs.offsets.device.type == "cpu"
     # T and Aqk stacked
     assert saved.A.shape == (2, 70, 2, 64) and saved.g_cumsum.shape == (70, 2, 16)
     assert saved.g_cumsum.dtype == torch.float32

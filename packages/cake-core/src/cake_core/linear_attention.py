@@ -7,10 +7,9 @@ head (GDN) or per value head and key channel (KDA), beta ``[B, T, HV]``, an fp32
 options (q/k L2 norm, gate, beta sigmoid, ``allow_neg_eigval``), and plans keyed by the
 head dims (K, V). This module holds what their entries do alike on the host, before any
 allocation or launch: the argument checks (in FLA's order, messages naming the argument),
-the plan and workspace resolution, the beta mode, the saved set's metadata, the
-sequence offsets (read back once per ``cu_seqlens`` version:
-:func:`cake_core.varlen.checked_offsets`) and the chunk tables built from them (kept
-beside those offsets: :func:`chunk_tables_for`); and the token-by-token float64-capable
+the plan and workspace resolution, the beta mode, the saved set's metadata (with the
+call's sequences, resolved once: :func:`cake_core.varlen.resolve_chunks`); and the
+token-by-token float64-capable
 recurrence both references (the specs their kernels meet) run after their own gate. Plain
 torch: importing it imports no Triton (the checks that need the backend rule import
 :mod:`cake_core.triton_utils` when they run).
@@ -18,8 +17,6 @@ torch: importing it imports no Triton (the checks that need the backend rule imp
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -41,12 +38,13 @@ from cake_core.checks import (
 )
 from cake_core.mode import Mode, require_mode
 from cake_core.plan import Plan, cached_plan
-from cake_core.varlen import checked_offsets, chunk_tables, offsets_derived, seq_offsets
+from cake_core.varlen import SeqChunks, resolve_chunks
 
 __all__ = [
     "FLA_COMPAT_KEYWORDS",
     "L2NORM_EPS",
     "LAYOUTS",
+    "autograd_cu_seqlens",
     "beta_code",
     "check_cu_seqlens_position",
     "check_device_and_state",
@@ -55,18 +53,15 @@ __all__ = [
     "check_grad_outputs",
     "check_options",
     "check_qkv_g_beta",
-    "chunk_tables_for",
     "delta_rule_reference",
-    "host_offsets",
     "inter_dtype",
     "l2norm_reference",
     "make_head_plan",
-    "op_offsets",
     "resolve_for_backward",
     "resolve_plan",
     "resolve_scale",
     "resolve_workspace",
-    "saved_chunk_tables",
+    "saved_chunks",
     "saved_meta",
 ]
 
@@ -247,15 +242,14 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            g: torch.Tensor, beta: torch.Tensor, initial_state: object,
                            cu_seqlens: object, A_log: torch.Tensor | None = None,
                            dt_bias: torch.Tensor | None = None, *,
-                           with_offsets: bool = False) -> tuple:
+                           chunk_size: int) -> tuple:
     """After :func:`check_qkv_g_beta`: every tensor on one device that the backend can
     launch on, ``cu_seqlens`` (only with ``B == 1``; its values are read, one host sync,
-    once per tensor version (:func:`cake_core.varlen.checked_offsets`: a repeated call with
-    the same unchanged tensor reads nothing back), and not while ``torch.compile`` traces:
-    the family's op checks them before launching) and ``initial_state`` (fp32
-    ``[N, HV, K, V]``). Returns ``(device, N)``, N the number of sequences; with
-    ``with_offsets`` ``(device, N, offsets)``: the int64 CPU offsets ``[N + 1]`` (owned by
-    the cache: read-only; ``None`` while torch.compile traces).
+    once per tensor version, and not while ``torch.compile`` traces: the family's op checks
+    them before launching) and ``initial_state`` (fp32 ``[N, HV, K, V]``). Returns
+    ``(device, N, seqs)``: N the number of sequences, ``seqs`` the call's sequences and
+    their ``chunk_size``-token chunk tables, resolved once
+    (:func:`cake_core.varlen.resolve_chunks`; ``None`` while torch.compile traces).
 
     Raises:
         ValueError: naming the first argument that breaks a rule.
@@ -269,153 +263,51 @@ def check_device_and_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                ("dt_bias", dt_bias))
     launch_device_check(device, "q")
     compiling = torch.compiler.is_compiling()
+    seqs = None
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
         # no value reads while torch.compile traces; the op checks them before launching
         if compiling:
             check_cu_seqlens(cu_seqlens, T, device, read_values=False)
-            offsets = None
         else:
-            offsets = checked_offsets(cu_seqlens, T, device)
+            seqs = resolve_chunks(cu_seqlens, B, T, device, chunk_size)
         N = cu_seqlens.numel() - 1
     else:
         N = B
-        offsets = None if compiling else seq_offsets(None, B, T)
     if initial_state is not None:
         check_tensor(initial_state, "initial_state")
         check_shape(initial_state, "initial_state", [N, HV, K, V], layout=LAYOUTS["state"])
         check_dtype(initial_state, "initial_state", (torch.float32,))
-    return (device, N, offsets) if with_offsets else (device, N)
+    if cu_seqlens is None and not compiling:
+        seqs = resolve_chunks(None, B, T, device, chunk_size)
+    return device, N, seqs
 
 
-def op_offsets(cu_seqlens: torch.Tensor | None, B: int, T: int,
-               device: torch.device) -> torch.Tensor:
-    """The int64 CPU offsets a family's custom op launches with: ``cu_seqlens``' values
-    checked (before any launch; ValueError as :func:`cake_core.check_cu_seqlens`) and read
-    back unless this very tensor, unchanged, was checked before
-    (:func:`cake_core.varlen.checked_offsets`); ``[0, T, ..., BT]`` without it."""
-    if cu_seqlens is None:
-        return seq_offsets(None, B, T)
-    return checked_offsets(cu_seqlens, T, device)
+def saved_chunks(saved: Any, chunk_size: int, device: torch.device) -> SeqChunks:
+    """The sequences a backward of ``saved`` launches with: the forward's
+    (``saved.meta["seqs"]``, :func:`cake_core.varlen.resolve_chunks`) when made for this
+    chunk size, else resolved from ``saved.cu_seqlens`` (its device offsets: a cache hit
+    when they are the forward's, else one read-back)."""
+    seqs = saved.meta.get("seqs")
+    if seqs is not None and seqs.chunk_size == chunk_size:
+        return seqs
+    B, T = saved.q.shape[:2]
+    return resolve_chunks(saved.cu_seqlens, B, T, device, chunk_size)
 
 
-# ----------------------------------------------------------------------------- chunk tables
-
-_TABLES = "cake_core.linear_attention.chunk_tables"
-
-
-def _tables_key(chunk_size: int, device: torch.device) -> tuple:
-    # the stream the tables are copied on: tables are only reused on their own stream (the
-    # copy is ordered before the launches, and their memory is freed on the stream that
-    # read them)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    return (_TABLES, chunk_size, device, stream)
-
-
-def chunk_tables_for(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, chunk_size: int,
-                     device: torch.device | None = None) -> tuple:
-    """The chunk tables of a call, kept with the :func:`cake_core.varlen.checked_offsets`
-    entry of ``cu_seqlens`` (:func:`cake_core.varlen.offsets_derived`): a repeated call with
-    the same unchanged tensor rebuilds and uploads nothing; without ``cu_seqlens``, kept by
-    the offsets' values (a :data:`FIXED_TABLES_CACHE_SIZE`-entry LRU; not while a CUDA graph
-    is captured). An upload is one pinned, non-blocking copy.
-
-    Args:
-        cu_seqlens: the caller's tensor (the cache key), or ``None`` (fixed-length rows,
-            or a backward's host offsets: kept by the offsets' values, the last
-            :data:`FIXED_TABLES_CACHE_SIZE` of them).
-        offsets: what :func:`~cake_core.varlen.checked_offsets` returned for it (or
-            :func:`~cake_core.varlen.seq_offsets`).
-        chunk_size: tokens per chunk.
-        device: ``None``: the host tables of :func:`cake_core.varlen.chunk_tables`
-            ``(starts, ends, chunk_off, NC)`` on the CPU; else ``(key, (starts, ends,
-            chunk_off, cu, NC))`` on ``device`` (``cu`` the int64 offsets there), ``key``
-            naming the chunk size, device and CUDA stream they were made for (kept per
-            key: a table is only reused on the stream it was copied on).
-
-    Every tensor returned is shared with later calls: never modify it.
-    """
-    if device is None:
-        if cu_seqlens is None:
-            return _kept_by_value((_TABLES, chunk_size), offsets,
-                                  lambda: chunk_tables(offsets, chunk_size))
-        return offsets_derived(cu_seqlens, offsets, (_TABLES, chunk_size),
-                               lambda: chunk_tables(offsets, chunk_size))
-    key = _tables_key(chunk_size, device)
-
-    def build():
-        starts, ends, chunk_off, NC = chunk_tables_for(cu_seqlens, offsets, chunk_size)
-        return (*_upload_tables(offsets, starts, ends, chunk_off, device), NC)
-
-    if cu_seqlens is None:  # fixed-length rows (or a backward's host offsets): kept by value
-        return key, _kept_by_value(key, offsets, build)
-    return key, offsets_derived(cu_seqlens, offsets, key, build)
-
-
-#: how many chunk tables (host, or per device and stream) of calls without ``cu_seqlens``
-#: are kept, keyed by their offsets' values (least recently used first out; each holds a
-#: few ``[NC]`` int32 tensors)
-FIXED_TABLES_CACHE_SIZE = 16
-_fixed_tables: OrderedDict = OrderedDict()
-_fixed_lock = threading.Lock()
-
-
-def _kept_by_value(key: tuple, offsets: torch.Tensor, build: Callable[[], Any]) -> Any:
-    """``build()``, remembered per ``(key, offsets' values)``: calls of fixed-length rows
-    (B rows of T tokens) rebuild and upload nothing after the first, so their forward and
-    backward make no host-device synchronisation (and no host table work)."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        # a CUDA graph would keep reading a cached table after the cache let it go: nothing
-        # is served or kept while capturing (the upload then fails as it did before the cache)
-        return build()
-    k = (key, offsets.numpy().tobytes())  # int64 offsets: the bytes fix their count
-    with _fixed_lock:
-        if k in _fixed_tables:
-            _fixed_tables.move_to_end(k)
-            return _fixed_tables[k]
-    value = build()
-    with _fixed_lock:
-        _fixed_tables[k] = value
-        while len(_fixed_tables) > FIXED_TABLES_CACHE_SIZE:
-            _fixed_tables.popitem(last=False)
-    return value
-
-
-def _upload_tables(offsets: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
-                   chunk_off: torch.Tensor, device: torch.device) -> tuple:
-    """``(starts, ends, chunk_off, cu)`` on ``device`` in one host-to-device copy: the int64
-    offsets and the three int32 tables packed as bytes (offsets first: 8-byte aligned), from
-    pinned memory without waiting on CUDA (the copy is ordered before the launches on the
-    current stream; torch keeps the pinned block until the copy is done). While a CUDA graph
-    is captured the copy is the plain synchronous one, which CUDA refuses during a capture
-    (as every table upload did before this packing): a captured pinned copy would read the
-    pinned block again at every replay, after torch gave it back."""
-    parts = [offsets.contiguous(), starts.contiguous(), ends.contiguous(),
-             chunk_off.contiguous()]
-    raw = [t.view(torch.uint8) for t in parts]
-    host = torch.cat(raw)
-    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-        dev = host.pin_memory().to(device, non_blocking=True)
-    else:
-        dev = host.to(device)
-    out, at = [], 0
-    for t, r in zip(parts, raw, strict=True):
-        out.append(dev[at:at + r.numel()].view(t.dtype))
-        at += r.numel()
-    cu, starts_d, ends_d, chunk_off_d = out
-    return starts_d, ends_d, chunk_off_d, cu
-
-
-def saved_chunk_tables(saved: Any, chunk_size: int, device: torch.device) -> tuple:
-    """The device chunk tables ``(starts, ends, chunk_off, cu, NC)`` a backward of ``saved``
-    launches with: the forward's (``saved.meta["chunk_tables"]``, as :func:`chunk_tables_for`
-    returned them) when they were made for this chunk size, device and stream, else built
-    from :func:`host_offsets` (and uploaded)."""
-    kept = saved.meta.get("chunk_tables")
-    if kept is not None and kept[0] == _tables_key(chunk_size, device):
-        return kept[1]
-    return chunk_tables_for(None, host_offsets(saved), chunk_size, device)[1]
+def autograd_cu_seqlens(cu_seqlens: torch.Tensor | None, q: torch.Tensor,
+                        chunk_size: int) -> torch.Tensor | None:
+    """What a family's registered autograd saves for ``cu_seqlens`` (its ``setup_context``,
+    right after the fwd op ran): eagerly, the device offsets of the call's
+    :class:`~cake_core.varlen.SeqChunks` (the op's, found in the cache), so that the bwd op
+    resolves them to the forward's very object and launches with the forward's tables,
+    whatever happens to the caller's tensor; while traced (fake tensors), or without
+    ``cu_seqlens``, the argument itself."""
+    if cu_seqlens is None or type(q) is not torch.Tensor or torch.compiler.is_compiling():
+        return cu_seqlens
+    B, T = q.shape[:2]
+    return resolve_chunks(cu_seqlens, B, T, q.device, chunk_size).cu
 
 
 def check_grad_outputs(do: object, dht: object, saved: Any) -> torch.device:
@@ -545,17 +437,12 @@ def resolve_for_backward(saved: Any, plan: object, workspace: object, device: to
     """``(plan, workspace)`` a low-level backward of ``saved`` runs with: the family's
     ``resolve_plan(plan or saved.plan, K, V, dtype, device)`` for the saved q/v head dims,
     and ``resolve_workspace(workspace, plan, device, HV, tokens, chunks, dtype)`` for the
-    saved tokens and their ``chunk_size``-token chunks (the forward's chunk tables, or
-    :func:`host_offsets`)."""
+    saved tokens and their ``chunk_size``-token chunks (:func:`saved_chunks`)."""
     B, T, _, K = saved.q.shape
     HV, V = saved.v.shape[2], saved.v.shape[3]
     dtype = saved.q.dtype
     plan = resolve_plan(plan if plan is not None else saved.plan, K, V, dtype, device)
-    kept = saved.meta.get("chunk_tables")
-    if kept is not None and kept[0][1] == chunk_size:
-        NC = kept[1][4]
-    else:
-        NC = chunk_tables(host_offsets(saved), chunk_size)[3]
+    NC = saved_chunks(saved, chunk_size, device).num_chunks
     return plan, resolve_workspace(workspace, plan, device, HV, B * T, NC, dtype)
 
 
@@ -569,26 +456,17 @@ def beta_code(use_sigmoid: bool, allow_neg_eigval: bool) -> int:
 
 
 def saved_meta(*, scale: float, use_qk_l2norm: bool, plan: Plan, varlen: bool,
-               use_gate_in_kernel: bool, beta: int, cu_host: torch.Tensor | None,
+               use_gate_in_kernel: bool, beta: int, seqs: SeqChunks | None,
                **extra: Any) -> dict[str, Any]:
     """The metadata a forward keeps beside its saved tensors: ``scale``, ``use_qk_l2norm``,
     ``plan``, ``varlen`` (``cu_seqlens`` was given), ``use_gate_in_kernel``,
     ``use_beta_sigmoid_in_kernel`` and ``allow_neg_eigval`` (from the :func:`beta_code`
-    ``beta``), ``cu_host`` (the int64 CPU offsets the forward read, so the backward needs no
-    host sync; ``None``: it reads ``cu_seqlens``) and the family's ``extra`` entries (e.g.
-    ``chunk_tables``: the forward's device tables, :func:`chunk_tables_for`, which a
-    backward on the same device and stream reuses: :func:`saved_chunk_tables`)."""
+    ``beta``), ``seqs`` (the :class:`cake_core.varlen.SeqChunks` the forward launched with:
+    its host offsets and chunk tables, which a backward reuses, :func:`saved_chunks`;
+    ``None``: the backward resolves ``cu_seqlens``) and the family's ``extra`` entries."""
     return {"scale": scale, "use_qk_l2norm": use_qk_l2norm, "plan": plan, "varlen": varlen,
             "use_gate_in_kernel": use_gate_in_kernel, "use_beta_sigmoid_in_kernel": bool(beta),
-            "allow_neg_eigval": beta == 2, "cu_host": cu_host, **extra}
-
-
-def host_offsets(saved: Any) -> torch.Tensor:
-    """int64 CPU offsets ``[N + 1]`` of a saved set's sequences: the forward's copy
-    (``saved.meta["cu_host"]``), or ``saved.cu_seqlens`` read from its device (one sync)
-    when the saved set does not carry one."""
-    cu = saved.meta.get("cu_host")
-    return cu if cu is not None else saved.cu_seqlens.detach().to("cpu", torch.int64)
+            "allow_neg_eigval": beta == 2, "seqs": seqs, **extra}
 
 
 # ----------------------------------------------------------------------------- references

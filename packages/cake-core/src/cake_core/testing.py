@@ -389,7 +389,8 @@ def refusals_without_collectives(names: Sequence[str] = COLLECTIVES):
 
 # ----------------------------------------------------------------------------- offsets cache
 # Tests of the cu_seqlens cache (cake_core.varlen.checked_offsets: read back once per tensor
-# version) and of the tables a family keeps beside it (cake_core.varlen.offsets_derived).
+# version) and of the tables a family keeps beside it (cake_core.varlen.offsets_derived,
+# cake_core.varlen.resolve_chunks).
 
 
 @contextlib.contextmanager
@@ -401,8 +402,9 @@ def counting_offsets_cache(tables_module: Any, tables_name: str):
     block wraps ``cake_core.varlen.check_cu_seqlens`` (the value check that
     :func:`cake_core.varlen.checked_offsets` runs on a miss: one read-back of the values
     each) and the table builder ``tables_module.<tables_name>`` (e.g.
-    ``cake_core.linear_attention`` and ``"chunk_tables"``: the name a family's code calls
-    it by), restoring both on exit.
+    ``cake_core.varlen`` and ``"chunk_tables"``, which :func:`cake_core.varlen.resolve_chunks`
+    calls once per resolution: the name the resolving code calls it by), restoring both on
+    exit.
 
     Args:
         tables_module: the module whose attribute builds the tables.
@@ -446,21 +448,21 @@ def counting_offsets_cache(tables_module: Any, tables_name: str):
 def assert_fixed_length_tables_kept(fwd: Callable[..., Any], bwd: Callable[..., Any],
                                     inputs: Sequence[torch.Tensor], do: torch.Tensor,
                                     counts: dict) -> None:
-    """A chunked family's calls without ``cu_seqlens`` keep their chunk tables by the
-    offsets' values (:func:`cake_core.linear_attention.chunk_tables_for`): a second call
-    builds and uploads nothing and launches with the very device tables of the first; the
-    same bits as after a cleared cache; other row lengths get their own tables.
+    """A chunked family's calls without ``cu_seqlens`` keep their resolved sequences per row
+    shape (:func:`cake_core.varlen.resolve_chunks`): a second call builds and uploads
+    nothing and launches with the very :class:`~cake_core.varlen.SeqChunks` of the first;
+    the same bits as after a cleared cache; other row lengths get their own.
 
     Args:
         fwd / bwd: the family's low-level pair (``fwd(q, k, v, g, beta) -> (o, ht,
-            saved)``, ``bwd(do, dht, saved) -> grads``, ``saved.meta["chunk_tables"]``).
+            saved)``, ``bwd(do, dht, saved) -> grads``, ``saved.meta["seqs"]``).
         inputs: q, k, v, g, beta ``[B, T, ...]`` (T > 7).
         do: the upstream gradient of o.
         counts: the dict :func:`counting_offsets_cache` yields (its ``"tables"`` count).
     """
-    import cake_core.linear_attention as la
+    import cake_core.varlen as varlen
 
-    la._fixed_tables.clear()
+    varlen.clear_offsets_cache()
     try:
         _, _, s1 = fwd(*inputs)
         g1 = bwd(do, None, s1)
@@ -469,12 +471,12 @@ def assert_fixed_length_tables_kept(fwd: Callable[..., Any], bwd: Callable[..., 
         o2, _, s2 = fwd(*inputs)
         g2 = bwd(do, None, s2)
         assert counts["tables"] == n
-        assert s2.meta["chunk_tables"][1] is s1.meta["chunk_tables"][1]
-        la._fixed_tables.clear()
+        assert s2.meta["seqs"] is s1.meta["seqs"]
+        varlen.clear_offsets_cache()
         o3, _, s3 = fwd(*inputs)
         g3 = bwd(do, None, s3)
         assert counts["tables"] > n
-        assert s3.meta["chunk_tables"][1] is not s1.meta["chunk_tables"][1]
+        assert s3.meta["seqs"] is not s1.meta["seqs"]
         assert bitwise_equal(o2, o3)
         for a, b, c in zip(g1[:5], g2[:5], g3[:5], strict=True):
             assert bitwise_equal(a, b) and bitwise_equal(a, c)
@@ -482,14 +484,15 @@ def assert_fixed_length_tables_kept(fwd: Callable[..., Any], bwd: Callable[..., 
         fwd(*[t[:, :t.shape[1] - 7].contiguous() for t in inputs])
         assert counts["tables"] > m
     finally:
-        la._fixed_tables.clear()
+        varlen.clear_offsets_cache()
 
 
 @contextlib.contextmanager
 def offsets_cache_disabled():
     """For the block, :func:`cake_core.varlen.checked_offsets` caches nothing (every call
-    checks and reads ``cu_seqlens`` back, and :func:`cake_core.varlen.offsets_derived`
-    builds every call), as for a tensor it never caches (an inference tensor, under
+    checks and reads ``cu_seqlens`` back, and :func:`cake_core.varlen.offsets_derived` and
+    :func:`cake_core.varlen.resolve_chunks` build every call, with or without
+    ``cu_seqlens``), as for a tensor it never caches (an inference tensor, under
     torch.compile). Restored on exit; entries cached before stay cached.
 
     Takes no arguments; yields ``None``; raises nothing of its own.

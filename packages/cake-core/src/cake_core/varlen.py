@@ -8,11 +8,14 @@ importing this module imports no Triton.
 :func:`checked_offsets` validates a ``cu_seqlens`` and reads it back to the host once per
 tensor version (a small cache), so that repeated calls with the same unchanged tensor skip
 the device sync; :func:`offsets_derived` keeps tables built from those offsets (e.g. a block
-table already on the device) alongside.
+table already on the device) alongside. :func:`resolve_chunks` resolves the sequences of a
+chunked call (GDN, KDA) once into one :class:`SeqChunks` (host offsets, chunk tables, their
+device copies), kept in that same cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -22,11 +25,13 @@ import torch
 
 from cake_core.checks import check_cu_seqlens
 
-__all__ = ["OFFSETS_CACHE_SIZE", "checked_offsets", "chunk_tables", "clear_offsets_cache",
-           "group_sum", "max_chunks", "offsets_derived", "seq_offsets"]
+__all__ = ["OFFSETS_CACHE_SIZE", "SeqChunks", "checked_offsets", "chunk_tables",
+           "clear_offsets_cache", "group_sum", "max_chunks", "offsets_derived",
+           "resolve_chunks", "seq_offsets"]
 
-#: How many validated ``cu_seqlens`` (tensor versions) :func:`checked_offsets` remembers.
-OFFSETS_CACHE_SIZE = 8
+#: How many validated ``cu_seqlens`` (tensor versions) :func:`checked_offsets` remembers
+#: (with the fixed-length rows and the device offsets :func:`resolve_chunks` keeps there).
+OFFSETS_CACHE_SIZE = 16
 #: How many derived values (:func:`offsets_derived`) one cached ``cu_seqlens`` keeps.
 _DERIVED_PER_ENTRY = 16
 
@@ -206,6 +211,192 @@ def chunk_tables(cu: torch.Tensor, chunk_size: int):
     ends = torch.minimum(starts + chunk_size, eos[seq])
     i32 = torch.int32
     return starts.to(i32), ends.to(i32), chunk_off.to(i32), NC
+
+
+# ----------------------------------------------------------------------------- SeqChunks
+
+_CHUNKS = "cake_core.varlen.SeqChunks"
+#: the cache key of fixed-length rows (no ``cu_seqlens``): ``(_ROWS, B, T)``
+_ROWS = "cake_core.varlen.rows"
+# rows are kept while tensors are (cake_core.testing.offsets_cache_disabled turns both off)
+_ROWS_PROBE = torch.empty(0)
+
+
+def _stream_of(device: torch.device) -> int | None:
+    # tables are only reused on the stream they were copied on (the copy is ordered before
+    # the launches there, and their memory is freed on the stream that read them)
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SeqChunks:
+    """The packed sequences of one chunked call, resolved once by :func:`resolve_chunks`:
+    what the launches read and what the saved set keeps for the backward.
+
+    Attributes:
+        offsets: int64 CPU offsets ``[N + 1]`` (validated).
+        chunk_size: tokens per chunk.
+        num_chunks: the chunk count ``NC`` (:func:`chunk_tables`).
+        device, stream: where the tables below live, and the CUDA stream they were copied on
+            (``None`` off CUDA).
+        starts, ends: int32 ``[NC]`` on ``device``: each chunk's token range ``[start, end)``.
+        chunk_off: int32 ``[N + 1]`` on ``device``: sequence ``n`` owns chunks
+            ``chunk_off[n] .. chunk_off[n + 1] - 1``.
+        cu: int64 ``[N + 1]`` on ``device``: the offsets (a saved set's ``cu_seqlens``).
+
+    Shared by the calls of the same unchanged ``cu_seqlens`` (or row shape): read it,
+    never modify its tensors.
+    """
+
+    offsets: torch.Tensor
+    chunk_size: int
+    num_chunks: int
+    device: torch.device
+    stream: int | None
+    starts: torch.Tensor
+    ends: torch.Tensor
+    chunk_off: torch.Tensor
+    cu: torch.Tensor
+
+    @property
+    def num_seqs(self) -> int:
+        """The sequence count ``N``."""
+        return self.offsets.numel() - 1
+
+    @property
+    def tables(self) -> tuple:
+        """``(starts, ends, chunk_off, cu, NC)``, the order the families' launches take."""
+        return self.starts, self.ends, self.chunk_off, self.cu, self.num_chunks
+
+    def tables_on(self, device: torch.device) -> tuple:
+        """:attr:`tables` when ``device`` and its current stream are the ones they were
+        copied for; else the same tables copied there (one upload, kept by nothing)."""
+        if device == self.device and _stream_of(device) == self.stream:
+            return self.tables
+        return _build_chunks(self.offsets, self.chunk_size, device).tables
+
+
+def _upload(offsets: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
+            chunk_off: torch.Tensor, device: torch.device) -> tuple:
+    """``(starts, ends, chunk_off, cu)`` on ``device`` in one host-to-device copy: the int64
+    offsets and the three int32 tables packed as bytes (offsets first: 8-byte aligned), from
+    pinned memory without waiting on CUDA (the copy is ordered before the launches on the
+    current stream; torch keeps the pinned block until the copy is done). While a CUDA graph
+    is captured the copy is the plain synchronous one, which CUDA refuses during a capture:
+    a captured pinned copy would read the pinned block again at every replay, after torch
+    gave it back."""
+    parts = [offsets.contiguous(), starts.contiguous(), ends.contiguous(),
+             chunk_off.contiguous()]
+    raw = [t.view(torch.uint8) for t in parts]
+    host = torch.cat(raw)
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        dev = host.pin_memory().to(device, non_blocking=True)
+    else:
+        dev = host.to(device)
+    out, at = [], 0
+    for t, r in zip(parts, raw, strict=True):
+        out.append(dev[at:at + r.numel()].view(t.dtype))
+        at += r.numel()
+    cu, starts_d, ends_d, chunk_off_d = out
+    return starts_d, ends_d, chunk_off_d, cu
+
+
+def _build_chunks(offsets: torch.Tensor, chunk_size: int, device: torch.device) -> SeqChunks:
+    """The one place a :class:`SeqChunks` is made: the host tables of ``offsets``
+    (:func:`chunk_tables`) and their upload to ``device``."""
+    starts, ends, chunk_off, nc = chunk_tables(offsets, chunk_size)
+    starts_d, ends_d, chunk_off_d, cu = _upload(offsets, starts, ends, chunk_off, device)
+    return SeqChunks(offsets, chunk_size, nc, device, _stream_of(device), starts_d, ends_d,
+                     chunk_off_d, cu)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _remember_device_offsets(seqs: SeqChunks, key: tuple) -> None:
+    """Keep ``seqs`` under its own device offsets ``seqs.cu`` too: a backward that is given
+    them (a saved ``cu_seqlens``) resolves to this very object, reading nothing back."""
+    t = seqs.cu
+    if not _cacheable(t):
+        return
+    k = _key(t, int(seqs.offsets[-1]))
+    with _lock:
+        e = _cache.get(k)
+        if e is None or e.tensor is not t:
+            snapshot = t.detach().clone() if t.device.type == "cpu" else None
+            e = _Entry(t, t.untyped_storage(), seqs.offsets, snapshot)
+            _cache[k] = e
+        e.derived.setdefault(key, seqs)
+        _cache.move_to_end(k)
+        while len(_cache) > OFFSETS_CACHE_SIZE:
+            _cache.popitem(last=False)
+
+
+def _rows_chunks(B: int, T: int, key: tuple, device: torch.device,
+                 chunk_size: int) -> SeqChunks:
+    """The :class:`SeqChunks` of ``B`` rows of ``T`` tokens, kept per ``(B, T)`` (not while
+    a CUDA graph is captured: a graph would keep reading tables the cache let go)."""
+    if _capturing() or not _cacheable(_ROWS_PROBE):
+        return _build_chunks(seq_offsets(None, B, T), chunk_size, device)
+    rk = (_ROWS, B, T)
+    with _lock:
+        e = _cache.get(rk)
+        if e is not None:
+            _cache.move_to_end(rk)
+            seqs = e.derived.get(key)
+            if seqs is not None:
+                return seqs
+    offsets = e.offsets if e is not None else seq_offsets(None, B, T)
+    seqs = _build_chunks(offsets, chunk_size, device)
+    with _lock:
+        e = _cache.get(rk)
+        if e is None:
+            e = _Entry(None, None, offsets, None)
+            _cache[rk] = e
+        if len(e.derived) >= _DERIVED_PER_ENTRY:
+            e.derived.clear()
+        e.derived[key] = seqs
+        _cache.move_to_end(rk)
+        while len(_cache) > OFFSETS_CACHE_SIZE:
+            _cache.popitem(last=False)
+    _remember_device_offsets(seqs, key)
+    return seqs
+
+
+def resolve_chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, device: torch.device,
+                   chunk_size: int, *, name: str = "cu_seqlens") -> SeqChunks:
+    """The sequences of a chunked call, resolved once into one :class:`SeqChunks`.
+
+    Args:
+        cu_seqlens: ``[N + 1]`` int32/int64 offsets of the sequences in the ``B * T``
+            tokens (packed inputs have ``B == 1``), or ``None``: the ``B`` rows of ``T``
+            tokens are the sequences.
+        B, T: batch size and sequence length of the inputs.
+        device: the inputs' device (the tables are copied there).
+        chunk_size: tokens per chunk (> 0).
+        name: the argument's name in error messages.
+
+    Returns:
+        The call's :class:`SeqChunks`, kept in :func:`checked_offsets`' cache (the one
+        cache): a later call with the same unchanged ``cu_seqlens`` (or the same ``B, T``
+        without it), on the same device and stream, gets this very object and reads back,
+        builds and uploads nothing; so does a call given its device offsets ``.cu`` (a saved
+        set's ``cu_seqlens``). Nothing is kept for what :func:`checked_offsets` does not
+        cache, nor for rows while a CUDA graph is captured.
+
+    Raises:
+        ValueError: as :func:`cake_core.check_cu_seqlens` (``name: ...``), before anything
+            is built or kept.
+    """
+    key = (_CHUNKS, chunk_size, device, _stream_of(device))
+    if cu_seqlens is None:
+        return _rows_chunks(B, T, key, device, chunk_size)
+    offsets = checked_offsets(cu_seqlens, B * T, device, name=name)
+    seqs = offsets_derived(cu_seqlens, offsets, key,
+                           lambda: _build_chunks(offsets, chunk_size, device))
+    _remember_device_offsets(seqs, key)
+    return seqs
 
 
 def max_chunks(num_tokens: int, num_seqs: int, chunk_size: int) -> int:

@@ -60,12 +60,9 @@ REUSED_KERNELS = {
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
-        {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
-        {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
-        {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:d7104faa362a5e881324fb2743f8b4b84da929219e37e8620e947b69f8c5265f"
+SOURCE_DIGEST = "sha256:1f1b5ad71173819cad3d5b096406f6c46f3d89f6363d180a3dd1eb9aef645705"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

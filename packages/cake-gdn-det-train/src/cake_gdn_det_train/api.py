@@ -27,6 +27,7 @@ from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_f
 from cake_core.gemm import direct_store_dtype, group_sum_cast, ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
+    autograd_cu_seqlens,
     beta_code,
     check_cu_seqlens_position,
     check_device_and_state,
@@ -35,17 +36,16 @@ from cake_core.linear_attention import (
     check_grad_outputs,
     check_options,
     check_qkv_g_beta,
-    chunk_tables_for,
     inter_dtype,
-    op_offsets,
     resolve_for_backward,
     resolve_plan,
     resolve_scale,
     resolve_workspace,
-    saved_chunk_tables,
+    saved_chunks,
     saved_meta,
 )
 from cake_core.triton_utils import cdiv, is_interpreting, next_power_of_2, tl
+from cake_core.varlen import SeqChunks, resolve_chunks
 
 from cake_gdn_det_train.kernels.bwd_dv_local import gdn_bwd_dv_local_kernel
 from cake_gdn_det_train.kernels.bwd_local import gdn_bwd_local_kernel
@@ -69,7 +69,7 @@ from cake_gdn_det_train.plan import (
     make_plan,
     narrowed_for,
 )
-from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace, workspace_shapes
+from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace, max_chunks, workspace_shapes
 
 
 class GDNDetGrads(NamedTuple):
@@ -100,10 +100,10 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                   plan=None):
     """All checks of :func:`chunk_gdn_det_fwd`, then the plan; returns ``(device, N, scale,
-    A_log, dt_bias, beta code, plan, offsets)``. A_log and dt_bias are checked (and used)
-    only with ``use_gate_in_kernel``, as in FLA (``None`` without it). offsets: the int64
-    CPU sequence offsets (read-only; ``None`` while torch.compile traces), cu_seqlens read
-    back once per tensor version (:func:`cake_core.linear_attention.check_device_and_state`)."""
+    A_log, dt_bias, beta code, plan, seqs)``. A_log and dt_bias are checked (and used)
+    only with ``use_gate_in_kernel``, as in FLA (``None`` without it). seqs: the call's
+    sequences and chunk tables, resolved once (:class:`cake_core.varlen.SeqChunks`,
+    read-only; ``None`` while torch.compile traces)."""
     check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=False)
@@ -117,11 +117,11 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
         check_gate_params(q.dtype, (A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV]))
     else:
         A_log = dt_bias = None
-    device, N, offsets = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens,
-                                                A_log, dt_bias, with_offsets=True)
+    device, N, seqs = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens,
+                                             A_log, dt_bias, chunk_size=CHUNK_SIZE)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return (device, N, scale, A_log, dt_bias, sig,
-            _resolve_plan(plan, K, V, q.dtype, device, state_programs=N * HV), offsets)
+            _resolve_plan(plan, K, V, q.dtype, device, state_programs=N * HV), seqs)
 
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
@@ -182,17 +182,19 @@ def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
 
 
 def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: torch.dtype,
-             keep: bool = False):
+             keep: bool = False, h_rows: int | None = None):
     """w, u, v_new ``[NT, HV, *]`` and h ``[NC, HV, K, V]`` (dtype ``idt``): views of the
     workspace's leading rows, or fresh tensors. ``keep``: w, v_new and h are always fresh
-    (a saved set keeps them past the call; a later call would overwrite a workspace's)."""
+    (a saved set keeps them past the call; a later call would overwrite a workspace's).
+    ``h_rows``: a fresh h has that many rows (>= NC; the kernels use the first NC)."""
     def fresh(*shape):
         return torch.empty(shape, dtype=idt, device=dev)
 
+    nh = NC if h_rows is None else h_rows
     if workspace is None:
-        return fresh(NT, HV, K), fresh(NT, HV, V), fresh(NT, HV, V), fresh(NC, HV, K, V)
+        return fresh(NT, HV, K), fresh(NT, HV, V), fresh(NT, HV, V), fresh(nh, HV, K, V)
     if keep:
-        return fresh(NT, HV, K), workspace["u"][:NT], fresh(NT, HV, V), fresh(NC, HV, K, V)
+        return fresh(NT, HV, K), workspace["u"][:NT], fresh(NT, HV, V), fresh(nh, HV, K, V)
     return (workspace["w"][:NT], workspace["u"][:NT], workspace["v_new"][:NT],
             workspace["h"][:NC])
 
@@ -283,16 +285,15 @@ def _gate_bwd(g, beta, A_log, dt_bias, dg, dbeta, use_gate: bool, use_sigmoid: i
 
 def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2,
                 plan: GDNDetPlan, workspace, dt, gate=(False, None, None, False),
-                keep_states: bool | None = None):
+                h_rows: int | None = None):
     """Allocates outputs and saved tensors, launches; inputs are contiguous. ``dt``: the
     device chunk tables ``(starts, ends, chunk_off, cu, NC)``
-    (:func:`cake_core.linear_attention.chunk_tables_for`). ``gate``:
+    (:attr:`cake_core.varlen.SeqChunks.tables`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)``, tensors
     contiguous. Returns ``(o, ht, (q_rstd, k_rstd, g_cumsum, A, states))``; ``states``:
-    ``(h, w, v_new)`` in fresh tensors when ``keep_states`` (default
-    ``plan.keep_states``) and there is a token, else ``None``."""
-    if keep_states is None:
-        keep_states = bool(plan.keep_states)
+    ``(h, w, v_new)`` in fresh tensors when ``plan.keep_states`` and there is a token, else
+    ``None`` (h with ``h_rows`` rows when given: see :func:`_scratch`)."""
+    keep_states = bool(plan.keep_states)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT, N = B * T, dt[3].numel() - 1
@@ -317,7 +318,7 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         return o, ht, (q_rstd, k_rstd, g_cumsum, A, None)
     use_gate, A_log, dt_bias, use_sigmoid = gate
     g, beta = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
-    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt, keep_states)
+    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt, keep_states, h_rows)
     _prep_and_state(k, v, g, beta, initial_state, ht, plan, dt, g_cumsum, A, scratch)
     w, _, v_new, h = scratch
     chunk_output(q, k, g_cumsum, None, v_new, h, dt[0], dt[1], o, scale, chunks=NC, H=H, HV=HV,
@@ -331,12 +332,13 @@ def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: 
                  V: int, idt: torch.dtype, dev: torch.device):
     """``(g_cumsum, A, w, v_new, h)`` the forward kept (``plan.keep_states``), contiguous,
     when all are there with this call's shapes, dtypes and device and the backward's plan
-    is the forward's (the kept bits are those its recompute would give); else ``None``."""
-    if saved.h is None or plan != saved.meta.get("plan"):
+    is the forward's (the kept bits are those its recompute would give); else ``None``.
+    h may have more than NC rows (the custom op's; the first NC are the states)."""
+    if saved.h is None or plan != saved.meta.get("plan") or saved.h.shape[0] < NC:
         return None
     want = ((saved.g_cumsum, (NT, HV), torch.float32), (saved.A, (NT, HV, CHUNK_SIZE), idt),
             (saved.w, (NT, HV, K), idt), (saved.v_new, (NT, HV, V), idt),
-            (saved.h, (NC, HV, K, V), idt))
+            (saved.h[:NC], (NC, HV, K, V), idt))
     for t, shape, dtype in want:
         if t is None or tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
             return None
@@ -391,8 +393,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     HV, V = v.shape[2], v.shape[3]
     NT = B * T
     dev = q.device
-    # the forward's device tables when they suit this device and stream, else rebuilt
-    dt = saved_chunk_tables(saved, CHUNK_SIZE, dev)
+    # the forward's device tables when they suit this device and stream, else copied here
+    dt = saved_chunks(saved, CHUNK_SIZE, dev).tables_on(dev)
     N, NC = dt[3].numel() - 1, dt[4]
     f32 = torch.float32
     if saved.use_qk_l2norm:
@@ -570,28 +572,26 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             not ``[HV]`` of fp32 or q's dtype on the inputs' device; before any allocation
             or launch. Inputs are never modified.
     """
-    device, N, scale, A_log, dt_bias, sig, plan, cu = _check_inputs(
+    device, N, scale, A_log, dt_bias, sig, plan, seqs = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, plan)
     B, T, H, K = q.shape
     HV = v.shape[2]
-    if cu is None:  # traced by torch.compile: the values are needed here
-        cu = op_offsets(cu_seqlens, B, T, device)
-    NC = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE)[3]
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, NC, q.dtype)
-    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, device)
+    if seqs is None:  # traced by torch.compile: the values are needed here
+        seqs = resolve_chunks(cu_seqlens, B, T, device, CHUNK_SIZE)
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, seqs.num_chunks,
+                                   q.dtype)
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         gate = _gate_args(use_gate_in_kernel, A_log, dt_bias, sig)
         o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
-            plan, workspace, tables[1], gate)
-    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd,
+            plan, workspace, seqs.tables, gate)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, sig, cu_host=cu,
-                       states=states)
+                       cu_seqlens is not None, use_gate_in_kernel, sig, states=states)
     return o, ht, saved
 
 
@@ -601,21 +601,20 @@ def _gate_args(use_gate, A_log, dt_bias, use_sigmoid):
             dt_bias.contiguous() if dt_bias is not None else None, use_sigmoid)
 
 
-def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd, k_rstd, A_log,
-               dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid,
-               cu_host=None, states=None) -> GDNDetSavedSet:
-    """``tables``: the forward's ``(key, device tables)`` (:func:`chunk_tables_for`): the
+def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs: SeqChunks, q_rstd,
+               k_rstd, A_log, dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid,
+               states=None) -> GDNDetSavedSet:
+    """``seqs``: the forward's sequences (:func:`cake_core.varlen.resolve_chunks`): the
     saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
-    same device and stream launches with them. ``states``: the kept ``(h, w, v_new)`` or
-    ``None``."""
+    same device and stream launches with their tables. ``states``: the kept
+    ``(h, w, v_new)`` or ``None``."""
     h, w, v_new = states if states is not None else (None, None, None)
-    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, tables[1][3], q_rstd, k_rstd,
+    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, seqs.cu, q_rstd, k_rstd,
                A_log, dt_bias, h, w, v_new)
     return GDNDetSavedSet(
         Mode.DET, dict(zip(GDNDetSavedSet.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
-                        use_gate_in_kernel=use_gate, beta=use_sigmoid, cu_host=cu_host,
-                        chunk_tables=tables))
+                        use_gate_in_kernel=use_gate, beta=use_sigmoid, seqs=seqs))
 
 
 def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetSavedSet, *,
@@ -657,12 +656,27 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
 
 
 # ----------------------------------------------------------------------------- custom ops
-# What torch.compile traces (the eager entry keeps _GDNDetFunction: less host time). The
-# plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
-# (final state, L2-norm rstd, gradients of absent inputs) are empty fp32 tensors ``[0]``.
-# g_cumsum and A are not outputs: the backward recomputes them (the eager one keeps A);
-# with plan.keep_states = 1 the ops still keep nothing beyond the inputs and
-# recompute the chunk states, w and v_new too (same bits as the eager path, which keeps them).
+# The one autograd path, eager and under torch.compile: the entry calls the fwd op, whose
+# registered autograd saves what the backward needs and calls the bwd op. The plan crosses
+# as its int fields; None-able tensors stay None; outputs that may not exist (final state,
+# L2-norm rstds, the kept g_cumsum and states, gradients of absent inputs) are empty fp32
+# tensors ``[0]``. A (T) is always kept (the backward skips k k^T and the solve); g_cumsum,
+# h, w and v_new only with plan.keep_states (h with max_chunks rows: its shape must follow
+# from the inputs' shapes; the first NC rows are the states).
+
+
+def _h_rows(NT: int, N: int) -> int:
+    """Rows of the h the fwd op returns with ``plan.keep_states``: the most chunks N
+    sequences of NT tokens can form (:func:`cake_gdn_det_train.saved.max_chunks`)."""
+    return max_chunks(NT, N)
+
+
+def _kept_shapes(plan: GDNDetPlan, NT: int, N: int, HV: int, K: int, V: int):
+    """Shapes of the fwd op's kept ``(g_cumsum, h, w, v_new)``: ``[0]`` each without
+    ``plan.keep_states``."""
+    if not plan.keep_states:
+        return ((0,),) * 4
+    return (NT, HV), (_h_rows(NT, N), HV, K, V), (NT, HV, K), (NT, HV, V)
 
 
 @torch.library.custom_op("cake_gdn_det_train::fwd", mutates_args=())
@@ -671,32 +685,56 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
             cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
             dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
             use_l2: bool, use_gate: bool, use_sigmoid: int, plan_fields: list[int],
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(o, final_state or [0], q_rstd or [0], k_rstd or [0])``; arguments checked by the
-    entry, except the values of cu_seqlens (checked here, before any launch)."""
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                       torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum or [0], A,
+    h or [0], w or [0], v_new or [0])``; arguments checked by the entry, except the values
+    of cu_seqlens (checked here, before any launch: a cache hit when the entry resolved
+    them)."""
     plan = plan_from_op_fields(GDNDetPlan, plan_fields)
-    B, T = q.shape[:2]
-    cu = op_offsets(cu_seqlens, B, T, q.device)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
     qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
     h0 = initial_state.contiguous() if initial_state is not None else None
-    o, ht, (q_rstd, k_rstd, _, _, _) = _launch_fwd(
+    NT, N = B * T, seqs.num_seqs
+    o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
         qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, plan, None,
-        chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)[1],
-        _gate_args(use_gate, A_log, dt_bias, use_sigmoid), keep_states=False)
-    return o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q)
+        seqs.tables, _gate_args(use_gate, A_log, dt_bias, use_sigmoid),
+        h_rows=_h_rows(NT, N))
+    if plan.keep_states:
+        if states is None:  # no tokens: empty tensors of the shapes the fake gives
+            states = tuple(q.new_empty(shape, dtype=A.dtype)
+                           for shape in _kept_shapes(plan, NT, N, HV, K, V)[1:])
+        h, w, v_new = states
+    else:
+        g_cumsum = h = w = v_new = None
+    return (o, *(optional_output(t, q) for t in (ht, q_rstd, k_rstd, g_cumsum)), A,
+            *(optional_output(t, q) for t in (h, w, v_new)))
 
 
 @_fwd_op.register_fake
 def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
               output_final_state, use_l2, use_gate, use_sigmoid, plan_fields):
+    plan = plan_from_op_fields(GDNDetPlan, plan_fields)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+    NT = B * T
     f32 = torch.float32
+    idt = inter_dtype(plan, q.dtype)
     ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
     rstd = (B, T, H) if use_l2 else (0,)
+    if plan.keep_states:  # the most chunks N sequences of NT tokens can form
+        nh = torch.sym_min(NT, (NT + (CHUNK_SIZE - 1) * N) // CHUNK_SIZE)
+        kept = ((NT, HV), (nh, HV, K, V), (NT, HV, K), (NT, HV, V))
+    else:
+        kept = ((0,),) * 4
     return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
-            q.new_empty(rstd, dtype=f32))
+            q.new_empty(rstd, dtype=f32), q.new_empty(kept[0], dtype=f32),
+            q.new_empty((NT, HV, CHUNK_SIZE), dtype=idt),
+            *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)
+              for shape in kept[1:]))
 
 
 @torch.library.custom_op("cake_gdn_det_train::bwd", mutates_args=())
@@ -704,21 +742,26 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
             v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
             initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
             q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
-            A_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
-            use_l2: bool, use_gate: bool, use_sigmoid: int, plan_fields: list[int],
+            A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+            g_cumsum: torch.Tensor, A: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
+            v_new: torch.Tensor, scale: float, use_l2: bool, use_gate: bool,
+            use_sigmoid: int, plan_fields: list[int],
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                        torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or [0])``:
-    :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
+    :func:`_launch_bwd` on a saved set rebuilt from the arguments (the fwd op's kept
+    tensors: ``[0]`` ones are absent). ``cu_seqlens``: the forward's device offsets
+    (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the forward's tables: a cache hit)
+    or the caller's tensor (traced)."""
     plan = plan_from_op_fields(GDNDetPlan, plan_fields)
     B, T = q.shape[:2]
-    cu = op_offsets(cu_seqlens, B, T, q.device)
-    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
-    saved = _saved_set(q, k, v, g, beta, None, None, initial_state, tables,
+    seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
+    kept = [t if t.numel() else None for t in (g_cumsum, h, w, v_new)]
+    saved = _saved_set(q, k, v, g, beta, kept[0], A, initial_state, seqs,
                        q_rstd if use_l2 else None, k_rstd if use_l2 else None,
                        A_log if use_gate else None, dt_bias if use_gate else None,
                        float(scale), use_l2, plan, cu_seqlens is not None, use_gate, use_sigmoid,
-                       cu_host=cu)
+                       states=tuple(kept[1:]) if kept[1] is not None else None)
     gr = _launch_bwd(do, dht, saved, plan, None)
     return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
             optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
@@ -726,7 +769,8 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
 
 @_bwd_op.register_fake
 def _bwd_fake(do, dht, q, k, v, g, beta, initial_state, cu_seqlens, q_rstd, k_rstd, A_log,
-              dt_bias, scale, use_l2, use_gate, use_sigmoid, plan_fields):
+              dt_bias, g_cumsum, A, h, w, v_new, scale, use_l2, use_gate, use_sigmoid,
+              plan_fields):
     f32 = torch.float32
     HV = v.shape[2]
     dh0 = (initial_state.new_empty(initial_state.shape) if initial_state is not None
@@ -741,20 +785,23 @@ def _bwd_fake(do, dht, q, k, v, g, beta, initial_state, cu_seqlens, q_rstd, k_rs
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
      use_l2, use_gate, use_sigmoid, plan_fields) = inputs
-    _, _, q_rstd, k_rstd = output
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, q_rstd, k_rstd, A_log,
-                          dt_bias)
+    _, _, q_rstd, k_rstd, g_cumsum, A, h, w, v_new = output
+    cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu, q_rstd, k_rstd, A_log, dt_bias,
+                          g_cumsum, A, h, w, v_new)
     ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
     ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields = use_gate, use_sigmoid, plan_fields
 
 
-def _backward(ctx, do, dht, _dq_rstd, _dk_rstd):
-    q, k, v, g, beta, h0, cu, q_rstd, k_rstd, A_log, dt_bias = ctx.saved_tensors
+def _backward(ctx, do, dht, *_):
+    (q, k, v, g, beta, h0, cu, q_rstd, k_rstd, A_log, dt_bias, g_cumsum, A, h, w,
+     v_new) = ctx.saved_tensors
     if do is None:
         do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
     dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = torch.ops.cake_gdn_det_train.bwd(
         do, dht if ctx.output_final_state else None, q, k, v, g, beta, h0, cu, q_rstd, k_rstd,
-        A_log, dt_bias, ctx.scale, ctx.use_l2, ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields)
+        A_log, dt_bias, g_cumsum, A, h, w, v_new, ctx.scale, ctx.use_l2, ctx.use_gate,
+        ctx.use_sigmoid, ctx.plan_fields)
     need = ctx.needs_input_grad
     return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
             dA_log if A_log is not None and ctx.use_gate and need[7] else None,
@@ -762,45 +809,8 @@ def _backward(ctx, do, dht, _dq_rstd, _dk_rstd):
             None, None, None, None, None, None)
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _GDNDetFunction(torch.autograd.Function):
-    """Autograd of the det chunked GDN (the eager path; lower host overhead than the custom
-    ops, same launches, same bits): the SavedSet's tensors go through
-    ``ctx.save_for_backward`` (checkpointing and saved-tensor hooks work)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
-                use_l2, plan, A_log, dt_bias, use_gate, use_sigmoid, cu):
-        # cu: the checked int64 CPU offsets (the entry's); the device tables kept with them
-        tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
-        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
-        h0 = initial_state.contiguous() if initial_state is not None else None
-        gate = _gate_args(use_gate, A_log, dt_bias, use_sigmoid)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
-            qc, kc, vc, gc, bc, scale, h0, output_final_state, use_l2, plan, None, tables[1],
-            gate)
-        # A (T) always (the backward skips k k^T and the solve); g_cumsum, h, w and v_new only with
-        # keep_states (states is None otherwise): else the backward recomputes them
-        saved = _saved_set(q, k, v, g, beta, g_cumsum if states is not None else None,
-                           A, initial_state, tables, q_rstd, k_rstd,
-                           A_log, dt_bias, scale, use_l2, plan, cu_seqlens is not None,
-                           use_gate, use_sigmoid, cu_host=cu, states=states)
-        ctx.save_for_backward(*saved.tensors())
-        ctx.meta = saved.meta
-        return o, ht
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do, dht):
-        saved = GDNDetSavedSet.from_tensors(Mode.DET, ctx.saved_tensors, ctx.meta)
-        grads = _launch_bwd(do, dht, saved, saved.plan, None)
-        dh0 = grads.dinitial_state if ctx.needs_input_grad[5] else None
-        dA_log = grads.dA_log if ctx.needs_input_grad[11] else None
-        ddt_bias = grads.ddt_bias if ctx.needs_input_grad[12] else None
-        return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0,
-                None, None, None, None, None, dA_log, ddt_bias, None, None, None)
+# not twice differentiable: a second differentiation raises (cake_core.autograd)
+_fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
 
 
 #: FLA ``chunk_gated_delta_rule`` keywords taken for compatibility (cake_core.linear_attention).
@@ -840,24 +850,20 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dt_bias (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for equal inputs,
     upstream gradients, plan and hardware; not twice differentiable.
 
-    Under ``torch.compile`` (``fullgraph=True`` works) the call becomes the custom ops
-    ``cake_gdn_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), which launch
-    the same kernels as the eager path: same bits. The values of ``cu_seqlens`` are then
-    checked when the op runs, not while tracing.
+    Eager and under ``torch.compile`` (``fullgraph=True`` works) the call is the custom
+    ops ``cake_gdn_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), with their
+    registered autograd: one path, the same launches, the same bits. While traced, the
+    values of ``cu_seqlens`` are checked when the op runs.
     """
     check_fla_compat(fla_kwargs, "chunk_gated_delta_rule_det", _FLA_KEYWORDS)
     if isinstance(initial_state, torch.Tensor) and \
             initial_state.dtype in (torch.bfloat16, torch.float16):
         initial_state = initial_state.float()  # as FLA, which loads the state as fp32
-    device, N, scale, A_log, dt_bias, sig, plan, cu = _check_inputs(
+    _, _, scale, A_log, dt_bias, sig, plan, _ = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, plan)
-    if not torch.compiler.is_compiling():
-        return _GDNDetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
-                                     output_final_state, use_qk_l2norm_in_kernel, plan, A_log,
-                                     dt_bias, use_gate_in_kernel, sig, cu)
-    o, ht, _, _ = torch.ops.cake_gdn_det_train.fwd(
+    o, ht, *_ = torch.ops.cake_gdn_det_train.fwd(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, sig,
         plan_to_op_fields(plan))

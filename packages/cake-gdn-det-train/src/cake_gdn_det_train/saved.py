@@ -42,15 +42,13 @@ class GDNDetSavedSet(SavedSet):
             (The autograd forward keeps g_cumsum only with them.)
     Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's GDNDetPlan),
     ``varlen`` (bool: cu_seqlens was given), ``use_gate_in_kernel``,
-    ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools), ``cu_host`` (the int64
-    CPU copy of the offsets the forward read, so the backward reads nothing back from the
-    device; ``None`` makes the backward read ``cu_seqlens``). ``chunk_tables``
-    (``(key, (starts, ends, chunk_off, cu, NC))``: the forward's device chunk tables,
-    :func:`cake_core.linear_attention.chunk_tables_for`; a backward on the same device and
-    stream launches with them, another rebuilds them from ``cu_host``, or without it from
-    ``cu_seqlens``: one read-back). ``cu_seqlens``,
-    ``cu_host`` and the tables may be shared with other calls of the same unchanged
-    ``cu_seqlens`` (:func:`cake_core.varlen.checked_offsets`): read them, never modify them.
+    ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools), ``seqs`` (the
+    :class:`cake_core.varlen.SeqChunks` the forward launched with: its int64 CPU offsets
+    and chunk tables, so the backward reads nothing back from the device; a backward on the
+    same device and stream launches with its tables, another copies them there; ``None``
+    makes the backward resolve ``cu_seqlens``). ``cu_seqlens`` is ``seqs.cu``; both may be
+    shared with other calls of the same unchanged ``cu_seqlens``
+    (:func:`cake_core.varlen.resolve_chunks`): read them, never modify them.
     """
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",

@@ -62,12 +62,9 @@ REUSED_KERNELS = {
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
-        {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
-        {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
-        {"module": "cake_core.chunk_output", "function": "chunk_output_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:1f56736acdc76125137501e5ed0f50301f5553960f8c39baa8a823c14ff6c15a"
+SOURCE_DIGEST = "sha256:451a984bead3f7fe0ef39f230e9b57f6cbc1f274ed2ec51bcad34d6c8b4f7eb5"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

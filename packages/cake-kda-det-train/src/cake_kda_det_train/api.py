@@ -27,6 +27,7 @@ from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_f
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
+    autograd_cu_seqlens,
     beta_code,
     check_cu_seqlens_position,
     check_device_and_state,
@@ -35,16 +36,15 @@ from cake_core.linear_attention import (
     check_grad_outputs,
     check_options,
     check_qkv_g_beta,
-    chunk_tables_for,
-    op_offsets,
     resolve_for_backward,
     resolve_plan,
     resolve_scale,
     resolve_workspace,
-    saved_chunk_tables,
+    saved_chunks,
     saved_meta,
 )
 from cake_core.triton_utils import cdiv
+from cake_core.varlen import SeqChunks, resolve_chunks
 
 from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd, kept_a_shape
 from cake_kda_det_train.kernels.gate import (
@@ -106,12 +106,12 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
                   allow_neg_eigval=False, safe_gate=False, plan=None):
     """All checks of :func:`chunk_kda_det_fwd`, then the plan; returns ``(device, N, scale,
-    A_log, dt_bias, lower_bound, beta code, plan, offsets)`` with the gate parameters set to
+    A_log, dt_bias, lower_bound, beta code, plan, seqs)`` with the gate parameters set to
     ``None`` where FLA ignores them (without ``use_gate_in_kernel``). Reads nothing but
     shapes, dtypes and devices, except the values of ``cu_seqlens`` (one host sync per
-    tensor version: :func:`cake_core.varlen.checked_offsets`; skipped while torch.compile
-    traces). offsets: the int64 CPU sequence offsets (read-only; ``None`` while
-    torch.compile traces)."""
+    tensor version; skipped while torch.compile traces). seqs: the call's sequences and
+    chunk tables, resolved once (:class:`cake_core.varlen.SeqChunks`, read-only; ``None``
+    while torch.compile traces)."""
     check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=True)
@@ -132,11 +132,11 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
         check_gate_params(q.dtype, (A_log, "A_log", [HV]), (dt_bias, "dt_bias", [HV * K]))
     else:
         A_log = dt_bias = lower_bound = None
-    device, N, offsets = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens,
-                                                A_log, dt_bias, with_offsets=True)
+    device, N, seqs = check_device_and_state(q, k, v, g, beta, initial_state, cu_seqlens,
+                                             A_log, dt_bias, chunk_size=CHUNK_SIZE)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return (device, N, scale, A_log, dt_bias, lower_bound, sig,
-            _resolve_plan(plan, K, V, q.dtype, device), offsets)
+            _resolve_plan(plan, K, V, q.dtype, device), seqs)
 
 
 _DEFAULT_PLANS: dict[tuple, KDADetPlan] = {}
@@ -228,7 +228,7 @@ def _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg, dbeta, use_gate: bool,
 def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, tabs,
                 plan: KDADetPlan, workspace, gate=(False, None, None, None, 0)):
     """Normalises, gates, runs the chunk forward; inputs contiguous. ``tabs``: the device
-    chunk tables (:func:`cake_core.linear_attention.chunk_tables_for`). ``gate``:
+    chunk tables (:attr:`cake_core.varlen.SeqChunks.tables`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, lower_bound, beta code)``, tensors contiguous.
     Returns ``(o, final_state, (q_rstd, k_rstd, g_cumsum, A))``."""
     q_rstd = k_rstd = None
@@ -253,8 +253,8 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     B, T, H, K = q.shape
     HV = v.shape[2]
     NT = B * T
-    # the forward's device tables when they suit this device and stream, else rebuilt
-    tabs = saved_chunk_tables(saved, CHUNK_SIZE, q.device)
+    # the forward's device tables when they suit this device and stream, else copied here
+    tabs = saved_chunks(saved, CHUNK_SIZE, q.device).tables_on(q.device)
     if saved.use_qk_l2norm:
         qn, _ = _l2norm(q, plan)
         kn, _ = _l2norm(k, plan)
@@ -283,19 +283,19 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         dbeta.to(beta.dtype), dh0, dA_log, ddt_bias)
 
 
-def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd, k_rstd, A_log,
-               dt_bias, scale, use_l2, plan, varlen, use_gate, lower_bound, use_sigmoid,
-               cu_host=None) -> KDADetSavedSet:
-    """``tables``: the forward's ``(key, device tables)`` (:func:`chunk_tables_for`): the
+def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs: SeqChunks, q_rstd,
+               k_rstd, A_log, dt_bias, scale, use_l2, plan, varlen, use_gate, lower_bound,
+               use_sigmoid) -> KDADetSavedSet:
+    """``seqs``: the forward's sequences (:func:`cake_core.varlen.resolve_chunks`): the
     saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
-    same device and stream launches with them."""
-    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, tables[1][3], q_rstd, k_rstd,
+    same device and stream launches with their tables."""
+    tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, seqs.cu, q_rstd, k_rstd,
                A_log, dt_bias)
     return KDADetSavedSet(
         Mode.DET, dict(zip(KDADetSavedSet.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
-                        use_gate_in_kernel=use_gate, beta=use_sigmoid, cu_host=cu_host,
-                        lower_bound=lower_bound, chunk_tables=tables))
+                        use_gate_in_kernel=use_gate, beta=use_sigmoid, seqs=seqs,
+                        lower_bound=lower_bound))
 
 
 def _contig(t):
@@ -384,27 +384,25 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             lower_bound in [-5, 0), A_log / dt_bias of the wrong shape, dtype or device;
             before any allocation or launch. Inputs are never modified.
     """
-    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, cu = _check_inputs(
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
     B, T, H, K = q.shape
     HV = v.shape[2]
-    if cu is None:  # traced by torch.compile: the values are needed here
-        cu = op_offsets(cu_seqlens, B, T, device)
-    NC = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE)[3]
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, NC, q.dtype)
-    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, device)
+    if seqs is None:  # traced by torch.compile: the values are needed here
+        seqs = resolve_chunks(cu_seqlens, B, T, device, CHUNK_SIZE)
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, seqs.num_chunks,
+                                   q.dtype)
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         gate = (use_gate_in_kernel, _contig(A_log), _contig(dt_bias), lower_bound, sig)
         o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state,
-            use_qk_l2norm_in_kernel, tables[1], plan, workspace, gate)
-    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, tables, q_rstd,
+            use_qk_l2norm_in_kernel, seqs.tables, plan, workspace, gate)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig,
-                       cu_host=cu)
+                       cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig)
     return o, ht, saved
 
 
@@ -448,10 +446,11 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
 
 
 # ----------------------------------------------------------------------------- custom ops
-# What torch.compile traces (the eager entry keeps _KDADetFunction: less host time). The
-# plan crosses as its int fields; None-able tensors stay None; outputs that may not exist
-# (final state, L2-norm rstds, gradients of absent inputs) are empty fp32 tensors ``[0]``.
-# g_cumsum and A are outputs so autograd can save them.
+# The one autograd path, eager and under torch.compile: the entry calls the fwd op, whose
+# registered autograd saves what the backward needs and calls the bwd op. The plan crosses
+# as its int fields; None-able tensors stay None; outputs that may not exist (final state,
+# L2-norm rstds, gradients of absent inputs) are empty fp32 tensors ``[0]``. g_cumsum and
+# A are outputs so autograd can save them.
 
 
 @torch.library.custom_op("cake_kda_det_train::fwd", mutates_args=())
@@ -465,11 +464,10 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                        torch.Tensor]:
     """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum, A or [0])``;
     arguments checked by the entry, except the values of cu_seqlens (checked here, before
-    any launch)."""
+    any launch: a cache hit when the entry resolved them)."""
     plan = plan_from_op_fields(KDADetPlan, plan_fields)
     B, T = q.shape[:2]
-    cu = op_offsets(cu_seqlens, B, T, q.device)
-    tabs = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)[1]
+    tabs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE).tables
     qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
     gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
     o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
@@ -505,17 +503,18 @@ def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torc
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                        torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or [0])``:
-    :func:`_launch_bwd` on a saved set rebuilt from the arguments."""
+    :func:`_launch_bwd` on a saved set rebuilt from the arguments. ``cu_seqlens``: the
+    forward's device offsets (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the
+    forward's tables: a cache hit) or the caller's tensor (traced)."""
     plan = plan_from_op_fields(KDADetPlan, plan_fields)
     B, T = q.shape[:2]
-    cu = op_offsets(cu_seqlens, B, T, q.device)
-    tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
+    seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A if A is not None and A.numel() else None,
-                       initial_state, tables, q_rstd if use_l2 else None,
+                       initial_state, seqs, q_rstd if use_l2 else None,
                        k_rstd if use_l2 else None, A_log if use_gate else None,
                        dt_bias if use_gate else None, float(scale), use_l2, plan,
                        cu_seqlens is not None, use_gate, lower_bound if use_gate else None,
-                       use_sigmoid, cu_host=cu)
+                       use_sigmoid)
     gr = _launch_bwd(do, dht, saved, plan, None)
     return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
             optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
@@ -540,8 +539,9 @@ def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
      use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
     _, _, q_rstd, k_rstd, g_cumsum, A = output
-    ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens, q_rstd,
-                          k_rstd, A_log, dt_bias)
+    cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
+    ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd,
+                          A_log, dt_bias)
     ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
     ctx.use_gate, ctx.lower_bound = use_gate, lower_bound
     ctx.use_sigmoid, ctx.plan_fields = use_sigmoid, plan_fields
@@ -562,47 +562,8 @@ def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA):
             None, None, None, None, None, None, None)
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _KDADetFunction(torch.autograd.Function):
-    """Autograd of the det chunked KDA (the eager path; lower host overhead than the custom
-    ops, same launches, same bits): the SavedSet's tensors go through
-    ``ctx.save_for_backward`` (checkpointing and saved-tensor hooks work); the plan, the
-    optional workspace and the CPU offsets are ctx attributes."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state,
-                use_l2, plan, workspace, A_log, dt_bias, use_gate, lower_bound, use_sigmoid,
-                cu):
-        # cu: the checked int64 CPU offsets (the entry's); the device tables kept with them
-        tables = chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE, q.device)
-        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
-        gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
-            qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state, use_l2,
-            tables[1], plan, workspace, gate)
-        saved = _saved_set(q, k, v, g, beta, g_cumsum, A,
-                           initial_state, tables, q_rstd, k_rstd, A_log, dt_bias,
-                           scale, use_l2, plan, cu_seqlens is not None, use_gate, lower_bound,
-                           use_sigmoid, cu_host=cu)
-        ctx.save_for_backward(*saved.tensors())
-        ctx.meta = saved.meta
-        ctx.workspace = workspace
-        return o, ht
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do, dht):
-        saved = KDADetSavedSet.from_tensors(Mode.DET, ctx.saved_tensors, ctx.meta)
-        if do is None:
-            do = torch.zeros(saved.v.shape, dtype=saved.v.dtype, device=saved.v.device)
-        grads = _launch_bwd(do, dht, saved, saved.plan, ctx.workspace)
-        need = ctx.needs_input_grad
-        return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta,
-                grads.dinitial_state if need[5] else None, None, None, None, None, None,
-                None, grads.dA_log if need[12] else None,
-                grads.ddt_bias if need[13] else None, None, None, None, None)
+# not twice differentiable: a second differentiation raises (cake_core.autograd)
+_fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
 
 
 def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -636,31 +597,27 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     channel), the L2-norm rstds and each chunk's T and Aqk (2 bytes each per token, value
     head and chunk position in 16-bit intermediates).
 
-    Under ``torch.compile`` (``fullgraph=True`` works) the call becomes the custom ops
-    ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), which launch
-    the same kernels as the eager path: same bits. The values of ``cu_seqlens`` are then
-    checked when the op runs, not while tracing, and a ``workspace`` is checked but not
-    used (scratch is allocated per call there). ``torch.utils.checkpoint`` works on both
-    paths.
+    Eager and under ``torch.compile`` (``fullgraph=True`` works) the call is the custom
+    ops ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), with their
+    registered autograd: one path, the same launches, the same bits. While traced, the
+    values of ``cu_seqlens`` are checked when the op runs. A ``workspace`` is checked
+    (its capacity too, except while traced) but not used: the ops allocate their scratch
+    per call (use :func:`chunk_kda_det_fwd` to run in one). ``torch.utils.checkpoint``
+    works.
     """
     check_fla_compat(fla_kwargs, "chunk_kda_det")
-    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, cu = _check_inputs(
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
-    if not torch.compiler.is_compiling():
-        if workspace is not None:
+    if workspace is not None:
+        if seqs is not None:
             B, T = q.shape[:2]
-            workspace = _resolve_workspace(workspace, plan, device, v.shape[2], B * T,
-                                           chunk_tables_for(cu_seqlens, cu, CHUNK_SIZE)[3],
-                                           q.dtype)
-        return _KDADetFunction.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
-                                     output_final_state, use_qk_l2norm_in_kernel, plan,
-                                     workspace, A_log, dt_bias, use_gate_in_kernel,
-                                     lower_bound, sig, cu)
-    if workspace is not None:  # type, mode and plan only: its capacity needs cu's values
-        require_mode(workspace, KDADetWorkspace, Mode.DET, name="workspace")
-        workspace.check(plan, device)
+            _resolve_workspace(workspace, plan, device, v.shape[2], B * T, seqs.num_chunks,
+                               q.dtype)
+        else:  # traced: type, mode and plan only (its capacity needs cu_seqlens' values)
+            require_mode(workspace, KDADetWorkspace, Mode.DET, name="workspace")
+            workspace.check(plan, device)
     o, ht, *_ = torch.ops.cake_kda_det_train.fwd(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, lower_bound, sig, plan_to_op_fields(plan))

@@ -122,7 +122,7 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
         initial_state: fp32 ``[N, HV, K, V]`` or None. output_final_state: bool.
         tabs: the chunk tables ``(starts, ends, chunk_off, cu, NC)`` of the sequences in the
             ``B * T`` tokens on q's device
-            (:func:`cake_core.linear_attention.chunk_tables_for`; read-only).
+            (:attr:`cake_core.varlen.SeqChunks.tables`; read-only).
         plan: a :class:`KDADetPlan`. workspace: a checked KDADetWorkspace or None.
 
     Returns:
