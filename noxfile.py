@@ -64,6 +64,7 @@ FAMILIES = {
     "gqa_det": "cake-gqa-det-train",
     "gqa": "cake-gqa-train",
     "tinylm": "cake-tinylm",
+    "transformers": "cake-transformers",
 }
 
 #: legacy id -> legacy distribution folder (import stubs of the old names; each runs alone

@@ -84,7 +84,7 @@ KINDS = ("build", "wheel-missing", "wheel-extra", "manifest", "kernel-unlisted",
 
 #: registry kind -> the kind a ``cake_build.FAMILY`` declares (cake_core.families: "local",
 #: "kcp" or "tool" for what is not a kernel family)
-FAMILY_KIND = {"core": "tool", "job": "tool"}
+FAMILY_KIND = {"core": "tool", "job": "tool", "integration": "tool"}
 
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")

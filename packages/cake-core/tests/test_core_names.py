@@ -143,7 +143,8 @@ def _family_decl(src: Path) -> dict | None:
 
 @in_repo
 def test_every_package_is_registered_and_obeys_the_rules():
-    kinds = {"core": "tool", "job": "tool", "local": "local", "kcp": "kcp"}
+    kinds = {"core": "tool", "job": "tool", "integration": "tool", "local": "local",
+             "kcp": "kcp"}
     seen = set()
     for d in _package_dirs():
         dist = _pyproject(d)["project"]["name"]

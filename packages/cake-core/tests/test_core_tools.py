@@ -60,7 +60,8 @@ def test_poisoned_empty_block_only():
 
 
 @pytest.mark.parametrize("name", [
-    "cake-core", "cake-tinylm", "cake-gdn-det-train", "cake-gdn-det-train-kcp",
+    "cake-core", "cake-tinylm", "cake-transformers", "cake-gdn-det-train",
+    "cake-gdn-det-train-kcp",
     "cake-kda-det-train", "cake-kda-det-train-kcp", "cake-lm-head-loss-det-train",
     "cake-moe-grouped-det-gemm", "cake-dense-projection-det-gemm", "cake-mhc-det-train",
     "cake-rmsnorm-det-train", "cake-rmsnorm-silu-gate-det-train",

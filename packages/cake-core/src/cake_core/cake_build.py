@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ce7d882a2bf024ac8b1f828e3951ed9419f8257025d6167518bc059770891be1"
+SOURCE_DIGEST = "sha256:0806034305741126af7dbc5cfbc449173ea415cab0e29fefdecadf8b81ce1b84"
 # --- end of generated block ---
 
 MANIFEST = {

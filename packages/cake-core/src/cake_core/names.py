@@ -16,7 +16,8 @@ The rules (:func:`check_name_rules`):
 * a context-parallel (KCP) route adds ``-kcp`` as the last part, and only there;
 * only the recorded exceptions (:data:`EXCEPTIONS`: GQA, DSA, MoK) keep a training name
   without ``det``, with the reason recorded;
-* ``cake-core`` and the main job ``cake-tinylm`` are not kernel families (mode ``none``).
+* ``cake-core``, the main job ``cake-tinylm`` and the integration ``cake-transformers`` are
+  not kernel families (mode ``none``).
 
 What ``det`` promises: the same inputs, on the same hardware, with the same execution plan
 and the same initial accumulation buffers give the same bits, run after run and process
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 MODES = ("det", "nondet", "exception", "none")
-KINDS = ("local", "kcp", "job", "core")
+KINDS = ("local", "kcp", "job", "integration", "core")
 
 #: families that keep names without ``det``, and why (recorded before they exist)
 EXCEPTIONS: Mapping[str, str] = MappingProxyType({
@@ -56,7 +57,8 @@ class NameEntry:
             route of a family shares the local one's.
         mode: ``"det"``, ``"nondet"``, ``"exception"`` (a recorded exception without
             ``det``) or ``"none"`` (cake-core and the main job).
-        kind: ``"local"`` (one device), ``"kcp"`` (context parallel), ``"job"`` or
+        kind: ``"local"`` (one device), ``"kcp"`` (context parallel), ``"job"``,
+            ``"integration"`` (patches another library's models onto the families) or
             ``"core"``.
         legacy: older distribution names whose import stubs resolve to this package (one
             legacy name may point at two entries: the local and the KCP package).
@@ -136,6 +138,8 @@ REGISTRY: tuple[NameEntry, ...] = (
        "MoK layer", reason=EXCEPTIONS["mok"], planned=True),
     _e("cake-tinylm", "tinylm", "none", "job",
        "the main job: a tiny LM trained twice to prove identical bits"),
+    _e("cake-transformers", "transformers", "none", "integration",
+       "Hugging Face transformers models (Qwen3-Next) patched onto the det families"),
 )
 
 _BY_DIST = {e.dist: e for e in REGISTRY}
@@ -234,7 +238,7 @@ def check_name_rules(entry: NameEntry) -> list[str]:
     for old in entry.legacy:
         if not (old.startswith("cake-") and _PART_RE.match(old)) or old == d:
             p.append(f"{d!r}: legacy name {old!r} must be a different 'cake-' name")
-    if entry.kind in ("core", "job"):
+    if entry.kind in ("core", "job", "integration"):
         if entry.mode != "none":
             p.append(f"{d!r}: cake-core and the job are not kernel families (mode 'none')")
         if "det" in parts or "nondet" in parts:
@@ -336,8 +340,9 @@ def render_names_doc() -> str:
     w("- Public names inside a package carry the mode too: `rmsnorm_det`, "
       "`RMSNormDetPlan`, `chunk_gdn_det_bwd_kcp`.")
     w("- Only the recorded exceptions below keep a training name without `det`.")
-    w("- `cake-core` (the shared contract) and `cake-tinylm` (the main job) are not kernel "
-      "families and carry neither.")
+    w("- `cake-core` (the shared contract), `cake-tinylm` (the main job) and "
+      "`cake-transformers` (the transformers integration) are not kernel families and carry "
+      "neither.")
     w("")
     w("## What `det` promises")
     w("")

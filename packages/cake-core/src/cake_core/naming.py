@@ -24,7 +24,7 @@ RULES: dict[str, str] = {
 }
 
 #: Packages that are not kernel families (no det/train rule applies).
-NON_FAMILY: frozenset[str] = frozenset({"cake-core", "cake-tinylm"})
+NON_FAMILY: frozenset[str] = frozenset({"cake-core", "cake-tinylm", "cake-transformers"})
 
 _FAMILY_RE = re.compile(
     r"^cake-(?P<family>[a-z0-9]+(?:-[a-z0-9]+)*?)-(?P<mode>det|nondet)-(?P<kind>train|gemm)"

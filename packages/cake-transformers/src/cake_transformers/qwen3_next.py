@@ -1,0 +1,316 @@
+"""Qwen3-Next (transformers' ``modeling_qwen3_next``) on cake's deterministic kernels.
+
+Which transformers piece runs on which cake package (the math is transformers'; only the
+kernels change):
+
+=================  ==========================================  ============================
+flag               transformers code                           cake
+=================  ==========================================  ============================
+rms_norm           ``Qwen3NextRMSNorm`` (``norm(x) * (1+w)``)  ``rmsnorm_det(x, 1 + w)``
+linear_attention   ``torch_chunk_gated_delta_rule``            ``chunk_gated_delta_rule_det``
+short_conv         ``causal_conv1d_forward`` (depthwise, SiLU) ``causal_conv1d_det``
+gated_norm         ``Qwen3NextRMSNormGated``                   ``rmsnorm_silu_gate_det``
+attention          the SDPA / eager call of the attention      ``flash_attn_func`` (causal)
+moe                ``Qwen3NextSparseMoeBlock``'s routed experts ``moe_feed_forward_det``
+lm_head_loss       ``lm_head`` + ``loss_function`` (labels)    ``lm_head_loss_det``
+=================  ==========================================  ============================
+
+Patched forwards replace ``forward`` only (of the instances, or of the classes); no
+parameter, buffer or submodule is added, renamed or moved, so ``state_dict`` keys and
+checkpoints stay transformers'. Decoding with a cache runs transformers' own forwards.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["QWEN3_NEXT_PIECES", "apply_cake_kernels_to_qwen3_next"]
+
+#: the keyword flags of :func:`apply_cake_kernels_to_qwen3_next`, one per piece
+QWEN3_NEXT_PIECES = ("rms_norm", "linear_attention", "short_conv", "gated_norm", "attention",
+                     "moe", "lm_head_loss")
+
+#: head dims cake-gqa-det-train serves (its HEAD_DIMS; repeated to check without importing
+#: Triton at patch time)
+_GQA_HEAD_DIMS = (64, 128, 256)
+
+#: marks a function of this module on a class or an instance (patching twice is a no-op)
+_TAG = "_cake_transformers_piece"
+
+
+def _hf():
+    """transformers' Qwen3-Next modeling module (ValueError where transformers lacks it)."""
+    try:
+        from transformers.models.qwen3_next import modeling_qwen3_next
+    except ImportError as e:  # transformers missing, or a version without Qwen3-Next
+        raise ValueError("apply_cake_kernels_to_qwen3_next: needs transformers>=5.25 with "
+                         f"Qwen3-Next ({e})") from e
+    return modeling_qwen3_next
+
+
+def _original(cls):
+    """The class's own transformers forward, also after the class was patched."""
+    return getattr(cls, "_cake_original_forward", cls.forward)
+
+
+def _check_config(config, on: frozenset) -> None:
+    """Refuse a Qwen3-Next configuration a patched piece cannot serve (before any launch)."""
+    act = getattr(config, "hidden_act", None)
+    if ("moe" in on or "short_conv" in on) and act not in ("silu", "swish"):
+        raise ValueError(f"config.hidden_act: cake's MoE (SwiGLU experts) and short "
+                         f"convolution serve 'silu', got {act!r}")
+    if "attention" in on and "full_attention" in config.layer_types:
+        hd = getattr(config, "head_dim", None) or config.hidden_size // \
+            config.num_attention_heads
+        if hd not in _GQA_HEAD_DIMS:
+            raise ValueError(f"config.head_dim: cake-gqa-det-train serves head dims "
+                             f"{_GQA_HEAD_DIMS}, got {hd}")
+        if getattr(config, "attention_dropout", 0.0):
+            raise ValueError("config.attention_dropout: cake's attention has no dropout, got "
+                             f"{config.attention_dropout}")
+    if "moe" in on and getattr(config, "output_router_logits", False):
+        raise ValueError("config.output_router_logits: the patched MoE does not return router "
+                         "logits (no auxiliary loss yet); set it False or pass moe=False")
+
+
+def _no_packing(kwargs, where: str) -> None:
+    if kwargs.get("cu_seq_lens_q") is not None:
+        raise ValueError(f"{where}: packed sequences (cu_seq_lens_q) are not served by the "
+                         "cake patch yet; pass a [B, T] batch")
+
+
+# ----------------------------------------------------------------------------- forwards
+
+
+def _rmsnorm_forward(self, hidden_states):
+    from cake_rmsnorm_det_train import rmsnorm_det
+
+    # Qwen3-Next's norm is zero-centred: it scales by (1 + w), formed in fp32 as transformers
+    return rmsnorm_det(hidden_states, 1.0 + self.weight.float(), self.eps)
+
+
+def _make_gdn_forward(on: frozenset):
+    def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+        if cache is not None:  # decoding with a cache: transformers' own code
+            return _original(type(self))(self, hidden_states, cache=cache,
+                                         attention_mask=attention_mask, **kwargs)
+        _no_packing(kwargs, "Qwen3NextGatedDeltaNet")
+        m = _hf()
+        hidden_states = m.apply_mask_to_padding_states(hidden_states, attention_mask)
+        B, T = hidden_states.shape[:2]
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(
+            self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
+        mixed = torch.cat([x.reshape(B, T, -1) for x in (q, k, v)], dim=-1)  # [B, T, C]
+        w = self.conv1d.weight.squeeze(1)  # [C, W]
+        if "short_conv" in on:
+            from cake_causal_conv1d_det_train import causal_conv1d_det
+
+            mixed, _ = causal_conv1d_det(mixed, w, self.conv1d.bias, activation=self.activation)
+        else:
+            mixed = m.causal_conv1d_fn(mixed.transpose(1, 2), w, self.conv1d.bias,
+                                       activation=self.activation).transpose(1, 2)
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(B, T, -1, self.head_k_dim).contiguous()
+        k = k.reshape(B, T, -1, self.head_k_dim).contiguous()
+        v = v.reshape(B, T, -1, self.head_v_dim).contiguous()
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        if "linear_attention" in on:
+            from cake_gdn_det_train import chunk_gated_delta_rule_det
+
+            o, _ = chunk_gated_delta_rule_det(q, k, v, g=g.contiguous(),
+                                              beta=beta.contiguous(),
+                                              use_qk_l2norm_in_kernel=True)
+        else:
+            o, _ = m.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta,
+                                                  use_qk_l2norm_in_kernel=True)
+        o = o.reshape(-1, o.shape[-1])
+        z = z.reshape(-1, z.shape[-1]).contiguous()
+        if "gated_norm" in on:
+            from cake_rmsnorm_silu_gate_det_train import rmsnorm_silu_gate_det
+
+            o = rmsnorm_silu_gate_det(o, z, self.norm.weight, self.norm.variance_epsilon)
+        else:
+            o = self.norm(o, z)
+        return self.out_proj(o.reshape(B, T, -1))
+    return forward
+
+
+def _is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
+    """Whether a 4-D transformers mask lets each query see exactly the keys up to its own
+    position (bool: True = seen; float: 0 = seen). One host sync."""
+    if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
+        return False
+    seen = mask if mask.dtype == torch.bool else mask == 0
+    causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
+    return bool((seen == causal).all())
+
+
+def _attention_forward(self, hidden_states, position_embeddings, attention_mask=None,
+                       cache=None, **kwargs):
+    if cache is not None:  # decoding with a cache: transformers' own code
+        return _original(type(self))(self, hidden_states, position_embeddings, attention_mask,
+                                     cache=cache, **kwargs)
+    _check_config(self.config, frozenset({"attention"}))
+    _no_packing(kwargs, "Qwen3NextAttention")
+    m = _hf()
+    input_shape = hidden_states.shape[:-1]
+    S = input_shape[-1]
+    if attention_mask is not None and not _is_plain_causal(attention_mask, S, S):
+        raise ValueError("Qwen3NextAttention: cake's attention serves the causal mask only; "
+                         "a padding mask is not served yet (drop it, or pass moe/attention="
+                         "False)")
+    from cake_gqa_det_train import flash_attn_func
+
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    q, gate = torch.chunk(
+        self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
+    gate = gate.reshape(*input_shape, -1)
+    q = self.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
+    k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = m.apply_rotary_pos_emb(q, k, cos, sin)
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2).contiguous(),
+                          softmax_scale=self.scaling, causal=True)  # [B, S, Hq, D]
+    out = out.reshape(*input_shape, -1) * torch.sigmoid(gate)
+    return self.o_proj(out), None
+
+
+def _moe_forward(self, hidden_states):
+    from cake_moe_grouped_det_gemm import moe_feed_forward_det
+
+    _check_config(self.shared_expert.config, frozenset({"moe"}))
+    B, S, H = hidden_states.shape
+    x = hidden_states.reshape(-1, H)
+    shared = self.shared_expert(x)
+    # router (fp32 logits, top-k with ties to the lower expert), SwiGLU experts of the stacked
+    # gate_up_proj [E, 2f, H] / down_proj [E, H, f], slot-ordered combine: all det
+    routed, _ = moe_feed_forward_det(x, self.gate.weight, self.experts.gate_up_proj,
+                                     self.experts.down_proj, self.gate.top_k,
+                                     normalize_topk=bool(self.gate.norm_topk_prob),
+                                     aux_loss_coef=0.0)
+    shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+    return (routed + shared).reshape(B, S, H)
+
+
+def _make_causal_lm_forward(on: frozenset):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                inputs_embeds=None, labels=None, use_cache=None, output_router_logits=None,
+                logits_to_keep=0, **kwargs):
+        want_router = output_router_logits if output_router_logits is not None else \
+            self.config.output_router_logits
+        if "moe" in on and want_router:
+            raise ValueError("output_router_logits: the patched MoE does not return router "
+                             "logits (no auxiliary loss yet)")
+        if labels is None or "lm_head_loss" not in on or logits_to_keep != 0:
+            return _original(type(self))(
+                self, input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                labels=labels, use_cache=use_cache, output_router_logits=output_router_logits,
+                logits_to_keep=logits_to_keep, **kwargs)
+        from cake_lm_head_loss_det_train import lm_head_loss_det
+        from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+        n_items = kwargs.pop("num_items_in_batch", None)
+        shift = kwargs.pop("shift_labels", None)
+        ignore = kwargs.pop("ignore_index", -100)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                         use_cache=use_cache, output_router_logits=False, **kwargs)
+        h = out.last_hidden_state
+        if shift is None:  # transformers' ForCausalLMLoss: token t predicts label t + 1
+            shift = F.pad(labels, (0, 1), value=ignore)[..., 1:]
+        w = self.lm_head.weight
+        if w.dtype != h.dtype:
+            w = w.to(h.dtype)
+        red = "mean" if n_items is None else "sum"
+        loss = lm_head_loss_det(h, w, shift.to(h.device).contiguous(), ignore_index=ignore,
+                                reduction=red)
+        if n_items is not None:
+            loss = loss / n_items
+        return MoeCausalLMOutputWithPast(loss=loss, logits=None, cache=out.cache,
+                                         hidden_states=out.hidden_states,
+                                         attentions=out.attentions)
+    return forward
+
+
+# ----------------------------------------------------------------------------- patching
+
+
+def _forwards(m, on: frozenset) -> dict:
+    """class -> the cake forward that replaces its ``forward`` under the flags ``on``."""
+    out = {}
+    if "rms_norm" in on:
+        out[m.Qwen3NextRMSNorm] = _rmsnorm_forward
+    if on & {"linear_attention", "short_conv", "gated_norm"}:
+        out[m.Qwen3NextGatedDeltaNet] = _make_gdn_forward(on)
+    if "attention" in on:
+        out[m.Qwen3NextAttention] = _attention_forward
+    if "moe" in on:
+        out[m.Qwen3NextSparseMoeBlock] = _moe_forward
+    if on & {"lm_head_loss", "moe"}:
+        out[m.Qwen3NextForCausalLM] = _make_causal_lm_forward(on)
+    for fn in out.values():
+        setattr(fn, _TAG, True)
+    return out
+
+
+def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
+                                     linear_attention: bool = True, short_conv: bool = True,
+                                     gated_norm: bool = True, attention: bool = True,
+                                     moe: bool = True, lm_head_loss: bool = True):
+    """Run a transformers Qwen3-Next model's training compute on cake's det kernels.
+
+    Two modes (as Liger-Kernel's ``apply_liger_kernel_to_*``):
+
+    * ``model`` given (a ``Qwen3NextForCausalLM`` or ``Qwen3NextModel``): the ``forward``
+      of each of its matching modules is replaced in place; the model is returned.
+    * ``model=None``: transformers' Qwen3-Next classes get the cake forwards, so every model
+      built (or loaded) afterwards, and every existing one, uses them; returns None. The
+      configuration checks then run when a patched module first runs, before any launch.
+
+    Each flag turns one piece on (module table of :mod:`cake_transformers.qwen3_next`).
+    ``lm_head_loss``: with ``labels`` the loss comes from the fused LM head + cross entropy
+    and the output's ``logits`` is None (never materialised); without labels the logits
+    are transformers'. ``moe``: the routed experts are cake's; the shared expert, its gate
+    and the router's softmax stay torch; router logits (the auxiliary loss) are not
+    returned. Parameters, buffers and ``state_dict`` keys do not change. Patching twice
+    (or a patched model again) changes nothing more. With a cache (generation), or a
+    piece switched off, transformers' code runs.
+
+    Raises:
+        ValueError: a flag that is not a bool; ``model`` not a Qwen3-Next model; a
+            configuration a piece does not serve: ``head_dim`` outside (64, 128, 256)
+            (``attention``), ``hidden_act`` not SiLU (``moe``, ``short_conv``),
+            ``attention_dropout`` > 0, ``output_router_logits`` (``moe``); transformers
+            without Qwen3-Next. At call time: packed sequences, a non-causal attention
+            mask. All before any kernel launch.
+    """
+    flags = {"rms_norm": rms_norm, "linear_attention": linear_attention,
+             "short_conv": short_conv, "gated_norm": gated_norm, "attention": attention,
+             "moe": moe, "lm_head_loss": lm_head_loss}
+    for name, v in flags.items():
+        if not isinstance(v, bool):
+            raise ValueError(f"{name}: expected a bool, got {v!r}")
+    on = frozenset(k for k, v in flags.items() if v)
+    m = _hf()
+    if model is None:
+        for cls, fn in _forwards(m, on).items():
+            if "_cake_original_forward" not in cls.__dict__:
+                cls._cake_original_forward = cls.forward
+            cls.forward = fn
+        return None
+    if not isinstance(model, (m.Qwen3NextForCausalLM, m.Qwen3NextModel)):
+        raise ValueError("model: expected a transformers Qwen3NextForCausalLM or "
+                         f"Qwen3NextModel, got {type(model).__name__}")
+    _check_config(model.config, on)
+    forwards = _forwards(m, on)
+    for mod in model.modules():
+        fn = forwards.get(type(mod))
+        if fn is not None:
+            mod.forward = types.MethodType(fn, mod)
+    return model

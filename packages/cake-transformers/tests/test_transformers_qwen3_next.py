@@ -1,0 +1,171 @@
+"""A tiny Qwen3-Next patched by apply_cake_kernels_to_qwen3_next against transformers' own.
+
+Two layers (one Gated DeltaNet, one gated full attention, both with a sparse MoE of 4
+experts, top 2, and a shared expert), hidden 64, byte vocabulary, fp32, T = 24, B = 2: the
+same weights run through transformers' code and through the cake kernels.
+"""
+
+import copy
+
+import pytest
+import torch
+from cake_transformers import QWEN3_NEXT_PIECES, apply_cake_kernels_to_qwen3_next
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+from transformers import Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
+from transformers.models.qwen3_next import modeling_qwen3_next as hf  # noqa: E402
+
+#: the autograd nodes the patched loss graph must hold: one (at least) per cake package
+CAKE_NODES = {"_RMSNormDetFunctionBackward", "_RMSNormSiluGateDetFunctionBackward",
+              "_CausalConv1dDetFunctionBackward", "_GQAFunctionBackward",
+              "_MoEGroupedDetFunctionBackward", "_LMHeadLossDetFunctionBackward",
+              "GeneratedBackwardFor_cake_gdn_det_train_fwd_defaultBackward"}
+
+
+def tiny_config(**over):
+    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+              layer_types=["linear_attention", "full_attention"], num_attention_heads=2,
+              num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
+              linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+              moe_intermediate_size=32, shared_expert_intermediate_size=32,
+              decoder_sparse_step=1, max_position_embeddings=128, use_cache=False)
+    kw.update(over)
+    return Qwen3NextConfig(**kw)
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(tiny_config()).float()
+    with torch.no_grad():  # norms start at zero (weight 1 + 0); move them so (1 + w) matters
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
+def step(model, ids, labels=True):
+    """One forward and backward; (loss, logits, {name: grad}) detached."""
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=ids if labels else None)
+    loss = out.loss if labels else out.logits.float().square().mean()
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    logits = None if out.logits is None else out.logits.detach()
+    return loss.detach(), logits, grads, out
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def runs(ids):
+    ref = tiny_model()
+    cake = apply_cake_kernels_to_qwen3_next(copy.deepcopy(ref))
+    return {"ref": step(ref, ids), "cake": step(cake, ids), "cake2": step(cake, ids),
+            "model": cake, "ref_model": ref}
+
+
+def close(got, want, what):
+    # fp32 throughout: the kernels and torch differ only in summation order (tiles, fixed
+    # partial sums vs BLAS), a few fp32 ulps of the largest value; 1e-5 of it leaves room
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * max(scale, 1e-3),
+                               msg=lambda m: f"{what}: {m}")
+
+
+def test_loss_and_every_gradient_match_transformers(runs):
+    loss_r, _, grads_r, _ = runs["ref"]
+    loss_c, logits_c, grads_c, _ = runs["cake"]
+    assert logits_c is None  # labels given: the fused head never forms the logits
+    close(loss_c, loss_r, "loss")
+    assert grads_c.keys() == grads_r.keys()
+    for name in grads_r:
+        close(grads_c[name], grads_r[name], name)
+
+
+def test_logits_match_without_labels(runs, ids):
+    with torch.no_grad():
+        want = runs["ref_model"](input_ids=ids).logits
+        got = runs["model"](input_ids=ids).logits
+    close(got, want, "logits")
+
+
+def test_every_piece_runs_on_cake(runs):
+    names, seen, stack = set(), set(), [runs["cake"][3].loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(f for f, _ in node.next_functions)
+    assert CAKE_NODES <= names, CAKE_NODES - names
+
+
+def test_two_patched_runs_are_bitwise_equal(runs):
+    (l1, _, g1, _), (l2, _, g2, _) = runs["cake"], runs["cake2"]
+    assert torch.equal(l1, l2)
+    for name in g1:
+        assert torch.equal(g1[name], g2[name]), name
+
+
+def test_state_dict_keys_and_patching_twice(runs, ids):
+    model, ref = runs["model"], runs["ref_model"]
+    assert list(model.state_dict()) == list(ref.state_dict())
+    assert apply_cake_kernels_to_qwen3_next(model) is model  # again: nothing more changes
+    assert list(model.state_dict()) == list(ref.state_dict())
+    loss, _, grads, _ = step(model, ids)
+    assert torch.equal(loss, runs["cake"][0])
+    assert all(torch.equal(grads[n], g) for n, g in runs["cake"][2].items())
+
+
+def test_class_mode_patches_models_built_afterwards(runs, ids):
+    classes = [hf.Qwen3NextRMSNorm, hf.Qwen3NextGatedDeltaNet, hf.Qwen3NextAttention,
+               hf.Qwen3NextSparseMoeBlock, hf.Qwen3NextForCausalLM]
+    before = {c: c.forward for c in classes}
+    try:
+        assert apply_cake_kernels_to_qwen3_next() is None
+        apply_cake_kernels_to_qwen3_next()  # twice: the originals are kept once
+        assert all(c._cake_original_forward is before[c] for c in classes)
+        loss, _, grads, _ = step(tiny_model(), ids)
+        assert torch.equal(loss, runs["cake"][0])
+        assert all(torch.equal(grads[n], g) for n, g in runs["cake"][2].items())
+    finally:
+        for c in classes:
+            c.forward = before[c]
+            if "_cake_original_forward" in c.__dict__:
+                del c._cake_original_forward
+
+
+def test_flags_switch_pieces_off(ids):
+    off = {k: False for k in QWEN3_NEXT_PIECES}
+    model = apply_cake_kernels_to_qwen3_next(tiny_model(), **off)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_other_architecture_refused():
+    with pytest.raises(ValueError, match="Qwen3NextForCausalLM or Qwen3NextModel, got Linear"):
+        apply_cake_kernels_to_qwen3_next(nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"head_dim": 32}, "head dims"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"attention_dropout": 0.1}, "attention_dropout"),
+    ({"output_router_logits": True}, "output_router_logits"),
+])
+def test_unsupported_config_refused_at_patch_time(over, match):
+    torch.manual_seed(0)
+    model = Qwen3NextForCausalLM(tiny_config(**over))
+    with pytest.raises(ValueError, match=match):
+        apply_cake_kernels_to_qwen3_next(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())  # nothing patched
+
+
+def test_flag_not_a_bool_refused():
+    with pytest.raises(ValueError, match="moe: expected a bool"):
+        apply_cake_kernels_to_qwen3_next(moe=1)
