@@ -147,6 +147,22 @@ def test_flags_switch_pieces_off(ids):
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_causal_mask_served_padding_refused(impl):
+    model = tiny_model()
+    model.config._attn_implementation = impl  # eager hands the layers a 4-D causal mask
+    ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(2))
+    ones = torch.ones_like(ids)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=ones).logits
+        apply_cake_kernels_to_qwen3_next(model)
+        close(model(input_ids=ids, attention_mask=ones).logits, want, "logits")
+        pad = ones.clone()
+        pad[0, :3] = 0
+        with pytest.raises(ValueError, match="padding mask"):
+            model(input_ids=ids, attention_mask=pad)
+
+
 def test_other_architecture_refused():
     with pytest.raises(ValueError, match="Qwen3NextForCausalLM or Qwen3NextModel, got Linear"):
         apply_cake_kernels_to_qwen3_next(nn.Linear(4, 4))

@@ -161,8 +161,7 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask=
     S = input_shape[-1]
     if attention_mask is not None and not _is_plain_causal(attention_mask, S, S):
         raise ValueError("Qwen3NextAttention: cake's attention serves the causal mask only; "
-                         "a padding mask is not served yet (drop it, or pass moe/attention="
-                         "False)")
+                         "a padding mask is not served yet (drop it, or pass attention=False)")
     from cake_gqa_det_train import flash_attn_func
 
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -206,6 +205,12 @@ def _make_causal_lm_forward(on: frozenset):
         if "moe" in on and want_router:
             raise ValueError("output_router_logits: the patched MoE does not return router "
                              "logits (no auxiliary loss yet)")
+        if "attention" in on and cache is None and isinstance(attention_mask, torch.Tensor) \
+                and attention_mask.dim() == 2 and not bool(attention_mask.all()):
+            # refused before any launch (the attention layers would refuse it later)
+            raise ValueError("attention_mask: cake's attention serves the causal mask only; "
+                             "a padding mask is not served yet (drop it, or pass "
+                             "attention=False)")
         if labels is None or "lm_head_loss" not in on or logits_to_keep != 0:
             return _original(type(self))(
                 self, input_ids=input_ids, attention_mask=attention_mask,
@@ -252,7 +257,7 @@ def _forwards(m, on: frozenset) -> dict:
         out[m.Qwen3NextAttention] = _attention_forward
     if "moe" in on:
         out[m.Qwen3NextSparseMoeBlock] = _moe_forward
-    if on & {"lm_head_loss", "moe"}:
+    if on & {"lm_head_loss", "moe", "attention"}:
         out[m.Qwen3NextForCausalLM] = _make_causal_lm_forward(on)
     for fn in out.values():
         setattr(fn, _TAG, True)
@@ -287,8 +292,9 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
             configuration a piece does not serve: ``head_dim`` outside (64, 128, 256)
             (``attention``), ``hidden_act`` not SiLU (``moe``, ``short_conv``),
             ``attention_dropout`` > 0, ``output_router_logits`` (``moe``); transformers
-            without Qwen3-Next. At call time: packed sequences, a non-causal attention
-            mask. All before any kernel launch.
+            without Qwen3-Next. At call time: packed sequences (``cu_seq_lens_q``), a
+            padding attention mask (the causal-LM forward refuses it before any launch;
+            a bare ``Qwen3NextModel`` at its first attention layer).
     """
     flags = {"rms_norm": rms_norm, "linear_attention": linear_attention,
              "short_conv": short_conv, "gated_norm": gated_norm, "attention": attention,
