@@ -2,7 +2,8 @@
 
 Two layers (one Gated DeltaNet, one gated full attention, both with a sparse MoE of 4
 experts, top 2, and a shared expert), hidden 64, byte vocabulary, fp32, T = 24, B = 2: the
-same weights run through transformers' code and through the cake kernels.
+same weights run through transformers' code and through the cake kernels. The config keeps
+transformers' default ``use_cache=True``: the patched model must still train on cake.
 """
 
 import copy
@@ -30,7 +31,7 @@ def tiny_config(**over):
               linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
               linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
               moe_intermediate_size=32, shared_expert_intermediate_size=32,
-              decoder_sparse_step=1, max_position_embeddings=128, use_cache=False)
+              decoder_sparse_step=1, max_position_embeddings=128)
     kw.update(over)
     return Qwen3NextConfig(**kw)
 
@@ -89,8 +90,8 @@ def test_loss_and_every_gradient_match_transformers(runs):
 
 def test_logits_match_without_labels(runs, ids):
     with torch.no_grad():
-        want = runs["ref_model"](input_ids=ids).logits
-        got = runs["model"](input_ids=ids).logits
+        want = runs["ref_model"](input_ids=ids, use_cache=False).logits
+        got = runs["model"](input_ids=ids, use_cache=False).logits
     close(got, want, "logits")
 
 
@@ -154,9 +155,10 @@ def test_causal_mask_served_padding_refused(impl):
     ids = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(2))
     ones = torch.ones_like(ids)
     with torch.no_grad():
-        want = model(input_ids=ids, attention_mask=ones).logits
+        want = model(input_ids=ids, attention_mask=ones, use_cache=False).logits
         apply_cake_kernels_to_qwen3_next(model)
-        close(model(input_ids=ids, attention_mask=ones).logits, want, "logits")
+        got = model(input_ids=ids, attention_mask=ones, use_cache=False).logits
+        close(got, want, "logits")
         pad = ones.clone()
         pad[0, :3] = 0
         with pytest.raises(ValueError, match="padding mask"):

@@ -200,6 +200,10 @@ def _make_causal_lm_forward(on: frozenset):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_router_logits=None,
                 logits_to_keep=0, **kwargs):
+        if use_cache is None and cache is None and (labels is not None or self.training):
+            # training builds no cache (the config's default is True): with one, the layers
+            # would run transformers' decoding code instead of cake's
+            use_cache = False
         want_router = output_router_logits if output_router_logits is not None else \
             self.config.output_router_logits
         if "moe" in on and want_router:
@@ -257,7 +261,7 @@ def _forwards(m, on: frozenset) -> dict:
         out[m.Qwen3NextAttention] = _attention_forward
     if "moe" in on:
         out[m.Qwen3NextSparseMoeBlock] = _moe_forward
-    if on & {"lm_head_loss", "moe", "attention"}:
+    if on:
         out[m.Qwen3NextForCausalLM] = _make_causal_lm_forward(on)
     for fn in out.values():
         setattr(fn, _TAG, True)
@@ -284,8 +288,10 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
     are transformers'. ``moe``: the routed experts are cake's; the shared expert, its gate
     and the router's softmax stay torch; router logits (the auxiliary loss) are not
     returned. Parameters, buffers and ``state_dict`` keys do not change. Patching twice
-    (or a patched model again) changes nothing more. With a cache (generation), or a
-    piece switched off, transformers' code runs.
+    (or a patched model again) changes nothing more. A patched ``Qwen3NextForCausalLM``
+    builds no cache when given ``labels`` or in train mode (``use_cache=False`` unless
+    passed True); with a cache (generation), or a piece switched off, transformers' code
+    runs. A bare ``Qwen3NextModel`` needs ``use_cache=False`` passed for training.
 
     Raises:
         ValueError: a flag that is not a bool; ``model`` not a Qwen3-Next model; a
