@@ -142,6 +142,25 @@ def test_class_mode_patches_models_built_afterwards(runs, ids):
                 del c._cake_original_forward
 
 
+def test_some_pieces_on_still_match(runs, ids):
+    # moe and the fused head off: transformers' experts and logits + loss, cake elsewhere
+    model = apply_cake_kernels_to_qwen3_next(tiny_model(), moe=False, lm_head_loss=False)
+    loss, logits, grads, _ = step(model, ids)
+    assert logits is not None
+    close(loss, runs["ref"][0], "loss")
+    for name, g in runs["ref"][2].items():
+        close(grads[name], g, name)
+
+
+def test_bare_model_instance(ids):
+    ref = tiny_model().model
+    cake = apply_cake_kernels_to_qwen3_next(copy.deepcopy(ref))
+    with torch.no_grad():
+        want = ref(input_ids=ids, use_cache=False).last_hidden_state
+        got = cake(input_ids=ids, use_cache=False).last_hidden_state
+    close(got, want, "last_hidden_state")
+
+
 def test_flags_switch_pieces_off(ids):
     off = {k: False for k in QWEN3_NEXT_PIECES}
     model = apply_cake_kernels_to_qwen3_next(tiny_model(), **off)
