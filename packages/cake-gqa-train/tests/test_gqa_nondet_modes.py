@@ -47,6 +47,9 @@ def test_plan_mode_is_nondet_and_serialises():
     assert nd.GQAPlan.from_dict(p.to_dict()) == p
     with pytest.raises(ValueError, match="mode"):
         dataclasses.replace(p, mode=Mode.DET)
+    for bad in (2, -1, True):
+        with pytest.raises(ValueError, match="bwd_atomic"):
+            dataclasses.replace(p, bwd_atomic=bad)
 
 
 def test_low_level_matches_autograd_and_workspace(case):

@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a8d396ff6f0faa92d26eac36d74e7c428feb63bc95fb329087a45a5b4c03438b"
+SOURCE_DIGEST = "sha256:79506dfae0bba9c1fddcb1693ad05f0b4b6b2e62c2cbf9617ea03f45952ddfe7"
 # --- end of generated block ---
 
 MANIFEST = {

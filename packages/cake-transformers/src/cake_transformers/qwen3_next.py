@@ -23,6 +23,7 @@ checkpoints stay transformers'. Decoding with a cache runs transformers' own for
 from __future__ import annotations
 
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -139,14 +140,26 @@ def _make_gdn_forward(on: frozenset):
     return forward
 
 
+#: the last mask judged by :func:`_is_plain_causal`: (weak reference, version, q_len, k_len,
+#: verdict); every attention layer of one forward gets the same mask tensor, so one host sync
+#: per forward instead of one per layer
+_LAST_MASK: list = [None]
+
+
 def _is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
     """Whether a 4-D transformers mask lets each query see exactly the keys up to its own
-    position (bool: True = seen; float: 0 = seen). One host sync."""
+    position (bool: True = seen; float: 0 = seen). One host sync per mask tensor."""
     if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
         return False
+    last = _LAST_MASK[0]
+    key = (mask._version, q_len, k_len)
+    if last is not None and last[0]() is mask and last[1:4] == key:
+        return last[4]
     seen = mask if mask.dtype == torch.bool else mask == 0
     causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
-    return bool((seen == causal).all())
+    verdict = bool((seen == causal).all())
+    _LAST_MASK[0] = (weakref.ref(mask), *key, verdict)
+    return verdict
 
 
 def _attention_forward(self, hidden_states, position_embeddings, attention_mask=None,
