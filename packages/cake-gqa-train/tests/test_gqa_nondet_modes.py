@@ -82,8 +82,8 @@ def test_deterministic_algorithms_alert(case):
         with pytest.raises(RuntimeError, match="cake_gqa_det_train"):
             nd.gqa_bwd(do, saved)
         torch.use_deterministic_algorithms(True, warn_only=True)
-        import cake_gqa_train.api as api
-        api._warned = False
+        import cake_core.mode
+        cake_core.mode._ALERTED.clear()
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             nd.gqa(qq, k, v, cq, ck).backward(do)

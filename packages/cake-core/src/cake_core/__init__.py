@@ -22,7 +22,7 @@ from cake_core.checks import (
     check_shape,
     check_tensor,
 )
-from cake_core.mode import Mode, require_mode
+from cake_core.mode import Mode, nondet_alert, require_mode
 from cake_core.plan import Plan
 from cake_core.saved import SavedSet
 from cake_core.workspace import Workspace
@@ -52,5 +52,6 @@ __all__ = [
     "check_same_device",
     "check_shape",
     "check_tensor",
+    "nondet_alert",
     "require_mode",
 ]

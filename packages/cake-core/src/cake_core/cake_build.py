@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0806034305741126af7dbc5cfbc449173ea415cab0e29fefdecadf8b81ce1b84"
+SOURCE_DIGEST = "sha256:e57256ae12a2ee10614870387f13d5d4dd3683462cc08355d8bab3216c568e90"
 # --- end of generated block ---
 
 MANIFEST = {

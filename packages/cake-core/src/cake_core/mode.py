@@ -48,3 +48,38 @@ def require_mode(obj: object, expected_type: type | tuple[type, ...], mode: Mode
             f"{name}: got {type(obj).__name__} with mode={actual_mode}, expected {expected} "
             f"with mode={mode}"
         )
+
+
+_ALERTED: set[str] = set()
+
+
+def nondet_alert(what: str, det_entry: str) -> None:
+    """The deterministic-algorithms alert of a non-deterministic (``nondet``) backward.
+
+    Call it before any launch. Under ``torch.use_deterministic_algorithms(True)`` it raises
+    ``RuntimeError`` naming the det entry point to use instead; with ``warn_only=True`` it
+    warns once per ``what`` and process, then returns (the backward runs); otherwise it
+    returns at once.
+
+    Args:
+        what: the backward, as its message names it (``"cake_gdn_nondet_train's backward"``).
+        det_entry: the deterministic entry point to use instead
+            (``"cake_gdn_det_train.chunk_gated_delta_rule_det"``).
+
+    Example::
+
+        nondet_alert("cake_rmsnorm_nondet_train's backward", "cake_rmsnorm_det_train.rmsnorm_det")
+    """
+    import torch
+
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    msg = (f"{what} is not deterministic (it may sum with floating atomic adds or pick its "
+           f"plan by timing); use {det_entry} for bitwise repeatable gradients")
+    if not torch.is_deterministic_algorithms_warn_only_enabled():
+        raise RuntimeError(msg)
+    if what not in _ALERTED:
+        _ALERTED.add(what)
+        import warnings
+
+        warnings.warn(msg, UserWarning, stacklevel=3)

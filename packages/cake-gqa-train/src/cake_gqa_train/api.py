@@ -11,10 +11,8 @@ any launch (with ``warn_only=True`` it warns once and runs); use
 
 from __future__ import annotations
 
-import warnings
-
 import torch
-from cake_core import Mode, require_mode
+from cake_core import Mode, nondet_alert, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import cdiv
@@ -47,23 +45,13 @@ from cake_gqa_train.saved import GQASavedSet, GQAWorkspace
 
 _OP = "cake_gqa_train"
 _empty = torch.empty
-_warned = False
 
 
 def _deterministic_alert() -> None:
     """RuntimeError under ``torch.use_deterministic_algorithms(True)``; with
     ``warn_only=True`` one warning per process, then the backward runs."""
-    global _warned
-    if not torch.are_deterministic_algorithms_enabled():
-        return
-    msg = ("cake_gqa_train's backward sums dK / dV with floating atomic adds and is not "
-           "deterministic; use cake_gqa_det_train.gqa_det (or its flash_attn_func / "
-           "flash_attn_varlen_func) for bitwise repeatable gradients")
-    if not torch.is_deterministic_algorithms_warn_only_enabled():
-        raise RuntimeError(msg)
-    if not _warned:
-        _warned = True
-        warnings.warn(msg, UserWarning, stacklevel=3)
+    nondet_alert("cake_gqa_train's backward (dK / dV summed with floating atomic adds)",
+                 "cake_gqa_det_train.gqa_det (or its flash_attn_func / flash_attn_varlen_func)")
 
 
 def _resolve_plan(plan, D: int, dtype, device) -> GQAPlan:

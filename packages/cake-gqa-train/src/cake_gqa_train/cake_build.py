@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d23e6b189d15390dc1987d4573d96edaceb89a695e980c0c85f8712cfbd220a6"
+SOURCE_DIGEST = "sha256:c480e1f914c11e67b3c290bd04d13de124deaadd6c338b242618b64565ef1fda"
 # --- end of generated block ---
 
 MANIFEST = {
