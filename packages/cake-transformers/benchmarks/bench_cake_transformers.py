@@ -1,0 +1,223 @@
+"""Training steps of a transformers Qwen3-Next model: patched with cake against unpatched (and
+Liger), the same initial weights and batches, each run in its own process.
+
+    python packages/cake-transformers/benchmarks/bench_cake_transformers.py \
+        [--size 100m|tiny] [--steps 50] [--batch 2] [--seq 4096] \
+        [--runs cake,cake,hf,hf,liger] [--out result.json]
+
+Runs (each a fresh process, so class patches and kernel caches do not leak between them):
+
+- ``cake``: ``apply_cake_kernels_to_qwen3_next(model)`` (every piece on);
+- ``hf``: the unpatched model; transformers takes FLA's ``chunk_gated_delta_rule`` when
+  ``import fla`` works in that process (its fast path), else its torch code;
+- ``liger``: ``apply_liger_kernel_to_qwen3_next(model=model)`` over the unpatched model
+  (Liger's RMSNorm, SwiGLU experts and fused linear cross entropy; FLA as in ``hf``).
+
+Each run: the initial ``state_dict`` written once by this process, AdamW (lr 3e-4), batches of
+byte tokens from one seeded generator (a 64-token motif repeated, so the loss can fall), bf16
+weights on CUDA (fp32 on a CPU, where the kernels run through Triton's interpreter). Reported
+per run: the loss of every step, tokens/s over the steps after the first ``--warmup`` (the
+first ones compile), peak CUDA memory, and a sha256 of the final weights; then which runs
+repeat bitwise (losses and weights) and the loss gap of each run to the first ``hf`` run.
+
+``--size 100m`` (129M parameters): hidden 1024, 8 layers (3 linear attention : 1 full
+attention), 32 experts top-4 (width 64) with a shared expert (width 512), linear heads 8 q/k x
+16 v of dim 128, attention 8 q / 2 kv heads of dim 256 (Qwen3-Next's head dims). ``--size
+tiny``: a 2-layer model for a CPU smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = {
+    "100m": dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=8,
+                 num_key_value_heads=2, head_dim=256, linear_num_key_heads=8,
+                 linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                 num_experts=32, num_experts_per_tok=4, moe_intermediate_size=64,
+                 shared_expert_intermediate_size=512, intermediate_size=512),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
+                 linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                 num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                 shared_expert_intermediate_size=32, intermediate_size=64),
+}
+
+
+def make_config(size: str, seq: int):
+    from transformers import Qwen3NextConfig
+
+    kw = dict(SIZES[size])
+    n = kw["num_hidden_layers"]
+    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+    if "full_attention" not in types:  # the tiny model: one of each
+        types[-1] = "full_attention"
+    return Qwen3NextConfig(vocab_size=256, layer_types=types, max_position_embeddings=seq,
+                           hidden_act="silu", attention_dropout=0.0, output_router_logits=False,
+                           tie_word_embeddings=False, use_cache=False, **kw)
+
+
+def batches(steps: int, batch: int, seq: int, seed: int = 0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        motif = torch.randint(0, 256, (batch, 64), generator=g)
+        x = motif.repeat(1, -(-seq // 64))[:, :seq].clone()
+        noise = torch.rand(x.shape, generator=g) < 0.1  # some tokens not predictable
+        x[noise] = torch.randint(0, 256, (int(noise.sum()),), generator=g)
+        yield x
+
+
+def weights_sha(model) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().view(-1).view(__import__("torch").uint8).cpu().numpy()
+                 .tobytes())
+    return h.hexdigest()[:16]
+
+
+def child(a) -> None:
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    fast = "none"
+    if a.child in ("hf", "liger"):
+        try:
+            import fla.ops.common.chunk_o as fla_chunk_o
+
+            fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # FLA's Hopper backward guard (Triton 3.6)
+            fast = "fla " + __import__("fla").__version__
+        except ImportError:
+            fast = "torch (fla not importable)"
+    from transformers import Qwen3NextForCausalLM
+
+    cfg = make_config(a.size, a.seq)
+    torch.manual_seed(0)
+    model = Qwen3NextForCausalLM(cfg)
+    model.load_state_dict(torch.load(a.init, weights_only=True))
+    model.to(dev, dtype).train()
+    if a.child == "cake":
+        from cake_transformers import apply_cake_kernels_to_qwen3_next
+
+        apply_cake_kernels_to_qwen3_next(model)
+    elif a.child == "liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_next
+
+        apply_liger_kernel_to_qwen3_next(model=model)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    losses, times = [], []
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for x in batches(a.steps, a.batch, a.seq):
+        x = x.to(dev)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        losses.append(float(loss))
+    timed = times[a.warmup:] or times
+    res = dict(impl=a.child, linear_attention_path=fast if a.child != "cake" else "cake",
+               losses=losses, loss_bits=hashlib.sha256(
+                   json.dumps([float(v).hex() for v in losses]).encode()).hexdigest()[:16],
+               weights_sha=weights_sha(model),
+               tokens_per_s=a.batch * a.seq * len(timed) / sum(timed),
+               first_step_s=times[0],
+               peak_mem_gib=(torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda"
+                             else None))
+    with open(a.result, "w") as f:
+        json.dump(res, f)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size", choices=sorted(SIZES), default="100m")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--runs", default="cake,cake,hf,hf,liger")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per run")
+    p.add_argument("--out")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--init", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        return child(a)
+    import torch
+    import transformers
+    from transformers import Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3NextForCausalLM(make_config(a.size, a.seq))
+    n_params = sum(t.numel() for t in model.parameters())
+    tmp = tempfile.mkdtemp(prefix="cake_tf_bench_")
+    init = os.path.join(tmp, "init.pt")
+    torch.save(model.state_dict(), init)
+    del model
+    env = dict(torch=torch.__version__, transformers=transformers.__version__,
+               device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    print(json.dumps(dict(size=a.size, params=n_params, steps=a.steps, batch=a.batch,
+                          seq=a.seq, **env)), flush=True)
+    results = []
+    for i, impl in enumerate(a.runs.split(",")):
+        out = os.path.join(tmp, f"run{i}.json")
+        cmd = [sys.executable, __file__, "--child", impl, "--init", init, "--result", out,
+               "--size", a.size, "--steps", str(a.steps), "--warmup", str(a.warmup),
+               "--batch", str(a.batch), "--seq", str(a.seq)]
+        t = time.perf_counter()
+        try:
+            r = subprocess.run(cmd, timeout=a.timeout, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            print(f"run {i} {impl}: timed out after {a.timeout} s", flush=True)
+            continue
+        if r.returncode != 0:
+            print(f"run {i} {impl}: failed\n{r.stderr[-3000:]}", flush=True)
+            continue
+        with open(out) as f:
+            res = json.load(f)
+        res["wall_s"] = time.perf_counter() - t
+        results.append(res)
+        print(f"run {i} {impl:6s} path {res['linear_attention_path']:28s} "
+              f"tok/s {res['tokens_per_s']:10.0f}  first step {res['first_step_s']:6.1f} s  "
+              f"peak {res['peak_mem_gib'] or 0:6.2f} GiB  loss {res['losses'][0]:.4f} -> "
+              f"{res['losses'][-1]:.4f}  loss bits {res['loss_bits']}  weights "
+              f"{res['weights_sha']}", flush=True)
+    by = {}
+    for r in results:
+        by.setdefault(r["impl"], []).append(r)
+    for impl, rs in by.items():
+        if len(rs) > 1:
+            same = all(r["loss_bits"] == rs[0]["loss_bits"] and
+                       r["weights_sha"] == rs[0]["weights_sha"] for r in rs[1:])
+            print(f"{impl}: {len(rs)} runs, losses and final weights bitwise identical: {same}")
+    if by.get("hf"):
+        ref = by["hf"][0]["losses"]
+        for r in results:
+            gap = max(abs(x - y) for x, y in zip(r["losses"], ref, strict=True))
+            print(f"{r['impl']}: max |loss - hf loss| over the steps {gap:.3e}; tok/s / hf "
+                  f"{r['tokens_per_s'] / by['hf'][0]['tokens_per_s']:.3f}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(dict(size=a.size, params=n_params, steps=a.steps, batch=a.batch,
+                           seq=a.seq, env=env, runs=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
