@@ -93,11 +93,20 @@ def check_attention_call(module, attention_mask, seq_len: int, kwargs, where: st
                          "mask is not served yet (drop it, or pass attention=False)")
 
 
+def autocast_dtype(t: torch.Tensor):
+    """The dtype autocast runs matmuls in on ``t``'s device, or None outside autocast."""
+    dev = t.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+
+
 def causal_attention(q, k, v, scaling: float):
     """Causal attention on cake-gqa-det-train: q ``[B, Hq, S, D]``, k and v ``[B, Hkv, S, D]``
-    (after rotary, transformers' layout) -> ``[B, S, Hq, D]``."""
+    (after rotary, transformers' layout) -> ``[B, S, Hq, D]``. Under autocast q, k and v are
+    cast to its dtype first (as SDPA would be), else k and v to q's."""
     from cake_gqa_det_train import flash_attn_func
 
+    dt = autocast_dtype(q) or q.dtype
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
     return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2).contiguous(),
                            softmax_scale=scaling, causal=True)
 

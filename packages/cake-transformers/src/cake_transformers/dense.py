@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from cake_transformers._common import (
+    autocast_dtype,
     causal_attention,
     causal_lm_forward,
     check_attention_call,
@@ -120,10 +121,10 @@ def _linear(lin, x):
     """``lin(x)`` on cake-dense-projection-det-gemm with the module's own parameters."""
     from cake_dense_projection_det_gemm import dense_projection_det
 
+    dt = autocast_dtype(x) or x.dtype  # autocast: its dtype, as F.linear would run in
     w, b = lin.weight, lin.bias
-    if w.dtype != x.dtype:  # e.g. autocast: cast as F.linear would (autograd flows through)
-        w = w.to(x.dtype)
-        b = None if b is None else b.to(x.dtype)
+    x, w = x.to(dt), w.to(dt)  # no copy when already dt; autograd flows through a cast
+    b = None if b is None else b.to(dt)
     return dense_projection_det(x, w, b)
 
 
@@ -179,7 +180,7 @@ _DOC = """Run a transformers {name} model's training compute on cake's det kerne
     and the output's ``logits`` is None (never materialised); without labels the logits
     are transformers'. ``mlp``: the gate, up and down projections run on
     cake-dense-projection-det-gemm with the modules' own weights (and biases, with
-    ``mlp_bias``); an ``nn.Linear`` weight of another dtype than its input is cast first.
+    ``mlp_bias``) in the input's dtype, or autocast's (weights are cast, as ``F.linear``).
     Parameters, buffers and ``state_dict`` keys do not change. Patching twice (or a
     patched model again) changes nothing more. A patched ``{name}ForCausalLM`` builds no
     cache when given ``labels`` or in train mode (``use_cache=False`` unless passed True);
