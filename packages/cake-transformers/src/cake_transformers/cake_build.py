@@ -16,7 +16,8 @@ FAMILY = {
     "version": "0.1.0",
     "mode": "none",
     "kind": "tool",
-    "entry_points": ["QWEN3_NEXT_PIECES", "apply_cake_kernels_to_qwen3_next"],
+    "entry_points": ["DENSE_PIECES", "QWEN3_NEXT_PIECES", "apply_cake_kernels_to_llama",
+                     "apply_cake_kernels_to_qwen3", "apply_cake_kernels_to_qwen3_next"],
 }
 
 #: kernels of other cake packages this package launches or calls (kept by hand)
@@ -30,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:79506dfae0bba9c1fddcb1693ad05f0b4b6b2e62c2cbf9617ea03f45952ddfe7"
+SOURCE_DIGEST = "sha256:ce72ce169e56acd6d40ca3386ff99f08cf7622f9373885c0213b4a1365d43c70"
 # --- end of generated block ---
 
 MANIFEST = {

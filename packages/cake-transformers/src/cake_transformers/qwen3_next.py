@@ -22,24 +22,25 @@ checkpoints stay transformers'. Decoding with a cache runs transformers' own for
 
 from __future__ import annotations
 
-import types
-import weakref
-
 import torch
 import torch.nn.functional as F
+
+from cake_transformers._common import (
+    causal_attention,
+    causal_lm_forward,
+    check_attention_call,
+    check_attention_config,
+    check_flags,
+    install,
+    no_packing,
+    original,
+)
 
 __all__ = ["QWEN3_NEXT_PIECES", "apply_cake_kernels_to_qwen3_next"]
 
 #: the keyword flags of :func:`apply_cake_kernels_to_qwen3_next`, one per piece
 QWEN3_NEXT_PIECES = ("rms_norm", "linear_attention", "short_conv", "gated_norm", "attention",
                      "moe", "lm_head_loss")
-
-#: head dims cake-gqa-det-train serves (its HEAD_DIMS; repeated to check without importing
-#: Triton at patch time)
-_GQA_HEAD_DIMS = (64, 128, 256)
-
-#: marks a function of this module on a class or an instance (patching twice is a no-op)
-_TAG = "_cake_transformers_piece"
 
 
 def _hf():
@@ -52,11 +53,6 @@ def _hf():
     return modeling_qwen3_next
 
 
-def _original(cls):
-    """The class's own transformers forward, also after the class was patched."""
-    return getattr(cls, "_cake_original_forward", cls.forward)
-
-
 def _check_config(config, on: frozenset) -> None:
     """Refuse a Qwen3-Next configuration a patched piece cannot serve (before any launch)."""
     act = getattr(config, "hidden_act", None)
@@ -64,23 +60,10 @@ def _check_config(config, on: frozenset) -> None:
         raise ValueError(f"config.hidden_act: cake's MoE (SwiGLU experts) and short "
                          f"convolution serve 'silu', got {act!r}")
     if "attention" in on and "full_attention" in config.layer_types:
-        hd = getattr(config, "head_dim", None) or config.hidden_size // \
-            config.num_attention_heads
-        if hd not in _GQA_HEAD_DIMS:
-            raise ValueError(f"config.head_dim: cake-gqa-det-train serves head dims "
-                             f"{_GQA_HEAD_DIMS}, got {hd}")
-        if getattr(config, "attention_dropout", 0.0):
-            raise ValueError("config.attention_dropout: cake's attention has no dropout, got "
-                             f"{config.attention_dropout}")
+        check_attention_config(config)
     if "moe" in on and getattr(config, "output_router_logits", False):
         raise ValueError("config.output_router_logits: the patched MoE does not return router "
                          "logits (no auxiliary loss yet); set it False or pass moe=False")
-
-
-def _no_packing(kwargs, where: str) -> None:
-    if kwargs.get("cu_seq_lens_q") is not None:
-        raise ValueError(f"{where}: packed sequences (cu_seq_lens_q) are not served by the "
-                         "cake patch yet; pass a [B, T] batch")
 
 
 # ----------------------------------------------------------------------------- forwards
@@ -96,9 +79,9 @@ def _rmsnorm_forward(self, hidden_states):
 def _make_gdn_forward(on: frozenset):
     def forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
         if cache is not None:  # decoding with a cache: transformers' own code
-            return _original(type(self))(self, hidden_states, cache=cache,
-                                         attention_mask=attention_mask, **kwargs)
-        _no_packing(kwargs, "Qwen3NextGatedDeltaNet")
+            return original(type(self))(self, hidden_states, cache=cache,
+                                        attention_mask=attention_mask, **kwargs)
+        no_packing(kwargs, "Qwen3NextGatedDeltaNet")
         m = _hf()
         hidden_states = m.apply_mask_to_padding_states(hidden_states, attention_mask)
         B, T = hidden_states.shape[:2]
@@ -140,43 +123,14 @@ def _make_gdn_forward(on: frozenset):
     return forward
 
 
-#: the last mask judged by :func:`_is_plain_causal`: (weak reference, version, q_len, k_len,
-#: verdict); every attention layer of one forward gets the same mask tensor, so one host sync
-#: per forward instead of one per layer
-_LAST_MASK: list = [None]
-
-
-def _is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
-    """Whether a 4-D transformers mask lets each query see exactly the keys up to its own
-    position (bool: True = seen; float: 0 = seen). One host sync per mask tensor."""
-    if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
-        return False
-    last = _LAST_MASK[0]
-    key = (mask._version, q_len, k_len)
-    if last is not None and last[0]() is mask and last[1:4] == key:
-        return last[4]
-    seen = mask if mask.dtype == torch.bool else mask == 0
-    causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
-    verdict = bool((seen == causal).all())
-    _LAST_MASK[0] = (weakref.ref(mask), *key, verdict)
-    return verdict
-
-
 def _attention_forward(self, hidden_states, position_embeddings, attention_mask=None,
                        cache=None, **kwargs):
     if cache is not None:  # decoding with a cache: transformers' own code
-        return _original(type(self))(self, hidden_states, position_embeddings, attention_mask,
-                                     cache=cache, **kwargs)
-    _check_config(self.config, frozenset({"attention"}))
-    _no_packing(kwargs, "Qwen3NextAttention")
+        return original(type(self))(self, hidden_states, position_embeddings, attention_mask,
+                                    cache=cache, **kwargs)
     m = _hf()
     input_shape = hidden_states.shape[:-1]
-    S = input_shape[-1]
-    if attention_mask is not None and not _is_plain_causal(attention_mask, S, S):
-        raise ValueError("Qwen3NextAttention: cake's attention serves the causal mask only; "
-                         "a padding mask is not served yet (drop it, or pass attention=False)")
-    from cake_gqa_det_train import flash_attn_func
-
+    check_attention_call(self, attention_mask, input_shape[-1], kwargs, "Qwen3NextAttention")
     hidden_shape = (*input_shape, -1, self.head_dim)
     q, gate = torch.chunk(
         self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
@@ -186,8 +140,7 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask=
     v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     q, k = m.apply_rotary_pos_emb(q, k, cos, sin)
-    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2).contiguous(),
-                          softmax_scale=self.scaling, causal=True)  # [B, S, Hq, D]
+    out = causal_attention(q, k, v, self.scaling)  # [B, S, Hq, D]
     out = out.reshape(*input_shape, -1) * torch.sigmoid(gate)
     return self.o_proj(out), None
 
@@ -213,50 +166,19 @@ def _make_causal_lm_forward(on: frozenset):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 inputs_embeds=None, labels=None, use_cache=None, output_router_logits=None,
                 logits_to_keep=0, **kwargs):
-        if use_cache is None and cache is None and (labels is not None or self.training):
-            # training builds no cache (the config's default is True): with one, the layers
-            # would run transformers' decoding code instead of cake's
-            use_cache = False
         want_router = output_router_logits if output_router_logits is not None else \
             self.config.output_router_logits
         if "moe" in on and want_router:
             raise ValueError("output_router_logits: the patched MoE does not return router "
                              "logits (no auxiliary loss yet)")
-        if "attention" in on and cache is None and isinstance(attention_mask, torch.Tensor) \
-                and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-            # refused before any launch (the attention layers would refuse it later)
-            raise ValueError("attention_mask: cake's attention serves the causal mask only; "
-                             "a padding mask is not served yet (drop it, or pass "
-                             "attention=False)")
-        if labels is None or "lm_head_loss" not in on or logits_to_keep != 0:
-            return _original(type(self))(
-                self, input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
-                labels=labels, use_cache=use_cache, output_router_logits=output_router_logits,
-                logits_to_keep=logits_to_keep, **kwargs)
-        from cake_lm_head_loss_det_train import lm_head_loss_det
         from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
-        n_items = kwargs.pop("num_items_in_batch", None)
-        shift = kwargs.pop("shift_labels", None)
-        ignore = kwargs.pop("ignore_index", -100)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
-                         use_cache=use_cache, output_router_logits=False, **kwargs)
-        h = out.last_hidden_state
-        if shift is None:  # transformers' ForCausalLMLoss: token t predicts label t + 1
-            shift = F.pad(labels, (0, 1), value=ignore)[..., 1:]
-        w = self.lm_head.weight
-        if w.dtype != h.dtype:
-            w = w.to(h.dtype)
-        red = "mean" if n_items is None else "sum"
-        loss = lm_head_loss_det(h, w, shift.to(h.device).contiguous(), ignore_index=ignore,
-                                reduction=red)
-        if n_items is not None:
-            loss = loss / n_items
-        return MoeCausalLMOutputWithPast(loss=loss, logits=None, cache=out.cache,
-                                         hidden_states=out.hidden_states,
-                                         attentions=out.attentions)
+        args = dict(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                    labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep)
+        return causal_lm_forward(self, on, MoeCausalLMOutputWithPast, args, kwargs,
+                                 original_extra={"output_router_logits": output_router_logits},
+                                 model_extra={"output_router_logits": False})
     return forward
 
 
@@ -276,8 +198,6 @@ def _forwards(m, on: frozenset) -> dict:
         out[m.Qwen3NextSparseMoeBlock] = _moe_forward
     if on:
         out[m.Qwen3NextForCausalLM] = _make_causal_lm_forward(on)
-    for fn in out.values():
-        setattr(fn, _TAG, True)
     return out
 
 
@@ -315,27 +235,9 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
             padding attention mask (the causal-LM forward refuses it before any launch;
             a bare ``Qwen3NextModel`` at its first attention layer).
     """
-    flags = {"rms_norm": rms_norm, "linear_attention": linear_attention,
-             "short_conv": short_conv, "gated_norm": gated_norm, "attention": attention,
-             "moe": moe, "lm_head_loss": lm_head_loss}
-    for name, v in flags.items():
-        if not isinstance(v, bool):
-            raise ValueError(f"{name}: expected a bool, got {v!r}")
-    on = frozenset(k for k, v in flags.items() if v)
+    on = check_flags({"rms_norm": rms_norm, "linear_attention": linear_attention,
+                      "short_conv": short_conv, "gated_norm": gated_norm,
+                      "attention": attention, "moe": moe, "lm_head_loss": lm_head_loss})
     m = _hf()
-    if model is None:
-        for cls, fn in _forwards(m, on).items():
-            if "_cake_original_forward" not in cls.__dict__:
-                cls._cake_original_forward = cls.forward
-            cls.forward = fn
-        return None
-    if not isinstance(model, (m.Qwen3NextForCausalLM, m.Qwen3NextModel)):
-        raise ValueError("model: expected a transformers Qwen3NextForCausalLM or "
-                         f"Qwen3NextModel, got {type(model).__name__}")
-    _check_config(model.config, on)
-    forwards = _forwards(m, on)
-    for mod in model.modules():
-        fn = forwards.get(type(mod))
-        if fn is not None:
-            mod.forward = types.MethodType(fn, mod)
-    return model
+    return install(model, _forwards(m, on), (m.Qwen3NextForCausalLM, m.Qwen3NextModel),
+                   _check_config, on)
