@@ -139,7 +139,7 @@ REGISTRY: tuple[NameEntry, ...] = (
     _e("cake-tinylm", "tinylm", "none", "job",
        "the main job: a tiny LM trained twice to prove identical bits"),
     _e("cake-transformers", "transformers", "none", "integration",
-       "Hugging Face transformers models (Qwen3-Next) patched onto the det families"),
+       "Hugging Face transformers models (Qwen3-Next, Qwen3, Llama) patched onto the det families"),
 )
 
 _BY_DIST = {e.dist: e for e in REGISTRY}
