@@ -3,7 +3,7 @@
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
 # parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcp1 kcptests moelayer
 # kdahash kdatime burn mixload, and <fam>tests
-# <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench (default: the first five). Seen 2026-11-29: the GPU test
+# <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench, mhctests mhcbench, tftests tfbench (cake-transformers; tfbench wants the anchor pack on PYTHONPATH for its hf / liger runs) (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
 set -uo pipefail
@@ -73,6 +73,7 @@ declare -A FAMPKG=([gdn]=cake-gdn-det-train [kda]=cake-kda-det-train
                    [conv]=cake-causal-conv1d-det-train [gate]=cake-rmsnorm-silu-gate-det-train)
 FAMPKG[moe]=cake-moe-grouped-det-gemm  # moetests, moebench (no moeconfigs)
 FAMPKG[mhc]=cake-mhc-det-train  # mhctests, mhcbench
+FAMPKG[tf]=cake-transformers  # tftests; tfbench (benchmarks/bench_cake_transformers.py, $TF_ARGS)
 # KCP packages: <fam>tests run their gloo/NCCL process-group tests on as many GPUs as each
 # test's world size needs (skipped when fewer are visible): nvidia-h200-x2 runs W = 2 under
 # NCCL, nvidia-h200-x4 also W = 3 and 4. "kcptests" = all three.
