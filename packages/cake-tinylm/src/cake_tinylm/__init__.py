@@ -12,6 +12,9 @@ block's token mixer is cake-gdn-det-train's Gated DeltaNet layer
 ``mixer="kda"`` (``--mixer kda``) cake-kda-det-train's Kimi Delta Attention layer
 (``cake_kda_det_train.KimiDeltaAttention``). The torch model builds the same layers with
 ``impl="torch"`` (plain torch, the same parameters).
+With ``model="qwen3-next"`` (``--model qwen3-next``) the job trains a small random-init
+``transformers`` Qwen3-Next instead, patched by cake-transformers in the cake runs
+(:mod:`cake_tinylm.hf`; needs ``pip install ./packages/cake-transformers``).
 ``cake-tinylm train`` (or ``python -m cake_tinylm train``) runs it from the shell.
 """
 

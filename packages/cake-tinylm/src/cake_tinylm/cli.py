@@ -10,8 +10,9 @@ from . import __version__
 
 __all__ = ["build_parser", "main"]
 
-# Options whose default depends on the device (TrainConfig defaults on CPU, CUDA_DEFAULTS).
-_SIZED = ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "lr")
+# Options whose default depends on the device and the model (TrainConfig defaults on CPU,
+# CUDA_DEFAULTS, a transformers model's ModelSpec defaults).
+_SIZED = ("steps", "batch_size", "seq_len", "d_model", "n_layers", "n_heads", "lr", "dtype")
 
 
 def _moe_arg(text: str) -> tuple[int, int]:
@@ -27,13 +28,18 @@ def _moe_arg(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``cake-tinylm`` argument parser (subcommand ``train``)."""
+    from .hf import HF_MODELS, MODELS
     from .model import MIXERS
     from .train import CUDA_DEFAULTS, TrainConfig
 
     cpu = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
 
     def sized(name: str) -> str:
-        return f"default: {cpu[name]} on CPU, {CUDA_DEFAULTS[name]} on CUDA"
+        text = f"default: {cpu[name]} on CPU, {CUDA_DEFAULTS.get(name, cpu[name])} on CUDA"
+        for spec in HF_MODELS.values():
+            c, g = (d.get(name, cpu[name]) for d in (spec.cpu_defaults, spec.cuda_defaults))
+            text += f"; --model {spec.name}: {c} / {g}"
+        return text
 
     parser = argparse.ArgumentParser(
         prog="cake-tinylm",
@@ -45,14 +51,26 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train twice with cake (bitwise check) and once with torch (reference)",
         description=(
-            "Train the tiny LM twice with cake kernels (RMSNorm, every Linear projection, "
+            "Train the tiny LM (or with --model qwen3-next a small transformers Qwen3-Next) "
+            "twice with cake kernels (RMSNorm, every Linear projection, "
             "fused LM head + cross entropy; with --mixer gdn or kda also the short conv, the "
             "delta-rule core and the gated norm) from the same initial weights and batch order, "
             "check the two runs are bitwise identical (per-step losses and final weights), "
             "and train the same model built from torch modules for comparison. Prints "
             "a summary table, writes report.json and loss.png into --out. Exit code 0 if the "
-            "two cake runs are identical, 1 if not, 2 on bad arguments."
+            "two cake runs are identical, 1 if not, 2 on bad arguments or a missing package."
         ),
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default=cpu["model"],
+        help="tinylm: cake's own model (the options below); qwen3-next: a small random-init "
+        "transformers Qwen3NextForCausalLM (Gated DeltaNet and gated attention layers 3:1, "
+        "1:1 for 2 layers, MoE with a shared expert; sized by --d-model, --n-layers, "
+        "--n-heads, --seq-len, --moe), the cake runs patched by "
+        "cake_transformers.apply_cake_kernels_to_qwen3_next, the torch run transformers' own "
+        "code; needs pip install ./packages/cake-transformers (default: %(default)s)",
     )
     p.add_argument("--steps", type=int, help=f"optimizer steps per run ({sized('steps')})")
     p.add_argument("--batch-size", type=int, help=f"sequences per step ({sized('batch_size')})")
@@ -78,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace every block's dense MLP with a mixture of E SwiGLU experts (each "
         "4x d_model wide), top-k softmax routing and a load-balancing loss (0.01): cake's "
         "MoEFeedForward on the det grouped GEMM in the cake runs, a dense masked torch "
-        "version in the torch run (default: dense MLP)",
+        "version in the torch run (default: dense MLP; --model qwen3-next: its experts, "
+        "default 4,2 on CPU, 32,4 on CUDA)",
     )
     p.add_argument(
         "--mhc",
@@ -93,8 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
-        default=cpu["dtype"],
-        help="parameter/activation dtype (default: %(default)s)",
+        help=f"parameter/activation dtype ({sized('dtype')})",
     )
     p.add_argument(
         "--device",
@@ -134,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Returns the exit code: 0 if the cake runs are bitwise identical, 1 if
-    not, 2 on invalid arguments (argparse errors also exit 2)."""
+    not, 2 on invalid arguments or a missing package (argparse errors also exit 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
 
@@ -147,15 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = default_config(
             args.device,
+            model=args.model,
             seed=args.seed,
             mixer=args.mixer,
             mhc=args.mhc,
-            dtype=args.dtype,
             text=args.text,
             bytes=args.bytes,
             out=args.out,
             **overrides,
         )
+        if args.cp > 1 and args.model != "tinylm":
+            raise ValueError(f"--cp is tinylm's (--mixer gdn or kda), not --model {args.model}'s")
         if args.cp > 1:
             from .cp import CPConfig, run_cp_job, write_cp_report
 
@@ -165,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--cp must be >= 1, got {args.cp}")
         else:
             result = run_job(cfg, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ImportError) as exc:
         print(f"cake-tinylm: error: {exc}", file=sys.stderr)
         return 2
     if args.cp > 1:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import torch
 
-from .train import JobResult
+from .hf import HF_MODELS
+from .train import JobResult, TrainConfig
 
-__all__ = ["cake_families", "format_summary", "package_versions", "report_dict", "write_report"]
+__all__ = ["cake_families", "format_summary", "job_families", "package_versions", "report_dict",
+           "write_report"]
 
 _CAKE_PACKAGES = {
     "cake-core": "cake_core",
@@ -28,6 +30,7 @@ _CAKE_PACKAGES = {
     "cake-moe-grouped-det-gemm": "cake_moe_grouped_det_gemm",
     "cake-mhc-det-train": "cake_mhc_det_train",
     "cake-gqa-det-train": "cake_gqa_det_train",
+    "cake-transformers": "cake_transformers",
     "cake-tinylm": "cake_tinylm",
 }
 
@@ -60,8 +63,17 @@ def cake_families(mixer: str, moe: bool = False, mhc: int = 0) -> list[str]:
             *(("cake-mhc-det-train",) if mhc else ())]
 
 
+def job_families(cfg: TrainConfig) -> list[str]:
+    """The cake kernel families the job's cake runs train with: :func:`cake_families` for
+    tinylm, the patch's families for a ``transformers`` model (``--model qwen3-next``)."""
+    if cfg.model in HF_MODELS:
+        return list(HF_MODELS[cfg.model].families)
+    return cake_families(cfg.mixer, bool(cfg.moe_experts), cfg.mhc)
+
+
 def package_versions() -> dict[str, str | None]:
-    """Versions of python, torch, triton and the cake packages (``None`` if not importable).
+    """Versions of python, torch, triton, transformers and the cake packages (``None`` if
+    not importable).
 
     Installed distributions are asked first; when running from source (``PYTHONPATH``) the
     module's ``__version__`` is used.
@@ -73,6 +85,10 @@ def package_versions() -> dict[str, str | None]:
         "torch": torch.__version__,
         "triton": triton.__version__,
     }
+    try:
+        out["transformers"] = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        out["transformers"] = None
     for dist, module in _CAKE_PACKAGES.items():
         try:
             out[dist] = metadata.version(dist)
@@ -87,13 +103,14 @@ def package_versions() -> dict[str, str | None]:
 def report_dict(result: JobResult) -> dict[str, object]:
     """The JSON-serialisable content of ``report.json``."""
     return {
+        "model": result.config.model,
+        "n_params": result.n_params,
         "config": result.config_dict(),
         "device": result.device,
         "device_name": result.device_name,
         "corpus": result.corpus,
         "versions": package_versions(),
-        "cake_families": cake_families(result.config.mixer, bool(result.config.moe_experts),
-                                       result.config.mhc),
+        "cake_families": job_families(result.config),
         "identical": result.identical,
         "losses_identical": result.losses_identical,
         "weights_identical": result.weights_identical,
@@ -133,15 +150,19 @@ def format_summary(result: JobResult) -> str:
     if result.device == "cpu":
         lines.append("(on the CPU cake's kernels run in Triton's interpreter: its tokens/s "
                      "say nothing of the kernels' speed)")
+    spec = HF_MODELS.get(result.config.model)
+    if spec is not None:
+        lines.append(f"model: {spec.name} (transformers {spec.model_class}, "
+                     f"{result.n_params:,} parameters; cake runs patched by "
+                     f"cake_transformers.{spec.patch}, the torch run transformers' code)")
     if result.config.mixer != "attention":
         lines.append(f"token mixer: {result.config.mixer}")
-    if result.config.moe_experts:
+    if result.config.moe_experts and spec is None:
         lines.append(f"mlp: mixture of {result.config.moe_experts} experts, "
                      f"top-{result.config.moe_top_k}")
     if result.config.mhc:
         lines.append(f"hyper-connections: {result.config.mhc} residual streams (mHC)")
-    lines.append("cake families: " + ", ".join(
-        cake_families(result.config.mixer, bool(result.config.moe_experts), result.config.mhc)))
+    lines.append("cake families: " + ", ".join(job_families(result.config)))
     return "\n".join(lines)
 
 
@@ -167,6 +188,9 @@ def write_report(result: JobResult, out: str | Path) -> tuple[Path, Path]:
     png_path = out / "loss.png"
     fig, (ax, ax_gap) = plt.subplots(1, 2, figsize=(13, 4.5))
     styles = {"cake-a": ("-", 2.5), "cake-b": ("--", 1.5), "torch": (":", 1.5)}
+    what = ({"cake": "patched with cake", "torch": "transformers' code"}
+            if result.config.model in HF_MODELS else {"cake": "cake modules",
+                                                       "torch": "torch modules"})
     for r in result.runs:
         ls, lw = styles.get(r.name, ("-", 1.0))
         ax.plot(
@@ -174,15 +198,17 @@ def write_report(result: JobResult, out: str | Path) -> tuple[Path, Path]:
             r.losses.numpy(),
             ls,
             lw=lw,
-            label=f"{r.name} ({r.impl} modules), val {r.val_loss:.3f}",
+            label=f"{r.name} ({what[r.impl]}), val {r.val_loss:.3f}",
         )
     cfg = result.config
     mixer = ("" if cfg.mixer == "attention" else f"{cfg.mixer} ") + \
-        (f"mHC{cfg.mhc} " if cfg.mhc else "")
+        (f"mHC{cfg.mhc} " if cfg.mhc else "") + \
+        (f"E{cfg.moe_experts}k{cfg.moe_top_k} " if cfg.model in HF_MODELS else "")
     ax.set_xlabel("step")
     ax.set_ylabel("train loss (nats/byte)")
     ax.set_title(
-        f"cake-tinylm: d{cfg.d_model} L{cfg.n_layers} T{cfg.seq_len} B{cfg.batch_size} "
+        f"cake-tinylm{'' if cfg.model == 'tinylm' else ' ' + cfg.model}: "
+        f"d{cfg.d_model} L{cfg.n_layers} T{cfg.seq_len} B{cfg.batch_size} "
         f"{mixer}{cfg.dtype} on {result.device}; cake runs identical: {result.identical}",
         fontsize=9,
     )

@@ -1,12 +1,16 @@
 """The main job: train the tiny LM three times and compare.
 
-1. Build the cake model once from ``seed`` (on CPU, fp32) and clone its initial state.
+1. Build the model once from ``seed`` (on CPU, fp32) and clone its initial state.
 2. Train cake run A and cake run B from that state on the same batches (offsets drawn
    up front from a ``torch.Generator`` seeded by ``seed``); their per-step losses must
    agree bit for bit and their final parameters must be ``torch.equal``.
 3. Train the torch reference (``torch.nn.RMSNorm``, ``torch.nn.Linear``, ``nn.Linear`` head +
    ``F.cross_entropy``; same parameter names) from the same state on the same batches;
    report the largest absolute gap between its loss curve and cake run A's.
+
+``model="qwen3-next"`` (``--model qwen3-next``) runs the same job on a small random-init
+``transformers`` Qwen3-Next (:mod:`cake_tinylm.hf`): the cake runs patched by
+``cake_transformers.apply_cake_kernels_to_qwen3_next``, the torch run transformers' own code.
 """
 
 from __future__ import annotations
@@ -18,16 +22,20 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
+from torch import nn
 
 from .data import DEFAULT_BYTES, ByteCorpus, batch_starts, get_batch, load_corpus, split_train_val
 from .data import val_windows as make_val_windows
-from .model import ModelConfig, TinyLM, build_model
+from .hf import HF_MODELS, MODELS, build_hf_model, hf_config, require_hf
+from .model import ModelConfig, build_model
 
 __all__ = [
     "CUDA_DEFAULTS",
     "JobResult",
+    "MODELS",
     "RunResult",
     "TrainConfig",
     "default_config",
@@ -45,7 +53,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 EVAL_BATCH = 16
 
 #: Overrides of the :class:`TrainConfig` defaults (which are sized for the CPU interpreter)
-#: used when the job runs on CUDA.
+#: used when the job runs on CUDA (``--model tinylm``; a ``transformers`` model's own
+#: defaults are its :class:`~cake_tinylm.hf.ModelSpec`'s).
 CUDA_DEFAULTS: dict[str, object] = dict(
     steps=300, batch_size=32, seq_len=512, d_model=512, n_layers=6, n_heads=8, lr=1e-3
 )
@@ -85,6 +94,12 @@ class TrainConfig:
             blocks' load-balancing losses.
         mhc: residual streams of hyper-connections around every sub-layer (2, 4 or 8;
             ``cake_mhc_det_train`` in the cake runs), or 0 (default) for the plain residual.
+        model: ``"tinylm"`` (default: :class:`~cake_tinylm.model.TinyLM`) or a
+            ``transformers`` model of :data:`~cake_tinylm.hf.HF_MODELS` (``"qwen3-next"``:
+            built from ``d_model``, ``n_layers``, ``n_heads``, ``seq_len`` and the experts
+            ``moe_experts`` / ``moe_top_k`` by :func:`~cake_tinylm.hf.qwen3_next_config`;
+            ``mixer``, ``activation`` and ``mhc`` are tinylm's and must stay at their
+            defaults).
     """
 
     steps: int = 64
@@ -109,6 +124,7 @@ class TrainConfig:
     moe_experts: int = 0
     moe_top_k: int = 0
     mhc: int = 0
+    model: str = "tinylm"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "bytes", "val_windows"):
@@ -122,9 +138,19 @@ class TrainConfig:
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if self.warmup < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("warmup, grad_clip and weight_decay must be >= 0")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.model != "tinylm" and (self.mixer != "attention" or self.mhc
+                                       or self.activation != "gelu"):
+            raise ValueError(f"--mixer, --mhc and the activation are tinylm's options; "
+                             f"--model {self.model} has its own layers")
 
-    def model_config(self) -> ModelConfig:
-        """The :class:`ModelConfig` this job trains (raises ``ValueError`` if inconsistent)."""
+    def model_config(self):
+        """The :class:`ModelConfig` this job trains, or for a ``transformers`` model its
+        config (:func:`~cake_tinylm.hf.hf_config`). Raises ``ValueError`` if inconsistent,
+        ``ImportError`` if a ``transformers`` model's packages are missing."""
+        if self.model != "tinylm":
+            return hf_config(self)
         return ModelConfig(
             d_model=self.d_model,
             n_layers=self.n_layers,
@@ -139,13 +165,18 @@ class TrainConfig:
 
 
 def default_config(device: str = "auto", **overrides: object) -> TrainConfig:
-    """A :class:`TrainConfig` with the defaults for ``device`` (CPU or CUDA), then overrides.
+    """A :class:`TrainConfig` with the defaults for ``device`` (CPU or CUDA) and for
+    ``overrides["model"]`` (default ``"tinylm"``), then overrides.
 
     Raises:
         ValueError: on an invalid device or override value.
         TypeError: on an unknown override name.
     """
-    base = CUDA_DEFAULTS if resolve_device(device).type == "cuda" else {}
+    cuda = resolve_device(device).type == "cuda"
+    base = dict(CUDA_DEFAULTS) if cuda else {}
+    spec = HF_MODELS.get(str(overrides.get("model", "tinylm")))
+    if spec is not None:
+        base.update(spec.cuda_defaults if cuda else spec.cpu_defaults)
     return TrainConfig(**{**base, "device": device, **overrides})
 
 
@@ -160,7 +191,8 @@ class RunResult:
         val_loss: mean cross entropy over the validation windows after training (nats/byte).
         seconds: wall time of the training loop (validation excluded).
         tokens_per_s: ``steps * batch_size * seq_len / seconds``.
-        model: the trained model.
+        model: the trained model (a :class:`~cake_tinylm.model.TinyLM`, or a
+            :class:`~cake_tinylm.hf.HFCausalLM` around a ``transformers`` model).
     """
 
     name: str
@@ -169,7 +201,7 @@ class RunResult:
     val_loss: float
     seconds: float
     tokens_per_s: float
-    model: TinyLM = field(repr=False)
+    model: nn.Module = field(repr=False)
 
     @property
     def final_train_loss(self) -> float:
@@ -183,7 +215,7 @@ class JobResult:
 
     Attributes:
         config: the job's :class:`TrainConfig`.
-        model_config: the :class:`ModelConfig` trained.
+        model_config: the :class:`ModelConfig` trained, or the ``transformers`` config.
         device: resolved device string; ``device_name`` its human name.
         corpus: ``{"source", "n_bytes", "n_files", "n_train", "n_val"}``.
         runs: ``[cake-a, cake-b, torch]``.
@@ -191,10 +223,11 @@ class JobResult:
         weights_identical: every final parameter of the cake runs ``torch.equal``.
         max_gap_torch: ``max |loss_cake_a - loss_torch|`` over steps.
         seconds: wall time of the whole job.
+        n_params: parameters of the model.
     """
 
     config: TrainConfig
-    model_config: ModelConfig
+    model_config: ModelConfig | Any
     device: str
     device_name: str
     corpus: dict[str, object]
@@ -203,6 +236,7 @@ class JobResult:
     weights_identical: bool
     max_gap_torch: float
     seconds: float
+    n_params: int = 0
 
     @property
     def identical(self) -> bool:
@@ -217,7 +251,8 @@ class JobResult:
         raise KeyError(name)
 
     def config_dict(self) -> dict[str, object]:
-        """JSON-serialisable config: train config plus model config."""
+        """JSON-serialisable config: train config plus model config (a ``transformers``
+        config's ``to_dict()``)."""
         return {"train": asdict(self.config), "model": self.model_config.to_dict()}
 
 
@@ -288,7 +323,7 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def evaluate(
-    model: TinyLM, data: torch.Tensor, starts: torch.Tensor, seq_len: int, batch_size: int
+    model: nn.Module, data: torch.Tensor, starts: torch.Tensor, seq_len: int, batch_size: int
 ) -> float:
     """Mean cross entropy (nats/byte) of ``model`` over windows at ``starts`` of ``data``.
 
@@ -314,7 +349,7 @@ def evaluate(
 
 def train_once(
     name: str,
-    model: TinyLM,
+    model: nn.Module,
     train_data: torch.Tensor,
     starts: torch.Tensor,
     cfg: TrainConfig,
@@ -383,7 +418,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def _same_weights(a: TinyLM, b: TinyLM) -> bool:
+def _same_weights(a: nn.Module, b: nn.Module) -> bool:
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
     return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
 
@@ -416,8 +451,16 @@ def run_job(
     """
     t_job = time.perf_counter()
     device = resolve_device(cfg.device)
+    spec = HF_MODELS.get(cfg.model)
+    if spec is not None:
+        require_hf(spec)  # the missing-package error before the corpus is read
     mcfg = cfg.model_config()
     dtype = DTYPES[cfg.dtype]
+
+    def build(impl: str, **kw: object) -> nn.Module:
+        if spec is None:
+            return build_model(mcfg, impl, **kw)
+        return build_hf_model(mcfg, spec, impl, **kw)
 
     if corpus is None:
         corpus = load_corpus(cfg.text, cfg.bytes)
@@ -427,12 +470,14 @@ def run_job(
 
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(cfg.seed)
-        init_state = {k: v.clone() for k, v in build_model(mcfg, "cake").state_dict().items()}
+        # tinylm: the cake build's init (as ever); a transformers model: unpatched (the same)
+        init = build("cake" if spec is None else "torch")
+        init_state = {k: v.clone() for k, v in init.state_dict().items()}
 
     runs: list[RunResult] = []
     with deterministic_mode():
         for name, impl in (("cake-a", "cake"), ("cake-b", "cake"), ("torch", "torch")):
-            model = build_model(mcfg, impl, device=device, dtype=dtype)
+            model = build(impl, device=device, dtype=dtype)
             model.load_state_dict(init_state)
             runs.append(
                 train_once(
@@ -464,4 +509,5 @@ def run_job(
         weights_identical=_same_weights(a.model, b.model),
         max_gap_torch=float((a.losses.double() - ref.losses.double()).abs().max()),
         seconds=time.perf_counter() - t_job,
+        n_params=sum(p.numel() for p in a.model.parameters()),
     )
