@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7f5c51e4a81c04ef5574cbb6ab11dbc400c5640175643ea3736d978a2c5af65b"
+SOURCE_DIGEST = "sha256:439cdd3e7fe7edceb03d8e4efbb7000b102bd1d2a52facf298996430742aa18d"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train twice with cake (bitwise check) and once with torch (reference)",
         description=(
-            "Train the tiny LM (or with --model qwen3-next a small transformers Qwen3-Next) "
+            "Train the tiny LM (or with --model qwen3-next / qwen3 a small transformers "
+            "Qwen3-Next / Qwen3) "
             "twice with cake kernels (RMSNorm, every Linear projection, "
             "fused LM head + cross entropy; with --mixer gdn or kda also the short conv, the "
             "delta-rule core and the gated norm) from the same initial weights and batch order, "
@@ -70,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
         "1:1 for 2 layers, MoE with a shared expert; sized by --d-model, --n-layers, "
         "--n-heads, --seq-len, --moe), the cake runs patched by "
         "cake_transformers.apply_cake_kernels_to_qwen3_next, the torch run transformers' own "
-        "code; needs pip install ./packages/cake-transformers (default: %(default)s)",
+        "code; qwen3: a small dense transformers Qwen3ForCausalLM (GQA attention, SwiGLU "
+        "MLP; --d-model, --n-layers, --n-heads, --seq-len), patched by "
+        "apply_cake_kernels_to_qwen3; both need pip install ./packages/cake-transformers "
+        "(default: %(default)s)",
     )
     p.add_argument("--steps", type=int, help=f"optimizer steps per run ({sized('steps')})")
     p.add_argument("--batch-size", type=int, help=f"sequences per step ({sized('batch_size')})")

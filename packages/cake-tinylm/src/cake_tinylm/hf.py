@@ -35,6 +35,7 @@ __all__ = [
     "ModelSpec",
     "build_hf_model",
     "hf_config",
+    "qwen3_config",
     "qwen3_next_config",
     "require_hf",
 ]
@@ -143,6 +144,40 @@ def qwen3_next_config(cfg: TrainConfig):
     )
 
 
+def qwen3_config(cfg: TrainConfig):
+    """A small random-init ``transformers.Qwen3Config`` (dense Qwen3) for the job.
+
+    Byte vocabulary (256), ``hidden_size = d_model``, ``num_hidden_layers = n_layers``, every
+    layer full causal attention: ``n_heads`` query heads of 64, ``max(1, n_heads // 4)``
+    key/value heads (GQA), q/k RMSNorm per head; a SwiGLU MLP of ``3 * d_model``; no sliding
+    window, no attention dropout, untied LM head, ``max_position_embeddings = seq_len``, no
+    cache.
+
+    Raises:
+        ImportError: transformers missing.
+        ValueError: experts requested (``--moe``: Qwen3 is dense).
+    """
+    if cfg.moe_experts:
+        raise ValueError("--model qwen3 is dense: drop --moe (or use --model qwen3-next)")
+    transformers = _import("transformers", "--model qwen3")
+    heads, d = cfg.n_heads, cfg.d_model
+    return transformers.Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=d,
+        intermediate_size=3 * d,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        head_dim=64,
+        hidden_act="silu",
+        attention_dropout=0.0,
+        use_sliding_window=False,
+        max_position_embeddings=cfg.seq_len,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
+
+
 #: the ``transformers`` models of ``--model`` (``tinylm``, cake's own model, is not one)
 HF_MODELS: dict[str, ModelSpec] = {
     "qwen3-next": ModelSpec(
@@ -168,6 +203,23 @@ HF_MODELS: dict[str, ModelSpec] = {
         cuda_defaults=dict(steps=200, batch_size=8, seq_len=4096, d_model=1024, n_layers=8,
                            n_heads=16, lr=6e-4, moe_experts=32, moe_top_k=4,
                            dtype="bfloat16"),
+    ),
+    "qwen3": ModelSpec(
+        name="qwen3",
+        build_config=qwen3_config,
+        model_class="Qwen3ForCausalLM",
+        patch="apply_cake_kernels_to_qwen3",
+        families=(
+            "cake-rmsnorm-det-train",
+            "cake-gqa-det-train",
+            "cake-dense-projection-det-gemm",
+            "cake-lm-head-loss-det-train",
+        ),
+        cpu_defaults=dict(steps=16, warmup=4, batch_size=4, seq_len=32, d_model=128,
+                          n_layers=2, n_heads=2, lr=2e-3, val_windows=16),
+        # about 100M parameters: 8 layers of width 1024, 16 query / 4 key-value heads
+        cuda_defaults=dict(steps=200, batch_size=8, seq_len=4096, d_model=1024, n_layers=8,
+                           n_heads=16, lr=6e-4, dtype="bfloat16"),
     ),
 }
 

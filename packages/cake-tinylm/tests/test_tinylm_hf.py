@@ -1,8 +1,10 @@
-"""``--model qwen3-next``: the main job on transformers' Qwen3-Next patched by cake-transformers.
+"""``--model qwen3-next`` / ``--model qwen3``: the main job on transformers' models patched by
+cake-transformers.
 
-A tiny config (2 layers: one Gated DeltaNet, one gated attention; hidden 64, T = 16, B = 2,
-3 steps, fp32 on the CPU): the two patched runs must be bitwise identical, the unpatched
-(transformers) run close, and report.json must carry the model and its config.
+Tiny configs (Qwen3-Next: 2 layers, one Gated DeltaNet, one gated attention; Qwen3: 2 dense
+layers; hidden 64, T = 16, B = 2, 3 steps, fp32 on the CPU): the two patched runs must be
+bitwise identical, the unpatched (transformers) run close, and report.json must carry the
+model and its config.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ pytest.importorskip("cake_transformers")
 
 from cake_tinylm import default_config, run_job, write_report  # noqa: E402
 from cake_tinylm.cli import main  # noqa: E402
-from cake_tinylm.hf import HF_MODELS, HFCausalLM, qwen3_next_config  # noqa: E402
+from cake_tinylm.hf import HF_MODELS, HFCausalLM, qwen3_config, qwen3_next_config  # noqa: E402
 from cake_tinylm.train import TrainConfig  # noqa: E402
 
 TINY = dict(model="qwen3-next", steps=3, batch_size=2, seq_len=16, d_model=64, n_layers=2,
@@ -101,3 +103,32 @@ def test_qwen3_next_cli_refusals(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "pip install ./packages/cake-transformers" in err
     assert not (tmp_path / "report.json").exists()
+
+
+def test_qwen3_job_is_bitwise_deterministic(tmp_path):
+    from transformers import Qwen3ForCausalLM
+
+    tiny = dict(TINY, model="qwen3")
+    cfg = default_config("cpu", out=str(tmp_path), **tiny)
+    assert cfg.moe_experts == 0  # dense
+    result = run_job(cfg, progress=False)
+    a, b, ref = result.runs
+    assert isinstance(a.model.lm, Qwen3ForCausalLM)
+    assert "forward" in vars(a.model.lm) and "forward" not in vars(ref.model.lm)
+    assert result.identical and result.max_gap_torch < 1e-4
+    rep = json.loads(write_report(result, tmp_path)[0].read_text())
+    assert rep["model"] == "qwen3" and rep["config"]["model"]["model_type"] == "qwen3"
+    assert rep["cake_families"] == list(HF_MODELS["qwen3"].families)
+
+
+def test_qwen3_configs():
+    big = TrainConfig(**HF_MODELS["qwen3"].cuda_defaults, device="cpu", model="qwen3")
+    c = qwen3_config(big)
+    assert (c.hidden_size, c.num_hidden_layers, c.head_dim) == (1024, 8, 64)
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        n = sum(p.numel() for p in Qwen3ForCausalLM(c).parameters())
+    assert 90e6 < n < 110e6
+    with pytest.raises(ValueError, match="dense"):
+        TrainConfig(model="qwen3", moe_experts=4, moe_top_k=2).model_config()
