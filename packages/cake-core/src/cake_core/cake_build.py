@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e57256ae12a2ee10614870387f13d5d4dd3683462cc08355d8bab3216c568e90"
+SOURCE_DIGEST = "sha256:e5f37c1c623dd0bca31244fd8d8504ad8e970ac30813bef30fde8f74e794cabb"
 # --- end of generated block ---
 
 MANIFEST = {
