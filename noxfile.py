@@ -54,6 +54,8 @@ FAMILIES = {
     "dense": "cake-dense-projection-det-gemm",
     "gdn": "cake-gdn-det-train",
     "gdn_kcp": "cake-gdn-det-train-kcp",
+    "gdn_nondet": "cake-gdn-nondet-train",
+    "gdn_nondet_kcp": "cake-gdn-nondet-train-kcp",
     "gate_norm": "cake-rmsnorm-silu-gate-det-train",
     "conv": "cake-causal-conv1d-det-train",
     "kda": "cake-kda-det-train",

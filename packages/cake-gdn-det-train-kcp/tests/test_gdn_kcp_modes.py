@@ -1,6 +1,8 @@
 """Mode and type checks: the KCP backward takes only this package's det saved set and
-workspace (not the single-rank package's, not a non-det type), and refuses them before
-any launch or collective."""
+workspace (not the single-rank package's, not one of its own types carrying another
+mode), and refuses them before any launch or collective. The refusal of the real
+non-deterministic sibling's objects (cake-gdn-nondet-train-kcp, which depends on this
+package) is tested in that package's tests."""
 
 import dataclasses
 from typing import ClassVar
@@ -9,7 +11,7 @@ import cake_gdn_det_train_kcp.api as kcp_api
 import pytest
 import torch
 from _gdn_kcp_helpers import CROSS_CU, CROSS_ROWS, DEV, global_inputs, shard
-from cake_core import Mode, Plan, SavedSet, Workspace
+from cake_core import Mode, Plan
 from cake_gdn_det_train_kcp import (
     GDNDetKCPSavedSet,
     GDNDetKCPWorkspace,
@@ -18,16 +20,6 @@ from cake_gdn_det_train_kcp import (
     chunk_gdn_det_fwd_kcp,
     partition_det_kcp,
 )
-
-
-class NonDetGDNKCPSavedSet(SavedSet):
-    """What a non-deterministic KCP sibling would hand over (same tensors, nondet)."""
-
-    tensor_names = GDNDetKCPSavedSet.tensor_names
-
-
-class NonDetGDNKCPWorkspace(Workspace):
-    """A non-deterministic sibling's workspace."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +55,6 @@ def test_backward_refuses_foreign_saved_sets(setup, no_work):
         saved.meta, saved.local)
     foreign = {
         "GDNDetSavedSet": saved.local[0],                       # the single-rank package's
-        "NonDetGDNKCPSavedSet": NonDetGDNKCPSavedSet(
-            Mode.NONDET, dict(zip(saved.tensor_names, saved.tensors()[:6], strict=True))),
         "GDNDetKCPSavedSet with mode=nondet": nondet_same_type,
         "dict": dict(zip(saved.tensor_names, saved.tensors()[:6], strict=True)),
     }
@@ -81,11 +71,9 @@ def test_backward_refuses_foreign_workspaces(setup, no_work):
     ctx, local, saved = setup
     plan = make_plan(16, 16, torch.float32, DEV)
     det_local = GDNDetWorkspace.for_plan(plan, DEV, num_v_heads=1, max_tokens=100, max_seqs=6)
-    nondet = NonDetGDNKCPWorkspace(plan, DEV, {})
-    nondet.mode = Mode.NONDET
     own_nondet = GDNDetKCPWorkspace.for_context(plan, ctx, num_v_heads=1)
     own_nondet.mode = Mode.NONDET
-    for obj, match in ((det_local, "got GDNDetWorkspace"), (nondet, "got NonDetGDNKCPWorkspace"),
+    for obj, match in ((det_local, "got GDNDetWorkspace"),
                        (own_nondet, "got GDNDetKCPWorkspace with mode=nondet")):
         for call in (lambda o: chunk_gdn_det_bwd_kcp(local[5], saved, ctx, workspace=o),
                      lambda o: chunk_gdn_det_fwd_kcp(*local[:5], ctx, workspace=o)):

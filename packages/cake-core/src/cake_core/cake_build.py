@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d6491dfed0ffc4b53207040ee754841ef532e20cecdca4919ed4674e6345da17"
+SOURCE_DIGEST = "sha256:5f12ef9793ac2a14a51b7eb23190ee636fe0508f3479a7cadf3c78189bfdb5be"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -41,6 +41,7 @@ single-rank package's bitwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -77,7 +78,7 @@ from cake_gdn_det_train_kcp.context import LocalGroup, check_context, has_middle
 from cake_gdn_det_train_kcp.exchange import (
     ring_ready,
 )
-from cake_gdn_det_train_kcp.saved import GDNDetKCPSavedSet, GDNDetKCPWorkspace, p_plan
+from cake_gdn_det_train_kcp.saved import GDNDetKCPSavedSet, GDNDetKCPWorkspace
 
 __all__ = [
     "GDNDetKCPGrads",
@@ -109,28 +110,52 @@ _Groups = FragmentGroups  # this rank's fragment groups (cake_core.kcp_state)
 _groups = fragment_groups
 
 
+# ----------------------------------------------------------------------------- types
+
+
+class KCPModeTypes(NamedTuple):
+    """The mode-carrying types the KCP route runs with: this package's (:data:`DET`), or
+    cake-gdn-nondet-train-kcp's, which runs the same route with its own types and its
+    single-rank package's entries. An entry refuses objects of another type or ``mode``."""
+
+    mode: Mode
+    plan: type  # the single-rank plan class
+    saved: type  # the KCP saved set class
+    workspace: type  # the KCP workspace class (its ``transition_plan`` too)
+    make_plan: Callable
+    plans: dict  # the entries' default plans, per (K, V, dtype, device)
+    local_fwd: Callable  # the single-rank forward (chunk_gdn_det_fwd's signature)
+    local_bwd: Callable  # the single-rank backward (chunk_gdn_det_bwd's signature)
+    grads: type
+    before_bwd: Callable[[], None] | None = None  # run by a backward before any launch
+
+
 # ----------------------------------------------------------------------------- checks
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
 
 
-def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
-    return resolve_plan(plan, K, V, dtype, device, plan_type=GDNDetPlan, make_plan=make_plan,
-                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
+def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device,
+                  types: KCPModeTypes | None = None) -> GDNDetPlan:
+    types = types or DET
+    return resolve_plan(plan, K, V, dtype, device, plan_type=types.plan,
+                        make_plan=types.make_plan, cuda_plan_problem=cuda_plan_problem,
+                        cache=types.plans, mode=types.mode)
 
 
 def _resolve_workspace(workspace, plan: GDNDetPlan, ctx: Context, HV: int,
-                       dtype: torch.dtype) -> GDNDetKCPWorkspace | None:
+                       dtype: torch.dtype, types: KCPModeTypes | None = None):
     if workspace is None:
         return None
-    require_mode(workspace, GDNDetKCPWorkspace, Mode.DET, name="workspace")
+    types = types or DET
+    require_mode(workspace, types.workspace, types.mode, name="workspace")
     workspace.check_for(plan, ctx, HV, dtype)
     return workspace
 
 
-def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace):
+def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace, types=None):
     """Every check of the forward, before any allocation, launch or collective; returns
-    ``(scale, plan, workspace)``."""
+    ``(scale, plan, workspace)``. ``types``: default :data:`DET`."""
     check_context(ctx)
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=False)
@@ -143,14 +168,15 @@ def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace):
     device = check_same_device(("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
     launch_device_check(device, "q")
     check_context(ctx, device)
-    plan = _resolve_plan(plan, K, V, q.dtype, device)
-    return scale, plan, _resolve_workspace(workspace, plan, ctx, HV, q.dtype)
+    plan = _resolve_plan(plan, K, V, q.dtype, device, types)
+    return scale, plan, _resolve_workspace(workspace, plan, ctx, HV, q.dtype, types)
 
 
-def _check_bwd(do, saved, ctx, plan, workspace):
+def _check_bwd(do, saved, ctx, plan, workspace, types=None):
     """Every check of the backward, before any allocation, launch or collective; returns
-    ``(plan, workspace)``."""
-    require_mode(saved, GDNDetKCPSavedSet, Mode.DET, name="saved")
+    ``(plan, workspace)``. ``types``: default :data:`DET`."""
+    types = types or DET
+    require_mode(saved, types.saved, types.mode, name="saved")
     check_context(ctx)
     made = (saved.partition_key, saved.rank, saved.exchange)
     if made != (ctx.partition.key, ctx.rank, ctx.exchange):
@@ -163,8 +189,9 @@ def _check_bwd(do, saved, ctx, plan, workspace):
     launch_device_check(device, "do")
     check_context(ctx, device)
     K, HV, V = saved.q.shape[3], saved.v.shape[2], saved.v.shape[3]
-    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
-    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.q.dtype)
+    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device,
+                         types)
+    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.q.dtype, types)
 
 
 # ----------------------------------------------------------------------------- local calls
@@ -174,43 +201,47 @@ def _take(grp: LocalGroup, *xs):
     return tuple(grp.take(x) for x in xs)
 
 
-def _local_fwd(grp: LocalGroup, gs: _Groups, x, scale, use_l2, plan, ws, h0, final):
+def _local_fwd(grp: LocalGroup, gs: _Groups, x, scale, use_l2, plan, ws, h0, final,
+               types: KCPModeTypes):
     """One single-rank forward over ``grp``'s fragments: ``(o, final_state, saved)``."""
     q, k, v, g, beta = _take(grp, *x)
-    return chunk_gdn_det_fwd(q, k, v, g, beta, scale=scale, initial_state=h0,
-                             output_final_state=final, use_qk_l2norm_in_kernel=use_l2,
-                             cu_seqlens=gs.cu[grp.kind], plan=plan,
-                             workspace=ws.local if ws is not None else None)
+    return types.local_fwd(q, k, v, g, beta, scale=scale, initial_state=h0,
+                           output_final_state=final, use_qk_l2norm_in_kernel=use_l2,
+                           cu_seqlens=gs.cu[grp.kind], plan=plan,
+                           workspace=ws.local if ws is not None else None)
 
 
-def _transition_run(grp: LocalGroup, gs: _Groups, x, use_l2, plan, ws) -> torch.Tensor:
+def _transition_run(grp: LocalGroup, gs: _Groups, x, use_l2, plan, ws,
+                    types: KCPModeTypes) -> torch.Tensor:
     """``P`` fp32 ``[n, HV, K, K]`` of ``grp``'s fragments: the single-rank forward with
     ``v = 0`` of width K from the identity state (its final states)."""
     _, k, _, g, beta = _take(grp, *x)
     HV, K = g.shape[2], k.shape[3]
     n = len(grp.frags)
-    pp = p_plan(plan, k.dtype, k.device)
+    pp = types.workspace.transition_plan(plan, k.dtype, k.device)
     pws = None
     if ws is not None:
         pws = ws.local if pp is plan else ws.local_p
     v0 = torch.zeros((1, grp.num_tokens, HV, K), dtype=k.dtype, device=k.device)
     eye = torch.eye(K, dtype=_F32, device=k.device).expand(n, HV, K, K).contiguous()
-    _, P, _ = chunk_gdn_det_fwd(k, k, v0, g, beta, scale=1.0, initial_state=eye,
-                                output_final_state=True, use_qk_l2norm_in_kernel=use_l2,
-                                cu_seqlens=gs.cu[grp.kind], plan=pp, workspace=pws)
+    _, P, _ = types.local_fwd(k, k, v0, g, beta, scale=1.0, initial_state=eye,
+                              output_final_state=True, use_qk_l2norm_in_kernel=use_l2,
+                              cu_seqlens=gs.cu[grp.kind], plan=pp, workspace=pws)
     return P
 
 
-def _local_bwd(grp: LocalGroup, gs: _Groups, do, dht, saved: GDNDetSavedSet, plan, ws):
-    return chunk_gdn_det_bwd(grp.take(do), dht, saved, plan=plan,
-                             workspace=ws.local if ws is not None else None)
+def _local_bwd(grp: LocalGroup, gs: _Groups, do, dht, saved: GDNDetSavedSet, plan, ws,
+               types: KCPModeTypes):
+    return types.local_bwd(grp.take(do), dht, saved, plan=plan,
+                           workspace=ws.local if ws is not None else None)
 
 
 # ----------------------------------------------------------------------------- forward
 
 
-def _forward(q, k, v, g, beta, ctx: Context, scale, use_l2, plan, ws):
-    """After :func:`_check_fwd`: ``(o, saved)``."""
+def _forward(q, k, v, g, beta, ctx: Context, scale, use_l2, plan, ws, types=None):
+    """After :func:`_check_fwd`: ``(o, saved)``. ``types``: default :data:`DET`."""
+    types = types or DET
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     x = tuple(t.contiguous() for t in (q, k, v, g, beta))
     gs = _groups(ctx)
@@ -219,10 +250,10 @@ def _forward(q, k, v, g, beta, ctx: Context, scale, use_l2, plan, ws):
         HV, K, V = v.shape[2], q.shape[3], v.shape[3]
 
         def local_fwd(grp, h0, final):
-            return _local_fwd(grp, gs, x, scale, use_l2, plan, ws, h0, final)
+            return _local_fwd(grp, gs, x, scale, use_l2, plan, ws, h0, final, types)
 
         def transition(grp):
-            return _transition_run(grp, gs, x, use_l2, plan, ws)
+            return _transition_run(grp, gs, x, use_l2, plan, ws, types)
 
         if ctx.exchange == "ring":
             runs = forward_ring(ctx, gs, ws, o, HV, K, V, local_fwd, transition, ring_ready)
@@ -233,8 +264,8 @@ def _forward(q, k, v, g, beta, ctx: Context, scale, use_l2, plan, ws):
             "num_tokens": ctx.num_tokens, "groups": tuple((g_.kind, g_.frags) for g_, _ in runs),
             "plan": plan, "scale": scale, "use_qk_l2norm": use_l2,
             "has_middle": has_middle_fragments(ctx.partition)}
-    saved = GDNDetKCPSavedSet(Mode.DET, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "P": P},
-                              meta, tuple(s for _, s in runs))
+    saved = types.saved(types.mode, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "P": P},
+                        meta, tuple(s for _, s in runs))
     return o, saved
 
 
@@ -246,8 +277,10 @@ def _put_grads(grp: LocalGroup, out: list[torch.Tensor], gr) -> None:
         grp.put(dst, src)
 
 
-def _backward(do, saved: GDNDetKCPSavedSet, ctx: Context, plan, ws) -> GDNDetKCPGrads:
-    """After :func:`_check_bwd`."""
+def _backward(do, saved: GDNDetKCPSavedSet, ctx: Context, plan, ws,
+              types=None) -> GDNDetKCPGrads:
+    """After :func:`_check_bwd` (and ``types.before_bwd``). ``types``: default :data:`DET`."""
+    types = types or DET
     out = [torch.empty(t.shape, dtype=t.dtype, device=t.device)
            for t in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
     gs = _groups(ctx)
@@ -255,7 +288,7 @@ def _backward(do, saved: GDNDetKCPSavedSet, ctx: Context, plan, ws) -> GDNDetKCP
         do = do.contiguous()
 
         def local_bwd(grp, dht, s):
-            return _local_bwd(grp, gs, do, dht, s, plan, ws)
+            return _local_bwd(grp, gs, do, dht, s, plan, ws, types)
 
         def put(grp, gr):
             _put_grads(grp, out, gr)
@@ -264,7 +297,7 @@ def _backward(do, saved: GDNDetKCPSavedSet, ctx: Context, plan, ws) -> GDNDetKCP
             backward_ring(ctx, gs, ws, saved, local_bwd, put, ring_ready)
         else:
             backward_allgather(ctx, gs, ws, saved, local_bwd, put)
-    return GDNDetKCPGrads(*out)
+    return types.grads(*out)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -316,9 +349,16 @@ def chunk_gdn_det_fwd_kcp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
             another rank, world size or device, a foreign plan or workspace; all before any
             allocation, launch or collective.
     """
+    return fwd_kcp_entry(DET, q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan,
+                         workspace)
+
+
+def fwd_kcp_entry(types: KCPModeTypes, q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel,
+                  plan, workspace):
+    """The body of :func:`chunk_gdn_det_fwd_kcp` with ``types``."""
     scale, plan, ws = _check_fwd(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan,
-                                 workspace)
-    return _forward(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan, ws)
+                                 workspace, types)
+    return _forward(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan, ws, types)
 
 
 def chunk_gdn_det_bwd_kcp(do: torch.Tensor, saved: GDNDetKCPSavedSet, ctx: Context, *,
@@ -346,29 +386,42 @@ def chunk_gdn_det_bwd_kcp(do: torch.Tensor, saved: GDNDetKCPSavedSet, ctx: Conte
             (partition, rank or exchange), ``do`` of the wrong shape, dtype or device, a
             foreign plan; all before any allocation, launch or collective.
     """
-    plan, ws = _check_bwd(do, saved, ctx, plan, workspace)
-    return _backward(do, saved, ctx, plan, ws)
+    return bwd_kcp_entry(DET, do, saved, ctx, plan, workspace)
+
+
+def bwd_kcp_entry(types: KCPModeTypes, do, saved, ctx, plan, workspace):
+    """The body of :func:`chunk_gdn_det_bwd_kcp` with ``types``: every check, then
+    ``types.before_bwd`` (when set), then the route."""
+    plan, ws = _check_bwd(do, saved, ctx, plan, workspace, types)
+    if types.before_bwd is not None:
+        types.before_bwd()
+    return _backward(do, saved, ctx, plan, ws, types)
 
 
 class _GDNDetKCPFunction(torch.autograd.Function):
     """Autograd of the KCP route: the saved set's tensors (own and nested) go through
-    ``ctx.save_for_backward``; the KCP context, plan and workspace are kept as attributes."""
+    ``ctx.save_for_backward``; the KCP context, plan, workspace and the route's
+    :class:`KCPModeTypes` are kept as attributes."""
 
     @staticmethod
-    def forward(actx, q, k, v, g, beta, kcp_ctx, scale, use_l2, plan, ws):
-        o, saved = _forward(q, k, v, g, beta, kcp_ctx, scale, use_l2, plan, ws)
+    def forward(actx, q, k, v, g, beta, kcp_ctx, scale, use_l2, plan, ws, types):
+        o, saved = _forward(q, k, v, g, beta, kcp_ctx, scale, use_l2, plan, ws, types)
         actx.save_for_backward(*saved.tensors())
         actx.meta, actx.kcp_ctx, actx.plan, actx.ws = saved.meta, kcp_ctx, plan, ws
+        actx.types = types
         return o
 
     @staticmethod
     @once_differentiable
     def backward(actx, do):
-        saved = GDNDetKCPSavedSet.from_tensors(Mode.DET, actx.saved_tensors, actx.meta)
+        types = actx.types
+        saved = types.saved.from_tensors(types.mode, actx.saved_tensors, actx.meta)
         if do is None:
             do = torch.zeros(saved.v.shape, dtype=saved.v.dtype, device=saved.v.device)
-        grads = _backward(do, saved, actx.kcp_ctx, actx.plan, actx.ws)
-        return (*grads, None, None, None, None, None)
+        if types.before_bwd is not None:
+            types.before_bwd()
+        grads = _backward(do, saved, actx.kcp_ctx, actx.plan, actx.ws, types)
+        return (*grads, None, None, None, None, None, None)
 
 
 @torch.compiler.disable
@@ -387,7 +440,21 @@ def chunk_gated_delta_rule_det_kcp(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     Not twice differentiable. ``torch.compile`` does not trace it (it runs eagerly, a
     graph break).
     """
+    return autograd_kcp_entry(DET, q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan,
+                              workspace)
+
+
+def autograd_kcp_entry(types: KCPModeTypes, q, k, v, g, beta, ctx, scale,
+                       use_qk_l2norm_in_kernel, plan, workspace) -> torch.Tensor:
+    """The body of :func:`chunk_gated_delta_rule_det_kcp` with ``types``."""
     scale, plan, ws = _check_fwd(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, plan,
-                                 workspace)
+                                 workspace, types)
     return _GDNDetKCPFunction.apply(q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel,
-                                    plan, ws)
+                                    plan, ws, types)
+
+
+#: this package's types: det plans, its KCP saved set and workspace, cake-gdn-det-train's
+#: entries (looked up when called)
+DET = KCPModeTypes(Mode.DET, GDNDetPlan, GDNDetKCPSavedSet, GDNDetKCPWorkspace, make_plan,
+                   _DEFAULT_PLANS, lambda *a, **kw: chunk_gdn_det_fwd(*a, **kw),
+                   lambda *a, **kw: chunk_gdn_det_bwd(*a, **kw), GDNDetKCPGrads)

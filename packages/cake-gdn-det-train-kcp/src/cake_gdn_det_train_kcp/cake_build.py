@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:1f1b5ad71173819cad3d5b096406f6c46f3d89f6363d180a3dd1eb9aef645705"
+SOURCE_DIGEST = "sha256:45e1f04eb37a5bd8a6da4bbff62b338b48b5059a936851e45751df84a9f47afb"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -16,6 +16,7 @@ are an elementwise fp32 kernel before the chunk kernels and one after the backwa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -92,18 +93,34 @@ class GDNDetGrads(NamedTuple):
     ddt_bias: torch.Tensor | None = None
 
 
+class ModeTypes(NamedTuple):
+    """The mode-carrying types an entry of these launches runs with: this package's
+    (:data:`DET`), or cake-gdn-nondet-train's, which runs the same launches with its own
+    plan, saved set and workspace classes and registers its own custom ops
+    (:func:`define_ops`). An entry refuses objects of another ``mode`` or type."""
+
+    mode: Mode
+    plan: type  # GDNDetPlan or its nondet subclass
+    saved: type
+    workspace: type
+    make_plan: Callable  # (K, V, dtype, device, *, state_programs=None) -> plan
+    ops: str  # the custom ops' namespace
+    plans: dict  # the entries' default plans, per (K, V, dtype, device)
+    before_bwd: Callable[[], None] | None = None  # run by a backward before any launch
+
+
 # ----------------------------------------------------------------------------- checks
 
 
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
                   dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                  plan=None):
+                  plan=None, types: ModeTypes | None = None):
     """All checks of :func:`chunk_gdn_det_fwd`, then the plan; returns ``(device, N, scale,
     A_log, dt_bias, beta code, plan, seqs)``. A_log and dt_bias are checked (and used)
     only with ``use_gate_in_kernel``, as in FLA (``None`` without it). seqs: the call's
     sequences and chunk tables, resolved once (:class:`cake_core.varlen.SeqChunks`,
-    read-only; ``None`` while torch.compile traces)."""
+    read-only; ``None`` while torch.compile traces). ``types``: default :data:`DET`."""
     check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=False)
@@ -121,19 +138,28 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                                              A_log, dt_bias, chunk_size=CHUNK_SIZE)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return (device, N, scale, A_log, dt_bias, sig,
-            _resolve_plan(plan, K, V, q.dtype, device, state_programs=N * HV), seqs)
+            _resolve_plan(plan, K, V, q.dtype, device, state_programs=N * HV, types=types),
+            seqs)
 
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
 
+#: this package's types: det plans, saved sets and workspaces, the ops ``cake_gdn_det_train::``
+DET = ModeTypes(Mode.DET, GDNDetPlan, GDNDetSavedSet, GDNDetWorkspace, make_plan,
+                "cake_gdn_det_train", _DEFAULT_PLANS)
+
 
 def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device,
-                  state_programs: int | None = None) -> GDNDetPlan:
-    """The call's plan: the caller's (checked), else the rule's for (K, V, dtype, device),
-    narrowed by :func:`make_plan`'s ``state_programs`` rule when ``state_programs``
-    (``N * HV``) is given."""
-    got = resolve_plan(plan, K, V, dtype, device, plan_type=GDNDetPlan, make_plan=make_plan,
-                       cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
+                  state_programs: int | None = None,
+                  types: ModeTypes | None = None) -> GDNDetPlan:
+    """The call's plan: the caller's (checked: ``types.plan`` of ``types.mode``, default
+    :data:`DET`), else the rule's for (K, V, dtype, device), narrowed by
+    :func:`make_plan`'s ``state_programs`` rule when ``state_programs`` (``N * HV``) is
+    given."""
+    types = types or DET
+    got = resolve_plan(plan, K, V, dtype, device, plan_type=types.plan,
+                       make_plan=types.make_plan, cuda_plan_problem=cuda_plan_problem,
+                       cache=types.plans, mode=types.mode)
     if plan is not None or state_programs is None:
         return got
     return narrowed_for(got, dtype, device, state_programs)
@@ -156,18 +182,21 @@ def _without_narrowed_fields(plan: GDNDetPlan) -> dict:
 
 
 def _resolve_workspace(workspace, plan: GDNDetPlan, device: torch.device, HV: int, NT: int,
-                       NC: int, dtype: torch.dtype):
-    """The caller's workspace after every check (``None`` stays ``None``). A workspace made
-    for a plan that differs from the call's in ``block_v_h`` / ``num_warps_h`` only serves
-    it (the buffers are the same; :func:`make_plan`'s ``state_programs`` rule may narrow
-    the default)."""
+                       NC: int, dtype: torch.dtype, types: ModeTypes | None = None):
+    """The caller's workspace after every check (``None`` stays ``None``; a
+    ``types.workspace`` of ``types.mode``, default :data:`DET`). A workspace made for a
+    plan that differs from the call's in ``block_v_h`` / ``num_warps_h`` only serves it (the
+    buffers are the same; :func:`make_plan`'s ``state_programs`` rule may narrow the
+    default)."""
+    types = types or DET
     own = getattr(workspace, "plan", None)
-    if isinstance(workspace, GDNDetWorkspace) and isinstance(own, GDNDetPlan) and \
+    if isinstance(workspace, types.workspace) and isinstance(own, types.plan) and \
             own != plan and _without_narrowed_fields(own) == _without_narrowed_fields(plan):
         plan = own
-    return resolve_workspace(workspace, plan, device, workspace_type=GDNDetWorkspace,
+    return resolve_workspace(workspace, plan, device, workspace_type=types.workspace,
                              buffer_shapes=workspace_shapes(plan, HV),
-                             buffer_dtype=inter_dtype(plan, dtype), tokens=NT, chunks=NC)
+                             buffer_dtype=inter_dtype(plan, dtype), tokens=NT, chunks=NC,
+                             mode=types.mode)
 
 
 # ----------------------------------------------------------------------------- launches
@@ -572,16 +601,26 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             not ``[HV]`` of fp32 or q's dtype on the inputs' device; before any allocation
             or launch. Inputs are never modified.
     """
+    return fwd_entry(DET, q, k, v, g, beta, scale, initial_state, output_final_state,
+                     use_qk_l2norm_in_kernel, cu_seqlens, plan, workspace, use_gate_in_kernel,
+                     A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+
+
+def fwd_entry(types: ModeTypes, q, k, v, g, beta, scale, initial_state, output_final_state,
+              use_qk_l2norm_in_kernel, cu_seqlens, plan, workspace, use_gate_in_kernel, A_log,
+              dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval):
+    """The body of :func:`chunk_gdn_det_fwd` with ``types`` (:class:`ModeTypes`): its
+    plans, workspaces and saved sets."""
     device, N, scale, A_log, dt_bias, sig, plan, seqs = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-        allow_neg_eigval, plan)
+        allow_neg_eigval, plan, types)
     B, T, H, K = q.shape
     HV = v.shape[2]
     if seqs is None:  # traced by torch.compile: the values are needed here
         seqs = resolve_chunks(cu_seqlens, B, T, device, CHUNK_SIZE)
     workspace = _resolve_workspace(workspace, plan, device, HV, B * T, seqs.num_chunks,
-                                   q.dtype)
+                                   q.dtype, types)
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
@@ -591,7 +630,8 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             plan, workspace, seqs.tables, gate)
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, sig, states=states)
+                       cu_seqlens is not None, use_gate_in_kernel, sig, states=states,
+                       types=types)
     return o, ht, saved
 
 
@@ -603,16 +643,18 @@ def _gate_args(use_gate, A_log, dt_bias, use_sigmoid):
 
 def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs: SeqChunks, q_rstd,
                k_rstd, A_log, dt_bias, scale, use_l2, plan, varlen, use_gate, use_sigmoid,
-               states=None) -> GDNDetSavedSet:
+               states=None, types: ModeTypes | None = None) -> GDNDetSavedSet:
     """``seqs``: the forward's sequences (:func:`cake_core.varlen.resolve_chunks`): the
     saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
     same device and stream launches with their tables. ``states``: the kept
-    ``(h, w, v_new)`` or ``None``."""
+    ``(h, w, v_new)`` or ``None``. A ``types.saved`` of ``types.mode`` (default
+    :data:`DET`)."""
+    types = types or DET
     h, w, v_new = states if states is not None else (None, None, None)
     tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, seqs.cu, q_rstd, k_rstd,
                A_log, dt_bias, h, w, v_new)
-    return GDNDetSavedSet(
-        Mode.DET, dict(zip(GDNDetSavedSet.tensor_names, tensors, strict=True)),
+    return types.saved(
+        types.mode, dict(zip(types.saved.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
                         use_gate_in_kernel=use_gate, beta=use_sigmoid, seqs=seqs))
 
@@ -645,12 +687,21 @@ def chunk_gdn_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: GDNDetS
         ValueError: a saved set of another type or mode, ``do``/``dht`` of the wrong shape,
             dtype or device, a foreign plan or workspace; before any launch.
     """
-    require_mode(saved, GDNDetSavedSet, Mode.DET, name="saved")
+    return bwd_entry(DET, do, dht, saved, plan, workspace)
+
+
+def bwd_entry(types: ModeTypes, do, dht, saved, plan, workspace) -> GDNDetGrads:
+    """The body of :func:`chunk_gdn_det_bwd` with ``types`` (:class:`ModeTypes`): every
+    check, then ``types.before_bwd`` (when set), then the launches."""
+    require_mode(saved, types.saved, types.mode, name="saved")
     device = check_grad_outputs(do, dht, saved)
-    plan, workspace = resolve_for_backward(saved, plan, workspace, device,
-                                           resolve_plan=_resolve_plan,
-                                           resolve_workspace=_resolve_workspace,
-                                           chunk_size=CHUNK_SIZE)
+    plan, workspace = resolve_for_backward(
+        saved, plan, workspace, device,
+        resolve_plan=lambda *a: _resolve_plan(*a, types=types),
+        resolve_workspace=lambda *a: _resolve_workspace(*a, types=types),
+        chunk_size=CHUNK_SIZE)
+    if types.before_bwd is not None:
+        types.before_bwd()
     with torch.no_grad():
         return _launch_bwd(do, dht, saved, plan, workspace)
 
@@ -679,95 +730,6 @@ def _kept_shapes(plan: GDNDetPlan, NT: int, N: int, HV: int, K: int, V: int):
     return (NT, HV), (_h_rows(NT, N), HV, K, V), (NT, HV, K), (NT, HV, V)
 
 
-@torch.library.custom_op("cake_gdn_det_train::fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-            beta: torch.Tensor, initial_state: torch.Tensor | None,
-            cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
-            dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
-            use_l2: bool, use_gate: bool, use_sigmoid: int, plan_fields: list[int],
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                       torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum or [0], A,
-    h or [0], w or [0], v_new or [0])``; arguments checked by the entry, except the values
-    of cu_seqlens (checked here, before any launch: a cache hit when the entry resolved
-    them)."""
-    plan = plan_from_op_fields(GDNDetPlan, plan_fields)
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
-    qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
-    h0 = initial_state.contiguous() if initial_state is not None else None
-    NT, N = B * T, seqs.num_seqs
-    o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
-        qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, plan, None,
-        seqs.tables, _gate_args(use_gate, A_log, dt_bias, use_sigmoid),
-        h_rows=_h_rows(NT, N))
-    if plan.keep_states:
-        if states is None:  # no tokens: empty tensors of the shapes the fake gives
-            states = tuple(q.new_empty(shape, dtype=A.dtype)
-                           for shape in _kept_shapes(plan, NT, N, HV, K, V)[1:])
-        h, w, v_new = states
-    else:
-        g_cumsum = h = w = v_new = None
-    return (o, *(optional_output(t, q) for t in (ht, q_rstd, k_rstd, g_cumsum)), A,
-            *(optional_output(t, q) for t in (h, w, v_new)))
-
-
-@_fwd_op.register_fake
-def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
-              output_final_state, use_l2, use_gate, use_sigmoid, plan_fields):
-    plan = plan_from_op_fields(GDNDetPlan, plan_fields)
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-    NT = B * T
-    f32 = torch.float32
-    idt = inter_dtype(plan, q.dtype)
-    ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
-    rstd = (B, T, H) if use_l2 else (0,)
-    if plan.keep_states:  # the most chunks N sequences of NT tokens can form
-        nh = torch.sym_min(NT, (NT + (CHUNK_SIZE - 1) * N) // CHUNK_SIZE)
-        kept = ((NT, HV), (nh, HV, K, V), (NT, HV, K), (NT, HV, V))
-    else:
-        kept = ((0,),) * 4
-    return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
-            q.new_empty(rstd, dtype=f32), q.new_empty(kept[0], dtype=f32),
-            q.new_empty((NT, HV, CHUNK_SIZE), dtype=idt),
-            *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)
-              for shape in kept[1:]))
-
-
-@torch.library.custom_op("cake_gdn_det_train::bwd", mutates_args=())
-def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
-            v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-            q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
-            A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
-            g_cumsum: torch.Tensor, A: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
-            v_new: torch.Tensor, scale: float, use_l2: bool, use_gate: bool,
-            use_sigmoid: int, plan_fields: list[int],
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                       torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or [0])``:
-    :func:`_launch_bwd` on a saved set rebuilt from the arguments (the fwd op's kept
-    tensors: ``[0]`` ones are absent). ``cu_seqlens``: the forward's device offsets
-    (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the forward's tables: a cache hit)
-    or the caller's tensor (traced)."""
-    plan = plan_from_op_fields(GDNDetPlan, plan_fields)
-    B, T = q.shape[:2]
-    seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
-    kept = [t if t.numel() else None for t in (g_cumsum, h, w, v_new)]
-    saved = _saved_set(q, k, v, g, beta, kept[0], A, initial_state, seqs,
-                       q_rstd if use_l2 else None, k_rstd if use_l2 else None,
-                       A_log if use_gate else None, dt_bias if use_gate else None,
-                       float(scale), use_l2, plan, cu_seqlens is not None, use_gate, use_sigmoid,
-                       states=tuple(kept[1:]) if kept[1] is not None else None)
-    gr = _launch_bwd(do, dht, saved, plan, None)
-    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
-            optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
-
-
-@_bwd_op.register_fake
 def _bwd_fake(do, dht, q, k, v, g, beta, initial_state, cu_seqlens, q_rstd, k_rstd, A_log,
               dt_bias, g_cumsum, A, h, w, v_new, scale, use_l2, use_gate, use_sigmoid,
               plan_fields):
@@ -793,24 +755,124 @@ def _setup_context(ctx, inputs, output):
     ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields = use_gate, use_sigmoid, plan_fields
 
 
-def _backward(ctx, do, dht, *_):
-    (q, k, v, g, beta, h0, cu, q_rstd, k_rstd, A_log, dt_bias, g_cumsum, A, h, w,
-     v_new) = ctx.saved_tensors
-    if do is None:
-        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = torch.ops.cake_gdn_det_train.bwd(
-        do, dht if ctx.output_final_state else None, q, k, v, g, beta, h0, cu, q_rstd, k_rstd,
-        A_log, dt_bias, g_cumsum, A, h, w, v_new, ctx.scale, ctx.use_l2, ctx.use_gate,
-        ctx.use_sigmoid, ctx.plan_fields)
-    need = ctx.needs_input_grad
-    return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
-            dA_log if A_log is not None and ctx.use_gate and need[7] else None,
-            ddt_bias if dt_bias is not None and ctx.use_gate and need[8] else None,
-            None, None, None, None, None, None)
+def define_ops(types: ModeTypes):
+    """Register the custom ops ``<types.ops>::fwd`` / ``::bwd`` and their autograd, the
+    plan crossing as ``types.plan``'s fields and the backward's saved set a ``types.saved``
+    (this package's ops at import: :data:`DET`; cake-gdn-nondet-train registers its own
+    with its types). ``types.before_bwd`` runs first in the bwd op, before any launch.
+    Returns ``(fwd_op, bwd_op)``."""
+
+    @torch.library.custom_op(f"{types.ops}::fwd", mutates_args=())
+    def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor, initial_state: torch.Tensor | None,
+               cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
+               dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
+               use_l2: bool, use_gate: bool, use_sigmoid: int, plan_fields: list[int],
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                          torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum or [0], A,
+        h or [0], w or [0], v_new or [0])``; arguments checked by the entry, except the
+        values of cu_seqlens (checked here, before any launch: a cache hit when the entry
+        resolved them)."""
+        plan = plan_from_op_fields(types.plan, plan_fields, types.mode)
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        h0 = initial_state.contiguous() if initial_state is not None else None
+        NT, N = B * T, seqs.num_seqs
+        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
+            qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, plan, None,
+            seqs.tables, _gate_args(use_gate, A_log, dt_bias, use_sigmoid),
+            h_rows=_h_rows(NT, N))
+        if plan.keep_states:
+            if states is None:  # no tokens: empty tensors of the shapes the fake gives
+                states = tuple(q.new_empty(shape, dtype=A.dtype)
+                               for shape in _kept_shapes(plan, NT, N, HV, K, V)[1:])
+            h, w, v_new = states
+        else:
+            g_cumsum = h = w = v_new = None
+        return (o, *(optional_output(t, q) for t in (ht, q_rstd, k_rstd, g_cumsum)), A,
+                *(optional_output(t, q) for t in (h, w, v_new)))
+
+    @fwd_op.register_fake
+    def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+                  output_final_state, use_l2, use_gate, use_sigmoid, plan_fields):
+        plan = plan_from_op_fields(types.plan, plan_fields, types.mode)
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+        NT = B * T
+        f32 = torch.float32
+        idt = inter_dtype(plan, q.dtype)
+        ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
+        rstd = (B, T, H) if use_l2 else (0,)
+        if plan.keep_states:  # the most chunks N sequences of NT tokens can form
+            nh = torch.sym_min(NT, (NT + (CHUNK_SIZE - 1) * N) // CHUNK_SIZE)
+            kept = ((NT, HV), (nh, HV, K, V), (NT, HV, K), (NT, HV, V))
+        else:
+            kept = ((0,),) * 4
+        return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
+                q.new_empty(rstd, dtype=f32), q.new_empty(kept[0], dtype=f32),
+                q.new_empty((NT, HV, CHUNK_SIZE), dtype=idt),
+                *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)
+                  for shape in kept[1:]))
+
+    @torch.library.custom_op(f"{types.ops}::bwd", mutates_args=())
+    def bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+               q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
+               A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+               g_cumsum: torch.Tensor, A: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
+               v_new: torch.Tensor, scale: float, use_l2: bool, use_gate: bool,
+               use_sigmoid: int, plan_fields: list[int],
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                          torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or
+        [0])``: :func:`_launch_bwd` on a saved set rebuilt from the arguments (the fwd op's
+        kept tensors: ``[0]`` ones are absent). ``cu_seqlens``: the forward's device offsets
+        (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the forward's tables: a cache
+        hit) or the caller's tensor (traced)."""
+        if types.before_bwd is not None:
+            types.before_bwd()
+        plan = plan_from_op_fields(types.plan, plan_fields, types.mode)
+        B, T = q.shape[:2]
+        seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
+        kept = [t if t.numel() else None for t in (g_cumsum, h, w, v_new)]
+        saved = _saved_set(q, k, v, g, beta, kept[0], A, initial_state, seqs,
+                           q_rstd if use_l2 else None, k_rstd if use_l2 else None,
+                           A_log if use_gate else None, dt_bias if use_gate else None,
+                           float(scale), use_l2, plan, cu_seqlens is not None, use_gate,
+                           use_sigmoid, types=types,
+                           states=tuple(kept[1:]) if kept[1] is not None else None)
+        gr = _launch_bwd(do, dht, saved, plan, None)
+        return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
+                optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
+
+    bwd_op.register_fake(_bwd_fake)
+
+    def backward(ctx, do, dht, *_):
+        (q, k, v, g, beta, h0, cu, q_rstd, k_rstd, A_log, dt_bias, g_cumsum, A, h, w,
+         v_new) = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = getattr(torch.ops, types.ops).bwd(
+            do, dht if ctx.output_final_state else None, q, k, v, g, beta, h0, cu, q_rstd,
+            k_rstd, A_log, dt_bias, g_cumsum, A, h, w, v_new, ctx.scale, ctx.use_l2,
+            ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields)
+        need = ctx.needs_input_grad
+        return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
+                dA_log if A_log is not None and ctx.use_gate and need[7] else None,
+                ddt_bias if dt_bias is not None and ctx.use_gate and need[8] else None,
+                None, None, None, None, None, None)
+
+    # not twice differentiable: a second differentiation raises (cake_core.autograd)
+    fwd_op.register_autograd(once_differentiable(backward), setup_context=_setup_context)
+    return fwd_op, bwd_op
 
 
-# not twice differentiable: a second differentiation raises (cake_core.autograd)
-_fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
+_fwd_op, _bwd_op = define_ops(DET)
 
 
 #: FLA ``chunk_gated_delta_rule`` keywords taken for compatibility (cake_core.linear_attention).
@@ -855,15 +917,27 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     registered autograd: one path, the same launches, the same bits. While traced, the
     values of ``cu_seqlens`` are checked when the op runs.
     """
-    check_fla_compat(fla_kwargs, "chunk_gated_delta_rule_det", _FLA_KEYWORDS)
+    return autograd_entry(DET, "chunk_gated_delta_rule_det", q, k, v, g, beta, scale,
+                          initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                          cu_seqlens, plan, use_gate_in_kernel, A_log, dt_bias,
+                          use_beta_sigmoid_in_kernel, allow_neg_eigval, fla_kwargs)
+
+
+def autograd_entry(types: ModeTypes, entry: str, q, k, v, g, beta, scale, initial_state,
+                   output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, plan,
+                   use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                   allow_neg_eigval, fla_kwargs):
+    """The body of :func:`chunk_gated_delta_rule_det` (named ``entry`` in messages) with
+    ``types``: its plans and its custom ops ``<types.ops>::fwd`` / ``::bwd``."""
+    check_fla_compat(fla_kwargs, entry, _FLA_KEYWORDS)
     if isinstance(initial_state, torch.Tensor) and \
             initial_state.dtype in (torch.bfloat16, torch.float16):
         initial_state = initial_state.float()  # as FLA, which loads the state as fp32
     _, _, scale, A_log, dt_bias, sig, plan, _ = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-        allow_neg_eigval, plan)
-    o, ht, *_ = torch.ops.cake_gdn_det_train.fwd(
+        allow_neg_eigval, plan, types)
+    o, ht, *_ = getattr(torch.ops, types.ops).fwd(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, sig,
         plan_to_op_fields(plan))

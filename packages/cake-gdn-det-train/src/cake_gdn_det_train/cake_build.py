@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:32cc49a2ec989d3a074936b31762aa906a5da52fc5bf0f27ed8ed648b8c3df65"
+SOURCE_DIGEST = "sha256:1487b3a42bdf58eaccd14a702c5abba03d0969df3806655d20ba9396a11037d3"
 # --- end of generated block ---
 
 MANIFEST = {

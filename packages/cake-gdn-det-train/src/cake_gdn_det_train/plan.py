@@ -79,6 +79,8 @@ class GDNDetPlan(Plan):
 
     family: ClassVar[str] = "cake-gdn-det-train"
     format_version: ClassVar[int] = 1
+    #: the mode a plan of this class must carry (cake-gdn-nondet-train's subclass: nondet)
+    expected_mode: ClassVar[Mode] = Mode.DET
 
     head_k_dim: int
     head_v_dim: int
@@ -129,7 +131,7 @@ class GDNDetPlan(Plan):
                        "head_v_dim > 16 (16-wide 16-bit dots gave wrong results on an H200, "
                        "Triton 3.6)")
         self.require_warps("num_warps_h", "num_warps_local")
-        self.require_mode(Mode.DET)
+        self.require_mode(self.expected_mode)
 
     @property
     def dot_precision(self) -> str:
@@ -212,8 +214,18 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
             given for a CUDA device on a machine without CUDA (the rule reads that GPU's
             SM count).
     """
+    return plan_by_rule(GDNDetPlan, _PLANS, head_k_dim, head_v_dim, dtype, device,
+                        state_programs)
+
+
+def plan_by_rule(plan_type: type[GDNDetPlan], cache: dict, head_k_dim: int, head_v_dim: int,
+                 dtype: torch.dtype, device: torch.device | str,
+                 state_programs: int | None) -> GDNDetPlan:
+    """The body of :func:`make_plan` for ``plan_type`` (GDNDetPlan, or cake-gdn-nondet-
+    train's subclass): the rule's fields in a ``plan_type``, memoised in ``cache``."""
     plan = make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
-                          rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
+                          rule=lambda K, V, dt, dev: _rule(K, V, dt, dev, plan_type),
+                          cuda_plan_problem=cuda_plan_problem, cache=cache)
     if state_programs is None:
         return plan
     if isinstance(state_programs, bool) or not isinstance(state_programs, numbers.Integral) \
@@ -256,7 +268,8 @@ def narrow_states_pay(plan: GDNDetPlan, dtype: torch.dtype, state_programs: int,
             and 0 < state_programs * -(-plan.head_v_dim // 64) * 2 <= sms)
 
 
-def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPlan:
+def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device,
+          plan_type: type[GDNDetPlan] = GDNDetPlan) -> GDNDetPlan:
     cuda = device.type == "cuda"
     block_k = next_power_of_2(max(K, 16))
     block_v_full = next_power_of_2(max(V, 16))
@@ -269,7 +282,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> GDNDetPla
     # the 16-bit [128, 64] state tiles, where the H200 timed rec_form 1 with 3 stages and
     # local_form 2 (its K-block kernel at 4 warps) with 64-column V steps faster
     big_rec = cuda and wide and block_k * block_v_h >= 8192
-    return GDNDetPlan(
+    return plan_type(
         head_k_dim=K,
         head_v_dim=V,
         block_k=block_k,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from cake_core import Mode, SavedSet, Workspace, check_float_dtype, check_int
 from cake_core.checks import check_alloc_device
@@ -85,6 +87,9 @@ class GDNDetWorkspace(Workspace):
     Build with :meth:`for_plan`.
     """
 
+    #: the plan class :meth:`for_plan` takes (exactly: not a subclass of another mode)
+    plan_type: ClassVar[type[GDNDetPlan]] = GDNDetPlan
+
     @classmethod
     def for_plan(cls, plan: GDNDetPlan, device: torch.device | str, *, num_v_heads: int,
                  max_tokens: int, max_seqs: int = 1,
@@ -97,8 +102,9 @@ class GDNDetWorkspace(Workspace):
             ValueError: a plan of another type, counts that are not ints (HV, max_seqs >= 1,
                 max_tokens >= 0), ``dtype`` not fp32/bf16/fp16."""
         device = check_alloc_device(device)
-        if not isinstance(plan, GDNDetPlan):
-            raise ValueError(f"plan: expected GDNDetPlan, got {type(plan).__name__}")
+        if type(plan) is not cls.plan_type:
+            raise ValueError(f"plan: expected {cls.plan_type.__name__}, got "
+                             f"{type(plan).__name__}")
         check_float_dtype(dtype)
         HV = check_int(num_v_heads, "num_v_heads", 1)
         cap = check_int(max_tokens, "max_tokens", 0)
