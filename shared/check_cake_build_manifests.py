@@ -265,9 +265,32 @@ def jit_functions(path: Path) -> list[str]:
     return list(module_jits(_parse(path)))
 
 
+def _imported_plan(tree: ast.Module, name: str, path: Path) -> list[str] | None:
+    """The fields of plan class ``name`` when the file imports it from another cake package
+    (``from cake_x.plan import XPlan``), read from that package's source; else None."""
+    for n in tree.body:
+        if not (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("cake_")
+                and any((a.asname or a.name) == name for a in n.names)):
+            continue
+        real = next(a.name for a in n.names if (a.asname or a.name) == name)
+        packages = next((p for p in path.parents if p.name == "packages"), None)
+        if packages is None:
+            return None
+        rel = Path(*n.module.split("."))
+        for src in sorted(packages.glob("*/src")):
+            for f in (src / rel.with_suffix(".py"), src / rel / "__init__.py"):
+                if f.is_file():
+                    found = {c["class"]: c for c in plan_classes(f, n.module, set())}
+                    if real in found:
+                        return found[real]["fields"]
+    return None
+
+
 def plan_classes(path: Path, mod: str, known: set[str]) -> list[dict]:
-    """Plan classes of a file: classes deriving from cake_core's ``Plan`` (or from a plan
-    class already found), with their format version and dataclass fields."""
+    """Plan classes of a file: classes deriving from cake_core's ``Plan``, from a plan
+    class already found, or from a plan class another cake package defines (a nondet
+    sibling's plan over its det sibling's), with their format version and dataclass fields
+    (inherited ones first)."""
     tree = _parse(path)
     out = []
     for n in tree.body if tree else []:
@@ -275,8 +298,14 @@ def plan_classes(path: Path, mod: str, known: set[str]) -> list[dict]:
             continue
         bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", None)
                  for b in n.bases}
+        inherited: list[str] = []
         if not ({"Plan"} | known) & bases:
-            continue
+            outside = [_imported_plan(tree, b, path) for b in sorted(bases - {None})
+                       if b.endswith("Plan")]
+            outside = [f for f in outside if f is not None]
+            if not outside:
+                continue
+            inherited = outside[0]
         fields, version = [], None
         for s in n.body:
             if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name):
@@ -285,6 +314,7 @@ def plan_classes(path: Path, mod: str, known: set[str]) -> list[dict]:
                         version = s.value.value
                     continue
                 fields.append(s.target.id)
+        fields = inherited + [f for f in fields if f not in inherited]
         known.add(n.name)
         out.append({"module": mod, "class": n.name, "format_version": version,
                     "fields": fields})
