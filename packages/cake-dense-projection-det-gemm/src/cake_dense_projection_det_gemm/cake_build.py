@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f026a230f769db530a688995fd851bb6a6db011e1e1340cac7f437a27a99788d"
+SOURCE_DIGEST = "sha256:28bd9bb2717c21f6b1c1bead5d4ac9bcec06b940989edf200ffa9d7793c068dd"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:51b52ccc97c2429eae603283e1d4c146f48f77caa2352c5236c1be5e1020f037"
+SOURCE_DIGEST = "sha256:241e8d7018584f17a94f52e7b0b6b924a651bb6f165c0fd36b6a8bbfc95c75a2"
 # --- end of generated block ---
 
 MANIFEST = {

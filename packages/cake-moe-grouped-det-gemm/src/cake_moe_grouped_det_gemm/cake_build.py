@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d78cc49bc2f2cc7f87d3e48a1856fbcd88c527e560c282c70f1bc2ee18979d66"
+SOURCE_DIGEST = "sha256:b439da8f149618ff4340047f786ac68bfe7d206fd8d9f764cd29f2b52a2fec44"
 # --- end of generated block ---
 
 MANIFEST = {
