@@ -167,6 +167,13 @@ def test_routing_helpers_and_module():
                                                  ref.state_dict().values(), strict=True))
     h = torch.randn(5, 16, device=DEV)
     assert torch.equal(m(h)[0], ref(h)[0])
+    try:  # the layer's backward: its grouped GEMMs' alert, before any cake launch
+        torch.use_deterministic_algorithms(True)
+        y, aux = m(h)
+        with pytest.raises(RuntimeError, match="moe_grouped_det_gemm"):
+            (y.sum() + aux).backward()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_name_rules():

@@ -5,7 +5,7 @@ with an expert no token picks)."""
 import pytest
 import torch
 from _moe_nd_cases import DEV, DTYPE, make
-from cake_core.testing import assert_close_to_reference, randn
+from cake_core.testing import TOLERANCES, assert_close_to_reference, randn
 from cake_moe_grouped_det_gemm import (
     moe_feed_forward_det,
     moe_feed_forward_reference,
@@ -66,10 +66,12 @@ def test_layer_against_float64_with_an_empty_expert():
     refs = [t.detach().double().requires_grad_() for t in (x, rw, wgu, wd)]
     yr, ar = moe_feed_forward_reference(*refs, 2)
     ((yr * dy.double()).sum() + 3.0 * ar).backward()
-    assert abs(float(aux) - float(ar)) <= 1e-6 * abs(float(ar)) + 1e-9
+    aux, ar = float(aux.detach()), float(ar.detach())
+    assert abs(aux - ar) <= 1e-6 * abs(ar) + 1e-9
     assert_close_to_reference(y.detach(), yr.detach(), DTYPE, "y")
     for name, g, r in zip(("dx", "drouter", "dw_gate_up", "dw_down"), leaves, refs, strict=True):
-        tol = 4e-5 if name == "drouter" and DTYPE == torch.float32 else None
+        # the router gradient passes the fp32 softmax: a few fp32 roundings more (as det's)
+        tol = 4 * TOLERANCES[DTYPE] if name == "drouter" else None
         assert_close_to_reference(g.grad, r.grad, DTYPE, name=name, tol=tol)
     assert bool((leaves[2].grad[2] == 0).all()) and bool((leaves[3].grad[2] == 0).all())
     y2, aux2 = moe_feed_forward_det(x, rw, wgu, wd, 2)
