@@ -97,11 +97,11 @@ def _check_inputs(x, weight, bias, main_grad) -> torch.device:
 
 
 def _resolve_plan(plan, M, N: int, K: int, dtype: torch.dtype, device: torch.device, *,
-                  plan_cls=DenseProjectionDetPlan, rule=make_plan) -> DenseProjectionDetPlan:
+                  plan_cls=DenseProjectionDetPlan, rule=None) -> DenseProjectionDetPlan:
     """``plan``, or ``rule``'s, checked: a ``plan_cls`` of its mode for (N, K) and dtype
-    (``plan_cls`` / ``rule``: the nondet sibling passes its own)."""
+    (``plan_cls`` / ``rule``, default :func:`make_plan`: the nondet sibling passes its own)."""
     if plan is None:
-        return rule(int(M), N, K, dtype, device)  # int(): a SymInt M specializes
+        return (rule or make_plan)(int(M), N, K, dtype, device)  # int(): a SymInt M specializes
     require_mode(plan, plan_cls, plan_cls.expected_mode, name="plan")
     if (plan.out_features, plan.in_features) != (N, K):
         raise ValueError(f"plan: made for out_features={plan.out_features}, in_features="

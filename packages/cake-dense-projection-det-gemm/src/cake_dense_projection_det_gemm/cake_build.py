@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:28bd9bb2717c21f6b1c1bead5d4ac9bcec06b940989edf200ffa9d7793c068dd"
+SOURCE_DIGEST = "sha256:ed1a80c2c4b1522265caa77e4482e76be03856b287e9581ad7e9720e1e912938"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -49,7 +49,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:b3254962fba3cbe43ca26c5a7cf020d407029e07b252f004a564b9318fc808c4"
+SOURCE_DIGEST = "sha256:5fc276541e90172ab3223f56a87ca9959919c34508a2c43dde2388fe82ca0019"
 # --- end of generated block ---
 
 REUSES = [

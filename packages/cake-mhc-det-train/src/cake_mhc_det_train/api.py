@@ -100,11 +100,11 @@ def _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters):
 
 
 def _resolve_plan(plan, n: int, C: int, dtype, device, *, plan_cls=MHCDetPlan,
-                  rule=make_plan) -> MHCDetPlan:
+                  rule=None) -> MHCDetPlan:
     """``plan``, or ``rule``'s, checked: a ``plan_cls`` of its mode for (n, C)
-    (``plan_cls`` / ``rule``: the nondet sibling passes its own)."""
+    (``plan_cls`` / ``rule``, default :func:`make_plan`: the nondet sibling passes its own)."""
     if plan is None:
-        return rule(n, C, dtype, device)
+        return (rule or make_plan)(n, C, dtype, device)
     require_mode(plan, plan_cls, plan_cls.expected_mode, name="plan")
     if plan.n_streams != n or plan.hidden_size != C:
         raise ValueError(f"plan: made for n_streams={plan.n_streams}, hidden_size="

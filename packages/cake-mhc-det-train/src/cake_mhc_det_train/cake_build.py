@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:241e8d7018584f17a94f52e7b0b6b924a651bb6f165c0fd36b6a8bbfc95c75a2"
+SOURCE_DIGEST = "sha256:555ba3e519f3d11529f12de116d0eb148526838fa98d44b8570429fd717af9e1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -59,7 +59,7 @@ REUSED_KERNELS = {
         {"module": "cake_mhc_det_train.kernels.fwd", "function": "mhc_coef_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:a502f3216ab23f904e4e688462d0ce79dd2e34a91c73e6e10c403001b45fe940"
+SOURCE_DIGEST = "sha256:737d38d8e1698c632bbff28f47f9992c0581e6ae7f2b13203f94a038851ff66d"
 # --- end of generated block ---
 
 REUSES = [

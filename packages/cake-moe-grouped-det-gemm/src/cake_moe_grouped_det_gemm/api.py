@@ -136,11 +136,12 @@ def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
 
 
 def _resolve_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
-                  *, plan_cls=MoEGroupedDetPlan, rule=make_plan) -> MoEGroupedDetPlan:
+                  *, plan_cls=MoEGroupedDetPlan, rule=None) -> MoEGroupedDetPlan:
     """``plan``, or ``rule``'s, checked: a ``plan_cls`` of its mode for (E, N, K), dtype
-    and device (``plan_cls`` / ``rule``: the nondet sibling passes its own)."""
+    and device (``plan_cls`` / ``rule``, default :func:`make_plan`: the nondet sibling passes
+    its own)."""
     if plan is None:
-        plan = rule(int(M), E, N, K, dtype, device)  # int(): a SymInt M specializes
+        plan = (rule or make_plan)(int(M), E, N, K, dtype, device)  # int(): a SymInt M specializes
     require_mode(plan, plan_cls, plan_cls.expected_mode, name="plan")
     if (plan.num_experts, plan.out_features, plan.in_features) != (E, N, K):
         raise ValueError(f"plan: made for num_experts={plan.num_experts}, out_features="

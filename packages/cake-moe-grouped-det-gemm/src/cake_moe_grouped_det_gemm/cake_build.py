@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b439da8f149618ff4340047f786ac68bfe7d206fd8d9f764cd29f2b52a2fec44"
+SOURCE_DIGEST = "sha256:210a10d76f88375fbf7a5ff6ef145cbf87a21bc98b309941c53ebece2f00d38a"
 # --- end of generated block ---
 
 MANIFEST = {

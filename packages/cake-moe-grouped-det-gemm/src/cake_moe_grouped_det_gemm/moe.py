@@ -275,9 +275,10 @@ def make_moe_plans(num_tokens: int, d_model: int, d_ff: int, num_experts: int, t
 
 
 def _make_moe_plans(num_tokens, d_model, d_ff, num_experts, top_k, dtype, device, *,
-                    rule=make_plan, plans_cls=MoEFeedForwardPlans):
+                    rule=None, plans_cls=MoEFeedForwardPlans):
     """:func:`make_moe_plans` with the plan rule and the plans type as arguments (the nondet
     sibling passes its own)."""
+    rule = rule or make_plan
     k = _check_top_k(top_k, num_experts if isinstance(num_experts, int) else 0)
     rows = num_tokens * k if isinstance(num_tokens, numbers.Integral) else num_tokens
     return plans_cls(
@@ -307,7 +308,7 @@ _W_DOWN = "[E, d_model, d_ff]: E stacked torch.nn.Linear(d_ff, d_model) weights"
 
 
 def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
-                 plans, plans_cls=MoEFeedForwardPlans, resolve=_resolve_plan):
+                 plans, plans_cls=MoEFeedForwardPlans, resolve=None):
     check_tensor(x, "x")
     check_dtype(x, "x", FLOAT_DTYPES)
     check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
@@ -345,6 +346,7 @@ def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux
         if not isinstance(plans, plans_cls):
             raise ValueError(f"plans: expected {plans_cls.__name__}, got "
                              f"{type(plans).__name__}")
+        resolve = resolve or _resolve_plan
         plans = plans_cls(
             resolve(plans.router, T, 1, E, d, torch.float32, device),
             resolve(plans.gate_up, T * top_k, E, 2 * f, d, x.dtype, device),
@@ -402,13 +404,13 @@ def moe_feed_forward_det(x: torch.Tensor, router_weight: torch.Tensor,
 
 
 def _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
-                  plans, *, gemm=moe_grouped_det_gemm, plans_cls=MoEFeedForwardPlans,
-                  resolve=_resolve_plan):
+                  plans, *, gemm=None, plans_cls=MoEFeedForwardPlans, resolve=None):
     """:func:`moe_feed_forward_det` with the grouped GEMM, the plans type and the plan check
     as arguments (the nondet sibling passes its own: the same layer on its GEMM)."""
     T, E, d, f, k, coef, device, plans = _check_layer(
         x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef, plans,
         plans_cls, resolve)
+    gemm = gemm or moe_grouped_det_gemm
     x2 = x.reshape(T, d)
     rows_all = torch.full((1,), T, dtype=torch.int32, device=device)
     logits = gemm(x2.float(), router_weight.float()[None], m_sizes=rows_all,

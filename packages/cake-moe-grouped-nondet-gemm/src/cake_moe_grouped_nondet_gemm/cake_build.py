@@ -59,7 +59,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:8f56d0e7befe6a4316945f5ef5a896e949f0fe6c9fbdd58e2cafb17137d46d1d"
+SOURCE_DIGEST = "sha256:3d472d4bb147ab7c66080a774cd9a455709748666544b110c34f7ca885a9842f"
 # --- end of generated block ---
 
 REUSES = [
