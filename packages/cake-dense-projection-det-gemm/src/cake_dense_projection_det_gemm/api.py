@@ -96,11 +96,13 @@ def _check_inputs(x, weight, bias, main_grad) -> torch.device:
     return device
 
 
-def _resolve_plan(plan, M, N: int, K: int, dtype: torch.dtype,
-                  device: torch.device) -> DenseProjectionDetPlan:
+def _resolve_plan(plan, M, N: int, K: int, dtype: torch.dtype, device: torch.device, *,
+                  plan_cls=DenseProjectionDetPlan, rule=None) -> DenseProjectionDetPlan:
+    """``plan``, or ``rule``'s, checked: a ``plan_cls`` of its mode for (N, K) and dtype
+    (``plan_cls`` / ``rule``, default :func:`make_plan`: the nondet sibling passes its own)."""
     if plan is None:
-        return make_plan(int(M), N, K, dtype, device)  # int(): a SymInt M specializes
-    require_mode(plan, DenseProjectionDetPlan, Mode.DET, name="plan")
+        return (rule or make_plan)(int(M), N, K, dtype, device)  # int(): a SymInt M specializes
+    require_mode(plan, plan_cls, plan_cls.expected_mode, name="plan")
     if (plan.out_features, plan.in_features) != (N, K):
         raise ValueError(f"plan: made for out_features={plan.out_features}, in_features="
                          f"{plan.in_features}; inputs have N={N}, K={K}")
@@ -110,10 +112,13 @@ def _resolve_plan(plan, M, N: int, K: int, dtype: torch.dtype,
     return plan
 
 
-def _resolve_workspace(workspace, plan: DenseProjectionDetPlan, device: torch.device):
+def _resolve_workspace(workspace, plan: DenseProjectionDetPlan, device: torch.device, *,
+                       ws_cls=DenseProjectionDetWorkspace):
+    """The workspace's (partials, bias_partials), checked: a ``ws_cls`` of the plan's mode
+    made for ``plan`` on ``device`` (``ws_cls``: the nondet sibling passes its own)."""
     if workspace is None:
         return None, None
-    require_mode(workspace, DenseProjectionDetWorkspace, Mode.DET, name="workspace")
+    require_mode(workspace, ws_cls, type(plan).expected_mode, name="workspace")
     workspace.check(plan, device)
     out = []
     for name, want in workspace_shapes(plan).items():
@@ -123,7 +128,7 @@ def _resolve_workspace(workspace, plan: DenseProjectionDetPlan, device: torch.de
             got = "missing" if t is None else f"{str(t.dtype)[6:]} {list(t.shape)}"
             raise ValueError(
                 f"workspace: {name!r} must be a contiguous fp32 tensor of shape {list(want)}, "
-                f"got {got}; build it with DenseProjectionDetWorkspace.for_plan(plan, device)")
+                f"got {got}; build it with {ws_cls.__name__}.for_plan(plan, device)")
         out.append(t)
     return tuple(out)
 

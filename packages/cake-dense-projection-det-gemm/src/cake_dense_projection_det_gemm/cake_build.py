@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f026a230f769db530a688995fd851bb6a6db011e1e1340cac7f437a27a99788d"
+SOURCE_DIGEST = "sha256:ed1a80c2c4b1522265caa77e4482e76be03856b287e9581ad7e9720e1e912938"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -71,6 +71,9 @@ class DenseProjectionDetPlan(Plan):
 
     family: ClassVar[str] = "cake-dense-projection-det-gemm"
     format_version: ClassVar[int] = 2
+    #: the mode every plan of this class carries (a nondet sibling's subclass sets
+    #: ``Mode.NONDET``)
+    expected_mode: ClassVar[Mode] = Mode.DET
 
     out_features: int
     in_features: int
@@ -105,7 +108,7 @@ class DenseProjectionDetPlan(Plan):
         if self.wgrad_tma and max(self.wgrad_block_m, self.wgrad_block_n,
                                   self.wgrad_block_k) > 256:
             self._fail("wgrad_tma needs wgrad_block_m / _n / _k <= 256 (a TMA box edge)")
-        self.require_mode(Mode.DET)
+        self.require_mode(self.expected_mode)
 
 
 def wgrad_tma_problem(plan: DenseProjectionDetPlan, dtype: torch.dtype) -> str | None:

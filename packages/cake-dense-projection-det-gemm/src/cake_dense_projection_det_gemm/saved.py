@@ -46,8 +46,9 @@ class DenseProjectionDetWorkspace(Workspace):
                  ) -> DenseProjectionDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
         device = check_alloc_device(device)
-        if not isinstance(plan, DenseProjectionDetPlan):
-            raise ValueError(f"plan: expected DenseProjectionDetPlan, got {type(plan).__name__}")
+        if not isinstance(plan, DenseProjectionDetPlan) or plan.mode != Mode.DET:
+            raise ValueError(f"plan: expected DenseProjectionDetPlan with mode=det, got "
+                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
         bufs = {n: torch.empty(s, dtype=torch.float32, device=device)
                 for n, s in workspace_shapes(plan).items()}
         return cls(plan, device, bufs)

@@ -99,20 +99,25 @@ def _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters):
     return device
 
 
-def _resolve_plan(plan, n: int, C: int, dtype, device) -> MHCDetPlan:
+def _resolve_plan(plan, n: int, C: int, dtype, device, *, plan_cls=MHCDetPlan,
+                  rule=None) -> MHCDetPlan:
+    """``plan``, or ``rule``'s, checked: a ``plan_cls`` of its mode for (n, C)
+    (``plan_cls`` / ``rule``, default :func:`make_plan`: the nondet sibling passes its own)."""
     if plan is None:
-        return make_plan(n, C, dtype, device)
-    require_mode(plan, MHCDetPlan, Mode.DET, name="plan")
+        return (rule or make_plan)(n, C, dtype, device)
+    require_mode(plan, plan_cls, plan_cls.expected_mode, name="plan")
     if plan.n_streams != n or plan.hidden_size != C:
         raise ValueError(f"plan: made for n_streams={plan.n_streams}, hidden_size="
                          f"{plan.hidden_size}; inputs have n={n}, C={C}")
     return plan
 
 
-def _resolve_workspace(workspace, plan: MHCDetPlan, device):
+def _resolve_workspace(workspace, plan: MHCDetPlan, device, *, ws_cls=MHCDetWorkspace):
+    """The workspace's ``dphi_partials``, checked: a ``ws_cls`` of the plan's mode made for
+    ``plan`` on ``device`` (``ws_cls``: the nondet sibling passes its own)."""
     if workspace is None:
         return None
-    require_mode(workspace, MHCDetWorkspace, Mode.DET, name="workspace")
+    require_mode(workspace, ws_cls, type(plan).expected_mode, name="workspace")
     workspace.check(plan, device)
     parts = workspace["dphi_partials"]
     want = (plan.dphi_slices, plan.n_streams * plan.hidden_size, plan.n_coeffs)
@@ -120,16 +125,16 @@ def _resolve_workspace(workspace, plan: MHCDetPlan, device):
         raise ValueError(
             f"workspace: 'dphi_partials' must be a contiguous fp32 tensor of shape {list(want)},"
             f" got {str(parts.dtype)[6:]} {list(parts.shape)}; build it with "
-            "MHCDetWorkspace.for_plan(plan, device)")
+            f"{ws_cls.__name__}.for_plan(plan, device)")
     return parts
 
 
-def _recheck_workspace(check) -> None:
+def _recheck_workspace(check, *, ws_cls=MHCDetWorkspace, entry="mhc_det_prepare") -> None:
     """The backward's check of the workspace :func:`mhc_det_prepare` was given: the same
     checks again (type, mode, plan key, device, buffer), so a workspace whose mode, plan or
     device changed between the forward and the backward is refused before the backward
     launches anything. ``check``: ``None`` (no workspace, or traced by ``torch.compile``)
-    or ``(workspace, plan, device)``.
+    or ``(workspace, plan, device)``. ``ws_cls`` / ``entry``: the nondet sibling's.
 
     Raises:
         ValueError: ``workspace: ...`` as in the forward, plus where it was caught.
@@ -138,10 +143,10 @@ def _recheck_workspace(check) -> None:
         return
     workspace, plan, device = check
     try:
-        _resolve_workspace(workspace, plan, device)
+        _resolve_workspace(workspace, plan, device, ws_cls=ws_cls)
     except ValueError as e:
         raise ValueError(f"{e} (checked again in the backward: the workspace given to "
-                         "mhc_det_prepare changed after the forward)") from None
+                         f"{entry} changed after the forward)") from None
 
 
 # ----------------------------------------------------------------------------- launches
@@ -488,6 +493,19 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
             the prepare's workspace changed in between.
     """
     require_mode(handle, MHCDetSavedSet, Mode.DET, name="handle")
+    meta, coef, x_view = _check_finish(X, B, handle)
+    n, C = X.shape[-2], X.shape[-1]
+    plan = meta["plan"]
+    # the prepare's own X: compute with its view, so dX's two parts meet in one kernel
+    X3 = x_view if X is meta["x_input"] else X.reshape(-1, n, C)
+    Y = _FinishFunction.apply(X3, B.reshape(-1, C), coef, plan_to_op_fields(plan),
+                              meta.get("ws_check"))
+    return Y.reshape(X.shape)
+
+
+def _check_finish(X, B, handle):
+    """The finish's checks of X and B against a handle of the right type and mode (the
+    nondet sibling's too) -> (meta, coef, x_view)."""
     # the handle's contents by its meta dict and tensors(), not by attribute (the saved
     # set's __getattr__): plain lookups for dynamo, which traces this under torch.compile
     meta = handle.meta
@@ -498,7 +516,7 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
                          f"{list(X.shape)}")
     check_dtype(X, "X", (meta["x_dtype"],))
     check_last_dim_contiguous(X, "X")
-    n, C = X.shape[-2], X.shape[-1]
+    C = X.shape[-1]
     lead = tuple(X.shape[:-2])
     check_tensor(B, "B")
     check_shape(B, "B", [*lead, C], layout="X's leading dims + [C]: the branch output")
@@ -506,9 +524,4 @@ def mhc_det_finish(X: torch.Tensor, B: torch.Tensor, handle: MHCDetSavedSet) -> 
     check_last_dim_contiguous(B, "B")
     device = check_same_device(("X", X), ("B", B), ("handle", coef))
     launch_device_check(device, "X")
-    plan = meta["plan"]
-    # the prepare's own X: compute with its view, so dX's two parts meet in one kernel
-    X3 = x_view if X is meta["x_input"] else X.reshape(-1, n, C)
-    Y = _FinishFunction.apply(X3, B.reshape(-1, C), coef, plan_to_op_fields(plan),
-                              meta.get("ws_check"))
-    return Y.reshape(X.shape)
+    return meta, coef, x_view

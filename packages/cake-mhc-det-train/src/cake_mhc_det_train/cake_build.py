@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:51b52ccc97c2429eae603283e1d4c146f48f77caa2352c5236c1be5e1020f037"
+SOURCE_DIGEST = "sha256:555ba3e519f3d11529f12de116d0eb148526838fa98d44b8570429fd717af9e1"
 # --- end of generated block ---
 
 MANIFEST = {

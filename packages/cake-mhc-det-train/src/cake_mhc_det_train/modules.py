@@ -83,6 +83,10 @@ class HyperConnection(nn.Module):
             :func:`mhc_det_prepare` in the forward.
     """
 
+    #: the entries the forward calls (the nondet sibling's subclass sets its own)
+    _prepare = staticmethod(mhc_det_prepare)
+    _finish = staticmethod(mhc_det_finish)
+
     def __init__(self, branch: nn.Module, hidden_size: int, n_streams: int = 4, *,
                  sinkhorn_iters: int = 20, eps: float = 1e-6, device=None):
         super().__init__()
@@ -116,12 +120,12 @@ class HyperConnection(nn.Module):
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         phi, alpha, bias = (p if p.dtype == torch.float32 else p.float()
                             for p in (self.phi, self.alpha, self.bias))
-        U, handle = mhc_det_prepare(X, phi, alpha, bias, eps=self.eps,
-                                    sinkhorn_iters=self.sinkhorn_iters)
+        U, handle = self._prepare(X, phi, alpha, bias, eps=self.eps,
+                                  sinkhorn_iters=self.sinkhorn_iters)
         B = self.branch(U)
         if B.dtype != X.dtype:
             B = B.to(X.dtype)
-        return mhc_det_finish(X, B, handle)
+        return self._finish(X, B, handle)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, n_streams={self.n_streams}, "

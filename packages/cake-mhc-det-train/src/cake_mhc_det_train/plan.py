@@ -56,6 +56,9 @@ class MHCDetPlan(Plan):
 
     family: ClassVar[str] = "cake-mhc-det-train"
     format_version: ClassVar[int] = 1
+    #: the mode every plan of this class carries (a nondet sibling's subclass sets
+    #: ``Mode.NONDET``)
+    expected_mode: ClassVar[Mode] = Mode.DET
 
     n_streams: int
     hidden_size: int
@@ -94,7 +97,7 @@ class MHCDetPlan(Plan):
         self.require_at_least("dphi_slices")
         self.require_warps("mix_warps", "coef_warps", "fin_warps", "dx_warps")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_mode(Mode.DET)
+        self.require_mode(self.expected_mode)
 
     @property
     def dot_precision(self) -> str:

@@ -49,8 +49,9 @@ class MHCDetWorkspace(Workspace):
     def for_plan(cls, plan: MHCDetPlan, device: torch.device | str) -> MHCDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
         device = check_alloc_device(device)
-        if not isinstance(plan, MHCDetPlan):
-            raise ValueError(f"plan: expected MHCDetPlan, got {type(plan).__name__}")
+        if not isinstance(plan, MHCDetPlan) or plan.mode != Mode.DET:
+            raise ValueError(f"plan: expected MHCDetPlan with mode=det, got "
+                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
         parts = torch.empty(plan.dphi_slices, plan.n_streams * plan.hidden_size, plan.n_coeffs,
                             dtype=torch.float32, device=device)
         return cls(plan, device, {"dphi_partials": parts})

@@ -135,11 +135,14 @@ def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
     return device
 
 
-def _resolve_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype,
-                  device: torch.device) -> MoEGroupedDetPlan:
+def _resolve_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
+                  *, plan_cls=MoEGroupedDetPlan, rule=None) -> MoEGroupedDetPlan:
+    """``plan``, or ``rule``'s, checked: a ``plan_cls`` of its mode for (E, N, K), dtype
+    and device (``plan_cls`` / ``rule``, default :func:`make_plan`: the nondet sibling passes
+    its own)."""
     if plan is None:
-        plan = make_plan(int(M), E, N, K, dtype, device)  # int(): a SymInt M specializes
-    require_mode(plan, MoEGroupedDetPlan, Mode.DET, name="plan")
+        plan = (rule or make_plan)(int(M), E, N, K, dtype, device)  # int(): a SymInt M specializes
+    require_mode(plan, plan_cls, plan_cls.expected_mode, name="plan")
     if (plan.num_experts, plan.out_features, plan.in_features) != (E, N, K):
         raise ValueError(f"plan: made for num_experts={plan.num_experts}, out_features="
                          f"{plan.out_features}, in_features={plan.in_features}; inputs have "
@@ -150,10 +153,13 @@ def _resolve_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype,
     return plan
 
 
-def _resolve_workspace(workspace, plan: MoEGroupedDetPlan, device: torch.device):
+def _resolve_workspace(workspace, plan: MoEGroupedDetPlan, device: torch.device, *,
+                       ws_cls=MoEGroupedDetWorkspace):
+    """The workspace's ``partials``, checked: a ``ws_cls`` of the plan's mode made for
+    ``plan`` on ``device`` (``ws_cls``: the nondet sibling passes its own)."""
     if workspace is None:
         return None
-    require_mode(workspace, MoEGroupedDetWorkspace, Mode.DET, name="workspace")
+    require_mode(workspace, ws_cls, type(plan).expected_mode, name="workspace")
     workspace.check(plan, device)
     want = workspace_shapes(plan)["partials"]
     t = workspace["partials"] if "partials" in workspace.names else None
@@ -162,7 +168,7 @@ def _resolve_workspace(workspace, plan: MoEGroupedDetPlan, device: torch.device)
         got = "missing" if t is None else f"{str(t.dtype)[6:]} {list(t.shape)}"
         raise ValueError(
             f"workspace: 'partials' must be a contiguous fp32 tensor of shape {list(want)}, "
-            f"got {got}; build it with MoEGroupedDetWorkspace.for_plan(plan, device)")
+            f"got {got}; build it with {ws_cls.__name__}.for_plan(plan, device)")
     return t
 
 

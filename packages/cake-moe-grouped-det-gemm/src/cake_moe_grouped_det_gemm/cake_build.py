@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d78cc49bc2f2cc7f87d3e48a1856fbcd88c527e560c282c70f1bc2ee18979d66"
+SOURCE_DIGEST = "sha256:210a10d76f88375fbf7a5ff6ef145cbf87a21bc98b309941c53ebece2f00d38a"
 # --- end of generated block ---
 
 MANIFEST = {

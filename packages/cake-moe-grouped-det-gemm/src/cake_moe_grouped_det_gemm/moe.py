@@ -271,12 +271,20 @@ def make_moe_plans(num_tokens: int, d_model: int, d_ff: int, num_experts: int, t
     :func:`make_plan`'s rule: the router over T rows in fp32, the experts over T·k rows in
     ``dtype``). Raises ``ValueError`` as :func:`make_plan`, and for top_k outside
     ``[1, num_experts]``."""
+    return _make_moe_plans(num_tokens, d_model, d_ff, num_experts, top_k, dtype, device)
+
+
+def _make_moe_plans(num_tokens, d_model, d_ff, num_experts, top_k, dtype, device, *,
+                    rule=None, plans_cls=MoEFeedForwardPlans):
+    """:func:`make_moe_plans` with the plan rule and the plans type as arguments (the nondet
+    sibling passes its own)."""
+    rule = rule or make_plan
     k = _check_top_k(top_k, num_experts if isinstance(num_experts, int) else 0)
     rows = num_tokens * k if isinstance(num_tokens, numbers.Integral) else num_tokens
-    return MoEFeedForwardPlans(
-        router=make_plan(num_tokens, 1, num_experts, d_model, torch.float32, device),
-        gate_up=make_plan(rows, num_experts, 2 * d_ff, d_model, dtype, device),
-        down=make_plan(rows, num_experts, d_model, d_ff, dtype, device),
+    return plans_cls(
+        router=rule(num_tokens, 1, num_experts, d_model, torch.float32, device),
+        gate_up=rule(rows, num_experts, 2 * d_ff, d_model, dtype, device),
+        down=rule(rows, num_experts, d_model, d_ff, dtype, device),
     )
 
 
@@ -300,7 +308,7 @@ _W_DOWN = "[E, d_model, d_ff]: E stacked torch.nn.Linear(d_ff, d_model) weights"
 
 
 def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
-                 plans):
+                 plans, plans_cls=MoEFeedForwardPlans, resolve=None):
     check_tensor(x, "x")
     check_dtype(x, "x", FLOAT_DTYPES)
     check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
@@ -335,14 +343,16 @@ def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux
     device = check_same_device(("x", x), ("router_weight", router_weight),
                                ("w_gate_up", w_gate_up), ("w_down", w_down))
     if plans is not None:
-        if not isinstance(plans, MoEFeedForwardPlans):
-            raise ValueError(f"plans: expected MoEFeedForwardPlans, got {type(plans).__name__}")
-        plans = MoEFeedForwardPlans(
-            _resolve_plan(plans.router, T, 1, E, d, torch.float32, device),
-            _resolve_plan(plans.gate_up, T * top_k, E, 2 * f, d, x.dtype, device),
-            _resolve_plan(plans.down, T * top_k, E, d, f, x.dtype, device))
+        if not isinstance(plans, plans_cls):
+            raise ValueError(f"plans: expected {plans_cls.__name__}, got "
+                             f"{type(plans).__name__}")
+        resolve = resolve or _resolve_plan
+        plans = plans_cls(
+            resolve(plans.router, T, 1, E, d, torch.float32, device),
+            resolve(plans.gate_up, T * top_k, E, 2 * f, d, x.dtype, device),
+            resolve(plans.down, T * top_k, E, d, f, x.dtype, device))
     else:
-        plans = MoEFeedForwardPlans(None, None, None)
+        plans = plans_cls(None, None, None)
     launch_device_check(device, "x")
     return T, E, d, f, top_k, coef, device, plans
 
@@ -389,17 +399,27 @@ def moe_feed_forward_det(x: torch.Tensor, router_weight: torch.Tensor,
             normalize_topk (a bool), aux_loss_coef, plans (type, mode, shapes: as
             :func:`moe_grouped_det_gemm`).
     """
+    return _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk,
+                         aux_loss_coef, plans)
+
+
+def _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
+                  plans, *, gemm=None, plans_cls=MoEFeedForwardPlans, resolve=None):
+    """:func:`moe_feed_forward_det` with the grouped GEMM, the plans type and the plan check
+    as arguments (the nondet sibling passes its own: the same layer on its GEMM)."""
     T, E, d, f, k, coef, device, plans = _check_layer(
-        x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef, plans)
+        x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef, plans,
+        plans_cls, resolve)
+    gemm = gemm or moe_grouped_det_gemm
     x2 = x.reshape(T, d)
     rows_all = torch.full((1,), T, dtype=torch.int32, device=device)
-    logits = moe_grouped_det_gemm(x2.float(), router_weight.float()[None], m_sizes=rows_all,
-                                  plan=plans.router)
+    logits = gemm(x2.float(), router_weight.float()[None], m_sizes=rows_all,
+                  plan=plans.router)
     r = moe_route_det(logits, k, normalize_topk=normalize_topk)
     xp = moe_permute_det(x2, r)
-    h = moe_grouped_det_gemm(xp, w_gate_up, r.offs, plan=plans.gate_up)
+    h = gemm(xp, w_gate_up, r.offs, plan=plans.gate_up)
     a = F.silu(h[:, :f]) * h[:, f:]
-    out = moe_grouped_det_gemm(a, w_down, r.offs, plan=plans.down)
+    out = gemm(a, w_down, r.offs, plan=plans.down)
     y = moe_unpermute_det(out, r)
     if coef == 0.0:
         aux = r.probs.new_zeros(())

@@ -115,6 +115,9 @@ class MoEGroupedDetPlan(Plan):
     family: ClassVar[str] = "cake-moe-grouped-det-gemm"
     format_version: ClassVar[int] = 4
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
+    #: the mode every plan of this class carries (a nondet sibling's subclass sets
+    #: ``Mode.NONDET``)
+    expected_mode: ClassVar[Mode] = Mode.DET
 
     num_experts: int
     out_features: int
@@ -148,7 +151,7 @@ class MoEGroupedDetPlan(Plan):
         if self.tma and max(getattr(self, n) for n in _POW2_FIELDS[:6]) > TMA_MAX_BOX:
             self._fail(f"tma needs block_m / _n / _k and wgrad_block_m / _n / _k <= "
                        f"{TMA_MAX_BOX} (a TMA box edge)")
-        self.require_mode(Mode.DET)
+        self.require_mode(self.expected_mode)
 
 
 #: Input dtypes the ``grouped_mm_fwd_dgrad = 1`` route accepts: torch._grouped_mm's CUDA

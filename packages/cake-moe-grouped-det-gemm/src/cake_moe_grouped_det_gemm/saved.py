@@ -49,8 +49,9 @@ class MoEGroupedDetWorkspace(Workspace):
                  ) -> MoEGroupedDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
         device = check_alloc_device(device)
-        if not isinstance(plan, MoEGroupedDetPlan):
-            raise ValueError(f"plan: expected MoEGroupedDetPlan, got {type(plan).__name__}")
+        if not isinstance(plan, MoEGroupedDetPlan) or plan.mode != Mode.DET:
+            raise ValueError(f"plan: expected MoEGroupedDetPlan with mode=det, got "
+                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
         bufs = {n: torch.empty(s, dtype=torch.float32, device=device)
                 for n, s in workspace_shapes(plan).items()}
         return cls(plan, device, bufs)

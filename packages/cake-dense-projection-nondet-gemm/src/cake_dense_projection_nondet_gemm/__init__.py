@@ -1,0 +1,61 @@
+"""cake-dense-projection-nondet-gemm: dense projection (``nn.Linear``) in Triton, bits not
+promised: the nondet sibling of cake-dense-projection-det-gemm.
+
+y = x · weightᵀ + bias, with dx = dy · W, dW = dyᵀ · x (optionally added into Megatron's
+fp32 ``main_grad``) and dbias = Σ_tokens dy. It runs cake-dense-projection-det-gemm's
+kernels today, with plans, saved sets and workspaces of mode ``nondet``; its backward
+raises under ``torch.use_deterministic_algorithms(True)``.
+
+Public names are imported lazily: importing this package (or its ``cake_build``
+manifest) does not import Triton or the kernels.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cake_core.lazy import lazy_exports
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "dense_projection_nondet": "api",
+    "dense_projection_nondet_fwd": "api",
+    "dense_projection_nondet_bwd": "api",
+    "DenseProjectionNondetGrads": "api",
+    "NondetLinear": "modules",
+    "DenseProjectionNondetPlan": "plan",
+    "make_nondet_plan": "plan",
+    "DenseProjectionNondetSavedSet": "saved",
+    "DenseProjectionNondetWorkspace": "saved",
+}
+
+__all__ = [
+    "DenseProjectionNondetGrads",
+    "DenseProjectionNondetPlan",
+    "DenseProjectionNondetSavedSet",
+    "DenseProjectionNondetWorkspace",
+    "NondetLinear",
+    "__version__",
+    "dense_projection_nondet",
+    "dense_projection_nondet_bwd",
+    "dense_projection_nondet_fwd",
+    "make_nondet_plan",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cake_dense_projection_nondet_gemm.api import (
+        DenseProjectionNondetGrads,
+        dense_projection_nondet,
+        dense_projection_nondet_bwd,
+        dense_projection_nondet_fwd,
+    )
+    from cake_dense_projection_nondet_gemm.modules import NondetLinear
+    from cake_dense_projection_nondet_gemm.plan import DenseProjectionNondetPlan, make_nondet_plan
+    from cake_dense_projection_nondet_gemm.saved import (
+        DenseProjectionNondetSavedSet,
+        DenseProjectionNondetWorkspace,
+    )
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -1,0 +1,250 @@
+"""Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of the nondet
+dense projection (``torch.nn.functional.linear``).
+
+The math, the checks and the launches are cake-dense-projection-det-gemm's
+(:mod:`cake_dense_projection_det_gemm.api`): this module runs that package's kernels with a
+:class:`DenseProjectionNondetPlan`, under its own custom ops
+(``cake_dense_projection_nondet_gemm::fwd`` / ``::bwd``). Its bits are not promised.
+Under ``torch.use_deterministic_algorithms(True)`` the backward raises ``RuntimeError``
+before any launch (with ``warn_only=True`` it warns once and runs); use
+``cake_dense_projection_det_gemm.dense_projection_det`` for repeatable gradients.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from cake_core import (
+    Mode,
+    check_dtype,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    nondet_alert,
+    require_mode,
+)
+from cake_core.autograd import once_differentiable
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.triton_utils import launch_device_check
+from cake_dense_projection_det_gemm.api import (
+    _check_inputs,
+    _check_main_grad,
+    _launch_bwd,
+    _launch_fwd,
+    _resolve_plan,
+    _resolve_workspace,
+)
+
+from cake_dense_projection_nondet_gemm.plan import DenseProjectionNondetPlan, make_nondet_plan
+from cake_dense_projection_nondet_gemm.saved import (
+    DenseProjectionNondetSavedSet,
+    DenseProjectionNondetWorkspace,
+)
+
+_OP = "cake_dense_projection_nondet_gemm"
+
+
+class DenseProjectionNondetGrads(NamedTuple):
+    """Gradients of :func:`dense_projection_nondet_bwd`; ``None`` where there is none.
+
+    dx: like x. dweight: like weight (``None`` when ``main_grad`` received it).
+    dbias: ``[N]`` in bias's dtype, only when the forward had a bias.
+    """
+
+    dx: torch.Tensor | None
+    dweight: torch.Tensor | None
+    dbias: torch.Tensor | None
+
+
+def _alert() -> None:
+    """RuntimeError under ``torch.use_deterministic_algorithms(True)``; with
+    ``warn_only=True`` one warning per process, then the backward runs."""
+    nondet_alert("cake_dense_projection_nondet_gemm's backward",
+                 "cake_dense_projection_det_gemm.dense_projection_det")
+
+
+def _plan(plan, M, N, K, dtype, device) -> DenseProjectionNondetPlan:
+    return _resolve_plan(plan, M, N, K, dtype, device, plan_cls=DenseProjectionNondetPlan,
+                         rule=make_nondet_plan)
+
+
+def _workspace(workspace, plan, device):
+    return _resolve_workspace(workspace, plan, device, ws_cls=DenseProjectionNondetWorkspace)
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op(f"{_OP}::fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            plan_fields: list[int], partials: torch.Tensor | None,
+            bias_partials: torch.Tensor | None, main_grad: torch.Tensor | None
+            ) -> torch.Tensor:
+    plan = plan_from_op_fields(DenseProjectionNondetPlan, plan_fields, Mode.NONDET)
+    return _launch_fwd(x, weight, bias, plan)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(x, weight, bias, plan_fields, partials, bias_partials, main_grad):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op(f"{_OP}::bwd", mutates_args=("partials", "bias_partials", "main_grad"))
+def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, plan_fields: list[int],
+            partials: torch.Tensor | None, bias_partials: torch.Tensor | None,
+            main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool, need_db: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _alert()  # at run time under torch.compile, before any launch
+    plan = plan_from_op_fields(DenseProjectionNondetPlan, plan_fields, Mode.NONDET)
+    return _launch_bwd(dy, x, weight, plan, partials, bias_partials, main_grad,
+                       need_dx, need_dw, need_db)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dy, x, weight, plan_fields, partials, bias_partials, main_grad,
+              need_dx, need_dw, need_db):
+    N, K = weight.shape
+    return (x.new_empty(x.shape if need_dx else (0,)),
+            weight.new_empty((N, K) if need_dw and main_grad is None else (0,)),
+            x.new_empty((N,) if need_db else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, plan_fields, partials, bias_partials, main_grad = inputs
+    ctx.has_bias = bias is not None
+    ctx.has_main_grad = main_grad is not None
+    ctx.plan_fields = plan_fields
+    ctx.save_for_backward(x, weight, partials, bias_partials, main_grad)
+
+
+def _backward(ctx, dy):
+    x, weight, partials, bias_partials, main_grad = ctx.saved_tensors
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    need_db = need_db and ctx.has_bias
+    dx, dw, db = torch.ops.cake_dense_projection_nondet_gemm.bwd(
+        dy, x, weight, ctx.plan_fields, partials, bias_partials, main_grad,
+        need_dx, need_dw, need_db)
+    return (dx if need_dx else None, dw if need_dw and not ctx.has_main_grad else None,
+            db if need_db else None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _DenseProjectionNondetFunction(torch.autograd.Function):
+    """Eager path (the det package's launches; workspace buffers and ``main_grad`` on ctx
+    as attributes, as the det package keeps them)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, plan, partials, bias_partials, main_grad):
+        y = _launch_fwd(x, weight, bias, plan)
+        ctx.has_bias = bias is not None
+        ctx.plan, ctx.partials, ctx.bias_partials = plan, partials, bias_partials
+        ctx.main_grad = main_grad
+        ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        _alert()  # before anything is launched
+        x, weight = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        need_db = need_db and ctx.has_bias
+        dx, dw, db = _launch_bwd(dy, x, weight, ctx.plan, ctx.partials, ctx.bias_partials,
+                                 ctx.main_grad, need_dx, need_dw, need_db)
+        return (dx if need_dx else None, dw if need_dw and ctx.main_grad is None else None,
+                db if need_db else None, None, None, None, None)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def dense_projection_nondet(x: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor | None = None, *,
+                            plan: DenseProjectionNondetPlan | None = None,
+                            workspace: DenseProjectionNondetWorkspace | None = None,
+                            main_grad: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense projection with autograd, bits not promised: ``y = x · weightᵀ + bias``.
+
+    Arguments, shapes, dtypes, ``main_grad`` fusion and errors are those of
+    ``cake_dense_projection_det_gemm.dense_projection_det``, with a
+    :class:`DenseProjectionNondetPlan` (default: :func:`make_nondet_plan`) and a
+    :class:`DenseProjectionNondetWorkspace`. It runs that package's kernels today.
+
+    Raises:
+        ValueError: bad shape, dtype, device, plan, workspace or mode (a det plan or
+            workspace), before any launch; the caller's tensors are not modified.
+        RuntimeError: in the backward under ``torch.use_deterministic_algorithms(True)``,
+            before any launch (``warn_only=True``: one warning, then it runs).
+
+    Example::
+
+        import torch
+        from cake_dense_projection_nondet_gemm import dense_projection_nondet
+        x = torch.randn(4, 16, requires_grad=True)  # CPU: Triton's interpreter
+        dense_projection_nondet(x, torch.randn(8, 16)).sum().backward()
+    """
+    device = _check_inputs(x, weight, bias, main_grad)
+    N, K = weight.shape
+    plan = _plan(plan, x.numel() // K, N, K, x.dtype, device)
+    partials, bias_partials = _workspace(workspace, plan, device)
+    if not torch.compiler.is_compiling():
+        return _DenseProjectionNondetFunction.apply(x, weight, bias, plan, partials,
+                                                    bias_partials, main_grad)
+    return torch.ops.cake_dense_projection_nondet_gemm.fwd(
+        x, weight, bias, plan_to_op_fields(plan), partials, bias_partials, main_grad)
+
+
+def dense_projection_nondet_fwd(x: torch.Tensor, weight: torch.Tensor,
+                                bias: torch.Tensor | None = None, *,
+                                plan: DenseProjectionNondetPlan | None = None):
+    """Low-level forward without autograd: ``(y, saved)``, ``saved`` a
+    :class:`DenseProjectionNondetSavedSet` for :func:`dense_projection_nondet_bwd`.
+    Arguments, shapes and errors as :func:`dense_projection_nondet`."""
+    device = _check_inputs(x, weight, bias, None)
+    N, K = weight.shape
+    plan = _plan(plan, x.numel() // K, N, K, x.dtype, device)
+    with torch.no_grad():
+        y = _launch_fwd(x, weight, bias, plan)
+    saved = DenseProjectionNondetSavedSet(Mode.NONDET, {"x": x, "weight": weight},
+                                          meta={"has_bias": bias is not None, "plan": plan})
+    return y, saved
+
+
+def dense_projection_nondet_bwd(dy: torch.Tensor, saved: DenseProjectionNondetSavedSet, *,
+                                plan: DenseProjectionNondetPlan | None = None,
+                                workspace: DenseProjectionNondetWorkspace | None = None,
+                                main_grad: torch.Tensor | None = None
+                                ) -> DenseProjectionNondetGrads:
+    """Low-level backward: :class:`DenseProjectionNondetGrads` ``(dx, dweight, dbias)``
+    from ``dy`` ``[..., N]`` (x's leading dims and dtype) and the saved set of
+    :func:`dense_projection_nondet_fwd`; ``plan`` defaults to the forward's, workspace and
+    main_grad as in :func:`dense_projection_nondet`.
+
+    Raises:
+        ValueError: a saved set, plan or workspace of another type or mode (e.g.
+            cake_dense_projection_det_gemm's), shape / dtype / device mismatches; before
+            any launch.
+        RuntimeError: under ``torch.use_deterministic_algorithms(True)``, before any launch
+            (``warn_only=True``: one warning, then it runs).
+    """
+    require_mode(saved, DenseProjectionNondetSavedSet, Mode.NONDET, name="saved")
+    x, weight = saved.tensors()
+    N, K = weight.shape
+    check_tensor(dy, "dy")
+    check_shape(dy, "dy", [*x.shape[:-1], N], layout="[..., N]: like the output, x's leading dims")
+    check_dtype(dy, "dy", (x.dtype,))
+    _check_main_grad(main_grad, N, K)
+    device = check_same_device(("saved", x), ("dy", dy), ("main_grad", main_grad))
+    launch_device_check(device, "dy")
+    plan = _plan(plan if plan is not None else saved.plan, x.numel() // K, N, K, x.dtype,
+                 device)
+    partials, bias_partials = _workspace(workspace, plan, device)
+    _alert()
+    with torch.no_grad():
+        dx, dw, db = _launch_bwd(dy, x, weight, plan, partials, bias_partials, main_grad,
+                                 True, True, saved.has_bias)
+    return DenseProjectionNondetGrads(dx, dw if main_grad is None else None,
+                                      db if saved.has_bias else None)

@@ -1,0 +1,90 @@
+"""cake-moe-grouped-nondet-gemm: MoE grouped GEMM (stacked expert weights) in Triton, bits
+not promised: the nondet sibling of cake-moe-grouped-det-gemm.
+
+x ``[M, K]`` holds tokens sorted by expert; expert e owns rows ``[offs[e-1], offs[e])``:
+y[rows of e] = x[rows of e] · weight[e]ᵀ, dx[rows of e] = dy · weight[e],
+dW[e] = dy[rows of e]ᵀ · x[rows of e] (optionally added into Megatron's fp32
+``main_grad``). It runs cake-moe-grouped-det-gemm's kernels today, with plans, saved sets
+and workspaces of mode ``nondet``; its backward raises under
+``torch.use_deterministic_algorithms(True)``. :class:`NondetMoEFeedForward` is the MoE
+feed-forward layer on it.
+
+Public names are imported lazily: importing this package (or its ``cake_build``
+manifest) does not import Triton or the kernels.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cake_core.lazy import lazy_exports
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "moe_grouped_nondet_gemm": "api",
+    "moe_grouped_nondet_gemm_fwd": "api",
+    "moe_grouped_nondet_gemm_bwd": "api",
+    "MoEGroupedNondetGrads": "api",
+    "MoEGroupedNondetPlan": "plan",
+    "make_nondet_plan": "plan",
+    "MoEGroupedNondetSavedSet": "saved",
+    "MoEGroupedNondetWorkspace": "saved",
+    "NondetMoEFeedForward": "moe",
+    "NondetMoEFeedForwardPlans": "moe",
+    "NondetMoERouting": "moe",
+    "make_nondet_moe_plans": "moe",
+    "moe_feed_forward_nondet": "moe",
+    "moe_permute_nondet": "moe",
+    "moe_route_nondet": "moe",
+    "moe_topk_nondet": "moe",
+    "moe_unpermute_nondet": "moe",
+}
+
+__all__ = [
+    "MoEGroupedNondetGrads",
+    "MoEGroupedNondetPlan",
+    "MoEGroupedNondetSavedSet",
+    "MoEGroupedNondetWorkspace",
+    "NondetMoEFeedForward",
+    "NondetMoEFeedForwardPlans",
+    "NondetMoERouting",
+    "__version__",
+    "make_nondet_moe_plans",
+    "make_nondet_plan",
+    "moe_feed_forward_nondet",
+    "moe_grouped_nondet_gemm",
+    "moe_grouped_nondet_gemm_bwd",
+    "moe_grouped_nondet_gemm_fwd",
+    "moe_permute_nondet",
+    "moe_route_nondet",
+    "moe_topk_nondet",
+    "moe_unpermute_nondet",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cake_moe_grouped_nondet_gemm.api import (
+        MoEGroupedNondetGrads,
+        moe_grouped_nondet_gemm,
+        moe_grouped_nondet_gemm_bwd,
+        moe_grouped_nondet_gemm_fwd,
+    )
+    from cake_moe_grouped_nondet_gemm.moe import (
+        NondetMoEFeedForward,
+        NondetMoEFeedForwardPlans,
+        NondetMoERouting,
+        make_nondet_moe_plans,
+        moe_feed_forward_nondet,
+        moe_permute_nondet,
+        moe_route_nondet,
+        moe_topk_nondet,
+        moe_unpermute_nondet,
+    )
+    from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan, make_nondet_plan
+    from cake_moe_grouped_nondet_gemm.saved import (
+        MoEGroupedNondetSavedSet,
+        MoEGroupedNondetWorkspace,
+    )
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
