@@ -50,6 +50,7 @@ nox.options.sessions = ["lint", "tests"]
 FAMILIES = {
     "core": "cake-core",
     "rmsnorm": "cake-rmsnorm-det-train",
+    "rmsnorm_nondet": "cake-rmsnorm-nondet-train",
     "lmhead": "cake-lm-head-loss-det-train",
     "dense": "cake-dense-projection-det-gemm",
     "gdn": "cake-gdn-det-train",

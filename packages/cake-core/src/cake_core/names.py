@@ -95,6 +95,8 @@ REGISTRY: tuple[NameEntry, ...] = (
     _e("cake-rmsnorm-det-train", "rmsnorm", "det", "local",
        "RMSNorm forward and backward (optional fused residual)",
        legacy=("cake-rmsnorm-train",)),
+    _e("cake-rmsnorm-nondet-train", "rmsnorm", "nondet", "local",
+       "RMSNorm, bits not promised (the det sibling's kernels today)"),
     _e("cake-rmsnorm-silu-gate-det-train", "rmsnorm-silu-gate", "det", "local",
        "RMSNorm gated by SiLU(z) or sigmoid(z)",
        legacy=("cake-rmsnorm-silu-gate-train",)),

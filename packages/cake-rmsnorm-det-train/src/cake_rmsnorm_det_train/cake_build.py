@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0f3e1f630a167539a6f7464f2a04bdaa2383116b6420fc2366014ca730381525"
+SOURCE_DIGEST = "sha256:0afad747520d570bd8a84b7bb70676c6e5d3d2735c41f29e4c81220645a0e743"
 # --- end of generated block ---
 
 MANIFEST = {
