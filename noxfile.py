@@ -56,6 +56,7 @@ FAMILIES = {
     "gdn": "cake-gdn-det-train",
     "gdn_kcp": "cake-gdn-det-train-kcp",
     "gate_norm": "cake-rmsnorm-silu-gate-det-train",
+    "gate_norm_nondet": "cake-rmsnorm-silu-gate-nondet-train",
     "conv": "cake-causal-conv1d-det-train",
     "kda": "cake-kda-det-train",
     "kda_kcp": "cake-kda-det-train-kcp",

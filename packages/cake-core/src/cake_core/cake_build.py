@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e20d72500d725e715d8efb6e23f985cabd9844927936f3a7029ab11c903649ae"
+SOURCE_DIGEST = "sha256:5fdfe2a31bf1ed5df4ecf408e54fe716e519820298234aad1101781efb01c69b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -100,6 +100,8 @@ REGISTRY: tuple[NameEntry, ...] = (
     _e("cake-rmsnorm-silu-gate-det-train", "rmsnorm-silu-gate", "det", "local",
        "RMSNorm gated by SiLU(z) or sigmoid(z)",
        legacy=("cake-rmsnorm-silu-gate-train",)),
+    _e("cake-rmsnorm-silu-gate-nondet-train", "rmsnorm-silu-gate", "nondet", "local",
+       "gated RMSNorm, bits not promised (the det sibling's kernels today)"),
     _e("cake-dense-projection-det-gemm", "dense-projection", "det", "local",
        "dense projection y = x W^T + b with split-K wgrad",
        legacy=("cake-dense-projection-gemm",)),

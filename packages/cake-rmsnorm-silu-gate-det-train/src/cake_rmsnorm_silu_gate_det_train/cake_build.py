@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1710f50c2bda01a63b02c7db21fdb1491ea95d13e4a0840fe13626d7cd789857"
+SOURCE_DIGEST = "sha256:9b810423475456c821c853e3392afef17ad500d8b9c7e7aab409c33dca8f2d87"
 # --- end of generated block ---
 
 MANIFEST = {

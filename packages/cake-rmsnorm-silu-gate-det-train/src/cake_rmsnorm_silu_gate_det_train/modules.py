@@ -46,6 +46,9 @@ class RMSNormGated(nn.Module):
             as the functional API, and if x's last dim is not ``hidden_size``.
     """
 
+    #: the functional entry ``forward`` runs (the nondet sibling's module sets its own)
+    _entry = staticmethod(rmsnorm_silu_gate_det)
+
     def __init__(self, hidden_size: int, eps: float = 1e-6, *, norm_before_gate: bool = True,
                  group_size: int | None = None, activation: str = "swish", device=None,
                  dtype=None):
@@ -78,8 +81,8 @@ class RMSNormGated(nn.Module):
             x = x.contiguous()
         if isinstance(z, torch.Tensor) and z.dim() > 0 and z.shape[-1] > 1 and z.stride(-1) != 1:
             z = z.contiguous()
-        return rmsnorm_silu_gate_det(x, z, w, self.eps, norm_before_gate=self.norm_before_gate,
-                                     group_size=self.group_size, activation=self.activation)
+        return self._entry(x, z, w, self.eps, norm_before_gate=self.norm_before_gate,
+                           group_size=self.group_size, activation=self.activation)
 
     def extra_repr(self) -> str:
         return (f"{self.hidden_size}, eps={self.eps}, norm_before_gate={self.norm_before_gate}, "
