@@ -29,6 +29,8 @@ def test_training_steps_track_det():
     ref = _Block(RMSNormGated(96, **kw)).to(DEV)
     ref.load_state_dict(ours.state_dict())
     assert ours.state_dict().keys() == ref.state_dict().keys()
+    assert not isinstance(ours.norm, RMSNormGated)
+    assert not isinstance(ref.norm, RMSNormGatedNondet)
     losses = []
     for m in (ours, ref):
         opt = torch.optim.SGD(m.parameters(), lr=0.1)

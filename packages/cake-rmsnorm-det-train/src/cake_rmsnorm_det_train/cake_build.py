@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0afad747520d570bd8a84b7bb70676c6e5d3d2735c41f29e4c81220645a0e743"
+SOURCE_DIGEST = "sha256:9c7350482c16d0ddfb3ccfbe83860cbf120e66eafa3c133e4851f38cf22b094a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -37,7 +37,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:26e73301fbbd173f417d21ecd0b2793541b073223fe08f2ea230153e93f98060"
+SOURCE_DIGEST = "sha256:267498fc25134791f07a2a964659cf4c945a2f8e35c70cb025bb24621c927c49"
 # --- end of generated block ---
 
 MANIFEST = {

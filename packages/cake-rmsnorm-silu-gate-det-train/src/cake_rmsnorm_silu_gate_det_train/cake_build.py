@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9b810423475456c821c853e3392afef17ad500d8b9c7e7aab409c33dca8f2d87"
+SOURCE_DIGEST = "sha256:cc9bdb1d7525e4bb291b15ce4b9ff6d8ba481b8ac21a79bce46c0979887efcfc"
 # --- end of generated block ---
 
 MANIFEST = {

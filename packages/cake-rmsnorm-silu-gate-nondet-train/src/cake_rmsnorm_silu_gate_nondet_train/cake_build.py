@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:74e6aafd4cbe6ed1e0a7d6d18fe0496c387d2dccfd7a62917d2e7baa7d92e975"
+SOURCE_DIGEST = "sha256:87fa17ef23e0b661282986b9a60fe1f9da274d8e6478137b811201a00fe43451"
 # --- end of generated block ---
 
 MANIFEST = {
