@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9c7350482c16d0ddfb3ccfbe83860cbf120e66eafa3c133e4851f38cf22b094a"
+SOURCE_DIGEST = "sha256:3f5e27ed8dc49560fc6277c3d39178f48b7297a774e1b7d64d5db048e1655a71"
 # --- end of generated block ---
 
 MANIFEST = {

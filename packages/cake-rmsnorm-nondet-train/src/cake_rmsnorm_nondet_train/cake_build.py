@@ -37,7 +37,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:267498fc25134791f07a2a964659cf4c945a2f8e35c70cb025bb24621c927c49"
+SOURCE_DIGEST = "sha256:f3af8a564802423e3bb20c9a1f86dfe01cb0fec69a2355b5a63df11ce1b1a9a7"
 # --- end of generated block ---
 
 MANIFEST = {

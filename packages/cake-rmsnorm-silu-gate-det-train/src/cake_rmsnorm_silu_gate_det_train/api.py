@@ -185,9 +185,9 @@ def _resolve_workspace(workspace, plan: RMSNormSiluGateDetPlan, device: torch.de
                        kinds: ModeKinds | None = None):
     """``None``, or the partials of the caller's workspace after every check (type and mode
     of ``kinds``, default :data:`DET_KINDS`; plan, device, buffer shape and dtype)."""
-    kinds = kinds or DET_KINDS
     if workspace is None:
         return None
+    kinds = kinds or DET_KINDS
     require_mode(workspace, kinds.workspace_type, kinds.mode, name="workspace")
     workspace.check(plan, device)
     partials = workspace["partials"]

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cc9bdb1d7525e4bb291b15ce4b9ff6d8ba481b8ac21a79bce46c0979887efcfc"
+SOURCE_DIGEST = "sha256:eb7645cee6e9e56f422d52dedb15d4f84b029a0286010c40748d482b0b43a38e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:87fa17ef23e0b661282986b9a60fe1f9da274d8e6478137b811201a00fe43451"
+SOURCE_DIGEST = "sha256:bc835a8b986893a1503887a581708e3f13f9e59cd740f02f817ab547bfeb0824"
 # --- end of generated block ---
 
 MANIFEST = {
