@@ -50,6 +50,7 @@ nox.options.sessions = ["lint", "tests"]
 FAMILIES = {
     "core": "cake-core",
     "rmsnorm": "cake-rmsnorm-det-train",
+    "rmsnorm_nondet": "cake-rmsnorm-nondet-train",
     "lmhead": "cake-lm-head-loss-det-train",
     "dense": "cake-dense-projection-det-gemm",
     "dense_nondet": "cake-dense-projection-nondet-gemm",
@@ -58,6 +59,7 @@ FAMILIES = {
     "gdn_nondet": "cake-gdn-nondet-train",
     "gdn_nondet_kcp": "cake-gdn-nondet-train-kcp",
     "gate_norm": "cake-rmsnorm-silu-gate-det-train",
+    "gate_norm_nondet": "cake-rmsnorm-silu-gate-nondet-train",
     "conv": "cake-causal-conv1d-det-train",
     "kda": "cake-kda-det-train",
     "kda_kcp": "cake-kda-det-train-kcp",

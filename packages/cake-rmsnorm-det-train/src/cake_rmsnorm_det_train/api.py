@@ -8,6 +8,7 @@ Math: y = h * rsqrt(mean(h**2, -1) + eps) * weight with h = x (+ residual)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -46,6 +47,26 @@ class RMSNormDetGrads(NamedTuple):
     dx: torch.Tensor | None
     dweight: torch.Tensor | None
     dresidual: torch.Tensor | None
+
+
+class ModeKinds(NamedTuple):
+    """What makes a package's entries det or nondet over these same checks and launches
+    (this package's :data:`DET_KINDS`; cake-rmsnorm-nondet-train builds its own): the mode
+    its plans, saved sets and workspaces carry, their classes (an entry refuses any other
+    type or mode), its gradients tuple, its plan rule and default-plan cache, the namespace
+    of its custom ops, its eager autograd Function, and what its backward runs before any
+    launch (``None``: nothing; nondet: the deterministic-algorithms alert)."""
+
+    mode: Mode
+    plan_type: type
+    saved_type: type
+    workspace_type: type
+    grads_type: type
+    make_plan: Callable
+    plan_cache: dict
+    namespace: str
+    function: type
+    before_bwd: Callable[[], None] | None = None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -110,28 +131,33 @@ def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device
     return device
 
 
-_DEFAULT_PLANS: dict[tuple, RMSNormDetPlan] = {}
-
-
-def _resolve_plan(plan, H: int, dtype: torch.dtype, device: torch.device) -> RMSNormDetPlan:
+def _resolve_plan(plan, H: int, dtype: torch.dtype, device: torch.device,
+                  kinds: ModeKinds | None = None) -> RMSNormDetPlan:
+    """``plan`` checked (type and mode of ``kinds``, default :data:`DET_KINDS`; made for
+    H), or the default plan of ``kinds``."""
+    kinds = kinds or DET_KINDS
     if plan is None:
         key = (H, dtype, device)
-        plan = _DEFAULT_PLANS.get(key)
+        plan = kinds.plan_cache.get(key)
         if plan is None:
-            plan = make_plan(H, dtype, device)
+            plan = kinds.make_plan(H, dtype, device)
             if not torch.compiler.is_compiling():
-                _DEFAULT_PLANS[key] = plan
+                kinds.plan_cache[key] = plan
         return plan
-    require_mode(plan, RMSNormDetPlan, Mode.DET, name="plan")
+    require_mode(plan, kinds.plan_type, kinds.mode, name="plan")
     if plan.hidden_size != H:
         raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, inputs have H={H}")
     return plan
 
 
-def _resolve_workspace(workspace, plan: RMSNormDetPlan, device: torch.device):
+def _resolve_workspace(workspace, plan: RMSNormDetPlan, device: torch.device,
+                       kinds: ModeKinds | None = None):
+    """``None``, or the partials of the caller's workspace after every check (type and mode
+    of ``kinds``, default :data:`DET_KINDS`; plan, device, buffer shape and dtype)."""
     if workspace is None:
         return None
-    require_mode(workspace, RMSNormDetWorkspace, Mode.DET, name="workspace")
+    kinds = kinds or DET_KINDS
+    require_mode(workspace, kinds.workspace_type, kinds.mode, name="workspace")
     workspace.check(plan, device)
     partials = workspace["partials"]
     want = (plan.bwd_programs, plan.hidden_size)
@@ -140,7 +166,7 @@ def _resolve_workspace(workspace, plan: RMSNormDetPlan, device: torch.device):
         raise ValueError(
             f"workspace: 'partials' must be a contiguous fp32 tensor of shape {list(want)}, got "
             f"{str(partials.dtype)[6:]} {list(partials.shape)}; build it with "
-            "RMSNormDetWorkspace.for_plan(plan, device)")
+            f"{kinds.workspace_type.__name__}.for_plan(plan, device)")
     return partials
 
 
@@ -211,62 +237,7 @@ def _launch_bwd(dy, dh, xh, weight, rstd, plan: RMSNormDetPlan, partials, acc):
     return dx, dw
 
 
-# ----------------------------------------------------------------------------- custom ops
-
-
-@torch.library.custom_op("cake_rmsnorm_det_train::fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float,
-            plan_fields: list[int], partials: torch.Tensor | None,
-            dweight_accumulator: torch.Tensor | None,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan = plan_from_op_fields(RMSNormDetPlan, plan_fields)
-    y, h, rstd = _launch_fwd(x, weight, residual, eps, plan)
-    return y, (h if h is not None else x.new_empty((0,))), rstd
-
-
-@_fwd_op.register_fake
-def _fwd_fake(x, weight, residual, eps, plan_fields, partials, dweight_accumulator):
-    n_rows = x.numel() // x.shape[-1]
-    y = x.new_empty(x.shape)
-    h = x.new_empty(x.shape if residual is not None else (0,))
-    return y, h, x.new_empty((n_rows,), dtype=torch.float32)
-
-
-@torch.library.custom_op("cake_rmsnorm_det_train::bwd",
-                         mutates_args=("partials", "dweight_accumulator"))
-def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, xh: torch.Tensor, weight: torch.Tensor,
-            rstd: torch.Tensor, plan_fields: list[int], partials: torch.Tensor | None,
-            dweight_accumulator: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    plan = plan_from_op_fields(RMSNormDetPlan, plan_fields)
-    return _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
-
-
-@_bwd_op.register_fake
-def _bwd_fake(dy, dh, xh, weight, rstd, plan_fields, partials, dweight_accumulator):
-    H = xh.shape[-1]
-    dw = weight.new_empty((H,) if dweight_accumulator is None else (0,))
-    return xh.new_empty(xh.shape), dw
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, residual, eps, plan_fields, partials, acc = inputs
-    _, h, rstd = output
-    ctx.has_residual = residual is not None
-    ctx.plan_fields = plan_fields
-    ctx.save_for_backward(h if residual is not None else x, weight, rstd, partials, acc)
-
-
-def _backward(ctx, dy, dh, drstd):
-    xh, weight, rstd, partials, acc = ctx.saved_tensors
-    dh = dh if ctx.has_residual else None
-    dx, dw = torch.ops.cake_rmsnorm_det_train.bwd(
-        dy, dh, xh, weight, rstd, ctx.plan_fields, partials, acc)
-    dweight = dw if acc is None and ctx.needs_input_grad[1] else None
-    dres = dx if ctx.has_residual else None
-    return dx, dweight, dres, None, None, None, None
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+# ----------------------------------------------------------------------------- autograd
 
 
 class _RMSNormDetFunction(torch.autograd.Function):
@@ -274,13 +245,15 @@ class _RMSNormDetFunction(torch.autograd.Function):
 
     The workspace buffer and the accumulator stay on ctx as attributes, not saved tensors,
     so reusing them across calls before the backward (shared workspace, tied weights,
-    pipeline schedules) does not trip autograd's version check."""
+    pipeline schedules) does not trip autograd's version check. ``before_bwd``: called
+    before the backward's launches (``None`` here; the nondet sibling's alert)."""
 
     @staticmethod
-    def forward(ctx, x, weight, residual, eps, plan, partials, acc):
+    def forward(ctx, x, weight, residual, eps, plan, partials, acc, before_bwd=None):
         y, h, rstd = _launch_fwd(x, weight, residual, eps, plan)
         ctx.has_residual = residual is not None
         ctx.plan, ctx.partials, ctx.acc = plan, partials, acc
+        ctx.before_bwd = before_bwd
         ctx.save_for_backward(h if residual is not None else x, weight, rstd)
         if residual is not None:
             return y, h
@@ -289,11 +262,146 @@ class _RMSNormDetFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dh=None):
+        if ctx.before_bwd is not None:
+            ctx.before_bwd()
         xh, weight, rstd = ctx.saved_tensors
         dx, dw = _launch_bwd(dy, dh if ctx.has_residual else None, xh, weight, rstd, ctx.plan,
                              ctx.partials, ctx.acc)
         dweight = dw if ctx.acc is None and ctx.needs_input_grad[1] else None
-        return dx, dweight, (dx if ctx.has_residual else None), None, None, None, None
+        return dx, dweight, (dx if ctx.has_residual else None), None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+def register_ops(kinds: ModeKinds):
+    """Register the custom ops ``<kinds.namespace>::fwd`` / ``::bwd`` (with their fakes and
+    autograd) over this module's launches; returns ``(fwd_op, bwd_op)``. Called once per
+    namespace: here for :data:`DET_KINDS`, by cake-rmsnorm-nondet-train for its own."""
+    ns = kinds.namespace
+
+    @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
+    def _fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+                eps: float, plan_fields: list[int], partials: torch.Tensor | None,
+                dweight_accumulator: torch.Tensor | None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        y, h, rstd = _launch_fwd(x, weight, residual, eps, plan)
+        return y, (h if h is not None else x.new_empty((0,))), rstd
+
+    @_fwd_op.register_fake
+    def _fwd_fake(x, weight, residual, eps, plan_fields, partials, dweight_accumulator):
+        n_rows = x.numel() // x.shape[-1]
+        y = x.new_empty(x.shape)
+        h = x.new_empty(x.shape if residual is not None else (0,))
+        return y, h, x.new_empty((n_rows,), dtype=torch.float32)
+
+    @torch.library.custom_op(f"{ns}::bwd", mutates_args=("partials", "dweight_accumulator"))
+    def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, xh: torch.Tensor,
+                weight: torch.Tensor, rstd: torch.Tensor, plan_fields: list[int],
+                partials: torch.Tensor | None, dweight_accumulator: torch.Tensor | None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if kinds.before_bwd is not None:
+            kinds.before_bwd()  # at run time, before any launch
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        return _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
+
+    @_bwd_op.register_fake
+    def _bwd_fake(dy, dh, xh, weight, rstd, plan_fields, partials, dweight_accumulator):
+        H = xh.shape[-1]
+        dw = weight.new_empty((H,) if dweight_accumulator is None else (0,))
+        return xh.new_empty(xh.shape), dw
+
+    def _setup_context(ctx, inputs, output):
+        x, weight, residual, eps, plan_fields, partials, acc = inputs
+        _, h, rstd = output
+        ctx.has_residual = residual is not None
+        ctx.plan_fields = plan_fields
+        ctx.save_for_backward(h if residual is not None else x, weight, rstd, partials, acc)
+
+    def _backward(ctx, dy, dh, drstd):
+        xh, weight, rstd, partials, acc = ctx.saved_tensors
+        dh = dh if ctx.has_residual else None
+        dx, dw = getattr(torch.ops, ns).bwd(
+            dy, dh, xh, weight, rstd, ctx.plan_fields, partials, acc)
+        dweight = dw if acc is None and ctx.needs_input_grad[1] else None
+        dres = dx if ctx.has_residual else None
+        return dx, dweight, dres, None, None, None, None
+
+    _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    return _fwd_op, _bwd_op
+
+
+_DEFAULT_PLANS: dict[tuple, RMSNormDetPlan] = {}
+
+#: this package's kinds: det plans, saved sets and workspaces, ops ``cake_rmsnorm_det_train::``
+DET_KINDS = ModeKinds(Mode.DET, RMSNormDetPlan, RMSNormDetSavedSet, RMSNormDetWorkspace,
+                      RMSNormDetGrads, make_plan, _DEFAULT_PLANS, "cake_rmsnorm_det_train",
+                      _RMSNormDetFunction)
+
+_fwd_op, _bwd_op = register_ops(DET_KINDS)
+
+
+# ----------------------------------------------------------------------------- entry bodies
+# The bodies of the three entries for any ModeKinds: this package's entries run them with
+# DET_KINDS, cake-rmsnorm-nondet-train's with its own (same checks, launches and bits; the
+# objects' types and mode differ).
+
+
+def run_autograd(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
+                 dweight_accumulator):
+    """The body of :func:`rmsnorm_det` for ``kinds``."""
+    device = _check_inputs(x, weight, eps, residual, dweight_accumulator)
+    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device, kinds)
+    partials = _resolve_workspace(workspace, plan, device, kinds)
+    if not torch.compiler.is_compiling():
+        return kinds.function.apply(x, weight, residual, float(eps), plan, partials,
+                                    dweight_accumulator, kinds.before_bwd)
+    y, h, _ = getattr(torch.ops, kinds.namespace).fwd(
+        x, weight, residual, float(eps), plan_to_op_fields(plan), partials,
+        dweight_accumulator)
+    return (y, h) if residual is not None else y
+
+
+def run_fwd(kinds: ModeKinds, x, weight, eps, residual, plan):
+    """The body of :func:`rmsnorm_det_fwd` for ``kinds``: ``(outputs, saved)``."""
+    device = _check_inputs(x, weight, eps, residual, None)
+    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device, kinds)
+    with torch.no_grad():
+        y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan)
+    saved = kinds.saved_type(
+        kinds.mode, {"xh": h if residual is not None else x, "weight": weight, "rstd": rstd},
+        meta={"has_residual": residual is not None, "plan": plan})
+    return ((y, h) if residual is not None else y), saved
+
+
+def run_bwd(kinds: ModeKinds, dy, dh, saved, plan, workspace, dweight_accumulator):
+    """The body of :func:`rmsnorm_det_bwd` for ``kinds``: every check, then
+    ``kinds.before_bwd`` (before any launch), then the launches; a ``kinds.grads_type``."""
+    require_mode(saved, kinds.saved_type, kinds.mode, name="saved")
+    xh, weight, rstd = saved.tensors()
+    H = xh.shape[-1]
+    check_tensor(dy, "dy")
+    check_shape(dy, "dy", list(xh.shape), layout="x's shape")
+    check_dtype(dy, "dy", (xh.dtype,))
+    if dh is not None:
+        if not saved.has_residual:
+            raise ValueError("dh: given, but the forward had no residual")
+        check_tensor(dh, "dh")
+        check_shape(dh, "dh", list(xh.shape), layout="x's shape")
+        check_dtype(dh, "dh", (xh.dtype,))
+    check_accumulator(dweight_accumulator, "dweight_accumulator", (H,))
+    device = check_same_device(("saved", xh), ("dy", dy), ("dh", dh),
+                               ("dweight_accumulator", dweight_accumulator))
+    launch_device_check(device, "dy")
+    plan = _resolve_plan(plan if plan is not None else saved.plan, H, xh.dtype, device, kinds)
+    partials = _resolve_workspace(workspace, plan, device, kinds)
+    if kinds.before_bwd is not None:
+        kinds.before_bwd()
+    with torch.no_grad():
+        dx, dw = _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
+    return kinds.grads_type(dx, dw if dweight_accumulator is None else None,
+                            dx if saved.has_residual else None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -329,16 +437,8 @@ def rmsnorm_det(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         ValueError: bad shape, dtype, device, stride, eps, plan, workspace or mode, before
             any launch; the caller's tensors are not modified.
     """
-    device = _check_inputs(x, weight, eps, residual, dweight_accumulator)
-    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device)
-    partials = _resolve_workspace(workspace, plan, device)
-    if not torch.compiler.is_compiling():
-        return _RMSNormDetFunction.apply(x, weight, residual, float(eps), plan, partials,
-                                         dweight_accumulator)
-    y, h, _ = torch.ops.cake_rmsnorm_det_train.fwd(
-        x, weight, residual, float(eps), plan_to_op_fields(plan), partials,
-        dweight_accumulator)
-    return (y, h) if residual is not None else y
+    return run_autograd(DET_KINDS, x, weight, eps, residual, plan, workspace,
+                        dweight_accumulator)
 
 
 def rmsnorm_det_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
@@ -349,14 +449,7 @@ def rmsnorm_det_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     :class:`RMSNormDetSavedSet` for :func:`rmsnorm_det_bwd`. Arguments, shapes and errors
     as in :func:`rmsnorm_det`.
     """
-    device = _check_inputs(x, weight, eps, residual, None)
-    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device)
-    with torch.no_grad():
-        y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan)
-    saved = RMSNormDetSavedSet(
-        Mode.DET, {"xh": h if residual is not None else x, "weight": weight, "rstd": rstd},
-        meta={"has_residual": residual is not None, "plan": plan})
-    return ((y, h) if residual is not None else y), saved
+    return run_fwd(DET_KINDS, x, weight, eps, residual, plan)
 
 
 def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDetSavedSet, *,
@@ -379,25 +472,4 @@ def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDet
         ValueError: a saved set, plan or workspace of another type or mode, shape/dtype/
             device mismatches, ``dh`` without a residual; before any launch.
     """
-    require_mode(saved, RMSNormDetSavedSet, Mode.DET, name="saved")
-    xh, weight, rstd = saved.tensors()
-    H = xh.shape[-1]
-    check_tensor(dy, "dy")
-    check_shape(dy, "dy", list(xh.shape), layout="x's shape")
-    check_dtype(dy, "dy", (xh.dtype,))
-    if dh is not None:
-        if not saved.has_residual:
-            raise ValueError("dh: given, but the forward had no residual")
-        check_tensor(dh, "dh")
-        check_shape(dh, "dh", list(xh.shape), layout="x's shape")
-        check_dtype(dh, "dh", (xh.dtype,))
-    check_accumulator(dweight_accumulator, "dweight_accumulator", (H,))
-    device = check_same_device(("saved", xh), ("dy", dy), ("dh", dh),
-                               ("dweight_accumulator", dweight_accumulator))
-    launch_device_check(device, "dy")
-    plan = _resolve_plan(plan if plan is not None else saved.plan, H, xh.dtype, device)
-    partials = _resolve_workspace(workspace, plan, device)
-    with torch.no_grad():
-        dx, dw = _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
-    return RMSNormDetGrads(dx, dw if dweight_accumulator is None else None,
-                           dx if saved.has_residual else None)
+    return run_bwd(DET_KINDS, dy, dh, saved, plan, workspace, dweight_accumulator)

@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0f3e1f630a167539a6f7464f2a04bdaa2383116b6420fc2366014ca730381525"
+SOURCE_DIGEST = "sha256:3f5e27ed8dc49560fc6277c3d39178f48b7297a774e1b7d64d5db048e1655a71"
 # --- end of generated block ---
 
 MANIFEST = {

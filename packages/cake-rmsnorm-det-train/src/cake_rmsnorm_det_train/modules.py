@@ -10,21 +10,12 @@ from torch import nn
 from cake_rmsnorm_det_train.api import rmsnorm_det
 
 
-class RMSNorm(nn.Module):
-    """Drop-in for ``torch.nn.RMSNorm`` running cake's deterministic kernels.
+class _RMSNormLayer(nn.Module):
+    """``torch.nn.RMSNorm``'s arguments, ``state_dict`` and ``forward`` over the functional
+    entry ``_entry`` of a subclass: this package's :class:`RMSNorm` (``rmsnorm_det``) and
+    cake-rmsnorm-nondet-train's ``RMSNormNondet``; neither is an instance of the other."""
 
-    Same constructor arguments and ``state_dict`` keys (``weight``). Normalizes over the
-    trailing ``normalized_shape`` dims (flattened to H; an input whose last dim is not
-    contiguous is copied first, as torch would accept it). ``eps`` defaults, like torch's,
-    to ``torch.finfo(x.dtype).eps``. Without ``elementwise_affine`` a ones vector of x's
-    dtype stands in for the weight. A weight whose dtype is neither fp32 nor x's is cast
-    to x's dtype (differentiably), so a bf16 module accepts fp32 inputs like torch's.
-    Not twice differentiable (double backward raises ``RuntimeError``).
-
-    Raises:
-        ValueError: as :func:`cake_rmsnorm_det_train.rmsnorm_det`, and if x's trailing dims
-            do not equal ``normalized_shape``.
-    """
+    _entry = None  # a subclass's functional entry, as a staticmethod
 
     def __init__(self, normalized_shape, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None):
@@ -65,10 +56,29 @@ class RMSNorm(nn.Module):
             x = x.contiguous()
         if k != 1:
             H = w.numel()
-            y = rmsnorm_det(x.reshape(*x.shape[: x.dim() - k], H), w.reshape(H), eps)
+            y = self._entry(x.reshape(*x.shape[: x.dim() - k], H), w.reshape(H), eps)
             return y.reshape(x.shape)
-        return rmsnorm_det(x, w, eps)
+        return self._entry(x, w, eps)
 
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}")
+
+
+class RMSNorm(_RMSNormLayer):
+    """Drop-in for ``torch.nn.RMSNorm`` running cake's deterministic kernels.
+
+    Same constructor arguments and ``state_dict`` keys (``weight``). Normalizes over the
+    trailing ``normalized_shape`` dims (flattened to H; an input whose last dim is not
+    contiguous is copied first, as torch would accept it). ``eps`` defaults, like torch's,
+    to ``torch.finfo(x.dtype).eps``. Without ``elementwise_affine`` a ones vector of x's
+    dtype stands in for the weight. A weight whose dtype is neither fp32 nor x's is cast
+    to x's dtype (differentiably), so a bf16 module accepts fp32 inputs like torch's.
+    Not twice differentiable (double backward raises ``RuntimeError``).
+
+    Raises:
+        ValueError: as :func:`cake_rmsnorm_det_train.rmsnorm_det`, and if x's trailing dims
+            do not equal ``normalized_shape``.
+    """
+
+    _entry = staticmethod(rmsnorm_det)

@@ -46,15 +46,22 @@ class RMSNormDetPlan(Plan):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.require_int_fields()
-        self.require_in_range("hidden_size", 1, MAX_HIDDEN)
-        if self.block_h < self.hidden_size:
-            self._fail("block_h must be >= hidden_size")
-        self.require_power_of_two("block_h", "block_m_fwd", "block_m_bwd", "reduce_block_p",
-                                  "reduce_block_c")
-        self.require_at_least("bwd_programs")
-        self.require_warps("num_warps_fwd", "num_warps_bwd")
+        check_plan_fields(self)
         self.require_mode(Mode.DET)
+
+
+def check_plan_fields(plan: Plan) -> None:
+    """The field checks of :class:`RMSNormDetPlan`, on any plan with its fields (the
+    nondet sibling's plan runs them too); ``ValueError`` naming ``plan``'s class."""
+    plan.require_int_fields()
+    plan.require_in_range("hidden_size", 1, MAX_HIDDEN)
+    if plan.block_h < plan.hidden_size:
+        plan._fail("block_h must be >= hidden_size")
+    plan.require_power_of_two("block_h", "block_m_fwd", "block_m_bwd", "reduce_block_p",
+                              "reduce_block_c")
+    plan.require_at_least("bwd_programs")
+    plan.require_warps("num_warps_fwd", "num_warps_bwd")
+
 
 def _warps(elements: int) -> int:
     return max(1, min(16, elements // 512))

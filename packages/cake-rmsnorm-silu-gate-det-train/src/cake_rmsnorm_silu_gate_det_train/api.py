@@ -20,6 +20,7 @@ dweight: fixed-order fp32 partials (kernels/bwd.py), then cake_core.gemm.ordered
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -70,6 +71,26 @@ class RMSNormSiluGateDetGrads(NamedTuple):
     dx: torch.Tensor
     dz: torch.Tensor
     dweight: torch.Tensor | None
+
+
+class ModeKinds(NamedTuple):
+    """What makes a package's entries det or nondet over these same checks and launches
+    (this package's :data:`DET_KINDS`; cake-rmsnorm-silu-gate-nondet-train builds its own):
+    the mode its plans, saved sets and workspaces carry, their classes (an entry refuses
+    any other type or mode), its gradients tuple, its plan rule and default-plan cache, the
+    namespace of its custom ops, its eager autograd Function, and what its backward runs
+    before any launch (``None``: nothing; nondet: the deterministic-algorithms alert)."""
+
+    mode: Mode
+    plan_type: type
+    saved_type: type
+    workspace_type: type
+    grads_type: type
+    make_plan: Callable
+    plan_cache: dict
+    namespace: str
+    function: type
+    before_bwd: Callable[[], None] | None = None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -139,20 +160,20 @@ def _check_inputs(x, z, weight, eps, norm_before_gate, group_size, activation,
     return device, G, act
 
 
-_DEFAULT_PLANS: dict[tuple, RMSNormSiluGateDetPlan] = {}
-
-
-def _resolve_plan(plan, D: int, G: int, dtype: torch.dtype,
-                  device: torch.device) -> RMSNormSiluGateDetPlan:
+def _resolve_plan(plan, D: int, G: int, dtype: torch.dtype, device: torch.device,
+                  kinds: ModeKinds | None = None) -> RMSNormSiluGateDetPlan:
+    """``plan`` checked (type and mode of ``kinds``, default :data:`DET_KINDS`; made for
+    (D, G)), or the default plan of ``kinds``."""
+    kinds = kinds or DET_KINDS
     if plan is None:
         key = (D, G, dtype, device)
-        plan = _DEFAULT_PLANS.get(key)
+        plan = kinds.plan_cache.get(key)
         if plan is None:
-            plan = make_plan(D, dtype, device, group_size=G)
+            plan = kinds.make_plan(D, dtype, device, group_size=G)
             if not torch.compiler.is_compiling():
-                _DEFAULT_PLANS[key] = plan
+                kinds.plan_cache[key] = plan
         return plan
-    require_mode(plan, RMSNormSiluGateDetPlan, Mode.DET, name="plan")
+    require_mode(plan, kinds.plan_type, kinds.mode, name="plan")
     if plan.hidden_size != D or plan.group_size != G:
         raise ValueError(
             f"plan: made for hidden_size={plan.hidden_size}, group_size={plan.group_size}; "
@@ -160,10 +181,14 @@ def _resolve_plan(plan, D: int, G: int, dtype: torch.dtype,
     return plan
 
 
-def _resolve_workspace(workspace, plan: RMSNormSiluGateDetPlan, device: torch.device):
+def _resolve_workspace(workspace, plan: RMSNormSiluGateDetPlan, device: torch.device,
+                       kinds: ModeKinds | None = None):
+    """``None``, or the partials of the caller's workspace after every check (type and mode
+    of ``kinds``, default :data:`DET_KINDS`; plan, device, buffer shape and dtype)."""
     if workspace is None:
         return None
-    require_mode(workspace, RMSNormSiluGateDetWorkspace, Mode.DET, name="workspace")
+    kinds = kinds or DET_KINDS
+    require_mode(workspace, kinds.workspace_type, kinds.mode, name="workspace")
     workspace.check(plan, device)
     partials = workspace["partials"]
     want = (plan.bwd_programs, plan.hidden_size)
@@ -172,7 +197,7 @@ def _resolve_workspace(workspace, plan: RMSNormSiluGateDetPlan, device: torch.de
         raise ValueError(
             f"workspace: 'partials' must be a contiguous fp32 tensor of shape {list(want)}, got "
             f"{str(partials.dtype)[6:]} {list(partials.shape)}; build it with "
-            "RMSNormSiluGateDetWorkspace.for_plan(plan, device)")
+            f"{kinds.workspace_type.__name__}.for_plan(plan, device)")
     return partials
 
 
@@ -261,68 +286,7 @@ def _launch_bwd(dy, x, z, weight, rstd, norm_before_gate: bool, activation: str,
     return dx, dz, dw32.to(weight.dtype)
 
 
-# ----------------------------------------------------------------------------- custom ops
-
-
-@torch.library.custom_op("cake_rmsnorm_silu_gate_det_train::fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
-            norm_before_gate: bool, activation: str, plan_fields: list[int],
-            partials: torch.Tensor | None,
-            dweight_accumulator: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    plan = plan_from_op_fields(RMSNormSiluGateDetPlan, plan_fields)
-    return _launch_fwd(x, z, weight, eps, norm_before_gate, check_activation(activation), plan)
-
-
-@_fwd_op.register_fake
-def _fwd_fake(x, z, weight, eps, norm_before_gate, activation, plan_fields, partials,
-              dweight_accumulator):
-    D = x.shape[-1]
-    plan = plan_from_op_fields(RMSNormSiluGateDetPlan, plan_fields)
-    n_rows = x.numel() // D
-    return x.new_empty(x.shape), x.new_empty((n_rows, D // plan.group_size),
-                                             dtype=torch.float32)
-
-
-@torch.library.custom_op("cake_rmsnorm_silu_gate_det_train::bwd",
-                         mutates_args=("partials", "dweight_accumulator"))
-def _bwd_op(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
-            rstd: torch.Tensor, norm_before_gate: bool, activation: str,
-            plan_fields: list[int], partials: torch.Tensor | None,
-            dweight_accumulator: torch.Tensor | None,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan = plan_from_op_fields(RMSNormSiluGateDetPlan, plan_fields)
-    return _launch_bwd(dy, x, z, weight, rstd, norm_before_gate, check_activation(activation),
-                       plan, partials, dweight_accumulator)
-
-
-@_bwd_op.register_fake
-def _bwd_fake(dy, x, z, weight, rstd, norm_before_gate, activation, plan_fields, partials,
-              dweight_accumulator):
-    D = x.shape[-1]
-    dw = weight.new_empty((D,) if dweight_accumulator is None else (0,))
-    return x.new_empty(x.shape), z.new_empty(z.shape), dw
-
-
-def _setup_context(ctx, inputs, output):
-    x, z, weight, eps, norm_before_gate, activation, plan_fields, partials, acc = inputs
-    _, rstd = output
-    ctx.norm_before_gate = norm_before_gate
-    ctx.activation = activation
-    ctx.plan_fields = plan_fields
-    ctx.save_for_backward(x, z, weight, rstd, partials, acc)
-
-
-def _backward(ctx, dy, drstd):
-    x, z, weight, rstd, partials, acc = ctx.saved_tensors
-    dx, dz, dw = torch.ops.cake_rmsnorm_silu_gate_det_train.bwd(
-        dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.activation, ctx.plan_fields,
-        partials, acc)
-    dweight = dw if acc is None and ctx.needs_input_grad[2] else None
-    return (dx if ctx.needs_input_grad[0] else None, dz if ctx.needs_input_grad[1] else None,
-            dweight, None, None, None, None, None, None)
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+# ----------------------------------------------------------------------------- autograd
 
 
 class _RMSNormSiluGateDetFunction(torch.autograd.Function):
@@ -330,27 +294,175 @@ class _RMSNormSiluGateDetFunction(torch.autograd.Function):
 
     The workspace buffer and the accumulator stay on ctx as attributes, not saved tensors,
     so reusing them across calls before the backward (shared workspace, tied weights,
-    pipeline schedules) does not trip autograd's version check."""
+    pipeline schedules) does not trip autograd's version check. ``before_bwd``: called
+    before the backward's launches (``None`` here; the nondet sibling's alert)."""
 
     @staticmethod
-    def forward(ctx, x, z, weight, eps, norm_before_gate, activation, plan, partials, acc):
+    def forward(ctx, x, z, weight, eps, norm_before_gate, activation, plan, partials, acc,
+                before_bwd=None):
         y, rstd = _launch_fwd(x, z, weight, eps, norm_before_gate, activation, plan)
         ctx.norm_before_gate = norm_before_gate
         ctx.activation = activation
         ctx.plan, ctx.partials, ctx.acc = plan, partials, acc
+        ctx.before_bwd = before_bwd
         ctx.save_for_backward(x, z, weight, rstd)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
+        if ctx.before_bwd is not None:
+            ctx.before_bwd()
         x, z, weight, rstd = ctx.saved_tensors
         dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.activation,
                                  ctx.plan, ctx.partials, ctx.acc)
         dweight = dw if ctx.acc is None and ctx.needs_input_grad[2] else None
         return (dx if ctx.needs_input_grad[0] else None,
                 dz if ctx.needs_input_grad[1] else None, dweight, None, None, None, None, None,
-                None)
+                None, None)
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+def register_ops(kinds: ModeKinds):
+    """Register the custom ops ``<kinds.namespace>::fwd`` / ``::bwd`` (with their fakes and
+    autograd) over this module's launches; returns ``(fwd_op, bwd_op)``. Called once per
+    namespace: here for :data:`DET_KINDS`, by cake-rmsnorm-silu-gate-nondet-train for its
+    own."""
+    ns = kinds.namespace
+
+    @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
+    def _fwd_op(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                norm_before_gate: bool, activation: str, plan_fields: list[int],
+                partials: torch.Tensor | None,
+                dweight_accumulator: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        return _launch_fwd(x, z, weight, eps, norm_before_gate, check_activation(activation),
+                           plan)
+
+    @_fwd_op.register_fake
+    def _fwd_fake(x, z, weight, eps, norm_before_gate, activation, plan_fields, partials,
+                  dweight_accumulator):
+        D = x.shape[-1]
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        n_rows = x.numel() // D
+        return x.new_empty(x.shape), x.new_empty((n_rows, D // plan.group_size),
+                                                 dtype=torch.float32)
+
+    @torch.library.custom_op(f"{ns}::bwd", mutates_args=("partials", "dweight_accumulator"))
+    def _bwd_op(dy: torch.Tensor, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
+                rstd: torch.Tensor, norm_before_gate: bool, activation: str,
+                plan_fields: list[int], partials: torch.Tensor | None,
+                dweight_accumulator: torch.Tensor | None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if kinds.before_bwd is not None:
+            kinds.before_bwd()  # at run time, before any launch
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        return _launch_bwd(dy, x, z, weight, rstd, norm_before_gate,
+                           check_activation(activation), plan, partials, dweight_accumulator)
+
+    @_bwd_op.register_fake
+    def _bwd_fake(dy, x, z, weight, rstd, norm_before_gate, activation, plan_fields, partials,
+                  dweight_accumulator):
+        D = x.shape[-1]
+        dw = weight.new_empty((D,) if dweight_accumulator is None else (0,))
+        return x.new_empty(x.shape), z.new_empty(z.shape), dw
+
+    def _setup_context(ctx, inputs, output):
+        x, z, weight, eps, norm_before_gate, activation, plan_fields, partials, acc = inputs
+        _, rstd = output
+        ctx.norm_before_gate = norm_before_gate
+        ctx.activation = activation
+        ctx.plan_fields = plan_fields
+        ctx.save_for_backward(x, z, weight, rstd, partials, acc)
+
+    def _backward(ctx, dy, drstd):
+        x, z, weight, rstd, partials, acc = ctx.saved_tensors
+        dx, dz, dw = getattr(torch.ops, ns).bwd(
+            dy, x, z, weight, rstd, ctx.norm_before_gate, ctx.activation, ctx.plan_fields,
+            partials, acc)
+        dweight = dw if acc is None and ctx.needs_input_grad[2] else None
+        return (dx if ctx.needs_input_grad[0] else None,
+                dz if ctx.needs_input_grad[1] else None, dweight, None, None, None, None,
+                None, None)
+
+    _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    return _fwd_op, _bwd_op
+
+
+_DEFAULT_PLANS: dict[tuple, RMSNormSiluGateDetPlan] = {}
+
+#: this package's kinds: det plans, saved sets and workspaces, ops
+#: ``cake_rmsnorm_silu_gate_det_train::``
+DET_KINDS = ModeKinds(Mode.DET, RMSNormSiluGateDetPlan, RMSNormSiluGateDetSavedSet,
+                      RMSNormSiluGateDetWorkspace, RMSNormSiluGateDetGrads, make_plan,
+                      _DEFAULT_PLANS, "cake_rmsnorm_silu_gate_det_train",
+                      _RMSNormSiluGateDetFunction)
+
+_fwd_op, _bwd_op = register_ops(DET_KINDS)
+
+
+# ----------------------------------------------------------------------------- entry bodies
+# The bodies of the three entries for any ModeKinds: this package's entries run them with
+# DET_KINDS, cake-rmsnorm-silu-gate-nondet-train's with its own (same checks, launches and
+# bits; the objects' types and mode differ).
+
+
+def run_autograd(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_size,
+                 activation, plan, workspace, dweight_accumulator):
+    """The body of :func:`rmsnorm_silu_gate_det` for ``kinds``."""
+    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
+                                   activation, dweight_accumulator)
+    plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device, kinds)
+    partials = _resolve_workspace(workspace, plan, device, kinds)
+    if not torch.compiler.is_compiling():
+        return kinds.function.apply(x, z, weight, float(eps), norm_before_gate, act, plan,
+                                    partials, dweight_accumulator, kinds.before_bwd)
+    y, _ = getattr(torch.ops, kinds.namespace).fwd(
+        x, z, weight, float(eps), norm_before_gate, act, plan_to_op_fields(plan), partials,
+        dweight_accumulator)
+    return y
+
+
+def run_fwd(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_size, activation,
+            plan):
+    """The body of :func:`rmsnorm_silu_gate_det_fwd` for ``kinds``: ``(y, saved)``."""
+    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
+                                   activation, None)
+    plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device, kinds)
+    with torch.no_grad():
+        y, rstd = _launch_fwd(x, z, weight, float(eps), norm_before_gate, act, plan)
+    saved = kinds.saved_type(
+        kinds.mode, {"x": x, "z": z, "weight": weight, "rstd": rstd},
+        meta={"norm_before_gate": norm_before_gate, "group_size": G, "eps": float(eps),
+              "activation": act, "plan": plan})
+    return y, saved
+
+
+def run_bwd(kinds: ModeKinds, dy, saved, plan, workspace, dweight_accumulator):
+    """The body of :func:`rmsnorm_silu_gate_det_bwd` for ``kinds``: every check, then
+    ``kinds.before_bwd`` (before any launch), then the launches; a ``kinds.grads_type``."""
+    require_mode(saved, kinds.saved_type, kinds.mode, name="saved")
+    act = check_activation(saved.meta.get("activation"), "saved: meta 'activation'")
+    x, z, weight, rstd = saved.tensors()
+    D = x.shape[-1]
+    check_tensor(dy, "dy")
+    check_shape(dy, "dy", list(x.shape), layout="x's shape")
+    check_dtype(dy, "dy", (x.dtype,))
+    check_accumulator(dweight_accumulator, "dweight_accumulator", (D,))
+    device = check_same_device(("saved", x), ("dy", dy),
+                               ("dweight_accumulator", dweight_accumulator))
+    launch_device_check(device, "dy")
+    plan = _resolve_plan(plan if plan is not None else saved.plan, D, saved.group_size,
+                         x.dtype, device, kinds)
+    partials = _resolve_workspace(workspace, plan, device, kinds)
+    if kinds.before_bwd is not None:
+        kinds.before_bwd()
+    with torch.no_grad():
+        dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, saved.norm_before_gate, act, plan,
+                                 partials, dweight_accumulator)
+    return kinds.grads_type(dx, dz, dw if dweight_accumulator is None else None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -420,17 +532,8 @@ def rmsnorm_silu_gate_det(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
             activation (not ``"silu"``, ``"swish"`` or ``"sigmoid"``), plan, workspace or
             mode, before any allocation or launch; the caller's tensors are not modified.
     """
-    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
-                                   activation, dweight_accumulator)
-    plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device)
-    partials = _resolve_workspace(workspace, plan, device)
-    if not torch.compiler.is_compiling():
-        return _RMSNormSiluGateDetFunction.apply(x, z, weight, float(eps), norm_before_gate,
-                                                 act, plan, partials, dweight_accumulator)
-    y, _ = torch.ops.cake_rmsnorm_silu_gate_det_train.fwd(
-        x, z, weight, float(eps), norm_before_gate, act, plan_to_op_fields(plan), partials,
-        dweight_accumulator)
-    return y
+    return run_autograd(DET_KINDS, x, z, weight, eps, norm_before_gate, group_size,
+                        activation, plan, workspace, dweight_accumulator)
 
 
 def rmsnorm_silu_gate_det_fwd(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
@@ -446,16 +549,8 @@ def rmsnorm_silu_gate_det_fwd(x: torch.Tensor, z: torch.Tensor, weight: torch.Te
     :func:`rmsnorm_silu_gate_det_bwd`, which uses that gate. Arguments (``activation``
     included), math, shapes and errors as in :func:`rmsnorm_silu_gate_det`.
     """
-    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
-                                   activation, None)
-    plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device)
-    with torch.no_grad():
-        y, rstd = _launch_fwd(x, z, weight, float(eps), norm_before_gate, act, plan)
-    saved = RMSNormSiluGateDetSavedSet(
-        Mode.DET, {"x": x, "z": z, "weight": weight, "rstd": rstd},
-        meta={"norm_before_gate": norm_before_gate, "group_size": G, "eps": float(eps),
-              "activation": act, "plan": plan})
-    return y, saved
+    return run_fwd(DET_KINDS, x, z, weight, eps, norm_before_gate, group_size, activation,
+                   plan)
 
 
 def rmsnorm_silu_gate_det_bwd(dy: torch.Tensor, saved: RMSNormSiluGateDetSavedSet, *,
@@ -482,21 +577,4 @@ def rmsnorm_silu_gate_det_bwd(dy: torch.Tensor, saved: RMSNormSiluGateDetSavedSe
             whose meta has no valid ``activation``; ``dy`` not of x's shape and dtype; a bad
             accumulator; tensors on different devices; before any launch.
     """
-    require_mode(saved, RMSNormSiluGateDetSavedSet, Mode.DET, name="saved")
-    act = check_activation(saved.meta.get("activation"), "saved: meta 'activation'")
-    x, z, weight, rstd = saved.tensors()
-    D = x.shape[-1]
-    check_tensor(dy, "dy")
-    check_shape(dy, "dy", list(x.shape), layout="x's shape")
-    check_dtype(dy, "dy", (x.dtype,))
-    check_accumulator(dweight_accumulator, "dweight_accumulator", (D,))
-    device = check_same_device(("saved", x), ("dy", dy),
-                               ("dweight_accumulator", dweight_accumulator))
-    launch_device_check(device, "dy")
-    plan = _resolve_plan(plan if plan is not None else saved.plan, D, saved.group_size,
-                         x.dtype, device)
-    partials = _resolve_workspace(workspace, plan, device)
-    with torch.no_grad():
-        dx, dz, dw = _launch_bwd(dy, x, z, weight, rstd, saved.norm_before_gate, act, plan,
-                                 partials, dweight_accumulator)
-    return RMSNormSiluGateDetGrads(dx, dz, dw if dweight_accumulator is None else None)
+    return run_bwd(DET_KINDS, dy, saved, plan, workspace, dweight_accumulator)

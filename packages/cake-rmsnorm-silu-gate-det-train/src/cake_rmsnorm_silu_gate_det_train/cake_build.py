@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1710f50c2bda01a63b02c7db21fdb1491ea95d13e4a0840fe13626d7cd789857"
+SOURCE_DIGEST = "sha256:eb7645cee6e9e56f422d52dedb15d4f84b029a0286010c40748d482b0b43a38e"
 # --- end of generated block ---
 
 MANIFEST = {

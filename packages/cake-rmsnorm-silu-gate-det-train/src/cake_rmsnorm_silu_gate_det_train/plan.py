@@ -70,22 +70,28 @@ class RMSNormSiluGateDetPlan(Plan):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.require_int_fields()
-        self.require_in_range("hidden_size", 1, MAX_HIDDEN)
-        self.require_in_range("group_size", 1, self.hidden_size)
-        if self.hidden_size % self.group_size:
-            self._fail(f"group_size ({self.group_size}) must divide hidden_size "
-                       f"({self.hidden_size})")
-        self.require_power_of_two("block_ng", "block_g", "block_m_fwd", "block_m_bwd",
-                                  "reduce_block")
-        if self.block_g < self.group_size:
-            self._fail("block_g must be >= group_size")
-        if self.block_ng < self.hidden_size // self.group_size:
-            self._fail("block_ng must be >= hidden_size // group_size")
-        self.require_at_least("bwd_programs")
-        self.require_in_range("bwd_stages", 1, 4)
-        self.require_warps("num_warps_fwd", "num_warps_bwd")
+        check_plan_fields(self)
         self.require_mode(Mode.DET)
+
+
+def check_plan_fields(plan: Plan) -> None:
+    """The field checks of :class:`RMSNormSiluGateDetPlan`, on any plan with its fields
+    (the nondet sibling's plan runs them too); ``ValueError`` naming ``plan``'s class."""
+    plan.require_int_fields()
+    plan.require_in_range("hidden_size", 1, MAX_HIDDEN)
+    plan.require_in_range("group_size", 1, plan.hidden_size)
+    if plan.hidden_size % plan.group_size:
+        plan._fail(f"group_size ({plan.group_size}) must divide hidden_size "
+                   f"({plan.hidden_size})")
+    plan.require_power_of_two("block_ng", "block_g", "block_m_fwd", "block_m_bwd",
+                              "reduce_block")
+    if plan.block_g < plan.group_size:
+        plan._fail("block_g must be >= group_size")
+    if plan.block_ng < plan.hidden_size // plan.group_size:
+        plan._fail("block_ng must be >= hidden_size // group_size")
+    plan.require_at_least("bwd_programs")
+    plan.require_in_range("bwd_stages", 1, 4)
+    plan.require_warps("num_warps_fwd", "num_warps_bwd")
 
 
 def _warps(elements: int) -> int:
