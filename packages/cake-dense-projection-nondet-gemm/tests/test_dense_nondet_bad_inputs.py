@@ -7,7 +7,7 @@ import torch
 from cake_core.testing import assert_raises_unmodified, no_kernel_launches, randn
 from cake_core.triton_utils import default_device
 from cake_dense_projection_nondet_gemm import (
-    NondetLinear,
+    LinearNondet,
     dense_projection_nondet,
     dense_projection_nondet_bwd,
     dense_projection_nondet_fwd,
@@ -58,4 +58,4 @@ def test_backward_refusals_before_launch():
 
 def test_module_refuses_wrong_in_features():
     with pytest.raises(ValueError, match="x: last dim must be in_features=16"):
-        NondetLinear(16, 8, device=DEV)(_t((4, 15)))
+        LinearNondet(16, 8, device=DEV)(_t((4, 15)))

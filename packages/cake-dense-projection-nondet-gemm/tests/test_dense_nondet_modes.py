@@ -137,7 +137,7 @@ def test_torch_compile_runs_the_nondet_ops():
 
 def test_nondet_linear_is_the_det_linear_on_nondet_entry():
     torch.manual_seed(0)
-    m = nd.NondetLinear(20, 12, device=DEV)
+    m = nd.LinearNondet(20, 12, device=DEV)
     torch.manual_seed(0)
     ref = det.Linear(20, 12, device=DEV)
     assert m.state_dict().keys() == ref.state_dict().keys()

@@ -111,7 +111,7 @@ def test_workspace_changed_before_backward_refused():
 
 def test_module_is_the_det_module_on_nondet_entries():
     torch.manual_seed(0)
-    m = nd.NondetHyperConnection(torch.nn.Linear(16, 16), hidden_size=16, n_streams=2)
+    m = nd.HyperConnectionNondet(torch.nn.Linear(16, 16), hidden_size=16, n_streams=2)
     torch.manual_seed(0)
     ref = det.HyperConnection(torch.nn.Linear(16, 16), hidden_size=16, n_streams=2)
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(),

@@ -66,12 +66,12 @@ def test_nondet_entries_refuse_det_objects():
     with pytest.raises(ValueError, match="plan: expected MoEGroupedNondetPlan"):
         nd.MoEGroupedNondetWorkspace.for_plan(dp, DEV)
     plans = det.make_moe_plans(6, 16, 12, 4, 2, F32, DEV)
-    with pytest.raises(ValueError, match="plans: expected NondetMoEFeedForwardPlans"):
+    with pytest.raises(ValueError, match="plans: expected MoEFeedForwardNondetPlans"):
         nd.moe_feed_forward_nondet(torch.ones(6, 16, device=DEV), *_layer_weights(), 2,
                                    plans=plans)
     with pytest.raises(ValueError, match="plan: got MoEGroupedDetPlan"):
-        nd.NondetMoEFeedForward(16, 12, 4, 2, device=DEV)(
-            torch.ones(6, 16, device=DEV), plans=nd.NondetMoEFeedForwardPlans(*plans))
+        nd.MoEFeedForwardNondet(16, 12, 4, 2, device=DEV)(
+            torch.ones(6, 16, device=DEV), plans=nd.MoEFeedForwardNondetPlans(*plans))
 
 
 def test_plan_mode_rule_and_serialisation():
@@ -152,7 +152,7 @@ def test_torch_compile_runs_the_nondet_ops():
 def test_routing_helpers_and_module():
     logits = torch.tensor([[0.0, 1.0, 1.0], [2.0, 0.0, 0.0]], device=DEV)
     r = nd.moe_route_nondet(logits, 2)
-    assert isinstance(r, nd.NondetMoERouting)
+    assert isinstance(r, nd.MoERoutingNondet)
     assert r.ids.tolist() == det.moe_route_det(logits, 2).ids.tolist() == [[1, 2], [0, 1]]
     wts, ids = nd.moe_topk_nondet(torch.softmax(logits, -1), 1)
     assert ids.tolist() == [[1], [0]]
@@ -160,7 +160,7 @@ def test_routing_helpers_and_module():
     xp = nd.moe_permute_nondet(x, r)
     assert torch.equal(nd.moe_unpermute_nondet(xp, r), det.moe_unpermute_det(xp, r))
     torch.manual_seed(0)
-    m = nd.NondetMoEFeedForward(16, 12, 4, 2, device=DEV)
+    m = nd.MoEFeedForwardNondet(16, 12, 4, 2, device=DEV)
     torch.manual_seed(0)
     ref = det.MoEFeedForward(16, 12, 4, 2, device=DEV)
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(),

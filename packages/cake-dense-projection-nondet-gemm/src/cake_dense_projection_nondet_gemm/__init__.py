@@ -23,7 +23,7 @@ _LAZY = {
     "dense_projection_nondet_fwd": "api",
     "dense_projection_nondet_bwd": "api",
     "DenseProjectionNondetGrads": "api",
-    "NondetLinear": "modules",
+    "LinearNondet": "modules",
     "DenseProjectionNondetPlan": "plan",
     "make_nondet_plan": "plan",
     "DenseProjectionNondetSavedSet": "saved",
@@ -35,7 +35,7 @@ __all__ = [
     "DenseProjectionNondetPlan",
     "DenseProjectionNondetSavedSet",
     "DenseProjectionNondetWorkspace",
-    "NondetLinear",
+    "LinearNondet",
     "__version__",
     "dense_projection_nondet",
     "dense_projection_nondet_bwd",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
         dense_projection_nondet_bwd,
         dense_projection_nondet_fwd,
     )
-    from cake_dense_projection_nondet_gemm.modules import NondetLinear
+    from cake_dense_projection_nondet_gemm.modules import LinearNondet
     from cake_dense_projection_nondet_gemm.plan import DenseProjectionNondetPlan, make_nondet_plan
     from cake_dense_projection_nondet_gemm.saved import (
         DenseProjectionNondetSavedSet,

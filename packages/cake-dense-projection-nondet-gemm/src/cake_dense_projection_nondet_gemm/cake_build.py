@@ -21,7 +21,7 @@ FAMILY = {
     "mode": "nondet",
     "kind": "local",
     "entry_points": ["dense_projection_nondet", "dense_projection_nondet_fwd",
-                     "dense_projection_nondet_bwd", "NondetLinear"],
+                     "dense_projection_nondet_bwd", "LinearNondet"],
 }
 
 #: kernels of other cake packages this package launches or calls (kept by hand)
@@ -55,7 +55,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:5fc276541e90172ab3223f56a87ca9959919c34508a2c43dde2388fe82ca0019"
+SOURCE_DIGEST = "sha256:68fd3526a6dcb429b97ffb76ba65c86f9c26111e6fd3b3cc29a8cec8ecf31be6"
 # --- end of generated block ---
 
 REUSES = [

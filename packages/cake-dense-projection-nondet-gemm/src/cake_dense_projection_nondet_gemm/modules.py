@@ -7,7 +7,7 @@ from cake_dense_projection_det_gemm.modules import Linear
 from cake_dense_projection_nondet_gemm.api import dense_projection_nondet
 
 
-class NondetLinear(Linear):
+class LinearNondet(Linear):
     """Drop-in for ``torch.nn.Linear`` on :func:`dense_projection_nondet` (bits not
     promised).
 

@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "mhc_nondet_prepare": "api",
     "mhc_nondet_finish": "api",
-    "NondetHyperConnection": "modules",
+    "HyperConnectionNondet": "modules",
     "MHCNondetPlan": "plan",
     "make_nondet_plan": "plan",
     "MHCNondetSavedSet": "saved",
@@ -34,7 +34,7 @@ __all__ = [
     "MHCNondetPlan",
     "MHCNondetSavedSet",
     "MHCNondetWorkspace",
-    "NondetHyperConnection",
+    "HyperConnectionNondet",
     "__version__",
     "make_nondet_plan",
     "mhc_nondet_finish",
@@ -43,7 +43,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from cake_mhc_nondet_train.api import mhc_nondet_finish, mhc_nondet_prepare
-    from cake_mhc_nondet_train.modules import NondetHyperConnection
+    from cake_mhc_nondet_train.modules import HyperConnectionNondet
     from cake_mhc_nondet_train.plan import MHCNondetPlan, make_nondet_plan
     from cake_mhc_nondet_train.saved import MHCNondetSavedSet, MHCNondetWorkspace
 

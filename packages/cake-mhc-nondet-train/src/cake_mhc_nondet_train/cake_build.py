@@ -20,7 +20,7 @@ FAMILY = {
     "version": "0.1.0",
     "mode": "nondet",
     "kind": "local",
-    "entry_points": ["mhc_nondet_prepare", "mhc_nondet_finish", "NondetHyperConnection"],
+    "entry_points": ["mhc_nondet_prepare", "mhc_nondet_finish", "HyperConnectionNondet"],
 }
 
 #: kernels of other cake packages this package launches or calls (kept by hand)
@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_mhc_det_train.kernels.fwd", "function": "mhc_coef_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:8f80e58b399636bd70477b21c5da6ca488da2eddf2174513b3f52b10b4c52ef2"
+SOURCE_DIGEST = "sha256:369bce6ecd7ab12827b721580e5829102e2114e10b05daeffac4a94f81312670"
 # --- end of generated block ---
 
 REUSES = [

@@ -7,7 +7,7 @@ from cake_mhc_det_train.modules import HyperConnection
 from cake_mhc_nondet_train.api import mhc_nondet_finish, mhc_nondet_prepare
 
 
-class NondetHyperConnection(HyperConnection):
+class HyperConnectionNondet(HyperConnection):
     """One manifold-constrained hyper-connection around ``branch`` (DeepSeek mHC,
     arXiv:2512.24880) on :func:`mhc_nondet_prepare` / :func:`mhc_nondet_finish` (bits not
     promised).

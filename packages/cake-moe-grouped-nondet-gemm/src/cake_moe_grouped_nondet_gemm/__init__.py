@@ -6,7 +6,7 @@ y[rows of e] = x[rows of e] · weight[e]ᵀ, dx[rows of e] = dy · weight[e],
 dW[e] = dy[rows of e]ᵀ · x[rows of e] (optionally added into Megatron's fp32
 ``main_grad``). It runs cake-moe-grouped-det-gemm's kernels today, with plans, saved sets
 and workspaces of mode ``nondet``; its backward raises under
-``torch.use_deterministic_algorithms(True)``. :class:`NondetMoEFeedForward` is the MoE
+``torch.use_deterministic_algorithms(True)``. :class:`MoEFeedForwardNondet` is the MoE
 feed-forward layer on it.
 
 Public names are imported lazily: importing this package (or its ``cake_build``
@@ -30,9 +30,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "MoEGroupedNondetSavedSet": "saved",
     "MoEGroupedNondetWorkspace": "saved",
-    "NondetMoEFeedForward": "moe",
-    "NondetMoEFeedForwardPlans": "moe",
-    "NondetMoERouting": "moe",
+    "MoEFeedForwardNondet": "moe",
+    "MoEFeedForwardNondetPlans": "moe",
+    "MoERoutingNondet": "moe",
     "make_nondet_moe_plans": "moe",
     "moe_feed_forward_nondet": "moe",
     "moe_permute_nondet": "moe",
@@ -46,9 +46,9 @@ __all__ = [
     "MoEGroupedNondetPlan",
     "MoEGroupedNondetSavedSet",
     "MoEGroupedNondetWorkspace",
-    "NondetMoEFeedForward",
-    "NondetMoEFeedForwardPlans",
-    "NondetMoERouting",
+    "MoEFeedForwardNondet",
+    "MoEFeedForwardNondetPlans",
+    "MoERoutingNondet",
     "__version__",
     "make_nondet_moe_plans",
     "make_nondet_plan",
@@ -70,9 +70,9 @@ if TYPE_CHECKING:  # pragma: no cover
         moe_grouped_nondet_gemm_fwd,
     )
     from cake_moe_grouped_nondet_gemm.moe import (
-        NondetMoEFeedForward,
-        NondetMoEFeedForwardPlans,
-        NondetMoERouting,
+        MoEFeedForwardNondet,
+        MoEFeedForwardNondetPlans,
+        MoERoutingNondet,
         make_nondet_moe_plans,
         moe_feed_forward_nondet,
         moe_permute_nondet,

@@ -65,7 +65,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:3d472d4bb147ab7c66080a774cd9a455709748666544b110c34f7ca885a9842f"
+SOURCE_DIGEST = "sha256:dd7f1d1635ebb1a6b7550bffb9f0525e181acaaac25ffe415cfb6a4429bfb150"
 # --- end of generated block ---
 
 REUSES = [

@@ -27,9 +27,9 @@ from cake_moe_grouped_nondet_gemm.api import _resolve_nondet_plan, moe_grouped_n
 from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan, make_nondet_plan
 
 __all__ = [
-    "NondetMoEFeedForward",
-    "NondetMoEFeedForwardPlans",
-    "NondetMoERouting",
+    "MoEFeedForwardNondet",
+    "MoEFeedForwardNondetPlans",
+    "MoERoutingNondet",
     "make_nondet_moe_plans",
     "moe_feed_forward_nondet",
     "moe_permute_nondet",
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class NondetMoERouting(MoERouting):
+class MoERoutingNondet(MoERouting):
     """Where each token's k assignments go, from :func:`moe_route_nondet`: the fields of
     ``cake_moe_grouped_det_gemm.MoERouting`` (``ids``, ``weights``, ``probs``, ``order``,
     ``slot``, ``offs``; all on the device)."""
@@ -55,11 +55,11 @@ def moe_topk_nondet(probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torc
 
 
 def moe_route_nondet(logits: torch.Tensor, top_k: int, *,
-                     normalize_topk: bool = True) -> NondetMoERouting:
+                     normalize_topk: bool = True) -> MoERoutingNondet:
     """Top-k softmax routing of ``logits`` ``[T, E]`` and the stable sort of the
     assignments by expert, as ``cake_moe_grouped_det_gemm.moe_route_det`` (its code), in a
-    :class:`NondetMoERouting`. Raises ``ValueError`` as that function."""
-    return NondetMoERouting(*moe_route_det(logits, top_k, normalize_topk=normalize_topk))
+    :class:`MoERoutingNondet`. Raises ``ValueError`` as that function."""
+    return MoERoutingNondet(*moe_route_det(logits, top_k, normalize_topk=normalize_topk))
 
 
 def moe_permute_nondet(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
@@ -74,7 +74,7 @@ def moe_unpermute_nondet(out: torch.Tensor, routing: MoERouting) -> torch.Tensor
     return moe_unpermute_det(out, routing)
 
 
-class NondetMoEFeedForwardPlans(NamedTuple):
+class MoEFeedForwardNondetPlans(NamedTuple):
     """The three grouped-GEMM plans of one :func:`moe_feed_forward_nondet` call: ``router``
     (E=1 group, N = num_experts, K = d_model, fp32), ``gate_up`` (N = 2·d_ff, K = d_model)
     and ``down`` (N = d_model, K = d_ff), each a :class:`MoEGroupedNondetPlan`."""
@@ -86,18 +86,18 @@ class NondetMoEFeedForwardPlans(NamedTuple):
 
 def make_nondet_moe_plans(num_tokens: int, d_model: int, d_ff: int, num_experts: int,
                           top_k: int, dtype: torch.dtype, device: torch.device | str
-                          ) -> NondetMoEFeedForwardPlans:
+                          ) -> MoEFeedForwardNondetPlans:
     """The plans :func:`moe_feed_forward_nondet` picks for ``num_tokens`` tokens
     (:func:`make_nondet_plan`'s rule, as ``cake_moe_grouped_det_gemm.make_moe_plans``).
     Raises ``ValueError`` as that function."""
     return _make_moe_plans(num_tokens, d_model, d_ff, num_experts, top_k, dtype, device,
-                           rule=make_nondet_plan, plans_cls=NondetMoEFeedForwardPlans)
+                           rule=make_nondet_plan, plans_cls=MoEFeedForwardNondetPlans)
 
 
 def moe_feed_forward_nondet(x: torch.Tensor, router_weight: torch.Tensor,
                             w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
                             normalize_topk: bool = True, aux_loss_coef: float = 0.01,
-                            plans: NondetMoEFeedForwardPlans | None = None
+                            plans: MoEFeedForwardNondetPlans | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """MoE feed-forward (top-k softmax router, SwiGLU experts) with autograd, bits not
     promised: ``(y, aux_loss)``.
@@ -106,7 +106,7 @@ def moe_feed_forward_nondet(x: torch.Tensor, router_weight: torch.Tensor,
     ``[E, 2·d_ff, d_model]``, w_down ``[E, d_model, d_ff]``, top_k, normalize_topk,
     aux_loss_coef), math, numerics and errors are those of
     ``cake_moe_grouped_det_gemm.moe_feed_forward_det``; its grouped GEMMs are
-    :func:`moe_grouped_nondet_gemm` with ``plans`` (:class:`NondetMoEFeedForwardPlans`,
+    :func:`moe_grouped_nondet_gemm` with ``plans`` (:class:`MoEFeedForwardNondetPlans`,
     default: :func:`make_nondet_moe_plans`' rule per call).
 
     Raises:
@@ -116,11 +116,11 @@ def moe_feed_forward_nondet(x: torch.Tensor, router_weight: torch.Tensor,
     """
     return _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk,
                          aux_loss_coef, plans, gemm=moe_grouped_nondet_gemm,
-                         plans_cls=NondetMoEFeedForwardPlans, resolve=_resolve_nondet_plan)
+                         plans_cls=MoEFeedForwardNondetPlans, resolve=_resolve_nondet_plan)
 
 
 
-class NondetMoEFeedForward(MoEFeedForward):
+class MoEFeedForwardNondet(MoEFeedForward):
     """Mixture-of-experts feed-forward on :func:`moe_feed_forward_nondet` (bits not
     promised).
 
@@ -128,10 +128,10 @@ class NondetMoEFeedForward(MoEFeedForward):
     normalize_topk=True, device=None, dtype=None``), parameters (``router_weight``,
     ``w_gate_up``, ``w_down``), initialisation, ``state_dict`` and errors are those of
     ``cake_moe_grouped_det_gemm.MoEFeedForward``; ``forward(x, *, plans=None)`` returns
-    ``(y, aux_loss)`` with :class:`NondetMoEFeedForwardPlans`.
+    ``(y, aux_loss)`` with :class:`MoEFeedForwardNondetPlans`.
     """
 
-    def forward(self, x: torch.Tensor, *, plans: NondetMoEFeedForwardPlans | None = None
+    def forward(self, x: torch.Tensor, *, plans: MoEFeedForwardNondetPlans | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         return moe_feed_forward_nondet(
             x, self.router_weight, self.w_gate_up, self.w_down, self.top_k,
