@@ -19,6 +19,7 @@ from cake_core.kcp import (
     Fragment,
     Partition,
     RingPlan,
+    agree_once,
     build_context,
     build_context_det_kcp,
     has_middle_fragments,
@@ -739,3 +740,70 @@ def test_gloo_two_processes(tmp_path):
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "rdzv")],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+_AGREE_WORKER = textwrap.dedent("""
+    import sys, time
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from cake_core.kcp import Partition, agree_once, build_context
+
+    def raises(fn, *needles):
+        t = time.monotonic()
+        try:
+            fn()
+        except ValueError as e:
+            msg = str(e)
+            assert all(n in msg for n in needles), msg
+            assert time.monotonic() - t < 30, "took too long"
+            return msg
+        raise AssertionError("no ValueError")
+
+    def worker(rank, world, init):
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        try:
+            same = Partition.from_cu_seqlens([0, 7, 16], world)
+            ctx = build_context(same, None, rank, "cpu", 4)
+            calls = []
+            real = dist.all_gather
+            dist.all_gather = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+            agree_once(ctx, "f", K=64, dtype=torch.bfloat16)
+            agree_once(ctx, "f", K=64, dtype=torch.bfloat16)  # agreed: no collective
+            assert len(calls) == 1, calls
+            dist.all_gather = real
+            # rank 1 given another partition: every rank raises, naming the partition
+            mine = same if rank == 0 else Partition.from_cu_seqlens([0, 9, 16], world)
+            ctx2 = build_context(mine, None, rank, "cpu", 4)
+            raises(lambda: agree_once(ctx2, "f", K=64), "f: the ranks of ctx.group disagree",
+                   "partition: rank 0", "rank 1")
+            # another option on rank 1 (head count): named with both values
+            ctx3 = build_context(same, None, rank, "cpu", 4)
+            msg = raises(lambda: agree_once(ctx3, "g", HV=4 + rank, K=64), "HV: rank 0 4, rank 1 5")
+            assert "partition" not in msg and "K:" not in msg, msg
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(2, "file://" + sys.argv[1]), nprocs=2, join=True)
+        print("ok")
+""")
+
+
+def test_agree_once_gloo(tmp_path):
+    """Two gloo ranks: agreeing ranks compare once per entry and context; a rank given
+    another partition or option makes every rank raise, within seconds, naming what
+    differs."""
+    script = tmp_path / "kcp_agree_worker.py"
+    script.write_text(_AGREE_WORKER)
+    env = dict(os.environ, PYTHONPATH=":".join(x for x in sys.path if x))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "rdzv")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_agree_once_single_process():
+    ctx = build_context(Partition.from_cu_seqlens([0, 5, 9], 1), None, 0, "cpu")
+    agree_once(ctx, "f", K=3)  # no torch.distributed: nothing to compare
+    assert "f" in ctx.__dict__["_agreed_entries"]

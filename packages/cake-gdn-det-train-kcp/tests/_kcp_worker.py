@@ -22,7 +22,8 @@ import torch
 #: name -> (world size, global cu_seqlens, layout or explicit fragment rows, exchange,
 #: use_qk_l2norm_in_kernel, HV, seed, flags). Flags: "aligned" (every cut on a 64-token chunk
 #: boundary: the ring must reproduce the single-rank bits), "autograd" (also run the
-#: autograd entry), "bad" (bad-input checks on a live group).
+#: autograd entry), "bad" (bad-input checks on a live group), "mismatch" (rank 1 is given
+#: the zigzag partition of the same documents: only the forward's ValueError is recorded).
 CASES = {
     # W = 2: a 1-token fragment at the end of rank 0, documents on one rank, one spanning two
     "w2_contig_ag": (2, [0, 40, 41, 64, 130], "contiguous", "allgather", False, 2, 1, ()),
@@ -34,6 +35,8 @@ CASES = {
     # one token over two ranks: rank 0 is empty (nothing crosses)
     "w2_empty_ag": (2, [0, 1], "contiguous", "allgather", False, 1, 3, ()),
     "w2_l2n_ag": (2, [0, 3, 90, 100], "zigzag", "allgather", True, 1, 4, ("autograd", "bad")),
+    "w2_mismatch": (2, [0, 40, 41, 64, 130], "contiguous", "allgather", False, 1, 11,
+                    ("mismatch",)),
     # W = 3: one document over every rank (a middle fragment on rank 1), short ones around it
     "w3_contig_ag": (3, [0, 5, 120, 121, 150], "contiguous", "allgather", False, 1, 5, ()),
     "w3_contig_ring": (3, [0, 5, 120, 121, 150], "contiguous", "ring", False, 1, 5, ()),
@@ -91,6 +94,8 @@ def _run(case, rank):
 
     W, cu, _, exchange, l2, HV, seed, flags = case
     p = partition_of(case)
+    if "mismatch" in flags and rank == 1:
+        p = partition_of((W, cu, "zigzag"))
     dev = _device(rank)
     ctx = build_context_det_kcp(p, None, rank, dev, exchange=exchange)
     idx = p.global_index(rank).to(dev)
@@ -100,6 +105,12 @@ def _run(case, rank):
         o, saved = chunk_gdn_det_fwd_kcp(*xs[:5], ctx, use_qk_l2norm_in_kernel=l2)
         return (o, *chunk_gdn_det_bwd_kcp(xs[5], saved, ctx))
 
+    if "mismatch" in flags:  # every rank must raise, before any other collective
+        try:
+            once()
+        except ValueError as e:
+            return {"mismatch": str(e)}
+        return {"mismatch": None}
     with _count_local_calls() as calls:
         first = once()
     second = once()

@@ -81,6 +81,7 @@ def _check(results, names):
 
 W2 = ["w2_contig_ag", "w2_contig_ring", "w2_zigzag_ag", "w2_zigzag_ring", "w2_empty_ag",
       "w2_l2n_ag"]
+MISMATCH = "w2_mismatch"
 W3 = ["w3_contig_ag", "w3_contig_ring", "w3_zigzag_ag", "w3_zigzag_ring", "w3_empty_ag",
       "w3_empty_ring", "w3_aligned_ring", "w3_aligned_ring_l2n"]
 W4 = ["w4_zigzag_ag", "w4_zigzag_ring"]
@@ -88,8 +89,14 @@ W4 = ["w4_zigzag_ag", "w4_zigzag_ring"]
 
 def test_dist_world_size_2(tmp_path):
     """Both layouts and exchanges, a 1-token fragment, an empty shard, the L2 norm, the
-    autograd entry, and bad inputs on a live group (ValueError, no collective)."""
-    results = _check(_spawn(tmp_path, 2, W2), W2)
+    autograd entry, bad inputs on a live group (ValueError, no collective), and ranks
+    given different partitions (every rank raises, naming the partition)."""
+    results = _check(_spawn(tmp_path, 2, [*W2, MISMATCH]), W2)
+    for r in range(2):
+        msg = results[r][MISMATCH]["mismatch"]
+        assert msg is not None and msg.startswith(
+            "chunk_gdn_fwd_kcp: the ranks of ctx.group disagree before the first collective: "
+            "partition: rank 0 "), (r, msg)
     for r in range(2):
         msgs = results[r]["w2_l2n_ag"]["bad"]
         assert not [m for m in msgs if m.startswith(("NO ERROR", "COLLECTIVE"))], msgs

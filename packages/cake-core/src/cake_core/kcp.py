@@ -61,6 +61,7 @@ __all__ = [
     "RecvEntry",
     "RingPlan",
     "SendEntry",
+    "agree_once",
     "build_context",
     "build_context_det_kcp",
     "check_context",
@@ -1198,6 +1199,78 @@ def check_context(ctx: object, device: torch.device | None = None) -> Context:
                                          and want.index != device.index):
             raise ValueError(f"ctx: built for device {want}, but the tensors are on {device}")
     return ctx
+
+
+def _plain(v: object) -> object:
+    """A JSON-able form of an option value (plans and enums by their fields / value)."""
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if isinstance(v, torch.dtype):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {"class": type(v).__name__,
+                **{f.name: _plain(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    return getattr(v, "value", None) if hasattr(v, "value") else repr(v)
+
+
+def _short(v: object, n: int = 120) -> str:
+    t = json.dumps(v, sort_keys=True)
+    return t if len(t) <= n else t[:n] + "..."
+
+
+def agree_once(ctx: Context, entry: str, **options: object) -> None:
+    """Before ``entry``'s first collective on ``ctx``: the ranks of ``ctx.group`` check that
+    they agree, so that a job whose ranks were given different partitions or options fails
+    on every rank with a message instead of hanging in a collective.
+
+    Each rank hashes one description, ``entry``, the partition's key, ``ctx.world_size``,
+    ``ctx.exchange``, ``ctx.conv_kernel_size`` and ``options`` (head counts, dims, dtypes,
+    flags, the plan: whatever the entry's collectives depend on), to 16 bytes; one
+    all-gather of them (``torch.distributed.all_gather`` on ``ctx.device`` under NCCL, on
+    the host otherwise), read on the host. Equal everywhere: the entry is marked agreed on
+    ``ctx`` and later calls of it return at once (no collective, no host sync). Else the
+    descriptions themselves are all-gathered (``all_gather_object``) and every rank raises.
+
+    Only the first call of each entry on a context is compared: options that diverge between
+    ranks after their first calls agreed are not detected. A single process without
+    ``torch.distributed`` (``W = 1``) compares nothing.
+
+    Raises:
+        ValueError: ``"<entry>: the ranks of ctx.group disagree before the first collective:
+            <field>: rank 0 <value>, rank 1 <value>; ..."`` on every rank.
+    """
+    agreed = ctx.__dict__.setdefault("_agreed_entries", set())
+    if entry in agreed:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        agreed.add(entry)
+        return
+    desc = {"entry": entry, "partition": ctx.partition.key, "world_size": ctx.world_size,
+            "exchange": ctx.exchange, "conv_kernel_size": ctx.conv_kernel_size,
+            **{k: _plain(v) for k, v in options.items()}}
+    digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).digest()[:16]
+    dev = ctx.device if dist.get_backend(ctx.group) == "nccl" else torch.device("cpu")
+    mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).to(dev)
+    rows = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(rows, mine, group=ctx.group)
+    got = [tuple(r.tolist()) for r in rows]
+    if len(set(got)) == 1:
+        agreed.add(entry)
+        return
+    descs: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(descs, desc, group=ctx.group)
+    keys = sorted({k for d in descs for k in d})
+    differ = [k for k in keys if len({_short(d.get(k), 10**6) for d in descs}) > 1]
+    raise ValueError(
+        f"{entry}: the ranks of ctx.group disagree before the first collective: " + "; ".join(
+            f"{k}: " + ", ".join(f"rank {r} {_short(d.get(k))}" for r, d in enumerate(descs))
+            for k in differ))
 
 
 @functools.lru_cache(maxsize=64)

@@ -55,7 +55,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.autograd import once_differentiable
-from cake_core.kcp import Context
+from cake_core.kcp import Context, agree_once
 from cake_core.kcp_route import (
     backward_allgather,
     backward_ring,
@@ -169,7 +169,11 @@ def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace, types=None
     launch_device_check(device, "q")
     check_context(ctx, device)
     plan = _resolve_plan(plan, K, V, q.dtype, device, types)
-    return scale, plan, _resolve_workspace(workspace, plan, ctx, HV, q.dtype, types)
+    workspace = _resolve_workspace(workspace, plan, ctx, HV, q.dtype, types)
+    # the last check, the first collective: the ranks compare what their collectives use
+    agree_once(ctx, "chunk_gdn_fwd_kcp", H=H, HV=HV, K=K, V=V, dtype=q.dtype, scale=scale,
+               use_qk_l2norm_in_kernel=bool(use_l2), plan=plan)
+    return scale, plan, workspace
 
 
 def _check_bwd(do, saved, ctx, plan, workspace, types=None):
@@ -395,6 +399,9 @@ def bwd_kcp_entry(types: KCPModeTypes, do, saved, ctx, plan, workspace):
     plan, ws = _check_bwd(do, saved, ctx, plan, workspace, types)
     if types.before_bwd is not None:
         types.before_bwd()
+    # the first collective: the ranks compare what their collectives use
+    agree_once(ctx, "chunk_gdn_bwd_kcp", HV=saved.v.shape[2], K=saved.q.shape[3],
+               V=saved.v.shape[3], dtype=saved.q.dtype, plan=plan)
     return _backward(do, saved, ctx, plan, ws, types)
 
 

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:45e1f04eb37a5bd8a6da4bbff62b338b48b5059a936851e45751df84a9f47afb"
+SOURCE_DIGEST = "sha256:4f369c098ce2693b240ca0630ca78998641f6bb98ec34abfd4ad7f6a534b0e88"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e0aa0a4913bcde8aa6da2fdde51de3ee81d9939e27fc44560ebb0c9d7085a8d4"
+SOURCE_DIGEST = "sha256:dd59bb476d4179d7f5471b53b53bf36dfa7661506198706f39e3162a22ff885a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs
