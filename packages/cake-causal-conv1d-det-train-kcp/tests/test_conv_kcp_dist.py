@@ -45,13 +45,15 @@ def _rank_sum(ts):
 
 
 def _expected_gathers(case):
-    """All-gathers per forward + backward: the forward's when a halo row crosses a rank,
-    the backward's when a halo gradient does or the weight gradients are reduced."""
+    """All-gathers of the first forward + backward on a context and of a later one with
+    reduced weight gradients: the forward's when a halo row crosses a rank, the backward's
+    when a halo gradient does or the weight gradients are reduced; the first forward and
+    backward add one agreement all-gather each (``cake_core.kcp.agree_once``)."""
     from cake_causal_conv1d_det_train_kcp.context import halo_plan
 
     hp = halo_plan(worker.partition_of(case), case.kernel_size)
     crosses = case.world > 1 and hp.fwd_rows_per_rank > 0
-    return 2 * int(crosses), int(crosses) + int(case.world > 1)
+    return 2 * int(crosses) + 2, int(crosses) + int(case.world > 1)
 
 
 def _check(results, names):

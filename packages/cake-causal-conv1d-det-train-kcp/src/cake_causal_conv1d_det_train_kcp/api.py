@@ -63,7 +63,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.autograd import once_differentiable
-from cake_core.kcp import Context
+from cake_core.kcp import Context, agree_once
 from cake_core.triton_utils import launch_device_check
 
 from cake_causal_conv1d_det_train_kcp.context import (
@@ -188,7 +188,11 @@ def _check_fwd(x, weight, bias, ctx, activation, plan, workspace):
     launch_device_check(device, "x")
     check_context(ctx, device)
     plan = _resolve_plan(plan, D, W, x.dtype, device, workspace)
-    return act, plan, _resolve_workspace(workspace, plan, ctx, x.dtype)
+    workspace = _resolve_workspace(workspace, plan, ctx, x.dtype)
+    # the last check, the first collective: the ranks compare what their collectives use
+    agree_once(ctx, "causal_conv1d_fwd_kcp", D=D, W=W, dtype=x.dtype, bias=bias is not None,
+               weight_dtype=weight.dtype, activation=act, plan=plan)
+    return act, plan, workspace
 
 
 def _check_bwd(dy, saved, ctx, reduce_weight_grads, plan, workspace):
@@ -216,7 +220,10 @@ def _check_bwd(dy, saved, ctx, reduce_weight_grads, plan, workspace):
         plan = adopt_workspace_plan(saved.plan, workspace) \
             if isinstance(saved.plan, CausalConv1dDetPlan) else saved.plan
     plan = _resolve_plan(plan, D, W, x.dtype, device)
-    return plan, _resolve_workspace(workspace, plan, ctx, x.dtype)
+    workspace = _resolve_workspace(workspace, plan, ctx, x.dtype)
+    agree_once(ctx, "causal_conv1d_bwd_kcp", D=D, W=W, dtype=x.dtype,
+               reduce_weight_grads=bool(reduce_weight_grads), plan=plan)
+    return plan, workspace
 
 
 # ----------------------------------------------------------------------------- work

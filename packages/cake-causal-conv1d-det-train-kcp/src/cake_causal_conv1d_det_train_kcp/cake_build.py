@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:0268da8d38d10574c15d18044392e9937170c3fee2fade56192d9a700d5ea8a6"
+SOURCE_DIGEST = "sha256:1de2837c230f60bd059cad5e4224f3aee6bdad4605a4cef1ea783904492fb784"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs
