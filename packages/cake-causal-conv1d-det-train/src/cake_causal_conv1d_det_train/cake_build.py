@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c349bd7d8a087cddf83fda433e4e5db7fbe5dee15723d4d8f89ab3986efa90ca"
+SOURCE_DIGEST = "sha256:ce9a1211e11b0877731bba31103493d412b8a172b2c1160da8a44724dcd02bbe"
 # --- end of generated block ---
 
 MANIFEST = {

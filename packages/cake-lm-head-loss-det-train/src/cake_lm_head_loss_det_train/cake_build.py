@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bee6587c6a510863c4437ddc2d5f6cb0ea770a98e31cfc6d8d60b1fcd1fa927a"
+SOURCE_DIGEST = "sha256:7f9fc6424e788cc38bf94aa2815b5184fba286eb5b12ad2d0a469ffedae193a1"
 # --- end of generated block ---
 
 MANIFEST = {
