@@ -37,6 +37,10 @@ def test_parity_packed_ragged(dtype, W, activation):
 def test_parity_fixed_length_without_bias_or_state():
     inp = make_inputs(2, 37, 20, 2, bias=False, h0=False, seed=9)
     _check(run_nondet(inp, "silu"), run_reference(inp, "silu"), torch.float32)
+    from cake_causal_conv1d_nondet_train import causal_conv1d_nondet
+
+    y, _ = causal_conv1d_nondet(inp.x.requires_grad_(), inp.weight)
+    assert type(y.grad_fn).__name__ == "_CausalConv1dNondetFunctionBackward"
 
 
 def test_low_level_and_workspace_match_autograd():

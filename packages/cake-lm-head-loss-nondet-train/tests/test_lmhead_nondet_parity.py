@@ -55,6 +55,7 @@ def test_parity_fp32(reduction, V, opts):
 def test_parity_bf16_batched_with_ignored_rows():
     hidden, weight, _, labels = make((2, 9), 16, 300, torch.bfloat16, ignore_every=3, seed=4)
     loss = lm_head_loss_nondet(hidden, weight, labels)
+    assert type(loss.grad_fn).__name__ == "_LMHeadLossNondetFunctionBackward"
     loss.backward()
     ref, _, dh, dw, _ = _reference(hidden, weight, None, labels, torch.tensor(1.0))
     for name, a, r in (("loss", loss, ref), ("dhidden", hidden.grad, dh),

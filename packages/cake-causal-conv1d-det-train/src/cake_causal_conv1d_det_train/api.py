@@ -93,7 +93,9 @@ class ModeClasses:
     return; ``make_plan``: the plan rule (``None``: this module's :func:`make_plan`,
     looked up per call); ``op_namespace``: the custom ops' namespace (see
     :func:`register_ops`); ``alert``: called before any backward launch (a nondet
-    sibling's deterministic-algorithms alert), or ``None``.
+    sibling's deterministic-algorithms alert), or ``None``; ``function``: the eager
+    autograd Function (a subclass of this module's, named for the mode; ``None``: this
+    module's).
     """
 
     mode: Mode
@@ -104,6 +106,7 @@ class ModeClasses:
     make_plan: Callable | None
     op_namespace: str
     alert: Callable[[], None] | None = None
+    function: type | None = None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -644,7 +647,7 @@ def conv_call(m: ModeClasses, x, weight, bias, activation, cu_seqlens, initial_s
                          workspace, m)
     wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N, m)
     if not torch.compiler.is_compiling():
-        return _CausalConv1dDetFunction.apply(
+        return (m.function or _CausalConv1dDetFunction).apply(
             x, weight, bias, initial_state, cu_seqlens, offsets, act,
             output_final_state, plan, wpart, bpart, scr, m.alert)
     y, fs = getattr(torch.ops, m.op_namespace).fwd(

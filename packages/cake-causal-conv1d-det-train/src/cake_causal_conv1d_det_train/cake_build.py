@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ce9a1211e11b0877731bba31103493d412b8a172b2c1160da8a44724dcd02bbe"
+SOURCE_DIGEST = "sha256:cdfe36fb7d524d1cddf40e164c608448ec0bba5e1d6fb1837905aa4b4066f579"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from cake_causal_conv1d_det_train.api import (
     ModeClasses,
+    _CausalConv1dDetFunction,
     bwd_call,
     conv_call,
     fwd_call,
@@ -53,9 +54,15 @@ def _deterministic_alert() -> None:
                  "cake_causal_conv1d_det_train.causal_conv1d_det")
 
 
+class _CausalConv1dNondetFunction(_CausalConv1dDetFunction):
+    """The eager autograd node (the det package's, under this package's name: its
+    ``grad_fn`` reads ``_CausalConv1dNondetFunctionBackward``)."""
+
+
 _M = ModeClasses(Mode.NONDET, CausalConv1dNondetPlan, CausalConv1dNondetSavedSet,
                  CausalConv1dNondetWorkspace, CausalConv1dNondetGrads, make_nondet_plan,
-                 "cake_causal_conv1d_nondet_train", _deterministic_alert)
+                 "cake_causal_conv1d_nondet_train", _deterministic_alert,
+                 _CausalConv1dNondetFunction)
 _fwd_op, _bwd_op = register_ops(_M)
 
 

@@ -36,7 +36,7 @@ DIGEST_EXTRA = ["cake_causal_conv1d_det_train.api", "cake_causal_conv1d_det_trai
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:84d26086c246b2ea4cc5bdb6288dc02921fd96a521ffe56b9ebabccbb4e45cab"
+SOURCE_DIGEST = "sha256:4667f483fd8a9b9cef7fc1141ae864cd0a2476d8b256985917b8621a6ffb7831"
 # --- end of generated block ---
 
 MANIFEST = {

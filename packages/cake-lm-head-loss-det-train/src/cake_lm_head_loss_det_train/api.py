@@ -76,7 +76,8 @@ class ModeClasses:
     looked up per call); ``op_namespace``: the custom ops' namespace (see
     :func:`register_ops`); ``entry``: the autograd entry's name, for messages; ``alert``:
     called before any backward launch (a nondet sibling's deterministic-algorithms alert),
-    or ``None``.
+    or ``None``; ``function``: the eager autograd Function (a subclass of this module's,
+    named for the mode; ``None``: this module's).
     """
 
     mode: Mode
@@ -88,6 +89,7 @@ class ModeClasses:
     op_namespace: str
     entry: str
     alert: Callable[[], None] | None = None
+    function: type | None = None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -673,8 +675,8 @@ def loss_call(m: ModeClasses, hidden, weight, labels, bias, ignore_index, reduct
     if not torch.compiler.is_compiling():
         if plan.check_labels:
             _check_labels(l1, weight.shape[0], cfg[0])
-        loss, lse = _LMHeadLossDetFunction.apply(h2, weight, bias, l1, cfg, plan, bufs,
-                                                 main_grad, needs, m)
+        fn = m.function or _LMHeadLossDetFunction
+        loss, lse = fn.apply(h2, weight, bias, l1, cfg, plan, bufs, main_grad, needs, m)
     else:
         loss, lse, *_ = getattr(torch.ops, m.op_namespace).fwd(
             h2, weight, bias, l1, *cfg, plan_to_op_fields(plan), *bufs, main_grad,

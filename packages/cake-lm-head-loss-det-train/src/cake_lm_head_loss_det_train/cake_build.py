@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7f9fc6424e788cc38bf94aa2815b5184fba286eb5b12ad2d0a469ffedae193a1"
+SOURCE_DIGEST = "sha256:8f7951571c8f4913628cbf67980e22b10ab5affc80625fa254da0ade33facfda"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -20,6 +20,7 @@ import torch
 from cake_core import Mode, nondet_alert
 from cake_lm_head_loss_det_train.api import (
     ModeClasses,
+    _LMHeadLossDetFunction,
     bwd_call,
     fwd_call,
     loss_call,
@@ -52,9 +53,15 @@ def _deterministic_alert() -> None:
                  "cake_lm_head_loss_det_train.lm_head_loss_det")
 
 
+class _LMHeadLossNondetFunction(_LMHeadLossDetFunction):
+    """The eager autograd node (the det package's, under this package's name: its
+    ``grad_fn`` reads ``_LMHeadLossNondetFunctionBackward``)."""
+
+
 _M = ModeClasses(Mode.NONDET, LMHeadLossNondetPlan, LMHeadLossNondetSavedSet,
                  LMHeadLossNondetWorkspace, LMHeadLossNondetGrads, make_nondet_plan,
-                 "cake_lm_head_loss_nondet_train", "lm_head_loss_nondet", _deterministic_alert)
+                 "cake_lm_head_loss_nondet_train", "lm_head_loss_nondet", _deterministic_alert,
+                 _LMHeadLossNondetFunction)
 _fwd_op, _bwd_op = register_ops(_M)
 
 

@@ -35,7 +35,7 @@ DIGEST_EXTRA = ["cake_lm_head_loss_det_train.api", "cake_lm_head_loss_det_train.
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8b2162a6df33dc61976bdfdaf94358a53cef52790116cd445f959edbc9e4750a"
+SOURCE_DIGEST = "sha256:a6bbc35d03c36bf319f7dccebb129acff3cf286b7d8fc953ae4a71b457492848"
 # --- end of generated block ---
 
 MANIFEST = {
