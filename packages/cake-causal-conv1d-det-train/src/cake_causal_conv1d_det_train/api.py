@@ -22,6 +22,8 @@ dweight / dbias: one fp32 partial per block of ``plan.block_t_bwd`` tokens, then
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -77,6 +79,34 @@ class CausalConv1dDetGrads(NamedTuple):
     dweight: torch.Tensor
     dbias: torch.Tensor | None
     dinitial_state: torch.Tensor | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeClasses:
+    """What one mode's entry points are bound to: this package's det classes and custom
+    ops (:data:`DET`), or a non-deterministic sibling's
+    (``cake_causal_conv1d_nondet_train``, which runs these launches under its own plan,
+    saved set, workspace, gradients and custom-op namespace). Not public API.
+
+    Fields: ``mode``; ``plan`` (:class:`CausalConv1dDetPlan` or a subclass carrying
+    ``mode``), ``saved``, ``workspace``, ``grads``: the classes the entries take and
+    return; ``make_plan``: the plan rule (``None``: this module's :func:`make_plan`,
+    looked up per call); ``op_namespace``: the custom ops' namespace (see
+    :func:`register_ops`); ``alert``: called before any backward launch (a nondet
+    sibling's deterministic-algorithms alert), or ``None``; ``function``: the eager
+    autograd Function (a subclass of this module's, named for the mode; ``None``: this
+    module's).
+    """
+
+    mode: Mode
+    plan: type
+    saved: type
+    workspace: type
+    grads: type
+    make_plan: Callable | None
+    op_namespace: str
+    alert: Callable[[], None] | None = None
+    function: type | None = None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -183,19 +213,21 @@ def adopt_workspace_plan(plan: CausalConv1dDetPlan, workspace) -> CausalConv1dDe
 
 
 def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype, device: torch.device,
-                  varlen: bool = False, workspace=None) -> CausalConv1dDetPlan:
+                  varlen: bool = False, workspace=None, m: ModeClasses | None = None,
+                  ) -> CausalConv1dDetPlan:
     """The call's plan: ``plan``; else the rule's (:func:`make_plan` with ``varlen``), or
     the workspace's plan where that differs from it in forward fields only
-    (:func:`adopt_workspace_plan`)."""
+    (:func:`adopt_workspace_plan`). ``m``: the mode's classes (default :data:`DET`)."""
+    m = m or DET
     if plan is None:
-        key = (D, W, dtype, device, varlen)
+        key = (m.mode, D, W, dtype, device, varlen)
         plan = _DEFAULT_PLANS.get(key)
         if plan is None:
-            plan = make_plan(D, W, dtype, device, varlen=varlen)
+            plan = (m.make_plan or make_plan)(D, W, dtype, device, varlen=varlen)
             if not torch.compiler.is_compiling():
                 _DEFAULT_PLANS[key] = plan
         return adopt_workspace_plan(plan, workspace) if workspace is not None else plan
-    require_mode(plan, CausalConv1dDetPlan, Mode.DET, name="plan")
+    require_mode(plan, m.plan, m.mode, name="plan")
     if (plan.hidden_size, plan.kernel_size) != (D, W):
         raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, "
                          f"kernel_size={plan.kernel_size}; inputs have D={D}, W={W}")
@@ -203,14 +235,16 @@ def _resolve_plan(plan, D: int, W: int, dtype: torch.dtype, device: torch.device
 
 
 def _resolve_workspace(workspace, plan: CausalConv1dDetPlan, device: torch.device,
-                       n_tokens: int, n_seqs: int):
+                       n_tokens: int, n_seqs: int, m: ModeClasses | None = None):
     """``(dweight_partials, dbias_partials, da_scratch)`` of a checked workspace (the last
     None unless ``plan.bwd_da_once``), or ``(None, None, None)``. The capacity asked is
     :func:`max_blocks` of the call's token and sequence counts (reads no cu_seqlens
-    values)."""
+    values). ``m``: the mode's classes (default :data:`DET`)."""
     if workspace is None:
         return None, None, None
-    require_mode(workspace, CausalConv1dDetWorkspace, Mode.DET, name="workspace")
+    m = m or DET
+    require_mode(workspace, m.workspace, m.mode, name="workspace")
+    ws_name = m.workspace.__name__
     workspace.check(plan, device)
     D, W = plan.hidden_size, plan.kernel_size
     need = max_blocks(n_tokens, n_seqs, plan.block_t_bwd)
@@ -223,7 +257,7 @@ def _resolve_workspace(workspace, plan: CausalConv1dDetPlan, device: torch.devic
             raise ValueError(
                 f"workspace: buffer {name!r} must be a contiguous fp32 tensor of shape "
                 f"[*, {', '.join(map(str, tail))}]; build it with "
-                "CausalConv1dDetWorkspace.for_plan(plan, device, max_tokens=..., max_seqs=...)")
+                f"{ws_name}.for_plan(plan, device, max_tokens=..., max_seqs=...)")
         if t.shape[0] < need:
             raise ValueError(f"workspace: {name!r} holds {t.shape[0]} token blocks, the call "
                              f"may need {need} ({n_tokens} tokens in {n_seqs} sequences)")
@@ -237,7 +271,7 @@ def _resolve_workspace(workspace, plan: CausalConv1dDetPlan, device: torch.devic
             raise ValueError(
                 "workspace: buffer 'da_scratch' must be a contiguous fp32 tensor of shape "
                 f"[programs, {', '.join(map(str, tail))}]; build it with "
-                "CausalConv1dDetWorkspace.for_plan(plan, device, max_tokens=..., max_seqs=...)")
+                f"{ws_name}.for_plan(plan, device, max_tokens=..., max_seqs=...)")
     return bufs[0], bufs[1], scr
 
 
@@ -419,99 +453,108 @@ def _op_offsets(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tenso
     return checked_offsets(cu_seqlens, T, x.device)
 
 
-@torch.library.custom_op("cake_causal_conv1d_det_train::fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, act: int,
-            output_final_state: bool, plan_fields: list[int],
-            dweight_partials: torch.Tensor | None, dbias_partials: torch.Tensor | None,
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, final_state or [0])``; arguments checked by the entry, except the values of
-    cu_seqlens (checked here, before any launch). The partial buffers are only carried to
-    the backward."""
-    plan = plan_from_op_fields(CausalConv1dDetPlan, plan_fields)
-    y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens,
-                        _op_offsets(x, cu_seqlens), act, output_final_state, plan)
-    return y, (fs if fs is not None else _empty0(x))
+def register_ops(m: ModeClasses):
+    """Register ``<m.op_namespace>::fwd`` / ``::bwd`` (what torch.compile traces) with their
+    fake implementations and the autograd formula, for the plans of ``m.plan`` carrying
+    ``m.mode``; ``m.alert`` (if any) runs in the backward before any launch. Returns the
+    two ops. This package registers :data:`DET`'s at import; a nondet sibling its own."""
+    ns = m.op_namespace
 
+    @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
+    def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, act: int,
+                output_final_state: bool, plan_fields: list[int],
+                dweight_partials: torch.Tensor | None, dbias_partials: torch.Tensor | None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, final_state or [0])``; arguments checked by the entry, except the values of
+        cu_seqlens (checked here, before any launch). The partial buffers are only carried
+        to the backward."""
+        plan = plan_from_op_fields(m.plan, plan_fields, m.mode)
+        y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens,
+                            _op_offsets(x, cu_seqlens), act, output_final_state, plan)
+        return y, (fs if fs is not None else _empty0(x))
 
-@_fwd_op.register_fake
-def _fwd_fake(x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
-              plan_fields, dweight_partials, dbias_partials):
-    B, T, D = x.shape
-    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-    W = weight.shape[1]
-    fs = x.new_empty((N, D, W - 1) if output_final_state else (0,))
-    return x.new_empty((B, T, D)), fs
+    @_fwd_op.register_fake
+    def _fwd_fake(x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
+                  plan_fields, dweight_partials, dbias_partials):
+        B, T, D = x.shape
+        N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+        W = weight.shape[1]
+        fs = x.new_empty((N, D, W - 1) if output_final_state else (0,))
+        return x.new_empty((B, T, D)), fs
 
+    @torch.library.custom_op(f"{ns}::bwd", mutates_args=("dweight_partials", "dbias_partials"))
+    def _bwd_op(dy: torch.Tensor, dfinal_state: torch.Tensor | None, x: torch.Tensor,
+                weight: torch.Tensor, bias: torch.Tensor | None,
+                initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, act: int,
+                plan_fields: list[int], dweight_partials: torch.Tensor | None,
+                dbias_partials: torch.Tensor | None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dx, dweight, dbias or [0], dinitial_state or [0])``."""
+        if m.alert is not None:
+            m.alert()
+        plan = plan_from_op_fields(m.plan, plan_fields, m.mode)
+        dx, dw, db, dh0 = _launch_bwd(_last_dim_contiguous(dy), dfinal_state, x, weight, bias,
+                                      initial_state, cu_seqlens, _op_offsets(x, cu_seqlens),
+                                      act, plan, dweight_partials, dbias_partials)
+        return (dx, dw, db if db is not None else _empty0(x),
+                dh0 if dh0 is not None else _empty0(x))
 
-@torch.library.custom_op("cake_causal_conv1d_det_train::bwd",
-                         mutates_args=("dweight_partials", "dbias_partials"))
-def _bwd_op(dy: torch.Tensor, dfinal_state: torch.Tensor | None, x: torch.Tensor,
-            weight: torch.Tensor, bias: torch.Tensor | None,
-            initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, act: int,
-            plan_fields: list[int], dweight_partials: torch.Tensor | None,
-            dbias_partials: torch.Tensor | None,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dx, dweight, dbias or [0], dinitial_state or [0])``."""
-    plan = plan_from_op_fields(CausalConv1dDetPlan, plan_fields)
-    dx, dw, db, dh0 = _launch_bwd(_last_dim_contiguous(dy), dfinal_state, x, weight, bias,
-                                  initial_state, cu_seqlens, _op_offsets(x, cu_seqlens), act,
-                                  plan, dweight_partials, dbias_partials)
-    return (dx, dw, db if db is not None else _empty0(x),
-            dh0 if dh0 is not None else _empty0(x))
+    @_bwd_op.register_fake
+    def _bwd_fake(dy, dfinal_state, x, weight, bias, initial_state, cu_seqlens, act,
+                  plan_fields, dweight_partials, dbias_partials):
+        db = bias.new_empty(bias.shape) if bias is not None else x.new_empty((0,))
+        dh0 = initial_state.new_empty(initial_state.shape) if initial_state is not None else \
+            x.new_empty((0,))
+        return x.new_empty(x.shape), weight.new_empty(weight.shape), db, dh0
 
+    def _setup_context(ctx, inputs, output):
+        (x, weight, bias, initial_state, cu_seqlens, act, output_final_state, plan_fields,
+         wpart, bpart) = inputs
+        ctx.save_for_backward(x, weight, bias, initial_state, cu_seqlens, wpart, bpart)
+        ctx.act, ctx.output_final_state, ctx.plan_fields = act, output_final_state, plan_fields
 
-@_bwd_op.register_fake
-def _bwd_fake(dy, dfinal_state, x, weight, bias, initial_state, cu_seqlens, act, plan_fields,
-              dweight_partials, dbias_partials):
-    db = bias.new_empty(bias.shape) if bias is not None else x.new_empty((0,))
-    dh0 = initial_state.new_empty(initial_state.shape) if initial_state is not None else \
-        x.new_empty((0,))
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), db, dh0
+    def _backward(ctx, dy, dfs):
+        if m.alert is not None:
+            m.alert()
+        x, weight, bias, h0, cu, wpart, bpart = ctx.saved_tensors
+        if dy is None:
+            dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        dfs = dfs if ctx.output_final_state else None
+        dx, dw, db, dh0 = _bwd_op(dy, dfs, x, weight, bias, h0, cu, ctx.act, ctx.plan_fields,
+                                  wpart, bpart)
+        need = ctx.needs_input_grad
+        return (dx, dw if need[1] else None, db if bias is not None and need[2] else None,
+                dh0 if h0 is not None and need[3] else None, None, None, None, None, None,
+                None)
 
-
-def _setup_context(ctx, inputs, output):
-    (x, weight, bias, initial_state, cu_seqlens, act, output_final_state, plan_fields,
-     wpart, bpart) = inputs
-    ctx.save_for_backward(x, weight, bias, initial_state, cu_seqlens, wpart, bpart)
-    ctx.act, ctx.output_final_state, ctx.plan_fields = act, output_final_state, plan_fields
-
-
-def _backward(ctx, dy, dfs):
-    x, weight, bias, h0, cu, wpart, bpart = ctx.saved_tensors
-    if dy is None:
-        dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-    dfs = dfs if ctx.output_final_state else None
-    dx, dw, db, dh0 = torch.ops.cake_causal_conv1d_det_train.bwd(
-        dy, dfs, x, weight, bias, h0, cu, ctx.act, ctx.plan_fields, wpart, bpart)
-    need = ctx.needs_input_grad
-    return (dx, dw if need[1] else None, db if bias is not None and need[2] else None,
-            dh0 if h0 is not None and need[3] else None, None, None, None, None, None, None)
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    return _fwd_op, _bwd_op
 
 
 class _CausalConv1dDetFunction(torch.autograd.Function):
     """Eager autograd (lower host overhead than the custom ops; same launches, same bits).
     The saved set's tensors go through ``ctx.save_for_backward`` (checkpointing and
     saved-tensor hooks work); the CPU offsets and the workspace buffers are ctx attributes
-    (host metadata / scratch overwritten by each backward)."""
+    (host metadata / scratch overwritten by each backward). ``alert``: called before the
+    backward launches (a nondet sibling's), or None."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, initial_state, cu_seqlens, offsets, act,
-                output_final_state, plan, wpart, bpart, scr):
+                output_final_state, plan, wpart, bpart, scr, alert):
         y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
                             output_final_state, plan)
         ctx.save_for_backward(x, weight, bias, initial_state, cu_seqlens)
         ctx.offsets, ctx.act, ctx.plan, ctx.wpart, ctx.bpart = offsets, act, plan, wpart, bpart
-        ctx.scr = scr
+        ctx.scr, ctx.alert = scr, alert
         ctx.output_final_state = output_final_state
         return y, fs
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dfs):
+        if ctx.alert is not None:
+            ctx.alert()
         x, weight, bias, h0, cu = ctx.saved_tensors
         if dy is None:
             dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
@@ -521,7 +564,14 @@ class _CausalConv1dDetFunction(torch.autograd.Function):
                                       ctx.bpart, ctx.scr)
         need = ctx.needs_input_grad
         return (dx, dw if need[1] else None, db if need[2] else None,
-                dh0 if need[3] else None, None, None, None, None, None, None, None, None)
+                dh0 if need[3] else None, None, None, None, None, None, None, None, None, None)
+
+
+#: this package's mode classes and custom ops
+DET = ModeClasses(Mode.DET, CausalConv1dDetPlan, CausalConv1dDetSavedSet,
+                  CausalConv1dDetWorkspace, CausalConv1dDetGrads, None,
+                  "cake_causal_conv1d_det_train")
+_fwd_op, _bwd_op = register_ops(DET)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -582,17 +632,25 @@ def causal_conv1d_det(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     ``cake_causal_conv1d_det_train::fwd`` / ``::bwd`` (same kernels, same bits); the values
     of ``cu_seqlens`` are then checked when the op runs, not while tracing.
     """
+    return conv_call(DET, x, weight, bias, activation, cu_seqlens, initial_state,
+                     output_final_state, plan, workspace)
+
+
+def conv_call(m: ModeClasses, x, weight, bias, activation, cu_seqlens, initial_state,
+              output_final_state, plan, workspace):
+    """:func:`causal_conv1d_det`'s body for the mode classes ``m`` (also a nondet
+    sibling's autograd entry)."""
     device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
                                             initial_state, output_final_state)
     B, T, D = x.shape
     plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None,
-                         workspace)
-    wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N)
+                         workspace, m)
+    wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N, m)
     if not torch.compiler.is_compiling():
-        return _CausalConv1dDetFunction.apply(
+        return (m.function or _CausalConv1dDetFunction).apply(
             x, weight, bias, initial_state, cu_seqlens, offsets, act,
-            output_final_state, plan, wpart, bpart, scr)
-    y, fs = torch.ops.cake_causal_conv1d_det_train.fwd(
+            output_final_state, plan, wpart, bpart, scr, m.alert)
+    y, fs = getattr(torch.ops, m.op_namespace).fwd(
         x, weight, bias, initial_state, cu_seqlens, act, output_final_state,
         plan_to_op_fields(plan), wpart, bpart)
     return y, (fs if output_final_state else None)
@@ -614,15 +672,23 @@ def causal_conv1d_det_fwd(x: torch.Tensor, weight: torch.Tensor,
         ``output_final_state``; ``saved`` a :class:`CausalConv1dDetSavedSet` (x, weight,
         bias, initial_state, cu_seqlens; the pre-activation is recomputed by the backward).
     """
+    return fwd_call(DET, x, weight, bias, activation, cu_seqlens, initial_state,
+                    output_final_state, plan)
+
+
+def fwd_call(m: ModeClasses, x, weight, bias, activation, cu_seqlens, initial_state,
+             output_final_state, plan):
+    """:func:`causal_conv1d_det_fwd`'s body for the mode classes ``m``."""
     device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
                                             initial_state, output_final_state)
     B, T, D = x.shape
-    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None)
+    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None,
+                         m=m)
     with torch.no_grad():
         y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
                             output_final_state, plan)
-    saved = CausalConv1dDetSavedSet(
-        Mode.DET, {"x": x, "weight": weight, "bias": bias, "initial_state": initial_state,
+    saved = m.saved(
+        m.mode, {"x": x, "weight": weight, "bias": bias, "initial_state": initial_state,
                    "cu_seqlens": cu_seqlens},
         meta={"activation": "silu" if act else None, "plan": plan, "offsets": offsets,
               "n_seqs": N})
@@ -660,7 +726,13 @@ def causal_conv1d_det_bwd(dy: torch.Tensor, dfinal_state: torch.Tensor | None,
             shape, dtype, layout or device; a plan or workspace of another type, mode or
             shape, or a workspace too small; before any launch.
     """
-    require_mode(saved, CausalConv1dDetSavedSet, Mode.DET, name="saved")
+    return bwd_call(DET, dy, dfinal_state, saved, plan, workspace)
+
+
+def bwd_call(m: ModeClasses, dy, dfinal_state, saved, plan, workspace):
+    """:func:`causal_conv1d_det_bwd`'s body for the mode classes ``m`` (``m.alert`` runs
+    after the checks, before any launch)."""
+    require_mode(saved, m.saved, m.mode, name="saved")
     x, weight = saved.x, saved.weight
     B, T, D = x.shape
     W = weight.shape[1]
@@ -678,10 +750,12 @@ def causal_conv1d_det_bwd(dy: torch.Tensor, dfinal_state: torch.Tensor | None,
     if plan is None:  # the forward's, or the workspace's where it differs in forward fields
         plan = adopt_workspace_plan(saved.plan, workspace) \
             if isinstance(saved.plan, CausalConv1dDetPlan) else saved.plan
-    plan = _resolve_plan(plan, D, W, x.dtype, device)
-    wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N)
+    plan = _resolve_plan(plan, D, W, x.dtype, device, m=m)
+    wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N, m)
+    if m.alert is not None:
+        m.alert()
     with torch.no_grad():
         dx, dw, db, dh0 = _launch_bwd(dy, dfinal_state, x, weight, saved.bias,
                                       saved.initial_state, saved.cu_seqlens, saved.offsets,
                                       _ACTIVATIONS[saved.activation], plan, wpart, bpart, scr)
-    return CausalConv1dDetGrads(dx, dw, db, dh0)
+    return m.grads(dx, dw, db, dh0)

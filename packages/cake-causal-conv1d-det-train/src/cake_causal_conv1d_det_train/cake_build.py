@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c349bd7d8a087cddf83fda433e4e5db7fbe5dee15723d4d8f89ab3986efa90ca"
+SOURCE_DIGEST = "sha256:cdfe36fb7d524d1cddf40e164c608448ec0bba5e1d6fb1837905aa4b4066f579"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -81,6 +81,9 @@ class CausalConv1dDetPlan(Plan):
     family: ClassVar[str] = "cake-causal-conv1d-det-train"
     format_version: ClassVar[int] = 4
     format_upgrades: ClassVar[dict[int, str]] = _UPGRADES
+    #: the mode every plan of this class carries (cake-causal-conv1d-nondet-train's
+    #: subclass sets ``nondet``)
+    expected_mode: ClassVar[Mode] = Mode.DET
 
     hidden_size: int
     kernel_size: int
@@ -115,7 +118,7 @@ class CausalConv1dDetPlan(Plan):
             self._fail(f"bwd_window=1 takes kernel_size <= 4, got {self.kernel_size}")
         if self.bwd_window and self.bwd_da_once:
             self._fail("bwd_da_once=1 replaces the bwd_window kernel: set one of them")
-        self.require_mode(Mode.DET)
+        self.require_mode(self.expected_mode)
 
 
 def _int(v: object, name: str, lo: int, hi: int) -> int:

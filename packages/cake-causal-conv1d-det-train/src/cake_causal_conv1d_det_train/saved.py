@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from typing import ClassVar
 
 import torch
 from cake_core import Mode, SavedSet, Workspace
@@ -74,6 +75,9 @@ class CausalConv1dDetWorkspace(Workspace):
     carries over). Build with :meth:`for_plan`.
     """
 
+    #: the plan class (and through it the mode) :meth:`for_plan` takes
+    plan_class: ClassVar[type[CausalConv1dDetPlan]] = CausalConv1dDetPlan
+
     @classmethod
     def for_plan(cls, plan: CausalConv1dDetPlan, device: torch.device | str, *,
                  max_tokens: int, max_seqs: int = 1) -> CausalConv1dDetWorkspace:
@@ -85,8 +89,12 @@ class CausalConv1dDetWorkspace(Workspace):
                 ``max_seqs`` not an int >= 1.
         """
         device = check_alloc_device(device)
-        if not isinstance(plan, CausalConv1dDetPlan):
-            raise ValueError(f"plan: expected CausalConv1dDetPlan, got {type(plan).__name__}")
+        want = cls.plan_class
+        if not isinstance(plan, want):
+            raise ValueError(f"plan: expected {want.__name__}, got {type(plan).__name__}")
+        if plan.mode != want.expected_mode:  # a sibling mode's plan (a subclass)
+            raise ValueError(f"plan: got {type(plan).__name__} with mode={plan.mode}, "
+                             f"expected {want.__name__} with mode={want.expected_mode}")
         cap = _count(max_tokens, "max_tokens", 0)
         seqs = _count(max_seqs, "max_seqs", 1)
         P = max_blocks(cap, seqs, plan.block_t_bwd)

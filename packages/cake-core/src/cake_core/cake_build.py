@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9fd2cd3b4afd0ab9c0e161b2e3243f89e9824b1f789fb8949ddfb0533e724216"
+SOURCE_DIGEST = "sha256:63bad16eff5912dc62bc1c7b771eb06f686a9d4a896144330d40e19f759d2e31"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -110,6 +110,9 @@ REGISTRY: tuple[NameEntry, ...] = (
     _e("cake-lm-head-loss-det-train", "lm-head-loss", "det", "local",
        "chunked fused LM head and cross entropy",
        legacy=("cake-lm-head-loss-train",)),
+    _e("cake-lm-head-loss-nondet-train", "lm-head-loss", "nondet", "local",
+       "chunked fused LM head and cross entropy, bits not promised (runs the det kernels "
+       "today)"),
     _e("cake-moe-grouped-det-gemm", "moe-grouped", "det", "local",
        "MoE grouped GEMM over stacked expert weights",
        legacy=("cake-moe-grouped-gemm",)),
@@ -126,6 +129,8 @@ REGISTRY: tuple[NameEntry, ...] = (
     _e("cake-causal-conv1d-det-train-kcp", "causal-conv1d", "det", "kcp",
        "context-parallel causal conv1d (halo exchange)",
        legacy=("cake-causal-conv1d-train",)),
+    _e("cake-causal-conv1d-nondet-train", "causal-conv1d", "nondet", "local",
+       "causal depthwise conv1d, bits not promised (runs the det kernels today)"),
     _e("cake-gdn-det-train", "gdn", "det", "local",
        "chunked Gated DeltaNet"),
     _e("cake-gdn-det-train-kcp", "gdn", "det", "kcp",

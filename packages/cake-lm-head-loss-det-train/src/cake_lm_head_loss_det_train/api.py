@@ -13,8 +13,10 @@ GEMMs: cake_core.gemm; the softmax/CE part: kernels/ce.py; the loss sum: kernels
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -59,6 +61,35 @@ class LMHeadLossDetGrads(NamedTuple):
     dhidden: torch.Tensor | None
     dweight: torch.Tensor | None
     dbias: torch.Tensor | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeClasses:
+    """What one mode's entry points are bound to: this package's det classes and custom
+    ops (:data:`DET`), or a non-deterministic sibling's (``cake_lm_head_loss_nondet_train``,
+    which runs these launches under its own plan, saved set, workspace, gradients and
+    custom-op namespace). Not public API.
+
+    Fields: ``mode``; ``plan`` (:class:`LMHeadLossDetPlan` or a subclass carrying
+    ``mode``), ``saved``, ``workspace``, ``grads``: the classes the entries take and
+    return; ``make_plan``: the plan rule (``None``: this module's :func:`make_plan`,
+    looked up per call); ``op_namespace``: the custom ops' namespace (see
+    :func:`register_ops`); ``entry``: the autograd entry's name, for messages; ``alert``:
+    called before any backward launch (a nondet sibling's deterministic-algorithms alert),
+    or ``None``; ``function``: the eager autograd Function (a subclass of this module's,
+    named for the mode; ``None``: this module's).
+    """
+
+    mode: Mode
+    plan: type
+    saved: type
+    workspace: type
+    grads: type
+    make_plan: Callable | None
+    op_namespace: str
+    entry: str
+    alert: Callable[[], None] | None = None
+    function: type | None = None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -141,10 +172,14 @@ def _check_labels(labels: torch.Tensor, V: int, ignore_index: int) -> None:
                          f"got {first}")
 
 
-def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str):
+def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
+                  m: ModeClasses | None = None):
+    """The call's plan: ``plan`` (checked) or the mode's rule; ``m``: the mode's classes
+    (default :data:`DET`)."""
+    m = m or DET
     if plan is None:
-        return make_plan(H, V, dtype, device, reduction=reduction)
-    require_mode(plan, LMHeadLossDetPlan, Mode.DET, name="plan")
+        return (m.make_plan or make_plan)(H, V, dtype, device, reduction=reduction)
+    require_mode(plan, m.plan, m.mode, name="plan")
     if plan.hidden_size != H or plan.vocab_size != V:
         raise ValueError(f"plan: made for hidden_size={plan.hidden_size}, vocab_size="
                          f"{plan.vocab_size}; inputs have H={H}, V={V}")
@@ -158,11 +193,14 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str):
     return plan
 
 
-def _resolve_workspace(workspace, plan: LMHeadLossDetPlan, device, dtype):
-    """(logits, dlogits, dh_partials) buffers, or (None, None, None) without a workspace."""
+def _resolve_workspace(workspace, plan: LMHeadLossDetPlan, device, dtype,
+                       m: ModeClasses | None = None):
+    """(logits, dlogits, dh_partials) buffers, or (None, None, None) without a workspace.
+    ``m``: the mode's classes (default :data:`DET`)."""
     if workspace is None:
         return None, None, None
-    require_mode(workspace, LMHeadLossDetWorkspace, Mode.DET, name="workspace")
+    m = m or DET
+    require_mode(workspace, m.workspace, m.mode, name="workspace")
     workspace.check(plan, device)
     C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
     want = {"logits": ((C, V), torch.float32)}
@@ -177,7 +215,7 @@ def _resolve_workspace(workspace, plan: LMHeadLossDetPlan, device, dtype):
             raise ValueError(
                 f"workspace: {name!r} must be a contiguous {str(dt)[6:]} tensor of shape "
                 f"{list(shape)}, got {got}; build it with "
-                "LMHeadLossDetWorkspace.for_plan(plan, device, dtype)")
+                f"{m.workspace.__name__}.for_plan(plan, device, dtype)")
     return (workspace["logits"], workspace["dlogits"] if "dlogits" in want else None,
             workspace["dh_partials"] if "dh_partials" in want else None)
 
@@ -402,111 +440,121 @@ def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
 
 # ----------------------------------------------------------------------------- custom ops
 
-# The forward op must be functional to carry an autograd formula: it receives the workspace
-# buffers only to save them for the backward op (which mutates them) and allocates its own
-# chunk buffers. The eager path uses the workspace in both directions.
-@torch.library.custom_op("cake_lm_head_loss_det_train::fwd", mutates_args=())
-def _fwd_op(hidden2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            labels1: torch.Tensor, ignore_index: int, reduction: int, label_smoothing: float,
-            z_loss: float, logit_softcap: float, plan_fields: list[int],
-            logits_ws: torch.Tensor | None, dlogits_ws: torch.Tensor | None,
-            dh_partials_ws: torch.Tensor | None, main_grad: torch.Tensor | None,
-            check_labels: bool, need_dh: bool, need_dw: bool, need_db: bool,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                       torch.Tensor]:
-    plan = plan_from_op_fields(LMHeadLossDetPlan, plan_fields)
-    if check_labels:
-        _check_labels(labels1, weight.shape[0], ignore_index)
-    cfg = (ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
-    return _forward_impl(hidden2, weight, bias, labels1, cfg, plan, (None, None, None),
-                         need_dh, need_dw, need_db)
+def register_ops(m: ModeClasses):
+    """Register ``<m.op_namespace>::fwd`` / ``::bwd`` (what torch.compile traces) with their
+    fake implementations and the autograd formula, for the plans of ``m.plan`` carrying
+    ``m.mode``; ``m.alert`` (if any) runs in the backward before any launch. Returns the
+    two ops. This package registers :data:`DET`'s at import; a nondet sibling its own."""
+    ns = m.op_namespace
 
+    # The forward op must be functional to carry an autograd formula: it receives the
+    # workspace buffers only to save them for the backward op (which mutates them) and
+    # allocates its own chunk buffers. The eager path uses the workspace in both directions.
+    @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
+    def _fwd_op(hidden2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                labels1: torch.Tensor, ignore_index: int, reduction: int, label_smoothing: float,
+                z_loss: float, logit_softcap: float, plan_fields: list[int],
+                logits_ws: torch.Tensor | None, dlogits_ws: torch.Tensor | None,
+                dh_partials_ws: torch.Tensor | None, main_grad: torch.Tensor | None,
+                check_labels: bool, need_dh: bool, need_dw: bool, need_db: bool,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor]:
+        plan = plan_from_op_fields(m.plan, plan_fields, m.mode)
+        if check_labels:
+            _check_labels(labels1, weight.shape[0], ignore_index)
+        cfg = (ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
+        return _forward_impl(hidden2, weight, bias, labels1, cfg, plan, (None, None, None),
+                             need_dh, need_dw, need_db)
 
-@_fwd_op.register_fake
-def _fwd_fake(hidden2, weight, bias, labels1, ignore_index, reduction, label_smoothing, z_loss,
-              logit_softcap, plan_fields, logits_ws, dlogits_ws, dh_partials_ws, main_grad,
-              check_labels, need_dh, need_dw, need_db):
-    T, H = hidden2.shape
-    V = weight.shape[0]
-    plan = plan_from_op_fields(LMHeadLossDetPlan, plan_fields)
-    gif = bool(plan.grad_in_forward) and reduction != _NONE
-    f32 = torch.float32
-    loss = hidden2.new_empty((T,) if reduction == _NONE else (), dtype=f32)
-    return (loss, hidden2.new_empty((T,), dtype=f32), hidden2.new_empty((), dtype=torch.int64),
-            hidden2.new_empty((T, H) if gif and need_dh else (0,)),
-            (hidden2.new_empty((T, V)) if hidden2.dtype != f32 and 0 < T <= plan.defer_dw_tokens
-             else hidden2.new_empty((V, H), dtype=f32)) if gif and need_dw
-            else hidden2.new_empty((0,), dtype=f32),
-            hidden2.new_empty((V,) if gif and need_db and bias is not None else (0,),
-                              dtype=f32))
+    @_fwd_op.register_fake
+    def _fwd_fake(hidden2, weight, bias, labels1, ignore_index, reduction, label_smoothing,
+                  z_loss, logit_softcap, plan_fields, logits_ws, dlogits_ws, dh_partials_ws,
+                  main_grad, check_labels, need_dh, need_dw, need_db):
+        T, H = hidden2.shape
+        V = weight.shape[0]
+        plan = plan_from_op_fields(m.plan, plan_fields, m.mode)
+        gif = bool(plan.grad_in_forward) and reduction != _NONE
+        f32 = torch.float32
+        loss = hidden2.new_empty((T,) if reduction == _NONE else (), dtype=f32)
+        return (loss, hidden2.new_empty((T,), dtype=f32), hidden2.new_empty((), dtype=torch.int64),
+                hidden2.new_empty((T, H) if gif and need_dh else (0,)),
+                (hidden2.new_empty((T, V)) if hidden2.dtype != f32 and 0 < T <= plan.defer_dw_tokens
+                 else hidden2.new_empty((V, H), dtype=f32)) if gif and need_dw
+                else hidden2.new_empty((0,), dtype=f32),
+                hidden2.new_empty((V,) if gif and need_db and bias is not None else (0,),
+                                  dtype=f32))
 
+    @torch.library.custom_op(f"{ns}::bwd",
+                             mutates_args=("logits_ws", "dlogits_ws", "dh_partials_ws",
+                                           "main_grad"))
+    def _bwd_op(dloss: torch.Tensor, hidden2: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None, labels1: torch.Tensor, lse: torch.Tensor,
+                n_valid: torch.Tensor, dh_s: torch.Tensor, dw32_s: torch.Tensor,
+                db32_s: torch.Tensor, ignore_index: int, reduction: int, label_smoothing: float,
+                z_loss: float, logit_softcap: float, plan_fields: list[int],
+                logits_ws: torch.Tensor | None, dlogits_ws: torch.Tensor | None,
+                dh_partials_ws: torch.Tensor | None, main_grad: torch.Tensor | None,
+                need_dh: bool, need_dw: bool, need_db: bool,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if m.alert is not None:
+            m.alert()
+        plan = plan_from_op_fields(m.plan, plan_fields, m.mode)
+        cfg = (ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
+        return _backward_impl(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
+                              db32_s, cfg, plan, (logits_ws, dlogits_ws, dh_partials_ws), main_grad,
+                              need_dh, need_dw, need_db,
+                              bool(plan.grad_in_forward) and reduction != _NONE)
 
-@torch.library.custom_op("cake_lm_head_loss_det_train::bwd",
-                         mutates_args=("logits_ws", "dlogits_ws", "dh_partials_ws", "main_grad"))
-def _bwd_op(dloss: torch.Tensor, hidden2: torch.Tensor, weight: torch.Tensor,
-            bias: torch.Tensor | None, labels1: torch.Tensor, lse: torch.Tensor,
-            n_valid: torch.Tensor, dh_s: torch.Tensor, dw32_s: torch.Tensor,
-            db32_s: torch.Tensor, ignore_index: int, reduction: int, label_smoothing: float,
-            z_loss: float, logit_softcap: float, plan_fields: list[int],
-            logits_ws: torch.Tensor | None, dlogits_ws: torch.Tensor | None,
-            dh_partials_ws: torch.Tensor | None, main_grad: torch.Tensor | None,
-            need_dh: bool, need_dw: bool, need_db: bool,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan = plan_from_op_fields(LMHeadLossDetPlan, plan_fields)
-    cfg = (ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
-    return _backward_impl(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
-                          db32_s, cfg, plan, (logits_ws, dlogits_ws, dh_partials_ws), main_grad,
-                          need_dh, need_dw, need_db,
-                          bool(plan.grad_in_forward) and reduction != _NONE)
+    @_bwd_op.register_fake
+    def _bwd_fake(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s,
+                  ignore_index, reduction, label_smoothing, z_loss, logit_softcap, plan_fields,
+                  logits_ws, dlogits_ws, dh_partials_ws, main_grad, need_dh, need_dw, need_db):
+        dh = hidden2.new_empty(hidden2.shape if need_dh else (0,))
+        dw = weight.new_empty(weight.shape if need_dw and main_grad is None else (0,))
+        has_db = need_db and bias is not None
+        db = (bias.new_empty(bias.shape) if has_db
+              else hidden2.new_empty((0,), dtype=torch.float32))
+        return dh, dw, db
 
+    def _setup_context(ctx, inputs, output):
+        (hidden2, weight, bias, labels1, ii, red, ls, zl, cap, plan_fields, lws, dws, pws, mg, _chk,
+         need_dh, need_dw, need_db) = inputs
+        _, lse, n_valid, dh, dw32, db32 = output
+        ctx.args = (ii, red, ls, zl, cap, plan_fields)
+        ctx.needs = (need_dh, need_dw, need_db)
+        ctx.save_for_backward(hidden2, weight, bias, labels1, lse, n_valid, dh, dw32, db32, lws,
+                              dws, pws, mg)
 
-@_bwd_op.register_fake
-def _bwd_fake(dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s,
-              ignore_index, reduction, label_smoothing, z_loss, logit_softcap, plan_fields,
-              logits_ws, dlogits_ws, dh_partials_ws, main_grad, need_dh, need_dw, need_db):
-    dh = hidden2.new_empty(hidden2.shape if need_dh else (0,))
-    dw = weight.new_empty(weight.shape if need_dw and main_grad is None else (0,))
-    has_db = need_db and bias is not None
-    db = (bias.new_empty(bias.shape) if has_db else hidden2.new_empty((0,), dtype=torch.float32))
-    return dh, dw, db
+    def _backward(ctx, dloss, dlse, dn, ddh, ddw, ddb):
+        if m.alert is not None:
+            m.alert()
+        (hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, lws, dws, pws,
+         mg) = ctx.saved_tensors
+        dh, dw, db = _bwd_op(
+            dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, *ctx.args,
+            lws, dws, pws, mg, *ctx.needs)
+        need_dh, need_dw, need_db = ctx.needs
+        return ((dh if need_dh else None), (dw if need_dw and mg is None else None),
+                (db if need_db and bias is not None else None), *([None] * 15))
 
-
-def _setup_context(ctx, inputs, output):
-    (hidden2, weight, bias, labels1, ii, red, ls, zl, cap, plan_fields, lws, dws, pws, mg, _chk,
-     need_dh, need_dw, need_db) = inputs
-    _, lse, n_valid, dh, dw32, db32 = output
-    ctx.args = (ii, red, ls, zl, cap, plan_fields)
-    ctx.needs = (need_dh, need_dw, need_db)
-    ctx.save_for_backward(hidden2, weight, bias, labels1, lse, n_valid, dh, dw32, db32, lws,
-                          dws, pws, mg)
-
-
-def _backward(ctx, dloss, dlse, dn, ddh, ddw, ddb):
-    (hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, lws, dws, pws,
-     mg) = ctx.saved_tensors
-    dh, dw, db = torch.ops.cake_lm_head_loss_det_train.bwd(
-        dloss, hidden2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s, db32_s, *ctx.args,
-        lws, dws, pws, mg, *ctx.needs)
-    need_dh, need_dw, need_db = ctx.needs
-    return ((dh if need_dh else None), (dw if need_dw and mg is None else None),
-            (db if need_db and bias is not None else None), *([None] * 15))
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+    return _fwd_op, _bwd_op
 
 
 class _LMHeadLossDetFunction(torch.autograd.Function):
     """Eager path (lower host overhead than the custom op); same launches, same bits.
 
     Workspace buffers and ``main_grad`` stay on ctx as attributes, not saved tensors, so
-    reusing them across calls before the backward does not trip autograd's version check."""
+    reusing them across calls before the backward does not trip autograd's version check.
+    ``m``: the mode's classes (its ``alert`` runs first in the backward; ``entry`` names the
+    entry in messages)."""
 
     @staticmethod
-    def forward(ctx, hidden2, weight, bias, labels1, cfg, plan, bufs, main_grad, needs):
+    def forward(ctx, hidden2, weight, bias, labels1, cfg, plan, bufs, main_grad, needs, m):
         loss, lse, n_valid, dh, dw32, db32 = _forward_impl(hidden2, weight, bias, labels1, cfg,
                                                            plan, bufs, *needs)
         ctx.cfg, ctx.plan, ctx.bufs, ctx.main_grad, ctx.needs = cfg, plan, bufs, main_grad, needs
-        ctx.has_bias = bias is not None
+        ctx.has_bias, ctx.m = bias is not None, m
         ctx.save_for_backward(hidden2, weight, bias, labels1, lse, n_valid, dh, dw32, db32)
         ctx.mark_non_differentiable(lse)
         return loss, lse
@@ -514,12 +562,14 @@ class _LMHeadLossDetFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dloss, dlse):
+        if ctx.m.alert is not None:
+            ctx.m.alert()
         gif = bool(ctx.plan.grad_in_forward) and ctx.cfg[1] != _NONE
         if gif and getattr(ctx, "scaled_in_place", False):
             # autograd's version check refuses this already, unless saved-tensor hooks
             # (save_on_cpu, ...) bypass it: never scale the kept gradients twice
             raise RuntimeError(
-                "lm_head_loss_det: a second backward through the same graph "
+                f"{ctx.m.entry}: a second backward through the same graph "
                 "(retain_graph=True) is not supported on the grad-in-forward route: its "
                 "backward scales the kept gradients in place; use a plan with "
                 "grad_in_forward=0 (or reduction='none') to backward twice")
@@ -531,20 +581,27 @@ class _LMHeadLossDetFunction(torch.autograd.Function):
                                     need_dh, need_dw, need_db, gif, inplace=True)
         return ((dh if need_dh else None),
                 (dw if need_dw and ctx.main_grad is None else None),
-                (db if need_db and ctx.has_bias else None), None, None, None, None, None, None)
+                (db if need_db and ctx.has_bias else None), None, None, None, None, None, None,
+                None)
+
+
+#: this package's mode classes and custom ops
+DET = ModeClasses(Mode.DET, LMHeadLossDetPlan, LMHeadLossDetSavedSet, LMHeadLossDetWorkspace,
+                  LMHeadLossDetGrads, None, "cake_lm_head_loss_det_train", "lm_head_loss_det")
+_fwd_op, _bwd_op = register_ops(DET)
 
 
 # ----------------------------------------------------------------------------- public API
 
 
 def _prepare(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing, z_loss,
-             logit_softcap, plan, workspace, main_grad):
+             logit_softcap, plan, workspace, main_grad, m):
     device, cfg = _check_inputs(hidden, weight, labels, bias, ignore_index, reduction,
                                 label_smoothing, z_loss, logit_softcap, main_grad)
     H = hidden.shape[-1]
     V = weight.shape[0]
-    plan = _resolve_plan(plan, H, V, hidden.dtype, device, reduction)
-    bufs = _resolve_workspace(workspace, plan, device, hidden.dtype)
+    plan = _resolve_plan(plan, H, V, hidden.dtype, device, reduction, m)
+    bufs = _resolve_workspace(workspace, plan, device, hidden.dtype, m)
     return device, cfg, plan, bufs
 
 
@@ -595,9 +652,18 @@ def lm_head_loss_det(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
             label outside ``[0, V)`` other than ``ignore_index`` (unless
             ``plan.check_labels == 0``), before any launch; inputs are not modified.
     """
+    return loss_call(DET, hidden, weight, labels, bias, ignore_index, reduction,
+                     label_smoothing, z_loss, logit_softcap, return_lse, plan, workspace,
+                     main_grad)
+
+
+def loss_call(m: ModeClasses, hidden, weight, labels, bias, ignore_index, reduction,
+              label_smoothing, z_loss, logit_softcap, return_lse, plan, workspace, main_grad):
+    """:func:`lm_head_loss_det`'s body for the mode classes ``m`` (also a nondet
+    sibling's autograd entry)."""
     device, cfg, plan, bufs = _prepare(hidden, weight, labels, bias, ignore_index, reduction,
                                        label_smoothing, z_loss, logit_softcap, plan, workspace,
-                                       main_grad)
+                                       main_grad, m)
     H = hidden.shape[-1]
     lead = tuple(labels.shape)
     h2 = hidden.reshape(-1, H)
@@ -609,10 +675,10 @@ def lm_head_loss_det(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
     if not torch.compiler.is_compiling():
         if plan.check_labels:
             _check_labels(l1, weight.shape[0], cfg[0])
-        loss, lse = _LMHeadLossDetFunction.apply(h2, weight, bias, l1, cfg, plan, bufs,
-                                                 main_grad, needs)
+        fn = m.function or _LMHeadLossDetFunction
+        loss, lse = fn.apply(h2, weight, bias, l1, cfg, plan, bufs, main_grad, needs, m)
     else:
-        loss, lse, *_ = torch.ops.cake_lm_head_loss_det_train.fwd(
+        loss, lse, *_ = getattr(torch.ops, m.op_namespace).fwd(
             h2, weight, bias, l1, *cfg, plan_to_op_fields(plan), *bufs, main_grad,
             bool(plan.check_labels), *needs)
     if cfg[1] == _NONE:
@@ -634,9 +700,16 @@ def lm_head_loss_det_fwd(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     (dhidden, dweight, and dbias with a bias) are computed here and kept in ``saved``.
     Arguments, shapes and errors as in :func:`lm_head_loss_det`.
     """
+    return fwd_call(DET, hidden, weight, labels, bias, ignore_index, reduction,
+                    label_smoothing, z_loss, logit_softcap, plan, workspace)
+
+
+def fwd_call(m: ModeClasses, hidden, weight, labels, bias, ignore_index, reduction,
+             label_smoothing, z_loss, logit_softcap, plan, workspace):
+    """:func:`lm_head_loss_det_fwd`'s body for the mode classes ``m``."""
     device, cfg, plan, bufs = _prepare(hidden, weight, labels, bias, ignore_index, reduction,
                                        label_smoothing, z_loss, logit_softcap, plan, workspace,
-                                       None)
+                                       None, m)
     H = hidden.shape[-1]
     h2 = hidden.reshape(-1, H)
     l1 = labels.reshape(-1).contiguous()  # the kernels read labels with unit stride
@@ -647,8 +720,8 @@ def lm_head_loss_det_fwd(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
                                                            bufs, True, True, True)
     gif = bool(plan.grad_in_forward) and cfg[1] != _NONE
     lead = tuple(labels.shape)
-    saved = LMHeadLossDetSavedSet(
-        Mode.DET,
+    saved = m.saved(
+        m.mode,
         {"hidden": h2, "weight": weight, "bias": bias, "labels": l1, "lse": lse,
          "n_valid": n_valid, "dhidden": dh if gif else None,
          "dweight32": dw32 if gif and dw32.dtype == torch.float32 else None,
@@ -685,7 +758,13 @@ def lm_head_loss_det_bwd(dloss: torch.Tensor, saved: LMHeadLossDetSavedSet, *,
             than the forward's for forward-computed gradients, ``dloss`` or ``main_grad``
             of the wrong shape or dtype, devices that differ; before any launch.
     """
-    require_mode(saved, LMHeadLossDetSavedSet, Mode.DET, name="saved")
+    return bwd_call(DET, dloss, saved, plan, workspace, main_grad)
+
+
+def bwd_call(m: ModeClasses, dloss, saved, plan, workspace, main_grad):
+    """:func:`lm_head_loss_det_bwd`'s body for the mode classes ``m`` (``m.alert`` runs
+    after the checks, before any launch)."""
+    require_mode(saved, m.saved, m.mode, name="saved")
     h2, weight, bias, l1, lse, n_valid, dh_s, dw32_s, dl_s, db32_s = saved.tensors()
     dw32_s = dl_s if dl_s is not None else dw32_s
     T, H = h2.shape
@@ -701,14 +780,16 @@ def lm_head_loss_det_bwd(dloss: torch.Tensor, saved: LMHeadLossDetSavedSet, *,
                          f"({saved.plan.key}); pass that plan or none")
     # "mean": grad_in_forward concerns the forward only; the backward accepts any plan flag
     plan = _resolve_plan(plan if plan is not None else saved.plan, H, V, h2.dtype, device,
-                         "mean")
-    bufs = _resolve_workspace(workspace, plan, device, h2.dtype)
+                         "mean", m)
+    bufs = _resolve_workspace(workspace, plan, device, h2.dtype, m)
+    if m.alert is not None:
+        m.alert()
     cfg = (saved.ignore_index, _RED[saved.reduction], saved.label_smoothing, saved.z_loss,
            saved.logit_softcap)
     with torch.no_grad():
         dh, dw, db = _backward_impl(dloss, h2, weight, bias, l1, lse, n_valid, dh_s, dw32_s,
                                     db32_s, cfg, plan, bufs, main_grad, True, True, True,
                                     bool(saved.grad_in_forward))
-    return LMHeadLossDetGrads(dh.reshape(saved.hidden_shape),
+    return m.grads(dh.reshape(saved.hidden_shape),
                               dw if main_grad is None else None,
                               db if bias is not None else None)

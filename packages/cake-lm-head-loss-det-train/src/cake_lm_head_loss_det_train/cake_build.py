@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bee6587c6a510863c4437ddc2d5f6cb0ea770a98e31cfc6d8d60b1fcd1fa927a"
+SOURCE_DIGEST = "sha256:8f7951571c8f4913628cbf67980e22b10ab5affc80625fa254da0ade33facfda"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -24,6 +24,9 @@ class LMHeadLoss(nn.Module):
         ValueError: as :func:`lm_head_loss_det`, and for sizes < 1.
     """
 
+    #: the entry forward calls (cake-lm-head-loss-nondet-train's subclass sets its own)
+    _loss = staticmethod(lm_head_loss_det)
+
     def __init__(self, hidden_size: int, vocab_size: int, bias: bool = False, *,
                  ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, z_loss: float = 0.0,
@@ -58,10 +61,9 @@ class LMHeadLoss(nn.Module):
                 w = w.to(hidden.dtype)
             if b is not None and b.dtype not in (hidden.dtype, torch.float32):
                 b = b.to(hidden.dtype)
-        return lm_head_loss_det(hidden, w, labels, bias=b,
-                                ignore_index=self.ignore_index, reduction=self.reduction,
-                                label_smoothing=self.label_smoothing, z_loss=self.z_loss,
-                                logit_softcap=self.logit_softcap)
+        return self._loss(hidden, w, labels, bias=b, ignore_index=self.ignore_index,
+                          reduction=self.reduction, label_smoothing=self.label_smoothing,
+                          z_loss=self.z_loss, logit_softcap=self.logit_softcap)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, vocab_size={self.vocab_size}, "

@@ -63,6 +63,9 @@ class LMHeadLossDetPlan(Plan):
 
     family: ClassVar[str] = "cake-lm-head-loss-det-train"
     format_version: ClassVar[int] = 2
+    #: the mode every plan of this class carries (cake-lm-head-loss-nondet-train's subclass
+    #: sets ``nondet``)
+    expected_mode: ClassVar[Mode] = Mode.DET
 
     hidden_size: int
     vocab_size: int
@@ -101,7 +104,7 @@ class LMHeadLossDetPlan(Plan):
             *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
         self.require_warps("num_warps", "gemm_warps")
         self.require_flags("check_labels", "grad_in_forward", "cublas_gemms")
-        self.require_mode(Mode.DET)
+        self.require_mode(self.expected_mode)
 
 def _prev_power_of_2(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)

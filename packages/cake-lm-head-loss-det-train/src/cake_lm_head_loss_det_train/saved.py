@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from cake_core import Mode, SavedSet, Workspace
 from cake_core.checks import check_alloc_device
@@ -43,13 +45,20 @@ class LMHeadLossDetWorkspace(Workspace):
     written first by the same call).
     """
 
+    #: the plan class (and through it the mode) :meth:`for_plan` takes
+    plan_class: ClassVar[type[LMHeadLossDetPlan]] = LMHeadLossDetPlan
+
     @classmethod
     def for_plan(cls, plan: LMHeadLossDetPlan, device: torch.device | str,
                  dtype: torch.dtype = torch.bfloat16) -> LMHeadLossDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device`` for ``dtype`` inputs."""
         device = check_alloc_device(device)
-        if not isinstance(plan, LMHeadLossDetPlan):
-            raise ValueError(f"plan: expected LMHeadLossDetPlan, got {type(plan).__name__}")
+        want = cls.plan_class
+        if not isinstance(plan, want):
+            raise ValueError(f"plan: expected {want.__name__}, got {type(plan).__name__}")
+        if plan.mode != want.expected_mode:  # a sibling mode's plan (a subclass)
+            raise ValueError(f"plan: got {type(plan).__name__} with mode={plan.mode}, "
+                             f"expected {want.__name__} with mode={want.expected_mode}")
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
         C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
