@@ -41,7 +41,7 @@ CU_CASES = [
     [0, 100, 101, 103, 250],     # T not divisible by 3, 4
     [0, 2, 40, 41, 41, 41, 97],  # trailing empty documents and a long one
 ]
-LAYOUTS = ["contiguous", "zigzag"]
+LAYOUTS = ["contiguous", "zigzag", "zigzag_per_document"]
 WORLDS = [1, 2, 3, 4, 5]
 
 
@@ -50,6 +50,13 @@ def _ranges(cu, w, layout):
     t = cu[-1]
     if layout == "contiguous":
         return [[(r * t // w, (r + 1) * t // w)] for r in range(w)]
+    if layout == "zigzag_per_document":
+        out = [[] for _ in range(w)]
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            cut = [a + p * (b - a) // (2 * w) for p in range(2 * w + 1)]
+            for r in range(w):
+                out[r] += [(cut[r], cut[r + 1]), (cut[2 * w - 1 - r], cut[2 * w - r])]
+        return out
     cut = [p * t // (2 * w) for p in range(2 * w + 1)]
     return [[(cut[r], cut[r + 1]), (cut[2 * w - 1 - r], cut[2 * w - r])] for r in range(w)]
 
@@ -807,3 +814,21 @@ def test_agree_once_single_process():
     ctx = build_context(Partition.from_cu_seqlens([0, 5, 9], 1), None, 0, "cpu")
     agree_once(ctx, "f", K=3)  # no torch.distributed: nothing to compare
     assert "f" in ctx.__dict__["_agreed_entries"]
+
+
+def test_zigzag_per_document_layout():
+    """Every document in 2W parts; rank r holds part r then part 2W-1-r of each, in
+    document order (adjacent parts merge into one fragment)."""
+    p = Partition.from_cu_seqlens([0, 8, 20, 20, 21], 2, "zigzag_per_document")
+    got = [[(f.doc, f.doc_offset, f.length) for f in p.fragments(r)] for r in range(2)]
+    # a 1-token document is its last part (2W-1 = 3): rank 0's
+    assert got[0] == [(0, 0, 2), (0, 6, 2), (1, 0, 3), (1, 9, 3), (3, 0, 1)]
+    assert got[1] == [(0, 2, 4), (1, 3, 6)]
+    assert p.local_num_tokens(0) == 11 and p.local_num_tokens(1) == 10
+    assert p.layout == "zigzag_per_document"
+    assert Partition.from_dict(p.to_dict()) == p
+    # every rank gets an equal share of each long enough document's causal work
+    q = Partition.from_cu_seqlens([0, 64, 192], 4, "zigzag_per_document")
+    for d in range(2):
+        per_rank = [sum(f.length for f in q.fragments(r) if f.doc == d) for r in range(4)]
+        assert len(set(per_rank)) == 1, per_rank

@@ -32,6 +32,9 @@ CASES = {
     "w2_zigzag_ag": (2, [0, 40, 41, 64, 130], "zigzag", "allgather", False, 1, 2,
                      ("autograd",)),
     "w2_zigzag_ring": (2, [0, 40, 41, 64, 130], "zigzag", "ring", False, 1, 2, ()),
+    # every document in 2W parts: each crosses both ranks (the 1-token one sits on rank 0)
+    "w2_zdoc_ag": (2, [0, 40, 41, 64, 130], "zigzag_per_document", "allgather", False, 2, 12,
+                   ()),
     # one token over two ranks: rank 0 is empty (nothing crosses)
     "w2_empty_ag": (2, [0, 1], "contiguous", "allgather", False, 1, 3, ()),
     "w2_l2n_ag": (2, [0, 3, 90, 100], "zigzag", "allgather", True, 1, 4, ("autograd", "bad")),

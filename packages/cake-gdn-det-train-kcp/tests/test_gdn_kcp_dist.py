@@ -79,8 +79,8 @@ def _check(results, names):
     return results
 
 
-W2 = ["w2_contig_ag", "w2_contig_ring", "w2_zigzag_ag", "w2_zigzag_ring", "w2_empty_ag",
-      "w2_l2n_ag"]
+W2 = ["w2_contig_ag", "w2_contig_ring", "w2_zigzag_ag", "w2_zigzag_ring", "w2_zdoc_ag",
+      "w2_empty_ag", "w2_l2n_ag"]
 MISMATCH = "w2_mismatch"
 W3 = ["w3_contig_ag", "w3_contig_ring", "w3_zigzag_ag", "w3_zigzag_ring", "w3_empty_ag",
       "w3_empty_ring", "w3_aligned_ring", "w3_aligned_ring_l2n"]

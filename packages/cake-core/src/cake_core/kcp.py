@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 #: Layouts :meth:`Partition.from_cu_seqlens` knows.
-LAYOUTS = ("contiguous", "zigzag")
+LAYOUTS = ("contiguous", "zigzag", "zigzag_per_document")
 #: Exchange strategies :func:`build_context` knows.
 EXCHANGES = ("allgather", "ring")
 
@@ -340,7 +340,12 @@ class Partition:
                 followed by part ``2W-1-r`` (its local tokens in that order), which
                 balances causal work. ``T`` need not divide by ``W``; cuts need not fall on
                 chunk or document boundaries; with ``T < W`` (or ``< 2W``) some ranks or
-                parts are empty.
+                parts are empty. ``"zigzag_per_document"``: every document (length ``L``)
+                is cut into ``2W`` parts the same way (part ``p`` is its tokens
+                ``[floor(p*L/(2W)), floor((p+1)*L/(2W)))``) and rank ``r`` holds, document
+                after document, part ``r`` then part ``2W-1-r``: every rank gets the same
+                causal work of every document (each document crosses every rank, so every
+                document's state is exchanged).
 
         Raises:
             ValueError: bad ``cu_seqlens`` (not a CPU int32/int64 tensor or int sequence,
@@ -354,6 +359,13 @@ class Partition:
         t = cu[-1]
         if layout == "contiguous":
             ranges = [[(r * t // w, (r + 1) * t // w - r * t // w)] for r in range(w)]
+        elif layout == "zigzag_per_document":
+            parts = 2 * w
+            ranges = [[] for _ in range(w)]
+            for a, b in zip(cu[:-1], cu[1:], strict=True):
+                cut = [a + p * (b - a) // parts for p in range(parts + 1)]
+                for r in range(w):
+                    ranges[r] += [(cut[p], cut[p + 1] - cut[p]) for p in (r, parts - 1 - r)]
         else:
             parts = 2 * w
             cut = [p * t // parts for p in range(parts + 1)]

@@ -51,7 +51,8 @@ def add_document_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqlen", type=int, default=65536, help="global tokens T")
     p.add_argument("--docs", type=int, default=8)
     p.add_argument("--boundary", choices=("none", "on", "after", "random"), default="random")
-    p.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous")
+    p.add_argument("--layout", choices=("contiguous", "zigzag", "zigzag_per_document"),
+                   default="contiguous")
 
 
 def add_run_args(p: argparse.ArgumentParser, *, cuda_warmup: int, cuda_reps: int,

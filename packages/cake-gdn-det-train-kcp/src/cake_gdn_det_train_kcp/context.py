@@ -38,9 +38,11 @@ def partition_det_kcp(cu_seqlens_global_cpu: torch.Tensor | Sequence[int], world
             (int32/int64 CPU tensor or a sequence of ints; starts at 0, non-decreasing;
             empty documents allowed); ``T = cu_seqlens[-1]``.
         world_size: ``W >= 1``, the size of the context-parallel group.
-        layout: ``"contiguous"`` (rank ``r`` holds ``[floor(rT/W), floor((r+1)T/W))``) or
+        layout: ``"contiguous"`` (rank ``r`` holds ``[floor(rT/W), floor((r+1)T/W))``),
             ``"zigzag"`` (``2W`` parts cut the same way, rank ``r`` holds parts ``r`` and
-            ``2W-1-r``). Nothing needs to divide; ranks may hold no token.
+            ``2W-1-r``) or ``"zigzag_per_document"`` (every document in ``2W`` parts, rank
+            ``r`` holds its parts ``r`` and ``2W-1-r``). Nothing needs to divide;
+            ranks may hold no token.
         fragments: an explicit fragment table instead of a layout: rows
             ``(rank, doc, doc_offset, length)`` (or mappings with those keys, or
             :class:`cake_core.kcp.Fragment` objects); a rank's rows in table order are its

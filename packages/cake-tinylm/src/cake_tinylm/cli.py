@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         "report the loss gap to the single process and whether the CP runs are bitwise "
         "identical, write report_cp.json (default: %(default)s: the usual job)",
     )
-    p.add_argument("--cp-layout", choices=("contiguous", "zigzag"), default="contiguous",
+    p.add_argument("--cp-layout", choices=("contiguous", "zigzag", "zigzag_per_document"),
+                   default="contiguous",
                    help="how tokens are cut over the ranks (default: %(default)s)")
     p.add_argument("--cp-exchange", choices=("allgather", "ring"), default="allgather",
                    help="the delta-rule state exchange (default: %(default)s)")

@@ -44,7 +44,7 @@ __all__ = ["CPConfig", "CPContext", "CPJobResult", "CPRunResult", "EXCHANGES", "
            "check_cp",
            "run_cp_job", "train_cp", "write_cp_report"]
 
-LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
+LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag", "zigzag_per_document")
 EXCHANGES: tuple[str, ...] = ("allgather", "ring")
 
 
@@ -54,7 +54,8 @@ class CPConfig:
 
     Attributes:
         world_size: processes ``N >= 1`` (on CUDA at most the number of GPUs).
-        layout: ``"contiguous"`` or ``"zigzag"`` (:class:`cake_core.kcp.Partition`).
+        layout: ``"contiguous"``, ``"zigzag"`` or ``"zigzag_per_document"``
+            (:class:`cake_core.kcp.Partition`).
         exchange: ``"allgather"`` or ``"ring"`` (the delta-rule cores' state exchange).
     """
 
