@@ -38,7 +38,7 @@ class KCPStateSavedSet(SavedSet):
     per single-rank call of the forward, in ``meta["groups"]`` order (``meta["local_meta"]``
     holds their metadata). :meth:`tensors` lists the own tensors (``tensor_names``), then
     each nested set's, so autograd saves all of them; :meth:`from_tensors` rebuilds the
-    nesting (the nested sets in det mode).
+    nesting (the nested sets in the outer set's mode).
 
     Subclasses set ``tensor_names`` and ``local_type`` (the single-rank package's saved set
     class).
@@ -74,8 +74,8 @@ class KCPStateSavedSet(SavedSet):
         if len(tensors) != n + per * len(metas):
             raise ValueError(f"{cls.__name__}: expected {n + per * len(metas)} tensors, got "
                              f"{len(tensors)}")
-        local = tuple(cls.local_type.from_tensors(Mode.DET, tuple(tensors[n + i * per:
-                                                                          n + (i + 1) * per]), m)
+        local = tuple(cls.local_type.from_tensors(mode, tuple(tensors[n + i * per:
+                                                                      n + (i + 1) * per]), m)
                       for i, m in enumerate(metas))
         return cls(mode, dict(zip(cls.tensor_names, tensors[:n], strict=True)), meta, local)
 

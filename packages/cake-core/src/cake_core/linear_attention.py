@@ -366,18 +366,18 @@ def make_head_plan(head_k_dim: object, head_v_dim: object, dtype: object, device
 def resolve_plan(plan: object, K: int, V: int, dtype: torch.dtype, device: torch.device, *,
                  plan_type: type[Plan], make_plan: Callable[..., Plan],
                  cuda_plan_problem: Callable[[Plan, torch.dtype], str | None],
-                 cache: dict) -> Plan:
+                 cache: dict, mode: Mode = Mode.DET) -> Plan:
     """The plan a call runs: ``make_plan(K, V, dtype, device)`` when ``plan`` is ``None``
     (memoised in ``cache`` per ``(K, V, dtype, device)``), else the caller's after
-    :func:`~cake_core.require_mode` (``plan_type``, det), a head-dims check and, on CUDA,
-    ``cuda_plan_problem``.
+    :func:`~cake_core.require_mode` (``plan_type`` and ``mode``, the entry's), a head-dims
+    check and, on CUDA, ``cuda_plan_problem``.
 
     Raises:
         ValueError: ``plan: ...`` naming what is wrong.
     """
     if plan is None:
         return cached_plan(cache, (K, V, dtype, device), lambda: make_plan(K, V, dtype, device))
-    require_mode(plan, plan_type, Mode.DET, name="plan")
+    require_mode(plan, plan_type, mode, name="plan")
     if (plan.head_k_dim, plan.head_v_dim) != (K, V):
         raise ValueError(f"plan: made for K={plan.head_k_dim}, V={plan.head_v_dim}; inputs have "
                          f"K={K}, V={V}")
@@ -400,9 +400,9 @@ def inter_dtype(plan: Plan, dtype: torch.dtype) -> torch.dtype:
 def resolve_workspace(workspace: object, plan: Plan, device: torch.device, *,
                       workspace_type: type, buffer_shapes: dict[str, tuple[int, ...]],
                       buffer_dtype: torch.dtype, tokens: int, chunks: int,
-                      chunk_buffers: tuple[str, ...] = ("h",)):
-    """``None``, or the caller's workspace after every check: type and mode
-    (:func:`~cake_core.require_mode`), plan and device (:meth:`Workspace.check`), each
+                      chunk_buffers: tuple[str, ...] = ("h",), mode: Mode = Mode.DET):
+    """``None``, or the caller's workspace after every check: type and ``mode`` (the
+    entry's; :func:`~cake_core.require_mode`), plan and device (:meth:`Workspace.check`), each
     buffer of ``buffer_shapes`` (name -> dims after the leading token or chunk dim) present,
     contiguous and of ``buffer_dtype``, and room for ``tokens`` tokens (every buffer not in
     ``chunk_buffers``) and ``chunks`` chunks.
@@ -412,7 +412,7 @@ def resolve_workspace(workspace: object, plan: Plan, device: torch.device, *,
     """
     if workspace is None:
         return None
-    require_mode(workspace, workspace_type, Mode.DET, name="workspace")
+    require_mode(workspace, workspace_type, mode, name="workspace")
     workspace.check(plan, device)
     for name, shape in buffer_shapes.items():
         t = workspace[name] if name in workspace.names else None

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c3fbcccd17f63f0952ef85c97f6db7459a5ca7894b150da3e6ef7d9cf34d07af"
+SOURCE_DIGEST = "sha256:5ea7d813a0bfc3c79f227aede3681f678cad5cf008fdc87bc84f406920e61ebe"
 # --- end of generated block ---
 
 MANIFEST = {
