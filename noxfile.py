@@ -58,6 +58,7 @@ FAMILIES = {
     "conv": "cake-causal-conv1d-det-train",
     "kda": "cake-kda-det-train",
     "kda_kcp": "cake-kda-det-train-kcp",
+    "kda_nondet": "cake-kda-nondet-train",
     "conv_kcp": "cake-causal-conv1d-det-train-kcp",
     "moe": "cake-moe-grouped-det-gemm",
     "mhc": "cake-mhc-det-train",

@@ -127,6 +127,8 @@ REGISTRY: tuple[NameEntry, ...] = (
     _e("cake-kda-det-train-kcp", "kda", "det", "kcp",
        "context-parallel chunked Kimi Delta Attention",
        legacy=("cake-kda-train",)),
+    _e("cake-kda-nondet-train", "kda", "nondet", "local",
+       "chunked Kimi Delta Attention, bits not promised (runs the det kernels today)"),
     _e("cake-gqa-det-train", "gqa", "det", "local",
        "causal / windowed grouped-query attention (flash-attn drop-in)"),
     _e("cake-gqa-train", "gqa", "exception", "local",

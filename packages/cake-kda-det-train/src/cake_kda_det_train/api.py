@@ -639,9 +639,9 @@ def register_ops(kinds: ModeKinds):
 
     bwd = getattr(torch.ops, ns).bwd
 
+    # kinds.before_bwd runs in the bwd op's body (at run time, before any launch), not
+    # here: under torch.compile this function is traced when the forward compiles
     def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA):
-        if kinds.before_bwd is not None:
-            kinds.before_bwd()  # before anything is launched
         q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias = \
             ctx.saved_tensors
         if do is None:

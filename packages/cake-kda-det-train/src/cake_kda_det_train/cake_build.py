@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5ea7d813a0bfc3c79f227aede3681f678cad5cf008fdc87bc84f406920e61ebe"
+SOURCE_DIGEST = "sha256:510eb8c403c23f98190fef997cedf5b3ef939d786f7f27a6ff64bd4338a58e0c"
 # --- end of generated block ---
 
 MANIFEST = {
