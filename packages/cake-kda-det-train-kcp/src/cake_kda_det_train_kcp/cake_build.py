@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:451a984bead3f7fe0ef39f230e9b57f6cbc1f274ed2ec51bcad34d6c8b4f7eb5"
+SOURCE_DIGEST = "sha256:ac7fbc931396cf3ad35a9789aca03714f3cc627fda39c8608cd559c3fb48b14e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs
