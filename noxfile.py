@@ -59,6 +59,7 @@ FAMILIES = {
     "kda": "cake-kda-det-train",
     "kda_kcp": "cake-kda-det-train-kcp",
     "kda_nondet": "cake-kda-nondet-train",
+    "kda_nondet_kcp": "cake-kda-nondet-train-kcp",
     "conv_kcp": "cake-causal-conv1d-det-train-kcp",
     "moe": "cake-moe-grouped-det-gemm",
     "mhc": "cake-mhc-det-train",

@@ -129,6 +129,8 @@ REGISTRY: tuple[NameEntry, ...] = (
        legacy=("cake-kda-train",)),
     _e("cake-kda-nondet-train", "kda", "nondet", "local",
        "chunked Kimi Delta Attention, bits not promised (runs the det kernels today)"),
+    _e("cake-kda-nondet-train-kcp", "kda", "nondet", "kcp",
+       "context-parallel chunked Kimi Delta Attention, bits not promised"),
     _e("cake-gqa-det-train", "gqa", "det", "local",
        "causal / windowed grouped-query attention (flash-attn drop-in)"),
     _e("cake-gqa-train", "gqa", "exception", "local",
