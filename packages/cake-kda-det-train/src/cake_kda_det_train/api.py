@@ -127,13 +127,12 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
                   allow_neg_eigval=False, safe_gate=False, plan=None, kinds=None):
     """All checks of :func:`chunk_kda_det_fwd`, then the plan (of ``kinds``, default
-    :data:`DET_KINDS`); returns ``(device, N, scale,
-    A_log, dt_bias, lower_bound, beta code, plan, seqs)`` with the gate parameters set to
-    ``None`` where FLA ignores them (without ``use_gate_in_kernel``). Reads nothing but
-    shapes, dtypes and devices, except the values of ``cu_seqlens`` (one host sync per
-    tensor version; skipped while torch.compile traces). seqs: the call's sequences and
-    chunk tables, resolved once (:class:`cake_core.varlen.SeqChunks`, read-only; ``None``
-    while torch.compile traces)."""
+    :data:`DET_KINDS`); returns ``(device, N, scale, A_log, dt_bias, lower_bound, beta code,
+    plan, seqs)`` with the gate parameters set to ``None`` where FLA ignores them (without
+    ``use_gate_in_kernel``). Reads nothing but shapes, dtypes and devices, except the values
+    of ``cu_seqlens`` (one host sync per tensor version; skipped while torch.compile
+    traces). seqs: the call's sequences and chunk tables, resolved once
+    (:class:`cake_core.varlen.SeqChunks`, read-only; ``None`` while torch.compile traces)."""
     check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=True)
@@ -387,8 +386,7 @@ def run_bwd(kinds: ModeKinds, do, dht, saved, plan, workspace):
 def run_autograd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, output_final_state,
                  use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias,
                  lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan,
-                 workspace,
-                 fla_kwargs: dict):
+                 workspace, fla_kwargs: dict):
     """The body of :func:`chunk_kda_det` for ``kinds``: ``(o, final_state or None)``
     through the custom ops of ``kinds.namespace`` (:func:`register_ops`)."""
     check_fla_compat(fla_kwargs, kinds.entry)

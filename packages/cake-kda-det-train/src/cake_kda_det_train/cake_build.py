@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:510eb8c403c23f98190fef997cedf5b3ef939d786f7f27a6ff64bd4338a58e0c"
+SOURCE_DIGEST = "sha256:906814e9028b0d49c9ecc0fcb53c2a78bdaf8353fccfbd47483eb5072e31e42a"
 # --- end of generated block ---
 
 MANIFEST = {

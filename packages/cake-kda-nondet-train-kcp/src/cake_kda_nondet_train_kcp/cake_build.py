@@ -67,7 +67,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c8887647eea20212285bedf7ae70a51a38c2a26cb7c7fea8d4748b37fed89bff"
+SOURCE_DIGEST = "sha256:749de88ac3d5f39f8f07aacc9bb3d84960ca6774f8e557ab4ef2591c4b8352f8"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

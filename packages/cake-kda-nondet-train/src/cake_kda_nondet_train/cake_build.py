@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:fde9037d4e7053920fbf84e86f07dde96ecc01d555ba272c7c0dac1a2de7da10"
+SOURCE_DIGEST = "sha256:f7761f99e9915c602ec531afa7643ae4ae76903ea95a4b827d558d60e9903ff8"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
