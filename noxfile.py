@@ -65,6 +65,8 @@ FAMILIES = {
     "conv_nondet": "cake-causal-conv1d-nondet-train",
     "kda": "cake-kda-det-train",
     "kda_kcp": "cake-kda-det-train-kcp",
+    "kda_nondet": "cake-kda-nondet-train",
+    "kda_nondet_kcp": "cake-kda-nondet-train-kcp",
     "conv_kcp": "cake-causal-conv1d-det-train-kcp",
     "moe": "cake-moe-grouped-det-gemm",
     "moe_nondet": "cake-moe-grouped-nondet-gemm",

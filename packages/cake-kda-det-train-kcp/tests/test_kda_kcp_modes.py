@@ -1,6 +1,7 @@
 """Mode and type checks: the KCP entries take only this package's det saved set and
-workspace (not the single-rank package's, not a non-det type) and det KDADetPlans, and
-refuse anything else before any launch or collective."""
+workspace (not the single-rank package's, not one of another mode) and det KDADetPlans, and
+refuse anything else before any launch or collective. The refusal of cake-kda-nondet-train-kcp's
+real saved sets, workspaces and plans is tested there (this package does not depend on it)."""
 
 import dataclasses
 from typing import ClassVar
@@ -9,7 +10,7 @@ import cake_kda_det_train_kcp.api as kcp_api
 import pytest
 import torch
 from _kda_kcp_helpers import CHAIN_CU, CHAIN_ROWS, DEV, global_inputs, shard
-from cake_core import Mode, Plan, SavedSet, Workspace
+from cake_core import Mode, Plan
 from cake_kda_det_train_kcp import (
     KDADetKCPSavedSet,
     KDADetKCPWorkspace,
@@ -21,16 +22,6 @@ from cake_kda_det_train_kcp import (
 )
 
 N_OWN = len(KDADetKCPSavedSet.tensor_names)
-
-
-class NonDetKDAKCPSavedSet(SavedSet):
-    """What a non-deterministic KCP sibling would hand over (same tensors, nondet)."""
-
-    tensor_names = KDADetKCPSavedSet.tensor_names
-
-
-class NonDetKDAKCPWorkspace(Workspace):
-    """A non-deterministic sibling's workspace."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +56,6 @@ def test_backward_refuses_foreign_saved_sets(setup, no_work):
     own = dict(zip(saved.tensor_names, saved.tensors()[:N_OWN], strict=True))
     foreign = {
         "KDADetSavedSet": saved.local[0],                       # the single-rank package's
-        "NonDetKDAKCPSavedSet": NonDetKDAKCPSavedSet(Mode.NONDET, own),
         "KDADetKCPSavedSet with mode=nondet": KDADetKCPSavedSet(Mode.NONDET, own, saved.meta,
                                                                 saved.local),
         "dict": own,
@@ -84,11 +74,9 @@ def test_entries_refuse_foreign_workspaces(setup, no_work):
     ctx, local, saved = setup
     plan = make_plan(16, 16, torch.float32, DEV)
     det_local = KDADetWorkspace.for_plan(plan, DEV, num_v_heads=1, max_tokens=34, max_seqs=5)
-    nondet = NonDetKDAKCPWorkspace(plan, DEV, {})
-    nondet.mode = Mode.NONDET
     own_nondet = KDADetKCPWorkspace.for_context(plan, ctx, num_v_heads=1)
     own_nondet.mode = Mode.NONDET
-    for obj, match in ((det_local, "got KDADetWorkspace"), (nondet, "got NonDetKDAKCPWorkspace"),
+    for obj, match in ((det_local, "got KDADetWorkspace"),
                        (own_nondet, "got KDADetKCPWorkspace with mode=nondet")):
         for call in (lambda o: chunk_kda_det_bwd_kcp(local[5], saved, ctx, workspace=o),
                      lambda o: chunk_kda_det_fwd_kcp(*local[:5], ctx, workspace=o),

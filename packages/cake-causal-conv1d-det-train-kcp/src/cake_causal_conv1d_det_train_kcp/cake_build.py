@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:1de2837c230f60bd059cad5e4224f3aee6bdad4605a4cef1ea783904492fb784"
+SOURCE_DIGEST = "sha256:baddb347ef2a39705e9e317239054d944d300d0dd26b60f5ba1fea8b85618a34"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:63bad16eff5912dc62bc1c7b771eb06f686a9d4a896144330d40e19f759d2e31"
+SOURCE_DIGEST = "sha256:f8803defa33434c0cbca4e414d6d88db16ecf9ffbb05ccb80d05d65e596a1a0e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:4f369c098ce2693b240ca0630ca78998641f6bb98ec34abfd4ad7f6a534b0e88"
+SOURCE_DIGEST = "sha256:891aa58259e2c9fa7541a8831333bf19d250a49a585be21bbb5bc0e34a254034"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:dd59bb476d4179d7f5471b53b53bf36dfa7661506198706f39e3162a22ff885a"
+SOURCE_DIGEST = "sha256:291b6b16bb2a31ec3022c95dac1aa75fc002b8be2c370a0e740853f930eb1a88"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -173,21 +174,48 @@ _Groups = FragmentGroups  # this rank's fragment groups (cake_core.kcp_state)
 _groups = fragment_groups
 
 
+# ----------------------------------------------------------------------------- kinds
+
+
+class KCPKinds(NamedTuple):
+    """What makes a KCP package's entries det or nondet over this module's checks, exchange
+    and folds (this package's :data:`DET_KCP_KINDS`; cake-kda-nondet-train-kcp builds its
+    own): the mode its objects carry, the single-rank plan class, rule and default-plan
+    cache, its KCP saved set, workspace and gradients classes, the single-rank forward and
+    backward each rank runs (``chunk_kda_det_fwd`` / ``_bwd``'s signatures), the plan of the
+    transition run, and what its backward runs before any launch or collective (``None``:
+    nothing; nondet: the deterministic-algorithms alert)."""
+
+    mode: Mode
+    plan_type: type
+    make_plan: Callable
+    plan_cache: dict
+    saved_type: type
+    workspace_type: type
+    grads_type: type
+    local_fwd: Callable
+    local_bwd: Callable
+    transition_plan: Callable
+    before_bwd: Callable[[], None] | None = None
+
+
 # ----------------------------------------------------------------------------- checks
 
 _DEFAULT_PLANS: dict[tuple, KDADetPlan] = {}
 
 
-def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
-    return resolve_plan(plan, K, V, dtype, device, plan_type=KDADetPlan, make_plan=make_plan,
-                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
+def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device,
+                  kinds: KCPKinds) -> KDADetPlan:
+    return resolve_plan(plan, K, V, dtype, device, plan_type=kinds.plan_type,
+                        make_plan=kinds.make_plan, cuda_plan_problem=cuda_plan_problem,
+                        cache=kinds.plan_cache, mode=kinds.mode)
 
 
 def _resolve_workspace(workspace, plan: KDADetPlan, ctx: Context, HV: int,
-                       dtype: torch.dtype) -> KDADetKCPWorkspace | None:
+                       dtype: torch.dtype, kinds: KCPKinds) -> KDADetKCPWorkspace | None:
     if workspace is None:
         return None
-    require_mode(workspace, KDADetKCPWorkspace, Mode.DET, name="workspace")
+    require_mode(workspace, kinds.workspace_type, kinds.mode, name="workspace")
     workspace.check_for(plan, ctx, HV, dtype)
     return workspace
 
@@ -211,7 +239,7 @@ def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias, lower_bound,
-               use_sigmoid, allow_neg_eigval, safe_gate, reduce, plan, workspace):
+               use_sigmoid, allow_neg_eigval, safe_gate, reduce, plan, workspace, kinds):
     """Every check of the forward, before any allocation, launch or collective (the
     single-rank entry's rules on the rank-local tensors, then the context's); returns
     ``(opts, A_log, dt_bias, plan, workspace)`` with the gate parameters set to ``None``
@@ -244,17 +272,17 @@ def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias, l
                                ("A_log", A_log), ("dt_bias", dt_bias))
     launch_device_check(device, "q")
     check_context(ctx, device)
-    plan = _resolve_plan(plan, K, V, q.dtype, device)
-    ws = _resolve_workspace(workspace, plan, ctx, HV, q.dtype)
+    plan = _resolve_plan(plan, K, V, q.dtype, device, kinds)
+    ws = _resolve_workspace(workspace, plan, ctx, HV, q.dtype, kinds)
     opts = _Opts(scale, use_l2, use_gate, _f32(A_log), _f32(dt_bias), lower_bound,
                  use_sigmoid, allow_neg_eigval, safe_gate, reduce)
     return opts, A_log, dt_bias, plan, ws
 
 
-def _check_bwd(do, saved, ctx, plan, workspace, reduce):
+def _check_bwd(do, saved, ctx, plan, workspace, reduce, kinds):
     """Every check of the backward, before any allocation, launch or collective; returns
     ``(plan, workspace, reduce)``."""
-    require_mode(saved, KDADetKCPSavedSet, Mode.DET, name="saved")
+    require_mode(saved, kinds.saved_type, kinds.mode, name="saved")
     check_context(ctx)
     made = (saved.partition_key, saved.rank, saved.exchange)
     if made != (ctx.partition.key, ctx.rank, ctx.exchange):
@@ -270,8 +298,9 @@ def _check_bwd(do, saved, ctx, plan, workspace, reduce):
     launch_device_check(device, "do")
     check_context(ctx, device)
     K, HV, V = saved.q.shape[3], saved.v.shape[2], saved.v.shape[3]
-    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device)
-    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.q.dtype), reduce
+    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device,
+                         kinds)
+    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.q.dtype, kinds), reduce
 
 
 # ----------------------------------------------------------------------------- local calls
@@ -281,43 +310,46 @@ def _take(grp: LocalGroup, *xs):
     return tuple(grp.take(x) for x in xs)
 
 
-def _local_fwd(grp: LocalGroup, gs: _Groups, x, opts: _Opts, plan, ws, h0, final):
+def _local_fwd(grp: LocalGroup, gs: _Groups, x, opts: _Opts, plan, ws, h0, final,
+               kinds: KCPKinds):
     """One single-rank forward over ``grp``'s fragments: ``(o, final_state, saved)``."""
     q, k, v, g, beta = _take(grp, *x)
-    return chunk_kda_det_fwd(q, k, v, g, beta, scale=opts.scale, initial_state=h0,
-                             output_final_state=final, cu_seqlens=gs.cu[grp.kind], plan=plan,
-                             workspace=ws.local if ws is not None else None,
-                             **opts.local_kwargs())
+    return kinds.local_fwd(q, k, v, g, beta, scale=opts.scale, initial_state=h0,
+                           output_final_state=final, cu_seqlens=gs.cu[grp.kind], plan=plan,
+                           workspace=ws.local if ws is not None else None,
+                           **opts.local_kwargs())
 
 
-def _transition_run(grp: LocalGroup, gs: _Groups, x, opts: _Opts, plan, ws) -> torch.Tensor:
+def _transition_run(grp: LocalGroup, gs: _Groups, x, opts: _Opts, plan, ws,
+                    kinds: KCPKinds) -> torch.Tensor:
     """``P`` fp32 ``[n, HV, K, K]`` of ``grp``'s fragments: the single-rank forward with the
     same k, g, beta and options, ``v = 0`` of width K and the identity start state per
     value head (its final states: ``P I + 0``)."""
     _, k, _, g, beta = _take(grp, *x)
     HV, K = g.shape[2], k.shape[3]
     n = len(grp.frags)
-    pp = p_plan(plan, k.dtype, k.device)
+    pp = kinds.transition_plan(plan, k.dtype, k.device)
     pws = None
     if ws is not None:
         pws = ws.local if pp is plan else ws.local_p
     v0 = torch.zeros((1, grp.num_tokens, HV, K), dtype=k.dtype, device=k.device)
     eye = torch.eye(K, dtype=_F32, device=k.device).expand(n, HV, K, K).contiguous()
-    _, P, _ = chunk_kda_det_fwd(k, k, v0, g, beta, scale=1.0, initial_state=eye,
-                                output_final_state=True, cu_seqlens=gs.cu[grp.kind], plan=pp,
-                                workspace=pws, **opts.local_kwargs())
+    _, P, _ = kinds.local_fwd(k, k, v0, g, beta, scale=1.0, initial_state=eye,
+                              output_final_state=True, cu_seqlens=gs.cu[grp.kind], plan=pp,
+                              workspace=pws, **opts.local_kwargs())
     return P
 
 
-def _local_bwd(grp: LocalGroup, do, dht, saved: KDADetSavedSet, plan, ws):
-    return chunk_kda_det_bwd(grp.take(do), dht, saved, plan=plan,
-                             workspace=ws.local if ws is not None else None)
+def _local_bwd(grp: LocalGroup, do, dht, saved: KDADetSavedSet, plan, ws, kinds: KCPKinds):
+    return kinds.local_bwd(grp.take(do), dht, saved, plan=plan,
+                           workspace=ws.local if ws is not None else None)
 
 
 # ----------------------------------------------------------------------------- forward
 
 
-def _forward(q, k, v, g, beta, A_log, dt_bias, ctx: Context, opts: _Opts, plan, ws):
+def _forward(q, k, v, g, beta, A_log, dt_bias, ctx: Context, opts: _Opts, plan, ws,
+             kinds: KCPKinds):
     """After :func:`_check_fwd`: ``(o, saved)``."""
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     x = tuple(t.contiguous() for t in (q, k, v, g, beta))
@@ -327,10 +359,10 @@ def _forward(q, k, v, g, beta, A_log, dt_bias, ctx: Context, opts: _Opts, plan, 
         HV, K, V = v.shape[2], q.shape[3], v.shape[3]
 
         def local_fwd(grp, h0, final):
-            return _local_fwd(grp, gs, x, opts, plan, ws, h0, final)
+            return _local_fwd(grp, gs, x, opts, plan, ws, h0, final, kinds)
 
         def transition(grp):
-            return _transition_run(grp, gs, x, opts, plan, ws)
+            return _transition_run(grp, gs, x, opts, plan, ws, kinds)
 
         if ctx.exchange == "ring":
             runs = forward_ring(ctx, gs, ws, o, HV, K, V, local_fwd, transition, ring_ready)
@@ -347,7 +379,7 @@ def _forward(q, k, v, g, beta, A_log, dt_bias, ctx: Context, opts: _Opts, plan, 
             "has_middle": has_middle_fragments(ctx.partition)}
     own = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias,
            "P": P}
-    saved = KDADetKCPSavedSet(Mode.DET, own, meta, tuple(s for _, s in runs))
+    saved = kinds.saved_type(kinds.mode, own, meta, tuple(s for _, s in runs))
     return o, saved
 
 
@@ -394,23 +426,25 @@ def _gate_grads(saved: KDADetKCPSavedSet, ctx: Context, out: _Out, reduce: bool)
     return dA_log, ddt_bias
 
 
-def _backward(do, saved: KDADetKCPSavedSet, ctx: Context, plan, ws,
-              reduce: bool) -> KDADetKCPGrads:
-    """After :func:`_check_bwd`."""
+def _backward(do, saved: KDADetKCPSavedSet, ctx: Context, plan, ws, reduce: bool,
+              kinds: KCPKinds) -> KDADetKCPGrads:
+    """After :func:`_check_bwd`: ``kinds.before_bwd``, then the exchange and launches."""
+    if kinds.before_bwd is not None:
+        kinds.before_bwd()
     out = _Out(saved)
     gs = _groups(ctx)
     with torch.no_grad():
         do = do.contiguous()
 
         def local_bwd(grp, dht, s):
-            return _local_bwd(grp, do, dht, s, plan, ws)
+            return _local_bwd(grp, do, dht, s, plan, ws, kinds)
 
         if ctx.exchange == "ring":
             backward_ring(ctx, gs, ws, saved, local_bwd, out.put, ring_ready)
         else:
             backward_allgather(ctx, gs, ws, saved, local_bwd, out.put)
         dA_log, ddt_bias = _gate_grads(saved, ctx, out, reduce)
-    return KDADetKCPGrads(*out.grads, dA_log, ddt_bias)
+    return kinds.grads_type(*out.grads, dA_log, ddt_bias)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -487,11 +521,10 @@ def chunk_kda_det_fwd_kcp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
             foreign plan or workspace; all before any allocation, launch or collective.
             Nothing the caller passed is modified.
     """
-    opts, A_log, dt_bias, plan, ws = _check_fwd(
-        q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log,
-        dt_bias, lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-        reduce_gate_param_grads, plan, workspace)
-    return _forward(q, k, v, g, beta, A_log, dt_bias, ctx, opts, plan, ws)
+    return run_fwd_kcp(DET_KCP_KINDS, q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel, A_log, dt_bias, lower_bound,
+                       use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+                       reduce_gate_param_grads, plan, workspace)
 
 
 def chunk_kda_det_bwd_kcp(do: torch.Tensor, saved: KDADetKCPSavedSet, ctx: Context, *,
@@ -526,31 +559,74 @@ def chunk_kda_det_bwd_kcp(do: torch.Tensor, saved: KDADetKCPSavedSet, ctx: Conte
             non-bool ``reduce_gate_param_grads``, a foreign plan; all before any
             allocation, launch or collective.
     """
-    plan, ws, reduce = _check_bwd(do, saved, ctx, plan, workspace, reduce_gate_param_grads)
-    return _backward(do, saved, ctx, plan, ws, reduce)
+    return run_bwd_kcp(DET_KCP_KINDS, do, saved, ctx, reduce_gate_param_grads, plan, workspace)
 
 
-class _KDADetKCPFunction(torch.autograd.Function):
+class _KDAKCPFunction(torch.autograd.Function):
     """Autograd of the KCP route: the saved set's tensors (own and nested) go through
-    ``ctx.save_for_backward``; the KCP context, options, plan and workspace are kept as
-    attributes."""
+    ``ctx.save_for_backward``; the KCP context, options, plan, workspace and kinds are
+    kept as attributes."""
 
     @staticmethod
-    def forward(actx, q, k, v, g, beta, A_log, dt_bias, kcp_ctx, opts, plan, ws):
-        o, saved = _forward(q, k, v, g, beta, A_log, dt_bias, kcp_ctx, opts, plan, ws)
+    def forward(actx, q, k, v, g, beta, A_log, dt_bias, kcp_ctx, opts, plan, ws, kinds):
+        o, saved = _forward(q, k, v, g, beta, A_log, dt_bias, kcp_ctx, opts, plan, ws, kinds)
         actx.save_for_backward(*saved.tensors())
         actx.meta, actx.kcp_ctx, actx.plan, actx.ws = saved.meta, kcp_ctx, plan, ws
+        actx.kinds = kinds
         return o
 
     @staticmethod
     @once_differentiable
     def backward(actx, do):
-        saved = KDADetKCPSavedSet.from_tensors(Mode.DET, actx.saved_tensors, actx.meta)
+        kinds = actx.kinds
+        saved = kinds.saved_type.from_tensors(kinds.mode, actx.saved_tensors, actx.meta)
         if do is None:
             do = torch.zeros(saved.v.shape, dtype=saved.v.dtype, device=saved.v.device)
         gr = _backward(do, saved, actx.kcp_ctx, actx.plan, actx.ws,
-                       saved.reduce_gate_param_grads)
-        return (*gr, None, None, None, None)
+                       saved.reduce_gate_param_grads, kinds)
+        return (*gr, None, None, None, None, None)
+
+
+# ----------------------------------------------------------------------------- entry bodies
+# The bodies of the three entries for any KCPKinds: this package's entries run them with
+# DET_KCP_KINDS, cake-kda-nondet-train-kcp's with its own.
+
+#: this package's kinds: det plans, KCP saved sets and workspaces, cake-kda-det-train's
+#: single-rank entries (looked up per call)
+DET_KCP_KINDS = KCPKinds(
+    Mode.DET, KDADetPlan, make_plan, _DEFAULT_PLANS, KDADetKCPSavedSet, KDADetKCPWorkspace,
+    KDADetKCPGrads, lambda *a, **kw: chunk_kda_det_fwd(*a, **kw),
+    lambda *a, **kw: chunk_kda_det_bwd(*a, **kw), p_plan)
+
+
+def run_fwd_kcp(kinds: KCPKinds, q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel,
+                use_gate_in_kernel, A_log, dt_bias, lower_bound, use_beta_sigmoid_in_kernel,
+                allow_neg_eigval, safe_gate, reduce_gate_param_grads, plan, workspace):
+    """The body of :func:`chunk_kda_det_fwd_kcp` for ``kinds``: ``(o, saved)``."""
+    opts, A_log, dt_bias, plan, ws = _check_fwd(
+        q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log,
+        dt_bias, lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+        reduce_gate_param_grads, plan, workspace, kinds)
+    return _forward(q, k, v, g, beta, A_log, dt_bias, ctx, opts, plan, ws, kinds)
+
+
+def run_bwd_kcp(kinds: KCPKinds, do, saved, ctx, reduce_gate_param_grads, plan, workspace):
+    """The body of :func:`chunk_kda_det_bwd_kcp` for ``kinds``: a ``kinds.grads_type``."""
+    plan, ws, reduce = _check_bwd(do, saved, ctx, plan, workspace, reduce_gate_param_grads,
+                                  kinds)
+    return _backward(do, saved, ctx, plan, ws, reduce, kinds)
+
+
+def run_autograd_kcp(kinds: KCPKinds, q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel,
+                     use_gate_in_kernel, A_log, dt_bias, lower_bound,
+                     use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+                     reduce_gate_param_grads, plan, workspace):
+    """The body of :func:`chunk_kda_det_kcp` for ``kinds``: the rank-local ``o``."""
+    opts, A_log, dt_bias, plan, ws = _check_fwd(
+        q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log,
+        dt_bias, lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+        reduce_gate_param_grads, plan, workspace, kinds)
+    return _KDAKCPFunction.apply(q, k, v, g, beta, A_log, dt_bias, ctx, opts, plan, ws, kinds)
 
 
 @torch.compiler.disable
@@ -574,8 +650,7 @@ def chunk_kda_det_kcp(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     backward (collectives inside). Not twice differentiable. ``torch.compile`` does not
     trace it (it runs eagerly, a graph break).
     """
-    opts, A_log, dt_bias, plan, ws = _check_fwd(
-        q, k, v, g, beta, ctx, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log,
-        dt_bias, lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-        reduce_gate_param_grads, plan, workspace)
-    return _KDADetKCPFunction.apply(q, k, v, g, beta, A_log, dt_bias, ctx, opts, plan, ws)
+    return run_autograd_kcp(DET_KCP_KINDS, q, k, v, g, beta, ctx, scale,
+                            use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                            lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                            safe_gate, reduce_gate_param_grads, plan, workspace)

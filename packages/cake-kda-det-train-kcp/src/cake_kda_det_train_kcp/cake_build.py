@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:451a984bead3f7fe0ef39f230e9b57f6cbc1f274ed2ec51bcad34d6c8b4f7eb5"
+SOURCE_DIGEST = "sha256:a8e7b165af8eb1ba059c4a3f261f71379542a22d957996cb1197669afb3d7e1a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -88,6 +89,26 @@ class KDADetGrads(NamedTuple):
     ddt_bias: torch.Tensor | None = None
 
 
+class ModeKinds(NamedTuple):
+    """What makes a package's entries det or nondet over these same checks and launches
+    (this package's :data:`DET_KINDS`; cake-kda-nondet-train builds its own): the mode its
+    plans, saved sets and workspaces carry, their classes (an entry refuses any other type
+    or mode), its gradients tuple, its plan rule and default-plan cache, the namespace of
+    its custom ops, its autograd entry's name (in messages) and what its backward runs
+    before any launch (``None``: nothing; nondet: the deterministic-algorithms alert)."""
+
+    mode: Mode
+    plan_type: type
+    saved_type: type
+    workspace_type: type
+    grads_type: type
+    make_plan: Callable
+    plan_cache: dict
+    namespace: str
+    entry: str
+    before_bwd: Callable[[], None] | None = None
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -104,14 +125,14 @@ def _check_lower_bound(lower_bound: object) -> float | None:
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
                   dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
-                  allow_neg_eigval=False, safe_gate=False, plan=None):
-    """All checks of :func:`chunk_kda_det_fwd`, then the plan; returns ``(device, N, scale,
-    A_log, dt_bias, lower_bound, beta code, plan, seqs)`` with the gate parameters set to
-    ``None`` where FLA ignores them (without ``use_gate_in_kernel``). Reads nothing but
-    shapes, dtypes and devices, except the values of ``cu_seqlens`` (one host sync per
-    tensor version; skipped while torch.compile traces). seqs: the call's sequences and
-    chunk tables, resolved once (:class:`cake_core.varlen.SeqChunks`, read-only; ``None``
-    while torch.compile traces)."""
+                  allow_neg_eigval=False, safe_gate=False, plan=None, kinds=None):
+    """All checks of :func:`chunk_kda_det_fwd`, then the plan (of ``kinds``, default
+    :data:`DET_KINDS`); returns ``(device, N, scale, A_log, dt_bias, lower_bound, beta code,
+    plan, seqs)`` with the gate parameters set to ``None`` where FLA ignores them (without
+    ``use_gate_in_kernel``). Reads nothing but shapes, dtypes and devices, except the values
+    of ``cu_seqlens`` (one host sync per tensor version; skipped while torch.compile
+    traces). seqs: the call's sequences and chunk tables, resolved once
+    (:class:`cake_core.varlen.SeqChunks`, read-only; ``None`` while torch.compile traces)."""
     check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=True)
@@ -136,24 +157,33 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                                              A_log, dt_bias, chunk_size=CHUNK_SIZE)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return (device, N, scale, A_log, dt_bias, lower_bound, sig,
-            _resolve_plan(plan, K, V, q.dtype, device), seqs)
+            _resolve_plan(plan, K, V, q.dtype, device, kinds), seqs)
 
 
 _DEFAULT_PLANS: dict[tuple, KDADetPlan] = {}
 
+#: this package's kinds: det plans, saved sets and workspaces, ops ``cake_kda_det_train::``
+DET_KINDS = ModeKinds(Mode.DET, KDADetPlan, KDADetSavedSet, KDADetWorkspace, KDADetGrads,
+                      make_plan, _DEFAULT_PLANS, "cake_kda_det_train", "chunk_kda_det")
 
-def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
-    return resolve_plan(plan, K, V, dtype, device, plan_type=KDADetPlan, make_plan=make_plan,
-                        cuda_plan_problem=cuda_plan_problem, cache=_DEFAULT_PLANS)
+
+def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device,
+                  kinds: ModeKinds | None = None) -> KDADetPlan:
+    kinds = kinds or DET_KINDS
+    return resolve_plan(plan, K, V, dtype, device, plan_type=kinds.plan_type,
+                        make_plan=kinds.make_plan, cuda_plan_problem=cuda_plan_problem,
+                        cache=kinds.plan_cache, mode=kinds.mode)
 
 
 def _resolve_workspace(workspace, plan: KDADetPlan, device: torch.device, HV: int, NT: int,
-                       NC: int, dtype: torch.dtype):
-    """``None``, or the caller's workspace after every check (type, mode, plan, device,
-    buffer dtype/shape/contiguity, capacity for NT tokens and NC chunks)."""
-    return resolve_workspace(workspace, plan, device, workspace_type=KDADetWorkspace,
+                       NC: int, dtype: torch.dtype, kinds: ModeKinds | None = None):
+    """``None``, or the caller's workspace after every check (type and mode of ``kinds``,
+    plan, device, buffer dtype/shape/contiguity, capacity for NT tokens and NC chunks)."""
+    kinds = kinds or DET_KINDS
+    return resolve_workspace(workspace, plan, device, workspace_type=kinds.workspace_type,
                              buffer_shapes=workspace_shapes(plan, HV),
-                             buffer_dtype=inter_dtype(plan, dtype), tokens=NT, chunks=NC)
+                             buffer_dtype=inter_dtype(plan, dtype), tokens=NT, chunks=NC,
+                             mode=kinds.mode)
 
 
 # ----------------------------------------------------------------------------- launches
@@ -285,14 +315,16 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
 
 def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs: SeqChunks, q_rstd,
                k_rstd, A_log, dt_bias, scale, use_l2, plan, varlen, use_gate, lower_bound,
-               use_sigmoid) -> KDADetSavedSet:
+               use_sigmoid, kinds: ModeKinds | None = None) -> KDADetSavedSet:
     """``seqs``: the forward's sequences (:func:`cake_core.varlen.resolve_chunks`): the
     saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
-    same device and stream launches with their tables."""
+    same device and stream launches with their tables. A saved set of ``kinds`` (default
+    :data:`DET_KINDS`)."""
+    kinds = kinds or DET_KINDS
     tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, seqs.cu, q_rstd, k_rstd,
                A_log, dt_bias)
-    return KDADetSavedSet(
-        Mode.DET, dict(zip(KDADetSavedSet.tensor_names, tensors, strict=True)),
+    return kinds.saved_type(
+        kinds.mode, dict(zip(kinds.saved_type.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
                         use_gate_in_kernel=use_gate, beta=use_sigmoid, seqs=seqs,
                         lower_bound=lower_bound))
@@ -300,6 +332,80 @@ def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs: SeqChunks, q_
 
 def _contig(t):
     return t.contiguous() if t is not None else None
+
+
+# ----------------------------------------------------------------------------- entry bodies
+# The bodies of the three entries for any ModeKinds: this package's entries run them with
+# DET_KINDS, cake-kda-nondet-train's with its own (same checks, launches and bits; the
+# objects' types and mode differ).
+
+
+def run_fwd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, output_final_state,
+            use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias,
+            lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan,
+            workspace):
+    """The body of :func:`chunk_kda_det_fwd` for ``kinds``: ``(o, final_state, saved)``."""
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan, kinds)
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if seqs is None:  # traced by torch.compile: the values are needed here
+        seqs = resolve_chunks(cu_seqlens, B, T, device, CHUNK_SIZE)
+    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, seqs.num_chunks,
+                                   q.dtype, kinds)
+    with torch.no_grad():
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        gate = (use_gate_in_kernel, _contig(A_log), _contig(dt_bias), lower_bound, sig)
+        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+            qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state,
+            use_qk_l2norm_in_kernel, seqs.tables, plan, workspace, gate)
+    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
+                       k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
+                       cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig, kinds)
+    return o, ht, saved
+
+
+def run_bwd(kinds: ModeKinds, do, dht, saved, plan, workspace):
+    """The body of :func:`chunk_kda_det_bwd` for ``kinds``: every check, then
+    ``kinds.before_bwd`` (before any launch), then the launches; a ``kinds.grads_type``."""
+    require_mode(saved, kinds.saved_type, kinds.mode, name="saved")
+    device = check_grad_outputs(do, dht, saved)
+    plan, workspace = resolve_for_backward(
+        saved, plan, workspace, device,
+        resolve_plan=lambda *a: _resolve_plan(*a, kinds),
+        resolve_workspace=lambda *a: _resolve_workspace(*a, kinds), chunk_size=CHUNK_SIZE)
+    if kinds.before_bwd is not None:
+        kinds.before_bwd()
+    with torch.no_grad():
+        gr = _launch_bwd(do, dht, saved, plan, workspace)
+    return gr if kinds.grads_type is KDADetGrads else kinds.grads_type(*gr)
+
+
+def run_autograd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, output_final_state,
+                 use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias,
+                 lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan,
+                 workspace, fla_kwargs: dict):
+    """The body of :func:`chunk_kda_det` for ``kinds``: ``(o, final_state or None)``
+    through the custom ops of ``kinds.namespace`` (:func:`register_ops`)."""
+    check_fla_compat(fla_kwargs, kinds.entry)
+    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan, kinds)
+    if workspace is not None:
+        if seqs is not None:
+            B, T = q.shape[:2]
+            _resolve_workspace(workspace, plan, device, v.shape[2], B * T, seqs.num_chunks,
+                               q.dtype, kinds)
+        else:  # traced: type, mode and plan only (its capacity needs cu_seqlens' values)
+            require_mode(workspace, kinds.workspace_type, kinds.mode, name="workspace")
+            workspace.check(plan, device)
+    o, ht, *_ = getattr(torch.ops, kinds.namespace).fwd(
+        q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, lower_bound, sig, plan_to_op_fields(plan))
+    return o, (ht if output_final_state else None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -384,26 +490,10 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             lower_bound in [-5, 0), A_log / dt_bias of the wrong shape, dtype or device;
             before any allocation or launch. Inputs are never modified.
     """
-    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
-        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
-    B, T, H, K = q.shape
-    HV = v.shape[2]
-    if seqs is None:  # traced by torch.compile: the values are needed here
-        seqs = resolve_chunks(cu_seqlens, B, T, device, CHUNK_SIZE)
-    workspace = _resolve_workspace(workspace, plan, device, HV, B * T, seqs.num_chunks,
-                                   q.dtype)
-    with torch.no_grad():
-        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
-        gate = (use_gate_in_kernel, _contig(A_log), _contig(dt_bias), lower_bound, sig)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
-            qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state,
-            use_qk_l2norm_in_kernel, seqs.tables, plan, workspace, gate)
-    saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
-                       k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig)
-    return o, ht, saved
+    return run_fwd(DET_KINDS, q, k, v, g, beta, scale, initial_state, output_final_state,
+                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias,
+                   lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan,
+                   workspace)
 
 
 def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetSavedSet, *,
@@ -435,14 +525,7 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
             of the wrong shape, dtype or device, a plan or workspace of another type, mode
             or plan; before any launch.
     """
-    require_mode(saved, KDADetSavedSet, Mode.DET, name="saved")
-    device = check_grad_outputs(do, dht, saved)
-    plan, workspace = resolve_for_backward(saved, plan, workspace, device,
-                                           resolve_plan=_resolve_plan,
-                                           resolve_workspace=_resolve_workspace,
-                                           chunk_size=CHUNK_SIZE)
-    with torch.no_grad():
-        return _launch_bwd(do, dht, saved, plan, workspace)
+    return run_bwd(DET_KINDS, do, dht, saved, plan, workspace)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -453,117 +536,130 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
 # A are outputs so autograd can save them.
 
 
-@torch.library.custom_op("cake_kda_det_train::fwd", mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-            beta: torch.Tensor, initial_state: torch.Tensor | None,
-            cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
-            dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
-            use_l2: bool, use_gate: bool, lower_bound: float | None, use_sigmoid: int,
-            plan_fields: list[int],
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                       torch.Tensor]:
-    """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum, A or [0])``;
-    arguments checked by the entry, except the values of cu_seqlens (checked here, before
-    any launch: a cache hit when the entry resolved them)."""
-    plan = plan_from_op_fields(KDADetPlan, plan_fields)
-    B, T = q.shape[:2]
-    tabs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE).tables
-    qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
-    gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
-    o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
-        qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state, use_l2,
-        tabs, plan, None, gate)
-    return (o, optional_output(ht, q), optional_output(q_rstd, q), optional_output(k_rstd, q),
-            g_cumsum, A)
+def register_ops(kinds: ModeKinds):
+    """Register the custom ops ``<kinds.namespace>::fwd`` / ``::bwd`` (with their fakes and
+    autograd) over this module's launches; returns ``(fwd_op, bwd_op)``. Called once per
+    namespace: here for :data:`DET_KINDS`, by cake-kda-nondet-train for its own."""
+    ns = kinds.namespace
+
+    @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
+    def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, initial_state: torch.Tensor | None,
+                cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
+                dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
+                use_l2: bool, use_gate: bool, lower_bound: float | None, use_sigmoid: int,
+                plan_fields: list[int],
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor]:
+        """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum, A or [0])``;
+        arguments checked by the entry, except the values of cu_seqlens (checked here,
+        before any launch: a cache hit when the entry resolved them)."""
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        B, T = q.shape[:2]
+        tabs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE).tables
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
+        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+            qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state,
+            use_l2, tabs, plan, None, gate)
+        return (o, optional_output(ht, q), optional_output(q_rstd, q),
+                optional_output(k_rstd, q), g_cumsum, A)
+
+    @_fwd_op.register_fake
+    def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+                  output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields):
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+        f32 = torch.float32
+        ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
+        rstd = (B, T, H) if use_l2 else (0,)
+        A = q.new_empty(kept_a_shape(B * T, HV), dtype=inter_dtype(plan, q.dtype))
+        return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
+                q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)
+
+    @torch.library.custom_op(f"{ns}::bwd", mutates_args=())
+    def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                g_cumsum: torch.Tensor, A: torch.Tensor | None,
+                initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+                q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
+                A_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
+                use_l2: bool, use_gate: bool, lower_bound: float | None, use_sigmoid: int,
+                plan_fields: list[int],
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or
+        [0])``: :func:`_launch_bwd` on a saved set rebuilt from the arguments (after
+        ``kinds.before_bwd``). ``cu_seqlens``: the forward's device offsets
+        (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the forward's tables: a cache
+        hit) or the caller's tensor (traced)."""
+        if kinds.before_bwd is not None:
+            kinds.before_bwd()
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        B, T = q.shape[:2]
+        seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
+        saved = _saved_set(q, k, v, g, beta, g_cumsum,
+                           A if A is not None and A.numel() else None, initial_state, seqs,
+                           q_rstd if use_l2 else None, k_rstd if use_l2 else None,
+                           A_log if use_gate else None, dt_bias if use_gate else None,
+                           float(scale), use_l2, plan, cu_seqlens is not None, use_gate,
+                           lower_bound if use_gate else None, use_sigmoid, kinds)
+        gr = _launch_bwd(do, dht, saved, plan, None)
+        return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
+                optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
+
+    @_bwd_op.register_fake
+    def _bwd_fake(do, dht, q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens, q_rstd,
+                  k_rstd, A_log, dt_bias, scale, use_l2, use_gate, lower_bound, use_sigmoid,
+                  plan_fields):
+        f32 = torch.float32
+        dh0 = (initial_state.new_empty(initial_state.shape) if initial_state is not None
+               else q.new_empty((0,), dtype=f32))
+        dA = A_log.new_empty(A_log.shape) if use_gate and A_log is not None else \
+            q.new_empty((0,), dtype=f32)
+        ddt = dt_bias.new_empty(dt_bias.shape) if use_gate and dt_bias is not None else \
+            q.new_empty((0,), dtype=f32)
+        return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+                g.new_empty(g.shape), beta.new_empty(beta.shape), dh0, dA, ddt)
+
+    def _setup_context(ctx, inputs, output):
+        (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+         output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
+        _, _, q_rstd, k_rstd, g_cumsum, A = output
+        cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
+        ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd,
+                              k_rstd, A_log, dt_bias)
+        ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
+        ctx.use_gate, ctx.lower_bound = use_gate, lower_bound
+        ctx.use_sigmoid, ctx.plan_fields = use_sigmoid, plan_fields
+
+    bwd = getattr(torch.ops, ns).bwd
+
+    # kinds.before_bwd runs in the bwd op's body (at run time, before any launch), not
+    # here: under torch.compile this function is traced when the forward compiles
+    def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA):
+        q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias = \
+            ctx.saved_tensors
+        if do is None:
+            do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = bwd(
+            do, dht if ctx.output_final_state else None, q, k, v, g, beta, g_cumsum, A, h0,
+            cu, q_rstd, k_rstd, A_log, dt_bias, ctx.scale, ctx.use_l2, ctx.use_gate,
+            ctx.lower_bound, ctx.use_sigmoid, ctx.plan_fields)
+        need = ctx.needs_input_grad
+        return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
+                dA_log if A_log is not None and ctx.use_gate and need[7] else None,
+                ddt_bias if dt_bias is not None and ctx.use_gate and need[8] else None,
+                None, None, None, None, None, None, None)
+
+    # not twice differentiable: a second differentiation raises (cake_core.autograd)
+    _fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
+    return _fwd_op, _bwd_op
 
 
-@_fwd_op.register_fake
-def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
-              output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields):
-    plan = plan_from_op_fields(KDADetPlan, plan_fields)
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-    f32 = torch.float32
-    ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
-    rstd = (B, T, H) if use_l2 else (0,)
-    A = q.new_empty(kept_a_shape(B * T, HV), dtype=inter_dtype(plan, q.dtype))
-    return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
-            q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)
-
-
-@torch.library.custom_op("cake_kda_det_train::bwd", mutates_args=())
-def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
-            v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, g_cumsum: torch.Tensor,
-            A: torch.Tensor | None, initial_state: torch.Tensor | None,
-            cu_seqlens: torch.Tensor | None, q_rstd: torch.Tensor | None,
-            k_rstd: torch.Tensor | None, A_log: torch.Tensor | None,
-            dt_bias: torch.Tensor | None, scale: float, use_l2: bool, use_gate: bool,
-            lower_bound: float | None, use_sigmoid: int, plan_fields: list[int],
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                       torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or [0])``:
-    :func:`_launch_bwd` on a saved set rebuilt from the arguments. ``cu_seqlens``: the
-    forward's device offsets (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the
-    forward's tables: a cache hit) or the caller's tensor (traced)."""
-    plan = plan_from_op_fields(KDADetPlan, plan_fields)
-    B, T = q.shape[:2]
-    seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
-    saved = _saved_set(q, k, v, g, beta, g_cumsum, A if A is not None and A.numel() else None,
-                       initial_state, seqs, q_rstd if use_l2 else None,
-                       k_rstd if use_l2 else None, A_log if use_gate else None,
-                       dt_bias if use_gate else None, float(scale), use_l2, plan,
-                       cu_seqlens is not None, use_gate, lower_bound if use_gate else None,
-                       use_sigmoid)
-    gr = _launch_bwd(do, dht, saved, plan, None)
-    return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
-            optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
-
-
-@_bwd_op.register_fake
-def _bwd_fake(do, dht, q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens, q_rstd,
-              k_rstd, A_log, dt_bias, scale, use_l2, use_gate, lower_bound, use_sigmoid,
-              plan_fields):
-    f32 = torch.float32
-    dh0 = (initial_state.new_empty(initial_state.shape) if initial_state is not None
-           else q.new_empty((0,), dtype=f32))
-    dA = A_log.new_empty(A_log.shape) if use_gate and A_log is not None else \
-        q.new_empty((0,), dtype=f32)
-    ddt = dt_bias.new_empty(dt_bias.shape) if use_gate and dt_bias is not None else \
-        q.new_empty((0,), dtype=f32)
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            g.new_empty(g.shape), beta.new_empty(beta.shape), dh0, dA, ddt)
-
-
-def _setup_context(ctx, inputs, output):
-    (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
-     use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
-    _, _, q_rstd, k_rstd, g_cumsum, A = output
-    cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
-    ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd, k_rstd,
-                          A_log, dt_bias)
-    ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
-    ctx.use_gate, ctx.lower_bound = use_gate, lower_bound
-    ctx.use_sigmoid, ctx.plan_fields = use_sigmoid, plan_fields
-
-
-def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA):
-    q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias = ctx.saved_tensors
-    if do is None:
-        do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-    dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = torch.ops.cake_kda_det_train.bwd(
-        do, dht if ctx.output_final_state else None, q, k, v, g, beta, g_cumsum, A, h0, cu,
-        q_rstd, k_rstd, A_log, dt_bias, ctx.scale, ctx.use_l2, ctx.use_gate, ctx.lower_bound,
-        ctx.use_sigmoid, ctx.plan_fields)
-    need = ctx.needs_input_grad
-    return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
-            dA_log if A_log is not None and ctx.use_gate and need[7] else None,
-            ddt_bias if dt_bias is not None and ctx.use_gate and need[8] else None,
-            None, None, None, None, None, None, None)
-
-
-# not twice differentiable: a second differentiation raises (cake_core.autograd)
-_fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
+_fwd_op, _bwd_op = register_ops(DET_KINDS)
 
 
 def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -605,20 +701,7 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     per call (use :func:`chunk_kda_det_fwd` to run in one). ``torch.utils.checkpoint``
     works.
     """
-    check_fla_compat(fla_kwargs, "chunk_kda_det")
-    device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
-        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan)
-    if workspace is not None:
-        if seqs is not None:
-            B, T = q.shape[:2]
-            _resolve_workspace(workspace, plan, device, v.shape[2], B * T, seqs.num_chunks,
-                               q.dtype)
-        else:  # traced: type, mode and plan only (its capacity needs cu_seqlens' values)
-            require_mode(workspace, KDADetWorkspace, Mode.DET, name="workspace")
-            workspace.check(plan, device)
-    o, ht, *_ = torch.ops.cake_kda_det_train.fwd(
-        q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
-        use_qk_l2norm_in_kernel, use_gate_in_kernel, lower_bound, sig, plan_to_op_fields(plan))
-    return o, (ht if output_final_state else None)
+    return run_autograd(DET_KINDS, q, k, v, g, beta, scale, initial_state, output_final_state,
+                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias,
+                   lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan,
+                   workspace, fla_kwargs)

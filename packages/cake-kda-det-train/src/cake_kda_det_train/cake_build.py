@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c3fbcccd17f63f0952ef85c97f6db7459a5ca7894b150da3e6ef7d9cf34d07af"
+SOURCE_DIGEST = "sha256:906814e9028b0d49c9ecc0fcb53c2a78bdaf8353fccfbd47483eb5072e31e42a"
 # --- end of generated block ---
 
 MANIFEST = {

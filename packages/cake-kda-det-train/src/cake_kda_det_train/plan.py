@@ -86,6 +86,8 @@ class KDADetPlan(Plan):
 
     family: ClassVar[str] = "cake-kda-det-train"
     format_version: ClassVar[int] = 1
+    #: the mode every plan of this class carries (cake-kda-nondet-train's subclass: nondet)
+    expected_mode: ClassVar[Mode] = Mode.DET
 
     head_k_dim: int
     head_v_dim: int
@@ -138,7 +140,7 @@ class KDADetPlan(Plan):
                        "and head_v_dim > 16")
         self.require_warps("num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd",
                            "num_warps_dh", "num_warps_tok", "num_warps_tok_bwd")
-        self.require_mode(Mode.DET)
+        self.require_mode(self.expected_mode)
 
     @property
     def dot_precision(self) -> str:

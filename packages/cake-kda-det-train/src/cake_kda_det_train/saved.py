@@ -85,22 +85,32 @@ class KDADetWorkspace(Workspace):
             ValueError: a plan of another type or mode, counts that are not ints
                 (HV >= 1, max_tokens >= 0, max_seqs >= 1), ``dtype`` not fp32/bf16/fp16.
         """
-        device = check_alloc_device(device)
-        require_mode(plan, KDADetPlan, Mode.DET, name="plan")
-        check_float_dtype(dtype)
-        HV = check_int(num_v_heads, "num_v_heads", 1)
-        cap = check_int(max_tokens, "max_tokens", 0)
-        seqs = check_int(max_seqs, "max_seqs", 1)
-        nc = max_chunks(cap, seqs, CHUNK_SIZE)
-
-        idt = inter_dtype(plan, dtype)
-        rows = {"w": cap, "u": cap, "v_new": cap, "h": nc, "aqk": cap}
-        bufs = {name: torch.empty((rows[name], *shape), dtype=idt, device=device)
-                for name, shape in workspace_shapes(plan, HV).items()}
-        ws = cls(plan, device, bufs)
-        ws.num_v_heads, ws.max_tokens, ws.max_chunks = HV, cap, nc
-        ws.dtype = dtype
-        return ws
+        return allocate_workspace(cls, KDADetPlan, Mode.DET, plan, device, num_v_heads,
+                                  max_tokens, max_seqs, dtype)
 
 
-__all__ = ["KDADetSavedSet", "KDADetWorkspace", "workspace_shapes"]
+def allocate_workspace(cls: type, plan_type: type, mode: Mode, plan: KDADetPlan,
+                       device: torch.device | str, num_v_heads: int, max_tokens: int,
+                       max_seqs: int, dtype: torch.dtype):
+    """The body of ``for_plan`` of :class:`KDADetWorkspace` and cake-kda-nondet-train's
+    workspace: checks (``plan`` a ``plan_type`` of ``mode``), then a ``cls`` with the
+    buffers of :func:`workspace_shapes`."""
+    device = check_alloc_device(device)
+    require_mode(plan, plan_type, mode, name="plan")
+    check_float_dtype(dtype)
+    HV = check_int(num_v_heads, "num_v_heads", 1)
+    cap = check_int(max_tokens, "max_tokens", 0)
+    seqs = check_int(max_seqs, "max_seqs", 1)
+    nc = max_chunks(cap, seqs, CHUNK_SIZE)
+
+    idt = inter_dtype(plan, dtype)
+    rows = {"w": cap, "u": cap, "v_new": cap, "h": nc, "aqk": cap}
+    bufs = {name: torch.empty((rows[name], *shape), dtype=idt, device=device)
+            for name, shape in workspace_shapes(plan, HV).items()}
+    ws = cls(plan, device, bufs)
+    ws.num_v_heads, ws.max_tokens, ws.max_chunks = HV, cap, nc
+    ws.dtype = dtype
+    return ws
+
+
+__all__ = ["KDADetSavedSet", "KDADetWorkspace", "allocate_workspace", "workspace_shapes"]

@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:439cdd3e7fe7edceb03d8e4efbb7000b102bd1d2a52facf298996430742aa18d"
+SOURCE_DIGEST = "sha256:d00ff89828a438d6eb4cb9c2b866d919b89cf90f05eb5ba9dc05040d564046d2"
 # --- end of generated block ---
 
 MANIFEST = {

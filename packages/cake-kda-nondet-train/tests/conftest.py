@@ -1,0 +1,9 @@
+"""Puts this folder on ``sys.path`` so the tests import their shared helpers,
+``_kda_nd_cases``, under a name no other package's tests use."""
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

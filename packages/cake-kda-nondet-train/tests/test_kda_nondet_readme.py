@@ -1,0 +1,12 @@
+"""The README's quick-start block runs as written."""
+import pathlib
+
+from cake_core.testing import run_readme_quick_start
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_quick_start_block_runs():
+    done = run_readme_quick_start(README)
+    assert ("torch.Size([1, 48, 4, 16]) torch.Size([2, 4, 32, 16]) torch.Size([4])"
+            in done.stdout)
