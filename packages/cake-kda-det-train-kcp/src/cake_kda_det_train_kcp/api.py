@@ -76,7 +76,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.autograd import once_differentiable
-from cake_core.kcp import Context
+from cake_core.kcp import Context, agree_once
 from cake_core.kcp_route import (
     backward_allgather,
     backward_ring,
@@ -276,6 +276,12 @@ def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias, l
     ws = _resolve_workspace(workspace, plan, ctx, HV, q.dtype, kinds)
     opts = _Opts(scale, use_l2, use_gate, _f32(A_log), _f32(dt_bias), lower_bound,
                  use_sigmoid, allow_neg_eigval, safe_gate, reduce)
+    # the last check, the first collective: the ranks compare what their collectives use
+    agree_once(ctx, "chunk_kda_fwd_kcp", H=H, HV=HV, K=K, V=V, dtype=q.dtype, scale=scale,
+               use_qk_l2norm_in_kernel=bool(use_l2), use_gate_in_kernel=bool(use_gate),
+               gate_params=(A_log is not None, dt_bias is not None), lower_bound=lower_bound,
+               use_sigmoid=use_sigmoid, allow_neg_eigval=allow_neg_eigval,
+               safe_gate=safe_gate, reduce_gate_param_grads=reduce, plan=plan)
     return opts, A_log, dt_bias, plan, ws
 
 
@@ -431,6 +437,10 @@ def _backward(do, saved: KDADetKCPSavedSet, ctx: Context, plan, ws, reduce: bool
     """After :func:`_check_bwd`: ``kinds.before_bwd``, then the exchange and launches."""
     if kinds.before_bwd is not None:
         kinds.before_bwd()
+    # the first collective: the ranks compare what their collectives use
+    agree_once(ctx, "chunk_kda_bwd_kcp", HV=saved.v.shape[2], K=saved.q.shape[3],
+               V=saved.v.shape[3], dtype=saved.q.dtype, reduce_gate_param_grads=bool(reduce),
+               plan=plan)
     out = _Out(saved)
     gs = _groups(ctx)
     with torch.no_grad():

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:a8e7b165af8eb1ba059c4a3f261f71379542a22d957996cb1197669afb3d7e1a"
+SOURCE_DIGEST = "sha256:0f1825f26ec454384b7994d79bf6c022a52914d61b258e09a6b95d20cff4ee62"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

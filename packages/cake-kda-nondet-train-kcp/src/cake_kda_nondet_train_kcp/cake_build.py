@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:749de88ac3d5f39f8f07aacc9bb3d84960ca6774f8e557ab4ef2591c4b8352f8"
+SOURCE_DIGEST = "sha256:ee9a6a99872f8ccedb6729f65e31591ef940ae7cb6d994060f15ce2c68b3767a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs
