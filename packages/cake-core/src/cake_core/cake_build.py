@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f8803defa33434c0cbca4e414d6d88db16ecf9ffbb05ccb80d05d65e596a1a0e"
+SOURCE_DIGEST = "sha256:d1bd21d0fcdec33c03f983a41cc49efb506bb947f2ef6929f8f74f43e3c5c10d"
 # --- end of generated block ---
 
 MANIFEST = {
