@@ -26,6 +26,9 @@ _LAZY = {
     "GQADetSavedSet": "saved",
     "GQADetWorkspace": "saved",
     "gqa_reference": "reference",
+    "is_supported": "queries",
+    "workspace_bytes": "queries",
+    "saved_bytes": "queries",
 }
 
 __all__ = [
@@ -40,7 +43,10 @@ __all__ = [
     "gqa_det_bwd",
     "gqa_det_fwd",
     "gqa_reference",
+    "is_supported",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
         gqa_det_fwd,
     )
     from cake_gqa_det_train.plan import HEAD_DIMS, GQADetPlan, make_plan
+    from cake_gqa_det_train.queries import is_supported, saved_bytes, workspace_bytes
     from cake_gqa_det_train.reference import gqa_reference
     from cake_gqa_det_train.saved import GQADetSavedSet, GQADetWorkspace
 

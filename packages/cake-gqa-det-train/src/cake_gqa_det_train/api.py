@@ -65,6 +65,21 @@ def _resolve_workspace(workspace, plan: GQADetPlan, device, prob: Problem):
     return buf
 
 
+def checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale, causal, window_size, softcap, return_lse, plan, workspace, *,
+            meta_ok: bool = False) -> tuple[Problem, GQADetPlan, torch.Tensor | None]:
+    """Every check of :func:`gqa_det` (``ValueError``), nothing launched or allocated; run
+    by gqa_det, ``is_supported`` and ``saved_bytes``. Returns ``(problem, plan, the
+    workspace's delta buffer or None)``. ``meta_ok``: as ``inputs.check_call``."""
+    prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, softmax_scale, causal, window_size, softcap,
+                              meta_ok=meta_ok)
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
+    plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
+    return prob, plan, _resolve_workspace(workspace, plan, device, prob)
+
+
 # ----------------------------------------------------------------------------- custom ops
 
 
@@ -181,12 +196,9 @@ def gqa_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         k, v = torch.randn(2, 2, 128, 2, 64).unbind(0)
         out = gqa_det(q, k, v)                   # [2, 128, 8, 64]
     """
-    prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, softmax_scale, causal, window_size, softcap)
-    if not isinstance(return_lse, bool):
-        raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
-    plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
-    delta = _resolve_workspace(workspace, plan, device, prob)
+    prob, plan, delta = checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, softmax_scale, causal, window_size, softcap,
+                                return_lse, plan, workspace)
     q3, k3, v3 = packed(q, k, v)
     q3, k3, v3 = distinct(q3, k3, v3)
     if cu_seqlens_k is cu_seqlens_q:  # one tensor crosses once (None: "the same as q's")

@@ -52,7 +52,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:235f3e97cbcfd133b3e8a0075fd28d6c21827fb0ead8e9a951a9be959c035786"
+SOURCE_DIGEST = "sha256:b8175226d70b0aca5412c06e08c2b574427c250654cf0bbbade9587a8cd1da93"
 # --- end of generated block ---
 
 MANIFEST = {

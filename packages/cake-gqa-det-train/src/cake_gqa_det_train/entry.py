@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 from cake_core import Mode, check_dtype, check_shape, check_tensor, require_mode
+from cake_core.support import nbytes_of
 
 from cake_gqa_det_train.inputs import Problem, resolve_op_ints
 from cake_gqa_det_train.launch import launch_fwd
@@ -46,6 +47,27 @@ def packed(q, k, v):
         return (q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
                 v.reshape(-1, *v.shape[2:]))
     return q, k, v
+
+
+def _packs_as_view(t: torch.Tensor) -> bool:
+    """Whether :func:`packed` views ``t`` (its batch and token strides merge) or copies it."""
+    try:
+        t.view(-1, *t.shape[2:])
+    except RuntimeError:
+        return False
+    return True
+
+
+def saved_nbytes(q, k, v, prob: Problem) -> int:
+    """The bytes a forward allocates that its saved set keeps, from shapes and dtypes
+    alone (meta tensors work): out ``[Tq, Hq, D]`` in q's dtype, lse ``[Hq, Tq]`` fp32, and
+    the packed copy of a 4-D q, k or v whose batch and token strides do not merge (a view
+    of the caller's tensor costs nothing)."""
+    shapes = [((prob.n_tok_q, prob.heads_q, prob.head_dim), q.dtype),
+              ((prob.heads_q, prob.n_tok_q), torch.float32)]
+    if q.dim() == 4:
+        shapes += [(t.shape, t.dtype) for t in (q, k, v) if not _packs_as_view(t)]
+    return nbytes_of(shapes)
 
 
 def unpacked(out, lse, q_shape, prob: Problem):

@@ -103,17 +103,21 @@ def _max_arg(v, name: str) -> int | None:
 
 
 def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, causal, window_size, softcap) -> tuple[Problem, torch.device]:
+               softmax_scale, causal, window_size, softcap, *,
+               meta_ok: bool = False) -> tuple[Problem, torch.device]:
     """All the checks of one call; returns the :class:`Problem` and the device.
 
     Fixed length: q ``[B, Sq, Hq, D]``, k / v ``[B, Sk, Hkv, D]``, no offsets. Packed:
     q ``[Tq, Hq, D]``, k / v ``[Tk, Hkv, D]``, ``cu_seqlens_q`` required,
     ``cu_seqlens_k`` defaulting to it. Values of the offsets are read (one host sync per
-    tensor version, cached) except while ``torch.compile`` traces."""
+    tensor version, cached) except while ``torch.compile`` traces. ``meta_ok`` (the size
+    queries): inputs on the meta device pass the device check and their offsets' values
+    are not read (meta tensors have none); the Problem's max lengths are then -1."""
     for n, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, n)
     device = check_same_device(("q", q), ("k", k), ("v", v))
-    launch_device_check(device, "q")
+    if not (meta_ok and device.type == "meta"):
+        launch_device_check(device, "q")
     if q.dim() not in (3, 4):
         raise ValueError(f"q: expected [B, S, H, D] or packed [T, H, D], got {q.dim()}-D "
                          f"{list(q.shape)}")
@@ -171,7 +175,8 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          f"has {n_docs}")
     if n_docs > MAX_DOCS:
         raise ValueError(f"cu_seqlens_q: at most {MAX_DOCS} documents, got {n_docs}")
-    if torch.compiler.is_compiling():  # the op reads and checks the values
+    # the op reads and checks the values (meta inputs, only the size queries', have none)
+    if torch.compiler.is_compiling() or device.type == "meta":
         return Problem(True, n_docs, -1, -1, Tq, Tk, Hq, Hkv, D,
                        -1 if max_q is None else max_q, -1 if max_k is None else max_k,
                        scale, cap, left, right), device

@@ -38,14 +38,22 @@ class GQADetWorkspace(Workspace):
     @classmethod
     def for_plan(cls, plan: GQADetPlan, device: torch.device | str, num_heads: int,
                  max_tokens: int) -> GQADetWorkspace:
-        """Allocate room for ``num_heads`` query heads of ``max_tokens`` query tokens."""
+        """Allocate room for ``num_heads`` query heads of ``max_tokens`` query tokens
+        (:func:`~cake_gqa_det_train.workspace_bytes` gives its bytes without allocating)."""
         device = check_alloc_device(device)
-        if not isinstance(plan, GQADetPlan):
-            raise ValueError(f"plan: expected GQADetPlan, got {type(plan).__name__}")
-        num_heads = check_int(num_heads, "num_heads", 1)
-        max_tokens = check_int(max_tokens, "max_tokens", 0)
-        delta = torch.empty(num_heads * max_tokens, dtype=torch.float32, device=device)
-        return cls(plan, device, {"delta": delta})
+        shapes = workspace_shapes(plan, num_heads, max_tokens)
+        return cls(plan, device, {n: torch.empty(shape, dtype=dtype, device=device)
+                                  for n, (shape, dtype) in shapes.items()})
+
+
+def workspace_shapes(plan: GQADetPlan, num_heads: int, max_tokens: int) -> dict:
+    """``{name: (shape, dtype)}`` of :meth:`GQADetWorkspace.for_plan`'s buffers, after its
+    argument checks (``ValueError``); what it allocates and ``workspace_bytes`` counts."""
+    if not isinstance(plan, GQADetPlan):
+        raise ValueError(f"plan: expected GQADetPlan, got {type(plan).__name__}")
+    num_heads = check_int(num_heads, "num_heads", 1)
+    max_tokens = check_int(max_tokens, "max_tokens", 0)
+    return {"delta": ((num_heads * max_tokens,), torch.float32)}
 
 
 __all__ = ["GQADetSavedSet", "GQADetWorkspace", "Mode"]

@@ -26,6 +26,9 @@ _LAZY = {
     "make_plan": "plan",
     "GQASavedSet": "saved",
     "GQAWorkspace": "saved",
+    "is_supported": "queries",
+    "workspace_bytes": "queries",
+    "saved_bytes": "queries",
 }
 
 __all__ = [
@@ -38,12 +41,16 @@ __all__ = [
     "gqa",
     "gqa_bwd",
     "gqa_fwd",
+    "is_supported",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from cake_gqa_train.api import flash_attn_func, flash_attn_varlen_func, gqa, gqa_bwd, gqa_fwd
     from cake_gqa_train.plan import GQAPlan, make_plan
+    from cake_gqa_train.queries import is_supported, saved_bytes, workspace_bytes
     from cake_gqa_train.saved import GQASavedSet, GQAWorkspace
 
 

@@ -81,6 +81,22 @@ def _resolve_workspace(workspace, plan: GQAPlan, device, prob: Problem):
     return workspace["delta"], workspace["dkv_accum"]
 
 
+def checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale, causal, window_size, softcap, return_lse, plan, workspace, *,
+            meta_ok: bool = False) -> tuple:
+    """Every check of :func:`gqa` (``ValueError``), nothing launched or allocated; run by
+    gqa, ``is_supported`` and ``saved_bytes``. Returns ``(problem, plan, (delta,
+    dkv_accum))``, the workspace's buffers or Nones. ``meta_ok``: as
+    ``cake_gqa_det_train.inputs.check_call``."""
+    prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, softmax_scale, causal, window_size, softcap,
+                              meta_ok=meta_ok)
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
+    plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
+    return prob, plan, _resolve_workspace(workspace, plan, device, prob)
+
+
 def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap: float,
                plan: GQAPlan, delta=None, dkv_accum=None):
     """-> (dq, dk, dv): dK / dV per query head, summed over a KV head's query heads by fp32
@@ -210,12 +226,9 @@ def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         k, v = torch.randn(2, 2, 128, 2, 64).unbind(0)
         gqa(q, k, v).sum().backward()
     """
-    prob, device = check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                              max_seqlen_k, softmax_scale, causal, window_size, softcap)
-    if not isinstance(return_lse, bool):
-        raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
-    plan = _resolve_plan(plan, prob.head_dim, q.dtype, device)
-    delta, dkv_accum = _resolve_workspace(workspace, plan, device, prob)
+    prob, plan, (delta, dkv_accum) = checked(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+        causal, window_size, softcap, return_lse, plan, workspace)
     q3, k3, v3 = packed(q, k, v)
     q3, k3, v3 = distinct(q3, k3, v3)
     if cu_seqlens_k is cu_seqlens_q:  # one tensor crosses once (None: "the same as q's")

@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c480e1f914c11e67b3c290bd04d13de124deaadd6c338b242618b64565ef1fda"
+SOURCE_DIGEST = "sha256:46fb9029fef018c8bcc7bb36a076f44dc9ff2585b36bb6877e6e6688c4eb86d1"
 # --- end of generated block ---
 
 MANIFEST = {
