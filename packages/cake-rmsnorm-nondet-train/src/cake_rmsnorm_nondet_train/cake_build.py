@@ -37,7 +37,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f3af8a564802423e3bb20c9a1f86dfe01cb0fec69a2355b5a63df11ce1b1a9a7"
+SOURCE_DIGEST = "sha256:3d50f832b91ab74bcae991305e07bed65bae7c1848ab7ea20644cf3eb90b0219"
 # --- end of generated block ---
 
 MANIFEST = {
