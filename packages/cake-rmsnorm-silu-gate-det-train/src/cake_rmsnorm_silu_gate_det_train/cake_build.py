@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:eb7645cee6e9e56f422d52dedb15d4f84b029a0286010c40748d482b0b43a38e"
+SOURCE_DIGEST = "sha256:43879138d076d8fb2ed7520a3859a4ea034f80e51ecbd6747a94a9ce5d8b455d"
 # --- end of generated block ---
 
 MANIFEST = {

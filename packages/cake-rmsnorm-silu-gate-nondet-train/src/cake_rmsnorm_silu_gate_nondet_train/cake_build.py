@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bc835a8b986893a1503887a581708e3f13f9e59cd740f02f817ab547bfeb0824"
+SOURCE_DIGEST = "sha256:ab7db6c7fef514a177b3b929f926f581415b986eea5820f61199a870e1087150"
 # --- end of generated block ---
 
 MANIFEST = {
