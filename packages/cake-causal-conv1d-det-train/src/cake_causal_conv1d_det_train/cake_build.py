@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cdfe36fb7d524d1cddf40e164c608448ec0bba5e1d6fb1837905aa4b4066f579"
+SOURCE_DIGEST = "sha256:35f44b64877d3ec9d129764141d78fc2b6684db80f0037e5b1317751d5286538"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4667f483fd8a9b9cef7fc1141ae864cd0a2476d8b256985917b8621a6ffb7831"
+SOURCE_DIGEST = "sha256:c96ca66b3933e0b7b40eda7c19876307c46529450ac71e57f5a084633d89684b"
 # --- end of generated block ---
 
 MANIFEST = {
