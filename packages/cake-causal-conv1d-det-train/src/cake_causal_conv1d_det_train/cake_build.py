@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:35f44b64877d3ec9d129764141d78fc2b6684db80f0037e5b1317751d5286538"
+SOURCE_DIGEST = "sha256:4685f18d6de18f5e097fe9d168d9acf0a8fb93585820acc54e7ba564af0c9ac1"
 # --- end of generated block ---
 
 MANIFEST = {

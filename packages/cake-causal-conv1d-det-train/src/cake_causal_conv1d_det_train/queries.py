@@ -70,7 +70,7 @@ def workspace_bytes(plan: CausalConv1dDetPlan, device: torch.device | str | None
 
     Example::
 
-        workspace_bytes(make_plan(2048, 4, torch.bfloat16, "cuda"), max_tokens=8 * 4096,
+        workspace_bytes(make_plan(2048, 4, torch.bfloat16, "cpu"), max_tokens=8 * 4096,
                         max_seqs=8)
     """
     return workspace_bytes_for(DET, plan, device, max_tokens, max_seqs)

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c96ca66b3933e0b7b40eda7c19876307c46529450ac71e57f5a084633d89684b"
+SOURCE_DIGEST = "sha256:c18ee6f941f458b6032fa3f45cae38268146a2a64955c92a6538685fc0373620"
 # --- end of generated block ---
 
 MANIFEST = {

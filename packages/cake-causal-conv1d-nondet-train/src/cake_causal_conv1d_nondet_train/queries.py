@@ -53,7 +53,7 @@ def workspace_bytes_nondet(plan: CausalConv1dNondetPlan,
 
     Example::
 
-        workspace_bytes_nondet(make_nondet_plan(2048, 4, torch.bfloat16, "cuda"),
+        workspace_bytes_nondet(make_nondet_plan(2048, 4, torch.bfloat16, "cpu"),
                                max_tokens=32768, max_seqs=8)
     """
     return workspace_bytes_for(_M, plan, device, max_tokens, max_seqs)

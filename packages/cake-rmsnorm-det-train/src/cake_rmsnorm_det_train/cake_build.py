@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8da955873fb8aeef9645a5b04d33479b1026aa41cc96914873534fb6df8bf055"
+SOURCE_DIGEST = "sha256:829a064fe37fadb63679caa3315a2ddae1e7b6e2295ac52919f5fc927ad11d97"
 # --- end of generated block ---
 
 MANIFEST = {

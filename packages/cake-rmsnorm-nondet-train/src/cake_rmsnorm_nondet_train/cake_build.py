@@ -37,7 +37,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3d50f832b91ab74bcae991305e07bed65bae7c1848ab7ea20644cf3eb90b0219"
+SOURCE_DIGEST = "sha256:65ba70f353c50d1d5554cb676935baa58220939dafd3a591861b2f24e226dd1f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ def workspace_bytes_nondet(plan: RMSNormNondetPlan,
 
     Example::
 
-        workspace_bytes_nondet(make_nondet_plan(4096, torch.bfloat16, "cuda"))
+        workspace_bytes_nondet(make_nondet_plan(4096, torch.bfloat16, "cpu"))
     """
     return workspace_bytes_for(NONDET_KINDS, plan, device)
 

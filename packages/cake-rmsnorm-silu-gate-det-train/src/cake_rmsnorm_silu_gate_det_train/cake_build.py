@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:43879138d076d8fb2ed7520a3859a4ea034f80e51ecbd6747a94a9ce5d8b455d"
+SOURCE_DIGEST = "sha256:c2bbbc878002a15b2c7c11bda4386b465eccd5d9372d5d423d8c0e912dc64946"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -69,7 +69,7 @@ def workspace_bytes(plan: RMSNormSiluGateDetPlan,
 
     Example::
 
-        workspace_bytes(make_plan(4096, torch.bfloat16, "cuda"))
+        workspace_bytes(make_plan(4096, torch.bfloat16, "cpu"))
     """
     return workspace_bytes_for(DET_KINDS, plan, device)
 

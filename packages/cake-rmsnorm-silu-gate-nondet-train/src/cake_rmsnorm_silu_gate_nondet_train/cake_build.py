@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ab7db6c7fef514a177b3b929f926f581415b986eea5820f61199a870e1087150"
+SOURCE_DIGEST = "sha256:1270cf50f9979c4bc0dd406f097ff11263a9e4307cfa2a39244a749460c53b9b"
 # --- end of generated block ---
 
 MANIFEST = {

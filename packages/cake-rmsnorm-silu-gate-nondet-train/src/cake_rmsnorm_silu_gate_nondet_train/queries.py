@@ -49,7 +49,7 @@ def workspace_bytes_nondet(plan: RMSNormSiluGateNondetPlan,
 
     Example::
 
-        workspace_bytes_nondet(make_nondet_plan(4096, torch.bfloat16, "cuda"))
+        workspace_bytes_nondet(make_nondet_plan(4096, torch.bfloat16, "cpu"))
     """
     return workspace_bytes_for(NONDET_KINDS, plan, device)
 
