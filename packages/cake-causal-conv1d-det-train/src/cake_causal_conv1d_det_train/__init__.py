@@ -28,6 +28,9 @@ _LAZY = {
     "CausalConv1dDetSavedSet": "saved",
     "CausalConv1dDetWorkspace": "saved",
     "causal_conv1d_reference": "reference",
+    "is_supported": "queries",
+    "workspace_bytes": "queries",
+    "saved_bytes": "queries",
 }
 
 __all__ = [
@@ -41,7 +44,10 @@ __all__ = [
     "causal_conv1d_det_bwd",
     "causal_conv1d_det_fwd",
     "causal_conv1d_reference",
+    "is_supported",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,6 +59,11 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_causal_conv1d_det_train.modules import ShortConvolution
     from cake_causal_conv1d_det_train.plan import CausalConv1dDetPlan, make_plan
+    from cake_causal_conv1d_det_train.queries import (
+        is_supported,
+        saved_bytes,
+        workspace_bytes,
+    )
     from cake_causal_conv1d_det_train.reference import causal_conv1d_reference
     from cake_causal_conv1d_det_train.saved import (
         CausalConv1dDetSavedSet,

@@ -133,11 +133,14 @@ WEIGHT_LAYOUT = ("[D, W]: one filter of W taps per channel, D being x's last dim
 STATE_LAYOUT = "[N, D, W - 1]: each sequence's last W - 1 inputs, channel-first, as FLA's"
 
 
-def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output_final_state):
+def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output_final_state,
+                  launch=True):
     """All checks of the forward entries; returns ``(device, N, act, offsets)``: offsets the
     int64 CPU sequence offsets (``None`` while torch.compile traces). Reads cu_seqlens'
     values (one host sync) unless torch.compile is tracing or this very tensor, unchanged,
-    was checked before (:func:`cake_core.varlen.checked_offsets`)."""
+    was checked before (:func:`cake_core.varlen.checked_offsets`). ``launch=False`` (the
+    size queries) skips the launch-device check, and reads no values of a meta
+    ``cu_seqlens`` (offsets ``None``), so meta tensors are sized."""
     check_tensor(x, "x")
     check_ndim(x, "x", ndim=3, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
@@ -167,12 +170,13 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
         check_tensor(initial_state, "initial_state")
     device = check_same_device(("x", x), ("weight", weight), ("bias", bias),
                                ("initial_state", initial_state))
-    launch_device_check(device, "x")
+    if launch:
+        launch_device_check(device, "x")
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
         # no value reads while torch.compile traces; the op checks them before launching
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or (not launch and device.type == "meta"):
             check_cu_seqlens(cu_seqlens, T, device, read_values=False)
             offsets = None
         else:
@@ -185,6 +189,22 @@ def _check_inputs(x, weight, bias, activation, cu_seqlens, initial_state, output
         check_shape(initial_state, "initial_state", [N, D, W - 1], layout=STATE_LAYOUT)
         check_dtype(initial_state, "initial_state", (x.dtype,))
     return device, N, act, offsets
+
+
+def check_call(m: ModeClasses, x, weight, bias, activation, cu_seqlens, initial_state,
+               output_final_state, plan, workspace, *, launch: bool = True):
+    """Every check of the entry :func:`causal_conv1d_det` for the mode classes ``m``,
+    before any allocation or launch: ``(device, N, act, offsets, plan, (wpart, bpart,
+    scr))``, or ``ValueError``. The entries and the queries
+    (:mod:`cake_causal_conv1d_det_train.queries`) run this one function; ``launch``: as
+    :func:`_check_inputs`."""
+    device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
+                                            initial_state, output_final_state, launch)
+    B, T, D = x.shape
+    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None,
+                         workspace, m)
+    bufs = _resolve_workspace(workspace, plan, device, B * T, N, m)
+    return device, N, act, offsets, plan, bufs
 
 
 _DEFAULT_PLANS: dict[tuple, CausalConv1dDetPlan] = {}
@@ -640,12 +660,9 @@ def conv_call(m: ModeClasses, x, weight, bias, activation, cu_seqlens, initial_s
               output_final_state, plan, workspace):
     """:func:`causal_conv1d_det`'s body for the mode classes ``m`` (also a nondet
     sibling's autograd entry)."""
-    device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
-                                            initial_state, output_final_state)
-    B, T, D = x.shape
-    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None,
-                         workspace, m)
-    wpart, bpart, scr = _resolve_workspace(workspace, plan, device, B * T, N, m)
+    _, _, act, offsets, plan, (wpart, bpart, scr) = check_call(
+        m, x, weight, bias, activation, cu_seqlens, initial_state, output_final_state, plan,
+        workspace)
     if not torch.compiler.is_compiling():
         return (m.function or _CausalConv1dDetFunction).apply(
             x, weight, bias, initial_state, cu_seqlens, offsets, act,
@@ -679,11 +696,8 @@ def causal_conv1d_det_fwd(x: torch.Tensor, weight: torch.Tensor,
 def fwd_call(m: ModeClasses, x, weight, bias, activation, cu_seqlens, initial_state,
              output_final_state, plan):
     """:func:`causal_conv1d_det_fwd`'s body for the mode classes ``m``."""
-    device, N, act, offsets = _check_inputs(x, weight, bias, activation, cu_seqlens,
-                                            initial_state, output_final_state)
-    B, T, D = x.shape
-    plan = _resolve_plan(plan, D, weight.shape[1], x.dtype, device, cu_seqlens is not None,
-                         m=m)
+    _, N, act, offsets, plan, _ = check_call(m, x, weight, bias, activation, cu_seqlens,
+                                             initial_state, output_final_state, plan, None)
     with torch.no_grad():
         y, fs = _launch_fwd(x, weight, bias, initial_state, cu_seqlens, offsets, act,
                             output_final_state, plan)

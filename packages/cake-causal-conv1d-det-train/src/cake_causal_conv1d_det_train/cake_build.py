@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cdfe36fb7d524d1cddf40e164c608448ec0bba5e1d6fb1837905aa4b4066f579"
+SOURCE_DIGEST = "sha256:4685f18d6de18f5e097fe9d168d9acf0a8fb93585820acc54e7ba564af0c9ac1"
 # --- end of generated block ---
 
 MANIFEST = {

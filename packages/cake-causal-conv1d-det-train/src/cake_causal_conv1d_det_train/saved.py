@@ -89,6 +89,17 @@ class CausalConv1dDetWorkspace(Workspace):
                 ``max_seqs`` not an int >= 1.
         """
         device = check_alloc_device(device)
+        specs = cls._buffer_specs(plan, device, max_tokens, max_seqs)
+        ws = cls(plan, device, {name: torch.empty(shape, dtype=dtype, device=device)
+                                for name, (shape, dtype) in specs.items()})
+        ws.max_blocks = specs["dweight_partials"][0][0]
+        return ws
+
+    @classmethod
+    def _buffer_specs(cls, plan: CausalConv1dDetPlan, device: torch.device, max_tokens: int,
+                      max_seqs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """``{name: (shape, dtype)}`` of what :meth:`for_plan` allocates (what
+        ``workspace_bytes`` sums), after :meth:`for_plan`'s argument checks."""
         want = cls.plan_class
         if not isinstance(plan, want):
             raise ValueError(f"plan: expected {want.__name__}, got {type(plan).__name__}")
@@ -99,16 +110,11 @@ class CausalConv1dDetWorkspace(Workspace):
         seqs = _count(max_seqs, "max_seqs", 1)
         P = max_blocks(cap, seqs, plan.block_t_bwd)
         D, W = plan.hidden_size, plan.kernel_size
-        bufs = {
-            "dweight_partials": torch.empty(P, D, W, dtype=torch.float32, device=device),
-            "dbias_partials": torch.empty(P, D, dtype=torch.float32, device=device),
-        }
+        f32 = torch.float32
+        specs = {"dweight_partials": ((P, D, W), f32), "dbias_partials": ((P, D), f32)}
         if plan.bwd_da_once:
-            bufs["da_scratch"] = torch.empty(da_scratch_shape(plan, da_once_programs(device)),
-                                             dtype=torch.float32, device=device)
-        ws = cls(plan, device, bufs)
-        ws.max_blocks = P
-        return ws
+            specs["da_scratch"] = (da_scratch_shape(plan, da_once_programs(device)), f32)
+        return specs
 
 
 __all__ = ["CausalConv1dDetSavedSet", "CausalConv1dDetWorkspace", "Mode", "da_once_programs",

@@ -28,6 +28,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "CausalConv1dNondetSavedSet": "saved",
     "CausalConv1dNondetWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
+    "saved_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -40,7 +43,10 @@ __all__ = [
     "causal_conv1d_nondet",
     "causal_conv1d_nondet_bwd",
     "causal_conv1d_nondet_fwd",
+    "is_supported_nondet",
     "make_nondet_plan",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +58,11 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_causal_conv1d_nondet_train.modules import ShortConvolutionNondet
     from cake_causal_conv1d_nondet_train.plan import CausalConv1dNondetPlan, make_nondet_plan
+    from cake_causal_conv1d_nondet_train.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_causal_conv1d_nondet_train.saved import (
         CausalConv1dNondetSavedSet,
         CausalConv1dNondetWorkspace,

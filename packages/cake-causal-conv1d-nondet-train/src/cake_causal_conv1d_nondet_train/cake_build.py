@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4667f483fd8a9b9cef7fc1141ae864cd0a2476d8b256985917b8621a6ffb7831"
+SOURCE_DIGEST = "sha256:c18ee6f941f458b6032fa3f45cae38268146a2a64955c92a6538685fc0373620"
 # --- end of generated block ---
 
 MANIFEST = {

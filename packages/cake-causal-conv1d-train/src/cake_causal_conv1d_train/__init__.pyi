@@ -15,7 +15,10 @@ from cake_causal_conv1d_det_train import causal_conv1d_det as causal_conv1d_det
 from cake_causal_conv1d_det_train import causal_conv1d_det_bwd as causal_conv1d_det_bwd
 from cake_causal_conv1d_det_train import causal_conv1d_det_fwd as causal_conv1d_det_fwd
 from cake_causal_conv1d_det_train import causal_conv1d_reference as causal_conv1d_reference
+from cake_causal_conv1d_det_train import is_supported as is_supported
 from cake_causal_conv1d_det_train import make_plan as make_plan
+from cake_causal_conv1d_det_train import saved_bytes as saved_bytes
+from cake_causal_conv1d_det_train import workspace_bytes as workspace_bytes
 from cake_causal_conv1d_det_train_kcp import CausalConv1dDetKCPGrads as CausalConv1dDetKCPGrads
 from cake_causal_conv1d_det_train_kcp import (
     CausalConv1dDetKCPSavedSet as CausalConv1dDetKCPSavedSet,
@@ -67,7 +70,10 @@ __all__ = [
     "causal_conv1d_det_kcp",
     "causal_conv1d_reference",
     "exchange_bytes",
+    "is_supported",
     "kcp",
     "make_plan",
     "partition_det_kcp",
+    "saved_bytes",
+    "workspace_bytes",
 ]

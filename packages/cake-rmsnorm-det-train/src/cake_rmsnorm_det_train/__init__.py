@@ -26,6 +26,9 @@ _LAZY = {
     "RMSNormDetSavedSet": "saved",
     "RMSNormDetWorkspace": "saved",
     "rmsnorm_reference": "reference",
+    "is_supported": "queries",
+    "workspace_bytes": "queries",
+    "saved_bytes": "queries",
 }
 
 __all__ = [
@@ -35,11 +38,14 @@ __all__ = [
     "RMSNormDetSavedSet",
     "RMSNormDetWorkspace",
     "__version__",
+    "is_supported",
     "make_plan",
     "rmsnorm_det",
     "rmsnorm_det_bwd",
     "rmsnorm_det_fwd",
     "rmsnorm_reference",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,6 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_rmsnorm_det_train.modules import RMSNorm
     from cake_rmsnorm_det_train.plan import RMSNormDetPlan, make_plan
+    from cake_rmsnorm_det_train.queries import is_supported, saved_bytes, workspace_bytes
     from cake_rmsnorm_det_train.reference import rmsnorm_reference
     from cake_rmsnorm_det_train.saved import RMSNormDetSavedSet, RMSNormDetWorkspace
 

@@ -104,7 +104,9 @@ _LAUNCH_DEVICE_TYPE = "cpu" if select_backend() == "interpreter" else "cuda"
 X_LAYOUT = "[..., H]: normalized over the last dim, as torch.nn.RMSNorm(H)"
 
 
-def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device:
+def _check_inputs(x, weight, eps, residual, dweight_accumulator, launch=True) -> torch.device:
+    """The entry's input checks; ``launch=False`` skips the launch-device check only
+    (:func:`saved_bytes` sizes tensors on any device, the meta device included)."""
     if residual is None and dweight_accumulator is None and _fast_ok(x, weight, eps):
         return x.device
     check_tensor(x, "x")
@@ -127,8 +129,20 @@ def _check_inputs(x, weight, eps, residual, dweight_accumulator) -> torch.device
     check_accumulator(dweight_accumulator, "dweight_accumulator", (H,))
     device = check_same_device(("x", x), ("weight", weight), ("residual", residual),
                                ("dweight_accumulator", dweight_accumulator))
-    launch_device_check(device, "x")
+    if launch:
+        launch_device_check(device, "x")
     return device
+
+
+def check_call(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
+               dweight_accumulator, *, launch: bool = True):
+    """Every check of the entry :func:`rmsnorm_det` (for ``kinds``), before any allocation
+    or launch: ``(device, plan, partials)``, or ``ValueError``. The entries and the queries
+    (:mod:`cake_rmsnorm_det_train.queries`) run this one function."""
+    device = _check_inputs(x, weight, eps, residual, dweight_accumulator, launch)
+    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device, kinds)
+    partials = _resolve_workspace(workspace, plan, device, kinds)
+    return device, plan, partials
 
 
 def _resolve_plan(plan, H: int, dtype: torch.dtype, device: torch.device,
@@ -351,9 +365,8 @@ _fwd_op, _bwd_op = register_ops(DET_KINDS)
 def run_autograd(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
                  dweight_accumulator):
     """The body of :func:`rmsnorm_det` for ``kinds``."""
-    device = _check_inputs(x, weight, eps, residual, dweight_accumulator)
-    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device, kinds)
-    partials = _resolve_workspace(workspace, plan, device, kinds)
+    _, plan, partials = check_call(kinds, x, weight, eps, residual, plan, workspace,
+                                   dweight_accumulator)
     if not torch.compiler.is_compiling():
         return kinds.function.apply(x, weight, residual, float(eps), plan, partials,
                                     dweight_accumulator, kinds.before_bwd)
@@ -365,8 +378,7 @@ def run_autograd(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
 
 def run_fwd(kinds: ModeKinds, x, weight, eps, residual, plan):
     """The body of :func:`rmsnorm_det_fwd` for ``kinds``: ``(outputs, saved)``."""
-    device = _check_inputs(x, weight, eps, residual, None)
-    plan = _resolve_plan(plan, x.shape[-1], x.dtype, device, kinds)
+    _, plan, _ = check_call(kinds, x, weight, eps, residual, plan, None, None)
     with torch.no_grad():
         y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan)
     saved = kinds.saved_type(

@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3f5e27ed8dc49560fc6277c3d39178f48b7297a774e1b7d64d5db048e1655a71"
+SOURCE_DIGEST = "sha256:829a064fe37fadb63679caa3315a2ddae1e7b6e2295ac52919f5fc927ad11d97"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -35,11 +35,23 @@ class RMSNormDetWorkspace(Workspace):
     def for_plan(cls, plan: RMSNormDetPlan, device: torch.device | str) -> RMSNormDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
         device = check_alloc_device(device)
+        buffers = {name: torch.empty(shape, dtype=dtype, device=device)
+                   for name, (shape, dtype) in cls._buffer_specs(plan).items()}
+        return cls(plan, device, buffers)
+
+    @classmethod
+    def _buffer_specs(cls, plan: RMSNormDetPlan) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """``{name: (shape, dtype)}`` of what :meth:`for_plan` allocates for ``plan``
+        (what ``workspace_bytes`` sums); ``ValueError`` for a plan of another type."""
         if not isinstance(plan, RMSNormDetPlan):
             raise ValueError(f"plan: expected RMSNormDetPlan, got {type(plan).__name__}")
-        partials = torch.empty(plan.bwd_programs, plan.hidden_size, dtype=torch.float32,
-                               device=device)
-        return cls(plan, device, {"partials": partials})
+        return workspace_specs(plan)
+
+
+def workspace_specs(plan) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The workspace's one buffer for a plan with this package's fields (the nondet
+    sibling's workspace has the same): fp32 partials ``[bwd_programs, hidden_size]``."""
+    return {"partials": ((plan.bwd_programs, plan.hidden_size), torch.float32)}
 
 
 __all__ = ["Mode", "RMSNormDetSavedSet", "RMSNormDetWorkspace"]

@@ -31,6 +31,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "RMSNormNondetSavedSet": "saved",
     "RMSNormNondetWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
+    "saved_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -40,10 +43,13 @@ __all__ = [
     "RMSNormNondetSavedSet",
     "RMSNormNondetWorkspace",
     "__version__",
+    "is_supported_nondet",
     "make_nondet_plan",
     "rmsnorm_nondet",
     "rmsnorm_nondet_bwd",
     "rmsnorm_nondet_fwd",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,6 +61,11 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_rmsnorm_nondet_train.modules import RMSNormNondet
     from cake_rmsnorm_nondet_train.plan import RMSNormNondetPlan, make_nondet_plan
+    from cake_rmsnorm_nondet_train.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_rmsnorm_nondet_train.saved import RMSNormNondetSavedSet, RMSNormNondetWorkspace
 
 

@@ -37,7 +37,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f3af8a564802423e3bb20c9a1f86dfe01cb0fec69a2355b5a63df11ce1b1a9a7"
+SOURCE_DIGEST = "sha256:65ba70f353c50d1d5554cb676935baa58220939dafd3a591861b2f24e226dd1f"
 # --- end of generated block ---
 
 MANIFEST = {

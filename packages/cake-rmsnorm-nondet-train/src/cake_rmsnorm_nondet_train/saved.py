@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from cake_core import Mode, SavedSet, Workspace, require_mode
 from cake_core.checks import check_alloc_device
+from cake_rmsnorm_det_train.saved import workspace_specs
 
 from cake_rmsnorm_nondet_train.plan import RMSNormNondetPlan
 
@@ -44,10 +45,17 @@ class RMSNormNondetWorkspace(Workspace):
             ValueError: ``plan`` is not an RMSNormNondetPlan (e.g. a det plan).
         """
         device = check_alloc_device(device)
+        buffers = {name: torch.empty(shape, dtype=dtype, device=device)
+                   for name, (shape, dtype) in cls._buffer_specs(plan).items()}
+        return cls(plan, device, buffers)
+
+    @classmethod
+    def _buffer_specs(cls, plan: RMSNormNondetPlan
+                      ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """``{name: (shape, dtype)}`` of what :meth:`for_plan` allocates for ``plan``
+        (what ``workspace_bytes_nondet`` sums); ``ValueError`` for another plan type or mode."""
         require_mode(plan, RMSNormNondetPlan, Mode.NONDET, name="plan")
-        partials = torch.empty(plan.bwd_programs, plan.hidden_size, dtype=torch.float32,
-                               device=device)
-        return cls(plan, device, {"partials": partials})
+        return workspace_specs(plan)
 
 
 __all__ = ["Mode", "RMSNormNondetSavedSet", "RMSNormNondetWorkspace"]

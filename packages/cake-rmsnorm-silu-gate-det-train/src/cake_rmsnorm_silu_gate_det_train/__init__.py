@@ -34,6 +34,9 @@ _LAZY = {
     "RMSNormSiluGateDetSavedSet": "saved",
     "RMSNormSiluGateDetWorkspace": "saved",
     "rmsnorm_silu_gate_reference": "reference",
+    "is_supported": "queries",
+    "workspace_bytes": "queries",
+    "saved_bytes": "queries",
 }
 
 __all__ = [
@@ -43,11 +46,14 @@ __all__ = [
     "RMSNormSiluGateDetSavedSet",
     "RMSNormSiluGateDetWorkspace",
     "__version__",
+    "is_supported",
     "make_plan",
     "rmsnorm_silu_gate_det",
     "rmsnorm_silu_gate_det_bwd",
     "rmsnorm_silu_gate_det_fwd",
     "rmsnorm_silu_gate_reference",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +65,11 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_rmsnorm_silu_gate_det_train.modules import RMSNormGated
     from cake_rmsnorm_silu_gate_det_train.plan import RMSNormSiluGateDetPlan, make_plan
+    from cake_rmsnorm_silu_gate_det_train.queries import (
+        is_supported,
+        saved_bytes,
+        workspace_bytes,
+    )
     from cake_rmsnorm_silu_gate_det_train.reference import rmsnorm_silu_gate_reference
     from cake_rmsnorm_silu_gate_det_train.saved import (
         RMSNormSiluGateDetSavedSet,

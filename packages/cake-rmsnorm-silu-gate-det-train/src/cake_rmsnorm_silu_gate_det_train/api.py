@@ -125,10 +125,11 @@ def _fast_ok(x, z, weight, eps, norm_before_gate, group_size) -> bool:
 
 
 def _check_inputs(x, z, weight, eps, norm_before_gate, group_size, activation,
-                  dweight_accumulator) -> tuple[torch.device, int, str]:
+                  dweight_accumulator, launch=True) -> tuple[torch.device, int, str]:
     """All argument checks of the entry points; returns ``(device, G, gate)`` with ``gate``
     the canonical activation (``"silu"`` or ``"sigmoid"``). Raises ValueError before
-    anything is allocated or launched."""
+    anything is allocated or launched. ``launch=False`` skips the launch-device check only
+    (``saved_bytes`` sizes tensors on any device, the meta device included)."""
     act = ACTIVATIONS.get(activation) if type(activation) is str else None
     if act is not None and dweight_accumulator is None and \
             _fast_ok(x, z, weight, eps, norm_before_gate, group_size):
@@ -156,8 +157,22 @@ def _check_inputs(x, z, weight, eps, norm_before_gate, group_size, activation,
     check_accumulator(dweight_accumulator, "dweight_accumulator", (D,))
     device = check_same_device(("x", x), ("z", z), ("weight", weight),
                                ("dweight_accumulator", dweight_accumulator))
-    launch_device_check(device, "x")
+    if launch:
+        launch_device_check(device, "x")
     return device, G, act
+
+
+def check_call(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_size, activation,
+               plan, workspace, dweight_accumulator, *, launch: bool = True):
+    """Every check of the entry :func:`rmsnorm_silu_gate_det` (for ``kinds``), before any
+    allocation or launch: ``(device, G, gate, plan, partials)``, or ``ValueError``. The
+    entries and the queries (:mod:`cake_rmsnorm_silu_gate_det_train.queries`) run this one
+    function."""
+    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
+                                   activation, dweight_accumulator, launch)
+    plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device, kinds)
+    partials = _resolve_workspace(workspace, plan, device, kinds)
+    return device, G, act, plan, partials
 
 
 def _resolve_plan(plan, D: int, G: int, dtype: torch.dtype, device: torch.device,
@@ -412,10 +427,9 @@ _fwd_op, _bwd_op = register_ops(DET_KINDS)
 def run_autograd(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_size,
                  activation, plan, workspace, dweight_accumulator):
     """The body of :func:`rmsnorm_silu_gate_det` for ``kinds``."""
-    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
-                                   activation, dweight_accumulator)
-    plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device, kinds)
-    partials = _resolve_workspace(workspace, plan, device, kinds)
+    _, _, act, plan, partials = check_call(kinds, x, z, weight, eps, norm_before_gate,
+                                           group_size, activation, plan, workspace,
+                                           dweight_accumulator)
     if not torch.compiler.is_compiling():
         return kinds.function.apply(x, z, weight, float(eps), norm_before_gate, act, plan,
                                     partials, dweight_accumulator, kinds.before_bwd)
@@ -428,9 +442,8 @@ def run_autograd(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_si
 def run_fwd(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_size, activation,
             plan):
     """The body of :func:`rmsnorm_silu_gate_det_fwd` for ``kinds``: ``(y, saved)``."""
-    device, G, act = _check_inputs(x, z, weight, eps, norm_before_gate, group_size,
-                                   activation, None)
-    plan = _resolve_plan(plan, x.shape[-1], G, x.dtype, device, kinds)
+    _, G, act, plan, _ = check_call(kinds, x, z, weight, eps, norm_before_gate, group_size,
+                                    activation, plan, None, None)
     with torch.no_grad():
         y, rstd = _launch_fwd(x, z, weight, float(eps), norm_before_gate, act, plan)
     saved = kinds.saved_type(

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:eb7645cee6e9e56f422d52dedb15d4f84b029a0286010c40748d482b0b43a38e"
+SOURCE_DIGEST = "sha256:c2bbbc878002a15b2c7c11bda4386b465eccd5d9372d5d423d8c0e912dc64946"
 # --- end of generated block ---
 
 MANIFEST = {

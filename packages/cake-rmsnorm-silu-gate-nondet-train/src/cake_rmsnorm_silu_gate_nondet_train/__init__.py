@@ -32,6 +32,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "RMSNormSiluGateNondetSavedSet": "saved",
     "RMSNormSiluGateNondetWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
+    "saved_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -41,10 +44,13 @@ __all__ = [
     "RMSNormSiluGateNondetSavedSet",
     "RMSNormSiluGateNondetWorkspace",
     "__version__",
+    "is_supported_nondet",
     "make_nondet_plan",
     "rmsnorm_silu_gate_nondet",
     "rmsnorm_silu_gate_nondet_bwd",
     "rmsnorm_silu_gate_nondet_fwd",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,6 +62,11 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_rmsnorm_silu_gate_nondet_train.modules import RMSNormGatedNondet
     from cake_rmsnorm_silu_gate_nondet_train.plan import RMSNormSiluGateNondetPlan, make_nondet_plan
+    from cake_rmsnorm_silu_gate_nondet_train.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_rmsnorm_silu_gate_nondet_train.saved import (
         RMSNormSiluGateNondetSavedSet,
         RMSNormSiluGateNondetWorkspace,

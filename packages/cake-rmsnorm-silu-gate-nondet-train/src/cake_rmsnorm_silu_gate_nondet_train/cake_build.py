@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bc835a8b986893a1503887a581708e3f13f9e59cd740f02f817ab547bfeb0824"
+SOURCE_DIGEST = "sha256:1270cf50f9979c4bc0dd406f097ff11263a9e4307cfa2a39244a749460c53b9b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -15,6 +15,7 @@ from cake_rmsnorm_silu_gate_det_train import (
     RMSNormSiluGateDetWorkspace as RMSNormSiluGateDetWorkspace,
 )
 from cake_rmsnorm_silu_gate_det_train import __version__ as __version__
+from cake_rmsnorm_silu_gate_det_train import is_supported as is_supported
 from cake_rmsnorm_silu_gate_det_train import make_plan as make_plan
 from cake_rmsnorm_silu_gate_det_train import rmsnorm_silu_gate_det as rmsnorm_silu_gate_det
 from cake_rmsnorm_silu_gate_det_train import rmsnorm_silu_gate_det_bwd as rmsnorm_silu_gate_det_bwd
@@ -22,6 +23,8 @@ from cake_rmsnorm_silu_gate_det_train import rmsnorm_silu_gate_det_fwd as rmsnor
 from cake_rmsnorm_silu_gate_det_train import (
     rmsnorm_silu_gate_reference as rmsnorm_silu_gate_reference,
 )
+from cake_rmsnorm_silu_gate_det_train import saved_bytes as saved_bytes
+from cake_rmsnorm_silu_gate_det_train import workspace_bytes as workspace_bytes
 
 # old spellings (the same objects; not in __all__)
 RMSNormSiluGateGrads = RMSNormSiluGateDetGrads
@@ -39,9 +42,12 @@ __all__ = [
     "RMSNormSiluGateDetSavedSet",
     "RMSNormSiluGateDetWorkspace",
     "__version__",
+    "is_supported",
     "make_plan",
     "rmsnorm_silu_gate_det",
     "rmsnorm_silu_gate_det_bwd",
     "rmsnorm_silu_gate_det_fwd",
     "rmsnorm_silu_gate_reference",
+    "saved_bytes",
+    "workspace_bytes",
 ]

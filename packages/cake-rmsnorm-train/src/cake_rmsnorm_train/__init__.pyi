@@ -11,11 +11,14 @@ from cake_rmsnorm_det_train import RMSNormDetPlan as RMSNormDetPlan
 from cake_rmsnorm_det_train import RMSNormDetSavedSet as RMSNormDetSavedSet
 from cake_rmsnorm_det_train import RMSNormDetWorkspace as RMSNormDetWorkspace
 from cake_rmsnorm_det_train import __version__ as __version__
+from cake_rmsnorm_det_train import is_supported as is_supported
 from cake_rmsnorm_det_train import make_plan as make_plan
 from cake_rmsnorm_det_train import rmsnorm_det as rmsnorm_det
 from cake_rmsnorm_det_train import rmsnorm_det_bwd as rmsnorm_det_bwd
 from cake_rmsnorm_det_train import rmsnorm_det_fwd as rmsnorm_det_fwd
 from cake_rmsnorm_det_train import rmsnorm_reference as rmsnorm_reference
+from cake_rmsnorm_det_train import saved_bytes as saved_bytes
+from cake_rmsnorm_det_train import workspace_bytes as workspace_bytes
 
 # old spellings (the same objects; not in __all__)
 RMSNormGrads = RMSNormDetGrads
@@ -33,9 +36,12 @@ __all__ = [
     "RMSNormDetSavedSet",
     "RMSNormDetWorkspace",
     "__version__",
+    "is_supported",
     "make_plan",
     "rmsnorm_det",
     "rmsnorm_det_bwd",
     "rmsnorm_det_fwd",
     "rmsnorm_reference",
+    "saved_bytes",
+    "workspace_bytes",
 ]

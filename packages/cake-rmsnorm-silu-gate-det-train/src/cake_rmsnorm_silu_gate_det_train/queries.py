@@ -1,0 +1,100 @@
+"""Know before you launch: :func:`is_supported`, :func:`workspace_bytes`, :func:`saved_bytes`
+of the det gated RMSNorm (cake_core.support's contract). The ``*_for`` bodies take a
+``ModeKinds`` so cake-rmsnorm-silu-gate-nondet-train answers for its own plans and
+workspaces."""
+
+from __future__ import annotations
+
+import torch
+from cake_core.checks import check_alloc_device
+from cake_core.support import Support, nbytes_of, support_of
+
+from cake_rmsnorm_silu_gate_det_train.api import DET_KINDS, ModeKinds, check_call
+from cake_rmsnorm_silu_gate_det_train.plan import RMSNormSiluGateDetPlan
+from cake_rmsnorm_silu_gate_det_train.saved import RMSNormSiluGateDetWorkspace
+
+
+def is_supported_for(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_size,
+                     activation, plan, workspace, dweight_accumulator) -> Support:
+    """The body of :func:`is_supported` for ``kinds``."""
+    return support_of(lambda: check_call(kinds, x, z, weight, eps, norm_before_gate,
+                                         group_size, activation, plan, workspace,
+                                         dweight_accumulator))
+
+
+def workspace_bytes_for(kinds: ModeKinds, plan, device) -> int:
+    """The body of :func:`workspace_bytes` for ``kinds``."""
+    if device is not None:
+        check_alloc_device(device)
+    return nbytes_of(kinds.workspace_type._buffer_specs(plan).values())
+
+
+def saved_bytes_for(kinds: ModeKinds, x, z, weight, eps, norm_before_gate, group_size,
+                    activation, plan, workspace, dweight_accumulator) -> int:
+    """The body of :func:`saved_bytes` for ``kinds``."""
+    _, G, _, _, _ = check_call(kinds, x, z, weight, eps, norm_before_gate, group_size,
+                               activation, plan, workspace, dweight_accumulator, launch=False)
+    D = x.shape[-1]
+    return nbytes_of([((x.numel() // D, D // G), torch.float32)])  # rstd per row and group
+
+
+def is_supported(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                 *, norm_before_gate: bool = True, group_size: int | None = None,
+                 activation: str = "silu", plan: RMSNormSiluGateDetPlan | None = None,
+                 workspace: RMSNormSiluGateDetWorkspace | None = None,
+                 dweight_accumulator: torch.Tensor | None = None) -> Support:
+    """Whether :func:`~cake_rmsnorm_silu_gate_det_train.rmsnorm_silu_gate_det` serves this
+    call (its arguments): ``Support(True, "")``, or ``Support(False, reason)`` with the
+    message of the ``ValueError`` the entry would raise. Runs the entry's checks only: no
+    allocation or launch; never raises ``ValueError``. Tensors must be on the device the
+    kernels run on (CUDA; the CPU under ``TRITON_INTERPRET=1``), as for the entry.
+
+    Example::
+
+        x = torch.randn(8, 64)
+        is_supported(x, x, torch.ones(64), group_size=16).ok   # True (CPU: interpreter)
+    """
+    return is_supported_for(DET_KINDS, x, z, weight, eps, norm_before_gate, group_size,
+                            activation, plan, workspace, dweight_accumulator)
+
+
+def workspace_bytes(plan: RMSNormSiluGateDetPlan,
+                    device: torch.device | str | None = None) -> int:
+    """Bytes ``RMSNormSiluGateDetWorkspace.for_plan(plan, device)`` allocates (fp32
+    ``[plan.bwd_programs, plan.hidden_size]``), computed without allocating.
+
+    Raises:
+        ValueError: ``plan`` is not an RMSNormSiluGateDetPlan, or a bad ``device`` (as
+            ``for_plan``).
+
+    Example::
+
+        workspace_bytes(make_plan(4096, torch.bfloat16, "cpu"))
+    """
+    return workspace_bytes_for(DET_KINDS, plan, device)
+
+
+def saved_bytes(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                *, norm_before_gate: bool = True, group_size: int | None = None,
+                activation: str = "silu", plan: RMSNormSiluGateDetPlan | None = None,
+                workspace: RMSNormSiluGateDetWorkspace | None = None,
+                dweight_accumulator: torch.Tensor | None = None) -> int:
+    """Bytes the forward of :func:`~cake_rmsnorm_silu_gate_det_train.rmsnorm_silu_gate_det`
+    allocates and keeps for the backward: ``rstd``, fp32 ``[rows, D // G]`` (x, z and
+    weight are the caller's and do not count). Computed from shapes and dtypes; tensors on
+    any device work (the meta device included: the entry's launch-device check is the one
+    check skipped).
+
+    Raises:
+        ValueError: any other bad argument, with the entry's message.
+
+    Example::
+
+        x = torch.empty(4096, 2048, device="meta")
+        saved_bytes(x, x, torch.empty(2048, device="meta"), group_size=128)
+    """
+    return saved_bytes_for(DET_KINDS, x, z, weight, eps, norm_before_gate, group_size,
+                           activation, plan, workspace, dweight_accumulator)
+
+
+__all__ = ["is_supported", "saved_bytes", "workspace_bytes"]

@@ -1,0 +1,6 @@
+"""Type stub of the legacy name cake_rmsnorm_train.queries:
+
+cake_rmsnorm_det_train.queries itself.
+"""
+
+from cake_rmsnorm_det_train.queries import *  # noqa: F403
