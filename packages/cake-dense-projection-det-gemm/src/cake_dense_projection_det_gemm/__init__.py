@@ -26,6 +26,9 @@ _LAZY = {
     "DenseProjectionDetSavedSet": "saved",
     "DenseProjectionDetWorkspace": "saved",
     "dense_projection_reference": "reference",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -39,7 +42,10 @@ __all__ = [
     "dense_projection_det_bwd",
     "dense_projection_det_fwd",
     "dense_projection_reference",
+    "is_supported",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,6 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_dense_projection_det_gemm.modules import Linear
     from cake_dense_projection_det_gemm.plan import DenseProjectionDetPlan, make_plan
+    from cake_dense_projection_det_gemm.queries import is_supported, saved_bytes, workspace_bytes
     from cake_dense_projection_det_gemm.reference import dense_projection_reference
     from cake_dense_projection_det_gemm.saved import (
         DenseProjectionDetSavedSet,

@@ -71,7 +71,7 @@ def _check_main_grad(main_grad, N: int, K: int) -> None:
     check_accumulator(main_grad, "main_grad", (N, K))
 
 
-def _check_inputs(x, weight, bias, main_grad) -> torch.device:
+def _check_inputs(x, weight, bias, main_grad, *, launch: bool = True) -> torch.device:
     check_tensor(x, "x")
     check_ndim(x, "x", min_ndim=1, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
@@ -92,7 +92,8 @@ def _check_inputs(x, weight, bias, main_grad) -> torch.device:
     _check_main_grad(main_grad, N, K)
     device = check_same_device(("x", x), ("weight", weight), ("bias", bias),
                                ("main_grad", main_grad))
-    launch_device_check(device, "x")
+    if launch:  # off for the size queries, which serve meta tensors
+        launch_device_check(device, "x")
     return device
 
 
@@ -131,6 +132,18 @@ def _resolve_workspace(workspace, plan: DenseProjectionDetPlan, device: torch.de
                 f"got {got}; build it with {ws_cls.__name__}.for_plan(plan, device)")
         out.append(t)
     return tuple(out)
+
+
+def _checks(x, weight, bias, plan, workspace, main_grad, *, plan_cls=DenseProjectionDetPlan,
+            rule=None, ws_cls=DenseProjectionDetWorkspace, launch: bool = True):
+    """Every check the entry makes before a launch (also :func:`is_supported`'s) ->
+    ``(device, plan, (partials, bias_partials))``. ``plan_cls`` / ``rule`` / ``ws_cls``: the
+    nondet sibling's; ``launch=False`` skips the backend's device check (size queries)."""
+    device = _check_inputs(x, weight, bias, main_grad, launch=launch)
+    N, K = weight.shape
+    plan = _resolve_plan(plan, x.numel() // K, N, K, x.dtype, device, plan_cls=plan_cls,
+                         rule=rule)
+    return device, plan, _resolve_workspace(workspace, plan, device, ws_cls=ws_cls)
 
 
 # ----------------------------------------------------------------------------- launches
@@ -343,10 +356,7 @@ def dense_projection_det(x: torch.Tensor, weight: torch.Tensor,
         ValueError: bad shape, dtype, device, plan, workspace or mode, before any launch;
             the caller's tensors are not modified.
     """
-    device = _check_inputs(x, weight, bias, main_grad)
-    N, K = weight.shape
-    plan = _resolve_plan(plan, x.numel() // K, N, K, x.dtype, device)
-    partials, bias_partials = _resolve_workspace(workspace, plan, device)
+    _, plan, (partials, bias_partials) = _checks(x, weight, bias, plan, workspace, main_grad)
     if not torch.compiler.is_compiling():
         return _DenseProjectionDetFunction.apply(x, weight, bias, plan, partials,
                                                  bias_partials, main_grad)
@@ -362,9 +372,7 @@ def dense_projection_det_fwd(x: torch.Tensor, weight: torch.Tensor,
     ``saved`` is a :class:`DenseProjectionDetSavedSet` for :func:`dense_projection_det_bwd`.
     Arguments, shapes and errors as in :func:`dense_projection_det`.
     """
-    device = _check_inputs(x, weight, bias, None)
-    N, K = weight.shape
-    plan = _resolve_plan(plan, x.numel() // K, N, K, x.dtype, device)
+    _, plan, _ = _checks(x, weight, bias, plan, None, None)
     with torch.no_grad():
         y = _launch_fwd(x, weight, bias, plan)
     saved = DenseProjectionDetSavedSet(Mode.DET, {"x": x, "weight": weight},

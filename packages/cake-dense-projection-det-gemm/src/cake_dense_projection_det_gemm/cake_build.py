@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ed1a80c2c4b1522265caa77e4482e76be03856b287e9581ad7e9720e1e912938"
+SOURCE_DIGEST = "sha256:c0a1c180a200d50230bb787767626e14d2e7d27ac2c98de8fdf59aa894f9837b"
 # --- end of generated block ---
 
 MANIFEST = {

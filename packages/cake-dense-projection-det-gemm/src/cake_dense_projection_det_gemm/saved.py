@@ -22,6 +22,22 @@ class DenseProjectionDetSavedSet(SavedSet):
     format_version = 1
 
 
+def workspace_buffers(plan: DenseProjectionDetPlan, *, plan_cls: type = DenseProjectionDetPlan
+                      ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """``{name: (shape, dtype)}`` of what ``for_plan`` allocates for ``plan`` (what
+    ``workspace_bytes`` sums), after checking that ``plan`` is a ``plan_cls`` of its mode
+    (``plan_cls``: the nondet sibling passes its own).
+
+    Raises:
+        ValueError: ``plan`` of another type or mode.
+    """
+    mode = plan_cls.expected_mode
+    if not isinstance(plan, plan_cls) or plan.mode != mode:
+        raise ValueError(f"plan: expected {plan_cls.__name__} with mode={mode}, got "
+                         f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
+    return {n: (s, torch.float32) for n, s in workspace_shapes(plan).items()}
+
+
 def workspace_shapes(plan: DenseProjectionDetPlan) -> dict[str, tuple[int, ...]]:
     """Shapes of the fp32 buffers ``plan`` needs: ``partials`` ``[S, N, K]`` and
     ``bias_partials`` ``[S, N]`` when ``wgrad_splits`` S > 1, else empty ``(0,)`` buffers.
@@ -46,13 +62,10 @@ class DenseProjectionDetWorkspace(Workspace):
                  ) -> DenseProjectionDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
         device = check_alloc_device(device)
-        if not isinstance(plan, DenseProjectionDetPlan) or plan.mode != Mode.DET:
-            raise ValueError(f"plan: expected DenseProjectionDetPlan with mode=det, got "
-                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
-        bufs = {n: torch.empty(s, dtype=torch.float32, device=device)
-                for n, s in workspace_shapes(plan).items()}
+        bufs = {n: torch.empty(s, dtype=dt, device=device)
+                for n, (s, dt) in workspace_buffers(plan).items()}
         return cls(plan, device, bufs)
 
 
 __all__ = ["DenseProjectionDetSavedSet", "DenseProjectionDetWorkspace", "Mode",
-           "workspace_shapes"]
+           "workspace_buffers", "workspace_shapes"]

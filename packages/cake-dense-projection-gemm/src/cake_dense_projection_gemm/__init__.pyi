@@ -17,7 +17,10 @@ from cake_dense_projection_det_gemm import dense_projection_det as dense_project
 from cake_dense_projection_det_gemm import dense_projection_det_bwd as dense_projection_det_bwd
 from cake_dense_projection_det_gemm import dense_projection_det_fwd as dense_projection_det_fwd
 from cake_dense_projection_det_gemm import dense_projection_reference as dense_projection_reference
+from cake_dense_projection_det_gemm import is_supported as is_supported
 from cake_dense_projection_det_gemm import make_plan as make_plan
+from cake_dense_projection_det_gemm import saved_bytes as saved_bytes
+from cake_dense_projection_det_gemm import workspace_bytes as workspace_bytes
 
 # old spellings (the same objects; not in __all__)
 DenseProjectionGrads = DenseProjectionDetGrads
@@ -39,5 +42,8 @@ __all__ = [
     "dense_projection_det_bwd",
     "dense_projection_det_fwd",
     "dense_projection_reference",
+    "is_supported",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]

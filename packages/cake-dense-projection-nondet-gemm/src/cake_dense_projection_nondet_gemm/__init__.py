@@ -28,6 +28,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "DenseProjectionNondetSavedSet": "saved",
     "DenseProjectionNondetWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -40,7 +43,10 @@ __all__ = [
     "dense_projection_nondet",
     "dense_projection_nondet_bwd",
     "dense_projection_nondet_fwd",
+    "is_supported_nondet",
     "make_nondet_plan",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +58,11 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_dense_projection_nondet_gemm.modules import LinearNondet
     from cake_dense_projection_nondet_gemm.plan import DenseProjectionNondetPlan, make_nondet_plan
+    from cake_dense_projection_nondet_gemm.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_dense_projection_nondet_gemm.saved import (
         DenseProjectionNondetSavedSet,
         DenseProjectionNondetWorkspace,

@@ -28,8 +28,8 @@ from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import launch_device_check
 from cake_dense_projection_det_gemm.api import (
-    _check_inputs,
     _check_main_grad,
+    _checks,
     _launch_bwd,
     _launch_fwd,
     _resolve_plan,
@@ -67,6 +67,14 @@ def _alert() -> None:
 def _plan(plan, M, N, K, dtype, device) -> DenseProjectionNondetPlan:
     return _resolve_plan(plan, M, N, K, dtype, device, plan_cls=DenseProjectionNondetPlan,
                          rule=make_nondet_plan)
+
+
+def _nondet_checks(x, weight, bias, plan, workspace, main_grad, *, launch: bool = True):
+    """The det entry's checks with this package's plan, rule and workspace classes (also
+    :func:`is_supported_nondet`'s) -> ``(device, plan, (partials, bias_partials))``."""
+    return _checks(x, weight, bias, plan, workspace, main_grad,
+                   plan_cls=DenseProjectionNondetPlan, rule=make_nondet_plan,
+                   ws_cls=DenseProjectionNondetWorkspace, launch=launch)
 
 
 def _workspace(workspace, plan, device):
@@ -186,10 +194,8 @@ def dense_projection_nondet(x: torch.Tensor, weight: torch.Tensor,
         x = torch.randn(4, 16, requires_grad=True)  # CPU: Triton's interpreter
         dense_projection_nondet(x, torch.randn(8, 16)).sum().backward()
     """
-    device = _check_inputs(x, weight, bias, main_grad)
-    N, K = weight.shape
-    plan = _plan(plan, x.numel() // K, N, K, x.dtype, device)
-    partials, bias_partials = _workspace(workspace, plan, device)
+    _, plan, (partials, bias_partials) = _nondet_checks(x, weight, bias, plan, workspace,
+                                                        main_grad)
     if not torch.compiler.is_compiling():
         return _DenseProjectionNondetFunction.apply(x, weight, bias, plan, partials,
                                                     bias_partials, main_grad)
@@ -203,9 +209,7 @@ def dense_projection_nondet_fwd(x: torch.Tensor, weight: torch.Tensor,
     """Low-level forward without autograd: ``(y, saved)``, ``saved`` a
     :class:`DenseProjectionNondetSavedSet` for :func:`dense_projection_nondet_bwd`.
     Arguments, shapes and errors as :func:`dense_projection_nondet`."""
-    device = _check_inputs(x, weight, bias, None)
-    N, K = weight.shape
-    plan = _plan(plan, x.numel() // K, N, K, x.dtype, device)
+    _, plan, _ = _nondet_checks(x, weight, bias, plan, None, None)
     with torch.no_grad():
         y = _launch_fwd(x, weight, bias, plan)
     saved = DenseProjectionNondetSavedSet(Mode.NONDET, {"x": x, "weight": weight},

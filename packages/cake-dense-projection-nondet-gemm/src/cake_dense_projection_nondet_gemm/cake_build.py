@@ -55,7 +55,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:68fd3526a6dcb429b97ffb76ba65c86f9c26111e6fd3b3cc29a8cec8ecf31be6"
+SOURCE_DIGEST = "sha256:655132077e7197fe5de7b62513f8ca51e00aafcde8acf29cb79c7cfbfb13714d"
 # --- end of generated block ---
 
 REUSES = [

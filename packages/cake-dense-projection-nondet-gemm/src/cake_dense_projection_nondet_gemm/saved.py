@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from cake_core import Mode, SavedSet, Workspace
 from cake_core.checks import check_alloc_device
-from cake_dense_projection_det_gemm.saved import workspace_shapes
+from cake_dense_projection_det_gemm.saved import workspace_buffers
 
 from cake_dense_projection_nondet_gemm.plan import DenseProjectionNondetPlan
 
@@ -36,11 +36,8 @@ class DenseProjectionNondetWorkspace(Workspace):
             ValueError: ``plan`` not a :class:`DenseProjectionNondetPlan`, a bad device.
         """
         device = check_alloc_device(device)
-        if not isinstance(plan, DenseProjectionNondetPlan) or plan.mode != Mode.NONDET:
-            raise ValueError(f"plan: expected DenseProjectionNondetPlan with mode=nondet, got "
-                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
-        bufs = {n: torch.empty(s, dtype=torch.float32, device=device)
-                for n, s in workspace_shapes(plan).items()}
+        bufs = {n: torch.empty(s, dtype=dt, device=device) for n, (s, dt) in
+                workspace_buffers(plan, plan_cls=DenseProjectionNondetPlan).items()}
         return cls(plan, device, bufs)
 
 

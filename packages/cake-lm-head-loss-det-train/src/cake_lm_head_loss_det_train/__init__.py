@@ -27,6 +27,9 @@ _LAZY = {
     "LMHeadLossDetSavedSet": "saved",
     "LMHeadLossDetWorkspace": "saved",
     "lm_head_loss_reference": "reference",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -36,11 +39,14 @@ __all__ = [
     "LMHeadLossDetSavedSet",
     "LMHeadLossDetWorkspace",
     "__version__",
+    "is_supported",
     "lm_head_loss_det",
     "lm_head_loss_det_bwd",
     "lm_head_loss_det_fwd",
     "lm_head_loss_reference",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_lm_head_loss_det_train.modules import LMHeadLoss
     from cake_lm_head_loss_det_train.plan import LMHeadLossDetPlan, make_plan
+    from cake_lm_head_loss_det_train.queries import is_supported, saved_bytes, workspace_bytes
     from cake_lm_head_loss_det_train.reference import lm_head_loss_reference
     from cake_lm_head_loss_det_train.saved import LMHeadLossDetSavedSet, LMHeadLossDetWorkspace
 

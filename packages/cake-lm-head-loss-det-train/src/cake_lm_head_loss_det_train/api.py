@@ -44,7 +44,11 @@ from cake_lm_head_loss_det_train.plan import (
     LMHeadLossDetPlan,
     make_plan,
 )
-from cake_lm_head_loss_det_train.saved import LMHeadLossDetSavedSet, LMHeadLossDetWorkspace
+from cake_lm_head_loss_det_train.saved import (
+    LMHeadLossDetSavedSet,
+    LMHeadLossDetWorkspace,
+    workspace_buffers,
+)
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _RED = {"none": 0, "mean": 1, "sum": 2}
@@ -109,7 +113,7 @@ def _check_main_grad(main_grad, V: int, H: int) -> None:
 
 
 def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing,
-                  z_loss, logit_softcap, main_grad):
+                  z_loss, logit_softcap, main_grad, *, launch: bool = True):
     """Returns (device, cfg) with cfg = (ignore_index, reduction code, label_smoothing,
     z_loss, softcap or 0.0)."""
     check_tensor(hidden, "hidden")
@@ -157,7 +161,8 @@ def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_s
     _check_main_grad(main_grad, V, H)
     device = check_same_device(("hidden", hidden), ("weight", weight), ("labels", labels),
                                ("bias", bias), ("main_grad", main_grad))
-    launch_device_check(device, "hidden")
+    if launch:  # off for the size queries, which serve meta tensors
+        launch_device_check(device, "hidden")
     return device, (int(ignore_index), _RED[reduction], ls, zl, cap)
 
 
@@ -202,12 +207,7 @@ def _resolve_workspace(workspace, plan: LMHeadLossDetPlan, device, dtype,
     m = m or DET
     require_mode(workspace, m.workspace, m.mode, name="workspace")
     workspace.check(plan, device)
-    C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
-    want = {"logits": ((C, V), torch.float32)}
-    if dtype != torch.float32:
-        want["dlogits"] = ((C, V), dtype)
-    if plan.dh_split > 1:
-        want["dh_partials"] = ((plan.dh_split * C * H,), torch.float32)
+    want = workspace_buffers(plan, dtype, plan_cls=m.plan)
     for name, (shape, dt) in want.items():
         t = workspace[name] if name in workspace.names else None
         if t is None or tuple(t.shape) != shape or t.dtype != dt or not t.is_contiguous():
@@ -595,9 +595,13 @@ _fwd_op, _bwd_op = register_ops(DET)
 
 
 def _prepare(hidden, weight, labels, bias, ignore_index, reduction, label_smoothing, z_loss,
-             logit_softcap, plan, workspace, main_grad, m):
+             logit_softcap, plan, workspace, main_grad, m, *, launch: bool = True):
+    """Every check the entries make before reading label values or launching (also
+    :func:`is_supported`'s) -> ``(device, cfg, plan, bufs)``; ``m``: the mode's classes;
+    ``launch=False`` skips the backend's device check (size queries)."""
     device, cfg = _check_inputs(hidden, weight, labels, bias, ignore_index, reduction,
-                                label_smoothing, z_loss, logit_softcap, main_grad)
+                                label_smoothing, z_loss, logit_softcap, main_grad,
+                                launch=launch)
     H = hidden.shape[-1]
     V = weight.shape[0]
     plan = _resolve_plan(plan, H, V, hidden.dtype, device, reduction, m)

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8f7951571c8f4913628cbf67980e22b10ab5affc80625fa254da0ade33facfda"
+SOURCE_DIGEST = "sha256:f07ad69a84f58c47913f4eda74a9ff51e9a0931d8e0ad997df98e865f02f8979"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -35,6 +35,33 @@ class LMHeadLossDetSavedSet(SavedSet):
     format_version = 2
 
 
+def workspace_buffers(plan: LMHeadLossDetPlan, dtype: torch.dtype = torch.bfloat16, *,
+                      plan_cls: type = LMHeadLossDetPlan
+                      ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """``{name: (shape, dtype)}`` of what ``for_plan`` allocates for ``plan`` and ``dtype``
+    inputs (what ``workspace_bytes`` sums; the entries check a given workspace against
+    it), after checking that ``plan`` is a ``plan_cls`` of its mode (``plan_cls``: the
+    nondet sibling's) and ``dtype``.
+
+    Raises:
+        ValueError: ``plan`` of another type or mode, ``dtype`` not fp32 / bf16 / fp16.
+    """
+    if not isinstance(plan, plan_cls):
+        raise ValueError(f"plan: expected {plan_cls.__name__}, got {type(plan).__name__}")
+    if plan.mode != plan_cls.expected_mode:  # a sibling mode's plan (a subclass)
+        raise ValueError(f"plan: got {type(plan).__name__} with mode={plan.mode}, "
+                         f"expected {plan_cls.__name__} with mode={plan_cls.expected_mode}")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+    C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
+    bufs = {"logits": ((C, V), torch.float32)}
+    if dtype != torch.float32:  # fp32 inputs: the fp32 dlogits overwrite the logits
+        bufs["dlogits"] = ((C, V), dtype)
+    if plan.dh_split > 1:
+        bufs["dh_partials"] = ((plan.dh_split * C * H,), torch.float32)
+    return bufs
+
+
 class LMHeadLossDetWorkspace(Workspace):
     """Chunk buffers for one plan and one input dtype.
 
@@ -53,22 +80,9 @@ class LMHeadLossDetWorkspace(Workspace):
                  dtype: torch.dtype = torch.bfloat16) -> LMHeadLossDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device`` for ``dtype`` inputs."""
         device = check_alloc_device(device)
-        want = cls.plan_class
-        if not isinstance(plan, want):
-            raise ValueError(f"plan: expected {want.__name__}, got {type(plan).__name__}")
-        if plan.mode != want.expected_mode:  # a sibling mode's plan (a subclass)
-            raise ValueError(f"plan: got {type(plan).__name__} with mode={plan.mode}, "
-                             f"expected {want.__name__} with mode={want.expected_mode}")
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-        C, V, H = plan.chunk_tokens, plan.vocab_size, plan.hidden_size
-        bufs = {"logits": torch.empty(C, V, dtype=torch.float32, device=device)}
-        if dtype != torch.float32:
-            bufs["dlogits"] = torch.empty(C, V, dtype=dtype, device=device)
-        if plan.dh_split > 1:
-            bufs["dh_partials"] = torch.empty(plan.dh_split * C * H, dtype=torch.float32,
-                                              device=device)
+        bufs = {n: torch.empty(s, dtype=dt, device=device) for n, (s, dt) in
+                workspace_buffers(plan, dtype, plan_cls=cls.plan_class).items()}
         return cls(plan, device, bufs)
 
 
-__all__ = ["LMHeadLossDetSavedSet", "LMHeadLossDetWorkspace", "Mode"]
+__all__ = ["LMHeadLossDetSavedSet", "LMHeadLossDetWorkspace", "Mode", "workspace_buffers"]

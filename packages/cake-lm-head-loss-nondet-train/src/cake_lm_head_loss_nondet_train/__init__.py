@@ -28,6 +28,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "LMHeadLossNondetSavedSet": "saved",
     "LMHeadLossNondetWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -37,10 +40,13 @@ __all__ = [
     "LMHeadLossNondetSavedSet",
     "LMHeadLossNondetWorkspace",
     "__version__",
+    "is_supported_nondet",
     "lm_head_loss_nondet",
     "lm_head_loss_nondet_bwd",
     "lm_head_loss_nondet_fwd",
     "make_nondet_plan",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +58,11 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_lm_head_loss_nondet_train.modules import LMHeadLossNondet
     from cake_lm_head_loss_nondet_train.plan import LMHeadLossNondetPlan, make_nondet_plan
+    from cake_lm_head_loss_nondet_train.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_lm_head_loss_nondet_train.saved import (
         LMHeadLossNondetSavedSet,
         LMHeadLossNondetWorkspace,

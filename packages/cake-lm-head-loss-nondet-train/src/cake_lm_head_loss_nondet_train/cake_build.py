@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a6bbc35d03c36bf319f7dccebb129acff3cf286b7d8fc953ae4a71b457492848"
+SOURCE_DIGEST = "sha256:bd9ba60a099bd39e83ea5f5ad91d09a37f0a0304f4b08aed90978436fdfae969"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -11,11 +11,14 @@ from cake_lm_head_loss_det_train import LMHeadLossDetPlan as LMHeadLossDetPlan
 from cake_lm_head_loss_det_train import LMHeadLossDetSavedSet as LMHeadLossDetSavedSet
 from cake_lm_head_loss_det_train import LMHeadLossDetWorkspace as LMHeadLossDetWorkspace
 from cake_lm_head_loss_det_train import __version__ as __version__
+from cake_lm_head_loss_det_train import is_supported as is_supported
 from cake_lm_head_loss_det_train import lm_head_loss_det as lm_head_loss_det
 from cake_lm_head_loss_det_train import lm_head_loss_det_bwd as lm_head_loss_det_bwd
 from cake_lm_head_loss_det_train import lm_head_loss_det_fwd as lm_head_loss_det_fwd
 from cake_lm_head_loss_det_train import lm_head_loss_reference as lm_head_loss_reference
 from cake_lm_head_loss_det_train import make_plan as make_plan
+from cake_lm_head_loss_det_train import saved_bytes as saved_bytes
+from cake_lm_head_loss_det_train import workspace_bytes as workspace_bytes
 
 # old spellings (the same objects; not in __all__)
 LMHeadLossGrads = LMHeadLossDetGrads
@@ -33,9 +36,12 @@ __all__ = [
     "LMHeadLossDetSavedSet",
     "LMHeadLossDetWorkspace",
     "__version__",
+    "is_supported",
     "lm_head_loss_det",
     "lm_head_loss_det_bwd",
     "lm_head_loss_det_fwd",
     "lm_head_loss_reference",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]

@@ -30,6 +30,9 @@ _LAZY = {
     "MHCDetWorkspace": "saved",
     "mhc_reference": "reference",
     "mhc_coefficients_reference": "reference",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -40,17 +43,21 @@ __all__ = [
     "__version__",
     "collapse_streams",
     "expand_streams",
+    "is_supported",
     "make_plan",
     "mhc_coefficients_reference",
     "mhc_det_finish",
     "mhc_det_prepare",
     "mhc_reference",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from cake_mhc_det_train.api import mhc_det_finish, mhc_det_prepare
     from cake_mhc_det_train.modules import HyperConnection, collapse_streams, expand_streams
     from cake_mhc_det_train.plan import MHCDetPlan, make_plan
+    from cake_mhc_det_train.queries import is_supported, saved_bytes, workspace_bytes
     from cake_mhc_det_train.reference import mhc_coefficients_reference, mhc_reference
     from cake_mhc_det_train.saved import MHCDetSavedSet, MHCDetWorkspace
 

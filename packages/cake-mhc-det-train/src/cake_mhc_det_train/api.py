@@ -65,7 +65,7 @@ _empty = torch.empty
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters):
+def _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters, *, launch: bool = True):
     check_tensor(X, "X")
     if X.dim() not in (3, 4):
         raise ValueError(f"X: expected a 3-D [T, n, C] or 4-D [B, S, n, C] tensor, got "
@@ -95,7 +95,8 @@ def _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters):
     check_positive_finite(eps, "eps")
     check_int(sinkhorn_iters, "sinkhorn_iters", 1, MAX_SINKHORN_ITERS)
     device = check_same_device(("X", X), ("phi", phi), ("alpha", alpha), ("bias", bias))
-    launch_device_check(device, "X")
+    if launch:  # off for the size queries, which serve meta tensors
+        launch_device_check(device, "X")
     return device
 
 
@@ -127,6 +128,17 @@ def _resolve_workspace(workspace, plan: MHCDetPlan, device, *, ws_cls=MHCDetWork
             f" got {str(parts.dtype)[6:]} {list(parts.shape)}; build it with "
             f"{ws_cls.__name__}.for_plan(plan, device)")
     return parts
+
+
+def _checks(X, phi, alpha, bias, eps, sinkhorn_iters, plan, workspace, *, plan_cls=MHCDetPlan,
+            rule=None, ws_cls=MHCDetWorkspace, launch: bool = True):
+    """Every check the prepare makes before a launch (also :func:`is_supported`'s) ->
+    ``(device, plan, dphi_partials)``. ``plan_cls`` / ``rule`` / ``ws_cls``: the nondet
+    sibling's; ``launch=False`` skips the backend's device check (size queries)."""
+    device = _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters, launch=launch)
+    n, C = X.shape[-2], X.shape[-1]
+    plan = _resolve_plan(plan, n, C, X.dtype, device, plan_cls=plan_cls, rule=rule)
+    return device, plan, _resolve_workspace(workspace, plan, device, ws_cls=ws_cls)
 
 
 def _recheck_workspace(check, *, ws_cls=MHCDetWorkspace, entry="mhc_det_prepare") -> None:
@@ -451,10 +463,8 @@ def mhc_det_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
         ValueError: bad shape, dtype, device, stride, eps, sinkhorn_iters, plan, workspace
             or mode, before any launch; the caller's tensors are not modified.
     """
-    device = _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters)
+    device, plan, parts = _checks(X, phi, alpha, bias, eps, sinkhorn_iters, plan, workspace)
     n, C = X.shape[-2], X.shape[-1]
-    plan = _resolve_plan(plan, n, C, X.dtype, device)
-    parts = _resolve_workspace(workspace, plan, device)
     lead = tuple(X.shape[:-2])
     X3 = X.reshape(-1, n, C)
     # eager: the backwards check the workspace again (under torch.compile it is checked

@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:555ba3e519f3d11529f12de116d0eb148526838fa98d44b8570429fd717af9e1"
+SOURCE_DIGEST = "sha256:c1844b663c7f4f5e866507cd39f173141a5391e08227e922a06132b301ccf943"
 # --- end of generated block ---
 
 MANIFEST = {

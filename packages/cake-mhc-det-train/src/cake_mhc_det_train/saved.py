@@ -34,6 +34,23 @@ class MHCDetSavedSet(SavedSet):
     format_version = 1
 
 
+def workspace_buffers(plan: MHCDetPlan, *, plan_cls: type = MHCDetPlan
+                      ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """``{name: (shape, dtype)}`` of what ``for_plan`` allocates for ``plan`` (what
+    ``workspace_bytes`` sums), after checking that ``plan`` is a ``plan_cls`` of its mode
+    (``plan_cls``: the nondet sibling passes its own).
+
+    Raises:
+        ValueError: ``plan`` of another type or mode.
+    """
+    mode = plan_cls.expected_mode
+    if not isinstance(plan, plan_cls) or plan.mode != mode:
+        raise ValueError(f"plan: expected {plan_cls.__name__} with mode={mode}, got "
+                         f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
+    shape = (plan.dphi_slices, plan.n_streams * plan.hidden_size, plan.n_coeffs)
+    return {"dphi_partials": (shape, torch.float32)}
+
+
 class MHCDetWorkspace(Workspace):
     """fp32 partial-dphi planes ``[plan.dphi_slices, n*C, 2n + n^2]`` for one plan.
 
@@ -49,12 +66,9 @@ class MHCDetWorkspace(Workspace):
     def for_plan(cls, plan: MHCDetPlan, device: torch.device | str) -> MHCDetWorkspace:
         """Allocate the buffers ``plan`` needs on ``device``."""
         device = check_alloc_device(device)
-        if not isinstance(plan, MHCDetPlan) or plan.mode != Mode.DET:
-            raise ValueError(f"plan: expected MHCDetPlan with mode=det, got "
-                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
-        parts = torch.empty(plan.dphi_slices, plan.n_streams * plan.hidden_size, plan.n_coeffs,
-                            dtype=torch.float32, device=device)
-        return cls(plan, device, {"dphi_partials": parts})
+        bufs = {n: torch.empty(s, dtype=dt, device=device)
+                for n, (s, dt) in workspace_buffers(plan).items()}
+        return cls(plan, device, bufs)
 
 
-__all__ = ["MHCDetSavedSet", "MHCDetWorkspace", "Mode"]
+__all__ = ["MHCDetSavedSet", "MHCDetWorkspace", "Mode", "workspace_buffers"]

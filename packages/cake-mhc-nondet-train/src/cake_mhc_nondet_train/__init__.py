@@ -28,6 +28,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "MHCNondetSavedSet": "saved",
     "MHCNondetWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -36,15 +39,23 @@ __all__ = [
     "MHCNondetWorkspace",
     "HyperConnectionNondet",
     "__version__",
+    "is_supported_nondet",
     "make_nondet_plan",
     "mhc_nondet_finish",
     "mhc_nondet_prepare",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from cake_mhc_nondet_train.api import mhc_nondet_finish, mhc_nondet_prepare
     from cake_mhc_nondet_train.modules import HyperConnectionNondet
     from cake_mhc_nondet_train.plan import MHCNondetPlan, make_nondet_plan
+    from cake_mhc_nondet_train.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_mhc_nondet_train.saved import MHCNondetSavedSet, MHCNondetWorkspace
 
 

@@ -22,14 +22,12 @@ from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_mhc_det_train.api import (
     _check_finish,
-    _check_prepare,
+    _checks,
     _launch_finish_bwd,
     _launch_finish_fwd,
     _launch_prepare_bwd,
     _launch_prepare_fwd,
     _recheck_workspace,
-    _resolve_plan,
-    _resolve_workspace,
 )
 from cake_mhc_det_train.plan import n_coeffs
 
@@ -51,6 +49,15 @@ def _eager_alert() -> None:
     # own alert runs at run time instead
     if not torch.compiler.is_compiling():
         _alert()
+
+
+def _nondet_checks(X, phi, alpha, bias, eps, sinkhorn_iters, plan, workspace, *,
+                   launch: bool = True):
+    """The det prepare's checks with this package's plan, rule and workspace classes (also
+    :func:`is_supported_nondet`'s) -> ``(device, plan, dphi_partials)``."""
+    return _checks(X, phi, alpha, bias, eps, sinkhorn_iters, plan, workspace,
+                   plan_cls=MHCNondetPlan, rule=make_nondet_plan, ws_cls=MHCNondetWorkspace,
+                   launch=launch)
 
 
 def _recheck(check) -> None:
@@ -209,11 +216,9 @@ def mhc_nondet_prepare(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
         RuntimeError: in the backward under ``torch.use_deterministic_algorithms(True)``,
             before any launch (``warn_only=True``: one warning, then it runs).
     """
-    device = _check_prepare(X, phi, alpha, bias, eps, sinkhorn_iters)
+    device, plan, parts = _nondet_checks(X, phi, alpha, bias, eps, sinkhorn_iters, plan,
+                                         workspace)
     n, C = X.shape[-2], X.shape[-1]
-    plan = _resolve_plan(plan, n, C, X.dtype, device, plan_cls=MHCNondetPlan,
-                         rule=make_nondet_plan)
-    parts = _resolve_workspace(workspace, plan, device, ws_cls=MHCNondetWorkspace)
     lead = tuple(X.shape[:-2])
     X3 = X.reshape(-1, n, C)
     ws_check = None if workspace is None or torch.compiler.is_compiling() else \

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_mhc_det_train.kernels.fwd", "function": "mhc_coef_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:369bce6ecd7ab12827b721580e5829102e2114e10b05daeffac4a94f81312670"
+SOURCE_DIGEST = "sha256:6df55fcc477399e7406097d02a2ef38469209ecfecaac03c9b2f5dc5c9f011c2"
 # --- end of generated block ---
 
 REUSES = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from cake_core import Mode, SavedSet, Workspace
 from cake_core.checks import check_alloc_device
+from cake_mhc_det_train.saved import workspace_buffers
 
 from cake_mhc_nondet_train.plan import MHCNondetPlan
 
@@ -35,12 +36,9 @@ class MHCNondetWorkspace(Workspace):
             ValueError: ``plan`` not an :class:`MHCNondetPlan`, a bad device.
         """
         device = check_alloc_device(device)
-        if not isinstance(plan, MHCNondetPlan) or plan.mode != Mode.NONDET:
-            raise ValueError(f"plan: expected MHCNondetPlan with mode=nondet, got "
-                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
-        parts = torch.empty(plan.dphi_slices, plan.n_streams * plan.hidden_size, plan.n_coeffs,
-                            dtype=torch.float32, device=device)
-        return cls(plan, device, {"dphi_partials": parts})
+        bufs = {n: torch.empty(s, dtype=dt, device=device) for n, (s, dt) in
+                workspace_buffers(plan, plan_cls=MHCNondetPlan).items()}
+        return cls(plan, device, bufs)
 
 
 __all__ = ["MHCNondetSavedSet", "MHCNondetWorkspace", "Mode"]

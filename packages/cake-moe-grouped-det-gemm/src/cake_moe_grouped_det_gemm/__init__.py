@@ -39,6 +39,9 @@ _LAZY = {
     "moe_route_det": "moe",
     "moe_topk_det": "moe",
     "moe_unpermute_det": "moe",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "MoEGroupedDetWorkspace",
     "MoERouting",
     "__version__",
+    "is_supported",
     "make_moe_plans",
     "make_plan",
     "moe_grouped_det_gemm",
@@ -62,6 +66,8 @@ __all__ = [
     "moe_route_det",
     "moe_topk_det",
     "moe_unpermute_det",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover
         moe_unpermute_det,
     )
     from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
+    from cake_moe_grouped_det_gemm.queries import is_supported, saved_bytes, workspace_bytes
     from cake_moe_grouped_det_gemm.reference import (
         moe_feed_forward_reference,
         moe_grouped_gemm_reference,

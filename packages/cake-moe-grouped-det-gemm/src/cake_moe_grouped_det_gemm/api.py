@@ -111,7 +111,7 @@ def _check_main_grad(main_grad, E: int, N: int, K: int) -> None:
     check_accumulator(main_grad, "main_grad", (E, N, K))
 
 
-def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
+def _check_inputs(x, weight, offs, m_sizes, main_grad, *, launch: bool = True) -> torch.device:
     check_tensor(x, "x")
     check_ndim(x, "x", ndim=2, layout=X_LAYOUT)
     check_dtype(x, "x", _FLOATS)
@@ -131,7 +131,8 @@ def _check_inputs(x, weight, offs, m_sizes, main_grad) -> torch.device:
     _check_main_grad(main_grad, E, N, K)
     device = check_same_device(("x", x), ("weight", weight), ("main_grad", main_grad))
     _check_group_sizes(offs, m_sizes, E, M, device)
-    launch_device_check(device, "x")
+    if launch:  # off for the size queries, which serve meta tensors
+        launch_device_check(device, "x")
     return device
 
 
@@ -170,6 +171,19 @@ def _resolve_workspace(workspace, plan: MoEGroupedDetPlan, device: torch.device,
             f"workspace: 'partials' must be a contiguous fp32 tensor of shape {list(want)}, "
             f"got {got}; build it with {ws_cls.__name__}.for_plan(plan, device)")
     return t
+
+
+def _checks(x, weight, offs, m_sizes, plan, workspace, main_grad, *,
+            plan_cls=MoEGroupedDetPlan, rule=None, ws_cls=MoEGroupedDetWorkspace,
+            launch: bool = True):
+    """Every check the entry makes before a launch (also :func:`is_supported`'s) ->
+    ``(device, plan, partials)``. ``plan_cls`` / ``rule`` / ``ws_cls``: the nondet
+    sibling's; ``launch=False`` skips the backend's device check (size queries)."""
+    device = _check_inputs(x, weight, offs, m_sizes, main_grad, launch=launch)
+    E, N, K = weight.shape
+    plan = _resolve_plan(plan, x.shape[0], E, N, K, x.dtype, device, plan_cls=plan_cls,
+                         rule=rule)
+    return device, plan, _resolve_workspace(workspace, plan, device, ws_cls=ws_cls)
 
 
 def _row_ends(offs, m_sizes, M: int) -> torch.Tensor:
@@ -497,11 +511,8 @@ moe_grouped_det_gemm.__doc__ = """Deterministic MoE grouped GEMM with autograd:
 
 
 def _entry(x, weight, offs, m_sizes, plan, workspace, main_grad):
-    device = _check_inputs(x, weight, offs, m_sizes, main_grad)
+    _, plan, partials = _checks(x, weight, offs, m_sizes, plan, workspace, main_grad)
     M = x.shape[0]
-    E, N, K = weight.shape
-    plan = _resolve_plan(plan, M, E, N, K, x.dtype, device)
-    partials = _resolve_workspace(workspace, plan, device)
     ends = _row_ends(offs, m_sizes, M)
     if not torch.compiler.is_compiling():
         return _MoEGroupedDetFunction.apply(x, weight, ends, plan, partials, main_grad)
@@ -518,10 +529,8 @@ def moe_grouped_det_gemm_fwd(x: torch.Tensor, weight: torch.Tensor,
     ``saved`` is a :class:`MoEGroupedDetSavedSet` for :func:`moe_grouped_det_gemm_bwd`.
     Arguments, shapes, checks and errors as in :func:`moe_grouped_det_gemm`.
     """
-    device = _check_inputs(x, weight, offs, m_sizes, None)
+    _, plan, _ = _checks(x, weight, offs, m_sizes, plan, None, None)
     M = x.shape[0]
-    E, N, K = weight.shape
-    plan = _resolve_plan(plan, M, E, N, K, x.dtype, device)
     with torch.no_grad():
         ends = _row_ends(offs, m_sizes, M)
         y = _launch_fwd(x, weight, ends, plan)

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:210a10d76f88375fbf7a5ff6ef145cbf87a21bc98b309941c53ebece2f00d38a"
+SOURCE_DIGEST = "sha256:e53fd497aa8963a410f10c9d9381a2d6bd0cd2dc8a184afbee6b92331c34a194"
 # --- end of generated block ---
 
 MANIFEST = {

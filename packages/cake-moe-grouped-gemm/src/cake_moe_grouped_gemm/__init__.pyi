@@ -13,6 +13,7 @@ from cake_moe_grouped_det_gemm import MoEGroupedDetSavedSet as MoEGroupedDetSave
 from cake_moe_grouped_det_gemm import MoEGroupedDetWorkspace as MoEGroupedDetWorkspace
 from cake_moe_grouped_det_gemm import MoERouting as MoERouting
 from cake_moe_grouped_det_gemm import __version__ as __version__
+from cake_moe_grouped_det_gemm import is_supported as is_supported
 from cake_moe_grouped_det_gemm import make_moe_plans as make_moe_plans
 from cake_moe_grouped_det_gemm import make_plan as make_plan
 from cake_moe_grouped_det_gemm import moe_feed_forward_det as moe_feed_forward_det
@@ -25,6 +26,8 @@ from cake_moe_grouped_det_gemm import moe_permute_det as moe_permute_det
 from cake_moe_grouped_det_gemm import moe_route_det as moe_route_det
 from cake_moe_grouped_det_gemm import moe_topk_det as moe_topk_det
 from cake_moe_grouped_det_gemm import moe_unpermute_det as moe_unpermute_det
+from cake_moe_grouped_det_gemm import saved_bytes as saved_bytes
+from cake_moe_grouped_det_gemm import workspace_bytes as workspace_bytes
 
 # old spellings (the same objects; not in __all__)
 MoEGroupedGrads = MoEGroupedDetGrads
@@ -49,6 +52,7 @@ __all__ = [
     "MoEGroupedDetWorkspace",
     "MoERouting",
     "__version__",
+    "is_supported",
     "make_moe_plans",
     "make_plan",
     "moe_feed_forward_det",
@@ -61,4 +65,6 @@ __all__ = [
     "moe_route_det",
     "moe_topk_det",
     "moe_unpermute_det",
+    "saved_bytes",
+    "workspace_bytes",
 ]

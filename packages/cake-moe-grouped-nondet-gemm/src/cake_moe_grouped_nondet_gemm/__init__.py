@@ -39,6 +39,9 @@ _LAZY = {
     "moe_route_nondet": "moe",
     "moe_topk_nondet": "moe",
     "moe_unpermute_nondet": "moe",
+    "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "MoEFeedForwardNondetPlans",
     "MoERoutingNondet",
     "__version__",
+    "is_supported_nondet",
     "make_nondet_moe_plans",
     "make_nondet_plan",
     "moe_feed_forward_nondet",
@@ -60,6 +64,8 @@ __all__ = [
     "moe_route_nondet",
     "moe_topk_nondet",
     "moe_unpermute_nondet",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,6 +87,11 @@ if TYPE_CHECKING:  # pragma: no cover
         moe_unpermute_nondet,
     )
     from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan, make_nondet_plan
+    from cake_moe_grouped_nondet_gemm.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_moe_grouped_nondet_gemm.saved import (
         MoEGroupedNondetSavedSet,
         MoEGroupedNondetWorkspace,

@@ -28,8 +28,8 @@ from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import launch_device_check
 from cake_moe_grouped_det_gemm.api import (
-    _check_inputs,
     _check_main_grad,
+    _checks,
     _launch_bwd,
     _launch_fwd,
     _resolve_plan,
@@ -70,6 +70,15 @@ def _resolve_nondet_plan(plan, M, E: int, N: int, K: int, dtype: torch.dtype,
     a :class:`MoEGroupedNondetPlan` for (E, N, K), dtype and device."""
     return _resolve_plan(plan, M, E, N, K, dtype, device, plan_cls=MoEGroupedNondetPlan,
                          rule=make_nondet_plan)
+
+
+def _nondet_checks(x, weight, offs, m_sizes, plan, workspace, main_grad, *,
+                   launch: bool = True):
+    """The det entry's checks with this package's plan, rule and workspace classes (also
+    :func:`is_supported_nondet`'s) -> ``(device, plan, partials)``."""
+    return _checks(x, weight, offs, m_sizes, plan, workspace, main_grad,
+                   plan_cls=MoEGroupedNondetPlan, rule=make_nondet_plan,
+                   ws_cls=MoEGroupedNondetWorkspace, launch=launch)
 
 
 def _workspace(workspace, plan, device):
@@ -174,11 +183,8 @@ def moe_grouped_nondet_gemm(x: torch.Tensor, weight: torch.Tensor,
         RuntimeError: in the backward under ``torch.use_deterministic_algorithms(True)``,
             before any launch (``warn_only=True``: one warning, then it runs).
     """
-    device = _check_inputs(x, weight, offs, m_sizes, main_grad)
+    _, plan, partials = _nondet_checks(x, weight, offs, m_sizes, plan, workspace, main_grad)
     M = x.shape[0]
-    E, N, K = weight.shape
-    plan = _resolve_nondet_plan(plan, M, E, N, K, x.dtype, device)
-    partials = _workspace(workspace, plan, device)
     ends = _row_ends(offs, m_sizes, M)
     if not torch.compiler.is_compiling():
         return _MoEGroupedNondetFunction.apply(x, weight, ends, plan, partials, main_grad)
@@ -193,10 +199,8 @@ def moe_grouped_nondet_gemm_fwd(x: torch.Tensor, weight: torch.Tensor,
     """Low-level forward without autograd: ``(y, saved)``, ``saved`` a
     :class:`MoEGroupedNondetSavedSet` for :func:`moe_grouped_nondet_gemm_bwd`. Arguments,
     shapes, checks and errors as :func:`moe_grouped_nondet_gemm`."""
-    device = _check_inputs(x, weight, offs, m_sizes, None)
+    _, plan, _ = _nondet_checks(x, weight, offs, m_sizes, plan, None, None)
     M = x.shape[0]
-    E, N, K = weight.shape
-    plan = _resolve_nondet_plan(plan, M, E, N, K, x.dtype, device)
     with torch.no_grad():
         ends = _row_ends(offs, m_sizes, M)
         y = _launch_fwd(x, weight, ends, plan)

@@ -65,7 +65,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:dd7f1d1635ebb1a6b7550bffb9f0525e181acaaac25ffe415cfb6a4429bfb150"
+SOURCE_DIGEST = "sha256:835dfcafc5f6c690c0ef68d1ce3a9cc77f21f092acacecb247233e92338c6b85"
 # --- end of generated block ---
 
 REUSES = [

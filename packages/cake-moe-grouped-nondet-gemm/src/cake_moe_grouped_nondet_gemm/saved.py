@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from cake_core import Mode, SavedSet, Workspace
 from cake_core.checks import check_alloc_device
-from cake_moe_grouped_det_gemm.saved import workspace_shapes
+from cake_moe_grouped_det_gemm.saved import workspace_buffers
 
 from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan
 
@@ -35,11 +35,8 @@ class MoEGroupedNondetWorkspace(Workspace):
             ValueError: ``plan`` not a :class:`MoEGroupedNondetPlan`, a bad device.
         """
         device = check_alloc_device(device)
-        if not isinstance(plan, MoEGroupedNondetPlan) or plan.mode != Mode.NONDET:
-            raise ValueError(f"plan: expected MoEGroupedNondetPlan with mode=nondet, got "
-                             f"{type(plan).__name__} (mode={getattr(plan, 'mode', 'none')})")
-        bufs = {n: torch.empty(s, dtype=torch.float32, device=device)
-                for n, s in workspace_shapes(plan).items()}
+        bufs = {n: torch.empty(s, dtype=dt, device=device) for n, (s, dt) in
+                workspace_buffers(plan, plan_cls=MoEGroupedNondetPlan).items()}
         return cls(plan, device, bufs)
 
 
