@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d1bd21d0fcdec33c03f983a41cc49efb506bb947f2ef6929f8f74f43e3c5c10d"
+SOURCE_DIGEST = "sha256:6a39d0f31f3600b1a862bee07e60c639a46d080a727ad7a667df4862f344b770"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -343,9 +343,10 @@ class Partition:
                 parts are empty. ``"zigzag_per_document"``: every document (length ``L``)
                 is cut into ``2W`` parts the same way (part ``p`` is its tokens
                 ``[floor(p*L/(2W)), floor((p+1)*L/(2W)))``) and rank ``r`` holds, document
-                after document, part ``r`` then part ``2W-1-r``: every rank gets the same
-                causal work of every document (each document crosses every rank, so every
-                document's state is exchanged).
+                after document, part ``r`` then part ``2W-1-r``: a document of at least
+                ``2W`` tokens crosses every rank and gives each the same causal work (its
+                state is exchanged); shorter documents' parts are uneven (the rounding
+                leaves their tokens on the same ranks: a 1-token document is rank 0's).
 
         Raises:
             ValueError: bad ``cu_seqlens`` (not a CPU int32/int64 tensor or int sequence,
@@ -1239,7 +1240,8 @@ def agree_once(ctx: Context, entry: str, **options: object) -> None:
     they agree, so that a job whose ranks were given different partitions or options fails
     on every rank with a message instead of hanging in a collective.
 
-    Each rank hashes one description, ``entry``, the partition's key, ``ctx.world_size``,
+    Each rank hashes one description, ``entry``, the partition's key and layout label,
+    ``ctx.world_size``,
     ``ctx.exchange``, ``ctx.conv_kernel_size`` and ``options`` (head counts, dims, dtypes,
     flags, the plan: whatever the entry's collectives depend on), to 16 bytes; one
     all-gather of them (``torch.distributed.all_gather`` on ``ctx.device`` under NCCL, on
@@ -1263,7 +1265,8 @@ def agree_once(ctx: Context, entry: str, **options: object) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         agreed.add(entry)
         return
-    desc = {"entry": entry, "partition": ctx.partition.key, "world_size": ctx.world_size,
+    desc = {"entry": entry, "partition": ctx.partition.key,
+            "layout": ctx.partition.layout, "world_size": ctx.world_size,
             "exchange": ctx.exchange, "conv_kernel_size": ctx.conv_kernel_size,
             **{k: _plain(v) for k, v in options.items()}}
     digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).digest()[:16]

@@ -357,7 +357,7 @@ def render_names_doc() -> str:
       "import name is the same with `_` for `-`.")
     w("- A deterministic family is `cake-<family>-det-train` (training kernels) or "
       "`cake-<family>-det-gemm` (GEMMs): `det` comes right before `train` / `gemm`. A "
-      "non-deterministic sibling would carry `nondet` in the same place.")
+      "non-deterministic sibling carries `nondet` in the same place.")
     w("- A context-parallel (KCP) route of a family adds `-kcp`, always as the last part "
       "(`cake-gdn-det-train-kcp`), and needs the family's local package.")
     w("- Public names inside a package carry the mode too: `rmsnorm_det`, "

@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d00ff89828a438d6eb4cb9c2b866d919b89cf90f05eb5ba9dc05040d564046d2"
+SOURCE_DIGEST = "sha256:9ff0a676aa7a82eaddb7e0f27d0cb75a6f91e7ac66d26b1ad4030e2ebaa1af20"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cp-layout", choices=("contiguous", "zigzag", "zigzag_per_document"),
                    default="contiguous",
-                   help="how tokens are cut over the ranks (default: %(default)s)")
+                   help="how tokens are cut over the ranks: contiguous ranges, zigzag (the "
+                   "batch in 2N parts, rank r holds parts r and 2N-1-r) or zigzag_per_document "
+                   "(every document so) (default: %(default)s)")
     p.add_argument("--cp-exchange", choices=("allgather", "ring"), default="allgather",
                    help="the delta-rule state exchange (default: %(default)s)")
     p.add_argument("--out", default=cpu["out"], help="output directory (default: %(default)s)")

@@ -104,8 +104,11 @@ def qwen3_next_config(cfg: TrainConfig):
 
     Raises:
         ImportError: transformers (or its Qwen3-Next) missing.
-        ValueError: ``moe_experts`` / ``moe_top_k`` not set (``1 <= k <= E``).
+        ValueError: fewer than 2 layers; ``moe_experts`` / ``moe_top_k`` not set (``1 <= k <= E``).
     """
+    if cfg.n_layers < 2:
+        raise ValueError(f"--model qwen3-next needs at least 2 layers (one Gated DeltaNet, one "
+                         f"attention), got --n-layers {cfg.n_layers}")
     if not 1 <= cfg.moe_top_k <= cfg.moe_experts:
         raise ValueError(f"--model qwen3-next needs experts: --moe E,k with 1 <= k <= E, got "
                          f"E={cfg.moe_experts}, k={cfg.moe_top_k}")

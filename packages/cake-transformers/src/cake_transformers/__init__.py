@@ -3,10 +3,10 @@
 ``apply_cake_kernels_to_qwen3_next(model)`` swaps the compute of a Qwen3-Next model
 (RMSNorms, Gated DeltaNet, short convolution, gated norm, gated attention, sparse MoE, LM
 head with its loss) for cake's det kernels in place, keeping its parameters and
-``state_dict`` keys; without a model it patches transformers' Qwen3-Next classes, so models
-built afterwards use cake. ``apply_cake_kernels_to_qwen3`` and ``apply_cake_kernels_to_llama``
-do the same for the dense decoders (RMSNorms, attention, SwiGLU MLP projections, LM head with
-its loss).
+``state_dict`` keys; without a model it patches transformers' Qwen3-Next classes, so every
+model of them (built before or after) uses cake. ``apply_cake_kernels_to_qwen3`` and
+``apply_cake_kernels_to_llama`` do the same for the dense decoders (RMSNorms, attention,
+SwiGLU MLP projections, LM head with its loss).
 
 Public names are imported lazily: importing this package does not import transformers,
 Triton or the kernels.
