@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:ee9a6a99872f8ccedb6729f65e31591ef940ae7cb6d994060f15ce2c68b3767a"
+SOURCE_DIGEST = "sha256:afefb6297c9d20bac2fc511f07e244851e7213ee9d87b9b6eacb5b3150c3fc71"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -14,9 +14,12 @@ from cake_kda_det_train import KimiDeltaAttention as KimiDeltaAttention
 from cake_kda_det_train import chunk_kda_det as chunk_kda_det
 from cake_kda_det_train import chunk_kda_det_bwd as chunk_kda_det_bwd
 from cake_kda_det_train import chunk_kda_det_fwd as chunk_kda_det_fwd
+from cake_kda_det_train import is_supported as is_supported
 from cake_kda_det_train import kda_gate_ref as kda_gate_ref
 from cake_kda_det_train import kda_recurrence_ref as kda_recurrence_ref
 from cake_kda_det_train import make_plan as make_plan
+from cake_kda_det_train import saved_bytes as saved_bytes
+from cake_kda_det_train import workspace_bytes as workspace_bytes
 from cake_kda_det_train_kcp import KDADetKCPGrads as KDADetKCPGrads
 from cake_kda_det_train_kcp import KDADetKCPSavedSet as KDADetKCPSavedSet
 from cake_kda_det_train_kcp import KDADetKCPWorkspace as KDADetKCPWorkspace
@@ -63,9 +66,12 @@ __all__ = [
     "chunk_kda_det_fwd_kcp",
     "chunk_kda_det_kcp",
     "exchange_bytes",
+    "is_supported",
     "kcp",
     "kda_gate_ref",
     "kda_recurrence_ref",
     "make_plan",
     "partition_det_kcp",
+    "saved_bytes",
+    "workspace_bytes",
 ]
