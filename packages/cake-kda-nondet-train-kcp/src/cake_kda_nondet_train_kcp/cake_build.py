@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:afefb6297c9d20bac2fc511f07e244851e7213ee9d87b9b6eacb5b3150c3fc71"
+SOURCE_DIGEST = "sha256:096b90c158ca6e80e3c11f472ce5cb87fae40efb591459f75b0c5253ebc40d98"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

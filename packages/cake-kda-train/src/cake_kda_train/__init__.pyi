@@ -27,7 +27,7 @@ from cake_kda_det_train_kcp import build_context_det_kcp as build_context_det_kc
 from cake_kda_det_train_kcp import chunk_kda_det_bwd_kcp as chunk_kda_det_bwd_kcp
 from cake_kda_det_train_kcp import chunk_kda_det_fwd_kcp as chunk_kda_det_fwd_kcp
 from cake_kda_det_train_kcp import chunk_kda_det_kcp as chunk_kda_det_kcp
-from cake_kda_det_train_kcp import exchange_bytes as exchange_bytes
+from cake_kda_det_train_kcp import comm_bytes as comm_bytes
 from cake_kda_det_train_kcp import partition_det_kcp as partition_det_kcp
 
 __version__: str
@@ -65,7 +65,7 @@ __all__ = [
     "chunk_kda_det_fwd",
     "chunk_kda_det_fwd_kcp",
     "chunk_kda_det_kcp",
-    "exchange_bytes",
+    "comm_bytes",
     "is_supported",
     "kcp",
     "kda_gate_ref",
