@@ -117,12 +117,12 @@ def _run(case, rank):
         except ValueError as e:
             return {"mismatch": str(e)}
         return {"mismatch": None}
-    with _count_local_calls() as calls:
-        first = once()
+    with _count_local_calls() as calls, count_collective_bytes() as (moved_first, phase):
+        first = once(phase)  # the first step: the ranks' agreements too
     with count_collective_bytes() as (moved, phase):  # a steady-state step (agreed)
         second = once(phase)
     out = {n: t for n, t in zip(NAMES, first, strict=True)}
-    out["moved"] = dict(moved)
+    out["moved"], out["moved_first"] = dict(moved), dict(moved_first)
     out["comm_bytes"] = comm_bytes(ctx, xs[0].shape[3], xs[2].shape[3], xs[2].shape[2])
     out["local_calls"] = dict(calls)
     out["num_tokens"] = ctx.num_tokens

@@ -1,6 +1,7 @@
 """comm_bytes against the bytes the collectives move in a gloo run (issue 45): each case's
 second step (after the ranks' one-time agreement) is counted by wrapping
-``torch.distributed.all_gather`` / ``batch_isend_irecv`` (``_kcp_worker.py``)."""
+``torch.distributed.all_gather`` / ``batch_isend_irecv`` (``_kcp_worker.py``); the first
+step moves the two agreements' 16 bytes per rank more."""
 
 import importlib.util
 import os
@@ -34,6 +35,12 @@ def test_comm_bytes_is_what_the_collectives_move(tmp_path, W, names):
             assert "error" not in res[name], res[name]["error"]
             moved, want = res[name]["moved"], res[name]["comm_bytes"]
             assert moved == want, (name, rank, moved, want)
+            # the first step adds the forward's and the backward's agreement: one
+            # all-gather of 16 bytes per rank each
+            first = res[name]["moved_first"]
+            assert {k: first[k] - moved[k] for k in moved} == {
+                "fwd_sent": 16, "fwd_received": 16 * (W - 1), "bwd_sent": 16,
+                "bwd_received": 16 * (W - 1), "calls": 2}, (name, rank, first, moved)
         # something crossed: the counts are not vacuous
         assert sum(res[name]["moved"]["fwd_received"] for res in results) > 0, name
         assert sum(res[name]["moved"]["bwd_received"] for res in results) > 0, name
