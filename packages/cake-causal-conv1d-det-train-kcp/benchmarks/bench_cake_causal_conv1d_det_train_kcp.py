@@ -22,7 +22,7 @@ and still take part in every collective.
 Per rank, the median wall time (all ranks start each repetition together after a barrier;
 the host waits for the device) of the KCP forward (``causal_conv1d_det_fwd_kcp``), backward
 (``causal_conv1d_det_bwd_kcp``) and both, and the bytes the collectives move
-(:func:`cake_causal_conv1d_det_train_kcp.exchange_bytes`). ``--base local``: rank 0 also
+(:func:`cake_causal_conv1d_det_train_kcp.comm_bytes`). ``--base local``: rank 0 also
 runs the same documents (all T tokens) through the single-rank package
 (``causal_conv1d_det_fwd`` / ``causal_conv1d_det_bwd``); the others wait. ``--check``:
 every rank compares y and dx on its tokens, and the reduced dweight / dbias, with the
@@ -91,7 +91,7 @@ def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
         build_context_det_kcp,
         causal_conv1d_det_bwd_kcp,
         causal_conv1d_det_fwd_kcp,
-        exchange_bytes,
+        comm_bytes,
         partition_det_kcp,
     )
     from cake_core.testing import rel_fro_error
@@ -121,7 +121,7 @@ def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
 
     rec = {"rank": rank, "tokens": ctx.num_tokens, "fragments": ctx.num_fragments,
            "halo_fragments": len(ctx.halo),
-           "bytes": exchange_bytes(ctx, D, dtype, bias=a.bias, reduce_weight_grads=red)}
+           "bytes": comm_bytes(ctx, D, dtype, bias=a.bias, reduce_weight_grads=red)}
     t0 = time.perf_counter()
     first = step()
     kcp_bench.sync(device)

@@ -123,12 +123,65 @@ def _run(case: Case, rank: int):
     out["num_tokens"] = ctx.num_tokens
     out["repeat"] = _same(first, second)
     out["red_same_y_dx"] = _same(first[:2], red[:2])
+    out["moved"], out["comm_bytes"] = zip(*(_moved_and_comm_bytes(ctx, local, case, red)
+                                            for red in (False, True)), strict=True)
     if "autograd" in case.flags:
         out["autograd_same"] = _same(autograd_run(local, ctx, act), first)
         out["autograd_red_same"] = _same(autograd_run(local, ctx, act, True), red)
     if "bad" in case.flags:
         out["bad"] = _bad_inputs(p, ctx, local, rank, case)
     return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def count_collective_bytes():
+    """Sums what ``torch.distributed.all_gather`` and ``batch_isend_irecv`` move on this
+    rank in the block, as ``comm_bytes`` counts it: an all-gather sends its input's bytes
+    and receives the other ranks' rows, a point-to-point op sends or receives its tensor's;
+    ``calls`` counts all-gathers and point-to-point ops. Yields ``(moved, phase)``: set
+    ``phase[0] = "bwd"`` when the backward starts."""
+    import torch.distributed as dist
+
+    moved = dict.fromkeys(("fwd_sent", "fwd_received", "bwd_sent", "bwd_received", "calls"), 0)
+    phase = ["fwd"]
+    real = dist.all_gather, dist.batch_isend_irecv
+
+    def all_gather(outs, send, *a, **k):
+        moved[f"{phase[0]}_sent"] += send.nbytes
+        moved[f"{phase[0]}_received"] += sum(t.nbytes for t in outs) - send.nbytes
+        moved["calls"] += 1
+        return real[0](outs, send, *a, **k)
+
+    def batch_isend_irecv(ops):
+        for op in ops:
+            way = "sent" if op.op is dist.isend else "received"
+            moved[f"{phase[0]}_{way}"] += op.tensor.nbytes
+            moved["calls"] += 1
+        return real[1](ops)
+
+    dist.all_gather, dist.batch_isend_irecv = all_gather, batch_isend_irecv
+    try:
+        yield moved, phase
+    finally:
+        dist.all_gather, dist.batch_isend_irecv = real
+
+
+def _moved_and_comm_bytes(ctx, local, case: Case, reduce: bool):
+    """What the collectives of one more steady-state step move on this rank, and what
+    ``comm_bytes`` says they move."""
+    from cake_causal_conv1d_det_train_kcp import (
+        causal_conv1d_det_bwd_kcp,
+        causal_conv1d_det_fwd_kcp,
+        comm_bytes,
+    )
+
+    x, w, b, dy = local
+    with count_collective_bytes() as (moved, phase):
+        _, saved = causal_conv1d_det_fwd_kcp(x, w, b, ctx, activation=case.activation)
+        phase[0] = "bwd"
+        causal_conv1d_det_bwd_kcp(dy, saved, ctx, reduce_weight_grads=reduce)
+    want = comm_bytes(ctx, x.shape[-1], x.dtype, bias=b is not None, reduce_weight_grads=reduce)
+    return dict(moved), {k: want[k] for k in moved}
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from cake_causal_conv1d_det_train_kcp import (
     CausalConv1dDetKCPWorkspace,
     build_context_det_kcp,
     causal_conv1d_det_fwd_kcp,
-    exchange_bytes,
+    comm_bytes,
     partition_det_kcp,
 )
 from cake_causal_conv1d_det_train_kcp.context import halo_plan, halo_tables
@@ -176,30 +176,30 @@ def test_halo_plan_moves_the_right_rows(case, wc):
         assert order == sorted(order) and [k for k, _ in sorted(v)] == list(range(len(v)))
 
 
-def test_exchange_bytes():
+def test_comm_bytes():
     """The halo rows (padded to the widest rank) forward and back; the backward also
     carries the fp32 weight-gradient shares when they are reduced."""
     D, b = 16, 2
     p = partition_det_kcp([0, 100], 4)            # one document over four ranks
     for r in range(4):
         ctx = build_context(p, None, r, "cpu", 4, check_group=False)
-        e = exchange_bytes(ctx, D, torch.bfloat16)
+        e = comm_bytes(ctx, D, torch.bfloat16)
         assert e["fwd_sent"] == 3 * D * b and e["fwd_received"] == 3 * e["fwd_sent"]
         assert e["bwd_sent"] == 3 * D * b and e["calls"] == 2
         assert e["halo_rows_out"] == (3 if r < 3 else 0)
         assert e["halo_rows_in"] == (3 if r > 0 else 0)
-        red = exchange_bytes(ctx, D, torch.bfloat16, bias=True, reduce_weight_grads=True)
+        red = comm_bytes(ctx, D, torch.bfloat16, bias=True, reduce_weight_grads=True)
         assert red["bwd_sent"] == 4 * (D * 4 + D) + 3 * D * b and red["fwd_sent"] == 96
     none = build_context(partition_det_kcp([0, 50, 100], 2), None, 0, "cpu", 4,
                          check_group=False)
-    assert exchange_bytes(none, D) == dict(fwd_sent=0, fwd_received=0, bwd_sent=0,
+    assert comm_bytes(none, D) == dict(fwd_sent=0, fwd_received=0, bwd_sent=0,
                                            bwd_received=0, calls=0, halo_rows_out=0,
                                            halo_rows_in=0)
-    red = exchange_bytes(none, 3, reduce_weight_grads=True)
+    red = comm_bytes(none, 3, reduce_weight_grads=True)
     assert red["bwd_sent"] == 48 and red["calls"] == 1   # 4 * 3 * 4 bytes, padded to 8
     one = build_context(partition_det_kcp(CROSS_CU, 1, fragments=CROSS_ROWS), None, 0, "cpu",
                         4, check_group=False)
-    assert exchange_bytes(one, D, reduce_weight_grads=True)["calls"] == 0
+    assert comm_bytes(one, D, reduce_weight_grads=True)["calls"] == 0
 
 
 def test_workspace_for_context():

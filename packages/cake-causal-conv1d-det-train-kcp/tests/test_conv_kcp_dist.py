@@ -66,6 +66,7 @@ def _check(results, names):
         for r, res in enumerate(per_rank):
             assert "error" not in res, f"{name} rank {r}:\n{res['error']}"
             assert res["repeat"], f"{name} rank {r}: not repeated bitwise"
+            assert res["moved"] == res["comm_bytes"], (name, r, res["moved"])
             assert res["red_same_y_dx"], f"{name} rank {r}: reduce changed y or dx"
             # every rank joins every collective, an empty one too; an empty one runs no kernel
             assert res["calls"]["gather"] == plain, (name, r, res["calls"])

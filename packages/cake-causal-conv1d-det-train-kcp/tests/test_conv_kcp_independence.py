@@ -77,7 +77,7 @@ def test_sources_import_no_foreign_family():
 @pytest.mark.parametrize("code", [
     "import cake_gdn_det_train",
     "import os, cake_kda_det_train.api as kda",
-    "from cake_gdn_det_train_kcp import exchange_bytes",
+    "from cake_gdn_det_train_kcp import comm_bytes",
     "from cake_gdn_det_train_kcp.context import check_context",
     "def f():\n    from cake_rmsnorm_det_train import rmsnorm_det\n",
     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import cake_kda_det_train_kcp\n",

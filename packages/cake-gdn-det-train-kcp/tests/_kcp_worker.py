@@ -93,6 +93,7 @@ def _run(case, rank):
         chunk_gated_delta_rule_det_kcp,
         chunk_gdn_det_bwd_kcp,
         chunk_gdn_det_fwd_kcp,
+        comm_bytes,
     )
 
     W, cu, _, exchange, l2, HV, seed, flags = case
@@ -104,8 +105,10 @@ def _run(case, rank):
     idx = p.global_index(rank).to(dev)
     xs = [t[:, idx].contiguous() for t in global_inputs(cu[-1], HV, seed, dev)]
 
-    def once():
+    def once(phase=None):
         o, saved = chunk_gdn_det_fwd_kcp(*xs[:5], ctx, use_qk_l2norm_in_kernel=l2)
+        if phase is not None:
+            phase[0] = "bwd"
         return (o, *chunk_gdn_det_bwd_kcp(xs[5], saved, ctx))
 
     if "mismatch" in flags:  # every rank must raise, before any other collective
@@ -114,10 +117,13 @@ def _run(case, rank):
         except ValueError as e:
             return {"mismatch": str(e)}
         return {"mismatch": None}
-    with _count_local_calls() as calls:
-        first = once()
-    second = once()
+    with _count_local_calls() as calls, count_collective_bytes() as (moved_first, phase):
+        first = once(phase)  # the first step: the ranks' agreements too
+    with count_collective_bytes() as (moved, phase):  # a steady-state step (agreed)
+        second = once(phase)
     out = {n: t for n, t in zip(NAMES, first, strict=True)}
+    out["moved"], out["moved_first"] = dict(moved), dict(moved_first)
+    out["comm_bytes"] = comm_bytes(ctx, xs[0].shape[3], xs[2].shape[3], xs[2].shape[2])
     out["local_calls"] = dict(calls)
     out["num_tokens"] = ctx.num_tokens
     out["repeat"] = all(bitwise_equal(a, b) for a, b in zip(first, second, strict=True))
@@ -130,6 +136,39 @@ def _run(case, rank):
     if "bad" in flags:
         out["bad"] = _bad_inputs(p, ctx, xs, rank, W)
     return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def count_collective_bytes():
+    """Sums what ``torch.distributed.all_gather`` and ``batch_isend_irecv`` move on this
+    rank in the block, as ``comm_bytes`` counts it: an all-gather sends its input's bytes
+    and receives the other ranks' rows, a point-to-point op sends or receives its tensor's;
+    ``calls`` counts all-gathers and point-to-point ops. Yields ``(moved, phase)``: set
+    ``phase[0] = "bwd"`` when the backward starts."""
+    import torch.distributed as dist
+
+    moved = dict.fromkeys(("fwd_sent", "fwd_received", "bwd_sent", "bwd_received", "calls"), 0)
+    phase = ["fwd"]
+    real = dist.all_gather, dist.batch_isend_irecv
+
+    def all_gather(outs, send, *a, **k):
+        moved[f"{phase[0]}_sent"] += send.nbytes
+        moved[f"{phase[0]}_received"] += sum(t.nbytes for t in outs) - send.nbytes
+        moved["calls"] += 1
+        return real[0](outs, send, *a, **k)
+
+    def batch_isend_irecv(ops):
+        for op in ops:
+            way = "sent" if op.op is dist.isend else "received"
+            moved[f"{phase[0]}_{way}"] += op.tensor.nbytes
+            moved["calls"] += 1
+        return real[1](ops)
+
+    dist.all_gather, dist.batch_isend_irecv = all_gather, batch_isend_irecv
+    try:
+        yield moved, phase
+    finally:
+        dist.all_gather, dist.batch_isend_irecv = real
 
 
 @contextlib.contextmanager

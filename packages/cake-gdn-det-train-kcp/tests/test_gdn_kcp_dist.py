@@ -58,6 +58,7 @@ def _check(results, names):
         for r, res in enumerate(per_rank):
             assert "error" not in res, f"{name} rank {r}:\n{res['error']}"
             assert res["repeat"], f"{name} rank {r}: a second run gave other bits"
+            assert res["moved"] == res["comm_bytes"], (name, r, res["moved"])
             calls = res["local_calls"]
             if res["num_tokens"] == 0:  # an empty rank runs no kernel (it joins collectives)
                 assert calls == {"fwd": 0, "bwd": 0}, (name, r, calls)

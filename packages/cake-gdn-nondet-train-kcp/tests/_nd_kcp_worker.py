@@ -9,6 +9,7 @@ rank-local o and gradients, and whether the autograd entry gave the same bits.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
@@ -44,6 +45,7 @@ def _run(case, rank, W):
         chunk_gated_delta_rule_nondet_kcp,
         chunk_gdn_nondet_bwd_kcp,
         chunk_gdn_nondet_fwd_kcp,
+        comm_bytes_nondet,
     )
 
     cu, _, exchange, l2, HV, seed = case
@@ -60,7 +62,46 @@ def _run(case, rank, W):
     got = (o.detach(), *(t.grad for t in leaves))
     out = {n: t.cpu() for n, t in zip(NAMES, first, strict=True)}
     out["autograd_same"] = all(bitwise_equal(a, b) for a, b in zip(got, first, strict=True))
+    with count_collective_bytes() as (moved, phase):  # a steady-state step (agreed)
+        o, saved = chunk_gdn_nondet_fwd_kcp(*xs[:5], ctx, use_qk_l2norm_in_kernel=l2)
+        phase[0] = "bwd"
+        chunk_gdn_nondet_bwd_kcp(xs[5], saved, ctx)
+    out["moved"] = dict(moved)
+    out["comm_bytes"] = comm_bytes_nondet(ctx, xs[0].shape[3], xs[2].shape[3], xs[2].shape[2])
     return out
+
+
+@contextlib.contextmanager
+def count_collective_bytes():
+    """Sums what ``torch.distributed.all_gather`` and ``batch_isend_irecv`` move on this
+    rank in the block, as ``comm_bytes`` counts it: an all-gather sends its input's bytes
+    and receives the other ranks' rows, a point-to-point op sends or receives its tensor's;
+    ``calls`` counts all-gathers and point-to-point ops. Yields ``(moved, phase)``: set
+    ``phase[0] = "bwd"`` when the backward starts."""
+    import torch.distributed as dist
+
+    moved = dict.fromkeys(("fwd_sent", "fwd_received", "bwd_sent", "bwd_received", "calls"), 0)
+    phase = ["fwd"]
+    real = dist.all_gather, dist.batch_isend_irecv
+
+    def all_gather(outs, send, *a, **k):
+        moved[f"{phase[0]}_sent"] += send.nbytes
+        moved[f"{phase[0]}_received"] += sum(t.nbytes for t in outs) - send.nbytes
+        moved["calls"] += 1
+        return real[0](outs, send, *a, **k)
+
+    def batch_isend_irecv(ops):
+        for op in ops:
+            way = "sent" if op.op is dist.isend else "received"
+            moved[f"{phase[0]}_{way}"] += op.tensor.nbytes
+            moved["calls"] += 1
+        return real[1](ops)
+
+    dist.all_gather, dist.batch_isend_irecv = all_gather, batch_isend_irecv
+    try:
+        yield moved, phase
+    finally:
+        dist.all_gather, dist.batch_isend_irecv = real
 
 
 def _rank_main(rank, W, outdir):

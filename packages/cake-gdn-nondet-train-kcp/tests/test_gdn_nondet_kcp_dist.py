@@ -42,3 +42,5 @@ def test_two_ranks_match_single_rank(tmp_path):
             err = rel_fro_error(got.to(DEV), want[i])
             assert err < TOL, (name, n, err)
         assert all(res[rank][name]["autograd_same"] for rank in range(W)), name
+        for rank in range(W):  # comm_bytes_nondet: what the collectives moved (issue 45)
+            assert res[rank][name]["moved"] == res[rank][name]["comm_bytes"], (name, rank)

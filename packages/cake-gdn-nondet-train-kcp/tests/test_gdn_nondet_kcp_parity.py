@@ -23,7 +23,7 @@ from cake_gdn_nondet_train_kcp import (
     build_context_nondet_kcp,
     chunk_gated_delta_rule_nondet_kcp,
     chunk_gdn_nondet_fwd_kcp,
-    exchange_bytes_nondet,
+    comm_bytes_nondet,
     partition_nondet_kcp,
 )
 
@@ -81,4 +81,4 @@ def test_k_differs_from_v_and_grads_type():
     gr = chunk_gdn_nondet_bwd_kcp(local[5], saved, ctx, workspace=ws)
     assert isinstance(gr, GDNNondetKCPGrads)
     _close((o, *gr), want)
-    assert exchange_bytes_nondet(ctx, 16, 32, 1)["calls"] == 2
+    assert comm_bytes_nondet(ctx, 16, 32, 1)["calls"] == 2

@@ -27,7 +27,7 @@ gradients summed over the ranks (``--no-reduce-gate-grads``: each rank's share).
 Per rank, the median wall time (all ranks start each repetition together after a
 barrier; the host waits for the device) of the KCP forward (``chunk_kda_det_fwd_kcp``),
 backward (``chunk_kda_det_bwd_kcp``) and both, and the bytes the exchange moves
-(:func:`cake_kda_det_train_kcp.exchange_bytes`). ``--base local``: rank 0 also runs the
+(:func:`cake_kda_det_train_kcp.comm_bytes`). ``--base local``: rank 0 also runs the
 same documents (all T tokens) through the single-rank package (``chunk_kda_det_fwd`` /
 ``chunk_kda_det_bwd``) for comparison; the others wait. ``--check``: every rank compares
 its outputs and gradients with the single-rank package's on its tokens (relative Frobenius
@@ -120,7 +120,7 @@ def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
         build_context_det_kcp,
         chunk_kda_det_bwd_kcp,
         chunk_kda_det_fwd_kcp,
-        exchange_bytes,
+        comm_bytes,
         partition_det_kcp,
     )
     from cake_kda_det_train_kcp.context import gate_grad_width
@@ -152,7 +152,7 @@ def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
     rec = {"rank": rank, "tokens": ctx.num_tokens, "fragments": ctx.num_fragments,
            "recv": len(ctx.recv), "send": len(ctx.send),
            "middle": sum(1 for f in ctx.fragments if f.has_prev and f.has_next),
-           "bytes": exchange_bytes(ctx, K, K, HV, gate_grad_floats=gate_floats)}
+           "bytes": comm_bytes(ctx, K, K, HV, gate_grad_floats=gate_floats)}
     t0 = time.perf_counter()
     first = step()
     kcp_bench.sync(device)

@@ -121,9 +121,60 @@ def _run(case, rank, group, dev):
         out["repeat"] = out["repeat"] and all(
             (a is None and b is None) or bitwise_equal(a, b)
             for a, b in zip(first[6:], second[6:], strict=True))
+    out["moved"], out["comm_bytes"] = _moved_and_comm_bytes(ctx, xs, kw)
     if "bad" in flags:
         out["bad"] = _bad_inputs(p, ctx, xs, kw, rank, W, group)
     return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def count_collective_bytes():
+    """Sums what ``torch.distributed.all_gather`` and ``batch_isend_irecv`` move on this
+    rank in the block, as ``comm_bytes`` counts it: an all-gather sends its input's bytes
+    and receives the other ranks' rows, a point-to-point op sends or receives its tensor's;
+    ``calls`` counts all-gathers and point-to-point ops. Yields ``(moved, phase)``: set
+    ``phase[0] = "bwd"`` when the backward starts."""
+    import torch.distributed as dist
+
+    moved = dict.fromkeys(("fwd_sent", "fwd_received", "bwd_sent", "bwd_received", "calls"), 0)
+    phase = ["fwd"]
+    real = dist.all_gather, dist.batch_isend_irecv
+
+    def all_gather(outs, send, *a, **k):
+        moved[f"{phase[0]}_sent"] += send.nbytes
+        moved[f"{phase[0]}_received"] += sum(t.nbytes for t in outs) - send.nbytes
+        moved["calls"] += 1
+        return real[0](outs, send, *a, **k)
+
+    def batch_isend_irecv(ops):
+        for op in ops:
+            way = "sent" if op.op is dist.isend else "received"
+            moved[f"{phase[0]}_{way}"] += op.tensor.nbytes
+            moved["calls"] += 1
+        return real[1](ops)
+
+    dist.all_gather, dist.batch_isend_irecv = all_gather, batch_isend_irecv
+    try:
+        yield moved, phase
+    finally:
+        dist.all_gather, dist.batch_isend_irecv = real
+
+
+def _moved_and_comm_bytes(ctx, xs, kw):
+    """What the collectives of one more steady-state step (the low-level pair, gate
+    gradients reduced) move on this rank, and what ``comm_bytes`` says they move."""
+    from cake_kda_det_train_kcp import chunk_kda_det_bwd_kcp, chunk_kda_det_fwd_kcp, comm_bytes
+    from cake_kda_det_train_kcp.context import gate_grad_width
+
+    with count_collective_bytes() as (moved, phase):
+        _, saved = chunk_kda_det_fwd_kcp(*xs[:5], ctx, **kw)
+        phase[0] = "bwd"
+        chunk_kda_det_bwd_kcp(xs[5], saved, ctx)
+    K, HV, V = xs[0].shape[3], xs[2].shape[2], xs[2].shape[3]
+    gate = bool(kw.get("use_gate_in_kernel"))
+    floats = gate_grad_width(HV, K, gate and kw.get("A_log") is not None,
+                             gate and kw.get("dt_bias") is not None)
+    return dict(moved), comm_bytes(ctx, K, V, HV, gate_grad_floats=floats)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from cake_kda_det_train_kcp import (
     KDADetKCPWorkspace,
     build_context_det_kcp,
     chunk_kda_det_fwd_kcp,
-    exchange_bytes,
+    comm_bytes,
     partition_det_kcp,
 )
 
@@ -117,7 +117,7 @@ def test_context_wrapper():
         build_context_det_kcp(p, None, 0, DEV, exchange="tree")
 
 
-def test_exchange_bytes():
+def test_comm_bytes():
     """All-gather rows are V wide without middle fragments, K + V with; the ring moves
     states; the gate-parameter sum adds one row of HV + HV * K floats per rank."""
     K, V, HV = 16, 32, 2
@@ -128,18 +128,18 @@ def test_exchange_bytes():
         W = p.world_size
         for r in range(W):
             ctx = build_context(p, None, r, "cpu", check_group=False)
-            b = exchange_bytes(ctx, K, V, HV)
+            b = comm_bytes(ctx, K, V, HV)
             assert b["fwd_sent"] == row * wd and b["fwd_received"] == (W - 1) * row * wd
             assert b["bwd_sent"] == b["fwd_sent"] and b["calls"] == 2
-            g = exchange_bytes(ctx, K, V, HV, gate_grad_floats=HV + HV * K)
+            g = comm_bytes(ctx, K, V, HV, gate_grad_floats=HV + HV * K)
             assert g["bwd_sent"] == b["bwd_sent"] + (HV + HV * K) * 4
             assert g["bwd_received"] == b["bwd_received"] + (W - 1) * (HV + HV * K) * 4
             assert g["calls"] == 3 and g["fwd_sent"] == b["fwd_sent"]
     ctx = build_context(three, None, 1, "cpu", exchange="ring", check_group=False)
-    b = exchange_bytes(ctx, K, V, HV)
+    b = comm_bytes(ctx, K, V, HV)
     assert b["fwd_sent"] == b["fwd_received"] == HV * K * V * 4 and b["calls"] == 4
     none = build_context(partition_det_kcp([0, 50, 100], 2), None, 0, "cpu", check_group=False)
-    assert exchange_bytes(none, K, V, HV) == dict(fwd_sent=0, fwd_received=0, bwd_sent=0,
+    assert comm_bytes(none, K, V, HV) == dict(fwd_sent=0, fwd_received=0, bwd_sent=0,
                                                   bwd_received=0, calls=0)
 
 

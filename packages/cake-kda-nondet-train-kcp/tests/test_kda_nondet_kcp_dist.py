@@ -54,3 +54,5 @@ def test_ranks_against_single_rank(results, name, run):
     for i in (6, 7):  # the rank-order sum: the same bits on every rank
         assert all(bitwise_equal(results[r][name][run][i], gate[i - 6])
                    for r in range(NPROC))
+    for r in range(NPROC):  # comm_bytes_nondet: what the collectives moved (issue 45)
+        assert results[r][name]["moved"] == results[r][name]["comm_bytes"], (name, r)

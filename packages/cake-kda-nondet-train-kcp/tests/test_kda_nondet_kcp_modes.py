@@ -150,7 +150,7 @@ def test_names_carry_nondet():
     for name in dk.__all__:
         assert "nondet" not in name.lower(), name
     want = {n.replace("_det", "_nondet").replace("Det", "Nondet").replace(
-        "exchange_bytes", "exchange_bytes_nondet_kcp") for n in dk.__all__}
+        "comm_bytes", "comm_bytes_nondet") for n in dk.__all__}
     assert want == set(nk.__all__)
     for fn in (nk.chunk_kda_nondet_kcp, nk.chunk_kda_nondet_fwd_kcp, nk.chunk_kda_nondet_bwd_kcp,
                nk.partition_nondet_kcp, nk.build_context_nondet_kcp,

@@ -16,13 +16,13 @@ from _kda_nd_kcp_helpers import (
     shard,
     single_rank,
 )
-from cake_kda_det_train_kcp import exchange_bytes
+from cake_kda_det_train_kcp import comm_bytes
 from cake_kda_nondet_train import make_nondet_plan
 from cake_kda_nondet_train_kcp import (
     KDANondetKCPGrads,
     KDANondetKCPWorkspace,
     build_context_nondet_kcp,
-    exchange_bytes_nondet_kcp,
+    comm_bytes_nondet,
     partition_nondet_kcp,
 )
 
@@ -76,5 +76,5 @@ def test_grads_type_and_byte_counts(chain):
     assert type(chunk_kda_nondet_bwd_kcp(local[5], saved, ctx)) is KDANondetKCPGrads
     for ex in ("allgather", "ring"):
         c = build_context_nondet_kcp(p, None, 0, DEV, exchange=ex)
-        assert exchange_bytes_nondet_kcp(c, 16, 32, 2, gate_grad_floats=34) == \
-            exchange_bytes(c, 16, 32, 2, gate_grad_floats=34)
+        assert comm_bytes_nondet(c, 16, 32, 2, gate_grad_floats=34) == \
+            comm_bytes(c, 16, 32, 2, gate_grad_floats=34)

@@ -30,7 +30,7 @@ _LAZY = {
     "CausalConv1dDetKCPGrads": "api",
     "partition_det_kcp": "context",
     "build_context_det_kcp": "context",
-    "exchange_bytes": "context",
+    "comm_bytes": "context",
     "CausalConv1dDetKCPSavedSet": "saved",
     "CausalConv1dDetKCPWorkspace": "saved",
 }
@@ -44,7 +44,7 @@ __all__ = [
     "causal_conv1d_det_bwd_kcp",
     "causal_conv1d_det_fwd_kcp",
     "causal_conv1d_det_kcp",
-    "exchange_bytes",
+    "comm_bytes",
     "partition_det_kcp",
 ]
 
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_causal_conv1d_det_train_kcp.context import (
         build_context_det_kcp,
-        exchange_bytes,
+        comm_bytes,
         partition_det_kcp,
     )
     from cake_causal_conv1d_det_train_kcp.saved import (

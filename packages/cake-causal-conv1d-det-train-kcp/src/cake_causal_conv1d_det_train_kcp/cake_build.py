@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:baddb347ef2a39705e9e317239054d944d300d0dd26b60f5ba1fea8b85618a34"
+SOURCE_DIGEST = "sha256:30b977761456b5038e3debdaa2c8b4aa197093e2edaccfccff97fedba4afed1a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -44,7 +44,7 @@ __all__ = [
     "build_context_det_kcp",
     "check_context",
     "device_halo",
-    "exchange_bytes",
+    "comm_bytes",
     "halo_plan",
     "halo_tables",
     "partition_det_kcp",
@@ -336,19 +336,25 @@ def bwd_payload_bytes(plan: HaloPlan, channels: int, itemsize: int, n_weight: in
     return _pad8(4 * n_weight + plan.bwd_rows_per_rank * channels * itemsize)
 
 
-def exchange_bytes(ctx: Context, channels: int, dtype: torch.dtype = torch.float32, *,
+def comm_bytes(ctx: Context, channels: int, dtype: torch.dtype = torch.float32, *,
                    bias: bool = False, reduce_weight_grads: bool = False) -> dict[str, int]:
-    """What this package's collectives move on ``ctx``'s rank per layer call, for
+    """Bytes this package's collectives send and receive on ``ctx``'s rank per training
+    step of one layer (forward + backward), for
     ``channels`` (D) channels of ``dtype`` inputs and a kernel of ``ctx.conv_kernel_size``.
 
-    Forward: one all-gather of ``S_f * D * b`` bytes per rank (padding rows included; none
-    when no halo row crosses a rank). Backward: one all-gather of ``4 * (D * Wc [+ D])``
-    bytes of fp32 weight-gradient shares when ``reduce_weight_grads`` (``+ D`` with a
-    bias), then ``S_b * D * b`` bytes of halo gradients, padded to 8 bytes; none when both
-    are empty or ``W = 1``. Keys: ``fwd_sent``, ``fwd_received`` (``(W - 1)`` times sent),
-    ``bwd_sent``, ``bwd_received``, ``calls`` (collectives, both directions),
-    ``halo_rows_out`` / ``halo_rows_in`` (this rank's real halo rows sent to / received
-    from other ranks, without padding)."""
+    Forward: one all-gather of ``S_f * D * b`` bytes per rank (padding rows included; none when
+    no halo row crosses a rank). Backward: one all-gather of ``4 * (D * Wc [+ D])`` bytes of
+    fp32 weight-gradient shares when ``reduce_weight_grads`` (``+ D`` with a bias), then
+    ``S_b * D * b`` bytes of halo gradients, padded to 8 bytes; none when both are empty or
+    ``W = 1``. Keys: ``fwd_sent``, ``fwd_received`` (``(W - 1)`` times sent), ``bwd_sent``,
+    ``bwd_received``, ``calls`` (collectives, both directions), ``halo_rows_out`` /
+    ``halo_rows_in`` (this rank's real halo rows sent to / received from other ranks, without
+    padding). Steady state: the first call of each entry on a context (the forward's and the
+    backward's) adds one all-gather of 16 bytes per rank, the ranks' agreement
+    (:func:`cake_core.kcp.agree_once`), not counted here.
+
+    Example: ``comm_bytes(ctx, 4096, torch.bfloat16)["fwd_sent"]``.
+    """
     plan = halo_plan(ctx.partition, ctx.conv_kernel_size)
     b = torch.empty((), dtype=dtype).element_size()
     D = int(channels)

@@ -30,7 +30,7 @@ from cake_causal_conv1d_det_train_kcp import build_context_det_kcp as build_cont
 from cake_causal_conv1d_det_train_kcp import causal_conv1d_det_bwd_kcp as causal_conv1d_det_bwd_kcp
 from cake_causal_conv1d_det_train_kcp import causal_conv1d_det_fwd_kcp as causal_conv1d_det_fwd_kcp
 from cake_causal_conv1d_det_train_kcp import causal_conv1d_det_kcp as causal_conv1d_det_kcp
-from cake_causal_conv1d_det_train_kcp import exchange_bytes as exchange_bytes
+from cake_causal_conv1d_det_train_kcp import comm_bytes as comm_bytes
 from cake_causal_conv1d_det_train_kcp import partition_det_kcp as partition_det_kcp
 
 __version__: str
@@ -69,7 +69,7 @@ __all__ = [
     "causal_conv1d_det_fwd_kcp",
     "causal_conv1d_det_kcp",
     "causal_conv1d_reference",
-    "exchange_bytes",
+    "comm_bytes",
     "is_supported",
     "kcp",
     "make_plan",

@@ -28,7 +28,7 @@ _LAZY = {
     "GDNDetKCPGrads": "api",
     "partition_det_kcp": "context",
     "build_context_det_kcp": "context",
-    "exchange_bytes": "context",
+    "comm_bytes": "context",
     "GDNDetKCPSavedSet": "saved",
     "GDNDetKCPWorkspace": "saved",
 }
@@ -42,7 +42,7 @@ __all__ = [
     "chunk_gated_delta_rule_det_kcp",
     "chunk_gdn_det_bwd_kcp",
     "chunk_gdn_det_fwd_kcp",
-    "exchange_bytes",
+    "comm_bytes",
     "partition_det_kcp",
 ]
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_gdn_det_train_kcp.context import (
         build_context_det_kcp,
-        exchange_bytes,
+        comm_bytes,
         partition_det_kcp,
     )
     from cake_gdn_det_train_kcp.saved import GDNDetKCPSavedSet, GDNDetKCPWorkspace

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:891aa58259e2c9fa7541a8831333bf19d250a49a585be21bbb5bc0e34a254034"
+SOURCE_DIGEST = "sha256:35954d2969ffa5019a54bd5a26964509547ac56576fb9e58446ff7b459b306b3"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

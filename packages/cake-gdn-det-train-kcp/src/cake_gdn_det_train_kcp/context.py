@@ -19,7 +19,7 @@ __all__ = [
     "LocalGroup",
     "build_context_det_kcp",
     "check_context",
-    "exchange_bytes",
+    "comm_bytes",
     "has_middle_fragments",
     "partition_det_kcp",
 ]
@@ -88,14 +88,19 @@ def build_context_det_kcp(partition: Partition, group: Any, rank: int,
 
 
 
-def exchange_bytes(ctx: Context, K: int, V: int, HV: int) -> dict[str, int]:
-    """What this package's exchange moves on ``ctx``'s rank per layer call (forward and
-    backward), fp32: the all-gather rows are ``HV * K * (K + V) * 4`` bytes when the
-    partition has middle fragments (:func:`has_middle_fragments`), else ``HV * K * V * 4``
-    (cake_core's :meth:`~cake_core.kcp.Context.bytes_per_collective` counts the wider
-    row); the ring's states are ``HV * K * V * 4`` bytes. Keys: ``fwd_sent``,
+def comm_bytes(ctx: Context, K: int, V: int, HV: int) -> dict[str, int]:
+    """Bytes this package's collectives send and receive on ``ctx``'s rank per training step of
+    one layer (forward + backward), fp32: the all-gather rows are ``HV * K * (K + V) * 4`` bytes
+    when the partition has middle fragments (:func:`has_middle_fragments`), else
+    ``HV * K * V * 4`` (cake_core's :meth:`~cake_core.kcp.Context.bytes_per_collective` counts
+    the wider row); the ring's states are ``HV * K * V * 4`` bytes. Keys: ``fwd_sent``,
     ``fwd_received``, ``bwd_sent``, ``bwd_received``, ``calls`` (collective calls or
-    point-to-point operations, both directions)."""
+    point-to-point operations, both directions). Steady state: the first call of each entry on a
+    context (the forward's and the backward's) adds one all-gather of 16 bytes per rank, the
+    ranks' agreement (:func:`cake_core.kcp.agree_once`), not counted here.
+
+    Example: ``comm_bytes(ctx, 128, 128, 32)["fwd_received"]``.
+    """
     if ctx.exchange == "allgather":
         plan = ctx.allgather_plan
         row = HV * K * (K + V if has_middle_fragments(ctx.partition) else V) * 4

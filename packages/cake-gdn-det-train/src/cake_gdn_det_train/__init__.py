@@ -34,6 +34,9 @@ _LAZY = {
     "GDNDetWorkspace": "saved",
     "gdn_reference": "reference",
     "GatedDeltaNet": "layers",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -47,7 +50,10 @@ __all__ = [
     "chunk_gdn_det_bwd",
     "chunk_gdn_det_fwd",
     "gdn_reference",
+    "is_supported",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_gdn_det_train.layers import GatedDeltaNet
     from cake_gdn_det_train.plan import GDNDetPlan, make_plan
+    from cake_gdn_det_train.queries import is_supported, saved_bytes, workspace_bytes
     from cake_gdn_det_train.reference import gdn_reference
     from cake_gdn_det_train.saved import GDNDetSavedSet, GDNDetWorkspace
 

@@ -929,16 +929,33 @@ def autograd_entry(types: ModeTypes, entry: str, q, k, v, g, beta, scale, initia
                    allow_neg_eigval, fla_kwargs):
     """The body of :func:`chunk_gated_delta_rule_det` (named ``entry`` in messages) with
     ``types``: its plans and its custom ops ``<types.ops>::fwd`` / ``::bwd``."""
-    check_fla_compat(fla_kwargs, entry, _FLA_KEYWORDS)
-    if isinstance(initial_state, torch.Tensor) and \
-            initial_state.dtype in (torch.bfloat16, torch.float16):
-        initial_state = initial_state.float()  # as FLA, which loads the state as fp32
-    _, _, scale, A_log, dt_bias, sig, plan, _ = _check_inputs(
-        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-        allow_neg_eigval, plan, types)
+    initial_state, (_, _, scale, A_log, dt_bias, sig, plan, _) = entry_checks(
+        types, entry, q, k, v, g, beta, scale, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, plan, use_gate_in_kernel, A_log, dt_bias,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, fla_kwargs)
     o, ht, *_ = getattr(torch.ops, types.ops).fwd(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, sig,
         plan_to_op_fields(plan))
     return o, (ht if output_final_state else None)
+
+
+def entry_checks(types: ModeTypes, entry: str, q, k, v, g, beta, scale, initial_state,
+                 output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, plan,
+                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                 allow_neg_eigval, fla_kwargs, *, convert_state: bool = True):
+    """Every check of the autograd entry (``entry`` in messages), in its order: FLA's
+    keywords, then :func:`_check_inputs` with a bf16 / fp16 ``initial_state`` taken as fp32.
+    Returns ``(initial_state, _check_inputs's tuple)``: the state the entry runs with (an
+    fp32 copy of a 16-bit one when ``convert_state``; without it, an fp32 stand-in of its
+    shape, for checks that must not copy)."""
+    check_fla_compat(fla_kwargs, entry, _FLA_KEYWORDS)
+    if isinstance(initial_state, torch.Tensor) and \
+            initial_state.dtype in (torch.bfloat16, torch.float16):
+        # as FLA, which loads the state as fp32
+        initial_state = initial_state.float() if convert_state else \
+            initial_state.new_empty((), dtype=torch.float32).expand(initial_state.shape)
+    return initial_state, _check_inputs(
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+        allow_neg_eigval, plan, types)

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1487b3a42bdf58eaccd14a702c5abba03d0969df3806655d20ba9396a11037d3"
+SOURCE_DIGEST = "sha256:2fbdc084c772ffc2b1bdd361bed301e7d147d3cb10c9d727ad7b01eb9f43bde9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -102,21 +102,31 @@ class GDNDetWorkspace(Workspace):
             ValueError: a plan of another type, counts that are not ints (HV, max_seqs >= 1,
                 max_tokens >= 0), ``dtype`` not fp32/bf16/fp16."""
         device = check_alloc_device(device)
-        if type(plan) is not cls.plan_type:
-            raise ValueError(f"plan: expected {cls.plan_type.__name__}, got "
-                             f"{type(plan).__name__}")
-        check_float_dtype(dtype)
-        HV = check_int(num_v_heads, "num_v_heads", 1)
-        cap = check_int(max_tokens, "max_tokens", 0)
-        seqs = check_int(max_seqs, "max_seqs", 1)
-        nc = max_chunks(cap, seqs)
-        idt = inter_dtype(plan, dtype)
-        bufs = {name: torch.empty((nc if name == "h" else cap, *shape), dtype=idt,
-                                  device=device)
-                for name, shape in workspace_shapes(plan, HV).items()}
+        layout, (HV, cap, nc) = workspace_layout(cls.plan_type, plan, num_v_heads, max_tokens,
+                                                 max_seqs, dtype)
+        bufs = {name: torch.empty(shape, dtype=dt, device=device)
+                for name, (shape, dt) in layout.items()}
         ws = cls(plan, device, bufs)
         ws.num_v_heads, ws.max_tokens, ws.max_chunks = HV, cap, nc
         return ws
+
+
+def workspace_layout(plan_type: type, plan: GDNDetPlan, num_v_heads: int, max_tokens: int,
+                     max_seqs: int, dtype: torch.dtype):
+    """The checks of :meth:`GDNDetWorkspace.for_plan` (but the device's) and its buffers:
+    ``({name: (shape, dtype)}, (HV, max_tokens, max_chunks))``, what ``for_plan`` allocates
+    and ``workspace_bytes`` counts."""
+    if type(plan) is not plan_type:
+        raise ValueError(f"plan: expected {plan_type.__name__}, got {type(plan).__name__}")
+    check_float_dtype(dtype)
+    HV = check_int(num_v_heads, "num_v_heads", 1)
+    cap = check_int(max_tokens, "max_tokens", 0)
+    seqs = check_int(max_seqs, "max_seqs", 1)
+    nc = max_chunks(cap, seqs)
+    idt = inter_dtype(plan, dtype)
+    layout = {name: ((nc if name == "h" else cap, *shape), idt)
+              for name, shape in workspace_shapes(plan, HV).items()}
+    return layout, (HV, cap, nc)
 
 
 def max_chunks(num_tokens: int, num_seqs: int) -> int:
@@ -125,4 +135,5 @@ def max_chunks(num_tokens: int, num_seqs: int) -> int:
     return _max_chunks(num_tokens, num_seqs, CHUNK_SIZE)
 
 
-__all__ = ["GDNDetSavedSet", "GDNDetWorkspace", "Mode", "max_chunks", "workspace_shapes"]
+__all__ = ["GDNDetSavedSet", "GDNDetWorkspace", "Mode", "max_chunks", "workspace_layout",
+           "workspace_shapes"]

@@ -27,7 +27,7 @@ _LAZY = {
     "GDNNondetKCPGrads": "api",
     "partition_nondet_kcp": "context",
     "build_context_nondet_kcp": "context",
-    "exchange_bytes_nondet": "context",
+    "comm_bytes_nondet": "context",
     "GDNNondetKCPSavedSet": "saved",
     "GDNNondetKCPWorkspace": "saved",
 }
@@ -41,7 +41,7 @@ __all__ = [
     "chunk_gated_delta_rule_nondet_kcp",
     "chunk_gdn_nondet_bwd_kcp",
     "chunk_gdn_nondet_fwd_kcp",
-    "exchange_bytes_nondet",
+    "comm_bytes_nondet",
     "partition_nondet_kcp",
 ]
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_gdn_nondet_train_kcp.context import (
         build_context_nondet_kcp,
-        exchange_bytes_nondet,
+        comm_bytes_nondet,
         partition_nondet_kcp,
     )
     from cake_gdn_nondet_train_kcp.saved import GDNNondetKCPSavedSet, GDNNondetKCPWorkspace

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:291b6b16bb2a31ec3022c95dac1aa75fc002b8be2c370a0e740853f930eb1a88"
+SOURCE_DIGEST = "sha256:85024842eb6e98f9b45301023ccb9dfa7661771f07a2d62ff68d2afef4ca8755"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

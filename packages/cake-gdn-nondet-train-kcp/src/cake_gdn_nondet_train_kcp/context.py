@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from cake_core import kcp as _kcp
 from cake_core.kcp import Context, Partition
-from cake_gdn_det_train_kcp.context import exchange_bytes as _exchange_bytes
+from cake_gdn_det_train_kcp.context import comm_bytes as _comm_bytes
 
-__all__ = ["build_context_nondet_kcp", "exchange_bytes_nondet", "partition_nondet_kcp"]
+__all__ = ["build_context_nondet_kcp", "comm_bytes_nondet", "partition_nondet_kcp"]
 
 
 def partition_nondet_kcp(cu_seqlens_global_cpu: torch.Tensor | Sequence[int], world_size: int,
@@ -47,8 +47,14 @@ def build_context_nondet_kcp(partition: Partition, group: Any, rank: int,
                                       exchange=exchange)
 
 
-def exchange_bytes_nondet(ctx: Context, K: int, V: int, HV: int) -> dict[str, int]:
-    """What this package's exchange moves on ``ctx``'s rank per layer call: the same as
-    ``cake_gdn_det_train_kcp.exchange_bytes`` (the same route). Keys: ``fwd_sent``,
-    ``fwd_received``, ``bwd_sent``, ``bwd_received``, ``calls``."""
-    return _exchange_bytes(ctx, K, V, HV)
+def comm_bytes_nondet(ctx: Context, K: int, V: int, HV: int) -> dict[str, int]:
+    """Bytes this package's collectives send and receive on ``ctx``'s rank per training step of
+    one layer (forward + backward): ``cake_gdn_det_train_kcp.comm_bytes`` (the same route).
+    Keys: ``fwd_sent``, ``fwd_received``, ``bwd_sent``, ``bwd_received``, ``calls``. Steady
+    state: the first call of each entry on a context (the forward's and the backward's) adds one
+    all-gather of 16 bytes per rank, the ranks' agreement (:func:`cake_core.kcp.agree_once`),
+    not counted here.
+
+    Example: ``comm_bytes_nondet(ctx, 128, 128, 32)["bwd_sent"]``.
+    """
+    return _comm_bytes(ctx, K, V, HV)

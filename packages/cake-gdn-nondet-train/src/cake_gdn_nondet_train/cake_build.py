@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3b0c3fd152144bdc9383b732f51286cc5d9198e8d8ecdbaf2e064eb1f2689e5e"
+SOURCE_DIGEST = "sha256:a172563decd945b3b8753f721c4a63ace275414c0a237c174e7d02ec7e7c11ce"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -13,7 +13,7 @@ from cake_gdn_det_train_kcp import build_context_det_kcp as build_context_det_kc
 from cake_gdn_det_train_kcp import chunk_gated_delta_rule_det_kcp as chunk_gated_delta_rule_det_kcp
 from cake_gdn_det_train_kcp import chunk_gdn_det_bwd_kcp as chunk_gdn_det_bwd_kcp
 from cake_gdn_det_train_kcp import chunk_gdn_det_fwd_kcp as chunk_gdn_det_fwd_kcp
-from cake_gdn_det_train_kcp import exchange_bytes as exchange_bytes
+from cake_gdn_det_train_kcp import comm_bytes as comm_bytes
 from cake_gdn_det_train_kcp import partition_det_kcp as partition_det_kcp
 
 # old spellings (the same objects; not in __all__)
@@ -35,6 +35,6 @@ __all__ = [
     "chunk_gated_delta_rule_det_kcp",
     "chunk_gdn_det_bwd_kcp",
     "chunk_gdn_det_fwd_kcp",
-    "exchange_bytes",
+    "comm_bytes",
     "partition_det_kcp",
 ]

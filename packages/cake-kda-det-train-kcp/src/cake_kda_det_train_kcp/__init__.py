@@ -29,7 +29,7 @@ _LAZY = {
     "KDADetKCPGrads": "api",
     "partition_det_kcp": "context",
     "build_context_det_kcp": "context",
-    "exchange_bytes": "context",
+    "comm_bytes": "context",
     "KDADetKCPSavedSet": "saved",
     "KDADetKCPWorkspace": "saved",
 }
@@ -43,7 +43,7 @@ __all__ = [
     "chunk_kda_det_bwd_kcp",
     "chunk_kda_det_fwd_kcp",
     "chunk_kda_det_kcp",
-    "exchange_bytes",
+    "comm_bytes",
     "partition_det_kcp",
 ]
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_kda_det_train_kcp.context import (
         build_context_det_kcp,
-        exchange_bytes,
+        comm_bytes,
         partition_det_kcp,
     )
     from cake_kda_det_train_kcp.saved import KDADetKCPSavedSet, KDADetKCPWorkspace

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0f1825f26ec454384b7994d79bf6c022a52914d61b258e09a6b95d20cff4ee62"
+SOURCE_DIGEST = "sha256:0b49338e778e6683cf3a8a3e70c9977fa295048919240184ad3ed70f4ae12fde"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -19,7 +19,7 @@ __all__ = [
     "LocalGroup",
     "build_context_det_kcp",
     "check_context",
-    "exchange_bytes",
+    "comm_bytes",
     "has_middle_fragments",
     "partition_det_kcp",
 ]
@@ -97,10 +97,10 @@ def gate_grad_width(HV: int, K: int, has_a_log: bool, has_dt_bias: bool) -> int:
     return (HV if has_a_log else 0) + (HV * K if has_dt_bias else 0)
 
 
-def exchange_bytes(ctx: Context, K: int, V: int, HV: int, *,
+def comm_bytes(ctx: Context, K: int, V: int, HV: int, *,
                    gate_grad_floats: int = 0) -> dict[str, int]:
-    """What this package's exchange moves on ``ctx``'s rank per layer call (forward and
-    backward), fp32.
+    """Bytes this package's collectives send and receive on ``ctx``'s rank per training
+    step of one layer (forward + backward), fp32.
 
     All-gather rows are ``HV * K * (K + V) * 4`` bytes when the partition has middle
     fragments (:func:`has_middle_fragments`), else ``HV * K * V * 4``
@@ -112,7 +112,12 @@ def exchange_bytes(ctx: Context, K: int, V: int, HV: int, *,
 
     Returns:
         ``{"fwd_sent", "fwd_received", "bwd_sent", "bwd_received", "calls"}`` (``calls``:
-        collective calls or point-to-point operations, both directions).
+        collective calls or point-to-point operations, both directions). Steady state: the first
+        call of each entry on a context (the forward's and the backward's) adds one all-gather
+        of 16 bytes per rank, the ranks' agreement (:func:`cake_core.kcp.agree_once`), not
+        counted here.
+
+    Example: ``comm_bytes(ctx, 128, 128, 32, gate_grad_floats=32 + 32 * 128)``.
     """
     if ctx.exchange == "allgather":
         plan = ctx.allgather_plan

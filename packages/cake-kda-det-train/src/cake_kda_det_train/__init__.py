@@ -36,6 +36,9 @@ _LAZY = {
     "kda_recurrence_ref": "reference",
     "kda_gate_ref": "reference",
     "KimiDeltaAttention": "layers",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -48,9 +51,12 @@ __all__ = [
     "chunk_kda_det",
     "chunk_kda_det_bwd",
     "chunk_kda_det_fwd",
+    "is_supported",
     "kda_gate_ref",
     "kda_recurrence_ref",
     "make_plan",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_kda_det_train.layers import KimiDeltaAttention
     from cake_kda_det_train.plan import KDADetPlan, make_plan
+    from cake_kda_det_train.queries import is_supported, saved_bytes, workspace_bytes
     from cake_kda_det_train.reference import kda_gate_ref, kda_recurrence_ref
     from cake_kda_det_train.saved import KDADetSavedSet, KDADetWorkspace
 

@@ -389,6 +389,23 @@ def run_autograd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, outpu
                  workspace, fla_kwargs: dict):
     """The body of :func:`chunk_kda_det` for ``kinds``: ``(o, final_state or None)``
     through the custom ops of ``kinds.namespace`` (:func:`register_ops`)."""
+    _, _, scale, A_log, dt_bias, lower_bound, sig, plan, _ = autograd_checks(
+        kinds, q, k, v, g, beta, scale, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan, workspace, fla_kwargs)
+    o, ht, *_ = getattr(torch.ops, kinds.namespace).fwd(
+        q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, lower_bound, sig, plan_to_op_fields(plan))
+    return o, (ht if output_final_state else None)
+
+
+def autograd_checks(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
+                    output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
+                    A_log, dt_bias, lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                    safe_gate, plan, workspace, fla_kwargs: dict):
+    """Every check of the autograd entry of ``kinds`` (:func:`run_autograd`), in its order:
+    FLA's keywords, :func:`_check_inputs`, the workspace. Returns ``_check_inputs``'s
+    tuple."""
     check_fla_compat(fla_kwargs, kinds.entry)
     device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
@@ -402,10 +419,7 @@ def run_autograd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, outpu
         else:  # traced: type, mode and plan only (its capacity needs cu_seqlens' values)
             require_mode(workspace, kinds.workspace_type, kinds.mode, name="workspace")
             workspace.check(plan, device)
-    o, ht, *_ = getattr(torch.ops, kinds.namespace).fwd(
-        q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
-        use_qk_l2norm_in_kernel, use_gate_in_kernel, lower_bound, sig, plan_to_op_fields(plan))
-    return o, (ht if output_final_state else None)
+    return device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs
 
 
 # ----------------------------------------------------------------------------- public API

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:906814e9028b0d49c9ecc0fcb53c2a78bdaf8353fccfbd47483eb5072e31e42a"
+SOURCE_DIGEST = "sha256:4f9540a31db79d3a0264e9b4d62a8ef40138cefbd1b80e310c4901379f78e03e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -96,21 +96,33 @@ def allocate_workspace(cls: type, plan_type: type, mode: Mode, plan: KDADetPlan,
     workspace: checks (``plan`` a ``plan_type`` of ``mode``), then a ``cls`` with the
     buffers of :func:`workspace_shapes`."""
     device = check_alloc_device(device)
-    require_mode(plan, plan_type, mode, name="plan")
-    check_float_dtype(dtype)
-    HV = check_int(num_v_heads, "num_v_heads", 1)
-    cap = check_int(max_tokens, "max_tokens", 0)
-    seqs = check_int(max_seqs, "max_seqs", 1)
-    nc = max_chunks(cap, seqs, CHUNK_SIZE)
-
-    idt = inter_dtype(plan, dtype)
-    rows = {"w": cap, "u": cap, "v_new": cap, "h": nc, "aqk": cap}
-    bufs = {name: torch.empty((rows[name], *shape), dtype=idt, device=device)
-            for name, shape in workspace_shapes(plan, HV).items()}
+    layout, (HV, cap, nc) = workspace_layout(plan_type, mode, plan, num_v_heads, max_tokens,
+                                             max_seqs, dtype)
+    bufs = {name: torch.empty(shape, dtype=dt, device=device)
+            for name, (shape, dt) in layout.items()}
     ws = cls(plan, device, bufs)
     ws.num_v_heads, ws.max_tokens, ws.max_chunks = HV, cap, nc
     ws.dtype = dtype
     return ws
 
 
-__all__ = ["KDADetSavedSet", "KDADetWorkspace", "allocate_workspace", "workspace_shapes"]
+def workspace_layout(plan_type: type, mode: Mode, plan: KDADetPlan, num_v_heads: int,
+                     max_tokens: int, max_seqs: int, dtype: torch.dtype):
+    """The checks of :func:`allocate_workspace` (but the device's) and its buffers:
+    ``({name: (shape, dtype)}, (HV, max_tokens, max_chunks))``, what ``for_plan``
+    allocates and ``workspace_bytes`` counts."""
+    require_mode(plan, plan_type, mode, name="plan")
+    check_float_dtype(dtype)
+    HV = check_int(num_v_heads, "num_v_heads", 1)
+    cap = check_int(max_tokens, "max_tokens", 0)
+    seqs = check_int(max_seqs, "max_seqs", 1)
+    nc = max_chunks(cap, seqs, CHUNK_SIZE)
+    idt = inter_dtype(plan, dtype)
+    rows = {"w": cap, "u": cap, "v_new": cap, "h": nc, "aqk": cap}
+    layout = {name: ((rows[name], *shape), idt)
+              for name, shape in workspace_shapes(plan, HV).items()}
+    return layout, (HV, cap, nc)
+
+
+__all__ = ["KDADetSavedSet", "KDADetWorkspace", "allocate_workspace", "workspace_layout",
+           "workspace_shapes"]

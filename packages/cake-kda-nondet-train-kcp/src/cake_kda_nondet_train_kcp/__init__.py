@@ -31,7 +31,7 @@ _LAZY = {
     "KDANondetKCPGrads": "api",
     "partition_nondet_kcp": "context",
     "build_context_nondet_kcp": "context",
-    "exchange_bytes_nondet_kcp": "context",
+    "comm_bytes_nondet": "context",
     "KDANondetKCPSavedSet": "saved",
     "KDANondetKCPWorkspace": "saved",
 }
@@ -45,7 +45,7 @@ __all__ = [
     "chunk_kda_nondet_bwd_kcp",
     "chunk_kda_nondet_fwd_kcp",
     "chunk_kda_nondet_kcp",
-    "exchange_bytes_nondet_kcp",
+    "comm_bytes_nondet",
     "partition_nondet_kcp",
 ]
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from cake_kda_nondet_train_kcp.context import (
         build_context_nondet_kcp,
-        exchange_bytes_nondet_kcp,
+        comm_bytes_nondet,
         partition_nondet_kcp,
     )
     from cake_kda_nondet_train_kcp.saved import KDANondetKCPSavedSet, KDANondetKCPWorkspace

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:ee9a6a99872f8ccedb6729f65e31591ef940ae7cb6d994060f15ce2c68b3767a"
+SOURCE_DIGEST = "sha256:096b90c158ca6e80e3c11f472ce5cb87fae40efb591459f75b0c5253ebc40d98"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -14,11 +14,11 @@ import torch
 from cake_core.kcp import Context, Partition
 from cake_kda_det_train_kcp.context import (
     build_context_det_kcp,
-    exchange_bytes,
+    comm_bytes,
     partition_det_kcp,
 )
 
-__all__ = ["build_context_nondet_kcp", "exchange_bytes_nondet_kcp", "partition_nondet_kcp"]
+__all__ = ["build_context_nondet_kcp", "comm_bytes_nondet", "partition_nondet_kcp"]
 
 
 def partition_nondet_kcp(cu_seqlens_global_cpu: torch.Tensor | Sequence[int],
@@ -49,12 +49,17 @@ def build_context_nondet_kcp(partition: Partition, group: Any, rank: int,
                                  exchange=exchange)
 
 
-def exchange_bytes_nondet_kcp(ctx: Context, K: int, V: int, HV: int, *,
-                              gate_grad_floats: int = 0) -> dict[str, int]:
-    """What this package's exchange moves on ``ctx``'s rank per layer call (forward and
-    backward), fp32: ``cake_kda_det_train_kcp.exchange_bytes`` (the same exchange).
+def comm_bytes_nondet(ctx: Context, K: int, V: int, HV: int, *,
+                      gate_grad_floats: int = 0) -> dict[str, int]:
+    """Bytes this package's collectives send and receive on ``ctx``'s rank per training step of
+    one layer (forward + backward), fp32: ``cake_kda_det_train_kcp.comm_bytes`` (the same
+    exchange). Steady state: the first call of each entry on a context (the forward's and the
+    backward's) adds one all-gather of 16 bytes per rank, the ranks' agreement
+    (:func:`cake_core.kcp.agree_once`), not counted here.
+
+    Example: ``comm_bytes_nondet(ctx, 128, 128, 32)["calls"]``.
 
     Returns:
         ``{"fwd_sent", "fwd_received", "bwd_sent", "bwd_received", "calls"}``.
     """
-    return exchange_bytes(ctx, K, V, HV, gate_grad_floats=gate_grad_floats)
+    return comm_bytes(ctx, K, V, HV, gate_grad_floats=gate_grad_floats)

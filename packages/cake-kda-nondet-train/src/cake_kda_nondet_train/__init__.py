@@ -30,6 +30,9 @@ _LAZY = {
     "make_nondet_plan": "plan",
     "KDANondetSavedSet": "saved",
     "KDANondetWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -41,7 +44,10 @@ __all__ = [
     "chunk_kda_nondet",
     "chunk_kda_nondet_bwd",
     "chunk_kda_nondet_fwd",
+    "is_supported_nondet",
     "make_nondet_plan",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +58,11 @@ if TYPE_CHECKING:  # pragma: no cover
         chunk_kda_nondet_fwd,
     )
     from cake_kda_nondet_train.plan import KDANondetPlan, make_nondet_plan
+    from cake_kda_nondet_train.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_kda_nondet_train.saved import KDANondetSavedSet, KDANondetWorkspace
 
 

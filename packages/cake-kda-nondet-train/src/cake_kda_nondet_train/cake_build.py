@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f7761f99e9915c602ec531afa7643ae4ae76903ea95a4b827d558d60e9903ff8"
+SOURCE_DIGEST = "sha256:7e3bc5012345491e490bc0ba5814292bb3c154bb17d173f876d86c5c51b04a50"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

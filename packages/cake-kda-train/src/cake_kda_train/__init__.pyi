@@ -14,9 +14,12 @@ from cake_kda_det_train import KimiDeltaAttention as KimiDeltaAttention
 from cake_kda_det_train import chunk_kda_det as chunk_kda_det
 from cake_kda_det_train import chunk_kda_det_bwd as chunk_kda_det_bwd
 from cake_kda_det_train import chunk_kda_det_fwd as chunk_kda_det_fwd
+from cake_kda_det_train import is_supported as is_supported
 from cake_kda_det_train import kda_gate_ref as kda_gate_ref
 from cake_kda_det_train import kda_recurrence_ref as kda_recurrence_ref
 from cake_kda_det_train import make_plan as make_plan
+from cake_kda_det_train import saved_bytes as saved_bytes
+from cake_kda_det_train import workspace_bytes as workspace_bytes
 from cake_kda_det_train_kcp import KDADetKCPGrads as KDADetKCPGrads
 from cake_kda_det_train_kcp import KDADetKCPSavedSet as KDADetKCPSavedSet
 from cake_kda_det_train_kcp import KDADetKCPWorkspace as KDADetKCPWorkspace
@@ -24,7 +27,7 @@ from cake_kda_det_train_kcp import build_context_det_kcp as build_context_det_kc
 from cake_kda_det_train_kcp import chunk_kda_det_bwd_kcp as chunk_kda_det_bwd_kcp
 from cake_kda_det_train_kcp import chunk_kda_det_fwd_kcp as chunk_kda_det_fwd_kcp
 from cake_kda_det_train_kcp import chunk_kda_det_kcp as chunk_kda_det_kcp
-from cake_kda_det_train_kcp import exchange_bytes as exchange_bytes
+from cake_kda_det_train_kcp import comm_bytes as comm_bytes
 from cake_kda_det_train_kcp import partition_det_kcp as partition_det_kcp
 
 __version__: str
@@ -62,10 +65,13 @@ __all__ = [
     "chunk_kda_det_fwd",
     "chunk_kda_det_fwd_kcp",
     "chunk_kda_det_kcp",
-    "exchange_bytes",
+    "comm_bytes",
+    "is_supported",
     "kcp",
     "kda_gate_ref",
     "kda_recurrence_ref",
     "make_plan",
     "partition_det_kcp",
+    "saved_bytes",
+    "workspace_bytes",
 ]
