@@ -97,7 +97,7 @@ def test_dist_world_size_2(tmp_path):
         msg = results[r][MISMATCH]["mismatch"]
         assert msg is not None and msg.startswith(
             "chunk_gdn_fwd_kcp: the ranks of ctx.group disagree before the first collective: "
-            "partition: rank 0 "), (r, msg)
+            'layout: rank 0 "contiguous", rank 1 "zigzag"; partition: rank 0 '), (r, msg)
     for r in range(2):
         msgs = results[r]["w2_l2n_ag"]["bad"]
         assert not [m for m in msgs if m.startswith(("NO ERROR", "COLLECTIVE"))], msgs
