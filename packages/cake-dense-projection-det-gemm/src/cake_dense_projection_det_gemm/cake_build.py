@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c0a1c180a200d50230bb787767626e14d2e7d27ac2c98de8fdf59aa894f9837b"
+SOURCE_DIGEST = "sha256:82f81a58a9438c2dc78237462b8f78de9bcb39598131a6ee0ee3d19288cc962c"
 # --- end of generated block ---
 
 MANIFEST = {

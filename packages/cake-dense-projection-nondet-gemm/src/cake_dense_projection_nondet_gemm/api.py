@@ -25,7 +25,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.autograd import once_differentiable
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.compile import plan_to_op_fields
 from cake_core.triton_utils import launch_device_check
 from cake_dense_projection_det_gemm.api import (
     _check_main_grad,
@@ -34,6 +34,7 @@ from cake_dense_projection_det_gemm.api import (
     _launch_fwd,
     _resolve_plan,
     _resolve_workspace,
+    register_ops,
 )
 
 from cake_dense_projection_nondet_gemm.plan import DenseProjectionNondetPlan, make_nondet_plan
@@ -84,60 +85,7 @@ def _workspace(workspace, plan, device):
 # ----------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op(f"{_OP}::fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            plan_fields: list[int], partials: torch.Tensor | None,
-            bias_partials: torch.Tensor | None, main_grad: torch.Tensor | None
-            ) -> torch.Tensor:
-    plan = plan_from_op_fields(DenseProjectionNondetPlan, plan_fields, Mode.NONDET)
-    return _launch_fwd(x, weight, bias, plan)
-
-
-@_fwd_op.register_fake
-def _fwd_fake(x, weight, bias, plan_fields, partials, bias_partials, main_grad):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-@torch.library.custom_op(f"{_OP}::bwd", mutates_args=("partials", "bias_partials", "main_grad"))
-def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, plan_fields: list[int],
-            partials: torch.Tensor | None, bias_partials: torch.Tensor | None,
-            main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool, need_db: bool
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _alert()  # at run time under torch.compile, before any launch
-    plan = plan_from_op_fields(DenseProjectionNondetPlan, plan_fields, Mode.NONDET)
-    return _launch_bwd(dy, x, weight, plan, partials, bias_partials, main_grad,
-                       need_dx, need_dw, need_db)
-
-
-@_bwd_op.register_fake
-def _bwd_fake(dy, x, weight, plan_fields, partials, bias_partials, main_grad,
-              need_dx, need_dw, need_db):
-    N, K = weight.shape
-    return (x.new_empty(x.shape if need_dx else (0,)),
-            weight.new_empty((N, K) if need_dw and main_grad is None else (0,)),
-            x.new_empty((N,) if need_db else (0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, plan_fields, partials, bias_partials, main_grad = inputs
-    ctx.has_bias = bias is not None
-    ctx.has_main_grad = main_grad is not None
-    ctx.plan_fields = plan_fields
-    ctx.save_for_backward(x, weight, partials, bias_partials, main_grad)
-
-
-def _backward(ctx, dy):
-    x, weight, partials, bias_partials, main_grad = ctx.saved_tensors
-    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    need_db = need_db and ctx.has_bias
-    dx, dw, db = torch.ops.cake_dense_projection_nondet_gemm.bwd(
-        dy, x, weight, ctx.plan_fields, partials, bias_partials, main_grad,
-        need_dx, need_dw, need_db)
-    return (dx if need_dx else None, dw if need_dw and not ctx.has_main_grad else None,
-            db if need_db else None, None, None, None, None)
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+register_ops(_OP, DenseProjectionNondetPlan, Mode.NONDET, before_bwd=_alert)
 
 
 class _DenseProjectionNondetFunction(torch.autograd.Function):

@@ -55,7 +55,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:655132077e7197fe5de7b62513f8ca51e00aafcde8acf29cb79c7cfbfb13714d"
+SOURCE_DIGEST = "sha256:a4148a5d59cdbd0f92be6f8676dc5254878f90d72a32f81893df43bd78b7dd06"
 # --- end of generated block ---
 
 REUSES = [
