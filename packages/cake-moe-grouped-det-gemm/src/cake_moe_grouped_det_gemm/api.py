@@ -372,52 +372,56 @@ def _launch_bwd(dy, x, weight, ends, plan: MoEGroupedDetPlan, partials, main_gra
 # ----------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op("cake_moe_grouped_det_gemm::fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
-            plan_fields: list[int], partials: torch.Tensor | None,
-            main_grad: torch.Tensor | None) -> torch.Tensor:
-    plan = plan_from_op_fields(MoEGroupedDetPlan, plan_fields)
-    return _launch_fwd(x, weight, ends, plan)
+def register_ops(namespace: str, plan_cls: type, mode: Mode = Mode.DET,
+                 before_bwd=None) -> None:
+    """Register ``<namespace>::fwd`` / ``::bwd`` (fakes and autograd included) over this
+    package's launches, for plans of ``plan_cls`` in ``mode``; ``before_bwd`` (a nondet
+    sibling's alert) runs in the backward op before any launch."""
+
+    @torch.library.custom_op(f"{namespace}::fwd", mutates_args=())
+    def fwd_op(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
+               plan_fields: list[int], partials: torch.Tensor | None,
+               main_grad: torch.Tensor | None) -> torch.Tensor:
+        plan = plan_from_op_fields(plan_cls, plan_fields, mode)
+        return _launch_fwd(x, weight, ends, plan)
+
+    @fwd_op.register_fake
+    def _fwd_fake(x, weight, ends, plan_fields, partials, main_grad):
+        return x.new_empty((x.shape[0], weight.shape[1]))
+
+    @torch.library.custom_op(f"{namespace}::bwd", mutates_args=("partials", "main_grad"))
+    def bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
+               plan_fields: list[int], partials: torch.Tensor | None,
+               main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if before_bwd is not None:
+            before_bwd()  # at run time under torch.compile, before any launch
+        plan = plan_from_op_fields(plan_cls, plan_fields, mode)
+        return _launch_bwd(dy, x, weight, ends, plan, partials, main_grad, need_dx, need_dw)
+
+    @bwd_op.register_fake
+    def _bwd_fake(dy, x, weight, ends, plan_fields, partials, main_grad, need_dx, need_dw):
+        return (x.new_empty(x.shape if need_dx else (0,)),
+                weight.new_empty(weight.shape if need_dw and main_grad is None else (0,)))
+
+    def setup_context(ctx, inputs, output):
+        x, weight, ends, plan_fields, partials, main_grad = inputs
+        ctx.has_main_grad = main_grad is not None
+        ctx.plan_fields = plan_fields
+        ctx.save_for_backward(x, weight, ends, partials, main_grad)
+
+    def backward(ctx, dy):
+        x, weight, ends, partials, main_grad = ctx.saved_tensors
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        dx, dw = getattr(torch.ops, namespace).bwd(
+            dy, x, weight, ends, ctx.plan_fields, partials, main_grad, need_dx, need_dw)
+        return (dx if need_dx else None, dw if need_dw and not ctx.has_main_grad else None,
+                None, None, None, None)
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
 
 
-@_fwd_op.register_fake
-def _fwd_fake(x, weight, ends, plan_fields, partials, main_grad):
-    return x.new_empty((x.shape[0], weight.shape[1]))
-
-
-@torch.library.custom_op("cake_moe_grouped_det_gemm::bwd",
-                         mutates_args=("partials", "main_grad"))
-def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
-            plan_fields: list[int], partials: torch.Tensor | None,
-            main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    plan = plan_from_op_fields(MoEGroupedDetPlan, plan_fields)
-    return _launch_bwd(dy, x, weight, ends, plan, partials, main_grad, need_dx, need_dw)
-
-
-@_bwd_op.register_fake
-def _bwd_fake(dy, x, weight, ends, plan_fields, partials, main_grad, need_dx, need_dw):
-    return (x.new_empty(x.shape if need_dx else (0,)),
-            weight.new_empty(weight.shape if need_dw and main_grad is None else (0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, ends, plan_fields, partials, main_grad = inputs
-    ctx.has_main_grad = main_grad is not None
-    ctx.plan_fields = plan_fields
-    ctx.save_for_backward(x, weight, ends, partials, main_grad)
-
-
-def _backward(ctx, dy):
-    x, weight, ends, partials, main_grad = ctx.saved_tensors
-    need_dx, need_dw = ctx.needs_input_grad[:2]
-    dx, dw = torch.ops.cake_moe_grouped_det_gemm.bwd(
-        dy, x, weight, ends, ctx.plan_fields, partials, main_grad, need_dx, need_dw)
-    return (dx if need_dx else None, dw if need_dw and not ctx.has_main_grad else None,
-            None, None, None, None)
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+register_ops("cake_moe_grouped_det_gemm", MoEGroupedDetPlan)
 
 
 class _MoEGroupedDetFunction(torch.autograd.Function):

@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e53fd497aa8963a410f10c9d9381a2d6bd0cd2dc8a184afbee6b92331c34a194"
+SOURCE_DIGEST = "sha256:cd666a3fa059c8db7c5a5261c32f9547926a8a44921ab248f471a5e041081624"
 # --- end of generated block ---
 
 MANIFEST = {

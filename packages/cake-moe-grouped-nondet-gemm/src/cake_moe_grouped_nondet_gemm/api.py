@@ -25,7 +25,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.autograd import once_differentiable
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.compile import plan_to_op_fields
 from cake_core.triton_utils import launch_device_check
 from cake_moe_grouped_det_gemm.api import (
     _check_main_grad,
@@ -35,6 +35,7 @@ from cake_moe_grouped_det_gemm.api import (
     _resolve_plan,
     _resolve_workspace,
     _row_ends,
+    register_ops,
 )
 
 from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan, make_nondet_plan
@@ -88,52 +89,7 @@ def _workspace(workspace, plan, device):
 # ----------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op(f"{_OP}::fwd", mutates_args=())
-def _fwd_op(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
-            plan_fields: list[int], partials: torch.Tensor | None,
-            main_grad: torch.Tensor | None) -> torch.Tensor:
-    plan = plan_from_op_fields(MoEGroupedNondetPlan, plan_fields, Mode.NONDET)
-    return _launch_fwd(x, weight, ends, plan)
-
-
-@_fwd_op.register_fake
-def _fwd_fake(x, weight, ends, plan_fields, partials, main_grad):
-    return x.new_empty((x.shape[0], weight.shape[1]))
-
-
-@torch.library.custom_op(f"{_OP}::bwd", mutates_args=("partials", "main_grad"))
-def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
-            plan_fields: list[int], partials: torch.Tensor | None,
-            main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    _alert()  # at run time under torch.compile, before any launch
-    plan = plan_from_op_fields(MoEGroupedNondetPlan, plan_fields, Mode.NONDET)
-    return _launch_bwd(dy, x, weight, ends, plan, partials, main_grad, need_dx, need_dw)
-
-
-@_bwd_op.register_fake
-def _bwd_fake(dy, x, weight, ends, plan_fields, partials, main_grad, need_dx, need_dw):
-    return (x.new_empty(x.shape if need_dx else (0,)),
-            weight.new_empty(weight.shape if need_dw and main_grad is None else (0,)))
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, ends, plan_fields, partials, main_grad = inputs
-    ctx.has_main_grad = main_grad is not None
-    ctx.plan_fields = plan_fields
-    ctx.save_for_backward(x, weight, ends, partials, main_grad)
-
-
-def _backward(ctx, dy):
-    x, weight, ends, partials, main_grad = ctx.saved_tensors
-    need_dx, need_dw = ctx.needs_input_grad[:2]
-    dx, dw = torch.ops.cake_moe_grouped_nondet_gemm.bwd(
-        dy, x, weight, ends, ctx.plan_fields, partials, main_grad, need_dx, need_dw)
-    return (dx if need_dx else None, dw if need_dw and not ctx.has_main_grad else None,
-            None, None, None, None)
-
-
-_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+register_ops(_OP, MoEGroupedNondetPlan, Mode.NONDET, before_bwd=_alert)
 
 
 class _MoEGroupedNondetFunction(torch.autograd.Function):

@@ -65,7 +65,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:835dfcafc5f6c690c0ef68d1ce3a9cc77f21f092acacecb247233e92338c6b85"
+SOURCE_DIGEST = "sha256:427f720dc148fa53481802919fe00063433a9b0ba1c07ccebb070056d0af541b"
 # --- end of generated block ---
 
 REUSES = [
