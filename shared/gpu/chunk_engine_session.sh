@@ -18,8 +18,10 @@ git log -1 --format='HEAD %h %s' 2>/dev/null | cut -c1-80
 T0=$SECONDS
 # compile both sides in parallel (hash cases only), then time one after the other
 timeout 250 python3 shared/gpu/chunk_engine_check.py "$BEFORE" --no-time --save /tmp/b0.pt > /tmp/b0.txt 2>&1 &
+P1=$!
 timeout 250 python3 shared/gpu/chunk_engine_check.py . --no-time --save /tmp/a0.pt > /tmp/a0.txt 2>&1 &
-wait; echo "compile phase $((SECONDS-T0)) s"; tail -2 /tmp/b0.txt /tmp/a0.txt
+# a bare wait would also wait for the tee above
+wait $P1 $!; echo "compile phase $((SECONDS-T0)) s"; tail -2 /tmp/b0.txt /tmp/a0.txt
 echo "== after vs before (hash cases)"; timeout 60 python3 - <<'PY'
 import torch
 a, b = torch.load("/tmp/a0.pt"), torch.load("/tmp/b0.pt")
@@ -28,7 +30,8 @@ print("hash cases: outputs", len(a), "differ", len(diff), diff[:20])
 PY
 i=0
 for side in "$BEFORE" . "$BEFORE" .; do
-  i=$((i+1)); echo "== bench $i $side $((SECONDS-T0)) s"
+  i=$((i+1)); [ $((SECONDS-T0)) -gt ${BENCH_UNTIL:-380} ] && { echo "== bench $i skipped (time)"; continue; }
+  echo "== bench $i $side $((SECONDS-T0)) s"
   timeout 170 python3 shared/gpu/chunk_engine_check.py $side --cases NONE --reps 300 --save /tmp/bench_$i.pt 2>&1 | grep -E "fwd\+bwd|Error|error|fla:"
 done
 timeout 60 python3 - <<'PY'
@@ -39,6 +42,7 @@ for x, y, what in ((1, 2, "before vs after"), (1, 3, "before repeat"), (2, 4, "a
         d = [k for k in r[x] if r[x][k] != r[y].get(k)]
         print(f"bench hashes {what}: {len(r[x])} outputs, differ {len(d)}", d[:12])
 PY
+[ $((SECONDS-T0)) -gt ${REST_UNTIL:-470} ] && { echo "rest skipped (time) $((SECONDS-T0)) s"; exit 0; }
 echo "== 2nd process, after, hash cases"
 timeout 120 python3 shared/gpu/chunk_engine_check.py . --no-time --compare /tmp/a0.pt 2>&1 | tail -3
 echo "== host"; timeout 90 python3 shared/gpu/host_time.py "$BEFORE"; timeout 90 python3 shared/gpu/host_time.py .

@@ -31,7 +31,11 @@ def no_launch(monkeypatch):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
 def test_workspace_bytes_nondet_is_what_for_plan_allocates(dtype):
     for K, V in ((16, 16), (100, 7)):
-        plan = make_nondet_plan(K, V, dtype, DEV)
+        try:
+            plan = make_nondet_plan(K, V, dtype, DEV)
+        except ValueError:  # a head size this device refuses (CUDA: fp32 needs K <= 64)
+            assert str(DEV).startswith("cuda") and K > 64
+            continue
         for HV, tokens, seqs in ((1, 0, 1), (3, 65, 2), (8, 257, 17)):
             kw = dict(num_v_heads=HV, max_tokens=tokens, max_seqs=seqs, dtype=dtype)
             ws = GDNNondetWorkspace.for_plan(plan, DEV, **kw)

@@ -31,6 +31,7 @@ def data():
 ])
 def test_bad_forward_inputs(data, kw, match):
     hidden, weight, _, labels = data
+    kw = {k: v.to(DEV) if torch.is_tensor(v) else v for k, v in kw.items()}
     args = dict(hidden=hidden, weight=weight, labels=labels) | kw
     h, w, y = args.pop("hidden"), args.pop("weight"), args.pop("labels")
     with no_kernel_launches(det_api, "ce_chunk_kernel", "matmul"):

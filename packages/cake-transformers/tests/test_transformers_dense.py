@@ -281,3 +281,31 @@ def test_unsupported_config_served_with_its_piece_off():
 def test_flag_not_a_bool_refused():
     with pytest.raises(ValueError, match="mlp: expected a bool"):
         apply_cake_kernels_to_llama(mlp=1)
+
+
+def test_model_output_takes_either_cache_field_name():
+    import dataclasses
+
+    from cake_transformers._common import model_output
+
+    @dataclasses.dataclass
+    class Old:  # transformers 5.1x: past_key_values
+        loss: object = None
+        logits: object = None
+        past_key_values: object = None
+        hidden_states: object = None
+        attentions: object = None
+
+    @dataclasses.dataclass
+    class New:  # later 5.x: cache
+        loss: object = None
+        logits: object = None
+        cache: object = None
+        hidden_states: object = None
+        attentions: object = None
+
+    for base in (Old(past_key_values="c", hidden_states="h"), New(cache="c", hidden_states="h")):
+        for cls in (Old, New):
+            got = model_output(cls, base, loss=1.0, logits=None)
+            assert isinstance(got, cls) and got.loss == 1.0 and got.hidden_states == "h"
+            assert getattr(got, "cache", getattr(got, "past_key_values", None)) == "c"

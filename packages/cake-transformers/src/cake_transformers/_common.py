@@ -5,6 +5,7 @@ forward of a ``*ForCausalLM``, and installing forwards on classes or on a model'
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import weakref
 
@@ -152,8 +153,17 @@ def causal_lm_forward(self, on: frozenset, output_cls, args: dict, kwargs: dict,
                             reduction=red)
     if n_items is not None:
         loss = loss / n_items
-    return output_cls(loss=loss, logits=None, cache=out.cache, hidden_states=out.hidden_states,
-                      attentions=out.attentions)
+    return model_output(output_cls, out, loss=loss, logits=None)
+
+
+def model_output(output_cls, out, **fields):
+    """``output_cls(**fields)`` with the cache, hidden states and attentions of the base
+    model's output ``out``, under either name transformers gives the cache field
+    (``past_key_values`` in earlier 5.x releases, ``cache`` in later ones)."""
+    names = {f.name for f in dataclasses.fields(output_cls)}
+    key = "cache" if "cache" in names else "past_key_values"
+    fields[key] = getattr(out, "cache", getattr(out, "past_key_values", None))
+    return output_cls(hidden_states=out.hidden_states, attentions=out.attentions, **fields)
 
 
 def install(model, forwards: dict, expected: tuple, check_config, on: frozenset):
