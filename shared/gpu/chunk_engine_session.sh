@@ -12,6 +12,8 @@ exec > >(tee "$OUT/log.txt") 2>&1
 tar -xJf .anchors/anchors_site.tar.xz -C /tmp && export PYTHONPATH=/tmp/anchors_site
 export LD_LIBRARY_PATH=/tmp/anchors_site/z3/lib:/tmp/anchors_site/tvm_ffi/lib:${LD_LIBRARY_PATH:-} CUDA_HOME=/usr/local/cuda
 export PYTHONUNBUFFERED=1
+# FLA >= 0.6 hands bf16 K = V = 128 GDN calls to FlashQLA on Hopper; compare with FLA itself
+export FLA_FLASH_QLA=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, fla, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__, 'transformers', transformers.__version__)"
 git log -1 --format='HEAD %h %s' 2>/dev/null | cut -c1-80

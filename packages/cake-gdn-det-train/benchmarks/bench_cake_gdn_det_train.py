@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +87,8 @@ def cake_fn(plan_over):
 
 
 def fla_fn(bypass):
+    # FLA >= 0.6 hands bf16 K = V = 128 calls to FlashQLA on Hopper: time FLA's own kernels
+    os.environ.setdefault("FLA_FLASH_QLA", "0")
     import fla.ops.common.chunk_o as fla_chunk_o
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     if bypass:

@@ -9,7 +9,9 @@ Runs (each a fresh process, so class patches and kernel caches do not leak betwe
 
 - ``cake``: ``apply_cake_kernels_to_qwen3_next(model)`` (every piece on);
 - ``hf``: the unpatched model; transformers takes FLA's ``chunk_gated_delta_rule`` when
-  ``import fla`` works in that process (its fast path), else its torch code;
+  ``import fla`` works in that process (its fast path), else its torch code; FLA 0.6 hands
+  that call on to FlashQLA on Hopper where ``flash_qla`` is importable (``FLA_FLASH_QLA=0``
+  keeps FLA's own Triton kernels);
 - ``liger``: ``apply_liger_kernel_to_qwen3_next(model=model)`` over the unpatched model
   (Liger's RMSNorm, SwiGLU experts and fused linear cross entropy; FLA as in ``hf``).
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -97,6 +100,10 @@ def child(a) -> None:
 
             fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # FLA's Hopper backward guard (Triton 3.6)
             fast = "fla " + __import__("fla").__version__
+            if importlib.util.find_spec("flash_qla") is not None and \
+                    os.environ.get("FLA_FLASH_QLA", "1") != "0":
+                # FLA >= 0.6 hands bf16 K = V = 128 calls to FlashQLA on Hopper
+                fast += " (FlashQLA dispatch)"
         except ImportError:
             fast = "torch (fla not importable)"
     from transformers import Qwen3NextForCausalLM

@@ -6,7 +6,9 @@ fields (:func:`plan_to_op_fields`, a ``list[int]`` in the op schema; the op's na
 mode) and is rebuilt inside with :func:`plan_from_op_fields`, so
 ``torch.compile(fullgraph=True)`` traces a model without graph breaks. An op's output
 cannot be ``None``: an output that may not exist crosses as an empty fp32 ``[0]`` tensor
-(:func:`optional_output`).
+(:func:`optional_output`). Eagerly, an entry may call :func:`eager_function`'s
+``autograd.Function`` over the same op body and autograd formula instead: the same launches
+and bits without the dispatcher's Python per call.
 """
 
 from __future__ import annotations
@@ -42,13 +44,37 @@ def plan_to_op_fields(plan: Plan) -> list[int]:
     return out
 
 
+_PLANS: dict = {}  # (class, mode, fields) -> plan: plans are frozen, rebuilt once
+
+
 def plan_from_op_fields(cls: type[P], values: list[int] | tuple[int, ...],
                         mode: Mode = Mode.DET) -> P:
-    """Inverse of :func:`plan_to_op_fields` for plan class ``cls`` and ``mode``."""
+    """Inverse of :func:`plan_to_op_fields` for plan class ``cls`` and ``mode`` (eagerly,
+    one plan object per distinct fields, built and checked once)."""
+    ints = tuple(int(v) for v in values)
+    key = (cls, mode, ints)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
     names = _names(cls)
     if len(names) != len(values):
         raise ValueError(f"{cls.__name__}: expected {len(names)} fields, got {len(values)}")
-    return cls(**dict(zip(names, (int(v) for v in values), strict=True)), mode=mode)
+    plan = cls(**dict(zip(names, ints, strict=True)), mode=mode)
+    if not torch.compiler.is_compiling():
+        _PLANS[key] = plan
+    return plan
+
+
+def eager_function(name: str, body, setup_context, backward) -> type[torch.autograd.Function]:
+    """An ``autograd.Function`` named ``name`` for eager calls of a custom op: ``forward``
+    is the op's body, ``setup_context`` and ``backward`` its registered autograd (pass the
+    same functions). Grads of unused outputs are materialised as zeros, as the op's autograd
+    does, so both paths launch the same kernels on the same values."""
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(lambda *args: body(*args)),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+    })
 
 
 def optional_output(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,12 @@ from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
 from cake_core.chunk_output import chunk_output
 from cake_core.chunk_state import chunk_state_bwd, chunk_state_fwd
-from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
+from cake_core.compile import (
+    eager_function,
+    optional_output,
+    plan_from_op_fields,
+    plan_to_op_fields,
+)
 from cake_core.gemm import direct_store_dtype, group_sum_cast, ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
@@ -707,13 +712,14 @@ def bwd_entry(types: ModeTypes, do, dht, saved, plan, workspace) -> GDNDetGrads:
 
 
 # ----------------------------------------------------------------------------- custom ops
-# The one autograd path, eager and under torch.compile: the entry calls the fwd op, whose
-# registered autograd saves what the backward needs and calls the bwd op. The plan crosses
-# as its int fields; None-able tensors stay None; outputs that may not exist (final state,
-# L2-norm rstds, the kept g_cumsum and states, gradients of absent inputs) are empty fp32
-# tensors ``[0]``. A (T) is always kept (the backward skips k k^T and the solve); g_cumsum,
-# h, w and v_new only with plan.keep_states (h with max_chunks rows: its shape must follow
-# from the inputs' shapes; the first NC rows are the states).
+# One autograd definition: under torch.compile the entry calls the fwd op, whose registered
+# autograd saves what the backward needs and calls the bwd op; eagerly, an autograd.Function over
+# the same bodies, setup_context and backward (cake_core.compile.eager_function). The plan crosses
+# as its int fields; None-able tensors stay None; outputs that may not exist (final state, L2-norm
+# rstds, the kept g_cumsum and states, gradients of absent inputs) are empty fp32 tensors ``[0]``.
+# A (T) is always kept (the backward skips k k^T and the solve); g_cumsum, h, w and v_new only
+# with plan.keep_states (h with max_chunks rows: its shape must follow from the inputs' shapes;
+# the first NC rows are the states).
 
 
 def _h_rows(NT: int, N: int) -> int:
@@ -755,6 +761,9 @@ def _setup_context(ctx, inputs, output):
     ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields = use_gate, use_sigmoid, plan_fields
 
 
+_EAGER: dict[str, type] = {}  # ops namespace -> its eager autograd.Function (define_ops)
+
+
 def define_ops(types: ModeTypes):
     """Register the custom ops ``<types.ops>::fwd`` / ``::bwd`` and their autograd, the
     plan crossing as ``types.plan``'s fields and the backward's saved set a ``types.saved``
@@ -762,8 +771,7 @@ def define_ops(types: ModeTypes):
     with its types). ``types.before_bwd`` runs first in the bwd op, before any launch.
     Returns ``(fwd_op, bwd_op)``."""
 
-    @torch.library.custom_op(f"{types.ops}::fwd", mutates_args=())
-    def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+    def fwd_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, initial_state: torch.Tensor | None,
                cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
                dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
@@ -795,6 +803,8 @@ def define_ops(types: ModeTypes):
         return (o, *(optional_output(t, q) for t in (ht, q_rstd, k_rstd, g_cumsum)), A,
                 *(optional_output(t, q) for t in (h, w, v_new)))
 
+    fwd_op = torch.library.custom_op(f"{types.ops}::fwd", mutates_args=())(fwd_body)
+
     @fwd_op.register_fake
     def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
                   output_final_state, use_l2, use_gate, use_sigmoid, plan_fields):
@@ -818,8 +828,7 @@ def define_ops(types: ModeTypes):
                 *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)
                   for shape in kept[1:]))
 
-    @torch.library.custom_op(f"{types.ops}::bwd", mutates_args=())
-    def bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+    def bwd_body(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
                q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
@@ -850,14 +859,15 @@ def define_ops(types: ModeTypes):
         return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
                 optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
 
+    bwd_op = torch.library.custom_op(f"{types.ops}::bwd", mutates_args=())(bwd_body)
     bwd_op.register_fake(_bwd_fake)
 
-    def backward(ctx, do, dht, *_):
+    def backward(ctx, do, dht, *_, bwd=bwd_op):
         (q, k, v, g, beta, h0, cu, q_rstd, k_rstd, A_log, dt_bias, g_cumsum, A, h, w,
          v_new) = ctx.saved_tensors
         if do is None:
             do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
-        dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = getattr(torch.ops, types.ops).bwd(
+        dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = bwd(
             do, dht if ctx.output_final_state else None, q, k, v, g, beta, h0, cu, q_rstd,
             k_rstd, A_log, dt_bias, g_cumsum, A, h, w, v_new, ctx.scale, ctx.use_l2,
             ctx.use_gate, ctx.use_sigmoid, ctx.plan_fields)
@@ -868,7 +878,11 @@ def define_ops(types: ModeTypes):
                 None, None, None, None, None, None)
 
     # not twice differentiable: a second differentiation raises (cake_core.autograd)
+    # the registered op (traced by torch.compile); eagerly below, its body
     fwd_op.register_autograd(once_differentiable(backward), setup_context=_setup_context)
+    _EAGER[types.ops] = eager_function(
+        "ChunkGDNEager", fwd_body, _setup_context,
+        once_differentiable(lambda ctx, *grads: backward(ctx, *grads, bwd=bwd_body)))
     return fwd_op, bwd_op
 
 
@@ -912,9 +926,10 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dt_bias (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for equal inputs,
     upstream gradients, plan and hardware; not twice differentiable.
 
-    Eager and under ``torch.compile`` (``fullgraph=True`` works) the call is the custom
-    ops ``cake_gdn_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), with their
-    registered autograd: one path, the same launches, the same bits. While traced, the
+    Under ``torch.compile`` (``fullgraph=True`` works) the call is the custom ops
+    ``cake_gdn_det_train::fwd`` / ``::bwd`` (the plan passed by its fields) with their registered
+    autograd; eagerly, the same op bodies and autograd formula as an ``autograd.Function``
+    (no dispatcher overhead): the same launches, the same bits. While traced, the
     values of ``cu_seqlens`` are checked when the op runs.
     """
     return autograd_entry(DET, "chunk_gated_delta_rule_det", q, k, v, g, beta, scale,
@@ -933,7 +948,10 @@ def autograd_entry(types: ModeTypes, entry: str, q, k, v, g, beta, scale, initia
         types, entry, q, k, v, g, beta, scale, initial_state, output_final_state,
         use_qk_l2norm_in_kernel, cu_seqlens, plan, use_gate_in_kernel, A_log, dt_bias,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, fla_kwargs)
-    o, ht, *_ = getattr(torch.ops, types.ops).fwd(
+    # eagerly the ops' own body and autograd without the dispatcher's Python (host time)
+    call = getattr(torch.ops, types.ops).fwd if torch.compiler.is_compiling() else \
+        _EAGER[types.ops].apply
+    o, ht, *_ = call(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, sig,
         plan_to_op_fields(plan))

@@ -24,7 +24,12 @@ from typing import NamedTuple
 import torch
 from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
-from cake_core.compile import optional_output, plan_from_op_fields, plan_to_op_fields
+from cake_core.compile import (
+    eager_function,
+    optional_output,
+    plan_from_op_fields,
+    plan_to_op_fields,
+)
 from cake_core.gemm import ordered_sum
 from cake_core.l2norm import l2norm_bwd, l2norm_fwd
 from cake_core.linear_attention import (
@@ -393,7 +398,9 @@ def run_autograd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, outpu
         kinds, q, k, v, g, beta, scale, initial_state, output_final_state,
         use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan, workspace, fla_kwargs)
-    o, ht, *_ = getattr(torch.ops, kinds.namespace).fwd(
+    call = getattr(torch.ops, kinds.namespace).fwd if torch.compiler.is_compiling() else \
+        _EAGER[kinds.namespace].apply
+    o, ht, *_ = call(
         q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, lower_bound, sig, plan_to_op_fields(plan))
     return o, (ht if output_final_state else None)
@@ -543,11 +550,15 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
 
 
 # ----------------------------------------------------------------------------- custom ops
-# The one autograd path, eager and under torch.compile: the entry calls the fwd op, whose
-# registered autograd saves what the backward needs and calls the bwd op. The plan crosses
-# as its int fields; None-able tensors stay None; outputs that may not exist (final state,
-# L2-norm rstds, gradients of absent inputs) are empty fp32 tensors ``[0]``. g_cumsum and
-# A are outputs so autograd can save them.
+# One autograd definition: under torch.compile the entry calls the fwd op, whose registered
+# autograd saves what the backward needs and calls the bwd op; eagerly, an autograd.Function over
+# the same bodies, setup_context and backward (cake_core.compile.eager_function). The plan crosses
+# as its int fields; None-able tensors stay None; outputs that may not exist (final state, L2-norm
+# rstds, gradients of absent inputs) are empty fp32 tensors ``[0]``. g_cumsum and A are outputs so
+# autograd can save them.
+
+
+_EAGER: dict[str, type] = {}  # ops namespace -> its eager autograd.Function (register_ops)
 
 
 def register_ops(kinds: ModeKinds):
@@ -556,8 +567,7 @@ def register_ops(kinds: ModeKinds):
     namespace: here for :data:`DET_KINDS`, by cake-kda-nondet-train for its own."""
     ns = kinds.namespace
 
-    @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
-    def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+    def fwd_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, initial_state: torch.Tensor | None,
                 cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
                 dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
@@ -579,6 +589,8 @@ def register_ops(kinds: ModeKinds):
         return (o, optional_output(ht, q), optional_output(q_rstd, q),
                 optional_output(k_rstd, q), g_cumsum, A)
 
+    _fwd_op = torch.library.custom_op(f"{ns}::fwd", mutates_args=())(fwd_body)
+
     @_fwd_op.register_fake
     def _fwd_fake(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
                   output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields):
@@ -593,8 +605,7 @@ def register_ops(kinds: ModeKinds):
         return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
                 q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)
 
-    @torch.library.custom_op(f"{ns}::bwd", mutates_args=())
-    def _bwd_op(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor,
+    def bwd_body(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor,
                 k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 g_cumsum: torch.Tensor, A: torch.Tensor | None,
                 initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
@@ -624,6 +635,8 @@ def register_ops(kinds: ModeKinds):
         return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
                 optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
 
+    _bwd_op = torch.library.custom_op(f"{ns}::bwd", mutates_args=())(bwd_body)
+
     @_bwd_op.register_fake
     def _bwd_fake(do, dht, q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens, q_rstd,
                   k_rstd, A_log, dt_bias, scale, use_l2, use_gate, lower_bound, use_sigmoid,
@@ -649,11 +662,9 @@ def register_ops(kinds: ModeKinds):
         ctx.use_gate, ctx.lower_bound = use_gate, lower_bound
         ctx.use_sigmoid, ctx.plan_fields = use_sigmoid, plan_fields
 
-    bwd = getattr(torch.ops, ns).bwd
-
     # kinds.before_bwd runs in the bwd op's body (at run time, before any launch), not
     # here: under torch.compile this function is traced when the forward compiles
-    def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA):
+    def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA, bwd=_bwd_op):
         q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias = \
             ctx.saved_tensors
         if do is None:
@@ -670,6 +681,10 @@ def register_ops(kinds: ModeKinds):
 
     # not twice differentiable: a second differentiation raises (cake_core.autograd)
     _fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
+    # eager calls: the same body and autograd without the dispatcher's Python (host time)
+    _EAGER[ns] = eager_function(
+        "ChunkKDAEager", fwd_body, _setup_context,
+        once_differentiable(lambda ctx, *grads: _backward(ctx, *grads, bwd=bwd_body)))
     return _fwd_op, _bwd_op
 
 
@@ -707,9 +722,10 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     channel), the L2-norm rstds and each chunk's T and Aqk (2 bytes each per token, value
     head and chunk position in 16-bit intermediates).
 
-    Eager and under ``torch.compile`` (``fullgraph=True`` works) the call is the custom
-    ops ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields), with their
-    registered autograd: one path, the same launches, the same bits. While traced, the
+    Under ``torch.compile`` (``fullgraph=True`` works) the call is the custom ops
+    ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields) with their registered
+    autograd; eagerly, the same op bodies and autograd formula as an ``autograd.Function``
+    (no dispatcher overhead): the same launches, the same bits. While traced, the
     values of ``cu_seqlens`` are checked when the op runs. A ``workspace`` is checked
     (its capacity too, except while traced) but not used: the ops allocate their scratch
     per call (use :func:`chunk_kda_det_fwd` to run in one). ``torch.utils.checkpoint``
