@@ -3,7 +3,7 @@ Liger), the same initial weights and batches, each run in its own process.
 
     python packages/cake-transformers/benchmarks/bench_cake_transformers.py \
         [--size 100m|tiny] [--steps 50] [--batch 2] [--seq 4096] \
-        [--runs cake,cake,hf,hf,liger] [--out result.json]
+        [--runs cake,cake,hf,hf,liger] [--out result.json] [--profile N] [--sync-debug]
 
 Runs (each a fresh process, so class patches and kernel caches do not leak between them):
 
@@ -21,6 +21,8 @@ weights on CUDA (fp32 on a CPU, where the kernels run through Triton's interpret
 per run: the loss of every step, tokens/s over the steps after the first ``--warmup`` (the
 first ones compile), peak CUDA memory, and a sha256 of the final weights; then which runs
 repeat bitwise (losses and weights) and the loss gap of each run to the first ``hf`` run.
+``--profile N``: N more steps under ``torch.profiler`` per run, its kernels by self time (where
+the step's time goes); ``--sync-debug``: the host syncs of one step (CUDA's sync debug mode).
 
 ``--size 100m`` (129M parameters): hidden 1024, 8 layers (3 linear attention : 1 full
 attention), 32 experts top-4 (width 64) with a shared expert (width 512), linear heads 8 q/k x
@@ -88,6 +90,49 @@ def weights_sha(model) -> str:
     return h.hexdigest()[:16]
 
 
+def _step(model, opt, x):
+    loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def profile_steps(model, opt, dev: str, a) -> str:
+    """torch.profiler over ``a.profile`` more steps: the kernels (CUDA) or ops (CPU) with the
+    most self time, as a table."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for x in batches(a.profile, a.batch, a.seq, seed=1):
+            _step(model, opt, x.to(dev))
+        if dev == "cuda":
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if dev == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
+
+
+def count_syncs(model, opt, dev: str, a) -> int:
+    """Host syncs in one step, as ``torch.cuda.set_sync_debug_mode('warn')`` reports them."""
+    import warnings
+
+    import torch
+
+    x = next(batches(1, a.batch, a.seq, seed=2)).to(dev)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _step(model, opt, x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for m in w[:8]:
+        print(f"sync: {str(m.message)[:160]}", file=sys.stderr)
+    return len(w)
+
+
 def child(a) -> None:
     import torch
 
@@ -139,14 +184,20 @@ def child(a) -> None:
         times.append(time.perf_counter() - t)
         losses.append(float(loss))
     timed = times[a.warmup:] or times
+    profile = syncs = None
+    wsha = weights_sha(model)  # after the steps above, before any profiled ones
+    if a.profile:
+        profile = profile_steps(model, opt, dev, a)
+    if a.sync_debug and dev == "cuda":
+        syncs = count_syncs(model, opt, dev, a)
     res = dict(impl=a.child, linear_attention_path=fast if a.child != "cake" else "cake",
                losses=losses, loss_bits=hashlib.sha256(
                    json.dumps([float(v).hex() for v in losses]).encode()).hexdigest()[:16],
-               weights_sha=weights_sha(model),
+               weights_sha=wsha,
                tokens_per_s=a.batch * a.seq * len(timed) / sum(timed),
                first_step_s=times[0],
                peak_mem_gib=(torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda"
-                             else None))
+                             else None), profile=profile, host_syncs_per_step=syncs)
     with open(a.result, "w") as f:
         json.dump(res, f)
 
@@ -161,6 +212,10 @@ def main() -> None:
     p.add_argument("--runs", default="cake,cake,hf,hf,liger")
     p.add_argument("--timeout", type=float, default=None, help="seconds per run")
     p.add_argument("--out")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, N steps under torch.profiler: top kernels")
+    p.add_argument("--sync-debug", action="store_true",
+                   help="count the host syncs of one step (CUDA)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--init", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -187,7 +242,9 @@ def main() -> None:
         out = os.path.join(tmp, f"run{i}.json")
         cmd = [sys.executable, __file__, "--child", impl, "--init", init, "--result", out,
                "--size", a.size, "--steps", str(a.steps), "--warmup", str(a.warmup),
-               "--batch", str(a.batch), "--seq", str(a.seq)]
+               "--batch", str(a.batch), "--seq", str(a.seq), "--profile", str(a.profile)]
+        if a.sync_debug:
+            cmd.append("--sync-debug")
         t = time.perf_counter()
         try:
             r = subprocess.run(cmd, timeout=a.timeout, capture_output=True, text=True)
@@ -206,6 +263,10 @@ def main() -> None:
               f"peak {res['peak_mem_gib'] or 0:6.2f} GiB  loss {res['losses'][0]:.4f} -> "
               f"{res['losses'][-1]:.4f}  loss bits {res['loss_bits']}  weights "
               f"{res['weights_sha']}", flush=True)
+        if res.get("host_syncs_per_step") is not None:
+            print(f"run {i} {impl}: host syncs in one step: {res['host_syncs_per_step']}")
+        if res.get("profile"):
+            print(f"run {i} {impl}: profile of {a.profile} steps\n{res['profile']}", flush=True)
     by = {}
     for r in results:
         by.setdefault(r["impl"], []).append(r)
