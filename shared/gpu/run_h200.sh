@@ -2,7 +2,7 @@
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
 # parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcp1 kcptests moelayer
-# kdahash kdatime burn mixload, and <fam>tests
+# kdahash kdatime burn mixload ndbench ndtests, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench, mhctests mhcbench, tftests tfbench (cake-transformers; tfbench wants the anchor pack on PYTHONPATH for its hf / liger runs) (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -104,6 +104,31 @@ for fam in "${!FAMPKG[@]}"; do
   has ${fam}configs && timeout ${FAM_CONFIGS_TIMEOUT:-400} python3 shared/gpu/plan_configs.py \
     $fam 2>&1 | tee "$OUT/${fam}_configs.txt"
 done
+# ndbench: every nondet package's benchmark against its det sibling (issue 44: nondet / det),
+# one after another, each log in $OUT/nd_<pkg>.txt and its summary lines here; ndtests: the
+# nondet packages' suites, in parallel processes.
+if has ndbench; then
+  for b in packages/cake-*-nondet-*/benchmarks/bench_*.py; do
+    pkg=$(basename "$(dirname "$(dirname "$b")")")
+    args="--out $OUT/nd_$pkg.json"
+    case $pkg in *gdn*|*kda*) args="$args --impls nondet,det --reps 20 --hash";; esac
+    case $pkg in *conv*|*lm-head*) args="$args --check";; esac
+    timeout ${ND_TIMEOUT:-150} python3 "$b" $args > "$OUT/nd_$pkg.txt" 2>&1
+    echo "== $pkg rc $?"; grep -iE "ratio|nondet|error" "$OUT/nd_$pkg.txt" | tail -8
+  done
+fi
+if has ndtests; then
+  for d in packages/cake-*-nondet-*/; do
+    id=$(basename "$d"); i=0
+    for f in "$d"tests/test_*.py; do
+      i=$((i+1))
+      timeout ${FAM_TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rf "$f" \
+        > "$OUT/pytest_${id}_$i.txt" 2>&1 &
+    done
+  done
+  wait
+  grep -hE "passed|failed|FAILED|Error" "$OUT"/pytest_cake-*nondet*_*.txt | tail -40
+fi
 # kcp2 (on nvidia-h200-x2): every KCP benchmark with --check --base local at T = 65536 over
 # 2 GPUs (NCCL), both layouts; then the main job with --cp 2 (GDN block; $CP_STEPS steps).
 if has kcp2; then

@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6a39d0f31f3600b1a862bee07e60c639a46d080a727ad7a667df4862f344b770"
+SOURCE_DIGEST = "sha256:b877f768ed568dda1f764052ac886bc59bbc56c16be48e3fbcaad38ed8f4504f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2fbdc084c772ffc2b1bdd361bed301e7d147d3cb10c9d727ad7b01eb9f43bde9"
+SOURCE_DIGEST = "sha256:d1f687008dceb097911ca07e551ac4b4b08f32d85987b4ed9685a343f855c4c9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a172563decd945b3b8753f721c4a63ace275414c0a237c174e7d02ec7e7c11ce"
+SOURCE_DIGEST = "sha256:8c4f3e76ee62c39f01fe754f65ef0145b402e270c002c88a38e6094e7ac9e950"
 # --- end of generated block ---
 
 MANIFEST = {

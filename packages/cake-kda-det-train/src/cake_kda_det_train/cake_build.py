@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4f9540a31db79d3a0264e9b4d62a8ef40138cefbd1b80e310c4901379f78e03e"
+SOURCE_DIGEST = "sha256:1cddb01d210d74c6d914bcb21c1785cdc5aebf47aee9562ded4cf80fa770185d"
 # --- end of generated block ---
 
 MANIFEST = {

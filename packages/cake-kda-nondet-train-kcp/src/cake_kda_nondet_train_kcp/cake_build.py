@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:096b90c158ca6e80e3c11f472ce5cb87fae40efb591459f75b0c5253ebc40d98"
+SOURCE_DIGEST = "sha256:9888c22f194fedd42679687ae73399e1a3429843ae5dbbc58c4388df03fcf63c"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:7e3bc5012345491e490bc0ba5814292bb3c154bb17d173f876d86c5c51b04a50"
+SOURCE_DIGEST = "sha256:91304a7ce9941156c2c0022245df396ab114596d59b7d4ed6dc035c8139761ce"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
