@@ -754,6 +754,8 @@ def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
      use_l2, use_gate, use_sigmoid, plan_fields) = inputs
     _, _, q_rstd, k_rstd, g_cumsum, A, h, w, v_new = output
+    # no zero grads made for the outputs only the backward reads (memsets of A, states)
+    ctx.set_materialize_grads(False)
     cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu, q_rstd, k_rstd, A_log, dt_bias,
                           g_cumsum, A, h, w, v_new)

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d1f687008dceb097911ca07e551ac4b4b08f32d85987b4ed9685a343f855c4c9"
+SOURCE_DIGEST = "sha256:28e028b3f960d23ea0cc21c83227cc78ae206479003c734eed10ffa5671e7eec"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8c4f3e76ee62c39f01fe754f65ef0145b402e270c002c88a38e6094e7ac9e950"
+SOURCE_DIGEST = "sha256:833ff8d4fbcc79efc4e1996dd4b6771ad252944129e9b985bcc250e6c31996cb"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -655,6 +655,8 @@ def register_ops(kinds: ModeKinds):
         (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
          output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
         _, _, q_rstd, k_rstd, g_cumsum, A = output
+        # no zero grads made for the outputs only the backward reads (memsets of A, states)
+        ctx.set_materialize_grads(False)
         cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
         ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd,
                               k_rstd, A_log, dt_bias)

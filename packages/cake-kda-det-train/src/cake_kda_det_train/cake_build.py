@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1cddb01d210d74c6d914bcb21c1785cdc5aebf47aee9562ded4cf80fa770185d"
+SOURCE_DIGEST = "sha256:fdb699a057f16274c114bab7d878af67ae8ef36dc0119612d280ac0bcd2f5c11"
 # --- end of generated block ---
 
 MANIFEST = {

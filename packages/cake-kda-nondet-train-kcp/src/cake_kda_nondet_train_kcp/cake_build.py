@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9888c22f194fedd42679687ae73399e1a3429843ae5dbbc58c4388df03fcf63c"
+SOURCE_DIGEST = "sha256:3410e95db6add55adc15d2fe979d93363d300886b792407c9543d001a9266e44"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

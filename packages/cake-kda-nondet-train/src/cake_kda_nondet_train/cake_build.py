@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:91304a7ce9941156c2c0022245df396ab114596d59b7d4ed6dc035c8139761ce"
+SOURCE_DIGEST = "sha256:c8c890f022e72f16865382882a6f3d84a37185b7db278fad3334a829703adc3e"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
