@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:03de4d7757fcd5b1668ae1d51a190e0fb05b428a843a559cb0d9fe35b6a68716"
+SOURCE_DIGEST = "sha256:c490c9de796a53ceca4f94c64d1a8e08a65d3cc7586bbb3ccb4b986ddcd65612"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -338,6 +338,7 @@ def graph_replay_matches_eager(make_inputs: Callable[[int], Sequence[torch.Tenso
             or the first two seeds gave the same bits (inputs too alike for the check).
         RuntimeError: no CUDA; a capture refused (a host sync or an operation CUDA does
             not capture, raised by torch).
+        ValueError: ``warmup`` < 1, or ``names`` not one per output.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("graph_replay_matches_eager needs CUDA")
