@@ -2,7 +2,7 @@
 # One device call on the H200: versions, GPU tests, cross-process repeat, benchmark,
 # and the main job. Everything lands in $OUT. Usage (repo root): bash shared/gpu/run_h200.sh [parts]
 # parts: any of env tests det bench tinylm profile dense lmhead tests3 partests parconfigs kcp2 kcp1 kcptests moelayer
-# kdahash kdatime burn mixload ndbench ndtests, and <fam>tests
+# kdahash kdatime burn mixload ndbench ndtests graphs, and <fam>tests
 # <fam>bench <fam>configs for fam in gdn kda conv gate, moetests moebench, mhctests mhcbench, tftests tfbench (cake-transformers; tfbench wants the anchor pack on PYTHONPATH for its hf / liger runs) (default: the first five). Seen 2026-11-29: the GPU test
 # suite needs over 5 minutes (Triton compiles each plan configuration), det ~30 s, bench
 # ~2.5 min, tinylm ~70 s: run "env tests" in one call and "det bench tinylm" in another.
@@ -228,6 +228,19 @@ if has mixload; then
       | grep -v -i warn; } > "$OUT/mix_gdn.txt" 2>&1 & W+=($!)
   wait "${W[@]}"; wait
   tail -n 8 "$OUT"/mix_*.txt | tee "$OUT/mixload.txt"; rm -f "$OUT"/mix_*.txt
+fi
+# graphs: every det package's tests/test_*_cuda_graph.py (a forward and backward captured in
+# a CUDA graph, replayed bitwise equal to eager; docs/architecture.md "CUDA graphs"), one
+# process per file, all at once; a summary of each file's pytest line (xfails listed).
+if has graphs; then
+  for f in packages/*/tests/test_*_cuda_graph.py; do
+    pkg=${f#packages/}; pkg=${pkg%%/*}
+    timeout ${GRAPH_TEST_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider -rfxX "$f" \
+      > "$OUT/graphs_$pkg.txt" 2>&1 &
+  done
+  wait
+  for f in "$OUT"/graphs_*.txt; do echo "== $f"; grep -E "passed|failed|skipped|xfail|XPASS|FAILED|Error" "$f" | tail -12; done \
+    | tee "$OUT/graph_summary.txt"
 fi
 # moelayer: the MoEFeedForward layer vs eager torch (bf16, 8192 tokens), then the main job
 # with --moe 8,2 ($MOE_STEPS steps).

@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b877f768ed568dda1f764052ac886bc59bbc56c16be48e3fbcaad38ed8f4504f"
+SOURCE_DIGEST = "sha256:b88d2f5624345184f015164df8056802760df440ddee3fc151d06a08bb5a8628"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -1,6 +1,7 @@
 """Testing tools every family uses: float64 references, bitwise repeats, ragged batches,
 output poisoning (of buffers, or of every ``torch.empty`` in a block), bad-input tables,
-compiled-versus-eager bits, import checks, probes of the ``cu_seqlens`` offsets cache.
+compiled-versus-eager bits, CUDA-graph-replay-versus-eager bits, import checks, probes of
+the ``cu_seqlens`` offsets cache.
 Imported by tests and benchmarks only, never by kernels.
 """
 
@@ -293,6 +294,98 @@ def assert_compiles_to_op(step: Callable[..., Sequence[torch.Tensor]],
     assert cnt.frame_count == 1, f"{cnt.frame_count} frames (graph breaks?)"
     assert op in cnt.graphs[0].code, f"{op} not in the traced graph"
     return compiled
+
+
+def graph_replay_matches_eager(make_inputs: Callable[[int], Sequence[torch.Tensor]],
+                               step: Callable[..., Sequence[torch.Tensor]], *,
+                               warmup: int = 3, seeds: Sequence[int] = (1, 2),
+                               names: Sequence[str] | None = None) -> list[list[torch.Tensor]]:
+    """Capture one ``step`` (a forward and its backward) in a ``torch.cuda.CUDAGraph``,
+    replay it on fresh input values and assert every output has the bits of an eager call
+    on the same values. CUDA only.
+
+    The pattern of PyTorch's CUDA-graph rules: static input tensors (``make_inputs(0)``,
+    cloned); ``warmup`` eager calls on a side stream (compiles, autotuning, lazily made
+    handles and the per-stream caches, e.g. :func:`cake_core.varlen.resolve_chunks`'
+    tables, all happen here, not during the capture); the capture on that same stream; then
+    per seed: ``make_inputs(seed)`` copied into the static tensors, one replay, and
+    ``step`` run eagerly (on the current stream) on clones of those same values. A host
+    sync inside ``step`` (``.item()``, ``.tolist()``, a blocking copy) makes the capture
+    raise: the check fails rather than passing by accident.
+
+    Args:
+        make_inputs: ``seed -> tensors`` on the CUDA device: every seed the same shapes,
+            dtypes and structure (what the plan and launch grids read: shapes, a packed
+            call's ``cu_seqlens`` values), fresh values. Integer inputs the kernels read on
+            the device (labels, MoE offsets) may change with the seed; host-read structure
+            (``cu_seqlens``) belongs in ``step``'s closure instead.
+        step: ``step(*inputs) -> outputs``: the forward and its backward, e.g. leaves made
+            with ``t.detach().requires_grad_()`` and their gradients returned by
+            ``torch.autograd.grad`` (no ``.grad`` state to reset before the capture),
+            forward outputs ``.detach()``-ed. Plans and workspaces (made once, outside, and
+            passed explicitly: static workspaces) belong in its closure. It must not
+            modify its inputs.
+        warmup: eager calls before the capture (>= 1).
+        seeds: the input seeds replayed, in order (two or more: the outputs of the first
+            two must differ, so a replay of stale inputs would be seen).
+        names: the outputs' names in messages (default ``out0``, ``out1``, ...).
+
+    Returns:
+        The eager outputs, one list per seed.
+
+    Raises:
+        AssertionError: an output of a replay differs in shape, dtype or bits from eager's,
+            or the first two seeds gave the same bits (inputs too alike for the check).
+        RuntimeError: no CUDA; a capture refused (a host sync or an operation CUDA does
+            not capture, raised by torch).
+        ValueError: ``warmup`` < 1, or ``names`` not one per output.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("graph_replay_matches_eager needs CUDA")
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1, got {warmup}")
+
+    def as_list(out):
+        return [out] if isinstance(out, torch.Tensor) else list(out)
+
+    static = [t.detach().clone() for t in make_inputs(0)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step(*static)
+    # capture on the warm-up stream: caches kept per stream (tables, library handles) hit
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        outs = as_list(step(*static))
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    labels = list(names) if names is not None else [f"out{i}" for i in range(len(outs))]
+    if len(labels) != len(outs):
+        raise ValueError(f"names: {len(labels)} names for {len(outs)} outputs")
+    wants = []
+    for seed in seeds:
+        fresh = [t.detach() for t in make_inputs(seed)]
+        for s, f in zip(static, fresh, strict=True):
+            s.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [o.clone() for o in outs]
+        want = [t.detach() for t in as_list(step(*[f.clone() for f in fresh]))]
+        torch.cuda.synchronize()
+        for name, a, b in zip(labels, got, want, strict=True):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise AssertionError(f"{name}: replay gave {a.dtype} {tuple(a.shape)}, eager "
+                                     f"{b.dtype} {tuple(b.shape)} (seed {seed})")
+            if not bitwise_equal(a, b):
+                raise AssertionError(f"{name}: graph replay differs from eager in bits "
+                                     f"(inputs of seed {seed})")
+        wants.append(want)
+    if len(wants) >= 2 and all(bitwise_equal(a, b) for a, b in zip(wants[0], wants[1],
+                                                                    strict=True)):
+        raise AssertionError("the first two seeds gave the same outputs: the check cannot "
+                             "tell a replay of stale inputs from a fresh one")
+    return wants
 
 
 def kcp_smoke_device(world_size: int, device: torch.device) -> tuple[str, dict[str, str]]:
