@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:35954d2969ffa5019a54bd5a26964509547ac56576fb9e58446ff7b459b306b3"
+SOURCE_DIGEST = "sha256:b945aecf7b38ee329f138c99565d682b2fd9f9d9e12f6f268eb546885b55b4af"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

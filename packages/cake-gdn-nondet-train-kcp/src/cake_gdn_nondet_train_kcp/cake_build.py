@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:85024842eb6e98f9b45301023ccb9dfa7661771f07a2d62ff68d2afef4ca8755"
+SOURCE_DIGEST = "sha256:21afa97e4d6c18f568568bb82557e6bc45a71385d8704bfb17b8c2dbd7bb1947"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

@@ -1,0 +1,116 @@
+"""is_supported and workspace_bytes (issue 45): is_supported runs the forward's checks on
+this rank only (the entry's messages, no launch, no collective, inputs unmodified);
+workspace_bytes is what for_context allocates."""
+
+import cake_gdn_det_train_kcp.api as kcp_api
+import pytest
+import torch
+import torch.distributed as dist
+from _gdn_kcp_helpers import CROSS_CU, CROSS_ROWS, DEV, global_inputs, shard
+from cake_core.support import Support
+from cake_core.testing import no_kernel_launches
+from cake_gdn_det_train import make_plan
+from cake_gdn_det_train_kcp import (
+    GDNDetKCPWorkspace,
+    build_context_det_kcp,
+    chunk_gdn_det_fwd_kcp,
+    is_supported,
+    partition_det_kcp,
+    workspace_bytes,
+)
+from test_gdn_kcp_bad_inputs import _args, _cases
+
+_WORK = ("chunk_gdn_det_fwd", "chunk_gdn_det_bwd", "forward_allgather", "forward_ring",
+         "agree_once")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    p = partition_det_kcp(CROSS_CU, 1, fragments=CROSS_ROWS)
+    ctx = build_context_det_kcp(p, None, 0, DEV)
+    return ctx, shard(global_inputs(100, seed=7), p)
+
+
+@pytest.fixture
+def gloo1(tmp_path):
+    """A live gloo group of one rank whose all-gathers raise: an entry's first call
+    collects (agree_once), is_supported must not."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
+                            rank=0, world_size=1)
+
+    def boom(*a, **k):
+        raise AssertionError("a collective ran")
+
+    real = {n: getattr(dist, n) for n in ("all_gather", "all_gather_into_tensor",
+                                          "all_gather_object", "batch_isend_irecv", "barrier")}
+    for n in real:
+        setattr(dist, n, boom)
+    try:
+        yield
+    finally:
+        for n, f in real.items():
+            setattr(dist, n, f)
+        dist.destroy_process_group()
+
+
+def _snap(d):
+    return {n: t.clone() for n, t in d.items() if isinstance(t, torch.Tensor)}
+
+
+def test_valid_calls_are_supported(setup):
+    ctx, local = setup
+    plan = make_plan(16, 16, torch.float32, DEV)
+    ws = GDNDetKCPWorkspace.for_context(plan, ctx, num_v_heads=1)
+    ring = build_context_det_kcp(ctx.partition, None, 0, DEV, exchange="ring")
+    with no_kernel_launches(kcp_api, *_WORK):
+        assert is_supported(*local[:5], ctx) == Support(True, "")
+        assert is_supported(*local[:5], ctx, scale=0.5, use_qk_l2norm_in_kernel=True,
+                            plan=plan, workspace=ws)
+        assert is_supported(*local[:5], ring)
+
+
+def test_bad_inputs_give_the_entrys_message(setup):
+    ctx, local = setup
+    other = partition_det_kcp(CROSS_CU, 1)
+    cases = _cases(local, ctx) + [
+        (dict(plan=make_plan(16, 32, torch.float32, DEV)), "^plan"),
+        (dict(workspace=GDNDetKCPWorkspace.for_context(
+            make_plan(16, 16, torch.float32, DEV),
+            build_context_det_kcp(other, None, 0, DEV), num_v_heads=1)), "^workspace"),
+    ]
+    for over, match in cases:
+        args = _args(local, ctx, over)
+        with pytest.raises(ValueError, match=match) as e:
+            chunk_gdn_det_fwd_kcp(**args)
+        before = _snap(args)
+        with no_kernel_launches(kcp_api, *_WORK):
+            s = is_supported(**args)
+        assert not s and s == Support(False, str(e.value)), (over, s)
+        for n, t in before.items():
+            assert torch.equal(args[n], t), n
+
+
+def test_no_collective(setup, gloo1):
+    ctx, local = setup
+    live = build_context_det_kcp(ctx.partition, None, 0, DEV)
+    assert is_supported(*local[:5], live)
+    assert is_supported(*local[:5], live, scale=0.0).reason.startswith("scale")
+    with pytest.raises(AssertionError, match="a collective ran"):  # the entry collects
+        chunk_gdn_det_fwd_kcp(*local[:5], live)
+
+
+@pytest.mark.parametrize("rows, exchange", [
+    (CROSS_ROWS, "allgather"), (CROSS_ROWS, "ring"), (None, "allgather"),
+])
+@pytest.mark.parametrize("K, V, HV, dtype", [
+    (16, 16, 1, torch.float32), (16, 32, 2, torch.bfloat16), (32, 16, 3, torch.float16),
+])
+def test_workspace_bytes_is_what_for_context_allocates(rows, exchange, K, V, HV, dtype):
+    p = partition_det_kcp(CROSS_CU, 1, fragments=rows)
+    ctx = build_context_det_kcp(p, None, 0, DEV, exchange=exchange)
+    plan = make_plan(K, V, dtype, DEV)
+    ws = GDNDetKCPWorkspace.for_context(plan, ctx, num_v_heads=HV, dtype=dtype)
+    got = ws.nbytes + ws.local.nbytes + (ws.local_p.nbytes if ws.local_p is not None else 0)
+    assert workspace_bytes(plan, ctx, num_v_heads=HV, dtype=dtype) == got
+    with pytest.raises(ValueError, match="^num_v_heads"):
+        workspace_bytes(plan, ctx, num_v_heads=0)
