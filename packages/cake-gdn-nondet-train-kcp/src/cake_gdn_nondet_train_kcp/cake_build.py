@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:21afa97e4d6c18f568568bb82557e6bc45a71385d8704bfb17b8c2dbd7bb1947"
+SOURCE_DIGEST = "sha256:74eccd871cd9d006fae4d3a11a9f1f3362f97681091b96a14f0cb8aceee77ef4"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs
