@@ -32,6 +32,8 @@ _LAZY = {
     "comm_bytes": "context",
     "KDADetKCPSavedSet": "saved",
     "KDADetKCPWorkspace": "saved",
+    "is_supported": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -44,7 +46,9 @@ __all__ = [
     "chunk_kda_det_fwd_kcp",
     "chunk_kda_det_kcp",
     "comm_bytes",
+    "is_supported",
     "partition_det_kcp",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
         comm_bytes,
         partition_det_kcp,
     )
+    from cake_kda_det_train_kcp.queries import is_supported, workspace_bytes
     from cake_kda_det_train_kcp.saved import KDADetKCPSavedSet, KDADetKCPWorkspace
 
 

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0b49338e778e6683cf3a8a3e70c9977fa295048919240184ad3ed70f4ae12fde"
+SOURCE_DIGEST = "sha256:53095b55aea90d8e91dcc2b7c40d78fab4a3c5c34c65c648dedebecfda448e11"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

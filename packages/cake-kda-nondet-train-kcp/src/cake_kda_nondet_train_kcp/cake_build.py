@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:096b90c158ca6e80e3c11f472ce5cb87fae40efb591459f75b0c5253ebc40d98"
+SOURCE_DIGEST = "sha256:314ac53518a3701fd54d1d6fb18f8bd7ccaa10dca6be3806ecd937e6c29c48c2"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs
