@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:314ac53518a3701fd54d1d6fb18f8bd7ccaa10dca6be3806ecd937e6c29c48c2"
+SOURCE_DIGEST = "sha256:616efb9e1196d6843065f4ba892980a06fb21b7923b1644bd0d6ed4a6aa4d768"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs
