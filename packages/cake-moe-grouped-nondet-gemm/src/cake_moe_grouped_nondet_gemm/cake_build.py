@@ -65,7 +65,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:427f720dc148fa53481802919fe00063433a9b0ba1c07ccebb070056d0af541b"
+SOURCE_DIGEST = "sha256:f712c93874e2faa0ce36b364ec6353ba268e1e711ecc8a5e3ecd54f908bee1be"
 # --- end of generated block ---
 
 REUSES = [
