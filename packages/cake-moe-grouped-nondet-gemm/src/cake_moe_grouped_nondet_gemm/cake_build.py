@@ -65,7 +65,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:f712c93874e2faa0ce36b364ec6353ba268e1e711ecc8a5e3ecd54f908bee1be"
+SOURCE_DIGEST = "sha256:0d918f5c51df190dcfc07645b185149bb8ac4da5a78a6e18f98927924a4e569b"
 # --- end of generated block ---
 
 REUSES = [
