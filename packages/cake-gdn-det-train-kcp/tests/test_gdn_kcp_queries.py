@@ -1,13 +1,16 @@
-"""is_supported and workspace_bytes (issue 45): is_supported runs the forward's checks on
-this rank only (the entry's messages, no launch, no collective, inputs unmodified);
-workspace_bytes is what for_context allocates."""
+"""is_supported, workspace_bytes and saved_bytes (issue 45): is_supported runs the
+forward's checks on this rank only (the entry's messages, no launch, no collective, inputs
+unmodified); workspace_bytes is what for_context allocates; saved_bytes what the forward's
+saved set owns beyond the caller's tensors and the per-context offsets."""
+
+import dataclasses
 
 import cake_gdn_det_train_kcp.api as kcp_api
 import pytest
 import torch
 import torch.distributed as dist
 from _gdn_kcp_helpers import CROSS_CU, CROSS_ROWS, DEV, global_inputs, shard
-from cake_core.support import Support
+from cake_core.support import Support, owned_nbytes
 from cake_core.testing import no_kernel_launches
 from cake_gdn_det_train import make_plan
 from cake_gdn_det_train_kcp import (
@@ -16,6 +19,7 @@ from cake_gdn_det_train_kcp import (
     chunk_gdn_det_fwd_kcp,
     is_supported,
     partition_det_kcp,
+    saved_bytes,
     workspace_bytes,
 )
 from test_gdn_kcp_bad_inputs import _args, _cases
@@ -114,3 +118,34 @@ def test_workspace_bytes_is_what_for_context_allocates(rows, exchange, K, V, HV,
     assert workspace_bytes(plan, ctx, num_v_heads=HV, dtype=dtype) == got
     with pytest.raises(ValueError, match="^num_v_heads"):
         workspace_bytes(plan, ctx, num_v_heads=0)
+
+
+def _kept_bytes(o_saved, ctx, inputs):
+    """What the saved set owns beyond the caller's tensors and the per-context offsets."""
+    _, saved = o_saved
+    tables = [s.cu_seqlens for s in saved.local] + [ctx.cu_seqlens]
+    return owned_nbytes(saved.tensors(), exclude=(*inputs, *tables))
+
+
+@pytest.mark.parametrize("rows, exchange", [
+    (CROSS_ROWS, "allgather"), (CROSS_ROWS, "ring"), (None, "allgather"),
+    ([(0, 0, 0, 30), (0, 1, 0, 10), (0, 0, 30, 20), (0, 1, 10, 5), (0, 2, 0, 15),
+      (0, 0, 50, 20)], "allgather"),  # "last" of non-adjacent fragments: copies
+])
+@pytest.mark.parametrize("K, V, HV, dtype, l2, keep, strided", [
+    (16, 16, 1, torch.float32, False, 0, False), (16, 32, 2, torch.bfloat16, True, 0, False),
+    (32, 16, 2, torch.float16, True, 1, True),
+])
+def test_saved_bytes_is_what_the_forward_keeps(rows, exchange, K, V, HV, dtype, l2, keep,
+                                               strided):
+    p = partition_det_kcp(CROSS_CU, 1, fragments=rows)
+    ctx = build_context_det_kcp(p, None, 0, DEV, exchange=exchange)
+    local = shard(global_inputs(100, H=1, HV=HV, K=K, V=V, dtype=dtype, seed=5), p)[:5]
+    if strided:  # a non-contiguous q: the route's contiguous copy
+        local[0] = torch.cat([local[0], local[0]], dim=3)[..., ::2]
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), keep_states=keep)
+    kw = dict(use_qk_l2norm_in_kernel=l2, plan=plan)
+    want = _kept_bytes(chunk_gdn_det_fwd_kcp(*local, ctx, **kw), ctx, local)
+    assert saved_bytes(*local, ctx, **kw) == want
+    with pytest.raises(ValueError, match="^scale"):
+        saved_bytes(*local, ctx, scale=-1.0)

@@ -31,7 +31,7 @@ from cake_core.support import nbytes_of
 from cake_core.workspace import Workspace
 
 __all__ = ["FragmentGroups", "KCPStateSavedSet", "KCPStateWorkspace", "LocalGroup",
-           "fragment_groups"]
+           "fragment_groups", "route_runs"]
 
 
 class KCPStateSavedSet(SavedSet):
@@ -293,3 +293,34 @@ def fragment_groups(ctx: Context) -> FragmentGroups:
                   {e.fragment: i for i, e in enumerate(ctx.send)}, cu)
     _GROUPS[ctx] = got
     return got
+
+
+def route_runs(ctx: Context) -> tuple[list[tuple[LocalGroup, bool]], int]:
+    """The single-rank forward calls whose saved sets a KCP forward on ``ctx`` keeps, from
+    host data only (no device tables; what the families' ``saved_bytes`` count):
+    ``(runs, n_middle)``, ``runs`` the ``(group, starts from a received state)`` pairs in
+    :mod:`cake_core.kcp_route`'s order (one ``"all"`` group without a crossing document;
+    the all-gather's ``first``, ``alone``, ``middle``, ``last``; the ring's chain
+    positions) and ``n_middle`` the middle fragments whose transitions ``P`` the
+    all-gather keeps (0 on the ring)."""
+    n = ctx.num_fragments
+    if not ctx.crosses:
+        return ([(LocalGroup.of(ctx, "all", range(n)), False)] if n else []), 0
+    recv = {e.fragment for e in ctx.recv}
+    send = {e.fragment for e in ctx.send}
+    if ctx.exchange == "ring":
+        pos = sorted({f.chain_pos for f in ctx.fragments})
+        return [(LocalGroup.of(ctx, f"pos{c}", [i for i, f in enumerate(ctx.fragments)
+                                                 if f.chain_pos == c]), c > 0)
+                for c in pos], 0
+    kinds = (("first", lambda i: i in send and i not in recv, False),
+             ("alone", lambda i: i not in send and i not in recv, False),
+             ("middle", lambda i: i in send and i in recv, True),
+             ("last", lambda i: i in recv and i not in send, True))
+    runs = []
+    for kind, pick, started in kinds:
+        frags = [i for i in range(n) if pick(i)]
+        if frags:
+            runs.append((LocalGroup.of(ctx, kind, frags), started))
+    n_mid = sum(1 for i in range(n) if i in send and i in recv)
+    return runs, n_mid

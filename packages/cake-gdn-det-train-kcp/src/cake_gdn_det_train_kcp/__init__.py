@@ -32,6 +32,7 @@ _LAZY = {
     "GDNDetKCPSavedSet": "saved",
     "GDNDetKCPWorkspace": "saved",
     "is_supported": "queries",
+    "saved_bytes": "queries",
     "workspace_bytes": "queries",
 }
 
@@ -47,6 +48,7 @@ __all__ = [
     "comm_bytes",
     "is_supported",
     "partition_det_kcp",
+    "saved_bytes",
     "workspace_bytes",
 ]
 
@@ -62,7 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
         comm_bytes,
         partition_det_kcp,
     )
-    from cake_gdn_det_train_kcp.queries import is_supported, workspace_bytes
+    from cake_gdn_det_train_kcp.queries import is_supported, saved_bytes, workspace_bytes
     from cake_gdn_det_train_kcp.saved import GDNDetKCPSavedSet, GDNDetKCPWorkspace
 
 

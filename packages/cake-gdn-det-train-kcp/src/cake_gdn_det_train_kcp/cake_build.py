@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:b945aecf7b38ee329f138c99565d682b2fd9f9d9e12f6f268eb546885b55b4af"
+SOURCE_DIGEST = "sha256:d79dfb39d269d210332bc94d1cbfb3e7444b2412b87a5ebc63a5d53cb2ca96b1"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

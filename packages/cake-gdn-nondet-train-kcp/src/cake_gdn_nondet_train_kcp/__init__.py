@@ -31,6 +31,7 @@ _LAZY = {
     "GDNNondetKCPSavedSet": "saved",
     "GDNNondetKCPWorkspace": "saved",
     "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
     "workspace_bytes_nondet": "queries",
 }
 
@@ -46,6 +47,7 @@ __all__ = [
     "comm_bytes_nondet",
     "is_supported_nondet",
     "partition_nondet_kcp",
+    "saved_bytes_nondet",
     "workspace_bytes_nondet",
 ]
 
@@ -61,7 +63,11 @@ if TYPE_CHECKING:  # pragma: no cover
         comm_bytes_nondet,
         partition_nondet_kcp,
     )
-    from cake_gdn_nondet_train_kcp.queries import is_supported_nondet, workspace_bytes_nondet
+    from cake_gdn_nondet_train_kcp.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_gdn_nondet_train_kcp.saved import GDNNondetKCPSavedSet, GDNNondetKCPWorkspace
 
 

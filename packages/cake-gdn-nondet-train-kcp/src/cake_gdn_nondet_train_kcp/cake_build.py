@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:74eccd871cd9d006fae4d3a11a9f1f3362f97681091b96a14f0cb8aceee77ef4"
+SOURCE_DIGEST = "sha256:20a8554cdfa0d981899d270662b7fe69fe714b17c4e722c2810826d9b75300d4"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs
