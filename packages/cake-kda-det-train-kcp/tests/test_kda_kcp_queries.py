@@ -1,13 +1,14 @@
-"""is_supported and workspace_bytes (issue 45): is_supported runs the forward's checks on
-this rank only (the entry's messages, no launch, no collective, inputs unmodified);
-workspace_bytes is what for_context allocates."""
+"""is_supported, workspace_bytes and saved_bytes (issue 45): is_supported runs the
+forward's checks on this rank only (the entry's messages, no launch, no collective, inputs
+unmodified); workspace_bytes is what for_context allocates; saved_bytes what the forward's
+saved set owns beyond the caller's tensors and the per-context offsets."""
 
 import cake_kda_det_train_kcp.api as kcp_api
 import pytest
 import torch
 import torch.distributed as dist
 from _kda_kcp_helpers import CHAIN_CU, CHAIN_ROWS, DEV, global_inputs, shard
-from cake_core.support import Support
+from cake_core.support import Support, owned_nbytes
 from cake_core.testing import no_kernel_launches
 from cake_kda_det_train import make_plan
 from cake_kda_det_train_kcp import (
@@ -16,6 +17,7 @@ from cake_kda_det_train_kcp import (
     chunk_kda_det_fwd_kcp,
     is_supported,
     partition_det_kcp,
+    saved_bytes,
     workspace_bytes,
 )
 from test_kda_kcp_bad_inputs import WORK, _args, _kcp_cases, _shared_cases
@@ -108,3 +110,32 @@ def test_workspace_bytes_is_what_for_context_allocates(rows, exchange, K, V, HV,
     assert workspace_bytes(plan, ctx, num_v_heads=HV, dtype=dtype) == got
     with pytest.raises(ValueError, match="^num_v_heads"):
         workspace_bytes(plan, ctx, num_v_heads=0)
+
+
+@pytest.mark.parametrize("cu, rows, exchange", [
+    (CHAIN_CU, CHAIN_ROWS, "allgather"), (CHAIN_CU, CHAIN_ROWS, "ring"),
+    (CHAIN_CU, None, "allgather"),
+    ([0, 30, 34, 38], [(0, 0, 0, 5), (0, 1, 0, 2), (0, 0, 5, 19), (0, 1, 2, 2), (0, 2, 0, 4),
+                       (0, 0, 24, 6)], "allgather"),  # "last" of non-adjacent fragments
+])
+@pytest.mark.parametrize("kind, dtype, param_dtype, strided", [
+    ("plain", torch.float32, torch.float32, False),
+    ("gate", torch.bfloat16, torch.bfloat16, False),
+    ("gate_lb", torch.float16, torch.float32, True),
+])
+def test_saved_bytes_is_what_the_forward_keeps(cu, rows, exchange, kind, dtype, param_dtype,
+                                               strided):
+    p = partition_det_kcp(cu, 1, fragments=rows)
+    ctx = build_context_det_kcp(p, None, 0, DEV, exchange=exchange)
+    xs, kw = global_inputs(cu[-1], HV=2, K=16, V=32, dtype=dtype, seed=5, kind=kind)
+    kw = {n: t.to(param_dtype) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    local = shard(xs, p)[:5]
+    if strided:  # a non-contiguous q: the route's contiguous copy
+        local[0] = torch.cat([local[0], local[0]], dim=3)[..., ::2]
+    _, saved = chunk_kda_det_fwd_kcp(*local, ctx, **kw)
+    tables = [s.cu_seqlens for s in saved.local] + [ctx.cu_seqlens]
+    params = [t for t in kw.values() if isinstance(t, torch.Tensor)]
+    want = owned_nbytes(saved.tensors(), exclude=(*local, *params, *tables))
+    assert saved_bytes(*local, ctx, **kw) == want
+    with pytest.raises(ValueError, match="^scale"):
+        saved_bytes(*local, ctx, scale=-1.0)

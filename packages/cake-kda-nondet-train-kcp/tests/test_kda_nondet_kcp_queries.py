@@ -1,11 +1,12 @@
-"""is_supported_nondet and workspace_bytes_nondet (issue 45): the det package's queries
-with this package's kinds (det plans and workspaces refused, no launch, no collective)."""
+"""is_supported_nondet, workspace_bytes_nondet and saved_bytes_nondet (issue 45): the det
+package's queries with this package's kinds (det plans and workspaces refused, no launch,
+no collective)."""
 
 import cake_kda_det_train_kcp.api as kcp_api
 import pytest
 import torch
 from _kda_nd_kcp_helpers import CHAIN_CU, CHAIN_ROWS, DEV, global_inputs
-from cake_core.support import Support
+from cake_core.support import Support, owned_nbytes
 from cake_core.testing import no_kernel_launches
 from cake_kda_det_train import make_plan
 from cake_kda_det_train_kcp import KDADetKCPWorkspace
@@ -16,6 +17,7 @@ from cake_kda_nondet_train_kcp import (
     chunk_kda_nondet_fwd_kcp,
     is_supported_nondet,
     partition_nondet_kcp,
+    saved_bytes_nondet,
     workspace_bytes_nondet,
 )
 
@@ -63,3 +65,16 @@ def test_workspace_bytes_nondet(rows, exchange, K, V):
     assert workspace_bytes_nondet(plan, ctx, num_v_heads=2, dtype=torch.bfloat16) == got
     with pytest.raises(ValueError, match="^plan"):
         workspace_bytes_nondet(make_plan(K, V, torch.bfloat16, DEV), ctx, num_v_heads=2)
+
+
+@pytest.mark.parametrize("exchange", ["allgather", "ring"])
+def test_saved_bytes_nondet(setup, exchange):
+    ctx, local, kw = setup
+    ctx = build_context_nondet_kcp(ctx.partition, None, 0, DEV, exchange=exchange)
+    _, saved = chunk_kda_nondet_fwd_kcp(*local, ctx, **kw)
+    tables = [s.cu_seqlens for s in saved.local] + [ctx.cu_seqlens]
+    params = [t for t in kw.values() if isinstance(t, torch.Tensor)]
+    want = owned_nbytes(saved.tensors(), exclude=(*local, *params, *tables))
+    assert saved_bytes_nondet(*local, ctx, **kw) == want
+    with pytest.raises(ValueError, match="^plan"):
+        saved_bytes_nondet(*local, ctx, plan=make_plan(16, 16, torch.float32, DEV), **kw)

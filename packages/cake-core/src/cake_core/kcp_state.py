@@ -31,7 +31,7 @@ from cake_core.support import nbytes_of
 from cake_core.workspace import Workspace
 
 __all__ = ["FragmentGroups", "KCPStateSavedSet", "KCPStateWorkspace", "LocalGroup",
-           "fragment_groups", "route_runs"]
+           "fragment_groups", "route_runs", "route_saved_shapes"]
 
 
 class KCPStateSavedSet(SavedSet):
@@ -324,3 +324,31 @@ def route_runs(ctx: Context) -> tuple[list[tuple[LocalGroup, bool]], int]:
             runs.append((LocalGroup.of(ctx, kind, frags), started))
     n_mid = sum(1 for i in range(n) if i in send and i in recv)
     return runs, n_mid
+
+
+def route_saved_shapes(ctx: Context, inputs: Sequence[torch.Tensor], HV: int, K: int, V: int,
+                       per_run: Callable[[LocalGroup], list]) -> list:
+    """``(shape, dtype)`` of what a state-exchange KCP forward on ``ctx`` allocates and its
+    saved set keeps, beyond the caller's tensors and the per-context offset tables:
+    ``per_run(group)`` for each kept single-rank call (:func:`route_runs`: the family's own
+    intermediates), the received start states (fp32 ``[n_g, HV, K, V]``), the copies of
+    ``inputs`` (rank-local ``[1, T_r, ...]``) a group of non-adjacent fragments gathers,
+    a contiguous copy of a non-contiguous input that a group keeps a view of, and the
+    all-gather's transitions ``P`` (fp32 ``[n_middle, HV, K, K]``)."""
+    f32 = torch.float32
+    runs, n_mid = route_runs(ctx)
+    shapes: list = []
+    keeps_view = False
+    for grp, started in runs:
+        shapes += per_run(grp)
+        if started:
+            shapes.append(((len(grp.frags), HV, K, V), f32))
+        if grp.whole or len(grp.runs) == 1:
+            keeps_view = True
+        else:  # the group's tokens gathered into new tensors
+            shapes += [((1, grp.num_tokens, *t.shape[2:]), t.dtype) for t in inputs]
+    if keeps_view:
+        shapes += [(tuple(t.shape), t.dtype) for t in inputs if not t.is_contiguous()]
+    if n_mid:
+        shapes.append(((n_mid, HV, K, K), f32))
+    return shapes

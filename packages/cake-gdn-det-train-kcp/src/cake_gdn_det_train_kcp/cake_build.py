@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d79dfb39d269d210332bc94d1cbfb3e7444b2412b87a5ebc63a5d53cb2ca96b1"
+SOURCE_DIGEST = "sha256:e96f91e08847aef6588bdcb2d2f26500f893c5de9d144544a8059d93c3f097e0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 from cake_core.kcp import Context
-from cake_core.kcp_state import route_runs
+from cake_core.kcp_state import route_saved_shapes
 from cake_core.linear_attention import inter_dtype
 from cake_core.support import Support, nbytes_of, support_of
 from cake_gdn_det_train import GDNDetPlan
@@ -106,26 +106,15 @@ def saved_bytes_for(types: KCPModeTypes, q, k, v, g, beta, ctx, scale,
                                   workspace, types)
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     f32, idt = torch.float32, inter_dtype(plan, q.dtype)
-    inputs = ((q, (H, K)), (k, (H, K)), (v, (HV, V)), (g, (HV,)), (beta, (HV,)))
-    runs, n_mid = route_runs(ctx)
-    shapes = []
-    keeps_input = False  # a kept view of the (contiguous) inputs
-    for grp, started in runs:
-        T, n = grp.num_tokens, len(grp.frags)
-        shapes += [((T, HV), f32), ((T, HV, CHUNK_SIZE), idt)]
+
+    def per_run(grp):  # the single-rank forward's kept intermediates
+        T = grp.num_tokens
+        shapes = [((T, HV), f32), ((T, HV, CHUNK_SIZE), idt)]
         if use_qk_l2norm_in_kernel:
             shapes += [((T, H), f32)] * 2
         if plan.keep_states:
             nc = sum(-(-ctx.fragments[i].length // CHUNK_SIZE) for i in grp.frags)
             shapes += [((T, HV, K), idt), ((T, HV, V), idt), ((nc, HV, K, V), idt)]
-        if started:
-            shapes.append(((n, HV, K, V), f32))
-        if grp.whole or len(grp.runs) == 1:
-            keeps_input = True
-        else:  # the group's tokens gathered into new tensors
-            shapes += [((T, *tail), t.dtype) for t, tail in inputs]
-    if keeps_input:
-        shapes += [(t.shape, t.dtype) for t, _ in inputs if not t.is_contiguous()]
-    if n_mid:
-        shapes.append(((n_mid, HV, K, K), f32))
-    return nbytes_of(shapes)
+        return shapes
+
+    return nbytes_of(route_saved_shapes(ctx, (q, k, v, g, beta), HV, K, V, per_run))

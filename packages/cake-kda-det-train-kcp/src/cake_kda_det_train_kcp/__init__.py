@@ -33,6 +33,7 @@ _LAZY = {
     "KDADetKCPSavedSet": "saved",
     "KDADetKCPWorkspace": "saved",
     "is_supported": "queries",
+    "saved_bytes": "queries",
     "workspace_bytes": "queries",
 }
 
@@ -48,6 +49,7 @@ __all__ = [
     "comm_bytes",
     "is_supported",
     "partition_det_kcp",
+    "saved_bytes",
     "workspace_bytes",
 ]
 
@@ -63,7 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
         comm_bytes,
         partition_det_kcp,
     )
-    from cake_kda_det_train_kcp.queries import is_supported, workspace_bytes
+    from cake_kda_det_train_kcp.queries import is_supported, saved_bytes, workspace_bytes
     from cake_kda_det_train_kcp.saved import KDADetKCPSavedSet, KDADetKCPWorkspace
 
 

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:53095b55aea90d8e91dcc2b7c40d78fab4a3c5c34c65c648dedebecfda448e11"
+SOURCE_DIGEST = "sha256:d58ef50910867c20b276168eee1714bcad8de10d8ab7225663c0ae4deed27d74"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -35,6 +35,7 @@ _LAZY = {
     "KDANondetKCPSavedSet": "saved",
     "KDANondetKCPWorkspace": "saved",
     "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
     "workspace_bytes_nondet": "queries",
 }
 
@@ -50,6 +51,7 @@ __all__ = [
     "comm_bytes_nondet",
     "is_supported_nondet",
     "partition_nondet_kcp",
+    "saved_bytes_nondet",
     "workspace_bytes_nondet",
 ]
 
@@ -65,7 +67,11 @@ if TYPE_CHECKING:  # pragma: no cover
         comm_bytes_nondet,
         partition_nondet_kcp,
     )
-    from cake_kda_nondet_train_kcp.queries import is_supported_nondet, workspace_bytes_nondet
+    from cake_kda_nondet_train_kcp.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
+    )
     from cake_kda_nondet_train_kcp.saved import KDANondetKCPSavedSet, KDANondetKCPWorkspace
 
 

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:616efb9e1196d6843065f4ba892980a06fb21b7923b1644bd0d6ed4a6aa4d768"
+SOURCE_DIGEST = "sha256:6f427f9a5447aafac963ef8296ce2afb4ea554edcf122442ec27d54b253ebcc0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs
