@@ -115,3 +115,45 @@ def test_saved_and_workspace_bytes(rows, dtype, param_dtype, bias):
     assert workspace_bytes(plan, ctx, dtype=dtype) == ws.nbytes + ws.local.nbytes
     with pytest.raises(ValueError, match="^ctx: built with conv_kernel_size"):
         workspace_bytes(make_plan(8, 3, dtype, DEV), ctx)
+
+
+_TWO_RANKS = r"""
+import datetime, os, pathlib, sys, time
+import torch, torch.distributed as dist
+rank, tmp = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+dist.init_process_group("gloo", store=dist.FileStore(str(tmp / "store"), 2), rank=rank,
+                        world_size=2, timeout=datetime.timedelta(seconds=60))
+from cake_causal_conv1d_det_train_kcp import (build_context_det_kcp, is_supported,
+                                              partition_det_kcp)
+flag = tmp / "rank0_done"
+if rank == 0:  # rank 1 joins no collective until rank 0 has asked: a collective would hang
+    ctx = build_context_det_kcp(partition_det_kcp([0, 37, 100], 2, "zigzag"), None, 0, "cpu")
+    x, w, b = torch.randn(1, ctx.num_tokens, 8), torch.randn(8, 4), torch.randn(8)
+    ok, bad = is_supported(x, w, b, ctx), is_supported(x, w, b, ctx, activation="relu")
+    assert ok and not bad and bad.reason.startswith("activation"), (ok, bad)
+    flag.write_text("ok")
+else:
+    for _ in range(600):
+        if flag.exists():
+            break
+        time.sleep(0.1)
+    assert flag.exists(), "rank 0 did not return from is_supported"
+dist.barrier()
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_no_collective_with_two_ranks(tmp_path):
+    """Rank 0 asks on a world-size-2 context while rank 1 joins nothing: returns."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=":".join(x for x in sys.path if x))
+    procs = [subprocess.Popen([sys.executable, "-c", _TWO_RANKS, str(r), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for r in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and out.strip().endswith("ok"), out + err[-3000:]
