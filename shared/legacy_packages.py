@@ -180,7 +180,11 @@ paths load. See `docs/training_backend_names.md` and `cake_core.legacy`.
     exported: list[str] = []
     imports: list[str] = []
     olds: list[str] = []
+    seen: set[str] = set()
     for t, (_, api) in zip(targets, apis, strict=True):
+        # a name both modules export is the local module's at runtime (LegacyReExportModule)
+        api = [n for n in api if n not in seen]
+        seen.update(api)
         members = [(n, n) for n in api]
         if not two:
             members.append(("__version__", "__version__"))

@@ -33,6 +33,9 @@ _LAZY = {
     "comm_bytes": "context",
     "CausalConv1dDetKCPSavedSet": "saved",
     "CausalConv1dDetKCPWorkspace": "saved",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -45,7 +48,10 @@ __all__ = [
     "causal_conv1d_det_fwd_kcp",
     "causal_conv1d_det_kcp",
     "comm_bytes",
+    "is_supported",
     "partition_det_kcp",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +65,11 @@ if TYPE_CHECKING:  # pragma: no cover
         build_context_det_kcp,
         comm_bytes,
         partition_det_kcp,
+    )
+    from cake_causal_conv1d_det_train_kcp.queries import (
+        is_supported,
+        saved_bytes,
+        workspace_bytes,
     )
     from cake_causal_conv1d_det_train_kcp.saved import (
         CausalConv1dDetKCPSavedSet,

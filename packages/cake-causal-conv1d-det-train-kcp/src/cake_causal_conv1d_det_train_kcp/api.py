@@ -150,9 +150,11 @@ def _resolve_workspace(workspace, plan: CausalConv1dDetPlan, ctx: Context,
     return workspace
 
 
-def _check_fwd(x, weight, bias, ctx, activation, plan, workspace):
-    """Every check of the forward, before any allocation, launch or collective; returns
-    ``(activation, plan, workspace)``."""
+def local_fwd_checks(x, weight, bias, ctx, activation, plan, workspace,
+                     reduce_weight_grads=False):
+    """The forward's checks on this rank alone (no allocation, launch or collective: what
+    ``is_supported`` runs), ``reduce_weight_grads`` the autograd entry's flag (the
+    low-level forward passes the default); returns ``(activation, plan, workspace)``."""
     check_context(ctx)
     check_tensor(x, "x")
     check_ndim(x, "x", ndim=3, layout=X_LAYOUT)
@@ -189,6 +191,17 @@ def _check_fwd(x, weight, bias, ctx, activation, plan, workspace):
     check_context(ctx, device)
     plan = _resolve_plan(plan, D, W, x.dtype, device, workspace)
     workspace = _resolve_workspace(workspace, plan, ctx, x.dtype)
+    check_flag(reduce_weight_grads, "reduce_weight_grads")
+    return act, plan, workspace
+
+
+def _check_fwd(x, weight, bias, ctx, activation, plan, workspace, reduce_weight_grads=False):
+    """Every check of the forward, before any allocation, launch or collective: the local
+    ones (:func:`local_fwd_checks`), then the ranks' agreement; returns ``(activation,
+    plan, workspace)``."""
+    act, plan, workspace = local_fwd_checks(x, weight, bias, ctx, activation, plan, workspace,
+                                            reduce_weight_grads)
+    D, W = x.shape[2], weight.shape[1]
     # the last check, the first collective: the ranks compare what their collectives use
     agree_once(ctx, "causal_conv1d_fwd_kcp", D=D, W=W, dtype=x.dtype, bias=bias is not None,
                weight_dtype=weight.dtype, activation=act, plan=plan)
@@ -485,7 +498,7 @@ def causal_conv1d_det_kcp(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         ValueError: as :func:`causal_conv1d_det_fwd_kcp`, and a non-bool
             ``reduce_weight_grads``; before any allocation, launch or collective.
     """
-    act, plan, ws = _check_fwd(x, weight, bias, ctx, activation, plan, workspace)
-    check_flag(reduce_weight_grads, "reduce_weight_grads")
+    act, plan, ws = _check_fwd(x, weight, bias, ctx, activation, plan, workspace,
+                               reduce_weight_grads)
     return _CausalConv1dDetKCPFunction.apply(x, weight, bias, ctx, act, reduce_weight_grads,
                                              plan, ws)

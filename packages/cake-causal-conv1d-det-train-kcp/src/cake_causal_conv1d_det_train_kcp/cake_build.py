@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:30b977761456b5038e3debdaa2c8b4aa197093e2edaccfccff97fedba4afed1a"
+SOURCE_DIGEST = "sha256:7cfb38dd9c256bca5158fdbf4ca443e27db86eaf937d1fa17b4dd012341e6971"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -94,14 +94,12 @@ class CausalConv1dDetKCPWorkspace(Workspace):
     """
 
     @classmethod
-    def for_context(cls, plan: CausalConv1dDetPlan, ctx: Context, *,
-                    dtype: torch.dtype = torch.float32) -> CausalConv1dDetKCPWorkspace:
-        """Allocate for calls on ``ctx`` with ``plan`` (D, W) and inputs x of ``dtype``.
-
-        Raises:
-            ValueError: a plan of another type, ``ctx`` not a Context or built for another
-                kernel size than the plan's, ``dtype`` not fp32/bf16/fp16.
-        """
+    def layout(cls, plan: CausalConv1dDetPlan, ctx: Context, *,
+               dtype: torch.dtype = torch.float32):
+        """What :meth:`for_context` allocates, without allocating: ``(buffers, local)``,
+        ``buffers`` ``{name: (shape, torch.uint8)}`` and ``local`` the keyword arguments of
+        the nested ``CausalConv1dDetWorkspace.for_plan`` (``max_tokens``, ``max_seqs``).
+        Raises as :meth:`for_context`."""
         if not isinstance(plan, CausalConv1dDetPlan):
             raise ValueError(f"plan: expected CausalConv1dDetPlan, got {type(plan).__name__}")
         if not isinstance(ctx, Context):
@@ -115,14 +113,26 @@ class CausalConv1dDetKCPWorkspace(Workspace):
         b = torch.empty((), dtype=dtype).element_size()
         nf = fwd_payload_bytes(hp, D, b)
         nb = bwd_payload_bytes(hp, D, b, D * Wk + D)
-        W, dev, u8 = ctx.world_size, ctx.device, torch.uint8
-        bufs = {"fwd_send": torch.empty((nf,), dtype=u8, device=dev),
-                "fwd_recv": torch.empty((W, nf), dtype=u8, device=dev),
-                "bwd_send": torch.empty((nb,), dtype=u8, device=dev),
-                "bwd_recv": torch.empty((W, nb), dtype=u8, device=dev)}
-        ws = cls(plan, dev, bufs)
-        ws.local = CausalConv1dDetWorkspace.for_plan(plan, dev, max_tokens=ctx.num_tokens,
-                                                     max_seqs=max(1, ctx.num_fragments))
+        W, u8 = ctx.world_size, torch.uint8
+        bufs = {"fwd_send": ((nf,), u8), "fwd_recv": ((W, nf), u8),
+                "bwd_send": ((nb,), u8), "bwd_recv": ((W, nb), u8)}
+        return bufs, {"max_tokens": ctx.num_tokens, "max_seqs": max(1, ctx.num_fragments)}
+
+    @classmethod
+    def for_context(cls, plan: CausalConv1dDetPlan, ctx: Context, *,
+                    dtype: torch.dtype = torch.float32) -> CausalConv1dDetKCPWorkspace:
+        """Allocate for calls on ``ctx`` with ``plan`` (D, W) and inputs x of ``dtype``
+        (:meth:`layout` without allocating).
+
+        Raises:
+            ValueError: a plan of another type, ``ctx`` not a Context or built for another
+                kernel size than the plan's, ``dtype`` not fp32/bf16/fp16.
+        """
+        bufs, local = cls.layout(plan, ctx, dtype=dtype)
+        dev = ctx.device
+        ws = cls(plan, dev, {name: torch.empty(shape, dtype=dt, device=dev)
+                             for name, (shape, dt) in bufs.items()})
+        ws.local = CausalConv1dDetWorkspace.for_plan(plan, dev, **local)
         ws.partition_key, ws.rank, ws.dtype = ctx.partition.key, ctx.rank, dtype
         return ws
 

@@ -27,10 +27,11 @@ from cake_core.kcp import Context, has_middle_fragments
 from cake_core.mode import Mode
 from cake_core.plan import Plan
 from cake_core.saved import SavedSet
+from cake_core.support import nbytes_of
 from cake_core.workspace import Workspace
 
 __all__ = ["FragmentGroups", "KCPStateSavedSet", "KCPStateWorkspace", "LocalGroup",
-           "fragment_groups"]
+           "fragment_groups", "route_runs", "route_saved_shapes"]
 
 
 class KCPStateSavedSet(SavedSet):
@@ -106,15 +107,12 @@ class KCPStateWorkspace(Workspace):
     transition_plan: ClassVar[Callable[[Any, torch.dtype, torch.device], Any]]
 
     @classmethod
-    def for_context(cls, plan: Plan, ctx: Context, *, num_v_heads: int,
-                    dtype: torch.dtype = torch.float32):
-        """Allocate for calls on ``ctx`` with ``plan`` (K, V), ``num_v_heads`` value heads and
-        inputs (q, k, v) of ``dtype``.
-
-        Raises:
-            ValueError: a plan of another type, ``ctx`` not a Context, ``num_v_heads`` not an
-                int >= 1, ``dtype`` not fp32/bf16/fp16.
-        """
+    def layout(cls, plan: Plan, ctx: Context, *, num_v_heads: int,
+               dtype: torch.dtype = torch.float32):
+        """What :meth:`for_context` allocates, without allocating: ``(buffers, local)``,
+        ``buffers`` ``{name: (shape, torch.float32)}`` and ``local`` the nested workspaces
+        as ``(name, plan, for_plan keyword arguments)`` (``local``, then ``local_p`` when
+        made). Raises as :meth:`for_context`."""
         if not isinstance(plan, cls.plan_type):
             raise ValueError(f"plan: expected {cls.plan_type.__name__}, got "
                              f"{type(plan).__name__}")
@@ -123,30 +121,55 @@ class KCPStateWorkspace(Workspace):
         HV = check_int(num_v_heads, "num_v_heads", 1)
         check_float_dtype(dtype)
         K, V = plan.head_k_dim, plan.head_v_dim
-        dev = ctx.device
         f32 = torch.float32
         width = K + V if has_middle_fragments(ctx.partition) else V
         W = ctx.world_size
         ag = ctx.allgather_plan
         sf = ag.fwd_slots_per_rank if ctx.exchange == "allgather" else 0
         sb = ag.bwd_slots_per_rank if ctx.exchange == "allgather" else 0
-        bufs = {"fwd_send": torch.empty((sf, HV, K, width), dtype=f32, device=dev),
-                "fwd_recv": torch.empty((W * sf, HV, K, width), dtype=f32, device=dev),
-                "bwd_send": torch.empty((sb, HV, K, width), dtype=f32, device=dev),
-                "bwd_recv": torch.empty((W * sb, HV, K, width), dtype=f32, device=dev)}
-        ws = cls(plan, dev, bufs)
-        ws.local = cls.local_type.for_plan(plan, dev, num_v_heads=HV,
-                                           max_tokens=ctx.num_tokens,
-                                           max_seqs=max(1, ctx.num_fragments), dtype=dtype)
-        ws.local_p = None
-        pp = cls.transition_plan(plan, dtype, dev)
+        bufs = {"fwd_send": ((sf, HV, K, width), f32),
+                "fwd_recv": ((W * sf, HV, K, width), f32),
+                "bwd_send": ((sb, HV, K, width), f32),
+                "bwd_recv": ((W * sb, HV, K, width), f32)}
+        local = [("local", plan, {"num_v_heads": HV, "max_tokens": ctx.num_tokens,
+                                  "max_seqs": max(1, ctx.num_fragments), "dtype": dtype})]
+        pp = cls.transition_plan(plan, dtype, ctx.device)
         middle = [f for f in ctx.fragments if f.has_prev and f.has_next]
         if ctx.exchange == "allgather" and middle and pp is not plan:
-            ws.local_p = cls.local_type.for_plan(pp, dev, num_v_heads=HV,
-                                                 max_tokens=sum(f.length for f in middle),
-                                                 max_seqs=len(middle), dtype=dtype)
+            local.append(("local_p", pp, {"num_v_heads": HV,
+                                          "max_tokens": sum(f.length for f in middle),
+                                          "max_seqs": len(middle), "dtype": dtype}))
+        return bufs, local
+
+    @classmethod
+    def layout_nbytes(cls, plan: Plan, ctx: Context, *, num_v_heads: int,
+                      dtype: torch.dtype = torch.float32,
+                      local_nbytes: Callable[..., int]) -> int:
+        """The bytes :meth:`for_context` allocates, without allocating: the buffers of
+        :meth:`layout` plus ``local_nbytes(plan, **for_plan_kwargs)`` of each nested
+        workspace (the single-rank package's ``workspace_bytes``)."""
+        bufs, local = cls.layout(plan, ctx, num_v_heads=num_v_heads, dtype=dtype)
+        return nbytes_of(bufs.values()) + sum(local_nbytes(p, **kw) for _, p, kw in local)
+
+    @classmethod
+    def for_context(cls, plan: Plan, ctx: Context, *, num_v_heads: int,
+                    dtype: torch.dtype = torch.float32):
+        """Allocate for calls on ``ctx`` with ``plan`` (K, V), ``num_v_heads`` value heads and
+        inputs (q, k, v) of ``dtype`` (:meth:`layout` without allocating).
+
+        Raises:
+            ValueError: a plan of another type, ``ctx`` not a Context, ``num_v_heads`` not an
+                int >= 1, ``dtype`` not fp32/bf16/fp16.
+        """
+        bufs, local = cls.layout(plan, ctx, num_v_heads=num_v_heads, dtype=dtype)
+        dev = ctx.device
+        ws = cls(plan, dev, {name: torch.empty(shape, dtype=dt, device=dev)
+                             for name, (shape, dt) in bufs.items()})
+        ws.local_p = None
+        for name, p, kw in local:
+            setattr(ws, name, cls.local_type.for_plan(p, dev, **kw))
         ws.partition_key, ws.rank, ws.exchange = ctx.partition.key, ctx.rank, ctx.exchange
-        ws.num_v_heads, ws.dtype = HV, dtype
+        ws.num_v_heads, ws.dtype = local[0][2]["num_v_heads"], dtype
         return ws
 
     def check_for(self, plan: Plan, ctx: Context, num_v_heads: int,
@@ -270,3 +293,62 @@ def fragment_groups(ctx: Context) -> FragmentGroups:
                   {e.fragment: i for i, e in enumerate(ctx.send)}, cu)
     _GROUPS[ctx] = got
     return got
+
+
+def route_runs(ctx: Context) -> tuple[list[tuple[LocalGroup, bool]], int]:
+    """The single-rank forward calls whose saved sets a KCP forward on ``ctx`` keeps, from
+    host data only (no device tables; what the families' ``saved_bytes`` count):
+    ``(runs, n_middle)``, ``runs`` the ``(group, starts from a received state)`` pairs in
+    :mod:`cake_core.kcp_route`'s order (one ``"all"`` group without a crossing document;
+    the all-gather's ``first``, ``alone``, ``middle``, ``last``; the ring's chain
+    positions) and ``n_middle`` the middle fragments whose transitions ``P`` the
+    all-gather keeps (0 on the ring)."""
+    n = ctx.num_fragments
+    if not ctx.crosses:
+        return ([(LocalGroup.of(ctx, "all", range(n)), False)] if n else []), 0
+    recv = {e.fragment for e in ctx.recv}
+    send = {e.fragment for e in ctx.send}
+    if ctx.exchange == "ring":
+        pos = sorted({f.chain_pos for f in ctx.fragments})
+        return [(LocalGroup.of(ctx, f"pos{c}", [i for i, f in enumerate(ctx.fragments)
+                                                 if f.chain_pos == c]), c > 0)
+                for c in pos], 0
+    kinds = (("first", lambda i: i in send and i not in recv, False),
+             ("alone", lambda i: i not in send and i not in recv, False),
+             ("middle", lambda i: i in send and i in recv, True),
+             ("last", lambda i: i in recv and i not in send, True))
+    runs = []
+    for kind, pick, started in kinds:
+        frags = [i for i in range(n) if pick(i)]
+        if frags:
+            runs.append((LocalGroup.of(ctx, kind, frags), started))
+    n_mid = sum(1 for i in range(n) if i in send and i in recv)
+    return runs, n_mid
+
+
+def route_saved_shapes(ctx: Context, inputs: Sequence[torch.Tensor], HV: int, K: int, V: int,
+                       per_run: Callable[[LocalGroup], list]) -> list:
+    """``(shape, dtype)`` of what a state-exchange KCP forward on ``ctx`` allocates and its
+    saved set keeps, beyond the caller's tensors and the per-context offset tables:
+    ``per_run(group)`` for each kept single-rank call (:func:`route_runs`: the family's own
+    intermediates), the received start states (fp32 ``[n_g, HV, K, V]``), the copies of
+    ``inputs`` (rank-local ``[1, T_r, ...]``) a group of non-adjacent fragments gathers,
+    a contiguous copy of a non-contiguous input that a group keeps a view of, and the
+    all-gather's transitions ``P`` (fp32 ``[n_middle, HV, K, K]``)."""
+    f32 = torch.float32
+    runs, n_mid = route_runs(ctx)
+    shapes: list = []
+    keeps_view = False
+    for grp, started in runs:
+        shapes += per_run(grp)
+        if started:
+            shapes.append(((len(grp.frags), HV, K, V), f32))
+        if grp.whole or len(grp.runs) == 1:
+            keeps_view = True
+        else:  # the group's tokens gathered into new tensors
+            shapes += [((1, grp.num_tokens, *t.shape[2:]), t.dtype) for t in inputs]
+    if keeps_view:
+        shapes += [(tuple(t.shape), t.dtype) for t in inputs if not t.is_contiguous()]
+    if n_mid:
+        shapes.append(((n_mid, HV, K, K), f32))
+    return shapes

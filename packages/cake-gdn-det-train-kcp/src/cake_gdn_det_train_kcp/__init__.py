@@ -31,6 +31,9 @@ _LAZY = {
     "comm_bytes": "context",
     "GDNDetKCPSavedSet": "saved",
     "GDNDetKCPWorkspace": "saved",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -43,7 +46,10 @@ __all__ = [
     "chunk_gdn_det_bwd_kcp",
     "chunk_gdn_det_fwd_kcp",
     "comm_bytes",
+    "is_supported",
     "partition_det_kcp",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
         comm_bytes,
         partition_det_kcp,
     )
+    from cake_gdn_det_train_kcp.queries import is_supported, saved_bytes, workspace_bytes
     from cake_gdn_det_train_kcp.saved import GDNDetKCPSavedSet, GDNDetKCPWorkspace
 
 

@@ -153,9 +153,9 @@ def _resolve_workspace(workspace, plan: GDNDetPlan, ctx: Context, HV: int,
     return workspace
 
 
-def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace, types=None):
-    """Every check of the forward, before any allocation, launch or collective; returns
-    ``(scale, plan, workspace)``. ``types``: default :data:`DET`."""
+def local_fwd_checks(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace, types=None):
+    """The forward's checks on this rank alone (no collective; what ``is_supported`` runs);
+    returns ``(scale, plan, workspace)``. ``types``: default :data:`DET`."""
     check_context(ctx)
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=False)
@@ -170,6 +170,15 @@ def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace, types=None
     check_context(ctx, device)
     plan = _resolve_plan(plan, K, V, q.dtype, device, types)
     workspace = _resolve_workspace(workspace, plan, ctx, HV, q.dtype, types)
+    return scale, plan, workspace
+
+
+def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, plan, workspace, types=None):
+    """Every check of the forward, before any allocation, launch or collective: the local
+    ones, then the ranks' agreement; returns ``(scale, plan, workspace)``."""
+    scale, plan, workspace = local_fwd_checks(q, k, v, g, beta, ctx, scale, use_l2, plan,
+                                              workspace, types)
+    H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     # the last check, the first collective: the ranks compare what their collectives use
     agree_once(ctx, "chunk_gdn_fwd_kcp", H=H, HV=HV, K=K, V=V, dtype=q.dtype, scale=scale,
                use_qk_l2norm_in_kernel=bool(use_l2), plan=plan)

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:35954d2969ffa5019a54bd5a26964509547ac56576fb9e58446ff7b459b306b3"
+SOURCE_DIGEST = "sha256:e96f91e08847aef6588bdcb2d2f26500f893c5de9d144544a8059d93c3f097e0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -30,6 +30,9 @@ _LAZY = {
     "comm_bytes_nondet": "context",
     "GDNNondetKCPSavedSet": "saved",
     "GDNNondetKCPWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -42,7 +45,10 @@ __all__ = [
     "chunk_gdn_nondet_bwd_kcp",
     "chunk_gdn_nondet_fwd_kcp",
     "comm_bytes_nondet",
+    "is_supported_nondet",
     "partition_nondet_kcp",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,6 +62,11 @@ if TYPE_CHECKING:  # pragma: no cover
         build_context_nondet_kcp,
         comm_bytes_nondet,
         partition_nondet_kcp,
+    )
+    from cake_gdn_nondet_train_kcp.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
     )
     from cake_gdn_nondet_train_kcp.saved import GDNNondetKCPSavedSet, GDNNondetKCPWorkspace
 

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:85024842eb6e98f9b45301023ccb9dfa7661771f07a2d62ff68d2afef4ca8755"
+SOURCE_DIGEST = "sha256:20a8554cdfa0d981899d270662b7fe69fe714b17c4e722c2810826d9b75300d4"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

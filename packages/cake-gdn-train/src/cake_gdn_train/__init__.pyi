@@ -14,7 +14,10 @@ from cake_gdn_det_train_kcp import chunk_gated_delta_rule_det_kcp as chunk_gated
 from cake_gdn_det_train_kcp import chunk_gdn_det_bwd_kcp as chunk_gdn_det_bwd_kcp
 from cake_gdn_det_train_kcp import chunk_gdn_det_fwd_kcp as chunk_gdn_det_fwd_kcp
 from cake_gdn_det_train_kcp import comm_bytes as comm_bytes
+from cake_gdn_det_train_kcp import is_supported as is_supported
 from cake_gdn_det_train_kcp import partition_det_kcp as partition_det_kcp
+from cake_gdn_det_train_kcp import saved_bytes as saved_bytes
+from cake_gdn_det_train_kcp import workspace_bytes as workspace_bytes
 
 # old spellings (the same objects; not in __all__)
 GDNKCPGrads = GDNDetKCPGrads
@@ -36,5 +39,8 @@ __all__ = [
     "chunk_gdn_det_bwd_kcp",
     "chunk_gdn_det_fwd_kcp",
     "comm_bytes",
+    "is_supported",
     "partition_det_kcp",
+    "saved_bytes",
+    "workspace_bytes",
 ]

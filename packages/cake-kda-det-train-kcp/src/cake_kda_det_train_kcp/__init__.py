@@ -32,6 +32,9 @@ _LAZY = {
     "comm_bytes": "context",
     "KDADetKCPSavedSet": "saved",
     "KDADetKCPWorkspace": "saved",
+    "is_supported": "queries",
+    "saved_bytes": "queries",
+    "workspace_bytes": "queries",
 }
 
 __all__ = [
@@ -44,7 +47,10 @@ __all__ = [
     "chunk_kda_det_fwd_kcp",
     "chunk_kda_det_kcp",
     "comm_bytes",
+    "is_supported",
     "partition_det_kcp",
+    "saved_bytes",
+    "workspace_bytes",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
         comm_bytes,
         partition_det_kcp,
     )
+    from cake_kda_det_train_kcp.queries import is_supported, saved_bytes, workspace_bytes
     from cake_kda_det_train_kcp.saved import KDADetKCPSavedSet, KDADetKCPWorkspace
 
 

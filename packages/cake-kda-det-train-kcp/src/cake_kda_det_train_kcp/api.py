@@ -238,12 +238,14 @@ def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.detach().to(_F32).contiguous() if t is not None else None
 
 
-def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias, lower_bound,
-               use_sigmoid, allow_neg_eigval, safe_gate, reduce, plan, workspace, kinds):
-    """Every check of the forward, before any allocation, launch or collective (the
-    single-rank entry's rules on the rank-local tensors, then the context's); returns
-    ``(opts, A_log, dt_bias, plan, workspace)`` with the gate parameters set to ``None``
-    where FLA ignores them (without ``use_gate_in_kernel``)."""
+def local_fwd_checks(q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias,
+                     lower_bound, use_sigmoid, allow_neg_eigval, safe_gate, reduce, plan,
+                     workspace, kinds):
+    """The forward's checks on this rank alone (the single-rank entry's rules on the
+    rank-local tensors, then the context's; no allocation, launch or collective: what
+    ``is_supported`` runs); returns ``(scale, lower_bound, A_log, dt_bias, plan,
+    workspace)`` with the gate parameters set to ``None`` where FLA ignores them (without
+    ``use_gate_in_kernel``)."""
     check_context(ctx)
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=True)
@@ -274,6 +276,18 @@ def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias, l
     check_context(ctx, device)
     plan = _resolve_plan(plan, K, V, q.dtype, device, kinds)
     ws = _resolve_workspace(workspace, plan, ctx, HV, q.dtype, kinds)
+    return scale, lower_bound, A_log, dt_bias, plan, ws
+
+
+def _check_fwd(q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias, lower_bound,
+               use_sigmoid, allow_neg_eigval, safe_gate, reduce, plan, workspace, kinds):
+    """Every check of the forward, before any allocation, launch or collective: the local
+    ones (:func:`local_fwd_checks`), then the ranks' agreement; returns ``(opts, A_log,
+    dt_bias, plan, workspace)``."""
+    scale, lower_bound, A_log, dt_bias, plan, ws = local_fwd_checks(
+        q, k, v, g, beta, ctx, scale, use_l2, use_gate, A_log, dt_bias, lower_bound,
+        use_sigmoid, allow_neg_eigval, safe_gate, reduce, plan, workspace, kinds)
+    H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     opts = _Opts(scale, use_l2, use_gate, _f32(A_log), _f32(dt_bias), lower_bound,
                  use_sigmoid, allow_neg_eigval, safe_gate, reduce)
     # the last check, the first collective: the ranks compare what their collectives use

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0b49338e778e6683cf3a8a3e70c9977fa295048919240184ad3ed70f4ae12fde"
+SOURCE_DIGEST = "sha256:d58ef50910867c20b276168eee1714bcad8de10d8ab7225663c0ae4deed27d74"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

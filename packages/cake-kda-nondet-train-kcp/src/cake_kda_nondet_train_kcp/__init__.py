@@ -34,6 +34,9 @@ _LAZY = {
     "comm_bytes_nondet": "context",
     "KDANondetKCPSavedSet": "saved",
     "KDANondetKCPWorkspace": "saved",
+    "is_supported_nondet": "queries",
+    "saved_bytes_nondet": "queries",
+    "workspace_bytes_nondet": "queries",
 }
 
 __all__ = [
@@ -46,7 +49,10 @@ __all__ = [
     "chunk_kda_nondet_fwd_kcp",
     "chunk_kda_nondet_kcp",
     "comm_bytes_nondet",
+    "is_supported_nondet",
     "partition_nondet_kcp",
+    "saved_bytes_nondet",
+    "workspace_bytes_nondet",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,6 +66,11 @@ if TYPE_CHECKING:  # pragma: no cover
         build_context_nondet_kcp,
         comm_bytes_nondet,
         partition_nondet_kcp,
+    )
+    from cake_kda_nondet_train_kcp.queries import (
+        is_supported_nondet,
+        saved_bytes_nondet,
+        workspace_bytes_nondet,
     )
     from cake_kda_nondet_train_kcp.saved import KDANondetKCPSavedSet, KDANondetKCPWorkspace
 

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:3410e95db6add55adc15d2fe979d93363d300886b792407c9543d001a9266e44"
+SOURCE_DIGEST = "sha256:87cceb0d81c37a7572961421e8e06dfa4aeceb2eeec9fb7011188093358ca96b"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -40,6 +40,8 @@ _LAZY = {
     "moe_topk_det": "moe",
     "moe_unpermute_det": "moe",
     "is_supported": "queries",
+    "moe_feed_forward_is_supported": "queries",
+    "moe_feed_forward_saved_bytes": "queries",
     "saved_bytes": "queries",
     "workspace_bytes": "queries",
 }
@@ -59,7 +61,9 @@ __all__ = [
     "moe_grouped_det_gemm",
     "moe_grouped_det_gemm_bwd",
     "moe_feed_forward_det",
+    "moe_feed_forward_is_supported",
     "moe_feed_forward_reference",
+    "moe_feed_forward_saved_bytes",
     "moe_grouped_det_gemm_fwd",
     "moe_grouped_gemm_reference",
     "moe_permute_det",
@@ -89,7 +93,13 @@ if TYPE_CHECKING:  # pragma: no cover
         moe_unpermute_det,
     )
     from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
-    from cake_moe_grouped_det_gemm.queries import is_supported, saved_bytes, workspace_bytes
+    from cake_moe_grouped_det_gemm.queries import (
+        is_supported,
+        moe_feed_forward_is_supported,
+        moe_feed_forward_saved_bytes,
+        saved_bytes,
+        workspace_bytes,
+    )
     from cake_moe_grouped_det_gemm.reference import (
         moe_feed_forward_reference,
         moe_grouped_gemm_reference,

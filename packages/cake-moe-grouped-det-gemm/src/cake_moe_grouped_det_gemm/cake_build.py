@@ -48,7 +48,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cd666a3fa059c8db7c5a5261c32f9547926a8a44921ab248f471a5e041081624"
+SOURCE_DIGEST = "sha256:db5621c638595b94b45b3092f12f98ee650a4b08ec6d01adf1f0dcbd41b15754"
 # --- end of generated block ---
 
 MANIFEST = {

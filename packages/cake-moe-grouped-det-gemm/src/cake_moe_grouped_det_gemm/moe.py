@@ -308,7 +308,9 @@ _W_DOWN = "[E, d_model, d_ff]: E stacked torch.nn.Linear(d_ff, d_model) weights"
 
 
 def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
-                 plans, plans_cls=MoEFeedForwardPlans, resolve=None):
+                 plans, plans_cls=MoEFeedForwardPlans, resolve=None, *, launch=True):
+    """Every check of the layer's forward (no allocation, launch or sync; the queries run
+    it too); ``launch=False`` skips the backend's device check (meta tensors)."""
     check_tensor(x, "x")
     check_dtype(x, "x", FLOAT_DTYPES)
     check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
@@ -353,7 +355,8 @@ def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux
             resolve(plans.down, T * top_k, E, d, f, x.dtype, device))
     else:
         plans = plans_cls(None, None, None)
-    launch_device_check(device, "x")
+    if launch:
+        launch_device_check(device, "x")
     return T, E, d, f, top_k, coef, device, plans
 
 

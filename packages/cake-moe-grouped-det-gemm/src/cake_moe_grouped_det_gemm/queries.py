@@ -1,8 +1,11 @@
 """Know before you launch: :func:`is_supported`, :func:`workspace_bytes` and
 :func:`saved_bytes` of the det MoE grouped GEMM entry (``cake_core.support``).
 
-They answer for :func:`~cake_moe_grouped_det_gemm.moe_grouped_det_gemm`; the
-``MoEFeedForward`` layer (routing, permutation, three grouped GEMMs) has no queries yet.
+They answer for :func:`~cake_moe_grouped_det_gemm.moe_grouped_det_gemm`;
+:func:`moe_feed_forward_is_supported` and :func:`moe_feed_forward_saved_bytes` for the
+layer, :func:`~cake_moe_grouped_det_gemm.moe_feed_forward_det` (and
+:class:`~cake_moe_grouped_det_gemm.MoEFeedForward`'s forward). The layer takes no workspace
+(its grouped GEMMs allocate their scratch per call), so it has no ``workspace_bytes``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from cake_core.checks import check_alloc_device
 from cake_core.support import Support, nbytes_of, support_of
 
 from cake_moe_grouped_det_gemm.api import _checks
+from cake_moe_grouped_det_gemm.moe import MoEFeedForwardPlans, _check_layer
 from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan
 from cake_moe_grouped_det_gemm.saved import MoEGroupedDetWorkspace, workspace_buffers
 
@@ -73,4 +77,82 @@ def saved_bytes(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor | None
     return nbytes_of([((weight.shape[0],), torch.int32)])
 
 
-__all__ = ["is_supported", "saved_bytes", "workspace_bytes"]
+def moe_feed_forward_is_supported(x: torch.Tensor, router_weight: torch.Tensor,
+                                  w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+                                  *, normalize_topk: bool = True, aux_loss_coef: float = 0.01,
+                                  plans: MoEFeedForwardPlans | None = None) -> Support:
+    """Whether :func:`~cake_moe_grouped_det_gemm.moe_feed_forward_det` serves this call
+    (its own arguments; for a :class:`~cake_moe_grouped_det_gemm.MoEFeedForward` ``m``:
+    ``(x, m.router_weight, m.w_gate_up, m.w_down, m.top_k,
+    normalize_topk=m.normalize_topk, aux_loss_coef=m.aux_loss_coef)``): ``Support(True,
+    "")``, or ``Support(False, reason)`` with the message of the ``ValueError`` the layer
+    would raise. Runs the layer's checks only (no allocation, no launch, no sync); never
+    raises ``ValueError``.
+
+    Example::
+
+        moe_feed_forward_is_supported(torch.randn(6, 16), torch.randn(4, 16),
+                                      torch.randn(4, 16, 16), torch.randn(4, 16, 8), 2).ok
+    """
+    return support_of(lambda: _check_layer(x, router_weight, w_gate_up, w_down, top_k,
+                                           normalize_topk, aux_loss_coef, plans))
+
+
+def moe_feed_forward_saved_bytes(x: torch.Tensor, router_weight: torch.Tensor,
+                                 w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+                                 *, normalize_topk: bool = True, aux_loss_coef: float = 0.01,
+                                 plans: MoEFeedForwardPlans | None = None) -> int:
+    """Bytes the forward of :func:`~cake_moe_grouped_det_gemm.moe_feed_forward_det` (its
+    own arguments) allocates and its autograd graph keeps for the backward, when the
+    layer's weights require grad (training), computed from shapes and dtypes without
+    running anything. With T tokens, R = T·k rows, E experts, ``b`` x's element size:
+    in x's dtype the permuted rows ``[R, d_model]``, the gate/up output ``[R, 2·d_ff]``,
+    the SwiGLU's ``silu(gate)`` and product ``[R, d_ff]`` each, the expert outputs ``[R,
+    d_model]``; in fp32 the router probabilities ``[T, E]``, the top-k weights ``[T, k]``
+    (and, with ``normalize_topk``, the unnormalised ones and their sums ``[T, 1]``), the
+    fp32 copies the router GEMM reads (x ``[T, d_model]`` unless x is fp32 and reshapes to
+    ``[T, d_model]`` as a view; router_weight ``[E, d_model]`` unless fp32), the expert
+    fractions ``[E]`` when ``aux_loss_coef > 0``; int64 ids ``[T, k]``, order and slot
+    ``[R]``; the grouped GEMMs' int32 row ends (``1 + 2·E``). The caller's tensors are not
+    counted. Meta tensors are served (the backend's device check is skipped).
+
+    Raises:
+        ValueError: the layer's, for bad arguments.
+
+    Example::
+
+        moe_feed_forward_saved_bytes(torch.empty(4096, 1024, device="meta"),
+                                     torch.empty(8, 1024, device="meta"),
+                                     torch.empty(8, 1024, 1024, device="meta"),
+                                     torch.empty(8, 1024, 512, device="meta"), 2)
+    """
+    return feed_forward_saved_bytes_for(MoEFeedForwardPlans, None, x, router_weight,
+                                        w_gate_up, w_down, top_k, normalize_topk,
+                                        aux_loss_coef, plans)
+
+
+def feed_forward_saved_bytes_for(plans_cls, resolve, x, router_weight, w_gate_up, w_down,
+                                 top_k, normalize_topk, aux_loss_coef, plans) -> int:
+    """:func:`moe_feed_forward_saved_bytes` with the plans type and plan check of a mode
+    (the nondet sibling passes its own; its layer keeps the same tensors)."""
+    T, E, d, f, k, coef, _, _ = _check_layer(x, router_weight, w_gate_up, w_down, top_k,
+                                             normalize_topk, aux_loss_coef, plans, plans_cls,
+                                             resolve, launch=False)
+    R, f32, i64, dt = T * k, torch.float32, torch.int64, x.dtype
+    shapes = [((R, d), dt), ((R, 2 * f), dt), ((R, f), dt), ((R, f), dt), ((R, d), dt),
+              ((T, E), f32), ((T, k), f32), ((T, k), i64), ((R,), i64), ((R,), i64),
+              ((1 + 2 * E,), torch.int32)]
+    if normalize_topk:  # the division keeps its operands
+        shapes += [((T, k), f32), ((T, 1), f32)]
+    view = torch.empty_strided(x.shape, x.stride(), dtype=dt, device="meta").reshape(T, d)
+    if dt != f32 or not view._is_view():  # the router GEMM's fp32 x
+        shapes.append(((T, d), f32))
+    if router_weight.dtype != f32:
+        shapes.append(((E, d), f32))
+    if coef > 0.0:  # the aux loss keeps the expert fractions
+        shapes.append(((E,), f32))
+    return nbytes_of(shapes)
+
+
+__all__ = ["is_supported", "moe_feed_forward_is_supported", "moe_feed_forward_saved_bytes",
+           "saved_bytes", "workspace_bytes"]

@@ -17,7 +17,9 @@ from cake_moe_grouped_det_gemm import is_supported as is_supported
 from cake_moe_grouped_det_gemm import make_moe_plans as make_moe_plans
 from cake_moe_grouped_det_gemm import make_plan as make_plan
 from cake_moe_grouped_det_gemm import moe_feed_forward_det as moe_feed_forward_det
+from cake_moe_grouped_det_gemm import moe_feed_forward_is_supported as moe_feed_forward_is_supported
 from cake_moe_grouped_det_gemm import moe_feed_forward_reference as moe_feed_forward_reference
+from cake_moe_grouped_det_gemm import moe_feed_forward_saved_bytes as moe_feed_forward_saved_bytes
 from cake_moe_grouped_det_gemm import moe_grouped_det_gemm as moe_grouped_det_gemm
 from cake_moe_grouped_det_gemm import moe_grouped_det_gemm_bwd as moe_grouped_det_gemm_bwd
 from cake_moe_grouped_det_gemm import moe_grouped_det_gemm_fwd as moe_grouped_det_gemm_fwd
@@ -56,7 +58,9 @@ __all__ = [
     "make_moe_plans",
     "make_plan",
     "moe_feed_forward_det",
+    "moe_feed_forward_is_supported",
     "moe_feed_forward_reference",
+    "moe_feed_forward_saved_bytes",
     "moe_grouped_det_gemm",
     "moe_grouped_det_gemm_bwd",
     "moe_grouped_det_gemm_fwd",

@@ -40,6 +40,8 @@ _LAZY = {
     "moe_topk_nondet": "moe",
     "moe_unpermute_nondet": "moe",
     "is_supported_nondet": "queries",
+    "moe_feed_forward_is_supported_nondet": "queries",
+    "moe_feed_forward_saved_bytes_nondet": "queries",
     "saved_bytes_nondet": "queries",
     "workspace_bytes_nondet": "queries",
 }
@@ -56,7 +58,9 @@ __all__ = [
     "is_supported_nondet",
     "make_nondet_moe_plans",
     "make_nondet_plan",
+    "moe_feed_forward_is_supported_nondet",
     "moe_feed_forward_nondet",
+    "moe_feed_forward_saved_bytes_nondet",
     "moe_grouped_nondet_gemm",
     "moe_grouped_nondet_gemm_bwd",
     "moe_grouped_nondet_gemm_fwd",
@@ -89,6 +93,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan, make_nondet_plan
     from cake_moe_grouped_nondet_gemm.queries import (
         is_supported_nondet,
+        moe_feed_forward_is_supported_nondet,
+        moe_feed_forward_saved_bytes_nondet,
         saved_bytes_nondet,
         workspace_bytes_nondet,
     )

@@ -65,7 +65,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:427f720dc148fa53481802919fe00063433a9b0ba1c07ccebb070056d0af541b"
+SOURCE_DIGEST = "sha256:0d918f5c51df190dcfc07645b185149bb8ac4da5a78a6e18f98927924a4e569b"
 # --- end of generated block ---
 
 REUSES = [

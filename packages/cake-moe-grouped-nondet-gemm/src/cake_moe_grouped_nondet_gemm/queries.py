@@ -1,16 +1,21 @@
 """Know before you launch: :func:`is_supported_nondet`, :func:`workspace_bytes_nondet` and
 :func:`saved_bytes_nondet` of the nondet MoE grouped GEMM entry (``cake_core.support``):
-the det package's queries with this package's plan and workspace classes. The
-``MoEFeedForwardNondet`` layer has no queries yet."""
+the det package's queries with this package's plan and workspace classes;
+:func:`moe_feed_forward_is_supported_nondet` and :func:`moe_feed_forward_saved_bytes_nondet`
+for the layer, :func:`~cake_moe_grouped_nondet_gemm.moe_feed_forward_nondet` (it takes no
+workspace, so it has no ``workspace_bytes``)."""
 
 from __future__ import annotations
 
 import torch
 from cake_core.checks import check_alloc_device
 from cake_core.support import Support, nbytes_of, support_of
+from cake_moe_grouped_det_gemm.moe import _check_layer
+from cake_moe_grouped_det_gemm.queries import feed_forward_saved_bytes_for
 from cake_moe_grouped_det_gemm.saved import workspace_buffers
 
-from cake_moe_grouped_nondet_gemm.api import _nondet_checks
+from cake_moe_grouped_nondet_gemm.api import _nondet_checks, _resolve_nondet_plan
+from cake_moe_grouped_nondet_gemm.moe import MoEFeedForwardNondetPlans
 from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan
 from cake_moe_grouped_nondet_gemm.saved import MoEGroupedNondetWorkspace
 
@@ -76,4 +81,48 @@ def saved_bytes_nondet(x: torch.Tensor, weight: torch.Tensor,
     return nbytes_of([((weight.shape[0],), torch.int32)])
 
 
-__all__ = ["is_supported_nondet", "saved_bytes_nondet", "workspace_bytes_nondet"]
+def moe_feed_forward_is_supported_nondet(x: torch.Tensor, router_weight: torch.Tensor,
+                                         w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                                         top_k: int, *, normalize_topk: bool = True,
+                                         aux_loss_coef: float = 0.01,
+                                         plans: MoEFeedForwardNondetPlans | None = None
+                                         ) -> Support:
+    """Whether :func:`~cake_moe_grouped_nondet_gemm.moe_feed_forward_nondet` serves this
+    call (its own arguments; a :class:`~cake_moe_grouped_nondet_gemm.MoEFeedForwardNondet`
+    ``m`` passes its ``router_weight``, ``w_gate_up``, ``w_down``, ``top_k``,
+    ``normalize_topk``, ``aux_loss_coef``): ``Support(True, "")`` or ``Support(False,
+    <the layer's ValueError message>)`` (det plans refused). The layer's checks only (no
+    allocation, launch or sync); never raises ``ValueError``.
+
+    Example: ``moe_feed_forward_is_supported_nondet(x, router_weight, w_gate_up, w_down,
+    2).ok``.
+    """
+    return support_of(lambda: _check_layer(x, router_weight, w_gate_up, w_down, top_k,
+                                           normalize_topk, aux_loss_coef, plans,
+                                           MoEFeedForwardNondetPlans, _resolve_nondet_plan))
+
+
+def moe_feed_forward_saved_bytes_nondet(x: torch.Tensor, router_weight: torch.Tensor,
+                                        w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                                        top_k: int, *, normalize_topk: bool = True,
+                                        aux_loss_coef: float = 0.01,
+                                        plans: MoEFeedForwardNondetPlans | None = None) -> int:
+    """Bytes the forward of :func:`~cake_moe_grouped_nondet_gemm.moe_feed_forward_nondet`
+    (its own arguments) allocates and its autograd graph keeps for the backward when the
+    layer's weights require grad, as ``cake_moe_grouped_det_gemm.moe_feed_forward_saved_bytes``
+    counts them (the same tensors), from shapes only; meta tensors served.
+
+    Raises:
+        ValueError: the layer's, for bad arguments (det plans too).
+
+    Example: ``moe_feed_forward_saved_bytes_nondet(x, router_weight, w_gate_up, w_down,
+    2)``.
+    """
+    return feed_forward_saved_bytes_for(MoEFeedForwardNondetPlans, _resolve_nondet_plan, x,
+                                        router_weight, w_gate_up, w_down, top_k,
+                                        normalize_topk, aux_loss_coef, plans)
+
+
+__all__ = ["is_supported_nondet", "moe_feed_forward_is_supported_nondet",
+           "moe_feed_forward_saved_bytes_nondet", "saved_bytes_nondet",
+           "workspace_bytes_nondet"]

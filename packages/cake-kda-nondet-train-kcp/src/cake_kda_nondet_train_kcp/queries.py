@@ -1,0 +1,87 @@
+"""Know before you launch, nondet: :func:`is_supported_nondet` and
+:func:`saved_bytes_nondet` of :func:`~cake_kda_nondet_train_kcp.chunk_kda_nondet_kcp` and
+:func:`workspace_bytes_nondet` of :class:`~cake_kda_nondet_train_kcp.KDANondetKCPWorkspace`:
+cake-kda-det-train-kcp's queries with this package's kinds."""
+
+from __future__ import annotations
+
+import torch
+from cake_core.kcp import Context
+from cake_core.support import Support
+from cake_kda_det_train_kcp.queries import (
+    is_supported_for,
+    saved_bytes_for,
+    workspace_bytes_for,
+)
+from cake_kda_nondet_train import KDANondetPlan
+
+from cake_kda_nondet_train_kcp.api import NONDET_KCP_KINDS
+from cake_kda_nondet_train_kcp.saved import KDANondetKCPWorkspace
+
+__all__ = ["is_supported_nondet", "saved_bytes_nondet", "workspace_bytes_nondet"]
+
+
+def is_supported_nondet(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                        beta: torch.Tensor, ctx: Context, *, scale: float | None = None,
+                        use_qk_l2norm_in_kernel: bool = False,
+                        use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+                        dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+                        use_beta_sigmoid_in_kernel: bool = False,
+                        allow_neg_eigval: bool = False, safe_gate: bool = False,
+                        reduce_gate_param_grads: bool = True,
+                        plan: KDANondetPlan | None = None,
+                        workspace: KDANondetKCPWorkspace | None = None) -> Support:
+    """Whether :func:`~cake_kda_nondet_train_kcp.chunk_kda_nondet_kcp` (and
+    ``chunk_kda_nondet_fwd_kcp``) serves this call on this rank (same arguments):
+    ``Support(True, "")`` or ``Support(False, <the entry's ValueError message>)`` (a det
+    plan or workspace is refused). This rank's checks only: no collective (the ranks'
+    one-time agreement is not run), no allocation, no launch; never raises ``ValueError``.
+
+    Example: ``s = is_supported_nondet(q, k, v, g, beta, ctx)``, then ``if not s:
+    print(s.reason)``.
+    """
+    return is_supported_for(NONDET_KCP_KINDS, q, k, v, g, beta, ctx, scale,
+                            use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                            lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                            safe_gate, reduce_gate_param_grads, plan, workspace)
+
+
+def workspace_bytes_nondet(plan: KDANondetPlan, ctx: Context, *, num_v_heads: int,
+                           dtype: torch.dtype = torch.float32) -> int:
+    """The bytes ``KDANondetKCPWorkspace.for_context(plan, ctx, num_v_heads=...,
+    dtype=...)`` allocates (the same arguments), computed without allocating.
+
+    Raises:
+        ValueError: as ``for_context`` (a det plan too).
+
+    Example: ``workspace_bytes_nondet(make_nondet_plan(128, 128, torch.bfloat16, "cuda"),
+    ctx, num_v_heads=32, dtype=torch.bfloat16)``.
+    """
+    return workspace_bytes_for(NONDET_KCP_KINDS, plan, ctx, num_v_heads=num_v_heads,
+                               dtype=dtype)
+
+
+def saved_bytes_nondet(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                       beta: torch.Tensor, ctx: Context, *, scale: float | None = None,
+                       use_qk_l2norm_in_kernel: bool = False,
+                       use_gate_in_kernel: bool = False, A_log: torch.Tensor | None = None,
+                       dt_bias: torch.Tensor | None = None, lower_bound: float | None = None,
+                       use_beta_sigmoid_in_kernel: bool = False,
+                       allow_neg_eigval: bool = False, safe_gate: bool = False,
+                       reduce_gate_param_grads: bool = True,
+                       plan: KDANondetPlan | None = None,
+                       workspace: KDANondetKCPWorkspace | None = None) -> int:
+    """The bytes :func:`~cake_kda_nondet_train_kcp.chunk_kda_nondet_kcp` (same arguments)
+    allocates on this rank and keeps for the backward, as
+    ``cake_kda_det_train_kcp.saved_bytes`` counts them (the caller's tensors and the
+    per-context offset tables not counted), without running anything.
+
+    Raises:
+        ValueError: as the entry (a det plan or workspace too).
+
+    Example: ``saved_bytes_nondet(q, k, v, g, beta, ctx)``.
+    """
+    return saved_bytes_for(NONDET_KCP_KINDS, q, k, v, g, beta, ctx, scale,
+                           use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                           lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                           safe_gate, reduce_gate_param_grads, plan, workspace)
