@@ -265,17 +265,26 @@ def test_resolve_chunks_rows_kept_and_bounded(offsets_cache, monkeypatch):
     assert empty.num_chunks == 0 and [t.numel() for t in empty.tables[:4]] == [0, 0, 3, 3]
 
 
-def test_resolve_chunks_rows_not_cached_while_capturing(offsets_cache, monkeypatch):
-    """While a CUDA graph is captured no rows' SeqChunks is served from or put in the cache
-    (a graph would keep reading tables the cache later lets go)."""
+def test_offsets_cache_pins_what_a_captured_graph_reads(offsets_cache, monkeypatch):
+    """While a CUDA graph is captured, the tables a call takes from the cache (rows or a
+    cu_seqlens) are served as in eager calls and pinned: never pushed out by later calls, so
+    a replay never reads memory the cache let go. Tables first built during the capture are
+    kept (pinned) as well."""
     varlen, _ = offsets_cache
-    kept = varlen.resolve_chunks(None, 2, 9, CPU, 4)
-    n = len(varlen._cache)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rows = varlen.resolve_chunks(None, 2, 9, CPU, 4)
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+    packed = varlen.resolve_chunks(cu, 1, 10, CPU, 4)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    fresh = varlen.resolve_chunks(None, 2, 9, CPU, 4)
-    assert fresh is not kept and len(varlen._cache) == n
-    varlen.resolve_chunks(None, 2, 18, CPU, 4)
-    assert len(varlen._cache) == n
+    assert varlen.resolve_chunks(None, 2, 9, CPU, 4) is rows
+    assert varlen.resolve_chunks(cu, 1, 10, CPU, 4) is packed
+    new_rows = varlen.resolve_chunks(None, 2, 18, CPU, 4)  # built during the capture
     monkeypatch.undo()
-    assert varlen.resolve_chunks(None, 2, 9, CPU, 4) is kept
+    for n in range(3 * varlen.OFFSETS_CACHE_SIZE):
+        varlen.resolve_chunks(None, 3, n + 1, CPU, 4)
+    assert varlen.resolve_chunks(None, 2, 9, CPU, 4) is rows
+    assert varlen.resolve_chunks(cu, 1, 10, CPU, 4) is packed
+    assert varlen.resolve_chunks(None, 2, 18, CPU, 4) is new_rows
+    assert len(varlen._cache) <= varlen.OFFSETS_CACHE_SIZE + 4  # the pinned ones on top
+    varlen.clear_offsets_cache()
+    assert varlen.resolve_chunks(None, 2, 9, CPU, 4) is not rows

@@ -3,9 +3,9 @@ bitwise equal to eager on two sets of fresh values
 (:func:`cake_core.testing.graph_replay_matches_eager`): packed ragged documents (one empty,
 one of length 1) through the autograd entry and through the low-level pair with a static
 workspace; ``cu_seqlens`` stays one unchanged tensor (read on the host once, before the
-capture; the chunk tables the warm-up uploaded on the capture stream are reused). Without
-``cu_seqlens`` the row tables are built and uploaded again inside the capture, which CUDA
-refuses (xfail below). CUDA only: skipped elsewhere."""
+capture; the chunk tables the warm-up uploaded on the capture stream are reused), and
+fixed-length rows (their tables are cached from the warm-up and pinned in the offsets cache
+by the capture). CUDA only: skipped elsewhere."""
 
 import pytest
 import torch
@@ -22,10 +22,6 @@ from cake_gdn_det_train import (
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="CUDA graphs need a CUDA device")
 
-#: where a fixed-length call uploads inside a capture
-ROWS_UPLOAD = ("cake_core/varlen.py:340 (_rows_chunks builds the row tables again while a "
-               "graph is captured) -> varlen.py:295 (_upload: a synchronous host-to-device "
-               "copy, refused during a capture)")
 NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state")
 
 
@@ -83,7 +79,6 @@ def test_graph_replay_matches_eager_packed(H, HV, K, V, dtype, lens, low_level):
     graph_replay_matches_eager(make_inputs, step, names=names)
 
 
-@pytest.mark.xfail(strict=False, reason=f"upload in a capture: {ROWS_UPLOAD}")
 @pytest.mark.parametrize("low_level", [False, True])
 def test_graph_replay_matches_eager_fixed_length(low_level):
     make_inputs, step, names = case(torch.device("cuda"), 2, 4, 64, 64, torch.bfloat16, B=2,

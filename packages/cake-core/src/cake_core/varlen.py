@@ -41,11 +41,23 @@ class _Entry:
     references: while the entry lives, neither the tensor object (its ``id``) nor its memory
     (its ``data_ptr``) can be reused by another tensor, so the key cannot match a stranger."""
 
-    __slots__ = ("derived", "offsets", "snapshot", "storage", "tensor")
+    __slots__ = ("derived", "offsets", "pinned", "snapshot", "storage", "tensor")
 
     def __init__(self, tensor, storage, offsets, snapshot):
         self.tensor, self.storage, self.offsets, self.snapshot = tensor, storage, offsets, snapshot
         self.derived: dict[Hashable, Any] = {}
+        # used while a CUDA graph was captured: the graph reads its tables at every replay,
+        # so the entry is never pushed out (until clear_offsets_cache)
+        self.pinned = _capturing()
+
+
+def _evict_locked() -> None:
+    """Push out the least recently used entries beyond :data:`OFFSETS_CACHE_SIZE`, never a
+    pinned one (call with ``_lock`` held)."""
+    over = len(_cache) - OFFSETS_CACHE_SIZE
+    if over > 0:
+        for k in [k for k, e in _cache.items() if not e.pinned][:over]:
+            del _cache[k]
 
 
 _cache: OrderedDict[tuple, _Entry] = OrderedDict()
@@ -54,7 +66,8 @@ _lock = threading.Lock()
 
 def clear_offsets_cache() -> None:
     """Forget every ``cu_seqlens`` :func:`checked_offsets` remembers (and their derived
-    tables), dropping the references the cache holds."""
+    tables), dropping the references the cache holds, pinned entries too: call it only once
+    no CUDA graph that read them will be replayed."""
     with _lock:
         _cache.clear()
 
@@ -78,6 +91,7 @@ def _lookup(t: torch.Tensor, n_tokens: int) -> _Entry | None:
         if e is None or e.tensor is not t:
             return None
         _cache.move_to_end(key)
+        e.pinned = e.pinned or _capturing()
     # A CPU tensor can be written without a version bump (through .numpy(), .data): compare
     # its values, which costs no device sync.
     if e.snapshot is not None and not torch.equal(t.detach(), e.snapshot):
@@ -136,8 +150,7 @@ def checked_offsets(cu_seqlens: torch.Tensor, n_tokens: int,
     with _lock:
         _cache[key] = e
         _cache.move_to_end(key)
-        while len(_cache) > OFFSETS_CACHE_SIZE:
-            _cache.popitem(last=False)
+        _evict_locked()
     return offsets
 
 
@@ -162,7 +175,7 @@ def offsets_derived(cu_seqlens: torch.Tensor | None, offsets: torch.Tensor, key:
             return e.derived[key]
     value = build()
     with _lock:
-        if len(e.derived) >= _DERIVED_PER_ENTRY:
+        if len(e.derived) >= _DERIVED_PER_ENTRY and not e.pinned:
             e.derived.clear()
         e.derived[key] = value
     return value
@@ -257,6 +270,7 @@ class SeqChunks:
     ends: torch.Tensor
     chunk_off: torch.Tensor
     cu: torch.Tensor
+    host: torch.Tensor | None = None  # the pinned bytes a captured upload reads at replay
 
     @property
     def num_seqs(self) -> int:
@@ -278,19 +292,21 @@ class SeqChunks:
 
 def _upload(offsets: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
             chunk_off: torch.Tensor, device: torch.device) -> tuple:
-    """``(starts, ends, chunk_off, cu)`` on ``device`` in one host-to-device copy: the int64
-    offsets and the three int32 tables packed as bytes (offsets first: 8-byte aligned), from
-    pinned memory without waiting on CUDA (the copy is ordered before the launches on the
-    current stream; torch keeps the pinned block until the copy is done). While a CUDA graph
-    is captured the copy is the plain synchronous one, which CUDA refuses during a capture:
-    a captured pinned copy would read the pinned block again at every replay, after torch
-    gave it back."""
+    """``(starts, ends, chunk_off, cu, host)`` on ``device`` in one host-to-device copy: the
+    int64 offsets and the three int32 tables packed as bytes (offsets first: 8-byte aligned),
+    from pinned memory without waiting on CUDA (the copy is ordered before the launches on
+    the current stream; torch keeps the pinned block until the copy is done). While a CUDA
+    graph is captured the copy is captured too and reads the pinned block again at every
+    replay: ``host`` is that block, for the caller to keep as long as the graph (else None)."""
     parts = [offsets.contiguous(), starts.contiguous(), ends.contiguous(),
              chunk_off.contiguous()]
     raw = [t.view(torch.uint8) for t in parts]
     host = torch.cat(raw)
-    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-        dev = host.pin_memory().to(device, non_blocking=True)
+    keep = None
+    if device.type == "cuda":
+        host = host.pin_memory()
+        dev = host.to(device, non_blocking=True)
+        keep = host if torch.cuda.is_current_stream_capturing() else None
     else:
         dev = host.to(device)
     out, at = [], 0
@@ -298,20 +314,20 @@ def _upload(offsets: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
         out.append(dev[at:at + r.numel()].view(t.dtype))
         at += r.numel()
     cu, starts_d, ends_d, chunk_off_d = out
-    return starts_d, ends_d, chunk_off_d, cu
+    return starts_d, ends_d, chunk_off_d, cu, keep
 
 
 def _build_chunks(offsets: torch.Tensor, chunk_size: int, device: torch.device) -> SeqChunks:
     """The one place a :class:`SeqChunks` is made: the host tables of ``offsets``
     (:func:`chunk_tables`) and their upload to ``device``."""
     starts, ends, chunk_off, nc = chunk_tables(offsets, chunk_size)
-    starts_d, ends_d, chunk_off_d, cu = _upload(offsets, starts, ends, chunk_off, device)
+    starts_d, ends_d, chunk_off_d, cu, host = _upload(offsets, starts, ends, chunk_off, device)
     return SeqChunks(offsets, chunk_size, nc, device, _stream_of(device), starts_d, ends_d,
-                     chunk_off_d, cu)
+                     chunk_off_d, cu, host)
 
 
 def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def _remember_device_offsets(seqs: SeqChunks, key: tuple) -> None:
@@ -328,22 +344,23 @@ def _remember_device_offsets(seqs: SeqChunks, key: tuple) -> None:
             e = _Entry(t, t.untyped_storage(), seqs.offsets, snapshot)
             _cache[k] = e
         e.derived.setdefault(key, seqs)
+        e.pinned = e.pinned or _capturing()
         _cache.move_to_end(k)
-        while len(_cache) > OFFSETS_CACHE_SIZE:
-            _cache.popitem(last=False)
+        _evict_locked()
 
 
 def _rows_chunks(B: int, T: int, key: tuple, device: torch.device,
                  chunk_size: int) -> SeqChunks:
-    """The :class:`SeqChunks` of ``B`` rows of ``T`` tokens, kept per ``(B, T)`` (not while
-    a CUDA graph is captured: a graph would keep reading tables the cache let go)."""
-    if _capturing() or not _cacheable(_ROWS_PROBE):
+    """The :class:`SeqChunks` of ``B`` rows of ``T`` tokens, kept per ``(B, T)`` (pinned
+    while a CUDA graph is captured: the graph reads the tables at every replay)."""
+    if not _cacheable(_ROWS_PROBE):
         return _build_chunks(seq_offsets(None, B, T), chunk_size, device)
     rk = (_ROWS, B, T)
     with _lock:
         e = _cache.get(rk)
         if e is not None:
             _cache.move_to_end(rk)
+            e.pinned = e.pinned or _capturing()
             seqs = e.derived.get(key)
             if seqs is not None:
                 return seqs
@@ -354,12 +371,11 @@ def _rows_chunks(B: int, T: int, key: tuple, device: torch.device,
         if e is None:
             e = _Entry(None, None, offsets, None)
             _cache[rk] = e
-        if len(e.derived) >= _DERIVED_PER_ENTRY:
+        if len(e.derived) >= _DERIVED_PER_ENTRY and not e.pinned:
             e.derived.clear()
         e.derived[key] = seqs
         _cache.move_to_end(rk)
-        while len(_cache) > OFFSETS_CACHE_SIZE:
-            _cache.popitem(last=False)
+        _evict_locked()
     _remember_device_offsets(seqs, key)
     return seqs
 
