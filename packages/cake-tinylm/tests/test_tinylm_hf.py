@@ -98,6 +98,11 @@ def test_qwen3_next_cli_refusals(tmp_path, capsys, monkeypatch):
             raise ImportError("No module named 'cake_transformers'")
         return real(name, *a)
 
+    for model in ("qwen3-next", "qwen3"):  # sizes the transformers models cannot take
+        for bad in (["--n-heads", "0"], ["--d-model", "0"], ["--n-layers", "0"],
+                    ["--seq-len", "1"]):
+            assert main(["train", "--model", model, *bad, *out]) == 2
+            assert f"{bad[0]} must be >=" in capsys.readouterr().err
     monkeypatch.setattr(hf_mod.importlib, "import_module", no_cake_transformers)
     assert main(["train", "--model", "qwen3-next", *out]) == 2
     err = capsys.readouterr().err

@@ -285,6 +285,7 @@ def test_flag_not_a_bool_refused():
 
 def test_model_output_takes_either_cache_field_name():
     import dataclasses
+    import warnings
 
     from cake_transformers._common import model_output
 
@@ -306,6 +307,9 @@ def test_model_output_takes_either_cache_field_name():
 
     for base in (Old(past_key_values="c", hidden_states="h"), New(cache="c", hidden_states="h")):
         for cls in (Old, New):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no deprecated alias read
+                model_output(cls, base, loss=1.0, logits=None)
             got = model_output(cls, base, loss=1.0, logits=None)
             assert isinstance(got, cls) and got.loss == 1.0 and got.hidden_states == "h"
             assert getattr(got, "cache", getattr(got, "past_key_values", None)) == "c"

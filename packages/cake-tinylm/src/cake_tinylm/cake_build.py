@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9ff0a676aa7a82eaddb7e0f27d0cb75a6f91e7ac66d26b1ad4030e2ebaa1af20"
+SOURCE_DIGEST = "sha256:690769b53bcdb464fee61de8053da19503ad650d7a6ba335448324c5bb315f75"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -88,6 +88,15 @@ def require_hf(spec: ModelSpec) -> None:
     _import("cake_transformers", f"--model {spec.name}")
 
 
+def _check_sizes(cfg: TrainConfig) -> None:
+    """Sizes every transformers model of the job needs: a head, a width, a layer, and windows
+    of at least 2 tokens (transformers' loss scores ``T - 1`` predictions per window)."""
+    for name, v, low in (("--n-heads", cfg.n_heads, 1), ("--d-model", cfg.d_model, 1),
+                         ("--n-layers", cfg.n_layers, 1), ("--seq-len", cfg.seq_len, 2)):
+        if v < low:
+            raise ValueError(f"--model {cfg.model}: {name} must be >= {low}, got {v}")
+
+
 def qwen3_next_config(cfg: TrainConfig):
     """A small random-init ``transformers.Qwen3NextConfig`` for the job.
 
@@ -104,8 +113,10 @@ def qwen3_next_config(cfg: TrainConfig):
 
     Raises:
         ImportError: transformers (or its Qwen3-Next) missing.
-        ValueError: fewer than 2 layers; ``moe_experts`` / ``moe_top_k`` not set (``1 <= k <= E``).
+        ValueError: fewer than 2 layers; ``moe_experts`` / ``moe_top_k`` not set (``1 <= k <= E``);
+            no head, width or layer, or windows under 2 tokens.
     """
+    _check_sizes(cfg)
     if cfg.n_layers < 2:
         raise ValueError(f"--model qwen3-next needs at least 2 layers (one Gated DeltaNet, one "
                          f"attention), got --n-layers {cfg.n_layers}")
@@ -158,8 +169,10 @@ def qwen3_config(cfg: TrainConfig):
 
     Raises:
         ImportError: transformers missing.
-        ValueError: experts requested (``--moe``: Qwen3 is dense).
+        ValueError: experts requested (``--moe``: Qwen3 is dense); no head, width or layer,
+            or windows under 2 tokens.
     """
+    _check_sizes(cfg)
     if cfg.moe_experts:
         raise ValueError("--model qwen3 is dense: drop --moe (or use --model qwen3-next)")
     transformers = _import("transformers", "--model qwen3")

@@ -162,7 +162,10 @@ def model_output(output_cls, out, **fields):
     (``past_key_values`` in earlier 5.x releases, ``cache`` in later ones)."""
     names = {f.name for f in dataclasses.fields(output_cls)}
     key = "cache" if "cache" in names else "past_key_values"
-    fields[key] = getattr(out, "cache", getattr(out, "past_key_values", None))
+    have = {f.name for f in dataclasses.fields(out)} if dataclasses.is_dataclass(out) else ()
+    # read the field out's class declares (5.25 keeps past_key_values as a deprecated alias)
+    fields[key] = getattr(out, "cache" if "cache" in have or not have else "past_key_values",
+                          None)
     return output_cls(hidden_states=out.hidden_states, attentions=out.attentions, **fields)
 
 

@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0a4e0efc79a7d0846dfb1c50e35f5aa4f54a12bb6fed9828e2584d2bc5370bf6"
+SOURCE_DIGEST = "sha256:9a9a200f7c12b69bf8c3dbb7e2e096e13ab6460fefd5c7fbf9abb30262391cda"
 # --- end of generated block ---
 
 MANIFEST = {
