@@ -38,6 +38,7 @@ bits. Rank 0 prints one JSON record (and writes it to ``--out``).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
@@ -113,16 +114,24 @@ def global_inputs(T, H, HV, K, dtype, device, seed, gate):
 # ----------------------------------------------------------------------------- one rank
 
 
-def run_rank(rank: int, W: int, a, device: torch.device) -> dict:
+#: the KCP entries timed, by name in ``module`` (cake-kda-nondet-train-kcp's benchmark
+#: passes its own to :func:`run_rank`)
+API = dict(module="cake_kda_det_train_kcp", fwd="chunk_kda_det_fwd_kcp",
+           bwd="chunk_kda_det_bwd_kcp", build="build_context_det_kcp",
+           partition="partition_det_kcp", comm="comm_bytes")
+
+
+def run_rank(rank: int, W: int, a, device: torch.device, api: dict | None = None) -> dict:
     from cake_core.testing import rel_fro_error
     from cake_kda_det_train import chunk_kda_det_bwd, chunk_kda_det_fwd
-    from cake_kda_det_train_kcp import (
-        build_context_det_kcp,
-        chunk_kda_det_bwd_kcp,
-        chunk_kda_det_fwd_kcp,
-        comm_bytes,
-        partition_det_kcp,
-    )
+
+    api = api or API
+    m = importlib.import_module(api["module"])
+    build_context_det_kcp = getattr(m, api["build"])
+    partition_det_kcp = getattr(m, api["partition"])
+    chunk_kda_det_fwd_kcp = getattr(m, api["fwd"])
+    chunk_kda_det_bwd_kcp = getattr(m, api["bwd"])
+    comm_bytes = getattr(m, api["comm"])
     from cake_kda_det_train_kcp.context import gate_grad_width
 
     T, H, HV, K = a.seqlen, a.heads, a.v_heads, a.head_dim
