@@ -111,8 +111,11 @@ if has ndbench; then
   for b in packages/cake-*-nondet-*/benchmarks/bench_*.py; do
     pkg=$(basename "$(dirname "$(dirname "$b")")")
     args="--out $OUT/nd_$pkg.json"
-    case $pkg in *gdn*|*kda*) args="$args --impls nondet,det --reps 20 --hash";; esac
-    case $pkg in *conv*|*lm-head*) args="$args --check";; esac
+    case $pkg in
+      *kcp) args="$args --world-size 1 --seqlen 65536 --docs 8 --boundary random --check";;
+      *gdn*|*kda*) args="$args --impls nondet,det --reps 20 --hash";;
+      *conv*|*lm-head*) args="$args --check";;
+    esac
     timeout ${ND_TIMEOUT:-150} python3 "$b" $args > "$OUT/nd_$pkg.txt" 2>&1
     echo "== $pkg rc $?"; grep -iE "ratio|nondet|error" "$OUT/nd_$pkg.txt" | tail -8
   done
