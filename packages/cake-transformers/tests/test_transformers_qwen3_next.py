@@ -21,7 +21,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next as hf  # noqa: E4
 CAKE_NODES = {"_RMSNormDetFunctionBackward", "_RMSNormSiluGateDetFunctionBackward",
               "_CausalConv1dDetFunctionBackward", "_GQAFunctionBackward",
               "_MoEGroupedDetFunctionBackward", "_LMHeadLossDetFunctionBackward",
-              "GeneratedBackwardFor_cake_gdn_det_train_fwd_defaultBackward"}
+              "_ChunkGDNDetFunctionBackward"}
 
 
 def tiny_config(**over):

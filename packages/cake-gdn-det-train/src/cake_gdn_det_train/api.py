@@ -883,7 +883,7 @@ def define_ops(types: ModeTypes):
     # the registered op (traced by torch.compile); eagerly below, its body
     fwd_op.register_autograd(once_differentiable(backward), setup_context=_setup_context)
     _EAGER[types.ops] = eager_function(
-        "ChunkGDNEager", fwd_body, _setup_context,
+        f"_ChunkGDN{types.mode.value.capitalize()}Function", fwd_body, _setup_context,
         once_differentiable(lambda ctx, *grads: backward(ctx, *grads, bwd=bwd_body)))
     return fwd_op, bwd_op
 

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:28e028b3f960d23ea0cc21c83227cc78ae206479003c734eed10ffa5671e7eec"
+SOURCE_DIGEST = "sha256:d5c6322d2566df59a4fc1b47039480b4ec62b343c7b71b1051d519bd58b0f24e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:833ff8d4fbcc79efc4e1996dd4b6771ad252944129e9b985bcc250e6c31996cb"
+SOURCE_DIGEST = "sha256:3203dc73b40600b7127f7d45f78bab03c9ae6e0b442477c457dfecf478d9b3f2"
 # --- end of generated block ---
 
 MANIFEST = {

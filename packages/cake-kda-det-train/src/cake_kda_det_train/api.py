@@ -685,7 +685,7 @@ def register_ops(kinds: ModeKinds):
     _fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
     # eager calls: the same body and autograd without the dispatcher's Python (host time)
     _EAGER[ns] = eager_function(
-        "ChunkKDAEager", fwd_body, _setup_context,
+        f"_ChunkKDA{kinds.mode.value.capitalize()}Function", fwd_body, _setup_context,
         once_differentiable(lambda ctx, *grads: _backward(ctx, *grads, bwd=bwd_body)))
     return _fwd_op, _bwd_op
 

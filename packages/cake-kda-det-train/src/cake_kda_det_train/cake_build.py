@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fdb699a057f16274c114bab7d878af67ae8ef36dc0119612d280ac0bcd2f5c11"
+SOURCE_DIGEST = "sha256:6ce8b5af44d64f8235edc7117854191d0f66a6b3f4ccd134089b8683a5cf6049"
 # --- end of generated block ---
 
 MANIFEST = {

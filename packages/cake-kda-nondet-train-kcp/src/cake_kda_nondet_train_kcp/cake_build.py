@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:87cceb0d81c37a7572961421e8e06dfa4aeceb2eeec9fb7011188093358ca96b"
+SOURCE_DIGEST = "sha256:d989d89d5385adb1912c5ec890aa5b6c0e9176da3c2d5880ae7d94f0675642f0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

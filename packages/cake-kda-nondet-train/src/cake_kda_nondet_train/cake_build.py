@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c8c890f022e72f16865382882a6f3d84a37185b7db278fad3334a829703adc3e"
+SOURCE_DIGEST = "sha256:9ef0264b4d2f7eac0946ebccfaccb53e95695f8fabca99444b10f4ae0bb260da"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
