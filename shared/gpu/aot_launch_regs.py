@@ -1,0 +1,156 @@
+"""Registers and spills of every Triton kernel one GDN or KDA forward+backward launches under
+the CUDA rule's plan, compiled for sm_90 on any machine (no GPU needed).
+
+    python shared/gpu/aot_launch_regs.py gdn|kda [--K 128] [--V 128]
+
+Two steps, each in its own process: (1) under Triton's interpreter, one small packed bf16
+call of the family's autograd entry with ``make_plan(K, V, bf16, "cuda")`` records each
+kernel's arguments and launch options (the plan's tiles, warps, stages), the host's dtype
+choices made as on CUDA (bf16 dots and stores, not the interpreter's fp32); (2) with
+``TRITON_INTERPRET=0``, each kernel is compiled for sm_90 from those argument types and
+constexprs, and the bundled ptxas reports registers per thread and spill bytes. Not a timing
+(and without the runtime's divisibility hints); a map of where register pressure sits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+RECORD = "/tmp/cake_aot_launches.json"
+
+
+def _paths():
+    sys.path[:0] = sorted(glob.glob(os.path.join(ROOT, "packages", "*", "src")))
+
+
+def _encode(v, constexpr: bool):
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                 torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8",
+                 torch.bool: "i1"}
+        return {"type": "*" + names[v.dtype]}
+    if constexpr or v is None:
+        if hasattr(v, "name") and type(v).__module__.startswith("triton"):
+            return {"type": "constexpr", "tl": v.name}
+        return {"type": "constexpr", "value": v}
+    if isinstance(v, bool):
+        return {"type": "i1"}
+    if isinstance(v, int):
+        return {"type": "i32" if -2**31 <= v < 2**31 else "i64"}
+    if isinstance(v, float):
+        return {"type": "fp32"}
+    raise TypeError(f"argument of type {type(v).__name__}")
+
+
+def record(fam: str, K: int, V: int) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    _paths()
+    import cake_core.triton_utils  # noqa: F401
+    import torch
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen: dict = {}
+    real = InterpretedFunction.run
+
+    def spy(self, *args, grid, warmup, **kwargs):
+        fn = self.fn
+        key = f"{fn.__module__}:{fn.__name__}"
+        if key not in seen:
+            params = list(inspect.signature(fn).parameters.values())
+            opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
+                    if k in kwargs}
+            bound = dict(zip([p.name for p in params], args, strict=False)) | kwargs
+            sig = {p.name: _encode(bound.get(p.name, p.default),
+                                   "constexpr" in str(p.annotation)) for p in params}
+            seen[key] = {"signature": sig, "options": opts}
+            kwargs.update(opts)
+        return real(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = spy
+    mod = __import__(f"cake_{fam}_det_train", fromlist=["make_plan"])
+    # the host's dtype choices as on CUDA (the interpreter's own: fp32 dots and stores for
+    # bf16); the values computed here are not used, only the launches
+    import cake_core.gemm
+
+    host = [cake_core.gemm, importlib.import_module(
+        "cake_gdn_det_train.api" if fam == "gdn" else "cake_kda_det_train.chunk")]
+    for m in host:
+        m.is_interpreting = lambda: False
+    entry = mod.chunk_gated_delta_rule_det if fam == "gdn" else mod.chunk_kda_det
+    plan = mod.make_plan(K, V, torch.bfloat16, "cuda")
+    g = torch.Generator().manual_seed(0)
+    T, H = 130, 2
+    q, k = (torch.randn(1, T, H, K, generator=g).bfloat16().requires_grad_() for _ in "qk")
+    v = torch.randn(1, T, H, V, generator=g).bfloat16().requires_grad_()
+    gate = (-torch.rand(1, T, H, *(() if fam == "gdn" else (K,)), generator=g)).float()
+    beta = torch.rand(1, T, H, generator=g).bfloat16()
+    cu = torch.tensor([0, 1, 70, T], dtype=torch.int32)
+    o, _ = entry(q, k, v, gate.requires_grad_(), beta.requires_grad_(), cu_seqlens=cu,
+                 plan=plan, use_qk_l2norm_in_kernel=True)
+    o.float().sum().backward()
+    with open(RECORD, "w") as f:
+        json.dump(seen, f)
+
+
+def compile_all() -> None:
+    os.environ["TRITON_INTERPRET"] = "0"
+    _paths()
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with open(RECORD) as f:
+        seen = json.load(f)
+    for key, r in seen.items():
+        mod, name = key.split(":")
+        fn = getattr(importlib.import_module(mod), name)
+        sig, consts = {}, {}
+        for p, e in r["signature"].items():
+            sig[p] = e["type"]
+            if e["type"] == "constexpr":
+                consts[p] = tl.dtype(e["tl"]) if "tl" in e else e.get("value")
+        try:
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                               target=GPUTarget("cuda", 90, 32), options=r["options"])
+            with open("/tmp/cake_aot.ptx", "w") as f:
+                f.write(k.asm["ptx"])
+            out = subprocess.run([ptxas, "-arch=sm_90a", "-v", "/tmp/cake_aot.ptx", "-o",
+                                  "/tmp/cake_aot.cubin"], capture_output=True, text=True,
+                                 check=False).stderr
+            rep = "; ".join(line.split(":", 1)[-1].strip() for line in out.splitlines()
+                            if "registers" in line or "spill" in line)
+        except Exception as e:  # noqa: BLE001 - reported, the others still compile
+            rep = f"not compiled: {type(e).__name__}: {str(e)[:160]}"
+        print(f"{name} {r['options']}: {rep}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("family", nargs="?", choices=("gdn", "kda"))
+    p.add_argument("--K", type=int, default=128)
+    p.add_argument("--V", type=int, default=128)
+    p.add_argument("--step", choices=("record", "compile"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.step == "record":
+        return record(a.family, a.K, a.V)
+    if a.step == "compile":
+        return compile_all()
+    for step in ("record", "compile"):
+        subprocess.run([sys.executable, __file__, a.family or "gdn", "--K", str(a.K), "--V",
+                        str(a.V), "--step", step], check=True)
+
+
+if __name__ == "__main__":
+    main()
