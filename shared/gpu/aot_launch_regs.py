@@ -1,7 +1,7 @@
 """Registers and spills of every Triton kernel one GDN or KDA forward+backward launches under
 the CUDA rule's plan, compiled for sm_90 on any machine (no GPU needed).
 
-    python shared/gpu/aot_launch_regs.py gdn|kda [--K 128] [--V 128]
+    python shared/gpu/aot_launch_regs.py gdn|kda [--K 128] [--V 128] [--plan FIELD=INT ...]
 
 Two steps, each in its own process: (1) under Triton's interpreter, one small packed bf16
 call of the family's autograd entry with ``make_plan(K, V, bf16, "cuda")`` records each
@@ -52,7 +52,7 @@ def _encode(v, constexpr: bool):
     raise TypeError(f"argument of type {type(v).__name__}")
 
 
-def record(fam: str, K: int, V: int) -> None:
+def record(fam: str, K: int, V: int, over: dict) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     _paths()
     import cake_core.triton_utils  # noqa: F401
@@ -87,7 +87,9 @@ def record(fam: str, K: int, V: int) -> None:
     for m in host:
         m.is_interpreting = lambda: False
     entry = mod.chunk_gated_delta_rule_det if fam == "gdn" else mod.chunk_kda_det
-    plan = mod.make_plan(K, V, torch.bfloat16, "cuda")
+    import dataclasses
+
+    plan = dataclasses.replace(mod.make_plan(K, V, torch.bfloat16, "cuda"), **over)
     g = torch.Generator().manual_seed(0)
     T, H = 130, 2
     q, k = (torch.randn(1, T, H, K, generator=g).bfloat16().requires_grad_() for _ in "qk")
@@ -141,15 +143,18 @@ def main() -> None:
     p.add_argument("family", nargs="?", choices=("gdn", "kda"))
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--V", type=int, default=128)
+    p.add_argument("--plan", nargs="*", default=[], help="plan overrides FIELD=INT (a sweep's "
+                   "candidates; the plan's own checks apply)")
     p.add_argument("--step", choices=("record", "compile"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.step == "record":
-        return record(a.family, a.K, a.V)
+        return record(a.family, a.K, a.V, {k: int(v) for k, v in
+                                           (x.split("=") for x in a.plan)})
     if a.step == "compile":
         return compile_all()
     for step in ("record", "compile"):
         subprocess.run([sys.executable, __file__, a.family or "gdn", "--K", str(a.K), "--V",
-                        str(a.V), "--step", step], check=True)
+                        str(a.V), "--step", step, "--plan", *a.plan], check=True)
 
 
 if __name__ == "__main__":
