@@ -351,21 +351,23 @@ def time_fwd_bwd(forward: Callable[[], Sequence[torch.Tensor]],
     return dict(first_s=first_s, fwd_ms=fwd, bwd_ms=bwd, fwd_bwd_ms=both)
 
 
-def capture_cuda_graph(fn: Callable[[], Any], warmup: int = 3) -> torch.cuda.CUDAGraph:
-    """``fn`` run ``warmup`` times on a side stream, then captured once in a CUDA graph
-    (replay it with ``.replay()``: the same kernels without the host time between
-    launches). CUDA."""
+def capture_cuda_graph(fn: Callable[[], Any], warmup: int = 3, *,
+                       with_outputs: bool = False):
+    """``fn`` run ``warmup`` times on a side stream, then captured once in a CUDA graph on
+    that same stream (caches kept per stream, such as cake's chunk tables, hit). Returns the
+    graph (replay it with ``.replay()``: the same kernels without the host time between
+    launches), or ``(graph, what the captured call returned)`` with ``with_outputs``. CUDA."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(warmup):
             fn()
-    torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    with torch.cuda.graph(g, stream=s):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    return g
+    return (g, out) if with_outputs else g
 
 
 def cuda_profile(step: Callable[[], Any], warmup: int = 2, iters: int = 3):

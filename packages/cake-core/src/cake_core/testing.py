@@ -348,18 +348,11 @@ def graph_replay_matches_eager(make_inputs: Callable[[int], Sequence[torch.Tenso
     def as_list(out):
         return [out] if isinstance(out, torch.Tensor) else list(out)
 
+    from cake_core.bench import capture_cuda_graph
+
     static = [t.detach().clone() for t in make_inputs(0)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            step(*static)
-    # capture on the warm-up stream: caches kept per stream (tables, library handles) hit
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        outs = as_list(step(*static))
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
+    graph, outs = capture_cuda_graph(lambda: step(*static), warmup, with_outputs=True)
+    outs = as_list(outs)
     labels = list(names) if names is not None else [f"out{i}" for i in range(len(outs))]
     if len(labels) != len(outs):
         raise ValueError(f"names: {len(labels)} names for {len(outs)} outputs")
