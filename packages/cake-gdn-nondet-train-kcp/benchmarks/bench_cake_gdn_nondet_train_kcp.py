@@ -16,18 +16,14 @@ today the two run the same kernels and route, so about 1).
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
+import functools
 import sys
 from pathlib import Path
 
 from cake_core import kcp_bench
 
-_DET = (Path(__file__).resolve().parents[2] / "cake-gdn-det-train-kcp" / "benchmarks"
-        / "bench_cake_gdn_det_train_kcp.py")
-_spec = importlib.util.spec_from_file_location("bench_cake_gdn_det_train_kcp", _DET)
-DET = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(DET)
+_DET = str(Path(__file__).resolve().parents[2] / "cake-gdn-det-train-kcp" / "benchmarks"
+           / "bench_cake_gdn_det_train_kcp.py")
 
 #: the nondet KCP entries, by name (the det benchmark's API)
 API = dict(module="cake_gdn_nondet_train_kcp", fwd="chunk_gdn_nondet_fwd_kcp",
@@ -35,24 +31,10 @@ API = dict(module="cake_gdn_nondet_train_kcp", fwd="chunk_gdn_nondet_fwd_kcp",
            partition="partition_nondet_kcp", comm="comm_bytes_nondet")
 
 
-def run_rank(rank, W, a, device):
-    rec = DET.run_rank(rank, W, a, device, api=API)
-    det = DET.run_rank(rank, W, argparse.Namespace(**{**vars(a), "base": "none",
-                                                      "check": False}), device)
-    rec["det_kcp"] = {k: det[k] for k in ("fwd", "bwd", "fwd_bwd")}
-    return rec
-
-
-def summary(a, W, device, recs) -> dict:
-    out = DET.summary(a, W, device, recs)
-    det_ms = max(r["det_kcp"]["fwd_bwd"]["ms"] for r in recs)
-    out["det_kcp_fwd_bwd_ms_slowest_rank"] = det_ms
-    out["ratio_nondet_over_det"] = out["kcp_fwd_bwd_ms_slowest_rank"] / det_ms if det_ms else None
-    return out
-
-
 def main(argv=None) -> int:
-    return kcp_bench.main(DET.parse_args(argv), run_rank, summary)
+    return kcp_bench.main(kcp_bench.load_bench(_DET).parse_args(argv),
+                          functools.partial(kcp_bench.nondet_run_rank, _DET, API),
+                          functools.partial(kcp_bench.nondet_summary, _DET))
 
 
 if __name__ == "__main__":

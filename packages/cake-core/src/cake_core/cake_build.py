@@ -44,7 +44,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e02b8229fc3e6cf0e1ce07cb2d66308c7b27856fb35d5cfae66e597f1ba528b1"
+SOURCE_DIGEST = "sha256:b2de1a125e111f6b336ae8d67da92c0c668e7ef2d734743e0cf4abde5e40105e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -297,3 +297,44 @@ def main(a: argparse.Namespace, run_rank: RunRank, summarize: Summarize, *,
                                       run_rank, summarize),
                        nprocs=W, join=True, start_method=method)
     return 0
+
+
+# ----------------------------------------------------------------------------- nondet / det
+
+_BENCHES: dict[str, Any] = {}
+
+
+def load_bench(path: str):
+    """The benchmark script at ``path`` as a module (loaded once per process)."""
+    if path not in _BENCHES:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _BENCHES[path] = mod
+    return _BENCHES[path]
+
+
+def nondet_run_rank(det_bench: str, api: dict, rank: int, W: int, a: argparse.Namespace,
+                    device: torch.device) -> dict:
+    """A nondet KCP package's record: the det benchmark at ``det_bench`` run through the
+    nondet entries ``api`` (its ``run_rank(..., api=)``), then the det entries on the same
+    inputs under ``det_kcp``. Bind the first two with ``functools.partial``."""
+    det = load_bench(det_bench)
+    rec = det.run_rank(rank, W, a, device, api=api)
+    plain = argparse.Namespace(**{**vars(a), "base": "none", "check": False})
+    rec["det_kcp"] = {k: v for k, v in det.run_rank(rank, W, plain, device).items()
+                      if k in ("fwd", "bwd", "fwd_bwd")}
+    return rec
+
+
+def nondet_summary(det_bench: str, a: argparse.Namespace, W: int, device: torch.device,
+                   recs: Sequence[dict]) -> dict:
+    """The det benchmark's summary plus the slowest rank's det KCP fwd+bwd ms and
+    ``ratio_nondet_over_det`` (below 1: nondet faster)."""
+    out = load_bench(det_bench).summary(a, W, device, recs)
+    det_ms = max(r["det_kcp"]["fwd_bwd"]["ms"] for r in recs)
+    out["det_kcp_fwd_bwd_ms_slowest_rank"] = det_ms
+    out["ratio_nondet_over_det"] = out["kcp_fwd_bwd_ms_slowest_rank"] / det_ms if det_ms else None
+    return out
