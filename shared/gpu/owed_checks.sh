@@ -18,23 +18,28 @@ anchors() {
 }
 case ${1:-} in
   engine)
-    BENCH_UNTIL=${BENCH_UNTIL:-380} REST_UNTIL=${REST_UNTIL:-470} timeout 580 \
+    # the bits of every hash case matched before / after at 831ce2b (HASH=1 compares again)
+    HASH=${HASH:-0} BENCH_UNTIL=${BENCH_UNTIL:-470} REST_UNTIL=${REST_UNTIL:-500} timeout 580 \
       bash shared/gpu/chunk_engine_session.sh .before ;;
   model)
     anchors
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:):/tmp/anchors_site
     timeout 420 python3 packages/cake-transformers/benchmarks/bench_cake_transformers.py \
       --size 100m --steps 30 --warmup 5 --runs cake,hf,cake,liger --profile 2 --sync-debug \
-      --timeout 200 --out "$OUT/tf.json" 2>&1 | grep -v '^ ' | tee "$OUT/tf.txt" | tail -120
+      --host-profile --timeout 200 --out "$OUT/tf.json" > "$OUT/tf.txt" 2>&1
+    # the torch.profiler tables (rows with %) stay in tf.json / tf.txt; the rest is printed
+    grep -vE "%|^-+|^ *Name|^$" "$OUT/tf.txt" | cut -c1-180 | tail -170
     timeout 90 python3 shared/gpu/host_time.py . ;;
   suites)
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
     timeout 300 bash shared/gpu/run_h200.sh graphs
     for f in packages/*/tests/test_*queries*.py; do
-      timeout 200 python3 -m pytest -q -p no:cacheprovider "$f" > "$OUT/q_$(basename "$f" .py).txt" 2>&1 &
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -rf --tb=line "$f" \
+        > "/tmp/q_$(basename "$f" .py).txt" 2>&1 &
     done
     wait
-    grep -HE "passed|failed" "$OUT"/q_*.txt | sed "s|.*/q_||" | tail -40
+    grep -HE "passed|failed" /tmp/q_*.txt | sed "s|.*/q_||" | tail -40
+    grep -hE "^(FAILED|E  |/.*Error)" /tmp/q_*.txt | cut -c1-300 | sort -u | head -40
     ND_TIMEOUT=60 timeout $((590 - (SECONDS - S))) bash shared/gpu/run_h200.sh ndbench ;;
   *) echo "usage: $0 engine|model|suites"; exit 2 ;;
 esac

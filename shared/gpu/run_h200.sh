@@ -117,7 +117,7 @@ if has ndbench; then
       *conv*|*lm-head*) args="$args --check";;
     esac
     timeout ${ND_TIMEOUT:-150} python3 "$b" $args > "$OUT/nd_$pkg.txt" 2>&1
-    echo "== $pkg rc $?"; grep -iE "ratio|nondet|error" "$OUT/nd_$pkg.txt" | tail -8
+    echo "== $pkg rc $?"; grep -iE "ratio|nondet|error|[0-9]x[0-9]" "$OUT/nd_$pkg.txt" | tail -10
   done
 fi
 if has ndtests; then

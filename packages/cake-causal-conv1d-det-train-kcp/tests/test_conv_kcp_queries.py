@@ -127,7 +127,10 @@ from cake_causal_conv1d_det_train_kcp import (build_context_det_kcp, is_supporte
                                               partition_det_kcp)
 flag = tmp / "rank0_done"
 if rank == 0:  # rank 1 joins no collective until rank 0 has asked: a collective would hang
-    ctx = build_context_det_kcp(partition_det_kcp([0, 37, 100], 2, "zigzag"), None, 0, "cpu")
+    from cake_core.triton_utils import default_device
+    dev = default_device()  # CPU tensors need the interpreter; a GPU machine runs without it
+    torch.set_default_device(dev)
+    ctx = build_context_det_kcp(partition_det_kcp([0, 37, 100], 2, "zigzag"), None, 0, dev)
     x, w, b = torch.randn(1, ctx.num_tokens, 8), torch.randn(8, 4), torch.randn(8)
     ok, bad = is_supported(x, w, b, ctx), is_supported(x, w, b, ctx, activation="relu")
     assert ok and not bad and bad.reason.startswith("activation"), (ok, bad)

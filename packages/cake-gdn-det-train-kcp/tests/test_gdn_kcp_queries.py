@@ -160,7 +160,10 @@ dist.init_process_group("gloo", store=dist.FileStore(str(tmp / "store"), 2), ran
 from cake_gdn_det_train_kcp import build_context_det_kcp, is_supported, partition_det_kcp
 flag = tmp / "rank0_done"
 if rank == 0:  # rank 1 joins no collective until rank 0 has asked: a collective would hang
-    ctx = build_context_det_kcp(partition_det_kcp([0, 37, 100], 2, "zigzag"), None, 0, "cpu")
+    from cake_core.triton_utils import default_device
+    dev = default_device()  # CPU tensors need the interpreter; a GPU machine runs without it
+    torch.set_default_device(dev)
+    ctx = build_context_det_kcp(partition_det_kcp([0, 37, 100], 2, "zigzag"), None, 0, dev)
     T = ctx.num_tokens
     q, k, v = (torch.randn(1, T, 1, 16) for _ in range(3))
     g, beta = torch.zeros(1, T, 1), torch.rand(1, T, 1)

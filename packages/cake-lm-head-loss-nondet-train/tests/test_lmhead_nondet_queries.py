@@ -77,7 +77,10 @@ def test_is_supported_nondet():
             s = is_supported_nondet(*args, **kw)
             with pytest.raises(ValueError) as e:
                 lm_head_loss_nondet(*args, **kw)
-            assert not s and s.reason == str(e.value), name
+            if name == "label too large" and DEV.type != "cpu":
+                assert s, name   # documented: labels on a GPU are not read (a sync)
+            else:
+                assert not s and s.reason == str(e.value), name
             if name != "label too large":
                 with pytest.raises(ValueError) as e2:
                     saved_bytes_nondet(*args, **kw)

@@ -33,8 +33,14 @@ CASES = {
 }
 
 
+# offsets on a GPU are read by the kernels only (no host sync): refused on the CPU alone
+VALUE_CASES = ("decreasing offs", "offs past M")
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_refusals_before_launch(name):
+    if name in VALUE_CASES and DEV.type != "cpu":
+        pytest.skip("offs values on a GPU are not read by the host (no sync)")
     change, match = CASES[name]
     with no_kernel_launches(api, "_launch_fwd", "_launch_bwd"):
         assert_raises_unmodified(moe_grouped_nondet_gemm, change(_base()), match)

@@ -19,7 +19,7 @@ from cake_moe_grouped_nondet_gemm import (
     saved_bytes_nondet,
     workspace_bytes_nondet,
 )
-from test_moe_nondet_bad_inputs import CASES, _base
+from test_moe_nondet_bad_inputs import CASES, VALUE_CASES, _base
 
 
 @pytest.mark.parametrize("M,E,N,K", [(1, 1, 1, 1), (37, 3, 5, 7), (4096, 8, 512, 1024)])
@@ -57,6 +57,8 @@ def test_is_supported_nondet_true():
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_is_supported_nondet_false_with_the_entrys_message(name):
+    if name in VALUE_CASES and DEV.type != "cpu":
+        pytest.skip("offs values on a GPU are not read by the host (no sync)")
     kw = CASES[name][0](_base())
     with no_kernel_launches(det_api, "_launch_fwd", "_launch_bwd", "_grouped_mm"):
         s = is_supported_nondet(**kw)

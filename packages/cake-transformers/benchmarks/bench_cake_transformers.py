@@ -4,6 +4,7 @@ Liger), the same initial weights and batches, each run in its own process.
     python packages/cake-transformers/benchmarks/bench_cake_transformers.py \
         [--size 100m|tiny] [--steps 50] [--batch 2] [--seq 4096] \
         [--runs cake,cake,hf,hf,liger] [--out result.json] [--profile N] [--sync-debug]
+        [--host-profile]
 
 Runs (each a fresh process, so class patches and kernel caches do not leak between them):
 
@@ -22,7 +23,10 @@ per run: the loss of every step, tokens/s over the steps after the first ``--war
 first ones compile), peak CUDA memory, and a sha256 of the final weights; then which runs
 repeat bitwise (losses and weights) and the loss gap of each run to the first ``hf`` run.
 ``--profile N``: N more steps under ``torch.profiler`` per run, its kernels by self time (where
-the step's time goes); ``--sync-debug``: the host syncs of one step (CUDA's sync debug mode).
+the step's time goes); ``--sync-debug``: the host syncs of one step (CUDA's sync debug mode)
+and where each happened; ``--host-profile``: cProfile of two steps (the host's hot functions).
+Each run also reports host ms per step (until the step is issued) beside wall ms: where they
+are close, the GPU waits for Python.
 
 ``--size 100m`` (129M parameters): hidden 1024, 8 layers (3 linear attention : 1 full
 attention), 32 experts top-4 (width 64) with a shared expert (width 512), linear heads 8 q/k x
@@ -113,8 +117,9 @@ def profile_steps(model, opt, dev: str, a) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
 
 
-def count_syncs(model, opt, dev: str, a) -> int:
-    """Host syncs in one step, as ``torch.cuda.set_sync_debug_mode('warn')`` reports them."""
+def count_syncs(model, opt, dev: str, a) -> list[str]:
+    """Host syncs in one step, as ``torch.cuda.set_sync_debug_mode('warn')`` reports them:
+    where each happened (file:line of the Python caller) and the message."""
     import warnings
 
     import torch
@@ -128,9 +133,25 @@ def count_syncs(model, opt, dev: str, a) -> int:
             _step(model, opt, x)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    for m in w[:8]:
-        print(f"sync: {str(m.message)[:160]}", file=sys.stderr)
-    return len(w)
+    return [f"{os.path.relpath(m.filename)}:{m.lineno}: {str(m.message)[:100]}" for m in w]
+
+
+def host_profile(model, opt, dev: str, a) -> str:
+    """cProfile of two more steps: the Python functions with the most own time (where the
+    host's share of a step goes: wrappers, launchers, torch dispatch)."""
+    import cProfile
+    import io
+    import pstats
+
+    xs = [x.to(dev) for x in batches(2, a.batch, a.seq, seed=3)]
+    pr = cProfile.Profile()
+    pr.enable()
+    for x in xs:
+        _step(model, opt, x)
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(35)
+    return buf.getvalue()
 
 
 def child(a) -> None:
@@ -167,7 +188,7 @@ def child(a) -> None:
 
         apply_liger_kernel_to_qwen3_next(model=model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    losses, times = [], []
+    losses, times, host = [], [], []
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for x in batches(a.steps, a.batch, a.seq):
@@ -179,25 +200,32 @@ def child(a) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        host.append(time.perf_counter() - t)  # the step issued: the host's share
         if dev == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
         losses.append(float(loss))
     timed = times[a.warmup:] or times
-    profile = syncs = None
+    timed_host = host[a.warmup:] or host
+    profile = syncs = hprof = None
     wsha = weights_sha(model)  # after the steps above, before any profiled ones
     if a.profile:
         profile = profile_steps(model, opt, dev, a)
     if a.sync_debug and dev == "cuda":
         syncs = count_syncs(model, opt, dev, a)
+    if a.host_profile:
+        hprof = host_profile(model, opt, dev, a)
     res = dict(impl=a.child, linear_attention_path=fast if a.child != "cake" else "cake",
                losses=losses, loss_bits=hashlib.sha256(
                    json.dumps([float(v).hex() for v in losses]).encode()).hexdigest()[:16],
                weights_sha=wsha,
                tokens_per_s=a.batch * a.seq * len(timed) / sum(timed),
                first_step_s=times[0],
+               wall_ms_per_step=1e3 * sum(timed) / len(timed),
+               host_ms_per_step=1e3 * sum(timed_host) / len(timed_host),
                peak_mem_gib=(torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda"
-                             else None), profile=profile, host_syncs_per_step=syncs)
+                             else None), profile=profile, host_syncs=syncs,
+               host_syncs_per_step=None if syncs is None else len(syncs), host_profile=hprof)
     with open(a.result, "w") as f:
         json.dump(res, f)
 
@@ -216,6 +244,8 @@ def main() -> None:
                    help="after the timed steps, N steps under torch.profiler: top kernels")
     p.add_argument("--sync-debug", action="store_true",
                    help="count the host syncs of one step (CUDA)")
+    p.add_argument("--host-profile", action="store_true",
+                   help="after the timed steps, cProfile two steps: the host's hot functions")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--init", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -243,8 +273,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", impl, "--init", init, "--result", out,
                "--size", a.size, "--steps", str(a.steps), "--warmup", str(a.warmup),
                "--batch", str(a.batch), "--seq", str(a.seq), "--profile", str(a.profile)]
-        if a.sync_debug:
-            cmd.append("--sync-debug")
+        cmd += ["--sync-debug"] * a.sync_debug + ["--host-profile"] * a.host_profile
         t = time.perf_counter()
         try:
             r = subprocess.run(cmd, timeout=a.timeout, capture_output=True, text=True)
@@ -263,8 +292,13 @@ def main() -> None:
               f"peak {res['peak_mem_gib'] or 0:6.2f} GiB  loss {res['losses'][0]:.4f} -> "
               f"{res['losses'][-1]:.4f}  loss bits {res['loss_bits']}  weights "
               f"{res['weights_sha']}", flush=True)
-        if res.get("host_syncs_per_step") is not None:
-            print(f"run {i} {impl}: host syncs in one step: {res['host_syncs_per_step']}")
+        print(f"run {i} {impl}: ms per step: wall {res['wall_ms_per_step']:.1f}, host "
+              f"{res['host_ms_per_step']:.1f} (issuing the step; near wall: the GPU waits)")
+        if res.get("host_syncs") is not None:
+            print(f"run {i} {impl}: host syncs in one step: {len(res['host_syncs'])}\n  " +
+                  "\n  ".join(res["host_syncs"][:12]))
+        if res.get("host_profile"):
+            print(f"run {i} {impl}: host profile of 2 steps\n{res['host_profile']}")
         if res.get("profile"):
             print(f"run {i} {impl}: profile of {a.profile} steps\n{res['profile']}", flush=True)
     by = {}

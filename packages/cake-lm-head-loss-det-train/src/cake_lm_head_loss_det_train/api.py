@@ -191,7 +191,8 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
     if plan.grad_in_forward and reduction == "none":
         raise ValueError("plan: grad_in_forward=1 needs reduction 'mean' or 'sum' (per-token "
                          "upstream gradients exist only at backward time)")
-    if plan.cublas_gemms and (device.type != "cuda" or
+    # meta tensors come from the size queries, which serve a CUDA plan
+    if plan.cublas_gemms and (device.type not in ("cuda", "meta") or
                               dtype not in (torch.bfloat16, torch.float16)):
         raise ValueError(f"plan: cublas_gemms=1 needs bf16/fp16 inputs on CUDA, got "
                          f"{str(dtype)[6:]} on {device.type}")

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f07ad69a84f58c47913f4eda74a9ff51e9a0931d8e0ad997df98e865f02f8979"
+SOURCE_DIGEST = "sha256:71f5924148bd69cc7c1d68ceff7fc983d344a664d5390866b395df2daa6e7f2f"
 # --- end of generated block ---
 
 MANIFEST = {

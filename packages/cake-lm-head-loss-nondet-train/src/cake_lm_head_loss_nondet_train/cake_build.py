@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bd9ba60a099bd39e83ea5f5ad91d09a37f0a0304f4b08aed90978436fdfae969"
+SOURCE_DIGEST = "sha256:fbc3988912ac245ef75a318c5882adbdbc3c1e2f3c985b651a84a4fc8f49cedf"
 # --- end of generated block ---
 
 MANIFEST = {
