@@ -1,6 +1,8 @@
 """Host (CPU) time per eager call of cake's GDN and KDA at a benchmark case each (CUDA).
 
-    python shared/gpu/host_time.py [REPO]    (REPO's packages/*/src first on sys.path; default .)
+    python shared/gpu/host_time.py [REPO] [--profile]   (REPO's packages/*/src first on sys.path;
+                                                        default .; --profile: cProfile of the
+                                                        backward's host time)
 
 Per family: the host time per call of 30 forward (then backward) calls not waited for, and
 the wall time per call once the GPU has finished them (GDN case d, KDA case a of the
@@ -12,7 +14,9 @@ import os
 import sys
 import time
 
-REPO = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
+PROFILE = "--profile" in sys.argv
+ARGS = [a for a in sys.argv[1:] if a != "--profile"]
+REPO = os.path.abspath(ARGS[0] if ARGS else ".")
 sys.path[:0] = sorted(glob.glob(os.path.join(REPO, "packages", "*", "src")))
 import torch  # noqa: E402
 
@@ -50,6 +54,17 @@ def main():
                                                              retain_graph=True))}
         print(f"host {REPO} {fam}/{case} " + "  ".join(
             f"{k} host {h:.3f} ms wall {w:.3f} ms" for k, (h, w) in r.items()), flush=True)
+        if PROFILE:  # where a backward call's host time goes: Python, launches, torch ops
+            import cProfile
+            import pstats
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(10):
+                torch.autograd.backward(outs, [c["do"], c["dht"]], retain_graph=True)
+            pr.disable()
+            torch.cuda.synchronize()
+            print(f"{fam} backward, 10 calls:", flush=True)
+            pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 #   bash shared/gpu/owed_checks.sh engine   issue 42: GDN/KDA before / after beside FLA, host ms
 #   bash shared/gpu/owed_checks.sh model    issue 43: Qwen3-Next 129M, cake / unpatched / Liger,
 #                                           profile and host syncs per run; host ms after the
-#                                           eager path (issue 45)
+#                                           eager path (issue 45); host us per Triton launch
 #   bash shared/gpu/owed_checks.sh suites   issues 44, 45: CUDA-graph tests, nondet benchmarks
 #                                           (nondet / det), the query tests on CUDA
 set -uo pipefail
@@ -29,7 +29,8 @@ case ${1:-} in
       --host-profile --timeout 200 --out "$OUT/tf.json" > "$OUT/tf.txt" 2>&1
     # the torch.profiler tables (rows with %) stay in tf.json / tf.txt; the rest is printed
     grep -vE "%|^-+|^ *Name|^$" "$OUT/tf.txt" | cut -c1-180 | tail -170
-    timeout 90 python3 shared/gpu/host_time.py . ;;
+    timeout 90 python3 shared/gpu/host_time.py . --profile 2>&1 | cut -c1-160
+    timeout 60 python3 shared/gpu/launch_overhead.py ;;
   suites)
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
     timeout 300 bash shared/gpu/run_h200.sh graphs

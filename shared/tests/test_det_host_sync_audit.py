@@ -35,7 +35,8 @@ CU_MISS = ("sync", "check_cu_seqlens reads cu_seqlens back on an offsets-cache m
 #: (file, code line stripped) -> (kind, why)
 SITES = {
     (LM, "if bool(bad.any()):"): (
-        "sync", "_check_labels with plan.check_labels = 1 (the rule's); capture with 0"),
+        "sync", "_check_labels with plan.check_labels = 1 (the rule's on the CPU only; the "
+        "CUDA rule's 0 reads no label values)"),
     (MOE, "if bool((v < 0).any()) or bool((v > M).any()):"): MOE_CPU,
     (MOE, 'raise ValueError(f"offs: values must lie in [0, M={M}], got {v.tolist()}")'): MOE_CPU,
     (MOE, "if bool((v[1:] < v[:-1]).any()):"): MOE_CPU,

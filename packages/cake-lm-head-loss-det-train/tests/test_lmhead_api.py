@@ -185,7 +185,7 @@ def test_check_labels_flag_and_3d_lse():
     with pytest.raises(ValueError, match=r"labels: values must be in \[0, 300\)"):
         lm_head_loss_det(h, w, bad, plan=plan)
     loss = lm_head_loss_det(h, w, bad, plan=dataclasses.replace(plan, check_labels=0))
-    assert loss.shape == ()  # unchecked: undefined value, but no error and no bad access
+    assert loss.shape == () and torch.isnan(loss)  # unchecked: NaN, no error, no bad access
     loss, lse = lm_head_loss_det(h.reshape(4, 10, 24), w, y.reshape(4, 10), reduction="none",
                                  return_lse=True)
     assert loss.shape == lse.shape == (4, 10) and lse.dtype == torch.float32
@@ -195,7 +195,9 @@ def test_check_labels_flag_and_3d_lse():
 
 def test_plan_rules_and_roundtrip():
     p = make_plan(4096, 128256, torch.bfloat16, "cuda")
-    assert p.chunk_tokens == 1280 and p.grad_in_forward == 1 and p.check_labels == 1
+    # CUDA: no host read of the labels (no sync); the CPU rule checks them
+    assert p.chunk_tokens == 1280 and p.grad_in_forward == 1 and p.check_labels == 0
+    assert make_plan(64, 300, torch.float32, "cpu").check_labels == 1
     assert p.cublas_gemms == 1 and (p.dw_block_m, p.dw_block_n) == (128, 256)
     assert make_plan(4096, 32000, torch.bfloat16, "cuda").chunk_tokens == 2048
     assert make_plan(512, 32000, torch.bfloat16, "cuda").chunk_tokens == 2048  # the floor
@@ -391,3 +393,34 @@ def test_partial_requires_grad(gif, wanted):
         assert (p.grad is not None) == (n == wanted)
         if n == wanted:
             assert bitwise_equal(p.grad, f.grad)
+
+
+def test_unchecked_out_of_range_label_poisons_only_its_row():
+    """check_labels = 0 (the CUDA rule): a label outside [0, V) other than ignore_index
+    gives its own row NaN loss and NaN dhidden; every other row keeps the checked plan's bits
+    (the label is compared, never used as an address)."""
+    h, w, _, y = _data()
+    V = w.shape[0]
+    plan = dataclasses.replace(make_plan(24, V, torch.float32, DEV, reduction="none"),
+                               check_labels=0, grad_in_forward=0)
+    bad = y.clone()
+    bad[3], bad[7], bad[9] = V, -5, -100  # two out of range, one ignored
+    ok = bad.clone()
+    ok[3] = ok[7] = 0
+    outs = []
+    for labels in (bad, ok):
+        hh = h.clone().requires_grad_()
+        loss = lm_head_loss_det(hh, w, labels, reduction="none", plan=plan)
+        loss.backward(torch.ones_like(loss))
+        outs.append((loss.detach(), hh.grad))
+    (lb, gb), (lo, go) = outs
+    poisoned = torch.zeros_like(lb, dtype=torch.bool)
+    poisoned[[3, 7]] = True
+    assert torch.isnan(lb[poisoned]).all() and torch.isnan(gb[poisoned]).all()
+    assert bitwise_equal(lb[~poisoned], lo[~poisoned])
+    assert bitwise_equal(gb[~poisoned], go[~poisoned])
+    mplan = dataclasses.replace(make_plan(24, V, torch.float32, DEV), check_labels=0)
+    hh = h.clone().requires_grad_()
+    loss = lm_head_loss_det(hh, w, bad, plan=mplan)  # "mean", gradients in the forward
+    loss.backward()
+    assert torch.isnan(loss) and torch.isnan(hh.grad[3]).all()

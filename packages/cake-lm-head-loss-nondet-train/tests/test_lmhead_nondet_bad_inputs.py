@@ -30,6 +30,8 @@ def data():
     (dict(logit_softcap=0.0), "logit_softcap"),
 ])
 def test_bad_forward_inputs(data, kw, match):
+    if match.startswith("labels: values") and DEV.type != "cpu":
+        pytest.skip("label values on a GPU are not read by the rule's plan (no host sync)")
     hidden, weight, _, labels = data
     kw = {k: v.to(DEV) if torch.is_tensor(v) else v for k, v in kw.items()}
     args = dict(hidden=hidden, weight=weight, labels=labels) | kw

@@ -654,8 +654,10 @@ def lm_head_loss_det(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
 
     Raises:
         ValueError: bad shape, dtype, device, stride, option, plan, workspace or mode, or a
-            label outside ``[0, V)`` other than ``ignore_index`` (unless
-            ``plan.check_labels == 0``), before any launch; inputs are not modified.
+            label outside ``[0, V)`` other than ``ignore_index`` where ``plan.check_labels``
+            (the rule's CPU plans; on CUDA the rule skips that host sync, and such a label
+            makes its row's loss and gradients NaN), before any launch; inputs are not
+            modified.
     """
     return loss_call(DET, hidden, weight, labels, bias, ignore_index, reduction,
                      label_smoothing, z_loss, logit_softcap, return_lse, plan, workspace,

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:71f5924148bd69cc7c1d68ceff7fc983d344a664d5390866b395df2daa6e7f2f"
+SOURCE_DIGEST = "sha256:a94ad2211ee6d0c1a480543a488767e45b6de1edbdb1a2b70f01888a72d11848"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -41,8 +41,9 @@ class LMHeadLossDetPlan(Plan):
             (M=V, N=H, K=chunk). gemm_group_m, gemm_warps, gemm_stages: shared by all three.
         dh_split: fixed split of the vocabulary (the reduction dim of dhidden = dlogits @ W)
             into fp32 partial planes summed in order (1: no split).
-        check_labels: 1 to check labels are in [0, V) or ignore_index (one host sync), 0 to
-            skip (out-of-range labels then give undefined loss values, never a bad access).
+        check_labels: 1 to check labels are in [0, V) or ignore_index before any launch
+            (``ValueError``; on a GPU one host sync), 0 to skip: an out-of-range label then
+            makes its row's loss and gradients NaN (never a bad access).
         grad_in_forward: 1 to compute the gradients in the forward (one logits pass; mean
             and sum only), 0 to recompute the logits in the backward.
         cublas_gemms: 1 routes the two plain GEMMs of a chunk to cuBLAS: the logits
@@ -142,8 +143,11 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     64x64x32 (4 warps) for the three, no cuBLAS; on
     the CPU each GEMM's tile follows its dims (``next_power_of_2`` of M, N, K clamped to
     [16, 256]: fewer, fuller interpreted programs). No split of the dhidden GEMM. Labels
-    are checked. ``grad_in_forward`` is 1 for "mean" and "sum", 0 for "none" (per-token
-    upstream gradients exist only at backward time). ``defer_dw_tokens = 2·H`` for 16-bit
+    are checked on the host on the CPU only (``check_labels``): on CUDA that check would sync
+    the host every call (and forbid CUDA-graph capture), so an out-of-range label there
+    gives a NaN loss instead of a ``ValueError``, as torch's cross entropy asserts on the
+    device instead of raising. ``grad_in_forward`` is 1 for "mean" and "sum", 0 for "none"
+    (per-token upstream gradients exist only at backward time). ``defer_dw_tokens = 2·H`` for 16-bit
     inputs (the kept dlogits, 2·T·V bytes, then never exceed the 4·V·H bytes of the fp32
     dweight sum they replace), 0 for fp32.
 
@@ -198,7 +202,7 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
         hidden_size=hidden_size, vocab_size=vocab_size, chunk_tokens=chunk,
         block_m=block_m, block_v=block_v, num_warps=warps, loss_block=loss_block,
         **{f"{g}_block_{d}": v for g, t in tiles.items() for d, v in zip("mnk", t, strict=True)},
-        gemm_group_m=gm, gemm_warps=gw, gemm_stages=gs, dh_split=1, check_labels=1,
+        gemm_group_m=gm, gemm_warps=gw, gemm_stages=gs, dh_split=1, check_labels=int(not cuda),
         grad_in_forward=0 if reduction == "none" else 1,
         cublas_gemms=int(cuda and dtype in (torch.bfloat16, torch.float16)),
         defer_dw_tokens=2 * hidden_size if dtype in (torch.bfloat16, torch.float16) else 0,

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fbc3988912ac245ef75a318c5882adbdbc3c1e2f3c985b651a84a4fc8f49cedf"
+SOURCE_DIGEST = "sha256:50ca9ff5352ac902465b0561b1589309deed618eb1f89ee2d953f897c94c2bff"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -11,7 +11,9 @@ p = softmax(s), eps the label smoothing, zl the z-loss coefficient and y the lab
 
 g is the row's upstream gradient: 1 (FWD with GRAD: grad in forward), one scalar, or one per
 token, divided by max(n_valid, 1) for "mean"; 0 for ignored rows. Labels are compared, never
-used as addresses, so an unchecked out-of-range label cannot read out of bounds. No atomics.
+used as addresses, so an unchecked out-of-range label cannot read out of bounds; its row's loss
+and dlogits are NaN (a label outside [0, V) other than ignore_index shows in the loss, with no
+host sync). No atomics.
 """
 
 import triton
@@ -40,6 +42,7 @@ def ce_chunk_kernel(
     rmask = rows < n_rows
     y = tl.load(LABELS + rows, mask=rmask, other=ignore_index)
     valid = rmask & (y != ignore_index)
+    bad = valid & ((y < 0) | (y >= n_vocab))  # out of range: NaN loss and dlogits
     cols0 = tl.arange(0, BLOCK_V)
     if FWD:
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -63,6 +66,7 @@ def ce_chunk_kernel(
         loss = lse - (1.0 - label_smoothing) * sy - (label_smoothing / n_vocab) * ssum
         loss += z_loss * lse * lse
         loss = tl.where(valid, loss, 0.0)
+        loss = tl.where(bad, float("nan"), loss)
         tl.store(LOSS + rows, loss, mask=rmask)
         tl.store(LSE + rows, lse, mask=rmask)
     else:
@@ -92,6 +96,7 @@ def ce_chunk_kernel(
             if SOFTCAP:
                 d = d * (1.0 - t * t)
             d = tl.where(valid[:, None], d * g[:, None], 0.0)
+            d = tl.where(bad[:, None], float("nan"), d)
             tl.store(DLOGITS + rows[:, None] * stride_d + cols[None, :],
                      d.to(DLOGITS.dtype.element_ty), mask=mask)
             if STORE_F32:
