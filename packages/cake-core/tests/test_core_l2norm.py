@@ -1,4 +1,4 @@
-"""cake_core.l2norm: the row-wise L2 norm kernel and its torch backward."""
+"""cake_core.l2norm: the row-wise L2 norm kernels, forward and backward."""
 
 import pytest
 import torch
@@ -73,17 +73,37 @@ def test_fwd_bad_arguments():
         l2norm_fwd(x, block_k=16, **LAUNCH)
 
 
+@pytest.mark.parametrize("shape,block_k", [((2, 11, 3, 24), 32), ((37, 100), 128), ((1, 8), 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_bwd_matches_autograd(dtype):
-    shape = (2, 11, 3, 24)
+def test_bwd_matches_float64(shape, block_k, dtype):
     x = randn(shape, dtype, DEV, seed=7)
     dy = randn(shape, torch.float32, DEV, seed=8)
-    _, rstd = l2norm_fwd(x, block_k=32, **LAUNCH)
-    dx = l2norm_bwd(x, rstd, dy)
+    _, rstd = l2norm_fwd(x, block_k=block_k, **LAUNCH)
+    dx = l2norm_bwd(x, rstd, dy, block_k=block_k, out_dtype=torch.float32, **LAUNCH)
     assert dx.dtype == torch.float32 and dx.shape == shape
     x64 = x.double().requires_grad_(True)
     (g64,) = torch.autograd.grad(_ref(x64)[0], x64, dy.double())
     # x (any dtype) is exact in fp32 and dy is fp32: only fp32 rounding separates dx from
     # float64 autograd, so the fp32 tolerance holds for bf16 x too
     assert_close_to_reference(dx, g64, torch.float32, name="dx")
-    assert bitwise_equal(l2norm_bwd(x, rstd, dy), dx)
+    assert bitwise_equal(l2norm_bwd(x, rstd, dy, block_k=block_k, out_dtype=torch.float32,
+                                    **LAUNCH), dx)
+    lo = l2norm_bwd(x, rstd, dy, block_k=block_k, **LAUNCH)  # default: x's dtype
+    # the in-kernel cast (the interpreter's rounding may differ from torch's by one ulp)
+    assert lo.dtype == dtype
+    torch.testing.assert_close(lo.float(), dx, rtol=2 ** -7, atol=1e-6)
+
+
+def test_bwd_rows_independent_and_strided_inputs():
+    """A row's dx does not depend on which program holds it (rows shifted by one), and a
+    non-contiguous dy gives the bits of its contiguous copy."""
+    x = randn((45, 32), torch.float32, DEV, seed=1)
+    dy = randn((32, 45), torch.float32, DEV, seed=2).t()
+    _, rstd = l2norm_fwd(x, block_k=32, **LAUNCH)
+    a = l2norm_bwd(x, rstd, dy, block_k=32, **LAUNCH)
+    assert bitwise_equal(a, l2norm_bwd(x, rstd, dy.contiguous(), block_k=32, **LAUNCH))
+    b = l2norm_bwd(x[1:], rstd[1:], dy[1:], block_k=32, **LAUNCH)
+    assert bitwise_equal(a[1:], b)
+    assert l2norm_bwd(x[:0], rstd[:0], dy[:0], block_k=32, **LAUNCH).shape == (0, 32)
+    with pytest.raises(ValueError, match="block_k"):
+        l2norm_bwd(x, rstd, dy, block_k=16, **LAUNCH)

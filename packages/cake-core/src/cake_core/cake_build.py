@@ -38,13 +38,14 @@ KERNELS = [
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.gemm", "function": "group_sum_cast_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
+    {"module": "cake_core.l2norm", "function": "l2norm_bwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     {"module": "cake_core.triangular", "function": "_doubling_steps"},
     {"module": "cake_core.triton_utils", "function": "dot"},
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b2de1a125e111f6b336ae8d67da92c0c668e7ef2d734743e0cf4abde5e40105e"
+SOURCE_DIGEST = "sha256:e7aed3cd04bff77df37345d43f2e3e876724276f4146ee2fc8be868f7200f6e7"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -3,11 +3,12 @@ families (GDN, KDA).
 
 Forward: ``y = x * rstd`` with ``rstd = 1 / sqrt(sum(x**2) + eps)`` over the last dim,
 computed in fp32, ``y`` stored in x's dtype, ``rstd`` kept in fp32 for the backward.
-Backward (plain torch): ``dx = rstd * (dy - y * sum(dy * y))`` with ``y`` recomputed in fp32.
+Backward: ``dx = rstd * (dy - y * sum(dy * y))`` with ``y`` recomputed in fp32, stored in the
+caller's dtype (FLA's ``l2norm_bwd``).
 
-:func:`l2norm_fwd_kernel` runs one program per ``BLOCK_R`` rows; rows are independent and
-each row's sum is one in-register reduction, so equal inputs and launch parameters give
-equal bits (no atomics). Importing this module imports Triton (after
+:func:`l2norm_fwd_kernel` and :func:`l2norm_bwd_kernel` run one program per ``BLOCK_R`` rows;
+rows are independent and each row's sum is one in-register reduction, so equal inputs and
+launch parameters give equal bits (no atomics). Importing this module imports Triton (after
 :mod:`cake_core.triton_utils` picked the backend).
 """
 
@@ -20,7 +21,7 @@ from cake_core.triton_utils import cdiv, select_backend, tl, triton
 
 select_backend()
 
-__all__ = ["L2NORM_EPS", "l2norm_bwd", "l2norm_fwd", "l2norm_fwd_kernel"]
+__all__ = ["L2NORM_EPS", "l2norm_bwd", "l2norm_bwd_kernel", "l2norm_fwd", "l2norm_fwd_kernel"]
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -39,6 +40,27 @@ def l2norm_fwd_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) + eps)
     tl.store(Y + r[:, None] * KD + ck[None, :], x * rstd[:, None], mask=mask)
     tl.store(RSTD + r, rstd, mask=rmask)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def l2norm_bwd_kernel(
+    X, RSTD, DY, DX, n_rows, KD,
+    BLOCK_R: tl.constexpr, BK: tl.constexpr,
+):
+    """Rows ``[pid * BLOCK_R, (pid + 1) * BLOCK_R)`` of the contiguous ``[n_rows, KD]`` X, DY,
+    DX: ``DX = RSTD * (DY - Y * sum(DY * Y))``, ``Y = X * RSTD`` in fp32, stored in DX's
+    dtype; ``BK >= KD``."""
+    pid = tl.program_id(0)
+    r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    ck = tl.arange(0, BK)
+    rmask = r < n_rows
+    mask = rmask[:, None] & (ck < KD)[None, :]
+    offs = r[:, None] * KD + ck[None, :]
+    rstd = tl.load(RSTD + r, mask=rmask, other=0.0)
+    y = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32) * rstd[:, None]
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    dx = rstd[:, None] * (dy - y * tl.sum(dy * y, axis=1)[:, None])
+    tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 def l2norm_fwd(x: torch.Tensor, *, block_rows: int, block_k: int,
@@ -74,17 +96,30 @@ def l2norm_fwd(x: torch.Tensor, *, block_rows: int, block_k: int,
     return y, rstd
 
 
-def l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, *, block_rows: int,
+               block_k: int, num_warps: int, out_dtype: torch.dtype | None = None
+               ) -> torch.Tensor:
     """Gradient through ``y = x * rstd``, ``rstd = rsqrt(sum(x**2) + eps)``:
-    ``dx = rstd * (dy - y * sum(dy * y))``, ``y = x.float() * rstd`` recomputed.
+    ``dx = rstd * (dy - y * sum(dy * y))``, ``y = x.float() * rstd`` recomputed, all in
+    fp32; one launch.
 
     Args:
         x: the forward's input ``[..., K]``; rstd: its fp32 ``[...]`` from :func:`l2norm_fwd`;
-            dy: the gradient of y, ``[..., K]``.
+            dy: the gradient of y, ``[..., K]`` (any float dtype; contiguous copies are made
+            of non-contiguous x / dy).
+        block_rows, block_k, num_warps: launch parameters as :func:`l2norm_fwd`'s.
+        out_dtype: dx's dtype (default x's).
 
     Returns:
-        dx ``[..., K]`` in fp32 (torch's promotion of dy with the fp32 ``y``), in plain torch
-        elementwise ops and one last-dim sum (deterministic on one device for equal shapes).
+        dx ``[..., K]`` in ``out_dtype``. With no rows nothing is launched.
     """
-    y = x.float() * rstd[..., None]
-    return rstd[..., None] * (dy - y * (dy * y).sum(-1, keepdim=True))
+    K = x.shape[-1]
+    if block_k < K:
+        raise ValueError(f"block_k: must be >= K = {K}, got {block_k}")
+    x, dy, rstd = x.contiguous(), dy.contiguous(), rstd.contiguous()
+    dx = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    rows = x.numel() // K if K else 0
+    if rows:
+        l2norm_bwd_kernel[(cdiv(rows, block_rows),)](
+            x, rstd, dy, dx, rows, K, BLOCK_R=block_rows, BK=block_k, num_warps=num_warps)
+    return dx

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e96f91e08847aef6588bdcb2d2f26500f893c5de9d144544a8059d93c3f097e0"
+SOURCE_DIGEST = "sha256:c98c9e9b916f07eda3c6abaa842e50a7604af892ab77a70c7e2c284496cc6972"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -215,6 +215,13 @@ def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
                       num_warps=4)
 
 
+def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, plan: GDNDetPlan):
+    """The q/k L2 norm's backward (cake-core's kernel, the forward's launch fields): dx
+    in x's dtype."""
+    return l2norm_bwd(x, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
+                      num_warps=4)
+
+
 def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt: torch.dtype,
              keep: bool = False, h_rows: int | None = None):
     """w, u, v_new ``[NT, HV, *]`` and h ``[NC, HV, K, V]`` (dtype ``idt``): views of the
@@ -523,9 +530,9 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     else:
         dq = group_sum_cast(dq_hv, H, gdt).view(B, T, H, K)
         dk = group_sum_cast(dk_hv, H, gdt).view(B, T, H, K)
-    if saved.use_qk_l2norm:
-        dq = l2norm_bwd(q, saved.q_rstd, dq)
-        dk = l2norm_bwd(k, saved.k_rstd, dk)
+    if saved.use_qk_l2norm:  # one launch each, dx in q's dtype
+        dq = _l2norm_bwd(q, saved.q_rstd, dq, plan)
+        dk = _l2norm_bwd(k, saved.k_rstd, dk, plan)
     return GDNDetGrads(
         dq.to(q.dtype), dk.to(k.dtype), dv.view(B, T, HV, V).to(v.dtype),
         dg.view(B, T, HV).to(g.dtype), dbeta.view(B, T, HV).to(beta.dtype), dh0, dA_log,

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d5c6322d2566df59a4fc1b47039480b4ec62b343c7b71b1051d519bd58b0f24e"
+SOURCE_DIGEST = "sha256:3007ebee2cb5a3ee4d8f34ecdd3c259747b0ed3f36ec5439a78891013d134ead"
 # --- end of generated block ---
 
 MANIFEST = {

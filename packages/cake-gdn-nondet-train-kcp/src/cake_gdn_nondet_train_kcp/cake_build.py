@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:20a8554cdfa0d981899d270662b7fe69fe714b17c4e722c2810826d9b75300d4"
+SOURCE_DIGEST = "sha256:facafcb019e4453d2cd438c249570a64bb906f82d5c50bd1fcaeb8e0217b1b48"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3203dc73b40600b7127f7d45f78bab03c9ae6e0b442477c457dfecf478d9b3f2"
+SOURCE_DIGEST = "sha256:ea00fa8d2b28f9f5e4211057b8d677c3d5983f80c9f02407af445ee41ca4b369"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d58ef50910867c20b276168eee1714bcad8de10d8ab7225663c0ae4deed27d74"
+SOURCE_DIGEST = "sha256:2f8835be82c44f315e78a90cdb46e13a6436e44294a187e0d52e3a507d7e55a0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

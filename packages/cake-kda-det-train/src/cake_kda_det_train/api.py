@@ -199,6 +199,13 @@ def _l2norm(x: torch.Tensor, plan: KDADetPlan):
                       num_warps=4)
 
 
+def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, plan: KDADetPlan):
+    """The q/k L2 norm's backward (cake-core's kernel, the forward's launch fields): dx
+    in x's dtype."""
+    return l2norm_bwd(x, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
+                      num_warps=4)
+
+
 def _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate: bool, use_sigmoid: int,
               plan: KDADetPlan):
     """The per-token log decay and beta the chunk computation uses: fp32 ``g`` ``[B, T, HV,
@@ -310,9 +317,9 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     dbeta = dbeta.contiguous()
     dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg.view(NT, HV, K),
                                  dbeta.view(NT, HV), use_gate, use_sigmoid, plan)
-    if saved.use_qk_l2norm:
-        dq = l2norm_bwd(q, saved.q_rstd, dq)
-        dk = l2norm_bwd(k, saved.k_rstd, dk)
+    if saved.use_qk_l2norm:  # one launch each, dx in q's dtype
+        dq = _l2norm_bwd(q, saved.q_rstd, dq, plan)
+        dk = _l2norm_bwd(k, saved.k_rstd, dk, plan)
     return KDADetGrads(
         dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype),
         dbeta.to(beta.dtype), dh0, dA_log, ddt_bias)

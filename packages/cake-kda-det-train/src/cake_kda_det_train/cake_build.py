@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6ce8b5af44d64f8235edc7117854191d0f66a6b3f4ccd134089b8683a5cf6049"
+SOURCE_DIGEST = "sha256:cdedf1134a2a0fe0812d363665e44a68e86a1ee1fdabe2efea4975b4e81aeeb6"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d989d89d5385adb1912c5ec890aa5b6c0e9176da3c2d5880ae7d94f0675642f0"
+SOURCE_DIGEST = "sha256:a6704fe7dc078f694ac43acb671b268165785115b7e017fed121725fbc179e7d"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9ef0264b4d2f7eac0946ebccfaccb53e95695f8fabca99444b10f4ae0bb260da"
+SOURCE_DIGEST = "sha256:4c7f6b2445a9936d51eec9f6f55c62b2950ea37cd3cfa299e58af8747393d6bc"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
