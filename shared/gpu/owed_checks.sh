@@ -6,6 +6,7 @@
 #   bash shared/gpu/owed_checks.sh model    issue 43: Qwen3-Next 129M, cake / unpatched / Liger,
 #                                           profile and host syncs per run; host ms after the
 #                                           eager path (issue 45); host us per Triton launch
+#                                           and per family call beside torch
 #   bash shared/gpu/owed_checks.sh suites   issues 44, 45: CUDA-graph tests, nondet benchmarks
 #                                           (nondet / det), the query tests on CUDA
 set -uo pipefail
@@ -25,13 +26,16 @@ case ${1:-} in
   model)
     anchors
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:):/tmp/anchors_site
-    timeout 420 python3 packages/cake-transformers/benchmarks/bench_cake_transformers.py \
-      --size 100m --steps 30 --warmup 5 --runs cake,hf,cake,liger --profile 2 --sync-debug \
+    export TRITON_CACHE_AUTOTUNING=1  # FLA's tuned configs shared by the runs' processes
+    # Liger ran once (0.80 cake / 1.02 Liger of hf at 831ce2b): cake twice and hf here
+    timeout 330 python3 packages/cake-transformers/benchmarks/bench_cake_transformers.py \
+      --size 100m --steps 30 --warmup 5 --runs ${RUNS:-cake,hf,cake} --profile 2 --sync-debug \
       --host-profile --timeout 200 --out "$OUT/tf.json" > "$OUT/tf.txt" 2>&1
     # the torch.profiler tables (rows with %) stay in tf.json / tf.txt; the rest is printed
     grep -vE "%|^-+|^ *Name|^$" "$OUT/tf.txt" | cut -c1-180 | tail -170
     timeout 90 python3 shared/gpu/host_time.py . --profile 2>&1 | cut -c1-160
-    timeout 60 python3 shared/gpu/launch_overhead.py ;;
+    timeout 60 python3 shared/gpu/launch_overhead.py
+    timeout 90 python3 shared/gpu/host_overhead.py ;;
   suites)
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
     timeout 300 bash shared/gpu/run_h200.sh graphs
