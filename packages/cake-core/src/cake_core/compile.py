@@ -7,13 +7,15 @@ mode) and is rebuilt inside with :func:`plan_from_op_fields`, so
 ``torch.compile(fullgraph=True)`` traces a model without graph breaks. An op's output
 cannot be ``None``: an output that may not exist crosses as an empty fp32 ``[0]`` tensor
 (:func:`optional_output`). Eagerly, an entry may call :func:`eager_function`'s
-``autograd.Function`` over the same op body and autograd formula instead: the same launches
-and bits without the dispatcher's Python per call.
+``autograd.Function`` over the same op body and autograd formula instead, or call
+:func:`op_or_body` (the op while traced, else the body :func:`custom_op` kept): the same
+launches and bits without the dispatcher's Python per call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TypeVar
 
 import torch
@@ -63,6 +65,29 @@ def plan_from_op_fields(cls: type[P], values: list[int] | tuple[int, ...],
     if not torch.compiler.is_compiling():
         _PLANS[key] = plan
     return plan
+
+
+_BODIES: dict[str, Callable] = {}  # "<namespace>::<name>" -> the op's Python body
+
+
+def custom_op(qualname: str, *, mutates_args) -> Callable:
+    """``torch.library.custom_op(qualname, mutates_args=...)`` as a decorator that also keeps
+    the decorated Python body for eager calls (:func:`op_or_body`). Returns the op."""
+    def register(fn: Callable):
+        op = torch.library.custom_op(qualname, fn, mutates_args=mutates_args)
+        _BODIES[qualname] = fn
+        return op
+    return register
+
+
+def op_or_body(qualname: str) -> Callable:
+    """``torch.ops.<namespace>.<name>`` while ``torch.compile`` traces (the op, its fake and
+    its schema), else the body :func:`custom_op` registered: the same launches and bits,
+    without the dispatcher's host time per call."""
+    if torch.compiler.is_compiling():
+        ns, name = qualname.split("::")
+        return getattr(getattr(torch.ops, ns), name)
+    return _BODIES[qualname]
 
 
 def eager_function(name: str, body, setup_context, backward) -> type[torch.autograd.Function]:

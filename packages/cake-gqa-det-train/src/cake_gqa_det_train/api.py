@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from cake_core import Mode, require_mode
 from cake_core.autograd import once_differentiable
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.compile import custom_op, op_or_body, plan_from_op_fields, plan_to_op_fields
 
 from cake_gqa_det_train.entry import (
     check_fa_batched,
@@ -83,16 +83,14 @@ def checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 # ----------------------------------------------------------------------------- custom ops
 
 
-def _fwd_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None,
-              cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
-              plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+@custom_op(f"{_OP}::fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None,
+            cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
+            plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(GQADetPlan, plan_fields)
     ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_fwd(q, k, v, cu_q, cu_k, ints, scale, softcap, plan.fwd_block_m,
                       plan.fwd_block_n, plan.fwd_warps, plan.fwd_stages)
-
-
-_fwd_op = torch.library.custom_op(f"{_OP}::fwd", _fwd_body, mutates_args=())
 
 
 @_fwd_op.register_fake
@@ -101,31 +99,21 @@ def _fwd_fake(q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields):
     return q.new_empty(q.shape), q.new_empty((Hq, Tq), dtype=torch.float32)
 
 
-def _bwd_body(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor | None,
-              cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
-              plan_fields: list[int], delta: torch.Tensor | None,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@custom_op(f"{_OP}::bwd", mutates_args=("delta",))
+def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor | None,
+            cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
+            plan_fields: list[int], delta: torch.Tensor | None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(GQADetPlan, plan_fields)
     ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_bwd_det(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan,
                           delta)
 
 
-_bwd_op = torch.library.custom_op(f"{_OP}::bwd", _bwd_body, mutates_args=("delta",))
-
-
 @_bwd_op.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan_fields, delta):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _op(name: str):
-    """The custom op ``cake_gqa_det_train::<name>`` under ``torch.compile``; eagerly its
-    body (the same launches and bits, without the dispatcher\'s host time)."""
-    if torch.compiler.is_compiling():
-        return getattr(torch.ops.cake_gqa_det_train, name)
-    return _fwd_body if name == "fwd" else _bwd_body
 
 
 class _GQAFunction(torch.autograd.Function):
@@ -136,7 +124,7 @@ class _GQAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields, delta):
-        out, lse = _op("fwd")(q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields)
+        out, lse = op_or_body(f"{_OP}::fwd")(q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.ints, ctx.scale, ctx.softcap = ints, scale, softcap
         ctx.plan_fields, ctx.delta = plan_fields, delta
@@ -147,7 +135,7 @@ class _GQAFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _op("bwd")(
+        dq, dk, dv = op_or_body(f"{_OP}::bwd")(
             lastc(dout), q, k, v, out, lse, cu_q, cu_k, ctx.ints, ctx.scale, ctx.softcap,
             ctx.plan_fields, ctx.delta)
         return dq, dk, dv, None, None, None, None, None, None, None

@@ -52,7 +52,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b8175226d70b0aca5412c06e08c2b574427c250654cf0bbbade9587a8cd1da93"
+SOURCE_DIGEST = "sha256:5367d4b85ab9f0ada5d58be5abd6880acf88b4fb0ce75ca95f60027e07e85264"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from cake_core import Mode, nondet_alert, require_mode
 from cake_core.autograd import once_differentiable
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.compile import custom_op, op_or_body, plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import cdiv
 from cake_gqa_det_train.entry import (
     check_fa_batched,
@@ -142,16 +142,14 @@ def launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale: float, softcap:
     return dq, (dk * scale).to(k.dtype), dv.to(v.dtype, copy=True)
 
 
-def _fwd_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None,
-              cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
-              plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+@custom_op(f"{_OP}::fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor | None,
+            cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
+            plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     plan = plan_from_op_fields(GQAPlan, plan_fields, Mode.NONDET)
     ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_fwd(q, k, v, cu_q, cu_k, ints, scale, softcap, plan.fwd_block_m,
                       plan.fwd_block_n, plan.fwd_warps, plan.fwd_stages)
-
-
-_fwd_op = torch.library.custom_op(f"{_OP}::fwd", _fwd_body, mutates_args=())
 
 
 @_fwd_op.register_fake
@@ -159,20 +157,18 @@ def _fwd_fake(q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-def _bwd_body(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor | None,
-              cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
-              plan_fields: list[int], delta: torch.Tensor | None,
-              dkv_accum: torch.Tensor | None,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@custom_op(f"{_OP}::bwd", mutates_args=("delta", "dkv_accum"))
+def _bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            out: torch.Tensor, lse: torch.Tensor, cu_q: torch.Tensor | None,
+            cu_k: torch.Tensor | None, ints: list[int], scale: float, softcap: float,
+            plan_fields: list[int], delta: torch.Tensor | None,
+            dkv_accum: torch.Tensor | None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _deterministic_alert()
     plan = plan_from_op_fields(GQAPlan, plan_fields, Mode.NONDET)
     ints = resolve_op_ints(ints, q, k, cu_q, cu_k)
     return launch_bwd(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan, delta,
                       dkv_accum)
-
-
-_bwd_op = torch.library.custom_op(f"{_OP}::bwd", _bwd_body, mutates_args=("delta", "dkv_accum"))
 
 
 @_bwd_op.register_fake
@@ -181,20 +177,12 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_q, cu_k, ints, scale, softcap, plan_fi
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _op(name: str):
-    """The custom op ``cake_gqa_train::<name>`` under ``torch.compile``; eagerly its
-    body (the same launches and bits, without the dispatcher\'s host time)."""
-    if torch.compiler.is_compiling():
-        return getattr(torch.ops.cake_gqa_train, name)
-    return _fwd_body if name == "fwd" else _bwd_body
-
-
 class _GQAFunction(torch.autograd.Function):
     """One attention call's autograd node (eager and under ``torch.compile``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields, delta, dkv_accum):
-        out, lse = _op("fwd")(q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields)
+        out, lse = op_or_body(f"{_OP}::fwd")(q, k, v, cu_q, cu_k, ints, scale, softcap, plan_fields)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.ints, ctx.scale, ctx.softcap = ints, scale, softcap
         ctx.plan_fields, ctx.delta, ctx.dkv_accum = plan_fields, delta, dkv_accum
@@ -206,7 +194,7 @@ class _GQAFunction(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         _deterministic_alert()  # before anything is launched, also in eager mode
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _op("bwd")(
+        dq, dk, dv = op_or_body(f"{_OP}::bwd")(
             lastc(dout), q, k, v, out, lse, cu_q, cu_k, ctx.ints, ctx.scale, ctx.softcap,
             ctx.plan_fields, ctx.delta, ctx.dkv_accum)
         return dq, dk, dv, None, None, None, None, None, None, None, None

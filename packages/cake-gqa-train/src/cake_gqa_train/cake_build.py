@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:46fb9029fef018c8bcc7bb36a076f44dc9ff2585b36bb6877e6e6688c4eb86d1"
+SOURCE_DIGEST = "sha256:1e4cd6417476ec01c30476463768543923d0fc9146ac84c414a3e53771aace6c"
 # --- end of generated block ---
 
 MANIFEST = {

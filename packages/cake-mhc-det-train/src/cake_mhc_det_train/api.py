@@ -40,7 +40,7 @@ from cake_core import (
     require_mode,
 )
 from cake_core.autograd import once_differentiable
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.compile import custom_op, op_or_body, plan_from_op_fields, plan_to_op_fields
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
 
 from cake_mhc_det_train.kernels.bwd import (
@@ -281,7 +281,7 @@ def _launch_prepare_bwd(dU, dcoef, dX_in, X, phi, alpha, bias, mix, rstd, coef, 
 # ----------------------------------------------------------------------------- custom ops
 
 
-@torch.library.custom_op("cake_mhc_det_train::prepare_fwd", mutates_args=())
+@custom_op("cake_mhc_det_train::prepare_fwd", mutates_args=())
 def _prepare_fwd_op(X: torch.Tensor, phi: torch.Tensor, alpha: torch.Tensor,
                     bias: torch.Tensor, eps: float, sinkhorn_iters: int,
                     plan_fields: list[int],
@@ -299,7 +299,7 @@ def _prepare_fwd_fake(X, phi, alpha, bias, eps, sinkhorn_iters, plan_fields):
             X.new_empty((T,), **f32))
 
 
-@torch.library.custom_op("cake_mhc_det_train::prepare_bwd", mutates_args=("partials",))
+@custom_op("cake_mhc_det_train::prepare_bwd", mutates_args=("partials",))
 def _prepare_bwd_op(dU: torch.Tensor | None, dcoef: torch.Tensor | None,
                     dX_in: torch.Tensor | None, X: torch.Tensor, phi: torch.Tensor,
                     alpha: torch.Tensor, bias: torch.Tensor, mix: torch.Tensor,
@@ -319,7 +319,7 @@ def _prepare_bwd_fake(dU, dcoef, dX_in, X, phi, alpha, bias, mix, rstd, coef, si
         bias.new_empty(bias.shape)
 
 
-@torch.library.custom_op("cake_mhc_det_train::finish_fwd", mutates_args=())
+@custom_op("cake_mhc_det_train::finish_fwd", mutates_args=())
 def _finish_fwd_op(X: torch.Tensor, B: torch.Tensor, coef: torch.Tensor,
                    plan_fields: list[int]) -> torch.Tensor:
     return _launch_finish_fwd(X, B, coef, plan_from_op_fields(MHCDetPlan, plan_fields))
@@ -330,7 +330,7 @@ def _finish_fwd_fake(X, B, coef, plan_fields):
     return X.new_empty(X.shape)
 
 
-@torch.library.custom_op("cake_mhc_det_train::finish_bwd", mutates_args=())
+@custom_op("cake_mhc_det_train::finish_bwd", mutates_args=())
 def _finish_bwd_op(dY: torch.Tensor, X: torch.Tensor, B: torch.Tensor, coef: torch.Tensor,
                    plan_fields: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _launch_finish_bwd(dY, X, B, coef, plan_from_op_fields(MHCDetPlan, plan_fields))
@@ -357,7 +357,7 @@ class _PrepareFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, phi, alpha, bias, eps, iters, plan_fields, partials, ws_check):
-        U, coef, mix, rstd = torch.ops.cake_mhc_det_train.prepare_fwd(
+        U, coef, mix, rstd = op_or_body("cake_mhc_det_train::prepare_fwd")(
             X, phi, alpha, bias, eps, iters, plan_fields)
         ctx.iters, ctx.plan_fields, ctx.partials = iters, plan_fields, partials
         ctx.ws_check = ws_check
@@ -371,7 +371,7 @@ class _PrepareFunction(torch.autograd.Function):
     def backward(ctx, dU, dcoef, dmix, drstd, dX_view):
         _recheck_workspace(ctx.ws_check)
         X, phi, alpha, bias, mix, rstd, coef = ctx.saved_tensors
-        dX, dphi, dalpha, dbias = torch.ops.cake_mhc_det_train.prepare_bwd(
+        dX, dphi, dalpha, dbias = op_or_body("cake_mhc_det_train::prepare_bwd")(
             dU, dcoef, dX_view, X, phi, alpha, bias, mix, rstd, coef, ctx.iters,
             ctx.plan_fields, ctx.partials)
         need = ctx.needs_input_grad
@@ -391,14 +391,14 @@ class _FinishFunction(torch.autograd.Function):
     def forward(ctx, X, B, coef, plan_fields, ws_check):
         ctx.plan_fields, ctx.ws_check = plan_fields, ws_check
         ctx.save_for_backward(X, B, coef)
-        return torch.ops.cake_mhc_det_train.finish_fwd(X, B, coef, plan_fields)
+        return op_or_body("cake_mhc_det_train::finish_fwd")(X, B, coef, plan_fields)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dY):
         _recheck_workspace(ctx.ws_check)
         X, B, coef = ctx.saved_tensors
-        dX, dB, dcoef = torch.ops.cake_mhc_det_train.finish_bwd(dY, X, B, coef,
+        dX, dB, dcoef = op_or_body("cake_mhc_det_train::finish_bwd")(dY, X, B, coef,
                                                                 ctx.plan_fields)
         need = ctx.needs_input_grad
         return (dX if need[0] else None, dB if need[1] else None,

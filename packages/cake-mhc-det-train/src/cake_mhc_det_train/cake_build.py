@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c1844b663c7f4f5e866507cd39f173141a5391e08227e922a06132b301ccf943"
+SOURCE_DIGEST = "sha256:7f213e84c6f75047e8c44f23d2f32b256657369df42b2ed96cf0147ad46ac7a5"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_mhc_det_train.kernels.fwd", "function": "mhc_coef_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:6df55fcc477399e7406097d02a2ef38469209ecfecaac03c9b2f5dc5c9f011c2"
+SOURCE_DIGEST = "sha256:64b9729c488d86bb850e0b7b4ad5ac785c000918dd3f417b5cc0606781aa5c17"
 # --- end of generated block ---
 
 REUSES = [
