@@ -13,6 +13,7 @@ from cake_core.testing import (
     TOLERANCES,
     assert_close_to_reference,
     assert_raises_unmodified,
+    bitwise_equal,
     randn,
 )
 from cake_moe_grouped_det_gemm import (
@@ -261,3 +262,38 @@ def test_explicit_plans_give_default_bits():
     y0, a0 = moe_feed_forward_det(**base)
     y1, a1 = moe_feed_forward_det(**base, plans=plans)
     assert torch.equal(y0, y1) and torch.equal(a0, a1)
+
+
+@pytest.mark.parametrize("T,k,dtype", [(13, 3, torch.float32), (9, 1, torch.bfloat16),
+                                       (0, 2, torch.float32), (7, E, torch.float32)])
+def test_combine_and_permute_kernels_match_float64(T, k, dtype):
+    """moe_unpermute_det (combine) and moe_permute_det's backward, the gather-sum kernels:
+    forward and every gradient against float64 on fresh values (dy not contiguous),
+    bitwise repeatable."""
+    from cake_moe_grouped_det_gemm import moe_permute_det, moe_unpermute_det
+    r = moe_route_det(randn((T, E), torch.float32, DEV, seed=1), k)
+    out = randn((T * k, D), dtype, DEV, seed=2).requires_grad_()
+    w = r.weights.detach().clone().requires_grad_()
+    r = r._replace(weights=w)
+    dy = randn((D, T), torch.float32, DEV, seed=3).t().to(dtype)   # column-major view
+    y = moe_unpermute_det(out, r)
+    dout, dw = torch.autograd.grad(y, (out, w), dy)
+    o64, w64 = out.detach().double(), w.detach().double()
+    slot = r.slot.view(T, k)
+    y64 = sum(w64[:, j, None] * o64[slot[:, j]] for j in range(k)) if T else \
+        torch.zeros(0, D, dtype=torch.float64)
+    dout64 = torch.zeros_like(o64)
+    for j in range(k):
+        dout64[slot[:, j]] = w64[:, j, None] * dy.double()
+    dw64 = torch.stack([(dy.double() * o64[slot[:, j]]).sum(-1) for j in range(k)], 1) \
+        if T else torch.zeros(0, k, dtype=torch.float64)
+    assert_close_to_reference(y, y64, dtype, name="y")
+    assert_close_to_reference(dout, dout64, dtype, name="dout")
+    assert_close_to_reference(dw, dw64, torch.float32, name="dweights")
+    again = torch.autograd.grad(moe_unpermute_det(out, r), (out, w), dy)
+    assert all(bitwise_equal(a, b) for a, b in zip((dout, dw), again, strict=True))
+    x = randn((T, D), dtype, DEV, seed=4).requires_grad_()
+    g = randn((T * k, D), dtype, DEV, seed=5)
+    (dx,) = torch.autograd.grad(moe_permute_det(x, r), x, g)
+    dx64 = sum(g.double()[slot[:, j]] for j in range(k)) if T else torch.zeros(0, D)
+    assert_close_to_reference(dx, dx64, dtype, name="dx")

@@ -36,10 +36,11 @@ import torch.nn.functional as F
 from cake_core import check_dtype, check_same_device, check_shape, check_tensor
 from cake_core.autograd import once_differentiable
 from cake_core.checks import FLOAT_DTYPES, check_flag, check_ndim
-from cake_core.triton_utils import launch_device_check
+from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
 from torch import nn
 
 from cake_moe_grouped_det_gemm.api import _resolve_plan, moe_grouped_det_gemm
+from cake_moe_grouped_det_gemm.kernels import combine_bwd_kernel, gather_sum_kernel
 from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
 
 __all__ = [
@@ -173,9 +174,27 @@ def moe_route_det(logits: torch.Tensor, top_k: int, *,
 # ----------------------------------------------------------------------------- permutation
 
 
-def _slot_rows(src: torch.Tensor, slot: torch.Tensor, k: int, j: int) -> torch.Tensor:
-    """Rows of ``src`` ``[T·k, d]`` (sorted order) holding each token's slot j: ``[T, d]``."""
-    return src.index_select(0, slot.view(-1, k)[:, j])
+def _gather_launch(device: torch.device, n_col: int) -> tuple[int, int]:
+    """``(BLOCK_T, BLOCK_D)`` of the gather kernels, by rule: on CUDA 4 token rows by up to
+    512 columns (4 warps stream 2048 elements a step); under the interpreter 16 rows by up to
+    256 (fewer, fuller interpreted programs)."""
+    if device.type == "cuda":
+        return 4, min(512, next_power_of_2(n_col))
+    return 16, min(256, next_power_of_2(n_col))
+
+
+def _gather_sum(src: torch.Tensor, slot: torch.Tensor, k: int,
+                weights: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``y[t] = Σ_j weights[t, j] · src[slot[t·k + j]]`` (weight 1 without ``weights``), j in
+    slot order, fp32, one launch; y ``[T, d]`` in ``dtype``."""
+    T, d = slot.numel() // k, src.shape[1]
+    y = torch.empty((T, d), dtype=dtype, device=src.device)
+    if T and d:
+        bt, bd = _gather_launch(src.device, d)
+        gather_sum_kernel[(cdiv(T, bt), cdiv(d, bd))](
+            src, weights if weights is not None else src, slot, y, T, d, src.stride(0),
+            y.stride(0), K=k, HAS_W=weights is not None, BLOCK_T=bt, BLOCK_D=bd, num_warps=4)
+    return y
 
 
 class _Permute(torch.autograd.Function):
@@ -189,11 +208,13 @@ class _Permute(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dxp):
         (slot,) = ctx.saved_tensors
-        k = ctx.top_k
-        acc = _slot_rows(dxp, slot, k, 0).float()
-        for j in range(1, k):  # slot order: ((g0 + g1) + g2) + ..., fp32
-            acc = acc + _slot_rows(dxp, slot, k, j).float()
-        return acc.to(dxp.dtype), None, None, None
+        # slot order: ((g0 + g1) + g2) + ..., fp32, one launch
+        return _gather_sum(_rows(dxp), slot, ctx.top_k, None, dxp.dtype), None, None, None
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` ``[R, d]`` with unit column stride (the gather kernels' layout), copied if not."""
+    return t if t.stride(1) == 1 else t.contiguous()
 
 
 def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
@@ -201,7 +222,7 @@ def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
 
     Backward (deterministic, no ``index_add_``): ``dx[t] = Σ_j dxp[slot[t·k + j]]``, the k
     row gradients of token t gathered and summed in fp32 in slot order j = 0, 1, ...,
-    cast once to x's dtype.
+    cast once to x's dtype (one kernel launch).
 
     Args:
         x: ``[T, d]``, any floating dtype. routing: from :func:`moe_route_det`.
@@ -212,28 +233,29 @@ def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
 class _Unpermute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, weights, order, slot):
-        k = weights.shape[1]
-        acc = weights[:, 0, None] * _slot_rows(out, slot, k, 0).float()
-        for j in range(1, k):  # slot order: ((w0 o0 + w1 o1) + w2 o2) + ..., fp32
-            acc = acc + weights[:, j, None] * _slot_rows(out, slot, k, j).float()
-        ctx.save_for_backward(out, weights, order, slot)
-        return acc.to(out.dtype)
+        out, weights = _rows(out), weights.contiguous()
+        ctx.save_for_backward(out, weights, slot)
+        # slot order: ((w0 o0 + w1 o1) + w2 o2) + ..., fp32, one launch
+        return _gather_sum(out, slot, weights.shape[1], weights, out.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        out, weights, order, slot = ctx.saved_tensors
+        out, weights, slot = ctx.saved_tensors
         T, k = weights.shape
-        dyf = dy.float()
-        dout = dweights = None
-        if ctx.needs_input_grad[0]:  # assignment-major rows, then gathered to sorted order
-            drows = torch.empty((T, k, out.shape[1]), dtype=out.dtype, device=out.device)
-            for j in range(k):
-                drows[:, j] = weights[:, j, None] * dyf
-            dout = drows.view(T * k, out.shape[1]).index_select(0, order)
-        if ctx.needs_input_grad[1]:
-            dweights = torch.stack([(dyf * _slot_rows(out, slot, k, j).float()).sum(-1)
-                                    for j in range(k)], dim=1)
+        need_dout, need_dw = ctx.needs_input_grad[:2]
+        dy = _rows(dy)
+        # each expert row p = slot[t·k + j] written once, by token t's program
+        dout = torch.empty_like(out) if need_dout else None
+        dweights = torch.empty((T, k), dtype=torch.float32, device=dy.device) if need_dw \
+            else None
+        if T and (need_dout or need_dw):
+            bt, bd = _gather_launch(dy.device, out.shape[1])
+            combine_bwd_kernel[(cdiv(T, bt),)](
+                dy, out, weights, slot, dout if need_dout else dy,
+                dweights if need_dw else weights, T, out.shape[1], dy.stride(0),
+                out.stride(0), dout.stride(0) if need_dout else 0, K=k,
+                NEED_DOUT=need_dout, NEED_DW=need_dw, BLOCK_T=bt, BLOCK_D=bd, num_warps=4)
         return dout, dweights, None, None
 
 
@@ -242,8 +264,9 @@ def moe_unpermute_det(out: torch.Tensor, routing: MoERouting) -> torch.Tensor:
 
     Each token's k expert rows are gathered and summed in fp32 in slot order j = 0, 1, ...
     (``((w0 o0 + w1 o1) + w2 o2) + ...``), cast once to out's dtype; never ``index_add_`` /
-    ``scatter_add_``. Backward: ``dout[p] = (weights · dy)[order[p]]`` (a gather, cast to
-    out's dtype) and ``dweights[t, j] = <dy[t], out[slot[t·k + j]]>`` in fp32.
+    ``scatter_add_``. Backward: ``dout[slot[t·k + j]] = weights[t, j] · dy[t]`` (each expert
+    row written once, cast to out's dtype) and ``dweights[t, j] = <dy[t], out[slot[t·k +
+    j]]>`` in fp32 (the columns summed in increasing blocks). One kernel launch each way.
 
     Args:
         out: ``[T·k, d]`` expert outputs in sorted order. routing: from

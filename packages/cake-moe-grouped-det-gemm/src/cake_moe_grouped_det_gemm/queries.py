@@ -112,9 +112,10 @@ def moe_feed_forward_saved_bytes(x: torch.Tensor, router_weight: torch.Tensor,
     (and, with ``normalize_topk``, the unnormalised ones and their sums ``[T, 1]``), the
     fp32 copies the router GEMM reads (x ``[T, d_model]`` unless x is fp32 and reshapes to
     ``[T, d_model]`` as a view; router_weight ``[E, d_model]`` unless fp32), the expert
-    fractions ``[E]`` when ``aux_loss_coef > 0``; int64 ids ``[T, k]``, order and slot
-    ``[R]``; the grouped GEMMs' int32 row ends (``1 + 2·E``). The caller's tensors are not
-    counted. Meta tensors are served (the backend's device check is skipped).
+    fractions ``[E]`` when ``aux_loss_coef > 0``; int64 ids ``[T, k]`` and slot ``[R]``
+    (assignment -> sorted row); the grouped GEMMs' int32 row ends (``1 + 2·E``). The
+    caller's tensors are not counted. Meta tensors are served (the backend's device check
+    is skipped).
 
     Raises:
         ValueError: the layer's, for bad arguments.
@@ -140,7 +141,7 @@ def feed_forward_saved_bytes_for(plans_cls, resolve, x, router_weight, w_gate_up
                                              resolve, launch=False)
     R, f32, i64, dt = T * k, torch.float32, torch.int64, x.dtype
     shapes = [((R, d), dt), ((R, 2 * f), dt), ((R, f), dt), ((R, f), dt), ((R, d), dt),
-              ((T, E), f32), ((T, k), f32), ((T, k), i64), ((R,), i64), ((R,), i64),
+              ((T, E), f32), ((T, k), f32), ((T, k), i64), ((R,), i64),
               ((1 + 2 * E,), torch.int32)]
     if normalize_topk:  # the division keeps its operands
         shapes += [((T, k), f32), ((T, 1), f32)]

@@ -50,6 +50,8 @@ PLANS = [
 PACKAGE_DATA = []
 REUSED_KERNELS = {
     "cake-moe-grouped-det-gemm": [
+        {"module": "cake_moe_grouped_det_gemm.kernels.combine", "function": "gather_sum_kernel"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.combine", "function": "combine_bwd_kernel"},
         {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "_mma"},
         {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "_schedule_tile"},
         {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "_wgrad_slice"},
@@ -65,7 +67,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:0d918f5c51df190dcfc07645b185149bb8ac4da5a78a6e18f98927924a4e569b"
+SOURCE_DIGEST = "sha256:2923c9023adf4df4ee9e4a5fa127503feb1626e4ce2bff55abba923e96342229"
 # --- end of generated block ---
 
 REUSES = [

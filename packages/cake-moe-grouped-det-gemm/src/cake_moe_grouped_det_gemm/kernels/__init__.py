@@ -6,12 +6,18 @@ partial planes are summed in slice order by cake-core's ``ordered_sum_kernel``.
 ``grouped_mm_tma_kernel`` / ``grouped_wgrad_tma_kernel``: the same with operands read through
 TMA tensor descriptors (plan field ``tma``). ``zero_tail_rows_kernel`` zeroes the rows past the
 last expert's end of an output ``torch._grouped_mm`` wrote (plan field ``grouped_mm_fwd_dgrad``).
+``gather_sum_kernel`` / ``combine_bwd_kernel``: the MoE layer's combine and the permutation's
+backward (token rows gathered from expert rows and summed in slot order).
 """
 
 from cake_core.triton_utils import select_backend
 
 select_backend()  # decide CUDA or interpreter before any @triton.jit below runs
 
+from cake_moe_grouped_det_gemm.kernels.combine import (  # noqa: E402
+    combine_bwd_kernel,
+    gather_sum_kernel,
+)
 from cake_moe_grouped_det_gemm.kernels.grouped import (  # noqa: E402
     grouped_mm_kernel,
     grouped_mm_tma_kernel,
@@ -20,5 +26,5 @@ from cake_moe_grouped_det_gemm.kernels.grouped import (  # noqa: E402
     zero_tail_rows_kernel,
 )
 
-__all__ = ["grouped_mm_kernel", "grouped_mm_tma_kernel", "grouped_wgrad_kernel",
+__all__ = ["combine_bwd_kernel", "gather_sum_kernel", "grouped_mm_kernel", "grouped_mm_tma_kernel", "grouped_wgrad_kernel",
            "grouped_wgrad_tma_kernel", "zero_tail_rows_kernel"]
