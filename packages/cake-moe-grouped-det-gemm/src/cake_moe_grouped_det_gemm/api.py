@@ -38,10 +38,13 @@ from cake_core.gemm import (  # imports Triton after cake_core picked the backen
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
 
 from cake_moe_grouped_det_gemm.kernels import (
+    expert_order_kernel,
     grouped_mm_kernel,
     grouped_mm_tma_kernel,
     grouped_wgrad_kernel,
     grouped_wgrad_tma_kernel,
+    row_ends_kernel,
+    schedule_kernel,
     zero_tail_rows_kernel,
 )
 from cake_moe_grouped_det_gemm.plan import (
@@ -57,6 +60,11 @@ from cake_moe_grouped_det_gemm.saved import (
 )
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+#: experts per block of the metadata kernels (one program walks any E in such blocks)
+META_BLOCK = 1024
+#: experts per program, and per compared block, of the expert-order kernel
+ORDER_BLOCK = 64
+
 _INT32_MAX = 2**31 - 1
 #: Rows per program of ``zero_tail_rows_kernel``; most columns per step of it.
 TAIL_BLOCK_ROWS, TAIL_BLOCK_COLS = 32, 128
@@ -187,25 +195,32 @@ def _checks(x, weight, offs, m_sizes, plan, workspace, main_grad, *,
 
 
 def _row_ends(offs, m_sizes, M: int) -> torch.Tensor:
-    """int32 ``[E]`` row ends as the kernels read them, computed on the device (no sync):
-    the offsets (or the running sum of m_sizes) clamped to ``[0, M]``, then a running max,
-    so rows are non-decreasing and in bounds whatever the values."""
-    v = torch.cumsum(m_sizes.to(torch.int64), 0) if offs is None else offs.to(torch.int64)
-    return torch.cummax(v.clamp(0, M), 0).values.to(torch.int32)
+    """int32 ``[E]`` row ends as the kernels read them, computed on the device (no sync, one
+    launch): the offsets (or the running sum of m_sizes) clamped to ``[0, M]``, then a
+    running max, so rows are non-decreasing and in bounds whatever the values."""
+    if torch.compiler.is_compiling():  # traced outside the ops: torch ops, the same values
+        v = torch.cumsum(m_sizes.to(torch.int64), 0) if offs is None else offs.to(torch.int64)
+        return torch.cummax(v.clamp(0, M), 0).values.to(torch.int32)
+    src = offs if offs is not None else m_sizes
+    E = src.shape[0]
+    ends = torch.empty((E,), dtype=torch.int32, device=src.device)
+    row_ends_kernel[(1,)](src, ends, E, M, IS_SIZES=offs is None,
+                          BLOCK_E=min(META_BLOCK, next_power_of_2(E)), num_warps=4)
+    return ends
 
 
 # ----------------------------------------------------------------------------- launches
 
 
 def _schedule(ends: torch.Tensor, M: int, block_m: int) -> torch.Tensor:
-    """int32 ``[3, E + 1]`` tile schedule, built on the device: each group's first row, end
-    and cumulative ``block_m`` row-tile count; group E is the tail (rows past the last
-    expert), whose tiles store zeros."""
-    e = ends.to(torch.int64)
-    hi = torch.cat([e, e.new_full((1,), M)])
-    lo = torch.cat([e.new_zeros((1,)), e])
-    tiles = torch.div(hi - lo + (block_m - 1), block_m, rounding_mode="floor")
-    return torch.stack([lo, hi, torch.cumsum(tiles, 0)]).to(torch.int32).contiguous()
+    """int32 ``[3, E + 1]`` tile schedule, built on the device (one launch): each group's
+    first row, end and cumulative ``block_m`` row-tile count; group E is the tail (rows
+    past the last expert), whose tiles store zeros."""
+    E = ends.shape[0]
+    sched = torch.empty((3, E + 1), dtype=torch.int32, device=ends.device)
+    schedule_kernel[(1,)](ends, sched, E, M, block_m,
+                          BLOCK_G=min(META_BLOCK, next_power_of_2(E + 1)), num_warps=4)
+    return sched
 
 
 def _desc(t: torch.Tensor, box: list[int]) -> TensorDescriptor:
@@ -301,11 +316,14 @@ def _launch_fwd(x, weight, ends, plan: MoEGroupedDetPlan) -> torch.Tensor:
 
 
 def _expert_order(ends: torch.Tensor) -> torch.Tensor:
-    """int32 ``[E]``: the experts by row count, most rows first, ties in index order (a
-    stable sort on the device; plan ``wgrad_order = 1``)."""
-    e = ends.to(torch.int64)
-    rows = e - torch.cat([e.new_zeros((1,)), e[:-1]])
-    return torch.sort(rows, descending=True, stable=True).indices.to(torch.int32)
+    """int32 ``[E]``: the experts by row count, most rows first, ties in index order (the
+    order of a stable descending sort, built on the device in one launch; plan
+    ``wgrad_order = 1``)."""
+    E = ends.shape[0]
+    order = torch.empty((E,), dtype=torch.int32, device=ends.device)
+    expert_order_kernel[(cdiv(E, ORDER_BLOCK),)](ends, order, E, BLOCK_E=ORDER_BLOCK,
+                                                 BLOCK_C=ORDER_BLOCK, num_warps=4)
+    return order
 
 
 def _launch_wgrad(dy, x, ends, plan: MoEGroupedDetPlan, out, partials, accumulate: bool):

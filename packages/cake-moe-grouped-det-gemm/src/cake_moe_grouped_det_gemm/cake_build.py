@@ -41,6 +41,11 @@ KERNELS = [
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_mm_tma_kernel"},
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "grouped_wgrad_tma_kernel"},
     {"module": "cake_moe_grouped_det_gemm.kernels.grouped", "function": "zero_tail_rows_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "_maximum"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "row_ends_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "schedule_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "_rows_of"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "expert_order_kernel"},
 ]
 PLANS = [
     {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 4,
@@ -50,7 +55,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9afb6ac2f80805da0d2565ee47b563828662cdbdf5855f87c49ccf74b56b18d6"
+SOURCE_DIGEST = "sha256:e2a23a9bbb5722fdf855b9be7ba4b72cf0595fe9531c73bea6b109de11326af9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -63,11 +63,16 @@ REUSED_KERNELS = {
          "function": "grouped_wgrad_tma_kernel"},
         {"module": "cake_moe_grouped_det_gemm.kernels.grouped",
          "function": "zero_tail_rows_kernel"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "_maximum"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "row_ends_kernel"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "schedule_kernel"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "_rows_of"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "expert_order_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:2923c9023adf4df4ee9e4a5fa127503feb1626e4ce2bff55abba923e96342229"
+SOURCE_DIGEST = "sha256:9e160b06dbfbac5df05be0192b8102e8d493a7fc3969660c545643fc53a382bd"
 # --- end of generated block ---
 
 REUSES = [

@@ -2,10 +2,10 @@
 and the zeroing of the rows past the last expert after ``torch._grouped_mm``.
 
 No host sync: the launch grids are upper bounds known from shapes alone, and every program
-finds its expert and rows by reading the schedule (built from the offsets by torch ops on
-the device). Programs with nothing to do compute nothing and store nothing.
+finds its expert and rows by reading the schedule (built from the offsets on the device:
+``kernels.meta``). Programs with nothing to do compute nothing and store nothing.
 
-Schedule ``SCHED`` (int32 ``[3, G]``, G = E + 1 groups, built by ``api._schedule``):
+Schedule ``SCHED`` (int32 ``[3, G]``, G = E + 1 groups, built by ``schedule_kernel``):
 row 0 the first row of each group, row 1 its end (exclusive), row 2 the cumulative count of
 ``BLOCK_M`` row tiles through that group. Group e < E is expert e; group E is the tail
 (rows past the last expert's end), whose tiles store zeros. Rows are non-decreasing and in
