@@ -3,7 +3,8 @@
 For each shape y[M, N] = x[M, K] · W[N, K]ᵀ (with bias), one step is the autograd forward
 and backward (dx, dW, dbias) through ``dense_projection_nondet`` and through
 cake-dense-projection-det-gemm's ``dense_projection_det``, each with its own default plan.
-``ratio`` = nondet ms / det ms (below 1: nondet faster). Today nondet runs the det
+``ratio`` = nondet ms / det ms (below 1: nondet faster), each the median of ``--rounds``
+rounds that time det and nondet in turn. Today nondet runs the det
 kernels, so the ratio measures the entries' host overhead only; ``same_bits`` records
 whether both gave the same y, dx, dW and dbias.
 
@@ -44,10 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer warmup/rep (smoke test)")
     p.add_argument("--warmup", type=float, default=None, help="do_bench warmup in ms (25)")
     p.add_argument("--rep", type=float, default=None, help="do_bench rep in ms (100)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="det / nondet timed in turn this many rounds, the median kept")
     return p
 
 
-def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer) -> dict:
+def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer,
+              rounds: int = 3) -> dict:
     import torch
     from cake_dense_projection_det_gemm import dense_projection_det
     from cake_dense_projection_nondet_gemm import dense_projection_nondet
@@ -58,7 +62,7 @@ def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer) -> dict:
     b = torch.randn(N, generator=g).to(device, dtype).requires_grad_()
     dy = torch.randn(M, N, generator=g).to(device, dtype)
     rec: dict = {"M": M, "N": N, "K": K}
-    outs = {}
+    outs, steps = {}, {}
     for name, fn in (("det", dense_projection_det), ("nondet", dense_projection_nondet)):
         def step(fn=fn):
             for t in (x, w, b):
@@ -69,7 +73,8 @@ def run_shape(M: int, N: int, K: int, dtype, device: str, timer: Timer) -> dict:
 
         y = step()
         outs[name] = [y.detach().clone()] + [t.grad.clone() for t in (x, w, b)]
-        rec[name] = timer.bench(step)
+        steps[name] = step
+    rec.update(timer.alternating(steps, rounds))
     rec["ratio"] = rec["nondet"]["ms"] / rec["det"]["ms"]
     rec["same_bits"] = all(bench.bits_sha256([a]) == bench.bits_sha256([c])
                            for a, c in zip(outs["det"], outs["nondet"], strict=True))
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for M, N, K in shapes:
         try:
-            rec = run_shape(M, N, K, dtype, args.device, timer)
+            rec = run_shape(M, N, K, dtype, args.device, timer, args.rounds)
         except Exception as e:  # noqa: BLE001 - recorded, the other shapes still run
             rec = {"M": M, "N": N, "K": K, **bench.error_record(e)}
         results.append(rec)

@@ -324,6 +324,17 @@ class Timer:
             return do_bench_ms(fn, self.warmup, self.rep)
         return summarize_ms(time_calls(fn, max(self.warmup, 0), max(self.rep, 1), "cpu"))
 
+    def alternating(self, fns: dict[str, Callable[[], Any]], rounds: int = 3
+                    ) -> dict[str, dict[str, float]]:
+        """``{name: {"ms": the median over rounds of bench's median, "rounds_ms": [...]}}``:
+        every function of ``fns`` timed once per round, in turn, ``rounds`` rounds, so that
+        a drift of the machine (clocks, caches, a first-run cost) falls on all alike."""
+        got: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(max(1, rounds)):
+            for name, fn in fns.items():
+                got[name].append(self.bench(fn)["ms"])
+        return {name: {"ms": statistics.median(v), "rounds_ms": v} for name, v in got.items()}
+
 
 def cuda_ms(fn: Callable[[], Any], reps: int, warmup: int = 2) -> float:
     """The upper median (``sorted(times)[reps // 2]``) of ``reps`` CUDA-event times of

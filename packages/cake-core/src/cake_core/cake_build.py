@@ -45,7 +45,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2e876d9ca17dbb7711ba4210a0041756f6de069a8d03f2cd32276d6801c5e760"
+SOURCE_DIGEST = "sha256:5a880edbc64846f142588fd0fa5e6a61abdc9b10e54e7ce1aec616aa73715587"
 # --- end of generated block ---
 
 MANIFEST = {
