@@ -55,7 +55,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e2a23a9bbb5722fdf855b9be7ba4b72cf0595fe9531c73bea6b109de11326af9"
+SOURCE_DIGEST = "sha256:3d36f6aef1fea03a2eaca706e0798b4e795647c4c435292e25071ad2955cb2c2"
 # --- end of generated block ---
 
 MANIFEST = {

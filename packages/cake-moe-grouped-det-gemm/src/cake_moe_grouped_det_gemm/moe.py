@@ -200,7 +200,7 @@ def _gather_sum(src: torch.Tensor, slot: torch.Tensor, k: int,
 class _Permute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, order, slot, top_k):
-        ctx.save_for_backward(slot)
+        ctx.save_for_backward(slot.contiguous())  # the kernel reads slot[t·k + j] at SLOT + t·k + j
         ctx.top_k = top_k
         return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
@@ -233,7 +233,7 @@ def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
 class _Unpermute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, weights, order, slot):
-        out, weights = _rows(out), weights.contiguous()
+        out, weights, slot = _rows(out), weights.contiguous(), slot.contiguous()
         ctx.save_for_backward(out, weights, slot)
         # slot order: ((w0 o0 + w1 o1) + w2 o2) + ..., fp32, one launch
         return _gather_sum(out, slot, weights.shape[1], weights, out.dtype)

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:9e160b06dbfbac5df05be0192b8102e8d493a7fc3969660c545643fc53a382bd"
+SOURCE_DIGEST = "sha256:872842b85bc5db943398889a35cbdb43ce159627172b84fc02a12b4cfea8bcf5"
 # --- end of generated block ---
 
 REUSES = [
