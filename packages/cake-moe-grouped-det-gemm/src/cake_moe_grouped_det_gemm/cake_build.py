@@ -55,7 +55,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3d36f6aef1fea03a2eaca706e0798b4e795647c4c435292e25071ad2955cb2c2"
+SOURCE_DIGEST = "sha256:fcf1865d682f26a7f7106044f881d62a2f460660afe397133444e6e23437e3cb"
 # --- end of generated block ---
 
 MANIFEST = {

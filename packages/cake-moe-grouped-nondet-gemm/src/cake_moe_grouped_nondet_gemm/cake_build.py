@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:872842b85bc5db943398889a35cbdb43ce159627172b84fc02a12b4cfea8bcf5"
+SOURCE_DIGEST = "sha256:41e6f8824712acb786ae7139c6ab1c8d515d43e878df82c8cc8d699873cac00c"
 # --- end of generated block ---
 
 REUSES = [
