@@ -40,3 +40,28 @@ def test_compile_fullgraph_same_bits_main_grad_and_split():
         outs.append((xx.grad, ww.grad, mg))
     for a, b in zip(*outs, strict=True):
         assert bitwise_equal(a, b)
+
+
+def test_moe_layer_compiles_fullgraph_with_the_eager_bits():
+    """The MoE layer (router, permutation, grouped GEMMs, combine): the gather-sum kernels
+    are custom ops under torch.compile, so fullgraph tracing has no break and the bits are
+    the eager ones (forward, every gradient, the weights' gradient alone)."""
+    from cake_moe_grouped_det_gemm import moe_feed_forward_det
+    torch._dynamo.reset()
+    T, D, F, E = 12, 24, 20, 5
+    x = randn((T, D), torch.float32, DEV, seed=1)
+    rw = randn((E, D), torch.float32, DEV, seed=2, scale=0.3)
+    wgu = randn((E, 2 * F, D), torch.float32, DEV, seed=3, scale=0.2)
+    wd = randn((E, D, F), torch.float32, DEV, seed=4, scale=0.2)
+
+    def f(x, rw, wgu, wd):
+        y, aux = moe_feed_forward_det(x, rw, wgu, wd, 2)
+        return (y * y).sum() + aux
+
+    outs = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend=BACKEND)):
+        leaves = [t.clone().requires_grad_() for t in (x, rw, wgu, wd)]
+        loss = fn(*leaves)
+        loss.backward()
+        outs.append([loss.detach()] + [t.grad for t in leaves])
+    assert all(bitwise_equal(a, b) for a, b in zip(*outs, strict=True))

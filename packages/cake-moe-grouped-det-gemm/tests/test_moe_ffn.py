@@ -297,3 +297,24 @@ def test_combine_and_permute_kernels_match_float64(T, k, dtype):
     (dx,) = torch.autograd.grad(moe_permute_det(x, r), x, g)
     dx64 = sum(g.double()[slot[:, j]] for j in range(k)) if T else torch.zeros(0, D)
     assert_close_to_reference(dx, dx64, dtype, name="dx")
+
+
+def test_combine_and_permute_with_a_strided_slot_equal_the_contiguous_routing():
+    """A user-built MoERouting whose ``slot`` is a strided view gathers the same rows."""
+    from cake_moe_grouped_det_gemm import moe_permute_det, moe_unpermute_det
+    T, k = 11, 2
+    r = moe_route_det(randn((T, E), torch.float32, DEV, seed=1), k)
+    wide = torch.zeros((T * k, 2), dtype=r.slot.dtype, device=DEV)
+    wide[:, 0] = r.slot
+    rs = r._replace(slot=wide[:, 0])
+    assert not rs.slot.is_contiguous()
+    out = randn((T * k, D), torch.float32, DEV, seed=2).requires_grad_()
+    x = randn((T, D), torch.float32, DEV, seed=4).requires_grad_()
+    dy = randn((T, D), torch.float32, DEV, seed=3)
+    g = randn((T * k, D), torch.float32, DEV, seed=5)
+    got, want = [], []
+    for routing, into in ((rs, got), (r, want)):
+        y = moe_unpermute_det(out, routing)
+        into += [y, *torch.autograd.grad(y, out, dy)]
+        into += torch.autograd.grad(moe_permute_det(x, routing), x, g)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -51,3 +51,24 @@ def test_metadata_kernels_equal_their_torch_definitions(name, offs, m_sizes, M, 
     assert torch.equal(api._schedule(ends, M, block_m).cpu(),
                        ref_schedule(ends, M, block_m).cpu())
     assert torch.equal(api._expert_order(ends).cpu(), ref_order(ends).cpu())
+
+
+@pytest.mark.parametrize("kind", ["offs", "m_sizes"])
+def test_row_ends_of_a_strided_view(kind):
+    # a non-contiguous [E] view (every other entry) reads its own entries, not its neighbours
+    full = torch.tensor([0, 9, 3, 9, 5, 9, 8, 9, 12, 9], dtype=torch.int32, device=DEV)
+    if kind == "m_sizes":
+        full = torch.tensor([1, 7, 2, 7, 0, 7, 4, 7, 3, 7], dtype=torch.int32, device=DEV)
+    v = full[::2]
+    offs, m_sizes = (v, None) if kind == "offs" else (None, v)
+    ends = api._row_ends(offs, m_sizes, 12)
+    assert torch.equal(ends.cpu(), ref_ends(offs, m_sizes, 12).cpu())
+
+
+def test_grouped_gemm_with_strided_offs_equals_contiguous():
+    from _moe_cases import make
+    from cake_moe_grouped_det_gemm import moe_grouped_det_gemm
+    x, w, offs, _ = make([3, 0, 5], N=8, K=16)
+    strided = torch.stack([offs, torch.zeros_like(offs)], 1)[:, 0]
+    assert not strided.is_contiguous()
+    assert torch.equal(moe_grouped_det_gemm(x, w, strided), moe_grouped_det_gemm(x, w, offs))

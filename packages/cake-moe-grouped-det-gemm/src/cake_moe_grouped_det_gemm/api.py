@@ -202,6 +202,7 @@ def _row_ends(offs, m_sizes, M: int) -> torch.Tensor:
         v = torch.cumsum(m_sizes.to(torch.int64), 0) if offs is None else offs.to(torch.int64)
         return torch.cummax(v.clamp(0, M), 0).values.to(torch.int32)
     src = offs if offs is not None else m_sizes
+    src = src.contiguous()  # the kernel reads entry e at SRC + e (a strided view is served)
     E = src.shape[0]
     ends = torch.empty((E,), dtype=torch.int32, device=src.device)
     row_ends_kernel[(1,)](src, ends, E, M, IS_SIZES=offs is None,

@@ -55,7 +55,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e2a23a9bbb5722fdf855b9be7ba4b72cf0595fe9531c73bea6b109de11326af9"
+SOURCE_DIGEST = "sha256:fcf1865d682f26a7f7106044f881d62a2f460660afe397133444e6e23437e3cb"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from cake_core import check_dtype, check_same_device, check_shape, check_tensor
 from cake_core.autograd import once_differentiable
 from cake_core.checks import FLOAT_DTYPES, check_flag, check_ndim
+from cake_core.compile import custom_op, op_or_body, optional_output
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
 from torch import nn
 
@@ -183,10 +184,9 @@ def _gather_launch(device: torch.device, n_col: int) -> tuple[int, int]:
     return 16, min(256, next_power_of_2(n_col))
 
 
-def _gather_sum(src: torch.Tensor, slot: torch.Tensor, k: int,
-                weights: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``y[t] = Σ_j weights[t, j] · src[slot[t·k + j]]`` (weight 1 without ``weights``), j in
-    slot order, fp32, one launch; y ``[T, d]`` in ``dtype``."""
+@custom_op("cake_moe_grouped_det_gemm::gather_sum", mutates_args=())
+def _gather_sum_op(src: torch.Tensor, slot: torch.Tensor, k: int,
+                   weights: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     T, d = slot.numel() // k, src.shape[1]
     y = torch.empty((T, d), dtype=dtype, device=src.device)
     if T and d:
@@ -197,10 +197,48 @@ def _gather_sum(src: torch.Tensor, slot: torch.Tensor, k: int,
     return y
 
 
+@_gather_sum_op.register_fake
+def _gather_sum_fake(src, slot, k, weights, dtype):
+    return src.new_empty((slot.numel() // k, src.shape[1]), dtype=dtype)
+
+
+def _gather_sum(src: torch.Tensor, slot: torch.Tensor, k: int,
+                weights: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``y[t] = Σ_j weights[t, j] · src[slot[t·k + j]]`` (weight 1 without ``weights``), j in
+    slot order, fp32, one launch; y ``[T, d]`` in ``dtype``. A custom op under
+    ``torch.compile`` (dynamo cannot trace every Triton launch), its body eagerly."""
+    return op_or_body("cake_moe_grouped_det_gemm::gather_sum")(src, slot, k, weights, dtype)
+
+
+@custom_op("cake_moe_grouped_det_gemm::combine_bwd", mutates_args=())
+def _combine_bwd_op(dy: torch.Tensor, out: torch.Tensor, weights: torch.Tensor,
+                    slot: torch.Tensor, need_dout: bool, need_dw: bool,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    T, k = weights.shape
+    # each expert row p = slot[t·k + j] written once, by token t's program
+    dout = torch.empty_like(out) if need_dout else None
+    dweights = torch.empty((T, k), dtype=torch.float32, device=dy.device) if need_dw \
+        else None
+    if T and (need_dout or need_dw):
+        bt, bd = _gather_launch(dy.device, out.shape[1])
+        combine_bwd_kernel[(cdiv(T, bt),)](
+            dy, out, weights, slot, dout if need_dout else dy,
+            dweights if need_dw else weights, T, out.shape[1], dy.stride(0),
+            out.stride(0), dout.stride(0) if need_dout else 0, K=k,
+            NEED_DOUT=need_dout, NEED_DW=need_dw, BLOCK_T=bt, BLOCK_D=bd, num_warps=4)
+    return optional_output(dout, dy), optional_output(dweights, dy)
+
+
+@_combine_bwd_op.register_fake
+def _combine_bwd_fake(dy, out, weights, slot, need_dout, need_dw):
+    return (torch.empty_like(out) if need_dout else dy.new_empty((0,), dtype=torch.float32),
+            dy.new_empty(weights.shape if need_dw else (0,), dtype=torch.float32))
+
+
 class _Permute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, order, slot, top_k):
-        ctx.save_for_backward(slot)
+        ctx.save_for_backward(slot.contiguous())  # the kernel reads slot[t·k + j] at SLOT + t·k + j
         ctx.top_k = top_k
         return x.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
@@ -233,7 +271,7 @@ def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
 class _Unpermute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, weights, order, slot):
-        out, weights = _rows(out), weights.contiguous()
+        out, weights, slot = _rows(out), weights.contiguous(), slot.contiguous()
         ctx.save_for_backward(out, weights, slot)
         # slot order: ((w0 o0 + w1 o1) + w2 o2) + ..., fp32, one launch
         return _gather_sum(out, slot, weights.shape[1], weights, out.dtype)
@@ -244,18 +282,9 @@ class _Unpermute(torch.autograd.Function):
         out, weights, slot = ctx.saved_tensors
         T, k = weights.shape
         need_dout, need_dw = ctx.needs_input_grad[:2]
-        dy = _rows(dy)
-        # each expert row p = slot[t·k + j] written once, by token t's program
-        dout = torch.empty_like(out) if need_dout else None
-        dweights = torch.empty((T, k), dtype=torch.float32, device=dy.device) if need_dw \
-            else None
-        if T and (need_dout or need_dw):
-            bt, bd = _gather_launch(dy.device, out.shape[1])
-            combine_bwd_kernel[(cdiv(T, bt),)](
-                dy, out, weights, slot, dout if need_dout else dy,
-                dweights if need_dw else weights, T, out.shape[1], dy.stride(0),
-                out.stride(0), dout.stride(0) if need_dout else 0, K=k,
-                NEED_DOUT=need_dout, NEED_DW=need_dw, BLOCK_T=bt, BLOCK_D=bd, num_warps=4)
+        dout, dweights = op_or_body("cake_moe_grouped_det_gemm::combine_bwd")(
+            _rows(dy), out, weights, slot, need_dout, need_dw)
+        dout, dweights = (dout if need_dout else None), (dweights if need_dw else None)
         return dout, dweights, None, None
 
 

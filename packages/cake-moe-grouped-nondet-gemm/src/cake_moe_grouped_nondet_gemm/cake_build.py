@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:9e160b06dbfbac5df05be0192b8102e8d493a7fc3969660c545643fc53a382bd"
+SOURCE_DIGEST = "sha256:41e6f8824712acb786ae7139c6ab1c8d515d43e878df82c8cc8d699873cac00c"
 # --- end of generated block ---
 
 REUSES = [
