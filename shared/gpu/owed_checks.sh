@@ -38,13 +38,16 @@ case ${1:-} in
     timeout 60 python3 shared/gpu/launch_overhead.py
     timeout 90 python3 shared/gpu/host_overhead.py ;;
   suites)
-    # CUDA graphs of every det family passed at 831ce2b; the LM head's again (its CUDA rule
-    # reads no labels since then); the query tests after their GPU fixes; float64 parity and
+    # CUDA graphs of every det family passed at 831ce2b; again those changed since (the LM
+    # head's CUDA rule reads no labels; GQA / mHC eager calls skip the dispatcher; the MoE
+    # metadata and combine kernels, with MoE's compile tests); the query tests after their
+    # GPU fixes; float64 parity and
     # grads of GDN / KDA at the rule's CUDA configurations (L2 norm backward now a kernel);
     # the rmsnorm / gated-norm nondet tables (lost from the last call's output)
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
     T0=$SECONDS
-    for f in packages/cake-lm-head-loss-det-train/tests/test_lmhead_cuda_graph.py \
+    for f in packages/cake-{lm-head-loss-det-train,gqa-det-train,mhc-det-train,moe-grouped-det-gemm}/tests/test_*_cuda_graph.py \
+             packages/cake-moe-grouped-det-gemm/tests/test_moe_{compile,ffn,meta}.py \
              packages/*/tests/test_*queries*.py \
              packages/cake-gdn-det-train/tests/test_gdn_parity.py \
              packages/cake-gdn-det-train/tests/test_gdn_grads.py \
@@ -60,7 +63,7 @@ case ${1:-} in
     grep -HE "passed|failed|error" /tmp/q_*.txt | sed "s|.*/q_||" | tail -45
     grep -hE "^(FAILED|E  |/.*Error)" /tmp/q_*.txt | cut -c1-300 | sort -u | head -40
     for b in packages/cake-rmsnorm-nondet-train packages/cake-rmsnorm-silu-gate-nondet-train; do
-      timeout 100 python3 $b/benchmarks/bench_*.py 2>&1 | tail -12
+      timeout 60 python3 $b/benchmarks/bench_*.py --rounds 2 2>&1 | tail -12
     done ;;
   *) echo "usage: $0 engine|model|suites"; exit 2 ;;
 esac
