@@ -36,6 +36,8 @@ diff = [k for k in sorted(set(a) | set(b)) if k not in a or k not in b or (a[k] 
 print("hash cases: outputs", len(a), "differ", len(diff), diff[:20])
 PY
 fi
+# host ms per eager call, before and after in one call (first: the benches may run out of time)
+echo "== host"; timeout 90 python3 shared/gpu/host_time.py "$BEFORE"; timeout 90 python3 shared/gpu/host_time.py .
 # one process per (side, family), before / after alternating; FLA beside cake in each
 i=0
 for fam in ${FAMS:-gdn kda}; do
@@ -59,5 +61,4 @@ if [ "${HASH:-1}" = 1 ]; then
   echo "== 2nd process, after, hash cases"
   timeout 120 python3 shared/gpu/chunk_engine_check.py . --no-time --compare /tmp/a0.pt 2>&1 | tail -3
 fi
-echo "== host"; timeout 90 python3 shared/gpu/host_time.py "$BEFORE"; timeout 90 python3 shared/gpu/host_time.py .
 echo "total $((SECONDS-T0)) s"
