@@ -10,7 +10,8 @@ Cases (bf16, W = 4, SiLU; the det benchmark's shapes):
 
 Per case and implementation: forward and forward+backward (inputs requiring grad, a fixed
 dy), each the median of CUDA-event times over ``--reps`` runs after ``--warmup`` runs
-(``time.perf_counter`` on the CPU). ``ratio_nondet_over_det`` below 1: nondet faster.
+(``time.perf_counter`` on the CPU), det and nondet in turn for ``--rounds`` rounds (the
+median of the rounds kept). ``ratio_nondet_over_det`` below 1: nondet faster.
 ``--check``: the nondet outputs and gradients against det's (max relative difference) and
 whether two nondet runs gave the same bits (reported, not promised).
 
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true")
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="det / nondet timed in turn this many rounds, the median kept")
     return p
 
 
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
         spec = CASES[cname]
         case = make_case(torch, **spec, W=args.width, dtype=dtype, device=args.device,
                          seed=args.seed)
-        rows, outs = {}, {}
+        rows, outs, steps = {}, {}, {}
         for name, fn in impls.items():
             row = rows[name] = {}
 
@@ -93,11 +96,7 @@ def main(argv=None) -> int:
                 return [y.detach(), x.grad, w.grad, b.grad]
 
             try:
-                row["fwd_ms"] = statistics.median(bench.time_calls(
-                    lambda step=step: step(backward=False), args.warmup, args.reps,
-                    args.device, sync_each=True))
-                row["fwdbwd_ms"] = statistics.median(bench.time_calls(
-                    step, args.warmup, args.reps, args.device, sync_each=True))
+                steps[name] = step
                 if args.check:
                     outs[name] = step()
                     if name == "nondet":
@@ -105,6 +104,18 @@ def main(argv=None) -> int:
                             torch.equal(a, b) for a, b in zip(outs[name], step(), strict=True))
             except Exception as e:  # noqa: BLE001 - record and keep going
                 row["error"] = bench.short_error(e)
+        if len(steps) == len(impls):  # det and nondet in turn, each round, medians kept
+            times = {name: {"fwd": [], "fwdbwd": []} for name in steps}
+            for _ in range(max(1, args.rounds)):
+                for name, step in steps.items():
+                    times[name]["fwd"].append(statistics.median(bench.time_calls(
+                        lambda step=step: step(backward=False), args.warmup, args.reps,
+                        args.device, sync_each=True)))
+                    times[name]["fwdbwd"].append(statistics.median(bench.time_calls(
+                        step, args.warmup, args.reps, args.device, sync_each=True)))
+            for name, t in times.items():
+                rows[name]["fwd_ms"] = statistics.median(t["fwd"])
+                rows[name]["fwdbwd_ms"] = statistics.median(t["fwdbwd"])
         if all("fwd_ms" in r for r in rows.values()):
             for ph in ("fwd", "fwdbwd"):
                 rows["nondet"][f"{ph}_ratio_nondet_over_det"] = \
