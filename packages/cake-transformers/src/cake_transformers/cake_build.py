@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9a9a200f7c12b69bf8c3dbb7e2e096e13ab6460fefd5c7fbf9abb30262391cda"
+SOURCE_DIGEST = "sha256:b240ba7b24436fd6e8d85cd32f96418e7b119d731cc38100652774a3e2e6a9e1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -100,15 +100,19 @@ def _make_gdn_forward(on: frozenset):
         q = q.reshape(B, T, -1, self.head_k_dim).contiguous()
         k = k.reshape(B, T, -1, self.head_k_dim).contiguous()
         v = v.reshape(B, T, -1, self.head_v_dim).contiguous()
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         if "linear_attention" in on:
             from cake_gdn_det_train import chunk_gated_delta_rule_det
 
-            o, _ = chunk_gated_delta_rule_det(q, k, v, g=g.contiguous(),
-                                              beta=beta.contiguous(),
-                                              use_qk_l2norm_in_kernel=True)
+            # the decay -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) computed in
+            # the kernels (FLA's flags): one launch each way instead of about ten torch ops
+            o, _ = chunk_gated_delta_rule_det(q, k, v, g=a, beta=b,
+                                              use_qk_l2norm_in_kernel=True,
+                                              use_gate_in_kernel=True, A_log=self.A_log,
+                                              dt_bias=self.dt_bias,
+                                              use_beta_sigmoid_in_kernel=True)
         else:
+            beta = b.sigmoid()
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
             o, _ = m.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta,
                                                   use_qk_l2norm_in_kernel=True)
         o = o.reshape(-1, o.shape[-1])
