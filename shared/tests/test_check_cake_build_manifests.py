@@ -181,9 +181,10 @@ def test_called_jit_function_through_a_module_alias(tmp_path):
 
 
 @pytest.mark.parametrize("dist,rel,old,new", [
-    # the MoE combine's slot order (issue 11 review, item 6)
-    ("cake-moe-grouped-det-gemm", "moe.py", "for j in range(1, k):",
-     "for j in reversed(range(1, k)):"),
+    # the MoE routing's stable sort of the assignments (issue 11 review, item 6)
+    ("cake-moe-grouped-det-gemm", "moe.py",
+     "sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)",
+     "sorted_ids, order = torch.sort(ids.reshape(-1), stable=False)"),
     # a plan rule
     (LOCAL, "plan.py", "    format_version: ClassVar[int] = 1\n",
      "    format_version: ClassVar[int] = 1  # planted\n"),
