@@ -9,12 +9,10 @@ keywords and a grid callable (the form cake's wrappers use); 2 host-side TMA
 ``TensorDescriptor`` arguments. Prints the median of 5 rounds per form, and ``torch.empty``'s
 and a small torch op's host cost for scale.
 """
-import statistics
-import time
-
 import torch
 import triton
 import triton.language as tl
+from host_overhead import host_us
 
 
 @triton.jit
@@ -35,17 +33,8 @@ def _desc(A, B):
     pass
 
 
-def per_launch_us(f, n=2000, rounds=5):
-    f()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
-            f()
-        out.append((time.perf_counter() - t) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
+def per_launch_us(f):
+    return host_us(f, n=2000, rounds=5)  # host_overhead's timer (the same directory)
 
 
 def main():
