@@ -159,3 +159,21 @@ def test_plan_field_types():
     import numpy as np
 
     assert make_plan(np.int64(32), torch.float32, DEV) == make_plan(32, torch.float32, DEV)
+
+
+def test_torch_compile_with_offset_same_values():
+    """The custom op carries ``offset`` (fullgraph compile, forward and backward)."""
+    torch._dynamo.reset()
+    x = randn((10, 64), torch.float32, DEV, seed=5).requires_grad_()
+    w = randn((64,), torch.float32, DEV, seed=6, scale=0.1).requires_grad_()
+
+    def f(x, w):
+        return rmsnorm_det(x, w, 1e-6, offset=1.0).square().sum()
+
+    f(x, w).backward()
+    g = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    torch.compile(f, fullgraph=True, backend="aot_eager" if DEV.type == "cpu"
+                  else "inductor")(x, w).backward()
+    torch.testing.assert_close(x.grad, g[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.grad, g[1], rtol=1e-5, atol=1e-6)

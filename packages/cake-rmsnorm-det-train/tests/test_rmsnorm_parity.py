@@ -10,11 +10,11 @@ DEV = default_device()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def _ref(x, w, dy, eps, residual=None, dh=None):
+def _ref(x, w, dy, eps, residual=None, dh=None, offset=0.0):
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach().double().requires_grad_()
     r64 = residual.detach().double().requires_grad_() if residual is not None else None
-    out = rmsnorm_reference(x64, w64, eps, r64, dtype=torch.float64)
+    out = rmsnorm_reference(x64, w64, eps, r64, dtype=torch.float64, offset=offset)
     if residual is None:
         out.backward(dy.double())
         return out, x64.grad, w64.grad, None, None
@@ -120,3 +120,43 @@ def test_dweight_accumulator_adds_in_fixed_order():
     assert torch.equal(main_grad, start + w2.grad)
     _, _, dw64, _, _ = _ref(x, w, dy, 1e-6)
     assert rel_fro_error(main_grad - start, dw64) < TOLERANCES[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("offset", [1.0, -0.25])
+@pytest.mark.parametrize("residual", [False, True])
+def test_parity_weight_offset(offset, dtype, residual):
+    """``offset``: y = xhat * (offset + w) (Gemma / Qwen3-Next zero-centred weights), dweight
+    the gradient of w; the low-level pair keeps the offset in its saved set."""
+    rows, H, eps = 67, 320, 1e-6
+    x = randn((rows, H), dtype, DEV, seed=31).requires_grad_()
+    w = randn((H,), dtype, DEV, seed=32, scale=0.2).requires_grad_()  # near 0: offset matters
+    r = randn((rows, H), dtype, DEV, seed=33) if residual else None
+    dy = randn((rows, H), dtype, DEV, seed=34)
+    dh = randn((rows, H), dtype, DEV, seed=35) if residual else None
+    out = rmsnorm_det(x, w, eps, offset=offset, residual=r)
+    y = out[0] if residual else out
+    torch.autograd.backward([y, out[1]] if residual else [y], [dy, dh] if residual else [dy])
+    y64, dx64, dw64, _, _ = _ref(x, w, dy, eps, r, dh, offset=offset)
+    assert_close_to_reference(y, y64, dtype, "y")
+    _check_dx(x.grad, dx64, w.detach() + offset, dy, x, dtype)
+    assert_close_to_reference(w.grad, dw64, dtype, "dweight")
+    outs, saved = rmsnorm_det_fwd(x.detach(), w.detach(), eps, offset=offset, residual=r)
+    g = rmsnorm_det_bwd(dy, dh, saved)
+    assert torch.equal(outs[0] if residual else outs, y)
+    assert torch.equal(g.dx, x.grad) and torch.equal(g.dweight, w.grad)
+
+
+def test_offset_equals_the_offset_weight_bitwise():
+    """With fp32 weights, ``offset=1`` gives the bits of passing ``1 + w`` (the weight is
+    offset in fp32 in the kernels, as torch forms ``1 + w``), dweight included."""
+    x = randn((45, 256), torch.bfloat16, DEV, seed=41).requires_grad_()
+    w = randn((256,), torch.float32, DEV, seed=42, scale=0.1).requires_grad_()
+    dy = randn((45, 256), torch.bfloat16, DEV, seed=43)
+    rmsnorm_det(x, 1.0 + w, 1e-6).backward(dy)
+    ref = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    y = rmsnorm_det(x, w, 1e-6, offset=1.0)
+    y.backward(dy)
+    assert torch.equal(y, rmsnorm_det(x.detach(), 1.0 + w.detach(), 1e-6))
+    assert torch.equal(x.grad, ref[0]) and torch.equal(w.grad, ref[1])

@@ -1,7 +1,8 @@
 """Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of det RMSNorm.
 
-Math: y = h * rsqrt(mean(h**2, -1) + eps) * weight with h = x (+ residual)
-(Zhang & Sennrich, 2019). Backward, with xhat = h * rstd:
+Math: y = h * rsqrt(mean(h**2, -1) + eps) * (offset + weight) with h = x (+ residual)
+(Zhang & Sennrich, 2019; ``offset = 1`` is the zero-centred weight of Gemma and Qwen3-Next,
+Liger's ``offset``). Backward, with xhat = h * rstd and w = offset + weight:
     dh = rstd * (w*dy - xhat * mean(xhat * w*dy, -1)) (+ grad of the returned h)
     dweight = sum over rows of dy * xhat  (fixed-order partials, see kernels/bwd.py)
 """
@@ -76,11 +77,12 @@ _Tensor = torch.Tensor
 _FAST_EPS = (float,)
 
 
-def _fast_ok(x, weight, eps) -> bool:
+def _fast_ok(x, weight, eps, offset) -> bool:
     """True when the common call (no residual, no accumulator) passes every check of
     :func:`_check_inputs`; a False sends the call through the full checks and messages.
     Exists for host time: a kernel this short does not hide the full checks' host time."""
-    if type(x) is not _Tensor or type(weight) is not _Tensor or type(eps) not in _FAST_EPS:
+    if type(x) is not _Tensor or type(weight) is not _Tensor or type(eps) not in _FAST_EPS \
+            or type(offset) is not float:
         return False
     dt = x.dtype
     if dt not in _FLOATS or (weight.dtype is not dt and weight.dtype is not torch.float32):
@@ -91,12 +93,13 @@ def _fast_ok(x, weight, eps) -> bool:
     if not 1 < H <= MAX_HIDDEN or weight.shape[0] != H or x.stride(-1) != 1 or \
             weight.stride(0) != 1:
         return False
-    if not 0.0 < eps < float("inf"):
+    if not 0.0 < eps < float("inf") or not -_INF < offset < _INF:
         return False
     dev = x.device
     return dev == weight.device and dev.type == _LAUNCH_DEVICE_TYPE
 
 
+_INF = float("inf")
 _LAUNCH_DEVICE_TYPE = "cpu" if select_backend() == "interpreter" else "cuda"
 
 
@@ -104,10 +107,11 @@ _LAUNCH_DEVICE_TYPE = "cpu" if select_backend() == "interpreter" else "cuda"
 X_LAYOUT = "[..., H]: normalized over the last dim, as torch.nn.RMSNorm(H)"
 
 
-def _check_inputs(x, weight, eps, residual, dweight_accumulator, launch=True) -> torch.device:
+def _check_inputs(x, weight, eps, residual, dweight_accumulator, launch=True,
+                  offset=0.0) -> torch.device:
     """The entry's input checks; ``launch=False`` skips the launch-device check only
     (:func:`saved_bytes` sizes tensors on any device, the meta device included)."""
-    if residual is None and dweight_accumulator is None and _fast_ok(x, weight, eps):
+    if residual is None and dweight_accumulator is None and _fast_ok(x, weight, eps, offset):
         return x.device
     check_tensor(x, "x")
     check_ndim(x, "x", min_ndim=1, layout=X_LAYOUT)
@@ -121,6 +125,7 @@ def _check_inputs(x, weight, eps, residual, dweight_accumulator, launch=True) ->
     check_dtype(weight, "weight", (torch.float32, x.dtype))
     check_last_dim_contiguous(weight, "weight")
     check_positive_finite(eps, "eps")
+    check_offset(offset)
     if residual is not None:
         check_tensor(residual, "residual")
         check_shape(residual, "residual", list(x.shape), layout="x's shape")
@@ -134,12 +139,20 @@ def _check_inputs(x, weight, eps, residual, dweight_accumulator, launch=True) ->
     return device
 
 
+def check_offset(offset) -> None:
+    """``offset``: a finite real number (``ValueError`` otherwise)."""
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or \
+            not -_INF < offset < _INF:
+        raise ValueError(f"offset: must be a finite number (the weight is used as offset + "
+                         f"weight), got {offset!r}")
+
+
 def check_call(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
-               dweight_accumulator, *, launch: bool = True):
+               dweight_accumulator, *, launch: bool = True, offset=0.0):
     """Every check of the entry :func:`rmsnorm_det` (for ``kinds``), before any allocation
     or launch: ``(device, plan, partials)``, or ``ValueError``. The entries and the queries
     (:mod:`cake_rmsnorm_det_train.queries`) run this one function."""
-    device = _check_inputs(x, weight, eps, residual, dweight_accumulator, launch)
+    device = _check_inputs(x, weight, eps, residual, dweight_accumulator, launch, offset)
     plan = _resolve_plan(plan, x.shape[-1], x.dtype, device, kinds)
     partials = _resolve_workspace(workspace, plan, device, kinds)
     return device, plan, partials
@@ -196,7 +209,7 @@ def _rows(t: torch.Tensor, n_rows: int, H: int) -> torch.Tensor:
     return t2 if H == 1 or t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan):
+def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan, offset: float = 0.0):
     H = x.shape[-1]
     n_rows = x.numel() // H
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -216,12 +229,13 @@ def _launch_fwd(x, weight, residual, eps: float, plan: RMSNormDetPlan):
         x2, r2, weight, y2, h2, rstd,
         n_rows, H, *strides, eps,
         HAS_RESIDUAL=residual is not None, BLOCK_M=plan.block_m_fwd, BLOCK_H=plan.block_h,
-        OFF64=off64, num_warps=plan.num_warps_fwd,
+        OFF64=off64, W_OFFSET=offset, num_warps=plan.num_warps_fwd,
     )
     return y, h, rstd
 
 
-def _launch_bwd(dy, dh, xh, weight, rstd, plan: RMSNormDetPlan, partials, acc):
+def _launch_bwd(dy, dh, xh, weight, rstd, plan: RMSNormDetPlan, partials, acc,
+                offset: float = 0.0):
     """Returns (dx, dweight); dweight is an empty tensor when ``acc`` took the sum."""
     H = xh.shape[-1]
     n_rows = xh.numel() // H
@@ -241,7 +255,7 @@ def _launch_bwd(dy, dh, xh, weight, rstd, plan: RMSNormDetPlan, partials, acc):
         dy2, dh2, x2, weight, rstd, dx2, partials,
         n_rows, H, plan.bwd_programs, dy2.stride(0), dh2.stride(0), x2.stride(0), dx2.stride(0),
         HAS_DH=dh is not None, BLOCK_M=plan.block_m_bwd, BLOCK_H=plan.block_h,
-        num_warps=plan.num_warps_bwd,
+        W_OFFSET=offset, num_warps=plan.num_warps_bwd,
     )
     dweight_reduce_kernel[(_cdiv(H, plan.reduce_block_c),)](
         partials, dw, acc if acc is not None else partials, plan.bwd_programs, H,
@@ -263,11 +277,12 @@ class _RMSNormDetFunction(torch.autograd.Function):
     before the backward's launches (``None`` here; the nondet sibling's alert)."""
 
     @staticmethod
-    def forward(ctx, x, weight, residual, eps, plan, partials, acc, before_bwd=None):
-        y, h, rstd = _launch_fwd(x, weight, residual, eps, plan)
+    def forward(ctx, x, weight, residual, eps, plan, partials, acc, before_bwd=None,
+                offset=0.0):
+        y, h, rstd = _launch_fwd(x, weight, residual, eps, plan, offset)
         ctx.has_residual = residual is not None
         ctx.plan, ctx.partials, ctx.acc = plan, partials, acc
-        ctx.before_bwd = before_bwd
+        ctx.before_bwd, ctx.offset = before_bwd, offset
         ctx.save_for_backward(h if residual is not None else x, weight, rstd)
         if residual is not None:
             return y, h
@@ -280,9 +295,10 @@ class _RMSNormDetFunction(torch.autograd.Function):
             ctx.before_bwd()
         xh, weight, rstd = ctx.saved_tensors
         dx, dw = _launch_bwd(dy, dh if ctx.has_residual else None, xh, weight, rstd, ctx.plan,
-                             ctx.partials, ctx.acc)
+                             ctx.partials, ctx.acc, ctx.offset)
         dweight = dw if ctx.acc is None and ctx.needs_input_grad[1] else None
-        return dx, dweight, (dx if ctx.has_residual else None), None, None, None, None, None
+        return (dx, dweight, (dx if ctx.has_residual else None), None, None, None, None, None,
+                None)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -297,14 +313,15 @@ def register_ops(kinds: ModeKinds):
     @torch.library.custom_op(f"{ns}::fwd", mutates_args=())
     def _fwd_op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
                 eps: float, plan_fields: list[int], partials: torch.Tensor | None,
-                dweight_accumulator: torch.Tensor | None,
+                dweight_accumulator: torch.Tensor | None, offset: float = 0.0,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
-        y, h, rstd = _launch_fwd(x, weight, residual, eps, plan)
+        y, h, rstd = _launch_fwd(x, weight, residual, eps, plan, offset)
         return y, (h if h is not None else x.new_empty((0,))), rstd
 
     @_fwd_op.register_fake
-    def _fwd_fake(x, weight, residual, eps, plan_fields, partials, dweight_accumulator):
+    def _fwd_fake(x, weight, residual, eps, plan_fields, partials, dweight_accumulator,
+                  offset=0.0):
         n_rows = x.numel() // x.shape[-1]
         y = x.new_empty(x.shape)
         h = x.new_empty(x.shape if residual is not None else (0,))
@@ -314,33 +331,35 @@ def register_ops(kinds: ModeKinds):
     def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, xh: torch.Tensor,
                 weight: torch.Tensor, rstd: torch.Tensor, plan_fields: list[int],
                 partials: torch.Tensor | None, dweight_accumulator: torch.Tensor | None,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
         if kinds.before_bwd is not None:
             kinds.before_bwd()  # at run time, before any launch
         plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
-        return _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
+        return _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator,
+                           offset)
 
     @_bwd_op.register_fake
-    def _bwd_fake(dy, dh, xh, weight, rstd, plan_fields, partials, dweight_accumulator):
+    def _bwd_fake(dy, dh, xh, weight, rstd, plan_fields, partials, dweight_accumulator,
+                  offset=0.0):
         H = xh.shape[-1]
         dw = weight.new_empty((H,) if dweight_accumulator is None else (0,))
         return xh.new_empty(xh.shape), dw
 
     def _setup_context(ctx, inputs, output):
-        x, weight, residual, eps, plan_fields, partials, acc = inputs
+        x, weight, residual, eps, plan_fields, partials, acc, offset = inputs
         _, h, rstd = output
         ctx.has_residual = residual is not None
-        ctx.plan_fields = plan_fields
+        ctx.plan_fields, ctx.offset = plan_fields, offset
         ctx.save_for_backward(h if residual is not None else x, weight, rstd, partials, acc)
 
     def _backward(ctx, dy, dh, drstd):
         xh, weight, rstd, partials, acc = ctx.saved_tensors
         dh = dh if ctx.has_residual else None
         dx, dw = getattr(torch.ops, ns).bwd(
-            dy, dh, xh, weight, rstd, ctx.plan_fields, partials, acc)
+            dy, dh, xh, weight, rstd, ctx.plan_fields, partials, acc, ctx.offset)
         dweight = dw if acc is None and ctx.needs_input_grad[1] else None
         dres = dx if ctx.has_residual else None
-        return dx, dweight, dres, None, None, None, None
+        return dx, dweight, dres, None, None, None, None, None
 
     _fwd_op.register_autograd(_backward, setup_context=_setup_context)
     return _fwd_op, _bwd_op
@@ -363,27 +382,27 @@ _fwd_op, _bwd_op = register_ops(DET_KINDS)
 
 
 def run_autograd(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
-                 dweight_accumulator):
+                 dweight_accumulator, offset=0.0):
     """The body of :func:`rmsnorm_det` for ``kinds``."""
     _, plan, partials = check_call(kinds, x, weight, eps, residual, plan, workspace,
-                                   dweight_accumulator)
+                                   dweight_accumulator, offset=offset)
     if not torch.compiler.is_compiling():
         return kinds.function.apply(x, weight, residual, float(eps), plan, partials,
-                                    dweight_accumulator, kinds.before_bwd)
+                                    dweight_accumulator, kinds.before_bwd, float(offset))
     y, h, _ = getattr(torch.ops, kinds.namespace).fwd(
         x, weight, residual, float(eps), plan_to_op_fields(plan), partials,
-        dweight_accumulator)
+        dweight_accumulator, float(offset))
     return (y, h) if residual is not None else y
 
 
-def run_fwd(kinds: ModeKinds, x, weight, eps, residual, plan):
+def run_fwd(kinds: ModeKinds, x, weight, eps, residual, plan, offset=0.0):
     """The body of :func:`rmsnorm_det_fwd` for ``kinds``: ``(outputs, saved)``."""
-    _, plan, _ = check_call(kinds, x, weight, eps, residual, plan, None, None)
+    _, plan, _ = check_call(kinds, x, weight, eps, residual, plan, None, None, offset=offset)
     with torch.no_grad():
-        y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan)
+        y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan, float(offset))
     saved = kinds.saved_type(
         kinds.mode, {"xh": h if residual is not None else x, "weight": weight, "rstd": rstd},
-        meta={"has_residual": residual is not None, "plan": plan})
+        meta={"has_residual": residual is not None, "plan": plan, "offset": float(offset)})
     return ((y, h) if residual is not None else y), saved
 
 
@@ -411,7 +430,8 @@ def run_bwd(kinds: ModeKinds, dy, dh, saved, plan, workspace, dweight_accumulato
     if kinds.before_bwd is not None:
         kinds.before_bwd()
     with torch.no_grad():
-        dx, dw = _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator)
+        dx, dw = _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator,
+                             saved.meta.get("offset", 0.0))
     return kinds.grads_type(dx, dw if dweight_accumulator is None else None,
                             dx if saved.has_residual else None)
 
@@ -420,16 +440,21 @@ def run_bwd(kinds: ModeKinds, dy, dh, saved, plan, workspace, dweight_accumulato
 
 
 def rmsnorm_det(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
-                residual: torch.Tensor | None = None, plan: RMSNormDetPlan | None = None,
+                offset: float = 0.0, residual: torch.Tensor | None = None,
+                plan: RMSNormDetPlan | None = None,
                 workspace: RMSNormDetWorkspace | None = None,
                 dweight_accumulator: torch.Tensor | None = None):
-    """Deterministic RMSNorm with autograd: ``y = h * rsqrt(mean(h**2, -1) + eps) * weight``.
+    """Deterministic RMSNorm with autograd:
+    ``y = h * rsqrt(mean(h**2, -1) + eps) * (offset + weight)``.
 
     Args:
         x: ``[..., H]``, any leading dims, last dim contiguous; fp32, bf16 or fp16.
             1 <= H <= 65536.
         weight: ``[H]``, fp32 or x's dtype.
         eps: > 0, added to the mean square (default 1e-6).
+        offset: a finite number added to the weight in fp32 inside the kernels (default 0;
+            1 for the zero-centred weights of Gemma and Qwen3-Next, as Liger's ``offset``).
+            dweight is the gradient of ``weight`` itself.
         residual: optional, like x (same shape and dtype). Then h = x + residual (rounded to
             x's dtype) is normalized and returned too.
         plan: an :class:`RMSNormDetPlan` for H (default: ``make_plan(H, x.dtype, device)``).
@@ -446,22 +471,31 @@ def rmsnorm_det(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     hardware and accumulator contents (fixed-order partial sums, no atomics).
 
     Raises:
-        ValueError: bad shape, dtype, device, stride, eps, plan, workspace or mode, before
-            any launch; the caller's tensors are not modified.
+        ValueError: bad shape, dtype, device, stride, eps, offset, plan, workspace or mode,
+            before any launch; the caller's tensors are not modified.
+
+    Example::
+
+        import torch
+        from cake_rmsnorm_det_train import rmsnorm_det
+        x = torch.randn(8, 64, requires_grad=True)  # CPU: Triton's interpreter
+        w = torch.zeros(64, requires_grad=True)     # zero-centred: scales by 1 + w
+        rmsnorm_det(x, w, 1e-6, offset=1.0).sum().backward()
     """
     return run_autograd(DET_KINDS, x, weight, eps, residual, plan, workspace,
-                        dweight_accumulator)
+                        dweight_accumulator, offset)
 
 
 def rmsnorm_det_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
-                    residual: torch.Tensor | None = None, plan: RMSNormDetPlan | None = None):
+                    offset: float = 0.0, residual: torch.Tensor | None = None,
+                    plan: RMSNormDetPlan | None = None):
     """Low-level forward without autograd: returns ``(outputs, saved)``.
 
     ``outputs`` is what :func:`rmsnorm_det` returns (``y`` or ``(y, h)``); ``saved`` is an
     :class:`RMSNormDetSavedSet` for :func:`rmsnorm_det_bwd`. Arguments, shapes and errors
     as in :func:`rmsnorm_det`.
     """
-    return run_fwd(DET_KINDS, x, weight, eps, residual, plan)
+    return run_fwd(DET_KINDS, x, weight, eps, residual, plan, offset)
 
 
 def rmsnorm_det_bwd(dy: torch.Tensor, dh: torch.Tensor | None, saved: RMSNormDetSavedSet, *,

@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:829a064fe37fadb63679caa3315a2ddae1e7b6e2295ac52919f5fc927ad11d97"
+SOURCE_DIGEST = "sha256:fcc49655c7155c033334a628990b09e5e4842f220ce7aafba06d78800d735414"
 # --- end of generated block ---
 
 MANIFEST = {

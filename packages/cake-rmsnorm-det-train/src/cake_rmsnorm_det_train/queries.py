@@ -14,10 +14,10 @@ from cake_rmsnorm_det_train.saved import RMSNormDetWorkspace
 
 
 def is_supported_for(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
-                     dweight_accumulator) -> Support:
+                     dweight_accumulator, offset=0.0) -> Support:
     """The body of :func:`is_supported` for ``kinds``."""
     return support_of(lambda: check_call(kinds, x, weight, eps, residual, plan, workspace,
-                                         dweight_accumulator))
+                                         dweight_accumulator, offset=offset))
 
 
 def workspace_bytes_for(kinds: ModeKinds, plan, device) -> int:
@@ -28,10 +28,10 @@ def workspace_bytes_for(kinds: ModeKinds, plan, device) -> int:
 
 
 def saved_bytes_for(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
-                    dweight_accumulator) -> int:
+                    dweight_accumulator, offset=0.0) -> int:
     """The body of :func:`saved_bytes` for ``kinds``."""
     check_call(kinds, x, weight, eps, residual, plan, workspace, dweight_accumulator,
-               launch=False)
+               launch=False, offset=offset)
     n_rows = x.numel() // x.shape[-1]
     specs = [((n_rows,), torch.float32)]  # rstd
     if residual is not None:
@@ -40,6 +40,7 @@ def saved_bytes_for(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
 
 
 def is_supported(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                 offset: float = 0.0,
                  residual: torch.Tensor | None = None, plan: RMSNormDetPlan | None = None,
                  workspace: RMSNormDetWorkspace | None = None,
                  dweight_accumulator: torch.Tensor | None = None) -> Support:
@@ -54,7 +55,7 @@ def is_supported(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         is_supported(torch.randn(8, 64), torch.ones(64)).ok   # True (CPU: interpreter)
     """
     return is_supported_for(DET_KINDS, x, weight, eps, residual, plan, workspace,
-                            dweight_accumulator)
+                            dweight_accumulator, offset)
 
 
 def workspace_bytes(plan: RMSNormDetPlan, device: torch.device | str | None = None) -> int:
@@ -73,6 +74,7 @@ def workspace_bytes(plan: RMSNormDetPlan, device: torch.device | str | None = No
 
 
 def saved_bytes(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                offset: float = 0.0,
                 residual: torch.Tensor | None = None, plan: RMSNormDetPlan | None = None,
                 workspace: RMSNormDetWorkspace | None = None,
                 dweight_accumulator: torch.Tensor | None = None) -> int:
@@ -90,7 +92,7 @@ def saved_bytes(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         saved_bytes(torch.empty(4096, 2048, device="meta"), torch.empty(2048, device="meta"))
     """
     return saved_bytes_for(DET_KINDS, x, weight, eps, residual, plan, workspace,
-                           dweight_accumulator)
+                           dweight_accumulator, offset)
 
 
 __all__ = ["is_supported", "saved_bytes", "workspace_bytes"]

@@ -17,7 +17,8 @@ class RMSNormDetSavedSet(SavedSet):
             was given (x's dtype).
         weight: ``[H]``.
         rstd: ``[rows]`` fp32, 1 / sqrt(mean(xh**2) + eps) per row.
-    Meta: ``has_residual`` (bool), ``plan`` (the forward's RMSNormDetPlan).
+    Meta: ``has_residual`` (bool), ``plan`` (the forward's RMSNormDetPlan), ``offset``
+    (float, the forward's weight offset; absent means 0).
     """
 
     tensor_names = ("xh", "weight", "rstd")

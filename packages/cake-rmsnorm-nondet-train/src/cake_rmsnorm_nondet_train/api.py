@@ -66,12 +66,13 @@ _fwd_op, _bwd_op = register_ops(NONDET_KINDS)
 
 
 def rmsnorm_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
-                   residual: torch.Tensor | None = None,
+                   offset: float = 0.0, residual: torch.Tensor | None = None,
                    plan: RMSNormNondetPlan | None = None,
                    workspace: RMSNormNondetWorkspace | None = None,
                    dweight_accumulator: torch.Tensor | None = None):
     """RMSNorm with autograd, not promised bitwise repeatable:
-    ``y = h * rsqrt(mean(h**2, -1) + eps) * weight`` with ``h = x`` (``+ residual``).
+    ``y = h * rsqrt(mean(h**2, -1) + eps) * (offset + weight)`` with ``h = x``
+    (``+ residual``).
 
     Arguments, shapes, dtypes, results and errors are those of
     ``cake_rmsnorm_det_train.rmsnorm_det``, with an :class:`RMSNormNondetPlan` (default
@@ -83,6 +84,8 @@ def rmsnorm_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
             1 <= H <= 65536.
         weight: ``[H]``, fp32 or x's dtype.
         eps: > 0, added to the mean square (default 1e-6).
+        offset: finite, added to the weight in the kernels (default 0; 1 for zero-centred
+            weights, as Liger's ``offset``).
         residual: optional, like x. Then h = x + residual (rounded to x's dtype) is
             normalized and returned too.
         plan, workspace: of this package (mode nondet), for H.
@@ -106,11 +109,11 @@ def rmsnorm_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         rmsnorm_nondet(x, torch.ones(64)).sum().backward()
     """
     return run_autograd(NONDET_KINDS, x, weight, eps, residual, plan, workspace,
-                        dweight_accumulator)
+                        dweight_accumulator, offset)
 
 
 def rmsnorm_nondet_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
-                       residual: torch.Tensor | None = None,
+                       offset: float = 0.0, residual: torch.Tensor | None = None,
                        plan: RMSNormNondetPlan | None = None):
     """Low-level forward without autograd: returns ``(outputs, saved)``.
 
@@ -118,7 +121,7 @@ def rmsnorm_nondet_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     an :class:`RMSNormNondetSavedSet` for :func:`rmsnorm_nondet_bwd`. Arguments, shapes and
     errors as in :func:`rmsnorm_nondet`.
     """
-    return run_fwd(NONDET_KINDS, x, weight, eps, residual, plan)
+    return run_fwd(NONDET_KINDS, x, weight, eps, residual, plan, offset)
 
 
 def rmsnorm_nondet_bwd(dy: torch.Tensor, dh: torch.Tensor | None,

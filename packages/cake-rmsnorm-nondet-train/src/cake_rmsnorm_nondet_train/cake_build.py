@@ -37,7 +37,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:65ba70f353c50d1d5554cb676935baa58220939dafd3a591861b2f24e226dd1f"
+SOURCE_DIGEST = "sha256:0a1961e0da4decf0b552a8acce103f9dbd90ffe9f403eb50003df856a1951668"
 # --- end of generated block ---
 
 MANIFEST = {

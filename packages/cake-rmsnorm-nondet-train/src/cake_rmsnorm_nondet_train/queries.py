@@ -14,6 +14,7 @@ from cake_rmsnorm_nondet_train.saved import RMSNormNondetWorkspace
 
 
 def is_supported_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                        offset: float = 0.0,
                         residual: torch.Tensor | None = None,
                         plan: RMSNormNondetPlan | None = None,
                         workspace: RMSNormNondetWorkspace | None = None,
@@ -29,7 +30,7 @@ def is_supported_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
         is_supported_nondet(torch.randn(8, 64), torch.ones(64)).ok   # True (CPU: interpreter)
     """
     return is_supported_for(NONDET_KINDS, x, weight, eps, residual, plan, workspace,
-                            dweight_accumulator)
+                            dweight_accumulator, offset)
 
 
 def workspace_bytes_nondet(plan: RMSNormNondetPlan,
@@ -49,6 +50,7 @@ def workspace_bytes_nondet(plan: RMSNormNondetPlan,
 
 
 def saved_bytes_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                       offset: float = 0.0,
                        residual: torch.Tensor | None = None,
                        plan: RMSNormNondetPlan | None = None,
                        workspace: RMSNormNondetWorkspace | None = None,
@@ -68,7 +70,7 @@ def saved_bytes_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                            torch.empty(2048, device="meta"))
     """
     return saved_bytes_for(NONDET_KINDS, x, weight, eps, residual, plan, workspace,
-                           dweight_accumulator)
+                           dweight_accumulator, offset)
 
 
 __all__ = ["is_supported_nondet", "saved_bytes_nondet", "workspace_bytes_nondet"]

@@ -3,17 +3,17 @@
 Which transformers piece runs on which cake package (the math is transformers'; only the
 kernels change):
 
-=================  ==========================================  ============================
+=================  ==========================================  ===============================
 flag               transformers code                           cake
-=================  ==========================================  ============================
-rms_norm           ``Qwen3NextRMSNorm`` (``norm(x) * (1+w)``)  ``rmsnorm_det(x, 1 + w)``
+=================  ==========================================  ===============================
+rms_norm           ``Qwen3NextRMSNorm`` (``norm(x) * (1+w)``)  ``rmsnorm_det(x, w, offset=1)``
 linear_attention   ``torch_chunk_gated_delta_rule``            ``chunk_gated_delta_rule_det``
 short_conv         ``causal_conv1d_forward`` (depthwise, SiLU) ``causal_conv1d_det``
 gated_norm         ``Qwen3NextRMSNormGated``                   ``rmsnorm_silu_gate_det``
 attention          the SDPA / eager call of the attention      ``flash_attn_func`` (causal)
 moe                ``Qwen3NextSparseMoeBlock``'s routed experts ``moe_feed_forward_det``
 lm_head_loss       ``lm_head`` + ``loss_function`` (labels)    ``lm_head_loss_det``
-=================  ==========================================  ============================
+=================  ==========================================  ===============================
 
 Patched forwards replace ``forward`` only (of the instances, or of the classes); no
 parameter, buffer or submodule is added, renamed or moved, so ``state_dict`` keys and
@@ -72,8 +72,12 @@ def _check_config(config, on: frozenset) -> None:
 def _rmsnorm_forward(self, hidden_states):
     from cake_rmsnorm_det_train import rmsnorm_det
 
-    # Qwen3-Next's norm is zero-centred: it scales by (1 + w), formed in fp32 as transformers
-    return rmsnorm_det(hidden_states, 1.0 + self.weight.float(), self.eps)
+    # Qwen3-Next's norm is zero-centred: it scales by (1 + w); the kernels add the 1 in fp32,
+    # as transformers does, with no torch op either way
+    w = self.weight
+    if w.dtype is not torch.float32 and w.dtype is not hidden_states.dtype:
+        w = w.float()
+    return rmsnorm_det(hidden_states, w, self.eps, offset=1.0)
 
 
 def _make_gdn_forward(on: frozenset):

@@ -13,11 +13,14 @@ def rmsnorm_bwd_kernel(
     DY, DH, XH, W, RSTD, DX, DW_PART,
     n_rows, n_cols, n_programs, stride_dy, stride_dh, stride_x, stride_dx,
     HAS_DH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+    W_OFFSET: tl.constexpr = 0.0,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < n_cols
     w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    if W_OFFSET != 0.0:  # the forward's scale offset + w; dweight is unchanged by it
+        w = w + W_OFFSET
     acc = tl.zeros([BLOCK_M, BLOCK_H], dtype=tl.float32)
     n_blocks = tl.cdiv(n_rows, BLOCK_M)
     for blk in range(pid, n_blocks, n_programs):

@@ -1,4 +1,5 @@
-"""Forward: y = h * rstd * w, h = x (+ residual), one tile of BLOCK_M whole rows/program.
+"""Forward: y = h * rstd * (W_OFFSET + w), h = x (+ residual), one tile of BLOCK_M whole
+rows per program.
 
 ``n_rows`` is not specialized on: a new batch size does not compile a new kernel. ``OFF64``:
 64-bit row offsets, needed where a row offset of the launch reaches 2**31 elements.
@@ -13,7 +14,7 @@ def rmsnorm_fwd_kernel(
     X, R, W, Y, HOUT, RSTD,
     n_rows, n_cols, stride_x, stride_r, stride_y, stride_h, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
-    OFF64: tl.constexpr,
+    OFF64: tl.constexpr, W_OFFSET: tl.constexpr = 0.0,
 ):
     # the weight loaded before the rows (faster); no streaming cache hints, which cost time
     # with outputs allocated per call as in training (measurements: docs/benchmarks/rmsnorm.md)
@@ -26,6 +27,8 @@ def rmsnorm_fwd_kernel(
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    if W_OFFSET != 0.0:  # zero-centred weights (Gemma, Qwen3-Next): scale by offset + w
+        w = w + W_OFFSET
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
     if HAS_RESIDUAL:

@@ -1,0 +1,131 @@
+"""Census of one Qwen3-Next training step's host work: Triton launches and non-view aten ops,
+forward and backward apart, each attributed to the Python function that issued it.
+
+    TRITON_INTERPRET=1 python shared/gpu/step_census.py --stub [--size 100m] [--seq 256]
+    python shared/gpu/step_census.py              # CUDA: the real launches and the CUDA rules
+
+With ``--stub`` (a CPU) every Triton launch is counted and skipped (no kernel runs), so the
+numbers are the CPU route's; without it the kernels run. The model is the benchmark's
+(``bench_cake_transformers.make_config``), patched with ``apply_cake_kernels_to_qwen3_next``
+unless ``--unpatched``. Prints totals, then the top issuers: ``file:function`` of the first
+frame under ``packages/`` or ``transformers/`` (``<autograd>`` where the autograd engine
+issues the op with no Python frame of ours on the stack).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import traceback
+
+STUB = "--stub" in sys.argv
+if STUB:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "packages", "cake-transformers", "benchmarks"))
+
+_VIEWS = {"view", "_unsafe_view", "as_strided", "t", "transpose", "permute", "unsqueeze",
+          "squeeze", "expand", "slice", "select", "alias", "detach", "reshape", "unbind",
+          "split", "split_with_sizes", "chunk", "narrow", "view_as", "_reshape_alias",
+          "unflatten", "flatten", "diagonal", "movedim", "lift_fresh"}
+PHASE = ["fwd"]
+LAUNCH: dict = collections.defaultdict(collections.Counter)
+OPS: dict = collections.defaultdict(collections.Counter)
+
+
+def issuer() -> str:
+    for fr in reversed(traceback.extract_stack()[:-2]):
+        f = fr.filename
+        if os.path.abspath(f).startswith(HERE):
+            continue
+        for mark in ("/packages/", "/transformers/"):
+            if mark in f:
+                return f"{f.split(mark)[-1]}:{fr.name}"
+    return "<autograd>"
+
+
+class Count(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name.rstrip("_") not in _VIEWS:
+            OPS[PHASE[0]][f"{issuer()} {name}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def stub_launches():
+    from triton.runtime import interpreter
+
+    def run(self, *a, **k):
+        LAUNCH[PHASE[0]][f"{issuer()} {self.fn.__name__}"] += 1
+
+    interpreter.InterpretedFunction.run = run
+
+
+def count_launches():
+    from triton.runtime.jit import JITFunction
+
+    orig = JITFunction.run
+
+    def run(self, *a, **k):
+        LAUNCH[PHASE[0]][f"{issuer()} {self.fn.__name__}"] += 1
+        return orig(self, *a, **k)
+
+    JITFunction.run = run
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--stub", action="store_true")
+    p.add_argument("--size", default="100m")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--unpatched", action="store_true")
+    a = p.parse_args()
+    from bench_cake_transformers import batches, make_config
+    from transformers import Qwen3NextForCausalLM
+
+    dev = "cuda" if torch.cuda.is_available() and not a.stub else "cpu"
+    torch.manual_seed(0)
+    model = Qwen3NextForCausalLM(make_config(a.size, a.seq)).to(dev, torch.bfloat16).train()
+    if not a.unpatched:
+        from cake_transformers import apply_cake_kernels_to_qwen3_next
+
+        apply_cake_kernels_to_qwen3_next(model)
+    if a.stub:
+        stub_launches()
+    else:
+        count_launches()
+    x = next(batches(1, a.batch, a.seq)).to(dev)
+    for _ in range(2):  # the first step fills caches; the second is counted
+        LAUNCH.clear()
+        OPS.clear()
+        PHASE[0] = "fwd"
+        with Count():
+            loss = model(input_ids=x, labels=x).loss
+            PHASE[0] = "bwd"
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+    for ph in ("fwd", "bwd"):
+        print(f"{ph}: {sum(LAUNCH[ph].values())} Triton launches, "
+              f"{sum(OPS[ph].values())} non-view aten ops")
+    for title, d in (("launches", LAUNCH), ("aten ops", OPS)):
+        for ph in ("fwd", "bwd"):
+            by_fn = collections.Counter()
+            for k, n in d[ph].items():
+                by_fn[k.split(" ")[0]] += n
+            print(f"\n{title}, {ph}, by issuer:")
+            for k, n in by_fn.most_common(a.top):
+                detail = ", ".join(f"{kk.split(' ')[1]} {nn}" for kk, nn in
+                                   d[ph].most_common() if kk.split(" ")[0] == k)[:150]
+                print(f"  {n:5d}  {k}   [{detail}]")
+
+
+if __name__ == "__main__":
+    main()
