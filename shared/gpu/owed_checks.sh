@@ -36,6 +36,10 @@ case ${1:-} in
     grep -vE "%|^-+|^ *Name|^$" "$OUT/tf.txt" | cut -c1-180 | tail -170
     timeout 90 python3 shared/gpu/host_time.py . --profile 2>&1 | cut -c1-160
     timeout 60 python3 shared/gpu/launch_overhead.py
+    # launches and aten ops per step by issuer (the CUDA route), and any Triton
+    # specialization first met after two steps (a compile inside a timed step)
+    timeout 120 python3 shared/gpu/step_census.py --seq 4096 --top 12 2>&1 | cut -c1-160
+    timeout 120 python3 shared/gpu/step_census.py --seq 4096 --keys 8 2>&1 | tail -12
     timeout 90 python3 shared/gpu/host_overhead.py ;;
   suites)
     # CUDA graphs of every det family passed at 831ce2b; again those changed since (the LM

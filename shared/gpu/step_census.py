@@ -10,6 +10,12 @@ numbers are the CPU route's; without it the kernels run. The model is the benchm
 unless ``--unpatched``. Prints totals, then the top issuers: ``file:function`` of the first
 frame under ``packages/`` or ``transformers/`` (``<autograd>`` where the autograd engine
 issues the op with no Python frame of ours on the stack).
+
+``--keys N``: N steps on different batches, each launch's Triton specialization key computed
+as Triton's own binder computes it (constexprs, dtypes, 16-byte alignment of pointers, ints
+equal to 1 or divisible by 16, launch options); prints, per kernel, how many keys it took
+and any key first seen after the first two steps: on a GPU each is a compile (or a cache
+load) inside a timed step.
 """
 from __future__ import annotations
 
@@ -58,22 +64,65 @@ class Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def stub_launches():
+KEYS: dict = collections.defaultdict(dict)  # kernel name -> {key: first step}
+STEP = [0]
+_BINDERS: dict = {}
+
+
+def spec_key(fn, dns, dnsa, args, kw) -> str:
+    """The specialization key Triton's binder computes for a launch of the Python kernel
+    ``fn`` (do_not_specialize ``dns``, do_not_specialize_on_alignment ``dnsa``): constexpr
+    values, then Triton's own per-argument rule (``native_specialize_impl``: dtypes,
+    16-byte alignment of pointers, ints equal to 1 or divisible by 16), then the launch
+    options."""
+    import inspect
+
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    params = _BINDERS.get(fn)
+    if params is None:
+        params = _BINDERS[fn] = [
+            (n, "constexpr" in str(p.annotation), p.default)
+            for n, p in inspect.signature(fn).parameters.items()]
+    kw = {k: v for k, v in kw.items() if k not in ("grid", "warmup")}
+    spec = []
+    for i, (n, const, default) in enumerate(params):
+        v = args[i] if i < len(args) else kw.pop(n, default)
+        if const:
+            spec.append(("constexpr", v))
+        else:
+            nums = [i, n]
+            spec.append(native_specialize_impl(BaseBackend, v, False,
+                                               not any(d in nums for d in dns),
+                                               not any(d in nums for d in dnsa)))
+    return f"{spec} {sorted(kw.items())}"
+
+
+def stub_launches(keys: bool = False):
     from triton.runtime import interpreter
 
     def run(self, *a, **k):
         LAUNCH[PHASE[0]][f"{issuer()} {self.fn.__name__}"] += 1
+        if keys:
+            KEYS[self.fn.__name__].setdefault(spec_key(
+                self.fn, self.kwargs.get("do_not_specialize") or (),
+                self.kwargs.get("do_not_specialize_on_alignment") or (), a, k), STEP[0])
 
     interpreter.InterpretedFunction.run = run
 
 
-def count_launches():
+def count_launches(keys: bool = False):
     from triton.runtime.jit import JITFunction
 
     orig = JITFunction.run
 
     def run(self, *a, **k):
         LAUNCH[PHASE[0]][f"{issuer()} {self.fn.__name__}"] += 1
+        if keys:
+            KEYS[self.fn.__name__].setdefault(spec_key(
+                self.fn, self.do_not_specialize, self.do_not_specialize_on_alignment, a, k),
+                STEP[0])
         return orig(self, *a, **k)
 
     JITFunction.run = run
@@ -87,6 +136,8 @@ def main():
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--unpatched", action="store_true")
+    p.add_argument("--keys", type=int, default=0, metavar="N",
+                   help="N steps: Triton specialization keys per kernel")
     a = p.parse_args()
     from bench_cake_transformers import batches, make_config
     from transformers import Qwen3NextForCausalLM
@@ -99,9 +150,11 @@ def main():
 
         apply_cake_kernels_to_qwen3_next(model)
     if a.stub:
-        stub_launches()
+        stub_launches(keys=a.keys > 0)
     else:
-        count_launches()
+        count_launches(keys=a.keys > 0)
+    if a.keys:
+        return report_keys(model, a, dev)
     x = next(batches(1, a.batch, a.seq)).to(dev)
     for _ in range(2):  # the first step fills caches; the second is counted
         LAUNCH.clear()
@@ -125,6 +178,22 @@ def main():
                 detail = ", ".join(f"{kk.split(' ')[1]} {nn}" for kk, nn in
                                    d[ph].most_common() if kk.split(" ")[0] == k)[:150]
                 print(f"  {n:5d}  {k}   [{detail}]")
+
+
+def report_keys(model, a, dev):
+    from bench_cake_transformers import batches
+
+    for i, x in enumerate(batches(a.keys, a.batch, a.seq)):
+        STEP[0] = i
+        x = x.to(dev)
+        model(input_ids=x, labels=x).loss.backward()
+        model.zero_grad(set_to_none=True)
+    late = 0
+    for name, ks in sorted(KEYS.items()):
+        new = sorted(st for st in ks.values() if st >= 2)
+        late += len(new)
+        print(f"{name:40s} {len(ks):3d} keys" + (f", new at steps {new}" if new else ""))
+    print(f"{late} keys first seen after step 1 (of {a.keys})")
 
 
 if __name__ == "__main__":
