@@ -318,3 +318,32 @@ def test_combine_and_permute_with_a_strided_slot_equal_the_contiguous_routing():
         into += [y, *torch.autograd.grad(y, out, dy)]
         into += torch.autograd.grad(moe_permute_det(x, routing), x, g)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_layer_takes_the_routings_offsets_as_row_ends(monkeypatch):
+    """The layer's GEMMs read the routing's offsets as row ends directly: no clamping launch
+    (``_row_ends``) in a forward, and the same bits as the public GEMM over those offsets."""
+    from cake_moe_grouped_det_gemm import moe_grouped_det_gemm
+    from cake_moe_grouped_det_gemm.moe import _feed_forward
+
+    x = randn((29, D), torch.float32, DEV, seed=11)
+    dy = randn((29, D), torch.float32, DEV, seed=12)
+
+    def grads(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, *params())]
+        y, aux = fn(*leaves)
+        ((y * dy).sum() + aux).backward()
+        return [y, aux] + [t.grad for t in leaves]
+
+    def public(xx, w, offs, *, plan):
+        return moe_grouped_det_gemm(xx, w, offs, plan=plan)
+
+    want = grads(lambda *t: _feed_forward(*t, 2, True, 0.01, None, gemm=public))
+
+    def boom(*a, **k):
+        raise AssertionError("the layer clamped its own routing's offsets")
+
+    monkeypatch.setattr(api, "_row_ends", boom)
+    got = grads(lambda *t: moe_feed_forward_det(*t, 2, normalize_topk=True, aux_loss_coef=0.01))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)

@@ -535,8 +535,18 @@ moe_grouped_det_gemm.__doc__ = """Deterministic MoE grouped GEMM with autograd:
 
 def _entry(x, weight, offs, m_sizes, plan, workspace, main_grad):
     _, plan, partials = _checks(x, weight, offs, m_sizes, plan, workspace, main_grad)
-    M = x.shape[0]
-    ends = _row_ends(offs, m_sizes, M)
+    return _apply(x, weight, _row_ends(offs, m_sizes, x.shape[0]), plan, partials, main_grad)
+
+
+def routed_gemm(x, weight, ends, *, plan=None):
+    """:func:`moe_grouped_det_gemm` over row ends the MoE layer's routing built (int32
+    ``[E]``, contiguous, non-decreasing, in ``[0, M]`` by construction): the same checks,
+    launches and bits, without the launch that clamps a caller's offsets into row ends."""
+    _, plan, partials = _checks(x, weight, ends, None, plan, None, None)
+    return _apply(x, weight, ends, plan, partials, None)
+
+
+def _apply(x, weight, ends, plan, partials, main_grad):
     if not torch.compiler.is_compiling():
         return _MoEGroupedDetFunction.apply(x, weight, ends, plan, partials, main_grad)
     return torch.ops.cake_moe_grouped_det_gemm.fwd(

@@ -55,7 +55,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fcf1865d682f26a7f7106044f881d62a2f460660afe397133444e6e23437e3cb"
+SOURCE_DIGEST = "sha256:9ca52c0e557339a0c38ebacbd108f8a28fe4feeb1ac1dd8acbbc6e2caca26504"
 # --- end of generated block ---
 
 MANIFEST = {

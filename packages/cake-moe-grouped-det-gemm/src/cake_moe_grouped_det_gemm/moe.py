@@ -40,7 +40,7 @@ from cake_core.compile import custom_op, op_or_body, optional_output
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
 from torch import nn
 
-from cake_moe_grouped_det_gemm.api import _resolve_plan, moe_grouped_det_gemm
+from cake_moe_grouped_det_gemm.api import _resolve_plan, routed_gemm
 from cake_moe_grouped_det_gemm.kernels import combine_bwd_kernel, gather_sum_kernel
 from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
 
@@ -460,16 +460,16 @@ def moe_feed_forward_det(x: torch.Tensor, router_weight: torch.Tensor,
 
 def _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
                   plans, *, gemm=None, plans_cls=MoEFeedForwardPlans, resolve=None):
-    """:func:`moe_feed_forward_det` with the grouped GEMM, the plans type and the plan check
+    """:func:`moe_feed_forward_det` with the grouped GEMM over routed row ends
+    (:func:`~cake_moe_grouped_det_gemm.api.routed_gemm`), the plans type and the plan check
     as arguments (the nondet sibling passes its own: the same layer on its GEMM)."""
     T, E, d, f, k, coef, device, plans = _check_layer(
         x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef, plans,
         plans_cls, resolve)
-    gemm = gemm or moe_grouped_det_gemm
+    gemm = gemm or routed_gemm
     x2 = x.reshape(T, d)
-    rows_all = torch.full((1,), T, dtype=torch.int32, device=device)
-    logits = gemm(x2.float(), router_weight.float()[None], m_sizes=rows_all,
-                  plan=plans.router)
+    rows_all = torch.full((1,), T, dtype=torch.int32, device=device)  # one group: rows [0, T)
+    logits = gemm(x2.float(), router_weight.float()[None], rows_all, plan=plans.router)
     r = moe_route_det(logits, k, normalize_topk=normalize_topk)
     xp = moe_permute_det(x2, r)
     h = gemm(xp, w_gate_up, r.offs, plan=plans.gate_up)

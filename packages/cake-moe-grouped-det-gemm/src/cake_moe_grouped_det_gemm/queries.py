@@ -113,7 +113,8 @@ def moe_feed_forward_saved_bytes(x: torch.Tensor, router_weight: torch.Tensor,
     fp32 copies the router GEMM reads (x ``[T, d_model]`` unless x is fp32 and reshapes to
     ``[T, d_model]`` as a view; router_weight ``[E, d_model]`` unless fp32), the expert
     fractions ``[E]`` when ``aux_loss_coef > 0``; int64 ids ``[T, k]`` and slot ``[R]``
-    (assignment -> sorted row); the grouped GEMMs' int32 row ends (``1 + 2·E``). The
+    (assignment -> sorted row); the grouped GEMMs' int32 row ends (``1 + E``: the router's
+    one group, and the routing's offsets, which both expert GEMMs read as their ends). The
     caller's tensors are not counted. Meta tensors are served (the backend's device check
     is skipped).
 
@@ -142,7 +143,7 @@ def feed_forward_saved_bytes_for(plans_cls, resolve, x, router_weight, w_gate_up
     R, f32, i64, dt = T * k, torch.float32, torch.int64, x.dtype
     shapes = [((R, d), dt), ((R, 2 * f), dt), ((R, f), dt), ((R, f), dt), ((R, d), dt),
               ((T, E), f32), ((T, k), f32), ((T, k), i64), ((R,), i64),
-              ((1 + 2 * E,), torch.int32)]
+              ((1 + E,), torch.int32)]
     if normalize_topk:  # the division keeps its operands
         shapes += [((T, k), f32), ((T, 1), f32)]
     view = torch.empty_strided(x.shape, x.stride(), dtype=dt, device="meta").reshape(T, d)

@@ -140,8 +140,17 @@ def moe_grouped_nondet_gemm(x: torch.Tensor, weight: torch.Tensor,
             before any launch (``warn_only=True``: one warning, then it runs).
     """
     _, plan, partials = _nondet_checks(x, weight, offs, m_sizes, plan, workspace, main_grad)
-    M = x.shape[0]
-    ends = _row_ends(offs, m_sizes, M)
+    return _apply(x, weight, _row_ends(offs, m_sizes, x.shape[0]), plan, partials, main_grad)
+
+
+def routed_nondet_gemm(x, weight, ends, *, plan=None):
+    """:func:`moe_grouped_nondet_gemm` over row ends the MoE layer's routing built (int32
+    ``[E]``, contiguous, non-decreasing, in ``[0, M]``): no clamping launch."""
+    _, plan, partials = _nondet_checks(x, weight, ends, None, plan, None, None)
+    return _apply(x, weight, ends, plan, partials, None)
+
+
+def _apply(x, weight, ends, plan, partials, main_grad):
     if not torch.compiler.is_compiling():
         return _MoEGroupedNondetFunction.apply(x, weight, ends, plan, partials, main_grad)
     return torch.ops.cake_moe_grouped_nondet_gemm.fwd(

@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:41e6f8824712acb786ae7139c6ab1c8d515d43e878df82c8cc8d699873cac00c"
+SOURCE_DIGEST = "sha256:87a7f7aa511fdc55c2c80d58e03beda48a5bd4bfbe7d0e1ce3d5bcb3dd32f194"
 # --- end of generated block ---
 
 REUSES = [

@@ -23,7 +23,7 @@ from cake_moe_grouped_det_gemm.moe import (
     moe_unpermute_det,
 )
 
-from cake_moe_grouped_nondet_gemm.api import _resolve_nondet_plan, moe_grouped_nondet_gemm
+from cake_moe_grouped_nondet_gemm.api import _resolve_nondet_plan, routed_nondet_gemm
 from cake_moe_grouped_nondet_gemm.plan import MoEGroupedNondetPlan, make_nondet_plan
 
 __all__ = [
@@ -115,7 +115,7 @@ def moe_feed_forward_nondet(x: torch.Tensor, router_weight: torch.Tensor,
             (the grouped GEMMs' backward; ``warn_only=True``: one warning).
     """
     return _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk,
-                         aux_loss_coef, plans, gemm=moe_grouped_nondet_gemm,
+                         aux_loss_coef, plans, gemm=routed_nondet_gemm,
                          plans_cls=MoEFeedForwardNondetPlans, resolve=_resolve_nondet_plan)
 
 
