@@ -39,13 +39,15 @@ KERNELS = [
     {"module": "cake_core.gemm", "function": "group_sum_cast_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_bwd_kernel"},
+    {"module": "cake_core.swiglu", "function": "silu_mul_fwd_kernel"},
+    {"module": "cake_core.swiglu", "function": "silu_mul_bwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     {"module": "cake_core.triangular", "function": "_doubling_steps"},
     {"module": "cake_core.triton_utils", "function": "dot"},
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5a880edbc64846f142588fd0fa5e6a61abdc9b10e54e7ce1aec616aa73715587"
+SOURCE_DIGEST = "sha256:d8c236f9d230a796ae06bc3535071c6b62bb9a27e0baf1ee8dcf9c6a8a25e012"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -55,7 +55,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9ca52c0e557339a0c38ebacbd108f8a28fe4feeb1ac1dd8acbbc6e2caca26504"
+SOURCE_DIGEST = "sha256:8e1181ebec6cbd8429b5fa5e53326e11b8cf1e2ab804996b8c6bb8fb49204143"
 # --- end of generated block ---
 
 MANIFEST = {

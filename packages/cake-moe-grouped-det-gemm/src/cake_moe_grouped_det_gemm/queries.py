@@ -107,8 +107,8 @@ def moe_feed_forward_saved_bytes(x: torch.Tensor, router_weight: torch.Tensor,
     layer's weights require grad (training), computed from shapes and dtypes without
     running anything. With T tokens, R = T·k rows, E experts, ``b`` x's element size:
     in x's dtype the permuted rows ``[R, d_model]``, the gate/up output ``[R, 2·d_ff]``,
-    the SwiGLU's ``silu(gate)`` and product ``[R, d_ff]`` each, the expert outputs ``[R,
-    d_model]``; in fp32 the router probabilities ``[T, E]``, the top-k weights ``[T, k]``
+    the SwiGLU's product ``[R, d_ff]``, the expert outputs ``[R, d_model]``; in fp32 the
+    router probabilities ``[T, E]``, the top-k weights ``[T, k]``
     (and, with ``normalize_topk``, the unnormalised ones and their sums ``[T, 1]``), the
     fp32 copies the router GEMM reads (x ``[T, d_model]`` unless x is fp32 and reshapes to
     ``[T, d_model]`` as a view; router_weight ``[E, d_model]`` unless fp32), the expert
@@ -141,7 +141,7 @@ def feed_forward_saved_bytes_for(plans_cls, resolve, x, router_weight, w_gate_up
                                              normalize_topk, aux_loss_coef, plans, plans_cls,
                                              resolve, launch=False)
     R, f32, i64, dt = T * k, torch.float32, torch.int64, x.dtype
-    shapes = [((R, d), dt), ((R, 2 * f), dt), ((R, f), dt), ((R, f), dt), ((R, d), dt),
+    shapes = [((R, d), dt), ((R, 2 * f), dt), ((R, f), dt), ((R, d), dt),
               ((T, E), f32), ((T, k), f32), ((T, k), i64), ((R,), i64),
               ((1 + E,), torch.int32)]
     if normalize_topk:  # the division keeps its operands

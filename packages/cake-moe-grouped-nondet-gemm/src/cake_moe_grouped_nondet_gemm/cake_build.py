@@ -72,7 +72,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:87a7f7aa511fdc55c2c80d58e03beda48a5bd4bfbe7d0e1ce3d5bcb3dd32f194"
+SOURCE_DIGEST = "sha256:274335722e90613aa3d0520aeea962eb9ebb126ca36fb3c0d207726b55305de6"
 # --- end of generated block ---
 
 REUSES = [

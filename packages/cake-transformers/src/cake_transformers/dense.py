@@ -23,8 +23,6 @@ cache runs transformers' own forwards.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from cake_transformers._common import (
     autocast_dtype,
     causal_attention,
@@ -130,8 +128,10 @@ def _linear(lin, x):
 
 def _mlp_forward(self, x):
     check_silu(self.config, "MLP (SwiGLU)")
-    # down(silu(gate(x)) * up(x)): the three GEMMs det, SiLU and the product elementwise torch
-    return _linear(self.down_proj, F.silu(_linear(self.gate_proj, x)) * _linear(self.up_proj, x))
+    from cake_core.swiglu import silu_mul
+
+    # down(silu(gate(x)) * up(x)): the three GEMMs det, the gate one elementwise launch each way
+    return _linear(self.down_proj, silu_mul(_linear(self.gate_proj, x), _linear(self.up_proj, x)))
 
 
 def _make_causal_lm_forward(on: frozenset):

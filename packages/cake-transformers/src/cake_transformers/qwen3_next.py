@@ -154,12 +154,14 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask=
 
 
 def _moe_forward(self, hidden_states):
+    from cake_core.swiglu import silu_mul
     from cake_moe_grouped_det_gemm import moe_feed_forward_det
 
     _check_config(self.shared_expert.config, frozenset({"moe"}))
     B, S, H = hidden_states.shape
     x = hidden_states.reshape(-1, H)
-    shared = self.shared_expert(x)
+    se = self.shared_expert  # transformers' MLP: down(act(gate(x)) * up(x)), act = silu (checked)
+    shared = se.down_proj(silu_mul(se.gate_proj(x), se.up_proj(x)))
     # router (fp32 logits, top-k with ties to the lower expert), SwiGLU experts of the stacked
     # gate_up_proj [E, 2f, H] / down_proj [E, H, f], slot-ordered combine: all det
     routed, _ = moe_feed_forward_det(x, self.gate.weight, self.experts.gate_up_proj,

@@ -1,0 +1,144 @@
+"""cake_core.swiglu: silu(g) * u forward and backward, packed (``swiglu``) and two-tensor
+(``silu_mul``) layouts, against float64."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cake_core.swiglu import silu_mul, swiglu
+from cake_core.testing import assert_close_to_reference, bitwise_equal, randn
+from cake_core.triton_utils import default_device
+
+DEV = default_device()
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _ref_packed(h, da):
+    h64 = h.detach().double().requires_grad_()
+    f = h.shape[-1] // 2
+    a = F.silu(h64[..., :f]) * h64[..., f:]
+    a.backward(da.double())
+    return a.detach(), h64.grad
+
+
+@pytest.mark.parametrize("shape", [(37, 40), (3, 5, 128), (1, 2), (130, 2 * 300), (0, 8)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swiglu_matches_float64(shape, dtype):
+    h = randn(shape, dtype, DEV, seed=1, scale=2.0).requires_grad_()
+    before = h.detach().clone()
+    a = swiglu(h)
+    assert a.shape == (*shape[:-1], shape[-1] // 2) and a.dtype == dtype
+    da = randn(a.shape, dtype, DEV, seed=2)
+    a.backward(da)
+    a64, dh64 = _ref_packed(h, da)
+    assert h.grad.shape == h.shape and h.grad.dtype == dtype
+    if h.numel():
+        assert_close_to_reference(a, a64, dtype, name="a")
+        assert_close_to_reference(h.grad, dh64, dtype, name="dh")
+    assert bitwise_equal(h.detach(), before)
+
+
+def test_every_output_element_written(monkeypatch):
+    """Outputs allocated NaN-filled: the kernels must overwrite every element."""
+    real = torch.empty
+
+    def poisoned(*a, **k):
+        t = real(*a, **k)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    h = randn((45, 2 * 70), torch.float32, DEV, seed=3).requires_grad_()
+    monkeypatch.setattr(torch, "empty", poisoned)
+    a = swiglu(h)
+    a.backward(torch.ones_like(a))
+    g = randn((45, 70), torch.float32, DEV, seed=4).requires_grad_()
+    u = randn((45, 70), torch.float32, DEV, seed=5).requires_grad_()
+    b = silu_mul(g, u)
+    b.backward(torch.ones_like(b))
+    monkeypatch.setattr(torch, "empty", real)
+    for t in (a, h.grad, b, g.grad, u.grad):
+        assert bool(torch.isfinite(t).all())
+
+
+def test_strided_inputs_equal_contiguous_bits():
+    """A gate/up block inside a wider row (a slice of a GEMM output) and a non-contiguous
+    gradient give the bits of contiguous copies."""
+    wide = randn((33, 2 * 48 + 16), torch.bfloat16, DEV, seed=6)
+    h = wide[:, 8:8 + 96].requires_grad_(False).clone().requires_grad_()
+    hs = wide[:, 8:8 + 96].detach().requires_grad_()  # row stride 112
+    da_t = randn((48, 33), torch.bfloat16, DEV, seed=7)
+    a1 = swiglu(h)
+    a1.backward(da_t.t().contiguous())
+    a2 = swiglu(hs)
+    a2.backward(da_t.t())  # non-contiguous gradient
+    assert bitwise_equal(a1, a2) and bitwise_equal(h.grad, hs.grad)
+
+
+def test_repeat_bitwise():
+    h = randn((64, 2 * 96), torch.bfloat16, DEV, seed=8)
+    da = randn((64, 96), torch.bfloat16, DEV, seed=9)
+    outs = []
+    for _ in range(2):
+        x = h.clone().requires_grad_()
+        a = swiglu(x)
+        a.backward(da)
+        outs.append((a, x.grad))
+    assert bitwise_equal(outs[0][0], outs[1][0]) and bitwise_equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_mul_matches_float64_and_packed_bits(dtype):
+    g = randn((2, 19, 72), dtype, DEV, seed=10, scale=2.0).requires_grad_()
+    u = randn((2, 19, 72), dtype, DEV, seed=11).requires_grad_()
+    da = randn((2, 19, 72), dtype, DEV, seed=12)
+    a = silu_mul(g, u)
+    a.backward(da)
+    g64, u64 = (t.detach().double().requires_grad_() for t in (g, u))
+    a64 = F.silu(g64) * u64
+    a64.backward(da.double())
+    assert_close_to_reference(a, a64, dtype, name="a")
+    assert_close_to_reference(g.grad, g64.grad, dtype, name="dg")
+    assert_close_to_reference(u.grad, u64.grad, dtype, name="du")
+    # the packed layout computes the same elements with the same arithmetic
+    h = torch.cat([g.detach(), u.detach()], -1).requires_grad_()
+    ap = swiglu(h)
+    ap.backward(da)
+    assert bitwise_equal(ap, a) and bitwise_equal(h.grad, torch.cat([g.grad, u.grad], -1))
+
+
+def test_silu_mul_one_input_without_grad():
+    g = randn((5, 16), torch.float32, DEV, seed=13).requires_grad_()
+    u = randn((5, 16), torch.float32, DEV, seed=14)
+    silu_mul(g, u).sum().backward()
+    assert g.grad is not None and u.grad is None
+
+
+def test_bad_inputs():
+    x = randn((4, 6), torch.float32, DEV)
+    with pytest.raises(ValueError, match="h: the last dim must be even"):
+        swiglu(randn((4, 7), torch.float32, DEV))
+    with pytest.raises(ValueError, match="h: expected dtype"):
+        swiglu(x.to(torch.int32))
+    with pytest.raises(ValueError, match="h: expected at least 1-D"):
+        swiglu(torch.tensor(1.0, device=DEV))
+    with pytest.raises(ValueError, match="h: expected a tensor"):
+        swiglu([1.0, 2.0])
+    with pytest.raises(ValueError, match="u: must match g's shape"):
+        silu_mul(x, randn((4, 5), torch.float32, DEV))
+    with pytest.raises(ValueError, match="u: must match g's shape"):
+        silu_mul(x, x.half())
+
+
+def test_torch_compile_fullgraph_same_bits():
+    torch._dynamo.reset()
+    h = randn((16, 64), torch.float32, DEV, seed=15).requires_grad_()
+    g = randn((16, 32), torch.float32, DEV, seed=16).requires_grad_()
+
+    def f(h, g):
+        return (swiglu(h) * silu_mul(g, g * 2)).square().sum()
+
+    f(h, g).backward()
+    want = (h.grad.clone(), g.grad.clone())
+    h.grad = g.grad = None
+    torch.compile(f, fullgraph=True, backend="aot_eager" if DEV.type == "cpu"
+                  else "inductor")(h, g).backward()
+    torch.testing.assert_close(h.grad, want[0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(g.grad, want[1], rtol=1e-6, atol=1e-7)
