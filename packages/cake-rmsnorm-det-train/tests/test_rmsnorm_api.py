@@ -177,3 +177,27 @@ def test_torch_compile_with_offset_same_values():
                   else "inductor")(x, w).backward()
     torch.testing.assert_close(x.grad, g[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w.grad, g[1], rtol=1e-5, atol=1e-6)
+
+
+def test_torch_compile_dynamic_with_a_traced_offset():
+    """``dynamic=True`` traces a float argument: an offset passed as one reaches the kernels
+    with its value (forward and backward, residual included), as eager."""
+    torch._dynamo.reset()
+    x = randn((6, 64), torch.float32, DEV, seed=7).requires_grad_()
+    w = randn((64,), torch.float32, DEV, seed=8, scale=0.1).requires_grad_()
+    r = randn((6, 64), torch.float32, DEV, seed=9)
+
+    def f(x, w, offset):
+        y, h = rmsnorm_det(x, w, 1e-6, offset=offset, residual=r)
+        return y.square().sum() + h.sum()
+
+    cf = torch.compile(f, fullgraph=True, dynamic=True,
+                       backend="aot_eager" if DEV.type == "cpu" else "inductor")
+    for offset in (1.0, -0.5):
+        x.grad = w.grad = None
+        f(x, w, offset).backward()
+        want = (x.grad.clone(), w.grad.clone())
+        x.grad = w.grad = None
+        cf(x, w, offset).backward()
+        torch.testing.assert_close(x.grad, want[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w.grad, want[1], rtol=1e-5, atol=1e-6)

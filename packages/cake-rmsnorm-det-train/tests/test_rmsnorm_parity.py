@@ -1,5 +1,7 @@
 """Parity with the float64 reference on fresh random inputs (y, dx, dweight, residual)."""
 
+import math
+
 import pytest
 import torch
 from cake_core.testing import TOLERANCES, assert_close_to_reference, poison_, randn, rel_fro_error
@@ -160,3 +162,33 @@ def test_offset_equals_the_offset_weight_bitwise():
     y.backward(dy)
     assert torch.equal(y, rmsnorm_det(x.detach(), 1.0 + w.detach(), 1e-6))
     assert torch.equal(x.grad, ref[0]) and torch.equal(w.grad, ref[1])
+
+
+def test_offset_spellings_run_one_kernel_value(monkeypatch):
+    """An offset of any real type (int, numpy scalar) gives the bits of the equal float, and
+    the kernels get a Python float, -0.0 as 0.0 (a constexpr's repr keys Triton's cache: one
+    specialization per value). The backward checks a hand-built saved set's offset."""
+    import cake_rmsnorm_det_train.api as api
+    import numpy as np
+
+    x = randn((9, 64), torch.float32, DEV, seed=51)
+    w = randn((64,), torch.float32, DEV, seed=52, scale=0.1)
+    dy = randn((9, 64), torch.float32, DEV, seed=53)
+    launched = []
+    real = api._launch_fwd
+
+    def spy(*a):
+        launched.append(a[-1])
+        return real(*a)
+
+    monkeypatch.setattr(api, "_launch_fwd", spy)
+    want = rmsnorm_det(x, w, 1e-6, offset=1.0)
+    for off in (1, np.float32(1.0), np.float64(1.0), np.int64(1)):
+        assert torch.equal(rmsnorm_det(x, w, 1e-6, offset=off), want), repr(off)
+    rmsnorm_det(x, w, 1e-6, offset=-0.0)
+    _, saved = rmsnorm_det_fwd(x, w, 1e-6, offset=np.float32(-0.0))
+    assert all(type(v) is float for v in launched) and launched[-2:] == [0.0, 0.0]
+    assert all(math.copysign(1.0, v) == 1.0 for v in launched[-2:])
+    saved.meta["offset"] = 1e39  # beyond fp32: the kernels' add would make it inf
+    with pytest.raises(ValueError, match=r"saved.meta\['offset'\]"):
+        rmsnorm_det_bwd(dy, None, saved)

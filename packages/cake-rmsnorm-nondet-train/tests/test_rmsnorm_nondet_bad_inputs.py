@@ -34,6 +34,7 @@ CASES = {
     "last dim not contiguous": ({"x": _x((16, 16)).t(), "weight": _x((16,))},
                                 "x: last dimension must be contiguous"),
     "eps nan": ({"x": _x(), "weight": _x((16,)), "eps": float("nan")}, "eps"),
+    "offset beyond fp32": ({"x": _x(), "weight": _x((16,)), "offset": -1e39}, "offset: .*fp32"),
     "residual dtype": ({"x": _x(), "weight": _x((16,)), "residual": _x(dtype=torch.float16)},
                        "residual: expected dtype"),
     "accumulator dtype": ({"x": _x(), "weight": _x((16,)),

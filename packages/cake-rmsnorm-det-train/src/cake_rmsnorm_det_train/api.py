@@ -9,6 +9,7 @@ Liger's ``offset``). Backward, with xhat = h * rstd and w = offset + weight:
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -93,13 +94,13 @@ def _fast_ok(x, weight, eps, offset) -> bool:
     if not 1 < H <= MAX_HIDDEN or weight.shape[0] != H or x.stride(-1) != 1 or \
             weight.stride(0) != 1:
         return False
-    if not 0.0 < eps < float("inf") or not -_INF < offset < _INF:
+    if not 0.0 < eps < float("inf") or not -_F32_MAX <= offset <= _F32_MAX:
         return False
     dev = x.device
     return dev == weight.device and dev.type == _LAUNCH_DEVICE_TYPE
 
 
-_INF = float("inf")
+_F32_MAX = torch.finfo(torch.float32).max  # the kernels add the offset in fp32
 _LAUNCH_DEVICE_TYPE = "cpu" if select_backend() == "interpreter" else "cuda"
 
 
@@ -139,12 +140,22 @@ def _check_inputs(x, weight, eps, residual, dweight_accumulator, launch=True,
     return device
 
 
-def check_offset(offset) -> None:
-    """``offset``: a finite real number (``ValueError`` otherwise)."""
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or \
-            not -_INF < offset < _INF:
-        raise ValueError(f"offset: must be a finite number (the weight is used as offset + "
-                         f"weight), got {offset!r}")
+def check_offset(offset, name: str = "offset") -> None:
+    """``offset``: a real number (numpy scalars included, as ``eps``; not a bool) finite in
+    fp32, |offset| <= 3.4028234663852886e38 (``ValueError`` otherwise): the kernels add it
+    in fp32, where a larger one is inf. A chained comparison, so NaN fails and a traced
+    float under torch.compile stays in the graph (as ``check_positive_finite``)."""
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Real) or \
+            not -_F32_MAX <= offset <= _F32_MAX:
+        raise ValueError(f"{name}: must be a number finite in fp32, |offset| <= {_F32_MAX!r} "
+                         f"(the weight is used as offset + weight), got {offset!r}")
+
+
+def _offset_value(offset) -> float:
+    """The checked offset as the kernels' constexpr: a Python float, -0.0 made 0.0 (a
+    constexpr's repr is in Triton's cache key: one specialization per value, not per
+    spelling of it)."""
+    return float(offset) + 0.0
 
 
 def check_call(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
@@ -388,10 +399,11 @@ def run_autograd(kinds: ModeKinds, x, weight, eps, residual, plan, workspace,
                                    dweight_accumulator, offset=offset)
     if not torch.compiler.is_compiling():
         return kinds.function.apply(x, weight, residual, float(eps), plan, partials,
-                                    dweight_accumulator, kinds.before_bwd, float(offset))
+                                    dweight_accumulator, kinds.before_bwd,
+                                    _offset_value(offset))
     y, h, _ = getattr(torch.ops, kinds.namespace).fwd(
         x, weight, residual, float(eps), plan_to_op_fields(plan), partials,
-        dweight_accumulator, float(offset))
+        dweight_accumulator, _offset_value(offset))
     return (y, h) if residual is not None else y
 
 
@@ -399,10 +411,12 @@ def run_fwd(kinds: ModeKinds, x, weight, eps, residual, plan, offset=0.0):
     """The body of :func:`rmsnorm_det_fwd` for ``kinds``: ``(outputs, saved)``."""
     _, plan, _ = check_call(kinds, x, weight, eps, residual, plan, None, None, offset=offset)
     with torch.no_grad():
-        y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan, float(offset))
+        y, h, rstd = _launch_fwd(x, weight, residual, float(eps), plan,
+                                 _offset_value(offset))
     saved = kinds.saved_type(
         kinds.mode, {"xh": h if residual is not None else x, "weight": weight, "rstd": rstd},
-        meta={"has_residual": residual is not None, "plan": plan, "offset": float(offset)})
+        meta={"has_residual": residual is not None, "plan": plan,
+              "offset": _offset_value(offset)})
     return ((y, h) if residual is not None else y), saved
 
 
@@ -425,13 +439,15 @@ def run_bwd(kinds: ModeKinds, dy, dh, saved, plan, workspace, dweight_accumulato
     device = check_same_device(("saved", xh), ("dy", dy), ("dh", dh),
                                ("dweight_accumulator", dweight_accumulator))
     launch_device_check(device, "dy")
+    offset = saved.meta.get("offset", 0.0)  # a saved set built by hand is checked too
+    check_offset(offset, "saved.meta['offset']")
     plan = _resolve_plan(plan if plan is not None else saved.plan, H, xh.dtype, device, kinds)
     partials = _resolve_workspace(workspace, plan, device, kinds)
     if kinds.before_bwd is not None:
         kinds.before_bwd()
     with torch.no_grad():
         dx, dw = _launch_bwd(dy, dh, xh, weight, rstd, plan, partials, dweight_accumulator,
-                             saved.meta.get("offset", 0.0))
+                             _offset_value(offset))
     return kinds.grads_type(dx, dw if dweight_accumulator is None else None,
                             dx if saved.has_residual else None)
 
@@ -452,9 +468,10 @@ def rmsnorm_det(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
             1 <= H <= 65536.
         weight: ``[H]``, fp32 or x's dtype.
         eps: > 0, added to the mean square (default 1e-6).
-        offset: a finite number added to the weight in fp32 inside the kernels (default 0;
-            1 for the zero-centred weights of Gemma and Qwen3-Next, as Liger's ``offset``).
-            dweight is the gradient of ``weight`` itself.
+        offset: a real number (int, float or numpy scalar) finite in fp32, added to the
+            weight in fp32 inside the kernels (default 0; 1 for the zero-centred weights of
+            Gemma and Qwen3-Next, as Liger's ``offset``). dweight is the gradient of
+            ``weight`` itself. Each distinct value compiles its own kernels (a constexpr).
         residual: optional, like x (same shape and dtype). Then h = x + residual (rounded to
             x's dtype) is normalized and returned too.
         plan: an :class:`RMSNormDetPlan` for H (default: ``make_plan(H, x.dtype, device)``).

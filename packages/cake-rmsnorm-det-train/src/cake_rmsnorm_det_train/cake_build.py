@@ -35,7 +35,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fcc49655c7155c033334a628990b09e5e4842f220ce7aafba06d78800d735414"
+SOURCE_DIGEST = "sha256:26716e14289491644c11be16bfb9fa8083d46f0b78f559ed47b67ac83b4f8732"
 # --- end of generated block ---
 
 MANIFEST = {

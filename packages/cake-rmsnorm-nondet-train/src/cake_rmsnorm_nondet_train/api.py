@@ -84,8 +84,8 @@ def rmsnorm_nondet(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
             1 <= H <= 65536.
         weight: ``[H]``, fp32 or x's dtype.
         eps: > 0, added to the mean square (default 1e-6).
-        offset: finite, added to the weight in the kernels (default 0; 1 for zero-centred
-            weights, as Liger's ``offset``).
+        offset: a real number finite in fp32, added to the weight in fp32 in the kernels
+            (default 0; 1 for zero-centred weights, as Liger's ``offset``).
         residual: optional, like x. Then h = x + residual (rounded to x's dtype) is
             normalized and returned too.
         plan, workspace: of this package (mode nondet), for H.

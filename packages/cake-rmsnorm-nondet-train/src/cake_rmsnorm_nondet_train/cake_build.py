@@ -37,7 +37,7 @@ PLANS = [
                 "num_warps_bwd", "bwd_programs", "reduce_block_p", "reduce_block_c", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0a1961e0da4decf0b552a8acce103f9dbd90ffe9f403eb50003df856a1951668"
+SOURCE_DIGEST = "sha256:516bc7bc7807b06195b86b6b546f1990fae9c9789d93a6b21e5351be8235170a"
 # --- end of generated block ---
 
 MANIFEST = {
