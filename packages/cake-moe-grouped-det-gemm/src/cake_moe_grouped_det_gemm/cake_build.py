@@ -46,6 +46,8 @@ KERNELS = [
     {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "schedule_kernel"},
     {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "_rows_of"},
     {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "expert_order_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.route", "function": "route_fwd_kernel"},
+    {"module": "cake_moe_grouped_det_gemm.kernels.route", "function": "route_bwd_kernel"},
 ]
 PLANS = [
     {"module": "cake_moe_grouped_det_gemm.plan", "class": "MoEGroupedDetPlan", "format_version": 4,
@@ -55,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8e1181ebec6cbd8429b5fa5e53326e11b8cf1e2ab804996b8c6bb8fb49204143"
+SOURCE_DIGEST = "sha256:79c5aa46efec6f56d33df0953dba3266cba3a65bf2d3e5132970d6f5f24c954c"
 # --- end of generated block ---
 
 MANIFEST = {

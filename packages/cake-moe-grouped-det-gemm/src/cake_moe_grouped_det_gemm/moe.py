@@ -36,12 +36,18 @@ from cake_core import check_dtype, check_same_device, check_shape, check_tensor
 from cake_core.autograd import once_differentiable
 from cake_core.checks import FLOAT_DTYPES, check_flag, check_ndim
 from cake_core.compile import custom_op, op_or_body, optional_output
+from cake_core.gemm import direct_store_dtype
 from cake_core.swiglu import swiglu
 from cake_core.triton_utils import cdiv, launch_device_check, next_power_of_2
 from torch import nn
 
 from cake_moe_grouped_det_gemm.api import _resolve_plan, routed_gemm
-from cake_moe_grouped_det_gemm.kernels import combine_bwd_kernel, gather_sum_kernel
+from cake_moe_grouped_det_gemm.kernels import (
+    combine_bwd_kernel,
+    gather_sum_kernel,
+    route_bwd_kernel,
+    route_fwd_kernel,
+)
 from cake_moe_grouped_det_gemm.plan import MoEGroupedDetPlan, make_plan
 
 __all__ = [
@@ -108,6 +114,89 @@ def moe_topk_det(probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.T
     return _TakeTopK.apply(probs, ids), ids
 
 
+def _route_launch(device: torch.device, E: int, k: int) -> tuple[int, int, int]:
+    """``(BLOCK_T, BLOCK_E, BLOCK_K)`` of the routing kernels, by rule: whole rows of the
+    E experts per program, 4096 elements a tile on CUDA (16384 under the interpreter, fewer
+    interpreted programs)."""
+    be = next_power_of_2(E)
+    return max(1, (4096 if device.type == "cuda" else 16384) // be), be, next_power_of_2(k)
+
+
+@custom_op("cake_moe_grouped_det_gemm::route_fwd", mutates_args=())
+def _route_fwd_op(logits: torch.Tensor, k: int, normalize: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    T, E = logits.shape
+    dev, f32 = logits.device, torch.float32
+    probs = torch.empty((T, E), dtype=f32, device=dev)
+    ids = torch.empty((T, k), dtype=torch.int64, device=dev)
+    w = torch.empty((T, k), dtype=f32, device=dev)
+    s = torch.empty((T,) if normalize else (0,), dtype=f32, device=dev)
+    if T:
+        bt, be, bk = _route_launch(dev, E, k)
+        route_fwd_kernel[(cdiv(T, bt),)](
+            logits, probs, ids, w, s if normalize else w, T, E, logits.stride(0), K=k,
+            NORMALIZE=normalize, BLOCK_T=bt, BLOCK_E=be, BLOCK_K=bk, num_warps=4)
+    return probs, ids, w, s
+
+
+@_route_fwd_op.register_fake
+def _route_fwd_fake(logits, k, normalize):
+    T, E = logits.shape
+    f32 = torch.float32
+    return (logits.new_empty((T, E), dtype=f32), logits.new_empty((T, k), dtype=torch.int64),
+            logits.new_empty((T, k), dtype=f32),
+            logits.new_empty((T,) if normalize else (0,), dtype=f32))
+
+
+@custom_op("cake_moe_grouped_det_gemm::route_bwd", mutates_args=())
+def _route_bwd_op(probs: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, s: torch.Tensor,
+                  dw: torch.Tensor, dprobs: torch.Tensor | None, normalize: bool,
+                  dtype: torch.dtype) -> torch.Tensor:
+    T, E = probs.shape
+    k = ids.shape[1]
+    dl = torch.empty((T, E), dtype=direct_store_dtype(dtype), device=probs.device)
+    if T:
+        bt, be, bk = _route_launch(probs.device, E, k)
+        route_bwd_kernel[(cdiv(T, bt),)](
+            probs, ids, w, s if normalize else w, dw,
+            dprobs if dprobs is not None else probs, dl, T, E, dl.stride(0), K=k,
+            NORMALIZE=normalize, HAS_DP=dprobs is not None, BLOCK_T=bt, BLOCK_E=be,
+            BLOCK_K=bk, num_warps=4)
+    return dl.to(dtype)  # a no-op but for bf16 under the interpreter (its casts truncate)
+
+
+@_route_bwd_op.register_fake
+def _route_bwd_fake(probs, ids, w, s, dw, dprobs, normalize, dtype):
+    return probs.new_empty(probs.shape, dtype=dtype)
+
+
+class _Route(torch.autograd.Function):
+    """The top-k softmax gate: ``(probs, weights, ids)`` from the logits, one launch each
+    way (:mod:`cake_moe_grouped_det_gemm.kernels.route`)."""
+
+    @staticmethod
+    def forward(ctx, logits, k, normalize):
+        probs, ids, w, s = op_or_body("cake_moe_grouped_det_gemm::route_fwd")(
+            logits, k, normalize)
+        ctx.mark_non_differentiable(ids)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(probs, ids, w, s)
+        ctx.normalize, ctx.dtype = normalize, logits.dtype
+        return probs, w, ids
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dprobs, dw, _dids):
+        if dprobs is None and dw is None:
+            return None, None, None
+        probs, ids, w, s = ctx.saved_tensors
+        dw = torch.zeros_like(w) if dw is None else dw.contiguous()
+        dl = op_or_body("cake_moe_grouped_det_gemm::route_bwd")(
+            probs, ids, w, s, dw, None if dprobs is None else dprobs.contiguous(),
+            ctx.normalize, ctx.dtype)
+        return dl, None, None
+
+
 class MoERouting(NamedTuple):
     """Where each token's k assignments go, from :func:`moe_route_det` (all on the device).
 
@@ -144,8 +233,10 @@ def moe_route_det(logits: torch.Tensor, top_k: int, *,
             ``norm_topk_prob=True``); else the weights are the softmax probabilities.
 
     Returns:
-        :class:`MoERouting`. ``ids`` and ``weights`` from :func:`moe_topk_det` on
-        ``softmax(logits.float())`` (ties to the lower expert index); ``order`` a stable
+        :class:`MoERouting`. ``probs = softmax(logits)`` in fp32, ``ids`` its k largest
+        entries (ties to the lower expert index, as :func:`moe_topk_det`) and ``weights``
+        (divided by their sum, added in j order, with ``normalize_topk``): one kernel
+        launch each way, per token row; ``order`` a stable
         sort of the flattened ids (``torch.sort(stable=True)`` of int64 keys: one answer);
         ``slot`` its inverse (each element written once); ``offs`` by
         ``torch.searchsorted`` of the sorted ids (no counting with atomics, no host sync).
@@ -161,10 +252,9 @@ def moe_route_det(logits: torch.Tensor, top_k: int, *,
     check_flag(normalize_topk, "normalize_topk")
     if T * top_k > _INT32_MAX:
         raise ValueError(f"logits: T·k = {T * top_k} assignments exceed int32 offsets")
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, ids = moe_topk_det(probs, top_k)
-    if normalize_topk:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if logits.stride(-1) != 1 and E > 1:
+        logits = logits.contiguous()  # the kernel reads each row with a unit stride
+    probs, weights, ids = _Route.apply(logits, int(top_k), bool(normalize_topk))
     sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)
     slot = torch.empty_like(order).scatter_(
         0, order, torch.arange(order.numel(), device=order.device))

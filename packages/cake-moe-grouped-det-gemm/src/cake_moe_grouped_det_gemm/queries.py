@@ -108,8 +108,8 @@ def moe_feed_forward_saved_bytes(x: torch.Tensor, router_weight: torch.Tensor,
     running anything. With T tokens, R = T·k rows, E experts, ``b`` x's element size:
     in x's dtype the permuted rows ``[R, d_model]``, the gate/up output ``[R, 2·d_ff]``,
     the SwiGLU's product ``[R, d_ff]``, the expert outputs ``[R, d_model]``; in fp32 the
-    router probabilities ``[T, E]``, the top-k weights ``[T, k]``
-    (and, with ``normalize_topk``, the unnormalised ones and their sums ``[T, 1]``), the
+    router probabilities ``[T, E]``, the top-k weights ``[T, k]`` (and, with
+    ``normalize_topk``, their sums before the division ``[T]``), the
     fp32 copies the router GEMM reads (x ``[T, d_model]`` unless x is fp32 and reshapes to
     ``[T, d_model]`` as a view; router_weight ``[E, d_model]`` unless fp32), the expert
     fractions ``[E]`` when ``aux_loss_coef > 0``; int64 ids ``[T, k]`` and slot ``[R]``
@@ -144,8 +144,8 @@ def feed_forward_saved_bytes_for(plans_cls, resolve, x, router_weight, w_gate_up
     shapes = [((R, d), dt), ((R, 2 * f), dt), ((R, f), dt), ((R, d), dt),
               ((T, E), f32), ((T, k), f32), ((T, k), i64), ((R,), i64),
               ((1 + E,), torch.int32)]
-    if normalize_topk:  # the division keeps its operands
-        shapes += [((T, k), f32), ((T, 1), f32)]
+    if normalize_topk:  # the gate's backward reads the sums it divided by
+        shapes.append(((T,), f32))
     view = torch.empty_strided(x.shape, x.stride(), dtype=dt, device="meta").reshape(T, d)
     if dt != f32 or not view._is_view():  # the router GEMM's fp32 x
         shapes.append(((T, d), f32))

@@ -68,11 +68,13 @@ REUSED_KERNELS = {
         {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "schedule_kernel"},
         {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "_rows_of"},
         {"module": "cake_moe_grouped_det_gemm.kernels.meta", "function": "expert_order_kernel"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.route", "function": "route_fwd_kernel"},
+        {"module": "cake_moe_grouped_det_gemm.kernels.route", "function": "route_bwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:274335722e90613aa3d0520aeea962eb9ebb126ca36fb3c0d207726b55305de6"
+SOURCE_DIGEST = "sha256:a08ec23f6e7fc10023135f05637e140a2413306c70ab38de8147940ef2181252"
 # --- end of generated block ---
 
 REUSES = [

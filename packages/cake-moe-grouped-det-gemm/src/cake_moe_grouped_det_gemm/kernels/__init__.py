@@ -9,6 +9,7 @@ last expert's end of an output ``torch._grouped_mm`` wrote (plan field ``grouped
 ``gather_sum_kernel`` / ``combine_bwd_kernel``: the MoE layer's combine and the permutation's
 backward (token rows gathered from expert rows and summed in slot order). ``row_ends_kernel``,
 ``schedule_kernel``, ``expert_order_kernel``: the integer metadata built from the offsets.
+``route_fwd_kernel`` / ``route_bwd_kernel``: the router's top-k softmax gate.
 """
 
 from cake_core.triton_utils import select_backend
@@ -31,7 +32,11 @@ from cake_moe_grouped_det_gemm.kernels.meta import (  # noqa: E402
     row_ends_kernel,
     schedule_kernel,
 )
+from cake_moe_grouped_det_gemm.kernels.route import (  # noqa: E402
+    route_bwd_kernel,
+    route_fwd_kernel,
+)
 
 __all__ = ["combine_bwd_kernel", "expert_order_kernel", "gather_sum_kernel", "grouped_mm_kernel", "grouped_mm_tma_kernel", "grouped_wgrad_kernel",
-           "grouped_wgrad_tma_kernel", "row_ends_kernel", "schedule_kernel",
+           "grouped_wgrad_tma_kernel", "route_bwd_kernel", "route_fwd_kernel", "row_ends_kernel", "schedule_kernel",
            "zero_tail_rows_kernel"]
