@@ -9,7 +9,8 @@ numbers are the CPU route's; without it the kernels run. The model is the benchm
 (``bench_cake_transformers.make_config``), patched with ``apply_cake_kernels_to_qwen3_next``
 unless ``--unpatched``. Prints totals, then the top issuers: ``file:function`` of the first
 frame under ``packages/`` or ``transformers/`` (``<autograd>`` where the autograd engine
-issues the op with no Python frame of ours on the stack).
+issues the op with no Python frame of ours on the stack). Allocations (``empty`` and kin)
+are counted apart in the totals: they launch no kernel.
 
 ``--keys N``: N steps on different batches, each launch's Triton specialization key computed
 as Triton's own binder computes it (constexprs, dtypes, 16-byte alignment of pointers, ints
@@ -40,6 +41,7 @@ _VIEWS = {"view", "_unsafe_view", "as_strided", "t", "transpose", "permute", "un
           "squeeze", "expand", "slice", "select", "alias", "detach", "reshape", "unbind",
           "split", "split_with_sizes", "chunk", "narrow", "view_as", "_reshape_alias",
           "unflatten", "flatten", "diagonal", "movedim", "lift_fresh"}
+_ALLOCS = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
 PHASE = ["fwd"]
 LAUNCH: dict = collections.defaultdict(collections.Counter)
 OPS: dict = collections.defaultdict(collections.Counter)
@@ -166,8 +168,10 @@ def main():
             loss.backward()
         model.zero_grad(set_to_none=True)
     for ph in ("fwd", "bwd"):
+        allocs = sum(n for k, n in OPS[ph].items() if k.split(" ")[1] in _ALLOCS)
         print(f"{ph}: {sum(LAUNCH[ph].values())} Triton launches, "
-              f"{sum(OPS[ph].values())} non-view aten ops")
+              f"{sum(OPS[ph].values())} non-view aten ops ({allocs} of them allocations "
+              f"without a kernel)")
     for title, d in (("launches", LAUNCH), ("aten ops", OPS)):
         for ph in ("fwd", "bwd"):
             by_fn = collections.Counter()
