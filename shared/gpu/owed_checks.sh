@@ -47,7 +47,8 @@ case ${1:-} in
     # metadata and combine kernels, with MoE's compile tests); the query tests after their
     # GPU fixes; float64 parity and
     # grads of GDN / KDA at the rule's CUDA configurations (L2 norm backward now a kernel);
-    # the rmsnorm / gated-norm nondet tables (lost from the last call's output)
+    # the rmsnorm / gated-norm nondet tables (lost from the last call's output); the SwiGLU
+    # and router-gate kernels, RMSNorm's offset (inductor compile) and the patched Qwen3-Next
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
     T0=$SECONDS
     for f in packages/cake-{lm-head-loss-det-train,gqa-det-train,mhc-det-train,moe-grouped-det-gemm}/tests/test_*_cuda_graph.py \
@@ -57,7 +58,11 @@ case ${1:-} in
              packages/cake-gdn-det-train/tests/test_gdn_grads.py \
              packages/cake-kda-det-train/tests/test_kda_parity.py \
              packages/cake-kda-det-train/tests/test_kda_determinism.py \
-             packages/cake-core/tests/test_core_l2norm.py; do
+             packages/cake-core/tests/test_core_l2norm.py \
+             packages/cake-core/tests/test_core_swiglu.py \
+             packages/cake-moe-grouped-det-gemm/tests/test_moe_route.py \
+             packages/cake-rmsnorm-det-train/tests/test_rmsnorm_{parity,api}.py \
+             packages/cake-transformers/tests/test_transformers_qwen3_next.py; do
       timeout 330 python3 -m pytest -q -p no:cacheprovider -rf --tb=line "$f" \
         > "/tmp/q_$(basename "$f" .py).txt" 2>&1 &
       while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done
