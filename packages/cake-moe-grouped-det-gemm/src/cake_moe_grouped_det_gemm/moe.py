@@ -116,10 +116,10 @@ def moe_topk_det(probs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.T
 
 def _route_launch(device: torch.device, E: int, k: int) -> tuple[int, int, int]:
     """``(BLOCK_T, BLOCK_E, BLOCK_K)`` of the routing kernels, by rule: whole rows of the
-    E experts per program, 4096 elements a tile on CUDA (16384 under the interpreter, fewer
-    interpreted programs)."""
+    E experts per program, 2048 elements a tile on CUDA (16 per thread of 4 warps, several
+    tiles live at once); 16384 under the interpreter (fewer interpreted programs)."""
     be = next_power_of_2(E)
-    return max(1, (4096 if device.type == "cuda" else 16384) // be), be, next_power_of_2(k)
+    return max(1, (2048 if device.type == "cuda" else 16384) // be), be, next_power_of_2(k)
 
 
 @custom_op("cake_moe_grouped_det_gemm::route_fwd", mutates_args=())
