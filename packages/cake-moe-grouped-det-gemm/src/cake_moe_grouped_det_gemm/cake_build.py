@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:79c5aa46efec6f56d33df0953dba3266cba3a65bf2d3e5132970d6f5f24c954c"
+SOURCE_DIGEST = "sha256:a5b1dc53e4d1089dd86fccc7e4f2ceee3f7dbf91d20e4d43b2d25785ea218c77"
 # --- end of generated block ---
 
 MANIFEST = {

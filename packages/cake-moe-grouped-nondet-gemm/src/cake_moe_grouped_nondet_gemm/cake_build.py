@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:a08ec23f6e7fc10023135f05637e140a2413306c70ab38de8147940ef2181252"
+SOURCE_DIGEST = "sha256:80987808ebf1378ba31b7a9e54bfe0098ae9892753d040da3ebc47d20d88acb1"
 # --- end of generated block ---
 
 REUSES = [
