@@ -37,6 +37,41 @@ def test_swiglu_matches_float64(shape, dtype):
     assert bitwise_equal(h.detach(), before)
 
 
+@pytest.mark.parametrize("shape", [(4, 0), (0,), (2, 3, 0), (0, 0)])
+def test_zero_width_last_dim(shape):
+    """F = 0 (``h`` ``[..., 0]``): empty results of the right shapes, not a reshape error
+    (``reshape(-1, 0)`` is ambiguous)."""
+    h = randn(shape, torch.float32, DEV, seed=20).requires_grad_()
+    a = swiglu(h)
+    assert a.shape == (*shape[:-1], 0)
+    a.sum().backward()
+    assert h.grad.shape == h.shape
+    g = randn(shape, torch.float16, DEV, seed=21).requires_grad_()
+    u = randn(shape, torch.float16, DEV, seed=22).requires_grad_()
+    b = silu_mul(g, u)
+    b.sum().backward()
+    assert b.shape == g.shape and g.grad.shape == g.shape and u.grad.shape == u.shape
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # the interpreter's exp
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_extreme_gates_fp16():
+    """Large |g| (exp overflows in the sigmoid), ±inf and NaN gates give torch's fp32
+    ``F.silu(g) * u`` (and its gradients) rounded to fp16, NaN where torch's is NaN."""
+    vals = [-60000.0, -100.0, -20.0, -1e-3, 0.0, 20.0, 100.0, 60000.0, float("inf"),
+            float("-inf"), float("nan")]
+    g = torch.tensor([vals], dtype=torch.float16, device=DEV).requires_grad_()
+    u = torch.tensor([[1.0, 2, 3, 4, 5, 6, 7, 0.5, 1, 1, 1]], dtype=torch.float16,
+                     device=DEV).requires_grad_()
+    a = silu_mul(g, u)
+    a.backward(torch.ones_like(a))
+    g32, u32 = (t.detach().float().requires_grad_() for t in (g, u))
+    a32 = F.silu(g32) * u32
+    a32.backward(torch.ones_like(a32))
+    for got, want in ((a, a32), (g.grad, g32.grad), (u.grad, u32.grad)):
+        torch.testing.assert_close(got, want.half(), rtol=2e-3, atol=1e-7, equal_nan=True)
+
+
 def test_every_output_element_written(monkeypatch):
     """Outputs allocated NaN-filled: the kernels must overwrite every element."""
     real = torch.empty

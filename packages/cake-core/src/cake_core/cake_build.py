@@ -47,7 +47,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d8c236f9d230a796ae06bc3535071c6b62bb9a27e0baf1ee8dcf9c6a8a25e012"
+SOURCE_DIGEST = "sha256:fcc2b38853f42f4d6d8163247d4b21579a558ac70bdf576f665fce14a1065c6a"
 # --- end of generated block ---
 
 MANIFEST = {

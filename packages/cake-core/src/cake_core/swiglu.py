@@ -31,6 +31,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cake_core.autograd import once_differentiable
@@ -89,9 +91,15 @@ def _blocks(device: torch.device, n_cols: int) -> tuple[int, int]:
     return max(1, (2048 if device.type == "cuda" else 8192) // bc), bc
 
 
+def _rows(t: torch.Tensor) -> int:
+    """The number of rows of ``t`` ``[..., n_cols]`` (also for ``n_cols == 0``, where
+    ``reshape(-1, 0)`` is ambiguous)."""
+    return math.prod(t.shape[:-1])
+
+
 def _rows2d(t: torch.Tensor, n_cols: int) -> torch.Tensor:
     """``t`` as ``[rows, n_cols]`` with a unit column stride (a view where one exists)."""
-    t2 = t.reshape(-1, n_cols)
+    t2 = t.reshape(_rows(t), n_cols)
     return t2 if t2.stride(-1) == 1 or n_cols <= 1 else t2.contiguous()
 
 
@@ -117,7 +125,7 @@ def _bwd(g2, u2, da2, dg2, du2) -> None:
 def _swiglu_fwd_op(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     F = g.shape[-1]
     a = torch.empty(g.shape, dtype=direct_store_dtype(g.dtype), device=g.device)
-    _fwd(_rows2d(g, F), _rows2d(u, F), a.view(-1, F))
+    _fwd(_rows2d(g, F), _rows2d(u, F), a.view(_rows(a), F))
     return a.to(g.dtype)  # a no-op but under the interpreter (its bf16 stores truncate)
 
 
@@ -136,12 +144,12 @@ def _swiglu_bwd_op(g: torch.Tensor, u: torch.Tensor, da: torch.Tensor,
     sd = direct_store_dtype(g.dtype)
     if packed:
         dh = torch.empty((*g.shape[:-1], 2 * F), dtype=sd, device=g.device)
-        dh2 = dh.view(-1, 2 * F)
+        dh2 = dh.view(_rows(dh), 2 * F)
         _bwd(g2, u2, da2, dh2[:, :F], dh2[:, F:])
         return dh.to(g.dtype), g.new_empty((0,))
     dg = torch.empty(g.shape, dtype=sd, device=g.device)
     du = torch.empty(u.shape, dtype=sd, device=u.device)
-    _bwd(g2, u2, da2, dg.view(-1, F), du.view(-1, F))
+    _bwd(g2, u2, da2, dg.view(_rows(dg), F), du.view(_rows(du), F))
     return dg.to(g.dtype), du.to(u.dtype)
 
 
