@@ -177,3 +177,44 @@ def test_torch_compile_fullgraph_same_bits():
                   else "inductor")(h, g).backward()
     torch.testing.assert_close(h.grad, want[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(g.grad, want[1], rtol=1e-6, atol=1e-7)
+
+
+def test_one_dimensional_grid(monkeypatch):
+    """Both launches use a one-dimensional grid of (row blocks × column blocks) programs:
+    CUDA caps a grid's second dimension at 65535, which a row of over 65535 column blocks
+    (``silu_mul`` of a long 1-D tensor) would exceed; rows and column blocks both split."""
+    import cake_core.swiglu as sw
+
+    grids = []
+
+    class Spy:
+        def __init__(self, k):
+            self.k = k
+
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return self.k[grid]
+
+    for name in ("silu_mul_fwd_kernel", "silu_mul_bwd_kernel"):
+        monkeypatch.setattr(sw, name, Spy(getattr(sw, name)))
+    br, bc = sw._blocks(DEV, 3 * 1024)
+    h = randn((3 * br + 1, 2 * (2 * bc + 5)), torch.float32, DEV, seed=30).requires_grad_()
+    a = swiglu(h)
+    da = randn(a.shape, torch.float32, DEV, seed=31)
+    a.backward(da)
+    assert grids == [(4 * 3,), (4 * 3,)]
+    a64, dh64 = _ref_packed(h, da)
+    assert_close_to_reference(a, a64, torch.float32, name="a")
+    assert_close_to_reference(h.grad, dh64, torch.float32, name="dh")
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="a grid over 65535 column blocks: CUDA only")
+def test_long_row_past_cuda_grid_limit():
+    n = 65536 * 1024 + 3  # over 65535 column blocks of 1024 in one row
+    g = torch.full((n,), 2.0, dtype=torch.float16, device=DEV, requires_grad=True)
+    u = torch.full((n,), 3.0, dtype=torch.float16, device=DEV, requires_grad=True)
+    a = silu_mul(g, u)
+    a.backward(torch.ones_like(a))
+    want = (F.silu(torch.tensor(2.0)) * 3).half().item()
+    assert a[0].item() == want and a[-1].item() == want and bool((a == want).all())
+    assert bool((g.grad == g.grad[0]).all()) and bool((u.grad == u.grad[0]).all())

@@ -39,6 +39,7 @@ KERNELS = [
     {"module": "cake_core.gemm", "function": "group_sum_cast_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_bwd_kernel"},
+    {"module": "cake_core.swiglu", "function": "_tile"},
     {"module": "cake_core.swiglu", "function": "silu_mul_fwd_kernel"},
     {"module": "cake_core.swiglu", "function": "silu_mul_bwd_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
@@ -47,7 +48,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fcc2b38853f42f4d6d8163247d4b21579a558ac70bdf576f665fce14a1065c6a"
+SOURCE_DIGEST = "sha256:4ea18050e8b1233d5d4d8a4afcb894646a78a4c84b17152b1a4b4db353c2135b"
 # --- end of generated block ---
 
 MANIFEST = {

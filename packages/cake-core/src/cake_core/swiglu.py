@@ -47,15 +47,26 @@ __all__ = ["silu_mul", "silu_mul_bwd_kernel", "silu_mul_fwd_kernel", "swiglu"]
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@triton.jit
+def _tile(n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's (int64 rows, columns) of a one-dimensional grid over (row blocks ×
+    column blocks): CUDA caps a grid's second dimension at 65535 blocks, which a long row
+    (over 65535 column blocks) would exceed."""
+    n_cb = tl.cdiv(n_cols, BLOCK_C)
+    pid = tl.program_id(0).to(tl.int64)
+    r = (pid // n_cb) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = (pid % n_cb) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return r, c
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def silu_mul_fwd_kernel(
     G, U, A, n_rows, n_cols, stride_g, stride_u, stride_a,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """``A = G * sigmoid(G) * U`` over ``[n_rows, n_cols]`` (unit column strides), fp32,
-    stored in A's dtype. Grid: (row blocks, column blocks)."""
-    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    stored in A's dtype. Grid: (row blocks × column blocks,), column blocks fastest."""
+    r, c = _tile(n_cols, BLOCK_R, BLOCK_C)
     m = (r < n_rows)[:, None] & (c < n_cols)[None, :]
     g = tl.load(G + r[:, None] * stride_g + c[None, :], mask=m, other=0.0).to(tl.float32)
     u = tl.load(U + r[:, None] * stride_u + c[None, :], mask=m, other=0.0).to(tl.float32)
@@ -69,9 +80,9 @@ def silu_mul_bwd_kernel(
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """``DG = DA * U * s * (1 + G * (1 - s))``, ``DU = DA * G * s`` with ``s = sigmoid(G)``,
-    fp32, stored in DG's / DU's dtypes. Grid: (row blocks, column blocks)."""
-    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    fp32, stored in DG's / DU's dtypes. Grid: (row blocks × column blocks,), column blocks
+    fastest."""
+    r, c = _tile(n_cols, BLOCK_R, BLOCK_C)
     m = (r < n_rows)[:, None] & (c < n_cols)[None, :]
     g = tl.load(G + r[:, None] * stride_g + c[None, :], mask=m, other=0.0).to(tl.float32)
     u = tl.load(U + r[:, None] * stride_u + c[None, :], mask=m, other=0.0).to(tl.float32)
@@ -107,7 +118,7 @@ def _fwd(g2: torch.Tensor, u2: torch.Tensor, a: torch.Tensor) -> None:
     R, F = g2.shape
     if R and F:
         br, bc = _blocks(g2.device, F)
-        silu_mul_fwd_kernel[(cdiv(R, br), cdiv(F, bc))](
+        silu_mul_fwd_kernel[(cdiv(R, br) * cdiv(F, bc),)](
             g2, u2, a, R, F, g2.stride(0), u2.stride(0), a.stride(0),
             BLOCK_R=br, BLOCK_C=bc, num_warps=4)
 
@@ -116,7 +127,7 @@ def _bwd(g2, u2, da2, dg2, du2) -> None:
     R, F = g2.shape
     if R and F:
         br, bc = _blocks(g2.device, F)
-        silu_mul_bwd_kernel[(cdiv(R, br), cdiv(F, bc))](
+        silu_mul_bwd_kernel[(cdiv(R, br) * cdiv(F, bc),)](
             g2, u2, da2, dg2, du2, R, F, g2.stride(0), u2.stride(0), da2.stride(0),
             dg2.stride(0), du2.stride(0), BLOCK_R=br, BLOCK_C=bc, num_warps=4)
 
