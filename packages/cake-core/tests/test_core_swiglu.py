@@ -160,6 +160,12 @@ def test_bad_inputs():
         silu_mul(x, randn((4, 5), torch.float32, DEV))
     with pytest.raises(ValueError, match="u: must match g's shape"):
         silu_mul(x, x.half())
+    # a device the backend cannot launch on: ValueError before any allocation or launch
+    meta = torch.empty((4, 6), device="meta")
+    with pytest.raises(ValueError, match="h: on meta"):
+        swiglu(meta)
+    with pytest.raises(ValueError, match="g: on meta"):
+        silu_mul(meta, meta)
 
 
 def test_torch_compile_fullgraph_same_bits():

@@ -66,3 +66,9 @@ def test_gate_repeats_bitwise_and_strided_logits():
     b = moe_route_det(base[:, 8:40].contiguous(), 4)
     for x, y in zip(a, b, strict=True):
         assert bitwise_equal(x, y)
+
+
+def test_device_the_backend_cannot_launch_on():
+    """A meta (or wrong-device) logits tensor: ValueError naming it, before any launch."""
+    with pytest.raises(ValueError, match="logits: on meta"):
+        moe_route_det(torch.empty((4, 8), device="meta"), 2)

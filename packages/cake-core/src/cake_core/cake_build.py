@@ -48,7 +48,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4ea18050e8b1233d5d4d8a4afcb894646a78a4c84b17152b1a4b4db353c2135b"
+SOURCE_DIGEST = "sha256:8fd2ccfcbe32b2ac2bdbd1c396ca9ca80ba4fb7a47103a99923b58430fc844a2"
 # --- end of generated block ---
 
 MANIFEST = {

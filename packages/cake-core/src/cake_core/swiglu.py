@@ -38,7 +38,14 @@ import torch
 from cake_core.autograd import once_differentiable
 from cake_core.compile import custom_op, op_or_body
 from cake_core.gemm import direct_store_dtype
-from cake_core.triton_utils import cdiv, next_power_of_2, select_backend, tl, triton
+from cake_core.triton_utils import (
+    cdiv,
+    launch_device_check,
+    next_power_of_2,
+    select_backend,
+    tl,
+    triton,
+)
 
 select_backend()
 
@@ -210,6 +217,7 @@ def _check(t, name: str) -> None:
         raise ValueError(f"{name}: expected dtype float32, bfloat16 or float16, got {t.dtype}")
     if t.dim() < 1:
         raise ValueError(f"{name}: expected at least 1-D, got 0-D")
+    launch_device_check(t.device, name)  # before any allocation or launch (meta, wrong device)
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
@@ -224,7 +232,9 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
         ``a`` ``[..., F]`` in h's dtype (computed in fp32, rounded once).
 
     Raises:
-        ValueError: h not a float tensor of at least one dim, or an odd last dim.
+        ValueError: h not a float tensor of at least one dim, an odd last dim, or on a
+            device the backend cannot launch on (a CPU tensor with CUDA Triton, a CUDA one
+            under the interpreter, a meta tensor).
     """
     _check(h, "h")
     if h.shape[-1] % 2:
@@ -244,7 +254,8 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         ``a`` like g (computed in fp32, rounded once).
 
     Raises:
-        ValueError: not float tensors, or shapes, dtypes or devices that differ.
+        ValueError: not float tensors, shapes, dtypes or devices that differ, or a device
+            the backend cannot launch on.
     """
     _check(g, "g")
     _check(u, "u")

@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a5b1dc53e4d1089dd86fccc7e4f2ceee3f7dbf91d20e4d43b2d25785ea218c77"
+SOURCE_DIGEST = "sha256:c73e6c67cc56f7d1a4fd49135b350aeacb525315aec0fa18b02ea5859c25dc13"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -242,7 +242,8 @@ def moe_route_det(logits: torch.Tensor, top_k: int, *,
         ``torch.searchsorted`` of the sorted ids (no counting with atomics, no host sync).
 
     Raises:
-        ValueError: bad ``logits`` or ``top_k``, ``T·k`` over 2³¹ - 1.
+        ValueError: bad ``logits`` (also on a device the backend cannot launch on, or
+            meta) or ``top_k``, ``T·k`` over 2³¹ - 1.
     """
     check_tensor(logits, "logits")
     check_ndim(logits, "logits", ndim=2, layout="[T, E]: tokens by experts")
@@ -250,6 +251,7 @@ def moe_route_det(logits: torch.Tensor, top_k: int, *,
     T, E = logits.shape
     _check_top_k(top_k, E)
     check_flag(normalize_topk, "normalize_topk")
+    launch_device_check(logits.device, "logits")  # before any allocation or launch
     if T * top_k > _INT32_MAX:
         raise ValueError(f"logits: T·k = {T * top_k} assignments exceed int32 offsets")
     if logits.stride(-1) != 1 and E > 1:

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:80987808ebf1378ba31b7a9e54bfe0098ae9892753d040da3ebc47d20d88acb1"
+SOURCE_DIGEST = "sha256:9f4a8b1ddcf38379d96ab86fbc94e09bd22e4d4b971aa9cdb2dc1ab6711d5959"
 # --- end of generated block ---
 
 REUSES = [
