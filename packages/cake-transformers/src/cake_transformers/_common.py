@@ -101,15 +101,15 @@ def autocast_dtype(t: torch.Tensor):
 
 
 def causal_attention(q, k, v, scaling: float):
-    """Causal attention on cake-gqa-det-train: q ``[B, Hq, S, D]``, k and v ``[B, Hkv, S, D]``
-    (after rotary, transformers' layout) -> ``[B, S, Hq, D]``. Under autocast q, k and v are
-    cast to its dtype first (as SDPA would be), else k and v to q's."""
+    """Causal attention on cake-gqa-det-train: q ``[B, S, Hq, D]``, k and v ``[B, S, Hkv, D]``
+    (flash-attn's layout: the patched forwards apply rotary with ``unsqueeze_dim=2``, so no
+    head-first copy is made) -> ``[B, S, Hq, D]``. Under autocast q, k and v are cast to its
+    dtype first (as SDPA would be), else k and v to q's."""
     from cake_gqa_det_train import flash_attn_func
 
     dt = autocast_dtype(q) or q.dtype
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2).contiguous(),
-                           softmax_scale=scaling, causal=True)
+    return flash_attn_func(q, k, v, softmax_scale=scaling, causal=True)
 
 
 def causal_lm_forward(self, on: frozenset, output_cls, args: dict, kwargs: dict,

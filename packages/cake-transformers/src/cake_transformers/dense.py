@@ -106,10 +106,11 @@ def _make_attention_forward(arch: _Arch, m):
         k = self.k_proj(hidden_states).view(hidden_shape)
         if hasattr(self, "q_norm"):  # Qwen3: an RMSNorm over each head's dim, before rotary
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(hidden_shape)
         cos, sin = position_embeddings
-        q, k = m.apply_rotary_pos_emb(q, k, cos, sin)
+        # rotary on [B, S, H, D] (transformers' unsqueeze_dim=2): the same elementwise math,
+        # and q, k come out in the attention's layout with no copy
+        q, k = m.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
         out = causal_attention(q, k, v, self.scaling)  # [B, S, Hq, D]
         return self.o_proj(out.reshape(*input_shape, -1)), None
     return forward

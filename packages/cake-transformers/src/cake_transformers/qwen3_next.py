@@ -143,11 +143,13 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask=
     q, gate = torch.chunk(
         self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
     gate = gate.reshape(*input_shape, -1)
-    q = self.q_norm(q.reshape(hidden_shape)).transpose(1, 2)
-    k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
-    v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    q = self.q_norm(q.reshape(hidden_shape))  # [B, S, Hq, D]
+    k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))
+    v = self.v_proj(hidden_states).view(hidden_shape)
     cos, sin = position_embeddings
-    q, k = m.apply_rotary_pos_emb(q, k, cos, sin)
+    # rotary on [B, S, H, D] (unsqueeze_dim=2): the same elementwise math, and q, k come out
+    # in the attention's layout with no copy
+    q, k = m.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
     out = causal_attention(q, k, v, self.scaling)  # [B, S, Hq, D]
     out = out.reshape(*input_shape, -1) * torch.sigmoid(gate)
     return self.o_proj(out), None
