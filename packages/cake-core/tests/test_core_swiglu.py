@@ -1,11 +1,21 @@
 """cake_core.swiglu: silu(g) * u forward and backward, packed (``swiglu``) and two-tensor
 (``silu_mul``) layouts, against float64."""
 
+import cake_core.swiglu as sw
 import pytest
 import torch
 import torch.nn.functional as F
 from cake_core.swiglu import silu_mul, swiglu
-from cake_core.testing import assert_close_to_reference, bitwise_equal, randn
+from cake_core.testing import (
+    assert_close_to_reference,
+    assert_compile_same_bits,
+    assert_raises_unmodified,
+    bitwise_equal,
+    no_kernel_launches,
+    poisoned_empty,
+    randn,
+    record_launches,
+)
 from cake_core.triton_utils import default_device
 
 DEV = default_device()
@@ -72,23 +82,16 @@ def test_extreme_gates_fp16():
         torch.testing.assert_close(got, want.half(), rtol=2e-3, atol=1e-7, equal_nan=True)
 
 
-def test_every_output_element_written(monkeypatch):
+def test_every_output_element_written():
     """Outputs allocated NaN-filled: the kernels must overwrite every element."""
-    real = torch.empty
-
-    def poisoned(*a, **k):
-        t = real(*a, **k)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
     h = randn((45, 2 * 70), torch.float32, DEV, seed=3).requires_grad_()
-    monkeypatch.setattr(torch, "empty", poisoned)
-    a = swiglu(h)
-    a.backward(torch.ones_like(a))
     g = randn((45, 70), torch.float32, DEV, seed=4).requires_grad_()
     u = randn((45, 70), torch.float32, DEV, seed=5).requires_grad_()
-    b = silu_mul(g, u)
-    b.backward(torch.ones_like(b))
-    monkeypatch.setattr(torch, "empty", real)
+    with poisoned_empty(floating_only=True):
+        a = swiglu(h)
+        a.backward(torch.ones_like(a))
+        b = silu_mul(g, u)
+        b.backward(torch.ones_like(b))
     for t in (a, h.grad, b, g.grad, u.grad):
         assert bool(torch.isfinite(t).all())
 
@@ -147,67 +150,44 @@ def test_silu_mul_one_input_without_grad():
 
 
 def test_bad_inputs():
+    """ValueError before any launch, the caller's tensors unmodified."""
     x = randn((4, 6), torch.float32, DEV)
-    with pytest.raises(ValueError, match="h: the last dim must be even"):
-        swiglu(randn((4, 7), torch.float32, DEV))
-    with pytest.raises(ValueError, match="h: expected dtype"):
-        swiglu(x.to(torch.int32))
-    with pytest.raises(ValueError, match="h: expected at least 1-D"):
-        swiglu(torch.tensor(1.0, device=DEV))
-    with pytest.raises(ValueError, match="h: expected a tensor"):
-        swiglu([1.0, 2.0])
-    with pytest.raises(ValueError, match="u: must match g's shape"):
-        silu_mul(x, randn((4, 5), torch.float32, DEV))
-    with pytest.raises(ValueError, match="u: must match g's shape"):
-        silu_mul(x, x.half())
-    # a device the backend cannot launch on: ValueError before any allocation or launch
-    meta = torch.empty((4, 6), device="meta")
-    with pytest.raises(ValueError, match="h: on meta"):
-        swiglu(meta)
-    with pytest.raises(ValueError, match="g: on meta"):
-        silu_mul(meta, meta)
+    meta = torch.empty((4, 6), device="meta")  # a device the backend cannot launch on
+    cases = [
+        (swiglu, {"h": randn((4, 7), torch.float32, DEV)}, "h: the last dim must be even"),
+        (swiglu, {"h": x.to(torch.int32)}, "h: expected dtype"),
+        (swiglu, {"h": torch.tensor(1.0, device=DEV)}, "h: expected at least 1-D"),
+        (swiglu, {"h": [1.0, 2.0]}, "h: expected a tensor"),
+        (silu_mul, {"g": x, "u": randn((4, 5), torch.float32, DEV)}, "u: must match g's shape"),
+        (silu_mul, {"g": x, "u": x.half()}, "u: must match g's shape"),
+        (swiglu, {"h": meta}, "h: on meta"),
+        (silu_mul, {"g": meta, "u": meta}, "g: on meta"),
+    ]
+    with no_kernel_launches(sw, "silu_mul_fwd_kernel", "silu_mul_bwd_kernel"):
+        for fn, kwargs, match in cases:
+            assert_raises_unmodified(fn, kwargs, match)
 
 
 def test_torch_compile_fullgraph_same_bits():
     torch._dynamo.reset()
-    h = randn((16, 64), torch.float32, DEV, seed=15).requires_grad_()
-    g = randn((16, 32), torch.float32, DEV, seed=16).requires_grad_()
-
-    def f(h, g):
-        return (swiglu(h) * silu_mul(g, g * 2)).square().sum()
-
-    f(h, g).backward()
-    want = (h.grad.clone(), g.grad.clone())
-    h.grad = g.grad = None
-    torch.compile(f, fullgraph=True, backend="aot_eager" if DEV.type == "cpu"
-                  else "inductor")(h, g).backward()
-    torch.testing.assert_close(h.grad, want[0], rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(g.grad, want[1], rtol=1e-6, atol=1e-7)
+    h = randn((16, 64), torch.float32, DEV, seed=15)
+    g = randn((16, 32), torch.float32, DEV, seed=16)
+    assert_compile_same_bits(lambda h, g: swiglu(h) * silu_mul(g, g * 2), [h, g],
+                             backend="aot_eager" if DEV.type == "cpu" else "inductor")
 
 
-def test_one_dimensional_grid(monkeypatch):
+def test_one_dimensional_grid():
     """Both launches use a one-dimensional grid of (row blocks × column blocks) programs:
     CUDA caps a grid's second dimension at 65535, which a row of over 65535 column blocks
     (``silu_mul`` of a long 1-D tensor) would exceed; rows and column blocks both split."""
-    import cake_core.swiglu as sw
-
-    grids = []
-
-    class Spy:
-        def __init__(self, k):
-            self.k = k
-
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return self.k[grid]
-
-    for name in ("silu_mul_fwd_kernel", "silu_mul_bwd_kernel"):
-        monkeypatch.setattr(sw, name, Spy(getattr(sw, name)))
     br, bc = sw._blocks(DEV, 3 * 1024)
     h = randn((3 * br + 1, 2 * (2 * bc + 5)), torch.float32, DEV, seed=30).requires_grad_()
-    a = swiglu(h)
-    da = randn(a.shape, torch.float32, DEV, seed=31)
-    a.backward(da)
+    with record_launches(sw, "silu_mul_fwd_kernel", "silu_mul_bwd_kernel") as launches:
+        a = swiglu(h)
+        da = randn(a.shape, torch.float32, DEV, seed=31)
+        a.backward(da)
+    grids = [grid for name in ("silu_mul_fwd_kernel", "silu_mul_bwd_kernel")
+             for grid, _ in launches[name]]
     assert grids == [(4 * 3,), (4 * 3,)]
     a64, dh64 = _ref_packed(h, da)
     assert_close_to_reference(a, a64, torch.float32, name="a")
