@@ -47,7 +47,8 @@ case ${1:-} in
     # metadata and combine kernels, with MoE's compile tests); the query tests after their
     # GPU fixes; float64 parity and
     # grads of GDN / KDA at the rule's CUDA configurations (L2 norm backward now a kernel);
-    # the rmsnorm / gated-norm nondet tables (lost from the last call's output); the SwiGLU
+    # the rmsnorm / gated-norm nondet tables (lost from the last call's output), the dense
+    # nondet package's cuBLAS wgrad (its tests and table); the SwiGLU
     # and router-gate kernels, RMSNorm's offset (inductor compile) and the patched Qwen3-Next
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
     T0=$SECONDS
@@ -62,7 +63,8 @@ case ${1:-} in
              packages/cake-core/tests/test_core_swiglu.py \
              packages/cake-moe-grouped-det-gemm/tests/test_moe_route.py \
              packages/cake-rmsnorm-det-train/tests/test_rmsnorm_{parity,api}.py \
-             packages/cake-transformers/tests/test_transformers_qwen3_next.py; do
+             packages/cake-transformers/tests/test_transformers_qwen3_next.py \
+             packages/cake-dense-projection-nondet-gemm/tests/test_dense_nondet_*.py; do
       timeout 330 python3 -m pytest -q -p no:cacheprovider -rf --tb=line "$f" \
         > "/tmp/q_$(basename "$f" .py).txt" 2>&1 &
       while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done
@@ -71,7 +73,8 @@ case ${1:-} in
     echo "tests: $((SECONDS - T0)) s"
     grep -HE "passed|failed|error" /tmp/q_*.txt | sed "s|.*/q_||" | tail -45
     grep -hE "^(FAILED|E  |/.*Error)" /tmp/q_*.txt | cut -c1-300 | sort -u | head -40
-    for b in packages/cake-rmsnorm-nondet-train packages/cake-rmsnorm-silu-gate-nondet-train; do
+    for b in packages/cake-rmsnorm-nondet-train packages/cake-rmsnorm-silu-gate-nondet-train \
+             packages/cake-dense-projection-nondet-gemm; do
       timeout 60 python3 $b/benchmarks/bench_*.py --rounds 2 2>&1 | tail -12
     done ;;
   *) echo "usage: $0 engine|model|suites"; exit 2 ;;

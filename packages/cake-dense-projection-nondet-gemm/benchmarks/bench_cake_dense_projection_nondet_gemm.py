@@ -4,9 +4,10 @@ For each shape y[M, N] = x[M, K] · W[N, K]ᵀ (with bias), one step is the auto
 and backward (dx, dW, dbias) through ``dense_projection_nondet`` and through
 cake-dense-projection-det-gemm's ``dense_projection_det``, each with its own default plan.
 ``ratio`` = nondet ms / det ms (below 1: nondet faster), each the median of ``--rounds``
-rounds that time det and nondet in turn. Today nondet runs the det
-kernels, so the ratio measures the entries' host overhead only; ``same_bits`` records
-whether both gave the same y, dx, dW and dbias.
+rounds that time det and nondet in turn. On CUDA in bf16 the nondet plan takes the weight
+and bias gradients from cuBLAS / ``torch.sum`` (``cublas_wgrad``) where det runs its
+fixed-order kernels; ``same_bits`` records whether both gave the same y, dx, dW and dbias
+(y and dx come from the same launches).
 
 GPU run (one H200)::
 

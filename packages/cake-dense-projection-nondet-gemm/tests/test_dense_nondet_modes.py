@@ -13,6 +13,7 @@ import torch
 from cake_core import Mode
 from cake_core.testing import randn
 from cake_core.triton_utils import default_device
+from cake_dense_projection_nondet_gemm.plan import from_det_plan
 
 DEV = default_device()
 F32 = torch.float32
@@ -61,8 +62,16 @@ def test_plan_mode_rule_and_serialisation():
     p = nd.make_nondet_plan(600, 12, 20, F32, DEV)
     d = det.make_plan(600, 12, 20, F32, DEV)
     assert p.mode == Mode.NONDET and type(p).family == "cake-dense-projection-nondet-gemm"
-    assert {f.name: getattr(p, f.name) for f in dataclasses.fields(p) if f.name != "mode"} \
-        == {f.name: getattr(d, f.name) for f in dataclasses.fields(d) if f.name != "mode"}
+    assert all(getattr(p, f.name) == getattr(d, f.name)
+               for f in dataclasses.fields(d) if f.name != "mode")
+    assert p.cublas_wgrad == 0  # the CPU rule: the det kernels
+    # where the det rule routes forward and dgrad to cuBLAS (CUDA, bf16 / fp16), the wgrad
+    # goes there too, with no split (no workspace)
+    routed = from_det_plan(dataclasses.replace(d, cublas_fwd_dgrad=1, wgrad_splits=4))
+    assert (routed.cublas_wgrad, routed.wgrad_splits) == (1, 1)
+    assert nd.workspace_bytes_nondet(routed) == 0
+    with pytest.raises(ValueError, match="cublas_wgrad"):
+        dataclasses.replace(p, cublas_wgrad=2)
     assert p.to_dict()["version"] == 1
     assert nd.DenseProjectionNondetPlan.from_dict(p.to_dict()) == p
     with pytest.raises(ValueError, match="mode must be nondet"):

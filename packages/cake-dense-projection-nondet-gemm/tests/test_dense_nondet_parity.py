@@ -1,6 +1,8 @@
 """Parity of the nondet dense projection with the float64 reference (the det package's
 cases: with and without bias, M off the block sizes, the split-K wgrad, main_grad)."""
 
+import dataclasses
+
 import pytest
 import torch
 from cake_core.testing import assert_close_to_reference, randn
@@ -56,10 +58,39 @@ def test_main_grad_against_float64():
     assert_close_to_reference(main_grad - start, want, DTYPE, "main_grad - start")
 
 
-def test_same_values_as_det_today():
-    """The det package's kernels run under equal plan fields: the same values."""
+def test_same_values_as_det_where_the_det_kernels_run():
+    """Forward and dgrad are the det package's launches: the same bits; so are the weight
+    and bias gradients where the plan keeps the det kernels (``cublas_wgrad = 0``)."""
     case = _inputs(33, 12, 20, True, seed=5)
     got = _grads(dense_projection_nondet, *case)
     want = _grads(dense_projection_det, *case)
-    for g, w in zip(got, want, strict=True):
+    same = 4 if make_nondet_plan(33, 12, 20, DTYPE, DEV).cublas_wgrad == 0 else 2
+    for g, w in zip(got[:same], want[:same], strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [0, 1, 77])
+def test_cublas_wgrad_against_float64(dtype, M):
+    """The plan's cuBLAS weight gradient and torch.sum bias gradient (the CUDA rule's for
+    bf16 / fp16; forced here on any device), with and without ``main_grad``."""
+    N, K = 24, 40
+    x = randn((M, K), dtype, DEV, seed=M + 1)
+    w = randn((N, K), dtype, DEV, seed=M + 2, scale=K ** -0.5)
+    b = randn((N,), dtype, DEV, seed=M + 3)
+    dy = randn((M, N), dtype, DEV, seed=M + 4)
+    plan = dataclasses.replace(make_nondet_plan(M, N, K, dtype, DEV), cublas_wgrad=1,
+                               wgrad_splits=1)
+    got = _grads(lambda *a: dense_projection_nondet(*a, plan=plan), x, w, b, dy)
+    want = _grads(lambda *a: dense_projection_reference(*a, dtype=torch.float64),
+                  *(t.double() for t in (x, w, b, dy)))
+    for name, g, ref in zip(("y", "dx", "dweight", "dbias"), got, want, strict=True):
+        assert g.dtype == dtype
+        assert_close_to_reference(g, ref, dtype, name)
+    start = randn((N, K), torch.float32, DEV, seed=M + 5)
+    main_grad = start.clone()
+    ww = w.detach().clone().requires_grad_()
+    dense_projection_nondet(x, ww, plan=plan, main_grad=main_grad).backward(dy)
+    assert ww.grad is None
+    assert_close_to_reference(main_grad - start, dy.double().t() @ x.double(), dtype,
+                              "main_grad - start")

@@ -238,10 +238,12 @@ def _launch_bwd(dy, x, weight, plan: DenseProjectionDetPlan, partials, bias_part
 
 
 def register_ops(namespace: str, plan_cls: type, mode: Mode = Mode.DET,
-                 before_bwd=None) -> None:
+                 before_bwd=None, launch_bwd=None) -> None:
     """Register ``<namespace>::fwd`` / ``::bwd`` (fakes and autograd included) over this
     package's launches, for plans of ``plan_cls`` in ``mode``; ``before_bwd`` (a nondet
-    sibling's alert) runs in the backward op before any launch."""
+    sibling's alert) runs in the backward op before any launch; ``launch_bwd`` (a nondet
+    sibling's backward launches, :func:`_launch_bwd`'s signature) replaces this package's."""
+    launch_bwd = launch_bwd or _launch_bwd
 
     @torch.library.custom_op(f"{namespace}::fwd", mutates_args=())
     def fwd_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -265,8 +267,8 @@ def register_ops(namespace: str, plan_cls: type, mode: Mode = Mode.DET,
         if before_bwd is not None:
             before_bwd()  # at run time under torch.compile, before any launch
         plan = plan_from_op_fields(plan_cls, plan_fields, mode)
-        return _launch_bwd(dy, x, weight, plan, partials, bias_partials, main_grad,
-                           need_dx, need_dw, need_db)
+        return launch_bwd(dy, x, weight, plan, partials, bias_partials, main_grad,
+                          need_dx, need_dw, need_db)
 
     @bwd_op.register_fake
     def _bwd_fake(dy, x, weight, plan_fields, partials, bias_partials, main_grad,

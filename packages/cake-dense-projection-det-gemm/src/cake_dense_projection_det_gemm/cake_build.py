@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:82f81a58a9438c2dc78237462b8f78de9bcb39598131a6ee0ee3d19288cc962c"
+SOURCE_DIGEST = "sha256:8052844b669c13b103ca03768698a1ba8676779f28df12137c188c1b7631a1d1"
 # --- end of generated block ---
 
 MANIFEST = {

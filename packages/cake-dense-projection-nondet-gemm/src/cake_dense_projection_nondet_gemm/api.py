@@ -1,10 +1,11 @@
 """Autograd entry (custom ops + register_autograd) and the low-level fwd/bwd of the nondet
 dense projection (``torch.nn.functional.linear``).
 
-The math, the checks and the launches are cake-dense-projection-det-gemm's
-(:mod:`cake_dense_projection_det_gemm.api`): this module runs that package's kernels with a
-:class:`DenseProjectionNondetPlan`, under its own custom ops
-(``cake_dense_projection_nondet_gemm::fwd`` / ``::bwd``). Its bits are not promised.
+The math and the checks are cake-dense-projection-det-gemm's
+(:mod:`cake_dense_projection_det_gemm.api`), and so are the forward and dgrad launches;
+the weight and bias gradients go to cuBLAS and ``torch.sum`` where the plan says so
+(``cublas_wgrad``, the CUDA rule for bf16 / fp16), else to that package's kernels. Custom
+ops ``cake_dense_projection_nondet_gemm::fwd`` / ``::bwd``. Its bits are not promised.
 Under ``torch.use_deterministic_algorithms(True)`` the backward raises ``RuntimeError``
 before any launch (with ``warn_only=True`` it warns once and runs); use
 ``cake_dense_projection_det_gemm.dense_projection_det`` for repeatable gradients.
@@ -82,10 +83,40 @@ def _workspace(workspace, plan, device):
     return _resolve_workspace(workspace, plan, device, ws_cls=DenseProjectionNondetWorkspace)
 
 
+def _launch_bwd_nondet(dy, x, weight, plan: DenseProjectionNondetPlan, partials,
+                       bias_partials, main_grad, need_dx: bool, need_dw: bool,
+                       need_db: bool):
+    """The det package's ``_launch_bwd``, with the weight and bias gradients from cuBLAS
+    and ``torch.sum`` when ``plan.cublas_wgrad``; returns ``(dx, dw, db)`` as it does."""
+    if not plan.cublas_wgrad:
+        return _launch_bwd(dy, x, weight, plan, partials, bias_partials, main_grad,
+                           need_dx, need_dw, need_db)
+    dx, _, _ = _launch_bwd(dy, x, weight, plan, None, None, None, need_dx, False, False)
+    N, K = weight.shape
+    M = x.numel() // K
+    dy2, x2 = dy.reshape(M, N), x.reshape(M, K)
+    dw = torch.empty((N, K) if need_dw and main_grad is None else (0,), dtype=weight.dtype,
+                     device=x.device)
+    if need_dw and main_grad is not None:
+        if dy2.dtype == torch.float32:
+            main_grad.addmm_(dy2.t(), x2)
+        elif main_grad.is_cuda:  # cuBLAS accumulates in fp32 into the fp32 main_grad
+            torch.addmm(main_grad, dy2.t(), x2, out_dtype=torch.float32, out=main_grad)
+        else:  # CPU has no mixed-dtype addmm
+            main_grad.addmm_(dy2.t().float(), x2.float())
+    elif need_dw:
+        torch.mm(dy2.t(), x2, out=dw)
+    db = torch.empty((N,) if need_db else (0,), dtype=x.dtype, device=x.device)
+    if need_db:
+        torch.sum(dy2, 0, out=db)
+    return dx, dw, db
+
+
 # ----------------------------------------------------------------------------- custom ops
 
 
-register_ops(_OP, DenseProjectionNondetPlan, Mode.NONDET, before_bwd=_alert)
+register_ops(_OP, DenseProjectionNondetPlan, Mode.NONDET, before_bwd=_alert,
+             launch_bwd=_launch_bwd_nondet)
 
 
 class _DenseProjectionNondetFunction(torch.autograd.Function):
@@ -108,8 +139,9 @@ class _DenseProjectionNondetFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         need_db = need_db and ctx.has_bias
-        dx, dw, db = _launch_bwd(dy, x, weight, ctx.plan, ctx.partials, ctx.bias_partials,
-                                 ctx.main_grad, need_dx, need_dw, need_db)
+        dx, dw, db = _launch_bwd_nondet(dy, x, weight, ctx.plan, ctx.partials,
+                                        ctx.bias_partials, ctx.main_grad, need_dx, need_dw,
+                                        need_db)
         return (dx if need_dx else None, dw if need_dw and ctx.main_grad is None else None,
                 db if need_db else None, None, None, None, None)
 
@@ -127,7 +159,9 @@ def dense_projection_nondet(x: torch.Tensor, weight: torch.Tensor,
     Arguments, shapes, dtypes, ``main_grad`` fusion and errors are those of
     ``cake_dense_projection_det_gemm.dense_projection_det``, with a
     :class:`DenseProjectionNondetPlan` (default: :func:`make_nondet_plan`) and a
-    :class:`DenseProjectionNondetWorkspace`. It runs that package's kernels today.
+    :class:`DenseProjectionNondetWorkspace`. On CUDA in bf16 / fp16 the weight and bias
+    gradients come from cuBLAS and ``torch.sum`` (the plan's ``cublas_wgrad``); elsewhere
+    it runs that package's kernels.
 
     Raises:
         ValueError: bad shape, dtype, device, plan, workspace or mode (a det plan or
@@ -196,7 +230,7 @@ def dense_projection_nondet_bwd(dy: torch.Tensor, saved: DenseProjectionNondetSa
     partials, bias_partials = _workspace(workspace, plan, device)
     _alert()
     with torch.no_grad():
-        dx, dw, db = _launch_bwd(dy, x, weight, plan, partials, bias_partials, main_grad,
-                                 True, True, saved.has_bias)
+        dx, dw, db = _launch_bwd_nondet(dy, x, weight, plan, partials, bias_partials,
+                                        main_grad, True, True, saved.has_bias)
     return DenseProjectionNondetGrads(dx, dw if main_grad is None else None,
                                       db if saved.has_bias else None)

@@ -39,7 +39,8 @@ PLANS = [
      "fields": ["out_features", "in_features", "block_m", "block_n", "block_k", "group_m",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_group_m", "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits",
-                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "mode"]},
+                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "mode",
+                "cublas_wgrad"]},
     {"module": "cake_dense_projection_det_gemm.plan", "class": "DenseProjectionDetPlan",
      "format_version": 2,
      "fields": ["out_features", "in_features", "block_m", "block_n", "block_k", "group_m",
@@ -55,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:a4148a5d59cdbd0f92be6f8676dc5254878f90d72a32f81893df43bd78b7dd06"
+SOURCE_DIGEST = "sha256:d97120b3e79819aaad22347f454dc73a6aee5d516394dc22202a74cb62ac37fc"
 # --- end of generated block ---
 
 REUSES = [

@@ -21,6 +21,14 @@ class DenseProjectionNondetPlan(DenseProjectionDetPlan):
     ``allow_tf32``, ``cublas_fwd_dgrad``, ``wgrad_tma``): this package runs that package's
     kernels with them. A det entry refuses this plan and this package refuses the det one
     (``ValueError``). ``to_dict()`` / ``from_dict()`` as every cake plan (format version 1).
+
+    One field of its own:
+        cublas_wgrad: 1 computes the weight gradient with cuBLAS (``torch.mm``; into an fp32
+            ``main_grad`` by ``torch.addmm`` with ``out_dtype=float32`` on CUDA) and the bias
+            gradient with ``torch.sum``, instead of the det package's fixed-order wgrad and
+            dbias kernels; the ``wgrad_*`` fields and ``wgrad_splits`` are then unused.
+            cuBLAS picks its kernel (and its reduction order) by its own heuristics. 0 = the
+            det package's kernels.
     """
 
     family: ClassVar[str] = "cake-dense-projection-nondet-gemm"
@@ -28,6 +36,11 @@ class DenseProjectionNondetPlan(DenseProjectionDetPlan):
     format_upgrades: ClassVar[dict[int, str]] = {}
     expected_mode: ClassVar[Mode] = Mode.NONDET
     mode: Mode = dataclasses.field(default=Mode.NONDET, kw_only=True)
+    cublas_wgrad: int = dataclasses.field(default=0, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_flags("cublas_wgrad")
 
 
 _PLANS: dict[tuple, DenseProjectionNondetPlan] = {}
@@ -37,10 +50,14 @@ def make_nondet_plan(M: int, N: int, K: int, dtype: torch.dtype,
                      device: torch.device | str) -> DenseProjectionNondetPlan:
     """The plan for ``y[M, N] = x[M, K] · W[N, K]ᵀ`` in ``dtype`` on ``device``.
 
-    By rule today, never by timing: the fields of
+    By rule, never by timing: the fields of
     ``cake_dense_projection_det_gemm.make_plan(M, N, K, dtype, device)`` (read its
-    docstring for the rule), in a plan of mode ``nondet``. Equal arguments give the equal
-    plan (cached).
+    docstring for the rule), in a plan of mode ``nondet``, and on CUDA for bf16 / fp16
+    (where the det rule already routes the forward and dgrad to cuBLAS)
+    ``cublas_wgrad = 1`` with ``wgrad_splits = 1`` (no workspace): the det package's
+    fixed-order wgrad took 1.02-1.06x cuBLAS's time on large shapes and 2.21x on a skinny
+    one (docs/benchmarks/dense_projection.md). CPU and fp32: the det plan's fields.
+    Equal arguments give the equal plan (cached).
 
     Raises:
         ValueError: as the det rule (M < 0, N or K < 1 or not ints, a dtype other than
@@ -51,6 +68,9 @@ def make_nondet_plan(M: int, N: int, K: int, dtype: torch.dtype,
 
 
 def from_det_plan(det: DenseProjectionDetPlan) -> DenseProjectionNondetPlan:
-    """The nondet plan with every field of ``det`` (the same launches)."""
-    return DenseProjectionNondetPlan(**{f.name: getattr(det, f.name)
-                                        for f in dataclasses.fields(det) if f.name != "mode"})
+    """The nondet plan of the rule: every field of ``det``, and cuBLAS for the wgrad where
+    ``det`` routes the forward and dgrad to it."""
+    fields = {f.name: getattr(det, f.name) for f in dataclasses.fields(det) if f.name != "mode"}
+    if det.cublas_fwd_dgrad:
+        fields.update(cublas_wgrad=1, wgrad_splits=1)
+    return DenseProjectionNondetPlan(**fields)
