@@ -213,8 +213,11 @@ def bench():
 
 
 SWEEP = {  # (package, D): plan changes tried at the benchmark shape of that D
-    ("det", 256): [dict()],
-    ("det", 128): [dict()],
+    # issue 41's leads (docs/benchmarks/gqa.md, offline register report): 32 keys per dK/dV
+    # program at D 256 (56 spill bytes against the rule's 428), 8 warps at D 128 (no spills)
+    ("det", 256): [dict(), dict(dkdv_block_n=32), dict(dkdv_block_n=32, dkdv_stages=3),
+                   dict(dkdv_block_m=128, dkdv_block_n=32)],
+    ("det", 128): [dict(), dict(dkdv_warps=8), dict(dkdv_block_m=128, dkdv_warps=8)],
     ("nondet", 256): [dict()],
     ("nondet", 128): [dict()],
 }
