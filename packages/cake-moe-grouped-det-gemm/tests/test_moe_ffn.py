@@ -21,6 +21,7 @@ from cake_moe_grouped_det_gemm import (
     MoEFeedForwardPlans,
     make_moe_plans,
     make_plan,
+    moe_experts_det,
     moe_feed_forward_det,
     moe_feed_forward_reference,
     moe_route_det,
@@ -347,3 +348,93 @@ def test_layer_takes_the_routings_offsets_as_row_ends(monkeypatch):
     got = grads(lambda *t: moe_feed_forward_det(*t, 2, normalize_topk=True, aux_loss_coef=0.01))
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+
+
+# ----------------------------------------------------------------------------- moe_experts_det
+
+
+def _experts_both(x, weights, top_k, dy, *, normalize=True, logits_dtype=None):
+    """moe_experts_det under logits the caller computes (x · Rᵀ in ``logits_dtype``, a
+    transformers-style router), and the float64 layer reference without the aux loss:
+    y and the gradients of ``<y, dy>`` in x and the three weights."""
+    leaves = [t.detach().clone().requires_grad_() for t in (x, *weights)]
+    xx, r, wgu, wd = leaves
+    dt = logits_dtype or x.dtype
+    logits = xx.to(dt) @ r.to(dt).t()
+    y = moe_experts_det(xx, logits, wgu, wd, top_k, normalize_topk=normalize)
+    (y.float() * dy.float()).sum().backward()
+    refs = [t.detach().double().requires_grad_() for t in (x, *weights)]
+    yr, _ = moe_feed_forward_reference(*refs, top_k, normalize_topk=normalize,
+                                       aux_loss_coef=0.0)
+    (yr * dy.double()).sum().backward()
+    return y.detach(), [t.grad for t in leaves], yr.detach(), [t.grad for t in refs]
+
+
+@pytest.mark.parametrize("top_k,normalize,lead", [(2, True, (7,)), (1, False, (2, 5)),
+                                                   (3, True, (1,))])
+def test_experts_entry_against_float64(top_k, normalize, lead):
+    x = randn((*lead, D), torch.float32, DEV, seed=11)
+    weights = params(seed=5)
+    dy = randn((*lead, D), torch.float32, DEV, seed=12)
+    y, grads, yr, grads_r = _experts_both(x, weights, top_k, dy, normalize=normalize)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_close_to_reference(y, yr, torch.float32, name="y")
+    for name, g, w in zip(("dx", "drouter", "dw_gate_up", "dw_down"), grads, grads_r,
+                          strict=True):
+        tol = 4 * TOLERANCES[torch.float32] if name in ("dx", "drouter") else None
+        assert_close_to_reference(g, w, torch.float32, name=name, tol=tol)
+
+
+def test_experts_entry_equals_the_layer_for_the_layers_logits():
+    """Given the logits the layer computes (its fp32 router GEMM), the experts entry gives
+    the layer's y bit for bit (the same routing, GEMMs and combine)."""
+    x = biased_x(9)
+    r, wgu, wd = params(seed=2)
+    y_layer, _ = moe_feed_forward_det(x, r, wgu, wd, 2, aux_loss_coef=0.0)
+    rows = torch.full((1,), 9, dtype=torch.int32, device=DEV)
+    logits = api.routed_gemm(x.float(), r.float()[None], rows)
+    assert bitwise_equal(moe_experts_det(x, logits, wgu, wd, 2), y_layer)
+    # and a bf16 model's bf16 logits: softmax in fp32 on them, y in bf16, repeatable
+    xb, wgub, wdb = x.bfloat16(), wgu.bfloat16(), wd.bfloat16()
+    lb = xb @ r.bfloat16().t()
+    y0 = moe_experts_det(xb, lb, wgub, wdb, 2)
+    assert y0.dtype == torch.bfloat16
+    assert bitwise_equal(moe_experts_det(xb, lb, wgub, wdb, 2), y0)
+
+
+def test_experts_entry_no_tokens():
+    x = torch.empty((0, D), device=DEV, requires_grad=True)
+    _, wgu, wd = params()
+    logits = torch.empty((0, E), device=DEV, requires_grad=True)
+    y = moe_experts_det(x, logits, wgu, wd, 2)
+    assert y.shape == (0, D)
+    y.sum().backward()
+
+
+def _experts_base():
+    x = randn((6, D), torch.float32, DEV, seed=3)
+    _, wgu, wd = params()
+    return dict(x=x, router_logits=randn((6, E), torch.float32, DEV, seed=4), w_gate_up=wgu,
+                w_down=wd, top_k=2)
+
+
+EXPERTS_BAD = {
+    "logits rows": (dict(router_logits=torch.randn(5, E, device=DEV)), "router_logits"),
+    "logits experts": (dict(router_logits=torch.randn(6, E + 1, device=DEV)), "router_logits"),
+    "logits int": (dict(router_logits=torch.ones(6, E, dtype=torch.int64, device=DEV)),
+                   "router_logits"),
+    "logits meta": (dict(router_logits=torch.ones(6, E, device="meta")),
+                    "router_logits: on meta"),
+    "top_k": (dict(top_k=E + 1), "top_k"),
+    "w_down": (dict(w_down=torch.randn(E, D + 1, F, device=DEV)), "w_down"),
+    "w_gate_up dtype": (dict(w_gate_up=torch.randn(E, 2 * F, D, device=DEV).double()),
+                        "w_gate_up"),
+    "normalize": (dict(normalize_topk=1), "normalize_topk"),
+    "plans": (dict(plans=(None, None, None)), "plans: expected MoEFeedForwardPlans"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPERTS_BAD))
+def test_experts_entry_bad_inputs_refused_before_launch(case, no_launch):
+    change, match = EXPERTS_BAD[case]
+    assert_raises_unmodified(moe_experts_det, {**_experts_base(), **change}, match)

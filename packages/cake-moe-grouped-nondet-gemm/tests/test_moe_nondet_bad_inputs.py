@@ -6,8 +6,10 @@ import pytest
 import torch
 from _moe_nd_cases import DEV, make, offs_of
 from cake_core.testing import assert_raises_unmodified, no_kernel_launches
+from cake_moe_grouped_det_gemm import make_moe_plans
 from cake_moe_grouped_nondet_gemm import (
     make_nondet_plan,
+    moe_experts_nondet,
     moe_feed_forward_nondet,
     moe_grouped_nondet_gemm,
     moe_grouped_nondet_gemm_bwd,
@@ -62,5 +64,12 @@ def test_layer_refusals_before_launch():
     with no_kernel_launches(api, "_launch_fwd"):
         assert_raises_unmodified(moe_feed_forward_nondet, dict(
             x=x, router_weight=rw, w_gate_up=wgu, w_down=wd, top_k=5), "top_k")
+        assert_raises_unmodified(moe_experts_nondet, dict(
+            x=x, router_logits=torch.ones(6, 4, device=DEV), w_gate_up=wgu, w_down=wd,
+            top_k=5), "top_k")
+        assert_raises_unmodified(moe_experts_nondet, dict(
+            x=x, router_logits=torch.ones(6, 4, device=DEV), w_gate_up=wgu, w_down=wd,
+            top_k=2, plans=make_moe_plans(6, 16, 12, 4, 2, torch.float32, DEV)),
+            "MoEFeedForwardNondetPlans")
         assert_raises_unmodified(moe_feed_forward_nondet, dict(
             x=x, router_weight=rw, w_gate_up=wgu[:, :20], w_down=wd, top_k=2), "w_gate_up")

@@ -7,12 +7,17 @@ import torch
 from _moe_nd_cases import DEV, DTYPE, make
 from cake_core.testing import TOLERANCES, assert_close_to_reference, randn
 from cake_moe_grouped_det_gemm import (
+    moe_experts_det,
     moe_feed_forward_det,
     moe_feed_forward_reference,
     moe_grouped_det_gemm,
     moe_grouped_gemm_reference,
 )
-from cake_moe_grouped_nondet_gemm import moe_feed_forward_nondet, moe_grouped_nondet_gemm
+from cake_moe_grouped_nondet_gemm import (
+    moe_experts_nondet,
+    moe_feed_forward_nondet,
+    moe_grouped_nondet_gemm,
+)
 
 
 @pytest.mark.parametrize("sizes,tail", [([7, 0, 19, 1, 0, 13], 0), ([5, 0, 11], 9),
@@ -76,3 +81,27 @@ def test_layer_against_float64_with_an_empty_expert():
     assert bool((leaves[2].grad[2] == 0).all()) and bool((leaves[3].grad[2] == 0).all())
     y2, aux2 = moe_feed_forward_det(x, rw, wgu, wd, 2)
     torch.testing.assert_close(y.detach(), y2, rtol=0, atol=0)
+
+
+def test_experts_entry_against_float64_and_det():
+    """moe_experts_nondet under caller-computed logits: float64 parity of y and every
+    gradient, and the det entry's values (the same kernels today)."""
+    D, Fd, E, T = 16, 12, 4, 11
+    x = randn((T, D), DTYPE, DEV, seed=7)
+    rw = randn((E, D), DTYPE, DEV, seed=8, scale=D ** -0.5)
+    wgu = randn((E, 2 * Fd, D), DTYPE, DEV, seed=9, scale=D ** -0.5)
+    wd = randn((E, D, Fd), DTYPE, DEV, seed=10, scale=Fd ** -0.5)
+    dy = randn((T, D), DTYPE, DEV, seed=11)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, rw, wgu, wd)]
+    y = moe_experts_nondet(leaves[0], leaves[0] @ leaves[1].t(), leaves[2], leaves[3], 2)
+    (y.float() * dy.float()).sum().backward()
+    refs = [t.detach().double().requires_grad_() for t in (x, rw, wgu, wd)]
+    yr, _ = moe_feed_forward_reference(*refs, 2, aux_loss_coef=0.0)
+    (yr * dy.double()).sum().backward()
+    assert_close_to_reference(y.detach(), yr.detach(), DTYPE, "y")
+    for name, g, r in zip(("dx", "drouter", "dw_gate_up", "dw_down"), leaves, refs, strict=True):
+        tol = 4 * TOLERANCES[DTYPE] if name in ("dx", "drouter") else None
+        assert_close_to_reference(g.grad, r.grad, DTYPE, name=name, tol=tol)
+    logits = x @ rw.t()
+    torch.testing.assert_close(moe_experts_nondet(x, logits, wgu, wd, 2),
+                               moe_experts_det(x, logits, wgu, wd, 2), rtol=0, atol=0)

@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c73e6c67cc56f7d1a4fd49135b350aeacb525315aec0fa18b02ea5859c25dc13"
+SOURCE_DIGEST = "sha256:d8f50dcdda283a6a51e2c9b52370e6276f957e10da69d703c5cc5f7878e0f7ca"
 # --- end of generated block ---
 
 MANIFEST = {

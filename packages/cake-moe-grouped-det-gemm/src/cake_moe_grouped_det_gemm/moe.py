@@ -55,6 +55,7 @@ __all__ = [
     "MoEFeedForwardPlans",
     "MoERouting",
     "make_moe_plans",
+    "moe_experts_det",
     "moe_feed_forward_det",
     "moe_permute_det",
     "moe_route_det",
@@ -451,6 +452,36 @@ def _check_coef(v) -> float:
 _W_DOWN = "[E, d_model, d_ff]: E stacked torch.nn.Linear(d_ff, d_model) weights"
 
 
+def _check_experts_weights(x, w_gate_up, w_down, E: int, d: int):
+    """x, w_gate_up, w_down against ``E`` experts of width d_model ``d`` -> d_ff."""
+    check_tensor(w_down, "w_down")
+    check_ndim(w_down, "w_down", ndim=3, layout=_W_DOWN)
+    f = w_down.shape[2]
+    if f < 1:
+        raise ValueError(f"w_down: needs d_ff >= 1, got {list(w_down.shape)}")
+    check_shape(w_down, "w_down", [E, d, f], layout=_W_DOWN)
+    check_dtype(w_down, "w_down", (x.dtype,))
+    check_tensor(w_gate_up, "w_gate_up")
+    check_shape(w_gate_up, "w_gate_up", [E, 2 * f, d],
+                layout="[E, 2 * d_ff, d_model]: E stacked torch.nn.Linear weights, gate rows "
+                       "then up rows")
+    check_dtype(w_gate_up, "w_gate_up", (x.dtype,))
+    return f
+
+
+def _check_plans(plans, plans_cls, resolve, T, k, E, d, f, dtype, device):
+    """The layer's plans resolved for this call (``None`` fields: the rule's, per GEMM)."""
+    if plans is None:
+        return plans_cls(None, None, None)
+    if not isinstance(plans, plans_cls):
+        raise ValueError(f"plans: expected {plans_cls.__name__}, got {type(plans).__name__}")
+    resolve = resolve or _resolve_plan
+    return plans_cls(
+        resolve(plans.router, T, 1, E, d, torch.float32, device),
+        resolve(plans.gate_up, T * k, E, 2 * f, d, dtype, device),
+        resolve(plans.down, T * k, E, d, f, dtype, device))
+
+
 def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
                  plans, plans_cls=MoEFeedForwardPlans, resolve=None, *, launch=True):
     """Every check of the layer's forward (no allocation, launch or sync; the queries run
@@ -468,18 +499,7 @@ def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux
                          f"{list(router_weight.shape)}")
     if x.shape[-1] != d:
         raise ValueError(f"x: last dim must be d_model={d}, got {list(x.shape)}")
-    check_tensor(w_down, "w_down")
-    check_ndim(w_down, "w_down", ndim=3, layout=_W_DOWN)
-    f = w_down.shape[2]
-    if f < 1:
-        raise ValueError(f"w_down: needs d_ff >= 1, got {list(w_down.shape)}")
-    check_shape(w_down, "w_down", [E, d, f], layout=_W_DOWN)
-    check_dtype(w_down, "w_down", (x.dtype,))
-    check_tensor(w_gate_up, "w_gate_up")
-    check_shape(w_gate_up, "w_gate_up", [E, 2 * f, d],
-                layout="[E, 2 * d_ff, d_model]: E stacked torch.nn.Linear weights, gate rows "
-                       "then up rows")
-    check_dtype(w_gate_up, "w_gate_up", (x.dtype,))
+    f = _check_experts_weights(x, w_gate_up, w_down, E, d)
     top_k = _check_top_k(top_k, E)
     check_flag(normalize_topk, "normalize_topk")
     coef = _check_coef(aux_loss_coef)
@@ -488,20 +508,41 @@ def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux
         raise ValueError(f"x: T·k = {T * top_k} assignments exceed int32 offsets")
     device = check_same_device(("x", x), ("router_weight", router_weight),
                                ("w_gate_up", w_gate_up), ("w_down", w_down))
-    if plans is not None:
-        if not isinstance(plans, plans_cls):
-            raise ValueError(f"plans: expected {plans_cls.__name__}, got "
-                             f"{type(plans).__name__}")
-        resolve = resolve or _resolve_plan
-        plans = plans_cls(
-            resolve(plans.router, T, 1, E, d, torch.float32, device),
-            resolve(plans.gate_up, T * top_k, E, 2 * f, d, x.dtype, device),
-            resolve(plans.down, T * top_k, E, d, f, x.dtype, device))
-    else:
-        plans = plans_cls(None, None, None)
+    plans = _check_plans(plans, plans_cls, resolve, T, top_k, E, d, f, x.dtype, device)
     if launch:
         launch_device_check(device, "x")
     return T, E, d, f, top_k, coef, device, plans
+
+
+def _check_experts(x, router_logits, w_gate_up, w_down, top_k, normalize_topk, plans,
+                   plans_cls=MoEFeedForwardPlans, resolve=None, *, launch=True):
+    """Every check of :func:`moe_experts_det` (no allocation, launch or sync)."""
+    check_tensor(x, "x")
+    check_dtype(x, "x", FLOAT_DTYPES)
+    check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
+    check_tensor(w_gate_up, "w_gate_up")
+    check_ndim(w_gate_up, "w_gate_up", ndim=3,
+               layout="[E, 2 * d_ff, d_model]: E stacked torch.nn.Linear weights")
+    E, d = w_gate_up.shape[0], x.shape[-1]
+    if E < 1 or d < 1:
+        raise ValueError(f"w_gate_up: needs num_experts >= 1 and x: d_model >= 1, got "
+                         f"{list(w_gate_up.shape)} and {list(x.shape)}")
+    f = _check_experts_weights(x, w_gate_up, w_down, E, d)
+    check_tensor(router_logits, "router_logits")
+    check_dtype(router_logits, "router_logits", FLOAT_DTYPES)
+    check_shape(router_logits, "router_logits", [*x.shape[:-1], E],
+                layout="[..., E]: x's leading dims by experts")
+    top_k = _check_top_k(top_k, E)
+    check_flag(normalize_topk, "normalize_topk")
+    T = x.numel() // d
+    if T * top_k > _INT32_MAX:
+        raise ValueError(f"x: T·k = {T * top_k} assignments exceed int32 offsets")
+    device = check_same_device(("x", x), ("router_logits", router_logits),
+                               ("w_gate_up", w_gate_up), ("w_down", w_down))
+    plans = _check_plans(plans, plans_cls, resolve, T, top_k, E, d, f, x.dtype, device)
+    if launch:
+        launch_device_check(device, "x")
+    return T, E, d, f, top_k, device, plans
 
 
 def moe_feed_forward_det(x: torch.Tensor, router_weight: torch.Tensor,
@@ -550,6 +591,17 @@ def moe_feed_forward_det(x: torch.Tensor, router_weight: torch.Tensor,
                          aux_loss_coef, plans)
 
 
+def _experts(x2, logits, w_gate_up, w_down, k, normalize_topk, plans, gemm):
+    """Routing, permutation, SwiGLU experts and combine of ``x2 [T, d]`` under ``logits
+    [T, E]`` -> ``(y [T, d], routing)``."""
+    r = moe_route_det(logits, k, normalize_topk=normalize_topk)
+    xp = moe_permute_det(x2, r)
+    h = gemm(xp, w_gate_up, r.offs, plan=plans.gate_up)
+    a = swiglu(h)  # silu(gate) * up, one launch each way (dh written whole)
+    out = gemm(a, w_down, r.offs, plan=plans.down)
+    return moe_unpermute_det(out, r), r
+
+
 def _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
                   plans, *, gemm=None, plans_cls=MoEFeedForwardPlans, resolve=None):
     """:func:`moe_feed_forward_det` with the grouped GEMM over routed row ends
@@ -562,12 +614,7 @@ def _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, au
     x2 = x.reshape(T, d)
     rows_all = torch.full((1,), T, dtype=torch.int32, device=device)  # one group: rows [0, T)
     logits = gemm(x2.float(), router_weight.float()[None], rows_all, plan=plans.router)
-    r = moe_route_det(logits, k, normalize_topk=normalize_topk)
-    xp = moe_permute_det(x2, r)
-    h = gemm(xp, w_gate_up, r.offs, plan=plans.gate_up)
-    a = swiglu(h)  # silu(gate) * up, one launch each way (dh written whole)
-    out = gemm(a, w_down, r.offs, plan=plans.down)
-    y = moe_unpermute_det(out, r)
+    y, r = _experts(x2, logits, w_gate_up, w_down, k, normalize_topk, plans, gemm)
     if coef == 0.0:
         aux = r.probs.new_zeros(())
     else:
@@ -576,6 +623,59 @@ def _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, au
         mean_p = r.probs.sum(0) / max(T, 1)
         aux = (coef * E) * (frac * mean_p).sum()
     return y.view(x.shape), aux
+
+
+def moe_experts_det(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: torch.Tensor,
+                    w_down: torch.Tensor, top_k: int, *, normalize_topk: bool = True,
+                    plans: MoEFeedForwardPlans | None = None) -> torch.Tensor:
+    """The experts half of :func:`moe_feed_forward_det`, for a router the caller runs: top-k
+    softmax routing of ``router_logits``, SwiGLU experts, fixed-order combine.
+
+    For models whose router is a module of their own (transformers' ``Qwen3NextTopKRouter``
+    / ``Qwen3MoeTopKRouter``: ``F.linear(x, gate.weight)`` in the model's dtype): the logits
+    come in as computed, the softmax and top-k run on them in fp32 (``torch.softmax(logits,
+    dtype=float32)`` as transformers). Everything after the logits is
+    :func:`moe_feed_forward_det`'s (module docstring; same kernels, same bits for equal
+    logits); no aux loss (compute it from the logits where wanted).
+
+    Args:
+        x: ``[..., d_model]`` tokens (T = product of the leading dims, T = 0 allowed), fp32,
+            bf16 or fp16, any strides.
+        router_logits: ``[..., E]`` with x's leading dims, any floating dtype; its gradient
+            flows back to the caller's router.
+        w_gate_up, w_down, top_k, normalize_topk: as :func:`moe_feed_forward_det`.
+        plans: :class:`MoEFeedForwardPlans` (its ``router`` plan is unused; default: the
+            rule per call).
+
+    Returns:
+        y like x (``[..., d_model]``, x's dtype). Gradients reach x, router_logits,
+        w_gate_up and w_down; bitwise repeatable as :func:`moe_feed_forward_det`.
+
+    Raises:
+        ValueError: before any launch: shapes (router_logits ``[..., E]`` with E from
+            w_gate_up ``[E, 2f, d]``), dtypes, devices, top_k, normalize_topk, plans.
+
+    Example::
+
+        import torch
+        from cake_moe_grouped_det_gemm import moe_experts_det
+        x = torch.randn(6, 16, requires_grad=True)  # CPU: Triton's interpreter
+        logits = x @ torch.randn(16, 4)  # the caller's router
+        y = moe_experts_det(x, logits, torch.randn(4, 2 * 8, 16), torch.randn(4, 16, 8), 2)
+        y.sum().backward()
+    """
+    return _experts_entry(x, router_logits, w_gate_up, w_down, top_k, normalize_topk, plans)
+
+
+def _experts_entry(x, router_logits, w_gate_up, w_down, top_k, normalize_topk, plans, *,
+                   gemm=None, plans_cls=MoEFeedForwardPlans, resolve=None):
+    """:func:`moe_experts_det` with the GEMM, plans type and plan check as arguments (the
+    nondet sibling passes its own)."""
+    T, E, d, f, k, _, plans = _check_experts(x, router_logits, w_gate_up, w_down, top_k,
+                                             normalize_topk, plans, plans_cls, resolve)
+    y, _ = _experts(x.reshape(T, d), router_logits.reshape(T, E), w_gate_up, w_down, k,
+                    normalize_topk, plans, gemm or routed_gemm)
+    return y.view(x.shape)
 
 
 class MoEFeedForward(nn.Module):

@@ -16,6 +16,7 @@ from cake_moe_grouped_det_gemm import __version__ as __version__
 from cake_moe_grouped_det_gemm import is_supported as is_supported
 from cake_moe_grouped_det_gemm import make_moe_plans as make_moe_plans
 from cake_moe_grouped_det_gemm import make_plan as make_plan
+from cake_moe_grouped_det_gemm import moe_experts_det as moe_experts_det
 from cake_moe_grouped_det_gemm import moe_feed_forward_det as moe_feed_forward_det
 from cake_moe_grouped_det_gemm import moe_feed_forward_is_supported as moe_feed_forward_is_supported
 from cake_moe_grouped_det_gemm import moe_feed_forward_reference as moe_feed_forward_reference
@@ -36,6 +37,7 @@ MoEGroupedGrads = MoEGroupedDetGrads
 MoEGroupedPlan = MoEGroupedDetPlan
 MoEGroupedSavedSet = MoEGroupedDetSavedSet
 MoEGroupedWorkspace = MoEGroupedDetWorkspace
+moe_experts = moe_experts_det
 moe_feed_forward = moe_feed_forward_det
 moe_grouped_gemm = moe_grouped_det_gemm
 moe_grouped_gemm_bwd = moe_grouped_det_gemm_bwd
@@ -57,6 +59,7 @@ __all__ = [
     "is_supported",
     "make_moe_plans",
     "make_plan",
+    "moe_experts_det",
     "moe_feed_forward_det",
     "moe_feed_forward_is_supported",
     "moe_feed_forward_reference",

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:9f4a8b1ddcf38379d96ab86fbc94e09bd22e4d4b971aa9cdb2dc1ab6711d5959"
+SOURCE_DIGEST = "sha256:993c88808c9028f282766cb020b872c6fa7cefd1d8cebd7b49bd7e767538c05f"
 # --- end of generated block ---
 
 REUSES = [

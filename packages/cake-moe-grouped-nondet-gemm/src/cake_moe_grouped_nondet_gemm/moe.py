@@ -15,6 +15,7 @@ import torch
 from cake_moe_grouped_det_gemm.moe import (
     MoEFeedForward,
     MoERouting,
+    _experts_entry,
     _feed_forward,
     _make_moe_plans,
     moe_permute_det,
@@ -31,6 +32,7 @@ __all__ = [
     "MoEFeedForwardNondetPlans",
     "MoERoutingNondet",
     "make_nondet_moe_plans",
+    "moe_experts_nondet",
     "moe_feed_forward_nondet",
     "moe_permute_nondet",
     "moe_route_nondet",
@@ -117,6 +119,27 @@ def moe_feed_forward_nondet(x: torch.Tensor, router_weight: torch.Tensor,
     return _feed_forward(x, router_weight, w_gate_up, w_down, top_k, normalize_topk,
                          aux_loss_coef, plans, gemm=routed_nondet_gemm,
                          plans_cls=MoEFeedForwardNondetPlans, resolve=_resolve_nondet_plan)
+
+
+def moe_experts_nondet(x: torch.Tensor, router_logits: torch.Tensor,
+                       w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int, *,
+                       normalize_topk: bool = True,
+                       plans: MoEFeedForwardNondetPlans | None = None) -> torch.Tensor:
+    """The experts half of :func:`moe_feed_forward_nondet`, for a router the caller runs:
+    ``y`` like x from ``router_logits [..., E]``, bits not promised.
+
+    Arguments, math, numerics and errors are those of
+    ``cake_moe_grouped_det_gemm.moe_experts_det``; its grouped GEMMs are
+    :func:`moe_grouped_nondet_gemm` with ``plans`` (:class:`MoEFeedForwardNondetPlans`).
+
+    Raises:
+        ValueError: as the det entry, and for det plans; before any launch.
+        RuntimeError: in the backward under ``torch.use_deterministic_algorithms(True)``
+            (the grouped GEMMs' backward; ``warn_only=True``: one warning).
+    """
+    return _experts_entry(x, router_logits, w_gate_up, w_down, top_k, normalize_topk, plans,
+                          gemm=routed_nondet_gemm, plans_cls=MoEFeedForwardNondetPlans,
+                          resolve=_resolve_nondet_plan)
 
 
 

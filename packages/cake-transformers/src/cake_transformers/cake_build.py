@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1ad2785537a3ae4ba12cb6efb41bbba0141c917043324f4302b336cb55c4e663"
+SOURCE_DIGEST = "sha256:afedc88dd0815b9c8c9aaf77f5f49d96db162a06f6c96dd75be24b87473dc60f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -11,7 +11,7 @@ linear_attention   ``torch_chunk_gated_delta_rule``            ``chunk_gated_del
 short_conv         ``causal_conv1d_forward`` (depthwise, SiLU) ``causal_conv1d_det``
 gated_norm         ``Qwen3NextRMSNormGated``                   ``rmsnorm_silu_gate_det``
 attention          the SDPA / eager call of the attention      ``flash_attn_func`` (causal)
-moe                ``Qwen3NextSparseMoeBlock``'s routed experts ``moe_feed_forward_det``
+moe                ``Qwen3NextSparseMoeBlock``'s routed experts ``moe_experts_det``
 lm_head_loss       ``lm_head`` + ``loss_function`` (labels)    ``lm_head_loss_det``
 =================  ==========================================  ===============================
 
@@ -157,19 +157,19 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask=
 
 def _moe_forward(self, hidden_states):
     from cake_core.swiglu import silu_mul
-    from cake_moe_grouped_det_gemm import moe_feed_forward_det
+    from cake_moe_grouped_det_gemm import moe_experts_det
 
     _check_config(self.shared_expert.config, frozenset({"moe"}))
     B, S, H = hidden_states.shape
     x = hidden_states.reshape(-1, H)
     se = self.shared_expert  # transformers' MLP: down(act(gate(x)) * up(x)), act = silu (checked)
     shared = se.down_proj(silu_mul(se.gate_proj(x), se.up_proj(x)))
-    # router (fp32 logits, top-k with ties to the lower expert), SwiGLU experts of the stacked
-    # gate_up_proj [E, 2f, H] / down_proj [E, H, f], slot-ordered combine: all det
-    routed, _ = moe_feed_forward_det(x, self.gate.weight, self.experts.gate_up_proj,
-                                     self.experts.down_proj, self.gate.top_k,
-                                     normalize_topk=bool(self.gate.norm_topk_prob),
-                                     aux_loss_coef=0.0)
+    # the router's logits as transformers computes them (F.linear in the model's dtype); the
+    # softmax and top-k (fp32, ties to the lower expert), the SwiGLU experts of the stacked
+    # gate_up_proj [E, 2f, H] / down_proj [E, H, f] and the slot-ordered combine: cake's det
+    logits = F.linear(x, self.gate.weight)
+    routed = moe_experts_det(x, logits, self.experts.gate_up_proj, self.experts.down_proj,
+                             self.gate.top_k, normalize_topk=bool(self.gate.norm_topk_prob))
     shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
     return (routed + shared).reshape(B, S, H)
 
@@ -230,9 +230,10 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
     Each flag turns one piece on (module table of :mod:`cake_transformers.qwen3_next`).
     ``lm_head_loss``: with ``labels`` the loss comes from the fused LM head + cross entropy
     and the output's ``logits`` is None (never materialised); without labels the logits
-    are transformers'. ``moe``: the routed experts are cake's; the shared expert, its gate
-    and the router's softmax stay torch; router logits (the auxiliary loss) are not
-    returned. Parameters, buffers and ``state_dict`` keys do not change. Patching twice
+    are transformers'. ``moe``: the router's softmax and top-k and the routed experts are
+    cake's; the router's projection (``F.linear``, as transformers), the shared expert and
+    its gate stay torch; router logits (the auxiliary loss) are not returned.
+    Parameters, buffers and ``state_dict`` keys do not change. Patching twice
     (or a patched model again) changes nothing more. A patched ``Qwen3NextForCausalLM``
     builds no cache when given ``labels`` or in train mode (``use_cache=False`` unless
     passed True); with a cache (generation), or a piece switched off, transformers' code
