@@ -378,3 +378,34 @@ def test_cuda_rule_picks_route_and_it_repeats_bitwise():
     assert (y[end:] == 0).all() and (dx[end:] == 0).all()
     ref = moe_grouped_gemm_reference(x.double(), w.double(), offs, dtype=torch.float64)
     assert_close_to_reference(y, ref, BF16)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile"])
+def test_routed_gemm_full_rows_skip_the_tail_zeroing(compiled, monkeypatch):
+    """The layer's routed GEMM (row ends whose last one is M: every row routed) launches no
+    tail zeroing in its forward or dgrad, eager or through the custom ops, with the public
+    entry's bits over the same ends."""
+    torch._dynamo.reset()
+    x, w, offs, dy = make([9, 0, 17, 1], N_, K_, BF16, tail=0)
+    plan = _plan(x, w)
+    ends = api._row_ends(offs, None, x.shape[0])
+    assert int(ends[-1]) == x.shape[0]
+    want = []
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = moe_grouped_det_gemm(xx, ww, offs, plan=plan)
+    y.backward(dy)
+    want = [y.detach(), xx.grad, ww.grad]
+    calls = []
+    real = api._zero_tail_rows
+    monkeypatch.setattr(api, "_zero_tail_rows", lambda *a: (calls.append(1), real(*a)))
+
+    def f(x, w):
+        return api.routed_gemm(x, w, ends, plan=plan)
+
+    fn = torch.compile(f, fullgraph=True, backend="aot_eager") if compiled else f
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = fn(xx, ww)
+    y.backward(dy)
+    assert calls == []
+    for a, b in zip([y.detach(), xx.grad, ww.grad], want, strict=True):
+        assert bitwise_equal(a, b)

@@ -291,11 +291,12 @@ def _zero_tail_rows(out: torch.Tensor, ends: torch.Tensor) -> None:
         num_warps=4)
 
 
-def _grouped_mm_torch(a, weight, ends, forward: bool) -> torch.Tensor:
+def _grouped_mm_torch(a, weight, ends, forward: bool, full: bool = False) -> torch.Tensor:
     """Plan ``grouped_mm_fwd_dgrad``: ``torch._grouped_mm(a, weight[e]ᵀ)`` (``forward``)
     or ``torch._grouped_mm(a, weight[e])`` over the row ends ``ends`` (int32, clamped and
     non-decreasing on the device, so torch reads rows in ``[0, M]`` only), then zeros in
-    the rows past the last end. torch allocates the output (``_grouped_mm`` has no ``out=``);
+    the rows past the last end (no launch when ``full``: the caller knows the last end is
+    M, so there are none). torch allocates the output (``_grouped_mm`` has no ``out=``);
     with N and K multiples of 8 (:func:`grouped_mm_problem`) it is contiguous."""
     M = a.shape[0]
     n_cols = weight.shape[1] if forward else weight.shape[2]
@@ -303,13 +304,15 @@ def _grouped_mm_torch(a, weight, ends, forward: bool) -> torch.Tensor:
         return torch.empty((0, n_cols), dtype=a.dtype, device=a.device)
     a, w = _row_major_ready(a), _row_major_ready(weight)
     out = torch._grouped_mm(a, w.transpose(-2, -1) if forward else w, offs=ends)
-    _zero_tail_rows(out, ends)
+    if not full:
+        _zero_tail_rows(out, ends)
     return out if out.is_contiguous() else out.contiguous()
 
 
-def _launch_fwd(x, weight, ends, plan: MoEGroupedDetPlan) -> torch.Tensor:
+def _launch_fwd(x, weight, ends, plan: MoEGroupedDetPlan, full: bool = False) -> torch.Tensor:
+    """``full``: the caller built ``ends`` with its last end at M (every row routed)."""
     if plan.grouped_mm_fwd_dgrad:
-        return _grouped_mm_torch(x, weight, ends, forward=True)
+        return _grouped_mm_torch(x, weight, ends, forward=True, full=full)
     y = torch.empty((x.shape[0], weight.shape[1]), dtype=x.dtype, device=x.device)
     # B[e] = weight[e]ᵀ: reduction over K (stride 2), columns over N (stride 1)
     _grouped_mm(x, weight, y, ends, plan, (weight.stride(0), weight.stride(2), weight.stride(1)))
@@ -356,14 +359,14 @@ def _launch_wgrad(dy, x, ends, plan: MoEGroupedDetPlan, out, partials, accumulat
 
 
 def _launch_bwd(dy, x, weight, ends, plan: MoEGroupedDetPlan, partials, main_grad,
-                need_dx: bool, need_dw: bool):
+                need_dx: bool, need_dw: bool, full: bool = False):
     """Returns (dx, dw); an empty ``(0,)`` tensor stands for each one not computed (dw also
     when ``main_grad`` took the sum)."""
     M = x.shape[0]
     E, N, K = weight.shape
     dev = x.device
     if need_dx and plan.grouped_mm_fwd_dgrad:
-        dx = _grouped_mm_torch(dy, weight, ends, forward=False)
+        dx = _grouped_mm_torch(dy, weight, ends, forward=False, full=full)
     else:
         dx = torch.empty((M, K) if need_dx else (0,), dtype=x.dtype, device=dev)
         if need_dx and M > 0:
@@ -400,42 +403,46 @@ def register_ops(namespace: str, plan_cls: type, mode: Mode = Mode.DET,
     @torch.library.custom_op(f"{namespace}::fwd", mutates_args=())
     def fwd_op(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
                plan_fields: list[int], partials: torch.Tensor | None,
-               main_grad: torch.Tensor | None) -> torch.Tensor:
+               main_grad: torch.Tensor | None, full: bool = False) -> torch.Tensor:
         plan = plan_from_op_fields(plan_cls, plan_fields, mode)
-        return _launch_fwd(x, weight, ends, plan)
+        return _launch_fwd(x, weight, ends, plan, full)
 
     @fwd_op.register_fake
-    def _fwd_fake(x, weight, ends, plan_fields, partials, main_grad):
+    def _fwd_fake(x, weight, ends, plan_fields, partials, main_grad, full=False):
         return x.new_empty((x.shape[0], weight.shape[1]))
 
     @torch.library.custom_op(f"{namespace}::bwd", mutates_args=("partials", "main_grad"))
     def bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor,
                plan_fields: list[int], partials: torch.Tensor | None,
-               main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               main_grad: torch.Tensor | None, need_dx: bool, need_dw: bool,
+               full: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         if before_bwd is not None:
             before_bwd()  # at run time under torch.compile, before any launch
         plan = plan_from_op_fields(plan_cls, plan_fields, mode)
-        return _launch_bwd(dy, x, weight, ends, plan, partials, main_grad, need_dx, need_dw)
+        return _launch_bwd(dy, x, weight, ends, plan, partials, main_grad, need_dx, need_dw,
+                           full)
 
     @bwd_op.register_fake
-    def _bwd_fake(dy, x, weight, ends, plan_fields, partials, main_grad, need_dx, need_dw):
+    def _bwd_fake(dy, x, weight, ends, plan_fields, partials, main_grad, need_dx, need_dw,
+                  full=False):
         return (x.new_empty(x.shape if need_dx else (0,)),
                 weight.new_empty(weight.shape if need_dw and main_grad is None else (0,)))
 
     def setup_context(ctx, inputs, output):
-        x, weight, ends, plan_fields, partials, main_grad = inputs
+        x, weight, ends, plan_fields, partials, main_grad, *rest = inputs
         ctx.has_main_grad = main_grad is not None
         ctx.plan_fields = plan_fields
+        ctx.full = bool(rest[0]) if rest else False
         ctx.save_for_backward(x, weight, ends, partials, main_grad)
 
     def backward(ctx, dy):
         x, weight, ends, partials, main_grad = ctx.saved_tensors
         need_dx, need_dw = ctx.needs_input_grad[:2]
         dx, dw = getattr(torch.ops, namespace).bwd(
-            dy, x, weight, ends, ctx.plan_fields, partials, main_grad, need_dx, need_dw)
+            dy, x, weight, ends, ctx.plan_fields, partials, main_grad, need_dx, need_dw,
+            ctx.full)
         return (dx if need_dx else None, dw if need_dw and not ctx.has_main_grad else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
@@ -451,9 +458,9 @@ class _MoEGroupedDetFunction(torch.autograd.Function):
     check."""
 
     @staticmethod
-    def forward(ctx, x, weight, ends, plan, partials, main_grad):
-        y = _launch_fwd(x, weight, ends, plan)
-        ctx.plan, ctx.partials, ctx.main_grad = plan, partials, main_grad
+    def forward(ctx, x, weight, ends, plan, partials, main_grad, full=False):
+        y = _launch_fwd(x, weight, ends, plan, full)
+        ctx.plan, ctx.partials, ctx.main_grad, ctx.full = plan, partials, main_grad, full
         ctx.save_for_backward(x, weight, ends)
         return y
 
@@ -463,9 +470,9 @@ class _MoEGroupedDetFunction(torch.autograd.Function):
         x, weight, ends = ctx.saved_tensors
         need_dx, need_dw = ctx.needs_input_grad[:2]
         dx, dw = _launch_bwd(dy, x, weight, ends, ctx.plan, ctx.partials, ctx.main_grad,
-                             need_dx, need_dw)
+                             need_dx, need_dw, ctx.full)
         return (dx if need_dx else None, dw if need_dw and ctx.main_grad is None else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -540,17 +547,18 @@ def _entry(x, weight, offs, m_sizes, plan, workspace, main_grad):
 
 def routed_gemm(x, weight, ends, *, plan=None):
     """:func:`moe_grouped_det_gemm` over row ends the MoE layer's routing built (int32
-    ``[E]``, contiguous, non-decreasing, in ``[0, M]`` by construction): the same checks,
-    launches and bits, without the launch that clamps a caller's offsets into row ends."""
+    ``[E]``, contiguous, non-decreasing, the last one M: every row routed, by
+    construction): the same checks and bits, without the launch that clamps a caller's
+    offsets into row ends nor the one that zeros rows past the last end (there are none)."""
     _, plan, partials = _checks(x, weight, ends, None, plan, None, None)
-    return _apply(x, weight, ends, plan, partials, None)
+    return _apply(x, weight, ends, plan, partials, None, full=True)
 
 
-def _apply(x, weight, ends, plan, partials, main_grad):
+def _apply(x, weight, ends, plan, partials, main_grad, full=False):
     if not torch.compiler.is_compiling():
-        return _MoEGroupedDetFunction.apply(x, weight, ends, plan, partials, main_grad)
+        return _MoEGroupedDetFunction.apply(x, weight, ends, plan, partials, main_grad, full)
     return torch.ops.cake_moe_grouped_det_gemm.fwd(
-        x, weight, ends, plan_to_op_fields(plan), partials, main_grad)
+        x, weight, ends, plan_to_op_fields(plan), partials, main_grad, full)
 
 
 def moe_grouped_det_gemm_fwd(x: torch.Tensor, weight: torch.Tensor,

@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d8f50dcdda283a6a51e2c9b52370e6276f957e10da69d703c5cc5f7878e0f7ca"
+SOURCE_DIGEST = "sha256:c7db30290de774efcddf0138d3e4bc43868d8ba1a59e36088d9e29e776ea100c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -97,9 +97,9 @@ class _MoEGroupedNondetFunction(torch.autograd.Function):
     ctx as attributes, as the det package keeps them)."""
 
     @staticmethod
-    def forward(ctx, x, weight, ends, plan, partials, main_grad):
-        y = _launch_fwd(x, weight, ends, plan)
-        ctx.plan, ctx.partials, ctx.main_grad = plan, partials, main_grad
+    def forward(ctx, x, weight, ends, plan, partials, main_grad, full=False):
+        y = _launch_fwd(x, weight, ends, plan, full)
+        ctx.plan, ctx.partials, ctx.main_grad, ctx.full = plan, partials, main_grad, full
         ctx.save_for_backward(x, weight, ends)
         return y
 
@@ -110,9 +110,9 @@ class _MoEGroupedNondetFunction(torch.autograd.Function):
         x, weight, ends = ctx.saved_tensors
         need_dx, need_dw = ctx.needs_input_grad[:2]
         dx, dw = _launch_bwd(dy, x, weight, ends, ctx.plan, ctx.partials, ctx.main_grad,
-                             need_dx, need_dw)
+                             need_dx, need_dw, ctx.full)
         return (dx if need_dx else None, dw if need_dw and ctx.main_grad is None else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -145,16 +145,18 @@ def moe_grouped_nondet_gemm(x: torch.Tensor, weight: torch.Tensor,
 
 def routed_nondet_gemm(x, weight, ends, *, plan=None):
     """:func:`moe_grouped_nondet_gemm` over row ends the MoE layer's routing built (int32
-    ``[E]``, contiguous, non-decreasing, in ``[0, M]``): no clamping launch."""
+    ``[E]``, contiguous, non-decreasing, the last one M): no clamping launch, no zeroing
+    of rows past the last end."""
     _, plan, partials = _nondet_checks(x, weight, ends, None, plan, None, None)
-    return _apply(x, weight, ends, plan, partials, None)
+    return _apply(x, weight, ends, plan, partials, None, full=True)
 
 
-def _apply(x, weight, ends, plan, partials, main_grad):
+def _apply(x, weight, ends, plan, partials, main_grad, full=False):
     if not torch.compiler.is_compiling():
-        return _MoEGroupedNondetFunction.apply(x, weight, ends, plan, partials, main_grad)
+        return _MoEGroupedNondetFunction.apply(x, weight, ends, plan, partials, main_grad,
+                                               full)
     return torch.ops.cake_moe_grouped_nondet_gemm.fwd(
-        x, weight, ends, plan_to_op_fields(plan), partials, main_grad)
+        x, weight, ends, plan_to_op_fields(plan), partials, main_grad, full)
 
 
 def moe_grouped_nondet_gemm_fwd(x: torch.Tensor, weight: torch.Tensor,

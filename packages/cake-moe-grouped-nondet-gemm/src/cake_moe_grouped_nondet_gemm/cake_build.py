@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:993c88808c9028f282766cb020b872c6fa7cefd1d8cebd7b49bd7e767538c05f"
+SOURCE_DIGEST = "sha256:887c8c538321f57cd13c307fea026fc9f98e4c33e79bac3b3cff4feb75710f83"
 # --- end of generated block ---
 
 REUSES = [
