@@ -206,3 +206,56 @@ def test_unsupported_config_refused_at_patch_time(over, match):
 def test_flag_not_a_bool_refused():
     with pytest.raises(ValueError, match="moe: expected a bool"):
         apply_cake_kernels_to_qwen3_next(moe=1)
+
+
+class _Adapter(nn.Linear):
+    """A Linear subclass (as a PEFT adapter is): its forward must run, so the patch may not
+    stack its weight with others."""
+
+    calls = 0
+
+    def forward(self, x):
+        type(self).calls += 1
+        return super().forward(x)
+
+
+def test_projections_stacked_and_adapters_respected(runs, ids):
+    """The patched layers compute the projections that share an input in one GEMM (GDN's
+    in_proj_qkvz / in_proj_ba, attention's q / k / v, the shared expert's gate / up with its
+    sigmoid gate and the router): no projection module's forward runs. A Linear subclass
+    (an adapter) is called as a module instead, and the loss and gradients still match
+    transformers'."""
+    model = runs["model"]
+    called = []
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: called.append(n))
+             for n, m in model.named_modules()
+             if n.endswith(("in_proj_qkvz", "in_proj_ba", "q_proj", "k_proj", "v_proj",
+                            "shared_expert.gate_proj", "shared_expert.up_proj",
+                            "shared_expert_gate"))]
+    try:
+        step(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert called == []
+
+    ref = tiny_model()
+    cake = apply_cake_kernels_to_qwen3_next(copy.deepcopy(ref))
+    for model_ in (ref, cake):
+        for layer in model_.model.layers:
+            for owner, name in ((getattr(layer, "self_attn", None), "k_proj"),
+                                (getattr(layer, "linear_attn", None), "in_proj_ba"),
+                                (layer.mlp, "shared_expert_gate")):
+                if owner is None:
+                    continue
+                old = getattr(owner, name)
+                new = _Adapter(old.in_features, old.out_features, bias=old.bias is not None)
+                new.load_state_dict(old.state_dict())
+                setattr(owner, name, new)
+    _Adapter.calls = 0
+    loss_c, _, grads_c, _ = step(cake, ids)
+    assert _Adapter.calls == 4  # each layer: its mixer's adapted projection and the MoE's
+    loss_r, _, grads_r, _ = step(ref, ids)
+    close(loss_c, loss_r, "loss")
+    for name in grads_r:
+        close(grads_c[name], grads_r[name], name)

@@ -94,6 +94,25 @@ def check_attention_call(module, attention_mask, seq_len: int, kwargs, where: st
                          "mask is not served yet (drop it, or pass attention=False)")
 
 
+def stackable(*mods) -> bool:
+    """Whether these modules are plain ``nn.Linear`` layers (no subclass or adapter, e.g. a
+    PEFT LoRA layer, whose forward is more than ``F.linear``) with biases all present or
+    all absent: then :func:`stacked_linear` computes their outputs in one GEMM."""
+    return all(type(m) is torch.nn.Linear for m in mods) and \
+        len({m.bias is None for m in mods}) == 1
+
+
+def stacked_linear(x: torch.Tensor, mods) -> tuple:
+    """``tuple(m(x) for m in mods)`` from one ``F.linear`` over the stacked weights (and
+    biases): one GEMM each way instead of one per layer, and no adds of the input's
+    gradient contributions. The outputs are column slices of one tensor (views); the
+    weights' gradients are row slices of one gradient. ``mods`` must pass
+    :func:`stackable`."""
+    bias = None if mods[0].bias is None else torch.cat([m.bias for m in mods])
+    out = F.linear(x, torch.cat([m.weight for m in mods]), bias)
+    return out.split([m.out_features for m in mods], dim=-1)
+
+
 def autocast_dtype(t: torch.Tensor):
     """The dtype autocast runs matmuls in on ``t``'s device, or None outside autocast."""
     dev = t.device.type

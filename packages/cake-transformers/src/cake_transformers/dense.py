@@ -10,10 +10,16 @@ flag          transformers code                                cake
 rms_norm      ``Qwen3RMSNorm`` / ``LlamaRMSNorm``               ``rmsnorm_det(x, w)``
               (``norm(x) * w``; Qwen3's per-head q/k norms too)
 attention     the SDPA / eager call of the attention           ``flash_attn_func`` (causal)
-mlp           ``Qwen3MLP`` / ``LlamaMLP``: gate/up/down        ``dense_projection_det`` (x3),
-              projections of the SwiGLU                        SiLU · up stays torch
+mlp           ``Qwen3MLP`` / ``LlamaMLP``: gate/up/down        ``dense_projection_det``
+              projections of the SwiGLU                        (gate and up stacked in one),
+                                                               ``swiglu`` (cake-core)
 lm_head_loss  ``lm_head`` + ``loss_function`` (labels)         ``lm_head_loss_det``
 ============  ===============================================  ==============================
+
+The attention's q, k, v projections (and the MLP's gate and up) share their input: where
+they are plain ``nn.Linear`` layers they run as one GEMM over their stacked weights (one
+GEMM each way, no adds of the input's gradient parts); a subclass (an adapter) runs as its
+own module.
 
 Patched forwards replace ``forward`` only (of the instances, or of the classes); the MLP's
 projections keep their ``nn.Linear`` parameters, no parameter, buffer or submodule is added,
@@ -22,6 +28,8 @@ cache runs transformers' own forwards.
 """
 
 from __future__ import annotations
+
+import torch
 
 from cake_transformers._common import (
     autocast_dtype,
@@ -33,6 +41,8 @@ from cake_transformers._common import (
     check_silu,
     install,
     original,
+    stackable,
+    stacked_linear,
 )
 
 __all__ = ["DENSE_PIECES", "apply_cake_kernels_to_llama", "apply_cake_kernels_to_qwen3"]
@@ -102,11 +112,14 @@ def _make_attention_forward(arch: _Arch, m):
         input_shape = hidden_states.shape[:-1]
         check_attention_call(self, attention_mask, input_shape[-1], kwargs, where)
         hidden_shape = (*input_shape, -1, self.head_dim)
-        q = self.q_proj(hidden_states).view(hidden_shape)
-        k = self.k_proj(hidden_states).view(hidden_shape)
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        if stackable(*projs):  # one GEMM each way for the three
+            q, k, v = stacked_linear(hidden_states, projs)
+        else:
+            q, k, v = (p(hidden_states) for p in projs)
+        q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
         if hasattr(self, "q_norm"):  # Qwen3: an RMSNorm over each head's dim, before rotary
             q, k = self.q_norm(q), self.k_norm(k)
-        v = self.v_proj(hidden_states).view(hidden_shape)
         cos, sin = position_embeddings
         # rotary on [B, S, H, D] (transformers' unsqueeze_dim=2): the same elementwise math,
         # and q, k come out in the attention's layout with no copy
@@ -118,10 +131,14 @@ def _make_attention_forward(arch: _Arch, m):
 
 def _linear(lin, x):
     """``lin(x)`` on cake-dense-projection-det-gemm with the module's own parameters."""
+    return _project(x, lin.weight, lin.bias)
+
+
+def _project(x, w, b):
+    """``F.linear(x, w, b)`` on cake-dense-projection-det-gemm."""
     from cake_dense_projection_det_gemm import dense_projection_det
 
     dt = autocast_dtype(x) or x.dtype  # autocast: its dtype, as F.linear would run in
-    w, b = lin.weight, lin.bias
     x, w = x.to(dt), w.to(dt)  # no copy when already dt; autograd flows through a cast
     b = None if b is None else b.to(dt)
     return dense_projection_det(x, w, b)
@@ -129,10 +146,17 @@ def _linear(lin, x):
 
 def _mlp_forward(self, x):
     check_silu(self.config, "MLP (SwiGLU)")
-    from cake_core.swiglu import silu_mul
+    from cake_core.swiglu import silu_mul, swiglu
 
-    # down(silu(gate(x)) * up(x)): the three GEMMs det, the gate one elementwise launch each way
-    return _linear(self.down_proj, silu_mul(_linear(self.gate_proj, x), _linear(self.up_proj, x)))
+    # down(silu(gate(x)) * up(x)): the GEMMs det, the gate one elementwise launch each way;
+    # gate and up stacked into one GEMM (packed [..., 2f], gate first, as swiglu reads it)
+    # where both are plain Linear layers
+    g, u = self.gate_proj, self.up_proj
+    if stackable(g, u):
+        w = torch.cat([g.weight, u.weight])
+        b = None if g.bias is None else torch.cat([g.bias, u.bias])
+        return _linear(self.down_proj, swiglu(_project(x, w, b)))
+    return _linear(self.down_proj, silu_mul(_linear(g, x), _linear(u, x)))
 
 
 def _make_causal_lm_forward(on: frozenset):

@@ -15,6 +15,13 @@ moe                ``Qwen3NextSparseMoeBlock``'s routed experts ``moe_experts_de
 lm_head_loss       ``lm_head`` + ``loss_function`` (labels)    ``lm_head_loss_det``
 =================  ==========================================  ===============================
 
+Projections that share an input run as one GEMM over their stacked weights where they are
+plain ``nn.Linear`` layers (a subclass, e.g. an adapter, runs as its own module): Gated
+DeltaNet's ``in_proj_qkvz`` and ``in_proj_ba``; the attention's ``q_proj``, ``k_proj``,
+``v_proj``; the MoE block's shared-expert gate and up projections, its
+``shared_expert_gate`` and the router's weight. One GEMM each way instead of one per
+projection, and no adds of the input's gradient parts (bits differ from separate GEMMs).
+
 Patched forwards replace ``forward`` only (of the instances, or of the classes); no
 parameter, buffer or submodule is added, renamed or moved, so ``state_dict`` keys and
 checkpoints stay transformers'. Decoding with a cache runs transformers' own forwards.
@@ -34,6 +41,8 @@ from cake_transformers._common import (
     install,
     no_packing,
     original,
+    stackable,
+    stacked_linear,
 )
 
 __all__ = ["QWEN3_NEXT_PIECES", "apply_cake_kernels_to_qwen3_next"]
@@ -89,8 +98,11 @@ def _make_gdn_forward(on: frozenset):
         m = _hf()
         hidden_states = m.apply_mask_to_padding_states(hidden_states, attention_mask)
         B, T = hidden_states.shape[:2]
-        q, k, v, z, b, a = self.fix_query_key_value_ordering(
-            self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
+        if stackable(self.in_proj_qkvz, self.in_proj_ba):  # one GEMM each way for both
+            qkvz, ba = stacked_linear(hidden_states, (self.in_proj_qkvz, self.in_proj_ba))
+        else:
+            qkvz, ba = self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states)
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(qkvz, ba)
         mixed = torch.cat([x.reshape(B, T, -1) for x in (q, k, v)], dim=-1)  # [B, T, C]
         w = self.conv1d.weight.squeeze(1)  # [C, W]
         if "short_conv" in on:
@@ -140,12 +152,15 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask=
     input_shape = hidden_states.shape[:-1]
     check_attention_call(self, attention_mask, input_shape[-1], kwargs, "Qwen3NextAttention")
     hidden_shape = (*input_shape, -1, self.head_dim)
-    q, gate = torch.chunk(
-        self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
+    if stackable(self.q_proj, self.k_proj, self.v_proj):  # one GEMM each way for the three
+        qg, k, v = stacked_linear(hidden_states, (self.q_proj, self.k_proj, self.v_proj))
+    else:
+        qg, k, v = (p(hidden_states) for p in (self.q_proj, self.k_proj, self.v_proj))
+    q, gate = torch.chunk(qg.view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
     gate = gate.reshape(*input_shape, -1)
     q = self.q_norm(q.reshape(hidden_shape))  # [B, S, Hq, D]
-    k = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))
-    v = self.v_proj(hidden_states).view(hidden_shape)
+    k = self.k_norm(k.view(hidden_shape))
+    v = v.view(hidden_shape)
     cos, sin = position_embeddings
     # rotary on [B, S, H, D] (unsqueeze_dim=2): the same elementwise math, and q, k come out
     # in the attention's layout with no copy
@@ -156,22 +171,37 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask=
 
 
 def _moe_forward(self, hidden_states):
-    from cake_core.swiglu import silu_mul
+    from cake_core.swiglu import silu_mul, swiglu
     from cake_moe_grouped_det_gemm import moe_experts_det
 
     _check_config(self.shared_expert.config, frozenset({"moe"}))
     B, S, H = hidden_states.shape
     x = hidden_states.reshape(-1, H)
     se = self.shared_expert  # transformers' MLP: down(act(gate(x)) * up(x)), act = silu (checked)
-    shared = se.down_proj(silu_mul(se.gate_proj(x), se.up_proj(x)))
-    # the router's logits as transformers computes them (F.linear in the model's dtype); the
-    # softmax and top-k (fp32, ties to the lower expert), the SwiGLU experts of the stacked
+    # the router's logits as transformers computes them (F.linear in the model's dtype)
+    lins = (se.gate_proj, se.up_proj, self.shared_expert_gate)
+    if stackable(*lins) and lins[0].bias is None:
+        # the shared expert's gate and up, its sigmoid gate and the router: one GEMM each way
+        h, shared_gate, logits = _stacked_moe_inputs(x, lins, self.gate.weight)
+        shared = se.down_proj(swiglu(h))
+    else:
+        shared = se.down_proj(silu_mul(se.gate_proj(x), se.up_proj(x)))
+        shared_gate, logits = self.shared_expert_gate(x), F.linear(x, self.gate.weight)
+    # the softmax and top-k (fp32, ties to the lower expert), the SwiGLU experts of the stacked
     # gate_up_proj [E, 2f, H] / down_proj [E, H, f] and the slot-ordered combine: cake's det
-    logits = F.linear(x, self.gate.weight)
     routed = moe_experts_det(x, logits, self.experts.gate_up_proj, self.experts.down_proj,
                              self.gate.top_k, normalize_topk=bool(self.gate.norm_topk_prob))
-    shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+    shared = torch.sigmoid(shared_gate) * shared
     return (routed + shared).reshape(B, S, H)
+
+
+def _stacked_moe_inputs(x, lins, router_weight):
+    """``(h, shared_gate, logits)``: the shared expert's packed gate/up ``[T, 2f]`` (gate
+    first, as :func:`cake_core.swiglu.swiglu` reads it), its sigmoid gate's logit ``[T, 1]``
+    and the router's logits ``[T, E]``, from one GEMM."""
+    w = torch.cat([m.weight for m in lins] + [router_weight])
+    f = lins[0].out_features
+    return F.linear(x, w).split([2 * f, 1, router_weight.shape[0]], dim=-1)
 
 
 def _make_causal_lm_forward(on: frozenset):
