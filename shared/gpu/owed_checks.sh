@@ -64,7 +64,9 @@ case ${1:-} in
              packages/cake-moe-grouped-det-gemm/tests/test_moe_route.py \
              packages/cake-rmsnorm-det-train/tests/test_rmsnorm_{parity,api}.py \
              packages/cake-transformers/tests/test_transformers_qwen3_next.py \
-             packages/cake-dense-projection-nondet-gemm/tests/test_dense_nondet_*.py; do
+             packages/cake-dense-projection-nondet-gemm/tests/test_dense_nondet_*.py \
+             packages/cake-gqa-det-train/tests/test_gqa_parity*.py \
+             packages/cake-gqa-det-train/tests/test_gqa_determinism.py; do
       timeout 330 python3 -m pytest -q -p no:cacheprovider -rf --tb=line "$f" \
         > "/tmp/q_$(basename "$f" .py).txt" 2>&1 &
       while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done

@@ -197,6 +197,10 @@ def test_make_plan_rules():
                 p = make_plan(D, dtype, device)
                 assert p.head_dim == D and p.mode == Mode.DET
                 assert p is make_plan(D, dtype, device)
+    # D = 256 on CUDA in 16 bits: dK/dV programs of 32 keys stepping 128 query rows, 8 warps
+    wide = make_plan(256, torch.bfloat16, "cuda")
+    assert (wide.dkdv_block_m, wide.dkdv_block_n, wide.dkdv_warps, wide.dkdv_stages) == \
+        (128, 32, 8, 2)
 
 
 # ----------------------------------------------------------------------------- saved sets
