@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:afedc88dd0815b9c8c9aaf77f5f49d96db162a06f6c96dd75be24b87473dc60f"
+SOURCE_DIGEST = "sha256:c85e7a9fc0b73655f52c48a95e8c631573bc0c4ca6fadc12b8dc4d3f5d654f6f"
 # --- end of generated block ---
 
 MANIFEST = {
