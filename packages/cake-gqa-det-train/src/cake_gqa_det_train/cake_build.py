@@ -52,7 +52,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5367d4b85ab9f0ada5d58be5abd6880acf88b4fb0ce75ca95f60027e07e85264"
+SOURCE_DIGEST = "sha256:d3c7326bb3395512f3f292686d443d0be0770903a66a5b8ee430284f1c2b13eb"
 # --- end of generated block ---
 
 MANIFEST = {
