@@ -48,7 +48,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8fd2ccfcbe32b2ac2bdbd1c396ca9ca80ba4fb7a47103a99923b58430fc844a2"
+SOURCE_DIGEST = "sha256:d060d5d5d99fb3e7d2aae06dc9760437b1a7d229fbfd5ed60a0cae20b371168f"
 # --- end of generated block ---
 
 MANIFEST = {

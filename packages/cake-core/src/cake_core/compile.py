@@ -94,10 +94,17 @@ def eager_function(name: str, body, setup_context, backward) -> type[torch.autog
     """An ``autograd.Function`` named ``name`` for eager calls of a custom op: ``forward``
     is the op's body, ``setup_context`` and ``backward`` its registered autograd (pass the
     same functions). Grads of unused outputs are materialised as zeros, as the op's autograd
-    does, so both paths launch the same kernels on the same values."""
+    does, so both paths launch the same kernels on the same values. ``setup_context`` runs
+    inside ``forward`` (a Function that defines its own ``setup_context`` pays an
+    ``inspect.signature`` binding of its arguments on every ``apply``)."""
+
+    def forward(ctx, *args):
+        out = body(*args)
+        setup_context(ctx, args, out)
+        return out
+
     return type(name, (torch.autograd.Function,), {
-        "forward": staticmethod(lambda *args: body(*args)),
-        "setup_context": staticmethod(setup_context),
+        "forward": staticmethod(forward),
         "backward": staticmethod(backward),
     })
 
