@@ -100,8 +100,8 @@ def _launch_bwd_nondet(dy, x, weight, plan: DenseProjectionNondetPlan, partials,
     if need_dw and main_grad is not None:
         if dy2.dtype == torch.float32:
             main_grad.addmm_(dy2.t(), x2)
-        elif main_grad.is_cuda:  # cuBLAS accumulates in fp32 into the fp32 main_grad
-            torch.addmm(main_grad, dy2.t(), x2, out_dtype=torch.float32, out=main_grad)
+        elif main_grad.is_cuda:  # cuBLAS's fp32 product of the 16-bit operands, then added
+            main_grad.add_(torch.mm(dy2.t(), x2, out_dtype=torch.float32))
         else:  # CPU has no mixed-dtype addmm
             main_grad.addmm_(dy2.t().float(), x2.float())
     elif need_dw:

@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:d97120b3e79819aaad22347f454dc73a6aee5d516394dc22202a74cb62ac37fc"
+SOURCE_DIGEST = "sha256:378fb4227501fe094ac71882c042b4b815118bd2c0399a2bf2d14f090b174de1"
 # --- end of generated block ---
 
 REUSES = [

@@ -23,8 +23,8 @@ class DenseProjectionNondetPlan(DenseProjectionDetPlan):
     (``ValueError``). ``to_dict()`` / ``from_dict()`` as every cake plan (format version 1).
 
     One field of its own:
-        cublas_wgrad: 1 computes the weight gradient with cuBLAS (``torch.mm``; into an fp32
-            ``main_grad`` by ``torch.addmm`` with ``out_dtype=float32`` on CUDA) and the bias
+        cublas_wgrad: 1 computes the weight gradient with cuBLAS (``torch.mm``; for an fp32
+            ``main_grad`` its fp32 product, ``out_dtype=float32``, then added) and the bias
             gradient with ``torch.sum``, instead of the det package's fixed-order wgrad and
             dbias kernels; the ``wgrad_*`` fields and ``wgrad_splits`` are then unused.
             cuBLAS picks its kernel (and its reduction order) by its own heuristics. 0 = the
