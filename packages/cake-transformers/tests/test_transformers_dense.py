@@ -313,3 +313,42 @@ def test_model_output_takes_either_cache_field_name():
             got = model_output(cls, base, loss=1.0, logits=None)
             assert isinstance(got, cls) and got.loss == 1.0 and got.hidden_states == "h"
             assert getattr(got, "cache", getattr(got, "past_key_values", None)) == "c"
+
+
+class _LoRA(nn.Linear):
+    """A Linear subclass whose forward adds a low-rank term (as a PEFT adapter does): the
+    patched MLP must call it as a module, not read its weight."""
+
+    calls = 0
+
+    def __init__(self, old):
+        super().__init__(old.in_features, old.out_features, bias=old.bias is not None)
+        self.load_state_dict(old.state_dict())
+        self.lora_a = nn.Parameter(torch.randn(4, old.in_features) * 0.1)
+        self.lora_b = nn.Parameter(torch.randn(old.out_features, 4) * 0.1)
+
+    def forward(self, x):
+        type(self).calls += 1
+        return super().forward(x) + x @ self.lora_a.t() @ self.lora_b.t()
+
+
+@pytest.mark.parametrize("names", [("gate_proj",), ("down_proj",), ("v_proj", "up_proj")])
+def test_mlp_adapters_run_their_own_forward(names, ids):
+    """An adapter on some of the MLP's (or attention's) projections runs its own forward
+    under the patch: loss and every gradient (the adapter's own too) match transformers'."""
+    ref = tiny_model("llama", num_hidden_layers=1)
+    torch.manual_seed(3)
+    for layer in ref.model.layers:
+        for name in names:
+            owner = layer.self_attn if name.endswith(("q_proj", "k_proj", "v_proj")) \
+                else layer.mlp
+            setattr(owner, name, _LoRA(getattr(owner, name)))
+    cake = apply("llama", copy.deepcopy(ref))
+    _LoRA.calls = 0
+    loss_c, _, grads_c, _ = step(cake, ids)
+    assert _LoRA.calls == len(names)
+    loss_r, _, grads_r, _ = step(ref, ids)
+    close(loss_c, loss_r, "loss")
+    assert grads_c.keys() == grads_r.keys()
+    for name in grads_r:
+        close(grads_c[name], grads_r[name], name)

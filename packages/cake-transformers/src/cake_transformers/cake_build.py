@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c85e7a9fc0b73655f52c48a95e8c631573bc0c4ca6fadc12b8dc4d3f5d654f6f"
+SOURCE_DIGEST = "sha256:f70e7e7ba04c2021c0707d0183fe3907a2c13dc8b8113a7e34c7805bdb0677f9"
 # --- end of generated block ---
 
 MANIFEST = {

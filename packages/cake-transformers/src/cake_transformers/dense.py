@@ -130,7 +130,11 @@ def _make_attention_forward(arch: _Arch, m):
 
 
 def _linear(lin, x):
-    """``lin(x)`` on cake-dense-projection-det-gemm with the module's own parameters."""
+    """``lin(x)``: on cake-dense-projection-det-gemm with the module's own parameters for a
+    plain ``nn.Linear``; any other module (a subclass or wrapper, e.g. an adapter) runs its
+    own forward, which may be more than ``F.linear`` of its weight."""
+    if type(lin) is not torch.nn.Linear:
+        return lin(x)
     return _project(x, lin.weight, lin.bias)
 
 
@@ -205,7 +209,8 @@ _DOC = """Run a transformers {name} model's training compute on cake's det kerne
     and the output's ``logits`` is None (never materialised); without labels the logits
     are transformers'. ``mlp``: the gate, up and down projections run on
     cake-dense-projection-det-gemm with the modules' own weights (and biases, with
-    ``mlp_bias``) in the input's dtype, or autocast's (weights are cast, as ``F.linear``).
+    ``mlp_bias``) in the input's dtype, or autocast's (weights are cast, as ``F.linear``);
+    a projection that is not a plain ``nn.Linear`` (an adapter) runs its own forward.
     Parameters, buffers and ``state_dict`` keys do not change. Patching twice (or a
     patched model again) changes nothing more. A patched ``{name}ForCausalLM`` builds no
     cache when given ``labels`` or in train mode (``use_cache=False`` unless passed True);
