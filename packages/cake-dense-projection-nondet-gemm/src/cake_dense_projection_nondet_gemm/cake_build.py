@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:378fb4227501fe094ac71882c042b4b815118bd2c0399a2bf2d14f090b174de1"
+SOURCE_DIGEST = "sha256:59adfe094a1d6a5272d055612e1c6b6654e2456648f7178371124f8e8750de44"
 # --- end of generated block ---
 
 REUSES = [

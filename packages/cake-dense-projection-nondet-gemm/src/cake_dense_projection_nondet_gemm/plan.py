@@ -55,8 +55,8 @@ def make_nondet_plan(M: int, N: int, K: int, dtype: torch.dtype,
     docstring for the rule), in a plan of mode ``nondet``, and on CUDA for bf16 / fp16
     (where the det rule already routes the forward and dgrad to cuBLAS)
     ``cublas_wgrad = 1`` with ``wgrad_splits = 1`` (no workspace): the det package's
-    fixed-order wgrad took 1.02-1.06x cuBLAS's time on large shapes and 2.21x on a skinny
-    one (docs/benchmarks/dense_projection.md). CPU and fp32: the det plan's fields.
+    fixed-order wgrad is slower than cuBLAS's (docs/benchmarks/dense_projection.md). CPU
+    and fp32: the det plan's fields.
     Equal arguments give the equal plan (cached).
 
     Raises:

@@ -52,7 +52,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d3c7326bb3395512f3f292686d443d0be0770903a66a5b8ee430284f1c2b13eb"
+SOURCE_DIGEST = "sha256:1d864a94e2087d080e5eead3ad430fc40aa9a7e9d6cba4d6532c3fb0d23df953"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -86,8 +86,8 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     overflows shared memory). Backward: dK/dV programs of 64 keys stepping 64 query rows
     in 2 stages with 4 warps at D <= 128; at D = 256 programs of 32 keys stepping 128 query
     rows with 8 warps in 2 stages (the 32 x 256 fp32 dK and dV accumulators spill a
-    seventh of the 64-key ones; fwd+bwd 6.41 ms against 7.28 for 64 x 64 at Qwen3-Next's
-    shape in one H200 sweep); dQ programs of 128 rows with 8 warps
+    seventh of the 64-key ones; faster than 64 x 64 at Qwen3-Next's shape); dQ programs of
+    128 rows with 8 warps
     in 3 stages stepping 64 keys at D <= 128, 32 at D = 256. Under
     the interpreter 32 x 32 tiles (fewer Python-level programs than 16; loops still cross
     blocks in the tests). fp32 inputs on CUDA (dots in TF32) take smaller tiles and

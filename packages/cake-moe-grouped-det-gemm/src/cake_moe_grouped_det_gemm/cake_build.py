@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c7db30290de774efcddf0138d3e4bc43868d8ba1a59e36088d9e29e776ea100c"
+SOURCE_DIGEST = "sha256:10af3b63507b9f9454f8fd18603482dc5ca1fdd0ad89cfb7ef2247e182067ba9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -482,13 +482,34 @@ def _check_plans(plans, plans_cls, resolve, T, k, E, d, f, dtype, device):
         resolve(plans.down, T * k, E, d, f, dtype, device))
 
 
+def _check_x(x) -> None:
+    check_tensor(x, "x")
+    check_dtype(x, "x", FLOAT_DTYPES)
+    check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
+
+
+def _check_routing(x, router, w_gate_up, w_down, E, d, f, top_k, normalize_topk, plans,
+                   plans_cls, resolve, launch):
+    """The checks the layer and :func:`moe_experts_det` share after their own: top_k,
+    normalize_topk, the int32 assignment count, devices (``router``: (name, tensor) of the
+    router's weight or logits), plans -> ``(T, top_k, device, plans)``."""
+    top_k = _check_top_k(top_k, E)
+    check_flag(normalize_topk, "normalize_topk")
+    T = x.numel() // d
+    if T * top_k > _INT32_MAX:
+        raise ValueError(f"x: T·k = {T * top_k} assignments exceed int32 offsets")
+    device = check_same_device(("x", x), router, ("w_gate_up", w_gate_up), ("w_down", w_down))
+    plans = _check_plans(plans, plans_cls, resolve, T, top_k, E, d, f, x.dtype, device)
+    if launch:
+        launch_device_check(device, "x")
+    return T, top_k, device, plans
+
+
 def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux_loss_coef,
                  plans, plans_cls=MoEFeedForwardPlans, resolve=None, *, launch=True):
     """Every check of the layer's forward (no allocation, launch or sync; the queries run
     it too); ``launch=False`` skips the backend's device check (meta tensors)."""
-    check_tensor(x, "x")
-    check_dtype(x, "x", FLOAT_DTYPES)
-    check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
+    _check_x(x)
     check_tensor(router_weight, "router_weight")
     check_ndim(router_weight, "router_weight", ndim=2,
                layout="[E, d_model]: torch.nn.Linear(d_model, E)'s weight")
@@ -500,26 +521,19 @@ def _check_layer(x, router_weight, w_gate_up, w_down, top_k, normalize_topk, aux
     if x.shape[-1] != d:
         raise ValueError(f"x: last dim must be d_model={d}, got {list(x.shape)}")
     f = _check_experts_weights(x, w_gate_up, w_down, E, d)
-    top_k = _check_top_k(top_k, E)
+    _check_top_k(top_k, E)
     check_flag(normalize_topk, "normalize_topk")
     coef = _check_coef(aux_loss_coef)
-    T = x.numel() // d
-    if T * top_k > _INT32_MAX:
-        raise ValueError(f"x: T·k = {T * top_k} assignments exceed int32 offsets")
-    device = check_same_device(("x", x), ("router_weight", router_weight),
-                               ("w_gate_up", w_gate_up), ("w_down", w_down))
-    plans = _check_plans(plans, plans_cls, resolve, T, top_k, E, d, f, x.dtype, device)
-    if launch:
-        launch_device_check(device, "x")
+    T, top_k, device, plans = _check_routing(
+        x, ("router_weight", router_weight), w_gate_up, w_down, E, d, f, top_k,
+        normalize_topk, plans, plans_cls, resolve, launch)
     return T, E, d, f, top_k, coef, device, plans
 
 
 def _check_experts(x, router_logits, w_gate_up, w_down, top_k, normalize_topk, plans,
                    plans_cls=MoEFeedForwardPlans, resolve=None, *, launch=True):
     """Every check of :func:`moe_experts_det` (no allocation, launch or sync)."""
-    check_tensor(x, "x")
-    check_dtype(x, "x", FLOAT_DTYPES)
-    check_ndim(x, "x", min_ndim=1, layout="[..., d_model]")
+    _check_x(x)
     check_tensor(w_gate_up, "w_gate_up")
     check_ndim(w_gate_up, "w_gate_up", ndim=3,
                layout="[E, 2 * d_ff, d_model]: E stacked torch.nn.Linear weights")
@@ -532,16 +546,9 @@ def _check_experts(x, router_logits, w_gate_up, w_down, top_k, normalize_topk, p
     check_dtype(router_logits, "router_logits", FLOAT_DTYPES)
     check_shape(router_logits, "router_logits", [*x.shape[:-1], E],
                 layout="[..., E]: x's leading dims by experts")
-    top_k = _check_top_k(top_k, E)
-    check_flag(normalize_topk, "normalize_topk")
-    T = x.numel() // d
-    if T * top_k > _INT32_MAX:
-        raise ValueError(f"x: T·k = {T * top_k} assignments exceed int32 offsets")
-    device = check_same_device(("x", x), ("router_logits", router_logits),
-                               ("w_gate_up", w_gate_up), ("w_down", w_down))
-    plans = _check_plans(plans, plans_cls, resolve, T, top_k, E, d, f, x.dtype, device)
-    if launch:
-        launch_device_check(device, "x")
+    T, top_k, device, plans = _check_routing(
+        x, ("router_logits", router_logits), w_gate_up, w_down, E, d, f, top_k,
+        normalize_topk, plans, plans_cls, resolve, launch)
     return T, E, d, f, top_k, device, plans
 
 

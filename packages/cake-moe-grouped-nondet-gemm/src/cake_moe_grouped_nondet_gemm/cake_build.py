@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:887c8c538321f57cd13c307fea026fc9f98e4c33e79bac3b3cff4feb75710f83"
+SOURCE_DIGEST = "sha256:387679c3385836473a9697677396093895be63e2e3b0e236c6cfd957f4255ae2"
 # --- end of generated block ---
 
 REUSES = [
