@@ -33,6 +33,12 @@ def test_repeat_bitwise_three_runs_with_other_work_between():
                if n != "lse")
 
 
+def test_repeat_bitwise_head_dim_256_bf16():
+    """Qwen3-Next's attention (D 256, bf16, GQA 4:1) under the rule's own tiles for it."""
+    case = make(lens_q=[1, 67], Hq=4, Hkv=1, D=256, dtype=torch.bfloat16, seed=32)
+    assert_bitwise_repeat(lambda: [run(gqa_det, case)[n] for n in GRADS], repeats=2)
+
+
 def _dk_partials(q, k, v, do, out, lse, scale, block_m):
     """Per (query head of a KV head, query block of ``block_m`` rows), in the kernel's
     order (head, then block), the unscaled dK partial dS^T q in fp32 torch, from the

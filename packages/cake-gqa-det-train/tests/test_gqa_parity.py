@@ -105,8 +105,10 @@ def test_fully_masked_rows_window():
     assert bool((got["dq"][:30] == 0).all())
 
 
-def test_bf16_close():
-    case = make(lens_q=[0, 1, 65, 100], Hq=4, Hkv=1, D=64, dtype=torch.bfloat16, seed=12)
+@pytest.mark.parametrize("D", [64, 256])
+def test_bf16_close(D):
+    # D 256 in bf16: the CUDA rule's own dK/dV tiles for Qwen3-Next's head dim
+    case = make(lens_q=[0, 1, 65, 100], Hq=4, Hkv=1, D=D, dtype=torch.bfloat16, seed=12)
     got = run(gqa_det, case)
     want = reference(case)
     for n in ("out", "dq", "dk", "dv"):

@@ -13,8 +13,14 @@ import copy
 
 import pytest
 import torch
+from cake_core.triton_utils import is_interpreting
 from cake_transformers import DENSE_PIECES, apply_cake_kernels_to_llama, apply_cake_kernels_to_qwen3
 from torch import nn
+
+# fp32 CPU models against transformers' own code (Triton's interpreter); on a GPU the
+# patched models are checked in bf16 by benchmarks/bench_cake_transformers.py
+pytestmark = pytest.mark.skipif(not is_interpreting(), reason=(
+    "CPU tests under Triton's interpreter; on CUDA see benchmarks/bench_cake_transformers.py"))
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
