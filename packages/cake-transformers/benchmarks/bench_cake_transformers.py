@@ -15,6 +15,14 @@ Runs (each a fresh process, so class patches and kernel caches do not leak betwe
   keeps FLA's own Triton kernels);
 - ``liger``: ``apply_liger_kernel_to_qwen3_next(model=model)`` over the unpatched model
   (Liger's RMSNorm, SwiGLU experts and fused linear cross entropy; FLA as in ``hf``).
+- ``cake-graph`` (and ``hf-graph``, ``liger-graph``; CUDA only): the same model with the whole
+  training step (forward, backward, ``AdamW(capturable=True).step()``) captured once in a
+  CUDA graph and replayed per batch, as PyTorch's whole-network capture does: the host issues
+  one replay per step instead of every launch. Three warm-up steps on a side stream compile
+  the kernels and create the optimizer's state, then the capture; the weights and the
+  optimizer's state are put back to their initial values before the first timed step, so the
+  losses start where the eager runs' do. A run whose step cannot be captured (a host sync or
+  an upload inside it) fails with the capture's error.
 
 Each run: the initial ``state_dict`` written once by this process, AdamW (lr 3e-4), batches of
 byte tokens from one seeded generator (a 64-token motif repeated, so the loss can fall), bf16
@@ -99,9 +107,50 @@ def _step(model, opt, x):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return loss
 
 
-def profile_steps(model, opt, dev: str, a) -> str:
+def graphed_step(model, opt, batch: int, seq: int, dev: str):
+    """The whole training step captured in one CUDA graph: returns ``step(x) -> loss`` that
+    copies ``x`` into the captured input and replays. Warm-up (3 steps on a side stream, the
+    stream the capture then uses), capture, then the weights and the optimizer's state back
+    to their values before the warm-up."""
+    import torch
+
+    static_x = torch.zeros(batch, seq, dtype=torch.long, device=dev)
+    params = list(model.parameters())
+    start = [p.detach().clone() for p in params]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            _step(model, opt, static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)  # the captured backward allocates the grads in the pool
+    with torch.cuda.graph(graph, stream=side):
+        static_loss = model(input_ids=static_x, labels=static_x).loss
+        static_loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    with torch.no_grad():  # the captured addresses stay; their values go back
+        for p, p0 in zip(params, start, strict=True):
+            p.copy_(p0)
+        for state in opt.state.values():
+            for v in state.values():
+                if torch.is_tensor(v):
+                    v.zero_()
+    torch.cuda.synchronize()
+
+    def step(x):
+        static_x.copy_(x, non_blocking=True)
+        graph.replay()
+        return static_loss
+
+    return step
+
+
+def profile_steps(step, dev: str, a) -> str:
     """torch.profiler over ``a.profile`` more steps: the kernels (CUDA) or ops (CPU) with the
     most self time, as a table."""
     import torch
@@ -110,14 +159,14 @@ def profile_steps(model, opt, dev: str, a) -> str:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     with profile(activities=acts) as prof:
         for x in batches(a.profile, a.batch, a.seq, seed=1):
-            _step(model, opt, x.to(dev))
+            step(x.to(dev))
         if dev == "cuda":
             torch.cuda.synchronize()
     key = "self_device_time_total" if dev == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
 
 
-def count_syncs(model, opt, dev: str, a) -> list[str]:
+def count_syncs(step, dev: str, a) -> list[str]:
     """Host syncs in one step, as ``torch.cuda.set_sync_debug_mode('warn')`` reports them:
     where each happened (file:line of the Python caller) and the message."""
     import warnings
@@ -130,13 +179,13 @@ def count_syncs(model, opt, dev: str, a) -> list[str]:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            _step(model, opt, x)
+            step(x)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return [f"{os.path.relpath(m.filename)}:{m.lineno}: {str(m.message)[:100]}" for m in w]
 
 
-def host_profile(model, opt, dev: str, a) -> str:
+def host_profile(step, dev: str, a) -> str:
     """cProfile of two more steps: the Python functions with the most own time (where the
     host's share of a step goes: wrappers, launchers, torch dispatch)."""
     import cProfile
@@ -147,7 +196,7 @@ def host_profile(model, opt, dev: str, a) -> str:
     pr = cProfile.Profile()
     pr.enable()
     for x in xs:
-        _step(model, opt, x)
+        step(x)
     pr.disable()
     buf = io.StringIO()
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(35)
@@ -160,7 +209,9 @@ def child(a) -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     fast = "none"
-    if a.child in ("hf", "liger"):
+    graph = a.child.endswith("-graph")
+    impl = a.child.removesuffix("-graph")
+    if impl in ("hf", "liger"):
         try:
             import fla.ops.common.chunk_o as fla_chunk_o
 
@@ -179,27 +230,32 @@ def child(a) -> None:
     model = Qwen3NextForCausalLM(cfg)
     model.load_state_dict(torch.load(a.init, weights_only=True))
     model.to(dev, dtype).train()
-    if a.child == "cake":
+    if impl == "cake":
         from cake_transformers import apply_cake_kernels_to_qwen3_next
 
         apply_cake_kernels_to_qwen3_next(model)
-    elif a.child == "liger":
+    elif impl == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3_next
 
         apply_liger_kernel_to_qwen3_next(model=model)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=graph)
     losses, times, host = [], [], []
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    capture_s = None
+    if graph:
+        t = time.perf_counter()
+        step = graphed_step(model, opt, a.batch, a.seq, dev)
+        capture_s = time.perf_counter() - t
+    else:
+        def step(x):
+            return _step(model, opt, x)
     for x in batches(a.steps, a.batch, a.seq):
         x = x.to(dev)
         if dev == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = step(x)
         host.append(time.perf_counter() - t)  # the step issued: the host's share
         if dev == "cuda":
             torch.cuda.synchronize()
@@ -210,12 +266,13 @@ def child(a) -> None:
     profile = syncs = hprof = None
     wsha = weights_sha(model)  # after the steps above, before any profiled ones
     if a.profile:
-        profile = profile_steps(model, opt, dev, a)
+        profile = profile_steps(step, dev, a)
     if a.sync_debug and dev == "cuda":
-        syncs = count_syncs(model, opt, dev, a)
+        syncs = count_syncs(step, dev, a)
     if a.host_profile:
-        hprof = host_profile(model, opt, dev, a)
-    res = dict(impl=a.child, linear_attention_path=fast if a.child != "cake" else "cake",
+        hprof = host_profile(step, dev, a)
+    res = dict(impl=a.child, linear_attention_path=fast if impl != "cake" else "cake",
+               capture_s=capture_s,
                losses=losses, loss_bits=hashlib.sha256(
                    json.dumps([float(v).hex() for v in losses]).encode()).hexdigest()[:16],
                weights_sha=wsha,
@@ -253,6 +310,10 @@ def main() -> None:
     if a.child:
         return child(a)
     import torch
+
+    graphed = [r for r in a.runs.split(",") if r.endswith("-graph")]
+    if graphed and not torch.cuda.is_available():
+        p.error(f"--runs {','.join(graphed)}: a CUDA graph needs a CUDA device")
     import transformers
     from transformers import Qwen3NextForCausalLM
 
@@ -287,13 +348,16 @@ def main() -> None:
             res = json.load(f)
         res["wall_s"] = time.perf_counter() - t
         results.append(res)
-        print(f"run {i} {impl:6s} path {res['linear_attention_path']:28s} "
+        print(f"run {i} {impl:11s} path {res['linear_attention_path']:28s} "
               f"tok/s {res['tokens_per_s']:10.0f}  first step {res['first_step_s']:6.1f} s  "
               f"peak {res['peak_mem_gib'] or 0:6.2f} GiB  loss {res['losses'][0]:.4f} -> "
               f"{res['losses'][-1]:.4f}  loss bits {res['loss_bits']}  weights "
               f"{res['weights_sha']}", flush=True)
         print(f"run {i} {impl}: ms per step: wall {res['wall_ms_per_step']:.1f}, host "
               f"{res['host_ms_per_step']:.1f} (issuing the step; near wall: the GPU waits)")
+        if res.get("capture_s") is not None:
+            print(f"run {i} {impl}: warm-up and capture of the step's CUDA graph "
+                  f"{res['capture_s']:.1f} s")
         if res.get("host_syncs") is not None:
             print(f"run {i} {impl}: host syncs in one step: {len(res['host_syncs'])}\n  " +
                   "\n  ".join(res["host_syncs"][:12]))

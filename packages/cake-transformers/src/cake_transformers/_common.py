@@ -69,9 +69,21 @@ def no_packing(kwargs, where: str) -> None:
 _LAST_MASK: list = [None]
 
 
+def holds(cond: torch.Tensor, msg: str) -> bool:
+    """``bool(cond)`` for a one-element bool tensor; while a CUDA graph is being captured
+    (where a host read is not allowed) a device-side assertion instead, which fails the
+    replay's stream if ``cond`` is false, and True. transformers itself skips its mask
+    checks under capture; this keeps cake's refusals without a host sync there."""
+    if cond.is_cuda and torch.cuda.is_current_stream_capturing():
+        torch._assert_async(cond, msg)
+        return True
+    return bool(cond)
+
+
 def is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
     """Whether a 4-D transformers mask lets each query see exactly the keys up to its own
-    position (bool: True = seen; float: 0 = seen). One host sync per mask tensor."""
+    position (bool: True = seen; float: 0 = seen). One host sync per mask tensor (none
+    under CUDA-graph capture: :func:`holds`)."""
     if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
         return False
     last = _LAST_MASK[0]
@@ -80,7 +92,7 @@ def is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
         return last[4]
     seen = mask if mask.dtype == torch.bool else mask == 0
     causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
-    verdict = bool((seen == causal).all())
+    verdict = holds((seen == causal).all(), "cake's attention serves the causal mask only")
     _LAST_MASK[0] = (weakref.ref(mask), *key, verdict)
     return verdict
 
@@ -148,7 +160,7 @@ def causal_lm_forward(self, on: frozenset, output_cls, args: dict, kwargs: dict,
         # would run transformers' decoding code instead of cake's
         a["use_cache"] = False
     if "attention" in on and cache is None and isinstance(mask, torch.Tensor) \
-            and mask.dim() == 2 and not bool(mask.all()):
+            and mask.dim() == 2 and not holds(mask.all(), "attention_mask: padding not served"):
         # refused before any launch (the attention layers would refuse it later)
         raise ValueError("attention_mask: cake's attention serves the causal mask only; "
                          "a padding mask is not served yet (drop it, or pass attention=False)")
