@@ -213,11 +213,14 @@ def bench():
 
 
 SWEEP = {  # (package, D): plan changes tried at the benchmark shape of that D
-    # issue 41's leads (docs/benchmarks/gqa.md, offline register report): 32 keys per dK/dV
-    # program at D 256 (56 spill bytes against the rule's 428), 8 warps at D 128 (no spills)
-    ("det", 256): [dict(), dict(dkdv_block_n=32), dict(dkdv_block_n=32, dkdv_stages=3),
-                   dict(dkdv_block_m=128, dkdv_block_n=32)],
-    ("det", 128): [dict(), dict(dkdv_warps=8), dict(dkdv_block_m=128, dkdv_warps=8)],
+    # issue 41's next leads (docs/benchmarks/gqa.md): at D 256 the dK/dV rule is 128 x 32 (8
+    # warps); the dQ and forward tiles were never swept there. At D 128 the D 256 winner's
+    # shape (128-row steps over 32 keys) and 32-key programs.
+    ("det", 256): [dict(), dict(dkdv_stages=3), dict(dq_block_n=64, dq_stages=2),
+                   dict(dq_block_m=64, dq_warps=4), dict(dq_block_m=64, dq_block_n=64),
+                   dict(fwd_block_m=64, fwd_warps=4), dict(fwd_block_n=32, fwd_stages=3)],
+    ("det", 128): [dict(), dict(dkdv_block_m=128, dkdv_block_n=32, dkdv_warps=8),
+                   dict(dkdv_block_n=32), dict(dq_block_n=128, dq_stages=2)],
     ("nondet", 256): [dict()],
     ("nondet", 128): [dict()],
 }
