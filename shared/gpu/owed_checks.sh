@@ -55,9 +55,12 @@ case ${1:-} in
     for f in packages/cake-gqa-det-train/tests/test_gqa_parity.py \
              packages/cake-gqa-det-train/tests/test_gqa_determinism.py \
              packages/cake-lm-head-loss-det-train/tests/test_lmhead_queries.py \
-             packages/cake-transformers/tests/test_transformers_bench.py; do
+             packages/cake-transformers/tests/test_transformers_bench.py \
+             packages/*-nondet-*/tests/test_*cuda_graph.py \
+             packages/cake-gqa-train/tests/test_*cuda_graph.py; do
       timeout 330 python3 -m pytest -q -p no:cacheprovider -rf --tb=line "$f" \
         > "/tmp/q_$(basename "$f" .py).txt" 2>&1 &
+      while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done
     done
     wait
     echo "tests: $((SECONDS - T0)) s"
