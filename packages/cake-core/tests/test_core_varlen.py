@@ -288,3 +288,25 @@ def test_offsets_cache_pins_what_a_captured_graph_reads(offsets_cache, monkeypat
     assert len(varlen._cache) <= varlen.OFFSETS_CACHE_SIZE + 4  # the pinned ones on top
     varlen.clear_offsets_cache()
     assert varlen.resolve_chunks(None, 2, 9, CPU, 4) is not rows
+
+
+def test_tables_copied_to_another_stream_while_captured_are_kept(offsets_cache, monkeypatch):
+    """A backward on another stream than its forward's copies the tables there
+    (SeqChunks.tables_on). Eagerly that copy is kept by nothing; while a CUDA graph is
+    captured it is kept in the cache, pinned, with the pinned host block of its captured
+    upload: the graph reads both at every replay."""
+    varlen, _ = offsets_cache
+    rows = varlen.resolve_chunks(None, 2, 9, CPU, 4)
+    monkeypatch.setattr(varlen, "_stream_of", lambda device: 7)  # not the forward's stream
+    eager = rows.tables_on(CPU)
+    assert eager[0] is not rows.starts
+    assert [t.tolist() for t in eager[:4]] == [t.tolist() for t in rows.tables[:4]]
+    n = len(varlen._cache)
+    monkeypatch.setattr(varlen, "_capturing", lambda: True)
+    captured = rows.tables_on(CPU)
+    assert captured[0] is not rows.starts and len(varlen._cache) == n + 1
+    monkeypatch.setattr(varlen, "_capturing", lambda: False)
+    for i in range(3 * varlen.OFFSETS_CACHE_SIZE):  # never pushed out
+        varlen.resolve_chunks(None, 3, i + 1, CPU, 4)
+    kept = varlen.resolve_chunks(captured[3], 2, 9, CPU, 4)  # found by its device offsets
+    assert kept.tables == captured

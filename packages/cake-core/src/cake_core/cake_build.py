@@ -48,7 +48,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d060d5d5d99fb3e7d2aae06dc9760437b1a7d229fbfd5ed60a0cae20b371168f"
+SOURCE_DIGEST = "sha256:d5fe71a7a7f7e8963713604acf6015d8f85ce1fc03fc5f8bfb6d620a74776844"
 # --- end of generated block ---
 
 MANIFEST = {

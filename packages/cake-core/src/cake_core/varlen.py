@@ -284,10 +284,15 @@ class SeqChunks:
 
     def tables_on(self, device: torch.device) -> tuple:
         """:attr:`tables` when ``device`` and its current stream are the ones they were
-        copied for; else the same tables copied there (one upload, kept by nothing)."""
+        copied for; else the same tables copied there (one upload, kept by nothing; while
+        a CUDA graph is captured, kept in the offsets cache and pinned, with the pinned host
+        block its captured upload reads at every replay)."""
         if device == self.device and _stream_of(device) == self.stream:
             return self.tables
-        return _build_chunks(self.offsets, self.chunk_size, device).tables
+        seqs = _build_chunks(self.offsets, self.chunk_size, device)
+        if _capturing():  # the graph reads these tables (and seqs.host) at every replay
+            _remember_device_offsets(seqs, (_CHUNKS, self.chunk_size, device, seqs.stream))
+        return seqs.tables
 
 
 def _upload(offsets: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor,
