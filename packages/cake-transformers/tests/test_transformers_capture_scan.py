@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not is_interpreting(), reason=(
     "a CPU scan under Triton's interpreter; on CUDA the benchmark's cake-graph run captures"))
 
 pytest.importorskip("transformers")
-from cake_transformers import apply_cake_kernels_to_qwen3_next  # noqa: E402
+from cake_transformers import _common, apply_cake_kernels_to_qwen3_next  # noqa: E402
 from cake_transformers._common import holds  # noqa: E402
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM  # noqa: E402
 
@@ -176,3 +176,26 @@ def test_holds_asserts_on_the_device_under_capture(monkeypatch):
     assert calls == [(cond, "why")]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert holds(torch.tensor(False), "why") is False and len(calls) == 1
+
+
+def test_mask_verdicts_are_not_shared_between_eager_calls_and_a_capture(monkeypatch):
+    """is_plain_causal keeps the last mask's verdict (one check per forward, not per layer).
+    An eager verdict must not stand in for the check a captured graph asserts at every
+    replay (a static mask's values change between replays), and a capture's True (only
+    asserted later, on the device) must not pass an eager call of the same mask."""
+    checks = []
+    real = _common.holds
+    monkeypatch.setattr(_common, "holds", lambda c, m: checks.append(m) or real(c, m))
+    monkeypatch.setattr(torch, "_assert_async", lambda c, msg: None)
+    monkeypatch.setattr(_common, "_LAST_MASK", [None])
+    T = 5
+    padded = torch.ones(1, 1, T, T, dtype=torch.bool).tril()
+    padded[..., 0] = False  # a padding mask: the first key hidden
+    causal = torch.ones(1, 1, T, T, dtype=torch.bool).tril()
+    assert _common.is_plain_causal(causal, T, T) and len(checks) == 1
+    assert _common.is_plain_causal(causal, T, T) and len(checks) == 1  # the verdict kept
+    monkeypatch.setattr(_common, "_capturing", lambda t: True)
+    assert _common.is_plain_causal(causal, T, T) and len(checks) == 2  # asserted in the graph
+    assert _common.is_plain_causal(padded, T, T) and len(checks) == 3  # True, assert captured
+    monkeypatch.setattr(_common, "_capturing", lambda t: False)
+    assert not _common.is_plain_causal(padded, T, T) and len(checks) == 4  # checked eagerly

@@ -64,17 +64,25 @@ def no_packing(kwargs, where: str) -> None:
 
 
 #: the last mask judged by :func:`is_plain_causal`: (weak reference, version, q_len, k_len,
-#: verdict); every attention layer of one forward gets the same mask tensor, so one host sync
-#: per forward instead of one per layer
+#: captured, verdict); every attention layer of one forward gets the same mask tensor, so
+#: one host sync per forward instead of one per layer
 _LAST_MASK: list = [None]
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a CUDA tensor and a CUDA graph is being captured on the current
+    stream (a CPU-only torch raises on the capture query: not asked for CPU tensors)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def holds(cond: torch.Tensor, msg: str) -> bool:
     """``bool(cond)`` for a one-element bool tensor; while a CUDA graph is being captured
-    (where a host read is not allowed) a device-side assertion instead, which fails the
-    replay's stream if ``cond`` is false, and True. transformers itself skips its mask
-    checks under capture; this keeps cake's refusals without a host sync there."""
-    if cond.is_cuda and torch.cuda.is_current_stream_capturing():
+    (where a host read is not allowed) a device-side assertion instead, and True. A replay
+    where ``cond`` is false then trips the assertion: a sticky CUDA error ("device-side
+    assert triggered") that the next sync raises and that leaves the process's CUDA context
+    unusable (no ValueError to catch). transformers itself skips its mask checks under
+    capture; this keeps cake's refusals without a host sync there."""
+    if _capturing(cond):
         torch._assert_async(cond, msg)
         return True
     return bool(cond)
@@ -87,9 +95,11 @@ def is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
     if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
         return False
     last = _LAST_MASK[0]
-    key = (mask._version, q_len, k_len)
-    if last is not None and last[0]() is mask and last[1:4] == key:
-        return last[4]
+    # captured or not in the key: an eager verdict does not hold for a graph's replays (the
+    # graph asserts on the device itself), nor a capture's unchecked True for an eager call
+    key = (mask._version, q_len, k_len, _capturing(mask))
+    if last is not None and last[0]() is mask and last[1:5] == key:
+        return last[5]
     seen = mask if mask.dtype == torch.bool else mask == 0
     causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
     verdict = holds((seen == causal).all(), "cake's attention serves the causal mask only")

@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ee0292c58fb38e1908cc15152f0fccd9370f3d59467bfb943d4469edc05fbe2d"
+SOURCE_DIGEST = "sha256:8cbb00515d83d21ab4c024bcfa1f3648fc8da5fbadd3b4beeab96561ea375975"
 # --- end of generated block ---
 
 MANIFEST = {
