@@ -22,7 +22,8 @@ Runs (each a fresh process, so class patches and kernel caches do not leak betwe
   the kernels and create the optimizer's state, then the capture; the weights and the
   optimizer's state are put back to their initial values before the first timed step, so the
   losses start where the eager runs' do. A run whose step cannot be captured (a host sync or
-  an upload inside it) fails with the capture's error.
+  an upload inside it) fails with the capture's error: expected of ``liger-graph``, whose fused
+  linear cross entropy reads the count of non-ignored labels on the host (``.item()``).
 
 Each run: the initial ``state_dict`` written once by this process, AdamW (lr 3e-4), batches of
 byte tokens from one seeded generator (a 64-token motif repeated, so the loss can fall), bf16
