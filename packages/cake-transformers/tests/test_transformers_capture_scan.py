@@ -196,6 +196,7 @@ def test_mask_verdicts_are_not_shared_between_eager_calls_and_a_capture(monkeypa
     assert _common.is_plain_causal(causal, T, T) and len(checks) == 1  # the verdict kept
     monkeypatch.setattr(_common, "_capturing", lambda t: True)
     assert _common.is_plain_causal(causal, T, T) and len(checks) == 2  # asserted in the graph
-    assert _common.is_plain_causal(padded, T, T) and len(checks) == 3  # True, assert captured
+    assert _common.is_plain_causal(causal, T, T) and len(checks) == 3  # every captured call
+    assert _common.is_plain_causal(padded, T, T) and len(checks) == 4  # True, assert captured
     monkeypatch.setattr(_common, "_capturing", lambda t: False)
-    assert not _common.is_plain_causal(padded, T, T) and len(checks) == 4  # checked eagerly
+    assert not _common.is_plain_causal(padded, T, T) and len(checks) == 5  # checked eagerly

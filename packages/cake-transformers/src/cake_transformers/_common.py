@@ -63,9 +63,9 @@ def no_packing(kwargs, where: str) -> None:
                          "cake patch yet; pass a [B, T] batch")
 
 
-#: the last mask judged by :func:`is_plain_causal`: (weak reference, version, q_len, k_len,
-#: captured, verdict); every attention layer of one forward gets the same mask tensor, so
-#: one host sync per forward instead of one per layer
+#: the last mask judged eagerly by :func:`is_plain_causal`: (weak reference, version, q_len,
+#: k_len, verdict); every attention layer of one forward gets the same mask tensor, so one
+#: host sync per forward instead of one per layer
 _LAST_MASK: list = [None]
 
 
@@ -94,13 +94,18 @@ def is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
     under CUDA-graph capture: :func:`holds`)."""
     if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
         return False
-    last = _LAST_MASK[0]
-    # captured or not in the key: an eager verdict does not hold for a graph's replays (the
-    # graph asserts on the device itself), nor a capture's unchecked True for an eager call
-    key = (mask._version, q_len, k_len, _capturing(mask))
-    if last is not None and last[0]() is mask and last[1:5] == key:
-        return last[5]
     seen = mask if mask.dtype == torch.bool else mask == 0
+    if _capturing(mask):
+        # every layer of every captured graph asserts on the device itself (nothing kept: an
+        # eager verdict does not hold for a graph's replays, nor a capture's unchecked True
+        # for an eager call or another graph)
+        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(
+            k_len - q_len)
+        return holds((seen == causal).all(), "cake's attention serves the causal mask only")
+    last = _LAST_MASK[0]
+    key = (mask._version, q_len, k_len)
+    if last is not None and last[0]() is mask and last[1:4] == key:
+        return last[4]
     causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
     verdict = holds((seen == causal).all(), "cake's attention serves the causal mask only")
     _LAST_MASK[0] = (weakref.ref(mask), *key, verdict)

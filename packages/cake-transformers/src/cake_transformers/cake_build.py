@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8cbb00515d83d21ab4c024bcfa1f3648fc8da5fbadd3b4beeab96561ea375975"
+SOURCE_DIGEST = "sha256:a2fc1eb33f174de6f1ae814ac0980bf25b7139551ba28cc01b1dddfe06dbbbb4"
 # --- end of generated block ---
 
 MANIFEST = {
