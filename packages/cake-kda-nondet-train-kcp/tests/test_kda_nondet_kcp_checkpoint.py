@@ -6,74 +6,53 @@ gradients, A_log's and dt_bias's included, bitwise, on every rank. The nondet pa
 the det kernels today (no atomics), so the checkpointed recompute gives the same bits;
 revisit if a plan adds atomics."""
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from cake_core.testing import assert_gloo_ranks_pass
 
-_HERE = Path(__file__).parent
+_BODY = """
+import torch
+from torch.utils.checkpoint import checkpoint
 
-_WORKER = textwrap.dedent("""
-    import sys
-    import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    from torch.utils.checkpoint import checkpoint
 
-    def worker(rank, world, init):
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        try:
-            from _kda_nd_kcp_helpers import global_inputs
-            from cake_core.testing import bitwise_equal
-            from cake_kda_nondet_train_kcp import (build_context_nondet_kcp, chunk_kda_nondet_kcp,
-                                                partition_nondet_kcp)
+def body(rank, world):
+    from _kda_nd_kcp_helpers import global_inputs
+    from cake_core.testing import bitwise_equal
+    from cake_kda_nondet_train_kcp import (build_context_nondet_kcp, chunk_kda_nondet_kcp,
+                                        partition_nondet_kcp)
 
-            cu = torch.tensor([0, 40, 41, 64, 130])
-            xs, kw = global_inputs(130, HV=2, seed=3, device="cpu")
-            for layout in ("zigzag", "zigzag_per_document"):
-                p = partition_nondet_kcp(cu, world, layout)
-                ctx = build_context_nondet_kcp(p, None, rank, "cpu")
-                idx = p.global_index(rank)
-                local = [t[:, idx].contiguous() for t in xs]
+    cu = torch.tensor([0, 40, 41, 64, 130])
+    xs, kw = global_inputs(130, HV=2, seed=3, device="cpu")
+    for layout in ("zigzag", "zigzag_per_document"):
+        p = partition_nondet_kcp(cu, world, layout)
+        ctx = build_context_nondet_kcp(p, None, rank, "cpu")
+        idx = p.global_index(rank)
+        local = [t[:, idx].contiguous() for t in xs]
 
-                def run(ckpt):
-                    leaves = [t.clone().requires_grad_() for t in local[:5]]
-                    a_log, dt_bias = (kw[n].clone().requires_grad_()
-                                      for n in ("A_log", "dt_bias"))
-                    opts = {n: v for n, v in kw.items() if n not in ("A_log", "dt_bias")}
-                    opts["use_qk_l2norm_in_kernel"] = True
+        def run(ckpt):
+            leaves = [t.clone().requires_grad_() for t in local[:5]]
+            a_log, dt_bias = (kw[n].clone().requires_grad_()
+                              for n in ("A_log", "dt_bias"))
+            opts = {n: v for n, v in kw.items() if n not in ("A_log", "dt_bias")}
+            opts["use_qk_l2norm_in_kernel"] = True
 
-                    def f(*a):
-                        return chunk_kda_nondet_kcp(*a[:5], ctx, A_log=a[5], dt_bias=a[6],
-                                                 **opts)
-                    args = (*leaves, a_log, dt_bias)
-                    o = checkpoint(f, *args, use_reentrant=False) if ckpt else f(*args)
-                    o.backward(local[5])
-                    return [o.detach()] + [t.grad for t in args]
+            def f(*a):
+                return chunk_kda_nondet_kcp(*a[:5], ctx, A_log=a[5], dt_bias=a[6],
+                                         **opts)
+            args = (*leaves, a_log, dt_bias)
+            o = checkpoint(f, *args, use_reentrant=False) if ckpt else f(*args)
+            o.backward(local[5])
+            return [o.detach()] + [t.grad for t in args]
 
-                plain, ckpt = run(False), run(True)
-                same = [bitwise_equal(a, b) for a, b in zip(plain, ckpt, strict=True)]
-                assert all(same), (layout, rank, same)
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
-
-    if __name__ == "__main__":
-        mp.spawn(worker, args=(2, "file://" + sys.argv[1]), nprocs=2, join=True)
-        print("ok")
-""")
+        plain, ckpt = run(False), run(True)
+        same = [bitwise_equal(a, b) for a, b in zip(plain, ckpt, strict=True)]
+        assert all(same), (layout, rank, same)
+"""
 
 
 def test_checkpoint_two_ranks(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a gloo (CPU) test")
-    script = tmp_path / "ckpt_worker.py"
-    script.write_text(_WORKER)
-    env = dict(os.environ, PYTHONPATH=":".join([str(_HERE), *(x for x in sys.path if x)]))
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "rdzv")],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr[-4000:]
+    assert_gloo_ranks_pass(_BODY, tmp_path, path=[Path(__file__).parent])

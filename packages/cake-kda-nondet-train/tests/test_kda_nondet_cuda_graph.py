@@ -12,7 +12,7 @@ on the CPU under Triton's interpreter."""
 import pytest
 import torch
 import torch.nn.functional as F
-from cake_core.testing import graph_replay_matches_eager, randn
+from cake_core.testing import deterministic_algorithms, graph_replay_matches_eager, randn
 from cake_core.triton_utils import is_interpreting
 from cake_kda_nondet_train import (
     KDANondetWorkspace,
@@ -27,13 +27,9 @@ NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state")
 
 @pytest.fixture(autouse=True)
 def _deterministic_algorithms_off():
-    """The nondet backward raises under ``torch.use_deterministic_algorithms(True)``: off
-    for each test here, the caller's setting restored after."""
-    was = (torch.are_deterministic_algorithms_enabled(),
-           torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(False)
-    yield
-    torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+    """The nondet backward raises under ``torch.use_deterministic_algorithms(True)``."""
+    with deterministic_algorithms(False):
+        yield
 
 
 def case(dev, H, HV, K, V, dtype, *, lens=None, B=1, T=0, low_level=False):

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from cake_core.testing import graph_replay_matches_eager, randn
+from cake_core.testing import deterministic_algorithms, graph_replay_matches_eager, randn
 from cake_core.triton_utils import is_interpreting
 from cake_lm_head_loss_nondet_train import (
     LMHeadLossNondetWorkspace,
@@ -21,13 +21,9 @@ from cake_lm_head_loss_nondet_train import (
 
 @pytest.fixture(autouse=True)
 def _deterministic_algorithms_off():
-    """The nondet backward raises under ``torch.use_deterministic_algorithms(True)``: off
-    for each test here, the caller's setting restored after."""
-    was = (torch.are_deterministic_algorithms_enabled(),
-           torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(False)
-    yield
-    torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+    """The nondet backward raises under ``torch.use_deterministic_algorithms(True)``."""
+    with deterministic_algorithms(False):
+        yield
 
 
 def case(dev, T, H, V, dtype, reduction, **plan_fields):

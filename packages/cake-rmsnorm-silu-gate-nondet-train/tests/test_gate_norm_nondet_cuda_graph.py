@@ -6,7 +6,7 @@ CUDA; the same step runs eagerly on the CPU under Triton's interpreter."""
 
 import pytest
 import torch
-from cake_core.testing import graph_replay_matches_eager, randn
+from cake_core.testing import deterministic_algorithms, graph_replay_matches_eager, randn
 from cake_core.triton_utils import is_interpreting
 from cake_rmsnorm_silu_gate_nondet_train import (
     RMSNormSiluGateNondetWorkspace,
@@ -17,13 +17,9 @@ from cake_rmsnorm_silu_gate_nondet_train import (
 
 @pytest.fixture(autouse=True)
 def _deterministic_algorithms_off():
-    """The nondet backward raises under ``torch.use_deterministic_algorithms(True)``: off
-    for each test here, the caller's setting restored after."""
-    was = (torch.are_deterministic_algorithms_enabled(),
-           torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(False)
-    yield
-    torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+    """The nondet backward raises under ``torch.use_deterministic_algorithms(True)``."""
+    with deterministic_algorithms(False):
+        yield
 
 
 def case(dev, rows, D, dtype, norm_before_gate, activation):

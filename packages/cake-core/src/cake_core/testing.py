@@ -186,6 +186,78 @@ def run_readme_quick_start(readme, timeout: float = 600) -> subprocess.Completed
     return done
 
 
+def run_readme_quick_start_on_ranks(readme, tmp_path, nproc: int = 2,
+                                    timeout: float = 600) -> dict[int, str]:
+    """Run the README's quick start (:func:`readme_quick_start`) as written under
+    ``torchrun --standalone --nproc-per-node nproc`` in ``tmp_path``; assert it exits 0
+    (the output's tail in the message) and return each rank's stdout (one log file per rank:
+    the ranks' prints would interleave on one stdout)."""
+    script = os.path.join(str(tmp_path), "quick_start.py")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write(readme_quick_start(readme))
+    logs = os.path.join(str(tmp_path), "logs")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", str(nproc), "--redirects", "3", "--log-dir",
+                           logs, script], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(tmp_path))
+    found = [(root, name) for root, _, names in os.walk(logs) for name in names]
+    read = lambda root, name: open(os.path.join(root, name), encoding="utf-8").read()  # noqa: E731
+    err = "".join(read(r, n) for r, n in found if n == "stderr.log")
+    assert done.returncode == 0, (done.stdout + done.stderr + err)[-3000:]
+    return {int(os.path.basename(r)): read(r, n) for r, n in found if n == "stdout.log"}
+
+
+#: what :func:`assert_gloo_ranks_pass` wraps around a body: a process group per rank, the
+#: body, a barrier, then "ok" from the parent once every rank returned
+_GLOO_RANKS = """
+import sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+{body}
+
+def _rank(rank, world, init):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        body(rank, world)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(_rank, args=({world}, "file://" + sys.argv[1]), nprocs={world}, join=True)
+    print("ok")
+"""
+
+
+def assert_gloo_ranks_pass(body: str, tmp_path, *, world: int = 2, path: Sequence = (),
+                           timeout: float = 600) -> None:
+    """Run ``body`` (Python source defining ``body(rank, world)``, which asserts what it
+    checks) on ``world`` gloo ranks, one spawned process each, in a fresh interpreter with
+    ``path`` and this process's ``sys.path``; assert every rank finished without error."""
+    script = os.path.join(str(tmp_path), "gloo_ranks.py")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write(_GLOO_RANKS.format(body=body, world=world))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [*(str(p) for p in path), *(p for p in sys.path if p)]))
+    r = subprocess.run([sys.executable, script, os.path.join(str(tmp_path), "rdzv")],
+                       capture_output=True, text=True, env=env, timeout=timeout)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr[-4000:]
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool, warn_only: bool = False):
+    """``torch.use_deterministic_algorithms(enabled, warn_only=warn_only)`` inside the block,
+    the caller's setting restored after it (a nondet backward raises under ``True``)."""
+    was = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
 def assert_imports_without_triton(*modules: str) -> None:
     """Import ``modules`` in a fresh interpreter (this process's ``sys.path``) and assert
     it exits 0 without having imported Triton (a family's package and manifest must not)."""

@@ -94,11 +94,11 @@ def is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
     under CUDA-graph capture: :func:`holds`)."""
     if mask.dim() != 4 or mask.shape[-2:] != (q_len, k_len):
         return False
-    seen = mask if mask.dtype == torch.bool else mask == 0
     if _capturing(mask):
         # every layer of every captured graph asserts on the device itself (nothing kept: an
         # eager verdict does not hold for a graph's replays, nor a capture's unchecked True
         # for an eager call or another graph)
+        seen = mask if mask.dtype == torch.bool else mask == 0
         causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(
             k_len - q_len)
         return holds((seen == causal).all(), "cake's attention serves the causal mask only")
@@ -106,6 +106,7 @@ def is_plain_causal(mask: torch.Tensor, q_len: int, k_len: int) -> bool:
     key = (mask._version, q_len, k_len)
     if last is not None and last[0]() is mask and last[1:4] == key:
         return last[4]
+    seen = mask if mask.dtype == torch.bool else mask == 0
     causal = torch.ones(q_len, k_len, dtype=torch.bool, device=mask.device).tril(k_len - q_len)
     verdict = holds((seen == causal).all(), "cake's attention serves the causal mask only")
     _LAST_MASK[0] = (weakref.ref(mask), *key, verdict)

@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a2fc1eb33f174de6f1ae814ac0980bf25b7139551ba28cc01b1dddfe06dbbbb4"
+SOURCE_DIGEST = "sha256:0cfff9285ca45f5f56d44e1b285b3a7428a60ce2eed645be888dba1e72498be4"
 # --- end of generated block ---
 
 MANIFEST = {
