@@ -49,8 +49,7 @@ case ${1:-} in
     # what the 6eafdd8 call left owed: GQA's bf16 parity and repeat at D 256 (the CUDA rule's
     # own tiles), the LM head query test fixed for CUDA, the whole-step CUDA graph of the
     # patched Qwen3-Next (tiny), the nondet packages' graph tests, RMSNorm's nondet table
-    # with more rounds (its 1.2x rows were
-    # the same kernels), the dense nondet table again
+    # with more rounds, the dense nondet table again
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
     T0=$SECONDS
     for f in packages/cake-gqa-det-train/tests/test_gqa_parity.py \
