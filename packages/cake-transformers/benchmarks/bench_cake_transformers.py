@@ -25,7 +25,9 @@ Runs (each a fresh process, so class patches and kernel caches do not leak betwe
   an upload inside it) fails with the capture's error: expected of ``liger-graph``, whose fused
   linear cross entropy reads the count of non-ignored labels on the host (``.item()``).
 
-Each run: the initial ``state_dict`` written once by this process, AdamW (lr 3e-4), batches of
+Each run: the initial ``state_dict`` written once by this process, AdamW (lr 3e-4;
+``capturable=True`` on CUDA in every run, so a graphed run does the arithmetic of its eager
+run and the two can be compared bit for bit), batches of
 byte tokens from one seeded generator (a 64-token motif repeated, so the loss can fall), bf16
 weights on CUDA (fp32 on a CPU, where the kernels run through Triton's interpreter). Reported
 per run: the loss of every step, tokens/s over the steps after the first ``--warmup`` (the
@@ -240,7 +242,8 @@ def child(a) -> None:
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3_next
 
         apply_liger_kernel_to_qwen3_next(model=model)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=graph)
+    # capturable on CUDA in every run: eager and graphed runs do the same optimizer arithmetic
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, capturable=dev == "cuda")
     losses, times, host = [], [], []
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -375,6 +378,13 @@ def main() -> None:
             same = all(r["loss_bits"] == rs[0]["loss_bits"] and
                        r["weights_sha"] == rs[0]["weights_sha"] for r in rs[1:])
             print(f"{impl}: {len(rs)} runs, losses and final weights bitwise identical: {same}")
+    for impl, rs in by.items():
+        eager = by.get(impl.removesuffix("-graph"))
+        if impl.endswith("-graph") and eager:
+            same = (rs[0]["loss_bits"] == eager[0]["loss_bits"] and
+                    rs[0]["weights_sha"] == eager[0]["weights_sha"])
+            print(f"{impl} against eager {impl.removesuffix('-graph')}: losses and final "
+                  f"weights bitwise identical: {same}")
     if by.get("hf"):
         ref = by["hf"][0]["losses"]
         for r in results:
