@@ -35,16 +35,19 @@ def test_repeat_bitwise_three_runs_with_other_work_between():
 
 def test_repeat_bitwise_head_dim_256_bf16():
     """Qwen3-Next's attention (D 256, bf16, GQA 4:1) under the rule's own tiles for it; and
-    the inputs can see a reordered dK sum through bf16 rounding: the 67-token document's
+    the inputs can see a reordered dK sum through bf16 rounding: the long document's
     fp32 partials (4 heads x the rule's query blocks) summed in other orders change dK's
-    bf16 bits in several of 20 orders."""
-    case = make(lens_q=[1, 67], Hq=4, Hkv=1, D=256, dtype=torch.bfloat16, seed=32)
+    bf16 bits in several of 20 orders. The long document spans three of the rule's query
+    blocks (67 tokens on the interpreter's 32-row blocks, 259 on CUDA's 128), so its dK rows
+    sum 12 partials."""
+    block_m = make_plan(256, torch.bfloat16, DEV).dkdv_block_m
+    case = make(lens_q=[1, 2 * block_m + 3], Hq=4, Hkv=1, D=256, dtype=torch.bfloat16, seed=32)
     first = assert_bitwise_repeat(lambda: [run(gqa_det, case)[n] for n in GRADS], repeats=2)
     got = dict(zip(GRADS, first, strict=True))
     scale = 256 ** -0.5
     q, k, v, do = (case[n][1:].float() for n in ("q", "k", "v", "do"))  # the long document
     parts = _dk_partials(q, k, v, do, got["out"][1:].float(), got["lse"][:, 1:].float(),
-                         scale, make_plan(256, torch.bfloat16, DEV).dkdv_block_m)
+                         scale, block_m)
     ordered = torch.zeros_like(parts[0])
     for part in parts:  # the kernel's order: heads, then query blocks
         ordered = ordered + part
