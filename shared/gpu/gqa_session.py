@@ -218,7 +218,8 @@ SWEEP = {  # (package, D): plan changes tried at the benchmark shape of that D
     # shape (128-row steps over 32 keys) and 32-key programs.
     ("det", 256): [dict(), dict(dkdv_stages=3), dict(dq_block_n=64, dq_stages=2),
                    dict(dq_block_m=64, dq_warps=4), dict(dq_block_m=64, dq_block_n=64),
-                   dict(fwd_block_m=64, fwd_warps=4), dict(fwd_block_n=32, fwd_stages=3)],
+                   dict(fwd_block_m=64, fwd_warps=4), dict(fwd_block_n=32, fwd_stages=3),
+                   dict(dkdv_block_m=64), dict(dq_block_m=64, dq_block_n=64, dq_warps=4)],
     ("det", 128): [dict(), dict(dkdv_block_m=128, dkdv_block_n=32, dkdv_warps=8),
                    dict(dkdv_block_n=32), dict(dq_block_n=128, dq_stages=2)],
     ("nondet", 256): [dict()],
