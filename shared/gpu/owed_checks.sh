@@ -31,9 +31,9 @@ case ${1:-} in
     anchors
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:):/tmp/anchors_site
     export TRITON_CACHE_AUTOTUNING=1  # FLA's tuned configs shared by the runs' processes
-    timeout 520 python3 packages/cake-transformers/benchmarks/bench_cake_transformers.py \
-      --size 100m --steps 30 --warmup 5 --runs ${RUNS:-cake,hf,cake-graph,cake-graph,hf-graph} \
-      --timeout 150 --out "$OUT/tf.json" > "$OUT/tf.txt" 2>&1
+    timeout ${MODEL_TIMEOUT:-520} python3 packages/cake-transformers/benchmarks/bench_cake_transformers.py \
+      --size 100m --steps ${STEPS:-30} --warmup 5 --runs ${RUNS:-cake,hf,cake-graph,cake-graph,hf-graph} \
+      --timeout ${RUN_TIMEOUT:-150} --out "$OUT/tf.json" > "$OUT/tf.txt" 2>&1
     # the torch.profiler tables (rows with %) stay in tf.json / tf.txt; the rest is printed
     grep -vE "%|^-+|^ *Name|^$" "$OUT/tf.txt" | cut -c1-180 | tail -120
     if [ "${MORE:-0}" = 1 ]; then
