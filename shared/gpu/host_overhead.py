@@ -3,6 +3,9 @@ so small that the GPU's work is negligible (issue 45: a cake call's host overhea
 torch's). Forward, and forward + backward, each issued 200 times without waiting.
 
     python shared/gpu/host_overhead.py            # CUDA: the real launches
+    python shared/gpu/host_overhead.py --profile rmsnorm,dense_projection
+        # cProfile of 200 forward and 100 forward + backward calls of the named families:
+        # where their host time goes (functions by own time)
     TRITON_INTERPRET=1 python shared/gpu/host_overhead.py --stub
         # a CPU: every Triton launch stubbed out (no kernel runs), so cake's column is its
         # Python alone and torch's is torch's CPU op; the launches' own host cost is not in it
@@ -135,7 +138,34 @@ def cases():
             qg, kg, vg, gk, beta, use_qk_l2norm_in_kernel=True)) if fla_kda else None
 
 
+def profile(names):
+    import cProfile
+    import io
+    import pstats
+
+    for name, cake, _ in cases():
+        if name not in names:
+            continue
+        for label, f, n in (("fwd", cake[0], 200), ("fwd+bwd", cake[1], 100)):
+            for _ in range(3):
+                f()
+            sync()
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(n):
+                f()
+            pr.disable()
+            sync()
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(22)
+            body = buf.getvalue()
+            print(f"== {name} {label}: {n} calls, functions by own time\n" +
+                  body[body.find("ncalls"):].rstrip()[:4000], flush=True)
+
+
 def main():
+    if "--profile" in sys.argv:
+        return profile(sys.argv[sys.argv.index("--profile") + 1].split(","))
     print(f"host us per call ({'CPU, launches stubbed' if STUB else DEV}), torch "
           f"{torch.__version__}; ratio = cake / torch")
     print(f"{'family':18s} {'fwd cake':>9s} {'torch':>8s} {'ratio':>6s}   "

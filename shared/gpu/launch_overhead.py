@@ -1,7 +1,7 @@
 """Host microseconds per Triton launch on this machine (CUDA): where a training step's host
 time goes when a kernel launch itself is the cost.
 
-    python shared/gpu/launch_overhead.py
+    python shared/gpu/launch_overhead.py [--profile]
 
 Launches an empty kernel 2000 times without waiting, for: 2 tensor arguments; 40 integer
 arguments (strides, sizes) and 8 constexprs, positional; the same with the constexprs as
@@ -9,6 +9,8 @@ keywords and a grid callable (the form cake's wrappers use); 2 host-side TMA
 ``TensorDescriptor`` arguments. Prints the median of 5 rounds per form, and ``torch.empty``'s
 and a small torch op's host cost for scale.
 """
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -55,11 +57,29 @@ def main():
             TensorDescriptor(a, list(a.shape), list(a.stride()), [64, 64]))
     except ImportError:
         pass
+    # the floor: the compiled kernel's own launcher, called as JITFunction.run ends
+    for name, kern, args in (("2 tensors", _two, (x, x)),
+                             ("40 ints + 8 constexprs", _many, (x, x, *ints, *ks.values()))):
+        ck = kern[(1,)](*args)
+        stream = torch.cuda.current_stream().cuda_stream
+        forms[f"{name}, CompiledKernel.run directly"] = (
+            lambda ck=ck, args=args, stream=stream: ck.run(
+                1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args))
     forms["torch.empty(1024)"] = lambda: torch.empty(1024, device="cuda")
     forms["torch.add(x, 1)"] = lambda: torch.add(x, 1)
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     for name, f in forms.items():
         print(f"host us per call: {per_launch_us(f):7.1f}  {name}", flush=True)
+    if "--profile" in sys.argv:  # where a keyword launch's host time goes
+        import cProfile
+        import pstats
+        f = forms["same, constexprs by keyword, grid callable"]
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(2000):
+            f()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
 
 
 if __name__ == "__main__":
