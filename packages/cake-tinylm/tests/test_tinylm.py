@@ -145,6 +145,46 @@ def test_train_config_validation():
         TrainConfig(dtype="float16")
     with pytest.raises(ValueError):
         TrainConfig(device="tpu")
+    with pytest.raises(ValueError, match="cuda_graph"):
+        TrainConfig(cuda_graph="yes")
+
+
+def test_cuda_graph_option(tmp_path, capsys):
+    """``--cuda-graph``: auto captures on CUDA only, off never, on refuses a CPU job up front
+    (exit 2, before the corpus is read)."""
+    from cake_tinylm.train import use_cuda_graph
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not use_cuda_graph(TrainConfig(), cpu)
+    assert use_cuda_graph(TrainConfig(), cuda)
+    assert not use_cuda_graph(TrainConfig(cuda_graph="off"), cuda)
+    with pytest.raises(ValueError, match="--cuda-graph on needs a CUDA device"):
+        use_cuda_graph(TrainConfig(cuda_graph="on"), cpu)
+    assert main(["train", "--device", "cpu", "--cuda-graph", "on", "--text",
+                 str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert "--cuda-graph on needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_job_gives_the_eager_bits(tmp_path):
+    """CUDA: a job whose steps replay one captured graph trains to the eager job's bits (the
+    same losses at every step and the same final weights) in both cake runs."""
+    from cake_tinylm import run_job
+
+    def job(mode):
+        cfg = TrainConfig(steps=6, batch_size=2, seq_len=64, d_model=64, n_layers=2, n_heads=4,
+                          bytes=60_000, device="cuda", out=str(tmp_path / mode), val_windows=4,
+                          warmup=3, cuda_graph=mode)
+        return run_job(cfg, progress=False)
+
+    eager, graphed = job("off"), job("on")
+    assert graphed.identical and all(r.cuda_graph for r in graphed.runs)
+    assert not any(r.cuda_graph for r in eager.runs)
+    for e, g in zip(eager.runs[:2], graphed.runs[:2], strict=True):
+        assert torch.equal(e.losses.view(torch.int32), g.losses.view(torch.int32)), e.name
+    assert all(torch.equal(p, q) for p, q in zip(eager.runs[0].model.parameters(),
+                                                 graphed.runs[0].model.parameters(),
+                                                 strict=True))
 
 
 def test_cli_help(capsys):
@@ -167,6 +207,7 @@ def test_cli_help(capsys):
         "--bytes",
         "--device",
         "--mixer",
+        "--cuda-graph",
     ):
         assert opt in out
     assert "{attention,gdn,kda}" in out

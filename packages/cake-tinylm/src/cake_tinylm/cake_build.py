@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:690769b53bcdb464fee61de8053da19503ad650d7a6ba335448324c5bb315f75"
+SOURCE_DIGEST = "sha256:50ce9eea60debefb3580d1cb80fae1bf9a1acd97fd4a233517ba2644b3978e2f"
 # --- end of generated block ---
 
 MANIFEST = {

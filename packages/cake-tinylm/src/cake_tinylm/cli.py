@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(every document so) (default: %(default)s)")
     p.add_argument("--cp-exchange", choices=("allgather", "ring"), default="allgather",
                    help="the delta-rule state exchange (default: %(default)s)")
+    p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default=cpu["cuda_graph"],
+                   help="capture each run's training step once in a CUDA graph and replay it "
+                   "per batch (the host issues one replay per step, not every launch); auto = "
+                   "on for CUDA, on needs CUDA (default: %(default)s)")
     p.add_argument("--out", default=cpu["out"], help="output directory (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     return parser
@@ -179,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             text=args.text,
             bytes=args.bytes,
             out=args.out,
+            cuda_graph=args.cuda_graph,
             **overrides,
         )
         if args.cp > 1 and args.model != "tinylm":

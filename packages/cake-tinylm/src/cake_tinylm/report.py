@@ -123,6 +123,7 @@ def report_dict(result: JobResult) -> dict[str, object]:
                 "val_loss": r.val_loss,
                 "tokens_per_s": r.tokens_per_s,
                 "seconds": r.seconds,
+                "cuda_graph": r.cuda_graph,
                 "losses": r.losses.tolist(),
             }
             for r in result.runs
@@ -147,6 +148,9 @@ def format_summary(result: JobResult) -> str:
         f"largest |loss gap| cake-a vs torch:       {result.max_gap_torch:.3e}",
         f"device: {result.device_name}; total {result.seconds:.1f} s",
     ]
+    if any(r.cuda_graph for r in result.runs):
+        lines.append("each run's step captured once in a CUDA graph and replayed per batch "
+                     "(--cuda-graph); tokens/s include the warm-up and the capture")
     if result.device == "cpu":
         lines.append("(on the CPU cake's kernels run in Triton's interpreter: its tokens/s "
                      "say nothing of the kernels' speed)")

@@ -44,6 +44,7 @@ __all__ = [
     "resolve_device",
     "run_job",
     "train_once",
+    "use_cuda_graph",
 ]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -94,6 +95,10 @@ class TrainConfig:
             blocks' load-balancing losses.
         mhc: residual streams of hyper-connections around every sub-layer (2, 4 or 8;
             ``cake_mhc_det_train`` in the cake runs), or 0 (default) for the plain residual.
+        cuda_graph: ``"auto"`` (default: on for CUDA), ``"on"`` or ``"off"``: on CUDA, each
+            run's training step (forward, backward, clipping, AdamW) is captured once in a
+            CUDA graph and replayed per batch, so the host issues one replay per step
+            instead of every launch (see :func:`train_once`); ``"on"`` needs CUDA.
         model: ``"tinylm"`` (default: :class:`~cake_tinylm.model.TinyLM`) or a
             ``transformers`` model of :data:`~cake_tinylm.hf.HF_MODELS` (``"qwen3-next"``:
             built from ``d_model``, ``n_layers``, ``n_heads``, ``seq_len`` and the experts
@@ -125,6 +130,7 @@ class TrainConfig:
     moe_top_k: int = 0
     mhc: int = 0
     model: str = "tinylm"
+    cuda_graph: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len", "bytes", "val_windows"):
@@ -138,6 +144,8 @@ class TrainConfig:
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if self.warmup < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("warmup, grad_clip and weight_decay must be >= 0")
+        if self.cuda_graph not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graph must be auto, on or off, got {self.cuda_graph!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.model != "tinylm" and (self.mixer != "attention" or self.mhc
@@ -191,6 +199,7 @@ class RunResult:
         val_loss: mean cross entropy over the validation windows after training (nats/byte).
         seconds: wall time of the training loop (validation excluded).
         tokens_per_s: ``steps * batch_size * seq_len / seconds``.
+        cuda_graph: the steps ran as replays of one captured CUDA graph.
         model: the trained model (a :class:`~cake_tinylm.model.TinyLM`, or a
             :class:`~cake_tinylm.hf.HFCausalLM` around a ``transformers`` model).
     """
@@ -202,6 +211,7 @@ class RunResult:
     seconds: float
     tokens_per_s: float
     model: nn.Module = field(repr=False)
+    cuda_graph: bool = False
 
     @property
     def final_train_loss(self) -> float:
@@ -375,28 +385,52 @@ def train_once(
         A :class:`RunResult` (losses as an fp32 CPU tensor ``[steps]``).
     """
     device = next(model.parameters()).device
+    graph = use_cuda_graph(cfg, device)
+    cuda = device.type == "cuda"
+    # on CUDA the learning rate is a device tensor and AdamW capturable, in eager runs too:
+    # a graphed run then does its eager run's arithmetic (the same bits)
+    lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device) if cuda else cfg.lr
     opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
+        capturable=cuda,
     )
     steps, bsz = starts.shape
     tokens_per_step = bsz * cfg.seq_len
     bar = _Bar(name, steps, progress)
     losses: list[torch.Tensor] = []
     model.train()
-    _sync(device)
-    t0 = time.perf_counter()
-    for step in range(steps):
-        if cfg.warmup:
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
-        x, y = get_batch(train_data, starts[step], cfg.seq_len, device)
+
+    def step_body(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        losses.append(loss.detach())
+        return loss
+
+    def set_lr(step: int) -> None:
+        if cfg.warmup:
+            value = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+            for group in opt.param_groups:
+                if cuda:
+                    group["lr"].fill_(value)
+                else:
+                    group["lr"] = value
+
+    _sync(device)
+    t0 = time.perf_counter()
+    if graph:
+        replay = _capture_step(model, opt, step_body, *get_batch(
+            train_data, starts[0], cfg.seq_len, device))
+    for step in range(steps):
+        set_lr(step)
+        x, y = get_batch(train_data, starts[step], cfg.seq_len, device)
+        if graph:
+            loss = replay(x, y)
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss = step_body(x, y)
+        losses.append(loss.detach().clone())
         if bar.wants(step + 1):
             bar.update(step + 1, float(loss.detach()), (step + 1) * tokens_per_step)
     _sync(device)
@@ -411,7 +445,62 @@ def train_once(
         seconds=seconds,
         tokens_per_s=steps * tokens_per_step / max(seconds, 1e-9),
         model=model,
+        cuda_graph=graph,
     )
+
+
+def use_cuda_graph(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether :func:`train_once` captures the step: ``cfg.cuda_graph`` ``"on"``, or
+    ``"auto"`` on a CUDA device.
+
+    Raises:
+        ValueError: ``"on"`` on a device other than CUDA.
+    """
+    if cfg.cuda_graph == "on" and device.type != "cuda":
+        raise ValueError(f"--cuda-graph on needs a CUDA device; this job runs on {device}")
+    return cfg.cuda_graph != "off" and device.type == "cuda"
+
+
+def _capture_step(model: nn.Module, opt: torch.optim.Optimizer, step_body, x0: torch.Tensor,
+                  y0: torch.Tensor):
+    """Capture one training step of ``step_body`` in a CUDA graph, as PyTorch's whole-network
+    capture does: three warm-up steps on a side stream on the batch ``(x0, y0)`` (they
+    compile the kernels and create the optimizer's state), the capture (gradients set to
+    ``None`` first, so the captured backward writes fresh ones at every replay), then the
+    weights and the optimizer's state put back to their values before the warm-up, so the
+    replays train from the run's initial weights like an eager run. Returns ``replay(x, y)``:
+    copies the batch into the graph's input buffers, replays, and returns the step's loss
+    (a buffer the next replay overwrites)."""
+    params = list(model.parameters())
+    start = [p.detach().clone() for p in params]
+    static_x, static_y = x0.clone(), y0.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step_body(static_x, static_y)
+    torch.cuda.current_stream().wait_stream(side)
+    opt.zero_grad(set_to_none=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_loss = step_body(static_x, static_y)
+    with torch.no_grad():  # the captured addresses stay; their values go back
+        for p, p0 in zip(params, start, strict=True):
+            p.copy_(p0)
+        for state in opt.state.values():
+            for v in state.values():
+                if torch.is_tensor(v):
+                    v.zero_()
+    del start
+
+    def replay(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        static_x.copy_(x)
+        static_y.copy_(y)
+        g.replay()
+        return static_loss
+
+    return replay
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -451,6 +540,7 @@ def run_job(
     """
     t_job = time.perf_counter()
     device = resolve_device(cfg.device)
+    use_cuda_graph(cfg, device)  # "--cuda-graph on" without CUDA: refused before any work
     spec = HF_MODELS.get(cfg.model)
     if spec is not None:
         require_hf(spec)  # the missing-package error before the corpus is read
