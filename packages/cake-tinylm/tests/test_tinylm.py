@@ -165,6 +165,49 @@ def test_cuda_graph_option(tmp_path, capsys):
     assert "--cuda-graph on needs a CUDA device" in capsys.readouterr().err
 
 
+def test_failed_capture_puts_the_run_back(monkeypatch):
+    """A step that cannot be captured (here: the capture itself raises, as a host sync
+    inside it would) propagates the error with the weights back at their values before the
+    warm-up steps, the optimizer's state zeroed and no gradients (CUDA's stream calls stubbed
+    so this runs on a CPU)."""
+    import contextlib
+
+    from cake_tinylm.train import _capture_step
+
+    class _Stream:
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def failing_graph(g):
+        yield
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph", failing_graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    torch.manual_seed(0)
+    model = build_model(SMALL, "torch")
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def body(x, y):
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = torch.randint(0, 256, (2, 16))
+    with pytest.raises(RuntimeError, match="capturing"):
+        _capture_step(model, opt, body, x, x)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    assert all(p.grad is None for p in model.parameters())
+    assert opt.state and all(not v.any() for st in opt.state.values() for v in st.values())
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_cuda_graph_job_gives_the_eager_bits(tmp_path):
     """CUDA: a job whose steps replay one captured graph trains to the eager job's bits (the

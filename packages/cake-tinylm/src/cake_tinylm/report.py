@@ -124,6 +124,7 @@ def report_dict(result: JobResult) -> dict[str, object]:
                 "tokens_per_s": r.tokens_per_s,
                 "seconds": r.seconds,
                 "cuda_graph": r.cuda_graph,
+                "cuda_graph_note": r.cuda_graph_note,
                 "losses": r.losses.tolist(),
             }
             for r in result.runs
@@ -151,6 +152,9 @@ def format_summary(result: JobResult) -> str:
     if any(r.cuda_graph for r in result.runs):
         lines.append("each run's step captured once in a CUDA graph and replayed per batch "
                      "(--cuda-graph); tokens/s include the warm-up and the capture")
+    for r in result.runs:
+        if r.cuda_graph_note:
+            lines.append(f"{r.name}: not captured, eager steps ({r.cuda_graph_note})")
     if result.device == "cpu":
         lines.append("(on the CPU cake's kernels run in Triton's interpreter: its tokens/s "
                      "say nothing of the kernels' speed)")

@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -200,6 +201,8 @@ class RunResult:
         seconds: wall time of the training loop (validation excluded).
         tokens_per_s: ``steps * batch_size * seq_len / seconds``.
         cuda_graph: the steps ran as replays of one captured CUDA graph.
+        cuda_graph_note: why a capture the config asked for failed (the steps then ran
+            eagerly from the run's initial weights), else ``None``.
         model: the trained model (a :class:`~cake_tinylm.model.TinyLM`, or a
             :class:`~cake_tinylm.hf.HFCausalLM` around a ``transformers`` model).
     """
@@ -212,6 +215,7 @@ class RunResult:
     tokens_per_s: float
     model: nn.Module = field(repr=False)
     cuda_graph: bool = False
+    cuda_graph_note: str | None = None
 
     @property
     def final_train_loss(self) -> float:
@@ -419,9 +423,15 @@ def train_once(
 
     _sync(device)
     t0 = time.perf_counter()
+    graph_note = None
     if graph:
-        replay = _capture_step(model, opt, step_body, *get_batch(
-            train_data, starts[0], cfg.seq_len, device))
+        try:
+            replay = _capture_step(model, opt, step_body, *get_batch(
+                train_data, starts[0], cfg.seq_len, device))
+        except RuntimeError as exc:  # a host sync or an upload inside the step
+            graph, graph_note = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+            warnings.warn(f"{name}: the step could not be captured in a CUDA graph; its "
+                          f"steps run eagerly ({graph_note})", stacklevel=2)
     for step in range(steps):
         set_lr(step)
         x, y = get_batch(train_data, starts[step], cfg.seq_len, device)
@@ -446,6 +456,7 @@ def train_once(
         tokens_per_s=steps * tokens_per_step / max(seconds, 1e-9),
         model=model,
         cuda_graph=graph,
+        cuda_graph_note=graph_note,
     )
 
 
@@ -470,28 +481,36 @@ def _capture_step(model: nn.Module, opt: torch.optim.Optimizer, step_body, x0: t
     weights and the optimizer's state put back to their values before the warm-up, so the
     replays train from the run's initial weights like an eager run. Returns ``replay(x, y)``:
     copies the batch into the graph's input buffers, replays, and returns the step's loss
-    (a buffer the next replay overwrites)."""
+    (a buffer the next replay overwrites). A capture that fails raises its error, with the
+    weights and the optimizer's state put back all the same."""
     params = list(model.parameters())
     start = [p.detach().clone() for p in params]
     static_x, static_y = x0.clone(), y0.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
+    captured = False
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                step_body(static_x, static_y)
+        torch.cuda.current_stream().wait_stream(side)
+        opt.zero_grad(set_to_none=True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_loss = step_body(static_x, static_y)
+        captured = True
+    finally:  # captured or not, the run starts from its initial weights and a fresh state
+        torch.cuda.synchronize()
+        with torch.no_grad():  # the captured addresses stay; their values go back
+            for p, p0 in zip(params, start, strict=True):
+                p.copy_(p0)
+            for state in opt.state.values():
+                for v in state.values():
+                    if torch.is_tensor(v):
+                        v.zero_()
+        if not captured:  # the eager steps that follow start without gradients
             opt.zero_grad(set_to_none=True)
-            step_body(static_x, static_y)
-    torch.cuda.current_stream().wait_stream(side)
-    opt.zero_grad(set_to_none=True)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_loss = step_body(static_x, static_y)
-    with torch.no_grad():  # the captured addresses stay; their values go back
-        for p, p0 in zip(params, start, strict=True):
-            p.copy_(p0)
-        for state in opt.state.values():
-            for v in state.values():
-                if torch.is_tensor(v):
-                    v.zero_()
     del start
 
     def replay(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
