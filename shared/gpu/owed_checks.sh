@@ -6,6 +6,8 @@
 #   bash shared/gpu/owed_checks.sh model    issue 43: Qwen3-Next 129M, eager cake / hf and the
 #                                           step captured in a CUDA graph (cake twice, hf);
 #                                           MORE=1: host-time measurements of earlier calls
+#   bash shared/gpu/owed_checks.sh mainjob  issue 45: cake-tinylm train on CUDA with and
+#                                           without --cuda-graph, and its CUDA test
 #   bash shared/gpu/owed_checks.sh suites   issues 41, 43, 44: GQA at D 256 in bf16, the
 #                                           patched model's whole-step CUDA graph, the
 #                                           rmsnorm nondet table with more rounds
@@ -68,6 +70,16 @@ case ${1:-} in
     grep -hE "^(FAILED|E  |/.*Error)" /tmp/q_*.txt | cut -c1-300 | sort -u | head -40
     timeout 120 python3 packages/cake-rmsnorm-nondet-train/benchmarks/bench_*.py --rounds 7 2>&1 | tail -6
     timeout 90 python3 packages/cake-dense-projection-nondet-gemm/benchmarks/bench_*.py --rounds 3 2>&1 | tail -6 ;;
-  *) echo "usage: $0 engine|model|suites"; exit 2 ;;
+  mainjob)
+    # issue 45: the main job's CUDA default with each run's step in a CUDA graph, beside the
+    # same job eager, and the test that the graphed steps give the eager bits
+    export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
+    for g in on off; do
+      timeout 200 python3 -m cake_tinylm train --steps 30 --no-progress --cuda-graph $g \
+        --out "$OUT/tinylm_$g" 2>&1 | tail -14
+    done
+    timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short \
+      packages/cake-tinylm/tests/test_tinylm.py -k cuda_graph 2>&1 | tail -8 ;;
+  *) echo "usage: $0 engine|model|suites|mainjob"; exit 2 ;;
 esac
 echo "owed_checks $1: $((SECONDS - S)) s"
