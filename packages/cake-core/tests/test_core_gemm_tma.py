@@ -99,12 +99,38 @@ def test_tma_accumulate_split1():
     assert_close_to_reference(acc - start, ref, torch.float32, tol=1e-5)
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tma_scale_from_the_device(dtype, persistent):
+    """``scale`` (a one-element fp32 device tensor, the LM head's upstream gradient) multiplies
+    the fp32 product before the cast (16-bit out: the TMA store) and before the fp32
+    accumulate; the same values as the pointer kernel's scale, and bitwise repeatable."""
+    dy, x, ref = _wgrad_inputs(dtype, seed=50)
+    g = torch.tensor([-0.37], dtype=torch.float32, device=DEV)
+    out = poison_(torch.empty(N, K, dtype=dtype, device=DEV))
+    matmul(dy.t(), x, out, tma=True, persistent=persistent, scale=g, **TILES)
+    assert_close_to_reference(out, ref * -0.37, dtype)
+    ptr = poison_(torch.empty(N, K, dtype=dtype, device=DEV))
+    matmul(dy.t(), x, ptr, scale=g, **TILES)
+    torch.testing.assert_close(out.double(), ptr.double(), rtol=2e-2, atol=2e-2)
+    again = poison_(torch.empty(N, K, dtype=dtype, device=DEV))
+    matmul(dy.t(), x, again, tma=True, persistent=persistent, scale=g, **TILES)
+    assert bitwise_equal(out, again)
+    start = randn((N, K), torch.float32, DEV, seed=51)
+    acc = start.clone()
+    matmul(dy.t(), x, acc, accumulate=True, tma=True, persistent=persistent, scale=g, **TILES)
+    assert_close_to_reference(acc - start, ref * -0.37, torch.float32, tol=1e-4)
+
+
 def test_tma_refusals():
     a = torch.ones(32, 24, dtype=torch.bfloat16, device=DEV)
     b = torch.ones(24, 32, dtype=torch.bfloat16, device=DEV)
     out = torch.empty(32, 32, dtype=torch.bfloat16, device=DEV)
-    with pytest.raises(ValueError, match="bias and scale"):
+    with pytest.raises(ValueError, match="bias is not supported"):
         matmul(a, b, out, bias=torch.ones(32, dtype=torch.bfloat16, device=DEV), tma=True)
+    with pytest.raises(ValueError, match="split == 1 only"):
+        matmul(a, b, out, split=2, partials=torch.empty(2, 32, 32, device=DEV), tma=True,
+               scale=torch.ones(1, device=DEV))
     with pytest.raises(ValueError, match="16 bytes"):  # 7 bf16 = 14-byte rows
         matmul(torch.ones(32, 7, dtype=torch.bfloat16, device=DEV),
                torch.ones(7, 32, dtype=torch.bfloat16, device=DEV), out, tma=True)

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:7cfb38dd9c256bca5158fdbf4ca443e27db86eaf937d1fa17b4dd012341e6971"
+SOURCE_DIGEST = "sha256:63ee1a05ab04fa4f74e73328c286dab86ea5cf29924be59fb38c22c215d1746e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4685f18d6de18f5e097fe9d168d9acf0a8fb93585820acc54e7ba564af0c9ac1"
+SOURCE_DIGEST = "sha256:8e7ca96c3cff8b7dbc5543165be3c6dad38d53b77ab68723ee38b5b751b4b8bd"
 # --- end of generated block ---
 
 MANIFEST = {

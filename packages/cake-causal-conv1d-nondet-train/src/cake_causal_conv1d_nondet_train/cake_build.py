@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c18ee6f941f458b6032fa3f45cae38268146a2a64955c92a6538685fc0373620"
+SOURCE_DIGEST = "sha256:639a7fb774880b73e72a4f6abdba7abbf8415f9afe53e576568ae11d7647bbfb"
 # --- end of generated block ---
 
 MANIFEST = {

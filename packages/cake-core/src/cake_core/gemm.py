@@ -13,7 +13,7 @@ Families that multiply (dense projection, LM-head loss, MoE grouped GEMM) reuse 
   to ``out``'s dtype or added into an fp32 accumulator (Megatron's ``main_grad``).
 - :func:`group_sum_cast_kernel`: the fixed-order sum of per-value-head gradients into their
   q/k heads (GDN, KDA) fused with the cast to the output dtype.
-- :func:`matmul_tma_kernel`: the same product (no bias, no scale) with A and B read through
+- :func:`matmul_tma_kernel`: the same product (no bias; the device scale) with A and B read through
   TMA tensor descriptors (host-side :class:`triton.tools.tensor_descriptor.TensorDescriptor`,
   so no device scratch allocator is needed) instead of masked pointer loads; out-of-range
   rows and columns come back as zeros from the descriptor. A transposed operand (``dy.t()``
@@ -119,11 +119,11 @@ def matmul_kernel(
 
 
 @triton.jit
-def _tma_tile(A_DESC, B_DESC, C, C_DESC, tile, s, M, N, K, k_per_split, n_tiles_m, n_tiles_n,
-              stride_cs, stride_cm, stride_cn,
+def _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, tile, s, M, N, K, k_per_split, n_tiles_m,
+              n_tiles_n, stride_cs, stride_cm, stride_cn,
               A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
-              IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+              IEEE: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """Output tile ``tile`` (grouped order, as in matmul_kernel) of reduction slice ``s``."""
     in_group = GROUP_M * n_tiles_n
     first_m = (tile // in_group) * GROUP_M
@@ -145,6 +145,8 @@ def _tma_tile(A_DESC, B_DESC, C, C_DESC, tile, s, M, N, K, k_per_split, n_tiles_
         else:
             b = B_DESC.load([k0, off_n])
         acc = _mma(a, b, acc, IEEE)
+    if HAS_SCALE:  # a device scalar (no host sync), as in matmul_kernel
+        acc = acc * tl.load(SCALE).to(tl.float32)
     if C_TMA:  # split 1, no accumulate: a TMA store (clipped at the edges) of the cast tile
         C_DESC.store([off_m, off_n], acc.to(C_DESC.dtype))
     else:
@@ -160,16 +162,17 @@ def _tma_tile(A_DESC, B_DESC, C, C_DESC, tile, s, M, N, K, k_per_split, n_tiles_
 
 @triton.jit
 def matmul_tma_kernel(
-    A_DESC, B_DESC, C, C_DESC,
+    A_DESC, B_DESC, C, C_DESC, SCALE,
     M, N, K, k_per_split, n_tiles_m, n_tiles_n, n_splits,
     stride_cs, stride_cm, stride_cn,
     A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, HAS_SCALE: tl.constexpr,
     PERSISTENT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    """``C[s] (+)= A[:, Kslice_s] @ B[Kslice_s, :]`` with TMA-descriptor operand loads.
+    """``C[s] (+)= scale * (A[:, Kslice_s] @ B[Kslice_s, :])`` with TMA-descriptor operand
+    loads (``HAS_SCALE``: the fp32 scalar at ``SCALE``; split 1 only, as the host enforces).
 
     Not persistent: grid ``(tiles, n_splits)``, one output tile of one slice per program.
     Persistent: a 1-D grid of P programs; program p takes work items ``w = p, p + P, ...``
@@ -179,13 +182,15 @@ def matmul_tma_kernel(
     if PERSISTENT:
         n_tiles = n_tiles_m * n_tiles_n
         for w in range(tl.program_id(0), n_tiles * n_splits, tl.num_programs(0)):
-            _tma_tile(A_DESC, B_DESC, C, C_DESC, w % n_tiles, w // n_tiles, M, N, K,
+            _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, w % n_tiles, w // n_tiles, M, N, K,
                       k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
-                      A_T, B_T, C_TMA, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                      A_T, B_T, C_TMA, ACCUMULATE, IEEE, HAS_SCALE, BLOCK_M, BLOCK_N, BLOCK_K,
+                      GROUP_M)
     else:
-        _tma_tile(A_DESC, B_DESC, C, C_DESC, tl.program_id(0), tl.program_id(1), M, N, K,
-                  k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
-                  A_T, B_T, C_TMA, ACCUMULATE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+        _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, tl.program_id(0), tl.program_id(1), M, N,
+                  K, k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
+                  A_T, B_T, C_TMA, ACCUMULATE, IEEE, HAS_SCALE, BLOCK_M, BLOCK_N, BLOCK_K,
+                  GROUP_M)
 
 
 @triton.jit
@@ -259,7 +264,8 @@ def _tma_desc(t: torch.Tensor, rows: int, cols: int) -> tuple[TensorDescriptor, 
 
 
 def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_n, block_k,
-                group_m, num_warps, num_stages, persistent, num_programs, tma_store):
+                group_m, num_warps, num_stages, persistent, num_programs, tma_store,
+                scale=None):
     M, K = a.shape
     N = b.shape[1]
     for t, name in ((a, "a"), (b, "b")):
@@ -302,8 +308,10 @@ def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_
     else:
         grid = (tiles_m * tiles_n, split)
     matmul_tma_kernel[grid](
-        a_desc, b_desc, c, c_desc, M, N, K, k_per_split, tiles_m, tiles_n, split, *strides,
+        a_desc, b_desc, c, c_desc, scale if scale is not None else c, M, N, K, k_per_split,
+        tiles_m, tiles_n, split, *strides,
         A_T=a_t, B_T=b_t, C_TMA=bool(tma_store), ACCUMULATE=accumulate and acc_in_kernel, IEEE=ieee,
+        HAS_SCALE=scale is not None,
         PERSISTENT=bool(persistent), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     if split > 1:
@@ -342,8 +350,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
             Hopper's bulk tensor copies on sm_90+, the interpreter elsewhere) instead of
             pointer loads. Each of ``a`` and ``b`` must be row-major or a transposed view of
             a row-major matrix, with the other stride a multiple of 16 bytes and a 16-byte
-            aligned start (:func:`tma_layout_problem`); blocks <= 256; no ``bias``, no
-            ``scale``; K >= 1. Else ``ValueError`` before any launch (no silent fallback).
+            aligned start (:func:`tma_layout_problem`); blocks <= 256; no ``bias``
+            (``scale`` as above); K >= 1. Else ``ValueError`` before any launch (no silent
+            fallback).
             Same fp32 accumulation, tile order and slices as the pointer kernel: results
             agree within rounding, bits are fixed per launch parameters (not promised equal
             to ``tma=False``: the compiler may order the dot's inner products differently).
@@ -363,21 +372,21 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
     if M == 0 or N == 0:
         return out
     ieee = a.dtype == torch.float32 and not allow_tf32
+    if scale is not None and split != 1:
+        raise ValueError("matmul: scale is supported with split == 1 only")
     if tma:
         if not tma_available():
             raise ValueError("matmul(tma=True) needs Triton >= 3.4 (triton.tools."
                              "tensor_descriptor); use tma=False")
-        if bias is not None or scale is not None:
-            raise ValueError("matmul(tma=True): bias and scale are not supported")
+        if bias is not None:
+            raise ValueError("matmul(tma=True): bias is not supported")
         return _matmul_tma(a, b, out, accumulate=accumulate, split=split, partials=partials,
                            ieee=ieee, block_m=block_m, block_n=block_n, block_k=block_k,
                            group_m=group_m, num_warps=num_warps, num_stages=num_stages,
                            persistent=persistent, num_programs=num_programs,
-                           tma_store=tma_store)
+                           tma_store=tma_store, scale=scale)
     if persistent or tma_store:
         raise ValueError("matmul: persistent=True and tma_store=True need tma=True")
-    if scale is not None and split != 1:
-        raise ValueError("matmul: scale is supported with split == 1 only")
     tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)
     kw = dict(IEEE=ieee, HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
               BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8052844b669c13b103ca03768698a1ba8676779f28df12137c188c1b7631a1d1"
+SOURCE_DIGEST = "sha256:fea6a786d0f0d8bd333359a9e4e59564a4b753cd990a2e1cb2a560c14f94476e"
 # --- end of generated block ---
 
 MANIFEST = {

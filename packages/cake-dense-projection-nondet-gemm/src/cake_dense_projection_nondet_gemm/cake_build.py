@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:59adfe094a1d6a5272d055612e1c6b6654e2456648f7178371124f8e8750de44"
+SOURCE_DIGEST = "sha256:5af13c0590ed9131d4812470f7c5fb24d98ba870f6988fcf5a89e2732ea9c859"
 # --- end of generated block ---
 
 REUSES = [

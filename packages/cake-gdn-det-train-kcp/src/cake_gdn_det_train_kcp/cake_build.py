@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c98c9e9b916f07eda3c6abaa842e50a7604af892ab77a70c7e2c284496cc6972"
+SOURCE_DIGEST = "sha256:febecb29f6afbc0a815cc853aae9de7390c11acc3a4f2ab9714a9f02d9ee3ecf"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3007ebee2cb5a3ee4d8f34ecdd3c259747b0ed3f36ec5439a78891013d134ead"
+SOURCE_DIGEST = "sha256:7e74bbaf9df596c256f27d43a12a1d238dd4c92dc0f8453ad0805da438b71faf"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:facafcb019e4453d2cd438c249570a64bb906f82d5c50bd1fcaeb8e0217b1b48"
+SOURCE_DIGEST = "sha256:6a6ea0646db5f9e0f877a5e54322304711032674b76743e17b658ccd886f2918"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

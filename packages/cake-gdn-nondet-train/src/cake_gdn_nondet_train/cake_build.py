@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ea00fa8d2b28f9f5e4211057b8d677c3d5983f80c9f02407af445ee41ca4b369"
+SOURCE_DIGEST = "sha256:d293fed8fcb56a0ee5c38c963d25d2d4ebf17b5d897259d8c6b0e92c8f4017fa"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:2f8835be82c44f315e78a90cdb46e13a6436e44294a187e0d52e3a507d7e55a0"
+SOURCE_DIGEST = "sha256:8101f1c84da7e0f9d7e013964551aadb08535df3b0a096fbd90489c0cf94a3c3"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cdedf1134a2a0fe0812d363665e44a68e86a1ee1fdabe2efea4975b4e81aeeb6"
+SOURCE_DIGEST = "sha256:f751cf52ab61d4262bfa5fe1f1b001b4a79600b02e1b6f42b238af8a2e7e31e8"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:a6704fe7dc078f694ac43acb671b268165785115b7e017fed121725fbc179e7d"
+SOURCE_DIGEST = "sha256:3cae7d782374d95c5f271ec0e7f009c991f49382662d24aec7450cea36c169e5"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

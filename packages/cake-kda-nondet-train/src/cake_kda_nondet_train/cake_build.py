@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:4c7f6b2445a9936d51eec9f6f55c62b2950ea37cd3cfa299e58af8747393d6bc"
+SOURCE_DIGEST = "sha256:5412dedd290c33c8123209c044e7a369766475babfbbe72349e06131b40d896d"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -40,10 +40,10 @@ PLANS = [
                 "loss_block", "logits_block_m", "logits_block_n", "logits_block_k", "dh_block_m",
                 "dh_block_n", "dh_block_k", "dw_block_m", "dw_block_n", "dw_block_k",
                 "gemm_group_m", "gemm_warps", "gemm_stages", "dh_split", "check_labels",
-                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
+                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:50ca9ff5352ac902465b0561b1589309deed618eb1f89ee2d953f897c94c2bff"
+SOURCE_DIGEST = "sha256:081aed548d27afb7fc192abc4dc016f5776e7cdb4efe64ed52ad60df0f12f0da"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:10af3b63507b9f9454f8fd18603482dc5ca1fdd0ad89cfb7ef2247e182067ba9"
+SOURCE_DIGEST = "sha256:b64f19d176be988e92bdc3c3e9311a87d52206b1f05e2826bbbfcac22315d686"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:387679c3385836473a9697677396093895be63e2e3b0e236c6cfd957f4255ae2"
+SOURCE_DIGEST = "sha256:20e79610ff666eeb4c1cb7198c1360b5f4b7cb5bf949280b93eab7cb7f908076"
 # --- end of generated block ---
 
 REUSES = [

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c2bbbc878002a15b2c7c11bda4386b465eccd5d9372d5d423d8c0e912dc64946"
+SOURCE_DIGEST = "sha256:d69c93c551943551f20d6f9c3daad7692b8557bc2f8b83a14bf3122de47c8ddf"
 # --- end of generated block ---
 
 MANIFEST = {

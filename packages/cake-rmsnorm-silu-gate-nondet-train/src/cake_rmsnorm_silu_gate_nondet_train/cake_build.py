@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1270cf50f9979c4bc0dd406f097ff11263a9e4307cfa2a39244a749460c53b9b"
+SOURCE_DIGEST = "sha256:31d314838d4cc028e044eb922b1289179c4c642d410398d739231bb1397d6bde"
 # --- end of generated block ---
 
 MANIFEST = {
