@@ -208,6 +208,146 @@ def test_failed_capture_puts_the_run_back(monkeypatch):
     assert opt.state and all(not v.any() for st in opt.state.values() for v in st.values())
 
 
+def test_failed_capture_run_gives_the_eager_run_bits(monkeypatch):
+    """train_once end to end where the capture fails as torch's does (an op inside the
+    captured step raises, then the capture's exit raises its own error with that one as
+    its context): the run warns, notes both errors, and its eager steps give the bits of a
+    plain eager run (losses, final weights, validation loss), with the learning-rate
+    warm-up inside the steps (CUDA's stream calls stubbed so this runs on a CPU)."""
+    import contextlib
+
+    import cake_tinylm.train as train_mod
+
+    class _Stream:
+        def wait_stream(self, other):
+            pass
+
+    capturing = []
+
+    @contextlib.contextmanager
+    def failing_graph(g):
+        capturing.append(True)
+        try:
+            yield
+        finally:
+            capturing.clear()
+            raise RuntimeError("CUDA error: operation failed due to a previous error during "
+                               "capture\nCUDA kernel errors might be asynchronously reported")
+
+    def refuse_in_capture(module, args):
+        if capturing:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    cfg = TrainConfig(steps=4, batch_size=2, seq_len=16, warmup=2, device="cpu")
+    data = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(1))
+    data = data.to(torch.uint8)
+    starts = batch_starts(data.numel(), cfg.steps, cfg.batch_size, cfg.seq_len, seed=3)
+    val = batch_starts(data.numel(), 1, 2, cfg.seq_len, seed=4)[0]
+    torch.manual_seed(0)
+    init = build_model(SMALL, "torch").state_dict()
+
+    def run(graph: bool):
+        model = build_model(SMALL, "torch")
+        model.load_state_dict(init)
+        model.blocks[0].register_forward_pre_hook(refuse_in_capture)
+        return model, train_mod.train_once("r", model, data, starts, cfg, val_data=data,
+                                           val_starts=val, progress=False)
+
+    eager_model, eager = run(False)
+    monkeypatch.setattr(train_mod, "use_cuda_graph", lambda cfg, device: True)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "graph", failing_graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    with pytest.warns(UserWarning, match="could not be captured"):
+        fell_model, fell = run(True)
+    assert not fell.cuda_graph and not eager.cuda_graph and eager.cuda_graph_note is None
+    assert fell.cuda_graph_note.startswith(
+        "RuntimeError: CUDA error: operation not permitted when stream is capturing; then "
+        "RuntimeError: CUDA error: operation failed due to a previous error during capture")
+    assert "\n" not in fell.cuda_graph_note
+    assert torch.equal(fell.losses.view(torch.int32), eager.losses.view(torch.int32))
+    assert fell.val_loss == eager.val_loss
+    assert all(torch.equal(p, q) for p, q in zip(fell_model.parameters(),
+                                                 eager_model.parameters(), strict=True))
+
+
+def test_capture_failure_note_single_error():
+    from cake_tinylm.train import _capture_failure_note
+
+    assert _capture_failure_note(RuntimeError("boom\nmore")) == "RuntimeError: boom"
+    try:
+        try:
+            raise ValueError("first")
+        except ValueError as exc:
+            raise RuntimeError("second") from exc
+    except RuntimeError as exc:
+        assert _capture_failure_note(exc) == "ValueError: first; then RuntimeError: second"
+
+
+def test_cp_ranks_share_the_single_run_optimizer():
+    """The context-parallel ranks build their AdamW and learning-rate warm-up with the
+    single-process run's helpers (on CUDA: capturable, a device-tensor lr), so the CP job's
+    loss gap is the split's; on a CPU the float lr of the eager job as before."""
+    import inspect
+
+    from cake_tinylm import cp
+    from cake_tinylm.train import _make_optimizer, _set_lr
+
+    src = inspect.getsource(cp._worker)
+    assert "_make_optimizer(model, cfg)" in src and "_set_lr(opt, cfg, step)" in src
+    assert "torch.optim" not in src
+    cfg = TrainConfig(lr=1e-2, warmup=4, weight_decay=0.05)
+    opt = _make_optimizer(build_model(SMALL, "torch"), cfg)
+    g = opt.param_groups[0]
+    assert g["lr"] == 1e-2 and not g["capturable"] and g["betas"] == (0.9, 0.95)
+    assert g["weight_decay"] == 0.05
+    _set_lr(opt, cfg, 0)
+    assert g["lr"] == 1e-2 / 4
+    _set_lr(opt, cfg, 9)
+    assert g["lr"] == 1e-2
+
+
+def test_graph_status_in_summaries():
+    """The job summary names the graphed runs (not "each run" when one fell back) and the
+    fallback's reason; the CP summary and report_cp.json say whether the single-process
+    run was graphed (--cuda-graph covers that run only; the CP runs are eager)."""
+    import json
+
+    from cake_tinylm.cp import CPConfig, CPJobResult, CPRunResult
+    from cake_tinylm.report import format_summary
+    from cake_tinylm.train import JobResult, RunResult
+
+    cfg = TrainConfig(mixer="gdn")
+    losses = torch.rand(3, generator=torch.Generator().manual_seed(5)) + 1.0
+
+    def run(name, graph, note=None):
+        return RunResult(name, "cake", losses, 1.5, 2.0, 100.0, torch.nn.Linear(1, 1),
+                         cuda_graph=graph, cuda_graph_note=note)
+
+    job = JobResult(cfg, cfg.model_config(), "cuda", "GPU", {}, [
+        run("cake-a", True), run("cake-b", True), run("torch", False, "RuntimeError: x")],
+        True, True, 0.0, 1.0)
+    text = format_summary(job)
+    assert "(--cuda-graph): cake-a, cake-b;" in text and "each run" not in text
+    assert "torch: not captured, eager steps (RuntimeError: x)" in text
+    cp_run = CPRunResult("cp-a", losses, 1.0, 10.0, {}, ["h", "h"])
+    for graph, note, expect in ((True, None, "single-process steps replayed from one CUDA "
+                                 "graph"), (False, "RuntimeError: y", "single-process step "
+                                 "not captured, eager steps: RuntimeError: y"),
+                                (False, None, None)):
+        res = CPJobResult(cfg, cfg.model_config(), CPConfig(2), "cuda", "GPU",
+                          run("single", graph, note), [cp_run, cp_run], 1.5, True, True,
+                          True, 0.0, 1.0)
+        text = res.summary()
+        assert (expect in text) if expect else "CUDA graph" not in text and "captured" \
+            not in text
+        single = json.loads(json.dumps(res.to_dict()))["single"]
+        assert single["cuda_graph"] is graph and single["cuda_graph_note"] == note
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_cuda_graph_job_gives_the_eager_bits(tmp_path):
     """CUDA: a job whose steps replay one captured graph trains to the eager job's bits (the

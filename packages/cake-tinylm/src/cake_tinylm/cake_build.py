@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:785a8e6f6a19d59c899010519862684d020ff4ca271e85b3439227e7169af68e"
+SOURCE_DIGEST = "sha256:138d0e1ddf8f1a132aa86be21c8f3be21bcbd46cd2da9ae5a3b3c9f6cb637f2b"
 # --- end of generated block ---
 
 MANIFEST = {

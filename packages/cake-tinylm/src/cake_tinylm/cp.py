@@ -188,7 +188,7 @@ def _sync_grads(model: torch.nn.Module, world: int) -> None:
 def _worker(rank: int, world: int, port: int, cfg, cp: CPConfig, init_state, train_data,
             starts, out_dir: str, name: str, progress: bool) -> None:
     from .model import build_model
-    from .train import DTYPES, deterministic_mode
+    from .train import DTYPES, _make_optimizer, _set_lr, deterministic_mode
 
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
@@ -205,8 +205,9 @@ def _worker(rank: int, world: int, port: int, cfg, cp: CPConfig, init_state, tra
             model = build_model(cfg.model_config(), "cake", device=device,
                                 dtype=DTYPES[cfg.dtype])
             model.load_state_dict(init_state)
-            opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                                    weight_decay=cfg.weight_decay)
+            # the single-process run's optimizer (capturable, tensor lr on CUDA): the gap
+            # to it is the split's, not AdamW's rounding
+            opt = _make_optimizer(model, cfg)
             steps, bsz = starts.shape
             T = cfg.seq_len
             part = _partition(cp, bsz, T)
@@ -222,9 +223,7 @@ def _worker(rank: int, world: int, port: int, cfg, cp: CPConfig, init_state, tra
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
             for step in range(steps):
-                if cfg.warmup:
-                    for group in opt.param_groups:
-                        group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+                _set_lr(opt, cfg, step)
                 x, y = get_batch(train_data, starts[step], T, torch.device("cpu"))
                 xl = x.reshape(-1)[gi][None].to(device)
                 yl = y.reshape(-1)[gi][None].to(device)
@@ -334,7 +333,9 @@ class CPJobResult:
             "device": self.device, "device_name": self.device_name,
             "torch": torch.__version__, "packages": package_versions(),
             "single": {"losses": self.single.losses.tolist(), "val_loss": self.single.val_loss,
-                       "tokens_per_s": self.single.tokens_per_s},
+                       "tokens_per_s": self.single.tokens_per_s,
+                       "cuda_graph": self.single.cuda_graph,
+                       "cuda_graph_note": self.single.cuda_graph_note},
             "cp_runs": [{"name": r.name, "losses": r.losses.tolist(),
                          "tokens_per_s": r.tokens_per_s, "replica_hashes": r.replica_hashes}
                         for r in self.runs],
@@ -356,6 +357,12 @@ class CPJobResult:
             f"  single-process: final loss {float(self.single.losses[-1]):.4f}, val "
             f"{self.single.val_loss:.4f}, {self.single.tokens_per_s:,.0f} tok/s",
         ]
+        if self.single.cuda_graph:  # --cuda-graph: the single-process run only
+            lines.append("  (single-process steps replayed from one CUDA graph, its tok/s with "
+                         "the warm-up and the capture; the cp runs eager)")
+        elif self.single.cuda_graph_note:
+            lines.append(f"  (single-process step not captured, eager steps: "
+                         f"{self.single.cuda_graph_note})")
         for r in self.runs:
             lines.append(f"  {r.name}: final loss {float(r.losses[-1]):.4f}, "
                          f"{r.tokens_per_s:,.0f} tok/s, replicas "
@@ -387,11 +394,13 @@ def run_cp_job(cfg, cp: CPConfig, *, progress: bool = True, corpus=None) -> CPJo
         evaluate,
         resolve_device,
         train_once,
+        use_cuda_graph,
     )
 
     t_job = time.perf_counter()
     check_cp(cfg, cp, cfg.batch_size)  # before the single-process run, not after it
     device = resolve_device(cfg.device)
+    use_cuda_graph(cfg, device)  # "--cuda-graph on" without CUDA: refused before any work
     mcfg = cfg.model_config()
     dtype = DTYPES[cfg.dtype]
     if corpus is None:

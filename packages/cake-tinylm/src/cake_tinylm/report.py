@@ -149,9 +149,11 @@ def format_summary(result: JobResult) -> str:
         f"largest |loss gap| cake-a vs torch:       {result.max_gap_torch:.3e}",
         f"device: {result.device_name}; total {result.seconds:.1f} s",
     ]
-    if any(r.cuda_graph for r in result.runs):
-        lines.append("each run's step captured once in a CUDA graph and replayed per batch "
-                     "(--cuda-graph); tokens/s include the warm-up and the capture")
+    graphed = [r.name for r in result.runs if r.cuda_graph]
+    if graphed:  # named: a run whose capture failed ran eagerly (its line below)
+        lines.append(f"step captured once in a CUDA graph and replayed per batch "
+                     f"(--cuda-graph): {', '.join(graphed)}; their tokens/s include the "
+                     f"warm-up and the capture")
     for r in result.runs:
         if r.cuda_graph_note:
             lines.append(f"{r.name}: not captured, eager steps ({r.cuda_graph_note})")

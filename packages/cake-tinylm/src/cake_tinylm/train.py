@@ -198,7 +198,9 @@ class RunResult:
         impl: ``"cake"`` or ``"torch"`` modules.
         losses: ``float32`` CPU tensor ``[steps]`` of per-step training losses.
         val_loss: mean cross entropy over the validation windows after training (nats/byte).
-        seconds: wall time of the training loop (validation excluded).
+        seconds: wall time of the training loop (validation excluded; a graphed run's
+            includes its warm-up and capture, a run whose capture failed counts its eager
+            steps only).
         tokens_per_s: ``steps * batch_size * seq_len / seconds``.
         cuda_graph: the steps ran as replays of one captured CUDA graph.
         cuda_graph_note: why a capture the config asked for failed (the steps then ran
@@ -374,6 +376,11 @@ def train_once(
 ) -> RunResult:
     """Train ``model`` in place on the batches given by ``starts`` and score validation.
 
+    With :func:`use_cuda_graph` true the step (forward, backward, clipping, AdamW) is
+    captured once by :func:`_capture_step` and replayed per batch; a step that cannot be
+    captured warns and the run's steps run eagerly from its initial weights
+    (``RunResult.cuda_graph_note``).
+
     Args:
         name: label of the run (progress bar, report).
         model: freshly initialised model on its target device and dtype.
@@ -390,14 +397,7 @@ def train_once(
     """
     device = next(model.parameters()).device
     graph = use_cuda_graph(cfg, device)
-    cuda = device.type == "cuda"
-    # on CUDA the learning rate is a device tensor and AdamW capturable, in eager runs too:
-    # a graphed run then does its eager run's arithmetic (the same bits)
-    lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device) if cuda else cfg.lr
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
-        capturable=cuda,
-    )
+    opt = _make_optimizer(model, cfg)
     steps, bsz = starts.shape
     tokens_per_step = bsz * cfg.seq_len
     bar = _Bar(name, steps, progress)
@@ -412,15 +412,6 @@ def train_once(
         opt.step()
         return loss
 
-    def set_lr(step: int) -> None:
-        if cfg.warmup:
-            value = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
-            for group in opt.param_groups:
-                if cuda:
-                    group["lr"].fill_(value)
-                else:
-                    group["lr"] = value
-
     _sync(device)
     t0 = time.perf_counter()
     graph_note = None
@@ -429,11 +420,13 @@ def train_once(
             replay = _capture_step(model, opt, step_body, *get_batch(
                 train_data, starts[0], cfg.seq_len, device))
         except RuntimeError as exc:  # a host sync or an upload inside the step
-            graph, graph_note = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+            graph, graph_note = False, _capture_failure_note(exc)
             warnings.warn(f"{name}: the step could not be captured in a CUDA graph; its "
                           f"steps run eagerly ({graph_note})", stacklevel=2)
+            _sync(device)
+            t0 = time.perf_counter()  # the eager run's time: not the failed warm-up's
     for step in range(steps):
-        set_lr(step)
+        _set_lr(opt, cfg, step)
         x, y = get_batch(train_data, starts[step], cfg.seq_len, device)
         if graph:
             loss = replay(x, y)
@@ -458,6 +451,56 @@ def train_once(
         cuda_graph=graph,
         cuda_graph_note=graph_note,
     )
+
+
+def _make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """The job's AdamW over ``model``'s parameters (betas 0.9, 0.95, ``cfg.weight_decay``).
+
+    On a CPU the learning rate is the float ``cfg.lr``. On CUDA it is an fp32 device
+    tensor and the optimizer ``capturable=True`` in every run, graphed or not: a graphed
+    run then does its eager run's arithmetic, and :func:`_set_lr` changes the value that a
+    captured step reads. The context-parallel ranks (:mod:`cake_tinylm.cp`) use this too,
+    so their steps do the single-process run's optimizer arithmetic.
+    """
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    lr = torch.tensor(cfg.lr, dtype=torch.float32, device=device) if cuda else cfg.lr
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay,
+        capturable=cuda,
+    )
+    # capturable on purpose in eager CUDA runs too: not torch's "set capturable=False" hint
+    opt._warned_capturable_if_run_uncaptured = True
+    return opt
+
+
+def _set_lr(opt: torch.optim.Optimizer, cfg: TrainConfig, step: int) -> None:
+    """Before step ``step`` (0-based): ``cfg.lr * min(1, (step + 1) / cfg.warmup)`` into every
+    group of ``opt`` (from :func:`_make_optimizer`); nothing when ``cfg.warmup`` is 0. A
+    tensor learning rate is filled in place (a captured step reads its storage)."""
+    if cfg.warmup:
+        value = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+        for group in opt.param_groups:
+            if torch.is_tensor(group["lr"]):
+                group["lr"].fill_(value)
+            else:
+                group["lr"] = value
+
+
+def _capture_failure_note(exc: BaseException) -> str:
+    """``exc`` of a failed capture in one line: the first error (torch's ``__exit__`` of
+    the capture raises its own, "operation failed due to a previous error during capture",
+    with the op that broke the capture as its context) and the last when they differ."""
+    first, seen = exc, {id(exc)}
+    while (nxt := first.__cause__ or first.__context__) is not None and id(nxt) not in seen:
+        first = nxt
+        seen.add(id(nxt))
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+    return line(first) if first is exc else f"{line(first)}; then {line(exc)}"
 
 
 def use_cuda_graph(cfg: TrainConfig, device: torch.device) -> bool:
