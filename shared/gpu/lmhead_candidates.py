@@ -5,23 +5,35 @@
         [T,H,V ...]
 
 Per shape: the three cuBLAS GEMMs alone (logits fp32-out, dhidden, dweight: the floor the
-issue names), then each plan (the rule's, ``dw_tma=1``, ``dw_tma=1`` with 4 stages) timed
-fwd+bwd with ``triton.testing.do_bench`` (a fresh forward and ``torch.autograd.grad`` of the
-mean loss to hidden and weight), its peak memory above the inputs, its dweight's distance
-to the rule's and whether two calls give equal bits. Dev tooling, ships in no wheel.
+issue names), then each candidate timed fwd+bwd: the rule's plan; its dweight GEMM through
+cake-core's TMA-descriptor kernel (``matmul(..., tma=True)``, the package's ``_gemm_kw``
+patched here: the candidate lives in this script until the rule adopts it); the same with
+4 stages. Each with ``triton.testing.do_bench`` (a fresh forward and ``torch.autograd.grad``
+of the mean loss to hidden and weight), its peak memory above the inputs, its dweight's
+distance to the rule's and whether two calls give equal bits. Dev tooling, ships in no wheel.
 """
 from __future__ import annotations
 
 import dataclasses
 import sys
 
+import cake_lm_head_loss_det_train.api as lm_api
 import torch
 from cake_lm_head_loss_det_train import lm_head_loss_det, make_plan
 from triton.testing import do_bench
 
 SHAPES = [tuple(int(x) for x in a.split(",")) for a in sys.argv[1:]] or [(4096, 4096, 128256)]
-CANDIDATES = {"rule": {}, "dw_tma": dict(dw_tma=1), "dw_tma, 4 stages": dict(dw_tma=1,
-                                                                          gemm_stages=4)}
+# name: (plan changes, dweight GEMM through the TMA kernel)
+CANDIDATES = {"rule": ({}, False), "dw tma": ({}, True),
+              "dw tma, 4 stages": (dict(gemm_stages=4), True)}
+_GEMM_KW = lm_api._gemm_kw
+
+
+def _gemm_kw_tma(plan, which):
+    kw = _GEMM_KW(plan, which)
+    if which == "dw":
+        kw["tma"] = True
+    return kw
 
 
 def main() -> None:
@@ -38,8 +50,9 @@ def main() -> None:
         del lg
         base = make_plan(H, V, torch.bfloat16, h.device)
         ref_dw = None
-        for name, change in CANDIDATES.items():
+        for name, (change, tma) in CANDIDATES.items():
             plan = dataclasses.replace(base, **change)
+            lm_api._gemm_kw = _gemm_kw_tma if tma else _GEMM_KW
 
             def step(plan=plan):
                 loss = lm_head_loss_det(h, w, y, plan=plan)

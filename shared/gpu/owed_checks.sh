@@ -8,7 +8,7 @@
 #                                           MORE=1: host-time measurements of earlier calls
 #   bash shared/gpu/owed_checks.sh mainjob  issue 45: cake-tinylm train on CUDA with and
 #                                           without --cuda-graph, and its CUDA test
-#   bash shared/gpu/owed_checks.sh lmhead   issue 46: LM-head plan candidates (dw_tma) timed
+#   bash shared/gpu/owed_checks.sh lmhead   issue 46: LM-head candidates (TMA dweight) timed
 #   bash shared/gpu/owed_checks.sh suites   issues 41, 43, 44: GQA at D 256 in bf16, the
 #                                           patched model's whole-step CUDA graph, the
 #                                           rmsnorm nondet table with more rounds
@@ -82,8 +82,8 @@ case ${1:-} in
     timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short \
       packages/cake-tinylm/tests/test_tinylm.py -k cuda_graph 2>&1 | tail -8 ;;
   lmhead)
-    # issue 46: the LM-head loss plan candidates (dw_tma) against the rule and the cuBLAS
-    # floor, and the family's CUDA tests of the candidate
+    # issue 46: the LM-head loss candidates (TMA dweight) against the rule and the cuBLAS
+    # floor, and the family's plan tests on CUDA
     export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
     timeout 240 python3 shared/gpu/lmhead_candidates.py 4096,4096,128256 4096,4096,32000
     timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short \

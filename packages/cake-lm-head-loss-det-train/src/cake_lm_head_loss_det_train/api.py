@@ -32,7 +32,7 @@ from cake_core import (
 )
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
-from cake_core.gemm import matmul, ordered_sum, tma_available
+from cake_core.gemm import matmul, ordered_sum
 from cake_core.triton_utils import launch_device_check
 
 from cake_lm_head_loss_det_train.kernels.ce import ce_chunk_kernel
@@ -196,11 +196,6 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
                               dtype not in (torch.bfloat16, torch.float16)):
         raise ValueError(f"plan: cublas_gemms=1 needs bf16/fp16 inputs on CUDA, got "
                          f"{str(dtype)[6:]} on {device.type}")
-    if plan.dw_tma:
-        if not tma_available():
-            raise ValueError("plan: dw_tma=1 needs Triton >= 3.4 (host TMA descriptors)")
-        if H % 8 or V % 8:  # TMA reads rows of a multiple of 16 bytes
-            raise ValueError(f"plan: dw_tma=1 needs H and V multiples of 8, got H={H}, V={V}")
     return plan
 
 
@@ -234,13 +229,10 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _gemm_kw(plan: LMHeadLossDetPlan, which: str) -> dict:
-    kw = dict(block_m=getattr(plan, f"{which}_block_m"),
-              block_n=getattr(plan, f"{which}_block_n"),
-              block_k=getattr(plan, f"{which}_block_k"), group_m=plan.gemm_group_m,
-              num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
-    if which == "dw" and plan.dw_tma:
-        kw["tma"] = True
-    return kw
+    return dict(block_m=getattr(plan, f"{which}_block_m"),
+                block_n=getattr(plan, f"{which}_block_n"),
+                block_k=getattr(plan, f"{which}_block_k"), group_m=plan.gemm_group_m,
+                num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
 
 
 def _buffers(plan, h2, bufs, need_dlogits=True):
@@ -614,9 +606,6 @@ def _prepare(hidden, weight, labels, bias, ignore_index, reduction, label_smooth
     H = hidden.shape[-1]
     V = weight.shape[0]
     plan = _resolve_plan(plan, H, V, hidden.dtype, device, reduction, m)
-    if plan.dw_tma and hidden.data_ptr() % 16:
-        raise ValueError("hidden: plan dw_tma=1 reads hidden through TMA, which needs a "
-                         "16-byte aligned start address (pass a contiguous copy)")
     bufs = _resolve_workspace(workspace, plan, device, hidden.dtype, m)
     return device, cfg, plan, bufs
 

@@ -41,10 +41,10 @@ PLANS = [
                 "loss_block", "logits_block_m", "logits_block_n", "logits_block_k", "dh_block_m",
                 "dh_block_n", "dh_block_k", "dw_block_m", "dw_block_n", "dw_block_k",
                 "gemm_group_m", "gemm_warps", "gemm_stages", "dh_split", "check_labels",
-                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
+                "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6763a726e53dd001a127435ec081162093d1f9a9e3fd88dc584d8cfebfbe6931"
+SOURCE_DIGEST = "sha256:48297cdd821e1c11782c193b69b44e347b8495d59e304d7b876cbc8e46900128"
 # --- end of generated block ---
 
 MANIFEST = {

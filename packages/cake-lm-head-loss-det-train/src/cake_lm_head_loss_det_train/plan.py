@@ -60,11 +60,6 @@ class LMHeadLossDetPlan(Plan):
             and writes the weight's dtype directly (or adds into ``main_grad``). Less
             memory when ``2·T·V < 4·V·H`` and no per-chunk read-modify-write of the fp32
             sum. 0: never.
-        dw_tma: 1 runs the dweight GEMM through cake-core's TMA-descriptor kernel
-            (``matmul(..., tma=True)``: the same tiles, fp32 accumulation and token order;
-            other bits than 0's) instead of its pointer kernel; needs Triton's host TMA
-            descriptors, H and V multiples of 8 and a 16-byte aligned ``hidden``. Not the
-            rule's choice (0): a candidate until it is timed against the pointer kernel.
     """
 
     family: ClassVar[str] = "cake-lm-head-loss-det-train"
@@ -97,7 +92,6 @@ class LMHeadLossDetPlan(Plan):
     grad_in_forward: int
     cublas_gemms: int
     defer_dw_tokens: int
-    dw_tma: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -110,7 +104,7 @@ class LMHeadLossDetPlan(Plan):
         self.require_power_of_two(
             *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
         self.require_warps("num_warps", "gemm_warps")
-        self.require_flags("check_labels", "grad_in_forward", "cublas_gemms", "dw_tma")
+        self.require_flags("check_labels", "grad_in_forward", "cublas_gemms")
         self.require_mode(self.expected_mode)
 
 def _prev_power_of_2(n: int) -> int:

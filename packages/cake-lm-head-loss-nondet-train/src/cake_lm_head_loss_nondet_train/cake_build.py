@@ -40,10 +40,10 @@ PLANS = [
                 "loss_block", "logits_block_m", "logits_block_n", "logits_block_k", "dh_block_m",
                 "dh_block_n", "dh_block_k", "dw_block_m", "dw_block_n", "dw_block_k",
                 "gemm_group_m", "gemm_warps", "gemm_stages", "dh_split", "check_labels",
-                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
+                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:081aed548d27afb7fc192abc4dc016f5776e7cdb4efe64ed52ad60df0f12f0da"
+SOURCE_DIGEST = "sha256:ea7f09ab88df255e9625fd905e4a1955f36f24c87f1e78cd8ba157bbbd91e9d0"
 # --- end of generated block ---
 
 MANIFEST = {
