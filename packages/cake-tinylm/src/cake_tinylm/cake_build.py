@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:138d0e1ddf8f1a132aa86be21c8f3be21bcbd46cd2da9ae5a3b3c9f6cb637f2b"
+SOURCE_DIGEST = "sha256:b3be6ea73f88fa9094bfe261a3360ac6c104b5c47bfdd591037721f9c8af4785"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -433,7 +433,8 @@ def train_once(
         else:
             opt.zero_grad(set_to_none=True)
             loss = step_body(x, y)
-        losses.append(loss.detach().clone())
+        # a replay's loss is a buffer the next replay overwrites: keep a copy of it only
+        losses.append(loss.detach().clone() if graph else loss.detach())
         if bar.wants(step + 1):
             bar.update(step + 1, float(loss.detach()), (step + 1) * tokens_per_step)
     _sync(device)
