@@ -1,5 +1,5 @@
-"""LM-head loss plan candidates against the rule's plan on one GPU (issue 46: at most QuACK's
-17.3 ms at T 4096, H 4096, V 128256, bf16, fwd+bwd; peak no higher than the rule's).
+"""LM-head loss candidates against the rule's plan on one GPU (issue 46: at most QuACK's
+time at T 4096, H 4096, V 128256, bf16, fwd+bwd; peak no higher than the rule's).
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python shared/gpu/lmhead_candidates.py \
         [T,H,V ...]
