@@ -9,6 +9,10 @@
 #   bash shared/gpu/owed_checks.sh mainjob  issue 45: cake-tinylm train on CUDA with and
 #                                           without --cuda-graph, and its CUDA test
 #   bash shared/gpu/owed_checks.sh lmhead   issue 46: LM-head candidates (TMA dweight) timed
+#   bash shared/gpu/owed_checks.sh launch   issue 45: the cached launch path (fast_launch.py):
+#                                           host us per launch and per family call, the det
+#                                           families' CUDA tests with every hit checked
+#                                           against Triton's cache, the main job eager with it
 #   bash shared/gpu/owed_checks.sh suites   issues 41, 43, 44: GQA at D 256 in bf16, the
 #                                           patched model's whole-step CUDA graph, the
 #                                           rmsnorm nondet table with more rounds
@@ -88,6 +92,31 @@ case ${1:-} in
     timeout 240 python3 shared/gpu/lmhead_candidates.py 4096,4096,128256 4096,4096,32000
     timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short \
       packages/cake-lm-head-loss-det-train/tests/test_lmhead_plans.py 2>&1 | tail -6 ;;
-  *) echo "usage: $0 engine|model|suites|mainjob|lmhead"; exit 2 ;;
+  launch)
+    # issue 45: shared/gpu/fast_launch.py, Triton's compiled launcher called directly on a
+    # cache hit; FL puts its sitecustomize first on the path (installs it in every process)
+    export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/shared/gpu
+    FL=$PWD/shared/gpu/fast_launch_site
+    timeout 60 python3 shared/gpu/launch_overhead.py
+    echo "== host_overhead, Triton's launch path"; timeout 90 python3 shared/gpu/host_overhead.py
+    echo "== host_overhead, fast_launch"
+    PYTHONPATH=$FL:$PYTHONPATH timeout 90 python3 shared/gpu/host_overhead.py
+    T0=$SECONDS
+    for f in packages/cake-*-det-{train,gemm}/tests/test_*_{parity,determinism,cuda_graph}.py; do
+      CAKE_FAST_LAUNCH_CHECK=1 PYTHONPATH=$FL:$PYTHONPATH timeout 240 python3 -m pytest -q \
+        -p no:cacheprovider -rf --tb=line "$f" > "/tmp/fl_$(basename "$f" .py).txt" 2>&1 &
+      while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done
+    done
+    wait
+    echo "tests with every hit checked: $((SECONDS - T0)) s"
+    grep -HE "passed|failed|error|fast_launch:" /tmp/fl_*.txt | sed "s|.*/fl_||" | tail -60
+    grep -hE "^(FAILED|E  |/.*Error)" /tmp/fl_*.txt | cut -c1-300 | sort -u | head -30
+    for fl in 0 1; do
+      P=$PYTHONPATH; [ $fl = 1 ] && P=$FL:$PYTHONPATH
+      echo "== main job eager, fast_launch $fl"
+      PYTHONPATH=$P timeout 150 python3 -m cake_tinylm train --steps 30 --no-progress \
+        --cuda-graph off --out "$OUT/tinylm_fl$fl" 2>&1 | tail -8
+    done ;;
+  *) echo "usage: $0 engine|model|suites|mainjob|lmhead|launch"; exit 2 ;;
 esac
 echo "owed_checks $1: $((SECONDS - S)) s"
