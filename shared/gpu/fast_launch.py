@@ -1,39 +1,35 @@
 """Candidate for issue 45 (host time per call): launch a Triton kernel through its compiled
-launcher on a cache hit, without ``JITFunction.run``'s binder, option parsing and cache-key
-string.
+launcher on a cache hit, without the rest of ``JITFunction.run``.
 
 On an H100 host a keyword launch through ``kernel[grid](...)`` took ~35 us, the compiled
-launcher called directly ~5-6 us (docs/benchmarks/host_overhead.md); about 30 us of a launch
-is Triton's Python around it. This module keeps, per kernel, a dictionary from a key cake
-computes in Python to the ``CompiledKernel`` Triton chose for that key the first time:
+launcher called directly ~5-6 us (docs/benchmarks/host_overhead.md). Besides binding and
+specializing the arguments, Triton 3.6's ``JITFunction.run`` builds its cache key as a
+string of the options, looks up the device and stream through its driver proxy, checks the
+kernel's global constants, builds launch metadata and has the launcher call its (empty)
+enter and exit hook chains on every launch. This module keeps, per kernel, a dictionary
+from a key to the ``CompiledKernel`` Triton chose the first time:
 
-- the key holds, per non-constexpr argument, everything Triton 3.6 specializes on (a tensor's
-  dtype and whether its address is a multiple of 16; an int's range class, whether it is 1,
-  whether it is a multiple of 16; a host tensor descriptor's dtype, block shape and padding;
-  the type of floats, bools and None), every constexpr's value, the launch options given
-  (``num_warps``...), and the current device: finer than Triton's own key, so two calls with
-  one key get the kernel Triton would pick (``shared/tests/test_fast_launch.py`` checks that
-  against Triton's binder on a CPU);
-- a miss (and anything unusual: launch hooks set, debug, a grid or argument form it does not
-  know) goes through ``JITFunction.run`` itself, which compiles if needed and launches; its
-  kernel is then kept under the key;
-- a hit calls ``CompiledKernel.run`` with the same arguments ``JITFunction.run`` passes.
+- the key is Triton's own: its binder's specialization of every argument (dtypes, 16-byte
+  alignment, ints equal to 1 or multiples of 16, constexpr values), the launch options given
+  (``num_warps``...) and the current device, as a tuple;
+- a miss (and anything unusual: launch hooks set, debug or instrumentation on, an
+  unhashable constexpr) goes through ``JITFunction.run`` itself, which compiles if needed
+  and launches; its kernel is then kept under the key;
+- a hit calls ``CompiledKernel.run`` with the arguments ``JITFunction.run`` passes (hooks
+  and launch metadata as None, which the launcher skips).
 
-Not checked on a hit (``JITFunction.run`` checks them): that the kernel's global constants
-are unchanged (cake's kernels read none that change).
+Not checked on a hit (``JITFunction.run`` checks it): that the kernel's global constants are
+unchanged (cake's kernels read none that change).
 
 Use (an experiment; nothing in a package imports this):
 
     import fast_launch; fast_launch.install()            # every JITFunction in the process
     fast_launch.install(check=True)                      # and on every hit also ask Triton's
                                                          # own cache; a different kernel raises
-    pytest -p fast_launch ...                            # the same as a pytest plugin
+    PYTHONPATH=shared/gpu/fast_launch_site:...           # installed in every process
                                                          # (CAKE_FAST_LAUNCH_CHECK=1: check)
 """
 from __future__ import annotations
-
-import inspect
-import os
 
 from triton import knobs
 from triton.knobs import HookChain
@@ -41,81 +37,22 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction, compute_cache_key
 
 _ORIGINAL_RUN = JITFunction.run
-_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-_U64_MAX = (1 << 64) - 1
 STATS = {"hit": 0, "miss": 0, "slow": 0, "checked": 0}
 _CHECK = False
-_EMPTY = inspect.Parameter.empty
 
 
-class _Unknown(Exception):
-    """An argument whose specialization this module does not mirror: take Triton's path."""
+def binder(fn: JITFunction, device):
+    """Triton's own argument binder of ``fn`` on ``device`` (built once per device by
+    Triton): (bound arguments by name in signature order, specialization, options)."""
+    return fn.device_caches[device][4]
 
 
-def arg_key(v):
-    """The part of the key for one non-constexpr argument ``v``: a value that determines
-    Triton 3.6's specialization of ``v`` (``native_specialize_impl``)."""
-    t = type(v)
-    if t is bool:
-        return ("u1",)
-    if t is int:
-        if v == 1:
-            return 1  # Triton makes it a constexpr
-        if _I32_MIN <= v <= _I32_MAX:
-            rng = 0
-        elif _I64_MIN <= v <= _I64_MAX:
-            rng = 1
-        elif 0 <= v <= _U64_MAX:
-            rng = 2
-        else:
-            raise _Unknown
-        return (rng, v % 16 == 0)
-    if t is float:
-        return ("fp32",)
-    if v is None:
-        return None
-    if hasattr(v, "data_ptr"):  # torch.Tensor, nn.Parameter, anything Triton treats alike
-        return (v.dtype, v.data_ptr() % 16 == 0)
-    if t.__name__ == "TensorDescriptor":  # triton.tools.tensor_descriptor's host descriptor
-        return ("desc", v.base.dtype, tuple(v.block_shape), getattr(v, "padding", None))
-    raise _Unknown
-
-
-class _KernelInfo:
-    """What the fast path needs of one JITFunction, computed once."""
-
-    __slots__ = ("names", "nameset", "constexpr", "defaults", "cache")
-
-    def __init__(self, fn: JITFunction):
-        self.names = [p.name for p in fn.params]
-        self.nameset = frozenset(self.names)
-        self.constexpr = [bool(p.is_constexpr) for p in fn.params]
-        self.defaults = [p.default for p in fn.params]  # inspect.Parameter.empty: none
-        self.cache = {}
-
-
-def bound_values(info: _KernelInfo, args, kwargs):
-    """(every parameter's value in signature order, the options given) as Triton's binder
-    binds them; raises _Unknown where a parameter has no value."""
-    n = len(args)
-    if n > len(info.names):
-        raise _Unknown
-    vals = list(args)
-    for i in range(n, len(info.names)):
-        name = info.names[i]
-        if name in kwargs:
-            vals.append(kwargs[name])
-        elif info.defaults[i] is _EMPTY:
-            raise _Unknown
-        else:
-            vals.append(info.defaults[i])
-    opts = tuple((k, v) for k, v in kwargs.items() if k not in info.nameset)
-    return vals, opts
-
-
-def launch_key(info: _KernelInfo, vals, opts, device):
-    return (device, opts, tuple(v if c else arg_key(v) for v, c in zip(vals, info.constexpr, strict=True)))
+def launch_key(specialization, options, device):
+    """The cache key: Triton's specialization of every argument (its own C++ specializer's
+    output: dtypes, 16-byte alignment, ints equal to 1 or multiples of 16, constexpr values)
+    and the launch options given. Triton keys its kernel cache on the same two (with the
+    options as a string, which this avoids building on every launch)."""
+    return (device, tuple(specialization), tuple(options.items()))
 
 
 def current_device():
@@ -132,8 +69,8 @@ def _triton_choice(fn: JITFunction, args, kwargs):
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     device = current_device()
-    kernel_cache, kernel_key_cache, _, _, binder = fn.device_caches[device]
-    _, specialization, options = binder(*args, **kwargs)
+    kernel_cache, kernel_key_cache, _, _, bind = fn.device_caches[device]
+    _, specialization, options = bind(*args, **kwargs)
     return kernel_cache.get(compute_cache_key(kernel_key_cache, specialization, options))
 
 
@@ -150,22 +87,22 @@ def fast_run(self, *args, grid, warmup, **kwargs):
             or self.debug or knobs.compilation.instrumentation_mode not in (None, "", "none")):
         STATS["slow"] += 1
         return _ORIGINAL_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
-    info = self.__dict__.get("_cake_fast")
-    if info is None:
-        info = self._cake_fast = _KernelInfo(self)
+    cache = self.__dict__.get("_cake_fast")
+    if cache is None:
+        cache = self._cake_fast = {}
     try:
-        vals, opts = bound_values(info, args, kwargs)
         device = current_device()
-        key = launch_key(info, vals, opts, device)
-        entry = info.cache.get(key)
-    except (_Unknown, TypeError):  # TypeError: an unhashable option or constexpr
+        params, specialization, options = binder(self, device)(*args, **kwargs)
+        key = launch_key(specialization, options, device)
+        entry = cache.get(key)
+    except TypeError:  # an unhashable constexpr or option, a missing argument: Triton's path
         STATS["slow"] += 1
         return _ORIGINAL_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
     if entry is None:
         STATS["miss"] += 1
         kernel = _ORIGINAL_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
         if kernel is not None and not hasattr(kernel, "result"):  # not an async compile
-            info.cache[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
+            cache[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
         return kernel
     kernel, run, function, packed = entry
     if _CHECK:
@@ -174,11 +111,11 @@ def fast_run(self, *args, grid, warmup, **kwargs):
                                  f"one Triton's cache holds for this call (key {key!r})")
         STATS["checked"] += 1
     if callable(grid):
-        grid = grid(dict(zip(info.names, vals, strict=True)))
+        grid = grid(params)
     n = len(grid)
     STATS["hit"] += 1
-    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1,
-        current_stream(device), function, packed, None, None, None, *vals)
+    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, current_stream(device),
+        function, packed, None, None, None, *params.values())
     return kernel
 
 
@@ -191,11 +128,3 @@ def install(check: bool = False) -> None:
 
 def uninstall() -> None:
     JITFunction.run = _ORIGINAL_RUN
-
-
-def pytest_configure(config):  # as a pytest plugin: ``pytest -p fast_launch``
-    install(check=os.environ.get("CAKE_FAST_LAUNCH_CHECK") == "1")
-
-
-def pytest_terminal_summary(terminalreporter):
-    terminalreporter.write_line(f"fast_launch: {STATS}")
