@@ -34,8 +34,9 @@ SIGNATURE = dict(
     HAS_RIGHT="constexpr", SOFTCAP="constexpr")
 
 
-def ptxas_report(kernel, consts: dict, num_warps: int, num_stages: int) -> str:
-    src = ASTSource(fn=kernel, signature=SIGNATURE, constexprs=consts)
+def ptxas_report(kernel, consts: dict, num_warps: int, num_stages: int,
+                 signature: dict | None = None) -> str:
+    src = ASTSource(fn=kernel, signature=signature or SIGNATURE, constexprs=consts)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
     ptx = "/tmp/cake_aot_regs.ptx"
