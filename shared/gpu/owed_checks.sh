@@ -9,7 +9,10 @@
 #   bash shared/gpu/owed_checks.sh mainjob  issue 45: cake-tinylm train on CUDA with and
 #                                           without --cuda-graph, and its CUDA test
 #   bash shared/gpu/owed_checks.sh lmhead   issue 46: LM-head candidates (TMA dweight) timed
-#   bash shared/gpu/owed_checks.sh gqa      issue 41: the one-pass nondet backward (dQ by TMA
+#   bash shared/gpu/owed_checks.sh gqa      issue 41: the det dK/dV kernel with transposed
+#                                           accumulators (all wgmma at D 256) checked and
+#                                           timed beside the rule and cuDNN
+#   bash shared/gpu/owed_checks.sh gqa1p    issue 41: the one-pass nondet backward (dQ by TMA
 #                                           bulk adds) checked and timed beside det, cuDNN
 #   bash shared/gpu/owed_checks.sh launch   issue 45: the cached launch path (fast_launch.py):
 #                                           host us per launch and per family call, the det
@@ -95,6 +98,11 @@ case ${1:-} in
     timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short \
       packages/cake-lm-head-loss-det-train/tests/test_lmhead_plans.py 2>&1 | tail -6 ;;
   gqa)
+    # issue 41: shared/gpu/gqa_swapab.py: bf16 parity and repeat (D 256 and others), then
+    # fwd+bwd beside the rule and SDPA cuDNN at the issue's three shapes
+    export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
+    timeout 560 python3 shared/gpu/gqa_swapab.py check bench 2>&1 | grep -v "^check.*: ok" ;;
+  gqa1p)
     # issue 41: shared/gpu/gqa_onepass.py: parity (float64, dK / dV bits = det's), then
     # fwd+bwd beside the det rule and SDPA cuDNN at the issue's three shapes
     export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
@@ -124,6 +132,6 @@ case ${1:-} in
       PYTHONPATH=$P timeout 150 python3 -m cake_tinylm train --steps 30 --no-progress \
         --cuda-graph off --out "$OUT/tinylm_fl$fl" 2>&1 | tail -8
     done ;;
-  *) echo "usage: $0 engine|model|suites|mainjob|lmhead|gqa|launch"; exit 2 ;;
+  *) echo "usage: $0 engine|model|suites|mainjob|lmhead|gqa|gqa1p|launch"; exit 2 ;;
 esac
 echo "owed_checks $1: $((SECONDS - S)) s"
