@@ -8,7 +8,8 @@ call of the family's autograd entry with ``make_plan(K, V, bf16, "cuda")`` recor
 kernel's arguments and launch options (the plan's tiles, warps, stages), the host's dtype
 choices made as on CUDA (bf16 dots and stores, not the interpreter's fp32); (2) with
 ``TRITON_INTERPRET=0``, each kernel is compiled for sm_90 from those argument types and
-constexprs, and the bundled ptxas reports registers per thread and spill bytes. Not a timing
+constexprs, and the bundled ptxas reports registers per thread and spill bytes (and the PTX's
+count of wgmma and legacy mma.sync instructions). Not a timing
 (and without the runtime's divisibility hints); a map of where register pressure sits.
 """
 
@@ -133,6 +134,10 @@ def compile_all() -> None:
                                  check=False).stderr
             rep = "; ".join(line.split(":", 1)[-1].strip() for line in out.splitlines()
                             if "registers" in line or "spill" in line)
+            # tensor-core instructions: Hopper's warpgroup MMA, or the legacy per-warp MMA
+            # (a product whose M is under a warpgroup's 64 rows, or not wgmma-eligible)
+            rep += (f"; wgmma {k.asm['ptx'].count('wgmma.mma_async')}, mma.sync "
+                    f"{k.asm['ptx'].count('mma.sync.aligned')}")
         except Exception as e:  # noqa: BLE001 - reported, the others still compile
             rep = f"not compiled: {type(e).__name__}: {str(e)[:160]}"
         print(f"{name} {r['options']}: {rep}", flush=True)
