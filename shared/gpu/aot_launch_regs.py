@@ -1,7 +1,9 @@
 """Registers and spills of every Triton kernel one GDN or KDA forward+backward launches under
 the CUDA rule's plan, compiled for sm_90 on any machine (no GPU needed).
 
-    python shared/gpu/aot_launch_regs.py gdn|kda [--K 128] [--V 128] [--plan FIELD=INT ...]
+    python shared/gpu/aot_launch_regs.py gdn|kda|gqa [--K 128] [--V 128] [--plan FIELD=INT ...]
+
+(gqa: ``--K`` is the head dim; one packed causal call with 8 query heads per KV head.)
 
 Two steps, each in its own process: (1) under Triton's interpreter, one small packed bf16
 call of the family's autograd entry with ``make_plan(K, V, bf16, "cuda")`` records each
@@ -79,6 +81,20 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
 
     InterpretedFunction.run = spy
     mod = __import__(f"cake_{fam}_det_train", fromlist=["make_plan"])
+    if fam == "gqa":  # K: the head dim; GROUP 8, causal, packed documents
+        import dataclasses
+
+        import torch
+
+        plan = dataclasses.replace(mod.make_plan(K, torch.bfloat16, "cuda"), **over)
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(130, 8, K, generator=g).bfloat16().requires_grad_()
+        k, v = (torch.randn(130, 1, K, generator=g).bfloat16().requires_grad_() for _ in "kv")
+        cu = torch.tensor([0, 1, 70, 130], dtype=torch.int32)
+        mod.gqa_det(q, k, v, cu, cu, plan=plan).float().sum().backward()
+        with open(RECORD, "w") as f:
+            json.dump(seen, f)
+        return
     # the host's dtype choices as on CUDA (the interpreter's own: fp32 dots and stores for
     # bf16); the values computed here are not used, only the launches
     import cake_core.gemm
@@ -145,7 +161,7 @@ def compile_all() -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("family", nargs="?", choices=("gdn", "kda"))
+    p.add_argument("family", nargs="?", choices=("gdn", "kda", "gqa"))
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--V", type=int, default=128)
     p.add_argument("--plan", nargs="*", default=[], help="plan overrides FIELD=INT (a sweep's "

@@ -250,7 +250,8 @@ def aot():
 
 def bench():
     """fwd+bwd ms (do_bench median, bf16, causal) at issue 41's shapes: the rule, the swapped
-    kernel at the rule's tiles and at 64 x 64 / 128 x 64 (D 256), and SDPA cuDNN."""
+    kernel at the rule's tiles and at 64 x 64 / 128 x 64 (D 256), both with the dQ kernel at
+    64 query rows (D 256), and SDPA cuDNN."""
     import dataclasses
 
     from cake_gqa_det_train import gqa_det, make_plan
@@ -281,6 +282,10 @@ def bench():
             for bm, bn in ((64, 64), (128, 64)):
                 variants.append((f"swap {bm} x {bn}", True, dataclasses.replace(
                     base, dkdv_block_m=bm, dkdv_block_n=bn)))
+            # the rule's dQ kernel (128 query rows, 8 warps) spills 2200 bytes a thread
+            # offline, with 64 rows 424 (`aot_launch_regs.py gqa --K 256 --plan ...`)
+            dq64 = dataclasses.replace(base, dq_block_m=64, dq_warps=8)
+            variants += [("rule, dq 64 rows", False, dq64), ("swap, dq 64 rows", True, dq64)]
         for label, swap, plan in variants:
             (install if swap else uninstall)()
             print(f"bench {name} {label:22s} {ms(plan)} ms", flush=True)
