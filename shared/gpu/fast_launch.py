@@ -12,14 +12,17 @@ from a key to the ``CompiledKernel`` Triton chose the first time:
 - the key is Triton's own: its binder's specialization of every argument (dtypes, 16-byte
   alignment, ints equal to 1 or multiples of 16, constexpr values), the launch options given
   (``num_warps``...) and the current device, as a tuple;
-- a miss (and anything unusual: launch hooks set, debug or instrumentation on, an
-  unhashable constexpr) goes through ``JITFunction.run`` itself, which compiles if needed
-  and launches; its kernel is then kept under the key;
+- a miss (and anything unusual: launch or pre-run hooks set, debug or instrumentation on,
+  a kernel that reads global constants, an unhashable constexpr) goes through
+  ``JITFunction.run`` itself, which compiles if needed and launches; its kernel is then kept
+  under the key, with the key of Triton's own cache it sits under;
+- a hit first checks that Triton's cache still holds that kernel under that key (a cleared
+  cache recompiles, as with Triton);
 - a hit calls ``CompiledKernel.run`` with the arguments ``JITFunction.run`` passes (hooks
   and launch metadata as None, which the launcher skips).
 
-Not checked on a hit (``JITFunction.run`` checks it): that the kernel's global constants are
-unchanged (cake's kernels read none that change).
+Like Triton's own cache key, the key treats constexprs that compare equal as one (True, 1
+and 1.0).
 
 Use (an experiment; nothing in a package imports this):
 
@@ -39,6 +42,7 @@ from triton.runtime.jit import JITFunction, compute_cache_key
 _ORIGINAL_RUN = JITFunction.run
 STATS = {"hit": 0, "miss": 0, "slow": 0, "checked": 0}
 _CHECK = False
+_MAX_KEYS = 4096  # per kernel
 
 
 def binder(fn: JITFunction, device):
@@ -63,15 +67,15 @@ def current_stream(device):
     return driver.active.get_current_stream(device)
 
 
-def _triton_choice(fn: JITFunction, args, kwargs):
-    """The CompiledKernel Triton's own cache holds for this call (None: not compiled)."""
+def triton_key(fn: JITFunction, device, args, kwargs):
+    """(Triton's own kernel cache of ``fn`` on ``device``, the key JITFunction.run would look
+    this call up under), with the options Triton adds itself."""
     kwargs = dict(kwargs)
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    device = current_device()
     kernel_cache, kernel_key_cache, _, _, bind = fn.device_caches[device]
     _, specialization, options = bind(*args, **kwargs)
-    return kernel_cache.get(compute_cache_key(kernel_key_cache, specialization, options))
+    return kernel_cache, compute_cache_key(kernel_key_cache, specialization, options)
 
 
 def _hooked(hook) -> bool:
@@ -82,7 +86,8 @@ def _hooked(hook) -> bool:
 
 def fast_run(self, *args, grid, warmup, **kwargs):
     """JITFunction.run with the cached fast path (see the module's docstring)."""
-    if (warmup or _hooked(knobs.runtime.launch_enter_hook)
+    if (warmup or self.pre_run_hooks or self.used_global_vals
+            or _hooked(knobs.runtime.launch_enter_hook)
             or _hooked(knobs.runtime.launch_exit_hook) or knobs.runtime.debug
             or self.debug or knobs.compilation.instrumentation_mode not in (None, "", "none")):
         STATS["slow"] += 1
@@ -98,15 +103,24 @@ def fast_run(self, *args, grid, warmup, **kwargs):
     except TypeError:  # an unhashable constexpr or option, a missing argument: Triton's path
         STATS["slow"] += 1
         return _ORIGINAL_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
+    if entry is not None:
+        kernel, run, function, packed, kernel_cache, tkey = entry
+        if kernel_cache.get(tkey) is not kernel:  # Triton's cache was cleared: recompile
+            entry = None
+            del cache[key]
     if entry is None:
         STATS["miss"] += 1
         kernel = _ORIGINAL_RUN(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if kernel is not None and not hasattr(kernel, "result"):  # not an async compile
-            cache[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
+        # keep it unless it is an async compile's future, or the dictionary has grown past
+        # any real use (a NaN constexpr never equals itself: every call would add a key)
+        if kernel is not None and not hasattr(kernel, "result") and len(cache) < _MAX_KEYS:
+            kernel_cache, tkey = triton_key(self, device, args, kwargs)
+            cache[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata,
+                          kernel_cache, tkey)
         return kernel
-    kernel, run, function, packed = entry
     if _CHECK:
-        if _triton_choice(self, args, kwargs) is not kernel:
+        now_cache, now_key = triton_key(self, device, args, kwargs)
+        if now_cache is not kernel_cache or now_key != tkey:
             raise AssertionError(f"fast_launch: {self.__name__}: the cached kernel is not the "
                                  f"one Triton's cache holds for this call (key {key!r})")
         STATS["checked"] += 1
