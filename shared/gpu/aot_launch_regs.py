@@ -153,7 +153,7 @@ def compile_all() -> None:
             # tensor-core instructions: Hopper's warpgroup MMA, or the legacy per-warp MMA
             # (a product whose M is under a warpgroup's 64 rows, or not wgmma-eligible)
             rep += (f"; wgmma {k.asm['ptx'].count('wgmma.mma_async')}, mma.sync "
-                    f"{k.asm['ptx'].count('mma.sync.aligned')}")
+                    f"{k.asm['ptx'].count('mma.sync.aligned')}; shared {k.metadata.shared} B")
         except Exception as e:  # noqa: BLE001 - reported, the others still compile
             rep = f"not compiled: {type(e).__name__}: {str(e)[:160]}"
         print(f"{name} {r['options']}: {rep}", flush=True)

@@ -24,6 +24,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+SMEM_LIMIT = 232448  # bytes of shared memory per block on sm_90 (227 KiB)
 P = "*bf16"
 SIGNATURE = dict(
     Q=P, K=P, V=P, DO=P, LSE="*fp32", DELTA="*fp32", DK=P, DV=P, CU_Q="*i32", CU_K="*i32",
@@ -47,6 +48,10 @@ def ptxas_report(kernel, consts: dict, num_warps: int, num_stages: int,
                        capture_output=True, text=True, check=False)
     keep = [line.split(":", 1)[-1].strip() for line in r.stderr.splitlines()
             if "registers" in line or "spill" in line]
+    # Triton's own shared memory (TMA buffers, pipeline stages, layout conversions): an
+    # H100 / H200 block gets at most SMEM_LIMIT bytes; more is refused at the first launch
+    keep.append(f"shared {k.metadata.shared} B" + (" (over the limit)" if k.metadata.shared >
+                                                    SMEM_LIMIT else ""))
     return "; ".join(keep) or r.stderr[-300:]
 
 

@@ -11,7 +11,10 @@ the kernel's FLOPs, beside 64 ``wgmma`` for Q K^T and dO V^T (`python shared/gpu
 gqa_swapab.py aot`). Accumulating the transposes instead, dV^T += dO^T P and dK^T += Q^T dS
 (``[D, BLOCK_N]``), gives the products M = D = 256: wgmma for all four. The registers are the
 same (the same accumulator sizes); P and dS go through shared memory as the B operand, which
-FlashAttention-3 does too.
+FlashAttention-3 does too. The cost is shared memory: Triton keeps transposed copies of the
+Q and dO tiles for the A operands, so at the rule's 128 x 32 tiles and 2 stages the kernel
+needs 305152 bytes, over the 232448 a block gets; 64 x 32 (4 or 8 warps, 2 stages) or 128 x
+32 with 1 stage fit (`aot` prints each tiling's).
 
 Each sum has the same terms in the same order of query blocks and heads; only the tensor
 core's order inside a product can differ, so the bits may differ from the rule's (both
@@ -181,8 +184,11 @@ def _grads(fn, q, k, v, do, cq, ck, **kw):
 
 def check(dev, dtype):
     """gqa_det with the swapped kernel against float64 (and the rule's dK / dV beside it),
-    and its dK / dV repeated bitwise."""
-    from cake_gqa_det_train import gqa_det, gqa_reference
+    and its dK / dV repeated bitwise. At D 256 on CUDA both at 64 x 32 tiles, 4 warps (the
+    swapped kernel at the rule's 128 x 32 does not fit shared memory)."""
+    import dataclasses
+
+    from cake_gqa_det_train import gqa_det, gqa_reference, make_plan
 
     cases = ([dict(lens=[0, 1, 33, 40], Hq=4, Hkv=2, D=64),
               dict(lens=[20, 7], lens_k=[30, 0], Hq=2, Hkv=1, D=128)]
@@ -196,15 +202,26 @@ def check(dev, dtype):
     ok_all = True
     for c in cases:
         q, k, v, do, cq, ck = _case(**c, dtype=dtype, dev=dev)
+        plan = make_plan(c["D"], dtype, dev)
+        if dev.type == "cuda" and c["D"] == 256:
+            plan = dataclasses.replace(plan, dkdv_block_m=64, dkdv_block_n=32, dkdv_warps=4,
+                                       dkdv_stages=2)
         for o in opts:
             ref = _grads(lambda *a, **kw: gqa_reference(*a, **kw)[0], q.double(), k.double(),
                          v.double(), do.double(), cq, ck, **o)
-            uninstall()
-            rule = _grads(gqa_det, q, k, v, do, cq, ck, **o)
-            install()
-            got = _grads(gqa_det, q, k, v, do, cq, ck, **o)
-            again = _grads(gqa_det, q, k, v, do, cq, ck, **o)
-            uninstall()
+            try:
+                uninstall()
+                rule = _grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
+                install()
+                got = _grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
+                again = _grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
+            except Exception as e:  # noqa: BLE001 - e.g. out of resources: say so, go on
+                ok_all = False
+                print(f"check D={c['D']} {o}: FAIL {type(e).__name__}: {str(e)[:200]}",
+                      flush=True)
+                continue
+            finally:
+                uninstall()
             errs = [float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
                     for a, b in zip(got, ref, strict=True)]
             rule_errs = [float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
@@ -226,7 +243,8 @@ def aot():
     import aot_regs
 
     for D, tiles in ((256, [(128, 32, 8, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 8, 2),
-                            (128, 32, 4, 2)]),
+                            (128, 32, 4, 2), (128, 32, 8, 1), (64, 32, 4, 2), (64, 32, 8, 3),
+                            (64, 64, 4, 2)]),
                      (128, [(64, 64, 4, 2), (128, 64, 8, 2)])):
         for bm, bn, warps, stages in tiles:
             for name, kern in (("rule", _RULE_KERNEL), ("swap", gqa_bwd_dkdv_swap_kernel)):
@@ -239,9 +257,11 @@ def aot():
                                                                  "mma.sync.aligned")}
                     spill = re.search(r"(\d+) bytes spill stores", rep)
                     regs = re.search(r"Used (\d+) registers", rep)
+                    smem = re.search(r"shared (\d+) B( \(over the limit\))?", rep)
                     rep = (f"registers {regs.group(1) if regs else '?'}, spill stores "
                            f"{spill.group(1) if spill else '?'} B, wgmma {mma['wgmma.mma_async']}"
-                           f", mma.sync {mma['mma.sync.aligned']}")
+                           f", mma.sync {mma['mma.sync.aligned']}, shared "
+                           f"{smem.group(0)[7:] if smem else '?'}")
                 except (Exception, subprocess.SubprocessError) as e:  # noqa: BLE001
                     rep = f"refused: {type(e).__name__}: {str(e)[:200]}"
                 print(f"aot {name} D {D} {bm} x {bn} warps {warps} stages {stages}: {rep}",
@@ -250,8 +270,8 @@ def aot():
 
 def bench():
     """fwd+bwd ms (do_bench median, bf16, causal) at issue 41's shapes: the rule, the swapped
-    kernel at the rule's tiles and at 64 x 64 / 128 x 64 (D 256), both with the dQ kernel at
-    64 query rows (D 256), and SDPA cuDNN."""
+    kernel (at D 256 in tilings that fit shared memory, and with the dQ kernel at 64 query
+    rows; at D 128 at the rule's tiles), and SDPA cuDNN."""
     import dataclasses
 
     from cake_gqa_det_train import gqa_det, make_plan
@@ -277,15 +297,24 @@ def bench():
             except Exception as e:  # out of shared memory / registers: report, go on
                 return f"{type(e).__name__}: {str(e)[:80]}"
 
-        variants = [("rule", False, base), ("swap, rule tiles", True, base)]
+        variants = [("rule", False, base)]
         if D == 256:
-            for bm, bn in ((64, 64), (128, 64)):
-                variants.append((f"swap {bm} x {bn}", True, dataclasses.replace(
-                    base, dkdv_block_m=bm, dkdv_block_n=bn)))
+            # the swapped kernel at the rule's 128 x 32 x 2 stages needs 305152 bytes of
+            # shared memory (transposed copies of the Q and dO tiles), over the 232448 a block
+            # gets; these fit (`aot`): (query rows, keys, warps, stages)
+            for bm, bn, w, st in ((64, 32, 4, 2), (64, 32, 8, 2), (128, 32, 8, 1),
+                                  (64, 64, 8, 2)):
+                variants.append((f"swap {bm} x {bn}, {w} warps, {st} st", True,
+                                 dataclasses.replace(base, dkdv_block_m=bm, dkdv_block_n=bn,
+                                                     dkdv_warps=w, dkdv_stages=st)))
             # the rule's dQ kernel (128 query rows, 8 warps) spills 2200 bytes a thread
             # offline, with 64 rows 424 (`aot_launch_regs.py gqa --K 256 --plan ...`)
             dq64 = dataclasses.replace(base, dq_block_m=64, dq_warps=8)
-            variants += [("rule, dq 64 rows", False, dq64), ("swap, dq 64 rows", True, dq64)]
+            variants += [("rule, dq 64 rows", False, dq64),
+                         ("swap 64 x 32 4 w, dq 64 rows", True, dataclasses.replace(
+                             dq64, dkdv_block_m=64, dkdv_block_n=32, dkdv_warps=4))]
+        else:
+            variants.append(("swap, rule tiles", True, base))
         for label, swap, plan in variants:
             (install if swap else uninstall)()
             print(f"bench {name} {label:22s} {ms(plan)} ms", flush=True)
