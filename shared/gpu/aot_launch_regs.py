@@ -3,16 +3,22 @@ the CUDA rule's plan, compiled for sm_90 on any machine (no GPU needed).
 
     python shared/gpu/aot_launch_regs.py gdn|kda|gqa [--K 128] [--V 128] [--plan FIELD=INT ...]
 
-(gqa: ``--K`` is the head dim; one packed causal call with 8 query heads per KV head.)
+(gqa: ``--K`` is the head dim; one packed causal call with 8 query heads per KV head.
+dense: the dense projection at (M, N, K) = (4096, 128, 8192); lmhead: the LM-head loss with
+the plan of H 4096, V 32000 on 64 tokens, its cuBLAS GEMMs off (so cake's logits and dhidden
+kernels are listed too; CUDA runs cuBLAS there). Neither takes --plan.)
 
 Two steps, each in its own process: (1) under Triton's interpreter, one small packed bf16
 call of the family's autograd entry with ``make_plan(K, V, bf16, "cuda")`` records each
 kernel's arguments and launch options (the plan's tiles, warps, stages), the host's dtype
 choices made as on CUDA (bf16 dots and stores, not the interpreter's fp32); (2) with
 ``TRITON_INTERPRET=0``, each kernel is compiled for sm_90 from those argument types and
-constexprs, and the bundled ptxas reports registers per thread and spill bytes (and the PTX's
-count of wgmma and legacy mma.sync instructions). Not a timing
-(and without the runtime's divisibility hints); a map of where register pressure sits.
+constexprs, with the runtime's specialization of each argument as Triton computes it
+(16-byte aligned pointers and 16-divisible ints marked divisible, ints equal to 1 made
+constexprs: the CPU tensors' alignment stands for the GPU's), and the bundled ptxas reports
+registers per thread and spill bytes (and the PTX's count of wgmma and legacy mma.sync
+instructions, and Triton's shared memory). Not a timing; a map of where register pressure
+sits.
 """
 
 from __future__ import annotations
@@ -37,21 +43,27 @@ def _paths():
 def _encode(v, constexpr: bool):
     import torch
 
-    if isinstance(v, torch.Tensor):
-        names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-                 torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8",
-                 torch.bool: "i1"}
-        return {"type": "*" + names[v.dtype]}
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+             torch.int32: "i32", torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8",
+             torch.bool: "i1"}
+    if type(v).__name__ == "TensorDescriptor":  # a host TMA descriptor, as Triton types it
+        shape = ", ".join(str(b) for b in v.block_shape)
+        return {"type": f"tensordesc<{names[v.base.dtype]}[{shape}]>"}
     if constexpr or v is None:
         if hasattr(v, "name") and type(v).__module__.startswith("triton"):
             return {"type": "constexpr", "tl": v.name}
         return {"type": "constexpr", "value": v}
-    if isinstance(v, bool):
-        return {"type": "i1"}
-    if isinstance(v, int):
-        return {"type": "i32" if -2**31 <= v < 2**31 else "i64"}
-    if isinstance(v, float):
-        return {"type": "fp32"}
+    if isinstance(v, (bool, int, float)) or isinstance(v, torch.Tensor):
+        # Triton's own runtime specialization of the argument (as JITFunction.run's binder
+        # computes it on the GPU): 16-divisible ints and 16-byte aligned pointers get the
+        # divisibility attribute, an int equal to 1 becomes a constexpr
+        from triton._C.libtriton import native_specialize_impl
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        ty, attr = native_specialize_impl(CUDABackend, v, False, True, True)
+        if ty == "constexpr":
+            return {"type": "constexpr", "value": attr}
+        return {"type": ty, "attr": attr or ""}
     raise TypeError(f"argument of type {type(v).__name__}")
 
 
@@ -66,20 +78,58 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
     real = InterpretedFunction.run
 
     def spy(self, *args, grid, warmup, **kwargs):
+        # one record per kernel and distinct signature, constexprs and options (a kernel
+        # launched with two tilings, e.g. cake_core's matmul, is listed twice)
         fn = self.fn
-        key = f"{fn.__module__}:{fn.__name__}"
-        if key not in seen:
-            params = list(inspect.signature(fn).parameters.values())
-            opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
-                    if k in kwargs}
-            bound = dict(zip([p.name for p in params], args, strict=False)) | kwargs
-            sig = {p.name: _encode(bound.get(p.name, p.default),
-                                   "constexpr" in str(p.annotation)) for p in params}
-            seen[key] = {"signature": sig, "options": opts}
-            kwargs.update(opts)
+        params = list(inspect.signature(fn).parameters.values())
+        opts = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg")
+                if k in kwargs}
+        bound = dict(zip([p.name for p in params], args, strict=False)) | kwargs
+        sig = {p.name: _encode(bound.get(p.name, p.default),
+                               "constexpr" in str(p.annotation)) for p in params}
+        rec = {"signature": sig, "options": opts}
+        base = f"{fn.__module__}:{fn.__name__}"
+        same = [k for k in seen if k.split("#")[0] == base]
+        if all(seen[k] != rec for k in same):
+            seen[f"{base}#{len(same)}" if same else base] = rec
+        kwargs.update(opts)
         return real(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = spy
+    if fam in ("dense", "lmhead"):
+        import cake_core.gemm
+        import torch
+
+        cake_core.gemm.is_interpreting = lambda: False  # the host's CUDA dtype choices
+        g = torch.Generator().manual_seed(0)
+        if fam == "dense":  # issue 45's skinny case: (M, N, K) = (4096, 128, 8192)
+            import cake_dense_projection_det_gemm.plan as dp
+            from cake_dense_projection_det_gemm import dense_projection_det
+
+            M, N, Kd = 4096, 128, 8192
+            x = (torch.randn(M, Kd, generator=g) * 0.1).bfloat16().requires_grad_()
+            w = (torch.randn(N, Kd, generator=g) * 0.1).bfloat16().requires_grad_()
+            # the rule as on an H100 / H200 (132 SMs, sm_90, TMA): it reads the device
+            dp.sm_count, dp.tma_available = (lambda d: 132), (lambda: True)
+            dp.cuda_capability = lambda d: (9, 0)
+            plan = dp._rule(M, N, Kd, torch.bfloat16, torch.device("cuda"))
+            dense_projection_det(x, w, plan=plan).float().sum().backward()
+        else:  # the LM head's plan at H 4096, V 32000 (a rule of H, V), a few tokens
+            from cake_lm_head_loss_det_train import lm_head_loss_det, make_plan
+
+            H, Vv, T = 4096, 32000, 64
+            h = (torch.randn(T, H, generator=g) * 0.1).bfloat16().requires_grad_()
+            w = (torch.randn(Vv, H, generator=g) * 0.02).bfloat16().requires_grad_()
+            y = torch.randint(0, Vv, (T,), generator=g)
+            # the CUDA rule's plan with its cuBLAS GEMMs off (they need CUDA tensors): the
+            # logits and dhidden GEMMs then launch cake's kernels, which CUDA does not run
+            import dataclasses
+
+            plan = dataclasses.replace(make_plan(H, Vv, torch.bfloat16, "cuda"), cublas_gemms=0)
+            lm_head_loss_det(h, w, y, plan=plan).backward()
+        with open(RECORD, "w") as f:
+            json.dump(seen, f)
+        return
     mod = __import__(f"cake_{fam}_det_train", fromlist=["make_plan"])
     if fam == "gqa":  # K: the head dim; GROUP 8, causal, packed documents
         import dataclasses
@@ -126,22 +176,24 @@ def compile_all() -> None:
     _paths()
     import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
+    from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with open(RECORD) as f:
         seen = json.load(f)
     for key, r in seen.items():
-        mod, name = key.split(":")
+        mod, name = key.split("#")[0].split(":")
         fn = getattr(importlib.import_module(mod), name)
-        sig, consts = {}, {}
-        for p, e in r["signature"].items():
+        sig, consts, attrs = {}, {}, {}
+        for i, (p, e) in enumerate(r["signature"].items()):
             sig[p] = e["type"]
             if e["type"] == "constexpr":
                 consts[p] = tl.dtype(e["tl"]) if "tl" in e else e.get("value")
+            if e.get("attr"):
+                attrs[(i,)] = BaseBackend.parse_attr(e["attr"])
         try:
-            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                                target=GPUTarget("cuda", 90, 32), options=r["options"])
             with open("/tmp/cake_aot.ptx", "w") as f:
                 f.write(k.asm["ptx"])
@@ -156,12 +208,14 @@ def compile_all() -> None:
                     f"{k.asm['ptx'].count('mma.sync.aligned')}; shared {k.metadata.shared} B")
         except Exception as e:  # noqa: BLE001 - reported, the others still compile
             rep = f"not compiled: {type(e).__name__}: {str(e)[:160]}"
-        print(f"{name} {r['options']}: {rep}", flush=True)
+        twice = sum(k.split("#")[0] == key.split("#")[0] for k in seen) > 1
+        tiles = {p: v for p, v in consts.items() if isinstance(v, int)} if twice else ""
+        print(f"{name} {tiles}{r['options']}: {rep}", flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("family", nargs="?", choices=("gdn", "kda", "gqa"))
+    p.add_argument("family", nargs="?", choices=("gdn", "kda", "gqa", "dense", "lmhead"))
     p.add_argument("--K", type=int, default=128)
     p.add_argument("--V", type=int, default=128)
     p.add_argument("--plan", nargs="*", default=[], help="plan overrides FIELD=INT (a sweep's "

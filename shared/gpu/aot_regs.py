@@ -1,6 +1,7 @@
 """Registers and spills of cake-gqa-det-train's dK/dV kernel for sm_90, compiled ahead of time
-on any machine (no GPU needed): Triton compiles for the named target and its bundled ptxas
-reports what each tile configuration uses.
+on any machine (no GPU needed): Triton compiles for the named target (with the divisibility
+its runtime gives aligned pointers and strides) and its bundled ptxas reports what each tile
+configuration uses.
 
     python shared/gpu/aot_regs.py [D,BLOCK_M,BLOCK_N,WARPS,STAGES ...]
 
@@ -35,9 +36,21 @@ SIGNATURE = dict(
     HAS_RIGHT="constexpr", SOFTCAP="constexpr")
 
 
+def runtime_attrs(signature: dict) -> dict:
+    """The divisibility Triton's runtime gives these arguments at issue 41's shapes: every
+    pointer 16-byte aligned, every stride (``s...`` ints: multiples of D) divisible by 16."""
+    from triton.backends.compiler import BaseBackend
+
+    return {(i,): BaseBackend.parse_attr("D") for i, (n, t) in enumerate(signature.items())
+            if t.startswith("*") or (t == "i32" and n.startswith("s") and n != "seq_q"
+                                     and n != "seq_k" and n != "scale" and n != "softcap")}
+
+
 def ptxas_report(kernel, consts: dict, num_warps: int, num_stages: int,
                  signature: dict | None = None) -> str:
-    src = ASTSource(fn=kernel, signature=signature or SIGNATURE, constexprs=consts)
+    signature = signature or SIGNATURE
+    src = ASTSource(fn=kernel, signature=signature, constexprs=consts,
+                    attrs=runtime_attrs(signature))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
     ptx = "/tmp/cake_aot_regs.ptx"

@@ -270,8 +270,8 @@ def aot():
 
 def bench():
     """fwd+bwd ms (do_bench median, bf16, causal) at issue 41's shapes: the rule, the swapped
-    kernel (at D 256 in tilings that fit shared memory, and with the dQ kernel at 64 query
-    rows; at D 128 at the rule's tiles), and SDPA cuDNN."""
+    kernel (at D 256 in tilings that fit shared memory; at D 128 at the rule's tiles), and
+    SDPA cuDNN."""
     import dataclasses
 
     from cake_gqa_det_train import gqa_det, make_plan
@@ -307,12 +307,6 @@ def bench():
                 variants.append((f"swap {bm} x {bn}, {w} warps, {st} st", True,
                                  dataclasses.replace(base, dkdv_block_m=bm, dkdv_block_n=bn,
                                                      dkdv_warps=w, dkdv_stages=st)))
-            # the rule's dQ kernel (128 query rows, 8 warps) spills 2200 bytes a thread
-            # offline, with 64 rows 424 (`aot_launch_regs.py gqa --K 256 --plan ...`)
-            dq64 = dataclasses.replace(base, dq_block_m=64, dq_warps=8)
-            variants += [("rule, dq 64 rows", False, dq64),
-                         ("swap 64 x 32 4 w, dq 64 rows", True, dataclasses.replace(
-                             dq64, dkdv_block_m=64, dkdv_block_n=32, dkdv_warps=4))]
         else:
             variants.append(("swap, rule tiles", True, base))
         for label, swap, plan in variants:

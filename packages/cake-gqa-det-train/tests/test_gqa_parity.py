@@ -2,6 +2,8 @@
 batched and packed (empty, length-1, 63, 64, 65 and long documents), seqlen_q != seqlen_k
 under causal, GQA ratios 1, 2 and 8, every head dim, windows, softcap, fully masked rows."""
 
+import sys
+
 import pytest
 import torch
 from _gqa_cases import (
@@ -73,6 +75,28 @@ def test_not_causal():
 def test_windows(window):
     _check(make(lens_q=[1, 65, 100], lens_k=[1, 65, 90], D=64, seed=7), causal=False,
            window_size=window)
+
+
+@pytest.mark.parametrize("window,causal,same_as", [
+    ((2**31 - 1, 2**31 - 1), False, (-1, -1)), ((sys.maxsize, 0), False, (-1, 0)),
+    ((2**31 - 1, -1), True, (-1, -1)), ((166, 156), False, (-1, -1)),
+    ((2**40, 5), False, (-1, 5)), ((7, 2**31 - 1), False, (7, -1))])
+def test_windows_past_every_document_are_unbounded(window, causal, same_as):
+    # as flash-attn: a side at least as long as the sequence hides nothing (a bound near
+    # int32's limit once overflowed the kernels' index arithmetic and zeroed the result)
+    case = make(lens_q=[1, 65, 100], lens_k=[1, 65, 90], D=64, seed=12)
+    got = _check(case, causal=causal, window_size=window)
+    want = run(gqa_det, case, causal=causal, window_size=same_as)
+    for n in GRADS:
+        assert torch.equal(got[n], want[n]), n
+
+
+@pytest.mark.parametrize("B,Sq,Sk", [(2, 30, 30), (1, 20, 45)])
+def test_batched_window_longer_than_the_rows(B, Sq, Sk):
+    case = make(B=B, Sq=Sq, Sk=Sk, D=64, seed=13)
+    _check(case, causal=False, window_size=(Sk, Sq))
+    _check(case, causal=False, window_size=(2**31 - 1, 2**31 - 1))
+    _check(case, causal=False, window_size=(Sk - 2, Sq - 2))  # bounded: still right
 
 
 def test_window_with_causal():

@@ -36,6 +36,13 @@ def test_seqlen_q_ne_k_window_softcap():
     _check(case, causal=False, window_size=(9, 4), softcap=3.0)
 
 
+@pytest.mark.parametrize("window", [(2**31 - 1, 2**31 - 1), (2**63 - 1, 0)])
+def test_windows_past_every_document_are_unbounded(window):
+    # as flash-attn; a bound near int32's limit once overflowed the kernels' arithmetic
+    case = make([5, 70, 4, 1], [40, 20, 0, 65], seed=6)
+    _check(case, causal=False, window_size=window)
+
+
 def test_forward_bits_equal_det():
     """The forward is cake-gqa-det-train's kernel under equal tiles: the same bits."""
     case = make([30, 65], seed=4)

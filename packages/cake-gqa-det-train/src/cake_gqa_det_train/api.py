@@ -173,7 +173,8 @@ def gqa_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_seqlen_q, max_seqlen_k: the longest document (default: read from the offsets);
             a value below the true one is refused.
         softmax_scale: default ``D ** -0.5``. causal: bottom-right causal mask.
-        window_size: ``(left, right)`` as flash-attn. softcap: 0 (off) or > 0.
+        window_size: ``(left, right)`` as flash-attn (-1: unbounded; a side at least as
+            long as the sequence is unbounded too). softcap: 0 (off) or > 0.
         return_lse: also return lse, fp32 ``[Hq, Tq]`` (packed) or ``[B, Hq, Sq]``; it
             carries no gradient.
         plan: a :class:`GQADetPlan` for D (default :func:`make_plan`).

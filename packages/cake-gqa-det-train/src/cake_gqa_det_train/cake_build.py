@@ -52,7 +52,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1d864a94e2087d080e5eead3ad430fc40aa9a7e9d6cba4d6532c3fb0d23df953"
+SOURCE_DIGEST = "sha256:f7fa129c3b0e1af545af70ca184f5aafe17f8bc2cea18c417befd3eea015bbe7"
 # --- end of generated block ---
 
 MANIFEST = {

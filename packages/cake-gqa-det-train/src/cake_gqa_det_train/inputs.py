@@ -72,6 +72,15 @@ def _window(window_size, causal: bool) -> tuple[int, int]:
     return left, 0 if causal else right
 
 
+def unbounded_window(left: int, right: int, len_q: int, len_k: int) -> tuple[int, int]:
+    """The window with any side that reaches past every document made unbounded (-1), as
+    flash-attn does: row m sees key n when ``m + shift - left <= n <= m + shift + right``
+    (``shift = len_k - len_q`` of its document), so ``right >= len_q`` or ``left >= len_k``
+    (the longest documents, or bounds above them) hides no key. Keeps the kernels' index
+    arithmetic far from int32 overflow for windows up to ``2**63``."""
+    return (-1 if left >= len_k else left), (-1 if right > 0 and right >= len_q else right)
+
+
 def check_options(softmax_scale, causal, window_size, softcap, head_dim: int):
     """(scale, softcap, left, right)."""
     check_flag(causal, "causal")
@@ -159,6 +168,7 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             raise ValueError(f"k: batch {k.shape[0]} differs from q's {B}")
         if B > MAX_DOCS:
             raise ValueError(f"q: at most {MAX_DOCS} batch rows, got {B}")
+        left, right = unbounded_window(left, right, Sq, Sk)
         return Problem(False, B, Sq, Sk, B * Sq, B * Sk, Hq, Hkv, D, Sq, Sk, scale, cap,
                        left, right), device
     if cu_seqlens_q is None:
@@ -167,6 +177,7 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     if cu_seqlens_k is None:
         cu_seqlens_k = cu_seqlens_q
     Tq, Tk = q.shape[0], k.shape[0]
+    left, right = unbounded_window(left, right, Tq, Tk)  # no document is longer than T
     for n, t, T in (("cu_seqlens_q", cu_seqlens_q, Tq), ("cu_seqlens_k", cu_seqlens_k, Tk)):
         check_cu_seqlens(t, T, device, name=n, read_values=False)
     n_docs = cu_seqlens_q.numel() - 1
