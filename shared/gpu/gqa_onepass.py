@@ -17,6 +17,7 @@ heads and blocks in order); only dQ's sum order varies.
     # CPU, interpreter: parity of the pointer-atomic form against float64
     TRITON_INTERPRET=1 PYTHONPATH=$(ls -d packages/*/src | paste -sd:) \\
         python shared/gpu/gqa_onepass.py check
+    # CPU: the bench's code on tiny shapes (timings meaningless): ... gqa_onepass.py dry
     # GPU: parity (both forms), then fwd+bwd ms beside the det rule and SDPA cuDNN at
     # issue 41's shapes, over a few tilings
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python shared/gpu/gqa_onepass.py check bench
@@ -271,17 +272,16 @@ def check(dev, dtype, variants):
     return ok_all
 
 
-def bench(out_path=None):
+def bench(out_path=None, dev=None, dtype=torch.bfloat16, shapes=None, timer=None):
     """fwd+bwd ms (do_bench median, bf16, causal) at issue 41's shapes: the det rule, the
     nondet rule, the one-pass kernel (pointer and TMA adds) over a few tilings, SDPA cuDNN."""
     from cake_gqa_det_train import gqa_det
     from cake_gqa_train import gqa
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
-    dev = torch.device("cuda")
-    shapes = {"a": ([4096] * 4, 16, 2, 256), "b": ([4096] * 4, 32, 8, 128),
-              "c": ([32768], 16, 16, 128)}
+    dev = dev or torch.device("cuda")
+    shapes = shapes or SHAPES
+    timer = timer or _do_bench
     # None: the plan's (the det kernel's) tiling; the others from the offline report
     # (`aot`): the fewest spills of the TMA form at each D among the tilings that fit shared
     # memory (at D 256 the plan's 128 x 32 x 2 stages does not)
@@ -290,7 +290,7 @@ def bench(out_path=None):
     pointer = {256: (64, 32, 8, 2), 128: None}
     rows = []
     for name, (lens, Hq, Hkv, D) in shapes.items():
-        q, k, v, do, cq, ck = _case(lens, Hq, Hkv, D, torch.bfloat16, dev)
+        q, k, v, do, cq, ck = _case(lens, Hq, Hkv, D, dtype, dev)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
         def fb(fn, leaves=leaves, do=do, cq=cq, ck=ck):
@@ -300,35 +300,42 @@ def bench(out_path=None):
 
         def ms(fn):
             try:
-                return do_bench(lambda: fb(fn), warmup=5, rep=200, return_mode="median")
+                return timer(lambda: fb(fn))
             except Exception as e:  # out of shared memory / registers: report, go on
                 return f"{type(e).__name__}: {str(e)[:80]}"
 
+        res = {}
+
+        def record(impl, t, res=res, name=name):  # printed as it comes (a call may time out)
+            res[impl] = t
+            det = res.get("det")
+            ratio = f"{t / det:.3f}" if isinstance(t, float) and isinstance(det, float) else "-"
+            tt = f"{t:.3f}" if isinstance(t, float) else t
+            print(f"bench {name} {impl:34s} {tt} ms  / det {ratio}", flush=True)
+            rows.append(dict(shape=name, impl=impl, ms=t))
+
         uninstall()
-        res = {"det": ms(gqa_det), "nondet rule": ms(gqa)}
+        record("det", ms(gqa_det))
+        record("nondet rule", ms(gqa))
         for tma, t in [(True, t) for t in tilings[D]] + [(False, pointer[D])]:
             install(tiles=t, tma_reduce=tma)
-            res[f"onepass {'tma' if tma else 'ptr'} {t or 'plan tiles'}"] = ms(gqa)
+            record(f"onepass {'tma' if tma else 'ptr'} {t or 'plan tiles'}", ms(gqa))
         uninstall()
+        if dev.type != "cuda":  # a dry run: no cuDNN
+            continue
         B, S = len(lens), lens[0]
         qb, kb, vb, dob = (x.view(B, S, -1, D).transpose(1, 2) for x in (q, k, v, do))
         kb = kb.repeat_interleave(Hq // Hkv, 1)
         vb = vb.repeat_interleave(Hq // Hkv, 1)
         lb = [t.detach().clone().requires_grad_() for t in (qb, kb, vb)]
 
-        def cudnn():
+        def cudnn(lb=lb, dob=dob):
             for t in lb:
                 t.grad = None
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 torch.nn.functional.scaled_dot_product_attention(*lb, is_causal=True
                                                                  ).backward(dob)
-        res["sdpa cudnn"] = do_bench(cudnn, warmup=5, rep=200, return_mode="median")
-        for impl, t in res.items():
-            ratio = (f"{t / res['det']:.3f}" if isinstance(t, float) and
-                     isinstance(res["det"], float) else "-")
-            tt = f"{t:.3f}" if isinstance(t, float) else t
-            print(f"bench {name} {impl:34s} {tt} ms  / det {ratio}", flush=True)
-            rows.append(dict(shape=name, impl=impl, ms=t))
+        record("sdpa cudnn", timer(cudnn))
     if out_path:
         with open(out_path, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
@@ -365,6 +372,26 @@ def aot():
                       f"stages {stages}: {rep}", flush=True)
 
 
+SHAPES = {"a": ([4096] * 4, 16, 2, 256), "b": ([4096] * 4, 32, 8, 128),
+          "c": ([32768], 16, 16, 128)}  # issue 41's: (document lengths, Hq, Hkv, D)
+DRY_SHAPES = {"a": ([40, 24], 4, 2, 256), "b": ([40, 24], 4, 2, 128)}
+
+
+def _do_bench(fn):
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=5, rep=200, return_mode="median")
+
+
+def _once_ms(fn):
+    """A dry run's timer: one call, wall ms (the interpreter's: not a measurement)."""
+    import time
+
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
 def main():
     cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     dev = torch.device("cuda" if cuda else "cpu")
@@ -377,6 +404,8 @@ def main():
         print(f"check: {'all ok' if ok else 'FAILED'}", flush=True)
     if "aot" in sys.argv:
         aot()
+    if "dry" in sys.argv and not cuda:  # the bench's code on a CPU, tiny shapes, fp32
+        bench(dev=dev, dtype=torch.float32, shapes=DRY_SHAPES, timer=_once_ms)
     if "bench" in sys.argv and cuda:
         out = os.environ.get("OUT")
         bench(os.path.join(out, "gqa_onepass.json") if out else None)

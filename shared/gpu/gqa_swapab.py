@@ -26,6 +26,7 @@ deterministic).
     # any machine: registers, spills and MMA instructions for sm_90 of both forms
     TRITON_INTERPRET=0 PYTHONPATH=$(ls -d packages/*/src | paste -sd:) \\
         python shared/gpu/gqa_swapab.py aot
+    # CPU: the bench's code on tiny shapes (timings meaningless): ... gqa_swapab.py dry
     # GPU: bf16 parity and repeat, then fwd+bwd ms beside the rule and SDPA cuDNN
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python shared/gpu/gqa_swapab.py check bench
 """
@@ -268,7 +269,7 @@ def aot():
                       flush=True)
 
 
-def bench():
+def bench(dev=None, dtype=torch.bfloat16, shapes=None, timer=None):
     """fwd+bwd ms (do_bench median, bf16, causal) at issue 41's shapes: the rule, the swapped
     kernel (at D 256 in tilings that fit shared memory; at D 128 at the rule's tiles), and
     SDPA cuDNN."""
@@ -276,15 +277,14 @@ def bench():
 
     from cake_gqa_det_train import gqa_det, make_plan
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
-    dev = torch.device("cuda")
-    shapes = {"a": ([4096] * 4, 16, 2, 256), "b": ([4096] * 4, 32, 8, 128),
-              "c": ([32768], 16, 16, 128)}
+    dev = dev or torch.device("cuda")
+    shapes = shapes or SHAPES
+    timer = timer or _do_bench
     for name, (lens, Hq, Hkv, D) in shapes.items():
-        q, k, v, do, cq, ck = _case(lens, Hq, Hkv, D, torch.bfloat16, dev)
+        q, k, v, do, cq, ck = _case(lens, Hq, Hkv, D, dtype, dev)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        base = make_plan(D, torch.bfloat16, dev)
+        base = make_plan(D, dtype, dev)
 
         def fb(plan, leaves=leaves, do=do, cq=cq, ck=ck):
             for t in leaves:
@@ -293,7 +293,7 @@ def bench():
 
         def ms(plan):
             try:
-                return f"{do_bench(lambda: fb(plan), warmup=5, rep=200, return_mode='median'):.3f}"
+                return f"{timer(lambda: fb(plan)):.3f}"
             except Exception as e:  # out of shared memory / registers: report, go on
                 return f"{type(e).__name__}: {str(e)[:80]}"
 
@@ -313,6 +313,8 @@ def bench():
             (install if swap else uninstall)()
             print(f"bench {name} {label:22s} {ms(plan)} ms", flush=True)
         uninstall()
+        if dev.type != "cuda":  # a dry run: no cuDNN
+            continue
         B, S = len(lens), lens[0]
         qb, kb, vb, dob = (x.view(B, S, -1, D).transpose(1, 2) for x in (q, k, v, do))
         lb = [t.detach().clone().requires_grad_() for t in
@@ -324,8 +326,27 @@ def bench():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 torch.nn.functional.scaled_dot_product_attention(*lb, is_causal=True
                                                                  ).backward(dob)
-        t = do_bench(cudnn, warmup=5, rep=200, return_mode="median")
-        print(f"bench {name} {'sdpa cudnn':22s} {t:.3f} ms", flush=True)
+        print(f"bench {name} {'sdpa cudnn':22s} {timer(cudnn):.3f} ms", flush=True)
+
+
+SHAPES = {"a": ([4096] * 4, 16, 2, 256), "b": ([4096] * 4, 32, 8, 128),
+          "c": ([32768], 16, 16, 128)}  # issue 41's: (document lengths, Hq, Hkv, D)
+DRY_SHAPES = {"a": ([40, 24], 4, 2, 256), "b": ([40, 24], 4, 2, 128)}
+
+
+def _do_bench(fn):
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=5, rep=200, return_mode="median")
+
+
+def _once_ms(fn):
+    """A dry run's timer: one call, wall ms (the interpreter's: not a measurement)."""
+    import time
+
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
 
 
 def main():
@@ -337,6 +358,8 @@ def main():
         print(f"check: {'all ok' if ok else 'FAILED'}", flush=True)
     if "aot" in sys.argv:
         aot()
+    if "dry" in sys.argv and not cuda:  # the bench's code on a CPU, tiny shapes, fp32
+        bench(dev=dev, dtype=torch.float32, shapes=DRY_SHAPES, timer=_once_ms)
     if "bench" in sys.argv and cuda:
         bench()
     return 0 if ok else 1
