@@ -131,3 +131,30 @@ def test_wrong_backend_device_refused(no_launch):
     with pytest.raises(ValueError, match="hidden: on"):
         lm_head_loss_det(torch.ones(2, 4, device=other), torch.ones(3, 4, device=other),
                          torch.zeros(2, dtype=torch.int64, device=other))
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None])
+def test_return_lse_must_be_a_bool(flag, no_launch):
+    from cake_lm_head_loss_det_train import is_supported
+
+    with pytest.raises(ValueError, match="return_lse: expected a bool"):
+        lm_head_loss_det(_h(), _w(), _y(), return_lse=flag)
+    got = is_supported(_h(), _w(), _y(), return_lse=flag)
+    assert not got.ok and "return_lse" in got.reason
+
+
+@pytest.mark.parametrize("args,kw,msg", [
+    ((2.5, 10), {}, "hidden_size: expected an int"),
+    ((True, 10), {}, "hidden_size: expected an int"),
+    ((16, 0), {}, "vocab_size: expected an int >= 1"),
+    ((16, 10), {"reduction": "avg"}, "reduction"),
+    ((16, 10), {"label_smoothing": 2.0}, "label_smoothing"),
+    ((16, 10), {"ignore_index": 1.5}, "ignore_index"),
+    ((16, 10), {"z_loss": -1.0}, "z_loss"),
+    ((16, 10), {"logit_softcap": 0.0}, "logit_softcap"),
+])
+def test_module_refuses_bad_options_when_built(args, kw, msg):
+    from cake_lm_head_loss_det_train import LMHeadLoss
+
+    with pytest.raises(ValueError, match=msg):
+        LMHeadLoss(*args, **kw)

@@ -158,3 +158,40 @@ def test_outputs_are_fully_written(monkeypatch, grad_in_forward):
     loss.backward()
     for t in (loss, lse, hidden.grad, weight.grad, b.grad):
         assert torch.isfinite(t.float()).all()
+
+
+def test_fp16_gradients_keep_small_probabilities_under_a_loss_scale():
+    # fp16 (5 exponent bits): gradients computed in the forward for an upstream gradient of
+    # 1 (and / T for "mean") flushed small probabilities to 0 before a loss scale could lift
+    # them; the rule computes fp16 gradients in the backward, where the scale is known
+    assert make_plan(16, 50, torch.float16, DEV).grad_in_forward == 0
+    assert make_plan(16, 50, torch.bfloat16, DEV).grad_in_forward == 1
+    g = torch.Generator().manual_seed(0)
+    T, H, V, scale = 256, 16, 50, 65536.0  # torch.amp.GradScaler's initial scale
+    h0 = torch.randn(T, H, generator=g)
+    h0[:, 0] = 2.0
+    w0 = torch.randn(V, H, generator=g) * 0.1
+    w0[:, 0] = 0.0
+    w0[7, 0] = -4.6  # class 7: p ~ 2e-6 for every token, p / T under fp16's subnormals
+    y = torch.randint(0, V, (T,), generator=g)
+    y[y == 7] = 8
+
+    def dw(fn, dtype):
+        h = h0.to(DEV, dtype).requires_grad_()
+        w = w0.to(DEV, dtype).requires_grad_()
+        (fn(h, w, y.to(DEV)) * scale).backward()
+        return w.grad.double() / scale
+
+    got = dw(lambda h, w, y: lm_head_loss_det(h, w, y), torch.float16)
+    ref = dw(lambda h, w, y: torch.nn.functional.cross_entropy(h @ w.T, y), torch.float64)
+    assert float(got[7].abs().max()) > 0.0
+    assert rel_fro_error(got[7], ref[7]) < 1e-2
+    assert rel_fro_error(got, ref) < 1e-2
+
+
+@pytest.mark.parametrize("cap", [1e4, 1e6])
+def test_large_soft_caps_stay_exact(cap):
+    # c * tanh(z / c) ~ z: tanh near 0 computed without cancellation (1 - 2 / (e^2x + 1)
+    # gave c * 1e-7 of absolute error)
+    hidden, weight, b, labels = _inputs((12,), 16, 50, torch.float32, seed=9)
+    _check(hidden, weight, b, labels, torch.float32, tol=1e-5, logit_softcap=cap)

@@ -145,6 +145,18 @@ def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_s
         check_dtype(bias, "bias", (hidden.dtype, torch.float32))
         if not bias.is_contiguous():
             raise ValueError("bias: must be contiguous")
+    cfg = check_options(ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
+    _check_main_grad(main_grad, V, H)
+    device = check_same_device(("hidden", hidden), ("weight", weight), ("labels", labels),
+                               ("bias", bias), ("main_grad", main_grad))
+    if launch:  # off for the size queries, which serve meta tensors
+        launch_device_check(device, "hidden")
+    return device, cfg
+
+
+def check_options(ignore_index, reduction, label_smoothing, z_loss, logit_softcap) -> tuple:
+    """The loss options' checks (the entries' and :class:`LMHeadLoss`'s) -> the kernels'
+    ``(ignore_index, reduction code, label_smoothing, z_loss, softcap or 0)``."""
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral) or \
             not -(2**63) <= ignore_index < 2**63:
         raise ValueError(f"ignore_index: expected an int, got {ignore_index!r}")
@@ -158,12 +170,7 @@ def _check_inputs(hidden, weight, labels, bias, ignore_index, reduction, label_s
         if cap <= 0.0:
             raise ValueError(f"logit_softcap: expected None or a finite number > 0, got "
                              f"{logit_softcap!r}")
-    _check_main_grad(main_grad, V, H)
-    device = check_same_device(("hidden", hidden), ("weight", weight), ("labels", labels),
-                               ("bias", bias), ("main_grad", main_grad))
-    if launch:  # off for the size queries, which serve meta tensors
-        launch_device_check(device, "hidden")
-    return device, (int(ignore_index), _RED[reduction], ls, zl, cap)
+    return int(ignore_index), _RED[reduction], ls, zl, cap
 
 
 def _check_labels(labels: torch.Tensor, V: int, ignore_index: int) -> None:
@@ -664,10 +671,17 @@ def lm_head_loss_det(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
                      main_grad)
 
 
+def check_return_lse(return_lse) -> None:
+    """``return_lse`` must be a bool (a truthy string is a mistake, not a yes)."""
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"return_lse: expected a bool, got {return_lse!r}")
+
+
 def loss_call(m: ModeClasses, hidden, weight, labels, bias, ignore_index, reduction,
               label_smoothing, z_loss, logit_softcap, return_lse, plan, workspace, main_grad):
     """:func:`lm_head_loss_det`'s body for the mode classes ``m`` (also a nondet
     sibling's autograd entry)."""
+    check_return_lse(return_lse)
     device, cfg, plan, bufs = _prepare(hidden, weight, labels, bias, ignore_index, reduction,
                                        label_smoothing, z_loss, logit_softcap, plan, workspace,
                                        main_grad, m)

@@ -44,7 +44,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:48297cdd821e1c11782c193b69b44e347b8495d59e304d7b876cbc8e46900128"
+SOURCE_DIGEST = "sha256:66853032ab1b6fba479f8cc164b569f4f28a0c0eaafe7111f632d18da32d5721"
 # --- end of generated block ---
 
 MANIFEST = {

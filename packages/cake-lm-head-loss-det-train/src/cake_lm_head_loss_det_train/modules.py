@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 
-from cake_lm_head_loss_det_train.api import lm_head_loss_det
+from cake_lm_head_loss_det_train.api import check_options, lm_head_loss_det
 
 
 class LMHeadLoss(nn.Module):
@@ -21,7 +23,8 @@ class LMHeadLoss(nn.Module):
     logits are never materialized. Not twice differentiable.
 
     Raises:
-        ValueError: as :func:`lm_head_loss_det`, and for sizes < 1.
+        ValueError: (construction) sizes that are not ints >= 1, or loss options the
+            entry refuses; (forward) as :func:`lm_head_loss_det`.
     """
 
     #: the entry forward calls (cake-lm-head-loss-nondet-train's subclass sets its own)
@@ -32,9 +35,11 @@ class LMHeadLoss(nn.Module):
                  label_smoothing: float = 0.0, z_loss: float = 0.0,
                  logit_softcap: float | None = None, device=None, dtype=None):
         super().__init__()
-        if int(hidden_size) < 1 or int(vocab_size) < 1:
-            raise ValueError(f"hidden_size, vocab_size: must be >= 1, got {hidden_size}, "
-                             f"{vocab_size}")
+        for n, v in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{n}: expected an int >= 1, got {v!r}")
+        # the loss options fail here, not at the first forward
+        check_options(ignore_index, reduction, label_smoothing, z_loss, logit_softcap)
         self.hidden_size = int(hidden_size)
         self.vocab_size = int(vocab_size)
         self.ignore_index = ignore_index

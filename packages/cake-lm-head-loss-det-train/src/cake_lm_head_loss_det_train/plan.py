@@ -147,7 +147,9 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     the host every call (and forbid CUDA-graph capture), so an out-of-range label there
     gives a NaN loss instead of a ``ValueError``, as torch's cross entropy asserts on the
     device instead of raising. ``grad_in_forward`` is 1 for "mean" and "sum", 0 for "none"
-    (per-token upstream gradients exist only at backward time). ``defer_dw_tokens = 2·H`` for 16-bit
+    (per-token upstream gradients exist only at backward time) and for fp16 (whose dlogits,
+    rounded before the upstream gradient, e.g. a loss scale, multiplies them, would lose
+    small probabilities: fp16 keeps 5 exponent bits). ``defer_dw_tokens = 2·H`` for 16-bit
     inputs (the kept dlogits, 2·T·V bytes, then never exceed the 4·V·H bytes of the fp32
     dweight sum they replace), 0 for fp32.
 
@@ -203,7 +205,10 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
         block_m=block_m, block_v=block_v, num_warps=warps, loss_block=loss_block,
         **{f"{g}_block_{d}": v for g, t in tiles.items() for d, v in zip("mnk", t, strict=True)},
         gemm_group_m=gm, gemm_warps=gw, gemm_stages=gs, dh_split=1, check_labels=int(not cuda),
-        grad_in_forward=0 if reduction == "none" else 1,
+        # fp16: the forward's dlogits (for an upstream gradient of 1, divided by the token
+        # count for "mean") are rounded to fp16 before a loss scale multiplies them, and
+        # small probabilities flush to 0; computed in the backward, they carry the scale
+        grad_in_forward=0 if reduction == "none" or dtype == torch.float16 else 1,
         cublas_gemms=int(cuda and dtype in (torch.bfloat16, torch.float16)),
         defer_dw_tokens=2 * hidden_size if dtype in (torch.bfloat16, torch.float16) else 0,
     )

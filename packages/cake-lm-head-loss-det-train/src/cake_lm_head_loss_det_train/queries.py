@@ -7,7 +7,14 @@ import torch
 from cake_core.checks import check_alloc_device
 from cake_core.support import Support, nbytes_of, support_of
 
-from cake_lm_head_loss_det_train.api import _NONE, DET, ModeClasses, _check_labels, _prepare
+from cake_lm_head_loss_det_train.api import (
+    _NONE,
+    DET,
+    ModeClasses,
+    _check_labels,
+    _prepare,
+    check_return_lse,
+)
 from cake_lm_head_loss_det_train.plan import LMHeadLossDetPlan
 from cake_lm_head_loss_det_train.saved import LMHeadLossDetWorkspace, workspace_buffers
 
@@ -32,13 +39,16 @@ def is_supported(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
         is_supported(torch.randn(4, 16), torch.randn(32, 16), torch.tensor([1, 2, 3, 4])).ok
     """
     return _is_supported(DET, hidden, weight, labels, bias, ignore_index, reduction,
-                         label_smoothing, z_loss, logit_softcap, plan, workspace, main_grad)
+                         label_smoothing, z_loss, logit_softcap, plan, workspace, main_grad,
+                         return_lse=return_lse)
 
 
 def _is_supported(m: ModeClasses, hidden, weight, labels, bias, ignore_index, reduction,
-                  label_smoothing, z_loss, logit_softcap, plan, workspace, main_grad):
+                  label_smoothing, z_loss, logit_softcap, plan, workspace, main_grad, *,
+                  return_lse=False):
     """:func:`is_supported` for the mode classes ``m`` (also the nondet sibling's)."""
     def check():
+        check_return_lse(return_lse)
         _, cfg, p, _ = _prepare(hidden, weight, labels, bias, ignore_index, reduction,
                                 label_smoothing, z_loss, logit_softcap, plan, workspace,
                                 main_grad, m)

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ea7f09ab88df255e9625fd905e4a1955f36f24c87f1e78cd8ba157bbbd91e9d0"
+SOURCE_DIGEST = "sha256:fd7740f739a464cbb45df2d917081e9ae6d1965ad0aa7a77693812df32b890a0"
 # --- end of generated block ---
 
 MANIFEST = {

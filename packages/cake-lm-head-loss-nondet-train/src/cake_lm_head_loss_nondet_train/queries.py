@@ -31,7 +31,8 @@ def is_supported_nondet(hidden: torch.Tensor, weight: torch.Tensor, labels: torc
                             torch.tensor([1, 2, 3, 4])).ok   # True
     """
     return _is_supported(_M, hidden, weight, labels, bias, ignore_index, reduction,
-                         label_smoothing, z_loss, logit_softcap, plan, workspace, main_grad)
+                         label_smoothing, z_loss, logit_softcap, plan, workspace, main_grad,
+                         return_lse=return_lse)
 
 
 def workspace_bytes_nondet(plan: LMHeadLossNondetPlan,
