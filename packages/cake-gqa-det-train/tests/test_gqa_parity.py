@@ -107,6 +107,12 @@ def test_softcap_and_scale():
     _check(make(lens_q=[64, 37], D=128, seed=9), softcap=2.5, softmax_scale=0.3)
 
 
+@pytest.mark.parametrize("cap", [1e4, 1e6])
+def test_large_soft_caps_stay_exact(cap):
+    # softcap * tanh(s / softcap) ~ s: tanh near 0 without cancellation
+    _check(make(lens_q=[40, 17], D=64, seed=14), softcap=cap, tol=TOL)
+
+
 def test_softcap_not_causal_window():
     _check(make(B=1, Sq=48, Sk=70, D=64, seed=10), causal=False, softcap=1.0,
            window_size=(20, 10))

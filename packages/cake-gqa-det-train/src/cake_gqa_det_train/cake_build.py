@@ -52,7 +52,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f7fa129c3b0e1af545af70ca184f5aafe17f8bc2cea18c417befd3eea015bbe7"
+SOURCE_DIGEST = "sha256:b9cdc35b07a91d6e3609cc2ff076173a69a87751339a31c6e704d0ab3b0fff9b"
 # --- end of generated block ---
 
 MANIFEST = {

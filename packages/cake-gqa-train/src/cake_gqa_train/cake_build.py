@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1e4cd6417476ec01c30476463768543923d0fc9146ac84c414a3e53771aace6c"
+SOURCE_DIGEST = "sha256:5046481af44bbb174f73d901e8f17cba206f55d9eeffb41b05f8b376fb6dfedb"
 # --- end of generated block ---
 
 MANIFEST = {
