@@ -566,8 +566,10 @@ def chunk_gdn_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             reads q/k head ``j // (HV // H)``). 1 <= V <= 256.
         g: ``[B, T, HV]`` log-space decay (state multiplied by ``exp(g_t)``), fp32 or q's
             dtype; finite (not checked: a ``-inf`` as a hard reset makes the chunked form's
-            decay ratios ``exp(G_i - G_j)`` NaN and with them the whole output; use a large
-            finite negative value, e.g. -1e4, or start a new document in ``cu_seqlens``).
+            decay ratios ``exp(G_i - G_j)`` NaN and with them the whole output; use a
+            finite value such as -30 (``exp(-30)`` ~ 1e-13: a full reset), or start a new
+            document in ``cu_seqlens``. Gates in the thousands cost accuracy: the chunk's
+            fp32 running sum of gates then spaces its values ~1e-3 apart).
             beta: ``[B, T, HV]``, fp32 or q's dtype.
         scale: > 0, default ``K ** -0.5``.
         initial_state: fp32 ``[N, HV, K, V]`` or ``None`` (zeros); N = B, or the number of

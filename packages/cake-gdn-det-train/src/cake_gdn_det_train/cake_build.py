@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7e74bbaf9df596c256f27d43a12a1d238dd4c92dc0f8453ad0805da438b71faf"
+SOURCE_DIGEST = "sha256:8416ab6557a27f60d41d427d5859907e2473dbf5c440f83c986d4792485e7992"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d293fed8fcb56a0ee5c38c963d25d2d4ebf17b5d897259d8c6b0e92c8f4017fa"
+SOURCE_DIGEST = "sha256:233d42c78114fb539a419471277b7ec32b9ada8c29f596ca77be9a53940f1b96"
 # --- end of generated block ---
 
 MANIFEST = {

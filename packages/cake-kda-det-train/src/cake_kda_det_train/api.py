@@ -467,8 +467,10 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         g: ``[B, T, HV, K]``, fp32 or q's dtype: the per-channel log decay (row c of the
             state is multiplied by ``exp(g_t[c])``), or FLA's raw gate with
             ``use_gate_in_kernel``; finite (not checked: a ``-inf`` as a hard reset makes
-            the chunked form's decay ratios NaN and with them the whole output; use a large
-            finite negative value, e.g. -1e4, or start a new document in ``cu_seqlens``).
+            the chunked form's decay ratios NaN and with them the whole output; use a
+            finite value such as -30 (``exp(-30)`` ~ 1e-13: a full reset), or start a new
+            document in ``cu_seqlens``. Gates in the thousands cost accuracy: the chunk's
+            fp32 running sum of gates then spaces its values ~1e-3 apart).
         beta: ``[B, T, HV]``, fp32 or q's dtype (pre-sigmoid with
             ``use_beta_sigmoid_in_kernel``).
         scale: finite > 0, default ``K ** -0.5``.

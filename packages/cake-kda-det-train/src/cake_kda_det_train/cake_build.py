@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f751cf52ab61d4262bfa5fe1f1b001b4a79600b02e1b6f42b238af8a2e7e31e8"
+SOURCE_DIGEST = "sha256:274f49d8a44ef5b64d189578fd4f3ade4ed4f11786c06ddc2b0fa11983c8df96"
 # --- end of generated block ---
 
 MANIFEST = {

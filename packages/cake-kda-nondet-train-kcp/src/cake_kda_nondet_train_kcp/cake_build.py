@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:3cae7d782374d95c5f271ec0e7f009c991f49382662d24aec7450cea36c169e5"
+SOURCE_DIGEST = "sha256:8c69d771e4445aebe1fa40f6594487cc7040aa5c719e37c1f316e5f41742e811"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:5412dedd290c33c8123209c044e7a369766475babfbbe72349e06131b40d896d"
+SOURCE_DIGEST = "sha256:dcb5353542fc96e086286d997e54fa41b1bbc6cf59c14c41b7c5f427c3f3232b"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
