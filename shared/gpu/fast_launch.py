@@ -1,8 +1,8 @@
 """Candidate for issue 45 (host time per call): launch a Triton kernel through its compiled
 launcher on a cache hit, without the rest of ``JITFunction.run``.
 
-On an H100 host a keyword launch through ``kernel[grid](...)`` took ~35 us, the compiled
-launcher called directly ~5-6 us (docs/benchmarks/host_overhead.md). Besides binding and
+Most of a keyword launch through ``kernel[grid](...)`` is Triton's Python around the
+compiled launcher (measurements: docs/benchmarks/host_overhead.md). Besides binding and
 specializing the arguments, Triton 3.6's ``JITFunction.run`` builds its cache key as a
 string of the options, looks up the device and stream through its driver proxy, checks the
 kernel's global constants, builds launch metadata and has the launcher call its (empty)

@@ -5,9 +5,9 @@ no wheel; ``cake_gqa_train`` keeps its rule until this is timed.
 
 The two-pass rule (cake-gqa-det-train's kernels) computes Q K^T and dO V^T twice, once in
 the dK / dV kernel and once in the dQ kernel: 7 of the backward's GEMMs where one pass needs
-5. One pass trades the two for atomic traffic: a query tile of dQ (fp32) per key block.
-An earlier try with per-element atomics took 13.07 ms against the two-pass 7.4 ms at issue
-41's shape a (docs/benchmarks/gqa.md). Here the add can also go through the TMA unit
+5. One pass trades the two for atomic traffic: a query tile of dQ (fp32) per key block
+(per-element atomics were slower than two passes: docs/benchmarks/gqa.md). Here the add
+can also go through the TMA unit
 (``tensor_descriptor.atomic_add``: one bulk reduce of the tile, what FlashAttention-3 uses),
 on CUDA only (Triton's interpreter has no descriptor reduce).
 
@@ -30,6 +30,7 @@ import json
 import os
 import sys
 
+import gqa_candidate_kit as kit
 import torch
 from cake_core.triton_utils import cdiv, dot, select_backend
 
@@ -196,25 +197,6 @@ def uninstall():
     _api.launch_bwd = _RULE
 
 
-def _case(lens, Hq, Hkv, D, dtype, dev, seed=0, lens_k=None):
-    g = torch.Generator().manual_seed(seed)
-    lens_k = lens if lens_k is None else lens_k
-    q = torch.randn(sum(lens), Hq, D, generator=g)
-    k = torch.randn(sum(lens_k), Hkv, D, generator=g)
-    v = torch.randn(sum(lens_k), Hkv, D, generator=g)
-    do = torch.randn(sum(lens), Hq, D, generator=g)
-    cq = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-    ck = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
-    return [t.to(dev, dtype) for t in (q, k, v, do)] + [cq.to(dev), ck.to(dev)]
-
-
-def _grads(fn, q, k, v, do, cq, ck, **kw):
-    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = fn(qq, kk, vv, cq, ck, **kw)
-    out.backward(do)
-    return [out.detach(), qq.grad, kk.grad, vv.grad]
-
-
 def check(dev, dtype, variants):
     """Parity of cake_gqa_train with the one-pass backward against float64, and dK / dV
     against the det package's bits at the same dK / dV tiles (the same sums in the same
@@ -237,20 +219,20 @@ def check(dev, dtype, variants):
     opts = [dict(), dict(window_size=(9, 0)), dict(softcap=20.0), dict(causal=False)]
     ok_all = True
     for c in cases:
-        q, k, v, do, cq, ck = _case(**c, dtype=dtype, dev=dev)
+        q, k, v, do, cq, ck = kit.case(**c, dtype=dtype, dev=dev)
         pd, pn = det_plan(c["D"], dtype, dev), nondet_plan(c["D"], dtype, dev)
         if dev.type == "cuda" and c["D"] == 256:
             t = dict(block_m=64, block_n=32, warps=8, stages=2)
             pd = dataclasses.replace(pd, **{f"dkdv_{n}": x for n, x in t.items()})
             pn = dataclasses.replace(pn, **{f"bwd_{n}": x for n, x in t.items()})
         for o in opts:
-            ref = _grads(lambda *a, **kw: gqa_reference(*a, **kw)[0], q.double(), k.double(),
+            ref = kit.grads(lambda *a, **kw: gqa_reference(*a, **kw)[0], q.double(), k.double(),
                          v.double(), do.double(), cq, ck, **o)
-            det = _grads(gqa_det, q, k, v, do, cq, ck, plan=pd, **o)
+            det = kit.grads(gqa_det, q, k, v, do, cq, ck, plan=pd, **o)
             for name, kw in variants:
                 install(**kw)
                 try:
-                    got = _grads(gqa, q, k, v, do, cq, ck, plan=pn, **o)
+                    got = kit.grads(gqa, q, k, v, do, cq, ck, plan=pn, **o)
                 except Exception as e:  # noqa: BLE001 - e.g. out of resources: say so, go on
                     ok_all = False
                     print(f"check {name} D={c['D']} {o}: FAIL {type(e).__name__}: "
@@ -258,7 +240,7 @@ def check(dev, dtype, variants):
                     continue
                 finally:
                     uninstall()
-                errs = [float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+                errs = [kit.rel(a, b)
                         for a, b in zip(got, ref, strict=True)]
                 same_dkdv = all(torch.equal(a, b) for a, b in zip(got[2:], det[2:],
                                                                   strict=True))
@@ -277,11 +259,10 @@ def bench(out_path=None, dev=None, dtype=torch.bfloat16, shapes=None, timer=None
     nondet rule, the one-pass kernel (pointer and TMA adds) over a few tilings, SDPA cuDNN."""
     from cake_gqa_det_train import gqa_det
     from cake_gqa_train import gqa
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = dev or torch.device("cuda")
-    shapes = shapes or SHAPES
-    timer = timer or _do_bench
+    shapes = shapes or kit.SHAPES
+    timer = timer or kit.do_bench_ms
     # None: the plan's (the det kernel's) tiling; the others from the offline report
     # (`aot`): the fewest spills of the TMA form at each D among the tilings that fit shared
     # memory (at D 256 the plan's 128 x 32 x 2 stages does not)
@@ -290,7 +271,7 @@ def bench(out_path=None, dev=None, dtype=torch.bfloat16, shapes=None, timer=None
     pointer = {256: (64, 32, 8, 2), 128: None}
     rows = []
     for name, (lens, Hq, Hkv, D) in shapes.items():
-        q, k, v, do, cq, ck = _case(lens, Hq, Hkv, D, dtype, dev)
+        q, k, v, do, cq, ck = kit.case(lens, Hq, Hkv, D, dtype, dev)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
 
         def fb(fn, leaves=leaves, do=do, cq=cq, ck=ck):
@@ -323,19 +304,7 @@ def bench(out_path=None, dev=None, dtype=torch.bfloat16, shapes=None, timer=None
         uninstall()
         if dev.type != "cuda":  # a dry run: no cuDNN
             continue
-        B, S = len(lens), lens[0]
-        qb, kb, vb, dob = (x.view(B, S, -1, D).transpose(1, 2) for x in (q, k, v, do))
-        kb = kb.repeat_interleave(Hq // Hkv, 1)
-        vb = vb.repeat_interleave(Hq // Hkv, 1)
-        lb = [t.detach().clone().requires_grad_() for t in (qb, kb, vb)]
-
-        def cudnn(lb=lb, dob=dob):
-            for t in lb:
-                t.grad = None
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                torch.nn.functional.scaled_dot_product_attention(*lb, is_causal=True
-                                                                 ).backward(dob)
-        record("sdpa cudnn", timer(cudnn))
+        record("sdpa cudnn", timer(kit.cudnn_fwd_bwd(q, k, v, do, lens, Hq, Hkv, D)))
     if out_path:
         with open(out_path, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
@@ -372,28 +341,8 @@ def aot():
                       f"stages {stages}: {rep}", flush=True)
 
 
-SHAPES = {"a": ([4096] * 4, 16, 2, 256), "b": ([4096] * 4, 32, 8, 128),
-          "c": ([32768], 16, 16, 128)}  # issue 41's: (document lengths, Hq, Hkv, D)
-DRY_SHAPES = {"a": ([40, 24], 4, 2, 256), "b": ([40, 24], 4, 2, 128)}
-
-
-def _do_bench(fn):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=5, rep=200, return_mode="median")
-
-
-def _once_ms(fn):
-    """A dry run's timer: one call, wall ms (the interpreter's: not a measurement)."""
-    import time
-
-    t = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t) * 1e3
-
-
 def main():
-    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    cuda = kit.on_cuda()
     dev = torch.device("cuda" if cuda else "cpu")
     ok = True
     if "check" in sys.argv:
@@ -405,7 +354,7 @@ def main():
     if "aot" in sys.argv:
         aot()
     if "dry" in sys.argv and not cuda:  # the bench's code on a CPU, tiny shapes, fp32
-        bench(dev=dev, dtype=torch.float32, shapes=DRY_SHAPES, timer=_once_ms)
+        bench(dev=dev, dtype=torch.float32, shapes=kit.DRY_SHAPES, timer=kit.once_ms)
     if "bench" in sys.argv and cuda:
         out = os.environ.get("OUT")
         bench(os.path.join(out, "gqa_onepass.json") if out else None)

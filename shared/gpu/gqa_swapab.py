@@ -37,6 +37,7 @@ import re
 import subprocess
 import sys
 
+import gqa_candidate_kit as kit
 import torch
 from cake_core.triton_utils import dot, select_backend
 
@@ -164,25 +165,6 @@ def _nondet_module():
     return api
 
 
-def _case(lens, Hq, Hkv, D, dtype, dev, seed=0, lens_k=None):
-    g = torch.Generator().manual_seed(seed)
-    lens_k = lens if lens_k is None else lens_k
-    ts = [torch.randn(sum(lens), Hq, D, generator=g), torch.randn(sum(lens_k), Hkv, D,
-                                                                  generator=g),
-          torch.randn(sum(lens_k), Hkv, D, generator=g), torch.randn(sum(lens), Hq, D,
-                                                                     generator=g)]
-    cq = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-    ck = torch.tensor([0] + lens_k).cumsum(0).to(torch.int32)
-    return [t.to(dev, dtype) for t in ts] + [cq.to(dev), ck.to(dev)]
-
-
-def _grads(fn, q, k, v, do, cq, ck, **kw):
-    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = fn(qq, kk, vv, cq, ck, **kw)
-    out.backward(do)
-    return [out.detach(), qq.grad, kk.grad, vv.grad]
-
-
 def check(dev, dtype):
     """gqa_det with the swapped kernel against float64 (and the rule's dK / dV beside it),
     and its dK / dV repeated bitwise. At D 256 on CUDA both at 64 x 32 tiles, 4 warps (the
@@ -202,20 +184,20 @@ def check(dev, dtype):
     tol = 5e-3 if dtype == torch.float32 else 2e-2
     ok_all = True
     for c in cases:
-        q, k, v, do, cq, ck = _case(**c, dtype=dtype, dev=dev)
+        q, k, v, do, cq, ck = kit.case(**c, dtype=dtype, dev=dev)
         plan = make_plan(c["D"], dtype, dev)
         if dev.type == "cuda" and c["D"] == 256:
             plan = dataclasses.replace(plan, dkdv_block_m=64, dkdv_block_n=32, dkdv_warps=4,
                                        dkdv_stages=2)
         for o in opts:
-            ref = _grads(lambda *a, **kw: gqa_reference(*a, **kw)[0], q.double(), k.double(),
+            ref = kit.grads(lambda *a, **kw: gqa_reference(*a, **kw)[0], q.double(), k.double(),
                          v.double(), do.double(), cq, ck, **o)
             try:
                 uninstall()
-                rule = _grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
+                rule = kit.grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
                 install()
-                got = _grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
-                again = _grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
+                got = kit.grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
+                again = kit.grads(gqa_det, q, k, v, do, cq, ck, plan=plan, **o)
             except Exception as e:  # noqa: BLE001 - e.g. out of resources: say so, go on
                 ok_all = False
                 print(f"check D={c['D']} {o}: FAIL {type(e).__name__}: {str(e)[:200]}",
@@ -223,9 +205,9 @@ def check(dev, dtype):
                 continue
             finally:
                 uninstall()
-            errs = [float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+            errs = [kit.rel(a, b)
                     for a, b in zip(got, ref, strict=True)]
-            rule_errs = [float((a.double() - b).norm() / b.norm().clamp_min(1e-30))
+            rule_errs = [kit.rel(a, b)
                          for a, b in zip(rule[2:], ref[2:], strict=True)]
             repeat = all(torch.equal(a, b) for a, b in zip(got, again, strict=True))
             same = all(torch.equal(a, b) for a, b in zip(got[2:], rule[2:], strict=True))
@@ -276,13 +258,12 @@ def bench(dev=None, dtype=torch.bfloat16, shapes=None, timer=None):
     import dataclasses
 
     from cake_gqa_det_train import gqa_det, make_plan
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = dev or torch.device("cuda")
-    shapes = shapes or SHAPES
-    timer = timer or _do_bench
+    shapes = shapes or kit.SHAPES
+    timer = timer or kit.do_bench_ms
     for name, (lens, Hq, Hkv, D) in shapes.items():
-        q, k, v, do, cq, ck = _case(lens, Hq, Hkv, D, dtype, dev)
+        q, k, v, do, cq, ck = kit.case(lens, Hq, Hkv, D, dtype, dev)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         base = make_plan(D, dtype, dev)
 
@@ -315,42 +296,12 @@ def bench(dev=None, dtype=torch.bfloat16, shapes=None, timer=None):
         uninstall()
         if dev.type != "cuda":  # a dry run: no cuDNN
             continue
-        B, S = len(lens), lens[0]
-        qb, kb, vb, dob = (x.view(B, S, -1, D).transpose(1, 2) for x in (q, k, v, do))
-        lb = [t.detach().clone().requires_grad_() for t in
-              (qb, kb.repeat_interleave(Hq // Hkv, 1), vb.repeat_interleave(Hq // Hkv, 1))]
-
-        def cudnn(lb=lb, dob=dob):
-            for t in lb:
-                t.grad = None
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                torch.nn.functional.scaled_dot_product_attention(*lb, is_causal=True
-                                                                 ).backward(dob)
+        cudnn = kit.cudnn_fwd_bwd(q, k, v, do, lens, Hq, Hkv, D)
         print(f"bench {name} {'sdpa cudnn':22s} {timer(cudnn):.3f} ms", flush=True)
 
 
-SHAPES = {"a": ([4096] * 4, 16, 2, 256), "b": ([4096] * 4, 32, 8, 128),
-          "c": ([32768], 16, 16, 128)}  # issue 41's: (document lengths, Hq, Hkv, D)
-DRY_SHAPES = {"a": ([40, 24], 4, 2, 256), "b": ([40, 24], 4, 2, 128)}
-
-
-def _do_bench(fn):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=5, rep=200, return_mode="median")
-
-
-def _once_ms(fn):
-    """A dry run's timer: one call, wall ms (the interpreter's: not a measurement)."""
-    import time
-
-    t = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t) * 1e3
-
-
 def main():
-    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    cuda = kit.on_cuda()
     dev = torch.device("cuda" if cuda else "cpu")
     ok = True
     if "check" in sys.argv:
@@ -359,7 +310,7 @@ def main():
     if "aot" in sys.argv:
         aot()
     if "dry" in sys.argv and not cuda:  # the bench's code on a CPU, tiny shapes, fp32
-        bench(dev=dev, dtype=torch.float32, shapes=DRY_SHAPES, timer=_once_ms)
+        bench(dev=dev, dtype=torch.float32, shapes=kit.DRY_SHAPES, timer=kit.once_ms)
     if "bench" in sys.argv and cuda:
         bench()
     return 0 if ok else 1

@@ -25,6 +25,23 @@ set -uo pipefail
 OUT=${OUT:-/tmp/cake-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 S=$SECONDS
+# par_pytest TAG LIMIT FILE...: each test file in a pytest process of its own (8 at a time,
+# each under LIMIT seconds and within 570 s of this call; none started after 480 s), then
+# each file's result line and the distinct failures
+par_pytest() {
+  local tag=$1 limit=$2 t0=$SECONDS f left; shift 2
+  for f in "$@"; do
+    left=$((570 - SECONDS + S))
+    [ $((SECONDS - S)) -gt 480 ] && { echo "no time left for $f"; continue; }
+    timeout $((limit < left ? limit : left)) python3 -m pytest -q -p no:cacheprovider -rf \
+      --tb=line "$f" > "/tmp/${tag}_$(basename "$f" .py).txt" 2>&1 &
+    while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done
+  done
+  wait
+  echo "tests: $((SECONDS - t0)) s"
+  grep -HE "passed|failed|error|fast_launch:" /tmp/${tag}_*.txt | sed "s|.*/${tag}_||" | tail -60
+  grep -hE "^(FAILED|E  |/.*Error)" /tmp/${tag}_*.txt | cut -c1-300 | sort -u | head -40
+}
 anchors() {
   tar -xJf .anchors/anchors_site.tar.xz -C /tmp
   export LD_LIBRARY_PATH=/tmp/anchors_site/z3/lib:/tmp/anchors_site/tvm_ffi/lib:${LD_LIBRARY_PATH:-}
@@ -63,21 +80,12 @@ case ${1:-} in
     # patched Qwen3-Next (tiny), the nondet packages' graph tests, RMSNorm's nondet table
     # with more rounds, the dense nondet table again
     export PYTHONPATH=$(ls -d packages/*/src | paste -sd:)
-    T0=$SECONDS
-    for f in packages/cake-gqa-det-train/tests/test_gqa_parity.py \
-             packages/cake-gqa-det-train/tests/test_gqa_determinism.py \
-             packages/cake-lm-head-loss-det-train/tests/test_lmhead_queries.py \
-             packages/cake-transformers/tests/test_transformers_bench.py \
-             packages/*-nondet-*/tests/test_*cuda_graph.py \
-             packages/cake-gqa-train/tests/test_*cuda_graph.py; do
-      timeout 330 python3 -m pytest -q -p no:cacheprovider -rf --tb=line "$f" \
-        > "/tmp/q_$(basename "$f" .py).txt" 2>&1 &
-      while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done
-    done
-    wait
-    echo "tests: $((SECONDS - T0)) s"
-    grep -HE "passed|failed|error" /tmp/q_*.txt | sed "s|.*/q_||" | tail -45
-    grep -hE "^(FAILED|E  |/.*Error)" /tmp/q_*.txt | cut -c1-300 | sort -u | head -40
+    par_pytest q 330 packages/cake-gqa-det-train/tests/test_gqa_parity.py \
+      packages/cake-gqa-det-train/tests/test_gqa_determinism.py \
+      packages/cake-lm-head-loss-det-train/tests/test_lmhead_queries.py \
+      packages/cake-transformers/tests/test_transformers_bench.py \
+      packages/*-nondet-*/tests/test_*cuda_graph.py \
+      packages/cake-gqa-train/tests/test_*cuda_graph.py
     timeout 120 python3 packages/cake-rmsnorm-nondet-train/benchmarks/bench_*.py --rounds 7 2>&1 | tail -6
     timeout 90 python3 packages/cake-dense-projection-nondet-gemm/benchmarks/bench_*.py --rounds 3 2>&1 | tail -6 ;;
   mainjob)
@@ -123,18 +131,9 @@ case ${1:-} in
     echo "== host_overhead, Triton's launch path"; timeout 80 python3 shared/gpu/host_overhead.py
     echo "== host_overhead, fast_launch"
     PYTHONPATH=$FL:$PYTHONPATH timeout 80 python3 shared/gpu/host_overhead.py
-    T0=$SECONDS
-    for f in packages/cake-*-det-{train,gemm}/tests/test_*_{parity,cuda_graph}.py; do
-      [ $((SECONDS - S)) -gt 480 ] && { echo "no time left for $f"; continue; }
-      CAKE_FAST_LAUNCH_CHECK=1 PYTHONPATH=$FL:$PYTHONPATH timeout $((570 - SECONDS + S)) \
-        python3 -m pytest -q -p no:cacheprovider -rf --tb=line "$f" \
-        > "/tmp/fl_$(basename "$f" .py).txt" 2>&1 &
-      while [ "$(jobs -rp | wc -l)" -ge 8 ]; do sleep 1; done
-    done
-    wait
-    echo "tests with every hit checked: $((SECONDS - T0)) s"
-    grep -HE "passed|failed|error|fast_launch:" /tmp/fl_*.txt | sed "s|.*/fl_||" | tail -60
-    grep -hE "^(FAILED|E  |/.*Error)" /tmp/fl_*.txt | cut -c1-300 | sort -u | head -30 ;;
+    # every hit of the fast path checked against Triton's own cache
+    (export CAKE_FAST_LAUNCH_CHECK=1 PYTHONPATH=$FL:$PYTHONPATH
+     par_pytest fl 570 packages/cake-*-det-{train,gemm}/tests/test_*_{parity,cuda_graph}.py) ;;
   *) echo "usage: $0 engine|model|suites|mainjob|lmhead|gqa|gqa1p|launch"; exit 2 ;;
 esac
 echo "owed_checks $1: $((SECONDS - S)) s"

@@ -82,8 +82,8 @@ def test_windows(window):
     ((2**31 - 1, -1), True, (-1, -1)), ((166, 156), False, (-1, -1)),
     ((2**40, 5), False, (-1, 5)), ((7, 2**31 - 1), False, (7, -1))])
 def test_windows_past_every_document_are_unbounded(window, causal, same_as):
-    # as flash-attn: a side at least as long as the sequence hides nothing (a bound near
-    # int32's limit once overflowed the kernels' index arithmetic and zeroed the result)
+    # as flash-attn: a side at least as long as the sequence hides nothing; bounds near
+    # int32's limit must not overflow the kernels' index arithmetic
     case = make(lens_q=[1, 65, 100], lens_k=[1, 65, 90], D=64, seed=12)
     got = _check(case, causal=causal, window_size=window)
     want = run(gqa_det, case, causal=causal, window_size=same_as)

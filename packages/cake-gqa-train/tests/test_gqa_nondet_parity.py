@@ -38,7 +38,7 @@ def test_seqlen_q_ne_k_window_softcap():
 
 @pytest.mark.parametrize("window", [(2**31 - 1, 2**31 - 1), (2**63 - 1, 0)])
 def test_windows_past_every_document_are_unbounded(window):
-    # as flash-attn; a bound near int32's limit once overflowed the kernels' arithmetic
+    # as flash-attn; bounds near int32's limit must not overflow the kernels' arithmetic
     case = make([5, 70, 4, 1], [40, 20, 0, 65], seed=6)
     _check(case, causal=False, window_size=window)
 

@@ -162,7 +162,7 @@ def test_outputs_are_fully_written(monkeypatch, grad_in_forward):
 
 def test_fp16_gradients_keep_small_probabilities_under_a_loss_scale():
     # fp16 (5 exponent bits): gradients computed in the forward for an upstream gradient of
-    # 1 (and / T for "mean") flushed small probabilities to 0 before a loss scale could lift
+    # 1 (and / T for "mean") would flush small probabilities to 0 before a loss scale lifts
     # them; the rule computes fp16 gradients in the backward, where the scale is known
     assert make_plan(16, 50, torch.float16, DEV).grad_in_forward == 0
     assert make_plan(16, 50, torch.bfloat16, DEV).grad_in_forward == 1
@@ -191,7 +191,6 @@ def test_fp16_gradients_keep_small_probabilities_under_a_loss_scale():
 
 @pytest.mark.parametrize("cap", [1e4, 1e6])
 def test_large_soft_caps_stay_exact(cap):
-    # c * tanh(z / c) ~ z: tanh near 0 computed without cancellation (1 - 2 / (e^2x + 1)
-    # gave c * 1e-7 of absolute error)
+    # c * tanh(z / c) ~ z: tanh near 0 without cancellation (cake_core.triton_utils.tanh)
     hidden, weight, b, labels = _inputs((12,), 16, 50, torch.float32, seed=9)
     _check(hidden, weight, b, labels, torch.float32, tol=1e-5, logit_softcap=cap)

@@ -45,10 +45,11 @@ KERNELS = [
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     {"module": "cake_core.triangular", "function": "_doubling_steps"},
     {"module": "cake_core.triton_utils", "function": "dot"},
+    {"module": "cake_core.triton_utils", "function": "tanh"},
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:39eb8cbf4c89f188dd5a6c2180742166828a3aa7975940c028db4b249e362c91"
+SOURCE_DIGEST = "sha256:6f9eb7f73703ea942893b6b2998e07c9ccf383b91559a66b9f321d2cae00eb90"
 # --- end of generated block ---
 
 MANIFEST = {

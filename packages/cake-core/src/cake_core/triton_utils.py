@@ -107,6 +107,17 @@ def dot(a, b, acc):
         return tl.dot(a, b, acc)
 
 
+@triton.jit
+def tanh(x):
+    """fp32 tanh without libdevice (the interpreter runs it too): ``2 sigmoid(2x) - 1``
+    (exact limits at +-inf), and near 0, where that form cancels (an absolute error of
+    ~1e-7, so a soft cap ``c tanh(s / c)`` drifts by ~c * 1e-7 at large c), the odd Taylor
+    series, whose next term is under 1e-9 of x at |x| < 0.1."""
+    x2 = x * x
+    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    return tl.where(tl.abs(x) < 0.1, small, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
+
+
 def _torch_scratch(size: int, alignment: int, stream):
     # torch's caching allocator, on the current CUDA device (the one Triton launches on)
     return torch.empty(size, dtype=torch.int8,

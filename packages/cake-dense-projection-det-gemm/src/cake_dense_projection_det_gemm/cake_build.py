@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fea6a786d0f0d8bd333359a9e4e59564a4b753cd990a2e1cb2a560c14f94476e"
+SOURCE_DIGEST = "sha256:b0649cc7cf80222e4e0272afb6c902afcb4414bc469bddaebaf883ed5e4bee0d"
 # --- end of generated block ---
 
 MANIFEST = {

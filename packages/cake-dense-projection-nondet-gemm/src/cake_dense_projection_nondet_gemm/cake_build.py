@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:5af13c0590ed9131d4812470f7c5fb24d98ba870f6988fcf5a89e2732ea9c859"
+SOURCE_DIGEST = "sha256:69c14b647e243991a97fd22ff01f46467272e1db30fea736b25239645f970c7d"
 # --- end of generated block ---
 
 REUSES = [

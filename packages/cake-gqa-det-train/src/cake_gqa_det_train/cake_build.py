@@ -38,7 +38,6 @@ KERNELS = [
     {"module": "cake_gqa_det_train.kernels.common", "function": "doc_bounds"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "doc_desc"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "visible"},
-    {"module": "cake_gqa_det_train.kernels.common", "function": "tanh"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "scores2"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "block_full"},
     {"module": "cake_gqa_det_train.kernels.common", "function": "full_q_blocks"},
@@ -52,7 +51,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b9cdc35b07a91d6e3609cc2ff076173a69a87751339a31c6e704d0ab3b0fff9b"
+SOURCE_DIGEST = "sha256:81dd8300954297f8c195390b2ab1e8f214472c125932c59667e890c15e86c5e4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5046481af44bbb174f73d901e8f17cba206f55d9eeffb41b05f8b376fb6dfedb"
+SOURCE_DIGEST = "sha256:b26195980ca091651d28d065de2e3b1509234dfcfc9df557f2f99d8acb5b5df7"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fd7740f739a464cbb45df2d917081e9ae6d1965ad0aa7a77693812df32b890a0"
+SOURCE_DIGEST = "sha256:03af57dbc242ea803f58d9c035fe5a65d2dba8b8a3e0cb0daacd73bfd15a9d80"
 # --- end of generated block ---
 
 MANIFEST = {

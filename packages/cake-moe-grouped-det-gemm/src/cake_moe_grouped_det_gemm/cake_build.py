@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b64f19d176be988e92bdc3c3e9311a87d52206b1f05e2826bbbfcac22315d686"
+SOURCE_DIGEST = "sha256:3fdd90006ed64964b81a45565d86bb57bc4ae49d0f3301b590d6722169e682e7"
 # --- end of generated block ---
 
 MANIFEST = {

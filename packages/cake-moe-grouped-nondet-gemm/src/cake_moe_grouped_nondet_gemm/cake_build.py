@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:20e79610ff666eeb4c1cb7198c1360b5f4b7cb5bf949280b93eab7cb7f908076"
+SOURCE_DIGEST = "sha256:14ba2433b6b72fa7a6889aaa3a6d5e059a8d066d0f86c8b11a1ebd41703e5ead"
 # --- end of generated block ---
 
 REUSES = [

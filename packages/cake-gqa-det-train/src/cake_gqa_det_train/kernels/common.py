@@ -1,7 +1,7 @@
 """Jitted helpers the forward and backward kernels share: a document's bounds and its TMA
 descriptors, the mask, the (optionally soft-capped) scores in the log2 domain."""
 
-from cake_core.triton_utils import select_backend
+from cake_core.triton_utils import select_backend, tanh
 
 select_backend()
 
@@ -45,16 +45,6 @@ def visible(offs_m, offs_n, len_q, len_k, shift, left, right,
     if HAS_LEFT:
         ok = ok & (offs_n[None, :] >= offs_m[:, None] + shift - left)
     return ok
-
-
-@triton.jit
-def tanh(x):
-    """tanh from the sigmoid (no libdevice: the interpreter runs it too); near 0, where
-    ``2 sigmoid(2x) - 1`` cancels (an absolute error of ~1e-7, so ``c tanh(s / c)`` drifts
-    by ~c * 1e-7 at large soft caps c), its odd series (next term under 1e-9 of x)."""
-    x2 = x * x
-    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
-    return tl.where(tl.abs(x) < 0.1, small, 2.0 * tl.sigmoid(2.0 * x) - 1.0)
 
 
 @triton.jit

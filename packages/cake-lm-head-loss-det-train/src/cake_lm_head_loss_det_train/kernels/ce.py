@@ -18,16 +18,7 @@ host sync). No atomics.
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def _tanh(x):
-    # 1 - 2 / (exp(2x) + 1): exact limits at +-inf, no overflow to NaN; near 0 that form
-    # cancels (an absolute error of ~1e-7, so c * tanh(z / c) drifts by ~c * 1e-7 at large
-    # caps c): there the odd Taylor series, whose next term is under 1e-9 of x at |x| < 0.1
-    x2 = x * x
-    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
-    return tl.where(tl.abs(x) < 0.1, small, 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0))
+from cake_core.triton_utils import tanh
 
 
 @triton.jit(do_not_specialize=["n_rows", "ignore_index"])
@@ -59,7 +50,7 @@ def ce_chunk_kernel(
             mask = rmask[:, None] & cmask[None, :]
             z = tl.load(LOGITS + rows[:, None] * stride_l + cols[None, :], mask=mask, other=0.0)
             if SOFTCAP:
-                z = softcap * _tanh(z / softcap)
+                z = softcap * tanh(z / softcap)
             zm = tl.where(cmask[None, :], z, float("-inf"))
             m_new = tl.maximum(m, tl.max(zm, axis=1))
             se = se * tl.exp(m - m_new) + tl.sum(tl.exp(zm - m_new[:, None]), axis=1)
@@ -92,7 +83,7 @@ def ce_chunk_kernel(
             mask = rmask[:, None] & cmask[None, :]
             z = tl.load(LOGITS + rows[:, None] * stride_l + cols[None, :], mask=mask, other=0.0)
             if SOFTCAP:
-                t = _tanh(z / softcap)
+                t = tanh(z / softcap)
                 z = softcap * t
             p = tl.exp(z - lse[:, None])
             d = p * coef[:, None] - label_smoothing / n_vocab
