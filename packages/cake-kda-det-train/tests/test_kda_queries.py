@@ -32,7 +32,9 @@ def _sibling(name):
 
 
 _helpers = _sibling("conftest")
-CASES = _sibling("test_kda_bad_inputs").CASES
+_bad = _sibling("test_kda_bad_inputs")
+#: the autograd entry's refusals (a 16-bit initial_state is refused by the low-level only)
+CASES = {n: c for n, c in _bad.CASES.items() if n not in _bad.LOW_LEVEL_ONLY}
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
@@ -70,6 +72,10 @@ SAVED_CASES = [
     (1, 70, 1, 2, 16, 32, torch.float16, [0, 0, 5, 70],
      {"gate": True, "cu64": True, "l2": True, "final": True}),
     (1, 0, 1, 1, 16, 16, torch.float32, None, {}),
+    # a 16-bit initial_state: the entry keeps its fp32 copy
+    (1, 100, 2, 4, 32, 16, torch.bfloat16, [0, 37, 37, 100],
+     {"l2": True, "h0": torch.bfloat16, "final": True}),
+    (2, 20, 2, 4, 16, 16, torch.float32, None, {"h0": torch.float16}),
 ]
 
 
@@ -79,6 +85,8 @@ def test_saved_bytes_is_what_the_entry_keeps(case):
     N = len(cu) - 1 if cu else B
     q, k, v, g, beta, h0 = _helpers.make_kda_inputs(B, T, H, HV, K, V, dtype, n_states=N,
                                                     h0=bool(opt.get("h0")))
+    if h0 is not None and opt["h0"] is not True:
+        h0 = h0.to(opt["h0"])
     kw = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0,
               output_final_state=bool(opt.get("final")),
               use_qk_l2norm_in_kernel=bool(opt.get("l2")))
@@ -94,8 +102,11 @@ def test_saved_bytes_is_what_the_entry_keeps(case):
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         chunk_kda_det(**kw)
     inputs = [t for t in kw.values() if isinstance(t, torch.Tensor)]
-    assert saved_bytes(**kw) == owned_nbytes(packed, exclude=inputs), \
+    want = saved_bytes(**kw)
+    assert want == owned_nbytes(packed, exclude=inputs), \
         [(tuple(t.shape), t.dtype) for t in packed]
+    if h0 is not None and h0.dtype != torch.float32:  # the fp32 copy, counted once
+        assert want == saved_bytes(**{**kw, "initial_state": h0.float()}) + h0.numel() * 4
 
 
 def test_saved_bytes_refuses_as_the_entry():
@@ -145,6 +156,15 @@ def test_is_supported_true_launches_nothing(no_launch):
     assert is_supported(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu,
                         use_qk_l2norm_in_kernel=True, output_final_state=True, plan=plan,
                         workspace=ws)
+    for dt in (torch.bfloat16, torch.float16):  # taken as fp32, as FLA (nothing copied)
+        h16 = h0.to(dt)
+        before = h16.clone()
+        assert is_supported(q, k, v, g, beta, initial_state=h16, cu_seqlens=cu,
+                            use_qk_l2norm_in_kernel=True, output_final_state=True, plan=plan,
+                            workspace=ws)
+        assert h16.dtype == dt and torch.equal(h16, before)
+    s = is_supported(q, k, v, g, beta, initial_state=h0.double(), cu_seqlens=cu)
+    assert not s and "initial_state: expected dtype" in s.reason
     A_log, dt_bias = _helpers.make_gate_params(4, 16, seed=1)
     assert is_supported(q, k, v, g, beta, cu_seqlens=cu, use_gate_in_kernel=True,
                         A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,

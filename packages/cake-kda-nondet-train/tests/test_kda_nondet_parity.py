@@ -1,11 +1,12 @@
 """cake-kda-nondet-train's o, final_state and every gradient against float64 autograd
 through cake-kda-det-train's token-by-token reference: packed ragged documents (an empty
-and a one-token one), the gate-in-kernel call Kimi Linear makes, the low-level entries and
-torch.compile."""
+and a one-token one), the gate-in-kernel call Kimi Linear makes, a bf16 / fp16 initial
+state, the low-level entries and torch.compile."""
 
+import pytest
 import torch
-from _kda_nd_cases import DEV, check, cu_of, make
-from cake_core.testing import randn
+from _kda_nd_cases import DEV, NAMES, PARAM_TOL_FP32, check, cu_of, make, reference, run
+from cake_core.testing import assert_close_to_reference, randn
 from cake_kda_nondet_train import (
     KDANondetGrads,
     KDANondetSavedSet,
@@ -65,6 +66,38 @@ def test_low_level_entries_match_autograd():
     torch.testing.assert_close(ht2, ht)
     for a, leaf in zip(low, leaves, strict=True):
         torch.testing.assert_close(leaf.grad, a)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16bit_initial_state_runs_as_its_fp32_copy(dtype):
+    """A bf16 / fp16 initial_state is taken as FLA takes it (upcast to an fp32 copy):
+    what ``initial_state.float()`` gives (within fp32 rounding: the bits are not promised),
+    dinitial_state in the state's dtype, everything against the float64 reference (the
+    state's gradient within its dtype's rounding); the caller's tensor unchanged."""
+    lens = [5, 0, 1, 70]
+    q, k, v, g, beta, h0, A_log, dt_bias = make(1, sum(lens), 1, 2, 16, 16, seed=51,
+                                                raw=True, n_states=len(lens))
+    h16 = h0.to(dtype)
+    before = h16.clone()
+    kw = dict(cu_seqlens=cu_of(lens), use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+              use_beta_sigmoid_in_kernel=True)
+    do = randn(v.shape, torch.float32, DEV, seed=151)
+    dht = randn(h0.shape, torch.float32, DEV, seed=152)
+    got = run(chunk_kda_nondet, (q, k, v, g, beta, h16, A_log, dt_bias), do, dht, **kw)
+    f32 = run(chunk_kda_nondet, (q, k, v, g, beta, h16.float(), A_log, dt_bias), do, dht,
+              **kw)
+    ref = reference((q, k, v, g, beta, h16, A_log, dt_bias), do, dht, **kw)
+    assert torch.equal(h16, before) and h16.dtype == dtype
+    for name, a, b, r in zip(NAMES, got, f32, ref, strict=True):
+        if name == "dinitial_state":
+            assert a.dtype == dtype and a.shape == h16.shape
+            torch.testing.assert_close(a, b.to(dtype))
+            assert_close_to_reference(a, r, dtype, name)
+            continue
+        torch.testing.assert_close(a, b)
+        tol = {"final_state": 1e-5, "dA_log": PARAM_TOL_FP32,
+               "ddt_bias": PARAM_TOL_FP32}.get(name)
+        assert_close_to_reference(a, r, torch.float32, name, tol=tol)
 
 
 def test_compile_fullgraph_runs_the_nondet_ops():

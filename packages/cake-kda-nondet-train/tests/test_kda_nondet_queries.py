@@ -42,10 +42,13 @@ def test_workspace_bytes_nondet_is_what_for_plan_allocates(dtype):
     assert str(got.value) == str(want.value)
 
 
-@pytest.mark.parametrize("raw", (False, True))
-def test_saved_bytes_nondet_is_what_the_entry_keeps(raw):
+@pytest.mark.parametrize("raw, state_dtype", ((False, torch.float32), (True, torch.float32),
+                                               (False, torch.bfloat16)))
+def test_saved_bytes_nondet_is_what_the_entry_keeps(raw, state_dtype):
+    """With a 16-bit initial_state the entry keeps its fp32 copy (counted)."""
     q, k, v, g, beta, h0, A_log, dt_bias = make(1, 70, 2, 4, 16, 16, seed=3, raw=raw,
                                                 n_states=2)
+    h0 = h0.to(state_dtype)
     kw = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, cu_seqlens=cu_of([6, 64]),
               use_qk_l2norm_in_kernel=raw)
     if raw:
@@ -57,12 +60,20 @@ def test_saved_bytes_nondet_is_what_the_entry_keeps(raw):
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         chunk_kda_nondet(**kw)
     inputs = [t for t in kw.values() if isinstance(t, torch.Tensor)]
-    assert saved_bytes_nondet(**kw) == owned_nbytes(packed, exclude=inputs)
+    want = saved_bytes_nondet(**kw)
+    assert want == owned_nbytes(packed, exclude=inputs)
+    if state_dtype != torch.float32:
+        assert want == saved_bytes_nondet(**{**kw, "initial_state": h0.float()}) + \
+            h0.numel() * 4
 
 
 def test_is_supported_nondet(no_launch):
     q, k, v, g, beta, *_ = make(1, 10, 2, 4, 16, 16, seed=1, h0=False)
     assert is_supported_nondet(q, k, v, g, beta)
+    h16 = torch.randn(1, 4, 16, 16, device=DEV).bfloat16()  # taken as fp32, as FLA
+    h_before = h16.clone()
+    assert is_supported_nondet(q, k, v, g, beta, initial_state=h16)
+    assert h16.dtype == torch.bfloat16 and torch.equal(h16, h_before)
     before = [t.clone() for t in (q, k, v, g, beta)]
     det_ws = KDADetWorkspace.for_plan(make_plan(16, 16, torch.float32, DEV), DEV,
                                       num_v_heads=4, max_tokens=10)

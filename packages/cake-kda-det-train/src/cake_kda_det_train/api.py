@@ -401,7 +401,7 @@ def run_autograd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, outpu
                  workspace, fla_kwargs: dict):
     """The body of :func:`chunk_kda_det` for ``kinds``: ``(o, final_state or None)``
     through the custom ops of ``kinds.namespace`` (:func:`register_ops`)."""
-    _, _, scale, A_log, dt_bias, lower_bound, sig, plan, _ = autograd_checks(
+    initial_state, (_, _, scale, A_log, dt_bias, lower_bound, sig, plan, _) = autograd_checks(
         kinds, q, k, v, g, beta, scale, initial_state, output_final_state,
         use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan, workspace, fla_kwargs)
@@ -416,11 +416,19 @@ def run_autograd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, outpu
 def autograd_checks(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
                     output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel,
                     A_log, dt_bias, lower_bound, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                    safe_gate, plan, workspace, fla_kwargs: dict):
+                    safe_gate, plan, workspace, fla_kwargs: dict, *,
+                    convert_state: bool = True):
     """Every check of the autograd entry of ``kinds`` (:func:`run_autograd`), in its order:
-    FLA's keywords, :func:`_check_inputs`, the workspace. Returns ``_check_inputs``'s
-    tuple."""
+    FLA's keywords, :func:`_check_inputs` with a bf16 / fp16 ``initial_state`` taken as
+    fp32, the workspace. Returns ``(initial_state, _check_inputs's tuple)``: the state the
+    entry runs with (an fp32 copy of a 16-bit one when ``convert_state``; without it, an
+    fp32 stand-in of its shape, for checks that must not copy)."""
     check_fla_compat(fla_kwargs, kinds.entry)
+    if isinstance(initial_state, torch.Tensor) and \
+            initial_state.dtype in (torch.bfloat16, torch.float16):
+        # as FLA, which loads the state as fp32
+        initial_state = initial_state.float() if convert_state else \
+            initial_state.new_empty((), dtype=torch.float32).expand(initial_state.shape)
     device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
@@ -433,7 +441,7 @@ def autograd_checks(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
         else:  # traced: type, mode and plan only (its capacity needs cu_seqlens' values)
             require_mode(workspace, kinds.workspace_type, kinds.mode, name="workspace")
             workspace.check(plan, device)
-    return device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs
+    return initial_state, (device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -475,7 +483,8 @@ def chunk_kda_det_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             ``use_beta_sigmoid_in_kernel``).
         scale: finite > 0, default ``K ** -0.5``.
         initial_state: fp32 ``[N, HV, K, V]`` or ``None`` (zeros); N = B, or the number of
-            sequences in ``cu_seqlens``.
+            sequences in ``cu_seqlens`` (the autograd entry :func:`chunk_kda_det` also
+            takes bf16 / fp16, upcast to fp32).
         output_final_state: bool; also return the fp32 state after each sequence.
         use_qk_l2norm_in_kernel: bool; L2-normalise q and k per head first
             (``x * rsqrt(sum(x**2) + 1e-6)``, computed in fp32, stored in q's dtype).
@@ -724,14 +733,18 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     the forward keeps), and ``chunk_size=64``, ``state_v_first=False``,
     ``transpose_state_layout=False``, ``head_first=False``, ``cp_context=None``,
     ``return_intermediate_states=False`` (FLA's defaults; another value raises
-    ``ValueError``; context parallelism is ``cake-kda-det-train-kcp``).
+    ``ValueError``; context parallelism is ``cake-kda-det-train-kcp``). Unlike
+    :func:`chunk_kda_det_fwd`, and as FLA, a bf16 / fp16 ``initial_state`` is taken
+    (upcast to an fp32 copy first, the caller's tensor unchanged; its gradient comes back
+    in its dtype).
     Returns ``(o, final_state)`` (``final_state`` is ``None`` without
     ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
     dt_bias (through :func:`chunk_kda_det_bwd`); bitwise repeatable for equal inputs,
     upstream gradients, plan and hardware; not twice differentiable. The forward keeps the
     inputs, g's within-chunk cumulative sum (fp32, 4 bytes per token, value head and
     channel), the L2-norm rstds and each chunk's T and Aqk (2 bytes each per token, value
-    head and chunk position in 16-bit intermediates).
+    head and chunk position in 16-bit intermediates) and the fp32 copy of a 16-bit
+    ``initial_state``.
 
     Under ``torch.compile`` (``fullgraph=True`` works) the call is the custom ops
     ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields) with their registered

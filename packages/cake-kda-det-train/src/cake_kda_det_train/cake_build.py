@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:274f49d8a44ef5b64d189578fd4f3ade4ed4f11786c06ddc2b0fa11983c8df96"
+SOURCE_DIGEST = "sha256:2bd671b0e6b7af4d9ea7717f2a4c43dd36d7c7402ab4a1327d191aacd735ed66"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -77,7 +77,8 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     keeps for the backward, computed from shapes, dtypes and the plan without running
     anything: g's within-chunk cumulative sum (fp32 ``[B*T, HV, K]``), T and Aqk stacked
     (``[2, B*T, HV, 64]`` in the intermediates' dtype), the q/k rstds (fp32 ``[B, T, H]``
-    each) with the L2 norm, and the device copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one
+    each) with the L2 norm, the fp32 copy of a 16-bit ``initial_state`` and the device
+    copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one
     storage with the chunk tables) when it is not the caller's tensor. The caller's
     tensors are not counted (the backward keeps them too). The checks are the entry's,
     which refuse meta tensors (a device kernels can launch on is needed).
@@ -97,7 +98,7 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
 def support_query(kinds: ModeKinds, *args) -> Support:
     """:func:`is_supported` of the autograd entry of ``kinds`` (``args``: its arguments
     in order, then the FLA keywords' dict)."""
-    return support_of(lambda: autograd_checks(kinds, *args))
+    return support_of(lambda: autograd_checks(kinds, *args, convert_state=False))
 
 
 def workspace_bytes_for(workspace_type: type, kinds: ModeKinds, plan, device, *,
@@ -117,15 +118,17 @@ def saved_bytes_for(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
                     output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, *rest) -> int:
     """:func:`saved_bytes` of the autograd entry of ``kinds`` (``rest``: its arguments
     after ``cu_seqlens`` in order, then the FLA keywords' dict)."""
-    _, _, _, _, _, _, _, plan, seqs = autograd_checks(
+    _, (_, N, _, _, _, _, _, plan, seqs) = autograd_checks(
         kinds, q, k, v, g, beta, scale, initial_state, output_final_state,
-        use_qk_l2norm_in_kernel, cu_seqlens, *rest)
+        use_qk_l2norm_in_kernel, cu_seqlens, *rest, convert_state=False)
     B, T, H, K = q.shape
-    HV = v.shape[2]
+    HV, V = v.shape[2], v.shape[3]
     NT, f32 = B * T, torch.float32
     shapes = [((NT, HV, K), f32), (kept_a_shape(NT, HV), inter_dtype(plan, q.dtype))]
     if use_qk_l2norm_in_kernel:
         shapes += [((B, T, H), f32)] * 2
+    if initial_state is not None and initial_state.dtype != f32:  # the entry's fp32 copy
+        shapes.append(((N, HV, K, V), f32))
     total = nbytes_of(shapes)
     if cu_seqlens is not None and seqs is not None:
         s = seqs.cu.untyped_storage()

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:8c69d771e4445aebe1fa40f6594487cc7040aa5c719e37c1f316e5f41742e811"
+SOURCE_DIGEST = "sha256:dbdd420d93e91892abe2e938f61b43a5aa8c5665ddbc29352342f0720bdfa87f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

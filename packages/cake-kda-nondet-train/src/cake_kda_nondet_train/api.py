@@ -86,8 +86,9 @@ def chunk_kda_nondet_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
 
     Arguments, shapes, dtypes, semantics and errors as ``cake_kda_det_train.
     chunk_kda_det_fwd`` (FLA's ``chunk_kda``: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g
-    ``[B, T, HV, K]``; beta ``[B, T, HV]``; fp32 / bf16 / fp16; ``cu_seqlens`` with B = 1;
-    the in-kernel L2 norm, gate and beta sigmoid), except: ``plan`` is a
+    ``[B, T, HV, K]``; beta ``[B, T, HV]``; fp32 / bf16 / fp16; initial_state fp32
+    ``[N, HV, K, V]``; ``cu_seqlens`` with B = 1; the in-kernel L2 norm, gate and beta
+    sigmoid), except: ``plan`` is a
     :class:`~cake_kda_nondet_train.KDANondetPlan` (default ``make_nondet_plan(K, V,
     q.dtype, device)``) and ``workspace`` a :class:`~cake_kda_nondet_train.
     KDANondetWorkspace`.
@@ -152,7 +153,9 @@ def chunk_kda_nondet(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     Arguments, semantics and errors as ``cake_kda_det_train.chunk_kda_det`` (FLA's names;
     everything after ``cu_seqlens`` by keyword; FLA's other keywords accepted as there),
     with a :class:`~cake_kda_nondet_train.KDANondetPlan` / :class:`~cake_kda_nondet_train.
-    KDANondetWorkspace`. Returns ``(o, final_state)`` (``final_state`` ``None`` without
+    KDANondetWorkspace`. As there and as FLA, a bf16 / fp16 ``initial_state`` is taken
+    (upcast to an fp32 copy first, the caller's tensor unchanged; its gradient comes back
+    in its dtype). Returns ``(o, final_state)`` (``final_state`` ``None`` without
     ``output_final_state``); gradients flow to q, k, v, g, beta, initial_state, A_log and
     dt_bias; not twice differentiable. Eager and under ``torch.compile`` (``fullgraph=True``
     works) the call is the custom ops ``cake_kda_nondet_train::fwd`` / ``::bwd``. The

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:dcb5353542fc96e086286d997e54fa41b1bbc6cf59c14c41b7c5f427c3f3232b"
+SOURCE_DIGEST = "sha256:effb8345c1ffdc33d0c090b4c79eab5fc643ca845a9812a0f92a0aa56ef52917"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
