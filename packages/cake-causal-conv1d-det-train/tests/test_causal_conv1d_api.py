@@ -97,6 +97,26 @@ def test_module_mask_dtype_and_arguments():
             ShortConvolution(**({"hidden_size": D, "kernel_size": W} | bad))
 
 
+def test_module_residual_and_mask_shapes_checked_before_launch(monkeypatch):
+    # a residual or mask of another shape raised torch's RuntimeError (the residual's after
+    # the kernels ran); a [D] residual broadcast silently
+    m = ShortConvolution(8, 4, device=DEV)
+
+    def boom(*a, **k):
+        raise AssertionError("the conv ran for a bad residual or mask")
+
+    monkeypatch.setattr(m, "_conv", boom)
+    x = randn((2, 9, 8), torch.float32, DEV, seed=8)
+    for kw, name in ((dict(residual=randn((2, 9, 7), torch.float32, DEV, seed=9)), "residual"),
+                     (dict(residual=randn((8,), torch.float32, DEV, seed=9)), "residual"),
+                     (dict(residual=[1.0]), "residual"),
+                     (dict(mask=torch.ones(2, 10, device=DEV)), "mask"),
+                     (dict(mask=torch.ones(9, device=DEV)), "mask"),
+                     (dict(mask=torch.ones(2, 9, 8, device=DEV)), "mask")):
+        with pytest.raises(ValueError, match=name):
+            m(x, **kw)
+
+
 def test_double_backward_refused_not_silent():
     x = randn((1, 7, 4), torch.float32, DEV, seed=6).requires_grad_()
     w = randn((4, 2), torch.float32, DEV, seed=7).requires_grad_()

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8e7ca96c3cff8b7dbc5543165be3c6dad38d53b77ab68723ee38b5b751b4b8bd"
+SOURCE_DIGEST = "sha256:82a17532259daa243859d35200b5d0300e2b4fe34ae4f5171040e4a38e1e584e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -30,7 +30,8 @@ class ShortConvolution(nn.Conv1d):
         ValueError: at construction, a kernel size outside [2, 8], an unknown activation
             or backend; in forward, as :func:`causal_conv1d_det`, and if x's trailing dims
             do not flatten to ``hidden_size``, or ``mask`` comes with ``cu_seqlens``, or
-            both ``cache`` and ``initial_state`` are given.
+            both ``cache`` and ``initial_state`` are given, or ``residual`` is not shaped
+            like x or ``mask`` not ``[B, T]`` (before the conv runs).
     """
 
     #: the entry forward calls (cake-causal-conv1d-nondet-train's subclass sets its own)
@@ -73,9 +74,9 @@ class ShortConvolution(nn.Conv1d):
         Args:
             x: ``[B, T, D]`` (or ``[B, T, ...]`` whose trailing dims flatten to D), packed
                 ``[1, T, D]`` with ``cu_seqlens``.
-            residual: optional, like y: added to the output (after the activation).
-            mask: optional ``[B, T]``: x is multiplied by it first (padding masks; not with
-                ``cu_seqlens``).
+            residual: optional, x's shape: added to the output (after the activation).
+            mask: optional ``[B, T]`` (x's first two dims): x is multiplied by it first
+                (padding masks; not with ``cu_seqlens``).
             cache / initial_state: ``[N, D, W - 1]`` state before each sequence (either
                 name; not both).
             output_final_state: also return ``final_state`` ``[N, D, W - 1]``.
@@ -91,6 +92,17 @@ class ShortConvolution(nn.Conv1d):
             raise ValueError(f"x: expected [B, T, D] (FLA's layout; channel-first [B, D, T] is "
                              f"not served), got {got}")
         shape = x.shape
+        # checked here, before the conv runs: torch would raise a RuntimeError (the residual's
+        # after the launch) or broadcast a smaller one silently
+        if residual is not None and (not isinstance(residual, torch.Tensor) or
+                                     residual.shape != shape):
+            got = tuple(residual.shape) if isinstance(residual, torch.Tensor) else \
+                type(residual).__name__
+            raise ValueError(f"residual: expected x's shape {tuple(shape)}, got {got}")
+        if mask is not None and (not isinstance(mask, torch.Tensor) or
+                                 mask.shape != shape[:2]):
+            got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"mask: expected [B, T] = {tuple(shape[:2])}, got {got}")
         D = self.hidden_size
         if x.shape[-1] != D or x.dim() != 3:
             if math.prod(shape[2:]) != D:

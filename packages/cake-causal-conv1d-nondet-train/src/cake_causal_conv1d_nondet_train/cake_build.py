@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:639a7fb774880b73e72a4f6abdba7abbf8415f9afe53e576568ae11d7647bbfb"
+SOURCE_DIGEST = "sha256:67a319023be5c39d88a7f2043e6cc3d4643b635bdf3d16ddf42b9675563088c2"
 # --- end of generated block ---
 
 MANIFEST = {
