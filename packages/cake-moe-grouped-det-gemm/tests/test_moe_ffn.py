@@ -321,6 +321,37 @@ def test_combine_and_permute_with_a_strided_slot_equal_the_contiguous_routing():
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+def test_combine_and_permute_refuse_rows_that_do_not_match_the_routing(monkeypatch):
+    """moe_unpermute_det with fewer than T·k rows read past ``out`` in the gather kernel
+    (more rows got uninitialized gradients), moe_permute_det took any x: now ValueError
+    before any launch, the caller's tensors unchanged."""
+    import cake_moe_grouped_det_gemm.moe as moe
+    from cake_moe_grouped_det_gemm import moe_permute_det, moe_unpermute_det
+
+    class Boom:  # launched as kernel[grid](...)
+        def __getitem__(self, grid):
+            raise AssertionError("a kernel was launched for bad input")
+
+    monkeypatch.setattr(moe, "gather_sum_kernel", Boom())
+    T, k = 6, 2
+    r = moe_route_det(randn((T, E), torch.float32, DEV, seed=1), k)
+    out = randn((T * k, D), torch.float32, DEV, seed=2)
+    x = randn((T, D), torch.float32, DEV, seed=4)
+    for kw, match in (
+            (dict(out=out[:5], routing=r), r"out: expected shape \[12, \*\]"),
+            (dict(out=randn((T * k + 1, D), torch.float32, DEV, seed=2), routing=r),
+             r"out: expected shape \[12, \*\]"),
+            (dict(out=out.reshape(-1), routing=r), "out: expected 2-D"),
+            (dict(out=out.to(torch.int32), routing=r), "out: expected a floating"),
+            (dict(out=out, routing=(1, 2)), "routing: expected a MoERouting")):
+        assert_raises_unmodified(moe_unpermute_det, kw, match)
+    for kw, match in ((dict(x=x[:3], routing=r), r"x: expected shape \[6, \*\]"),
+                      (dict(x=x[:, 0], routing=r), "x: expected 2-D"),
+                      (dict(x=x.to(torch.int32), routing=r), "x: expected a floating"),
+                      (dict(x=x, routing=None), "routing: expected a MoERouting")):
+        assert_raises_unmodified(moe_permute_det, kw, match)
+
+
 def test_layer_takes_the_routings_offsets_as_row_ends(monkeypatch):
     """The layer's GEMMs read the routing's offsets as row ends directly: no clamping launch
     (``_row_ends``) in a forward, and the same bits as the public GEMM over those offsets."""

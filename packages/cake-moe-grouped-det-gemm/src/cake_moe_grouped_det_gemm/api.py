@@ -494,8 +494,11 @@ _CHECKS_DOC = """
     Checked before any launch (``ValueError``, the caller's tensors unmodified): shapes,
     dtypes, devices, ``offs``/``m_sizes`` dtype and shape, plan / workspace / saved set
     type, mode and plan key. The *values* of ``offs``/``m_sizes`` are checked on the host
-    only when they live on the CPU (non-decreasing, in ``[0, M]``; sizes >= 0 with sum <=
-    M). On a GPU they are never read on the host (no sync): the kernels read them through
+    only when they live on the CPU, in eager mode (non-decreasing, in ``[0, M]``; sizes >= 0
+    with sum <= M); under ``torch.compile`` they are never read on the host, on the CPU
+    too (a read would break the graph), so there bad values are clamped as on a GPU and
+    :func:`is_supported`'s ``False`` for them is no error. On a GPU they are never read on
+    the host (no sync): the kernels read them through
     a device-side clamp, ``end[e] = max(end[e-1], min(max(offs[e], 0), M))``, so bad
     offsets cannot read or write out of bounds; they silently give the result of those
     clamped offsets (a decreasing offset makes that expert empty, an offset past M ends

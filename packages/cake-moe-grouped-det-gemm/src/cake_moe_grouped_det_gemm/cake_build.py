@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3fdd90006ed64964b81a45565d86bb57bc4ae49d0f3301b590d6722169e682e7"
+SOURCE_DIGEST = "sha256:911de983d0c48660bf5c052ef057ad4a467f1b6ad5937e172399a2bca2ad24b3"
 # --- end of generated block ---
 
 MANIFEST = {

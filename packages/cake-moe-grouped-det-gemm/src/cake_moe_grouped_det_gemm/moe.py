@@ -357,8 +357,32 @@ def moe_permute_det(x: torch.Tensor, routing: MoERouting) -> torch.Tensor:
 
     Args:
         x: ``[T, d]``, any floating dtype. routing: from :func:`moe_route_det`.
+
+    Raises:
+        ValueError: ``routing`` not a :class:`MoERouting`, x not a 2-D floating tensor of
+            the routing's T rows on its device; before any launch.
     """
-    return _Permute.apply(x, routing.order, routing.slot, routing.ids.shape[1])
+    _, k = _check_routed_rows(x, "x", routing, per_token=False)
+    return _Permute.apply(x, routing.order, routing.slot, k)
+
+
+def _check_routed_rows(t, name: str, routing, *, per_token: bool) -> tuple[int, int]:
+    """Checks of :func:`moe_permute_det`'s x (T rows) or :func:`moe_unpermute_det`'s out
+    (``per_token``: T·k rows) against ``routing`` -> ``(T, k)``; the gather kernels read
+    rows by the routing's slots, so a tensor of other rows would be read out of bounds."""
+    if not all(isinstance(getattr(routing, f, None), torch.Tensor) for f in MoERouting._fields):
+        raise ValueError(f"routing: expected a MoERouting (from moe_route_det), got "
+                         f"{type(routing).__name__}")
+    T, k = routing.weights.shape
+    check_tensor(t, name)
+    check_ndim(t, name, ndim=2, layout="[T·k, d]: expert rows in sorted order" if per_token
+               else "[T, d]: one row per token")
+    if not t.is_floating_point():
+        raise ValueError(f"{name}: expected a floating dtype, got {str(t.dtype)[6:]}")
+    check_shape(t, name, [T * k if per_token else T, None],
+                layout=f"the routing's {'T·k' if per_token else 'T'} rows")
+    check_same_device((name, t), ("routing", routing.slot))
+    return T, k
 
 
 class _Unpermute(torch.autograd.Function):
@@ -393,7 +417,12 @@ def moe_unpermute_det(out: torch.Tensor, routing: MoERouting) -> torch.Tensor:
     Args:
         out: ``[T·k, d]`` expert outputs in sorted order. routing: from
             :func:`moe_route_det` (its fp32 ``weights`` are differentiable).
+
+    Raises:
+        ValueError: ``routing`` not a :class:`MoERouting`, out not a 2-D floating tensor of
+            the routing's T·k rows on its device; before any launch.
     """
+    _check_routed_rows(out, "out", routing, per_token=True)
     return _Unpermute.apply(out, routing.weights, routing.order, routing.slot)
 
 

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:14ba2433b6b72fa7a6889aaa3a6d5e059a8d066d0f86c8b11a1ebd41703e5ead"
+SOURCE_DIGEST = "sha256:d37f8235eddb77140532589d9dee28a23d549ce085f2c460a1552821cccd3dbe"
 # --- end of generated block ---
 
 REUSES = [
