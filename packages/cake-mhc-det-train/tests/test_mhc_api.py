@@ -153,6 +153,26 @@ def test_module_with_a_callable_branch_registers_nothing_else():
     assert lin.weight.grad is not None and hc.phi.grad is not None
 
 
+def test_module_takes_a_branch_output_of_any_strides():
+    """A branch whose output's last dim is strided (here a column-major view) raised the
+    finish's ValueError from inside the module; the module serves any branch: it gives the
+    bits of the same output made contiguous."""
+    lin = torch.nn.Linear(8, 8, device=DEV)
+
+    def strided(u):  # lin(u) as (W u^T)^T + b: last-dim stride T, not 1
+        return (lin.weight @ u.reshape(-1, 8).t()).t().reshape(u.shape) + lin.bias
+
+    X = expand_streams(randn((2, 3, 8), torch.float32, DEV, seed=5), 4).requires_grad_()
+    out = []
+    for br in (strided, lambda u: strided(u).contiguous()):
+        hc = HyperConnection(br, 8, 4, device=DEV)
+        torch.manual_seed(1)
+        hc.reset_parameters()
+        Y = hc(X)
+        out += [Y, *torch.autograd.grad(Y.square().sum(), (X, hc.phi, lin.weight))]
+    assert all(bitwise_equal(a, b) for a, b in zip(out[:4], out[4:], strict=True))
+
+
 def test_handle_contents():
     case = make(11, 8, 12, torch.bfloat16, seed=4)
     U, h = mhc_det_prepare(case["X"], case["phi"], case["alpha"], case["bias"],

@@ -49,7 +49,7 @@ PLANS = [
                 "reduce_block_r", "reduce_block_w", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7f213e84c6f75047e8c44f23d2f32b256657369df42b2ed96cf0147ad46ac7a5"
+SOURCE_DIGEST = "sha256:3cb96fa58f2ac91796305b10da8da63422e6613b6fcc78f77530eb0436cf39de"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -57,8 +57,8 @@ class HyperConnection(nn.Module):
     arXiv:2512.24880), on cake's deterministic kernels.
 
     ``forward(X)``: X ``[..., n, C]`` (``[T, n, C]`` or ``[B, S, n, C]``; fp32 or bf16) ->
-    Y like X, with U, handle = :func:`mhc_det_prepare`, B = branch(U),
-    Y = :func:`mhc_det_finish`.
+    Y like X, with U, handle = :func:`mhc_det_prepare`, B = branch(U) (cast to X's dtype
+    and made last-dim contiguous when it is not), Y = :func:`mhc_det_finish`.
 
     Args:
         branch: a module mapping ``[..., C]`` to ``[..., C]`` (attention, MLP, ...),
@@ -125,6 +125,8 @@ class HyperConnection(nn.Module):
         B = self.branch(U)
         if B.dtype != X.dtype:
             B = B.to(X.dtype)
+        if B.dim() and B.stride(-1) != 1 and B.shape[-1] > 1:
+            B = B.contiguous()  # the finish reads B's channels with a unit stride
         return self._finish(X, B, handle)
 
     def extra_repr(self) -> str:
