@@ -358,3 +358,53 @@ def test_mlp_adapters_run_their_own_forward(names, ids):
     assert grads_c.keys() == grads_r.keys()
     for name in grads_r:
         close(grads_c[name], grads_r[name], name)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_a_second_call_adds_pieces_and_undoes_none(arch, ids):
+    # the README: a second call adds the pieces it names but does not undo earlier ones
+    model = apply(arch, tiny_model(arch))
+    apply(arch, model, lm_head_loss=False)
+    assert model(input_ids=ids, labels=ids).logits is None  # the fused head still runs
+    with patched_classes(arch):
+        apply(arch, lm_head_loss=False)  # class mode likewise
+        assert tiny_model(arch)(input_ids=ids, labels=ids).logits is None
+
+
+def test_past_key_values_name_reaches_the_cache(ids):
+    # transformers 5.x still takes its deprecated ``past_key_values=`` for ``cache=``: a
+    # decoding loop written with it must read the cache it passes (not a fresh one)
+    from transformers import DynamicCache
+
+    ref = tiny_model("qwen3").eval()
+    cake = apply("qwen3", copy.deepcopy(ref))
+    got = []
+    for model in (ref, cake):
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True)
+            got.append(model(input_ids=ids[:, 8:9], past_key_values=cache,
+                             use_cache=True).logits)
+    close(got[1], got[0], "logits of the decoded token")
+
+
+@pytest.mark.parametrize("in_config", [False, True])
+def test_return_dict_false_gives_a_tuple_with_labels(runs, ids, in_config):
+    # transformers' can_return_tuple: the output's non-None fields, loss first
+    model = runs["model"]
+    kw = {} if in_config else {"return_dict": False}
+    model.config.return_dict = not in_config
+    try:
+        out = model(input_ids=ids, labels=ids, **kw)
+    finally:
+        model.config.return_dict = True
+    assert isinstance(out, tuple)
+    assert torch.equal(out[0].detach(), runs["cake"][0])
+
+
+def test_packed_position_ids_refused_naming_packing(ids):
+    # position_ids that restart (no mask): transformers builds a block-diagonal mask
+    model = apply("qwen3", tiny_model("qwen3"))
+    pos = torch.cat([torch.arange(10), torch.arange(14)])[None].expand(2, -1)
+    with pytest.raises(ValueError, match="packed sequences"):
+        model(input_ids=ids, position_ids=pos, labels=ids)

@@ -265,3 +265,28 @@ def test_projections_stacked_and_adapters_respected(runs, ids):
     close(loss_c, loss_r, "loss")
     for name in grads_r:
         close(grads_c[name], grads_r[name], name)
+
+
+def graph_names(loss):
+    """The type names of the autograd nodes behind ``loss``."""
+    names, seen, stack = set(), set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(f for f, _ in node.next_functions)
+    return names
+
+
+def test_a_second_call_adds_pieces_and_undoes_none(ids):
+    # the README: a second call adds the pieces it names but does not undo earlier ones (the
+    # Gated DeltaNet and causal-LM forwards are built for one call's flags)
+    model = apply_cake_kernels_to_qwen3_next(tiny_model())
+    apply_cake_kernels_to_qwen3_next(model, linear_attention=False, short_conv=False,
+                                     lm_head_loss=False)
+    out = model(input_ids=ids, labels=ids)
+    assert out.logits is None
+    assert {"_ChunkGDNDetFunctionBackward", "_CausalConv1dDetFunctionBackward"} <= \
+        graph_names(out.loss)

@@ -22,6 +22,27 @@ SILU_ACTS = ("silu", "swish")
 #: marks a function of this package installed as a forward (patching twice is a no-op)
 TAG = "_cake_transformers_piece"
 
+#: on a forward built for one call's flags (the causal-LM forward, Qwen3-Next's Gated
+#: DeltaNet): the pieces that call turned on
+PIECES = "_cake_transformers_pieces"
+
+
+def with_pieces(fn, on: frozenset):
+    """``fn``, marked as built for the pieces ``on`` (read back by :func:`earlier_pieces`)."""
+    setattr(fn, PIECES, on)
+    return fn
+
+
+def earlier_pieces(model, classes) -> frozenset:
+    """The pieces earlier calls patched: read from the flag-dependent forwards installed on
+    ``classes`` and (a model given) on ``model``'s modules. A later call keeps them on, so
+    that it adds pieces but never undoes one (its forwards replace the earlier ones)."""
+    fns = [c.__dict__.get("forward") for c in classes]
+    if isinstance(model, torch.nn.Module):
+        fns += [getattr(f, "__func__", f) for f in
+                (mod.__dict__.get("forward") for mod in model.modules())]
+    return frozenset().union(*(getattr(f, PIECES, ()) for f in fns))
+
 
 def check_flags(flags: dict) -> frozenset:
     """The names of the flags that are on; ValueError for a flag that is not a bool."""
@@ -119,7 +140,9 @@ def check_attention_call(module, attention_mask, seq_len: int, kwargs, where: st
     no_packing(kwargs, where)
     if attention_mask is not None and not is_plain_causal(attention_mask, seq_len, seq_len):
         raise ValueError(f"{where}: cake's attention serves the causal mask only; a padding "
-                         "mask is not served yet (drop it, or pass attention=False)")
+                         "mask is not served yet, nor packed sequences (position_ids that "
+                         "restart give a block-diagonal mask): drop it, or pass "
+                         "attention=False")
 
 
 def stackable(*mods) -> bool:
@@ -170,6 +193,10 @@ def causal_lm_forward(self, on: frozenset, output_cls, args: dict, kwargs: dict,
     transformers' forward only, ``model_extra`` to ``self.model`` only.
     """
     a = dict(args)
+    if a["cache"] is None and "past_key_values" in kwargs:
+        # transformers' deprecated name of ``cache`` (its forwards still map it): passed on
+        # as is, transformers' forward would drop it for the ``cache=None`` given beside it
+        a["cache"] = kwargs.pop("past_key_values")
     cache, labels, mask = a["cache"], a["labels"], a["attention_mask"]
     if a["use_cache"] is None and cache is None and (labels is not None or self.training):
         # training builds no cache (the config's default is True): with one, the layers
@@ -184,6 +211,11 @@ def causal_lm_forward(self, on: frozenset, output_cls, args: dict, kwargs: dict,
         return original(type(self))(self, **a, **(original_extra or {}), **kwargs)
     from cake_lm_head_loss_det_train import lm_head_loss_det
 
+    # transformers' ``can_return_tuple``: return_dict=False (or the config's) gives a tuple;
+    # the base model is asked for its output object, whose fields are read below
+    ret = kwargs.pop("return_dict", None)
+    ret = getattr(self.config, "return_dict", True) if ret is None else ret
+    kwargs["return_dict"] = True
     n_items = kwargs.pop("num_items_in_batch", None)
     shift = kwargs.pop("shift_labels", None)
     ignore = kwargs.pop("ignore_index", -100)
@@ -200,7 +232,8 @@ def causal_lm_forward(self, on: frozenset, output_cls, args: dict, kwargs: dict,
                             reduction=red)
     if n_items is not None:
         loss = loss / n_items
-    return model_output(output_cls, out, loss=loss, logits=None)
+    out = model_output(output_cls, out, loss=loss, logits=None)
+    return out if ret else out.to_tuple()
 
 
 def model_output(output_cls, out, **fields):

@@ -39,10 +39,12 @@ from cake_transformers._common import (
     check_attention_config,
     check_flags,
     check_silu,
+    earlier_pieces,
     install,
     original,
     stackable,
     stacked_linear,
+    with_pieces,
 )
 
 __all__ = ["DENSE_PIECES", "apply_cake_kernels_to_llama", "apply_cake_kernels_to_qwen3"]
@@ -172,7 +174,7 @@ def _make_causal_lm_forward(on: frozenset):
                     position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
                     labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep)
         return causal_lm_forward(self, on, CausalLMOutputWithPast, args, kwargs)
-    return forward
+    return with_pieces(forward, on)
 
 
 # ----------------------------------------------------------------------------- patching
@@ -181,6 +183,8 @@ def _make_causal_lm_forward(on: frozenset):
 def _apply(arch: _Arch, model, flags: dict):
     on = check_flags(flags)
     m = arch.hf()
+    # an earlier call's pieces stay on (its causal-LM forward is replaced below)
+    on |= earlier_pieces(model, (arch.cls(m, "ForCausalLM"),))
     forwards = {}
     if "rms_norm" in on:
         forwards[arch.cls(m, "RMSNorm")] = _rmsnorm_forward
@@ -222,9 +226,9 @@ _DOC = """Run a transformers {name} model's training compute on cake's det kerne
             configuration a piece does not serve: ``head_dim`` outside (64, 128, 256),
             ``attention_dropout`` > 0, sliding-window layers (``attention``);
             ``hidden_act`` not SiLU (``mlp``); transformers without {name}. At call time:
-            packed sequences (``cu_seq_lens_q``), a padding attention mask (the causal-LM
-            forward refuses it before any launch; a bare ``{name}Model`` at its first
-            attention layer).
+            packed sequences (``cu_seq_lens_q``, or ``position_ids`` that restart), a
+            padding attention mask (the causal-LM forward refuses it before any launch;
+            a bare ``{name}Model`` at its first attention layer).
     """
 
 

@@ -38,11 +38,13 @@ from cake_transformers._common import (
     check_attention_call,
     check_attention_config,
     check_flags,
+    earlier_pieces,
     install,
     no_packing,
     original,
     stackable,
     stacked_linear,
+    with_pieces,
 )
 
 __all__ = ["QWEN3_NEXT_PIECES", "apply_cake_kernels_to_qwen3_next"]
@@ -140,7 +142,7 @@ def _make_gdn_forward(on: frozenset):
         else:
             o = self.norm(o, z)
         return self.out_proj(o.reshape(B, T, -1))
-    return forward
+    return with_pieces(forward, on)
 
 
 def _attention_forward(self, hidden_states, position_embeddings, attention_mask=None,
@@ -221,7 +223,7 @@ def _make_causal_lm_forward(on: frozenset):
         return causal_lm_forward(self, on, MoeCausalLMOutputWithPast, args, kwargs,
                                  original_extra={"output_router_logits": output_router_logits},
                                  model_extra={"output_router_logits": False})
-    return forward
+    return with_pieces(forward, on)
 
 
 # ----------------------------------------------------------------------------- patching
@@ -274,13 +276,17 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
             configuration a piece does not serve: ``head_dim`` outside (64, 128, 256)
             (``attention``), ``hidden_act`` not SiLU (``moe``, ``short_conv``),
             ``attention_dropout`` > 0, ``output_router_logits`` (``moe``); transformers
-            without Qwen3-Next. At call time: packed sequences (``cu_seq_lens_q``), a
-            padding attention mask (the causal-LM forward refuses it before any launch;
-            a bare ``Qwen3NextModel`` at its first attention layer).
+            without Qwen3-Next. At call time: packed sequences (``cu_seq_lens_q``, or
+            ``position_ids`` that restart), a padding attention mask (the causal-LM
+            forward refuses it before any launch; a bare ``Qwen3NextModel`` at its first
+            attention layer).
     """
     on = check_flags({"rms_norm": rms_norm, "linear_attention": linear_attention,
                       "short_conv": short_conv, "gated_norm": gated_norm,
                       "attention": attention, "moe": moe, "lm_head_loss": lm_head_loss})
     m = _hf()
+    # an earlier call's pieces stay on (its Gated DeltaNet and causal-LM forwards, built for
+    # its flags, are replaced below)
+    on |= earlier_pieces(model, (m.Qwen3NextGatedDeltaNet, m.Qwen3NextForCausalLM))
     return install(model, _forwards(m, on), (m.Qwen3NextForCausalLM, m.Qwen3NextModel),
                    _check_config, on)
