@@ -411,6 +411,24 @@ def test_cli_bad_arguments_exit_2(tmp_path, capsys):
     assert "error" in capsys.readouterr().err
 
 
+def test_cli_out_not_a_directory_exits_2_before_training(tmp_path, monkeypatch, capsys):
+    # exit 1 means "the cake runs differ": a bad --out must not train, then exit 1
+    import cake_tinylm.train as train_mod
+
+    monkeypatch.setattr(train_mod, "run_job", lambda *a, **k: pytest.fail("trained"))
+    out = tmp_path / "report"
+    out.write_text("a file, not a directory")
+    assert main(["train", "--out", str(out), "--no-progress"]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_empty_text_file_named_in_the_error(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.txt is empty"):
+        load_corpus(empty)
+
+
 def test_identity_checks_can_fail():
     from cake_tinylm.train import _same_bits, _same_weights
 

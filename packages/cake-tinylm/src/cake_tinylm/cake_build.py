@@ -30,7 +30,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b3be6ea73f88fa9094bfe261a3360ac6c104b5c47bfdd591037721f9c8af4785"
+SOURCE_DIGEST = "sha256:9738dbbbf97f63ae40a9b887bd4b51038f329c4e28d0e2b2fb7b23ca36d90c62"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -161,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_out(out) -> None:
+    """Create the output directory before the job (ValueError if it cannot be: a file of
+    that name, no permission), so a bad ``--out`` exits 2 up front, not 1 after training."""
+    from pathlib import Path
+
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # FileExistsError for a file of that name, PermissionError, ...
+        raise ValueError(f"--out {out}: cannot create the output directory ({exc})") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Returns the exit code: 0 if the cake runs are bitwise identical, 1 if
     not, 2 on invalid arguments or a missing package (argparse errors also exit 2)."""
@@ -186,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             cuda_graph=args.cuda_graph,
             **overrides,
         )
+        _check_out(cfg.out)
         if args.cp > 1 and args.model != "tinylm":
             raise ValueError(f"--cp is tinylm's (--mixer gdn or kda), not --model {args.model}'s")
         if args.cp > 1:

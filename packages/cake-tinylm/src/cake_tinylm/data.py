@@ -168,7 +168,7 @@ def load_corpus(
             raise FileNotFoundError(f"--text path not found: {path}")
     blob, used = read_files(base, rel, max_bytes)
     if not blob:
-        raise ValueError(f"corpus from {base} is empty")
+        raise ValueError(f"corpus from {base if text is None else text} is empty")
     data = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
     return ByteCorpus(data=data, source=str(base), files=used)
 
