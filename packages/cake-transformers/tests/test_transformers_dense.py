@@ -408,3 +408,18 @@ def test_packed_position_ids_refused_naming_packing(ids):
     pos = torch.cat([torch.arange(10), torch.arange(14)])[None].expand(2, -1)
     with pytest.raises(ValueError, match="packed sequences"):
         model(input_ids=ids, position_ids=pos, labels=ids)
+
+
+def test_output_attentions_refused_with_cake_attention(ids):
+    # cake's attention has no weights to return: refused, not an empty tuple; an eager
+    # attention implementation (the one transformers returns weights from)
+    model = apply("qwen3", tiny_model("qwen3"))
+    model.config._attn_implementation = "eager"
+    for kw in (dict(labels=ids), {}):
+        with pytest.raises(ValueError, match="cake's attention returns no attention weights"):
+            model(input_ids=ids, output_attentions=True, **kw)
+    model.config.output_attentions = True
+    with pytest.raises(ValueError, match="cake's attention returns no attention weights"):
+        model(input_ids=ids)
+    model.config.output_attentions = False
+    assert model(input_ids=ids, labels=ids).loss is not None

@@ -207,6 +207,11 @@ def causal_lm_forward(self, on: frozenset, output_cls, args: dict, kwargs: dict,
         # refused before any launch (the attention layers would refuse it later)
         raise ValueError("attention_mask: cake's attention serves the causal mask only; "
                          "a padding mask is not served yet (drop it, or pass attention=False)")
+    if "attention" in on and kwargs.get("output_attentions",
+                                        getattr(self.config, "output_attentions", False)):
+        # cake's attention forms no probability matrix: no weights to return
+        raise ValueError("output_attentions: cake's attention returns no attention weights "
+                         "(pass attention=False to the patch for them)")
     if labels is None or "lm_head_loss" not in on or a["logits_to_keep"] != 0:
         return original(type(self))(self, **a, **(original_extra or {}), **kwargs)
     from cake_lm_head_loss_det_train import lm_head_loss_det

@@ -227,7 +227,7 @@ _DOC = """Run a transformers {name} model's training compute on cake's det kerne
             ``attention_dropout`` > 0, sliding-window layers (``attention``);
             ``hidden_act`` not SiLU (``mlp``); transformers without {name}. At call time:
             packed sequences (``cu_seq_lens_q``, or ``position_ids`` that restart), a
-            padding attention mask (the causal-LM forward refuses it before any launch;
+            padding attention mask or ``output_attentions`` (the causal-LM forward refuses it before any launch;
             a bare ``{name}Model`` at its first attention layer).
     """
 

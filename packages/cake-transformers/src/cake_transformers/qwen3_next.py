@@ -277,7 +277,7 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
             (``attention``), ``hidden_act`` not SiLU (``moe``, ``short_conv``),
             ``attention_dropout`` > 0, ``output_router_logits`` (``moe``); transformers
             without Qwen3-Next. At call time: packed sequences (``cu_seq_lens_q``, or
-            ``position_ids`` that restart), a padding attention mask (the causal-LM
+            ``position_ids`` that restart), a padding attention mask or ``output_attentions`` (the causal-LM
             forward refuses it before any launch; a bare ``Qwen3NextModel`` at its first
             attention layer).
     """
