@@ -227,8 +227,9 @@ _DOC = """Run a transformers {name} model's training compute on cake's det kerne
             ``attention_dropout`` > 0, sliding-window layers (``attention``);
             ``hidden_act`` not SiLU (``mlp``); transformers without {name}. At call time:
             packed sequences (``cu_seq_lens_q``, or ``position_ids`` that restart), a
-            padding attention mask or ``output_attentions`` (the causal-LM forward refuses it before any launch;
-            a bare ``{name}Model`` at its first attention layer).
+            padding attention mask or ``output_attentions`` (the causal-LM forward refuses
+            them before any launch; a bare ``{name}Model`` a padding mask at its first
+            attention layer).
     """
 
 

@@ -277,9 +277,9 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
             (``attention``), ``hidden_act`` not SiLU (``moe``, ``short_conv``),
             ``attention_dropout`` > 0, ``output_router_logits`` (``moe``); transformers
             without Qwen3-Next. At call time: packed sequences (``cu_seq_lens_q``, or
-            ``position_ids`` that restart), a padding attention mask or ``output_attentions`` (the causal-LM
-            forward refuses it before any launch; a bare ``Qwen3NextModel`` at its first
-            attention layer).
+            ``position_ids`` that restart), a padding attention mask or
+            ``output_attentions`` (the causal-LM forward refuses them before any launch; a
+            bare ``Qwen3NextModel`` a padding mask at its first attention layer).
     """
     on = check_flags({"rms_norm": rms_norm, "linear_attention": linear_attention,
                       "short_conv": short_conv, "gated_norm": gated_norm,
