@@ -6,9 +6,9 @@ time goes when a kernel launch itself is the cost.
 Launches an empty kernel 2000 times without waiting, for: 2 tensor arguments; 40 integer
 arguments (strides, sizes) and 8 constexprs, positional; the same with the constexprs as
 keywords and a grid callable (the form cake's wrappers use); 2 host-side TMA
-``TensorDescriptor`` arguments; the first three again through ``fast_launch.py``'s cached
-path. Prints the median of 5 rounds per form, and ``torch.empty``'s
-and a small torch op's host cost for scale.
+``TensorDescriptor`` arguments; the compiled kernel's own launcher called directly (the
+floor of any Python launch path). Prints the median of 5 rounds per form, and
+``torch.empty``'s and a small torch op's host cost for scale.
 """
 import sys
 
@@ -66,23 +66,11 @@ def main():
         forms[f"{name}, CompiledKernel.run directly"] = (
             lambda ck=ck, args=args, stream=stream: ck.run(
                 1, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args))
-    # shared/gpu/fast_launch.py's cached path, the forms above again with it installed
-    import fast_launch
-
-    for name in ("2 tensors", "40 ints + 8 constexprs",
-                 "same, constexprs by keyword, grid callable"):
-        forms[f"{name}, fast_launch"] = forms[name]
     forms["torch.empty(1024)"] = lambda: torch.empty(1024, device="cuda")
     forms["torch.add(x, 1)"] = lambda: torch.add(x, 1)
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     for name, f in forms.items():
-        if name.endswith("fast_launch"):
-            fast_launch.install()
-        else:
-            fast_launch.uninstall()
         print(f"host us per call: {per_launch_us(f):7.1f}  {name}", flush=True)
-    fast_launch.uninstall()
-    print(f"fast_launch: {fast_launch.STATS}")
     if "--profile" in sys.argv:  # where a keyword launch's host time goes
         import cProfile
         import pstats

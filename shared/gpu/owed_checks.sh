@@ -9,15 +9,6 @@
 #   bash shared/gpu/owed_checks.sh mainjob  issue 45: cake-tinylm train on CUDA with and
 #                                           without --cuda-graph, and its CUDA test
 #   bash shared/gpu/owed_checks.sh lmhead   issue 46: LM-head candidates (TMA dweight) timed
-#   bash shared/gpu/owed_checks.sh gqa      issue 41: the det dK/dV kernel with transposed
-#                                           accumulators (all wgmma at D 256) checked and
-#                                           timed beside the rule and cuDNN
-#   bash shared/gpu/owed_checks.sh gqa1p    issue 41: the one-pass nondet backward (dQ by TMA
-#                                           bulk adds) checked and timed beside det, cuDNN
-#   bash shared/gpu/owed_checks.sh launch   issue 45: the cached launch path (fast_launch.py):
-#                                           host us per launch and per family call, the det
-#                                           families' CUDA tests with every hit checked
-#                                           against Triton's cache, the main job eager with it
 #   bash shared/gpu/owed_checks.sh suites   issues 41, 43, 44: GQA at D 256 in bf16, the
 #                                           patched model's whole-step CUDA graph, the
 #                                           rmsnorm nondet table with more rounds
@@ -105,35 +96,6 @@ case ${1:-} in
     timeout 240 python3 shared/gpu/lmhead_candidates.py 4096,4096,128256 4096,4096,32000
     timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short \
       packages/cake-lm-head-loss-det-train/tests/test_lmhead_plans.py 2>&1 | tail -6 ;;
-  gqa)
-    # issue 41: shared/gpu/gqa_swapab.py: bf16 parity and repeat (D 256 and others), then
-    # fwd+bwd beside the rule and SDPA cuDNN at the issue's three shapes
-    export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
-    timeout 560 python3 shared/gpu/gqa_swapab.py check bench 2>&1 | grep -v "^check.*: ok" ;;
-  gqa1p)
-    # issue 41: shared/gpu/gqa_onepass.py: parity (float64, dK / dV bits = det's), then
-    # fwd+bwd beside the det rule and SDPA cuDNN at the issue's three shapes
-    export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
-    timeout 560 python3 shared/gpu/gqa_onepass.py check bench 2>&1 | grep -v "^check.*: ok" ;;
-  launch)
-    # issue 45: shared/gpu/fast_launch.py, Triton's compiled launcher called directly on a
-    # cache hit; FL puts its sitecustomize first on the path (installs it in every process).
-    # The most wanted first; the tests get what is left of the call's 10 minutes.
-    export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:):$PWD/shared/gpu
-    FL=$PWD/shared/gpu/fast_launch_site
-    timeout 60 python3 shared/gpu/launch_overhead.py
-    for fl in 0 1; do
-      P=$PYTHONPATH; [ $fl = 1 ] && P=$FL:$PYTHONPATH
-      echo "== main job eager, fast_launch $fl"
-      PYTHONPATH=$P timeout 110 python3 -m cake_tinylm train --steps 30 --no-progress \
-        --cuda-graph off --out "$OUT/tinylm_fl$fl" 2>&1 | tail -8
-    done
-    echo "== host_overhead, Triton's launch path"; timeout 80 python3 shared/gpu/host_overhead.py
-    echo "== host_overhead, fast_launch"
-    PYTHONPATH=$FL:$PYTHONPATH timeout 80 python3 shared/gpu/host_overhead.py
-    # every hit of the fast path checked against Triton's own cache
-    (export CAKE_FAST_LAUNCH_CHECK=1 PYTHONPATH=$FL:$PYTHONPATH
-     par_pytest fl 570 packages/cake-*-det-{train,gemm}/tests/test_*_{parity,cuda_graph}.py) ;;
-  *) echo "usage: $0 engine|model|suites|mainjob|lmhead|gqa|gqa1p|launch"; exit 2 ;;
+  *) echo "usage: $0 engine|model|suites|mainjob|lmhead"; exit 2 ;;
 esac
 echo "owed_checks $1: $((SECONDS - S)) s"
