@@ -3,7 +3,7 @@ side-by-side with torch SDPA (flash, cuDNN); the package's benchmark
 (packages/cake-gqa-det-train/benchmarks) is the record. Dev tooling, ships in no wheel.
 
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python shared/gpu/gqa_session.py \
-        check sweep bench [--nondet] [--out DIR]
+        check sweep sweep32 bench [--nondet] [--out DIR]
 """
 
 from __future__ import annotations
@@ -252,6 +252,46 @@ def sweep():
     RESULTS["sweep"] = out
 
 
+# the main job's attention (cake-tinylm's CUDA default: 32 x 512 tokens, 8 heads of 64,
+# fp32 with TF32 dots): the fp32 rule's tiles were set by rule of thumb, never swept
+SWEEP32 = [dict(), dict(dkdv_block_m=64, dkdv_stages=2), dict(dkdv_stages=2),
+           dict(dkdv_block_m=64, dkdv_warps=8), dict(dq_stages=2),
+           dict(dq_block_m=128, dq_warps=8), dict(fwd_block_m=64, fwd_warps=4),
+           dict(fwd_stages=1), dict(fwd_block_n=32, fwd_stages=3)]
+
+
+def sweep32(B=32, S=512):
+    """fwd+bwd ms of the fp32 plan changes in SWEEP32 at the main job's attention shape, and
+    SDPA (torch's default backend choice, fp32, TF32 allowed) beside them."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    H, D = 8, 64
+    q, k, v, do, cq, ck = case([S] * B, H, H, D, seed=3, dtype=torch.float32)
+    base = make_plan(D, torch.float32, DEV)
+    out = []
+    for ch in SWEEP32:
+        plan = dataclasses.replace(base, **ch)
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+
+        def fb():
+            gqa_det(qq, kk, vv, cq, ck, max_seqlen_q=S, max_seqlen_k=S, plan=plan).backward(do)
+        try:
+            t = bench_ms(fb, 10)
+            out.append({"change": ch, "fwdbwd_ms": t})
+            print("sweep32", ch, f"fwd+bwd {t:.3f}", flush=True)
+        except Exception as e:  # noqa: BLE001 - out of resources: report, go on
+            out.append({"change": ch, "error": repr(e)[:300]})
+            print("sweep32", ch, "ERROR", repr(e)[:300], flush=True)
+    qb, kb, vb, dob = (x.view(B, S, H, D).transpose(1, 2) for x in (q, k, v, do))
+    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (qb, kb, vb))
+
+    def sdpa():
+        torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=True).backward(dob)
+    t = bench_ms(sdpa, 10)
+    out.append({"change": "sdpa", "fwdbwd_ms": t})
+    print("sweep32 sdpa (default backend)", f"fwd+bwd {t:.3f}", flush=True)
+    RESULTS["sweep32"] = out
+
+
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     import triton
@@ -259,7 +299,7 @@ if __name__ == "__main__":
                       "gpu": torch.cuda.get_device_name()}
     if "hash" in sys.argv:
         hash_step()
-    for step in ("check", "sweep", "bench"):
+    for step in ("check", "sweep", "sweep32", "bench"):
         if step in sys.argv:
             t0 = time.time()
             globals()[step]()

@@ -87,6 +87,8 @@ case ${1:-} in
     for dt in float32 bfloat16; do
       timeout 150 python3 shared/gpu/tinylm_kernels.py --dtype $dt 2>&1 | grep -v USDT
     done
+    # the fp32 attention tiles at the job's shape beside SDPA (never swept on a GPU)
+    OUT=$OUT timeout 150 python3 shared/gpu/gqa_session.py sweep32
     timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short \
       packages/cake-tinylm/tests/test_tinylm.py -k cuda_graph 2>&1 | tail -8 ;;
   lmhead)
