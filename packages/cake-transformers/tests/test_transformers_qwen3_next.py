@@ -102,14 +102,7 @@ def test_logits_match_without_labels(runs, ids):
 
 
 def test_every_piece_runs_on_cake(runs):
-    names, seen, stack = set(), set(), [runs["cake"][3].loss.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        stack.extend(f for f, _ in node.next_functions)
+    names = graph_names(runs["cake"][3].loss)
     assert CAKE_NODES <= names, CAKE_NODES - names
 
 
