@@ -254,10 +254,16 @@ def sweep():
 
 # the main job's attention (cake-tinylm's CUDA default: 32 x 512 tokens, 8 heads of 64,
 # fp32 with TF32 dots): the fp32 rule's tiles were set by rule of thumb, never swept
-SWEEP32 = [dict(), dict(dkdv_block_m=64, dkdv_stages=2), dict(dkdv_stages=2),
-           dict(dkdv_block_m=64, dkdv_warps=8), dict(dq_stages=2),
-           dict(dq_block_m=128, dq_warps=8), dict(fwd_block_m=64, fwd_warps=4),
-           dict(fwd_stages=1), dict(fwd_block_n=32, fwd_stages=3)]
+SWEEP32 = [dict(), dict(dkdv_block_m=64, dkdv_warps=8),
+           dict(dkdv_block_m=64, dkdv_warps=8, fwd_block_m=64, fwd_warps=4),
+           dict(dkdv_block_m=64, dkdv_warps=8, dkdv_stages=2),
+           dict(dkdv_block_m=128, dkdv_warps=8),
+           dict(dkdv_block_m=64, dkdv_block_n=128, dkdv_warps=8),
+           dict(dkdv_block_m=64, dkdv_warps=8, dq_warps=8),
+           dict(dkdv_block_m=64, dkdv_warps=8, dq_block_n=32),
+           dict(dkdv_block_m=64, dkdv_warps=8, fwd_block_m=64, fwd_warps=4, fwd_stages=3),
+           dict(dkdv_block_m=64, dkdv_warps=8, fwd_block_m=128, fwd_warps=4),
+           dict(dkdv_block_m=64, dkdv_warps=8, fwd_block_m=64, fwd_block_n=128, fwd_warps=4)]
 
 
 def sweep32(B=32, S=512):
