@@ -11,7 +11,7 @@ runs 3 warm-up steps (forward, backward, AdamW with foreach: the same for both s
 the job's parameter groups) and profiles ``--steps`` more under
 ``torch.profiler``. Prints per implementation the device time per step and its kernels by
 total time (name, calls per step, us per step, share), then the two totals side by side.
-TF32 as the job sets it for fp32.
+fp32 matmuls as the job runs them (torch's defaults: cuBLAS SGEMM, not TF32).
 """
 from __future__ import annotations
 
