@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from cake_core.gemm import matmul, ordered_sum
+from cake_core.gemm import matmul, ordered_sum, tma_available
 from cake_core.testing import assert_close_to_reference, bitwise_equal, poison_, randn
 from cake_core.triton_utils import default_device
 
@@ -64,6 +64,29 @@ def test_matmul_fp32_is_exact_unless_tf32():
     assert_close_to_reference(out, a.double() @ b.double(), torch.float32, tol=1e-6)
     matmul(a, b, out, allow_tf32=True, block_m=16, block_n=16, block_k=16)  # runs
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("prec", ["ieee", "bf16x6", "tf32x3"])
+@pytest.mark.parametrize("tma", [False, True])
+def test_matmul_fp32_split_precisions_near_fp32(prec, tma):
+    # bf16x6 / tf32x3 split each operand into parts multiplied on tensor cores: on a GPU
+    # about fp32's accuracy (the interpreter computes them in fp32)
+    if tma and not tma_available():
+        pytest.skip("no TMA descriptors in this Triton")
+    a = randn((40, 96), torch.float32, DEV, seed=7)
+    b = randn((96, 24), torch.float32, DEV, seed=8)
+    out = torch.full((40, 24), float("nan"), device=DEV)
+    matmul(a, b, out, fp32_precision=prec, tma=tma, block_m=16, block_n=16, block_k=32)
+    assert_close_to_reference(out, a.double() @ b.double(), torch.float32, tol=2e-6)
+    again = torch.full_like(out, float("nan"))
+    matmul(a, b, again, fp32_precision=prec, tma=tma, block_m=16, block_n=16, block_k=32)
+    assert bitwise_equal(out, again)
+
+
+def test_matmul_bad_fp32_precision():
+    a, b = torch.ones(4, 8, device=DEV), torch.ones(8, 4, device=DEV)
+    with pytest.raises(ValueError, match="fp32_precision"):
+        matmul(a, b, torch.empty(4, 4, device=DEV), fp32_precision="bf16x9")
 
 
 def test_matmul_bad_partials():

@@ -138,6 +138,7 @@ def test_plan_rules_and_roundtrip():
     assert (p.out_features, p.in_features) == (33, 96) and p.mode.value == "det"
     assert make_plan(1000, 33, 96, torch.bfloat16, DEV) is p  # rule, cached
     assert p.allow_tf32 == 0 and p.cublas_fwd_dgrad == int(DEV.type == "cuda")
+    assert p.fp32_dots == 1  # exact fp32 products (bf16 inputs: unused)
     assert DenseProjectionDetPlan.from_dict(p.to_dict()) == p
     assert plan_from_op_fields(DenseProjectionDetPlan, plan_to_op_fields(p)) == p
     if DEV.type == "cpu":
@@ -175,6 +176,15 @@ def test_cuda_plan_rule_on_an_h200_sized_device(monkeypatch):
     assert plan_mod._rule(65536, 128, 8192, torch.bfloat16, cuda).wgrad_splits == 2
     fp32 = plan_mod._rule(16384, 4096, 4096, torch.float32, cuda)
     assert fp32.block_k == 32 and fp32.cublas_fwd_dgrad == 0 and fp32.wgrad_block_n == 128
+    assert fp32.fp32_dots == 3  # "bf16x6" on bf16 tensor cores
+    monkeypatch.setattr(plan_mod, "cuda_capability", lambda device: (9, 0))
+    fp32 = plan_mod._rule(16384, 512, 2048, torch.float32, cuda)  # the tinylm job's fc2
+    assert (fp32.block_m, fp32.block_n, fp32.block_k, fp32.num_warps, fp32.num_stages) == \
+        (128, 128, 64, 8, 3)
+    assert (fp32.wgrad_block_k, fp32.fp32_dots, fp32.wgrad_tma) == (64, 3, 0)
+    monkeypatch.setattr(plan_mod, "cuda_capability", lambda device: (7, 0))  # no bf16 MMA
+    fp32 = plan_mod._rule(16384, 512, 2048, torch.float32, cuda)
+    assert (fp32.block_k, fp32.fp32_dots) == (32, 1)
 
 
 def test_plan_validation():
@@ -183,6 +193,7 @@ def test_plan_validation():
                             ("wgrad_splits", 0, "wgrad_splits"),
                             ("wgrad_splits", 17, "wgrad_splits"),
                             ("allow_tf32", 2, "allow_tf32"), ("num_warps", 3, "num_warps"),
+                            ("fp32_dots", 4, "fp32_dots"), ("fp32_dots", -1, "fp32_dots"),
                             ("out_features", 0, "out_features"), ("block_n", 64.0, "block_n"),
                             ("cublas_fwd_dgrad", True, "cublas_fwd_dgrad")):
         with pytest.raises(ValueError, match=msg):

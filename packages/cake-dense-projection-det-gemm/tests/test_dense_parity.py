@@ -179,3 +179,24 @@ def test_tf32_flag_only_changes_fp32_when_set():
     assert plan.allow_tf32 == 0
     y = dense_projection_det(x, w, plan=dataclasses.replace(plan, allow_tf32=1))
     assert_close_to_reference(y, _ref(x, w, None, dy)[0], torch.float32, tol=2e-3)
+
+
+@pytest.mark.parametrize("fp32_dots", [1, 2, 3], ids=["ieee", "tf32x3", "bf16x6"])
+def test_fp32_dots_keep_fp32_accuracy(fp32_dots):
+    # the split precisions (tensor-core products of bf16 / tf32 parts, the CUDA rule's
+    # "bf16x6") stay within fp32's tolerance in every GEMM, bias and main_grad included
+    x, w, b, dy = _inputs((300, 96), 40, torch.float32, True, seed=61)
+    plan = dataclasses.replace(make_plan(300, 40, 96, torch.float32, DEV),
+                               fp32_dots=fp32_dots)
+    main_grad = randn((40, 96), torch.float32, DEV, seed=62)
+    start = main_grad.clone()
+    y = dense_projection_det(x, w, b, plan=plan, main_grad=main_grad)
+    y.backward(dy)
+    _check(x, w, b, dy, y, torch.float32, main_grad=main_grad, start=start)
+    first = [t.clone() for t in (y, x.grad, main_grad, b.grad)]
+    x.grad = b.grad = None
+    main_grad.copy_(start)
+    y = dense_projection_det(x, w, b, plan=plan, main_grad=main_grad)
+    y.backward(dy)
+    assert all(bitwise_equal(u, v) for u, v in
+               zip(first, (y, x.grad, main_grad, b.grad), strict=True))

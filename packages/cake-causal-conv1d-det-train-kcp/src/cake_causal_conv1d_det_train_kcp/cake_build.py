@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:63ee1a05ab04fa4f74e73328c286dab86ea5cf29924be59fb38c22c215d1746e"
+SOURCE_DIGEST = "sha256:bb6f8692cc9e576e6f67fbe998b58c603517aeabc884bfb77601948526787768"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

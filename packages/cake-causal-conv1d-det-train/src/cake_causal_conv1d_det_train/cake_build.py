@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:82a17532259daa243859d35200b5d0300e2b4fe34ae4f5171040e4a38e1e584e"
+SOURCE_DIGEST = "sha256:bbc28aed62754af201844d45a5643f7d7db3a94318104ea7c2f7b4ec0d03126e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:67a319023be5c39d88a7f2043e6cc3d4643b635bdf3d16ddf42b9675563088c2"
+SOURCE_DIGEST = "sha256:0711cfd800d69db4789086edc5f93e34e7a72be1c8c8f3eecafa87e55b66a736"
 # --- end of generated block ---
 
 MANIFEST = {

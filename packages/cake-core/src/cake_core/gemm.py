@@ -31,9 +31,12 @@ allocate (outputs and partial planes come from the caller). Importing this modul
 Triton (after :mod:`cake_core.triton_utils` picked the backend).
 
 Precision: bf16/fp16 operands multiply on tensor cores with fp32 accumulation (through
-:func:`cake_core.triton_utils.dot`, interpreter-safe). fp32 operands use
-``input_precision="ieee"`` (exact fp32 products) unless ``allow_tf32`` is set; the
-interpreter always computes in fp32.
+:func:`cake_core.triton_utils.dot`, interpreter-safe). fp32 operands multiply as
+``fp32_precision`` says (one of :data:`FP32_DOTS`): ``"ieee"`` (default; exact fp32
+products on the CUDA cores), ``"bf16x6"`` (each operand split into three bf16 parts and the
+six leading cross products summed in fp32 on tensor cores: about fp32's accuracy at several
+times "ieee"'s speed on Hopper), ``"tf32x3"``, or ``"tf32"`` (``allow_tf32=True``, not
+exact). The interpreter always computes in fp32 (it runs "bf16x6" as "ieee").
 """
 
 from __future__ import annotations
@@ -55,20 +58,23 @@ def tma_available() -> bool:
     Triton >= 3.4); plan rules pick TMA kernels only then."""
     return TensorDescriptor is not None
 
-__all__ = ["direct_store_dtype", "group_sum_cast", "group_sum_cast_kernel", "matmul",
+__all__ = ["FP32_DOTS", "direct_store_dtype", "group_sum_cast", "group_sum_cast_kernel", "matmul",
            "matmul_kernel", "matmul_tma_kernel", "ordered_sum", "ordered_sum_kernel",
            "tma_available", "tma_layout_problem"]
 
 #: largest TMA box edge (elements) a descriptor block may have
 TMA_MAX_BOX = 256
+#: the ``input_precision`` values fp32 operands may multiply in, by index (a plan's
+#: ``fp32_dots`` field holds the index)
+FP32_DOTS = ("tf32", "ieee", "tf32x3", "bf16x6")
 
 
 @triton.jit
-def _mma(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
+def _mma(a, b, acc, PREC: tl.constexpr):
+    if PREC == "":  # 16-bit operands, or fp32 as tf32: the interpreter-safe helper
         return dot(a, b, acc)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
 
 
 @triton.jit
@@ -76,7 +82,7 @@ def matmul_kernel(
     A, B, C, BIAS, SCALE,
     M, N, K, k_per_split, n_tiles_m, n_tiles_n,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm, stride_cn,
-    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, IEEE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -106,7 +112,7 @@ def matmul_kernel(
                     mask=mm[:, None] & km[None, :], other=0.0)
         b = tl.load(B + ks[:, None] * stride_bk + rn[None, :] * stride_bn,
                     mask=km[:, None] & nm[None, :], other=0.0)
-        acc = _mma(a, b, acc, IEEE)
+        acc = _mma(a, b, acc, PREC)
     if HAS_SCALE:  # a device scalar (no host sync): C (+)= scale * (A @ B) (+ bias)
         acc = acc * tl.load(SCALE).to(tl.float32)
     if HAS_BIAS:
@@ -122,7 +128,7 @@ def matmul_kernel(
 def _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, tile, s, M, N, K, k_per_split, n_tiles_m,
               n_tiles_n, stride_cs, stride_cm, stride_cn,
               A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
-              IEEE: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+              PREC: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """Output tile ``tile`` (grouped order, as in matmul_kernel) of reduction slice ``s``."""
     in_group = GROUP_M * n_tiles_n
@@ -144,7 +150,7 @@ def _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, tile, s, M, N, K, k_per_split, n
             b = tl.trans(B_DESC.load([off_n, k0]))
         else:
             b = B_DESC.load([k0, off_n])
-        acc = _mma(a, b, acc, IEEE)
+        acc = _mma(a, b, acc, PREC)
     if HAS_SCALE:  # a device scalar (no host sync), as in matmul_kernel
         acc = acc * tl.load(SCALE).to(tl.float32)
     if C_TMA:  # split 1, no accumulate: a TMA store (clipped at the edges) of the cast tile
@@ -166,7 +172,7 @@ def matmul_tma_kernel(
     M, N, K, k_per_split, n_tiles_m, n_tiles_n, n_splits,
     stride_cs, stride_cm, stride_cn,
     A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
-    IEEE: tl.constexpr, HAS_SCALE: tl.constexpr,
+    PREC: tl.constexpr, HAS_SCALE: tl.constexpr,
     PERSISTENT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -184,12 +190,12 @@ def matmul_tma_kernel(
         for w in range(tl.program_id(0), n_tiles * n_splits, tl.num_programs(0)):
             _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, w % n_tiles, w // n_tiles, M, N, K,
                       k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
-                      A_T, B_T, C_TMA, ACCUMULATE, IEEE, HAS_SCALE, BLOCK_M, BLOCK_N, BLOCK_K,
+                      A_T, B_T, C_TMA, ACCUMULATE, PREC, HAS_SCALE, BLOCK_M, BLOCK_N, BLOCK_K,
                       GROUP_M)
     else:
         _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, tl.program_id(0), tl.program_id(1), M, N,
                   K, k_per_split, n_tiles_m, n_tiles_n, stride_cs, stride_cm, stride_cn,
-                  A_T, B_T, C_TMA, ACCUMULATE, IEEE, HAS_SCALE, BLOCK_M, BLOCK_N, BLOCK_K,
+                  A_T, B_T, C_TMA, ACCUMULATE, PREC, HAS_SCALE, BLOCK_M, BLOCK_N, BLOCK_K,
                   GROUP_M)
 
 
@@ -228,6 +234,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _prec(dtype: torch.dtype, fp32_precision: str) -> str:
+    """The kernels' ``PREC``: "" for 16-bit operands and for "tf32" (the dot helper), else
+    the fp32 ``input_precision`` (the interpreter takes only "ieee", "tf32", "tf32x3" and
+    computes every one in fp32)."""
+    if dtype != torch.float32 or fp32_precision == "tf32":
+        return ""
+    if is_interpreting() and fp32_precision == "bf16x6":
+        return "ieee"
+    return fp32_precision
+
+
 def tma_layout_problem(t: torch.Tensor, name: str = "operand") -> str | None:
     """Why the 2-D tensor ``t`` cannot be read through a TMA descriptor (None when it can).
 
@@ -263,7 +280,7 @@ def _tma_desc(t: torch.Tensor, rows: int, cols: int) -> tuple[TensorDescriptor, 
     return TensorDescriptor(tt, list(tt.shape), list(tt.stride()), [cols, rows]), True
 
 
-def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_n, block_k,
+def _matmul_tma(a, b, out, *, accumulate, split, partials, prec, block_m, block_n, block_k,
                 group_m, num_warps, num_stages, persistent, num_programs, tma_store,
                 scale=None):
     M, K = a.shape
@@ -310,7 +327,7 @@ def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_
     matmul_tma_kernel[grid](
         a_desc, b_desc, c, c_desc, scale if scale is not None else c, M, N, K, k_per_split,
         tiles_m, tiles_n, split, *strides,
-        A_T=a_t, B_T=b_t, C_TMA=bool(tma_store), ACCUMULATE=accumulate and acc_in_kernel, IEEE=ieee,
+        A_T=a_t, B_T=b_t, C_TMA=bool(tma_store), ACCUMULATE=accumulate and acc_in_kernel, PREC=prec,
         HAS_SCALE=scale is not None,
         PERSISTENT=bool(persistent), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
@@ -323,6 +340,7 @@ def _matmul_tma(a, b, out, *, accumulate, split, partials, ieee, block_m, block_
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
            bias: torch.Tensor | None = None, accumulate: bool = False, split: int = 1,
            partials: torch.Tensor | None = None, allow_tf32: bool = False,
+           fp32_precision: str = "ieee",
            block_m: int = 64, block_n: int = 64, block_k: int = 32, group_m: int = 8,
            num_warps: int = 4, num_stages: int = 3,
            scale: torch.Tensor | None = None, tma: bool = False, persistent: bool = False,
@@ -340,7 +358,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
             contiguous), then :func:`ordered_sum` adds them in slice order into ``out``
             (``bias`` is added to slice 0 only). Slice length: ``cdiv(cdiv(K, S), block_k) *
             block_k``; trailing slices may be empty (their plane is written with zeros).
-        allow_tf32: fp32 operands multiply as tf32 (faster, not exact). Ignored otherwise.
+        allow_tf32: fp32 operands multiply as tf32 (faster, not exact), whatever
+            ``fp32_precision`` says. Ignored for 16-bit operands.
+        fp32_precision: how fp32 operands multiply, one of :data:`FP32_DOTS` (see the
+            module docstring); "bf16x6" needs a GPU with bf16 tensor cores (compute
+            capability >= 8); the interpreter computes "bf16x6" and "tf32x3" in fp32.
+            Ignored for 16-bit operands. Else ``ValueError``.
         scale: optional one-element fp32 tensor on the device, read by the kernel (no host
             sync): the fp32 product is multiplied by it before the bias, the accumulate and
             the cast. Only with ``split == 1``.
@@ -371,7 +394,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
     N = b.shape[1]
     if M == 0 or N == 0:
         return out
-    ieee = a.dtype == torch.float32 and not allow_tf32
+    if fp32_precision not in FP32_DOTS:
+        raise ValueError(f"matmul: fp32_precision must be one of {FP32_DOTS}, "
+                         f"got {fp32_precision!r}")
+    prec = _prec(a.dtype, "tf32" if allow_tf32 else fp32_precision)
     if scale is not None and split != 1:
         raise ValueError("matmul: scale is supported with split == 1 only")
     if tma:
@@ -381,14 +407,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
         if bias is not None:
             raise ValueError("matmul(tma=True): bias is not supported")
         return _matmul_tma(a, b, out, accumulate=accumulate, split=split, partials=partials,
-                           ieee=ieee, block_m=block_m, block_n=block_n, block_k=block_k,
+                           prec=prec, block_m=block_m, block_n=block_n, block_k=block_k,
                            group_m=group_m, num_warps=num_warps, num_stages=num_stages,
                            persistent=persistent, num_programs=num_programs,
                            tma_store=tma_store, scale=scale)
     if persistent or tma_store:
         raise ValueError("matmul: persistent=True and tma_store=True need tma=True")
     tiles_m, tiles_n = _cdiv(M, block_m), _cdiv(N, block_n)
-    kw = dict(IEEE=ieee, HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+    kw = dict(PREC=prec, HAS_SCALE=scale is not None, BLOCK_M=block_m, BLOCK_N=block_n,
               BLOCK_K=block_k, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     if split == 1:
         matmul_kernel[(tiles_m * tiles_n, 1)](

@@ -27,6 +27,7 @@ from cake_core import (
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import (  # imports Triton after cake_core picked the backend
+    FP32_DOTS,
     matmul,
     tma_layout_problem,
 )
@@ -152,14 +153,14 @@ def _checks(x, weight, bias, plan, workspace, main_grad, *, plan_cls=DenseProjec
 def _tiles(plan: DenseProjectionDetPlan) -> dict:
     return dict(block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k,
                 group_m=plan.group_m, num_warps=plan.num_warps, num_stages=plan.num_stages,
-                allow_tf32=bool(plan.allow_tf32))
+                allow_tf32=bool(plan.allow_tf32), fp32_precision=FP32_DOTS[plan.fp32_dots])
 
 
 def _wgrad_tiles(plan: DenseProjectionDetPlan) -> dict:
     return dict(block_m=plan.wgrad_block_m, block_n=plan.wgrad_block_n,
                 block_k=plan.wgrad_block_k, group_m=plan.wgrad_group_m,
                 num_warps=plan.wgrad_num_warps, num_stages=plan.wgrad_num_stages,
-                allow_tf32=bool(plan.allow_tf32))
+                allow_tf32=bool(plan.allow_tf32), fp32_precision=FP32_DOTS[plan.fp32_dots])
 
 
 def _launch_fwd(x, weight, bias, plan: DenseProjectionDetPlan) -> torch.Tensor:
@@ -230,7 +231,8 @@ def _launch_bwd(dy, x, weight, plan: DenseProjectionDetPlan, partials, bias_part
         ones = dy2.new_ones((1, 1)).expand(1, M)  # dbias = 1ᵀ · dy, same slices as dW
         matmul(ones, dy2, db.view(1, N), split=S,  # the pointer kernel, whatever wgrad_tma
                partials=bias_partials.view(S, 1, N) if S > 1 else None,
-               **{**_wgrad_tiles(plan), "block_m": 16, "allow_tf32": False})
+               **{**_wgrad_tiles(plan), "block_m": 16, "allow_tf32": False,
+                  "fp32_precision": "ieee"})
     return dx, dw, db
 
 
@@ -353,8 +355,10 @@ def dense_projection_det(x: torch.Tensor, weight: torch.Tensor,
             no dW, and ``weight`` gets no autograd gradient.
 
     Returns:
-        ``y``: ``[..., N]`` in x's dtype (contiguous). fp32 accumulation; fp32 products
-        exact unless ``plan.allow_tf32``.
+        ``y``: ``[..., N]`` in x's dtype (contiguous). fp32 accumulation; fp32 inputs
+        multiply as ``plan.fp32_dots`` says (the CUDA rule: "bf16x6", within fp32's
+        accuracy; exact "ieee" on the CPU and older GPUs), as tf32 with
+        ``plan.allow_tf32``.
 
     Determinism: y, dx, dweight, dbias and main_grad's new contents are bitwise repeatable
     for equal inputs, plan, hardware and main_grad contents (fixed token slices, ordered

@@ -39,10 +39,10 @@ PLANS = [
      "fields": ["out_features", "in_features", "block_m", "block_n", "block_k", "group_m",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_group_m", "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits",
-                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
+                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b0649cc7cf80222e4e0272afb6c902afcb4414bc469bddaebaf883ed5e4bee0d"
+SOURCE_DIGEST = "sha256:734427d35d2693fc35cf1ddc66e5e26608b20aa9e3a635e4351f67818a3edba5"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -46,8 +46,8 @@ class DenseProjectionDetPlan(Plan):
             written (or added into ``main_grad``) directly. Another S regroups the sum, so
             dweight bits are promised only for equal plans.
         reduce_block: elements per program of the ordered sum of the S planes.
-        allow_tf32: 1 lets fp32 inputs multiply as tf32 (not exact); 0 (default) keeps
-            fp32 products exact. No effect on bf16/fp16.
+        allow_tf32: 1 lets fp32 inputs multiply as tf32 (not exact), whatever
+            ``fp32_dots`` says; 0 leaves it to ``fp32_dots``. No effect on bf16/fp16.
         cublas_fwd_dgrad: 1 routes the forward and dgrad GEMMs to cuBLAS (``torch.addmm`` /
             ``torch.mm``; deterministic per cuBLAS's own rules, with
             ``torch.use_deterministic_algorithms(True)``). 0 (default) keeps them on cake's
@@ -64,6 +64,15 @@ class DenseProjectionDetPlan(Plan):
             (:func:`wgrad_tma_problem`); dy / x views whose layout TMA cannot read are
             copied contiguous first. The rule picks 1 on Hopper or newer for 16-bit
             inputs with aligned N and K (see :func:`make_plan`), 0 elsewhere.
+
+    One field with a default (keyword only; a dict without it loads as "ieee", the
+    products every plan made before it had):
+        fp32_dots: how fp32 inputs multiply in cake's GEMMs, an index into
+            ``cake_core.gemm.FP32_DOTS``: 0 "tf32" (not exact), 1 "ieee" (default: exact
+            fp32 products on the CUDA cores), 2 "tf32x3", 3 "bf16x6" (each operand split
+            into three bf16 parts, the six leading cross products summed in fp32 on tensor
+            cores; needs compute capability >= 8). The interpreter computes every one in
+            fp32. No effect on bf16/fp16.
 
     Format version 2 added ``wgrad_tma``; a version-1 dict is refused by ``from_dict``
     (re-make the plan, or add ``wgrad_tma = 0`` and ``version = 2`` for the same launches).
@@ -94,6 +103,7 @@ class DenseProjectionDetPlan(Plan):
     allow_tf32: int
     cublas_fwd_dgrad: int
     wgrad_tma: int
+    fp32_dots: int = dataclasses.field(default=1, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,6 +115,7 @@ class DenseProjectionDetPlan(Plan):
         self.require_in_range("wgrad_splits", 1, MAX_WGRAD_SPLITS)
         self.require_flags("allow_tf32", "cublas_fwd_dgrad")
         self.require_in_range("wgrad_tma", 0, 2)
+        self.require_in_range("fp32_dots", 0, 3)  # cake_core.gemm.FP32_DOTS's indices
         if self.wgrad_tma and max(self.wgrad_block_m, self.wgrad_block_n,
                                   self.wgrad_block_k) > 256:
             self._fail("wgrad_tma needs wgrad_block_m / _n / _k <= 256 (a TMA box edge)")
@@ -168,7 +179,7 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
     - CUDA wgrad ``dW[N, K]`` (always cake: fixed order): 128×256 output tiles, 64 tokens
       per step, 8 warps, 3 stages when ``cdiv(N, 128) · cdiv(K, 256)`` fills the SMs (the
       sweep's best on the large shapes), else 128×128 tiles.
-      fp32: 32 tokens per step, 128×128.
+      fp32: 32 tokens per step (64 with "bf16x6" on Hopper), 128×128.
     - Split rule (wgrad and dbias): with T = number of wgrad output tiles,
       ``S = 1`` when T >= SMs, else ``S = clamp(min(SMs // T, M // MIN_SLICE), 1, 16)``,
       MIN_SLICE = 4096 tokens on CUDA (shorter slices did not pay for their partial
@@ -184,6 +195,13 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
       The split rule counts these wgrad tiles with 4 "SMs" and MIN_SLICE 128 tokens
       (``CPU_MIN_SLICE``); no cuBLAS.
     - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
+    - fp32 on CUDA with bf16 tensor cores (compute capability >= 8): ``fp32_dots = 3``
+      ("bf16x6"), with 64-deep K steps on Hopper or newer (3 stages of 128×64 fp32 operand
+      tiles fit its shared memory): on an H100 at the tinylm main job's projections
+      (16384 tokens, d_model 512) each GEMM took 0.21-0.35x the exact kernel's time and
+      0.7-0.8x cuBLAS SGEMM's, with a distance to the float64 product 4-7x smaller than
+      the exact kernel's (docs/benchmarks/dense_projection.md). Elsewhere (CPU, older
+      GPUs) ``fp32_dots = 1`` ("ieee").
     - CUDA wgrad on Hopper or newer (compute capability >= 9), bf16/fp16, N and K multiples
       of 8 (TMA reads 16-byte rows): ``wgrad_tma = 1`` (TMA-descriptor operand loads) with 4
       stages: pipelined TMA loads brought the wgrad to about cuBLAS's time, where pointer
@@ -223,7 +241,9 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
     fp32 = dtype == torch.float32
     if cuda:
         wide = max(N, K)
-        bk = 32 if fp32 else 64
+        cap = cuda_capability(device)[0]
+        split32 = fp32 and cap >= 8  # "bf16x6" products on bf16 tensor cores
+        bk = 32 if fp32 and not (split32 and cap >= 9) else 64
         if _cdiv(M, 128) * _cdiv(wide, 256) >= sms and not fp32:
             bm, bn, warps, stages = 128, 256, 8, 3
         elif _cdiv(M, 128) * _cdiv(wide, 128) >= sms:
@@ -237,7 +257,7 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         wbk, wwarps, wstages = bk, 8, 3
         min_slice, reduce_block = 4096, 1024
         es = 2 if not fp32 else 4
-        tma = int(not fp32 and tma_available() and cuda_capability(device)[0] >= 9
+        tma = int(not fp32 and tma_available() and cap >= 9
                   and (N * es) % 16 == 0 and (K * es) % 16 == 0)
         if tma:
             wstages = 4
@@ -254,7 +274,7 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         warps = wwarps = 4
         stages = wstages = 1
         min_slice, reduce_block = CPU_MIN_SLICE, 4096
-        tma = 0
+        tma = split32 = 0
     tiles = _cdiv(N, wbm) * _cdiv(K, wbn)
     splits = 1 if tiles >= sms else max(1, min(sms // tiles, M // min_slice, MAX_WGRAD_SPLITS))
     return DenseProjectionDetPlan(
@@ -263,5 +283,5 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         wgrad_block_m=wbm, wgrad_block_n=wbn, wgrad_block_k=wbk, wgrad_group_m=8,
         wgrad_num_warps=wwarps, wgrad_num_stages=wstages, wgrad_splits=splits,
         reduce_block=reduce_block, allow_tf32=0, cublas_fwd_dgrad=int(cuda and not fp32),
-        wgrad_tma=tma,
+        wgrad_tma=tma, fp32_dots=3 if split32 else 1,
     )

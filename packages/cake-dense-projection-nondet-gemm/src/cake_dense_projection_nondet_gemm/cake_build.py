@@ -39,14 +39,14 @@ PLANS = [
      "fields": ["out_features", "in_features", "block_m", "block_n", "block_k", "group_m",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_group_m", "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits",
-                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "mode",
+                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots", "mode",
                 "cublas_wgrad"]},
     {"module": "cake_dense_projection_det_gemm.plan", "class": "DenseProjectionDetPlan",
      "format_version": 2,
      "fields": ["out_features", "in_features", "block_m", "block_n", "block_k", "group_m",
                 "num_warps", "num_stages", "wgrad_block_m", "wgrad_block_n", "wgrad_block_k",
                 "wgrad_group_m", "wgrad_num_warps", "wgrad_num_stages", "wgrad_splits",
-                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma"]},
+                "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:69c14b647e243991a97fd22ff01f46467272e1db30fea736b25239645f970c7d"
+SOURCE_DIGEST = "sha256:b27801c70b7b42319df1dae0000b7185353683a31a422fdbd7541cc87df7d02e"
 # --- end of generated block ---
 
 REUSES = [

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:febecb29f6afbc0a815cc853aae9de7390c11acc3a4f2ab9714a9f02d9ee3ecf"
+SOURCE_DIGEST = "sha256:e55aab3c88f49de9452d65f06429940b586b6cf15ae243c41ab3db29d6e7d41a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

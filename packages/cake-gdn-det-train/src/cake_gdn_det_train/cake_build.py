@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8416ab6557a27f60d41d427d5859907e2473dbf5c440f83c986d4792485e7992"
+SOURCE_DIGEST = "sha256:cfaba90be7400ddd9e5cade22c6031ba3b28173fd5b82908385d9c3d3cc92353"
 # --- end of generated block ---
 
 MANIFEST = {

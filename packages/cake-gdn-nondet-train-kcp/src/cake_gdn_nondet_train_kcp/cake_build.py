@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:6a6ea0646db5f9e0f877a5e54322304711032674b76743e17b658ccd886f2918"
+SOURCE_DIGEST = "sha256:031718d707b804fbd67f3f5ff4ecf01fd7530ba225571d7d43a79fd89dd3bbb8"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

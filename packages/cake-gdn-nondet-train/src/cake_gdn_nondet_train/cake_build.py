@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:233d42c78114fb539a419471277b7ec32b9ada8c29f596ca77be9a53940f1b96"
+SOURCE_DIGEST = "sha256:196c723370e7c1e5447c9f3b260cdaed63811ffcc9be28148cafc958164a2f9e"
 # --- end of generated block ---
 
 MANIFEST = {

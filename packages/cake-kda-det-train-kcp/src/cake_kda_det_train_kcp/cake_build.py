@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:8101f1c84da7e0f9d7e013964551aadb08535df3b0a096fbd90489c0cf94a3c3"
+SOURCE_DIGEST = "sha256:8cb14b6aa3d91609346858c7a5fec53806ef40d67a8d8a946539dee551c76c8c"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2bd671b0e6b7af4d9ea7717f2a4c43dd36d7c7402ab4a1327d191aacd735ed66"
+SOURCE_DIGEST = "sha256:228f1af37cb45ee00696f67ade1c34159c243a5ac2b86beeae686898aea1225a"
 # --- end of generated block ---
 
 MANIFEST = {

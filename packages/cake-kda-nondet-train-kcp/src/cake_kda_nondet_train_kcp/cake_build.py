@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:dbdd420d93e91892abe2e938f61b43a5aa8c5665ddbc29352342f0720bdfa87f"
+SOURCE_DIGEST = "sha256:684e3579515ba46b8c5109932466547878de10c6f1d9d4286ded035af61e0d3b"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:effb8345c1ffdc33d0c090b4c79eab5fc643ca845a9812a0f92a0aa56ef52917"
+SOURCE_DIGEST = "sha256:90a38890c8baf6ff8d4681ab91f89e721bdcbcbbae25d568397e080a53be708e"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

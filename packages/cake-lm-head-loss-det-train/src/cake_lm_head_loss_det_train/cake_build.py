@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d6e4964622c3eef1b759aedb5cf5e7ea94c6a7e420c9de02cfa0967822a6c7fd"
+SOURCE_DIGEST = "sha256:58316025764c179d5017e3b2a650b63e96650c369776f6d25820d9d556307bb1"
 # --- end of generated block ---
 
 MANIFEST = {

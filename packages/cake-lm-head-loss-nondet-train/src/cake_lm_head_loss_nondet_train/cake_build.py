@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:03af57dbc242ea803f58d9c035fe5a65d2dba8b8a3e0cb0daacd73bfd15a9d80"
+SOURCE_DIGEST = "sha256:7f08f291aee980ad5172257f04c0449c59eb322625838ffcccfb5ce672745ad0"
 # --- end of generated block ---
 
 MANIFEST = {

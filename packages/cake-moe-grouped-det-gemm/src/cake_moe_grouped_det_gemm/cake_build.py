@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:911de983d0c48660bf5c052ef057ad4a467f1b6ad5937e172399a2bca2ad24b3"
+SOURCE_DIGEST = "sha256:aa2bbb3a9f2d7f197573a5b26ba75f154a7542a2dbc4bed37b9c4f93e4ea04e6"
 # --- end of generated block ---
 
 MANIFEST = {

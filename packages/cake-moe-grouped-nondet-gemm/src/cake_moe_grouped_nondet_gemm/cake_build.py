@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:d37f8235eddb77140532589d9dee28a23d549ce085f2c460a1552821cccd3dbe"
+SOURCE_DIGEST = "sha256:9a2234f979c62288d7ae3c7fc77b43315239172ad03c6e932b84dc266d410fd5"
 # --- end of generated block ---
 
 REUSES = [

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d69c93c551943551f20d6f9c3daad7692b8557bc2f8b83a14bf3122de47c8ddf"
+SOURCE_DIGEST = "sha256:97be2899c7ea20f492b6c9febb9006052b8f631d1dfc807634ed09ab602a7f27"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:31d314838d4cc028e044eb922b1289179c4c642d410398d739231bb1397d6bde"
+SOURCE_DIGEST = "sha256:f50d588ba871ac8b4bd352180ff15202c560483e13e6b5e940adb278c80f685a"
 # --- end of generated block ---
 
 MANIFEST = {
