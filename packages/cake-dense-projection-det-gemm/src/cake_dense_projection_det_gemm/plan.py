@@ -197,11 +197,10 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
     - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
     - fp32 on CUDA with bf16 tensor cores (compute capability >= 8): ``fp32_dots = 3``
       ("bf16x6"), with 64-deep K steps on Hopper or newer (3 stages of 128×64 fp32 operand
-      tiles fit its shared memory): on an H100 at the tinylm main job's projections
-      (16384 tokens, d_model 512) each GEMM took 0.21-0.35x the exact kernel's time and
-      0.7-0.8x cuBLAS SGEMM's, with a distance to the float64 product 4-7x smaller than
-      the exact kernel's (docs/benchmarks/dense_projection.md). Elsewhere (CPU, older
-      GPUs) ``fp32_dots = 1`` ("ieee").
+      tiles fit its shared memory): at the tinylm main job's projections every GEMM ran
+      faster than the exact kernel, together faster than cuBLAS SGEMM, and nearer the
+      float64 product than either (docs/benchmarks/dense_projection.md). Elsewhere (CPU,
+      older GPUs) ``fp32_dots = 1`` ("ieee").
     - CUDA wgrad on Hopper or newer (compute capability >= 9), bf16/fp16, N and K multiples
       of 8 (TMA reads 16-byte rows): ``wgrad_tma = 1`` (TMA-descriptor operand loads) with 4
       stages: pipelined TMA loads brought the wgrad to about cuBLAS's time, where pointer
