@@ -77,3 +77,65 @@ def test_bf16_gemm_routes_match_float64(cublas):
     for name, a, r in (("loss", loss, ref), ("dhidden", h.grad, h64.grad),
                        ("dweight", w.grad, w64.grad), ("dbias", b.grad, b64.grad)):
         assert_close_to_reference(a, r, torch.bfloat16, name)
+
+
+@pytest.mark.parametrize("route", ["deferred", "chunked", "chunked+main_grad"])
+def test_dw_tma_matches_float64_and_pointer_loads(route):
+    """The TMA dweight (the Hopper rule's ``dw_tma = 1``) on both gradient routes, from a
+    hidden at an unaligned start (copied for TMA, the caller's tensor untouched)."""
+    T = 100 if route == "deferred" else 301  # deferred: T <= defer_dw_tokens = 2 H
+    H, V = 64, 1000
+    base = make_plan(H, V, torch.bfloat16, DEV)
+    plan = dataclasses.replace(base, cublas_gemms=0, chunk_tokens=128, dw_tma=1)
+    flat = randn((T * H + 1,), torch.bfloat16, DEV, seed=1)
+    h = flat[1:].view(T, H).detach().requires_grad_()  # 2 bytes past an aligned start
+    h_before = h.detach().clone()
+    w = randn((V, H), torch.bfloat16, DEV, seed=2, scale=0.3).requires_grad_()
+    y = (torch.arange(T) * 37 % V).to(DEV)
+    y[::5] = -100
+    mg = randn((V, H), torch.float32, DEV, seed=5) if "main_grad" in route else None
+    start = mg.clone() if mg is not None else None
+    grads = []
+    for p in (plan, dataclasses.replace(plan, dw_tma=0)):
+        h.grad = w.grad = None
+        if mg is not None:
+            mg.copy_(start)
+        loss = lm_head_loss_det(h, w, y, plan=p, main_grad=mg)
+        loss.backward()
+        grads.append(((mg - start) if mg is not None else w.grad).clone())
+    assert torch.equal(h.detach(), h_before)
+    h64, w64 = (t.detach().double().requires_grad_() for t in (h, w))
+    ref = lm_head_loss_reference(h64, w64, y, dtype=torch.float64)
+    ref.backward()
+    assert_close_to_reference(grads[0], w64.grad, torch.bfloat16, "dweight (tma)")
+    # TMA and pointer loads: the same tiles and order, so the same values up to the dot's
+    # inner order (bits not promised equal across the two)
+    assert_close_to_reference(grads[0], grads[1].double(), torch.bfloat16, "tma vs pointer")
+
+
+def test_dw_tma_needs_aligned_rows():
+    H, V = 24, 300  # V * 2 bytes is not a multiple of 16
+    plan = dataclasses.replace(make_plan(H, V, torch.bfloat16, DEV), cublas_gemms=0,
+                               dw_tma=1)
+    h = randn((5, H), torch.bfloat16, DEV, seed=1)
+    w = randn((V, H), torch.bfloat16, DEV, seed=2)
+    before = (h.clone(), w.clone())
+    with pytest.raises(ValueError, match="dw_tma"):
+        lm_head_loss_det(h, w, torch.zeros(5, dtype=torch.long, device=DEV), plan=plan)
+    assert torch.equal(h, before[0]) and torch.equal(w, before[1])
+
+
+def test_dw_tma_rule(monkeypatch):
+    import cake_lm_head_loss_det_train.plan as plan_mod
+
+    for cap, dtype, V, want in (((9, 0), torch.bfloat16, 128256, 1),
+                                ((9, 0), torch.float16, 32000, 1),
+                                ((8, 0), torch.bfloat16, 128256, 0),
+                                ((9, 0), torch.float32, 128256, 0),
+                                ((9, 0), torch.bfloat16, 128257, 0)):
+        monkeypatch.setattr(plan_mod, "cuda_capability", lambda device, cap=cap: cap)
+        assert make_plan(4096, V, dtype, "cuda").dw_tma == want, (cap, dtype, V)
+    assert make_plan(4096, 128256, torch.bfloat16, "cpu").dw_tma == 0
+    old = make_plan(4096, 128256, torch.bfloat16, "cpu").to_dict()
+    del old["dw_tma"]  # a dict from before the field: pointer loads
+    assert type(make_plan(64, 64, torch.bfloat16, "cpu")).from_dict(old).dw_tma == 0

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:734427d35d2693fc35cf1ddc66e5e26608b20aa9e3a635e4351f67818a3edba5"
+SOURCE_DIGEST = "sha256:b3f047315fac604383cafd231145b473b950ac4085da99476f68d4874983da9f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:b27801c70b7b42319df1dae0000b7185353683a31a422fdbd7541cc87df7d02e"
+SOURCE_DIGEST = "sha256:a1ba9869eda656b173ed7479a8b26a426c9f4ad889cce11b9c66a952d425dd3e"
 # --- end of generated block ---
 
 REUSES = [

@@ -32,7 +32,7 @@ from cake_core import (
 )
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
-from cake_core.gemm import matmul, ordered_sum
+from cake_core.gemm import matmul, ordered_sum, tma_available, tma_layout_problem
 from cake_core.triton_utils import launch_device_check
 
 from cake_lm_head_loss_det_train.kernels.ce import ce_chunk_kernel
@@ -203,6 +203,15 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
                               dtype not in (torch.bfloat16, torch.float16)):
         raise ValueError(f"plan: cublas_gemms=1 needs bf16/fp16 inputs on CUDA, got "
                          f"{str(dtype)[6:]} on {device.type}")
+    if plan.dw_tma:
+        es = torch.empty((), dtype=dtype).element_size()
+        if (H * es) % 16 or (V * es) % 16:
+            raise ValueError(f"plan: dw_tma=1 needs hidden_size H and vocab_size V to be "
+                             f"multiples of {16 // es} for {str(dtype)[6:]} (TMA reads 16-byte "
+                             f"aligned rows), got H={H}, V={V}; use dw_tma=0")
+        if not tma_available():
+            raise ValueError("plan: dw_tma=1 needs Triton >= 3.4 (triton.tools."
+                             "tensor_descriptor); use dw_tma=0")
     return plan
 
 
@@ -236,10 +245,21 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _gemm_kw(plan: LMHeadLossDetPlan, which: str) -> dict:
-    return dict(block_m=getattr(plan, f"{which}_block_m"),
-                block_n=getattr(plan, f"{which}_block_n"),
-                block_k=getattr(plan, f"{which}_block_k"), group_m=plan.gemm_group_m,
-                num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
+    kw = dict(block_m=getattr(plan, f"{which}_block_m"),
+              block_n=getattr(plan, f"{which}_block_n"),
+              block_k=getattr(plan, f"{which}_block_k"), group_m=plan.gemm_group_m,
+              num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
+    if which == "dw" and plan.dw_tma:
+        kw["tma"] = True
+    return kw
+
+
+def _tma_ready(t: torch.Tensor, plan: LMHeadLossDetPlan) -> torch.Tensor:
+    """``t``, or a contiguous copy where the plan's TMA dweight cannot read its layout (a
+    view at an unaligned start or with an unaligned row stride)."""
+    if plan.dw_tma and tma_layout_problem(t) is not None:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 def _buffers(plan, h2, bufs, need_dlogits=True):
@@ -269,6 +289,8 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
     logits, dlogits, dh_parts = _buffers(plan, h2, bufs, need_dlogits=dl_all is None)
     grad = g_kind >= 0
     kw_logits, kw_dh, kw_dw = (_gemm_kw(plan, k) for k in ("logits", "dh", "dw"))
+    if dw32 is not None:  # the TMA dweight reads row slices of h2: aligned if h2 is
+        h2 = _tma_ready(h2, plan)
     wt = weight.t()
     cublas = bool(plan.cublas_gemms)
     for t0 in range(0, T, plan.chunk_tokens):
@@ -305,7 +327,7 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
             else:
                 matmul(dl, weight, dh[t0:t1], split=plan.dh_split, partials=parts, **kw_dh)
         if dw32 is not None:
-            matmul(dl.t(), hc, dw32, accumulate=t0 > 0, **kw_dw)
+            matmul(_tma_ready(dl, plan).t(), hc, dw32, accumulate=t0 > 0, **kw_dw)
         if db32 is not None:  # lg now holds the fp32 dlogits of the chunk
             if t0 == 0:
                 ordered_sum(lg, out=db32)
@@ -400,6 +422,7 @@ def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
         elif dw32_s.dtype != torch.float32:  # deferred route: dw32_s is dlogits [T, V]
             g1 = g.reshape(1)
             kw = _gemm_kw(plan, "dw")
+            h2 = _tma_ready(h2, plan)
             if main_grad is not None:
                 matmul(dw32_s.t(), h2, main_grad, accumulate=True, scale=g1, **kw)
                 dw = empty(weight.dtype)

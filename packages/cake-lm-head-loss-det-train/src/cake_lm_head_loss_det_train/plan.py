@@ -60,6 +60,15 @@ class LMHeadLossDetPlan(Plan):
             and writes the weight's dtype directly (or adds into ``main_grad``). Less
             memory when ``2·T·V < 4·V·H`` and no per-chunk read-modify-write of the fp32
             sum. 0: never.
+
+    One field with a default (keyword only; a dict without it loads as 0, the launches of
+    every plan made before it):
+        dw_tma: 1 reads the dweight GEMM's operands (each chunk's dlogits, transposed, and
+            the hidden rows) through TMA tensor descriptors (``cake_core.gemm.matmul(...,
+            tma=True)``) instead of masked pointer loads; the same tiles, K order and
+            chunk order. Needs H and V times the element size to be multiples of 16 bytes
+            (else ``ValueError`` before any launch); a hidden whose layout TMA cannot read
+            (an unaligned view) is copied contiguous first. 0: pointer loads.
     """
 
     family: ClassVar[str] = "cake-lm-head-loss-det-train"
@@ -92,6 +101,7 @@ class LMHeadLossDetPlan(Plan):
     grad_in_forward: int
     cublas_gemms: int
     defer_dw_tokens: int
+    dw_tma: int = dataclasses.field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,7 +114,7 @@ class LMHeadLossDetPlan(Plan):
         self.require_power_of_two(
             *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
         self.require_warps("num_warps", "gemm_warps")
-        self.require_flags("check_labels", "grad_in_forward", "cublas_gemms")
+        self.require_flags("check_labels", "grad_in_forward", "cublas_gemms", "dw_tma")
         self.require_mode(self.expected_mode)
 
 def _prev_power_of_2(n: int) -> int:
@@ -151,7 +161,11 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     rounded before the upstream gradient, e.g. a loss scale, multiplies them, would lose
     small probabilities: fp16 keeps 5 exponent bits). ``defer_dw_tokens = 2·H`` for 16-bit
     inputs (the kept dlogits, 2·T·V bytes, then never exceed the 4·V·H bytes of the fp32
-    dweight sum they replace), 0 for fp32.
+    dweight sum they replace), 0 for fp32. ``dw_tma = 1`` on CUDA devices of compute
+    capability >= 9 (read from the device; 0 where CUDA is not available) for bf16/fp16
+    with H and V multiples of 8 and Triton's host TMA descriptors: pipelined TMA loads
+    made the dweight GEMM faster at T 4096, H 4096, V 128256 (docs/benchmarks/
+    lm_head_loss.md); 0 elsewhere.
 
     Raises:
         ValueError: a size out of range, a dtype other than fp32 / bf16 / fp16, an unknown
@@ -167,13 +181,29 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
         raise ValueError(f"reduction: must be one of {REDUCTIONS}, got {reduction!r}")
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype!r}")
-    key = (hidden_size, vocab_size, dtype, device.type, reduction)
+    cap = cuda_capability(device) if device.type == "cuda" else (0, 0)
+    key = (hidden_size, vocab_size, dtype, device.type, reduction, cap)
     return cached_plan(_PLANS, key, lambda: _rule(*key))
 
 
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, ``(0, 0)`` where CUDA is not
+    available (a rule input; tests patch it)."""
+    if not torch.cuda.is_available():
+        return (0, 0)
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def _tma_available() -> bool:
+    from cake_core.gemm import tma_available  # imports Triton: only for a CUDA rule
+
+    return tma_available()
+
+
 def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: str,
-          reduction: str) -> LMHeadLossDetPlan:
+          reduction: str, cap: tuple[int, int] = (0, 0)) -> LMHeadLossDetPlan:
     cuda = device_type == "cuda"
+    half = dtype in (torch.bfloat16, torch.float16)
     budget = CHUNK_BUDGET_CUDA if cuda else CHUNK_BUDGET_CPU
     if cuda:
         # a multiple of 128 tokens; the budget grows to V*H/3 elements where that is more
@@ -211,4 +241,6 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
         grad_in_forward=0 if reduction == "none" or dtype == torch.float16 else 1,
         cublas_gemms=int(cuda and dtype in (torch.bfloat16, torch.float16)),
         defer_dw_tokens=2 * hidden_size if dtype in (torch.bfloat16, torch.float16) else 0,
+        dw_tma=int(cuda and half and cap[0] >= 9 and hidden_size % 8 == 0
+                   and vocab_size % 8 == 0 and _tma_available()),
     )

@@ -47,6 +47,6 @@ def make_nondet_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
             dtype other than fp32 / bf16 / fp16, an unknown reduction or device).
     """
     det = _det_make_plan(hidden_size, vocab_size, dtype, device, reduction=reduction)
-    key = (det.hidden_size, det.vocab_size, dtype, torch.device(device).type, reduction)
+    key = (det,)  # the det rule's plan (it reads the device's capability)
     fields = {f.name: getattr(det, f.name) for f in dataclasses.fields(det) if f.name != "mode"}
     return cached_plan(_PLANS, key, lambda: LMHeadLossNondetPlan(**fields))
