@@ -42,7 +42,7 @@ def main():
     tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3)]
     rows = []
     for bm, bn, bk, warps, stages in tiles:
-        common = dict(IEEE=False, ACCUMULATE=a.main_grad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        common = dict(PREC="", ACCUMULATE=a.main_grad, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                       GROUP_M=8)
         # pointer kernel: A = dy.t() [N, M] strides (1, N); B = x [M, K] strides (K, 1);
         # C = dW [N, K] strides (K, 1). Strides equal to 1 are specialised to constexprs at
@@ -61,12 +61,12 @@ def main():
             for c_tma in stores:
                 t = {"A_DESC": f"tensordesc<{dt}[{bk}, {bm}]>",  # tiles of row-major dy
                      "B_DESC": f"tensordesc<{dt}[{bk}, {bn}]>",  # tiles of row-major x
-                     "C": c_ty, "C_DESC": f"tensordesc<{dt}[{bm}, {bn}]>",
+                     "C": c_ty, "C_DESC": f"tensordesc<{dt}[{bm}, {bn}]>", "SCALE": c_ty,
                      **{n: "i32" for n in ("M", "N", "K", "k_per_split", "n_tiles_m",
                                             "n_tiles_n", "n_splits", "stride_cs",
                                             "stride_cm")}}
                 c = dict(common, stride_cn=1, A_T=True, B_T=False, PERSISTENT=persistent,
-                         C_TMA=c_tma)
+                         C_TMA=c_tma, HAS_SCALE=False)
                 if not c_tma:
                     c["C_DESC"] = None
                 name = (f"tma{'-persist' if persistent else ''} {bm}x{bn}x{bk} "
