@@ -187,6 +187,22 @@ def test_cuda_plan_rule_on_an_h200_sized_device(monkeypatch):
     assert (fp32.block_k, fp32.fp32_dots) == (32, 1)
 
 
+def test_cuda_fp32_rule_deep_k_only_where_shared_memory_holds_it(monkeypatch):
+    """64-deep fp32 K steps need 128-176 KiB of shared memory at 128x128 tiles (3 stages;
+    offline sm_90 / sm_120 builds): Hopper and datacenter Blackwell (227 KiB per block) take them;
+    consumer Blackwell (compute capability 12.x, 99 KiB per block) keeps 32-deep steps and
+    "bf16x6" products."""
+    import cake_dense_projection_det_gemm.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "sm_count", lambda device: 132)
+    cuda = torch.device("cuda", 0)
+    for cap, bk in (((9, 0), 64), ((10, 0), 64), ((12, 0), 32), ((12, 1), 32), ((8, 9), 32)):
+        monkeypatch.setattr(plan_mod, "cuda_capability", lambda device, cap=cap: cap)
+        for M, N, K in ((16384, 512, 2048), (256, 40, 96)):  # 128x128 and 64x128 tiles
+            fp32 = plan_mod._rule(M, N, K, torch.float32, cuda)
+            assert (fp32.block_k, fp32.wgrad_block_k, fp32.fp32_dots) == (bk, bk, 3), cap
+
+
 def test_plan_validation():
     good = make_plan(64, 8, 16, torch.float32, DEV).to_dict()
     for field, bad, msg in (("block_m", 24, "power of two"), ("block_k", 8, "power of two"),

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b3f047315fac604383cafd231145b473b950ac4085da99476f68d4874983da9f"
+SOURCE_DIGEST = "sha256:6273ffb2a8ec1b5bc4bde1fd10c4e1ba38f70c9ff013e4f0b846ecd42f49e144"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -175,11 +175,12 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
       in the plan for fp32 and for callers who set ``cublas_fwd_dgrad = 0``.
     - CUDA cake forward/dgrad tiles: 128×256×64 (8 warps, 3 stages, group_m 8) when the
       output ``[M, max(N, K)]`` fills at least one wave of SMs with them, else 128×128×64
-      (4 stages), else 64×128×64 (4 warps, 4 stages). fp32: block_k 32, 3 stages.
+      (4 stages), else 64×128×64 (4 warps, 4 stages). fp32: block_k 32 (64 with "bf16x6"
+      on compute capability 9.x / 10.x), 3 stages.
     - CUDA wgrad ``dW[N, K]`` (always cake: fixed order): 128×256 output tiles, 64 tokens
       per step, 8 warps, 3 stages when ``cdiv(N, 128) · cdiv(K, 256)`` fills the SMs (the
       sweep's best on the large shapes), else 128×128 tiles.
-      fp32: 32 tokens per step (64 with "bf16x6" on Hopper), 128×128.
+      fp32: 32 tokens per step (64 with "bf16x6" on compute capability 9.x / 10.x), 128×128.
     - Split rule (wgrad and dbias): with T = number of wgrad output tiles,
       ``S = 1`` when T >= SMs, else ``S = clamp(min(SMs // T, M // MIN_SLICE), 1, 16)``,
       MIN_SLICE = 4096 tokens on CUDA (shorter slices did not pay for their partial
@@ -196,8 +197,10 @@ def make_plan(M: int, N: int, K: int, dtype: torch.dtype,
       (``CPU_MIN_SLICE``); no cuBLAS.
     - ``allow_tf32 = 0`` always; ``reduce_block`` 1024 (4096 on the CPU).
     - fp32 on CUDA with bf16 tensor cores (compute capability >= 8): ``fp32_dots = 3``
-      ("bf16x6"), with 64-deep K steps on Hopper or newer (3 stages of 128×64 fp32 operand
-      tiles fit its shared memory): at the tinylm main job's projections every GEMM ran
+      ("bf16x6"), with 64-deep K steps on Hopper and datacenter Blackwell (compute
+      capability 9.x / 10.x: 3 stages of 128×64 fp32 operand tiles, 128-176 KiB, fit their
+      227 KiB of shared memory per block; consumer Blackwell, 12.x, has 99 KiB and keeps
+      32-deep steps): at the tinylm main job's projections every GEMM ran
       faster than the exact kernel, together faster than cuBLAS SGEMM, and nearer the
       float64 product than either (docs/benchmarks/dense_projection.md). Elsewhere (CPU,
       older GPUs) ``fp32_dots = 1`` ("ieee").
@@ -242,7 +245,9 @@ def _rule(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device):
         wide = max(N, K)
         cap = cuda_capability(device)[0]
         split32 = fp32 and cap >= 8  # "bf16x6" products on bf16 tensor cores
-        bk = 32 if fp32 and not (split32 and cap >= 9) else 64
+        # 64-deep fp32 steps: 128 KiB of shared memory at 128x128 (3 stages), more than the
+        # 99 KiB per block of consumer Blackwell (12.x); Hopper / datacenter Blackwell hold it
+        bk = 32 if fp32 and not (split32 and cap in (9, 10)) else 64
         if _cdiv(M, 128) * _cdiv(wide, 256) >= sms and not fp32:
             bm, bn, warps, stages = 128, 256, 8, 3
         elif _cdiv(M, 128) * _cdiv(wide, 128) >= sms:

@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:a1ba9869eda656b173ed7479a8b26a426c9f4ad889cce11b9c66a952d425dd3e"
+SOURCE_DIGEST = "sha256:49037710b34087a57a0d3838db6bffae98dbae4d795cf0c779aca563174cc835"
 # --- end of generated block ---
 
 REUSES = [
