@@ -87,6 +87,9 @@ def test_matmul_bad_fp32_precision():
     a, b = torch.ones(4, 8, device=DEV), torch.ones(8, 4, device=DEV)
     with pytest.raises(ValueError, match="fp32_precision"):
         matmul(a, b, torch.empty(4, 4, device=DEV), fp32_precision="bf16x9")
+    for m, n in ((0, 4), (4, 0)):  # refused before the empty-shape return too
+        with pytest.raises(ValueError, match="fp32_precision"):
+            matmul(a[:m], b[:, :n], torch.empty(m, n, device=DEV), fp32_precision="IEEE")
 
 
 def test_matmul_bad_partials():

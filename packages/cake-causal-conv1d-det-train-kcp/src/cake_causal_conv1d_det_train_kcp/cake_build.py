@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:bb6f8692cc9e576e6f67fbe998b58c603517aeabc884bfb77601948526787768"
+SOURCE_DIGEST = "sha256:2c7a8fd52406cb13f39d1d808708bdb24a2ddd97f7120bacfc755b360df4745f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

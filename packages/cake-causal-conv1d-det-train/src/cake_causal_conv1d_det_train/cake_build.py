@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bbc28aed62754af201844d45a5643f7d7db3a94318104ea7c2f7b4ec0d03126e"
+SOURCE_DIGEST = "sha256:1637eefd5472387fdfe123db270054396ce0feba23c8d6de7556a73430b11dd9"
 # --- end of generated block ---
 
 MANIFEST = {

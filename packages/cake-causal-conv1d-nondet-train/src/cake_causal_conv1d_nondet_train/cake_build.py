@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0711cfd800d69db4789086edc5f93e34e7a72be1c8c8f3eecafa87e55b66a736"
+SOURCE_DIGEST = "sha256:1051c11324e75187bae24e48361dcfb7fd5ad09504a4f1afc7cff0e37cf6ad88"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -390,13 +390,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *,
 
     The caller checks shapes and devices; this helper only launches (no allocation).
     """
+    if fp32_precision not in FP32_DOTS:  # before the empty-shape return: same answer
+        raise ValueError(f"matmul: fp32_precision must be one of {FP32_DOTS}, "
+                         f"got {fp32_precision!r}")
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
         return out
-    if fp32_precision not in FP32_DOTS:
-        raise ValueError(f"matmul: fp32_precision must be one of {FP32_DOTS}, "
-                         f"got {fp32_precision!r}")
     prec = _prec(a.dtype, "tf32" if allow_tf32 else fp32_precision)
     if scale is not None and split != 1:
         raise ValueError("matmul: scale is supported with split == 1 only")

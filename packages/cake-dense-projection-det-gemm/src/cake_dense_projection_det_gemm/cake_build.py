@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6273ffb2a8ec1b5bc4bde1fd10c4e1ba38f70c9ff013e4f0b846ecd42f49e144"
+SOURCE_DIGEST = "sha256:7b4e6cf6510980ab93102610dcd17ebf575518e2a5f0c1e5680822d2f7299da4"
 # --- end of generated block ---
 
 MANIFEST = {

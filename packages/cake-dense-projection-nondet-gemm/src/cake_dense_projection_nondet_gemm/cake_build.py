@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:49037710b34087a57a0d3838db6bffae98dbae4d795cf0c779aca563174cc835"
+SOURCE_DIGEST = "sha256:250e16a4e09dc90ba707523c66b0fa760b23f06bce0e8ccf4cc8d801f7dec5a7"
 # --- end of generated block ---
 
 REUSES = [

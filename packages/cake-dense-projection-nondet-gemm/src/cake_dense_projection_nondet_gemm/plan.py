@@ -18,9 +18,10 @@ class DenseProjectionNondetPlan(DenseProjectionDetPlan):
 
     The fields, their meaning and their checks are cake-dense-projection-det-gemm's
     ``DenseProjectionDetPlan`` (tiles, warps, stages, ``wgrad_splits``, ``reduce_block``,
-    ``allow_tf32``, ``cublas_fwd_dgrad``, ``wgrad_tma``): this package runs that package's
-    kernels with them. A det entry refuses this plan and this package refuses the det one
-    (``ValueError``). ``to_dict()`` / ``from_dict()`` as every cake plan (format version 1).
+    ``allow_tf32``, ``cublas_fwd_dgrad``, ``wgrad_tma``, ``fp32_dots``): this package runs
+    that package's kernels with them. A det entry refuses this plan and this package
+    refuses the det one (``ValueError``). ``to_dict()`` / ``from_dict()`` as every cake
+    plan (format version 1).
 
     One field of its own:
         cublas_wgrad: 1 computes the weight gradient with cuBLAS (``torch.mm``; for an fp32

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e55aab3c88f49de9452d65f06429940b586b6cf15ae243c41ab3db29d6e7d41a"
+SOURCE_DIGEST = "sha256:9803868392fb5ba066077d331ee7b113236b15adb5f790e71e7e590ea509f45a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

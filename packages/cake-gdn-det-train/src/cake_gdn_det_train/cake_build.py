@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cfaba90be7400ddd9e5cade22c6031ba3b28173fd5b82908385d9c3d3cc92353"
+SOURCE_DIGEST = "sha256:9a3dd0c1c1451ed136beafdc9408bd12d34bced97bf5290b6301fa2db00b9407"
 # --- end of generated block ---
 
 MANIFEST = {

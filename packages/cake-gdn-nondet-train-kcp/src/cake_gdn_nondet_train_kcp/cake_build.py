@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:031718d707b804fbd67f3f5ff4ecf01fd7530ba225571d7d43a79fd89dd3bbb8"
+SOURCE_DIGEST = "sha256:400ca74d3d4e135a9473c47f8c446bbb4159dd99341a2ef3573abb5450259c67"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

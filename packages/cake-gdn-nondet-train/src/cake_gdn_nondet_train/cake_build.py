@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:196c723370e7c1e5447c9f3b260cdaed63811ffcc9be28148cafc958164a2f9e"
+SOURCE_DIGEST = "sha256:b26d191846f9f9f645c79572e18d2163e4fa559dedd898826e97c9a32862e954"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:8cb14b6aa3d91609346858c7a5fec53806ef40d67a8d8a946539dee551c76c8c"
+SOURCE_DIGEST = "sha256:510f022539355fe1a5c5513f1f0b76f81aa03339354764736c7fb0d3c3067552"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

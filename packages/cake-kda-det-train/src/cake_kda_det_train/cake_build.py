@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:228f1af37cb45ee00696f67ade1c34159c243a5ac2b86beeae686898aea1225a"
+SOURCE_DIGEST = "sha256:0019285335039cc6dc265c4a278999e7005bfcaa5fcb65585b13972a20195ec9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:684e3579515ba46b8c5109932466547878de10c6f1d9d4286ded035af61e0d3b"
+SOURCE_DIGEST = "sha256:085ab5f32581cd0a15107fc465054ce62dd166efe06f15f791235af0eeb96885"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

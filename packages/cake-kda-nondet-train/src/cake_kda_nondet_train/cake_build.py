@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:90a38890c8baf6ff8d4681ab91f89e721bdcbcbbae25d568397e080a53be708e"
+SOURCE_DIGEST = "sha256:31bf06badb544cbc1c00f2acf97fcf4394288e01980eed53ead0e52bfe42795d"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:aa2bbb3a9f2d7f197573a5b26ba75f154a7542a2dbc4bed37b9c4f93e4ea04e6"
+SOURCE_DIGEST = "sha256:6ffed4f480b25362cbdf6f1778469a1e894bcbb4523c03def9d1d855e93df5d2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:9a2234f979c62288d7ae3c7fc77b43315239172ad03c6e932b84dc266d410fd5"
+SOURCE_DIGEST = "sha256:8873cab2d4a0a256f3f67c6f8fbf91ed980730edbf3969f3a914eda964a0861d"
 # --- end of generated block ---
 
 REUSES = [

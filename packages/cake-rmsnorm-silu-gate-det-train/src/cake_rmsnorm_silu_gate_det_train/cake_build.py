@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:97be2899c7ea20f492b6c9febb9006052b8f631d1dfc807634ed09ab602a7f27"
+SOURCE_DIGEST = "sha256:77eb79310661379d6e01f59dbc3c6e0562655ef72b36e0aa928ce9eaf85cc726"
 # --- end of generated block ---
 
 MANIFEST = {

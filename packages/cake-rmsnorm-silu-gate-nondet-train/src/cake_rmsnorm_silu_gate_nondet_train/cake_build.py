@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f50d588ba871ac8b4bd352180ff15202c560483e13e6b5e940adb278c80f685a"
+SOURCE_DIGEST = "sha256:a324c8304403e825b153019f888a802fd5606051cd29430f96d0b30b8ab4ba6a"
 # --- end of generated block ---
 
 MANIFEST = {
