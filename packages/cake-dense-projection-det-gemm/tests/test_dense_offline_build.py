@@ -5,6 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import cake_core.gemm  # noqa: F401  (the backend is picked before the test unsets the env)
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_build_wgrad.py"
