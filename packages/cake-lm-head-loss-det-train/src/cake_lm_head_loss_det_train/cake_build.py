@@ -40,10 +40,10 @@ PLANS = [
                 "loss_block", "logits_block_m", "logits_block_n", "logits_block_k", "dh_block_m",
                 "dh_block_n", "dh_block_k", "dw_block_m", "dw_block_n", "dw_block_k",
                 "gemm_group_m", "gemm_warps", "gemm_stages", "dh_split", "check_labels",
-                "grad_in_forward", "cublas_gemms", "defer_dw_tokens"]},
+                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8a65e80611bedb6182d58d5f68fc75a21bdff67ed0046c2f429f1085102f8811"
+SOURCE_DIGEST = "sha256:4f6d6b47b260824a1c6ef47c428f3042666971ab2db61daa1a078a26e2451543"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -40,10 +40,10 @@ PLANS = [
                 "loss_block", "logits_block_m", "logits_block_n", "logits_block_k", "dh_block_m",
                 "dh_block_n", "dh_block_k", "dw_block_m", "dw_block_n", "dw_block_k",
                 "gemm_group_m", "gemm_warps", "gemm_stages", "dh_split", "check_labels",
-                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "mode"]},
+                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1e49760ccda5f44807ce5f1ae1bed83cc7c05dd209f27f144989d22782549644"
+SOURCE_DIGEST = "sha256:b4ff27803a08c69ddc7eff2e6c016dbd703d7fb5ce88c17f161300e29c9372cd"
 # --- end of generated block ---
 
 MANIFEST = {
