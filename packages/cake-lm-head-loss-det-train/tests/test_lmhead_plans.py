@@ -131,6 +131,7 @@ def test_dw_tma_rule(monkeypatch):
     for cap, dtype, V, want in (((9, 0), torch.bfloat16, 128256, 1),
                                 ((9, 0), torch.float16, 32000, 1),
                                 ((8, 0), torch.bfloat16, 128256, 0),
+                                ((12, 0), torch.bfloat16, 128256, 0),
                                 ((9, 0), torch.float32, 128256, 0),
                                 ((9, 0), torch.bfloat16, 128257, 0)):
         monkeypatch.setattr(plan_mod, "cuda_capability", lambda device, cap=cap: cap)

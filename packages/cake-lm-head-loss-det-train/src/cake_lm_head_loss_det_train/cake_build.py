@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4f6d6b47b260824a1c6ef47c428f3042666971ab2db61daa1a078a26e2451543"
+SOURCE_DIGEST = "sha256:3622c4c502597918ed7fac1d15014b3f9f5294257fc9ce0d441a6b88d3392854"
 # --- end of generated block ---
 
 MANIFEST = {

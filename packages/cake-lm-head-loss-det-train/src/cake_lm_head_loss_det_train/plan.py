@@ -162,7 +162,8 @@ def make_plan(hidden_size: int, vocab_size: int, dtype: torch.dtype,
     small probabilities: fp16 keeps 5 exponent bits). ``defer_dw_tokens = 2·H`` for 16-bit
     inputs (the kept dlogits, 2·T·V bytes, then never exceed the 4·V·H bytes of the fp32
     dweight sum they replace), 0 for fp32. ``dw_tma = 1`` on CUDA devices of compute
-    capability >= 9 (read from the device; 0 where CUDA is not available) for bf16/fp16
+    capability 9.x / 10.x (Hopper, datacenter Blackwell: read from the device; 0 where CUDA
+    is not available) for bf16/fp16
     with H and V multiples of 8 and Triton's host TMA descriptors: pipelined TMA loads
     made the dweight GEMM faster at T 4096, H 4096, V 128256 (docs/benchmarks/
     lm_head_loss.md); 0 elsewhere.
@@ -241,6 +242,6 @@ def _rule(hidden_size: int, vocab_size: int, dtype: torch.dtype, device_type: st
         grad_in_forward=0 if reduction == "none" or dtype == torch.float16 else 1,
         cublas_gemms=int(cuda and dtype in (torch.bfloat16, torch.float16)),
         defer_dw_tokens=2 * hidden_size if dtype in (torch.bfloat16, torch.float16) else 0,
-        dw_tma=int(cuda and half and cap[0] >= 9 and hidden_size % 8 == 0
+        dw_tma=int(cuda and half and cap[0] in (9, 10) and hidden_size % 8 == 0
                    and vocab_size % 8 == 0 and _tma_available()),
     )

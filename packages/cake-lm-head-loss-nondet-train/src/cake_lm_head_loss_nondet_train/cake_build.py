@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b4ff27803a08c69ddc7eff2e6c016dbd703d7fb5ce88c17f161300e29c9372cd"
+SOURCE_DIGEST = "sha256:d83662b5101de7d3a00a7321bb1e67fb972769d9cb0d17cbabff0244bca90f78"
 # --- end of generated block ---
 
 MANIFEST = {
