@@ -8,10 +8,9 @@ cake_dense_projection_det_gemm, whose fp32 plan multiplies with ``input_precisio
 default). Per projection shape (M, N, K) and per GEMM (fwd ``x @ W^T``, dgrad ``dy @ W``,
 wgrad ``dy^T @ x`` with the rule's slices): the rule's tiles, each tile variant in TILES,
 the TMA kernel, and ``torch.mm`` with TF32 off (and whether 5 calls repeat bit for bit);
-TF32 cuBLAS for scale. Then the same GEMMs on tensor cores in split precisions
-(``tf32x3``, ``bf16x6``, ``bf16x3``: each fp32 operand split into a high and low part, the
-cross products summed in fp32) through a script-local copy of the pointer kernel with the
-precision as a constexpr: speed and distance to float64 beside the exact kernel's. Dev
+TF32 cuBLAS for scale. Then the same GEMMs through cake-core's
+``matmul(..., fp32_precision=...)`` for each of "tf32x3", "bf16x6" (tensor-core products of
+split operands) and "ieee" at the tilings in PREC_TILES: speed, distance to float64, repeat. Dev
 tooling, ships in no wheel.
 """
 from __future__ import annotations
@@ -21,9 +20,8 @@ import os
 import sys
 
 import torch
-from cake_core.gemm import matmul, ordered_sum
+from cake_core.gemm import matmul
 from cake_core.testing import bits
-from cake_core.triton_utils import tl, triton
 from cake_dense_projection_det_gemm import make_plan
 
 TINY = "--tiny" in sys.argv
@@ -37,45 +35,6 @@ TILES = [(128, 128, 32, 8, 3), (128, 128, 16, 8, 3), (128, 128, 32, 4, 3), (64, 
          (128, 64, 32, 4, 3), (256, 128, 16, 8, 3), (128, 256, 16, 8, 3), (64, 64, 32, 4, 3)]
 if TINY:
     TILES = [(16, 16, 16, 4, 1)]
-
-
-@triton.jit
-def _mm_prec(A, B, C, M, N, K, k_per_split, stride_am, stride_ak, stride_bk, stride_bn,
-             stride_cs, stride_cm, stride_cn, PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    s = tl.program_id(2)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rk = tl.arange(0, BLOCK_K).to(tl.int64)
-    k_lo = s * k_per_split
-    k_hi = tl.minimum(K, k_lo + k_per_split)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        ks = k0 + rk
-        a = tl.load(A + rm[:, None] * stride_am + ks[None, :] * stride_ak,
-                    mask=(rm[:, None] < M) & (ks[None, :] < k_hi), other=0.0)
-        b = tl.load(B + ks[:, None] * stride_bk + rn[None, :] * stride_bn,
-                    mask=(ks[:, None] < k_hi) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PREC)
-    c = C + s.to(tl.int64) * stride_cs + rm[:, None] * stride_cm + rn[None, :] * stride_cn
-    tl.store(c, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-def mm_prec(a, b, out, prec, split, parts, bm, bn, bk, nw, ns):
-    Mx, Kx = a.shape
-    Nx = b.shape[1]
-    per = (Kx + split - 1) // split
-    kps = (per + bk - 1) // bk * bk
-    c = parts if split > 1 else out
-    scs = parts.stride(0) if split > 1 else 0
-    _mm_prec[(-(-Mx // bm), -(-Nx // bn), split)](
-        a, b, c, Mx, Nx, Kx, kps, a.stride(0), a.stride(1), b.stride(0), b.stride(1), scs,
-        c.stride(-2), c.stride(-1), PREC=prec, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=nw, num_stages=ns)
-    if split > 1:
-        ordered_sum(parts, out=out)
 
 
 PREC_TILES = [(128, 128, 32, 8, 3), (128, 128, 32, 4, 4), (128, 256, 32, 8, 3),
@@ -165,10 +124,13 @@ def main() -> None:
             torch.backends.cuda.matmul.allow_tf32 = False
             res["rows"].append(row)
             print(row, flush=True)
-            for prec in ("tf32x3", "bf16x6", "bf16x3", "ieee"):
+            for prec in ("tf32x3", "bf16x6", "ieee"):
                 for t in PREC_TILES:
                     def pf(a=a, b=b, out=out, prec=prec, t=t):
-                        mm_prec(a, b, out, prec, split, parts, *t)
+                        bm, bn, bk, nw, ns = t
+                        matmul(a, b, out, split=split, partials=parts, fp32_precision=prec,
+                               block_m=bm, block_n=bn, block_k=bk, num_warps=nw,
+                               num_stages=ns)
                     row = {"N": N, "K": K, "op": op, "cand": f"{prec} {t}"}
                     try:
                         row["ms"] = bench(pf)

@@ -9,7 +9,6 @@
 #   bash shared/gpu/owed_checks.sh mainjob  issue 45: the main job's step kernel by kernel,
 #                                           cake against torch (fp32, bf16), and the
 #                                           tinylm CUDA-graph test
-#   bash shared/gpu/owed_checks.sh lmhead   issue 46: LM-head candidates (TMA dweight) timed
 #   bash shared/gpu/owed_checks.sh suites   issues 41, 43, 44: GQA at D 256 in bf16, the
 #                                           patched model's whole-step CUDA graph, the
 #                                           rmsnorm nondet table with more rounds
@@ -91,13 +90,6 @@ case ${1:-} in
     OUT=$OUT timeout 150 python3 shared/gpu/gqa_session.py sweep32
     timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short \
       packages/cake-tinylm/tests/test_tinylm.py -k cuda_graph 2>&1 | tail -8 ;;
-  lmhead)
-    # issue 46: the LM-head loss candidates (TMA dweight) against the rule and the cuBLAS
-    # floor, and the family's plan tests on CUDA
-    export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
-    timeout 240 python3 shared/gpu/lmhead_candidates.py 4096,4096,128256 4096,4096,32000
-    timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short \
-      packages/cake-lm-head-loss-det-train/tests/test_lmhead_plans.py 2>&1 | tail -6 ;;
-  *) echo "usage: $0 engine|model|suites|mainjob|lmhead"; exit 2 ;;
+  *) echo "usage: $0 engine|model|suites|mainjob"; exit 2 ;;
 esac
 echo "owed_checks $1: $((SECONDS - S)) s"
