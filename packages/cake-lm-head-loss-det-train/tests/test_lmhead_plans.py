@@ -140,3 +140,61 @@ def test_dw_tma_rule(monkeypatch):
     old = make_plan(4096, 128256, torch.bfloat16, "cpu").to_dict()
     del old["dw_tma"]  # a dict from before the field: pointer loads
     assert type(make_plan(64, 64, torch.bfloat16, "cpu")).from_dict(old).dw_tma == 0
+
+
+@pytest.mark.parametrize("grad_in_forward", [1, 0])
+def test_dw_tma_tile_over_tma_box_refused_before_any_launch(grad_in_forward):
+    """A TMA box edge is at most 256 elements: a dw_tma=1 plan with a larger dweight tile
+    is refused by the entry (and ``is_supported``) before any launch, not by the dweight
+    GEMM after the forward ran."""
+    from cake_core.testing import no_kernel_launches
+    from cake_lm_head_loss_det_train import api, is_supported
+
+    H, V, T = 64, 200, 40
+    plan = dataclasses.replace(make_plan(H, V, torch.bfloat16, DEV), cublas_gemms=0,
+                               dw_tma=1, dw_block_n=512, grad_in_forward=grad_in_forward)
+    h = randn((T, H), torch.bfloat16, DEV, seed=1).requires_grad_()
+    w = randn((V, H), torch.bfloat16, DEV, seed=2, scale=0.3).requires_grad_()
+    y = (torch.arange(T) * 37 % V).to(DEV)
+    before = (h.detach().clone(), w.detach().clone())
+    with no_kernel_launches(api, "_forward_impl", "_backward_impl", "_run_chunks"):
+        s = is_supported(h, w, y, plan=plan)
+        assert not s and "dw_tma" in s.reason and "256" in s.reason
+        with pytest.raises(ValueError, match="dw_tma"):
+            lm_head_loss_det(h, w, y, plan=plan)
+    assert torch.equal(h.detach(), before[0]) and torch.equal(w.detach(), before[1])
+    # 256 is served
+    lm_head_loss_det(h, w, y, plan=dataclasses.replace(plan, dw_block_n=256)).backward()
+
+
+def test_dw_tma_deferred_route_reads_unaligned_saved_dlogits():
+    """Saved-tensor hooks (offloading into one flat buffer) may hand the backward views at
+    an unaligned start: the deferred route's kept dlogits are copied for TMA like the
+    hidden, as dw_tma=0 serves them."""
+    T, H, V = 50, 64, 200  # T <= defer_dw_tokens = 2 H: the deferred route
+    base = dataclasses.replace(make_plan(H, V, torch.bfloat16, DEV), cublas_gemms=0)
+    assert base.grad_in_forward and T <= base.defer_dw_tokens
+
+    def pack(t):
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        buf[1:].copy_(t.reshape(-1))
+        return buf, t.shape
+
+    def unpack(packed):
+        buf, shape = packed
+        return buf[1:].view(shape)  # one element past an aligned start
+
+    grads = []
+    for tma in (1, 0):
+        h = randn((T, H), torch.bfloat16, DEV, seed=1).requires_grad_()
+        w = randn((V, H), torch.bfloat16, DEV, seed=2, scale=0.3).requires_grad_()
+        y = (torch.arange(T) * 37 % V).to(DEV)
+        y[::5] = -100
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            loss = lm_head_loss_det(h, w, y, plan=dataclasses.replace(base, dw_tma=tma))
+        loss.backward()
+        grads.append(w.grad)
+    h64, w64 = (t.detach().double().requires_grad_() for t in (h, w))
+    lm_head_loss_reference(h64, w64, y, dtype=torch.float64).backward()
+    assert_close_to_reference(grads[0], w64.grad, torch.bfloat16, "dweight (tma)")
+    assert_close_to_reference(grads[0], grads[1].double(), torch.bfloat16, "tma vs pointer")

@@ -32,7 +32,13 @@ from cake_core import (
 )
 from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
-from cake_core.gemm import matmul, ordered_sum, tma_available, tma_layout_problem
+from cake_core.gemm import (
+    TMA_MAX_BOX,
+    matmul,
+    ordered_sum,
+    tma_available,
+    tma_layout_problem,
+)
 from cake_core.triton_utils import launch_device_check
 
 from cake_lm_head_loss_det_train.kernels.ce import ce_chunk_kernel
@@ -212,6 +218,11 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
         if not tma_available():
             raise ValueError("plan: dw_tma=1 needs Triton >= 3.4 (triton.tools."
                              "tensor_descriptor); use dw_tma=0")
+        tiles = tuple(getattr(plan, f"dw_block_{d}") for d in "mnk")
+        if max(tiles) > TMA_MAX_BOX:  # else the dweight GEMM refuses after the forward ran
+            raise ValueError(f"plan: dw_tma=1 needs dw_block_m, dw_block_n and dw_block_k "
+                             f"<= {TMA_MAX_BOX} (a TMA box edge), got {tiles}; use dw_tma=0 "
+                             f"or smaller tiles")
     return plan
 
 
@@ -422,7 +433,9 @@ def _backward_impl(dloss, h2, weight, bias, labels1, lse, n_valid, dh_s, dw32_s,
         elif dw32_s.dtype != torch.float32:  # deferred route: dw32_s is dlogits [T, V]
             g1 = g.reshape(1)
             kw = _gemm_kw(plan, "dw")
-            h2 = _tma_ready(h2, plan)
+            # either may be a view at an unaligned start (saved-tensor hooks, a saved set
+            # rebuilt from tensors): copied for TMA, as the pointer loads read them
+            h2, dw32_s = _tma_ready(h2, plan), _tma_ready(dw32_s, plan)
             if main_grad is not None:
                 matmul(dw32_s.t(), h2, main_grad, accumulate=True, scale=g1, **kw)
                 dw = empty(weight.dtype)

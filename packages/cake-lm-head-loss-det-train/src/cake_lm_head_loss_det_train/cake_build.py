@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3622c4c502597918ed7fac1d15014b3f9f5294257fc9ce0d441a6b88d3392854"
+SOURCE_DIGEST = "sha256:814f9d52737abc1e10b90da09baa6d679bfa6ef28201bd0c4f241883c827a1a1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -67,8 +67,9 @@ class LMHeadLossDetPlan(Plan):
             the hidden rows) through TMA tensor descriptors (``cake_core.gemm.matmul(...,
             tma=True)``) instead of masked pointer loads; the same tiles, K order and
             chunk order. Needs H and V times the element size to be multiples of 16 bytes
-            (else ``ValueError`` before any launch); a hidden whose layout TMA cannot read
-            (an unaligned view) is copied contiguous first. 0: pointer loads.
+            and ``dw_block_{m,n,k} <= 256`` (a TMA box edge; else ``ValueError`` before any
+            launch); a hidden or kept dlogits whose layout TMA cannot read (an unaligned
+            view) is copied contiguous first. 0: pointer loads.
     """
 
     family: ClassVar[str] = "cake-lm-head-loss-det-train"

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:d83662b5101de7d3a00a7321bb1e67fb972769d9cb0d17cbabff0244bca90f78"
+SOURCE_DIGEST = "sha256:0ff1abd52dd72f2283b43a1964cbd04598c7f4e965fc5ddcd00e705ec335d90e"
 # --- end of generated block ---
 
 MANIFEST = {
