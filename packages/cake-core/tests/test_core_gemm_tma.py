@@ -147,6 +147,12 @@ def test_tma_refusals():
         matmul(a, b, out, split=2, tma=True)
     assert tma_layout_problem(a) is None and tma_layout_problem(b.t()) is None
     assert "2-D" in tma_layout_problem(a[0])
+    row = torch.ones(1, 24, dtype=torch.bfloat16, device=DEV)
+    assert "overlap" in tma_layout_problem(row.expand(32, 24))  # stride 0
+    assert "overlap" in tma_layout_problem(row.expand(32, 24).t())
+    assert tma_layout_problem(row) is None  # one row: its stride is never used
+    with pytest.raises(ValueError, match="overlap"):
+        matmul(row.expand(32, 24), b, out, tma=True)
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])

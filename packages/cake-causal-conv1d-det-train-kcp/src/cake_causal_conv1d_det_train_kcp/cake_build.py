@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:2c7a8fd52406cb13f39d1d808708bdb24a2ddd97f7120bacfc755b360df4745f"
+SOURCE_DIGEST = "sha256:528e6a75733171479b78ffd835f2e701d2c579baa01b27833ecebe90708b00e9"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

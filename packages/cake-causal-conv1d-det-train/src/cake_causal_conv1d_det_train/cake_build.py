@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1637eefd5472387fdfe123db270054396ce0feba23c8d6de7556a73430b11dd9"
+SOURCE_DIGEST = "sha256:4862fabba919e71e6ef0551253963e13ef92f1f29de7438411cb3cd6e8fe089b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1051c11324e75187bae24e48361dcfb7fd5ad09504a4f1afc7cff0e37cf6ad88"
+SOURCE_DIGEST = "sha256:3e481662a892236674f8debbfc7c6ceda7bec3a925478cd30400c904a9007201"
 # --- end of generated block ---
 
 MANIFEST = {

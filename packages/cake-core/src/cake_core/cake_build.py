@@ -49,7 +49,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3c554f7035074089b08a1e2f59ab801a3ed4e6bf7aad50b80dd29ee025af10d7"
+SOURCE_DIGEST = "sha256:029d12390024f0aa7d1cbcb18e2492ca735b8b2ee045b8f25f860af1b4194e95"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -249,19 +249,23 @@ def tma_layout_problem(t: torch.Tensor, name: str = "operand") -> str | None:
     """Why the 2-D tensor ``t`` cannot be read through a TMA descriptor (None when it can).
 
     TMA takes a row-major or a column-major (transposed view) matrix whose other stride is a
-    multiple of 16 bytes, at a 16-byte aligned address, in fp32, bf16 or fp16."""
+    multiple of 16 bytes and at least a row's length (no expanded or overlapping rows), at a
+    16-byte aligned address, in fp32, bf16 or fp16."""
     if t.dim() != 2:
         return f"{name}: TMA operands must be 2-D, got {t.dim()}-D"
     if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"{name}: TMA operands must be fp32, bf16 or fp16, got {t.dtype}"
     es = t.element_size()
     if t.stride(1) == 1:
-        lead = t.stride(0)
+        lead, rows, row_len = t.stride(0), t.shape[0], t.shape[1]
     elif t.stride(0) == 1:
-        lead = t.stride(1)
+        lead, rows, row_len = t.stride(1), t.shape[1], t.shape[0]
     else:
         return (f"{name}: TMA needs one unit stride (row- or column-major), got strides "
                 f"{tuple(t.stride())}")
+    if rows > 1 and lead < row_len:  # expanded (stride 0) or overlapping rows
+        return (f"{name}: TMA needs rows that do not overlap, got strides "
+                f"{tuple(t.stride())} for shape {tuple(t.shape)}")
     if (lead * es) % 16:
         return (f"{name}: TMA needs the leading stride to be a multiple of 16 bytes, got "
                 f"{lead} elements of {es} bytes (strides {tuple(t.stride())})")

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:7b4e6cf6510980ab93102610dcd17ebf575518e2a5f0c1e5680822d2f7299da4"
+SOURCE_DIGEST = "sha256:8a6bbb23e1366eb748a07a47c3d5ede1b433294c481663c8f5f8b508f5e0d922"
 # --- end of generated block ---
 
 MANIFEST = {

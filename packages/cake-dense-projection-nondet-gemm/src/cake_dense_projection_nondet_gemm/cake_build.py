@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:250e16a4e09dc90ba707523c66b0fa760b23f06bce0e8ccf4cc8d801f7dec5a7"
+SOURCE_DIGEST = "sha256:36e24fa14956d9951130e9d32f3b8b63558cd45ea03375304c41667abeb3053f"
 # --- end of generated block ---
 
 REUSES = [

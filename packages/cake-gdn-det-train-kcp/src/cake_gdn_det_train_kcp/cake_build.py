@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9803868392fb5ba066077d331ee7b113236b15adb5f790e71e7e590ea509f45a"
+SOURCE_DIGEST = "sha256:f670fdc4e79485210f18ca049dd392c4443e018313056e2a8c69fa6b793c9155"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

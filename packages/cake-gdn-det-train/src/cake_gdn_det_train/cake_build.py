@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9a3dd0c1c1451ed136beafdc9408bd12d34bced97bf5290b6301fa2db00b9407"
+SOURCE_DIGEST = "sha256:531ddc81647d90a73377a00e77409910a0b0e804ca28241cc555c9e5993a3d42"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:400ca74d3d4e135a9473c47f8c446bbb4159dd99341a2ef3573abb5450259c67"
+SOURCE_DIGEST = "sha256:38641d63c2910fa9f50d51a4496ad6799b3cb7ff9ccf64592abd100fab089c19"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

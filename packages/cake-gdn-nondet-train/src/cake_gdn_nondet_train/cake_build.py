@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b26d191846f9f9f645c79572e18d2163e4fa559dedd898826e97c9a32862e954"
+SOURCE_DIGEST = "sha256:8c43294f4fb83d7912def8b6d639fb664ef3e5741b29a0a80b84a9405c1a1989"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:510f022539355fe1a5c5513f1f0b76f81aa03339354764736c7fb0d3c3067552"
+SOURCE_DIGEST = "sha256:82a59f54eb6af2e2b295b4a71bdfd040d996fb38713b0695e65bdceea62e224b"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0019285335039cc6dc265c4a278999e7005bfcaa5fcb65585b13972a20195ec9"
+SOURCE_DIGEST = "sha256:5ddcc1681230a72190dba667438b4873ced4bd91e3538998087be747e45ea734"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:085ab5f32581cd0a15107fc465054ce62dd166efe06f15f791235af0eeb96885"
+SOURCE_DIGEST = "sha256:0cdd6bbb2d8baed5e796f598475a1cb87253a42ddffd3203e078f27533132a68"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:31bf06badb544cbc1c00f2acf97fcf4394288e01980eed53ead0e52bfe42795d"
+SOURCE_DIGEST = "sha256:c7db18d918def39500d64f098c1deec5789c6c5ccb6fd5b3a40cb6b4bad76e80"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:814f9d52737abc1e10b90da09baa6d679bfa6ef28201bd0c4f241883c827a1a1"
+SOURCE_DIGEST = "sha256:48d6bbee8dc025ad7543425133ef2073b918136a3d21642281fd4011a538d264"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0ff1abd52dd72f2283b43a1964cbd04598c7f4e965fc5ddcd00e705ec335d90e"
+SOURCE_DIGEST = "sha256:96d2aceb1393a3221085ac7a3010cc9c557e63fc5a33f86b7346f7129106512b"
 # --- end of generated block ---
 
 MANIFEST = {

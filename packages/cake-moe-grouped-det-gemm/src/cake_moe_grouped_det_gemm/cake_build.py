@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6ffed4f480b25362cbdf6f1778469a1e894bcbb4523c03def9d1d855e93df5d2"
+SOURCE_DIGEST = "sha256:0c5eb371abc02d0296e2580777e706369a26f399b9c1e29f3df8075927f98bfa"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:8873cab2d4a0a256f3f67c6f8fbf91ed980730edbf3969f3a914eda964a0861d"
+SOURCE_DIGEST = "sha256:114ef38539b107aec0b1a31745570cbd7fd7023448ee45ae581f7faf9940993d"
 # --- end of generated block ---
 
 REUSES = [

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:77eb79310661379d6e01f59dbc3c6e0562655ef72b36e0aa928ce9eaf85cc726"
+SOURCE_DIGEST = "sha256:7d471cf10d67732916e110ffddd87553a1e927158ceb0dd67e1a31a11dc8a9d2"
 # --- end of generated block ---
 
 MANIFEST = {

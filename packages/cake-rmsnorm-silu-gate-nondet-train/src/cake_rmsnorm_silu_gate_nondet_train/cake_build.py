@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a324c8304403e825b153019f888a802fd5606051cd29430f96d0b30b8ab4ba6a"
+SOURCE_DIGEST = "sha256:6a2e1961a1e38805f358a124dd361f0676fb9d093cc7b237503457d7adc791cb"
 # --- end of generated block ---
 
 MANIFEST = {
