@@ -80,7 +80,7 @@ case ${1:-} in
     timeout 120 python3 packages/cake-rmsnorm-nondet-train/benchmarks/bench_*.py --rounds 7 2>&1 | tail -6
     timeout 90 python3 packages/cake-dense-projection-nondet-gemm/benchmarks/bench_*.py --rounds 3 2>&1 | tail -6 ;;
   mainjob)
-    # issue 45: with the step in a CUDA graph the main job took 0.89x torch's tokens/s (H100):
+    # issue 45: the main job's kernels against torch's (the step runs in a CUDA graph):
     # where the GPU time goes, then the test that graphed steps give the eager bits
     export PYTHONPATH=$(ls -d "$PWD"/packages/*/src | paste -sd:)
     for dt in float32 bfloat16; do

@@ -1,6 +1,6 @@
 """Where the main job's GPU time goes: one training step of cake-tinylm's model, cake's
 modules against torch's, kernel by kernel (issue 45: with the step in a CUDA graph the host
-time is gone and cake's run still took 0.89x torch's tokens/s on an H100).
+time is gone, so the tokens/s of the two builds differ by their kernels' GPU time).
 
     python shared/gpu/tinylm_kernels.py [--dtype bfloat16] [--steps 5] [--top 15]
     python shared/gpu/tinylm_kernels.py --tiny     # a CPU check of the script (CPU events)
