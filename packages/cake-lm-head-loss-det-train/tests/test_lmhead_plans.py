@@ -44,13 +44,19 @@ def test_plan_variant_matches_float64(variant, reduction):
         assert_close_to_reference(a, r, torch.float32, name)
 
 
-def test_cublas_flag_needs_cuda_and_16_bit():
+@pytest.mark.parametrize("dtype, change, match", [
+    # cuBLAS GEMMs need CUDA and 16-bit inputs
+    (torch.float32, dict(cublas_gemms=1), "cublas_gemms"),
+    # the TMA dweight needs 16-byte rows: V = 300 bf16 is 600 bytes
+    (torch.bfloat16, dict(cublas_gemms=0, dw_tma=1), "dw_tma"),
+], ids=["cublas_gemms", "dw_tma-unaligned"])
+def test_plan_flag_refused_before_any_launch(dtype, change, match):
     H, V = 24, 300
-    plan = dataclasses.replace(make_plan(H, V, torch.float32, DEV), cublas_gemms=1)
-    h = randn((5, H), torch.float32, DEV, seed=1)
-    w = randn((V, H), torch.float32, DEV, seed=2)
+    plan = dataclasses.replace(make_plan(H, V, dtype, DEV), **change)
+    h = randn((5, H), dtype, DEV, seed=1)
+    w = randn((V, H), dtype, DEV, seed=2)
     before = (h.clone(), w.clone())
-    with pytest.raises(ValueError, match="cublas_gemms"):
+    with pytest.raises(ValueError, match=match):
         lm_head_loss_det(h, w, torch.zeros(5, dtype=torch.long, device=DEV), plan=plan)
     assert torch.equal(h, before[0]) and torch.equal(w, before[1])
 
@@ -111,18 +117,6 @@ def test_dw_tma_matches_float64_and_pointer_loads(route):
     # TMA and pointer loads: the same tiles and order, so the same values up to the dot's
     # inner order (bits not promised equal across the two)
     assert_close_to_reference(grads[0], grads[1].double(), torch.bfloat16, "tma vs pointer")
-
-
-def test_dw_tma_needs_aligned_rows():
-    H, V = 24, 300  # V * 2 bytes is not a multiple of 16
-    plan = dataclasses.replace(make_plan(H, V, torch.bfloat16, DEV), cublas_gemms=0,
-                               dw_tma=1)
-    h = randn((5, H), torch.bfloat16, DEV, seed=1)
-    w = randn((V, H), torch.bfloat16, DEV, seed=2)
-    before = (h.clone(), w.clone())
-    with pytest.raises(ValueError, match="dw_tma"):
-        lm_head_loss_det(h, w, torch.zeros(5, dtype=torch.long, device=DEV), plan=plan)
-    assert torch.equal(h, before[0]) and torch.equal(w, before[1])
 
 
 def test_dw_tma_rule(monkeypatch):

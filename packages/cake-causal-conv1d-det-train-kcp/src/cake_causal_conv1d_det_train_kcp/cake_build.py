@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:528e6a75733171479b78ffd835f2e701d2c579baa01b27833ecebe90708b00e9"
+SOURCE_DIGEST = "sha256:897be297357931e8b8c76d2aa3ed9a8813ffc7e2e40fe30011733b1d49a2f4b9"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4862fabba919e71e6ef0551253963e13ef92f1f29de7438411cb3cd6e8fe089b"
+SOURCE_DIGEST = "sha256:e4919393cdd3829a6884ced9befd868aa1bcfef0735ef2c25382ede4bbfbf709"
 # --- end of generated block ---
 
 MANIFEST = {

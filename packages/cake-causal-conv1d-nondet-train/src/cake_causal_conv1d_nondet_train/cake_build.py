@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3e481662a892236674f8debbfc7c6ceda7bec3a925478cd30400c904a9007201"
+SOURCE_DIGEST = "sha256:28c8fc9a9b78ae431db9d08f3199ca89c66c0821e78103e7ea40dcbaec7eb0e1"
 # --- end of generated block ---
 
 MANIFEST = {

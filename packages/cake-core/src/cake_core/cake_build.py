@@ -49,7 +49,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:029d12390024f0aa7d1cbcb18e2492ca735b8b2ee045b8f25f860af1b4194e95"
+SOURCE_DIGEST = "sha256:3eb6e7c16a42c9393510dda249d2ef246c75b1dbb8b29bc825df867e5eea1a79"
 # --- end of generated block ---
 
 MANIFEST = {

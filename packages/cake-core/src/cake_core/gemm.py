@@ -60,7 +60,7 @@ def tma_available() -> bool:
 
 __all__ = ["FP32_DOTS", "direct_store_dtype", "group_sum_cast", "group_sum_cast_kernel", "matmul",
            "matmul_kernel", "matmul_tma_kernel", "ordered_sum", "ordered_sum_kernel",
-           "tma_available", "tma_layout_problem"]
+           "tma_available", "tma_layout_problem", "tma_readable"]
 
 #: largest TMA box edge (elements) a descriptor block may have
 TMA_MAX_BOX = 256
@@ -272,6 +272,15 @@ def tma_layout_problem(t: torch.Tensor, name: str = "operand") -> str | None:
     if t.data_ptr() % 16:
         return f"{name}: TMA needs a 16-byte aligned start address"
     return None
+
+
+def tma_readable(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy when :func:`tma_layout_problem` finds its layout
+    unreadable for TMA (a clone, not ``contiguous()``: that returns a contiguous view at an
+    unaligned start as is)."""
+    if tma_layout_problem(t) is not None:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 def _tma_desc(t: torch.Tensor, rows: int, cols: int) -> tuple[TensorDescriptor, bool]:

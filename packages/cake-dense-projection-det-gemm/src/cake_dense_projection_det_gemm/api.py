@@ -29,7 +29,7 @@ from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import (  # imports Triton after cake_core picked the backend
     FP32_DOTS,
     matmul,
-    tma_layout_problem,
+    tma_readable,
 )
 from cake_core.triton_utils import launch_device_check
 
@@ -212,13 +212,8 @@ def _launch_bwd(dy, x, weight, plan: DenseProjectionDetPlan, partials, bias_part
     wt = _wgrad_tiles(plan)
     if need_dw:
         if plan.wgrad_tma:  # TMA reads the row-major dy and x; other layouts: a copy first
-            # (clone, not contiguous(): that returns a contiguous view at an unaligned start
-            # as is, which TMA cannot read)
             wt.update(tma=True, persistent=plan.wgrad_tma == 2)
-            if tma_layout_problem(dy2) is not None:
-                dy2 = dy2.clone(memory_format=torch.contiguous_format)
-            if tma_layout_problem(x2) is not None:
-                x2 = x2.clone(memory_format=torch.contiguous_format)
+            dy2, x2 = tma_readable(dy2), tma_readable(x2)
         if S > 1 and partials is None:
             partials = torch.empty((S, N, K), dtype=torch.float32, device=dev)
         if main_grad is not None:

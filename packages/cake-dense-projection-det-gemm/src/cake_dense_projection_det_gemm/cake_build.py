@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8a6bbb23e1366eb748a07a47c3d5ede1b433294c481663c8f5f8b508f5e0d922"
+SOURCE_DIGEST = "sha256:6e75fc55fc2866bbc0c1e6b4a2dcf1ba2feefb74af34818f0636b877c08ca4e2"
 # --- end of generated block ---
 
 MANIFEST = {

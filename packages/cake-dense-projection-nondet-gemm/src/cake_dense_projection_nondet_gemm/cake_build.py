@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:36e24fa14956d9951130e9d32f3b8b63558cd45ea03375304c41667abeb3053f"
+SOURCE_DIGEST = "sha256:e82d981c0c6579364913754d58225d3d60727ec17b07ed9e4c0ab300512819fb"
 # --- end of generated block ---
 
 REUSES = [

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f670fdc4e79485210f18ca049dd392c4443e018313056e2a8c69fa6b793c9155"
+SOURCE_DIGEST = "sha256:d1dc4e140b7496f9dc2f26472f2a38b62a650246f89a8a50e7939219fa5101e7"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

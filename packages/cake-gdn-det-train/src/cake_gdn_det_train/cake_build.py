@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:531ddc81647d90a73377a00e77409910a0b0e804ca28241cc555c9e5993a3d42"
+SOURCE_DIGEST = "sha256:4180c0c3a467c6f7987b40535492c25d5a0f5d17639069fe364f226ff908ae75"
 # --- end of generated block ---
 
 MANIFEST = {

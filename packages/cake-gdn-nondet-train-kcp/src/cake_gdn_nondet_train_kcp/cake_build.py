@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:38641d63c2910fa9f50d51a4496ad6799b3cb7ff9ccf64592abd100fab089c19"
+SOURCE_DIGEST = "sha256:827436084a613542e7a31bc9eb48c96af2d8345dfdcb22f876b84fe3d940b31f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8c43294f4fb83d7912def8b6d639fb664ef3e5741b29a0a80b84a9405c1a1989"
+SOURCE_DIGEST = "sha256:92a2080a56548a7292c6c38d3ae2fd30b3b8a1c70d3b9baa0ef4adfd07dfb0bc"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:82a59f54eb6af2e2b295b4a71bdfd040d996fb38713b0695e65bdceea62e224b"
+SOURCE_DIGEST = "sha256:806173ebc529668682e2391cff38ab2a65f85ff08b75843e7e351dfe44d0120a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

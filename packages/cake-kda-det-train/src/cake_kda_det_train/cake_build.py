@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5ddcc1681230a72190dba667438b4873ced4bd91e3538998087be747e45ea734"
+SOURCE_DIGEST = "sha256:67960715e53cb5db1eec907b0cd27d84494e3e8ebb060bdf010faad210286942"
 # --- end of generated block ---
 
 MANIFEST = {

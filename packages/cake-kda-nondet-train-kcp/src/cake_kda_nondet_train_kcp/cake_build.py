@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0cdd6bbb2d8baed5e796f598475a1cb87253a42ddffd3203e078f27533132a68"
+SOURCE_DIGEST = "sha256:fce91a7069578923b7c998b6e63279e8b57bb4d425ef399d828d60d055ee55ca"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

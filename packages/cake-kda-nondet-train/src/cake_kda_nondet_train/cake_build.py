@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c7db18d918def39500d64f098c1deec5789c6c5ccb6fd5b3a40cb6b4bad76e80"
+SOURCE_DIGEST = "sha256:313791a68393fc85ae93c35848f5136834c1d65297d287905e514f19fc7a9745"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -37,7 +37,7 @@ from cake_core.gemm import (
     matmul,
     ordered_sum,
     tma_available,
-    tma_layout_problem,
+    tma_readable,
 )
 from cake_core.triton_utils import launch_device_check
 
@@ -210,7 +210,7 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
         raise ValueError(f"plan: cublas_gemms=1 needs bf16/fp16 inputs on CUDA, got "
                          f"{str(dtype)[6:]} on {device.type}")
     if plan.dw_tma:
-        es = torch.empty((), dtype=dtype).element_size()
+        es = dtype.itemsize
         if (H * es) % 16 or (V * es) % 16:
             raise ValueError(f"plan: dw_tma=1 needs hidden_size H and vocab_size V to be "
                              f"multiples of {16 // es} for {str(dtype)[6:]} (TMA reads 16-byte "
@@ -266,11 +266,9 @@ def _gemm_kw(plan: LMHeadLossDetPlan, which: str) -> dict:
 
 
 def _tma_ready(t: torch.Tensor, plan: LMHeadLossDetPlan) -> torch.Tensor:
-    """``t``, or a contiguous copy where the plan's TMA dweight cannot read its layout (a
-    view at an unaligned start or with an unaligned row stride)."""
-    if plan.dw_tma and tma_layout_problem(t) is not None:
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
+    """``t``, or (with the plan's TMA dweight) a contiguous copy where TMA cannot read its
+    layout (a view at an unaligned start or with an unaligned row stride)."""
+    return tma_readable(t) if plan.dw_tma else t
 
 
 def _buffers(plan, h2, bufs, need_dlogits=True):

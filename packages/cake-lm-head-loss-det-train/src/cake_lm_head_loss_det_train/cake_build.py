@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:48d6bbee8dc025ad7543425133ef2073b918136a3d21642281fd4011a538d264"
+SOURCE_DIGEST = "sha256:37cf28b68e9e5e55401ba87496efe65cf13a958c82fc8e793aaf91e9a14ccbe5"
 # --- end of generated block ---
 
 MANIFEST = {

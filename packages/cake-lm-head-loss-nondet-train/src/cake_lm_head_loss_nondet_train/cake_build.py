@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:96d2aceb1393a3221085ac7a3010cc9c557e63fc5a33f86b7346f7129106512b"
+SOURCE_DIGEST = "sha256:c531b99d44fb7599a3e5494e4ed23935d9a98c2f9099a4d93f0c68382e1e4cf1"
 # --- end of generated block ---
 
 MANIFEST = {

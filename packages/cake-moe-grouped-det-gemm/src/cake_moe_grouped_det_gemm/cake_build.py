@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0c5eb371abc02d0296e2580777e706369a26f399b9c1e29f3df8075927f98bfa"
+SOURCE_DIGEST = "sha256:aeb77a6323404e064689cf65621bb31fe660f3695e71ffefff253988bb677a48"
 # --- end of generated block ---
 
 MANIFEST = {

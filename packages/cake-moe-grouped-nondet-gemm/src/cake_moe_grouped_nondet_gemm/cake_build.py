@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:114ef38539b107aec0b1a31745570cbd7fd7023448ee45ae581f7faf9940993d"
+SOURCE_DIGEST = "sha256:6d99804b7f9f48d281991122cd950b5769682bd82c8c2d46bff20a004a3b7411"
 # --- end of generated block ---
 
 REUSES = [

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6a2e1961a1e38805f358a124dd361f0676fb9d093cc7b237503457d7adc791cb"
+SOURCE_DIGEST = "sha256:a7a20018510c270d2d4c6c08e860e81195d1456d607bdd3a1fb2b2eac42afd74"
 # --- end of generated block ---
 
 MANIFEST = {
