@@ -91,17 +91,16 @@ def _kernels():
 #: (name, plan fields replaced, kernel variant (ws, swz) or None for the package's kernel)
 MOE_VARIANTS = [
     ("rule", {}, None),
-    ("st4", {"wgrad_num_stages": 4}, None),
-    ("128x256", {"wgrad_block_n": 256}, None),
-    ("128x256 st4", {"wgrad_block_n": 256, "wgrad_num_stages": 4}, None),
-    ("256x128", {"wgrad_block_m": 256}, None),
-    ("256x128 st4", {"wgrad_block_m": 256, "wgrad_num_stages": 4}, None),
-    ("128x128x128 st2", {"wgrad_block_k": 128, "wgrad_num_stages": 2}, None),
-    ("w4 st4", {"wgrad_num_warps": 4, "wgrad_num_stages": 4}, None),
-    ("swz8", {}, (False, 8)),
     ("128x256 swz8", {"wgrad_block_n": 256}, (False, 8)),
-    ("ws", {}, (True, 1)),
-    ("128x256 ws", {"wgrad_block_n": 256}, (True, 1)),
+    ("128x256 swz4", {"wgrad_block_n": 256}, (False, 4)),
+    ("128x256 swz16", {"wgrad_block_n": 256}, (False, 16)),
+    ("128x256 swz8 ws", {"wgrad_block_n": 256}, (True, 8)),
+    ("128x256 swz8 st4", {"wgrad_block_n": 256, "wgrad_num_stages": 4}, (False, 8)),
+    ("128x256x32 st5 swz8", {"wgrad_block_n": 256, "wgrad_block_k": 32,
+                             "wgrad_num_stages": 5}, (False, 8)),
+    ("256x128 swz8", {"wgrad_block_m": 256}, (False, 8)),
+    ("256x128 swz8 st4", {"wgrad_block_m": 256, "wgrad_num_stages": 4}, (False, 8)),
+    ("256x128 swz8 ws", {"wgrad_block_m": 256}, (True, 8)),
 ]
 
 
@@ -262,6 +261,38 @@ def lmhead_main():
     res["kernels"] = [{"name": k, "calls_per_step": c / 3, "us_per_step": t / 3}
                       for k, (c, t) in rows]
     tot = sum(t for _, (_, t) in rows) / 3
+    # the timeline: gaps between consecutive kernels (device idle), with their neighbours
+    kev = sorted((ev for ev in prof.events()
+                  if ev.device_type == torch.autograd.DeviceType.CUDA),
+                 key=lambda ev: ev.time_range.start)
+    gaps = []
+    for a, b in zip(kev, kev[1:], strict=False):
+        gap = b.time_range.start - a.time_range.end
+        if gap > 5:
+            gaps.append((gap, a.name[:50], b.name[:50]))
+    span = (kev[-1].time_range.end - kev[0].time_range.start) / 3
+    res["span_us_per_step"] = span
+    res["gaps"] = sorted(gaps, reverse=True)[:30]
+    print(f"lmhead timeline: {span / 1e3:.3f} ms per step first kernel to last; gaps > 5 us: "
+          f"{len(gaps)}, {sum(g for g, _, _ in gaps) / 3 / 1e3:.3f} ms per step", flush=True)
+    for g_, a, b in res["gaps"][:15]:
+        print(f"  gap {g_:8.1f} us after {a} before {b}")
+    try:  # the step captured in a CUDA graph: device time without host gaps
+        static = {}
+        s_ = torch.cuda.Stream()
+        s_.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s_):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(s_)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static["g"] = step()
+        res["graph_ms"] = bench(graph.replay)
+        print(f"lmhead fwd+bwd in a CUDA graph: {res['graph_ms']:.3f} ms", flush=True)
+    except Exception as exc:  # noqa: BLE001 - recorded
+        res["graph_ms"] = str(exc)[:300]
+        print("graph:", str(exc)[:300], flush=True)
     print(f"lmhead fwd+bwd {res['fwd_bwd_ms']:.3f} ms; floor "
           f"{sum(res['floor_ms'].values()):.3f} ({res['floor_ms']}); profiled device "
           f"{tot / 1e3:.3f} ms/step", flush=True)
