@@ -340,6 +340,15 @@ def test_rule_cuda_without_a_gpu(monkeypatch):
                 assert grouped_mm_problem(p, dtype, cuda) is None
                 # the fwd/dgrad tiles stay in the plan (unused by the route)
                 assert (p.block_m, p.block_n) == (128, 128)
+                # wgrad: 128 x 256 tiles for the TMA kernel on 9.x / 10.x (moe.md's sweep)
+                wide = p.tma == 1 and cap[0] in (9, 10)
+                assert (p.wgrad_block_m, p.wgrad_block_n) == (128, 256 if wide else 128)
+                assert p.tma == int(dtype != torch.float32 and n % 8 == 0 and k % 8 == 0
+                                    and cap[0] >= 9), (cap, dtype, n, k)
+    for cap in ((12, 0),):  # consumer Blackwell: TMA, but not the 144 KiB wgrad tile
+        monkeypatch.setattr(plan_mod, "cuda_capability", lambda device, cap=cap: cap)
+        p = plan_mod._rule(1 << 17, 8, 3072, 4096, BF16, cuda)
+        assert p.tma == 1 and (p.wgrad_block_m, p.wgrad_block_n) == (128, 128)
     monkeypatch.setattr(plan_mod, "cuda_capability", lambda device: (9, 0))
     monkeypatch.setattr(plan_mod, "grouped_mm_available", lambda: False)  # an older torch
     assert plan_mod._rule(1 << 17, 8, 3072, 4096, BF16, cuda).grouped_mm_fwd_dgrad == 0

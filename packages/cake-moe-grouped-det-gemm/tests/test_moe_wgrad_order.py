@@ -88,3 +88,26 @@ def test_plan_field_format():
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="wgrad_order"):
             dataclasses.replace(plan, wgrad_order=bad)
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_grouped_tile_order_covers_every_tile(order):
+    """The wgrad's tiles of one expert launch in groups of ``WGRAD_GROUP`` tile rows: with
+    11 tile rows (a group of 8 and one of 3) and 3 tile columns every tile is still summed
+    once, into main_grad and into a fresh dW (float64 reference)."""
+    from cake_moe_grouped_det_gemm.kernels.grouped import WGRAD_GROUP
+
+    assert int(WGRAD_GROUP) == 8
+    x, w, offs, dy = make([40, 0, 70, 17], N=16 * 11, K=16 * 3, dtype=torch.float32,
+                          tail=3, seed=5)
+    plan = _plan(x, w, 1, order, wgrad_block_m=16, wgrad_block_n=16)
+    bounds = [0, *offs.tolist()]
+    ref = torch.stack([dy[s:e].double().t() @ x[s:e].double()
+                       for s, e in zip(bounds[:-1], bounds[1:], strict=True)])
+    g = _grads(x, w, offs, dy, plan)
+    assert float((g.dweight.double() - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
+    mg = randn(w.shape, torch.float32, DEV, seed=2)
+    start = mg.clone()
+    _grads(x, w, offs, dy, plan, main_grad=mg)
+    assert float((mg.double() - start.double() - ref).abs().max()) <= \
+        1e-4 * float(ref.abs().max())

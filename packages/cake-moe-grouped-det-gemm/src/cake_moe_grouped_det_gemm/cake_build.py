@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:aeb77a6323404e064689cf65621bb31fe660f3695e71ffefff253988bb677a48"
+SOURCE_DIGEST = "sha256:b29c856983bfe41f8f15305bcc112ae2285401264fb5bd2119bd74265f030d5d"
 # --- end of generated block ---
 
 MANIFEST = {

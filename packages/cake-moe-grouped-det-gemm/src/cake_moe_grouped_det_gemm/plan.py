@@ -203,9 +203,11 @@ def make_plan(M: int, E: int, N: int, K: int, dtype: torch.dtype,
 
     Rules (read M, E, N, K, dtype and the SM count; never timing, never the offsets):
 
-    - CUDA, first increment (not yet tuned on a GPU): forward/dgrad tiles 128×128, 64
-      reduction steps (32 for fp32), 8 warps, 3 stages; wgrad 128×128 output tiles, 64
-      rows per step (32 for fp32), 8 warps, 3 stages.
+    - CUDA: forward/dgrad tiles 128×128, 64 reduction steps (32 for fp32), 8 warps, 3
+      stages; wgrad 128×128 output tiles, 64 rows per step (32 for fp32), 8 warps, 3
+      stages, and 128×256 output tiles where the wgrad is the TMA kernel (``tma = 1``) on
+      compute capability 9.x / 10.x (the tile of the wgrad sweep in
+      docs/benchmarks/moe.md; 144 KiB of shared memory, more than consumer GPUs have).
     - CPU (Triton interpreter, where every program and step costs Python time):
       ``fit(d)`` = next power of two of d clamped to [16, 128]; forward/dgrad
       ``block_m = min(64, fit(cdiv(M, E)))`` (one expert's average rows),
@@ -316,6 +318,8 @@ def _rule(M: int, E: int, N: int, K: int, dtype: torch.dtype, device: torch.devi
                   and (N * 2) % 16 == 0 and (K * 2) % 16 == 0)
         gmm = int(dtype == torch.bfloat16 and cuda_capability(device)[0] == 9
                   and grouped_mm_available() and N % 8 == 0 and K % 8 == 0)
+        if tma and cuda_capability(device)[0] in (9, 10):
+            wbn = 256  # 3 stages of 128 x 64 + 64 x 256 boxes: 144 KiB of shared memory
     else:
         def fit(d: int) -> int:
             return max(CPU_TILE_MIN, min(CPU_TILE_MAX, next_power_of_2(d)))

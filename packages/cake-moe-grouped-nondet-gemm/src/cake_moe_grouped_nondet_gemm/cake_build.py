@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:6d99804b7f9f48d281991122cd950b5769682bd82c8c2d46bff20a004a3b7411"
+SOURCE_DIGEST = "sha256:6cdec3cbcad6727709bee4133ce442dc717737531965e4dfdbad548a6141c926"
 # --- end of generated block ---
 
 REUSES = [

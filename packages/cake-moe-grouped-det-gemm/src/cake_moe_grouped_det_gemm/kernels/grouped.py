@@ -19,6 +19,10 @@ from cake_core.triton_utils import dot, select_backend, tl, triton
 select_backend()
 
 
+#: Output tile rows per group in the wgrad's launch order (:func:`_wgrad_slice`).
+WGRAD_GROUP: tl.constexpr = tl.constexpr(8)
+
+
 @triton.jit
 def _mma(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
@@ -50,15 +54,20 @@ def _wgrad_slice(ENDS, ORDER, pid, s, n_tiles_n, n_tiles_k, SPLIT: tl.constexpr,
     """Program ``pid`` of slice ``s``: ``(e, pid_n, pid_k, lo, hi)``, expert e's output tile
     and the rows ``[lo, hi)`` of its slice (see :func:`grouped_wgrad_kernel`). ``REORDER``:
     the ``pid // tiles-per-expert``-th expert of ``ORDER`` (int32 ``[E]``, a permutation),
-    else that index itself."""
+    else that index itself. Inside an expert the tiles go in groups of ``WGRAD_GROUP`` tile
+    rows, down the rows of a group before the next column (programs launched together
+    share dy and x columns in L2); a launch order only, every tile's sum is the same."""
     per_e = n_tiles_n * n_tiles_k
     if REORDER:
         e = tl.load(ORDER + pid // per_e)
     else:
         e = pid // per_e
     rest = pid % per_e
-    pid_n = rest // n_tiles_k
-    pid_k = rest % n_tiles_k
+    per_group = WGRAD_GROUP * n_tiles_k
+    first_n = (rest // per_group) * WGRAD_GROUP
+    rows_in_group = tl.minimum(n_tiles_n - first_n, WGRAD_GROUP)
+    pid_n = first_n + (rest % per_group) % rows_in_group
+    pid_k = (rest % per_group) // rows_in_group
     lo_e = tl.load(ENDS + e - 1, mask=e > 0, other=0)
     hi_e = tl.load(ENDS + e)
     per_split = ((hi_e - lo_e + SPLIT - 1) // SPLIT + BLOCK_K - 1) // BLOCK_K * BLOCK_K
