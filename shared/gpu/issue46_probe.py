@@ -8,7 +8,8 @@ LM-head loss's fwd+bwd time goes, kernel by kernel.
 tokens x top-8; balanced and skewed routing; bf16). Per case the wgrad of torch._grouped_mm
 and of cake's rule plan with tile variants (``dataclasses.replace`` on the plan) and two
 variants of the TMA wgrad kernel defined here (``ws``: the row loop warp-specialized;
-``swz``: the expert's output tiles launched in groups of 8 row tiles, the same bits), each
+``persist``: one program per SM looping over the tiles, output stored through a TMA
+descriptor, plain / flattened / warp-specialized loops), each
 a ``triton.testing.do_bench`` median. Every variant is checked against a float64 wgrad on a
 small case (relative Frobenius error) and repeated bitwise.
 
@@ -85,22 +86,47 @@ def _kernels():
         omask = (rn < N)[:, None] & (rk < K)[None, :]
         tl.store(o_ptrs, acc.to(OUT.dtype.element_ty), mask=omask)
 
-    return wgrad_var_kernel
+    @triton.jit
+    def wgrad_persist_kernel(
+        DY_DESC, X_DESC, OUT_DESC, ENDS, ORDER, N, K, n_tiles_n, n_tiles_k, total,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        NUM_PROGS: tl.constexpr, FLAT: tl.constexpr, WS: tl.constexpr,
+    ):
+        # persistent: program p computes tiles p, p + NUM_PROGS, ... (the grouped order);
+        # the output through a 3-D TMA descriptor over dW [E, N, K]
+        for tile in tl.range(tl.program_id(0), total, NUM_PROGS, flatten=FLAT,
+                             warp_specialize=WS):
+            e, pid_n, pid_k, lo, hi = _wgrad_slice(ENDS, ORDER, tile, 0, n_tiles_n,
+                                                   n_tiles_k, 1, BLOCK_K, True)
+            r_full = lo + tl.maximum(hi - lo, 0) // BLOCK_K * BLOCK_K
+            n0 = pid_n * BLOCK_M
+            k0 = pid_k * BLOCK_N
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for r0 in range(lo, r_full, BLOCK_K):
+                a = tl.trans(DY_DESC.load([r0, n0]))
+                b = X_DESC.load([r0, k0])
+                acc = _mma(a, b, acc, False)
+            if r_full < hi:
+                keep = (r_full + tl.arange(0, BLOCK_K)) < hi
+                a = DY_DESC.load([r_full, n0])
+                a = tl.trans(tl.where(keep[:, None], a, tl.zeros_like(a)))
+                b = X_DESC.load([r_full, k0])
+                b = tl.where(keep[:, None], b, tl.zeros_like(b))
+                acc = _mma(a, b, acc, False)
+            OUT_DESC.store([e, n0, k0], tl.reshape(acc.to(tl.bfloat16),
+                                                   [1, BLOCK_M, BLOCK_N]))
+
+    return wgrad_var_kernel, wgrad_persist_kernel
 
 
 #: (name, plan fields replaced, kernel variant (ws, swz) or None for the package's kernel)
 MOE_VARIANTS = [
     ("rule", {}, None),
-    ("128x256 swz8", {"wgrad_block_n": 256}, (False, 8)),
-    ("128x256 swz4", {"wgrad_block_n": 256}, (False, 4)),
-    ("128x256 swz16", {"wgrad_block_n": 256}, (False, 16)),
-    ("128x256 swz8 ws", {"wgrad_block_n": 256}, (True, 8)),
-    ("128x256 swz8 st4", {"wgrad_block_n": 256, "wgrad_num_stages": 4}, (False, 8)),
-    ("128x256x32 st5 swz8", {"wgrad_block_n": 256, "wgrad_block_k": 32,
-                             "wgrad_num_stages": 5}, (False, 8)),
-    ("256x128 swz8", {"wgrad_block_m": 256}, (False, 8)),
-    ("256x128 swz8 st4", {"wgrad_block_m": 256, "wgrad_num_stages": 4}, (False, 8)),
-    ("256x128 swz8 ws", {"wgrad_block_m": 256}, (True, 8)),
+    ("128x128", {"wgrad_block_n": 128}, None),
+    ("ws", {}, (True, 1)),
+    ("persist", {}, ("persist", False, False)),
+    ("persist flat", {}, ("persist", True, False)),
+    ("persist ws", {}, ("persist", False, True)),
 ]
 
 
@@ -110,6 +136,24 @@ def make_runner(var_kernel, plan, variant, dy, x, ends, dw):
 
     if variant is None:
         return lambda: _launch_wgrad(dy, x, ends, plan, dw, None, False)
+    if variant[0] == "persist":
+        from cake_core.triton_utils import sm_count
+
+        _, flat, wsp = variant
+        E, N, K = plan.num_experts, plan.out_features, plan.in_features
+        wbm, wbn, wbk = plan.wgrad_block_m, plan.wgrad_block_n, plan.wgrad_block_k
+        tn, tk = cdiv(N, wbm), cdiv(K, wbn)
+        total = E * tn * tk
+        progs = min(total, sm_count(dy.device))
+
+        def run_p():
+            order = _expert_order(ends)
+            var_kernel[1][(progs,)](
+                _desc(dy, [wbk, wbm]), _desc(x, [wbk, wbn]), _desc(dw, [1, wbm, wbn]), ends,
+                order, N, K, tn, tk, total, BLOCK_M=wbm, BLOCK_N=wbn, BLOCK_K=wbk,
+                NUM_PROGS=progs, FLAT=flat, WS=wsp, num_warps=plan.wgrad_num_warps,
+                num_stages=plan.wgrad_num_stages)
+        return run_p
     ws, swz = variant
     E, N, K = plan.num_experts, plan.out_features, plan.in_features
     wbm, wbn, wbk = plan.wgrad_block_m, plan.wgrad_block_n, plan.wgrad_block_k
@@ -118,7 +162,7 @@ def make_runner(var_kernel, plan, variant, dy, x, ends, dw):
 
     def run():
         order = _expert_order(ends)
-        var_kernel[(E * tn * tk, 1)](
+        var_kernel[0][(E * tn * tk, 1)](
             _desc(dy, [wbk, wbm]), _desc(x, [wbk, wbn]), dw, ends, order, N, K, tn, tk,
             0, *dw.stride(), SPLIT=1, ACCUMULATE=False, IEEE=False, BLOCK_M=wbm,
             BLOCK_N=wbn, BLOCK_K=wbk, REORDER=True, WS=ws, SWZ=swz,
