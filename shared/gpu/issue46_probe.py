@@ -1,7 +1,7 @@
 """Issue 46 probes on one GPU: the MoE wgrad's tiles against torch._grouped_mm, and where the
 LM-head loss's fwd+bwd time goes, kernel by kernel.
 
-    python shared/gpu/issue46_probe.py moe [--quick] [--out F.json]
+    python shared/gpu/issue46_probe.py moe [--quick] [--ab] [--out F.json]
     python shared/gpu/issue46_probe.py lmhead [--out F.json]
 
 ``moe``: the benchmark's grid (E 8 / 64 / 128; (N, K) (3072, 4096) and (4096, 1536); 16384
@@ -10,7 +10,8 @@ and of cake's rule plan with tile variants (``dataclasses.replace`` on the plan)
 variants of the TMA wgrad kernel defined here (``ws``: the row loop warp-specialized;
 ``persist``: one program per SM looping over the tiles, output stored through a TMA
 descriptor, plain / flattened / warp-specialized loops), each
-a ``triton.testing.do_bench`` median. Every variant is checked against a float64 wgrad on a
+a ``triton.testing.do_bench`` median (``--ab``: the rule and torch alone, 5 rounds in
+rotating order, the median of the rounds). Every variant is checked against a float64 wgrad on a
 small case (relative Frobenius error) and repeated bitwise.
 
 ``lmhead``: T 4096, H 4096, V 128256, bf16, mean loss, fwd + ``torch.autograd.grad`` to
@@ -32,6 +33,8 @@ ARGS = sys.argv[1:]
 MODE = ARGS[0] if ARGS else "moe"
 QUICK = "--quick" in ARGS
 OUT = ARGS[ARGS.index("--out") + 1] if "--out" in ARGS else None
+AB = "--ab" in ARGS  # the rule against torch alone
+ROUNDS = 5 if AB else 1
 
 
 def bench(fn, rep=100):
@@ -233,20 +236,28 @@ def moe_main():
                 rule = make_plan(M, E, N, K, dt, dev)
                 flops = 2.0 * M * N * K
                 row = {"E": E, "N": N, "K": K, "routing": routing, "ms": {}}
-                t = bench(lambda: torch._grouped_mm(dy.t(), x, offs=offs))
-                row["ms"]["torch"] = t
+                fns = {"torch": lambda: torch._grouped_mm(dy.t(), x, offs=offs)}
                 for name, over, variant in MOE_VARIANTS:
-                    if name in bad:
+                    if name in bad or (AB and name != "rule"):
                         continue
                     plan = dataclasses.replace(rule, **over)
                     if plan.wgrad_splits != 1:
                         continue
                     dw = torch.empty((E, N, K), device=dev, dtype=dt)
-                    try:
-                        row["ms"][name] = bench(make_runner(var_kernel, plan, variant, dy, x,
-                                                            ends, dw))
-                    except Exception as exc:  # noqa: BLE001 - recorded
-                        row["ms"][name] = str(exc)[:200]
+                    fns[name] = make_runner(var_kernel, plan, variant, dy, x, ends, dw)
+                # ROUNDS rounds, the order rotated each round (clock and heat drift shared)
+                times = {k: [] for k in fns}
+                names = list(fns)
+                for r in range(ROUNDS):
+                    for name in names[r % len(names):] + names[:r % len(names)]:
+                        try:
+                            times[name].append(bench(fns[name]))
+                        except Exception as exc:  # noqa: BLE001 - recorded
+                            times[name] = str(exc)[:200]
+                            break
+                for k, v in times.items():
+                    row["ms"][k] = sorted(v)[len(v) // 2] if isinstance(v, list) else v
+                row["rounds"] = times
                 tt = row["ms"]["torch"]
                 print(f"E {E:3d} {N}x{K} {routing:8s} torch {tt:.3f} ms "
                       f"({flops / tt / 1e9:.0f} TF/s) | " + "  ".join(

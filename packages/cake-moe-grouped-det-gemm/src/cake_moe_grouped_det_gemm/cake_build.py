@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b29c856983bfe41f8f15305bcc112ae2285401264fb5bd2119bd74265f030d5d"
+SOURCE_DIGEST = "sha256:ff60a3f73b8a2ff33009b2121ce7b31ab03e121fc3e6ae153c2d1d29406e71ed"
 # --- end of generated block ---
 
 MANIFEST = {

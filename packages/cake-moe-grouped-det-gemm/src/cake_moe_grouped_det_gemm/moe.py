@@ -286,7 +286,8 @@ def _gather_sum_op(src: torch.Tensor, slot: torch.Tensor, k: int,
         bt, bd = _gather_launch(src.device, d)
         gather_sum_kernel[(cdiv(T, bt), cdiv(d, bd))](
             src, weights if weights is not None else src, slot, y, T, d, src.stride(0),
-            y.stride(0), K=k, HAS_W=weights is not None, BLOCK_T=bt, BLOCK_D=bd, num_warps=4)
+            y.stride(0), K=k, HAS_W=weights is not None, BLOCK_T=bt, BLOCK_D=bd, num_warps=4,
+            enable_fp_fusion=False)  # w·x rounded to fp32 before the add (no FMA): the order
     return y
 
 

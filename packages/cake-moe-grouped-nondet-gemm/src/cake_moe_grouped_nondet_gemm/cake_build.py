@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:6cdec3cbcad6727709bee4133ce442dc717737531965e4dfdbad548a6141c926"
+SOURCE_DIGEST = "sha256:1adcd7bcf84c68789a6d86d555be517be9d6f9fa8111e3d715b6e30cde131e3b"
 # --- end of generated block ---
 
 REUSES = [

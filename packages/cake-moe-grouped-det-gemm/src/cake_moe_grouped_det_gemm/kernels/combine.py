@@ -21,8 +21,9 @@ def gather_sum_kernel(
     K: tl.constexpr, HAS_W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """``Y[t] = Σ_j W[t, j] · SRC[SLOT[t·K + j]]`` (``W`` read only with ``HAS_W``, else
-    weight 1), j = 0..K-1 in order, fp32, stored in Y's dtype. Grid: (token blocks,
-    column blocks)."""
+    weight 1), j = 0..K-1 in order, fp32, stored in Y's dtype: each product rounded to fp32,
+    then added (launched with ``enable_fp_fusion=False``, so no fused multiply-add; the
+    bits of torch's ``acc + w * x``). Grid: (token blocks, column blocks)."""
     t = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     c = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     tm = t < n_tok
