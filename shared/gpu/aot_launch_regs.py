@@ -111,7 +111,8 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
             w = (torch.randn(N, Kd, generator=g) * 0.1).bfloat16().requires_grad_()
             # the rule as on an H100 / H200 (132 SMs, sm_90, TMA): it reads the device
             dp.sm_count, dp.tma_available = (lambda d: 132), (lambda: True)
-            dp.cuda_capability = lambda d: (9, 0)
+            arch = int(os.environ.get("CAKE_AOT_ARCH", "90"))
+            dp.cuda_capability = lambda d: (arch // 10, arch % 10)
             plan = dp._rule(M, N, Kd, torch.bfloat16, torch.device("cuda"))
             dense_projection_det(x, w, plan=plan).float().sum().backward()
         else:  # the LM head's plan at H 4096, V 32000 (a rule of H, V), a few tokens
@@ -125,6 +126,10 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
             # logits and dhidden GEMMs then launch cake's kernels, which CUDA does not run
             import dataclasses
 
+            import cake_lm_head_loss_det_train.plan as lp
+
+            arch = int(os.environ.get("CAKE_AOT_ARCH", "90"))
+            lp.cuda_capability = lambda d: (arch // 10, arch % 10)
             plan = dataclasses.replace(make_plan(H, Vv, torch.bfloat16, "cuda"), cublas_gemms=0)
             lm_head_loss_det(h, w, y, plan=plan).backward()
         with open(RECORD, "w") as f:
@@ -171,7 +176,7 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
         json.dump(seen, f)
 
 
-def compile_all() -> None:
+def compile_all(arch: int = 90) -> None:
     os.environ["TRITON_INTERPRET"] = "0"
     _paths()
     import triton
@@ -194,10 +199,10 @@ def compile_all() -> None:
                 attrs[(i,)] = BaseBackend.parse_attr(e["attr"])
         try:
             k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                               target=GPUTarget("cuda", 90, 32), options=r["options"])
+                               target=GPUTarget("cuda", arch, 32), options=r["options"])
             with open("/tmp/cake_aot.ptx", "w") as f:
                 f.write(k.asm["ptx"])
-            out = subprocess.run([ptxas, "-arch=sm_90a", "-v", "/tmp/cake_aot.ptx", "-o",
+            out = subprocess.run([ptxas, f"-arch=sm_{arch}{'a' if arch == 90 else ''}", "-v", "/tmp/cake_aot.ptx", "-o",
                                   "/tmp/cake_aot.cubin"], capture_output=True, text=True,
                                  check=False).stderr
             rep = "; ".join(line.split(":", 1)[-1].strip() for line in out.splitlines()
@@ -220,16 +225,21 @@ def main() -> None:
     p.add_argument("--V", type=int, default=128)
     p.add_argument("--plan", nargs="*", default=[], help="plan overrides FIELD=INT (a sweep's "
                    "candidates; the plan's own checks apply)")
+    p.add_argument("--arch", type=int, default=90, help="compute capability to compile for, "
+                   "as 80, 86, 89, 90, 100, 120 (default 90); the rule's plan stays the one "
+                   "recorded (dense / lmhead: the capability the rule reads is this one)")
     p.add_argument("--step", choices=("record", "compile"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.step == "record":
         return record(a.family, a.K, a.V, {k: int(v) for k, v in
                                            (x.split("=") for x in a.plan)})
     if a.step == "compile":
-        return compile_all()
+        return compile_all(a.arch)
+    os.environ["CAKE_AOT_ARCH"] = str(a.arch)
     for step in ("record", "compile"):
         subprocess.run([sys.executable, __file__, a.family or "gdn", "--K", str(a.K), "--V",
-                        str(a.V), "--step", step, "--plan", *a.plan], check=True)
+                        str(a.V), "--arch", str(a.arch), "--step", step, "--plan", *a.plan],
+                       check=True)
 
 
 if __name__ == "__main__":

@@ -151,13 +151,36 @@ def test_cuda_device_queries_without_cuda_are_value_errors():
     """sm_count / device_signature of a CUDA device where there is no CUDA: a ValueError
     that says why (torch raises an AssertionError there), so that every plan rule reading
     them (mhc's token slices, GDN's state_programs) refuses such a device clearly."""
-    from cake_core.triton_utils import device_signature, sm_count
+    from cake_core.triton_utils import (
+        CPU_SHARED_MEMORY,
+        device_signature,
+        max_shared_memory,
+        sm_count,
+    )
     cuda = torch.device("cuda")
-    for query in (sm_count, device_signature):
+    for query in (sm_count, device_signature, max_shared_memory):
         with pytest.raises(ValueError, match="CUDA is not available here"):
             query(cuda)
     assert sm_count(torch.device("cpu")) == 4
     assert device_signature(torch.device("cpu")) == "cpu-interpreter"
+    assert max_shared_memory(torch.device("cpu")) == CPU_SHARED_MEMORY == 232448
+
+
+def test_max_shared_memory_reads_the_opt_in_limit(monkeypatch):
+    """CUDA: the device's opt-in per-block limit as torch reports it; 99 KiB (the smallest
+    of the GPUs Triton 3.6 serves with bf16) where a torch build does not report it."""
+    import types
+
+    from cake_core import triton_utils
+
+    cuda = torch.device("cuda", 0)
+    for reported, want in ((232448, 232448), (166912, 166912), (101376, 101376), (0, 101376),
+                           (None, 101376)):
+        props = types.SimpleNamespace(multi_processor_count=132)
+        if reported is not None:
+            props.shared_memory_per_block_optin = reported
+        monkeypatch.setattr(triton_utils, "_cuda_properties", lambda d, p=props: p)
+        assert triton_utils.max_shared_memory(cuda) == want
 
 
 def test_check_alloc_device():

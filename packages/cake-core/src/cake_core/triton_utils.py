@@ -61,6 +61,27 @@ def sm_count(device: torch.device) -> int:
     return 4
 
 
+#: Shared memory one program may use on the interpreter (no such limit on the CPU; the
+#: figure of Hopper / datacenter Blackwell, so a CPU rule sees no reason to shrink tiles).
+CPU_SHARED_MEMORY = 232448
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program (thread block) may use on ``device``: CUDA's
+    opt-in per-block limit (227 KiB on Hopper and datacenter Blackwell, 163 KiB on A100,
+    99 KiB on consumer Ampere, Ada and Blackwell; 99 KiB where torch does not report it),
+    ``CPU_SHARED_MEMORY`` under the interpreter or on the CPU. A rule input: a plan whose
+    tiles and stages need more fails to launch ("out of resource: shared memory").
+
+    Raises:
+        ValueError: ``device`` is a CUDA device and this machine has no CUDA.
+    """
+    if device.type == "cuda":
+        props = _cuda_properties(device)
+        return int(getattr(props, "shared_memory_per_block_optin", 0) or 101376)
+    return CPU_SHARED_MEMORY
+
+
 def device_signature(device: torch.device) -> str:
     """A short string naming the hardware (for plan rules and benchmark records).
 
