@@ -34,6 +34,8 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 RECORD = "/tmp/cake_aot_launches.json"
+#: Opt-in shared memory per block (bytes) of the GPUs --arch names (others: 99 KiB)
+SMEM_BY_ARCH = {80: 166912, 87: 166912, 90: 232448, 100: 232448}
 
 
 def _paths():
@@ -139,12 +141,17 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
     if fam == "gqa":  # K: the head dim; GROUP 8, causal, packed documents
         import dataclasses
 
+        import cake_gqa_det_train.plan as gp
         import torch
 
-        plan = dataclasses.replace(mod.make_plan(K, torch.bfloat16, "cuda"), **over)
+        # the rule as on a GPU of --arch: its shared memory per block (opt-in)
+        arch = int(os.environ.get("CAKE_AOT_ARCH", "90"))
+        gp.shared_memory = lambda d: SMEM_BY_ARCH.get(arch, 101376)
+        dt = torch.float32 if os.environ.get("CAKE_AOT_DTYPE") == "fp32" else torch.bfloat16
+        plan = dataclasses.replace(mod.make_plan(K, dt, "cuda"), **over)
         g = torch.Generator().manual_seed(0)
-        q = torch.randn(130, 8, K, generator=g).bfloat16().requires_grad_()
-        k, v = (torch.randn(130, 1, K, generator=g).bfloat16().requires_grad_() for _ in "kv")
+        q = torch.randn(130, 8, K, generator=g).to(dt).requires_grad_()
+        k, v = (torch.randn(130, 1, K, generator=g).to(dt).requires_grad_() for _ in "kv")
         cu = torch.tensor([0, 1, 70, 130], dtype=torch.int32)
         mod.gqa_det(q, k, v, cu, cu, plan=plan).float().sum().backward()
         with open(RECORD, "w") as f:
@@ -228,6 +235,8 @@ def main() -> None:
     p.add_argument("--arch", type=int, default=90, help="compute capability to compile for, "
                    "as 80, 86, 89, 90, 100, 120 (default 90); the rule's plan stays the one "
                    "recorded (dense / lmhead: the capability the rule reads is this one)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="gqa only: the inputs' dtype (default bf16)")
     p.add_argument("--step", choices=("record", "compile"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.step == "record":
@@ -236,6 +245,7 @@ def main() -> None:
     if a.step == "compile":
         return compile_all(a.arch)
     os.environ["CAKE_AOT_ARCH"] = str(a.arch)
+    os.environ["CAKE_AOT_DTYPE"] = a.dtype
     for step in ("record", "compile"):
         subprocess.run([sys.executable, __file__, a.family or "gdn", "--K", str(a.K), "--V",
                         str(a.V), "--arch", str(a.arch), "--step", step, "--plan", *a.plan],

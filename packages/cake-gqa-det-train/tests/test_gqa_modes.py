@@ -334,4 +334,35 @@ def test_workspace_without_delta_buffer_refused_with_value_error():
 def test_defaults_are_the_cuda_rule_at_head_dim_128():
     from cake_gqa_det_train.plan import _rule
 
-    assert GQADetPlan() == _rule(128, torch.bfloat16, torch.device("cuda"))
+    assert GQADetPlan() == _rule(128, torch.bfloat16, torch.device("cuda"), 232448)
+
+
+def test_cuda_rule_fits_the_devices_shared_memory(monkeypatch):
+    """The CUDA rule reads the device's shared memory per block: Hopper's 227 KiB keeps
+    the tiles sized for it; A100's 163 KiB and consumer GPUs' 99 KiB get the smaller tiles
+    of ``_SMALLER_16BIT`` (each kernel compiled under the limit offline: gqa.md), a
+    different plan for each class (the plan cache keys on it), never larger ones."""
+    import cake_gqa_det_train.plan as gp
+
+    cuda = torch.device("cuda", 0)
+    plans = {}
+    for smem in (gp.HOPPER_SMEM, 262144, gp.A100_SMEM, 200000, gp.SMALL_SMEM, 120000):
+        monkeypatch.setattr(gp, "shared_memory", lambda d, s=smem: s)
+        for D in HEAD_DIMS:
+            plans[smem, D] = make_plan(D, torch.bfloat16, cuda)
+    fields = ("fwd_block_m", "fwd_block_n", "fwd_stages", "dkdv_block_m", "dkdv_block_n",
+              "dkdv_stages", "dq_block_m", "dq_block_n", "dq_stages")
+    for D in HEAD_DIMS:
+        hopper = gp._hopper_tiles(D, torch.bfloat16, cuda)
+        assert plans[gp.HOPPER_SMEM, D] == plans[262144, D]
+        assert plans[gp.HOPPER_SMEM, D] == dataclasses.replace(hopper, elem_bytes=2)
+        for cls, between in ((gp.A100_SMEM, 200000), (gp.SMALL_SMEM, 120000)):
+            p = plans[cls, D]
+            assert p == plans[between, D]  # a class is its least limit
+            want = dataclasses.replace(hopper, elem_bytes=2, **gp._SMALLER_16BIT.get((cls, D), {}))
+            assert p == want
+            for f in fields:  # never a larger tile or more stages than Hopper's
+                assert getattr(p, f) <= getattr(hopper, f), (cls, D, f)
+    assert plans[gp.A100_SMEM, 128] != plans[gp.HOPPER_SMEM, 128]
+    assert plans[gp.SMALL_SMEM, 256] != plans[gp.A100_SMEM, 256]
+    assert plans[gp.A100_SMEM, 64] == plans[gp.HOPPER_SMEM, 64]  # fits 163 KiB as it is

@@ -150,3 +150,25 @@ def test_int64_offsets():
     case["cu_q"] = case["cu_q"].long()
     case["cu_k"] = case["cu_k"].long()
     _check(case)
+
+
+def _smaller_tiles():
+    from cake_gqa_det_train import plan as gp
+
+    return sorted({(D, tuple(sorted(f.items()))) for (_, D), f in
+                   (*gp._SMALLER_16BIT.items(), *gp._SMALLER_FP32.items())})
+
+
+@pytest.mark.parametrize("D,fields", _smaller_tiles(), ids=str)
+def test_tiles_for_less_shared_memory(D, fields):
+    """The smaller tiles the CUDA rule takes on GPUs with less shared memory than Hopper
+    (A100, consumer GPUs), here at this device's rule with those tiles: the same parity."""
+    import dataclasses
+
+    from cake_gqa_det_train import make_plan
+
+    plan = dataclasses.replace(make_plan(D, torch.float32, DEV), **dict(fields))
+    case = make(lens_q=[0, 1, 17, 40], Hq=4, Hkv=2, D=D, seed=D + 7)
+    got, want = run(gqa_det, case, plan=plan), reference(case)
+    for n in ("out", "dq", "dk", "dv"):
+        assert_close_to_reference(got[n], want[n], torch.float32, n, tol=TOL)

@@ -49,7 +49,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3eb6e7c16a42c9393510dda249d2ef246c75b1dbb8b29bc825df867e5eea1a79"
+SOURCE_DIGEST = "sha256:5423c8093cbae8934c9bc1958bd42e4204fd33e44a995b791d351510b0bab03e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6e75fc55fc2866bbc0c1e6b4a2dcf1ba2feefb74af34818f0636b877c08ca4e2"
+SOURCE_DIGEST = "sha256:f3f36aef135436d382f43a0f33727c6863143ea944cf6b759d74dbd8c4d8dcf6"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:e82d981c0c6579364913754d58225d3d60727ec17b07ed9e4c0ab300512819fb"
+SOURCE_DIGEST = "sha256:52e72a623d2c30d8885b9808e2de527d13f2874f5ac914de64eb7525899c5227"
 # --- end of generated block ---
 
 REUSES = [

@@ -51,7 +51,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:81dd8300954297f8c195390b2ab1e8f214472c125932c59667e890c15e86c5e4"
+SOURCE_DIGEST = "sha256:85f6a7c916e6c05937f1ea3bc3522cf4ca8d2aae408031e435a856eabf5797d2"
 # --- end of generated block ---
 
 MANIFEST = {

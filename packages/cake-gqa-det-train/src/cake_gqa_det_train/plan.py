@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 from cake_core import Mode, Plan, check_device, check_float_dtype
 from cake_core.plan import cached_plan
+from cake_core.triton_utils import max_shared_memory
 
 #: Head dims the kernels are built for (q's and v's head dim are equal).
 HEAD_DIMS = (64, 128, 256)
@@ -93,6 +94,13 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     blocks in the tests). fp32 inputs on CUDA (dots in TF32) take smaller tiles and
     single-stage loops, as their tiles take twice the shared memory (not tuned for speed).
 
+    Those CUDA tiles need Hopper's shared memory per block (227 KiB; up to 224 KiB at D 128).
+    The rule reads the device's limit (:func:`shared_memory`): with less than Hopper's, the
+    tiles of ``_SMALLER_16BIT`` / ``_SMALLER_FP32`` for its class, 163 KiB (A100) or 99 KiB
+    (consumer Ampere, Ada and Blackwell): fewer stages, then smaller tiles, each kernel's
+    shared memory read from Triton compiles for sm_80, sm_86 and sm_120 under the class's
+    limit (docs/benchmarks/gqa.md; correct, not timed on such GPUs).
+
     Raises:
         ValueError: head_dim not in (64, 128, 256), a bad dtype or device.
     """
@@ -100,15 +108,68 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     check_float_dtype(dtype)
     if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim: must be one of {HEAD_DIMS}, got {head_dim!r}")
-    return cached_plan(_PLANS, (int(head_dim), dtype, device.type),
-                       lambda: _rule(int(head_dim), dtype, device))
+    smem = shared_memory(device)
+    return cached_plan(_PLANS, (int(head_dim), dtype, device.type, smem),
+                       lambda: _rule(int(head_dim), dtype, device, smem))
 
 
-def _rule(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
-    return dataclasses.replace(_tiles(D, dtype, device), elem_bytes=dtype.itemsize)
+def shared_memory(device: torch.device) -> int:
+    """The rule's shared memory input: the CUDA device's per-block limit
+    (``cake_core.triton_utils.max_shared_memory``); Hopper's where there is no CUDA (a CUDA
+    plan made on a machine without a GPU is Hopper's, as the rule's tiles were before they
+    read the device) and on the CPU (unused there)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return max_shared_memory(device)
+    return HOPPER_SMEM
 
 
-def _tiles(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
+def _rule(D: int, dtype: torch.dtype, device: torch.device, smem: int) -> GQADetPlan:
+    return dataclasses.replace(_tiles(D, dtype, device, smem), elem_bytes=dtype.itemsize)
+
+
+#: Opt-in shared memory per block (bytes): Hopper and datacenter Blackwell, which the
+#: CUDA rule's tiles are sized for; A100; consumer Ampere, Ada and Blackwell.
+HOPPER_SMEM, A100_SMEM, SMALL_SMEM = 232448, 166912, 101376
+
+#: 16-bit tiles where the device has less shared memory than Hopper, by (class, D): the
+#: fields replaced in the Hopper plan. Each kernel's shared memory at these tiles was
+#: read from Triton 3.6 compiles for sm_80 (A100 class) and sm_86 / sm_120 (the small
+#: class), all under the class's limit (docs/benchmarks/gqa.md); not tuned for speed.
+_SMALLER_16BIT = {
+    (A100_SMEM, 128): {"fwd_stages": 2},
+    (A100_SMEM, 256): {"dkdv_block_m": 64, "dkdv_block_n": 16, "dq_block_m": 64,
+                       "dq_stages": 2},
+    (SMALL_SMEM, 64): {"fwd_stages": 2},
+    (SMALL_SMEM, 128): {"fwd_block_n": 64, "fwd_stages": 2, "dq_stages": 2},
+    (SMALL_SMEM, 256): {"fwd_block_m": 64, "fwd_block_n": 32, "fwd_warps": 4,
+                        "dkdv_block_m": 32, "dkdv_block_n": 32, "dkdv_warps": 4,
+                        "dq_block_m": 64, "dq_block_n": 16, "dq_warps": 4, "dq_stages": 2},
+}
+
+
+#: fp32 tiles where the device has less shared memory than Hopper (as ``_SMALLER_16BIT``).
+_SMALLER_FP32 = {
+    (A100_SMEM, 256): {"dkdv_block_m": 16, "dkdv_block_n": 16},
+    (SMALL_SMEM, 128): {"fwd_block_m": 64, "fwd_block_n": 32, "fwd_warps": 4, "fwd_stages": 1,
+                        "dkdv_block_m": 16, "dkdv_block_n": 32, "dq_block_m": 32,
+                        "dq_block_n": 32},
+    (SMALL_SMEM, 256): {"fwd_block_m": 32, "fwd_block_n": 16, "fwd_warps": 4, "fwd_stages": 1,
+                        "dkdv_block_m": 16, "dkdv_block_n": 16, "dq_block_m": 16,
+                        "dq_block_n": 16},
+}
+
+
+def _tiles(D: int, dtype: torch.dtype, device: torch.device, smem: int) -> GQADetPlan:
+    plan = _hopper_tiles(D, dtype, device)
+    if device.type != "cuda" or smem >= HOPPER_SMEM:
+        return plan
+    cls = A100_SMEM if smem >= A100_SMEM else SMALL_SMEM
+    if dtype == torch.float32:
+        return dataclasses.replace(plan, **_SMALLER_FP32.get((cls, D), {}))
+    return dataclasses.replace(plan, **_SMALLER_16BIT.get((cls, D), {}))
+
+
+def _hopper_tiles(D: int, dtype: torch.dtype, device: torch.device) -> GQADetPlan:
     if device.type != "cuda":
         return GQADetPlan(head_dim=D, fwd_block_m=32, fwd_block_n=32, fwd_warps=4,
                           fwd_stages=1, dkdv_block_m=32, dkdv_block_n=32, dkdv_warps=4,

@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b26195980ca091651d28d065de2e3b1509234dfcfc9df557f2f99d8acb5b5df7"
+SOURCE_DIGEST = "sha256:c33541a5ec903b471346797f62657074bfadd5514f0ff059e999c2fad40de895"
 # --- end of generated block ---
 
 MANIFEST = {

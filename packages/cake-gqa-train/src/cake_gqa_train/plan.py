@@ -86,7 +86,9 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
     check_float_dtype(dtype)
     if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim: must be one of {HEAD_DIMS}, got {head_dim!r}")
-    return cached_plan(_PLANS, (int(head_dim), dtype, device.type),
+    from cake_gqa_det_train.plan import shared_memory
+
+    return cached_plan(_PLANS, (int(head_dim), dtype, device.type, shared_memory(device)),
                        lambda: _rule(int(head_dim), dtype, device))
 
 

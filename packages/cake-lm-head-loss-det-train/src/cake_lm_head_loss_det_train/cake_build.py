@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:37cf28b68e9e5e55401ba87496efe65cf13a958c82fc8e793aaf91e9a14ccbe5"
+SOURCE_DIGEST = "sha256:31903d3de86570b6cbf8f8d0bfc919e9311cb37d17a4c23b7cedf284ebd881de"
 # --- end of generated block ---
 
 MANIFEST = {

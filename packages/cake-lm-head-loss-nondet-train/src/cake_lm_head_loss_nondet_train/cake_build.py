@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c531b99d44fb7599a3e5494e4ed23935d9a98c2f9099a4d93f0c68382e1e4cf1"
+SOURCE_DIGEST = "sha256:91c7fba7f42c0b7e2427a6fcfa503e8f729022751eace8ec08852147203ab5b1"
 # --- end of generated block ---
 
 MANIFEST = {

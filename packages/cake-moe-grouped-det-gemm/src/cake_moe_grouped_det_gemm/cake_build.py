@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ff60a3f73b8a2ff33009b2121ce7b31ab03e121fc3e6ae153c2d1d29406e71ed"
+SOURCE_DIGEST = "sha256:1605507162fcf5c5fb542dab125a1fb80bf63a640cc25eeec507d89a5df156b9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:1adcd7bcf84c68789a6d86d555be517be9d6f9fa8111e3d715b6e30cde131e3b"
+SOURCE_DIGEST = "sha256:996ba925df438ef59c504c2b9a2c04fe4f773d0bb7e19f67aeb95a62f87ed0d0"
 # --- end of generated block ---
 
 REUSES = [
