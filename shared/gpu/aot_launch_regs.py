@@ -165,6 +165,11 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
         "cake_gdn_det_train.api" if fam == "gdn" else "cake_kda_det_train.chunk")]
     for m in host:
         m.is_interpreting = lambda: False
+    import cake_core.linear_attention as la
+
+    # the rule as on a GPU of --arch: its shared memory per block (opt-in)
+    arch = int(os.environ.get("CAKE_AOT_ARCH", "90"))
+    la.rule_shared_memory = lambda d: SMEM_BY_ARCH.get(arch, 101376)
     entry = mod.chunk_gated_delta_rule_det if fam == "gdn" else mod.chunk_kda_det
     import dataclasses
 

@@ -464,3 +464,22 @@ def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs):
         assert (a is None) == (b is None), name
         if a is not None:
             assert bitwise_equal(a, b), name
+
+
+def test_cuda_rule_fits_the_devices_shared_memory(monkeypatch):
+    """The CUDA rule reads the device's shared memory per block: at A100's or more the
+    state kernels keep 3 stages; under it (consumer GPUs' 99 KiB) at most 2 (compiled under
+    99 KiB offline: gdn.md); the narrowed state plan keeps the cap; a plan per class."""
+    import dataclasses
+
+    import cake_core.linear_attention as la
+    import torch
+    from cake_gdn_det_train import make_plan
+
+    cuda = torch.device("cuda", 0)
+    got = {}
+    for smem in (232448, 166912, 101376):
+        monkeypatch.setattr(la, "rule_shared_memory", lambda d, s=smem: s)
+        got[smem] = make_plan(128, 128, torch.bfloat16, cuda)
+    assert got[232448].num_stages_h == 3 and got[166912] == got[232448]
+    assert got[101376] == dataclasses.replace(got[232448], num_stages_h=2)

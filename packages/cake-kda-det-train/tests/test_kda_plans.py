@@ -124,3 +124,26 @@ def test_plan_format_1_only():
                         ("num_warps_intra", 4), ("inv_kernel", 2)):
             with pytest.raises(ValueError, match=f"unknown KDADetPlan fields .*{name}"):
                 KDADetPlan.from_dict({**d, name: x})
+
+
+def test_cuda_rule_fits_the_devices_shared_memory(monkeypatch):
+    """The CUDA rule reads the device's shared memory per block: at A100's or more the
+    stages stay; under it (consumer GPUs' 99 KiB) the forward state kernel takes at most 2
+    stages and the dS kernel 1 (compiled under 99 KiB offline: kda.md); a plan per class."""
+    import cake_core.linear_attention as la
+    import torch
+    from cake_kda_det_train import make_plan
+
+    cuda = torch.device("cuda", 0)
+    got = {}
+    for smem in (232448, 166912, 101376):
+        monkeypatch.setattr(la, "rule_shared_memory", lambda d, s=smem: s)
+        for dt in (torch.bfloat16, torch.float32):
+            got[smem, dt] = make_plan(128, 128, dt, cuda)
+    big = got[232448, torch.bfloat16]
+    assert (big.num_stages_h, big.num_stages_dh) == (3, 2)
+    assert got[166912, torch.bfloat16] == big
+    small = got[101376, torch.bfloat16]
+    assert (small.num_stages_h, small.num_stages_dh) == (2, 1)
+    assert small == __import__("dataclasses").replace(big, num_stages_h=2, num_stages_dh=1)
+    assert got[101376, torch.float32] == got[232448, torch.float32]  # 1 stage each already

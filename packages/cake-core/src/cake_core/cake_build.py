@@ -49,7 +49,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5423c8093cbae8934c9bc1958bd42e4204fd33e44a995b791d351510b0bab03e"
+SOURCE_DIGEST = "sha256:68f3303f71c9ffca6d9aaedc1731bfc60d2f27bb9e0c14f13b9025f024adaa28"
 # --- end of generated block ---
 
 MANIFEST = {

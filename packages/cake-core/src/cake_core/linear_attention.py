@@ -339,13 +339,17 @@ def check_grad_outputs(do: object, dht: object, saved: Any) -> torch.device:
 def make_head_plan(head_k_dim: object, head_v_dim: object, dtype: object, device: object, *,
                    max_head_dim: int, rule: Callable[[int, int, torch.dtype, torch.device], Plan],
                    cuda_plan_problem: Callable[[Plan, torch.dtype], str | None],
-                   cache: dict) -> Plan:
+                   cache: dict,
+                   fit_shared_memory: Callable[[Plan, int], Plan] | None = None) -> Plan:
     """The body of a family's ``make_plan(head_k_dim, head_v_dim, dtype, device)``.
 
     Checks the arguments (device first, then K and V as ints in ``[1, max_head_dim]``, then
     the dtype), returns ``rule(K, V, dtype, device)`` memoised in ``cache`` per
-    ``(K, V, dtype, device type)`` (:func:`cake_core.plan.cached_plan`), and on CUDA refuses
-    a plan that ``cuda_plan_problem(plan, dtype)`` says cannot run.
+    ``(K, V, dtype, device type, shared memory)`` (:func:`cake_core.plan.cached_plan`), and
+    on CUDA refuses a plan that ``cuda_plan_problem(plan, dtype)`` says cannot run.
+    ``fit_shared_memory(plan, smem)``: the family's rule for a CUDA device with ``smem``
+    bytes of shared memory per block (:func:`rule_shared_memory`), applied to the rule's
+    plan (fewer stages where the plan's would not fit).
 
     Raises:
         ValueError: ``device: ...``, ``head_k_dim: ...``, ``head_v_dim: ...``,
@@ -355,12 +359,31 @@ def make_head_plan(head_k_dim: object, head_v_dim: object, dtype: object, device
     K = check_int(head_k_dim, "head_k_dim", 1, max_head_dim)
     V = check_int(head_v_dim, "head_v_dim", 1, max_head_dim)
     check_float_dtype(dtype)
-    plan = cached_plan(cache, (K, V, dtype, device.type), lambda: rule(K, V, dtype, device))
+    smem = rule_shared_memory(device)
+
+    def make() -> Plan:
+        plan = rule(K, V, dtype, device)
+        if fit_shared_memory is not None and device.type == "cuda":
+            plan = fit_shared_memory(plan, smem)
+        return plan
+
+    plan = cached_plan(cache, (K, V, dtype, device.type, smem), make)
     if device.type == "cuda":
         problem = cuda_plan_problem(plan, dtype)
         if problem is not None:
             raise ValueError(f"make_plan(K={K}, V={V}, {dtype}): {problem}")
     return plan
+
+
+def rule_shared_memory(device: torch.device) -> int:
+    """The shared memory per block a plan rule sizes tiles for: the CUDA device's opt-in
+    limit (:func:`cake_core.triton_utils.max_shared_memory`); Hopper's where there is no
+    CUDA (a CUDA plan made on a machine without a GPU) and on the CPU."""
+    from cake_core.triton_utils import CPU_SHARED_MEMORY, max_shared_memory  # imports Triton
+
+    if device.type == "cuda" and torch.cuda.is_available():
+        return max_shared_memory(device)
+    return CPU_SHARED_MEMORY
 
 
 def resolve_plan(plan: object, K: int, V: int, dtype: torch.dtype, device: torch.device, *,

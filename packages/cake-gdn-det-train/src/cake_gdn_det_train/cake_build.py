@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4180c0c3a467c6f7987b40535492c25d5a0f5d17639069fe364f226ff908ae75"
+SOURCE_DIGEST = "sha256:fab2fc385e29d809181df5bc4065e9b858f8f5a8deadc27d227385c972400183"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -225,7 +225,8 @@ def plan_by_rule(plan_type: type[GDNDetPlan], cache: dict, head_k_dim: int, head
     train's subclass): the rule's fields in a ``plan_type``, memoised in ``cache``."""
     plan = make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
                           rule=lambda K, V, dt, dev: _rule(K, V, dt, dev, plan_type),
-                          cuda_plan_problem=cuda_plan_problem, cache=cache)
+                          cuda_plan_problem=cuda_plan_problem, cache=cache,
+                          fit_shared_memory=fit_shared_memory)
     if state_programs is None:
         return plan
     if isinstance(state_programs, bool) or not isinstance(state_programs, numbers.Integral) \
@@ -236,6 +237,21 @@ def plan_by_rule(plan_type: type[GDNDetPlan], cache: dict, head_k_dim: int, head
                          "machine has no CUDA; pass state_programs=None for the plan without "
                          "that rule (the narrowed plan differs in block_v_h and num_warps_h)")
     return narrowed_for(plan, dtype, torch.device(device), int(state_programs))
+
+
+#: Opt-in shared memory per block (bytes) of A100; the state kernels' 3 stages at K = V =
+#: 128 (up to 161 KiB) need at least this much.
+A100_SHARED_MEMORY = 166912
+
+
+def fit_shared_memory(plan: GDNDetPlan, smem: int) -> GDNDetPlan:
+    """The rule on a CUDA device of ``smem`` bytes of shared memory per block: under A100's
+    (consumer Ampere, Ada and Blackwell: 99 KiB) the state kernels' stages are capped at 2
+    (at 16-bit K = V = 128, 72 and 97 KiB against 113 and 161 KiB with 3, by Triton 3.6
+    compiles for sm_86 and sm_120: docs/benchmarks/gdn.md; not timed on such GPUs)."""
+    if smem < A100_SHARED_MEMORY and plan.num_stages_h > 2:
+        return dataclasses.replace(plan, num_stages_h=2)
+    return plan
 
 
 #: what :func:`make_plan`'s ``state_programs`` rule sets: launch shapes of the two state

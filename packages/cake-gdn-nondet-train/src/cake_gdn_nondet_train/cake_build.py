@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:92a2080a56548a7292c6c38d3ae2fd30b3b8a1c70d3b9baa0ef4adfd07dfb0bc"
+SOURCE_DIGEST = "sha256:c0a9389d76f287c76d31a6f74831e801af1529c4ae2efcef0fd5031cf07b05e9"
 # --- end of generated block ---
 
 MANIFEST = {

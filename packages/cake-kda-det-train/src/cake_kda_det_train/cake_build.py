@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:67960715e53cb5db1eec907b0cd27d84494e3e8ebb060bdf010faad210286942"
+SOURCE_DIGEST = "sha256:5831a30785bad271febe164151aa7d317dad2180cf30e1fae1b5d36d35be9d67"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -215,7 +215,25 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
             limits of :func:`cuda_plan_problem`.
     """
     return make_head_plan(head_k_dim, head_v_dim, dtype, device, max_head_dim=MAX_HEAD_DIM,
-                          rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS)
+                          rule=_rule, cuda_plan_problem=cuda_plan_problem, cache=_PLANS,
+                          fit_shared_memory=fit_shared_memory)
+
+
+#: Opt-in shared memory per block (bytes) of A100; the state kernels' stages at K = V = 128
+#: (104 and 128 KiB) need at least this much.
+A100_SHARED_MEMORY = 166912
+
+
+def fit_shared_memory(plan: KDADetPlan, smem: int) -> KDADetPlan:
+    """The rule on a CUDA device of ``smem`` bytes of shared memory per block: under A100's
+    (consumer Ampere, Ada and Blackwell: 99 KiB) the forward state kernel's stages are
+    capped at 2 and the dS kernel's at 1 (at 16-bit K = V = 128, 64 and 40 KiB against 104
+    and 128 KiB, by Triton 3.6 compiles for sm_86 and sm_120: docs/benchmarks/kda.md; not
+    timed on such GPUs)."""
+    if smem < A100_SHARED_MEMORY and (plan.num_stages_h > 2 or plan.num_stages_dh > 1):
+        return dataclasses.replace(plan, num_stages_h=min(plan.num_stages_h, 2),
+                                   num_stages_dh=1)
+    return plan
 
 
 def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPlan:
