@@ -155,20 +155,26 @@ def test_int64_offsets():
 def _smaller_tiles():
     from cake_gqa_det_train import plan as gp
 
-    return sorted({(D, tuple(sorted(f.items()))) for (_, D), f in
-                   (*gp._SMALLER_16BIT.items(), *gp._SMALLER_FP32.items())})
+    rows = {("bf16", D, tuple(sorted(f.items()))) for (_, D), f in gp._SMALLER_16BIT.items()}
+    rows |= {("fp32", D, tuple(sorted(f.items()))) for (_, D), f in gp._SMALLER_FP32.items()}
+    return sorted(rows)
 
 
-@pytest.mark.parametrize("D,fields", _smaller_tiles(), ids=str)
-def test_tiles_for_less_shared_memory(D, fields):
+@pytest.mark.parametrize("kind,D,fields", _smaller_tiles(), ids=str)
+def test_tiles_for_less_shared_memory(kind, D, fields):
     """The smaller tiles the CUDA rule takes on GPUs with less shared memory than Hopper
-    (A100, consumer GPUs), here at this device's rule with those tiles: the same parity."""
+    (A100, consumer GPUs), here with this device's plan of their dtype (bf16 tiles: bf16
+    inputs on CUDA; the interpreter runs every row in fp32): the same parity."""
     import dataclasses
 
     from cake_gqa_det_train import make_plan
 
-    plan = dataclasses.replace(make_plan(D, torch.float32, DEV), **dict(fields))
-    case = make(lens_q=[0, 1, 17, 40], Hq=4, Hkv=2, D=D, seed=D + 7)
+    dtype = torch.bfloat16 if kind == "bf16" and DEV.type == "cuda" else torch.float32
+    plan = dataclasses.replace(make_plan(D, dtype, DEV), **dict(fields))
+    case = make(lens_q=[0, 1, 17, 40, 130], Hq=4, Hkv=2, D=D, dtype=dtype, seed=D + 7)
     got, want = run(gqa_det, case, plan=plan), reference(case)
     for n in ("out", "dq", "dk", "dv"):
-        assert_close_to_reference(got[n], want[n], torch.float32, n, tol=TOL)
+        if dtype == torch.float32:
+            assert_close_to_reference(got[n], want[n], torch.float32, n, tol=TOL)
+        else:
+            assert_close_to_reference(got[n].float(), want[n].float(), dtype, n)
