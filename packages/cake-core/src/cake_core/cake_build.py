@@ -49,7 +49,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b0ae3f03b6aa8ff4c6a45fadbf1d85f9d5e809ee1fac75ed31168932a33952e9"
+SOURCE_DIGEST = "sha256:68f3303f71c9ffca6d9aaedc1731bfc60d2f27bb9e0c14f13b9025f024adaa28"
 # --- end of generated block ---
 
 MANIFEST = {

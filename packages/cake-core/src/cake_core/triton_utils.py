@@ -47,10 +47,6 @@ def _cuda_properties(device: torch.device):
     if not torch.cuda.is_available():
         raise ValueError(f"device: {device} is a CUDA device, but CUDA is not available here "
                          "(a CUDA plan reads the device's SM count and compute capability)")
-    n = torch.cuda.device_count()
-    if device.index is not None and not 0 <= device.index < n:
-        raise ValueError(f"device: {device} does not exist here ({n} CUDA device"
-                         f"{'' if n == 1 else 's'})")
     return torch.cuda.get_device_properties(device)
 
 

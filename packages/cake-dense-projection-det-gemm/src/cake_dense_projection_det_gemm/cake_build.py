@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:971061a1fa5c89e4cba47d595b213f60b25cf8a35ed69c7c33ddb27b5b0129cc"
+SOURCE_DIGEST = "sha256:f3f36aef135436d382f43a0f33727c6863143ea944cf6b759d74dbd8c4d8dcf6"
 # --- end of generated block ---
 
 MANIFEST = {

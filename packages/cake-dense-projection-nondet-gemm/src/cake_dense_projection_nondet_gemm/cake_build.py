@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:267b6c761272547f1b780cb15771d29964e957e60ea9cac6f94dd66b31052f2c"
+SOURCE_DIGEST = "sha256:52e72a623d2c30d8885b9808e2de527d13f2874f5ac914de64eb7525899c5227"
 # --- end of generated block ---
 
 REUSES = [

@@ -51,7 +51,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ee79a17222e733d8c4c2868d382f3ff79f9466f6c4a89b454196daea0a3cb194"
+SOURCE_DIGEST = "sha256:85f6a7c916e6c05937f1ea3bc3522cf4ca8d2aae408031e435a856eabf5797d2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a5452eb0f0c4dbee58e3ba1ed439ff3033b15e4d6d753bac9cee2cfb2f64c2e3"
+SOURCE_DIGEST = "sha256:c33541a5ec903b471346797f62657074bfadd5514f0ff059e999c2fad40de895"
 # --- end of generated block ---
 
 MANIFEST = {

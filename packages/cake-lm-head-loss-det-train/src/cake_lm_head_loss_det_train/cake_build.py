@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fc64b2d90553579571d7077fd68ec0d0fb2467ff61a4e36dee35aa6f90956f74"
+SOURCE_DIGEST = "sha256:31903d3de86570b6cbf8f8d0bfc919e9311cb37d17a4c23b7cedf284ebd881de"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:01a24207b1f4b6a02f1fa374bf2ae6eff71d5c5fa36d2455f61af327627ec2b2"
+SOURCE_DIGEST = "sha256:91c7fba7f42c0b7e2427a6fcfa503e8f729022751eace8ec08852147203ab5b1"
 # --- end of generated block ---
 
 MANIFEST = {

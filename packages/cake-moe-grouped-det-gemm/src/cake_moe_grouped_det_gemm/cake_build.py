@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:785618c012bf91f9cc0a095c4fc69b6278f8010893d0577ae55e8a593bec5974"
+SOURCE_DIGEST = "sha256:1605507162fcf5c5fb542dab125a1fb80bf63a640cc25eeec507d89a5df156b9"
 # --- end of generated block ---
 
 MANIFEST = {

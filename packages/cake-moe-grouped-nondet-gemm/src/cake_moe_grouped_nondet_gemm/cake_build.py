@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:9e874e92a9a6e4e64866c333d91ff5a0fcd036696b03b4fdfd36b6e3815ffef3"
+SOURCE_DIGEST = "sha256:996ba925df438ef59c504c2b9a2c04fe4f773d0bb7e19f67aeb95a62f87ed0d0"
 # --- end of generated block ---
 
 REUSES = [
