@@ -183,9 +183,14 @@ def test_make_plan_refusals(kw, msg):
         make_plan(**args)
 
 
-def test_make_plan_rules():
+def test_make_plan_rules(monkeypatch):
     """Under the interpreter 32 x 32 tiles (loops cross blocks at the tests' sizes), in any
-    dtype; plans are cached and carry the head dim and mode DET."""
+    dtype; plans are cached and carry the head dim and mode DET. CUDA: Hopper's rule, on
+    any GPU (the device's shared memory is pinned to Hopper's: an A100's or a consumer
+    GPU's own plans are :func:`test_cuda_rule_fits_the_devices_shared_memory`'s)."""
+    import cake_gqa_det_train.plan as gp
+
+    monkeypatch.setattr(gp, "shared_memory", lambda device: gp.HOPPER_SMEM)
     cpu = make_plan(64, torch.float32, "cpu")
     assert (cpu.fwd_block_m, cpu.fwd_block_n, cpu.dkdv_block_m, cpu.dkdv_block_n,
             cpu.dq_block_m, cpu.dq_block_n) == (32,) * 6

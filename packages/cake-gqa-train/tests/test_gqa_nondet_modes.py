@@ -149,9 +149,13 @@ def test_workspace_gradients_in_fresh_memory(case):
     torch.testing.assert_close(kk.grad, dk1)
 
 
-def test_defaults_are_the_cuda_rule_at_head_dim_128():
+def test_defaults_are_the_cuda_rule_at_head_dim_128(monkeypatch):
+    """The defaults are Hopper's rule (the det rule reads the device's shared memory:
+    pinned to Hopper's, so the test holds on any GPU)."""
+    import cake_gqa_det_train.plan as gp
     from cake_gqa_train.plan import _rule
 
+    monkeypatch.setattr(gp, "shared_memory", lambda device: gp.HOPPER_SMEM)
     assert nd.GQAPlan() == _rule(128, torch.bfloat16, torch.device("cuda"))
 
 
