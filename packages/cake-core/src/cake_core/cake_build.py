@@ -49,7 +49,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:68f3303f71c9ffca6d9aaedc1731bfc60d2f27bb9e0c14f13b9025f024adaa28"
+SOURCE_DIGEST = "sha256:aad1f342ec24be108f8364e60654d697a8b43e54b7951c38b27fbbce414c0768"
 # --- end of generated block ---
 
 MANIFEST = {

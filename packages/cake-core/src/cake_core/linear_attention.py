@@ -376,14 +376,11 @@ def make_head_plan(head_k_dim: object, head_v_dim: object, dtype: object, device
 
 
 def rule_shared_memory(device: torch.device) -> int:
-    """The shared memory per block a plan rule sizes tiles for: the CUDA device's opt-in
-    limit (:func:`cake_core.triton_utils.max_shared_memory`); Hopper's where there is no
-    CUDA (a CUDA plan made on a machine without a GPU) and on the CPU."""
-    from cake_core.triton_utils import CPU_SHARED_MEMORY, max_shared_memory  # imports Triton
+    """:func:`cake_core.triton_utils.rule_shared_memory`, the input of
+    :func:`make_head_plan`'s ``fit_shared_memory`` (a module attribute: tests patch it)."""
+    from cake_core.triton_utils import rule_shared_memory as smem  # imports Triton
 
-    if device.type == "cuda" and torch.cuda.is_available():
-        return max_shared_memory(device)
-    return CPU_SHARED_MEMORY
+    return smem(device)
 
 
 def resolve_plan(plan: object, K: int, V: int, dtype: torch.dtype, device: torch.device, *,

@@ -61,9 +61,13 @@ def sm_count(device: torch.device) -> int:
     return 4
 
 
+#: Opt-in shared memory per block (bytes) of the GPU classes plan rules size tiles for:
+#: Hopper and datacenter Blackwell; A100; consumer Ampere, Ada and Blackwell.
+HOPPER_SHARED_MEMORY, A100_SHARED_MEMORY, SMALL_SHARED_MEMORY = 232448, 166912, 101376
+
 #: Shared memory one program may use on the interpreter (no such limit on the CPU; the
 #: figure of Hopper / datacenter Blackwell, so a CPU rule sees no reason to shrink tiles).
-CPU_SHARED_MEMORY = 232448
+CPU_SHARED_MEMORY = HOPPER_SHARED_MEMORY
 
 
 def max_shared_memory(device: torch.device) -> int:
@@ -78,7 +82,16 @@ def max_shared_memory(device: torch.device) -> int:
     """
     if device.type == "cuda":
         props = _cuda_properties(device)
-        return int(getattr(props, "shared_memory_per_block_optin", 0) or 101376)
+        return int(getattr(props, "shared_memory_per_block_optin", 0) or SMALL_SHARED_MEMORY)
+    return CPU_SHARED_MEMORY
+
+
+def rule_shared_memory(device: torch.device) -> int:
+    """The shared memory per block a plan rule sizes tiles for: the CUDA device's opt-in
+    limit (:func:`max_shared_memory`); Hopper's where there is no CUDA (a CUDA plan made on
+    a machine without a GPU) and on the CPU."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return max_shared_memory(device)
     return CPU_SHARED_MEMORY
 
 

@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f3f36aef135436d382f43a0f33727c6863143ea944cf6b759d74dbd8c4d8dcf6"
+SOURCE_DIGEST = "sha256:45795fcc59ec6fb7d98da82d2642919d5c425ae3f861e60dc5d0ba26046bc1b7"
 # --- end of generated block ---
 
 MANIFEST = {

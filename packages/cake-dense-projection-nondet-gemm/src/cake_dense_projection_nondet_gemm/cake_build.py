@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:52e72a623d2c30d8885b9808e2de527d13f2874f5ac914de64eb7525899c5227"
+SOURCE_DIGEST = "sha256:57b400ddd5927e2707d9caffcadd3b4259837aa6e04d954a7053123278e5a684"
 # --- end of generated block ---
 
 REUSES = [

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fab2fc385e29d809181df5bc4065e9b858f8f5a8deadc27d227385c972400183"
+SOURCE_DIGEST = "sha256:67cc9d440b767f90c6b700b4b0cbe82b77e921c8a62c6b557bd6d0c92d3dc36e"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -10,7 +10,7 @@ import torch
 from cake_core import Mode, Plan
 from cake_core.linear_attention import make_head_plan
 from cake_core.plan import cached_plan
-from cake_core.triton_utils import next_power_of_2, sm_count
+from cake_core.triton_utils import A100_SHARED_MEMORY, next_power_of_2, sm_count
 
 #: Tokens per chunk (fixed: the WY/UT triangular system is solved on 64 x 64 tiles).
 CHUNK_SIZE = 64
@@ -239,9 +239,6 @@ def plan_by_rule(plan_type: type[GDNDetPlan], cache: dict, head_k_dim: int, head
     return narrowed_for(plan, dtype, torch.device(device), int(state_programs))
 
 
-#: Opt-in shared memory per block (bytes) of A100; the state kernels' 3 stages at K = V =
-#: 128 (up to 161 KiB) need at least this much.
-A100_SHARED_MEMORY = 166912
 
 
 def fit_shared_memory(plan: GDNDetPlan, smem: int) -> GDNDetPlan:

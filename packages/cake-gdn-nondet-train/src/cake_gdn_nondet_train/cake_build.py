@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c0a9389d76f287c76d31a6f74831e801af1529c4ae2efcef0fd5031cf07b05e9"
+SOURCE_DIGEST = "sha256:8f21399bed46c78427f69db48b8da7288b5724b6df81d6566e1e0be2be2ed0bf"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -51,7 +51,7 @@ PLANS = [
                 "dq_block_n", "dq_warps", "dq_stages", "delta_block_m"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:85f6a7c916e6c05937f1ea3bc3522cf4ca8d2aae408031e435a856eabf5797d2"
+SOURCE_DIGEST = "sha256:f666721cfee29f1f8ec203ffa0df2873010b55020241e5e7d3be8ebad04482f7"
 # --- end of generated block ---
 
 MANIFEST = {

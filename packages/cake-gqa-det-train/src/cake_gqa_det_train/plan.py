@@ -8,7 +8,12 @@ from typing import ClassVar
 import torch
 from cake_core import Mode, Plan, check_device, check_float_dtype
 from cake_core.plan import cached_plan
-from cake_core.triton_utils import max_shared_memory
+from cake_core.triton_utils import (
+    A100_SHARED_MEMORY,
+    HOPPER_SHARED_MEMORY,
+    SMALL_SHARED_MEMORY,
+    rule_shared_memory,
+)
 
 #: Head dims the kernels are built for (q's and v's head dim are equal).
 HEAD_DIMS = (64, 128, 256)
@@ -114,22 +119,20 @@ def make_plan(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> 
 
 
 def shared_memory(device: torch.device) -> int:
-    """The rule's shared memory input: the CUDA device's per-block limit
-    (``cake_core.triton_utils.max_shared_memory``); Hopper's where there is no CUDA (a CUDA
-    plan made on a machine without a GPU is Hopper's, as the rule's tiles were before they
-    read the device) and on the CPU (unused there)."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return max_shared_memory(device)
-    return HOPPER_SMEM
+    """The rule's shared memory input, :func:`cake_core.triton_utils.rule_shared_memory`:
+    the CUDA device's per-block limit; Hopper's where there is no CUDA (a CUDA plan made on
+    a machine without a GPU is Hopper's, as the rule's tiles were before they read the
+    device) and on the CPU (unused there)."""
+    return rule_shared_memory(device)
 
 
 def _rule(D: int, dtype: torch.dtype, device: torch.device, smem: int) -> GQADetPlan:
     return dataclasses.replace(_tiles(D, dtype, device, smem), elem_bytes=dtype.itemsize)
 
 
-#: Opt-in shared memory per block (bytes): Hopper and datacenter Blackwell, which the
-#: CUDA rule's tiles are sized for; A100; consumer Ampere, Ada and Blackwell.
-HOPPER_SMEM, A100_SMEM, SMALL_SMEM = 232448, 166912, 101376
+#: The shared memory classes (cake_core.triton_utils): Hopper's, which the CUDA rule's
+#: tiles are sized for; A100's; consumer Ampere, Ada and Blackwell's.
+HOPPER_SMEM, A100_SMEM, SMALL_SMEM = HOPPER_SHARED_MEMORY, A100_SHARED_MEMORY, SMALL_SHARED_MEMORY
 
 #: 16-bit tiles where the device has less shared memory than Hopper, by (class, D): the
 #: fields replaced in the Hopper plan. Each kernel's shared memory at these tiles was

@@ -39,7 +39,7 @@ PLANS = [
                 "dq_block_m", "dq_block_n", "dq_warps", "dq_stages", "delta_block_m", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:c33541a5ec903b471346797f62657074bfadd5514f0ff059e999c2fad40de895"
+SOURCE_DIGEST = "sha256:7c1f60a47091e69d34c930bab99de6597f13d90fca5b5f69d05a24aecda21157"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5831a30785bad271febe164151aa7d317dad2180cf30e1fae1b5d36d35be9d67"
+SOURCE_DIGEST = "sha256:f6ee4c208a3c0c1172c2fe9453ef93f372cf89713ea5682725818b7b7a7c86d6"
 # --- end of generated block ---
 
 MANIFEST = {

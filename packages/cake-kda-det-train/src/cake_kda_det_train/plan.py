@@ -9,7 +9,7 @@ import torch
 from cake_core import Mode, Plan
 from cake_core.linear_attention import inter_dtype as inter_dtype  # re-exported
 from cake_core.linear_attention import make_head_plan
-from cake_core.triton_utils import next_power_of_2
+from cake_core.triton_utils import A100_SHARED_MEMORY, next_power_of_2
 
 #: Tokens per chunk (fixed: the WY/UT triangular system is solved on 64 x 64 tiles).
 CHUNK_SIZE = 64
@@ -219,9 +219,6 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
                           fit_shared_memory=fit_shared_memory)
 
 
-#: Opt-in shared memory per block (bytes) of A100; the state kernels' stages at K = V = 128
-#: (104 and 128 KiB) need at least this much.
-A100_SHARED_MEMORY = 166912
 
 
 def fit_shared_memory(plan: KDADetPlan, smem: int) -> KDADetPlan:

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:31903d3de86570b6cbf8f8d0bfc919e9311cb37d17a4c23b7cedf284ebd881de"
+SOURCE_DIGEST = "sha256:5141fdc643b53ed73eccb407635faae9f4d070da69a051f7773bdc5cfdde8a57"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:91c7fba7f42c0b7e2427a6fcfa503e8f729022751eace8ec08852147203ab5b1"
+SOURCE_DIGEST = "sha256:615ec54aaed5c81dc52172d42785d3a980a7db1541cccdbf28f0b8cfefc41759"
 # --- end of generated block ---
 
 MANIFEST = {

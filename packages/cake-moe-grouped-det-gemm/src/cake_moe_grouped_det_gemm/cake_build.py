@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1605507162fcf5c5fb542dab125a1fb80bf63a640cc25eeec507d89a5df156b9"
+SOURCE_DIGEST = "sha256:3fb87cb153eecec5b62804440af7f0c5caec73d045178d46ebd79fa610d19641"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:996ba925df438ef59c504c2b9a2c04fe4f773d0bb7e19f67aeb95a62f87ed0d0"
+SOURCE_DIGEST = "sha256:963d805584e33ef9aec053e25a88dfdbd57d64134c46d61bbc9dbd3e09f71ec0"
 # --- end of generated block ---
 
 REUSES = [
