@@ -145,7 +145,8 @@ def test_fields_serialised_and_checked(monkeypatch):
     assert cpu.rec_form == 0
     gpu = make_plan(128, 128, torch.bfloat16, "cuda")
     assert (gpu.rec_form, gpu.num_stages_h, gpu.local_form) == (1, 3, 2)
-    assert gpu.num_warps_local == 4  # local_form 2's K-block kernel (session 26)
+    # local_form 2's K-block kernel: one 128-column block of 8 warps at K = V = 128
+    assert (gpu.block_k_local, gpu.num_warps_local) == (128, 8)
     assert cpu.local_form == 0
     for K, V, dt in ((64, 64, torch.bfloat16), (64, 64, torch.float32), (32, 16, torch.bfloat16)):
         p = make_plan(K, V, dt, "cuda")
@@ -171,13 +172,17 @@ def test_fields_serialised_and_checked(monkeypatch):
                     continue
                 assert p.rec_form in (0, 1), (K, V, dt, dev)
     # local_form: the rule takes 2 where it takes rec_form = 1 (CUDA, 16-bit K = 128), else 0;
-    # block_k_local = min(64, block_k)
+    # block_k_local = block_k at CUDA's 16-bit K = V = 128 (with 8 warps), else
+    # min(64, block_k) (4 warps with local_form 2)
     for K, V, dt in ((128, 128, torch.bfloat16), (64, 64, torch.float32), (16, 16, torch.float32),
-                     (100, 48, torch.bfloat16)):
+                     (100, 48, torch.bfloat16), (128, 64, torch.float16)):
         for dev in ("cpu", "cuda"):
             p = make_plan(K, V, dt, dev)
-            assert p.local_form == 2 * p.rec_form and p.block_k_local == min(64, p.block_k), \
-                (K, V, dt, dev)
+            one = dev == "cuda" and (K, V, dt) == (128, 128, torch.bfloat16)
+            assert p.local_form == 2 * p.rec_form, (K, V, dt, dev)
+            assert p.block_k_local == (128 if one else min(64, p.block_k)), (K, V, dt, dev)
+            if p.local_form == 2:
+                assert p.num_warps_local == (8 if one else 4), (K, V, dt, dev)
             bvf = 1 << (max(V, 16) - 1).bit_length()  # V rounded up to a power of two
             want_bvl = (64 if p.rec_form else min(32, bvf)) if dev == "cuda" else bvf
             assert p.block_v_local == want_bvl, (K, V, dt, dev)
@@ -473,9 +478,11 @@ def test_per_call_buffers_poisoned_same_bits(over, K, gdn_inputs):
 
 
 def test_cuda_rule_fits_the_devices_shared_memory(monkeypatch):
-    """The CUDA rule reads the device's shared memory per block: at A100's or more the
-    state kernels keep 3 stages; under it (consumer GPUs' 99 KiB) at most 2 (compiled under
-    99 KiB offline: gdn.md); the narrowed state plan keeps the cap; a plan per class."""
+    """The CUDA rule reads the device's shared memory per block: under Hopper's the K-block
+    kernel keeps two 64-column blocks of 4 warps (one 128-column block takes 112-152 KiB);
+    at A100's or more the state kernels keep 3 stages; under it (consumer GPUs' 99 KiB) at
+    most 2 (compiled under 99 KiB offline: gdn.md); the narrowed state plan keeps the cap; a
+    plan per class."""
     import dataclasses
 
     import cake_core.linear_attention as la
@@ -487,5 +494,8 @@ def test_cuda_rule_fits_the_devices_shared_memory(monkeypatch):
     for smem in (232448, 166912, 101376):
         monkeypatch.setattr(la, "rule_shared_memory", lambda d, s=smem: s)
         got[smem] = make_plan(128, 128, torch.bfloat16, cuda)
-    assert got[232448].num_stages_h == 3 and got[166912] == got[232448]
-    assert got[101376] == dataclasses.replace(got[232448], num_stages_h=2)
+    hopper = got[232448]
+    assert hopper.num_stages_h == 3 and (hopper.block_k_local, hopper.num_warps_local) == (128, 8)
+    two_blocks = dataclasses.replace(hopper, block_k_local=64, num_warps_local=4)
+    assert got[166912] == two_blocks
+    assert got[101376] == dataclasses.replace(two_blocks, num_stages_h=2)

@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:67cc9d440b767f90c6b700b4b0cbe82b77e921c8a62c6b557bd6d0c92d3dc36e"
+SOURCE_DIGEST = "sha256:f75e49912e451e08f64a6ce1fdb5dda38a3a83c3b1ae1bd590f6cbeaadf33be0"
 # --- end of generated block ---
 
 MANIFEST = {

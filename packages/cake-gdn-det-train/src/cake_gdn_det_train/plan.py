@@ -10,7 +10,12 @@ import torch
 from cake_core import Mode, Plan
 from cake_core.linear_attention import make_head_plan
 from cake_core.plan import cached_plan
-from cake_core.triton_utils import A100_SHARED_MEMORY, next_power_of_2, sm_count
+from cake_core.triton_utils import (
+    A100_SHARED_MEMORY,
+    HOPPER_SHARED_MEMORY,
+    next_power_of_2,
+    sm_count,
+)
 
 #: Tokens per chunk (fixed: the WY/UT triangular system is solved on 64 x 64 tiles).
 CHUNK_SIZE = 64
@@ -36,11 +41,14 @@ class GDNDetPlan(Plan):
         block_v_local: V columns per step of the backward local kernels (bits depend on it):
             64 at 16-bit K = 128, min(32, V') elsewhere on CUDA (faster), V' interpreted.
         block_k_local: K columns per block of ``local_form = 2`` (bits depend on it):
-            min(64, block_k) (32 was slower).
+            block_k (one block) at 16-bit K = V = 128 on GPUs with Hopper's shared memory
+            per block (the K-block kernel takes 152 KiB there), else min(64, block_k) (32
+            was slower).
         num_warps_h: warps of the state-recurrence kernels: 8 on CUDA for state tiles
             ``block_k * block_v_h >= 8192``, else 4 (the kernels not named here run 4).
-        num_warps_local: warps of the backward local kernel: 8 on CUDA for ``block_k * V'
-            >= 4096`` with ``local_form = 0`` (faster), else 4.
+        num_warps_local: warps of the backward local kernel (local_form 0) or of the
+            K-block kernel (local_form 2): 8 on CUDA for ``block_k * V' >= 4096`` (faster)
+            except with local_form 2's 64-column K blocks (4), else 4.
         num_stages_h: pipelining stages of the state-recurrence kernels: 3 at 16-bit K = 128
             (faster), 2 with other 16-bit intermediates, 1 with fp32 ones (shared memory).
         rec_form: the form of the state-recurrence kernels (cake_core.chunk_state, scalar
@@ -242,10 +250,15 @@ def plan_by_rule(plan_type: type[GDNDetPlan], cache: dict, head_k_dim: int, head
 
 
 def fit_shared_memory(plan: GDNDetPlan, smem: int) -> GDNDetPlan:
-    """The rule on a CUDA device of ``smem`` bytes of shared memory per block: under A100's
-    (consumer Ampere, Ada and Blackwell: 99 KiB) the state kernels' stages are capped at 2
-    (at 16-bit K = V = 128, 72 and 97 KiB against 113 and 161 KiB with 3, by Triton 3.6
-    compiles for sm_86 and sm_120: docs/benchmarks/gdn.md; not timed on such GPUs)."""
+    """The rule on a CUDA device of ``smem`` bytes of shared memory per block: under
+    Hopper's, local_form 2's K blocks stay at 64 columns of 4 warps (one 128-column block
+    takes 112 KiB on sm_80 / sm_120, 152 KiB on sm_90); under A100's (consumer Ampere, Ada
+    and Blackwell: 99 KiB) the state kernels' stages are capped at 2 (at 16-bit K = V =
+    128, 72 and 97 KiB against 113 and 161 KiB with 3, by Triton 3.6 compiles for sm_86 and
+    sm_120: docs/benchmarks/gdn.md; not timed on such GPUs)."""
+    if smem < HOPPER_SHARED_MEMORY and plan.local_form == 2 and \
+            plan.block_k_local == plan.block_k == 128:
+        plan = dataclasses.replace(plan, block_k_local=64, num_warps_local=4)
     if smem < A100_SHARED_MEMORY and plan.num_stages_h > 2:
         return dataclasses.replace(plan, num_stages_h=2)
     return plan
@@ -295,6 +308,9 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device,
     # the 16-bit [128, 64] state tiles, where the H200 timed rec_form 1 with 3 stages and
     # local_form 2 (its K-block kernel at 4 warps) with 64-column V steps faster
     big_rec = cuda and wide and block_k * block_v_h >= 8192
+    # one K block of 8 warps at 16-bit K = V = 128: the K-block kernel no longer forms
+    # do v_new^T once per K block (faster on an H100 than two blocks of 64 at 4 warps)
+    one_kblock = big_rec and K == block_k == 128 and V == 128
     return plan_type(
         head_k_dim=K,
         head_v_dim=V,
@@ -302,9 +318,10 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device,
         block_v=block_v,
         block_v_h=block_v_h,
         block_v_local=(64 if big_rec else min(32, block_v_full)) if cuda else block_v_full,
-        block_k_local=min(64, block_k),
+        block_k_local=block_k if one_kblock else min(64, block_k),
         num_warps_h=8 if cuda and block_k * block_v_h >= 8192 else 4,
-        num_warps_local=4 if big_rec else 8 if cuda and block_k * block_v_full >= 4096 else 4,
+        num_warps_local=8 if one_kblock or (not big_rec and cuda
+                                            and block_k * block_v_full >= 4096) else 4,
         num_stages_h=(3 if big_rec else 2) if wide else 1,
         rec_form=int(big_rec),
         local_form=2 * int(big_rec),

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8f21399bed46c78427f69db48b8da7288b5724b6df81d6566e1e0be2be2ed0bf"
+SOURCE_DIGEST = "sha256:f05105cc529358ac5ea845fb0404135dc49928d77ad1a90ee5bf3e6d4e5209e8"
 # --- end of generated block ---
 
 MANIFEST = {
