@@ -66,6 +66,9 @@ def _grads(fn, inputs, h0, do, dht, **kw):
                                  block_v_local=16 if DEV.type == "cpu" else 32)),
     (128, 48, torch.bfloat16, dict(local_form=2, block_k_local=64, block_v_local=32)),
     (64, 64, torch.bfloat16, dict(local_form=2, block_k_local=64)),
+    # the CUDA rule's one 128-column K block (8 warps) at K = V = 128
+    (128, 128, torch.bfloat16, dict(local_form=2, block_k_local=128, num_warps_local=8,
+                                    block_v_local=64)),
     # block_v_h: the state kernels' V blocks apart from the output kernel's
     (48, 40, torch.float32, dict(block_v_h=32)),  # two V blocks, the second partly masked
     (128, 64, torch.bfloat16, dict(block_v_h=32, rec_form=1, num_warps_h=4)),
@@ -74,6 +77,7 @@ def _grads(fn, inputs, h0, do, dht, **kw):
         "fp32-K56-V40-kblock-bk16-bv16",
         "bf16-K64-V48-kblock-bk32-16bit", "fp32-K40-V40-kblock-bk16",
         "bf16-K128-V48-kblock-bk64", "bf16-K64-V64-kblock-one-block",
+        "bf16-K128-V128-kblock-one-block-8-warps",
         "fp32-K48-V40-bvh32", "bf16-K128-V64-bvh32-form1", "bf16-K64-V48-bv32-bvh64"])
 def test_speed_paths_vs_reference(K, V, dtype, over, gdn_inputs):
     plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
