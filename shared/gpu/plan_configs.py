@@ -41,7 +41,10 @@ _KDA_ONLY = [
 CONFIGS = {
     # block_v sets the output kernels' width, block_v_h the state kernels'; the
     # state-kernel configurations name both
-    "gdn": _COMMON + ["128 128 bfloat16 num_warps_local=4",
+    # (the CUDA rule at 16-bit K = V = 128 on Hopper: local_form 2 with one 128-column K
+    # block of 8 warps; the two 64-column blocks of 4 warps are A100's and consumer GPUs')
+    "gdn": _COMMON + ["128 128 bfloat16 block_k_local=64 num_warps_local=4",
+                      "128 128 float16 block_k_local=64 num_warps_local=4",
                       "128 128 bfloat16 block_v=32 block_v_h=32",
                       # rec_form: the recurrences in FLA's operand form (the rule's at
                       # 16-bit K = 128; docs/benchmarks/gdn.md)
@@ -56,8 +59,11 @@ CONFIGS = {
                       "48 32 float32 rec_form=1 lens=1,70,0,65",
                       # local_form = 2: K-block programs (kernels/bwd_local_kblock.py)
                       "128 128 bfloat16 local_form=2", "128 128 float16 local_form=2",
-                      "128 128 bfloat16 local_form=2 block_k_local=32 block_v_local=32",
+                      "128 128 bfloat16 local_form=2 block_k_local=32 block_v_local=32 "
+                      "num_warps_local=4",
                       "128 128 bfloat16 local_form=2 block_v_local=32",
+                      "128 128 bfloat16 local_form=2 block_k_local=64 block_v_local=32 "
+                      "num_warps_local=4",
                       "128 64 bfloat16 local_form=2", "64 64 float32 local_form=2",
                       "100 48 bfloat16 local_form=2 lens=1,70,0,65",
                       "48 32 float32 local_form=2 block_k_local=16 lens=1,70,0,65",

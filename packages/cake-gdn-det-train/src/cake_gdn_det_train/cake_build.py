@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f75e49912e451e08f64a6ce1fdb5dda38a3a83c3b1ae1bd590f6cbeaadf33be0"
+SOURCE_DIGEST = "sha256:98fb506ef6101dd616ed5df0c00633d6fc4f2bceb9a3329a6d41e4e3f4d2c2bb"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -29,7 +29,8 @@ class GDNDetPlan(Plan):
 
     Bits are promised per plan. Each field, then the rule's value (:func:`make_plan`) and
     why; V' is V rounded up to a power of two >= 16, "16-bit K = 128" means CUDA with
-    16-bit intermediates at K = 128, where the H200 timings of docs/benchmarks/gdn.md chose:
+    16-bit intermediates at K = 128, where the H200 timings of docs/benchmarks/gdn.md chose
+    (the local backward's one K block at K = V = 128: H100 timings, same file):
 
     Fields:
         head_k_dim / head_v_dim: K and V, the q/k and v head dims (1 to 256).
@@ -42,8 +43,10 @@ class GDNDetPlan(Plan):
             64 at 16-bit K = 128, min(32, V') elsewhere on CUDA (faster), V' interpreted.
         block_k_local: K columns per block of ``local_form = 2`` (bits depend on it):
             block_k (one block) at 16-bit K = V = 128 on GPUs with Hopper's shared memory
-            per block (the K-block kernel takes 152 KiB there), else min(64, block_k) (32
-            was slower).
+            per block (faster on an H100; the K-block kernel takes 152 KiB there), else
+            min(64, block_k) (32 was slower). The one block takes 112 KiB on sm_80 / sm_120:
+            more than consumer GPUs' 99 KiB; it fits A100's 163 KiB but spills registers
+            there and was not timed on one, so A100 keeps the two blocks.
         num_warps_h: warps of the state-recurrence kernels: 8 on CUDA for state tiles
             ``block_k * block_v_h >= 8192``, else 4 (the kernels not named here run 4).
         num_warps_local: warps of the backward local kernel (local_form 0) or of the
@@ -252,10 +255,11 @@ def plan_by_rule(plan_type: type[GDNDetPlan], cache: dict, head_k_dim: int, head
 def fit_shared_memory(plan: GDNDetPlan, smem: int) -> GDNDetPlan:
     """The rule on a CUDA device of ``smem`` bytes of shared memory per block: under
     Hopper's, local_form 2's K blocks stay at 64 columns of 4 warps (one 128-column block
-    takes 112 KiB on sm_80 / sm_120, 152 KiB on sm_90); under A100's (consumer Ampere, Ada
-    and Blackwell: 99 KiB) the state kernels' stages are capped at 2 (at 16-bit K = V =
-    128, 72 and 97 KiB against 113 and 161 KiB with 3, by Triton 3.6 compiles for sm_86 and
-    sm_120: docs/benchmarks/gdn.md; not timed on such GPUs)."""
+    takes 112 KiB on sm_80 / sm_120, more than consumer GPUs' 99 KiB; on A100 it fits but
+    spills 872 bytes of registers and is untimed); under A100's (consumer Ampere, Ada and
+    Blackwell: 99 KiB) the state kernels' stages are capped at 2 (at 16-bit K = V = 128, 72
+    and 97 KiB against 113 and 161 KiB with 3, by Triton 3.6 compiles for sm_86 and sm_120:
+    docs/benchmarks/gdn.md; not timed on such GPUs)."""
     if smem < HOPPER_SHARED_MEMORY and plan.local_form == 2 and \
             plan.block_k_local == plan.block_k == 128:
         plan = dataclasses.replace(plan, block_k_local=64, num_warps_local=4)
@@ -306,7 +310,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device,
     if cuda and dtype != torch.float32 and K == block_k == 128 and V == 128:
         block_v = 128  # output and dv_local kernels over the whole V: faster on an H200
     # the 16-bit [128, 64] state tiles, where the H200 timed rec_form 1 with 3 stages and
-    # local_form 2 (its K-block kernel at 4 warps) with 64-column V steps faster
+    # local_form 2 (K-block programs) with 64-column V steps faster
     big_rec = cuda and wide and block_k * block_v_h >= 8192
     # one K block of 8 warps at 16-bit K = V = 128: the K-block kernel no longer forms
     # do v_new^T once per K block (faster on an H100 than two blocks of 64 at 4 warps)

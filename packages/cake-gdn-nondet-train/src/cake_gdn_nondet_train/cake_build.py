@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f05105cc529358ac5ea845fb0404135dc49928d77ad1a90ee5bf3e6d4e5209e8"
+SOURCE_DIGEST = "sha256:57ca0aa585164e316f699df8de5d503613deda0c49456c976e6c05e5c8535086"
 # --- end of generated block ---
 
 MANIFEST = {
