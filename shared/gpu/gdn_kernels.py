@@ -33,22 +33,7 @@ spec.loader.exec_module(b)
 
 
 def cake(over=None):
-    import dataclasses
-
-    from cake_gdn_det_train import chunk_gated_delta_rule_det, make_plan
-
-    plans = {}
-
-    def run(q, k, v, g, beta, h0, cu):
-        n = q.shape[0] if cu is None else cu.numel() - 1
-        key = (q.shape[-1], v.shape[-1], q.dtype, q.device, n * v.shape[2])
-        if key not in plans:
-            plan = make_plan(*key[:4], state_programs=key[4])
-            plans[key] = dataclasses.replace(plan, **over) if over else plan
-        return chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,
-                                          output_final_state=True, cu_seqlens=cu,
-                                          use_qk_l2norm_in_kernel=True, plan=plans[key])
-    return run
+    return b.cake_fn(over or {}, l2norm=True)
 
 
 def qla():

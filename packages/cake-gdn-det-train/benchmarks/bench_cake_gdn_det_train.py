@@ -68,7 +68,9 @@ def make_case(B, T, H, HV, docs, K=128, V=128, dtype=torch.bfloat16, dev="cuda",
     return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu=cu, do=do, dht=dht)
 
 
-def cake_fn(plan_over):
+def cake_fn(plan_over, l2norm: bool = False):
+    """cake's entry with the rule's plan (``plan_over`` applied); ``l2norm``: the q / k L2
+    norm in the kernel, as Qwen3-Next calls it."""
     from cake_gdn_det_train import chunk_gated_delta_rule_det, make_plan
 
     plans = {}  # one plan object per key: a variant's host work (a new plan) is not timed
@@ -82,7 +84,8 @@ def cake_fn(plan_over):
             plans[key] = dataclasses.replace(plan, **plan_over) if plan_over else plan
         plan = plans[key]
         return chunk_gated_delta_rule_det(q, k, v, g, beta, initial_state=h0,
-                                          output_final_state=True, cu_seqlens=cu, plan=plan)
+                                          output_final_state=True, cu_seqlens=cu, plan=plan,
+                                          use_qk_l2norm_in_kernel=l2norm)
     return run
 
 
