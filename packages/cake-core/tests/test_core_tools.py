@@ -197,6 +197,21 @@ def test_offsets_cache_probes():
     assert mod.kernel is kernel
 
 
+def test_computed_once_shares_one_result(tmp_path_factory):
+    """The first call computes and saves; a later call (another xdist worker's, whose
+    base folder lies in the same run folder) loads the saved result without computing."""
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"t": torch.arange(3.0), "n": len(calls)}
+
+    first = testing.computed_once(tmp_path_factory, "core_tools_once", compute)
+    again = testing.computed_once(tmp_path_factory, "core_tools_once", compute)
+    assert calls == [1] and first["n"] == again["n"] == 1
+    assert torch.equal(first["t"], again["t"])
+
+
 def test_family_discovery_does_not_import_triton():
     code = ("import sys; from cake_core.families import list_families; "
             "fams = list_families(); "

@@ -22,7 +22,7 @@ from cake_kda_det_train import (
 )
 
 DEV = default_device()
-LENS = [1, 70, 0, 65]
+LENS = [1, 66, 0, 9]
 RECOMPUTE = ("kda_fwd_pairs_kernel", "kda_fwd_pairs_tok_kernel", "kda_fwd_inv_kernel")
 
 

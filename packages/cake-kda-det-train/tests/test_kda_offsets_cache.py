@@ -24,7 +24,7 @@ from cake_kda_det_train import chunk_kda_det, chunk_kda_det_bwd, chunk_kda_det_f
 DEV = default_device()
 # an empty and a length-1 document, lengths not multiples of the 64-token chunk, one across
 # a chunk boundary
-CU = (0, 0, 1, 70, 75, 150)
+CU = (0, 0, 1, 67, 70, 75)
 T, H, HV, K, V = CU[-1], 1, 2, 16, 16
 
 
@@ -102,21 +102,21 @@ def test_in_place_edits_checked_again(spy):
     run(cu)
     # a bad edit raises before any launch
     with no_kernel_launches(api, "_launch_fwd", "_launch_bwd", "_l2norm", "kda_chunk_fwd"):
-        cu[2] = 80  # 80 > 70: decreasing
+        cu[2] = 80  # 80 > 67: decreasing
         with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
             chunk_kda_det(*inp[:5], cu_seqlens=cu)
         with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
             chunk_kda_det_fwd(*inp[:5], cu_seqlens=cu)
         cu[2] = 1
-        cu[-1] = 149
-        with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 150"):
+        cu[-1] = 74
+        with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 75"):
             chunk_kda_det(*inp[:5], cu_seqlens=cu)
     # a good edit: the new documents' results, as a fresh tensor of those values gives
-    cu[-1] = 150
+    cu[-1] = 75
     cu[3] = 64
     got = run(cu)
     varlen.clear_offsets_cache()
-    want = run(torch.tensor((0, 0, 1, 64, 75, 150), dtype=torch.int32, device=DEV))
+    want = run(torch.tensor((0, 0, 1, 64, 70, 75), dtype=torch.int32, device=DEV))
     for a, b in zip(got, want, strict=True):
         assert bitwise_equal(a, b)
 

@@ -21,7 +21,7 @@ DEV = default_device()
 ], ids=["bki16", "bki32-bv16"])
 def test_plan_configurations(over, kda):
     K, V = 48, 32  # block_k 64: the last inner block is partly masked
-    lens = [1, 70, 0, 65]
+    lens = [1, 66, 0, 9]
     plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), **over)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 1, 2, K, V, seed=21,
                                                g_mode="strong", n_states=len(lens), h0=True)
@@ -100,7 +100,7 @@ def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
     from cake_kda_det_train import chunk
 
     plan = make_plan(48, 32, torch.float32, DEV)
-    for maxnreg, lens, seed in ((255, [1, 70, 0, 65], 5), (None, [3, 20], 6)):
+    for maxnreg, lens, seed in ((255, [1, 66, 0, 9], 5), (None, [3, 20], 6)):
         monkeypatch.setattr(chunk, "BWD_MAXNREG", maxnreg)
         with record_launches(chunk, "kda_bwd_local_kernel") as launches:
             kda.check_plan_on_docs(plan, lens, 48, 32, torch.float32, seed=seed)

@@ -16,7 +16,7 @@ from cake_core.triton_utils import default_device
 from cake_kda_det_train import KDADetPlan, make_plan
 
 DEV = default_device()
-LENS = [1, 70, 0, 65]
+LENS = [1, 66, 0, 9]
 OLD = dict(tok_heads=4, num_warps_tok=4, tok_heads_bwd=4, num_warps_tok_bwd=4)
 
 

@@ -17,7 +17,7 @@ def test_smoke_two_ranks(tmp_path):
     out = tmp_path / "r.json"
     device, env = kcp_smoke_device(2, default_device())
     r = subprocess.run([sys.executable, str(BENCH), "--world-size", "2", "--device", device,
-                        "--seqlen", "150", "--docs", "3", "--heads", "1", "--v-heads", "1",
+                        "--seqlen", "70", "--docs", "2", "--heads", "1", "--v-heads", "1",
                         "--head-dim", "16", "--dtype", "fp32", "--reps", "1", "--check",
                         "--out", str(out)],
                        capture_output=True, text=True, env=env, timeout=600)

@@ -25,7 +25,7 @@ def body(rank, world):
 
     cu = torch.tensor([0, 40, 41, 64, 130])
     xs, kw = global_inputs(130, HV=2, seed=3, device="cpu")
-    for layout in ("zigzag", "zigzag_per_document"):
+    for layout in ("zigzag_per_document",):  # the layout with the most fragments per rank
         p = partition_nondet_kcp(cu, world, layout)
         ctx = build_context_nondet_kcp(p, None, rank, "cpu")
         idx = p.global_index(rank)

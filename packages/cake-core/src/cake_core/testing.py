@@ -777,3 +777,32 @@ def record_launches(module: Any, *names: str):
     finally:
         for n, f in real.items():
             setattr(module, n, f)
+
+
+def computed_once(tmp_path_factory: Any, name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()``'s result, computed once per pytest run even across pytest-xdist workers
+    (a module-scoped fixture runs once in every worker that takes one of its tests): the
+    first worker computes it under a file lock in the run's shared temporary folder and
+    saves it with ``torch.save``; the others wait on the lock and load it. Where file locks
+    are unavailable (no ``fcntl``), every worker computes its own.
+
+    Args:
+        tmp_path_factory: pytest's ``tmp_path_factory`` fixture.
+        name: a file name for the result, unique within the run.
+        compute: makes the result (tensors, and containers of tensors and plain values).
+    """
+    try:
+        import fcntl
+    except ImportError:  # no POSIX file locks
+        return compute()
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # every worker's base folder lies in the run's one folder
+    path = root / f"{name}.pt"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return torch.load(path, weights_only=False)
+        result = compute()
+        torch.save(result, path)
+        return result
