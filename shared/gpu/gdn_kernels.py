@@ -33,7 +33,7 @@ spec.loader.exec_module(b)
 
 
 def cake(over=None):
-    return b.cake_fn(over or {}, l2norm=True)
+    return b.cake_fn(over, l2norm=True)
 
 
 def qla():

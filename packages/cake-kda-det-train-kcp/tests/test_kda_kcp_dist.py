@@ -42,17 +42,11 @@ def results(tmp_path_factory):
     """One spawn of NPROC gloo processes runs every case of every world size (while this
     process computes the single-rank references: ring steps leave cores idle), once per
     test run (pytest-xdist workers share it); returns
-    ``({case name: [per group rank results]}, [per process results])``."""
+    ``({case name: [per group rank results]}, [per process results], {case name: its
+    single-rank reference})``."""
     if torch.cuda.is_available() and torch.cuda.device_count() < NPROC:
         pytest.skip(f"needs {NPROC} GPUs for NCCL (or no CUDA: gloo on the CPU)")
-    by_case, procs, refs = computed_once(tmp_path_factory, "kda_kcp_dist",
-                                         lambda: _spawn(tmp_path_factory))
-    _REFS.update(refs)  # the single-rank references, computed once with the spawn
-    return by_case, procs
-
-
-#: the single-rank references of the cases, by (cu, kind, HV, seed)
-_REFS = {}
+    return computed_once(tmp_path_factory, "kda_kcp_dist", lambda: _spawn(tmp_path_factory))
 
 
 def _spawn(tmp_path_factory):
@@ -75,8 +69,7 @@ def _spawn(tmp_path_factory):
     for name, case in worker.CASES.items():
         if name in W2 + W3 + W4:
             by_case[name] = [procs[p][name] for p in worker.procs_of(case[0], NPROC)]
-    refs = {_key(worker.CASES[name]): _single_rank(worker.CASES[name])
-            for name in W2 + W3 + W4}
+    refs = {name: _single_rank(worker.CASES[name]) for name in W2 + W3 + W4}
     return by_case, procs, refs
 
 
@@ -88,15 +81,10 @@ def _single_rank_of(cu, kind, HV, seed):
             for n, t in zip(worker.NAMES, got, strict=True)}
 
 
-def _key(case):
-    return tuple(case[1]), case[4], case[5], case[6]
-
-
 def _single_rank(case):
     """cake-kda-det-train on the global tensors (cases that differ only by exchange or
-    flags share it); the run's shared result where the fixture loaded one."""
-    key = _key(case)
-    return _REFS[key] if key in _REFS else _single_rank_of(*key)
+    flags share it)."""
+    return _single_rank_of(tuple(case[1]), case[4], case[5], case[6])
 
 
 def _check_gate(name, case, per_rank, ref):
@@ -119,7 +107,7 @@ def _check_gate(name, case, per_rank, ref):
 
 
 def _check(results, names):
-    by_case, procs = results
+    by_case, procs, refs = results
     for p, res in enumerate(procs):
         assert res["sum_over_ranks_ok"], f"process {p}: sum_over_ranks order"
     for name in names:
@@ -139,7 +127,7 @@ def _check(results, names):
             for phase in ("fwd_received", "bwd_received"):
                 assert sum(res["moved"][phase] for res in per_rank) > 0, (name, phase)
         p = worker.partition_of(case)
-        ref = _single_rank(case)
+        ref = refs[name]
         for t in TOKEN_NAMES:
             got = torch.full_like(ref[t], float("nan"))
             for r, res in enumerate(per_rank):
