@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d1dc4e140b7496f9dc2f26472f2a38b62a650246f89a8a50e7939219fa5101e7"
+SOURCE_DIGEST = "sha256:f33e25ed51a40e20c9d0a6c233db5754a6dcd6c177a47ef88251a46053e86330"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

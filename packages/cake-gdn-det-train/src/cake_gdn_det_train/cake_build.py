@@ -52,7 +52,7 @@ PLANS = [
                 "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:98fb506ef6101dd616ed5df0c00633d6fc4f2bceb9a3329a6d41e4e3f4d2c2bb"
+SOURCE_DIGEST = "sha256:f70c64336f67c14c0af2ce045803b72fa3c50bd98c06bceb77969a1ce1b7da27"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:827436084a613542e7a31bc9eb48c96af2d8345dfdcb22f876b84fe3d940b31f"
+SOURCE_DIGEST = "sha256:c25ce362873a2a04ea942cc9ff298a1d57c91d7e3f1646c9d59e84fda9cd1b9f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

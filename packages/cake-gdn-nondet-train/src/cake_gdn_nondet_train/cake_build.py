@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:57ca0aa585164e316f699df8de5d503613deda0c49456c976e6c05e5c8535086"
+SOURCE_DIGEST = "sha256:9535a8746600636d27d1f8cb43352f18ded11627f2e11264a682176ca697a563"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -40,10 +40,11 @@ PLANS = [
                 "loss_block", "logits_block_m", "logits_block_n", "logits_block_k", "dh_block_m",
                 "dh_block_n", "dh_block_k", "dw_block_m", "dw_block_n", "dw_block_k",
                 "gemm_group_m", "gemm_warps", "gemm_stages", "dh_split", "check_labels",
-                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
+                "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "logits_stats",
+                "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:615ec54aaed5c81dc52172d42785d3a980a7db1541cccdbf28f0b8cfefc41759"
+SOURCE_DIGEST = "sha256:a5c7b819431e6b5876d17cbf161004e7ea886c41d1202adf4aa675d1a383684f"
 # --- end of generated block ---
 
 MANIFEST = {
