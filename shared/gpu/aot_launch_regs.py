@@ -6,7 +6,7 @@ the CUDA rule's plan, compiled for sm_90 on any machine (no GPU needed).
 (gqa: ``--K`` is the head dim; one packed causal call with 8 query heads per KV head.
 dense: the dense projection at (M, N, K) = (4096, 128, 8192); lmhead: the LM-head loss with
 the plan of H 4096, V 32000 on 64 tokens, its cuBLAS GEMMs off (so cake's logits and dhidden
-kernels are listed too; CUDA runs cuBLAS there). Neither takes --plan.)
+kernels are listed too; CUDA runs cuBLAS there; lmhead takes --plan, dense does not.)
 
 Two steps, each in its own process: (1) under Triton's interpreter, one small packed bf16
 call of the family's autograd entry with ``make_plan(K, V, bf16, "cuda")`` records each
@@ -132,7 +132,8 @@ def record(fam: str, K: int, V: int, over: dict) -> None:
 
             arch = int(os.environ.get("CAKE_AOT_ARCH", "90"))
             lp.cuda_capability = lambda d: (arch // 10, arch % 10)
-            plan = dataclasses.replace(make_plan(H, Vv, torch.bfloat16, "cuda"), cublas_gemms=0)
+            plan = dataclasses.replace(make_plan(H, Vv, torch.bfloat16, "cuda"), cublas_gemms=0,
+                                       **over)
             lm_head_loss_det(h, w, y, plan=plan).backward()
         with open(RECORD, "w") as f:
             json.dump(seen, f)
