@@ -32,17 +32,19 @@ VARIANTS = [
     ("rule", {}),
     ("stats tma 128x256x64", dict(logits_stats=2, logits_block_m=128, logits_block_n=256,
                                   logits_block_k=64)),
-    ("stats tma 128x128x64", dict(logits_stats=2, logits_block_m=128, logits_block_n=128,
-                                  logits_block_k=64)),
-    ("stats tma 256x128x64", dict(logits_stats=2, logits_block_m=256, logits_block_n=128,
-                                  logits_block_k=64)),
+    ("stats tma 128x256x64 4 stages", dict(logits_stats=2, logits_block_m=128,
+                                           logits_block_n=256, logits_block_k=64,
+                                           gemm_stages=4)),
+    ("stats tma 128x256x128 2 stages", dict(logits_stats=2, logits_block_m=128,
+                                            logits_block_n=256, logits_block_k=128,
+                                            gemm_stages=2)),
 ]
 
 
 def digest(ts):
     h = hashlib.sha256()
     for t in ts:
-        h.update(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        h.update(t.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 

@@ -311,8 +311,9 @@ def _logits_with_stats(hc, weight, bias, lg, tstats, plan, softcap):
     tma = plan.logits_stats == 2
     a_desc = TensorDescriptor(hc, [n, H], [hc.stride(0), 1], [bm, bk]) if tma else hc
     b_desc = TensorDescriptor(weight, [V, H], [weight.stride(0), 1], [bn, bk]) if tma else hc
+    l_desc = TensorDescriptor(lg, [n, V], [lg.stride(0), 1], [bm, bn]) if tma else hc
     logits_stats_kernel[(tiles_m * tiles_n,)](
-        hc, weight, a_desc, b_desc, bias if bias is not None else lg, lg, tstats,
+        hc, weight, a_desc, b_desc, bias if bias is not None else lg, lg, l_desc, tstats,
         n, V, H, tiles_m, tiles_n, hc.stride(0), hc.stride(1), weight.stride(1),
         weight.stride(0), lg.stride(0), softcap if softcap > 0 else 1.0,
         TMA=tma, B_T=True, HAS_BIAS=bias is not None, SOFTCAP=softcap > 0,

@@ -22,7 +22,7 @@ from cake_core.triton_utils import tanh
 
 @triton.jit
 def logits_stats_kernel(
-    A, B, A_DESC, B_DESC, BIAS, LOGITS, STATS,
+    A, B, A_DESC, B_DESC, BIAS, LOGITS, L_DESC, STATS,
     M, N, K, n_tiles_m, n_tiles_n,
     stride_am, stride_ak, stride_bk, stride_bn, stride_lm, softcap,
     TMA: tl.constexpr, B_T: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -33,7 +33,7 @@ def logits_stats_kernel(
     max and sum of exponentials per column tile into ``STATS`` (``[M, 2, n_tiles_n]``
     fp32). ``TMA``: A (``[M, K]``) and B (``[K, N]``, described as its row-major source
     ``B^T`` when ``B_T``) read through the descriptors; else through the pointers and
-    strides."""
+    strides, and LOGITS written through ``L_DESC``."""
     tile = tl.program_id(0)
     if TMA:
         acc, off_m, off_n = tma_tile_acc(A_DESC, B_DESC, tile, 0, K, K, n_tiles_m, n_tiles_n,
@@ -48,8 +48,11 @@ def logits_stats_kernel(
     nm = rn < N
     if HAS_BIAS:
         acc += tl.load(BIAS + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
-    tl.store(LOGITS + rm[:, None] * stride_lm + rn[None, :], acc,
-             mask=mm[:, None] & nm[None, :])
+    if TMA:  # a TMA store (clipped at the edges): it drains while the next tile computes
+        L_DESC.store([off_m, off_n], acc)
+    else:
+        tl.store(LOGITS + rm[:, None] * stride_lm + rn[None, :], acc,
+                 mask=mm[:, None] & nm[None, :])
     z = acc
     if SOFTCAP:
         z = softcap * tanh(z / softcap)
