@@ -106,7 +106,7 @@ def main():
             print(f"== case {case} {name}: fwd+bwd {ms:.3f} ms; profiled kernels {tot:.0f} us "
                   f"({len(rows)}), idle {idle:.0f} us", flush=True)
             for kname, us, gap in rows:
-                if sweep is None or "gdn_bwd" in kname or "chunk_state" in kname:
+                if sweep is None or any(s in kname for s in ("gdn_bwd", "chunk_state", "l2norm")):
                     print(f"   {us:8.1f} us  gap {gap:6.1f}  {kname}")
 
 

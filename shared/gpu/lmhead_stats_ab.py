@@ -30,14 +30,13 @@ OUT = ARGS[ARGS.index("--out") + 1] if "--out" in ARGS else None
 #: (name, plan fields replaced)
 VARIANTS = [
     ("rule", {}),
-    ("stats tma 128x256x64", dict(logits_stats=2, logits_block_m=128, logits_block_n=256,
-                                  logits_block_k=64)),
-    ("stats tma 128x256x64 4 stages", dict(logits_stats=2, logits_block_m=128,
-                                           logits_block_n=256, logits_block_k=64,
-                                           gemm_stages=4)),
-    ("stats tma 128x256x128 2 stages", dict(logits_stats=2, logits_block_m=128,
-                                            logits_block_n=256, logits_block_k=128,
+    ("stats tma, pointer stores", dict(logits_stats=3, logits_block_m=128, logits_block_n=256,
+                                       logits_block_k=64)),
+    ("stats tma, TMA store, 2 stages", dict(logits_stats=2, logits_block_m=128,
+                                            logits_block_n=256, logits_block_k=64,
                                             gemm_stages=2)),
+    ("stats tma, 2 half TMA stores", dict(logits_stats=4, logits_block_m=128,
+                                          logits_block_n=256, logits_block_k=64)),
 ]
 
 
@@ -69,15 +68,22 @@ def main():
     ref.backward()
     refs = (ref.detach(), h64.grad, w64.grad, b64.grad)
     base = dataclasses.replace(make_plan(H, V, dt, dev), chunk_tokens=128)
+    failed = set()
     for name, over in VARIANTS:
         plan = dataclasses.replace(base, **over)
         hashes = []
-        for _ in range(2):
-            h.grad = w.grad = b.grad = None
-            loss = lm_head_loss_det(h, w, y, bias=b, plan=plan, **opts)
-            loss.backward()
-            outs = (loss.detach(), h.grad, w.grad, b.grad)
-            hashes.append(digest(outs))
+        try:
+            for _ in range(2):
+                h.grad = w.grad = b.grad = None
+                loss = lm_head_loss_det(h, w, y, bias=b, plan=plan, **opts)
+                loss.backward()
+                outs = (loss.detach(), h.grad, w.grad, b.grad)
+                hashes.append(digest(outs))
+        except Exception as e:  # a variant that does not compile or launch: dropped
+            print("failed", name, type(e).__name__, str(e)[:300], flush=True)
+            failed.add(name)
+            res["parity"].append({"variant": name, "failed": str(e)[:300]})
+            continue
         errs = {n: float((o.double() - r).norm() / r.norm())
                 for n, o, r in zip(("loss", "dhidden", "dweight", "dbias"), outs, refs, strict=True)}
         row = {"variant": name, "rel_err": errs, "repeat": hashes[0] == hashes[1]}
@@ -92,7 +98,7 @@ def main():
     lab = torch.randint(0, V, (T,), device=dev, generator=g)
     rule = make_plan(H, V, dt, dev)
     res["rule"] = str(rule)
-    plans = {n: dataclasses.replace(rule, **o) for n, o in VARIANTS}
+    plans = {n: dataclasses.replace(rule, **o) for n, o in VARIANTS if n not in failed}
 
     def step(plan):
         loss = lm_head_loss_det(h, w, lab, plan=plan)

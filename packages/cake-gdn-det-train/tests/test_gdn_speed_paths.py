@@ -501,6 +501,83 @@ def test_cuda_rule_fits_the_devices_shared_memory(monkeypatch):
         got[smem] = make_plan(128, 128, torch.bfloat16, cuda)
     hopper = got[232448]
     assert hopper.num_stages_h == 3 and (hopper.block_k_local, hopper.num_warps_local) == (128, 8)
-    two_blocks = dataclasses.replace(hopper, block_k_local=64, num_warps_local=4)
+    two_blocks = dataclasses.replace(hopper, block_k_local=64, num_warps_local=4, l2norm_local=0)
     assert got[166912] == two_blocks
     assert got[101376] == dataclasses.replace(two_blocks, num_stages_h=2)
+
+
+@pytest.mark.parametrize("HV, dtype", [(2, torch.float32), (1, BF16), (2, BF16)],
+                         ids=["fp32-HV2", "bf16-HV1", "bf16-HV2"])
+def test_l2norm_local_vs_reference_and_unfused(HV, dtype, gdn_inputs):
+    """``l2norm_local = 1`` (the q/k L2 norm's backward inside the local kernels; one K
+    block): against float64 with ``use_qk_l2norm_in_kernel`` (unnormalised q and k, packed
+    1/70/0/65, an initial state and a final-state gradient), with one value head per q/k
+    head (dq finished in the K-block kernel) and two (in the dk kernel); no L2-norm
+    backward launch; bitwise repeatable; close to ``l2norm_local = 0`` (other bits)."""
+    import cake_core.l2norm as l2mod
+
+    K = V = 32
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, HV, K, V, dtype, seed=91,
+                                      n_states=len(LENS), h0=True, normalize_k=False)
+    cu = _cu(LENS)
+    do = randn(v.shape, dtype, DEV, seed=92)
+    dht = randn(h0.shape, torch.float32, DEV, seed=93)
+    base = dataclasses.replace(make_plan(K, V, dtype, DEV), local_form=2, block_k_local=32,
+                               block_v_local=32)
+    plan = dataclasses.replace(base, l2norm_local=1)
+    run = lambda p: _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
+                           cu_seqlens=cu, plan=p, use_qk_l2norm_in_kernel=True)
+    with record_launches(l2mod, "l2norm_bwd_kernel") as launches:
+        got = run(plan)
+    assert launches.get("l2norm_bwd_kernel", []) == []
+    again = run(plan)
+    assert all(bitwise_equal(a, b) for a, b in zip(got, again, strict=True))
+    with record_launches(l2mod, "l2norm_bwd_kernel") as launches:
+        unfused = run(base)
+    assert len(launches["l2norm_bwd_kernel"]) == 2
+    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                  dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    for name, a, b, c in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got,
+                             want, unfused, strict=True):
+        assert_close_to_reference(a, b, dtype, name)
+        assert_close_to_reference(a, c.double(), dtype, f"{name} vs l2norm_local=0")
+
+
+def test_l2norm_local_rule_and_old_dicts(monkeypatch):
+    """The rule takes ``l2norm_local = 1`` where it takes one K block (CUDA, 16-bit
+    K = V = 128), else 0; a plan dict from before the field loads it as 0."""
+    import cake_core.linear_attention as la
+    from cake_core.triton_utils import CPU_SHARED_MEMORY
+
+    monkeypatch.setattr(la, "rule_shared_memory", lambda device: CPU_SHARED_MEMORY)
+    gpu = make_plan(128, 128, BF16, "cuda")
+    assert (gpu.l2norm_local, gpu.block_k_local) == (1, 128)
+    assert make_plan(128, 128, BF16, "cpu").l2norm_local == 0
+    assert make_plan(64, 64, BF16, "cuda").l2norm_local == 0
+    d = gpu.to_dict()
+    del d["l2norm_local"]
+    assert GDNDetPlan.from_dict(d).l2norm_local == 0
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="the CUDA rule's one K block at K = V = 128")
+@pytest.mark.parametrize("HV", [1, 2])
+def test_l2norm_local_cuda_rule_vs_reference(HV, gdn_inputs):
+    """The CUDA rule's plan at 16-bit K = V = 128 (``l2norm_local = 1``) with the in-kernel
+    q/k L2 norm against float64, packed documents of 0, 1, 63, 64, 65 and 130 tokens."""
+    lens = [0, 1, 63, 64, 65, 130]
+    cu = _cu(lens)
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(lens), 1, HV, 128, 128, BF16, seed=95,
+                                      n_states=len(lens), h0=True, normalize_k=False)
+    plan = make_plan(128, 128, BF16, DEV)
+    assert plan.l2norm_local == 1
+    do = randn(v.shape, BF16, DEV, seed=96)
+    dht = randn(h0.shape, torch.float32, DEV, seed=97)
+    got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, cu_seqlens=cu,
+                 plan=plan, use_qk_l2norm_in_kernel=True)
+    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
+                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
+                  dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
+                          strict=True):
+        assert_close_to_reference(a, b, BF16, name)

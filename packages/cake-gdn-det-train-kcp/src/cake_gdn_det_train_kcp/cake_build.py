@@ -39,7 +39,7 @@ PLANS = [
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "block_v_h", "block_v_local",
                 "block_k_local", "num_warps_h", "num_warps_local", "num_stages_h", "rec_form",
                 "local_form", "fp32_dots", "store_16bit", "l2norm_block_rows", "gate_block_t",
-                "keep_states"]},
+                "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -47,6 +47,7 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_dv_local",
          "function": "gdn_bwd_dv_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
+        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_rows"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_kblock_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
@@ -62,7 +63,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f33e25ed51a40e20c9d0a6c233db5754a6dcd6c177a47ef88251a46053e86330"
+SOURCE_DIGEST = "sha256:462025b942811cdf62e8892b8fd175fa6ad15c1e0da708a0578d0440f0c2f20c"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -388,14 +388,16 @@ def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: 
 
 def _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                   dq_hv, dk_hv, dv, dg, dbeta, scale, H, HV, K, V, NC, DT, plan: GDNDetPlan,
-                  dq_out, dk_out):
+                  dq_out, dk_out, l2=None):
     """``plan.local_form = 2``: the chunk-local gradients in three kernels
     (kernels/bwd_local_kblock.py): K-block programs, their partial dT (64 x 64 per chunk,
     value head and K block) and row sums through workspaces, added in K-block order by the
     WY kernel, which stores the ``[64, 64]`` matrix z per chunk that the dk kernel's terms
     need in an fp32 ``[NT, HV, 64]`` scratch. ``dq_hv``: the first kernel's dq per value
     head (fp32, or the gradients' dtype with one value head per q/k head); ``dk_hv``: its
-    fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the value-head sums."""
+    fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the value-head sums.
+    ``l2``: ``(q, q_rstd, k, k_rstd)`` (raw inputs, fp32 rstds) to apply the L2 norm's
+    backward in the kernels (``plan.l2norm_local``, one K block), else None."""
     NT = dq_hv.shape[0]
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
@@ -404,23 +406,25 @@ def _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, 
     # dtype for its dots anyway; docs/benchmarks/gdn.md), row sums fp32
     wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
     wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
+    G = HV // H
+    xq, rq, xk, rk = l2 if l2 is not None else (qn,) * 4
     gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
         qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
-        dq_hv, dk_hv, wt, wv, NT,
-        scale, H, HV, HV // H, K, V,
+        dq_hv, dk_hv, wt, wv, NT, xq, rq,
+        scale, H, HV, G, K, V,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
-        BV=BV, NV=cdiv(V, BV), num_warps=plan.num_warps_local)
+        BV=BV, NV=cdiv(V, BV), L2Q=l2 is not None and G == 1,
+        num_warps=plan.num_warps_local)
     gdn_bwd_local_wy_kb_kernel[(NC, HV)](
         kn, v, beta_eff, g_cumsum, A, dv_new, dt[0], dt[1], wt, wv, NT,
         dv, dg, dbeta, dz,
         H, HV, HV // H, K, V,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, NK=NK,
         BV=BV, NV=cdiv(V, BV), num_warps=4)
-    G = HV // H
     gdn_bwd_local_dk_kernel[(NC, H, cdiv(K, BK))](
-        kn, dt[0], dt[1], dz, dk_hv, dk_out, dq_hv, dq_out, H, HV, G, K,
+        kn, dt[0], dt[1], dz, dk_hv, dk_out, dq_hv, dq_out, xq, rq, xk, rk, H, HV, G, K,
         DT=DT, PREC=plan.dot_precision, BT=CHUNK_SIZE, BK=BK, SUM_DQ=G > 1,
-        num_warps=4)
+        L2=l2 is not None, num_warps=4)
 
 
 def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
@@ -452,7 +456,10 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     # and torch casts, as group_sum_cast does there)
     G = HV // H
     fused = bool(plan.local_form)
-    gdt = f32 if saved.use_qk_l2norm else q.dtype
+    # the L2 norm's backward inside the local kernels: they hold whole rows (one K block)
+    l2_local = saved.use_qk_l2norm and fused and bool(plan.l2norm_local) and \
+        plan.block_k_local >= K
+    gdt = f32 if saved.use_qk_l2norm and not l2_local else q.dtype
     odt = direct_store_dtype(gdt)
     dq_hv = torch.empty((NT, HV, K), dtype=odt if fused and G == 1 else f32, device=dev)
     dk_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
@@ -509,9 +516,11 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         chunk_state_bwd(qn, kn, w, g_cumsum, None, do_c, dt[3], dt[2], dht_c, dh, dv_new, dh0,
                         saved.scale, H=H, HV=HV, K=K, V=V, **_rec_opts(plan, DT))
         if plan.local_form:
+            l2 = (q, saved.q_rstd.contiguous(), k, saved.k_rstd.contiguous()) \
+                if l2_local else None
             _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                          dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan,
-                         dq_out, dk_out)
+                         dq_out, dk_out, l2)
         else:
             gdn_bwd_local_kernel[(NC, HV)](
                 qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
@@ -530,7 +539,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     else:
         dq = group_sum_cast(dq_hv, H, gdt).view(B, T, H, K)
         dk = group_sum_cast(dk_hv, H, gdt).view(B, T, H, K)
-    if saved.use_qk_l2norm:  # one launch each, dx in q's dtype
+    if saved.use_qk_l2norm and not (l2_local and NC):  # one launch each, dx in q's dtype
         dq = _l2norm_bwd(q, saved.q_rstd, dq, plan)
         dk = _l2norm_bwd(k, saved.k_rstd, dk, plan)
     return GDNDetGrads(

@@ -33,6 +33,7 @@ DIGEST_EXTRA = []
 KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_dv_local", "function": "gdn_bwd_dv_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_rows"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_kblock_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
@@ -49,10 +50,10 @@ PLANS = [
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "block_v_h", "block_v_local",
                 "block_k_local", "num_warps_h", "num_warps_local", "num_stages_h", "rec_form",
                 "local_form", "fp32_dots", "store_16bit", "l2norm_block_rows", "gate_block_t",
-                "keep_states"]},
+                "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f70c64336f67c14c0af2ce045803b72fa3c50bd98c06bceb77969a1ce1b7da27"
+SOURCE_DIGEST = "sha256:71a38f7a3aaabd21ab016e7ba77f1f7013cdd49d9f7a91f21762deedbac05111"
 # --- end of generated block ---
 
 MANIFEST = {

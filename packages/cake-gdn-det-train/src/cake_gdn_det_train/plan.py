@@ -78,6 +78,16 @@ class GDNDetPlan(Plan):
             fwd+bwd time, measurements: docs/benchmarks/gdn.md; same bits; low-level callers
             must not modify the inputs in place in between); 0 (the rule's) = low memory, as FLA.
 
+    A field with a default (keyword only; a dict without it loads it as 0, the launches of
+    every plan made before it):
+        l2norm_local: with ``use_qk_l2norm_in_kernel``, ``local_form = 2`` and one K block
+            (``block_k_local >= head_k_dim``), 1 = the q/k L2 norm's backward runs inside
+            the local kernels, on the whole rows they hold (dq in the K-block kernel with
+            one value head per q/k head, else dq and dk in the dk kernel after their value
+            heads' sum), which then store dq and dk in q's dtype: the fp32 dq / dk and the
+            two L2-norm backward launches are gone (other bits than 0). The rule's 1 where
+            it picks one K block; 0 elsewhere (ignored where those conditions fail).
+
     Limits found on an H200 (Triton 3.6), checked by :func:`cuda_plan_problem` when a plan
     runs on CUDA: K, V <= 128; K <= 64 with fp32 intermediates (shared memory);
     ``num_warps_local = 8`` only with ``block_k * V' >= 4096``; with ``local_form = 2``,
@@ -110,6 +120,7 @@ class GDNDetPlan(Plan):
     l2norm_block_rows: int
     gate_block_t: int
     keep_states: int
+    l2norm_local: int = dataclasses.field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -128,7 +139,7 @@ class GDNDetPlan(Plan):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two "
                            "(>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit", "keep_states")
+        self.require_flags("store_16bit", "keep_states", "l2norm_local")
         if self.local_form not in (0, 2):
             self._fail(f"local_form must be 0 or 2, got {self.local_form}")
         self.require_in_range("rec_form", 0, 1)
@@ -262,7 +273,7 @@ def fit_shared_memory(plan: GDNDetPlan, smem: int) -> GDNDetPlan:
     docs/benchmarks/gdn.md; not timed on such GPUs)."""
     if smem < HOPPER_SHARED_MEMORY and plan.local_form == 2 and \
             plan.block_k_local == plan.block_k == 128:
-        plan = dataclasses.replace(plan, block_k_local=64, num_warps_local=4)
+        plan = dataclasses.replace(plan, block_k_local=64, num_warps_local=4, l2norm_local=0)
     if smem < A100_SHARED_MEMORY and plan.num_stages_h > 2:
         return dataclasses.replace(plan, num_stages_h=2)
     return plan
@@ -334,4 +345,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device,
         l2norm_block_rows=16 if cuda else 256,
         gate_block_t=128 if cuda else 256,
         keep_states=0,
+        l2norm_local=int(one_kblock),
     )

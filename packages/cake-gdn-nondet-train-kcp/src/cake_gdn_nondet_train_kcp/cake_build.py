@@ -39,7 +39,7 @@ PLANS = [
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "block_v_h", "block_v_local",
                 "block_k_local", "num_warps_h", "num_warps_local", "num_stages_h", "rec_form",
                 "local_form", "fp32_dots", "store_16bit", "l2norm_block_rows", "gate_block_t",
-                "keep_states", "mode"]},
+                "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c25ce362873a2a04ea942cc9ff298a1d57c91d7e3f1646c9d59e84fda9cd1b9f"
+SOURCE_DIGEST = "sha256:6361fd501a9b213f657074992bf4828476012c86524c44c643d5d42550571a50"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

@@ -51,10 +51,10 @@ PLANS = [
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_v", "block_v_h", "block_v_local",
                 "block_k_local", "num_warps_h", "num_warps_local", "num_stages_h", "rec_form",
                 "local_form", "fp32_dots", "store_16bit", "l2norm_block_rows", "gate_block_t",
-                "keep_states", "mode"]},
+                "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9535a8746600636d27d1f8cb43352f18ded11627f2e11264a682176ca697a563"
+SOURCE_DIGEST = "sha256:2ab6fe249f20b91d26d32b0cf836c950c6de4b4ae8d75bf9af530876d8cf0117"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -211,7 +211,7 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
                               dtype not in (torch.bfloat16, torch.float16)):
         raise ValueError(f"plan: cublas_gemms=1 needs bf16/fp16 inputs on CUDA, got "
                          f"{str(dtype)[6:]} on {device.type}")
-    if plan.logits_stats == 2:
+    if plan.logits_stats >= 2:
         es = dtype.itemsize
         tiles = tuple(getattr(plan, f"logits_block_{d}") for d in "mnk")
         if (H * es) % 16 or (V * es) % 16 or not tma_available() or max(tiles) > TMA_MAX_BOX:
@@ -308,15 +308,17 @@ def _logits_with_stats(hc, weight, bias, lg, tstats, plan, softcap):
     V = weight.shape[0]
     bm, bn, bk = plan.logits_block_m, plan.logits_block_n, plan.logits_block_k
     tiles_m, tiles_n = _cdiv(n, bm), _cdiv(V, bn)
-    tma = plan.logits_stats == 2
+    tma = plan.logits_stats >= 2
+    epi = {1: 0, 2: 1, 3: 0, 4: 2}[plan.logits_stats]
     a_desc = TensorDescriptor(hc, [n, H], [hc.stride(0), 1], [bm, bk]) if tma else hc
     b_desc = TensorDescriptor(weight, [V, H], [weight.stride(0), 1], [bn, bk]) if tma else hc
-    l_desc = TensorDescriptor(lg, [n, V], [lg.stride(0), 1], [bm, bn]) if tma else hc
+    l_desc = TensorDescriptor(lg, [n, V], [lg.stride(0), 1], [bm, bn // (2 if epi == 2 else 1)]) \
+        if epi else hc
     logits_stats_kernel[(tiles_m * tiles_n,)](
         hc, weight, a_desc, b_desc, bias if bias is not None else lg, lg, l_desc, tstats,
         n, V, H, tiles_m, tiles_n, hc.stride(0), hc.stride(1), weight.stride(1),
         weight.stride(0), lg.stride(0), softcap if softcap > 0 else 1.0,
-        TMA=tma, B_T=True, HAS_BIAS=bias is not None, SOFTCAP=softcap > 0,
+        TMA=tma, EPI=epi, B_T=True, HAS_BIAS=bias is not None, SOFTCAP=softcap > 0,
         PREC="ieee" if hc.dtype == torch.float32 else "", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         GROUP_M=plan.gemm_group_m, num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
 
@@ -343,8 +345,8 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
     if stats:  # [rows, (max, sum exp), column tile] of one chunk
         tstats = torch.empty((logits.shape[0], 2, n_stats), dtype=torch.float32,
                              device=h2.device)
-        hs = tma_readable(h2) if plan.logits_stats == 2 else h2
-        ws = tma_readable(weight) if plan.logits_stats == 2 else weight
+        hs = tma_readable(h2) if plan.logits_stats >= 2 else h2
+        ws = tma_readable(weight) if plan.logits_stats >= 2 else weight
     for t0 in range(0, T, plan.chunk_tokens):
         t1 = min(T, t0 + plan.chunk_tokens)
         n = t1 - t0

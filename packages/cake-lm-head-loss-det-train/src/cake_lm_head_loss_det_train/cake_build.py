@@ -45,7 +45,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "logits_stats"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a3b971b15e2f369dc0386bbfc2a3c109932337ea88c5328163fbd2946d3233ca"
+SOURCE_DIGEST = "sha256:c4d006ee6615f50bf76f3b25db6ba90250bac4303f2cf70bb33a3d32f1700e11"
 # --- end of generated block ---
 
 MANIFEST = {

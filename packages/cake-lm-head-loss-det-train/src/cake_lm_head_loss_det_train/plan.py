@@ -124,7 +124,7 @@ class LMHeadLossDetPlan(Plan):
             *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
         self.require_warps("num_warps", "gemm_warps")
         self.require_flags("check_labels", "grad_in_forward", "cublas_gemms", "dw_tma")
-        if self.logits_stats not in (0, 1, 2):
+        if self.logits_stats not in (0, 1, 2, 3, 4):
             self._fail(f"logits_stats must be 0, 1 or 2, got {self.logits_stats}")
         self.require_mode(self.expected_mode)
 

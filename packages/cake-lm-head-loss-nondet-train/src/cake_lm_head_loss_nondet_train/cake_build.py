@@ -44,7 +44,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a5c7b819431e6b5876d17cbf161004e7ea886c41d1202adf4aa675d1a383684f"
+SOURCE_DIGEST = "sha256:396367976407143c4107abc99551be11ce79d72eaf58b543681b43731486a262"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -26,7 +26,9 @@ of the q/k head, dk = the stored part + z k + z^T k (a read of rows written by t
 two kernels: a fixed order); the value heads' dk (and, with more than one, their dq) added
 in index order in fp32 and cast once to the gradients' dtype: the value-head sum and cast
 of ``cake_core.gemm.group_sum_cast``, fused (the same adds in the same order, the same
-round to nearest even). With one value head per q/k head the first kernel stores dq in
+round to nearest even). With the plan's ``l2norm_local`` (one K block, so every program
+holds whole rows) the q/k L2 norm's backward is applied before that cast, here or (dq with
+one value head per q/k head) in the first kernel. With one value head per q/k head the first kernel stores dq in
 the gradients' dtype itself (``DQ`` fp32 or q's dtype).
 
 Tiles are addressed from scalar int64 bases of the chunk's rows with int32 in-chunk
@@ -42,12 +44,23 @@ import triton.language as tl
 
 
 @triton.jit
+def _l2norm_bwd_rows(dy, X, RSTD, x_off, r_off, kmask, tmask):
+    """The q/k L2 norm's backward on whole rows (cake_core.l2norm's math): with
+    ``y = x * rstd`` in fp32, ``dx = rstd * (dy - y * sum(dy * y))``; ``x_off`` / ``r_off``
+    the rows' offsets into the raw input and its fp32 rstd."""
+    rstd = tl.load(RSTD + r_off, mask=tmask, other=0.0)
+    y = tl.load(X + x_off, mask=kmask, other=0.0).to(tl.float32) * rstd[:, None]
+    return rstd[:, None] * (dy - y * tl.sum(dy * y, axis=1)[:, None])
+
+
+@triton.jit
 def gdn_bwd_local_kblock_kernel(
     Qp, Kp, BETA, GCUM, Ap, HBUF, DH, DO, DVNEW, VNEW, CHUNK_START, CHUNK_END,
-    DQ, DK, WT, WV, NT,
+    DQ, DK, WT, WV, NT, XQ, RQ,
     scale, H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     VD: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr, NK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+    L2Q: tl.constexpr,
 ):
     c = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
@@ -121,6 +134,8 @@ def gdn_bwd_local_kblock_kernel(
     dg_acc += tl.sum(qb * dq, axis=1)
     dq = tl.dot(dpd, kb.to(DT), dq, input_precision=PREC)
     o_off = start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :]
+    if L2Q:  # one value head per q head, one K block: the L2 norm's backward here
+        dq = _l2norm_bwd_rows(dq, XQ, RQ, k_off, tok * H + hk, kmask, tmask)
     tl.store(DQ + o_off, dq.to(DQ.dtype.element_ty), mask=kmask)  # once: fp32 or q's
 
     # S_next = exp(G_last) S + (lam k)^T v_new ; w = T (beta gam k)
@@ -244,17 +259,19 @@ def _dk_of_head(Kb, DZ, DK, start, hv, rows, tmask, ck, kmask, HV, KD,
 
 @triton.jit
 def gdn_bwd_local_dk_kernel(
-    Kp, CHUNK_START, CHUNK_END, DZ, DK, DKO, DQ, DQO,
+    Kp, CHUNK_START, CHUNK_END, DZ, DK, DKO, DQ, DQO, XQ, RQ, XK, RK,
     H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    SUM_DQ: tl.constexpr,
+    SUM_DQ: tl.constexpr, L2: tl.constexpr,
 ):
     """One program per (chunk, q/k head, K block): each of the head's ``GROUP`` value
     heads' dk (:func:`_dk_of_head`), added in index order in fp32 (``((x0 + x1) + ...)``,
     as ``cake_core.gemm.group_sum_cast``), cast once and stored to ``DKO`` ``[NT, H, K]``
     (fp32 or k's dtype; ``DK`` itself when ``GROUP`` is 1 and DKO is fp32). ``SUM_DQ``:
     dq's fp32 parts ``DQ`` ``[NT, HV, K]`` (final per value head) added the same way into
-    ``DQO``; else the first kernel stored dq as it is."""
+    ``DQO``; else the first kernel stored dq as it is. ``L2`` (one K block: whole rows):
+    the q/k L2 norm's backward applied to the sums before the cast (raw inputs ``XQ`` /
+    ``XK`` ``[NT, H, K]``, fp32 rstds ``RQ`` / ``RK`` ``[NT, H]``)."""
     c = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1)
     ik = tl.program_id(2)
@@ -275,10 +292,15 @@ def gdn_bwd_local_dk_kernel(
         dk += _dk_of_head(kb, DZ, DK, start, hv0 + j, rows, tmask, ck, kmask, HV, KD, DT,
                           PREC, BT)
     o_off = start * (H * KD) + hk * KD + rows[:, None] * (H * KD) + ck[None, :]
+    r_off = (start + rows) * H + hk
+    if L2:
+        dk = _l2norm_bwd_rows(dk, XK, RK, o_off, r_off, kmask, tmask)
     tl.store(DKO + o_off, dk.to(DKO.dtype.element_ty), mask=kmask)
     if SUM_DQ:
         qp = DQ + start * (HV * KD) + hv0 * KD + rows[:, None] * (HV * KD) + ck[None, :]
         dq = tl.load(qp, mask=kmask, other=0.0)
         for j in range(1, GROUP):
             dq += tl.load(qp + j * KD, mask=kmask, other=0.0)
+        if L2:
+            dq = _l2norm_bwd_rows(dq, XQ, RQ, o_off, r_off, kmask, tmask)
         tl.store(DQO + o_off, dq.to(DQO.dtype.element_ty), mask=kmask)

@@ -25,7 +25,7 @@ def logits_stats_kernel(
     A, B, A_DESC, B_DESC, BIAS, LOGITS, L_DESC, STATS,
     M, N, K, n_tiles_m, n_tiles_n,
     stride_am, stride_ak, stride_bk, stride_bn, stride_lm, softcap,
-    TMA: tl.constexpr, B_T: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr,
+    TMA: tl.constexpr, EPI: tl.constexpr, B_T: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr,
     PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -48,8 +48,12 @@ def logits_stats_kernel(
     nm = rn < N
     if HAS_BIAS:
         acc += tl.load(BIAS + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
-    if TMA:  # a TMA store (clipped at the edges): it drains while the next tile computes
+    if EPI == 1:  # a TMA store (clipped at the edges): it drains while the next tile computes
         L_DESC.store([off_m, off_n], acc)
+    elif EPI == 2:  # two TMA stores of half tiles (less shared memory)
+        a0, a1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        L_DESC.store([off_m, off_n], a0)
+        L_DESC.store([off_m, off_n + BLOCK_N // 2], a1)
     else:
         tl.store(LOGITS + rm[:, None] * stride_lm + rn[None, :], acc,
                  mask=mm[:, None] & nm[None, :])
