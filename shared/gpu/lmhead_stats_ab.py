@@ -30,8 +30,6 @@ OUT = ARGS[ARGS.index("--out") + 1] if "--out" in ARGS else None
 #: (name, plan fields replaced)
 VARIANTS = [
     ("rule", {}),
-    ("stats tma, pointer stores", dict(logits_stats=3, logits_block_m=128, logits_block_n=256,
-                                       logits_block_k=64)),
     ("stats tma, TMA store, 2 stages", dict(logits_stats=2, logits_block_m=128,
                                             logits_block_n=256, logits_block_k=64,
                                             gemm_stages=2)),
