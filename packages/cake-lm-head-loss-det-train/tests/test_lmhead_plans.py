@@ -17,9 +17,6 @@ VARIANTS = {
     "many-vocab-blocks": dict(block_v=16, block_m=4, chunk_tokens=5),
     "one-row-small-tiles": dict(block_v=64, block_m=1, chunk_tokens=7, **TILES),
     "split-dh": dict(block_v=128, chunk_tokens=13, dh_split=4, loss_block=8),
-    # the softmax statistics in the logits GEMM's epilogue: 19 column tiles of 16, combined
-    # 16 a step (two steps, the second ragged) in the CE kernel
-    "logits-stats": dict(block_v=64, block_m=4, chunk_tokens=13, logits_stats=1, **TILES),
 }
 
 
@@ -195,62 +192,3 @@ def test_dw_tma_deferred_route_reads_unaligned_saved_dlogits():
     lm_head_loss_reference(h64, w64, y, dtype=torch.float64).backward()
     assert_close_to_reference(grads[0], w64.grad, torch.bfloat16, "dweight (tma)")
     assert_close_to_reference(grads[0], grads[1].double(), torch.bfloat16, "tma vs pointer")
-
-
-@pytest.mark.parametrize("tma", [1, 2, 3, 4])
-def test_logits_stats_bf16_matches_float64_and_repeats(tma):
-    """``logits_stats`` (1: pointer loads, 2: TMA) on a 16-bit plan: against float64 with a
-    bias, a soft cap, label smoothing, z-loss, ignored rows and a ragged last chunk, from a
-    hidden at an unaligned start (copied for TMA, the caller's tensor untouched); two calls
-    bitwise equal; close to the two-pass CE (other bits: the lse's order differs)."""
-    T, H, V = 77, 32, 200
-    base = dataclasses.replace(make_plan(H, V, torch.bfloat16, DEV), cublas_gemms=0,
-                               chunk_tokens=32, logits_block_m=16, logits_block_n=32,
-                               logits_block_k=16)
-    flat = randn((T * H + 1,), torch.bfloat16, DEV, seed=1)
-    h = flat[1:].view(T, H).detach().requires_grad_()
-    h_before = h.detach().clone()
-    w = randn((V, H), torch.bfloat16, DEV, seed=2, scale=0.4).requires_grad_()
-    b = randn((V,), torch.bfloat16, DEV, seed=3).requires_grad_()
-    y = (torch.arange(T) * 37 % V).to(DEV)
-    y[::6] = -100
-    opts = dict(label_smoothing=0.1, z_loss=1e-3, logit_softcap=3.0)
-    runs = []
-    for p in (dataclasses.replace(base, logits_stats=tma),) * 2 + (base,):
-        h.grad = w.grad = b.grad = None
-        loss, lse = lm_head_loss_det(h, w, y, bias=b, plan=p, return_lse=True, **opts)
-        loss.backward()
-        runs.append((loss.detach(), lse, h.grad, w.grad, b.grad))
-    assert torch.equal(h.detach(), h_before)
-    assert all(torch.equal(a, b2) for a, b2 in zip(runs[0], runs[1], strict=True))
-    h64, w64, b64 = (t.detach().double().requires_grad_() for t in (h, w, b))
-    ref, lse64 = lm_head_loss_reference(h64, w64, y, b64, return_lse=True,
-                                        dtype=torch.float64, **opts)
-    ref.backward()
-    names = ("loss", "lse", "dhidden", "dweight", "dbias")
-    for name, a, r, two_pass in zip(names, runs[0], (ref, lse64, h64.grad, w64.grad, b64.grad),
-                                    runs[2], strict=True):
-        assert_close_to_reference(a, r, torch.bfloat16, name)
-        assert_close_to_reference(a, two_pass.double(), torch.bfloat16, f"{name} vs two-pass")
-
-
-def test_logits_stats_unaligned_tma_refused_before_any_launch():
-    from cake_core.testing import no_kernel_launches
-    from cake_lm_head_loss_det_train import api, is_supported
-
-    H, V, T = 24, 300, 9  # V = 300 bf16: 600-byte rows, not a multiple of 16
-    plan = dataclasses.replace(make_plan(H, V, torch.bfloat16, DEV), cublas_gemms=0,
-                               logits_stats=2)
-    h = randn((T, H), torch.bfloat16, DEV, seed=1).requires_grad_()
-    w = randn((V, H), torch.bfloat16, DEV, seed=2).requires_grad_()
-    y = (torch.arange(T) * 7 % V).to(DEV)
-    with no_kernel_launches(api, "_forward_impl", "_backward_impl", "_run_chunks"):
-        s = is_supported(h, w, y, plan=plan)
-        assert not s and "logits_stats" in s.reason
-        with pytest.raises(ValueError, match="logits_stats=2"):
-            lm_head_loss_det(h, w, y, plan=plan)
-    with pytest.raises(ValueError, match="logits_stats"):
-        dataclasses.replace(plan, logits_stats=3)
-    old = plan.to_dict()
-    del old["logits_stats"]  # a dict from before the field: the two-pass CE
-    assert type(plan).from_dict(old).logits_stats == 0

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:a11f6b5d83c040131e548eb7532ba455724f0b50d52ec91a5805b3bfa6f3a4a6"
+SOURCE_DIGEST = "sha256:897be297357931e8b8c76d2aa3ed9a8813ffc7e2e40fe30011733b1d49a2f4b9"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:77ec57dbb82aed428da5cf8683ffcb31d6ff95f3d921a74b1a7565f55f617462"
+SOURCE_DIGEST = "sha256:e4919393cdd3829a6884ced9befd868aa1bcfef0735ef2c25382ede4bbfbf709"
 # --- end of generated block ---
 
 MANIFEST = {

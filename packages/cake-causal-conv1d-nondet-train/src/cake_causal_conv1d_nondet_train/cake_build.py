@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0dccd08efe29b83edab30a4db53f8aa584c5565a259aaaacd3c82caf8586bc23"
+SOURCE_DIGEST = "sha256:28c8fc9a9b78ae431db9d08f3199ca89c66c0821e78103e7ea40dcbaec7eb0e1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -32,9 +32,7 @@ KERNELS = [
     {"module": "cake_core.chunk_state", "function": "chunk_state_fwd_kernel"},
     {"module": "cake_core.chunk_state", "function": "chunk_state_bwd_kernel"},
     {"module": "cake_core.gemm", "function": "_mma"},
-    {"module": "cake_core.gemm", "function": "ptr_tile_acc"},
     {"module": "cake_core.gemm", "function": "matmul_kernel"},
-    {"module": "cake_core.gemm", "function": "tma_tile_acc"},
     {"module": "cake_core.gemm", "function": "_tma_tile"},
     {"module": "cake_core.gemm", "function": "matmul_tma_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
@@ -51,7 +49,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f788f86a7de2e1bcc46db7350ce2b1ec8e504b9ccdc2d8782e29b611cf552cb1"
+SOURCE_DIGEST = "sha256:ef3ee247e3a1a56823e199ac4c9ae319182f78ba153e76a28a713e32033fd87f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -25,10 +25,6 @@ Families that multiply (dense projection, LM-head loss, MoE grouped GEMM) reuse 
   slice written by exactly one program, its K order the same as in the one-program-per-tile
   launch, so the bits do not depend on P or on timing). Off unless ``matmul(..., tma=True)``.
 
-The two kernels' main loops are Triton functions of their own, :func:`ptr_tile_acc` and
-:func:`tma_tile_acc` (one output tile's fp32 product, grouped order, K in increasing order),
-for kernels that need another epilogue (the LM-head loss's logits with row statistics).
-
 No atomics anywhere, so equal inputs, launch parameters and hardware give equal bits. The
 host helpers :func:`matmul` and :func:`ordered_sum` launch them; kernels and helpers never
 allocate (outputs and partial planes come from the caller). Importing this module imports
@@ -64,8 +60,7 @@ def tma_available() -> bool:
 
 __all__ = ["FP32_DOTS", "direct_store_dtype", "group_sum_cast", "group_sum_cast_kernel", "matmul",
            "matmul_kernel", "matmul_tma_kernel", "ordered_sum", "ordered_sum_kernel",
-           "ptr_tile_acc", "tma_available", "tma_layout_problem", "tma_readable",
-           "tma_tile_acc"]
+           "tma_available", "tma_layout_problem", "tma_readable"]
 
 #: largest TMA box edge (elements) a descriptor block may have
 TMA_MAX_BOX = 256
@@ -83,20 +78,24 @@ def _mma(a, b, acc, PREC: tl.constexpr):
 
 
 @triton.jit
-def ptr_tile_acc(A, B, tile, s, M, N, K, k_per_split, n_tiles_m, n_tiles_n,
-                 stride_am, stride_ak, stride_bk, stride_bn, PREC: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr):
-    """The fp32 product tile of output tile ``tile`` over reduction slice ``s`` with masked
-    pointer loads (grouped order, K blocks in increasing order); returns ``(acc, rm, rn)``
-    (the tile's int64 row and column indices). The main loop of :func:`matmul_kernel`, for
-    kernels with their own epilogue."""
+def matmul_kernel(
+    A, B, C, BIAS, SCALE,
+    M, N, K, k_per_split, n_tiles_m, n_tiles_n,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """One output tile of one reduction slice; see the module docstring."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
     # grouped order: GROUP_M row tiles walk the column tiles together (L2 reuse of B)
     in_group = GROUP_M * n_tiles_n
-    first_m = (tile // in_group) * GROUP_M
+    first_m = (pid // in_group) * GROUP_M
     group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % in_group) % group_m
-    pid_n = (tile % in_group) // group_m
+    pid_m = first_m + (pid % in_group) % group_m
+    pid_n = (pid % in_group) // group_m
 
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -114,26 +113,6 @@ def ptr_tile_acc(A, B, tile, s, M, N, K, k_per_split, n_tiles_m, n_tiles_n,
         b = tl.load(B + ks[:, None] * stride_bk + rn[None, :] * stride_bn,
                     mask=km[:, None] & nm[None, :], other=0.0)
         acc = _mma(a, b, acc, PREC)
-    return acc, rm, rn
-
-
-@triton.jit
-def matmul_kernel(
-    A, B, C, BIAS, SCALE,
-    M, N, K, k_per_split, n_tiles_m, n_tiles_n,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cs, stride_cm, stride_cn,
-    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, PREC: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    """One output tile of one reduction slice; see the module docstring."""
-    s = tl.program_id(1)
-    acc, rm, rn = ptr_tile_acc(A, B, tl.program_id(0), s, M, N, K, k_per_split, n_tiles_m,
-                               n_tiles_n, stride_am, stride_ak, stride_bk, stride_bn, PREC,
-                               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
-    mm = rm < M
-    nm = rn < N
     if HAS_SCALE:  # a device scalar (no host sync): C (+)= scale * (A @ B) (+ bias)
         acc = acc * tl.load(SCALE).to(tl.float32)
     if HAS_BIAS:
@@ -146,14 +125,12 @@ def matmul_kernel(
 
 
 @triton.jit
-def tma_tile_acc(A_DESC, B_DESC, tile, s, K, k_per_split, n_tiles_m, n_tiles_n,
-                 A_T: tl.constexpr, B_T: tl.constexpr, PREC: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr):
-    """The fp32 product tile of output tile ``tile`` (grouped order, as in matmul_kernel)
-    over reduction slice ``s``, K blocks in increasing order; returns ``(acc, off_m,
-    off_n)``. The main loop of :func:`matmul_tma_kernel`, for kernels with their own
-    epilogue (the LM-head loss's logits with row statistics)."""
+def _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, tile, s, M, N, K, k_per_split, n_tiles_m,
+              n_tiles_n, stride_cs, stride_cm, stride_cn,
+              A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
+              PREC: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile ``tile`` (grouped order, as in matmul_kernel) of reduction slice ``s``."""
     in_group = GROUP_M * n_tiles_n
     first_m = (tile // in_group) * GROUP_M
     group_m = tl.minimum(n_tiles_m - first_m, GROUP_M)
@@ -174,19 +151,6 @@ def tma_tile_acc(A_DESC, B_DESC, tile, s, K, k_per_split, n_tiles_m, n_tiles_n,
         else:
             b = B_DESC.load([k0, off_n])
         acc = _mma(a, b, acc, PREC)
-    return acc, off_m, off_n
-
-
-@triton.jit
-def _tma_tile(A_DESC, B_DESC, C, C_DESC, SCALE, tile, s, M, N, K, k_per_split, n_tiles_m,
-              n_tiles_n, stride_cs, stride_cm, stride_cn,
-              A_T: tl.constexpr, B_T: tl.constexpr, C_TMA: tl.constexpr, ACCUMULATE: tl.constexpr,
-              PREC: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """Output tile ``tile`` (grouped order, as in matmul_kernel) of reduction slice ``s``."""
-    acc, off_m, off_n = tma_tile_acc(A_DESC, B_DESC, tile, s, K, k_per_split, n_tiles_m,
-                                     n_tiles_n, A_T, B_T, PREC, BLOCK_M, BLOCK_N, BLOCK_K,
-                                     GROUP_M)
     if HAS_SCALE:  # a device scalar (no host sync), as in matmul_kernel
         acc = acc * tl.load(SCALE).to(tl.float32)
     if C_TMA:  # split 1, no accumulate: a TMA store (clipped at the edges) of the cast tile

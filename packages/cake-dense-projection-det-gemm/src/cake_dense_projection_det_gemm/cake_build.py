@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:72dec4869b69f13195e0f8cea7a177ca87fa09f9bacc779319d9df00d77d1d1f"
+SOURCE_DIGEST = "sha256:45795fcc59ec6fb7d98da82d2642919d5c425ae3f861e60dc5d0ba26046bc1b7"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:125a32a77471b66c369ce91816722ab5c1ca9c08cbfe623ff1814005e68f018e"
+SOURCE_DIGEST = "sha256:57b400ddd5927e2707d9caffcadd3b4259837aa6e04d954a7053123278e5a684"
 # --- end of generated block ---
 
 REUSES = [

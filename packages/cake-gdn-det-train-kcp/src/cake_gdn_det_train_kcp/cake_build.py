@@ -63,7 +63,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:462025b942811cdf62e8892b8fd175fa6ad15c1e0da708a0578d0440f0c2f20c"
+SOURCE_DIGEST = "sha256:fee044313da6f820020ebd79629ea1888b3adcfb346f5e40c25203905ce96afd"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -53,7 +53,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:71a38f7a3aaabd21ab016e7ba77f1f7013cdd49d9f7a91f21762deedbac05111"
+SOURCE_DIGEST = "sha256:f9331430eb6971e5e44b2710cb301837a14c0994c22ef75496e5fb249a47e9c2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:6361fd501a9b213f657074992bf4828476012c86524c44c643d5d42550571a50"
+SOURCE_DIGEST = "sha256:774d002989b7b777e0f36a47ceccb16f35a268cd7acd00a25b98b87188ab10c0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

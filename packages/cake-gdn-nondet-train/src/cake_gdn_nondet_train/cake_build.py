@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2ab6fe249f20b91d26d32b0cf836c950c6de4b4ae8d75bf9af530876d8cf0117"
+SOURCE_DIGEST = "sha256:1962e2c5caa7a1f2afa856227e07a9e2460643a9255a9c1abc35c4341fb2723d"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:88f625218639b804f00c7efb532cb5ba4dce6bce0d9778ded2428908e8d79cbd"
+SOURCE_DIGEST = "sha256:806173ebc529668682e2391cff38ab2a65f85ff08b75843e7e351dfe44d0120a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2d2aae6daed89f5b86b7a0dd2f5a24d33820f74fc28661bf3b9d4c2cbb7e7a27"
+SOURCE_DIGEST = "sha256:f6ee4c208a3c0c1172c2fe9453ef93f372cf89713ea5682725818b7b7a7c86d6"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:27c03b26ffd75240f673acfa1d52e0be4f7b340dcf16ea4595076a22ef6c5cf6"
+SOURCE_DIGEST = "sha256:fce91a7069578923b7c998b6e63279e8b57bb4d425ef399d828d60d055ee55ca"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:cc48d51678d99f59e6c6f787171e88016c40a477313915044b9a4142fa83a7d3"
+SOURCE_DIGEST = "sha256:313791a68393fc85ae93c35848f5136834c1d65297d287905e514f19fc7a9745"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -34,16 +34,14 @@ from cake_core.autograd import once_differentiable
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.gemm import (
     TMA_MAX_BOX,
-    TensorDescriptor,
     matmul,
     ordered_sum,
     tma_available,
     tma_readable,
 )
-from cake_core.triton_utils import launch_device_check, next_power_of_2
+from cake_core.triton_utils import launch_device_check
 
 from cake_lm_head_loss_det_train.kernels.ce import ce_chunk_kernel
-from cake_lm_head_loss_det_train.kernels.logits_stats import logits_stats_kernel
 from cake_lm_head_loss_det_train.kernels.reduce import loss_sum_kernel
 from cake_lm_head_loss_det_train.plan import (
     MAX_HIDDEN,
@@ -211,14 +209,6 @@ def _resolve_plan(plan, H: int, V: int, dtype, device, reduction: str,
                               dtype not in (torch.bfloat16, torch.float16)):
         raise ValueError(f"plan: cublas_gemms=1 needs bf16/fp16 inputs on CUDA, got "
                          f"{str(dtype)[6:]} on {device.type}")
-    if plan.logits_stats >= 2:
-        es = dtype.itemsize
-        tiles = tuple(getattr(plan, f"logits_block_{d}") for d in "mnk")
-        if (H * es) % 16 or (V * es) % 16 or not tma_available() or max(tiles) > TMA_MAX_BOX:
-            raise ValueError(f"plan: logits_stats=2 (TMA loads) needs H and V multiples of "
-                             f"{16 // es} for {str(dtype)[6:]}, Triton >= 3.4 and "
-                             f"logits_block_m, _n, _k <= {TMA_MAX_BOX}; got H={H}, V={V}, "
-                             f"tiles {tiles}; use logits_stats=1")
     if plan.dw_tma:
         es = dtype.itemsize
         if (H * es) % 16 or (V * es) % 16:
@@ -295,34 +285,6 @@ def _buffers(plan, h2, bufs, need_dlogits=True):
     return logits, dlogits, dh_parts
 
 
-def _stats_block(plan: LMHeadLossDetPlan) -> int:
-    """Tile statistics the CE kernel combines per step (``logits_stats``): fixed by the plan,
-    so the lse's order is too."""
-    return min(512, next_power_of_2(_cdiv(plan.vocab_size, plan.logits_block_n)))
-
-
-def _logits_with_stats(hc, weight, bias, lg, tstats, plan, softcap):
-    """``lg = hc @ weight^T (+ bias)`` in fp32 and the rows' per-tile statistics
-    (kernels/logits_stats.py) into ``tstats`` ``[n, 2, tiles_n]``."""
-    n, H = hc.shape
-    V = weight.shape[0]
-    bm, bn, bk = plan.logits_block_m, plan.logits_block_n, plan.logits_block_k
-    tiles_m, tiles_n = _cdiv(n, bm), _cdiv(V, bn)
-    tma = plan.logits_stats >= 2
-    epi = {1: 0, 2: 1, 3: 0, 4: 2}[plan.logits_stats]
-    a_desc = TensorDescriptor(hc, [n, H], [hc.stride(0), 1], [bm, bk]) if tma else hc
-    b_desc = TensorDescriptor(weight, [V, H], [weight.stride(0), 1], [bn, bk]) if tma else hc
-    l_desc = TensorDescriptor(lg, [n, V], [lg.stride(0), 1], [bm, bn // (2 if epi == 2 else 1)]) \
-        if epi else hc
-    logits_stats_kernel[(tiles_m * tiles_n,)](
-        hc, weight, a_desc, b_desc, bias if bias is not None else lg, lg, l_desc, tstats,
-        n, V, H, tiles_m, tiles_n, hc.stride(0), hc.stride(1), weight.stride(1),
-        weight.stride(0), lg.stride(0), softcap if softcap > 0 else 1.0,
-        TMA=tma, EPI=epi, B_T=True, HAS_BIAS=bias is not None, SOFTCAP=softcap > 0,
-        PREC="ieee" if hc.dtype == torch.float32 else "", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        GROUP_M=plan.gemm_group_m, num_warps=plan.gemm_warps, num_stages=plan.gemm_stages)
-
-
 def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n_valid,
                 loss_tok, lse, dh, dw32, db32, dl_all=None):
     """The chunk loop. fwd: write loss_tok and lse; g_kind/g: the upstream gradient of the
@@ -340,21 +302,12 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
         h2 = _tma_ready(h2, plan)
     wt = weight.t()
     cublas = bool(plan.cublas_gemms)
-    stats = bool(plan.logits_stats) and fwd and grad
-    n_stats = _cdiv(V, plan.logits_block_n)
-    if stats:  # [rows, (max, sum exp), column tile] of one chunk
-        tstats = torch.empty((logits.shape[0], 2, n_stats), dtype=torch.float32,
-                             device=h2.device)
-        hs = tma_readable(h2) if plan.logits_stats >= 2 else h2
-        ws = tma_readable(weight) if plan.logits_stats >= 2 else weight
     for t0 in range(0, T, plan.chunk_tokens):
         t1 = min(T, t0 + plan.chunk_tokens)
         n = t1 - t0
         hc = h2[t0:t1]
         lg = logits[:n]
-        if stats:
-            _logits_with_stats(hs[t0:t1], ws, bias, lg, tstats[:n], plan, cap)
-        elif cublas:
+        if cublas:
             torch.mm(hc, wt, out_dtype=torch.float32, out=lg)
             if bias is not None:
                 lg.add_(bias)
@@ -367,13 +320,10 @@ def _run_chunks(h2, weight, bias, labels1, cfg, plan, bufs, *, fwd, g, g_kind, n
         ce_chunk_kernel[(_cdiv(n, plan.block_m),)](
             lg, dl, labels1[t0:t1], loss_tok[t0:t1] if fwd else lg,
             lse[t0:t1], (g[t0:t1] if g_kind == 2 else g) if g is not None else lg, n_valid,
-            tstats[:n] if stats else lg,
             n, V, lg.stride(0), dl.stride(0), ignore_index, ls, zl, cap if cap > 0 else 1.0,
-            n_stats,
             FWD=fwd, GRAD=grad, G_KIND=max(g_kind, 0), MEAN=red == _MEAN, SOFTCAP=cap > 0,
             STORE_F32=grad and db32 is not None and (dlogits is not None or dl_all is not None),
-            STATS=stats, BLOCK_M=plan.block_m, BLOCK_V=plan.block_v,
-            BLOCK_S=_stats_block(plan), num_warps=plan.num_warps,
+            BLOCK_M=plan.block_m, BLOCK_V=plan.block_v, num_warps=plan.num_warps,
         )
         if not grad:
             continue

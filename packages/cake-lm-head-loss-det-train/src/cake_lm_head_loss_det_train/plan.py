@@ -61,7 +61,7 @@ class LMHeadLossDetPlan(Plan):
             memory when ``2·T·V < 4·V·H`` and no per-chunk read-modify-write of the fp32
             sum. 0: never.
 
-    Fields with a default (keyword only; a dict without one loads it as 0, the launches of
+    One field with a default (keyword only; a dict without it loads as 0, the launches of
     every plan made before it):
         dw_tma: 1 reads the dweight GEMM's operands (each chunk's dlogits, transposed, and
             the hidden rows) through TMA tensor descriptors (``cake_core.gemm.matmul(...,
@@ -70,13 +70,6 @@ class LMHeadLossDetPlan(Plan):
             and ``dw_block_{m,n,k} <= 256`` (a TMA box edge; else ``ValueError`` before any
             launch); a hidden or kept dlogits whose layout TMA cannot read (an unaligned
             view) is copied contiguous first. 0: pointer loads.
-        logits_stats: where the forward's gradients are computed (``grad_in_forward``), the
-            chunk's logits GEMM is cake's ``logits_stats_kernel`` (the ``logits_block_*``
-            tiles), whose epilogue also writes each row's max and sum of exponentials per
-            column tile; the CE kernel forms the lse from them in tile order and reads the
-            fp32 logits once instead of twice (other bits than 0). 1: pointer loads; 2:
-            TMA loads (the ``dw_tma`` conditions on H, V and the tiles). 0: the logits GEMM
-            as ``cublas_gemms`` says and the CE kernel's two passes.
     """
 
     family: ClassVar[str] = "cake-lm-head-loss-det-train"
@@ -110,7 +103,6 @@ class LMHeadLossDetPlan(Plan):
     cublas_gemms: int
     defer_dw_tokens: int
     dw_tma: int = dataclasses.field(default=0, kw_only=True)
-    logits_stats: int = dataclasses.field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -124,8 +116,6 @@ class LMHeadLossDetPlan(Plan):
             *[f"{g}_block_{d}" for g in ("logits", "dh", "dw") for d in "mnk"], minimum=16)
         self.require_warps("num_warps", "gemm_warps")
         self.require_flags("check_labels", "grad_in_forward", "cublas_gemms", "dw_tma")
-        if self.logits_stats not in (0, 1, 2, 3, 4):
-            self._fail(f"logits_stats must be 0, 1 or 2, got {self.logits_stats}")
         self.require_mode(self.expected_mode)
 
 def _prev_power_of_2(n: int) -> int:

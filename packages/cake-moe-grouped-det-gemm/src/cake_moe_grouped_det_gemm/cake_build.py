@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0dc49369fc1212b74d640488a656fae67d5053a1c23dde46ef9ffc24e18e8b1d"
+SOURCE_DIGEST = "sha256:3fb87cb153eecec5b62804440af7f0c5caec73d045178d46ebd79fa610d19641"
 # --- end of generated block ---
 
 MANIFEST = {

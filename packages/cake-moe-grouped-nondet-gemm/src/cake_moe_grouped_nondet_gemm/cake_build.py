@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:8a1b7a69561656e085608d844d1dc65b3b8a08ac9c2a7900b551554ecdd8e4b6"
+SOURCE_DIGEST = "sha256:963d805584e33ef9aec053e25a88dfdbd57d64134c46d61bbc9dbd3e09f71ec0"
 # --- end of generated block ---
 
 REUSES = [

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:dee4279c99df995c9409589be387d2fd2d27fa9bf1171278ab601aed10825572"
+SOURCE_DIGEST = "sha256:55b95e3376522b3a0e7c227d1a95a785ec49f101e925fa9a50f17c30ccc77010"
 # --- end of generated block ---
 
 MANIFEST = {

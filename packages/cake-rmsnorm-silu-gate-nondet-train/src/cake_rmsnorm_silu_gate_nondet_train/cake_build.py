@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:8c8a650d52225e3208d353078fd5c623bf441e29b2fb42ec09f9bcf4975b1342"
+SOURCE_DIGEST = "sha256:a7a20018510c270d2d4c6c08e860e81195d1456d607bdd3a1fb2b2eac42afd74"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -14,11 +14,6 @@ token, divided by max(n_valid, 1) for "mean"; 0 for ignored rows. Labels are com
 used as addresses, so an unchecked out-of-range label cannot read out of bounds; its row's loss
 and dlogits are NaN (a label outside [0, V) other than ignore_index shows in the loss, with no
 host sync). No atomics.
-
-With ``STATS`` (the logits GEMM wrote each row's max and sum of exponentials per vocabulary
-tile: kernels/logits_stats.py) the lse is formed from those tile statistics in tile order
-(``BLOCK_S`` tiles a step, online), and one pass over the logits writes the dlogits and sums
-the label's logit and the row's logits for the loss: the fp32 logits are read once.
 """
 
 import triton
@@ -28,19 +23,15 @@ from cake_core.triton_utils import tanh
 
 @triton.jit(do_not_specialize=["n_rows", "ignore_index"])
 def ce_chunk_kernel(
-    LOGITS, DLOGITS, LABELS, LOSS, LSE, G, NVALID, TSTATS,
+    LOGITS, DLOGITS, LABELS, LOSS, LSE, G, NVALID,
     n_rows, n_vocab, stride_l, stride_d, ignore_index, label_smoothing, z_loss, softcap,
-    n_stats,
     FWD: tl.constexpr, GRAD: tl.constexpr, G_KIND: tl.constexpr, MEAN: tl.constexpr,
-    SOFTCAP: tl.constexpr, STORE_F32: tl.constexpr, STATS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr,
+    SOFTCAP: tl.constexpr, STORE_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """FWD: write LOSS and LSE of the rows. GRAD: write DLOGITS (its dtype) from the lse
     (computed, or read from LSE without FWD); STORE_F32 also writes the fp32 dlogits over
-    LOGITS (for the ordered dbias sum). G_KIND: 0 g = 1, 1 scalar G[0], 2 per row G[row].
-    STATS (with FWD and GRAD): the lse from the tile statistics ``TSTATS`` (fp32
-    ``[n_rows, 2, n_stats]``), the loss's sums in the gradient's pass."""
-    tl.static_assert(not STATS or (FWD and GRAD), "STATS needs FWD and GRAD")
+    LOGITS (for the ordered dbias sum). G_KIND: 0 g = 1, 1 scalar G[0], 2 per row G[row]."""
     pid = tl.program_id(0)
     rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     rmask = rows < n_rows
@@ -48,25 +39,7 @@ def ce_chunk_kernel(
     valid = rmask & (y != ignore_index)
     bad = valid & ((y < 0) | (y >= n_vocab))  # out of range: NaN loss and dlogits
     cols0 = tl.arange(0, BLOCK_V)
-    if STATS:  # the lse from the tiles' (max, sum exp) in tile order
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        se = tl.zeros([BLOCK_M], dtype=tl.float32)
-        js0 = tl.arange(0, BLOCK_S)
-        for j0 in range(0, n_stats, BLOCK_S):
-            js = j0 + js0
-            smask = rmask[:, None] & (js < n_stats)[None, :]
-            sp = TSTATS + rows[:, None] * (2 * n_stats) + js[None, :]
-            mt = tl.load(sp, mask=smask, other=float("-inf"))
-            mt = tl.where(rmask[:, None], mt, 0.0)  # rows past the end: finite, unused
-            st = tl.load(sp + n_stats, mask=smask, other=0.0)
-            m_new = tl.maximum(m, tl.max(mt, axis=1))
-            se = se * tl.exp(m - m_new) + tl.sum(st * tl.exp(mt - m_new[:, None]), axis=1)
-            m = m_new
-        lse = m + tl.log(tl.where(rmask, se, 1.0))
-        tl.store(LSE + rows, lse, mask=rmask)
-        sy = tl.zeros([BLOCK_M], dtype=tl.float32)
-        ssum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    elif FWD:
+    if FWD:
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         se = tl.zeros([BLOCK_M], dtype=tl.float32)
         sy = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -112,9 +85,6 @@ def ce_chunk_kernel(
             if SOFTCAP:
                 t = tanh(z / softcap)
                 z = softcap * t
-            if STATS:
-                sy += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
-                ssum += tl.sum(tl.where(mask, z, 0.0), axis=1)
             p = tl.exp(z - lse[:, None])
             d = p * coef[:, None] - label_smoothing / n_vocab
             d = d - tl.where(cols[None, :] == y[:, None], 1.0 - label_smoothing, 0.0)
@@ -126,9 +96,3 @@ def ce_chunk_kernel(
                      d.to(DLOGITS.dtype.element_ty), mask=mask)
             if STORE_F32:
                 tl.store(LOGITS + rows[:, None] * stride_l + cols[None, :], d, mask=mask)
-        if STATS:
-            loss = lse - (1.0 - label_smoothing) * sy - (label_smoothing / n_vocab) * ssum
-            loss += z_loss * lse * lse
-            loss = tl.where(valid, loss, 0.0)
-            loss = tl.where(bad, float("nan"), loss)
-            tl.store(LOSS + rows, loss, mask=rmask)
