@@ -25,6 +25,7 @@ SHARED_KERNELS = [
     # kernels they call
     {"module": "cake_gdn_det_train.kernels.bwd_dv_local", "function": "gdn_bwd_dv_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_rows"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_kblock_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
