@@ -53,6 +53,16 @@ def _grads(fn, inputs, h0, do, dht, **kw):
     return [o, ht] + [t.grad for t in leaves] + [s.grad]
 
 
+def _assert_vs_float64(got, inputs, h0, do, dht, dtype, **kw):
+    """Assert ``got`` (o, final_state and the six gradients from :func:`_grads`) within
+    ``dtype``'s tolerance of the float64 reference on the same inputs and options."""
+    want = _grads(lambda *a, **k: gdn_reference(*a, **k, dtype=torch.float64),
+                  [t.double() for t in inputs], h0.double(), do.double(), dht.double(), **kw)
+    for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
+                          strict=True):
+        assert_close_to_reference(a, b, dtype, name)
+
+
 @pytest.mark.parametrize("K, V, dtype, over", [
     (48, 40, torch.float32, dict(block_v=32, rec_form=1)),
     (32, 64, torch.bfloat16, dict(block_v=32, num_stages_h=2, rec_form=1)),
@@ -417,12 +427,8 @@ def test_local_dk_kernel_sums_value_heads(dtype, H, HV, l2, gdn_inputs, monkeypa
     got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, **kw)
     assert not sums
     assert got[2].dtype == got[3].dtype == dtype
-    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
-                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
-                  dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=l2)
-    for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
-                          strict=True):
-        assert_close_to_reference(a, b, dtype, name)
+    _assert_vs_float64(got, (q, k, v, g, beta), h0, do, dht, dtype, cu_seqlens=cu,
+                       use_qk_l2norm_in_kernel=l2)
 
 
 def test_local_form_2_launches_k_block_programs(gdn_inputs):
@@ -535,12 +541,10 @@ def test_l2norm_local_vs_reference_and_unfused(HV, dtype, gdn_inputs):
     with record_launches(l2mod, "l2norm_bwd_kernel") as launches:
         unfused = run(base)
     assert len(launches["l2norm_bwd_kernel"]) == 2
-    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
-                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
-                  dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
-    for name, a, b, c in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got,
-                             want, unfused, strict=True):
-        assert_close_to_reference(a, b, dtype, name)
+    _assert_vs_float64(got, (q, k, v, g, beta), h0, do, dht, dtype, cu_seqlens=cu,
+                       use_qk_l2norm_in_kernel=True)
+    for name, a, c in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got,
+                          unfused, strict=True):
         assert_close_to_reference(a, c.double(), dtype, f"{name} vs l2norm_local=0")
 
 
@@ -560,6 +564,61 @@ def test_l2norm_local_rule_and_old_dicts(monkeypatch):
     assert GDNDetPlan.from_dict(d).l2norm_local == 0
 
 
+
+@pytest.mark.parametrize("value", [2, -1])
+def test_l2norm_local_bad_value_refused(value):
+    """``l2norm_local`` other than 0 or 1 is refused when the plan is built or loaded."""
+    plan = make_plan(32, 32, torch.float32, DEV)
+    with pytest.raises(ValueError, match="l2norm_local"):
+        dataclasses.replace(plan, l2norm_local=value)
+    d = plan.to_dict()
+    d["l2norm_local"] = value
+    with pytest.raises(ValueError, match="l2norm_local"):
+        GDNDetPlan.from_dict(d)
+
+
+def test_l2norm_local_row_sum_order_is_fixed_and_matters(gdn_inputs, monkeypatch):
+    """In fp32 the fused L2-norm backward (``l2norm_local = 1``, three value heads per q/k
+    head) gives the unfused path's bits: the same value-head sum in index order, then
+    cake_core's row function with one in-register row sum. Other orders of that row sum
+    (what a split reduction with atomics would give) change the bits on this input, so
+    the repeat assertions of the L2-norm tests can fail."""
+    import cake_gdn_det_train.api as api
+
+    K = V = 32
+    q, k, v, g, beta, h0 = gdn_inputs(1, sum(LENS), 1, 3, K, V, torch.float32, seed=98,
+                                      n_states=len(LENS), h0=True, normalize_k=False)
+    cu = _cu(LENS)
+    do = randn(v.shape, torch.float32, DEV, seed=99)
+    dht = randn(h0.shape, torch.float32, DEV, seed=100)
+    base = dataclasses.replace(make_plan(K, V, torch.float32, DEV), local_form=2,
+                               block_k_local=32, block_v_local=32)
+    seen = []
+    real = api._l2norm_bwd
+    monkeypatch.setattr(api, "_l2norm_bwd",
+                        lambda x, r, dy, p: seen.append((x, r, dy.clone())) or real(x, r, dy, p))
+    run = lambda p: _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
+                           cu_seqlens=cu, plan=p, use_qk_l2norm_in_kernel=True)
+    unfused = run(base)
+    fused = run(dataclasses.replace(base, l2norm_local=1))
+    assert len(seen) == 2  # dq and dk of the unfused call only
+    for a, b in zip(fused, unfused, strict=True):
+        assert bitwise_equal(a, b)
+    x, rstd, dy = seen[0]
+    x, dy = x.reshape(-1, K).float(), dy.reshape(-1, K).float()
+    y = x * rstd.reshape(-1, 1)
+    gen = torch.Generator().manual_seed(1)
+    differs = 0
+    for _ in range(20):
+        perm = torch.randperm(K, generator=gen)
+        s = torch.zeros(y.shape[0], dtype=torch.float32, device=y.device)
+        for j in perm.tolist():  # one column after another in the permuted order
+            s = s + dy[:, j] * y[:, j]
+        dx = rstd.reshape(-1, 1) * (dy - y * s[:, None])
+        differs += not bitwise_equal(dx.reshape(fused[2].shape), fused[2])
+    assert differs > 0, "no row-sum order changed the bits: this input cannot detect it"
+
+
 @pytest.mark.skipif(DEV.type != "cuda", reason="the CUDA rule's one K block at K = V = 128")
 @pytest.mark.parametrize("HV", [1, 2])
 def test_l2norm_local_cuda_rule_vs_reference(HV, gdn_inputs):
@@ -575,9 +634,5 @@ def test_l2norm_local_cuda_rule_vs_reference(HV, gdn_inputs):
     dht = randn(h0.shape, torch.float32, DEV, seed=97)
     got = _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht, cu_seqlens=cu,
                  plan=plan, use_qk_l2norm_in_kernel=True)
-    want = _grads(lambda *a, **kw: gdn_reference(*a, **kw, dtype=torch.float64),
-                  [t.double() for t in (q, k, v, g, beta)], h0.double(), do.double(),
-                  dht.double(), cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
-    for name, a, b in zip(("o", "final_state") + tuple("d" + n for n in NAMES), got, want,
-                          strict=True):
-        assert_close_to_reference(a, b, BF16, name)
+    _assert_vs_float64(got, (q, k, v, g, beta), h0, do, dht, BF16, cu_seqlens=cu,
+                       use_qk_l2norm_in_kernel=True)

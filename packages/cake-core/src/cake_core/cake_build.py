@@ -37,6 +37,7 @@ KERNELS = [
     {"module": "cake_core.gemm", "function": "matmul_tma_kernel"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.gemm", "function": "group_sum_cast_kernel"},
+    {"module": "cake_core.l2norm", "function": "l2norm_bwd_rows"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_bwd_kernel"},
     {"module": "cake_core.swiglu", "function": "_tile"},
@@ -49,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ef3ee247e3a1a56823e199ac4c9ae319182f78ba153e76a28a713e32033fd87f"
+SOURCE_DIGEST = "sha256:b65de1f463a774df8d012731ebb95e1ec55d43ac58f0db40c5773b2856b9bf23"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -21,7 +21,18 @@ from cake_core.triton_utils import cdiv, select_backend, tl, triton
 
 select_backend()
 
-__all__ = ["L2NORM_EPS", "l2norm_bwd", "l2norm_bwd_kernel", "l2norm_fwd", "l2norm_fwd_kernel"]
+__all__ = ["L2NORM_EPS", "l2norm_bwd", "l2norm_bwd_kernel", "l2norm_bwd_rows", "l2norm_fwd",
+           "l2norm_fwd_kernel"]
+
+
+@triton.jit
+def l2norm_bwd_rows(dy, x, rstd):
+    """The backward on whole rows held by the caller (fp32 ``[R, K]`` dy and raw input x,
+    fp32 ``[R]`` rstd): ``dx = rstd * (dy - y * sum(dy * y))`` with ``y = x * rstd``, the
+    row sum one in-register reduction. :func:`l2norm_bwd_kernel` and kernels that hold a
+    whole row of the gradient (GDN's local backward) call it."""
+    y = x * rstd[:, None]
+    return rstd[:, None] * (dy - y * tl.sum(dy * y, axis=1)[:, None])
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -57,9 +68,9 @@ def l2norm_bwd_kernel(
     mask = rmask[:, None] & (ck < KD)[None, :]
     offs = r[:, None] * KD + ck[None, :]
     rstd = tl.load(RSTD + r, mask=rmask, other=0.0)
-    y = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32) * rstd[:, None]
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-    dx = rstd[:, None] * (dy - y * tl.sum(dy * y, axis=1)[:, None])
+    dx = l2norm_bwd_rows(dy, x, rstd)
     tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
 
 

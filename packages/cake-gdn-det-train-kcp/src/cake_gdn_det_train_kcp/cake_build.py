@@ -47,7 +47,7 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_dv_local",
          "function": "gdn_bwd_dv_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
-        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_rows"},
+        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_at"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_kblock_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
@@ -59,11 +59,12 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
+        {"module": "cake_core.l2norm", "function": "l2norm_bwd_rows"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:fee044313da6f820020ebd79629ea1888b3adcfb346f5e40c25203905ce96afd"
+SOURCE_DIGEST = "sha256:0e399ca2029285097b7a23a7d03ee82be963b2e57bad41fb15db0a4311bc57fb"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -21,6 +21,7 @@ SHARED_KERNELS = [
     # the q/k L2 norm, the fixed-order dA_log / ddt_bias sum and the unit lower triangular
     # inverse the prep kernel calls
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
+    {"module": "cake_core.l2norm", "function": "l2norm_bwd_rows"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
 ]
@@ -33,7 +34,7 @@ DIGEST_EXTRA = []
 KERNELS = [
     {"module": "cake_gdn_det_train.kernels.bwd_dv_local", "function": "gdn_bwd_dv_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_rows"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_at"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_kblock_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
@@ -53,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f9331430eb6971e5e44b2710cb301837a14c0994c22ef75496e5fb249a47e9c2"
+SOURCE_DIGEST = "sha256:1f9af88b3440b0995c7889863ce2eb23ef933621ba2cb47bde681dea34b74379"
 # --- end of generated block ---
 
 MANIFEST = {

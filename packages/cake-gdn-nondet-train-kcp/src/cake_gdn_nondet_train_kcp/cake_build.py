@@ -47,7 +47,7 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.bwd_dv_local",
          "function": "gdn_bwd_dv_local_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
-        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_rows"},
+        {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_at"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
          "function": "gdn_bwd_local_kblock_kernel"},
         {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
@@ -59,11 +59,12 @@ REUSED_KERNELS = {
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
         {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
+        {"module": "cake_core.l2norm", "function": "l2norm_bwd_rows"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:774d002989b7b777e0f36a47ceccb16f35a268cd7acd00a25b98b87188ab10c0"
+SOURCE_DIGEST = "sha256:0412c00e80ee67e24c5702ab94b1ca5d8286811019a2b161b2797169ac4170ac"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

@@ -25,7 +25,7 @@ SHARED_KERNELS = [
     # kernels they call
     {"module": "cake_gdn_det_train.kernels.bwd_dv_local", "function": "gdn_bwd_dv_local_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local", "function": "gdn_bwd_local_kernel"},
-    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_rows"},
+    {"module": "cake_gdn_det_train.kernels.bwd_local_kblock", "function": "_l2norm_bwd_at"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
      "function": "gdn_bwd_local_kblock_kernel"},
     {"module": "cake_gdn_det_train.kernels.bwd_local_kblock",
@@ -37,6 +37,7 @@ SHARED_KERNELS = [
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_fwd_kernel"},
     {"module": "cake_gdn_det_train.kernels.gate", "function": "gdn_gate_bwd_kernel"},
     {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
+    {"module": "cake_core.l2norm", "function": "l2norm_bwd_rows"},
     {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
 ]
@@ -55,7 +56,7 @@ PLANS = [
                 "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1962e2c5caa7a1f2afa856227e07a9e2460643a9255a9c1abc35c4341fb2723d"
+SOURCE_DIGEST = "sha256:4d31f921a7db03f6a532bc7174d6cad899377bc39f0554e13e266002b0b6284c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:806173ebc529668682e2391cff38ab2a65f85ff08b75843e7e351dfe44d0120a"
+SOURCE_DIGEST = "sha256:2548e3b4a5e6f65c88f08fb684c38373400a1ac2ed69ec39aa61cb0cf0f34d74"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f6ee4c208a3c0c1172c2fe9453ef93f372cf89713ea5682725818b7b7a7c86d6"
+SOURCE_DIGEST = "sha256:9f92bf253adffb1ea5826579ffce12f94b7dfa2e7ccfdb01c29e8fb6674107f7"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:fce91a7069578923b7c998b6e63279e8b57bb4d425ef399d828d60d055ee55ca"
+SOURCE_DIGEST = "sha256:ca29b41abfd7d576f195c3fdccb835e128a2712fbcc03bc84bdcf9de1e2375e6"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

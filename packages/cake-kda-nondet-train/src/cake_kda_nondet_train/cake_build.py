@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:313791a68393fc85ae93c35848f5136834c1d65297d287905e514f19fc7a9745"
+SOURCE_DIGEST = "sha256:e49341e89294435ffdfe24f827d427bff27b9ec564228726479703b9566246bc"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -41,16 +41,16 @@ accumulation. The code is cake's own.
 
 import triton
 import triton.language as tl
+from cake_core.l2norm import l2norm_bwd_rows
 
 
 @triton.jit
-def _l2norm_bwd_rows(dy, X, RSTD, x_off, r_off, kmask, tmask):
-    """The q/k L2 norm's backward on whole rows (cake_core.l2norm's math): with
-    ``y = x * rstd`` in fp32, ``dx = rstd * (dy - y * sum(dy * y))``; ``x_off`` / ``r_off``
-    the rows' offsets into the raw input and its fp32 rstd."""
+def _l2norm_bwd_at(dy, X, RSTD, x_off, r_off, kmask, tmask):
+    """The q/k L2 norm's backward on whole rows (cake_core.l2norm.l2norm_bwd_rows), reading
+    the raw input rows at ``x_off`` and their fp32 rstd at ``r_off``."""
     rstd = tl.load(RSTD + r_off, mask=tmask, other=0.0)
-    y = tl.load(X + x_off, mask=kmask, other=0.0).to(tl.float32) * rstd[:, None]
-    return rstd[:, None] * (dy - y * tl.sum(dy * y, axis=1)[:, None])
+    x = tl.load(X + x_off, mask=kmask, other=0.0).to(tl.float32)
+    return l2norm_bwd_rows(dy, x, rstd)
 
 
 @triton.jit
@@ -135,7 +135,7 @@ def gdn_bwd_local_kblock_kernel(
     dq = tl.dot(dpd, kb.to(DT), dq, input_precision=PREC)
     o_off = start * (HV * KD) + hv * KD + rows[:, None] * (HV * KD) + ck[None, :]
     if L2Q:  # one value head per q head, one K block: the L2 norm's backward here
-        dq = _l2norm_bwd_rows(dq, XQ, RQ, k_off, tok * H + hk, kmask, tmask)
+        dq = _l2norm_bwd_at(dq, XQ, RQ, k_off, tok * H + hk, kmask, tmask)
     tl.store(DQ + o_off, dq.to(DQ.dtype.element_ty), mask=kmask)  # once: fp32 or q's
 
     # S_next = exp(G_last) S + (lam k)^T v_new ; w = T (beta gam k)
@@ -294,7 +294,7 @@ def gdn_bwd_local_dk_kernel(
     o_off = start * (H * KD) + hk * KD + rows[:, None] * (H * KD) + ck[None, :]
     r_off = (start + rows) * H + hk
     if L2:
-        dk = _l2norm_bwd_rows(dk, XK, RK, o_off, r_off, kmask, tmask)
+        dk = _l2norm_bwd_at(dk, XK, RK, o_off, r_off, kmask, tmask)
     tl.store(DKO + o_off, dk.to(DKO.dtype.element_ty), mask=kmask)
     if SUM_DQ:
         qp = DQ + start * (HV * KD) + hv0 * KD + rows[:, None] * (HV * KD) + ck[None, :]
@@ -302,5 +302,5 @@ def gdn_bwd_local_dk_kernel(
         for j in range(1, GROUP):
             dq += tl.load(qp + j * KD, mask=kmask, other=0.0)
         if L2:
-            dq = _l2norm_bwd_rows(dq, XQ, RQ, o_off, r_off, kmask, tmask)
+            dq = _l2norm_bwd_at(dq, XQ, RQ, o_off, r_off, kmask, tmask)
         tl.store(DQO + o_off, dq.to(DQO.dtype.element_ty), mask=kmask)
