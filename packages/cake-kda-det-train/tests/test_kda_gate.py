@@ -28,6 +28,18 @@ def _plan():
     return dataclasses.replace(make_plan(K, 16, torch.float32, DEV), gate_block_t=BLOCK_T)
 
 
+def _gate_values(g, A_log, dt_bias, lb, plan):
+    """The gate of the raw g as the forward forms it (inside the chunk cumulative-sum
+    kernel), read out through chunks of one token each: each sum is one gate value."""
+    from cake_kda_det_train.chunk import g_cumsum_into
+
+    NT = g.shape[0] * g.shape[1]
+    starts = torch.arange(NT, dtype=torch.int32, device=g.device)
+    out = torch.full((NT, g.shape[2], g.shape[3]), float("nan"), device=g.device)
+    g_cumsum_into(out, g.contiguous(), starts, starts + 1, NT, plan, (A_log, dt_bias, lb))
+    return out.view(g.shape)
+
+
 def _raw(seed, dtype=torch.float32):
     g = 1.5 * randn((B, T, HV, K), torch.float32, DEV, seed=seed)
     g[0, 1, 0, :3] = 25.0        # above FLA's softplus threshold (20): softplus(x) = x
@@ -56,7 +68,8 @@ def test_gate_kernels_vs_float64(form, pdtype):
     dt_bias = (0.5 * randn((HV * K,), torch.float32, DEV, seed=6)).to(pdtype) \
         if has_bias else None
     plan = _plan()
-    g_out, b_out = api._gate_fwd(g, beta, A_log, dt_bias, lb, True, sig, plan)
+    g_out = _gate_values(g, A_log, dt_bias, lb, plan)
+    b_out = api._beta_fwd(beta, sig, plan)
     assert g_out.dtype == torch.float32 and g_out.shape == g.shape
     dgate = randn(g.shape, torch.float32, DEV, seed=7)
     dbp = randn(beta.shape, torch.float32, DEV, seed=8)
@@ -96,9 +109,7 @@ def test_softplus_threshold_is_flas():
     """x > 20: softplus(x) = x exactly; below, log(1 + exp(x))."""
     g = torch.tensor([25.0, 20.5, 19.9, 0.0, -30.0], device=DEV).view(1, 5, 1, 1)
     A_log = torch.zeros(1, device=DEV)  # -exp(0) = -1
-    out, _ = api._gate_fwd(g, torch.zeros(1, 5, 1, device=DEV), A_log, None, None, True, 0,
-                           _plan())
-    out = out.flatten()
+    out = _gate_values(g, A_log, None, None, _plan()).flatten()
     assert out[0] == -25.0 and out[1] == -20.5
     want = -F.softplus(g.double().flatten(), threshold=20.0)
     assert_close_to_reference(out, want, torch.float32, "softplus", tol=1e-6)

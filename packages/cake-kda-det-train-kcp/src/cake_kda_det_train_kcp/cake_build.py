@@ -57,14 +57,14 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
-        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
+        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_fwd_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:2548e3b4a5e6f65c88f08fb684c38373400a1ac2ed69ec39aa61cb0cf0f34d74"
+SOURCE_DIGEST = "sha256:f54fbe1f65b559ca84d6d3bae6cae7bffee4b18e1e12d5345d065b77a61b7b40"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -9,9 +9,10 @@ in fp32, per-channel log decay g_t ``[K]``, for each token
 
 computed on 64-token chunks by :mod:`cake_kda_det_train.chunk`. Around it, this module
 runs FLA's in-kernel options: the q/k L2 norm (:mod:`cake_core.l2norm`), the gate from the
-raw g and the beta sigmoid (an elementwise fp32 kernel, kernels/gate.py, with dA_log /
-ddt_bias summed in a fixed two-stage order), and checks every argument before any
-allocation or launch.
+raw g (applied inside the chunk forward's cumulative-sum kernel; its backward an
+elementwise fp32 kernel, kernels/gate.py, with dA_log / ddt_bias summed in a fixed
+two-stage order) and the beta sigmoid, and checks every argument before any allocation or
+launch.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ from cake_core.varlen import SeqChunks, resolve_chunks
 from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd, kept_a_shape
 from cake_kda_det_train.kernels.gate import (
     SOFTPLUS_THRESHOLD,
+    kda_beta_fwd_kernel,
     kda_gate_bwd_kernel,
-    kda_gate_fwd_kernel,
 )
 from cake_kda_det_train.plan import (
     CHUNK_SIZE,
@@ -206,28 +207,20 @@ def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, plan: KDA
                       num_warps=4)
 
 
-def _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate: bool, use_sigmoid: int,
-              plan: KDADetPlan):
-    """The per-token log decay and beta the chunk computation uses: fp32 ``g`` ``[B, T, HV,
-    K]`` computed from the raw g and fp32 ``beta`` ``[B, T, HV]`` from the pre-sigmoid
-    beta where the options say so, else the tensors given. Inputs contiguous."""
-    if not (use_gate or use_sigmoid):
-        return g, beta
+def _beta_fwd(beta, use_sigmoid: int, plan: KDADetPlan):
+    """The beta the chunk computation uses: fp32 ``use_sigmoid * sigmoid(beta)`` ``[B, T,
+    HV]`` from the pre-sigmoid beta where the options say so, else beta itself. Input
+    contiguous. (The in-kernel gate is applied by :func:`kda_chunk_fwd`.)"""
+    if not use_sigmoid:
+        return beta
     B, T, HV = beta.shape
-    K = g.shape[-1]
     NT = B * T
-    f32 = torch.float32
-    g_out = torch.empty(g.shape, dtype=f32, device=g.device) if use_gate else g
-    b_out = torch.empty(beta.shape, dtype=f32, device=g.device) if use_sigmoid else beta
+    b_out = torch.empty(beta.shape, dtype=torch.float32, device=beta.device)
     if NT:
-        kda_gate_fwd_kernel[(cdiv(NT, plan.gate_block_t), HV)](
-            g, beta, A_log if A_log is not None else g, dt_bias if dt_bias is not None else g,
-            g_out, b_out, lower_bound if lower_bound is not None else 0.0, NT, HV, K,
-            USE_GATE=use_gate, HAS_A=A_log is not None, HAS_BIAS=dt_bias is not None,
-            LOWER_BOUND=lower_bound is not None, BETA_SIGMOID=use_sigmoid,
-            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BK=plan.block_k,
+        kda_beta_fwd_kernel[(cdiv(NT, plan.gate_block_t), HV)](
+            beta, b_out, NT, HV, BETA_SIGMOID=use_sigmoid, BLOCK_T=plan.gate_block_t,
             num_warps=4)
-    return g_out, b_out
+    return b_out
 
 
 def _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg, dbeta, use_gate: bool,
@@ -278,9 +271,10 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         q, q_rstd = _l2norm(q, plan)
         k, k_rstd = _l2norm(k, plan)
     use_gate, A_log, dt_bias, lower_bound, use_sigmoid = gate
-    g, beta = _gate_fwd(g, beta, A_log, dt_bias, lower_bound, use_gate, use_sigmoid, plan)
-    o, ht, g_cumsum, A = kda_chunk_fwd(q, k, v, g, beta, scale, initial_state,
-                                       output_final_state, tabs, plan, workspace)
+    beta = _beta_fwd(beta, use_sigmoid, plan)  # the gate: in kda_chunk_fwd's G kernel
+    o, ht, g_cumsum, A = kda_chunk_fwd(
+        q, k, v, g, beta, scale, initial_state, output_final_state, tabs, plan, workspace,
+        gate=(A_log, dt_bias, lower_bound) if use_gate else None)
     return o, ht, (q_rstd, k_rstd, g_cumsum, A)
 
 
@@ -302,7 +296,7 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         kn, _ = _l2norm(k, plan)
     else:
         qn, kn = q, k
-    _, beta_eff = _gate_fwd(g, beta, None, None, None, False, use_sigmoid, plan)
+    beta_eff = _beta_fwd(beta, use_sigmoid, plan)
     kept = saved.A
     # T and Aqk stacked when the forward kept what this plan loads, else recomputed
     A = kept.contiguous() if kept is not None and \

@@ -46,7 +46,7 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
-    {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
+    {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_fwd_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
 ]
 PLANS = [
@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:9f92bf253adffb1ea5826579ffce12f94b7dfa2e7ccfdb01c29e8fb6674107f7"
+SOURCE_DIGEST = "sha256:6efaa8449e8fcda4d1f5ef439c4b02ae37fddca3ba70d8276e5dc7310c6685ce"
 # --- end of generated block ---
 
 MANIFEST = {

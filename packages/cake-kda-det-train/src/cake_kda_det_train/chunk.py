@@ -27,6 +27,7 @@ from cake_kda_det_train.kernels.chunk_fwd import (
     kda_fwd_pairs_tok_kernel,
     kda_fwd_prep_kernel,
 )
+from cake_kda_det_train.kernels.gate import SOFTPLUS_THRESHOLD
 from cake_kda_det_train.plan import CHUNK_SIZE, SUB_CHUNK, KDADetPlan, inter_dtype
 
 #: ``maxnreg`` of the backward chunk kernel's launch (the PTX ``.maxnreg``: registers per
@@ -111,19 +112,40 @@ def _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsu
     return kg
 
 
+def g_cumsum_into(out, g, starts, ends, NC: int, plan: KDADetPlan, gate=None):
+    """``out`` (fp32 ``[NT, HV, K]``) = each chunk's cumulative sum over its tokens of the
+    per-token log decay: of g itself, or with ``gate = (A_log, dt_bias, lower_bound)`` of
+    FLA's in-kernel gate of the raw g (kernels/gate.py's formulas), applied as the sums
+    are formed. ``starts`` / ``ends``: the ``NC`` chunks' token ranges (at most
+    ``CHUNK_SIZE`` tokens each), ``NC > 0``."""
+    HV, K = out.shape[1], out.shape[2]
+    A_log, dt_bias, lower_bound = gate if gate is not None else (None, None, None)
+    kda_chunk_cumsum_kernel[(NC, HV)](
+        g, out, starts, ends, A_log if A_log is not None else g,
+        dt_bias if dt_bias is not None else g,
+        lower_bound if lower_bound is not None else 0.0, HV, K, BT=CHUNK_SIZE,
+        BKI=plan.block_k_inner, GATE=gate is not None, HAS_A=A_log is not None,
+        HAS_BIAS=dt_bias is not None, LOWER_BOUND=lower_bound is not None,
+        THRESHOLD=SOFTPLUS_THRESHOLD, num_warps=4)
+
+
 def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
-                  tabs: tuple, plan: KDADetPlan, workspace=None):
+                  tabs: tuple, plan: KDADetPlan, workspace=None, gate=None):
     """The chunked KDA forward on checked, contiguous tensors.
 
     Args:
         q, k: ``[B, T, H, K]`` (already L2-normalised when asked). v: ``[B, T, HV, V]``.
-        g: ``[B, T, HV, K]`` per-token log decay (after any gate), fp32 or q's dtype.
+        g: ``[B, T, HV, K]`` per-token log decay, fp32 or q's dtype; the raw g when
+            ``gate`` is given.
         beta: ``[B, T, HV]`` (after any sigmoid). scale: float.
         initial_state: fp32 ``[N, HV, K, V]`` or None. output_final_state: bool.
         tabs: the chunk tables ``(starts, ends, chunk_off, cu, NC)`` of the sequences in the
             ``B * T`` tokens on q's device
             (:attr:`cake_core.varlen.SeqChunks.tables`; read-only).
         plan: a :class:`KDADetPlan`. workspace: a checked KDADetWorkspace or None.
+        gate: ``(A_log, dt_bias, lower_bound)`` (contiguous tensors or None, a float or
+            None): FLA's in-kernel gate, applied to g as the chunk cumulative sums are
+            formed (kernels/gate.py's math); None: g is the log decay itself.
 
     Returns:
         ``(o, final_state, g_cumsum, A)``: o ``[B, T, HV, V]`` in v's dtype; final_state
@@ -140,9 +162,7 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     NC = tabs[4]
     g_cumsum = torch.empty((NT, HV, K), dtype=torch.float32, device=dev)
     if NC:  # G first: the GPU starts before the host's other allocations
-        kda_chunk_cumsum_kernel[(NC, HV)](
-            g, g_cumsum, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
-            num_warps=4)
+        g_cumsum_into(g_cumsum, g, tabs[0], tabs[1], NC, plan, gate)
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     # T and Aqk stacked, both returned for the backward
     A = torch.empty(kept_a_shape(NT, HV), dtype=idt, device=dev)

@@ -61,14 +61,14 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_kernel"},
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
-        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_fwd_kernel"},
+        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_fwd_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:e49341e89294435ffdfe24f827d427bff27b9ec564228726479703b9566246bc"
+SOURCE_DIGEST = "sha256:3711d17c053aab1fbb9bacef45f0ea90b99fb0421d432e9b3128cbd4d580c2e4"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -11,7 +11,8 @@ sum of the per-channel log decays g ``[BT, K]``, S0 the state at the chunk's sta
     o   = scale (q * exp(G)) S0 + Aqk v_new
     S1  = exp(G_last) * S0 + (k * exp(G_last - G))^T v_new
 
-In launch order: ``kda_chunk_cumsum_kernel`` forms G; ``kda_fwd_pairs_kernel`` (per
+In launch order: ``kda_chunk_cumsum_kernel`` forms G (from the raw g through the in-kernel
+gate when it is on); ``kda_fwd_pairs_kernel`` (per
 16-token sub-chunk) the pair products with the earlier sub-chunks and
 ``kda_fwd_pairs_tok_kernel`` (per token) those inside each sub-chunk (raw k k^T to an fp32
 scratch, Aqk); ``kda_fwd_inv_kernel`` T; ``kda_fwd_prep_kernel`` (per chunk and value head)
@@ -28,6 +29,8 @@ columns.
 import triton
 import triton.language as tl
 from cake_core.triangular import unit_lower_inverse
+
+from cake_kda_det_train.kernels.gate import _gate_math
 
 
 @triton.jit
@@ -167,22 +170,34 @@ def kda_fwd_inv_kernel(
 
 @triton.jit
 def kda_chunk_cumsum_kernel(
-    Gp, GCUM, CHUNK_START, CHUNK_END, HV, KD,
-    BT: tl.constexpr, BKI: tl.constexpr,
+    Gp, GCUM, CHUNK_START, CHUNK_END, A_LOG, DT_BIAS, lower_bound, HV, KD,
+    BT: tl.constexpr, BKI: tl.constexpr, GATE: tl.constexpr, HAS_A: tl.constexpr,
+    HAS_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr, THRESHOLD: tl.constexpr,
 ):
-    """G, the cumulative sum of the per-token log decays within
-    each chunk (grid: chunk, value head; key channels in blocks of ``BKI``)."""
+    """G, the cumulative sum of the per-token log decays within each chunk (grid: chunk,
+    value head; key channels in blocks of ``BKI``). ``GATE``: G_p holds the raw g and the
+    in-kernel gate (kernels/gate.py's ``_gate_math``, which its backward kernel also
+    calls) is applied to it here, so the gated g never goes to memory."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     start = tl.load(CHUNK_START + c).to(tl.int64)
     end = tl.load(CHUNK_END + c).to(tl.int64)
     tok = start + tl.arange(0, BT)
     tmask = tok < end
+    a_raw = 0.0
+    if GATE and HAS_A:
+        a_raw = tl.load(A_LOG + hv).to(tl.float32)
     for k0 in range(0, KD, BKI):
         ck = k0 + tl.arange(0, BKI)
         kmask = tmask[:, None] & (ck < KD)[None, :]
         g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
         g = tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32)
+        if GATE:
+            if HAS_BIAS:
+                g = g + tl.load(DT_BIAS + hv * KD + ck, mask=ck < KD,
+                                other=0.0).to(tl.float32)[None, :]
+            g, _ = _gate_math(g, a_raw, lower_bound, HAS_A, LOWER_BOUND, THRESHOLD)
+            g = tl.where(kmask, g, 0.0)
         tl.store(GCUM + g_off, tl.cumsum(g, axis=0), mask=kmask)
 
 

@@ -1,4 +1,6 @@
-"""FLA's in-kernel KDA gate and beta sigmoid: elementwise fp32 prep and its backward.
+"""FLA's in-kernel KDA gate and beta sigmoid: the gate's math (its forward runs inside the
+chunk cumulative-sum kernel, kernels/chunk_fwd.py), the beta sigmoid's forward kernel and
+the backward of both.
 
 Per token t, value head h and key channel c (g flattened to ``[NT, HV, K]``, beta to
 ``[NT, HV]``), with ``x = g[t, h, c] + dt_bias[h * K + c]`` (FLA's ``fla/ops/kda/gate.py``):
@@ -53,34 +55,17 @@ def _gate_math(x, a_raw, lb, HAS_A: tl.constexpr, LOWER_BOUND: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["n_tok"])
-def kda_gate_fwd_kernel(
-    G, BETA, A_LOG, DT_BIAS, G_OUT, BETA_OUT, lower_bound, n_tok, HV, KD,
-    USE_GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_BIAS: tl.constexpr,
-    LOWER_BOUND: tl.constexpr, BETA_SIGMOID: tl.constexpr, THRESHOLD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BK: tl.constexpr,
-):
-    """G_OUT (fp32 ``[NT, HV, K]``) = the gate of G; BETA_OUT (fp32 ``[NT, HV]``) =
-    BETA_SIGMOID * sigmoid(BETA). Inputs contiguous, any float dtype."""
+def kda_beta_fwd_kernel(BETA, BETA_OUT, n_tok, HV, BETA_SIGMOID: tl.constexpr,
+                        BLOCK_T: tl.constexpr):
+    """BETA_OUT (fp32 ``[NT, HV]``) = BETA_SIGMOID * sigmoid(BETA), BETA contiguous, any
+    float dtype. (The gate's forward runs inside the chunk cumulative-sum kernel:
+    ``kernels/chunk_fwd.py``'s ``kda_chunk_cumsum_kernel`` calls :func:`_gate_math`.)"""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     t = (pid * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     tmask = t < n_tok
-    if USE_GATE:
-        c = tl.arange(0, BK)
-        cmask = c < KD
-        mask = tmask[:, None] & cmask[None, :]
-        off = (t[:, None] * HV + h) * KD + c[None, :]
-        x = tl.load(G + off, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            x = x + tl.load(DT_BIAS + h * KD + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        a_raw = 0.0
-        if HAS_A:
-            a_raw = tl.load(A_LOG + h).to(tl.float32)
-        gate, _ = _gate_math(x, a_raw, lower_bound, HAS_A, LOWER_BOUND, THRESHOLD)
-        tl.store(G_OUT + off, gate, mask=mask)
-    if BETA_SIGMOID:
-        b = tl.load(BETA + t * HV + h, mask=tmask, other=0.0).to(tl.float32)
-        tl.store(BETA_OUT + t * HV + h, tl.sigmoid(b) * BETA_SIGMOID, mask=tmask)
+    b = tl.load(BETA + t * HV + h, mask=tmask, other=0.0).to(tl.float32)
+    tl.store(BETA_OUT + t * HV + h, tl.sigmoid(b) * BETA_SIGMOID, mask=tmask)
 
 
 @triton.jit(do_not_specialize=["n_tok"])
