@@ -28,16 +28,35 @@ def _plan():
     return dataclasses.replace(make_plan(K, 16, torch.float32, DEV), gate_block_t=BLOCK_T)
 
 
+def _one_token_chunks(g):
+    NT = g.shape[0] * g.shape[1]
+    starts = torch.arange(NT, dtype=torch.int32, device=g.device)
+    return NT, starts, starts + 1
+
+
 def _gate_values(g, A_log, dt_bias, lb, plan):
     """The gate of the raw g as the forward forms it (inside the chunk cumulative-sum
     kernel), read out through chunks of one token each: each sum is one gate value."""
     from cake_kda_det_train.chunk import g_cumsum_into
 
-    NT = g.shape[0] * g.shape[1]
-    starts = torch.arange(NT, dtype=torch.int32, device=g.device)
+    NT, starts, ends = _one_token_chunks(g)
     out = torch.full((NT, g.shape[2], g.shape[3]), float("nan"), device=g.device)
-    g_cumsum_into(out, g.contiguous(), starts, starts + 1, NT, plan, (A_log, dt_bias, lb))
+    g_cumsum_into(out, g.contiguous(), starts, ends, NT, plan, (A_log, dt_bias, lb))
     return out.view(g.shape)
+
+
+def _gate_grads(g, A_log, dt_bias, lb, dgate, plan):
+    """``(dg, dA_log, ddt_bias)`` as the backward forms them (the gate's backward inside the
+    chunk backward's dg kernel, per-chunk sums added in chunk order), through chunks of one
+    token each (each reverse cumulative sum is its token's own gradient)."""
+    from cake_kda_det_train.chunk import dg_cumsum_into
+
+    NT, starts, ends = _one_token_chunks(g)
+    dg = torch.full((NT, g.shape[2], g.shape[3]), float("nan"), device=g.device)
+    parts = dg_cumsum_into(dg, dgate.contiguous().view(dg.shape), starts, ends, NT, plan,
+                           (g.contiguous(), A_log, dt_bias, lb))
+    return (dg.view(g.shape), *api._gate_param_grads(parts, A_log, dt_bias, g.shape[2],
+                                                     g.shape[3], g.device))
 
 
 def _raw(seed, dtype=torch.float32):
@@ -73,9 +92,9 @@ def test_gate_kernels_vs_float64(form, pdtype):
     assert g_out.dtype == torch.float32 and g_out.shape == g.shape
     dgate = randn(g.shape, torch.float32, DEV, seed=7)
     dbp = randn(beta.shape, torch.float32, DEV, seed=8)
-    dg, db = dgate.clone(), dbp.clone()
-    dA, dbias = api._gate_bwd(g, beta, A_log, dt_bias, lb, dg.view(-1, HV, K),
-                              db.view(-1, HV), True, sig, plan)
+    dg, dA, dbias = _gate_grads(g, A_log, dt_bias, lb, dgate, plan)
+    db = dbp.clone()
+    api._beta_bwd(beta, db.view(-1, HV), sig, plan)
     # float64 autograd through the reference gate and FLA's beta sigmoid
     leaves = [t.detach().double().requires_grad_() if t is not None else None
               for t in (g, beta, A_log, dt_bias)]
@@ -116,7 +135,7 @@ def test_softplus_threshold_is_flas():
 
 
 def test_fixed_order_sums_and_reordering_changes_bits(monkeypatch):
-    """dA_log and ddt_bias are the per-block partials added in block-index order (bitwise),
+    """dA_log and ddt_bias are the per-chunk partials added in chunk order (bitwise),
     repeat bitwise, and other orders (what atomics would give) change the bits on this
     input, so the repeat test can fail."""
     g, beta = _raw(11)
@@ -134,13 +153,11 @@ def test_fixed_order_sums_and_reordering_changes_bits(monkeypatch):
     monkeypatch.setattr(api, "ordered_sum", spy)
 
     def step():
-        dg = dgate.clone()
-        return api._gate_bwd(g, beta, A_log, dt_bias, None, dg.view(-1, HV, K),
-                             torch.zeros(B * T, HV, device=DEV), True, 0, plan)
+        return _gate_grads(g, A_log, dt_bias, None, dgate, plan)[1:]
 
     dA, dbias = assert_bitwise_repeat(step, repeats=2)
     parts_a, parts_b = seen[0], seen[1]
-    assert parts_a.shape == (7, HV) and parts_b.shape == (7, HV * K)  # ceil(100 / 16) blocks
+    assert parts_a.shape == (B * T, HV) and parts_b.shape == (B * T, HV * K)  # one a chunk
     gen = torch.Generator().manual_seed(0)
     for parts, got in ((parts_a, dA), (parts_b, dbias)):
         acc = parts[0].clone()
@@ -155,11 +172,6 @@ def test_fixed_order_sums_and_reordering_changes_bits(monkeypatch):
                 s = s + parts[i]
             differs += not bitwise_equal(s, got)
         assert differs > 0, "no reordering changed the bits: this input cannot detect atomics"
-    # another block size regroups the sums: other bits (bits are promised per plan)
-    other = dataclasses.replace(plan, gate_block_t=32)
-    dA2, dbias2 = api._gate_bwd(g, beta, A_log, dt_bias, None, dgate.clone().view(-1, HV, K),
-                                torch.zeros(B * T, HV, device=DEV), True, 0, other)
-    assert not (bitwise_equal(dA, dA2) and bitwise_equal(dbias, dbias2))
 
 
 def test_end_to_end_sums_bitwise_and_low_level(kda):

@@ -8,7 +8,7 @@ from _kda_nd_cases import DEV, cu_of, make
 from cake_core.testing import assert_raises_unmodified, no_kernel_launches
 from cake_kda_nondet_train import chunk_kda_nondet, chunk_kda_nondet_bwd, chunk_kda_nondet_fwd
 
-_LAUNCHES = ("_launch_fwd", "_launch_bwd", "_l2norm", "_beta_fwd", "_gate_bwd",
+_LAUNCHES = ("_launch_fwd", "_launch_bwd", "_l2norm", "_beta_fwd", "_beta_bwd",
              "kda_chunk_fwd", "kda_chunk_bwd")
 
 

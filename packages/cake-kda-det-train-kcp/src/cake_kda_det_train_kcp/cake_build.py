@@ -58,13 +58,13 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_fwd_kernel"},
-        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
+        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_bwd_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f54fbe1f65b559ca84d6d3bae6cae7bffee4b18e1e12d5345d065b77a61b7b40"
+SOURCE_DIGEST = "sha256:1e86c9149f76cd0b0972a674c8f154d11ae9f6966407bff2463765e900e5b677"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -9,10 +9,9 @@ in fp32, per-channel log decay g_t ``[K]``, for each token
 
 computed on 64-token chunks by :mod:`cake_kda_det_train.chunk`. Around it, this module
 runs FLA's in-kernel options: the q/k L2 norm (:mod:`cake_core.l2norm`), the gate from the
-raw g (applied inside the chunk forward's cumulative-sum kernel; its backward an
-elementwise fp32 kernel, kernels/gate.py, with dA_log / ddt_bias summed in a fixed
-two-stage order) and the beta sigmoid, and checks every argument before any allocation or
-launch.
+raw g (its forward and backward inside the chunk kernels that form G and dg, with dA_log /
+ddt_bias summed in a fixed two-stage order: kernels/gate.py) and the beta sigmoid, and
+checks every argument before any allocation or launch.
 """
 
 from __future__ import annotations
@@ -55,9 +54,8 @@ from cake_core.varlen import SeqChunks, resolve_chunks
 
 from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd, kept_a_shape
 from cake_kda_det_train.kernels.gate import (
-    SOFTPLUS_THRESHOLD,
+    kda_beta_bwd_kernel,
     kda_beta_fwd_kernel,
-    kda_gate_bwd_kernel,
 )
 from cake_kda_det_train.plan import (
     CHUNK_SIZE,
@@ -223,41 +221,31 @@ def _beta_fwd(beta, use_sigmoid: int, plan: KDADetPlan):
     return b_out
 
 
-def _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg, dbeta, use_gate: bool,
-              use_sigmoid: int, plan: KDADetPlan):
-    """In place: dg (fp32 ``[NT, HV, K]``) and dbeta (fp32 ``[NT, HV]``), w.r.t. the gate
-    and beta', become the gradients w.r.t. the raw g and the pre-sigmoid beta. Returns
-    ``(dA_log, ddt_bias)`` (``None`` where not used): per-block fp32 partials, then a sum
-    over the blocks in index order (ordered_sum; no atomics), cast once to A_log's /
-    dt_bias's dtype."""
-    if not (use_gate or use_sigmoid):
-        return None, None
+def _beta_bwd(beta, dbeta, use_sigmoid: int, plan: KDADetPlan):
+    """In place: dbeta (fp32 ``[NT, HV]``), w.r.t. beta', becomes the gradient w.r.t. the
+    pre-sigmoid beta where the options say so."""
+    if not use_sigmoid:
+        return
     NT, HV = dbeta.shape
-    K = dg.shape[-1]
-    NB = cdiv(NT, plan.gate_block_t)
-    dev = dg.device
-    f32 = torch.float32
-    has_a = use_gate and A_log is not None
-    has_bias = use_gate and dt_bias is not None
-    da_part = torch.empty((NB, HV), dtype=f32, device=dev) if has_a else dg
-    db_part = torch.empty((NB, HV * K), dtype=f32, device=dev) if has_bias else dg
-    if NB:
-        kda_gate_bwd_kernel[(NB, HV)](
-            g, beta, A_log if has_a else g, dt_bias if has_bias else g, dg, dbeta,
-            da_part, db_part, lower_bound if lower_bound is not None else 0.0, NT, HV, K,
-            USE_GATE=use_gate, HAS_A=has_a, HAS_BIAS=has_bias,
-            LOWER_BOUND=lower_bound is not None, BETA_SIGMOID=use_sigmoid,
-            THRESHOLD=SOFTPLUS_THRESHOLD, BLOCK_T=plan.gate_block_t, BK=plan.block_k,
+    if NT:
+        kda_beta_bwd_kernel[(cdiv(NT, plan.gate_block_t), HV)](
+            beta, dbeta, NT, HV, BETA_SIGMOID=use_sigmoid, BLOCK_T=plan.gate_block_t,
             num_warps=4)
-    # fp32 sums in block order, cast once on the host
-    dA_log = ddt_bias = None
-    if has_a:
-        dA_log = ordered_sum(da_part, out=torch.empty((HV,), dtype=f32, device=dev))
-        dA_log = dA_log.to(A_log.dtype)
-    if has_bias:
-        ddt_bias = ordered_sum(db_part, out=torch.empty((HV * K,), dtype=f32, device=dev))
-        ddt_bias = ddt_bias.to(dt_bias.dtype)
-    return dA_log, ddt_bias
+
+
+def _gate_param_grads(parts, A_log, dt_bias, HV: int, K: int, device):
+    """``(dA_log, ddt_bias)`` (``None`` where not given) from the chunk backward's per-chunk
+    fp32 partials: added in chunk order (ordered_sum; no atomics), cast once to A_log's /
+    dt_bias's dtype. With no chunks they are zero."""
+    f32 = torch.float32
+    out = []
+    for t, p, n in ((A_log, parts[0], HV), (dt_bias, parts[1], HV * K)):
+        if t is None:
+            out.append(None)
+            continue
+        p = p if p is not None else torch.empty((0, n), dtype=f32, device=device)
+        out.append(ordered_sum(p, out=torch.empty((n,), dtype=f32, device=device)).to(t.dtype))
+    return tuple(out)
 
 
 def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, tabs,
@@ -302,15 +290,16 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     A = kept.contiguous() if kept is not None and \
         kept.dtype == inter_dtype(plan, q.dtype) and \
         tuple(kept.shape) == kept_a_shape(NT, HV) else None
-    dq, dk, dv, dg, dbeta, dh0 = kda_chunk_bwd(
+    dq, dk, dv, dg, dbeta, dh0, *parts = kda_chunk_bwd(
         do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
         saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace,
-        grad_dtype=torch.float32 if saved.use_qk_l2norm else q.dtype)
-    # gate / sigmoid backward (in place on dg, dbeta); with no tokens dA_log, ddt_bias are 0
-    dg = dg.contiguous()
+        grad_dtype=torch.float32 if saved.use_qk_l2norm else q.dtype,
+        gate=(g, A_log, dt_bias, lower_bound) if use_gate else None, dg_dtype=g.dtype)
+    # the gate's backward ran in the chunk backward (dg w.r.t. the raw g, per-chunk sums);
+    # the sigmoid's in place on dbeta; with no tokens dA_log, ddt_bias are 0
     dbeta = dbeta.contiguous()
-    dA_log, ddt_bias = _gate_bwd(g, beta, A_log, dt_bias, lower_bound, dg.view(NT, HV, K),
-                                 dbeta.view(NT, HV), use_gate, use_sigmoid, plan)
+    _beta_bwd(beta, dbeta.view(NT, HV), use_sigmoid, plan)
+    dA_log, ddt_bias = _gate_param_grads(parts, A_log, dt_bias, HV, K, q.device)
     if saved.use_qk_l2norm:  # one launch each, dx in q's dtype
         dq = _l2norm_bwd(q, saved.q_rstd, dq, plan)
         dk = _l2norm_bwd(k, saved.k_rstd, dk, plan)

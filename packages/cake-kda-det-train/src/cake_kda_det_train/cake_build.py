@@ -47,7 +47,7 @@ KERNELS = [
     {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
     {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_fwd_kernel"},
-    {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
+    {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_bwd_kernel"},
 ]
 PLANS = [
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6efaa8449e8fcda4d1f5ef439c4b02ae37fddca3ba70d8276e5dc7310c6685ce"
+SOURCE_DIGEST = "sha256:915c0a1e7ec6743240e0261c59e8e4f70f91cf976934b63d267eaa770b6a55d0"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -188,9 +188,34 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
     return o, ht, g_cumsum, A
 
 
+def dg_cumsum_into(out, dG, starts, ends, NC: int, plan: KDADetPlan, gate=None):
+    """``out`` (``[NT, HV, K]``, any float dtype; may be ``dG`` itself) = each chunk's
+    reverse cumulative sum of the fp32 ``dG`` over its tokens: the gradient w.r.t. the
+    per-token log decay; with ``gate = (g, A_log, dt_bias, lower_bound)`` (g the raw g)
+    through FLA's in-kernel gate's backward: the gradient w.r.t. the raw g. Returns the
+    per-chunk fp32 partial sums ``(dA_log [NC, HV], ddt_bias [NC, HV * K])`` (``None``
+    where there is no such parameter), to be added in chunk order. ``starts`` /
+    ``ends``: the ``NC > 0`` chunks' token ranges (at most ``CHUNK_SIZE`` tokens each)."""
+    HV, K = dG.shape[-2], dG.shape[-1]
+    g, A_log, dt_bias, lower_bound = gate if gate is not None else (None, None, None, None)
+    f32 = torch.float32
+    da = torch.empty((NC, HV), dtype=f32, device=dG.device) if A_log is not None else None
+    db = torch.empty((NC, HV * K), dtype=f32, device=dG.device) \
+        if dt_bias is not None else None
+    kda_bwd_dg_cumsum_kernel[(NC, HV)](
+        dG, out, g if g is not None else dG, A_log if A_log is not None else dG,
+        dt_bias if dt_bias is not None else dG, da if da is not None else dG,
+        db if db is not None else dG, lower_bound if lower_bound is not None else 0.0,
+        starts, ends, HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner, GATE=gate is not None,
+        HAS_A=A_log is not None, HAS_BIAS=dt_bias is not None,
+        LOWER_BOUND=lower_bound is not None, THRESHOLD=SOFTPLUS_THRESHOLD, num_warps=4)
+    return da, db
+
+
 def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_state,
                   tabs: tuple, plan: KDADetPlan, workspace=None,
-                  grad_dtype: torch.dtype = torch.float32):
+                  grad_dtype: torch.dtype = torch.float32, gate=None,
+                  dg_dtype: torch.dtype = torch.float32):
     """Backward of :func:`kda_chunk_fwd`: recomputes the chunk quantities from the saved
     g_cumsum (and T when ``A`` is given and matches the plan), runs the state-gradient
     recurrence in reverse, then the chunk-local gradients.
@@ -202,13 +227,18 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             Aqk, or None (recomputed).
         grad_dtype: the dtype of the returned dq and dk (fp32 when a backward of the q/k L2
             norm follows, else q's dtype: the cast is fused into the value-head sum).
+        gate: ``(g, A_log, dt_bias, lower_bound)`` with FLA's in-kernel gate (g raw), or
+            None. dg_dtype: the dtype dg is stored in (g's, cast in the kernel).
 
     Returns:
-        ``(dq, dk, dv, dg, dbeta, dh0)``: dq, dk ``grad_dtype`` ``[B, T, H, K]`` (value heads
-        of one q/k head added in index order in fp32, cast once); dv ``[B, T, HV, V]`` of
-        :func:`cake_core.gemm.direct_store_dtype` of v's dtype; dg fp32
-        ``[B, T, HV, K]`` w.r.t. the per-token log decay; dbeta fp32 ``[B, T, HV]``; dh0
-        fp32 ``[N, HV, K, V]``, or None without an initial state.
+        ``(dq, dk, dv, dg, dbeta, dh0, dA_log_parts, ddt_bias_parts)``: dq, dk
+        ``grad_dtype`` ``[B, T, H, K]`` (value heads of one q/k head added in index order in
+        fp32, cast once); dv ``[B, T, HV, V]`` of
+        :func:`cake_core.gemm.direct_store_dtype` of v's dtype; dg ``[B, T, HV, K]`` of
+        ``direct_store_dtype(dg_dtype)`` w.r.t. the per-token log decay (the raw g with
+        ``gate``); dbeta fp32 ``[B, T, HV]``; dh0 fp32 ``[N, HV, K, V]``, or None without
+        an initial state; the per-chunk partial sums of :func:`dg_cumsum_into` (``None``
+        without ``gate`` or its parameter; zero rows with no tokens).
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -233,6 +263,9 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     # in-kernel bf16 cast truncates; the caller's cast rounds to nearest even)
     dv = torch.empty((B, T, HV, V), dtype=direct_store_dtype(v.dtype), device=dev)
     dg = torch.empty((B, T, HV, K), dtype=f32, device=dev)
+    dgo = dg if direct_store_dtype(dg_dtype) == f32 else torch.empty(
+        (B, T, HV, K), dtype=direct_store_dtype(dg_dtype), device=dev)
+    parts = (None, None)
     dbeta = torch.empty((B, T, HV), dtype=f32, device=dev)
     dh0 = torch.empty((N, HV, K, V), dtype=f32, device=dev) \
         if initial_state is not None else None
@@ -286,9 +319,7 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             dq_out, dk_out, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
             BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd,
             num_warps=plan.num_warps_tok_bwd)
-        kda_bwd_dg_cumsum_kernel[(NC, HV)](
-            dg, tabs[0], tabs[1], HV, K, BT=CHUNK_SIZE, BKI=plan.block_k_inner,
-            num_warps=4)
+        parts = dg_cumsum_into(dgo, dg, tabs[0], tabs[1], NC, plan, gate)
     # the fixed-order sum over each q/k head's value heads, fused with the cast to grad_dtype
     if direct:  # stored by the token-parallel kernel (fp32 under the interpreter: cast here)
         dq = dq_out.view(B, T, H, K).to(grad_dtype)
@@ -296,4 +327,4 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     else:
         dq = group_sum_cast(dq_hv, H, grad_dtype).view(B, T, H, K)
         dk = group_sum_cast(dk_hv, H, grad_dtype).view(B, T, H, K)
-    return dq, dk, dv, dg, dbeta, dh0
+    return dq, dk, dv, dgo, dbeta, dh0, *parts

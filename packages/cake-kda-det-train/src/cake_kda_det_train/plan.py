@@ -60,9 +60,10 @@ class KDADetPlan(Plan):
             stages at 16-bit (3 overflow shared memory at K = 128, 1 was slower), else 1.
         l2norm_block_rows: rows per program of the q/k L2-norm kernel: 16 on CUDA, 256
             under the interpreter (fewer programs).
-        gate_block_t: tokens per program of the in-kernel gate and beta-sigmoid kernels and
-            the first stage of the dA_log / ddt_bias sums (bits depend on it): ``4096 //
-            block_k`` on CUDA (16 to 128), 256 under the interpreter.
+        gate_block_t: tokens per program of the beta sigmoid's kernels (forward and
+            backward; they sum nothing, so the bits do not depend on it; the gate itself
+            runs in the chunk kernels): ``4096 // block_k`` on CUDA (16 to 128), 256 under
+            the interpreter.
         fp32_dots: precision of dots with fp32 operands, 0 = "tf32", 1 = "ieee", 2 =
             "tf32x3": on CUDA 0 at 16-bit (only the solve is fp32 there), else 2 ("ieee"
             spills); 1 under the interpreter (it computes fp32 anyway).

@@ -67,13 +67,13 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_fwd_kernel"},
-        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
+        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_bwd_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f8efe6767270c0c510d7799a1f1cd317d966dfee5269cca79698fbf987b6eff5"
+SOURCE_DIGEST = "sha256:9a5daa1e1200512970f5e3886b88e9083f31e8cd5902e9b69224c826149eb54a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

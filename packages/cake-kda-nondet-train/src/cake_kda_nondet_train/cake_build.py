@@ -62,13 +62,13 @@ REUSED_KERNELS = {
         {"module": "cake_kda_det_train.kernels.chunk_fwd", "function": "kda_fwd_pairs_tok_kernel"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "_gate_math"},
         {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_fwd_kernel"},
-        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_gate_bwd_kernel"},
+        {"module": "cake_kda_det_train.kernels.gate", "function": "kda_beta_bwd_kernel"},
         {"module": "cake_core.l2norm", "function": "l2norm_fwd_kernel"},
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:3711d17c053aab1fbb9bacef45f0ea90b99fb0421d432e9b3128cbd4d580c2e4"
+SOURCE_DIGEST = "sha256:cc3975ed39f3d4b5a70e926a7ad9906b48993c5527f2c2bc786380edaaf9ac84"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

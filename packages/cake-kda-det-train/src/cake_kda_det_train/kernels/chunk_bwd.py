@@ -20,7 +20,8 @@ are parked in the dq, dk, dg outputs and read back by the same program):
     q/k gradients through the gated pairs (kda_bwd_intra_kernel, kda_bwd_intra_tok_kernel)
     dG  = q dq + k (dk_row + dk_w) - k (dk_col + dk_colq + dk_kd),
           + sum_i k_i dk_kd_i + exp(G_last) sum_v S0 dS  on the last row,
-    dg  = reverse cumulative sum of dG within the chunk
+    dg  = reverse cumulative sum of dG within the chunk (then, with the in-kernel gate,
+          its backward: kda_bwd_dg_cumsum_kernel)
 
 (derived by hand and checked against autograd of a float64 token recurrence). No atomics:
 each program writes only its own chunk's rows.
@@ -33,6 +34,8 @@ cake_core.chunk_state are built: faster, the same bits (measurements: docs/bench
 
 import triton
 import triton.language as tl
+
+from cake_kda_det_train.kernels.gate import _gate_math
 
 
 @triton.jit
@@ -326,20 +329,51 @@ def kda_bwd_intra_tok_kernel(
 
 @triton.jit
 def kda_bwd_dg_cumsum_kernel(
-    DG, CHUNK_START, CHUNK_END, HV: tl.constexpr, KD: tl.constexpr,
-    BT: tl.constexpr, BKI: tl.constexpr,
+    DG, DGO, Gp, A_LOG, DT_BIAS, DA_PART, DBIAS_PART, lower_bound, CHUNK_START, CHUNK_END,
+    HV: tl.constexpr, KD: tl.constexpr, BT: tl.constexpr, BKI: tl.constexpr,
+    GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_BIAS: tl.constexpr,
+    LOWER_BOUND: tl.constexpr, THRESHOLD: tl.constexpr,
 ):
-    """dg = the reverse cumulative sum of dG within each chunk
-    (grid: chunk, value head; key channels in blocks of ``BKI``), in place."""
+    """dg = the reverse cumulative sum of dG (fp32 ``DG``) within each chunk, stored to
+    ``DGO`` in its dtype (``DGO`` may be ``DG``: each element is read before it is written,
+    by the same program). Grid: chunk, value head; key channels in blocks of ``BKI``.
+    ``GATE``: dG is w.r.t. the in-kernel gate of the raw g in ``Gp``; its backward
+    (kernels/gate.py's formulas) turns dg into the gradient w.r.t. the raw g here, and the
+    program stores its chunk's sums for dA_log (``DA_PART[c, hv]``, over the chunk's tokens
+    and channels, key blocks in order) and dt_bias (``DBIAS_PART[c, hv * K + k]``)."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     start = tl.load(CHUNK_START + c).to(tl.int64)
     end = tl.load(CHUNK_END + c).to(tl.int64)
     tok = start + tl.arange(0, BT)
     tmask = tok < end
+    a_raw = 0.0
+    if GATE and HAS_A:
+        a_raw = tl.load(A_LOG + hv).to(tl.float32)
+    da_sum = 0.0
     for k0 in range(0, KD, BKI):
         ck = k0 + tl.arange(0, BKI)
         kmask = tmask[:, None] & (ck < KD)[None, :]
         g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
         dgc = tl.load(DG + g_off, mask=kmask, other=0.0)
-        tl.store(DG + g_off, tl.cumsum(dgc, axis=0, reverse=True), mask=kmask)
+        dgc = tl.cumsum(dgc, axis=0, reverse=True)
+        if GATE:
+            x = tl.load(Gp + g_off, mask=kmask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                x = x + tl.load(DT_BIAS + hv * KD + ck, mask=ck < KD,
+                                other=0.0).to(tl.float32)[None, :]
+            gate, dgate_dx = _gate_math(x, a_raw, lower_bound, HAS_A, LOWER_BOUND, THRESHOLD)
+            dx = tl.where(kmask, dgc * dgate_dx, 0.0)
+            if HAS_A:
+                if LOWER_BOUND:
+                    da = tl.where(kmask, dx * x, 0.0)
+                else:
+                    da = tl.where(kmask, dgc * gate, 0.0)
+                da_sum += tl.sum(tl.sum(da, axis=1), axis=0)
+            if HAS_BIAS:
+                tl.store(DBIAS_PART + (c * HV + hv) * KD + ck, tl.sum(dx, axis=0),
+                         mask=ck < KD)
+            dgc = dx
+        tl.store(DGO + g_off, dgc.to(DGO.dtype.element_ty), mask=kmask)
+    if GATE and HAS_A:
+        tl.store(DA_PART + c * HV + hv, da_sum)

@@ -20,11 +20,13 @@ of the chunk kernels:
                                                                    dA_log = sum dx * x
     dbeta = dbeta' * c_b * s_b (1 - s_b), s_b = sigmoid(beta)      ddt_bias = sum_t dx
 
-The sums run over every token of every sequence in two fixed stages: each program reduces
-its ``BLOCK_T`` tokens (``tl.sum`` inside one program) into its own slot of a partials
-buffer (``[NB, HV]`` for dA_log, ``[NB, HV * K]`` for ddt_bias); the host then adds the
-rows in index order (:func:`cake_core.gemm.ordered_sum`). No atomics. Grid: ``(NB, HV)``,
-one program per block of ``BLOCK_T`` tokens and value head, the whole K (``BK >= K``).
+The gate's forward and backward run inside the chunk kernels that form G and dg
+(``kda_chunk_cumsum_kernel``, ``kda_bwd_dg_cumsum_kernel``), which call :func:`_gate_math`.
+The sums run over every token of every sequence in two fixed stages: each chunk's program
+reduces its tokens into its own slot of a partials buffer (``[NC, HV]`` for dA_log,
+``[NC, HV * K]`` for ddt_bias); the host then adds the rows in chunk order
+(:func:`cake_core.gemm.ordered_sum`). No atomics. The beta sigmoid's kernels run on a grid
+``(NB, HV)``: one program per block of ``BLOCK_T`` tokens and value head.
 """
 
 import triton
@@ -69,45 +71,17 @@ def kda_beta_fwd_kernel(BETA, BETA_OUT, n_tok, HV, BETA_SIGMOID: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["n_tok"])
-def kda_gate_bwd_kernel(
-    G, BETA, A_LOG, DT_BIAS, DG, DBETA, DA_PART, DBIAS_PART, lower_bound, n_tok, HV, KD,
-    USE_GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_BIAS: tl.constexpr,
-    LOWER_BOUND: tl.constexpr, BETA_SIGMOID: tl.constexpr, THRESHOLD: tl.constexpr,
-    BLOCK_T: tl.constexpr, BK: tl.constexpr,
-):
-    """DG (fp32 ``[NT, HV, K]``) and DBETA (fp32 ``[NT, HV]``) hold the gradients w.r.t.
-    the gate and beta' on entry and are overwritten in place with those w.r.t. the raw g
-    and beta (each element is read and written by the same program). DA_PART[pid, h] and
-    DBIAS_PART[pid, h * K + c] (fp32) get this block's sums (0.0 for masked tokens)."""
+def kda_beta_bwd_kernel(BETA, DBETA, n_tok, HV, BETA_SIGMOID: tl.constexpr,
+                        BLOCK_T: tl.constexpr):
+    """DBETA (fp32 ``[NT, HV]``) holds the gradient w.r.t. beta' on entry and is
+    overwritten in place with the gradient w.r.t. the pre-sigmoid BETA (each element read
+    and written by the same program). (The gate's backward runs in the chunk backward's
+    last kernel, ``kernels/chunk_bwd.py``'s ``kda_bwd_dg_cumsum_kernel``.)"""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     t = (pid * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     tmask = t < n_tok
-    if USE_GATE:
-        c = tl.arange(0, BK)
-        cmask = c < KD
-        mask = tmask[:, None] & cmask[None, :]
-        off = (t[:, None] * HV + h) * KD + c[None, :]
-        x = tl.load(G + off, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            x = x + tl.load(DT_BIAS + h * KD + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
-        a_raw = 0.0
-        if HAS_A:
-            a_raw = tl.load(A_LOG + h).to(tl.float32)
-        gate, dgate_dx = _gate_math(x, a_raw, lower_bound, HAS_A, LOWER_BOUND, THRESHOLD)
-        dgate = tl.load(DG + off, mask=mask, other=0.0)
-        dx = tl.where(mask, dgate * dgate_dx, 0.0)
-        tl.store(DG + off, dx, mask=mask)
-        if HAS_A:
-            if LOWER_BOUND:
-                da = tl.where(mask, dx * x, 0.0)
-            else:
-                da = tl.where(mask, dgate * gate, 0.0)
-            tl.store(DA_PART + pid * HV + h, tl.sum(tl.sum(da, axis=1), axis=0))
-        if HAS_BIAS:
-            tl.store(DBIAS_PART + (pid * HV + h) * KD + c, tl.sum(dx, axis=0), mask=cmask)
-    if BETA_SIGMOID:
-        b = tl.load(BETA + t * HV + h, mask=tmask, other=0.0).to(tl.float32)
-        s = tl.sigmoid(b)
-        db = tl.load(DBETA + t * HV + h, mask=tmask, other=0.0)
-        tl.store(DBETA + t * HV + h, db * BETA_SIGMOID * s * (1.0 - s), mask=tmask)
+    b = tl.load(BETA + t * HV + h, mask=tmask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(b)
+    db = tl.load(DBETA + t * HV + h, mask=tmask, other=0.0)
+    tl.store(DBETA + t * HV + h, db * BETA_SIGMOID * s * (1.0 - s), mask=tmask)
