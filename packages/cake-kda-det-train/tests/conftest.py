@@ -94,13 +94,11 @@ def reference64(*a, **k):
 
 
 def check_vs_reference(inputs, h0=None, A_log=None, dt_bias=None, *, dtype=torch.float32,
-                       seed=0, with_dht=True, fn=None, grad_tol=None, **kw):
+                       seed=0, with_dht=True, fn=None, grad_tol=None, outputs=False, **kw):
     """o, final_state and every gradient of ``fn`` (default :func:`chunk_kda_det`) against
-    float64 autograd through the reference, within ``cake_core.testing.TOLERANCES[dtype]``
-    (the final state at 1e-5 for fp32 inputs; dA_log / ddt_bias in fp32 at
-    :data:`PARAM_TOL_FP32`; ``grad_tol`` overrides the other gradients' tolerance).
-    Gradients of absent (or ignored) inputs must be None, the others of their input's
-    dtype and shape and finite. Returns the cake gradients."""
+    float64 autograd through the reference (:func:`assert_matches_reference`) for upstream
+    gradients drawn from ``seed``. Returns the cake gradients (with ``outputs``: ``(o,
+    final_state, gradients)``, for further checks on the same call)."""
     from cake_kda_det_train import chunk_kda_det
 
     fn = fn or chunk_kda_det
@@ -111,14 +109,31 @@ def check_vs_reference(inputs, h0=None, A_log=None, dt_bias=None, *, dtype=torch
     dht = randn((N, v.shape[2], q.shape[3], v.shape[3]), torch.float32, DEV,
                 seed=seed + 101) if with_dht else None
     o, ht, got = run_autograd(fn, inputs, (h0, A_log, dt_bias), do, dht, **kw)
-    ref_kw = {n: v for n, v in kw.items() if n not in ("safe_gate", "plan", "workspace")}
-    d64 = [t.double() if t is not None else None for t in (h0, A_log, dt_bias)]
+    assert_matches_reference(inputs, (h0, A_log, dt_bias), do, dht, (o, ht, got),
+                             dtype=dtype, grad_tol=grad_tol, **kw)
+    return (o, ht, got) if outputs else got
+
+
+def assert_matches_reference(inputs, extra, do, dht, result, *, dtype=torch.float32,
+                             grad_tol=None, **kw):
+    """``result`` = ``(o, final_state, gradients)`` of one cake call (:func:`run_autograd`
+    with ``extra`` = (h0, A_log, dt_bias), upstream ``do`` and ``dht``, keywords ``kw``)
+    against float64 autograd through the reference on the same values, within
+    ``cake_core.testing.TOLERANCES[dtype]`` (the final state at 1e-5 for fp32 inputs;
+    dA_log / ddt_bias in fp32 at :data:`PARAM_TOL_FP32`; ``grad_tol`` overrides the other
+    gradients' tolerance). Gradients of absent (or ignored) inputs must be None, the others
+    of their input's dtype and shape and finite."""
+    o, ht, got = result
+    h0, A_log, dt_bias = extra
+    v = inputs[2]
+    ref_kw = {n: x for n, x in kw.items() if n not in ("safe_gate", "plan", "workspace")}
+    d64 = [t.double() if t is not None else None for t in extra]
     o_r, ht_r, want = run_autograd(reference64, [t.double() for t in inputs], d64,
                                    do.double(), dht.double() if dht is not None else None,
                                    **ref_kw)
     assert o.shape == v.shape and o.dtype == v.dtype
     assert_close_to_reference(o, o_r, dtype, "o")
-    if with_dht:
+    if dht is not None:
         assert ht.dtype == torch.float32
         assert_close_to_reference(ht, ht_r, dtype, "final_state",
                                   tol=1e-5 if dtype == torch.float32 else None)
@@ -132,7 +147,6 @@ def check_vs_reference(inputs, h0=None, A_log=None, dt_bias=None, *, dtype=torch
         tol = PARAM_TOL_FP32 if name in ("A_log", "dt_bias") and dtype == torch.float32 \
             else grad_tol
         assert_close_to_reference(a, b, dtype, f"d{name}", tol=tol)
-    return got
 
 
 def check_plan_on_docs(plan, lens, K, V, dtype, *, seed, H=1, HV=2, g_mode="strong",

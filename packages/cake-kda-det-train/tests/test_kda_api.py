@@ -93,7 +93,7 @@ def test_saved_set_contents(kda):
 
 
 def test_inputs_not_modified_and_noncontiguous_ok(kda):
-    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, 40, 2, 2, 16, 16, seed=5, h0=True)
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, 20, 2, 2, 16, 16, seed=5, h0=True)
     qt = q.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
     gt = g.transpose(1, 2).contiguous().transpose(1, 2)
     before = [t.clone() for t in (q, k, v, g, beta, h0)]
@@ -150,8 +150,8 @@ def test_fla_keywords_and_positional_order(kda):
     """FLA's chunk_kda keywords: the hints are taken (same bits), its defaults taken, other
     values refused with the reason; an unknown keyword is a TypeError; a bool as the 10th
     positional argument (FLA's use_gate_in_kernel) is refused."""
-    q, k, v, g, beta, _ = kda.make_kda_inputs(1, 40, 1, 2, 16, 16, seed=7)
-    cu = torch.tensor([0, 0, 1, 40], dtype=torch.int32, device=q.device)
+    q, k, v, g, beta, _ = kda.make_kda_inputs(1, 20, 1, 2, 16, 16, seed=7)
+    cu = torch.tensor([0, 0, 1, 20], dtype=torch.int32, device=q.device)
     want = chunk_kda_det(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
     got = chunk_kda_det(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu,
                         cu_seqlens_cpu=cu.cpu(), chunk_indices=None, use_graph=True,

@@ -16,11 +16,12 @@ from cake_kda_det_train import chunk_kda_det
 
 DEV = default_device()
 BACKEND = "aot_eager" if DEV.type == "cpu" else "inductor"
-# packed: an empty document, one inside a chunk, one longer
-CU = (0, 0, 11, 70)
+# packed: an empty document, one inside a 16-token sub-chunk, one across a sub-chunk
+# boundary (compiled and eager run the same kernels: the lengths do not matter)
+CU = (0, 0, 11, 30)
 NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log",
          "ddt_bias")
-T, H, HV, K, V = 70, 1, 2, 16, 16
+T, H, HV, K, V = 30, 1, 2, 16, 16
 
 
 def _inputs(kda, *, seed=0):
@@ -48,18 +49,20 @@ def test_compile_fullgraph_same_bits_as_eager(kda):
     compiled = assert_compiles_to_op(_step, leaves, (cu,), NAMES, backend=BACKEND,
                                      op="cake_kda_det_train.fwd")
     # cu_seqlens values are not read while tracing; the op checks them when it runs
-    bad = torch.tensor((0, 30, 11, 70), dtype=torch.int32, device=DEV)
+    bad = torch.tensor((0, 20, 11, 30), dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="cu_seqlens"):
         compiled(*leaves, bad)
 
 
 def test_compile_fullgraph_plain_call(kda):
-    """Options off: fixed length (B = 2), no initial state, no final state (None)."""
+    """Options off: fixed length (B = 2), no initial state, no final state (None); a plan
+    given by the caller (a constant of the trace, passed to the ops by its fields)."""
     torch._dynamo.reset()
-    q, k, v, g, beta, _ = kda.make_kda_inputs(2, 40, 1, 1, K, V, seed=3)
+    q, k, v, g, beta, _ = kda.make_kda_inputs(2, 20, 1, 1, K, V, seed=3)
+    plan = api.make_plan(K, V, torch.float32, DEV)
 
     def f(q, k, v, g, beta):
-        o, ht = chunk_kda_det(q, k, v, g, beta)
+        o, ht = chunk_kda_det(q, k, v, g, beta, plan=plan)
         assert ht is None
         return o
 

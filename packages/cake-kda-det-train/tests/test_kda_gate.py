@@ -20,7 +20,7 @@ from cake_kda_det_train import (
 
 DEV = default_device()
 F64 = torch.float64
-B, T, HV, K = 1, 100, 3, 24   # K not a power of two: masked channels; 100 tokens: a
+B, T, HV, K = 1, 40, 3, 24    # K not a power of two: masked channels; 40 tokens: a
 BLOCK_T = 16                  # ragged last block of the plan's 16-token gate blocks
 
 
@@ -175,9 +175,10 @@ def test_fixed_order_sums_and_reordering_changes_bits(monkeypatch):
 
 
 def test_end_to_end_sums_bitwise_and_low_level(kda):
-    """Through the chunk computation: bf16 inputs, bf16 A_log, fp32 dt_bias; dA_log /
-    ddt_bias keep their dtypes and repeat bitwise (low level twice)."""
-    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, 70, 1, 2, 32, 32, torch.bfloat16, seed=21,
+    """Through the chunk computation (two rows: two chunks' partial sums): bf16 inputs, bf16
+    A_log, fp32 dt_bias; dA_log / ddt_bias keep their dtypes and repeat bitwise (low level
+    twice)."""
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(2, 20, 1, 2, 32, 32, torch.bfloat16, seed=21,
                                                g_mode="raw", raw_beta=True, h0=True)
     A_log, dt_bias = kda.make_gate_params(2, 32, seed=22, dtype=torch.bfloat16)
     dt_bias = dt_bias.float()

@@ -22,10 +22,12 @@ from cake_core.triton_utils import default_device
 from cake_kda_det_train import chunk_kda_det, chunk_kda_det_bwd, chunk_kda_det_fwd
 
 DEV = default_device()
-# an empty and a length-1 document, lengths not multiples of the 64-token chunk, one across
-# a chunk boundary
-CU = (0, 0, 1, 67, 70, 75)
-T, H, HV, K, V = CU[-1], 1, 2, 16, 16
+# an empty and a length-1 document, then one of a length not a multiple of the 16-token
+# sub-chunk or the 64-token chunk (the cache's behaviour does not depend on the lengths:
+# documents across sub-chunk and chunk boundaries are checked against float64 in
+# test_kda_parity.py and test_kda_split_edges.py)
+CU = (0, 0, 1, 9)
+T, H, HV, K, V = CU[-1], 1, 1, 16, 16
 
 
 @pytest.fixture
@@ -102,21 +104,22 @@ def test_in_place_edits_checked_again(spy):
     run(cu)
     # a bad edit raises before any launch
     with no_kernel_launches(api, "_launch_fwd", "_launch_bwd", "_l2norm", "kda_chunk_fwd"):
-        cu[2] = 80  # 80 > 67: decreasing
+        cu[2] = 80  # 80 > 9: decreasing
         with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
             chunk_kda_det(*inp[:5], cu_seqlens=cu)
         with pytest.raises(ValueError, match="cu_seqlens: must be non-decreasing"):
             chunk_kda_det_fwd(*inp[:5], cu_seqlens=cu)
         cu[2] = 1
-        cu[-1] = 74
-        with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 75"):
+        cu[-1] = 8
+        with pytest.raises(ValueError, match="cu_seqlens: must end at the token count 9"):
             chunk_kda_det(*inp[:5], cu_seqlens=cu)
-    # a good edit: the new documents' results, as a fresh tensor of those values gives
-    cu[-1] = 75
-    cu[3] = 64
+    # a good edit (one document fewer with tokens: fewer chunks): the new documents'
+    # results, as a fresh tensor of those values gives
+    cu[-1] = 9
+    cu[2] = 0
     got = run(cu)
     varlen.clear_offsets_cache()
-    want = run(torch.tensor((0, 0, 1, 64, 70, 75), dtype=torch.int32, device=DEV))
+    want = run(torch.tensor((0, 0, 0, 9), dtype=torch.int32, device=DEV))
     for a, b in zip(got, want, strict=True):
         assert bitwise_equal(a, b)
 
@@ -151,19 +154,19 @@ def test_compiled_ops_cached_and_edits_checked(spy):
     assert bitwise_equal(compiled(*inp[:5], cu), want[0])
 
 
-@pytest.mark.parametrize("idt", [torch.int32, torch.int64])
-def test_strided_cu_seqlens(spy, idt):
-    """A strided cu_seqlens (every other entry of a bigger tensor, junk between): the
-    kernels read the checked offsets (a contiguous copy), never the caller's memory; the
-    bits of a contiguous cu_seqlens, on a miss and on a hit."""
+def test_strided_cu_seqlens(spy):
+    """A strided cu_seqlens (every other entry of a bigger tensor, junk between), int32 and
+    int64: the kernels read the checked offsets (a contiguous copy), never the caller's
+    memory; the bits of a contiguous int32 cu_seqlens, on a miss and on a hit."""
     inp, do, dht = _inputs(5)
-    want = _all(inp, do, dht, torch.tensor(CU, dtype=idt, device=DEV))
-    cu, big = strided_cu_seqlens(CU, idt, DEV)
-    assert not cu.is_contiguous()
-    for _ in range(2):
-        for a, b in zip(_all(inp, do, dht, cu), want, strict=True):
-            assert bitwise_equal(a, b)
-    assert big[1::2].eq(10**6).all() and big[::2].tolist() == list(CU)
+    want = _all(inp, do, dht, torch.tensor(CU, dtype=torch.int32, device=DEV))
+    for idt in (torch.int32, torch.int64):
+        cu, big = strided_cu_seqlens(CU, idt, DEV)
+        assert not cu.is_contiguous()
+        for _ in range(2):
+            for a, b in zip(_all(inp, do, dht, cu), want, strict=True):
+                assert bitwise_equal(a, b)
+        assert big[1::2].eq(10**6).all() and big[::2].tolist() == list(CU)
 
 
 def test_write_behind_torch_between_fwd_and_bwd(spy):

@@ -15,13 +15,17 @@ from cake_kda_det_train.plan import KDADetPlan, _rule, cuda_plan_problem
 DEV = default_device()
 
 
-@pytest.mark.parametrize("over", [
-    dict(block_k_inner=16),
-    dict(block_k_inner=32, block_v=16, block_v_h=16, block_v_bwd=16, store_16bit=0),
+# block_k_inner steps only the kernels that work inside one chunk (the chunk prep, the pairs
+# and the backward chunk kernels): documents within a chunk; block_v_h sets the V blocks of
+# the state kernels, which carry a document's state from chunk to chunk: one document
+# across a chunk boundary
+@pytest.mark.parametrize("over, lens", [
+    (dict(block_k_inner=16), [1, 18, 0, 9]),
+    (dict(block_k_inner=32, block_v=16, block_v_h=16, block_v_bwd=16, store_16bit=0),
+     [1, 66, 0, 9]),
 ], ids=["bki16", "bki32-bv16"])
-def test_plan_configurations(over, kda):
+def test_plan_configurations(over, lens, kda):
     K, V = 48, 32  # block_k 64: the last inner block is partly masked
-    lens = [1, 66, 0, 9]
     plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), **over)
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 1, 2, K, V, seed=21,
                                                g_mode="strong", n_states=len(lens), h0=True)
@@ -96,11 +100,12 @@ def test_rule_prep_warps():
 def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
     """``chunk.BWD_MAXNREG`` (the backward chunk kernel's ``maxnreg``, a launch constant for
     GPU sweeps, None in the rule) reaches the launch and leaves the results right against
-    float64 (on CUDA it changes only the register budget of the build)."""
+    float64 (on CUDA it changes only the register budget of the build); documents of 1, 18, 0
+    and 9 tokens, then of 3 and 20."""
     from cake_kda_det_train import chunk
 
     plan = make_plan(48, 32, torch.float32, DEV)
-    for maxnreg, lens, seed in ((255, [1, 66, 0, 9], 5), (None, [3, 20], 6)):
+    for maxnreg, lens, seed in ((255, [1, 18, 0, 9], 5), (None, [3, 20], 6)):
         monkeypatch.setattr(chunk, "BWD_MAXNREG", maxnreg)
         with record_launches(chunk, "kda_bwd_local_kernel") as launches:
             kda.check_plan_on_docs(plan, lens, 48, 32, torch.float32, seed=seed)
