@@ -32,8 +32,8 @@ def _plan(K, V, dtype, **over):
 def test_bwd_intra_vs_reference(K, V, H, HV, dtype, over, kda):
     """Documents of 1, 37, 0 and 5 tokens (chunks and sub-chunks cut short, an empty
     document, a 1-token one; the 37-token one has a sub-chunk with sub-chunks before and
-    after it); K = 24 ends inside a 32-wide channel tile; HV = 6 fills one
-    block of 4 value heads and half of the next."""
+    after it); K = 24 ends inside a 32-wide channel tile; HV = 6 fills one block of 4 value
+    heads and half of the next."""
     plan = kda.variant_plan(_plan, K, V, dtype, over)
     kda.check_plan_on_docs(plan, LENS, K, V, dtype, seed=91, H=H, HV=HV)
 
@@ -42,14 +42,14 @@ def test_bwd_intra_vs_reference(K, V, H, HV, dtype, over, kda):
 @pytest.mark.parametrize("l2", [False, True], ids=["plain", "l2norm"])
 def test_one_value_head_per_qk_head_stores_dq_dk_in_place_of_the_cast(dtype, l2, kda,
                                                                       monkeypatch):
-    """H = HV: the token-parallel kernel, the last to add to dq
-    and dk, stores them in the gradients' dtype itself (no value-head sum, no cast pass;
-    fp32 under the interpreter for bf16, cast by torch; fp32 before the L2 norm's
-    backward). The same bits as the fp32 buffers cast afterwards (the skipped pass checked;
-    compared where the stored dtype is not fp32 already, else both calls would run the same
-    code: fp32, and bf16 under the interpreter) and float64 parity of the same call, on
-    documents of 1, 20, 0 and 5 tokens (the store is per token: any documents with an
-    empty, a 1-token one and a sub-chunk cut short)."""
+    """H = HV: the token-parallel kernel, the last to add to dq and dk, stores them in the
+    gradients' dtype itself (no value-head sum, no cast pass; fp32 under the interpreter for
+    bf16, cast by torch; fp32 before the L2 norm's backward). The same bits as the fp32
+    buffers cast afterwards (the skipped pass checked; compared where the stored dtype is
+    not fp32 already, else both calls would run the same code: fp32, and bf16 under the
+    interpreter) and float64 parity of the same call, on documents of 1, 20, 0 and 5 tokens
+    (the store is per token: any documents with an empty, a 1-token one and a sub-chunk cut
+    short)."""
     from cake_kda_det_train import chunk as chunk_mod
     from cake_kda_det_train import chunk_kda_det
 
