@@ -188,12 +188,13 @@ def assert_repeats_and_close(inputs, h0, cu, do, dht, new, base, rtol=1e-4, atol
 
 def variant_plan(plan_of, K, V, dtype, over):
     """``plan_of(K, V, dtype, **over)`` for a float64 test of a plan variant: on CUDA without
-    an overridden ``block_k_inner`` (the CUDA rule's key blocks: 16 is refused for fp32
-    there), skipped when :func:`cake_kda_det_train.plan.cuda_plan_problem` refuses it."""
+    an overridden ``block_k_inner`` or ``block_k_bwd`` (the CUDA rule's key blocks: 16 is
+    refused for fp32 there), skipped when :func:`cake_kda_det_train.plan.cuda_plan_problem`
+    refuses it."""
     from cake_kda_det_train.plan import cuda_plan_problem
 
     if DEV.type == "cuda":
-        over = {n: x for n, x in over.items() if n != "block_k_inner"}
+        over = {n: x for n, x in over.items() if n not in ("block_k_inner", "block_k_bwd")}
     plan = plan_of(K, V, dtype, **over)
     why = cuda_plan_problem(plan, dtype) if DEV.type == "cuda" else None
     if why:

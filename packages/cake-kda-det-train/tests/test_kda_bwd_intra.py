@@ -23,11 +23,11 @@ def _plan(K, V, dtype, **over):
 
 
 # the same plans at H = 1, HV = 2 (fp32 K = 24 / V = 16 and bf16 K = V = 32, block_k_inner =
-# 16) are checked against float64 by test_kda_kept_a.py::test_kept_a_vs_reference, on
+# block_k_bwd = 16) are checked against float64 by test_kda_kept_a.py::test_kept_a_vs_reference, on
 # documents of 1, 66, 0 and 9 tokens (chunks and sub-chunks cut short, an empty and a
 # 1-token document, one across a chunk boundary)
 @pytest.mark.parametrize("K, V, H, HV, dtype, over", [
-    (24, 16, 3, 6, torch.float32, dict(block_k_inner=16)),
+    (24, 16, 3, 6, torch.float32, dict(block_k_inner=16, block_k_bwd=16)),
 ], ids=["fp32-hv6"])
 def test_bwd_intra_vs_reference(K, V, H, HV, dtype, over, kda):
     """Documents of 1, 37, 0 and 5 tokens (chunks and sub-chunks cut short, an empty
@@ -54,7 +54,7 @@ def test_one_value_head_per_qk_head_stores_dq_dk_in_place_of_the_cast(dtype, l2,
     from cake_kda_det_train import chunk_kda_det
 
     K, V = 24, 16
-    plan = kda.variant_plan(_plan, K, V, dtype, dict(block_k_inner=16))
+    plan = kda.variant_plan(_plan, K, V, dtype, dict(block_k_inner=16, block_k_bwd=16))
     lens = [1, 20, 0, 5]
     q, k, v, g, beta, h0 = kda.make_kda_inputs(1, sum(lens), 2, 2, K, V, dtype, seed=101,
                                                g_mode="strong", n_states=len(lens), h0=True,

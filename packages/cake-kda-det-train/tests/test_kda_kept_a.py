@@ -39,8 +39,8 @@ def _case(kda, lens, K=24, V=16, dtype=torch.float32, seed=111):
 
 
 @pytest.mark.parametrize("K, V, dtype, over", [
-    (24, 16, torch.float32, dict(block_k_inner=16)),
-    (32, 32, torch.bfloat16, dict(block_k_inner=16)),
+    (24, 16, torch.float32, dict(block_k_inner=16, block_k_bwd=16)),
+    (32, 32, torch.bfloat16, dict(block_k_inner=16, block_k_bwd=16)),
 ], ids=["fp32", "bf16"])
 def test_kept_a_vs_reference(K, V, dtype, over, kda):
     plan = kda.variant_plan(_plan, K, V, dtype, over)

@@ -15,15 +15,16 @@ from cake_kda_det_train.plan import KDADetPlan, _rule, cuda_plan_problem
 DEV = default_device()
 
 
-# block_k_inner steps only the kernels that work inside one chunk (the chunk prep, the pairs
-# and the backward chunk kernels): documents within a chunk; block_v_h sets the V blocks of
-# the state kernels, which carry a document's state from chunk to chunk: one document
-# across a chunk boundary
+# block_k_inner and block_k_bwd step only kernels that work inside one chunk (the chunk prep,
+# the pairs and the backward's chunk kernels): documents within a chunk; block_v_h sets the
+# V blocks of the state kernels, which carry a document's state from chunk to chunk: one
+# document across a chunk boundary
 @pytest.mark.parametrize("over, lens", [
-    (dict(block_k_inner=16), [1, 18, 0, 9]),
-    (dict(block_k_inner=32, block_v=16, block_v_h=16, block_v_bwd=16, store_16bit=0),
-     [1, 66, 0, 9]),
-], ids=["bki16", "bki32-bv16"])
+    (dict(block_k_inner=16, block_k_bwd=16), [1, 18, 0, 9]),
+    (dict(block_k_inner=32, block_k_bwd=32, block_v=16, block_v_h=16, block_v_bwd=16,
+          store_16bit=0), [1, 66, 0, 9]),
+    (dict(block_k_inner=32, block_k_bwd=16), [1, 18, 0, 9]),
+], ids=["bki16", "bki32-bv16", "bki32-bkb16"])
 def test_plan_configurations(over, lens, kda):
     K, V = 48, 32  # block_k 64: the last inner block is partly masked
     plan = dataclasses.replace(make_plan(K, V, torch.float32, DEV), **over)
@@ -64,23 +65,33 @@ def test_cuda_rule_avoids_the_configurations_built_wrongly():
         for K in (16, 32, 48, 64, 100, 128):
             for V in (16, 32, 64, 128):
                 assert cuda_plan_problem(_rule(K, V, dt, cuda), dt) is None, (K, V, dt)
-                # the local kernel's 8-warp build did not repeat under load (2026-12-03)
-                assert _rule(K, V, dt, cuda).num_warps_bwd == (2 if K > 32 else 4), (K, V)
+                # the backward chunk kernel's wide build only where it was measured
+                # (16-bit K = 128); elsewhere the 2-warp build it had before its barriers
+                plan = _rule(K, V, dt, cuda)
+                wide = K == 128 and dt != torch.float32 and plan.store_16bit
+                assert plan.num_warps_bwd == (8 if wide else 2 if K > 32 else 4), (K, V)
+                assert plan.block_k_bwd == (64 if wide else min(32, plan.block_k)), (K, V)
+                assert plan.block_v_bwd == min(64 if wide else 32, max(16, V)), (K, V)
     cases = [((48, 32, torch.float32), dict(block_k_inner=16), "illegal memory access"),
-             ((128, 128, torch.bfloat16), dict(block_v_bwd=64), "block_v_bwd"),
+             ((64, 128, torch.bfloat16), dict(block_v_bwd=64), "block_v_bwd"),
+             ((128, 128, torch.float32), dict(block_v_bwd=64), "block_v_bwd"),
              ((32, 128, torch.bfloat16), dict(block_v_bwd=128), "block_v_bwd"),
              ((32, 64, torch.float16), dict(store_16bit=1), "store_16bit=0"),
              ((128, 128, torch.bfloat16), dict(block_k_inner=64), "block_k_inner"),
              ((64, 64, torch.float16), dict(block_k_inner=64), "block_k_inner"),
-             ((128, 128, torch.bfloat16), dict(num_warps_bwd=4), "num_warps_bwd"),
-             ((128, 128, torch.bfloat16), dict(num_warps_bwd=8), "num_warps_bwd")]
+             ((128, 128, torch.float32), dict(num_warps_bwd=4), "num_warps_bwd"),
+             ((48, 32, torch.float32), dict(num_warps_bwd=8), "num_warps_bwd"),
+             ((64, 64, torch.float32), dict(block_k_bwd=64), "block_k_bwd")]
     for (K, V, dt), over, match in cases:
         bad = dataclasses.replace(_rule(K, V, dt, cuda), **over)
         assert match in cuda_plan_problem(bad, dt), (K, V, dt, over)
     fine = [((64, 64, torch.float32), dict(block_k_inner=32)),
             ((64, 64, torch.bfloat16), dict(block_v_bwd=64)),
             ((128, 128, torch.bfloat16), dict(block_v_bwd=16)),
-            ((64, 64, torch.bfloat16), dict(num_warps_bwd=8))]
+            ((64, 64, torch.bfloat16), dict(num_warps_bwd=8)),
+            ((128, 128, torch.bfloat16), dict(num_warps_bwd=2, block_k_bwd=32,
+                                              block_v_bwd=32)),
+            ((128, 128, torch.bfloat16), dict(num_warps_bwd=4))]
     for (K, V, dt), over in fine:
         assert cuda_plan_problem(dataclasses.replace(_rule(K, V, dt, cuda), **over), dt) is None
 
@@ -95,6 +106,24 @@ def test_rule_prep_warps():
     assert _rule(128, 128, torch.float32, cuda).num_warps_prep == 8
     assert _rule(32, 32, torch.bfloat16, cuda).num_warps_prep == 8
     assert _rule(128, 128, torch.float32, torch.device("cpu")).num_warps_prep == 4
+
+
+def test_bwd_chunk_kernel_steps_block_k_bwd(kda):
+    """``block_k_bwd``, not ``block_k_inner``, sets the backward chunk kernel's key block
+    (the sub-chunk kernel keeps ``block_k_inner``); right against float64 on documents of
+    1, 18, 0 and 9 tokens. On CUDA the rule's wide build (64 against 32, 8 warps)."""
+    from cake_kda_det_train import chunk
+
+    if DEV.type == "cuda":
+        K, V, dtype, over = 128, 128, torch.bfloat16, {}
+    else:
+        K, V, dtype, over = 48, 32, torch.float32, dict(block_k_inner=32, block_k_bwd=16)
+    plan = dataclasses.replace(make_plan(K, V, dtype, DEV), **over)
+    assert plan.block_k_bwd != plan.block_k_inner
+    with record_launches(chunk, "kda_bwd_local_kernel", "kda_bwd_intra_kernel") as launches:
+        kda.check_plan_on_docs(plan, [1, 18, 0, 9], K, V, dtype, seed=7)
+    assert {kw["BKI"] for _, kw in launches["kda_bwd_local_kernel"]} == {plan.block_k_bwd}
+    assert {kw["BKI"] for _, kw in launches["kda_bwd_intra_kernel"]} == {plan.block_k_inner}
 
 
 def test_bwd_maxnreg_launch_constant(kda, monkeypatch):

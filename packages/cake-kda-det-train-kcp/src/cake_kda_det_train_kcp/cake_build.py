@@ -40,7 +40,7 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:1e86c9149f76cd0b0972a674c8f154d11ae9f6966407bff2463765e900e5b677"
+SOURCE_DIGEST = "sha256:c7d7b585578e0c040b0d56dad3127ecf0b55658b5b89edefb9d97d60b4beba37"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -55,10 +55,10 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:915c0a1e7ec6743240e0261c59e8e4f70f91cf976934b63d267eaa770b6a55d0"
+SOURCE_DIGEST = "sha256:902f6d02ec521a538c56b4632bd56c77a9c9a869458525138e313a595e5c5fae"
 # --- end of generated block ---
 
 MANIFEST = {

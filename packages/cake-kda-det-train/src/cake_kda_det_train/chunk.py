@@ -303,7 +303,7 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             q, k, v, beta, g_cs, A, h, dh, do, v_new, du, tabs[0], tabs[1],
             dq_hv, dk_hv, dv, dg, dbeta, pscr,
             scale, H, HV, HV // H, K, V,
-            BC=SUB_CHUNK, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
+            BC=SUB_CHUNK, BKI=plan.block_k_bwd, BV=plan.block_v_bwd,
             NV=_cdiv(V, plan.block_v_bwd), num_warps=plan.num_warps_bwd, DT=cst["DT"],
             PREC=cst["PREC"], BT=CHUNK_SIZE,
             **({"maxnreg": BWD_MAXNREG} if BWD_MAXNREG else {}))

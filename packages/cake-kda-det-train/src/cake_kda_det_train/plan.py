@@ -33,15 +33,19 @@ class KDADetPlan(Plan):
         block_k: K padded to a power of two >= 16 (the recurrence and output kernels hold
             the whole K per program).
         block_k_inner: key channels per step of the loops over K of the chunk prep, the
-            pairs kernel and the backward chunk kernels (bits depend on it: their sums run
-            block by block in index order): min(block_k, 32) on CUDA (64 was not repeatable
-            on an H200 and does not fit shared memory with fp32 intermediates), min(block_k,
-            64) under the interpreter (fewer steps).
+            pairs kernel and the backward's sub-chunk kernels (bits depend on it: their sums
+            run block by block in index order): min(block_k, 32) on CUDA (64 was not
+            repeatable on an H200 and does not fit shared memory with fp32 intermediates),
+            min(block_k, 64) under the interpreter (fewer steps).
+        block_k_bwd: key channels per step of the backward chunk kernel's loop over K (bits
+            depend on it): 64 on CUDA at 16-bit K = 128 (with 8 warps and 64-column V
+            steps about twice as fast as 2 warps on 32 x 32 steps), else block_k_inner.
         block_v: V columns per program of the output kernel: on CUDA min(128, V') at
             16-bit (faster), else min(64, V'); V' under the interpreter.
         block_v_bwd: V columns per step of the backward chunk kernel's loop over V (bits
-            depend on it): min(32, V') on CUDA (larger ones were wrong or failed on an
-            H200), V' under the interpreter.
+            depend on it): min(64, V') on CUDA at 16-bit K = 128, else min(32, V') (larger
+            ones were wrong or failed on an H200 before the kernel's barriers); V' under the
+            interpreter.
         block_v_h: V columns per program of the two state-recurrence kernels (they never
             mix columns of V): min(64, V') on CUDA, V' under the interpreter.
         num_warps_prep: warps of the chunk prep (w, u, kg): 8 on CUDA at K >= 32 with fp32
@@ -51,8 +55,9 @@ class KDADetPlan(Plan):
             16-bit).
         num_warps_o: warps of the output kernel: 8 on CUDA for ``block_k * block_v >=
             8192``, else 4.
-        num_warps_bwd: warps of the backward chunk kernel: 2 on CUDA at block_k >= 64 (4
-            were wrong and 8 not repeatable under shared load on an H200), else 4.
+        num_warps_bwd: warps of the backward chunk kernel: 8 on CUDA at 16-bit K = 128
+            (right and repeatable under shared load with the kernel's barriers, on an H100),
+            2 at other block_k >= 64 (not measured there with the barriers), else 4.
         num_stages_h: pipelining stages of the forward state recurrence: 3 at 16-bit
             (faster), else 1 (shared memory with fp32 intermediates).
         num_warps_dh / num_stages_dh: warps and stages of the backward dS recurrence: 8
@@ -112,6 +117,7 @@ class KDADetPlan(Plan):
     num_warps_tok: int
     tok_heads_bwd: int
     num_warps_tok_bwd: int
+    block_k_bwd: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -119,9 +125,10 @@ class KDADetPlan(Plan):
         self.require_in_range("head_k_dim", 1, MAX_HEAD_DIM)
         self.require_in_range("head_v_dim", 1, MAX_HEAD_DIM)
         self.require_power_of_two("block_k", "block_k_inner", "block_v", "block_v_bwd",
-                                  "block_v_h", minimum=16)
-        if self.block_k_inner > self.block_k:
-            self._fail("block_k_inner must be <= block_k")
+                                  "block_v_h", "block_k_bwd", minimum=16)
+        for name in ("block_k_inner", "block_k_bwd"):
+            if getattr(self, name) > self.block_k:
+                self._fail(f"{name} must be <= block_k")
         self.require_power_of_two("l2norm_block_rows", "gate_block_t")
         if self.block_k < self.head_k_dim:
             self._fail("block_k must be >= head_k_dim")
@@ -173,6 +180,10 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
         return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 64 need "
                 "num_stages_h=1, num_stages_dh=1 and block_k_inner<=32 (larger fp32 tiles "
                 "overflow the 227 KiB of shared memory)")
+    if fp32_inter and plan.block_k >= 64 and (plan.block_k_bwd > 32 or plan.num_warps_bwd > 2):
+        return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 32 need "
+                "block_k_bwd<=32 and num_warps_bwd<=2 (block_k_bwd=64 with 8 warps gave dk 2% "
+                "off the float64 reference at K = 48 on an H100, Triton 3.6)")
     if plan.block_k >= 128 and plan.block_v_h >= 64 and plan.num_stages_dh > 2:
         return ("on CUDA K > 64 with block_v_h >= 64 needs num_stages_dh <= 2 "
                 "(the dS kernel asked for 256 KiB of shared memory with 3 stages, "
@@ -180,18 +191,18 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
     if plan.block_k_inner > 32:
         return ("on CUDA block_k_inner must be <= 32 (64 made dk, dg and dbeta differ from "
                 "call to call at K = V = 128, bf16, on an H200 running nothing else, Triton "
-                "3.6: a fault of the compiled backward chunk kernel)")
-    if plan.block_k >= 128 and plan.num_warps_bwd >= 4:
-        return ("on CUDA num_warps_bwd must be <= 2 at K > 64: 4 gave dk and dg 14-20% off "
-                "the float64 reference at K = V = 128, bf16, and 8 gave dk, dg and dbeta that "
-                "differed from call to call (11 of 96 batches of 12 calls while other "
-                "processes shared the GPU; 2: 0 of 96), on an H200, Triton 3.6")
-    if fp32_inter and plan.block_k_inner == 16 and plan.block_k > 16:
-        return ("on CUDA fp32 intermediates need block_k_inner >= 32 when K > 16 (16 made an "
-                "illegal memory access in the backward chunk kernel on an H200, Triton 3.6)")
-    if plan.block_v_bwd > 32 and not (plan.block_v_bwd == 64 and _bvf(plan.head_v_dim) == 64):
-        return ("on CUDA block_v_bwd > 32 only as 64 with V <= 64 (64 with V = 128 gave wrong "
-                "dk / dg, 128 failed to run, on an H200, Triton 3.6)")
+                "3.6, when it also set the backward chunk kernel's key block, before that "
+                "kernel's barriers; the other kernels it steps are not measured at 64)")
+    if fp32_inter and 16 in (plan.block_k_inner, plan.block_k_bwd) and plan.block_k > 16:
+        return ("on CUDA fp32 intermediates need block_k_inner >= 32 and block_k_bwd >= 32 "
+                "when K > 16 (16 made an illegal memory access in the backward chunk kernel "
+                "on an H200, Triton 3.6)")
+    if plan.block_v_bwd > 64 or (plan.block_v_bwd == 64 and _bvf(plan.head_v_dim) > 64
+                                 and (fp32_inter or plan.block_k < 128)):
+        return ("on CUDA block_v_bwd > 32 only as 64, with V > 64 only at 16-bit K > 64 "
+                "(128 failed to run on an H200; 64 with V = 128 gave wrong dk / dg there "
+                "before the backward chunk kernel's barriers, and is measured right since "
+                "only at 16-bit K = 128, on an H100, Triton 3.6)")
     if plan.store_16bit and dtype != torch.float32 and plan.block_k < 64:
         return ("on CUDA 16-bit intermediates need K > 32 (store_16bit=1 at K = 32 gave a wrong "
                 "o and final state with num_warps_prep=4, and wrong dk / dg at V >= 64 with "
@@ -245,17 +256,19 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
     wide = dtype != torch.float32 and store_16bit
     block_v = min(128 if wide else 64, block_v_full) if cuda else block_v_full
     big_h = cuda and block_k * block_v_h >= 8192
+    # the backward chunk kernel's wide build, measured right and repeatable at K = 128
+    wide_bwd = cuda and wide and K == 128
     return KDADetPlan(
         head_k_dim=K,
         head_v_dim=V,
         block_k=block_k,
         block_k_inner=min(block_k, 32 if cuda else 64),
         block_v=block_v,
-        block_v_bwd=min(32, block_v_full) if cuda else block_v_full,
+        block_v_bwd=min(64 if wide_bwd else 32, block_v_full) if cuda else block_v_full,
         num_warps_prep=8 if cuda and block_k >= 32 and not wide else 4,
         num_warps_h=8 if big_h and not wide else 4,
         num_warps_o=8 if cuda and block_k * block_v >= 8192 else 4,
-        num_warps_bwd=2 if cuda and block_k >= 64 else 4,
+        num_warps_bwd=8 if wide_bwd else 2 if cuda and block_k >= 64 else 4,
         num_stages_h=3 if wide else 1,
         l2norm_block_rows=16 if cuda else 256,
         gate_block_t=min(128, max(16, 4096 // block_k)) if cuda else 256,
@@ -268,4 +281,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_tok=1 if cuda else 4,
         tok_heads_bwd=1 if cuda else 4,
         num_warps_tok_bwd=1 if cuda else 4,
+        block_k_bwd=64 if wide_bwd else min(block_k, 32 if cuda else 64),
     )

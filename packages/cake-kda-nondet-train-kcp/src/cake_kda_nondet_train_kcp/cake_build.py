@@ -43,13 +43,13 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "mode"]},
+                "num_warps_tok_bwd", "block_k_bwd", "mode"]},
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_k_inner", "block_v", "block_v_bwd",
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9a5daa1e1200512970f5e3886b88e9083f31e8cd5902e9b69224c826149eb54a"
+SOURCE_DIGEST = "sha256:b9ba539785a37d9de596e0320f9e6a328b96bb0ba20a1105a57df2a69f34aa5f"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -38,13 +38,13 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "mode"]},
+                "num_warps_tok_bwd", "block_k_bwd", "mode"]},
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_k_inner", "block_v", "block_v_bwd",
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:cc3975ed39f3d4b5a70e926a7ad9906b48993c5527f2c2bc786380edaaf9ac84"
+SOURCE_DIGEST = "sha256:36f26f6933a0d01aede59878d9323a83c2e8a259ba30d899f99b05a7f36eabde"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

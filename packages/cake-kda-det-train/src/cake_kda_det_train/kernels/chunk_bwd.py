@@ -9,10 +9,11 @@ after the chunk, ``kd = k exp(G_last - G)``, ``qg = scale q exp(G)``:
 
 ``cake_core.chunk_state.chunk_state_bwd_kernel`` (its per-channel form, shared with GDN)
 runs that recurrence over each sequence's chunks in reverse (per sequence, value head and V
-block), storing dS and du per chunk. ``kda_bwd_local_kernel``
-(per chunk and value head) then forms the chunk-local gradients, summing over V blocks in
-index order, key channels in blocks of ``BKI`` (the q/k/g terms before the pair products
-are parked in the dq, dk, dg outputs and read back by the same program):
+block), storing dS and du per chunk. ``kda_bwd_local_kernel`` (per chunk and value head)
+then forms the chunk-local gradients, summing over V blocks (``BV``, the plan's
+``block_v_bwd``) in index order, key channels in blocks of ``BKI`` (``block_k_bwd``); the
+q/k/g terms before the pair products are parked in the dq, dk, dg outputs and read back by
+the sub-chunk kernels:
 
     dqg = do S0^T   dAqk = do v_new^T   dkd = v_new dS^T   dw = -du S0^T
     dT  = du (beta v)^T + dw (beta k exp(G))^T             dA = -T^T dT T^T (strictly lower)
@@ -25,6 +26,14 @@ are parked in the dq, dk, dg outputs and read back by the same program):
 
 (derived by hand and checked against autograd of a float64 token recurrence). No atomics:
 each program writes only its own chunk's rows.
+
+Each step of the kernel's two loops over V ends with a barrier of the program's warps (as
+FLA's ``chunk_kda_bwd_kernel_wy_dqkg_fused``, whose barrier is marked not to be removed):
+without it the sm_90 builds with more than 2 warps (Triton 3.6) gave dk, dg and dbeta that
+were wrong (4 warps) or changed between identical calls while other processes shared the
+GPU (8 warps); with it both matched float64 on an H100 and the 8-warp build repeated
+under that load (docs/determinism.md). It orders no arithmetic: the same bits as without it
+where both are right.
 
 ``kda_bwd_local_kernel``, ``kda_bwd_intra_kernel``, ``kda_bwd_intra_tok_kernel`` and
 ``kda_bwd_dg_cumsum_kernel`` take the shapes (H, HV, GROUP, KD, VD) as ``tl.constexpr``, so
@@ -80,6 +89,7 @@ def kda_bwd_local_kernel(
         dbv = tl.dot(tl.trans(tm.to(DT)), du, dbv, input_precision=PREC)
         tl.store(DV + u_off, (dbv * beta[:, None]).to(DV.dtype.element_ty), mask=vmask)
         dbeta += tl.sum(dbv * vb, axis=1)
+        tl.debug_barrier()  # all warps' dots done before the next step (module docstring)
 
     # 2. per block of key channels: the terms through the chunk states (S0 = h, dS = dh),
     # the w part of dT; what is final for dq, dk and dG before the pair products goes to
@@ -112,6 +122,7 @@ def kda_bwd_local_kernel(
             dkd = tl.dot(vn, tl.trans(dh.to(DT)), dkd, input_precision=PREC)
             dgl += tl.sum(h.to(tl.float32) * dh.to(tl.float32), axis=1)
             dw = tl.dot(du, tl.trans(h.to(DT)), dw, input_precision=PREC)
+            tl.debug_barrier()
         dw = -dw
         eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
         dtm = tl.dot(dw.to(DT), tl.trans((kb * eg * beta[:, None]).to(DT)), dtm,

@@ -1,0 +1,137 @@
+"""KDA fwd+bwd kernel by kernel on one GPU: cake beside FLA (issue 46).
+
+    python shared/gpu/kda_kernels.py [b,a,c] [--forms gate,pre] [--no-fla] [--rows]
+        [--sweep "k=v k=v" ...]
+
+At the KDA benchmark's cases (packages/cake-kda-det-train/benchmarks: a 4 x 4096 H 16,
+b 2 x 8192 H 32, c 32768 packed as 8 documents H 32; K = V = 128, bf16, initial and final
+states) in two calling forms: ``gate`` (Kimi Linear's: the gate with A_log and dt_bias, the
+beta sigmoid and the q/k L2 norm in the kernel) and ``pre`` (a precomputed log-decay), for
+``chunk_kda_det`` and FLA's ``chunk_kda``: the fwd+bwd ``triton.testing.do_bench`` median,
+then one step under ``torch.profiler``: each kernel's device time (with ``--rows``, in
+launch order), the sum, and the device idle time between kernels. FLA comes from the
+anchor pack (../shared/anchors); without it only cake runs. ``--sweep``: cake alone, the
+rule and each quoted set of plan overrides, each checked against the rule's outputs
+(largest difference relative to the largest value), with ``--repeat N`` against N more
+calls of its own (bit for bit) and, with ``--err``, against the float64
+recurrence (the benchmark's ``--err`` check: a 1000-token case, fixed length and packed). An
+upper-case ``NAME=value`` in a sweep item sets that environment variable while the item runs
+(for experiment trees that read one at launch).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections import defaultdict
+
+import torch
+import triton.testing
+from torch.profiler import ProfilerActivity, profile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+spec = importlib.util.spec_from_file_location(
+    "kda_bench", os.path.join(ROOT, "packages/cake-kda-det-train/benchmarks/"
+                              "bench_cake_kda_det_train.py"))
+b = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(b)
+
+
+def arg(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+def kernel_rows(step):
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        step()
+        torch.cuda.synchronize()
+    ks = sorted((e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    rows, end, idle = [], None, 0.0
+    for e in ks:
+        gap = 0.0 if end is None else max(0.0, e.time_range.start - end)
+        idle += gap
+        end = e.time_range.end
+        rows.append((e.name[:72], e.device_time, gap))
+    return rows, idle
+
+
+def main():
+    cases = (sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--")
+             else "b").split(",")
+    forms = arg("--forms", "gate,pre").split(",")
+    sweep = sys.argv[sys.argv.index("--sweep") + 1:] if "--sweep" in sys.argv else None
+    impls = {"cake": b.cake_fn(None)}
+    envs = {"cake": {}}
+    for text in sweep or ():
+        kvs = [kv.split("=") for kv in text.split()]
+        impls[text] = b.cake_fn({k: int(v) for k, v in kvs if not k.isupper()})
+        envs[text] = {k: v for k, v in kvs if k.isupper()}
+    if "--no-fla" not in sys.argv and sweep is None:
+        try:
+            impls["fla"] = b.fla_fn()
+            import fla  # noqa: F401
+        except ImportError as e:
+            impls.pop("fla")
+            print("FLA not importable:", e)
+    print("torch", torch.__version__, "triton", triton.__version__,
+          torch.cuda.get_device_name(), flush=True)
+    for case in cases:
+        for form in forms:
+            c = b.make_case(**b.CASES[case], in_kernel=form == "gate")
+            ref = None
+            for name, fn in impls.items():
+                for k in {k for e in envs.values() for k in e}:
+                    os.environ.pop(k, None)
+                os.environ.update(envs.get(name, {}))
+                if "--err" in sys.argv and case == cases[0] and form == forms[0]:
+                    b.errors({name: fn}, form == "gate")
+                if sweep is not None:
+                    try:
+                        got = b.grads_of(fn, c)
+                    except ValueError as e:
+                        print(f"== case {case} {form} {name}: refused: {e}", flush=True)
+                        continue
+                    ref = got if ref is None else ref
+                    err = max(float((a.float() - r.float()).abs().max()
+                                    / r.float().abs().max().clamp_min(1e-30))
+                              for a, r in zip(got, ref, strict=True) if a is not None)
+                    print(f"   {name}: max difference to the rule's outputs {err:.2e}",
+                          flush=True)
+                    reps = int(arg("--repeat", "0"))
+                    same = sum(all(torch.equal(a, r) for a, r in
+                                   zip(b.grads_of(fn, c), got, strict=True) if a is not None)
+                               for _ in range(reps))
+                    if reps:
+                        print(f"   {name}: {same} of {reps} more calls gave the same bits",
+                              flush=True)
+                x = b.leaves(c)
+
+                def step(fn=fn, x=x):
+                    for t in x.values():
+                        if t is not None:
+                            t.grad = None
+                    o, ht = fn(c, x)
+                    torch.autograd.backward([o, ht], [c["do"], c["dht"]])
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+                ms = triton.testing.do_bench(step, warmup=50, rep=300)
+                rows, idle = kernel_rows(step)
+                tot = sum(r[1] for r in rows)
+                print(f"== case {case} {form} {name}: fwd+bwd {ms:.3f} ms; profiled kernels "
+                      f"{tot:.0f} us ({len(rows)}), idle {idle:.0f} us", flush=True)
+                if "--rows" in sys.argv:
+                    for kname, us, gap in rows:
+                        print(f"   {us:8.1f} us  gap {gap:6.1f}  {kname}")
+                else:  # per kernel name, summed over its launches
+                    per = defaultdict(lambda: [0.0, 0])
+                    for kname, us, _ in rows:
+                        per[kname][0] += us
+                        per[kname][1] += 1
+                    for kname, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+                        print(f"   {us:8.1f} us  x{n:<3d} {kname}")
+
+
+if __name__ == "__main__":
+    main()
