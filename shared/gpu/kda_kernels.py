@@ -1,7 +1,7 @@
 """KDA fwd+bwd kernel by kernel on one GPU: cake beside FLA (issue 46).
 
     python shared/gpu/kda_kernels.py [b,a,c] [--forms gate,pre] [--no-fla] [--rows]
-        [--sweep "k=v k=v" ...]
+        [--err] [--unfenced] [--sweep "k=v k=v" ...] [--repeat N]
 
 At the KDA benchmark's cases (packages/cake-kda-det-train/benchmarks: a 4 x 4096 H 16,
 b 2 x 8192 H 32, c 32768 packed as 8 documents H 32; K = V = 128, bf16, initial and final
@@ -16,7 +16,8 @@ rule and each quoted set of plan overrides, each checked against the rule's outp
 calls of its own (bit for bit) and, with ``--err``, against the float64
 recurrence (the benchmark's ``--err`` check: a 1000-token case, fixed length and packed). An
 upper-case ``NAME=value`` in a sweep item sets that environment variable while the item runs
-(for experiment trees that read one at launch).
+(for experiment trees that read one at launch). ``--unfenced``: ``cuda_plan_problem`` is
+switched off for the run (to measure a plan that the CUDA limits refuse, e.g. after a fix).
 """
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def main():
              else "b").split(",")
     forms = arg("--forms", "gate,pre").split(",")
     sweep = sys.argv[sys.argv.index("--sweep") + 1:] if "--sweep" in sys.argv else None
+    if "--unfenced" in sys.argv:
+        import cake_kda_det_train.api as kda_api
+        kda_api.cuda_plan_problem = lambda plan, dtype: None  # read at each call
     impls = {"cake": b.cake_fn(None)}
     envs = {"cake": {}}
     for text in sweep or ():
