@@ -126,6 +126,14 @@ def test_bwd_chunk_kernel_steps_block_k_bwd(kda):
     assert {kw["BKI"] for _, kw in launches["kda_bwd_intra_kernel"]} == {plan.block_k_inner}
 
 
+@pytest.mark.parametrize("bkb, msg", [(24, "block_k_bwd must be a power of two"),
+                                       (8, "block_k_bwd"), (128, "block_k_bwd must be <=")])
+def test_bad_block_k_bwd_refused(bkb, msg):
+    """A key step that is no power of two >= 16, or wider than block_k (64 at K = 48)."""
+    with pytest.raises(ValueError, match=msg):
+        dataclasses.replace(make_plan(48, 32, torch.float32, DEV), block_k_bwd=bkb)
+
+
 def test_bwd_maxnreg_launch_constant(kda, monkeypatch):
     """``chunk.BWD_MAXNREG`` (the backward chunk kernel's ``maxnreg``, a launch constant for
     GPU sweeps, None in the rule) reaches the launch and leaves the results right against
