@@ -203,10 +203,11 @@ fi
 # mixload: repeat checks under the load that showed the KDA repeat fault (session 17: dk,
 # dg, dbeta took 2 values in 1 of 15 batches of 12 calls): KDA test files and plan_configs
 # compiling and launching in the background ($MIX_SECS seconds) while, for each plan of
-# $MIX_PLANS (';'-separated, default ";": the rule, whose local kernel has had 2 warps, no
-# wgmma, since 2026-12-03, when the 8-warp build it replaced failed 9 of 12 batches; an
-# empty item is the rule, so write the rule first: bash drops a trailing empty item; 4 or
-# 8 warps are now refused at K > 64), $MIX_PROCS repeat_diag.py processes run 6 batches of 12 calls at case a,
+# $MIX_PLANS (';'-separated, default ";": the rule, whose local kernel has 8 warps with
+# barriers in its loops over V since 2026-12-07 (2 warps from 2026-12-03, when the 8-warp
+# build without barriers failed 9 of 12 batches); an empty item is the rule, so write the
+# rule first: bash drops a trailing empty item), $MIX_PROCS repeat_diag.py processes run 6
+# batches of 12 calls at case a,
 # and one runs GDN's rule. Per batch: the outputs that took more than one value.
 if has mixload; then
   MS=${MIX_SECS:-300}; T=packages/cake-kda-det-train/tests

@@ -163,7 +163,7 @@ def main():
              "VNEW": "*bf16", "DU": "*bf16", "CHUNK_START": "*i32", "CHUNK_END": "*i32",
              "DQ": "*fp32", "DK": "*fp32", "DV": "*fp32", "DG": "*fp32", "DBETA": "*fp32",
              "PS": "*fp32", "scale": "fp32"}
-    c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_inner, BV=plan.block_v_bwd,
+    c = dict(DT=dt, PREC=prec, BT=64, BC=16, BKI=plan.block_k_bwd, BV=plan.block_v_bwd,
              NV=-(-a.V // plan.block_v_bwd))
     rows.append(("bwd chunk (local)", plan.num_warps_bwd,
                  *build(kda_bwd_local_kernel, loc_t, c, plan.num_warps_bwd)))

@@ -81,7 +81,11 @@ def test_cuda_rule_avoids_the_configurations_built_wrongly():
              ((64, 64, torch.float16), dict(block_k_inner=64), "block_k_inner"),
              ((128, 128, torch.float32), dict(num_warps_bwd=4), "num_warps_bwd"),
              ((48, 32, torch.float32), dict(num_warps_bwd=8), "num_warps_bwd"),
-             ((64, 64, torch.float32), dict(block_k_bwd=64), "block_k_bwd")]
+             ((48, 32, torch.float32), dict(num_warps_bwd=4), "num_warps_bwd"),
+             ((64, 64, torch.float32), dict(block_k_bwd=64), "block_k_bwd"),
+             ((48, 32, torch.float32), dict(block_k_bwd=16), "illegal memory access"),
+             ((128, 128, torch.bfloat16), dict(num_warps_bwd=2, block_v_bwd=64),
+              "block_v_bwd")]
     for (K, V, dt), over, match in cases:
         bad = dataclasses.replace(_rule(K, V, dt, cuda), **over)
         assert match in cuda_plan_problem(bad, dt), (K, V, dt, over)
@@ -132,6 +136,35 @@ def test_bad_block_k_bwd_refused(bkb, msg):
     """A key step that is no power of two >= 16, or wider than block_k (64 at K = 48)."""
     with pytest.raises(ValueError, match=msg):
         dataclasses.replace(make_plan(48, 32, torch.float32, DEV), block_k_bwd=bkb)
+
+
+def test_block_k_bwd_rule_off_the_wide_build_and_the_kernel_barriers():
+    """Off CUDA's wide build the rule keeps the backward chunk kernel's key step at
+    block_k_inner (the launches it had before the field); and the kernel keeps a barrier at
+    the end of each step of its two loops over V (without them its sm_90 builds of more than
+    2 warps did not repeat under shared load: docs/determinism.md)."""
+    import inspect
+
+    from cake_kda_det_train.kernels import chunk_bwd
+
+    for dev in ("cpu", "cuda"):
+        for K, V, dt in ((48, 32, torch.float32), (64, 64, torch.bfloat16),
+                         (128, 128, torch.float32), (32, 128, torch.float16)):
+            plan = _rule(K, V, dt, torch.device(dev))
+            assert plan.block_k_bwd == plan.block_k_inner, (dev, K, V, dt)
+    lines = inspect.getsource(chunk_bwd.kda_bwd_local_kernel.fn).splitlines()
+    bodies = []
+    for i, line in enumerate(lines):
+        if line.strip().startswith("for vi in range(NV):"):
+            indent = len(line) - len(line.lstrip())
+            body = []
+            for nxt in lines[i + 1:]:
+                if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= indent:
+                    break
+                body.append(nxt.strip())
+            bodies.append(body)
+    assert len(bodies) == 2
+    assert all(any(x.startswith("tl.debug_barrier()") for x in body) for body in bodies)
 
 
 def test_bwd_maxnreg_launch_constant(kda, monkeypatch):

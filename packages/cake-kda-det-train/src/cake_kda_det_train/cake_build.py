@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:902f6d02ec521a538c56b4632bd56c77a9c9a869458525138e313a595e5c5fae"
+SOURCE_DIGEST = "sha256:789ccf1ead386f251f6586a61dbda7d4c865e276ff7371edd1114e17190227e1"
 # --- end of generated block ---
 
 MANIFEST = {

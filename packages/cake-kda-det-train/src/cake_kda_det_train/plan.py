@@ -25,8 +25,8 @@ class KDADetPlan(Plan):
 
     Bits are promised per plan. Each field, then the rule's value (:func:`make_plan`) and
     why; V' is V rounded up to a power of two >= 16, "16-bit" means 16-bit intermediates
-    (``store_16bit`` with bf16 / fp16 inputs); the H200 timings and faults behind the CUDA
-    values are in docs/benchmarks/kda.md:
+    (``store_16bit`` with bf16 / fp16 inputs); the H200 and H100 timings and faults behind the
+    CUDA values are in docs/benchmarks/kda.md:
 
     Fields:
         head_k_dim / head_v_dim: K and V, the q/k and v head dims (1 to 256).
@@ -56,8 +56,9 @@ class KDADetPlan(Plan):
         num_warps_o: warps of the output kernel: 8 on CUDA for ``block_k * block_v >=
             8192``, else 4.
         num_warps_bwd: warps of the backward chunk kernel: 8 on CUDA at 16-bit K = 128
-            (right and repeatable under shared load with the kernel's barriers, on an H100),
-            2 at other block_k >= 64 (not measured there with the barriers), else 4.
+            (with the kernel's barriers right against float64 on an H100, and repeatable
+            under shared load there with V steps of 32 at V = 128), 2 at other block_k >= 64
+            (not measured there with the barriers), else 4.
         num_stages_h: pipelining stages of the forward state recurrence: 3 at 16-bit
             (faster), else 1 (shared memory with fp32 intermediates).
         num_warps_dh / num_stages_dh: warps and stages of the backward dS recurrence: 8
@@ -183,7 +184,8 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
     if fp32_inter and plan.block_k >= 64 and (plan.block_k_bwd > 32 or plan.num_warps_bwd > 2):
         return ("on CUDA fp32 intermediates (fp32 inputs or store_16bit=0) at K > 32 need "
                 "block_k_bwd<=32 and num_warps_bwd<=2 (block_k_bwd=64 with 8 warps gave dk 2% "
-                "off the float64 reference at K = 48 on an H100, Triton 3.6)")
+                "off the float64 reference at K = 48 on an H100, Triton 3.6; the other wide "
+                "builds are not measured with fp32 intermediates)")
     if plan.block_k >= 128 and plan.block_v_h >= 64 and plan.num_stages_dh > 2:
         return ("on CUDA K > 64 with block_v_h >= 64 needs num_stages_dh <= 2 "
                 "(the dS kernel asked for 256 KiB of shared memory with 3 stages, "
@@ -196,13 +198,15 @@ def cuda_plan_problem(plan: KDADetPlan, dtype: torch.dtype) -> str | None:
     if fp32_inter and 16 in (plan.block_k_inner, plan.block_k_bwd) and plan.block_k > 16:
         return ("on CUDA fp32 intermediates need block_k_inner >= 32 and block_k_bwd >= 32 "
                 "when K > 16 (16 made an illegal memory access in the backward chunk kernel "
-                "on an H200, Triton 3.6)")
+                "on an H200, Triton 3.6, when block_k_inner set its key step)")
     if plan.block_v_bwd > 64 or (plan.block_v_bwd == 64 and _bvf(plan.head_v_dim) > 64
-                                 and (fp32_inter or plan.block_k < 128)):
-        return ("on CUDA block_v_bwd > 32 only as 64, with V > 64 only at 16-bit K > 64 "
-                "(128 failed to run on an H200; 64 with V = 128 gave wrong dk / dg there "
-                "before the backward chunk kernel's barriers, and is measured right since "
-                "only at 16-bit K = 128, on an H100, Triton 3.6)")
+                                 and (fp32_inter or plan.block_k < 128
+                                      or plan.num_warps_bwd <= 2)):
+        return ("on CUDA block_v_bwd > 32 only as 64, with V > 64 only at 16-bit K > 64 and "
+                "more than 2 warps (128 failed to run on an H200; 64 with V = 128 and 2 warps "
+                "gave wrong dk / dg there before the backward chunk kernel's barriers, and is "
+                "measured right since only with 4 and 8 warps at 16-bit K = 128, on an H100, "
+                "Triton 3.6)")
     if plan.store_16bit and dtype != torch.float32 and plan.block_k < 64:
         return ("on CUDA 16-bit intermediates need K > 32 (store_16bit=1 at K = 32 gave a wrong "
                 "o and final state with num_warps_prep=4, and wrong dk / dg at V >= 64 with "
@@ -218,9 +222,9 @@ def make_plan(head_k_dim: int, head_v_dim: int, dtype: torch.dtype,
     :class:`KDADetPlan`'s docstring states with its reason; the H200 measurements behind
     them are in docs/benchmarks/kda.md.
 
-    Known limit (H200, Triton 3.6): the backward's dk, dg and dbeta repeat bitwise call
-    after call on a GPU that runs nothing else, but did not in some runs while another
-    process time-shared the same GPU (docs/determinism.md).
+    The backward chunk kernel's wide build (8 warps at 16-bit K = 128) relies on the
+    barriers in its loops over V: without them its dk, dg and dbeta did not repeat while
+    other processes time-shared the GPU (docs/determinism.md).
 
     Raises:
         ValueError: K or V outside [1, 256], ``dtype`` not fp32/bf16/fp16, or on CUDA the
@@ -256,7 +260,7 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
     wide = dtype != torch.float32 and store_16bit
     block_v = min(128 if wide else 64, block_v_full) if cuda else block_v_full
     big_h = cuda and block_k * block_v_h >= 8192
-    # the backward chunk kernel's wide build, measured right and repeatable at K = 128
+    # the backward chunk kernel's wide build, where it was measured (K = V = 128)
     wide_bwd = cuda and wide and K == 128
     return KDADetPlan(
         head_k_dim=K,
