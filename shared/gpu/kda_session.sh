@@ -25,16 +25,20 @@ if [[ $PARTS == *" tests "* ]]; then
       > /tmp/kt_$i.txt 2>&1 &
   done
   for j in 1 2 3; do
-    timeout $MS python3 shared/gpu/repeat_diag.py kda 12 a "" "" "" "" "" "" > /tmp/kr_$j.txt 2>&1 &
+    timeout $MS python3 shared/gpu/repeat_diag.py kda 12 a "" "" "" "" "" "" \
+      > /tmp/kr_$j.txt 2>&1 &
   done
-  timeout $MS python3 shared/gpu/repeat_diag.py gdn 12 a "" "" "" "" "" "" > /tmp/kr_gdn.txt 2>&1 &
+  timeout $MS python3 shared/gpu/repeat_diag.py gdn 12 a "" "" "" "" "" "" \
+    > /tmp/kr_gdn.txt 2>&1 &
   wait
-  for f in /tmp/kr_*.txt; do echo "== $f"; grep -v -i warn "$f" | tail -7; done > "$OUT/kda_mixload.txt"
+  for f in /tmp/kr_*.txt; do echo "== $f"; grep -v -i warn "$f" | tail -7; done \
+    > "$OUT/kda_mixload.txt"
   i=0; for f in $T/test_*.py; do i=$((i+1)); echo "== $f"
     grep -E "passed|failed|FAILED|ERROR|Error|skipped" /tmp/kt_$i.txt | tail -8; done > "$OUT/kda_tests.txt"
 fi
 if [[ $PARTS == *" sweep "* ]]; then
-  IFS=';' read -ra SW <<< "${SWEEP:-block_k_bwd=128;block_k_bwd=128 block_v_bwd=32;block_k_inner=64}"
+  SW_DEFAULT="block_k_bwd=128;block_k_bwd=128 block_v_bwd=32;block_k_inner=64"
+  IFS=';' read -ra SW <<< "${SWEEP:-$SW_DEFAULT}"
   timeout ${SW_SECS:-240} python3 shared/gpu/kda_kernels.py b --forms gate --no-fla --unfenced \
     --err --repeat 2 --sweep "${SW[@]}" 2>&1 | grep -v -i warn > "$OUT/kda_sweep.txt"
 fi
