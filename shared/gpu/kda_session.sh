@@ -34,7 +34,8 @@ if [[ $PARTS == *" tests "* ]]; then
   for f in /tmp/kr_*.txt; do echo "== $f"; grep -v -i warn "$f" | tail -7; done \
     > "$OUT/kda_mixload.txt"
   i=0; for f in $T/test_*.py; do i=$((i+1)); echo "== $f"
-    grep -E "passed|failed|FAILED|ERROR|Error|skipped" /tmp/kt_$i.txt | tail -8; done > "$OUT/kda_tests.txt"
+    grep -E "passed|failed|FAILED|ERROR|Error|skipped" /tmp/kt_$i.txt | tail -8
+  done > "$OUT/kda_tests.txt"
 fi
 if [[ $PARTS == *" sweep "* ]]; then
   SW_DEFAULT="block_k_bwd=128;block_k_bwd=128 block_v_bwd=32;block_k_inner=64"
@@ -44,7 +45,8 @@ if [[ $PARTS == *" sweep "* ]]; then
 fi
 if [[ $PARTS == *" fla "* ]]; then
   tar -xJf .anchors/anchors_site.tar.xz -C /tmp
-  mkdir -p /tmp/tc && [ -f .anchors/fla_autotune.tar ] && tar -xf .anchors/fla_autotune.tar -C /tmp/tc
+  mkdir -p /tmp/tc
+  [ -f .anchors/fla_autotune.tar ] && tar -xf .anchors/fla_autotune.tar -C /tmp/tc
   (export PYTHONPATH=/tmp/anchors_site:$SRC CUDA_HOME=/usr/local/cuda FLA_FLASH_QLA=0 \
      FLA_TILELANG=0 LD_LIBRARY_PATH=/tmp/anchors_site/z3/lib:/tmp/anchors_site/tvm_ffi/lib
    python3 -c "import fla; print('fla', fla.__version__)"
