@@ -22,7 +22,7 @@ import sys
 
 import torch
 import triton.testing
-from torch.profiler import ProfilerActivity, profile
+from profile_rows import kernel_rows
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 spec = importlib.util.spec_from_file_location(
@@ -44,21 +44,6 @@ def qla():
                                       output_final_state=True, use_qk_l2norm_in_kernel=True,
                                       cu_seqlens=cu.long() if cu is not None else None)
     return run
-
-
-def kernel_rows(step):
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        step()
-        torch.cuda.synchronize()
-    ks = sorted((e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                key=lambda e: e.time_range.start)
-    rows, end, idle = [], None, 0.0
-    for e in ks:
-        gap = 0.0 if end is None else max(0.0, e.time_range.start - end)
-        idle += gap
-        end = e.time_range.end
-        rows.append((e.name[:72], e.device_time, gap))
-    return rows, idle
 
 
 def main():

@@ -28,7 +28,7 @@ from collections import defaultdict
 
 import torch
 import triton.testing
-from torch.profiler import ProfilerActivity, profile
+from profile_rows import kernel_rows
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 spec = importlib.util.spec_from_file_location(
@@ -40,21 +40,6 @@ spec.loader.exec_module(b)
 
 def arg(name, default):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
-
-
-def kernel_rows(step):
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        step()
-        torch.cuda.synchronize()
-    ks = sorted((e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                key=lambda e: e.time_range.start)
-    rows, end, idle = [], None, 0.0
-    for e in ks:
-        gap = 0.0 if end is None else max(0.0, e.time_range.start - end)
-        idle += gap
-        end = e.time_range.end
-        rows.append((e.name[:72], e.device_time, gap))
-    return rows, idle
 
 
 def main():

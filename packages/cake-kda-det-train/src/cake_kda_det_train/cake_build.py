@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:789ccf1ead386f251f6586a61dbda7d4c865e276ff7371edd1114e17190227e1"
+SOURCE_DIGEST = "sha256:452bf7732be4eb82eec296848e702ece4cf5b2ef50f0685d89c4f264ce193134"
 # --- end of generated block ---
 
 MANIFEST = {

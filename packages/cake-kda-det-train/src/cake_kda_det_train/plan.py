@@ -39,7 +39,7 @@ class KDADetPlan(Plan):
             min(block_k, 64) under the interpreter (fewer steps).
         block_k_bwd: key channels per step of the backward chunk kernel's loop over K (bits
             depend on it): 64 on CUDA at 16-bit K = 128 (with 8 warps and 64-column V
-            steps about twice as fast as 2 warps on 32 x 32 steps), else block_k_inner.
+            steps: faster than 2 warps on 32 x 32 steps), else block_k_inner.
         block_v: V columns per program of the output kernel: on CUDA min(128, V') at
             16-bit (faster), else min(64, V'); V' under the interpreter.
         block_v_bwd: V columns per step of the backward chunk kernel's loop over V (bits
@@ -56,9 +56,8 @@ class KDADetPlan(Plan):
         num_warps_o: warps of the output kernel: 8 on CUDA for ``block_k * block_v >=
             8192``, else 4.
         num_warps_bwd: warps of the backward chunk kernel: 8 on CUDA at 16-bit K = 128
-            (with the kernel's barriers right against float64 on an H100, and repeatable
-            under shared load there with V steps of 32 at V = 128), 2 at other block_k >= 64
-            (not measured there with the barriers), else 4.
+            (right and repeatable under shared load with the kernel's barriers), 2 at other
+            block_k >= 64 (not measured there with the barriers), else 4.
         num_stages_h: pipelining stages of the forward state recurrence: 3 at 16-bit
             (faster), else 1 (shared memory with fp32 intermediates).
         num_warps_dh / num_stages_dh: warps and stages of the backward dS recurrence: 8
@@ -260,13 +259,14 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
     wide = dtype != torch.float32 and store_16bit
     block_v = min(128 if wide else 64, block_v_full) if cuda else block_v_full
     big_h = cuda and block_k * block_v_h >= 8192
-    # the backward chunk kernel's wide build, where it was measured (K = V = 128)
+    # the backward chunk kernel's wide build, where it was measured (16-bit K = 128)
     wide_bwd = cuda and wide and K == 128
+    block_k_inner = min(block_k, 32 if cuda else 64)
     return KDADetPlan(
         head_k_dim=K,
         head_v_dim=V,
         block_k=block_k,
-        block_k_inner=min(block_k, 32 if cuda else 64),
+        block_k_inner=block_k_inner,
         block_v=block_v,
         block_v_bwd=min(64 if wide_bwd else 32, block_v_full) if cuda else block_v_full,
         num_warps_prep=8 if cuda and block_k >= 32 and not wide else 4,
@@ -285,5 +285,5 @@ def _rule(K: int, V: int, dtype: torch.dtype, device: torch.device) -> KDADetPla
         num_warps_tok=1 if cuda else 4,
         tok_heads_bwd=1 if cuda else 4,
         num_warps_tok_bwd=1 if cuda else 4,
-        block_k_bwd=64 if wide_bwd else min(block_k, 32 if cuda else 64),
+        block_k_bwd=64 if wide_bwd else block_k_inner,
     )
