@@ -107,11 +107,13 @@ def main():
     prep_t = {**ints, "Kp": "*bf16", "Vp": "*bf16", "GCUM": "*fp32", "BETA": "*fp32",
               "CHUNK_START": "*i32", "CHUNK_END": "*i32", "Ap": "*bf16", "W": "*bf16",
               "U": "*bf16", "KG": "*bf16"}
-    c = dict(BT=64, BKI=plan.block_k_inner)
+    c = dict(BT=64, BKI=plan.block_k_inner, GATE=True, HAS_A=True, HAS_BIAS=True,
+             LOWER_BOUND=False, THRESHOLD=20.0)  # Kimi Linear's gate
     rows.append(("fwd cumsum", 4,
                  *build(kda_chunk_cumsum_kernel,
-                        {"Gp": "*fp32", "GCUM": "*fp32", "CHUNK_START": "*i32",
-                         "CHUNK_END": "*i32", "HV": "i32", "KD": "i32"}, c,
+                        {"Gp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
+                         "CHUNK_END": "*i32", "A_LOG": "*fp32", "DT_BIAS": "*fp32",
+                         "lower_bound": "fp32", "HV": "i32", "KD": "i32"}, c,
                         4)))
     pt = {n: "i32" for n in ("H", "HV", "GROUP", "KD")}
     pt.update({"Qp": "*bf16", "Kp": "*bf16", "GCUM": "*fp32", "CHUNK_START": "*i32",
