@@ -21,8 +21,8 @@ import os
 import sys
 
 import torch
-import triton.testing
-from profile_rows import kernel_rows
+import triton
+from profile_rows import bench_and_profile, max_rel_diff
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 spec = importlib.util.spec_from_file_location(
@@ -73,26 +73,17 @@ def main():
                     print(f"== case {case} {name}: refused: {e}", flush=True)
                     continue
                 ref = got if ref is None else ref
-                err = max(float((a.float() - r.float()).abs().max() / r.float().abs().max())
-                          for a, r in zip(got, ref, strict=True))
-                print(f"   {name}: max difference to the rule's outputs {err:.2e}", flush=True)
+                print(f"   {name}: max difference to the rule's outputs "
+                      f"{max_rel_diff(got, ref):.2e}", flush=True)
 
-            def step():
+            def step(fn=fn, x=x):
                 for t in x.values():
                     t.grad = None
                 o, ht = b.step(fn, c, x)
                 torch.autograd.backward([o, ht], [c["do"], c["dht"]])
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-            ms = triton.testing.do_bench(step, warmup=50, rep=300)
-            rows, idle = kernel_rows(step)
-            tot = sum(r[1] for r in rows)
-            print(f"== case {case} {name}: fwd+bwd {ms:.3f} ms; profiled kernels {tot:.0f} us "
-                  f"({len(rows)}), idle {idle:.0f} us", flush=True)
-            for kname, us, gap in rows:
-                if sweep is None or any(s in kname for s in ("gdn_bwd", "chunk_state", "l2norm")):
-                    print(f"   {us:8.1f} us  gap {gap:6.1f}  {kname}")
+            bench_and_profile(f"case {case} {name}", step,
+                              keep=None if sweep is None else ("gdn_bwd", "chunk_state",
+                                                               "l2norm"))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections import defaultdict
 
 import torch
-import triton.testing
-from profile_rows import kernel_rows
+import triton
+from profile_rows import bench_and_profile, max_rel_diff
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 spec = importlib.util.spec_from_file_location(
@@ -82,11 +81,8 @@ def main():
                         print(f"== case {case} {form} {name}: refused: {e}", flush=True)
                         continue
                     ref = got if ref is None else ref
-                    err = max(float((a.float() - r.float()).abs().max()
-                                    / r.float().abs().max().clamp_min(1e-30))
-                              for a, r in zip(got, ref, strict=True) if a is not None)
-                    print(f"   {name}: max difference to the rule's outputs {err:.2e}",
-                          flush=True)
+                    print(f"   {name}: max difference to the rule's outputs "
+                          f"{max_rel_diff(got, ref):.2e}", flush=True)
                     reps = int(arg("--repeat", "0"))
                     same = sum(all(torch.equal(a, r) for a, r in
                                    zip(b.grads_of(fn, c), got, strict=True) if a is not None)
@@ -102,24 +98,8 @@ def main():
                             t.grad = None
                     o, ht = fn(c, x)
                     torch.autograd.backward([o, ht], [c["do"], c["dht"]])
-                for _ in range(3):
-                    step()
-                torch.cuda.synchronize()
-                ms = triton.testing.do_bench(step, warmup=50, rep=300)
-                rows, idle = kernel_rows(step)
-                tot = sum(r[1] for r in rows)
-                print(f"== case {case} {form} {name}: fwd+bwd {ms:.3f} ms; profiled kernels "
-                      f"{tot:.0f} us ({len(rows)}), idle {idle:.0f} us", flush=True)
-                if "--rows" in sys.argv:
-                    for kname, us, gap in rows:
-                        print(f"   {us:8.1f} us  gap {gap:6.1f}  {kname}")
-                else:  # per kernel name, summed over its launches
-                    per = defaultdict(lambda: [0.0, 0])
-                    for kname, us, _ in rows:
-                        per[kname][0] += us
-                        per[kname][1] += 1
-                    for kname, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0]):
-                        print(f"   {us:8.1f} us  x{n:<3d} {kname}")
+                bench_and_profile(f"case {case} {form} {name}", step,
+                                  by_name="--rows" not in sys.argv)
 
 
 if __name__ == "__main__":
