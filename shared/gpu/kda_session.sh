@@ -10,7 +10,11 @@
 #          $KK_SECS s; FLA's autotune results reused from .anchors/fla_autotune.tar)
 #   sweep  kda_kernels.py --unfenced --err --repeat 2 --sweep over $SWEEP (';'-separated
 #          items of plan overrides) at case b in Kimi Linear's form, cake alone
-# Logs in $OUT: kda_tests.txt, kda_mixload.txt, kda_kernels.txt, kda_sweep.txt.
+#   cand   a candidate patch ($CAND, default shared/candidates/kda_intra_partner_loops.patch)
+#          applied to a copy of packages/: kda_kernels.py b (both forms, cake alone) on main
+#          and on the copy, --err on the copy, then the copy's backward test files
+# Logs in $OUT: kda_tests.txt, kda_mixload.txt, kda_kernels.txt, kda_sweep.txt,
+# kda_cand.txt.
 set -u
 OUT=${OUT:-/tmp/kda-session}; mkdir -p "$OUT"
 PARTS=" ${PARTS:-tests fla} "
@@ -42,6 +46,26 @@ if [[ $PARTS == *" sweep "* ]]; then
   IFS=';' read -ra SW <<< "${SWEEP:-$SW_DEFAULT}"
   timeout ${SW_SECS:-240} python3 shared/gpu/kda_kernels.py b --forms gate --no-fla --unfenced \
     --err --repeat 2 --sweep "${SW[@]}" 2>&1 | grep -v -i warn > "$OUT/kda_sweep.txt"
+fi
+if [[ $PARTS == *" cand "* ]]; then
+  CAND=${CAND:-shared/candidates/kda_intra_partner_loops.patch}
+  rm -rf /tmp/cand && mkdir -p /tmp/cand && cp -r packages /tmp/cand/
+  (cd /tmp/cand && git apply "$OLDPWD/$CAND" 2>/dev/null || patch -p1 < "$OLDPWD/$CAND")
+  CSRC=$(ls -d /tmp/cand/packages/*/src | paste -sd:)
+  {
+    echo "== main"
+    timeout 120 python3 shared/gpu/kda_kernels.py b --forms gate,pre --no-fla 2>&1 | grep -v -i warn
+    echo "== candidate $CAND"
+    PYTHONPATH=$CSRC timeout 150 python3 shared/gpu/kda_kernels.py b --forms gate,pre --no-fla \
+      --err 2>&1 | grep -v -i warn
+    for f in test_kda_bwd_intra test_kda_parity test_kda_determinism test_kda_gate; do
+      PYTHONPATH=$CSRC timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEx \
+        /tmp/cand/packages/cake-kda-det-train/tests/$f.py > /tmp/ct_$f.txt 2>&1 &
+    done
+    wait
+    for f in /tmp/ct_*.txt; do echo "== $f"; grep -E "passed|failed|FAILED|Error" "$f" | tail -5
+    done
+  } > "$OUT/kda_cand.txt"
 fi
 if [[ $PARTS == *" fla "* ]]; then
   tar -xJf .anchors/anchors_site.tar.xz -C /tmp
