@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c7d7b585578e0c040b0d56dad3127ecf0b55658b5b89edefb9d97d60b4beba37"
+SOURCE_DIGEST = "sha256:1383bc31f89d3c02083d78f6c7ba289b3f46a55a7ad92dee46fa9ddfe39f6f65"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

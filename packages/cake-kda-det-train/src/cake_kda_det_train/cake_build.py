@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:452bf7732be4eb82eec296848e702ece4cf5b2ef50f0685d89c4f264ce193134"
+SOURCE_DIGEST = "sha256:0cf7408ac4c4a57f8fbee6328683fb7ed6b2ad88e707d279a86a1201d338bd8b"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -215,7 +215,7 @@ def dg_cumsum_into(out, dG, starts, ends, NC: int, plan: KDADetPlan, gate=None):
 def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_state,
                   tabs: tuple, plan: KDADetPlan, workspace=None,
                   grad_dtype: torch.dtype = torch.float32, gate=None,
-                  dg_dtype: torch.dtype = torch.float32):
+                  dg_dtype: torch.dtype = torch.float32, l2norm=None):
     """Backward of :func:`kda_chunk_fwd`: recomputes the chunk quantities from the saved
     g_cumsum (and T when ``A`` is given and matches the plan), runs the state-gradient
     recurrence in reverse, then the chunk-local gradients.
@@ -229,6 +229,9 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             norm follows, else q's dtype: the cast is fused into the value-head sum).
         gate: ``(g, A_log, dt_bias, lower_bound)`` with FLA's in-kernel gate (g raw), or
             None. dg_dtype: the dtype dg is stored in (g's, cast in the kernel).
+        l2norm: ``(q_raw, k_raw, q_rstd, k_rstd)`` when q and k (given normalised) came
+            from the q/k L2 norm and there is one value head per q/k head: the norm's
+            backward runs in the last kernel, and dq, dk are w.r.t. the raw inputs.
 
     Returns:
         ``(dq, dk, dv, dg, dbeta, dh0, dA_log_parts, ddt_bias_parts)``: dq, dk
@@ -255,6 +258,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     # of one term is the term and both casts round to nearest even (under the interpreter
     # bf16 stays fp32 and torch casts, as group_sum_cast does there)
     direct = HV == H
+    if l2norm is not None and not direct:
+        raise ValueError("kda_chunk_bwd: l2norm needs one value head per q/k head")
     odt = direct_store_dtype(grad_dtype) if direct else f32
     dq_out, dk_out = (dq_hv, dk_hv) if odt == f32 else (
         torch.empty((NT, HV, K), dtype=odt, device=dev),
@@ -314,10 +319,11 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             H, HV, HV // H, K,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=4,
             DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
+        xq, xk, rq, rk = l2norm if l2norm is not None else (q, k, dbeta, dbeta)
         kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads_bwd))](
             q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
-            dq_out, dk_out, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
-            BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd,
+            dq_out, dk_out, xq, xk, rq, rk, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
+            BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd, L2=l2norm is not None,
             num_warps=plan.num_warps_tok_bwd)
         parts = dg_cumsum_into(dgo, dg, tabs[0], tabs[1], NC, plan, gate)
     # the fixed-order sum over each q/k head's value heads, fused with the cast to grad_dtype

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:b9ba539785a37d9de596e0320f9e6a328b96bb0ba20a1105a57df2a69f34aa5f"
+SOURCE_DIGEST = "sha256:5bdc8729500f197bf5c6932a40aa22bb6b08fc613c63ce7347cb9801fcc44f12"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

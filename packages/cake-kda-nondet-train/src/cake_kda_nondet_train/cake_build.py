@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:36f26f6933a0d01aede59878d9323a83c2e8a259ba30d899f99b05a7f36eabde"
+SOURCE_DIGEST = "sha256:4f9ca165c1c08a3c40e1f5563ebe30a533066e8efb7c9a39df33951e22ac8ccf"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -43,6 +43,7 @@ cake_core.chunk_state are built: faster, the same bits (measurements: docs/bench
 
 import triton
 import triton.language as tl
+from cake_core.l2norm import l2norm_bwd_rows
 
 from cake_kda_det_train.kernels.gate import _gate_math
 
@@ -265,8 +266,10 @@ def kda_bwd_intra_kernel(
 @triton.jit
 def kda_bwd_intra_tok_kernel(
     Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA, DQO, DKO,
+    XQ, XK, RQ, RK,
     H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BKF: tl.constexpr, BH: tl.constexpr,
+    L2: tl.constexpr,
 ):
     """After :func:`kda_bwd_intra_kernel`, before :func:`kda_bwd_dg_cumsum_kernel`: the
     terms of step 3 inside each 16-token sub-chunk, one program per chunk row (token i) and
@@ -279,7 +282,11 @@ def kda_bwd_intra_tok_kernel(
     dk_colq), dbeta += sum_c k_i x (read, added, stored: each row by one program).
     The last writer of dq and dk: they go to ``DQO`` / ``DKO``, either ``DQ`` / ``DK``
     themselves (fp32, in place) or, with one value head per q/k head, tensors of the
-    gradients' dtype (the cast the value-head sum would make, rounded as it rounds)."""
+    gradients' dtype (the cast the value-head sum would make, rounded as it rounds).
+    ``L2`` (one value head per q/k head only): q and k were L2-normalised by the forward;
+    the norm's backward (``cake_core.l2norm.l2norm_bwd_rows``, each program holding whole
+    rows) runs here on dq and dk from the raw inputs ``XQ`` / ``XK`` and their fp32 rstds
+    ``RQ`` / ``RK`` (``[token, H]``), so dq and dk leave in the inputs' dtype."""
     c = tl.program_id(0) // BT
     r = tl.program_id(0) % BT
     start = tl.load(CHUNK_START + c).to(tl.int64)
@@ -331,6 +338,13 @@ def kda_bwd_intra_tok_kernel(
         dk = tl.load(DK + row, mask=m, other=0.0) + dk_row + dk_col + dk_colq
         dgc = tl.load(DG + row, mask=m, other=0.0) + q_i * dq_row + k_i * dk_row \
             - k_i * (dk_col + dk_colq)
+        if L2:  # GROUP == 1: value head hv is q/k head hv
+            x_off = i_tok * (H * KD) + qk_off
+            r_off = i_tok * H + hk
+            dq = l2norm_bwd_rows(dq, tl.load(XQ + x_off, mask=m, other=0.0).to(tl.float32),
+                                 tl.load(RQ + r_off, mask=hmask, other=0.0))
+            dk = l2norm_bwd_rows(dk, tl.load(XK + x_off, mask=m, other=0.0).to(tl.float32),
+                                 tl.load(RK + r_off, mask=hmask, other=0.0))
         tl.store(DQO + row, dq.to(DQO.dtype.element_ty), mask=m)
         tl.store(DKO + row, dk.to(DKO.dtype.element_ty), mask=m)
         tl.store(DG + row, dgc, mask=m)
