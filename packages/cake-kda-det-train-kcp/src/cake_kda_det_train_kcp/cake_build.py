@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:1383bc31f89d3c02083d78f6c7ba289b3f46a55a7ad92dee46fa9ddfe39f6f65"
+SOURCE_DIGEST = "sha256:ad9e215ae6f40369db75d3b777231eb1920ddbcd700ca356a0ad2b3ab79058c5"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

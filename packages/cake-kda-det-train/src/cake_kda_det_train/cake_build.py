@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0cf7408ac4c4a57f8fbee6328683fb7ed6b2ad88e707d279a86a1201d338bd8b"
+SOURCE_DIGEST = "sha256:74288f6a8248705397a193df4c32511aa5d8d29c4d028f583d574c100e692023"
 # --- end of generated block ---
 
 MANIFEST = {

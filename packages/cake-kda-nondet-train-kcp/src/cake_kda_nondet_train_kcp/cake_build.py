@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:5bdc8729500f197bf5c6932a40aa22bb6b08fc613c63ce7347cb9801fcc44f12"
+SOURCE_DIGEST = "sha256:951ac861b8df5f367f5ef8b324464660de45137ee8a6cacb021c65e692da4369"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:4f9ca165c1c08a3c40e1f5563ebe30a533066e8efb7c9a39df33951e22ac8ccf"
+SOURCE_DIGEST = "sha256:15eebd9baae5c64ee9452d71ac5dc911d450c51a92e6ea73892c8b69c6440779"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -286,7 +286,8 @@ def kda_bwd_intra_tok_kernel(
     ``L2`` (one value head per q/k head only): q and k were L2-normalised by the forward;
     the norm's backward (``cake_core.l2norm.l2norm_bwd_rows``, each program holding whole
     rows) runs here on dq and dk from the raw inputs ``XQ`` / ``XK`` and their fp32 rstds
-    ``RQ`` / ``RK`` (``[token, H]``), so dq and dk leave in the inputs' dtype."""
+    ``RQ`` / ``RK`` (``[token, H]``), so dq and dk leave in ``DQO`` / ``DKO``'s dtype
+    (the inputs', or fp32 for bf16 under the interpreter, cast by the caller)."""
     c = tl.program_id(0) // BT
     r = tl.program_id(0) % BT
     start = tl.load(CHUNK_START + c).to(tl.int64)
