@@ -106,3 +106,18 @@ def test_l2norm_backward_in_the_token_kernel(H, HV, kda, monkeypatch):
                            use_qk_l2norm_in_kernel=True)
     assert {kw["L2"] for _, kw in launches} == {H == HV}
     assert len(seen) == (0 if H == HV else 2)
+
+
+def test_l2norm_step_refused_with_more_value_heads(kda):
+    """``kda_chunk_bwd(l2norm=...)`` with two value heads per q/k head is refused by name
+    before anything is allocated or launched (its rows of dq, dk are value-head partials)."""
+    from cake_kda_det_train.chunk import kda_chunk_bwd
+
+    q, k, v, g, beta, _ = kda.make_kda_inputs(1, 5, 1, 2, 16, 16, seed=141)
+    rstd = torch.ones((1, 5, 1), device=DEV)
+    tabs = (None, None, None, kda.cu_of([5]), 1)
+    before = [t.clone() for t in (q, k, v, g, beta)]
+    with pytest.raises(ValueError, match="l2norm needs one value head per q/k head"):
+        kda_chunk_bwd(v, None, q, k, v, g.view(5, 2, 16), beta, None, 1.0, None, tabs,
+                      _plan(16, 16, torch.float32), l2norm=(q, k, rstd, rstd))
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v, g, beta), strict=True))

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:74288f6a8248705397a193df4c32511aa5d8d29c4d028f583d574c100e692023"
+SOURCE_DIGEST = "sha256:792b8c33bbca30f773bbf0268966da11ccfb126f811ab0f084e1d82b06476d55"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -247,6 +247,8 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     HV, V = v.shape[2], v.shape[3]
     NT, N = B * T, tabs[3].numel() - 1
     dev = q.device
+    if l2norm is not None and HV != H:
+        raise ValueError("kda_chunk_bwd: l2norm needs one value head per q/k head")
     f32 = torch.float32
     idt = inter_dtype(plan, q.dtype)
     NC = tabs[4]
@@ -258,8 +260,6 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     # of one term is the term and both casts round to nearest even (under the interpreter
     # bf16 stays fp32 and torch casts, as group_sum_cast does there)
     direct = HV == H
-    if l2norm is not None and not direct:
-        raise ValueError("kda_chunk_bwd: l2norm needs one value head per q/k head")
     odt = direct_store_dtype(grad_dtype) if direct else f32
     dq_out, dk_out = (dq_hv, dk_hv) if odt == f32 else (
         torch.empty((NT, HV, K), dtype=odt, device=dev),

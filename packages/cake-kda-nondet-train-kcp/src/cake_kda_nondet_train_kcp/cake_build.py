@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:951ac861b8df5f367f5ef8b324464660de45137ee8a6cacb021c65e692da4369"
+SOURCE_DIGEST = "sha256:153af6d167175858f2cb2f838103c2764719d2306ca7f29b9161a0b3393379b0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:15eebd9baae5c64ee9452d71ac5dc911d450c51a92e6ea73892c8b69c6440779"
+SOURCE_DIGEST = "sha256:b86aa1299416f59489b3751a61e0bdf51900b89be5fd090d45ee504cab51929d"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
