@@ -10,7 +10,7 @@
 #          $KK_SECS s; FLA's autotune results reused from .anchors/fla_autotune.tar)
 #   sweep  kda_kernels.py --unfenced --err --repeat 2 --sweep over $SWEEP (';'-separated
 #          items of plan overrides) at case b in Kimi Linear's form, cake alone
-#   cand   a candidate patch ($CAND, default shared/candidates/kda_intra_partner_loops.patch)
+#   cand   a candidate patch ($CAND, required: a file in shared/candidates)
 #          applied to a copy of packages/: kda_kernels.py b (both forms, cake alone) on main
 #          and on the copy, --err on the copy, then the copy's backward test files
 # Logs in $OUT: kda_tests.txt, kda_mixload.txt, kda_kernels.txt, kda_sweep.txt,
@@ -48,7 +48,7 @@ if [[ $PARTS == *" sweep "* ]]; then
     --err --repeat 2 --sweep "${SW[@]}" 2>&1 | grep -v -i warn > "$OUT/kda_sweep.txt"
 fi
 if [[ $PARTS == *" cand "* ]]; then
-  CAND=${CAND:-shared/candidates/kda_intra_partner_loops.patch}
+  CAND=${CAND:?PARTS=cand needs CAND=shared/candidates/<patch>}
   rm -rf /tmp/cand && mkdir -p /tmp/cand && cp -r packages /tmp/cand/
   (cd /tmp/cand && git apply "$OLDPWD/$CAND" 2>/dev/null || patch -p1 < "$OLDPWD/$CAND")
   CSRC=$(ls -d /tmp/cand/packages/*/src | paste -sd:)
