@@ -31,7 +31,7 @@ from cake_core.compile import (
     plan_to_op_fields,
 )
 from cake_core.gemm import ordered_sum
-from cake_core.l2norm import l2norm_bwd, l2norm_fwd
+from cake_core.l2norm import l2norm_fwd
 from cake_core.linear_attention import (
     autograd_cu_seqlens,
     beta_code,
@@ -198,13 +198,6 @@ def _l2norm(x: torch.Tensor, plan: KDADetPlan):
                       num_warps=4)
 
 
-def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, plan: KDADetPlan):
-    """The q/k L2 norm's backward (cake-core's kernel, the forward's launch fields): dx
-    in x's dtype."""
-    return l2norm_bwd(x, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
-                      num_warps=4)
-
-
 def _beta_fwd(beta, use_sigmoid: int, plan: KDADetPlan):
     """The beta the chunk computation uses: fp32 ``use_sigmoid * sigmoid(beta)`` ``[B, T,
     HV]`` from the pre-sigmoid beta where the options say so, else beta itself. Input
@@ -279,10 +272,7 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     NT = B * T
     # the forward's device tables when they suit this device and stream, else copied here
     tabs = saved_chunks(saved, CHUNK_SIZE, q.device).tables_on(q.device)
-    # with one value head per q/k head the chunk backward's last kernel holds whole rows
-    # of dq and dk: the L2 norm's backward runs there (two launches fewer)
-    fuse_l2 = saved.use_qk_l2norm and HV == H
-    if saved.use_qk_l2norm:
+    if saved.use_qk_l2norm:  # the chunk backward runs the norm's backward too
         qn, _ = _l2norm(q, plan)
         kn, _ = _l2norm(k, plan)
     else:
@@ -296,18 +286,15 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     dq, dk, dv, dg, dbeta, dh0, *parts = kda_chunk_bwd(
         do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
         saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace,
-        grad_dtype=torch.float32 if saved.use_qk_l2norm and not fuse_l2 else q.dtype,
+        grad_dtype=q.dtype,
         gate=(g, A_log, dt_bias, lower_bound) if use_gate else None, dg_dtype=g.dtype,
         l2norm=(q, k, saved.q_rstd.contiguous(), saved.k_rstd.contiguous())
-        if fuse_l2 else None)
+        if saved.use_qk_l2norm else None)
     # the gate's backward ran in the chunk backward (dg w.r.t. the raw g, per-chunk sums);
     # the sigmoid's in place on dbeta; with no tokens dA_log, ddt_bias are 0
     dbeta = dbeta.contiguous()
     _beta_bwd(beta, dbeta.view(NT, HV), use_sigmoid, plan)
     dA_log, ddt_bias = _gate_param_grads(parts, A_log, dt_bias, HV, K, q.device)
-    if saved.use_qk_l2norm and not fuse_l2:  # one launch each, dx in q's dtype
-        dq = _l2norm_bwd(q, saved.q_rstd, dq, plan)
-        dk = _l2norm_bwd(k, saved.k_rstd, dk, plan)
     return KDADetGrads(
         dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype),
         dbeta.to(beta.dtype), dh0, dA_log, ddt_bias)

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:792b8c33bbca30f773bbf0268966da11ccfb126f811ab0f084e1d82b06476d55"
+SOURCE_DIGEST = "sha256:1089d3b7c2a4b45d6b9b2b00ea81db2241632233bbf64e83ac4a2c7c7f8eb91f"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -12,6 +12,7 @@ import triton.language as tl
 from cake_core.chunk_output import chunk_output
 from cake_core.chunk_state import chunk_state_bwd, chunk_state_fwd
 from cake_core.gemm import direct_store_dtype, group_sum_cast
+from cake_core.l2norm import l2norm_bwd
 from cake_core.triton_utils import is_interpreting, next_power_of_2
 
 from cake_kda_det_train.kernels.chunk_bwd import (
@@ -225,13 +226,15 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
         q, k, v, beta, initial_state, tabs, scale: as given to the forward.
         g_cumsum: the forward's. A: the forward's ``[2, B * T, HV, 64]`` stack of T and
             Aqk, or None (recomputed).
-        grad_dtype: the dtype of the returned dq and dk (fp32 when a backward of the q/k L2
-            norm follows, else q's dtype: the cast is fused into the value-head sum).
+        grad_dtype: the dtype of the returned dq and dk (the cast is fused into the
+            value-head sum, or into the L2 norm's backward).
         gate: ``(g, A_log, dt_bias, lower_bound)`` with FLA's in-kernel gate (g raw), or
             None. dg_dtype: the dtype dg is stored in (g's, cast in the kernel).
         l2norm: ``(q_raw, k_raw, q_rstd, k_rstd)`` when q and k (given normalised) came
-            from the q/k L2 norm and there is one value head per q/k head: the norm's
-            backward runs in the last kernel, and dq, dk are w.r.t. the raw inputs.
+            from the q/k L2 norm (:func:`cake_core.l2norm.l2norm_fwd`): dq, dk are then
+            w.r.t. the raw inputs. With one value head per q/k head the norm's backward
+            runs in the last kernel on the whole rows it holds; with more, on the fp32
+            value-head sums, one cake-core launch each.
 
     Returns:
         ``(dq, dk, dv, dg, dbeta, dh0, dA_log_parts, ddt_bias_parts)``: dq, dk
@@ -247,9 +250,11 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     HV, V = v.shape[2], v.shape[3]
     NT, N = B * T, tabs[3].numel() - 1
     dev = q.device
-    if l2norm is not None and HV != H:
-        raise ValueError("kda_chunk_bwd: l2norm needs one value head per q/k head")
     f32 = torch.float32
+    # the L2 norm's backward in the token kernel where its rows of dq, dk are whole (one
+    # value head per q/k head); else after the value-head sums, which then stay fp32
+    l2_in_kernel = l2norm is not None and HV == H
+    sum_dtype = f32 if l2norm is not None and not l2_in_kernel else grad_dtype
     idt = inter_dtype(plan, q.dtype)
     NC = tabs[4]
     dq_hv = torch.empty((NT, HV, K), dtype=f32, device=dev)
@@ -260,7 +265,7 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
     # of one term is the term and both casts round to nearest even (under the interpreter
     # bf16 stays fp32 and torch casts, as group_sum_cast does there)
     direct = HV == H
-    odt = direct_store_dtype(grad_dtype) if direct else f32
+    odt = direct_store_dtype(sum_dtype) if direct else f32
     dq_out, dk_out = (dq_hv, dk_hv) if odt == f32 else (
         torch.empty((NT, HV, K), dtype=odt, device=dev),
         torch.empty((NT, HV, K), dtype=odt, device=dev))
@@ -319,18 +324,28 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             H, HV, HV // H, K,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=4,
             DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
-        xq, xk, rq, rk = l2norm if l2norm is not None else (q, k, dbeta, dbeta)
+        xq, xk, rq, rk = l2norm if l2_in_kernel else (q, k, dbeta, dbeta)
         kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads_bwd))](
             q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
             dq_out, dk_out, xq, xk, rq, rk, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
-            BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd, L2=l2norm is not None,
+            BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd, L2=l2_in_kernel,
             num_warps=plan.num_warps_tok_bwd)
         parts = dg_cumsum_into(dgo, dg, tabs[0], tabs[1], NC, plan, gate)
-    # the fixed-order sum over each q/k head's value heads, fused with the cast to grad_dtype
+    # the fixed-order sum over each q/k head's value heads, fused with the cast
     if direct:  # stored by the token-parallel kernel (fp32 under the interpreter: cast here)
-        dq = dq_out.view(B, T, H, K).to(grad_dtype)
-        dk = dk_out.view(B, T, H, K).to(grad_dtype)
+        dq = dq_out.view(B, T, H, K).to(sum_dtype)
+        dk = dk_out.view(B, T, H, K).to(sum_dtype)
     else:
-        dq = group_sum_cast(dq_hv, H, grad_dtype).view(B, T, H, K)
-        dk = group_sum_cast(dk_hv, H, grad_dtype).view(B, T, H, K)
+        dq = group_sum_cast(dq_hv, H, sum_dtype).view(B, T, H, K)
+        dk = group_sum_cast(dk_hv, H, sum_dtype).view(B, T, H, K)
+    if l2norm is not None and not l2_in_kernel:  # one launch each, dx in grad_dtype
+        xq, xk, rq, rk = l2norm
+        dq = _l2norm_bwd(xq, rq, dq, plan, grad_dtype)
+        dk = _l2norm_bwd(xk, rk, dk, plan, grad_dtype)
     return dq, dk, dv, dgo, dbeta, dh0, *parts
+
+
+def _l2norm_bwd(x, rstd, dy, plan: KDADetPlan, out_dtype: torch.dtype):
+    """The q/k L2 norm's backward (cake-core's kernel with the forward's launch fields)."""
+    return l2norm_bwd(x, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
+                      num_warps=4, out_dtype=out_dtype)

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:153af6d167175858f2cb2f838103c2764719d2306ca7f29b9161a0b3393379b0"
+SOURCE_DIGEST = "sha256:51ffde47439da059327baf234374cfb9ce696424511f71acbe6af62ec898ce34"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

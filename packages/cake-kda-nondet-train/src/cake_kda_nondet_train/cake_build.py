@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:b86aa1299416f59489b3751a61e0bdf51900b89be5fd090d45ee504cab51929d"
+SOURCE_DIGEST = "sha256:181a1c0ca849f510246c1e0ac5cbbc04a83d0b5ab8f91f0fcded35a0db6ba33b"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
