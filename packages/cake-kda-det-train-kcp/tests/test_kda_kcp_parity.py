@@ -125,3 +125,25 @@ def test_bf16_with_workspace():
         assert a.dtype == b.dtype
         tol = 5e-2 if n in ("dA_log", "ddt_bias") else TOLERANCES[torch.bfloat16]
         assert rel_fro_error(a, b) < tol, n
+
+
+def test_keep_states_plan_same_bits():
+    """A plan with ``keep_states = 1`` (the local forwards keep h, w, kg and v_new; their
+    backwards skip the recompute): the same bits as the rule's plan through both exchanges,
+    low level and autograd, documents crossing fragments (the all-gather's and the ring's
+    local runs start from the exchanged states)."""
+    import dataclasses
+
+    from cake_kda_det_train import make_plan
+
+    xs, kw = global_inputs(CHAIN_CU[-1], V=32, seed=15, kind="gate")
+    p = partition_det_kcp(CHAIN_CU, 1, fragments=CHAIN_ROWS)
+    local = shard(xs, p)
+    redo = make_plan(xs[0].shape[-1], 32, xs[0].dtype, DEV)
+    keep = dataclasses.replace(redo, keep_states=1)
+    for exchange in ("allgather", "ring"):
+        ctx = build_context_det_kcp(p, None, 0, DEV, exchange=exchange)
+        _same(kcp_run(local, ctx, kw, plan=keep), kcp_run(local, ctx, kw, plan=redo),
+              f"{exchange} low level")
+        _same(autograd_run(local, ctx, {**kw, "plan": keep}),
+              autograd_run(local, ctx, {**kw, "plan": redo}), f"{exchange} autograd")

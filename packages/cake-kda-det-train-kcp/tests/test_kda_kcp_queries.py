@@ -3,6 +3,8 @@ forward's checks on this rank only (the entry's messages, no launch, no collecti
 unmodified); workspace_bytes is what for_context allocates; saved_bytes what the forward's
 saved set owns beyond the caller's tensors and the per-context offsets."""
 
+import dataclasses
+
 import cake_kda_det_train_kcp.api as kcp_api
 import pytest
 import torch
@@ -118,17 +120,20 @@ def test_workspace_bytes_is_what_for_context_allocates(rows, exchange, K, V, HV,
     ([0, 30, 34, 38], [(0, 0, 0, 5), (0, 1, 0, 2), (0, 0, 5, 19), (0, 1, 2, 2), (0, 2, 0, 4),
                        (0, 0, 24, 6)], "allgather"),  # "last" of non-adjacent fragments
 ])
-@pytest.mark.parametrize("kind, dtype, param_dtype, strided", [
-    ("plain", torch.float32, torch.float32, False),
-    ("gate", torch.bfloat16, torch.bfloat16, False),
-    ("gate_lb", torch.float16, torch.float32, True),
+@pytest.mark.parametrize("kind, dtype, param_dtype, strided, keep", [
+    ("plain", torch.float32, torch.float32, False, 0),
+    ("gate", torch.bfloat16, torch.bfloat16, False, 0),
+    ("gate_lb", torch.float16, torch.float32, True, 0),
+    ("gate", torch.bfloat16, torch.bfloat16, False, 1),  # plan.keep_states: h, w, kg, v_new
 ])
 def test_saved_bytes_is_what_the_forward_keeps(cu, rows, exchange, kind, dtype, param_dtype,
-                                               strided):
+                                               strided, keep):
     p = partition_det_kcp(cu, 1, fragments=rows)
     ctx = build_context_det_kcp(p, None, 0, DEV, exchange=exchange)
     xs, kw = global_inputs(cu[-1], HV=2, K=16, V=32, dtype=dtype, seed=5, kind=kind)
     kw = {n: t.to(param_dtype) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    if keep:
+        kw["plan"] = dataclasses.replace(make_plan(16, 32, dtype, DEV), keep_states=1)
     local = shard(xs, p)[:5]
     if strided:  # a non-contiguous q: the route's contiguous copy
         local[0] = torch.cat([local[0], local[0]], dim=3)[..., ::2]

@@ -1,6 +1,8 @@
 """torch.compile (custom ops ``cake_kda_det_train::fwd`` / ``::bwd``, fullgraph) and
 torch.utils.checkpoint: the same bits as the eager autograd entry."""
 
+import dataclasses
+
 import cake_kda_det_train.api as api
 import pytest
 import torch
@@ -69,26 +71,34 @@ def test_compile_fullgraph_plain_call(kda):
     assert_compile_same_bits(f, (q, k, v, g, beta), BACKEND)
 
 
-def test_custom_ops_opcheck(kda):
+@pytest.mark.parametrize("keep_states", [0, 1])
+def test_custom_ops_opcheck(kda, keep_states):
     """Schema, fake implementations and autograd registration (softplus gate: lower_bound
-    None through the op's ``float?``)."""
+    None through the op's ``float?``); with ``keep_states`` the fwd op also returns h (the
+    most chunks the sequences can form), w, kg and v_new, and the bwd op takes them."""
     q, k, v, g, beta, h0, A_log, dt_bias = _inputs(kda)
     n = 20
     q, k, v, g, beta = (t[:, :n].contiguous().requires_grad_() for t in (q, k, v, g, beta))
     h0, A_log, dt_bias = (t.requires_grad_() for t in (h0[:2], A_log, dt_bias))
     cu = torch.tensor((0, 7, n), dtype=torch.int64, device=DEV)
-    plan = api.make_plan(K, V, torch.float32, DEV)
+    plan = dataclasses.replace(api.make_plan(K, V, torch.float32, DEV), keep_states=keep_states)
     fields = api.plan_to_op_fields(plan)
     args = (q, k, v, g, beta, h0, cu, A_log, dt_bias, 0.3, True, True, True, None, 1, fields)
     torch.library.opcheck(torch.ops.cake_kda_det_train.fwd, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
-    o, ht, q_rstd, k_rstd, g_cumsum, A = torch.ops.cake_kda_det_train.fwd(*args)
+    o, ht, q_rstd, k_rstd, g_cumsum, A, h, w, kg, v_new = torch.ops.cake_kda_det_train.fwd(*args)
     assert ht.shape == (2, HV, K, V) and q_rstd.shape == (1, n, H)
     assert g_cumsum.shape == (n, HV, K) and A.shape == (2, n, HV, 64)  # T, Aqk
+    if keep_states:  # 2 chunks; two sequences of 20 tokens in all can form no more
+        assert h.shape == (2, HV, K, V) and w.shape == kg.shape == (n, HV, K)
+        assert v_new.shape == (n, HV, V)
+    else:
+        assert h.shape == w.shape == kg.shape == v_new.shape == (0,)
     with torch.no_grad():
         bwd_args = (torch.ones_like(o), torch.ones_like(ht), q, k, v, g, beta, g_cumsum, A, h0,
-                    cu, q_rstd, k_rstd, A_log, dt_bias, 0.3, True, True, None, 1, fields)
+                    cu, q_rstd, k_rstd, A_log, dt_bias, h, w, kg, v_new, 0.3, True, True, None,
+                    1, fields)
     torch.library.opcheck(torch.ops.cake_kda_det_train.bwd, bwd_args,
                           test_utils=("test_schema", "test_faketensor"))
 

@@ -40,7 +40,7 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "block_k_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:ad9e215ae6f40369db75d3b777231eb1920ddbcd700ca356a0ad2b3ab79058c5"
+SOURCE_DIGEST = "sha256:bc3dbe1a26557eda8fa3b2b31021e98cea6524a75124a41460533ae2ddda4924"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -15,6 +15,7 @@ from cake_core.linear_attention import inter_dtype
 from cake_core.support import Support, nbytes_of, support_of
 from cake_kda_det_train import KDADetPlan
 from cake_kda_det_train.chunk import kept_a_shape
+from cake_kda_det_train.plan import CHUNK_SIZE
 from cake_kda_det_train.saved import workspace_layout
 
 from cake_kda_det_train_kcp.api import DET_KCP_KINDS, KCPKinds, local_fwd_checks
@@ -124,8 +125,13 @@ def saved_bytes_for(kinds: KCPKinds, q, k, v, g, beta, ctx, *args) -> int:
 
     def per_run(grp):  # the single-rank forward's kept intermediates
         T = grp.num_tokens
-        return [((T, HV, K), f32), (kept_a_shape(T, HV), idt)] + \
+        shapes = [((T, HV, K), f32), (kept_a_shape(T, HV), idt)] + \
             ([((T, H), f32)] * 2 if use_l2 else [])
+        if plan.keep_states:  # h (the run's chunks), w, kg, v_new
+            nc = sum(-(-ctx.fragments[i].length // CHUNK_SIZE) for i in grp.frags)
+            shapes += [((nc, HV, K, V), idt), ((T, HV, K), idt), ((T, HV, K), idt),
+                       ((T, HV, V), idt)]
+        return shapes
 
     shapes = route_saved_shapes(ctx, (q, k, v, g, beta), HV, K, V, per_run)
     if ctx.num_tokens:  # the fp32 gate parameters the local calls keep

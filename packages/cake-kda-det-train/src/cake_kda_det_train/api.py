@@ -50,7 +50,7 @@ from cake_core.linear_attention import (
     saved_meta,
 )
 from cake_core.triton_utils import cdiv
-from cake_core.varlen import SeqChunks, resolve_chunks
+from cake_core.varlen import SeqChunks, max_chunks, resolve_chunks
 
 from cake_kda_det_train.chunk import kda_chunk_bwd, kda_chunk_fwd, kept_a_shape
 from cake_kda_det_train.kernels.gate import (
@@ -242,21 +242,40 @@ def _gate_param_grads(parts, A_log, dt_bias, HV: int, K: int, device):
 
 
 def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_l2, tabs,
-                plan: KDADetPlan, workspace, gate=(False, None, None, None, 0)):
+                plan: KDADetPlan, workspace, gate=(False, None, None, None, 0),
+                h_rows: int | None = None):
     """Normalises, gates, runs the chunk forward; inputs contiguous. ``tabs``: the device
     chunk tables (:attr:`cake_core.varlen.SeqChunks.tables`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, lower_bound, beta code)``, tensors contiguous.
-    Returns ``(o, final_state, (q_rstd, k_rstd, g_cumsum, A))``."""
+    Returns ``(o, final_state, (q_rstd, k_rstd, g_cumsum, A, states))``; ``states``: the
+    kept ``(h, w, kg, v_new)`` with ``plan.keep_states`` and a token, else None (h with
+    ``h_rows`` rows when given)."""
     q_rstd = k_rstd = None
     if use_l2:
         q, q_rstd = _l2norm(q, plan)
         k, k_rstd = _l2norm(k, plan)
     use_gate, A_log, dt_bias, lower_bound, use_sigmoid = gate
     beta = _beta_fwd(beta, use_sigmoid, plan)  # the gate: in kda_chunk_fwd's G kernel
-    o, ht, g_cumsum, A = kda_chunk_fwd(
+    o, ht, g_cumsum, A, states = kda_chunk_fwd(
         q, k, v, g, beta, scale, initial_state, output_final_state, tabs, plan, workspace,
-        gate=(A_log, dt_bias, lower_bound) if use_gate else None)
-    return o, ht, (q_rstd, k_rstd, g_cumsum, A)
+        gate=(A_log, dt_bias, lower_bound) if use_gate else None, h_rows=h_rows)
+    return o, ht, (q_rstd, k_rstd, g_cumsum, A, states)
+
+
+def _kept_states(saved: KDADetSavedSet, plan: KDADetPlan, NT: int, NC: int, HV: int, K: int,
+                 V: int, idt: torch.dtype, dev: torch.device):
+    """``(h, w, kg, v_new)`` the forward kept (``plan.keep_states``), contiguous, when all
+    are there with this call's shapes, dtypes and device and the backward's plan is the
+    forward's (the kept bits are those its recompute would give); else ``None``. h may
+    have more than NC rows (the custom op's; the first NC are the states)."""
+    if saved.h is None or plan != saved.meta.get("plan") or saved.h.shape[0] < NC:
+        return None
+    want = ((saved.h[:NC], (NC, HV, K, V)), (saved.w, (NT, HV, K)),
+            (saved.kg, (NT, HV, K)), (saved.v_new, (NT, HV, V)))
+    for t, shape in want:
+        if t is None or tuple(t.shape) != shape or t.dtype != idt or t.device != dev:
+            return None
+    return tuple(t.contiguous() for t, _ in want)
 
 
 def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> KDADetGrads:
@@ -268,10 +287,14 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     A_log = saved.A_log.contiguous() if use_gate and saved.A_log is not None else None
     dt_bias = saved.dt_bias.contiguous() if use_gate and saved.dt_bias is not None else None
     B, T, H, K = q.shape
-    HV = v.shape[2]
+    HV, V = v.shape[2], v.shape[3]
     NT = B * T
     # the forward's device tables when they suit this device and stream, else copied here
     tabs = saved_chunks(saved, CHUNK_SIZE, q.device).tables_on(q.device)
+    # the forward's h, w, kg and v_new when it kept them (plan.keep_states): no chunk prep,
+    # no forward state pass; else recomputed (the same kernels on the same inputs)
+    states = _kept_states(saved, plan, NT, tabs[4], HV, K, V, inter_dtype(plan, q.dtype),
+                          q.device)
     if saved.use_qk_l2norm:  # the chunk backward runs the norm's backward too
         qn, _ = _l2norm(q, plan)
         kn, _ = _l2norm(k, plan)
@@ -289,7 +312,7 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         grad_dtype=q.dtype,
         gate=(g, A_log, dt_bias, lower_bound) if use_gate else None, dg_dtype=g.dtype,
         l2norm=(q, k, saved.q_rstd.contiguous(), saved.k_rstd.contiguous())
-        if saved.use_qk_l2norm else None)
+        if saved.use_qk_l2norm else None, states=states)
     # the gate's backward ran in the chunk backward (dg w.r.t. the raw g, per-chunk sums);
     # the sigmoid's in place on dbeta; with no tokens dA_log, ddt_bias are 0
     dbeta = dbeta.contiguous()
@@ -302,14 +325,14 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
 
 def _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs: SeqChunks, q_rstd,
                k_rstd, A_log, dt_bias, scale, use_l2, plan, varlen, use_gate, lower_bound,
-               use_sigmoid, kinds: ModeKinds | None = None) -> KDADetSavedSet:
+               use_sigmoid, kinds: ModeKinds | None = None, states=None) -> KDADetSavedSet:
     """``seqs``: the forward's sequences (:func:`cake_core.varlen.resolve_chunks`): the
     saved ``cu_seqlens`` is their device offsets (shared: read-only), and a backward on the
-    same device and stream launches with their tables. A saved set of ``kinds`` (default
-    :data:`DET_KINDS`)."""
+    same device and stream launches with their tables. ``states``: the forward's kept
+    ``(h, w, kg, v_new)`` or None. A saved set of ``kinds`` (default :data:`DET_KINDS`)."""
     kinds = kinds or DET_KINDS
     tensors = (q, k, v, g, beta, g_cumsum, A, initial_state, seqs.cu, q_rstd, k_rstd,
-               A_log, dt_bias)
+               A_log, dt_bias, *(states if states is not None else (None,) * 4))
     return kinds.saved_type(
         kinds.mode, dict(zip(kinds.saved_type.tensor_names, tensors, strict=True)),
         meta=saved_meta(scale=scale, use_qk_l2norm=use_l2, plan=plan, varlen=varlen,
@@ -345,12 +368,13 @@ def run_fwd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, output_fin
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         gate = (use_gate_in_kernel, _contig(A_log), _contig(dt_bias), lower_bound, sig)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state,
             use_qk_l2norm_in_kernel, seqs.tables, plan, workspace, gate)
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
-                       cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig, kinds)
+                       cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig, kinds,
+                       states=states)
     return o, ht, saved
 
 
@@ -554,6 +578,23 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
 _EAGER: dict[str, type] = {}  # ops namespace -> its eager autograd.Function (register_ops)
 
 
+def _h_rows(NT: int, N: int) -> int:
+    """Rows of the h the fwd op keeps with ``plan.keep_states``: the most chunks N
+    sequences of NT tokens can form (its shape must follow from the inputs' shapes under
+    ``torch.compile``; the first NC rows are the states)."""
+    return max_chunks(NT, N, CHUNK_SIZE)
+
+
+def _kept_shapes(plan: KDADetPlan, NT, N, HV: int, K: int, V: int, symbolic: bool = False):
+    """Shapes of the fwd op's kept ``(h, w, kg, v_new)``: ``[0]`` each without
+    ``plan.keep_states``. ``symbolic``: NT and N may be symbolic (the fake)."""
+    if not plan.keep_states:
+        return ((0,),) * 4
+    nh = torch.sym_min(NT, (NT + (CHUNK_SIZE - 1) * N) // CHUNK_SIZE) if symbolic else \
+        _h_rows(NT, N)
+    return (nh, HV, K, V), (NT, HV, K), (NT, HV, K), (NT, HV, V)
+
+
 def register_ops(kinds: ModeKinds):
     """Register the custom ops ``<kinds.namespace>::fwd`` / ``::bwd`` (with their fakes and
     autograd) over this module's launches; returns ``(fwd_op, bwd_op)``. Called once per
@@ -567,20 +608,28 @@ def register_ops(kinds: ModeKinds):
                 use_l2: bool, use_gate: bool, lower_bound: float | None, use_sigmoid: int,
                 plan_fields: list[int],
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                            torch.Tensor, torch.Tensor]:
-        """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum, A or [0])``;
-        arguments checked by the entry, except the values of cu_seqlens (checked here,
-        before any launch: a cache hit when the entry resolved them)."""
+        """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum, A, h or [0],
+        w or [0], kg or [0], v_new or [0])`` (the kept states with ``plan.keep_states``, h
+        with :func:`_h_rows` rows); arguments checked by the entry, except the values of
+        cu_seqlens (checked here, before any launch: a cache hit when the entry resolved
+        them)."""
         plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
         B, T = q.shape[:2]
-        tabs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE).tables
+        seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A) = _launch_fwd(
+        NT, HV, K, V = B * T, v.shape[2], q.shape[3], v.shape[3]
+        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state,
-            use_l2, tabs, plan, None, gate)
+            use_l2, seqs.tables, plan, None, gate, h_rows=_h_rows(NT, seqs.num_seqs))
+        if plan.keep_states and states is None:  # no tokens: the fake's (empty) shapes
+            states = tuple(q.new_empty(shape, dtype=A.dtype) for shape in _kept_shapes(
+                plan, NT, seqs.num_seqs, HV, K, V))
         return (o, optional_output(ht, q), optional_output(q_rstd, q),
-                optional_output(k_rstd, q), g_cumsum, A)
+                optional_output(k_rstd, q), g_cumsum, A,
+                *(optional_output(t, q) for t in (states or (None,) * 4)))
 
     _fwd_op = torch.library.custom_op(f"{ns}::fwd", mutates_args=())(fwd_body)
 
@@ -594,23 +643,29 @@ def register_ops(kinds: ModeKinds):
         f32 = torch.float32
         ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
         rstd = (B, T, H) if use_l2 else (0,)
-        A = q.new_empty(kept_a_shape(B * T, HV), dtype=inter_dtype(plan, q.dtype))
+        idt = inter_dtype(plan, q.dtype)
+        A = q.new_empty(kept_a_shape(B * T, HV), dtype=idt)
+        kept = _kept_shapes(plan, B * T, N, HV, K, V, symbolic=True)
         return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
-                q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A)
+                q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A,
+                *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)
+                  for shape in kept))
 
     def bwd_body(do: torch.Tensor, dht: torch.Tensor | None, q: torch.Tensor,
                 k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 g_cumsum: torch.Tensor, A: torch.Tensor | None,
                 initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
                 q_rstd: torch.Tensor | None, k_rstd: torch.Tensor | None,
-                A_log: torch.Tensor | None, dt_bias: torch.Tensor | None, scale: float,
-                use_l2: bool, use_gate: bool, lower_bound: float | None, use_sigmoid: int,
-                plan_fields: list[int],
+                A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                h: torch.Tensor, w: torch.Tensor, kg: torch.Tensor, v_new: torch.Tensor,
+                scale: float, use_l2: bool, use_gate: bool, lower_bound: float | None,
+                use_sigmoid: int, plan_fields: list[int],
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or
         [0])``: :func:`_launch_bwd` on a saved set rebuilt from the arguments (after
-        ``kinds.before_bwd``). ``cu_seqlens``: the forward's device offsets
+        ``kinds.before_bwd``; the fwd op's kept states, ``[0]`` ones absent).
+        ``cu_seqlens``: the forward's device offsets
         (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the forward's tables: a cache
         hit) or the caller's tensor (traced)."""
         if kinds.before_bwd is not None:
@@ -623,7 +678,8 @@ def register_ops(kinds: ModeKinds):
                            q_rstd if use_l2 else None, k_rstd if use_l2 else None,
                            A_log if use_gate else None, dt_bias if use_gate else None,
                            float(scale), use_l2, plan, cu_seqlens is not None, use_gate,
-                           lower_bound if use_gate else None, use_sigmoid, kinds)
+                           lower_bound if use_gate else None, use_sigmoid, kinds,
+                           states=(h, w, kg, v_new) if h.dim() == 4 else None)
         gr = _launch_bwd(do, dht, saved, plan, None)
         return (gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta, optional_output(gr.dinitial_state, q),
                 optional_output(gr.dA_log, q), optional_output(gr.ddt_bias, q))
@@ -632,8 +688,8 @@ def register_ops(kinds: ModeKinds):
 
     @_bwd_op.register_fake
     def _bwd_fake(do, dht, q, k, v, g, beta, g_cumsum, A, initial_state, cu_seqlens, q_rstd,
-                  k_rstd, A_log, dt_bias, scale, use_l2, use_gate, lower_bound, use_sigmoid,
-                  plan_fields):
+                  k_rstd, A_log, dt_bias, h, w, kg, v_new, scale, use_l2, use_gate,
+                  lower_bound, use_sigmoid, plan_fields):
         f32 = torch.float32
         dh0 = (initial_state.new_empty(initial_state.shape) if initial_state is not None
                else q.new_empty((0,), dtype=f32))
@@ -647,27 +703,28 @@ def register_ops(kinds: ModeKinds):
     def _setup_context(ctx, inputs, output):
         (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
          output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
-        _, _, q_rstd, k_rstd, g_cumsum, A = output
+        _, _, q_rstd, k_rstd, g_cumsum, A, h, w, kg, v_new = output
         # no zero grads made for the outputs only the backward reads (memsets of A, states)
         ctx.set_materialize_grads(False)
         cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
         ctx.save_for_backward(q, k, v, g, beta, g_cumsum, A, initial_state, cu, q_rstd,
-                              k_rstd, A_log, dt_bias)
+                              k_rstd, A_log, dt_bias, h, w, kg, v_new)
         ctx.scale, ctx.output_final_state, ctx.use_l2 = scale, output_final_state, use_l2
         ctx.use_gate, ctx.lower_bound = use_gate, lower_bound
         ctx.use_sigmoid, ctx.plan_fields = use_sigmoid, plan_fields
 
     # kinds.before_bwd runs in the bwd op's body (at run time, before any launch), not
     # here: under torch.compile this function is traced when the forward compiles
-    def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA, bwd=_bwd_op):
-        q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias = \
-            ctx.saved_tensors
+    def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA, _dh, _dw, _dkg, _dvn,
+                  bwd=_bwd_op):
+        (q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias,
+         h, w, kg, v_new) = ctx.saved_tensors
         if do is None:
             do = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
         dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias = bwd(
             do, dht if ctx.output_final_state else None, q, k, v, g, beta, g_cumsum, A, h0,
-            cu, q_rstd, k_rstd, A_log, dt_bias, ctx.scale, ctx.use_l2, ctx.use_gate,
-            ctx.lower_bound, ctx.use_sigmoid, ctx.plan_fields)
+            cu, q_rstd, k_rstd, A_log, dt_bias, h, w, kg, v_new, ctx.scale, ctx.use_l2,
+            ctx.use_gate, ctx.lower_bound, ctx.use_sigmoid, ctx.plan_fields)
         need = ctx.needs_input_grad
         return (dq, dk, dv, dg, dbeta, dh0 if h0 is not None and need[5] else None, None,
                 dA_log if A_log is not None and ctx.use_gate and need[7] else None,

@@ -55,10 +55,10 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "block_k_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1089d3b7c2a4b45d6b9b2b00ea81db2241632233bbf64e83ac4a2c7c7f8eb91f"
+SOURCE_DIGEST = "sha256:5a3930de3027bcad120cc6982f040313e6fff194b780476aedf8192ff98e540b"
 # --- end of generated block ---
 
 MANIFEST = {

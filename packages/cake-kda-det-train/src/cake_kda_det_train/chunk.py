@@ -51,15 +51,21 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt):
+def _scratch(workspace, NT: int, NC: int, HV: int, K: int, V: int, dev, idt,
+             keep: bool = False, h_rows: int | None = None):
     """w, u, v_new ``[NT, HV, *]``, h ``[NC, HV, K, V]``, aqk ``[NT, HV, 64]``: views of
-    the workspace's leading rows, or fresh tensors."""
+    the workspace's leading rows, or fresh tensors. ``keep``: w, v_new and h are always
+    fresh (a saved set keeps them past the call; a later call would overwrite a
+    workspace's), h with ``h_rows`` rows when given (>= NC; the kernels use the first NC)."""
+    def fresh(*shape):
+        return torch.empty(shape, dtype=idt, device=dev)
+
     if workspace is None:
-        return (torch.empty((NT, HV, K), dtype=idt, device=dev),
-                torch.empty((NT, HV, V), dtype=idt, device=dev),
-                torch.empty((NT, HV, V), dtype=idt, device=dev),
-                torch.empty((NC, HV, K, V), dtype=idt, device=dev),
-                torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev))
+        return (fresh(NT, HV, K), fresh(NT, HV, V), fresh(NT, HV, V),
+                fresh(NC if h_rows is None else h_rows, HV, K, V), fresh(NT, HV, CHUNK_SIZE))
+    if keep:
+        return (fresh(NT, HV, K), workspace["u"][:NT], fresh(NT, HV, V),
+                fresh(NC if h_rows is None else h_rows, HV, K, V), workspace["aqk"][:NT])
     return (workspace["w"][:NT], workspace["u"][:NT], workspace["v_new"][:NT],
             workspace["h"][:NC], workspace["aqk"][:NT])
 
@@ -131,7 +137,8 @@ def g_cumsum_into(out, g, starts, ends, NC: int, plan: KDADetPlan, gate=None):
 
 
 def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
-                  tabs: tuple, plan: KDADetPlan, workspace=None, gate=None):
+                  tabs: tuple, plan: KDADetPlan, workspace=None, gate=None,
+                  h_rows: int | None = None):
     """The chunked KDA forward on checked, contiguous tensors.
 
     Args:
@@ -147,13 +154,18 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
         gate: ``(A_log, dt_bias, lower_bound)`` (contiguous tensors or None, a float or
             None): FLA's in-kernel gate, applied to g as the chunk cumulative sums are
             formed (kernels/gate.py's math); None: g is the log decay itself.
+        h_rows: with ``plan.keep_states``, the rows of the kept h (>= the chunk count;
+            default the chunk count).
 
     Returns:
-        ``(o, final_state, g_cumsum, A)``: o ``[B, T, HV, V]`` in v's dtype; final_state
+        ``(o, final_state, g_cumsum, A, states)``: o ``[B, T, HV, V]`` in v's dtype; final_state
         fp32 ``[N, HV, K, V]`` or None; g_cumsum fp32 ``[B * T, HV, K]`` (within-chunk
         cumulative decays); A ``[B * T, HV, 64]`` each chunk's T = (I + A)^-1 in
         :func:`cake_kda_det_train.plan.inter_dtype` stacked with each chunk's gated ``scale
-        q k^T``: ``[2, B * T, HV, 64]``.
+        q k^T``: ``[2, B * T, HV, 64]``; states: with ``plan.keep_states`` and at least
+        one token ``(h, w, kg, v_new)`` in fresh tensors (the chunk states ``[h_rows, HV,
+        K, V]``, ``[B * T, HV, K]`` twice, ``[B * T, HV, V]``, intermediates' dtype), else
+        None.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -175,18 +187,19 @@ def kda_chunk_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_st
                 ht.copy_(initial_state)
             else:
                 ht.zero_()
-        return o, ht, g_cumsum, A
-    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
+        return o, ht, g_cumsum, A, None
+    keep = bool(plan.keep_states)
+    scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt, keep, h_rows)
     scratch = (*scratch[:4], A[1])  # Aqk into the returned stack, not the workspace
-    _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A[0],
-                    scratch, load_a=False)
-    _, _, v_new, h, aqk = scratch
+    kg = _prep_and_state(q, k, v, beta, scale, initial_state, ht, plan, tabs, g_cumsum, A[0],
+                         scratch, load_a=False)
+    w, _, v_new, h, aqk = scratch
     cst = _consts(plan, q.dtype)
     chunk_output(q, None, g_cumsum, aqk, v_new, h, tabs[0], tabs[1], o, scale, chunks=NC, H=H,
                  HV=HV, K=K, V=V, dot_dtype=cst["DT"], precision=cst["PREC"],
                  block_k=plan.block_k, block_v=plan.block_v, per_channel=True,
                  num_warps=plan.num_warps_o, chunk_size=CHUNK_SIZE)
-    return o, ht, g_cumsum, A
+    return o, ht, g_cumsum, A, (h, w, kg, v_new) if keep else None
 
 
 def dg_cumsum_into(out, dG, starts, ends, NC: int, plan: KDADetPlan, gate=None):
@@ -216,7 +229,7 @@ def dg_cumsum_into(out, dG, starts, ends, NC: int, plan: KDADetPlan, gate=None):
 def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_state,
                   tabs: tuple, plan: KDADetPlan, workspace=None,
                   grad_dtype: torch.dtype = torch.float32, gate=None,
-                  dg_dtype: torch.dtype = torch.float32, l2norm=None):
+                  dg_dtype: torch.dtype = torch.float32, l2norm=None, states=None):
     """Backward of :func:`kda_chunk_fwd`: recomputes the chunk quantities from the saved
     g_cumsum (and T when ``A`` is given and matches the plan), runs the state-gradient
     recurrence in reverse, then the chunk-local gradients.
@@ -235,6 +248,9 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             w.r.t. the raw inputs. With one value head per q/k head the norm's backward
             runs in the last kernel on the whole rows it holds; with more, on the fp32
             value-head sums, one cake-core launch each.
+        states: the forward's kept ``(h, w, kg, v_new)`` (``plan.keep_states``; h may have
+            more rows than chunks), checked by the caller to fit this call: with ``A``
+            loadable the chunk prep and the forward state pass are skipped (same bits).
 
     Returns:
         ``(dq, dk, dv, dg, dbeta, dh0, dA_log_parts, ddt_bias_parts)``: dq, dk
@@ -287,16 +303,20 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
                 dh0.zero_()
     else:
         load_a = A is not None and A.dtype == idt and tuple(A.shape) == kept_a_shape(NT, HV)
-        scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
-        if load_a:  # T and the forward's Aqk: neither the pairs nor the inverse kernel runs
-            scratch = (*scratch[:4], A[1])
-            A = A[0]
-        else:
-            A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
         g_cs = g_cumsum
-        kg = _prep_and_state(q, k, v, beta, scale, initial_state, None, plan, tabs, g_cs, A,
-                             scratch, load_a=load_a)
-        w, _, v_new, h, aqk = scratch
+        if load_a and states is not None:  # the forward's: no prep, no forward state pass
+            h, w, kg, v_new = states
+            A, aqk = A[0], A[1]
+        else:
+            scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt)
+            if load_a:  # T and the forward's Aqk: neither the pairs nor the inverse kernel
+                scratch = (*scratch[:4], A[1])
+                A = A[0]
+            else:
+                A = torch.empty((NT, HV, CHUNK_SIZE), dtype=idt, device=dev)
+            kg = _prep_and_state(q, k, v, beta, scale, initial_state, None, plan, tabs, g_cs,
+                                 A, scratch, load_a=load_a)
+            w, _, v_new, h, aqk = scratch
         cst = _consts(plan, q.dtype)
         dh = torch.empty((NC, HV, K, V), dtype=idt, device=dev)
         du = torch.empty((NT, HV, V), dtype=idt, device=dev)

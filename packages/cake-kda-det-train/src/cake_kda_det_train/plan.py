@@ -84,6 +84,16 @@ class KDADetPlan(Plan):
         tok_heads_bwd / num_warps_tok_bwd: the same for the backward's token-parallel
             kernel (its only sum over K is dbeta's): 1 / 1 on CUDA, 4 / 4 interpreted.
 
+    A field with a default (keyword only; a dict without it loads it as 0):
+        keep_states: a user choice of memory for time: 1 = the forward keeps the chunk
+            states h, w, kg and v_new and the backward skips their recompute (the chunk
+            prep and the forward state pass; same bits). About 0.7 GB more per layer at
+            2 x 8192 tokens, HV = 32, K = V = 128 with bf16 intermediates
+            (:func:`~cake_kda_det_train.saved_bytes` counts it); worth it where memory is
+            free, as under activation checkpointing, where the forward runs again just
+            before the backward. Low-level callers must not modify the inputs in place
+            between the forward and the backward. 0 (the rule's) = low memory, as FLA.
+
     The kernels not named here run with fixed launch constants (the cumulative decay, the
     sub-chunk pairs and intra kernels and the q/k L2 norm and gate kernels 4 warps, the
     inverse kernel 2). Limits found on an H200 (Triton 3.6) are checked by
@@ -118,6 +128,7 @@ class KDADetPlan(Plan):
     tok_heads_bwd: int
     num_warps_tok_bwd: int
     block_k_bwd: int
+    keep_states: int = dataclasses.field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -136,7 +147,7 @@ class KDADetPlan(Plan):
             if getattr(self, name) > _bvf(self.head_v_dim):
                 self._fail(f"{name} must be <= head_v_dim rounded up to a power of two (>= 16)")
         self.require_in_range("fp32_dots", 0, 2)
-        self.require_flags("store_16bit")
+        self.require_flags("store_16bit", "keep_states")
         self.require_power_of_two("tok_heads", "tok_heads_bwd")
         self.require_in_range("tok_heads", 1, 64)
         self.require_in_range("tok_heads_bwd", 1, 64)

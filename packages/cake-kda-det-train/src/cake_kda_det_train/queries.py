@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 from cake_core.linear_attention import inter_dtype
 from cake_core.support import Support, nbytes_of, support_of
+from cake_core.varlen import max_chunks
 
 from cake_kda_det_train.api import DET_KINDS, ModeKinds, autograd_checks
 from cake_kda_det_train.chunk import kept_a_shape
-from cake_kda_det_train.plan import KDADetPlan
+from cake_kda_det_train.plan import CHUNK_SIZE, KDADetPlan
 from cake_kda_det_train.saved import KDADetWorkspace, workspace_layout
 
 __all__ = ["is_supported", "saved_bytes", "workspace_bytes"]
@@ -77,7 +78,10 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     keeps for the backward, computed from shapes, dtypes and the plan without running
     anything: g's within-chunk cumulative sum (fp32 ``[B*T, HV, K]``), T and Aqk stacked
     (``[2, B*T, HV, 64]`` in the intermediates' dtype), the q/k rstds (fp32 ``[B, T, H]``
-    each) with the L2 norm, the fp32 copy of a 16-bit ``initial_state`` and the device
+    each) with the L2 norm, with ``plan.keep_states`` the chunk states h (``[R, HV, K,
+    V]``, R the most 64-token chunks the sequences can form), w and kg (``[B*T, HV, K]``)
+    and v_new (``[B*T, HV, V]``) in the intermediates' dtype, the fp32 copy of a 16-bit
+    ``initial_state`` and the device
     copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one
     storage with the chunk tables) when it is not the caller's tensor. The caller's
     tensors are not counted (the backward keeps them too). The checks are the entry's,
@@ -124,9 +128,13 @@ def saved_bytes_for(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT, f32 = B * T, torch.float32
-    shapes = [((NT, HV, K), f32), (kept_a_shape(NT, HV), inter_dtype(plan, q.dtype))]
+    idt = inter_dtype(plan, q.dtype)
+    shapes = [((NT, HV, K), f32), (kept_a_shape(NT, HV), idt)]
     if use_qk_l2norm_in_kernel:
         shapes += [((B, T, H), f32)] * 2
+    if plan.keep_states:  # the autograd entry's h rows (the custom op's shape rule)
+        shapes += [((max_chunks(NT, N, CHUNK_SIZE), HV, K, V), idt), ((NT, HV, K), idt),
+                   ((NT, HV, K), idt), ((NT, HV, V), idt)]
     if initial_state is not None and initial_state.dtype != f32:  # the entry's fp32 copy
         shapes.append(((N, HV, K, V), f32))
     total = nbytes_of(shapes)

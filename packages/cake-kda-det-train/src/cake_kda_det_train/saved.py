@@ -12,7 +12,8 @@ from cake_kda_det_train.plan import CHUNK_SIZE, KDADetPlan, inter_dtype
 
 class KDADetSavedSet(SavedSet):
     """What the det KDA forward keeps for :func:`~cake_kda_det_train.chunk_kda_det_bwd`
-    (the backward recomputes w, u, the chunk states and v_new from these).
+    (the backward recomputes w, u, kg, the chunk states and v_new from these, unless the
+    forward kept them: ``plan.keep_states``).
 
     Tensors (``NT = B * T``):
         q, k: ``[B, T, H, K]`` as given (before any L2 norm). v: ``[B, T, HV, V]``.
@@ -33,6 +34,15 @@ class KDADetSavedSet(SavedSet):
         A_log: ``[HV]`` as given with ``use_gate_in_kernel`` (``None`` otherwise, or when
             the lower-bound gate runs without it). dt_bias: ``[HV * K]`` as given with
             ``use_gate_in_kernel``, or ``None``.
+        h, w, kg, v_new: with ``plan.keep_states = 1`` (and at least one token), the
+            forward's chunk states h ``[NC, HV, K, V]`` (the state at each chunk's start;
+            NC = the 64-token chunks of all sequences; the autograd entry's may have more
+            rows, the first NC are the states), w and kg (``k exp(G_last - G)``) ``[NT,
+            HV, K]`` and v_new ``[NT, HV, V]``, in the intermediates' dtype (as A), each a
+            fresh tensor owned by this set (never a workspace's buffer); else ``None``. The
+            backward uses them (with g_cumsum and A) instead of recomputing when their
+            shapes and dtypes fit and its plan is the forward's (``meta["plan"]``);
+            otherwise it recomputes, with the same bits.
     Meta: ``scale`` (float), ``use_qk_l2norm`` (bool), ``plan`` (the forward's
     :class:`~cake_kda_det_train.KDADetPlan`), ``varlen`` (bool: cu_seqlens was given),
     ``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` (bools),
@@ -46,7 +56,7 @@ class KDADetSavedSet(SavedSet):
     """
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
-                    "q_rstd", "k_rstd", "A_log", "dt_bias")
+                    "q_rstd", "k_rstd", "A_log", "dt_bias", "h", "w", "kg", "v_new")
     format_version = 1
 
 

@@ -43,13 +43,13 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "block_k_bwd", "mode"]},
+                "num_warps_tok_bwd", "block_k_bwd", "keep_states", "mode"]},
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_k_inner", "block_v", "block_v_bwd",
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "block_k_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:51ffde47439da059327baf234374cfb9ce696424511f71acbe6af62ec898ce34"
+SOURCE_DIGEST = "sha256:f1a0e1f1b9fc118c09567baff3e9b0a077042e2066bc5e87b83c2a9678099b62"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

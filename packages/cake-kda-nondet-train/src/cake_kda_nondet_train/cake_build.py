@@ -38,13 +38,13 @@ PLANS = [
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "block_k_bwd", "mode"]},
+                "num_warps_tok_bwd", "block_k_bwd", "keep_states", "mode"]},
     {"module": "cake_kda_det_train.plan", "class": "KDADetPlan", "format_version": 1,
      "fields": ["head_k_dim", "head_v_dim", "block_k", "block_k_inner", "block_v", "block_v_bwd",
                 "num_warps_prep", "num_warps_h", "num_warps_o", "num_warps_bwd", "num_stages_h",
                 "l2norm_block_rows", "gate_block_t", "fp32_dots", "store_16bit", "block_v_h",
                 "num_warps_dh", "num_stages_dh", "tok_heads", "num_warps_tok", "tok_heads_bwd",
-                "num_warps_tok_bwd", "block_k_bwd"]},
+                "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
 REUSED_KERNELS = {
@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:181a1c0ca849f510246c1e0ac5cbbc04a83d0b5ab8f91f0fcded35a0db6ba33b"
+SOURCE_DIGEST = "sha256:3607c79346575d49b26c14aa00fada07f562f81e9a81ab4c5e10030ed050f010"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

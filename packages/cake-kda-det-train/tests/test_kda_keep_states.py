@@ -1,0 +1,297 @@
+"""plan.keep_states: the forward keeps the chunk states h, w, kg and v_new for the backward,
+which then skips the chunk prep and the forward state pass. Same bits as keep_states = 0
+(the backward's recompute runs the same kernels on the same inputs); the kept tensors are
+the saved set's own (no workspace aliasing); a backward with another plan, or with kept
+tensors that do not fit, recomputes; the custom ops under torch.compile and checkpointing
+give the eager bits; the plan field serialises."""
+
+import dataclasses
+import json
+
+import cake_kda_det_train.api as api
+import cake_kda_det_train.chunk as chunk
+import pytest
+import torch
+import torch.utils.checkpoint
+from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+from cake_core.linear_attention import inter_dtype
+from cake_core.testing import (
+    assert_bitwise_equal_named,
+    assert_compiles_to_op,
+    bitwise_equal,
+    leaf_grads,
+    randn,
+)
+from cake_core.triton_utils import default_device
+from cake_kda_det_train import (
+    KDADetPlan,
+    KDADetWorkspace,
+    chunk_kda_det,
+    chunk_kda_det_bwd,
+    chunk_kda_det_fwd,
+    make_plan,
+    saved_bytes,
+)
+
+DEV = default_device()
+BACKEND = "aot_eager" if DEV.type == "cpu" else "inductor"
+# packed: an empty document, then lengths 1, 63, 64 and 65
+CU = (0, 0, 1, 64, 128, 193)
+NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log",
+         "ddt_bias")
+
+
+def _plans(K, V, dtype):
+    base = make_plan(K, V, dtype, DEV)
+    assert base.keep_states == 0
+    return base, dataclasses.replace(base, keep_states=1)
+
+
+def _leaves(kda, B, T, H, HV, K, V, dtype, *, seed, n_states=None, gate=False):
+    """q, k, v, g, beta, h0, A_log, dt_bias (the last two None without the in-kernel gate:
+    then g is the log decay and beta post-sigmoid)."""
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(B, T, H, HV, K, V, dtype, seed=seed, h0=True,
+                                               n_states=n_states, normalize_k=not gate,
+                                               g_mode="raw" if gate else "real",
+                                               raw_beta=gate)
+    A_log = dt_bias = None
+    if gate:
+        A_log, dt_bias = kda.make_gate_params(HV, K, seed=seed + 10)
+    return q, k, v, g, beta, h0, A_log, dt_bias
+
+
+def _step_fn(plan, *, use_h0, use_dht, opts, cu):
+    def step(q, k, v, g, beta, h0, A_log, dt_bias):
+        kw = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                  use_beta_sigmoid_in_kernel=True) if opts else {}
+        o, ht = chunk_kda_det(q, k, v, g, beta, None, h0 if use_h0 else None, use_dht,
+                              use_qk_l2norm_in_kernel=opts, cu_seqlens=cu, plan=plan, **kw)
+        loss = (o.float() * o.detach().float().cos()).sum()
+        if not use_dht:
+            return loss, o
+        return loss + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
+    return step
+
+
+# (B, T, H, HV, K, V, dtype, packed, initial state, dht, L2 norm + in-kernel gate + sigmoid)
+CASES = [
+    (2, 65, 2, 2, 16, 16, torch.float32, False, False, False, False),
+    (1, 193, 1, 2, 16, 16, torch.float32, True, True, True, True),
+    (1, 130, 1, 2, 24, 16, torch.float32, False, True, True, False),
+    (1, 193, 2, 2, 32, 32, torch.bfloat16, True, True, True, True),
+    (1, 130, 1, 2, 32, 32, torch.bfloat16, False, False, False, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_keep_states_same_bits_as_recompute(case, kda, monkeypatch):
+    B, T, H, HV, K, V, dtype, packed, use_h0, use_dht, opts = case
+    cu = torch.tensor(CU, dtype=torch.int32, device=DEV) if packed else None
+    leaves = _leaves(kda, B, T, H, HV, K, V, dtype, seed=7 + T,
+                     n_states=len(CU) - 1 if packed else None, gate=opts)
+    redo, keep = _plans(K, V, dtype)
+    args = dict(use_h0=use_h0, use_dht=use_dht, opts=opts, cu=cu)
+    idx = [i for i, t in enumerate(leaves) if t is not None]
+    present = [leaves[i] for i in idx]
+
+    calls = []
+    real = chunk._prep_and_state
+
+    def spy(*a, **kw):
+        calls.append(plan.keep_states)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(chunk, "_prep_and_state", spy)
+
+    def run(plan_):
+        nonlocal plan
+        plan = plan_
+        step = _step_fn(plan, **args)
+
+        def f(*xs):
+            full = list(leaves)
+            for i, x in zip(idx, xs, strict=True):
+                full[i] = x
+            return step(*full)
+        return leaf_grads(f, present)
+
+    plan = None
+    want, got = run(redo), run(keep)
+    # recompute: prep + state pass in the forward and again in the backward; kept: forward
+    assert calls == [0, 0, 1]
+    names = ("o",) + (("final_state",) if use_dht else ()) + tuple(f"d{i}" for i in idx)
+    for name, a, b in zip(names, got, want, strict=True):
+        if name == "d5" and not use_h0:  # h0 given but not used
+            assert a is None and b is None, name
+            continue
+        assert a is not None and b is not None, name
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert bool(torch.isfinite(a.float()).all()), name
+        assert bitwise_equal(a, b), f"{name}: keep_states=1 differs from 0"
+
+
+def test_saved_set_holds_states_and_backward_skips_recompute(kda, monkeypatch):
+    K, V, dtype = 32, 32, torch.bfloat16
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, 193, 1, 2, K, V, dtype, seed=31, h0=True,
+                                               n_states=len(CU) - 1)
+    cu = torch.tensor(CU, dtype=torch.int64, device=DEV)
+    redo, keep = _plans(K, V, dtype)
+    do = randn(v.shape, dtype, DEV, seed=32)
+    dht = randn(h0.shape, torch.float32, DEV, seed=33)
+    NT, NC, HV = 193, 0 + 1 + 1 + 1 + 2, 2
+    idt = inter_dtype(keep, dtype)
+    assert idt == torch.bfloat16
+    _, _, s0 = chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                 cu_seqlens=cu, plan=redo)
+    assert s0.h is None and s0.w is None and s0.kg is None and s0.v_new is None
+    want = chunk_kda_det_bwd(do, dht, s0)
+    _, _, s1 = chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                 cu_seqlens=cu, plan=keep)
+    assert s1.h.shape == (NC, HV, K, V)
+    assert s1.w.shape == s1.kg.shape == (NT, HV, K) and s1.v_new.shape == (NT, HV, V)
+    assert {s1.h.dtype, s1.w.dtype, s1.kg.dtype, s1.v_new.dtype, s1.A.dtype} == {idt}
+    assert len(s1.tensors()) == len(s1.tensor_names) == 17 and s1.version == 1
+
+    calls = []
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    def boom(*a, **kw):
+        raise AssertionError("the backward recomputed the chunk states")
+
+    real = chunk._prep_and_state
+    monkeypatch.setattr(chunk, "_prep_and_state", boom)
+    got = chunk_kda_det_bwd(do, dht, s1)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got[:6], want[:6],
+                          strict=True):
+        assert bitwise_equal(a, b), name
+    # the autograd entry keeps them too (its h has the most chunks 5 sequences of 193
+    # tokens can form: 7 rows)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
+    monkeypatch.setattr(chunk, "_prep_and_state", real)
+    o, ht = chunk_kda_det(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                          cu_seqlens=cu, plan=keep)
+    monkeypatch.setattr(chunk, "_prep_and_state", boom)
+    torch.autograd.backward([o, ht], [do, dht])
+    for name, x, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), leaves, want[:6],
+                          strict=True):
+        assert bitwise_equal(x.grad, b), name
+    # another plan in the backward, or kept tensors that do not fit: recomputed, same bits
+    monkeypatch.setattr(chunk, "_prep_and_state", spy)
+    other = chunk_kda_det_bwd(do, dht, s1, plan=redo)
+    assert calls == [1]
+    s1.meta["plan"] = redo
+    assert api._kept_states(s1, keep, NT, NC, HV, K, V, idt, q.device) is None
+    s1.meta["plan"] = keep
+    s1._tensors["kg"] = s1.kg.float()
+    again = chunk_kda_det_bwd(do, dht, s1)
+    assert calls == [1, 1]
+    for a, b, c in zip(other[:6], again[:6], want[:6], strict=True):
+        assert bitwise_equal(a, c) and bitwise_equal(b, c)
+
+
+def test_two_forwards_then_backwards_in_reverse_one_workspace(kda):
+    # the kept tensors are the saved set's own: a second forward through the same workspace
+    # does not overwrite the first's, so backwards in any order give the right gradients
+    K, V, dtype, T = 16, 16, torch.float32, 100
+    redo, keep = _plans(K, V, dtype)
+    ws = KDADetWorkspace.for_plan(keep, DEV, num_v_heads=2, max_tokens=T, dtype=dtype)
+    ins = [kda.make_kda_inputs(1, T, 1, 2, K, V, dtype, seed=s, h0=True) for s in (41, 51)]
+    dos = [randn((1, T, 2, V), dtype, DEV, seed=s) for s in (42, 52)]
+    want = []
+    for (q, k, v, g, beta, h0), do in zip(ins, dos, strict=True):
+        _, _, s = chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, plan=redo)
+        want.append(chunk_kda_det_bwd(do, None, s))
+    saved = [chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, plan=keep,
+                               workspace=ws)[2] for q, k, v, g, beta, h0 in ins]
+    bufs = [ws[n] for n in ("w", "u", "v_new", "h", "aqk")]
+    for s in saved:
+        for t in (s.h, s.w, s.kg, s.v_new):
+            lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+            for b in bufs:
+                blo = b.data_ptr()
+                bhi = blo + b.numel() * b.element_size()
+                assert hi <= blo or lo >= bhi, "a kept tensor aliases the workspace"
+    for i in (1, 0):
+        got = chunk_kda_det_bwd(dos[i], None, saved[i], workspace=ws)
+        for a, b in zip(got[:6], want[i][:6], strict=True):
+            assert bitwise_equal(a, b), i
+    # autograd: two forwards, then the second's backward before the first's
+    leaves = [[t.detach().clone().requires_grad_() for t in x] for x in ins]
+    outs = [chunk_kda_det(*x[:5], initial_state=x[5], plan=keep)[0] for x in leaves]
+    for i in (1, 0):
+        outs[i].backward(dos[i])
+        for x, b in zip(leaves[i], want[i][:6], strict=True):
+            assert bitwise_equal(x.grad, b), i
+
+
+def _compile_step(plan):
+    def step(q, k, v, g, beta, h0, A_log, dt_bias, cu):
+        o, ht = chunk_kda_det(
+            q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+            use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=True, plan=plan)
+        return (o * o).sum() + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
+    return step
+
+
+def _compile_leaves(kda):
+    cu = (0, 0, 11, 80)
+    return _leaves(kda, 1, 80, 1, 2, 16, 16, torch.float32, seed=61, n_states=len(cu) - 1,
+                   gate=True), torch.tensor(cu, device=DEV)
+
+
+def test_compile_keep_states_plan_same_bits_as_eager(kda):
+    leaves, cu = _compile_leaves(kda)
+    redo, keep = _plans(16, 16, torch.float32)
+    assert plan_from_op_fields(KDADetPlan, plan_to_op_fields(keep)) == keep
+    assert_compiles_to_op(_compile_step(keep), leaves, (cu,), NAMES, backend=BACKEND,
+                          op="cake_kda_det_train.fwd")
+    assert_bitwise_equal_named(leaf_grads(_compile_step(keep), leaves, cu),
+                               leaf_grads(_compile_step(redo), leaves, cu), NAMES,
+                               "keep_states=1 differs from 0")
+
+
+def test_checkpoint_keep_states(kda):
+    leaves, cu = _compile_leaves(kda)
+    redo, keep = _plans(16, 16, torch.float32)
+    step = _compile_step(keep)
+
+    def ckpt(*args):
+        return torch.utils.checkpoint.checkpoint(step, *args, use_reentrant=False)
+
+    assert_bitwise_equal_named(leaf_grads(ckpt, leaves, cu),
+                               leaf_grads(_compile_step(redo), leaves, cu), NAMES,
+                               "checkpointed keep_states=1 differs")
+
+
+def test_saved_bytes_counts_the_kept_states(kda):
+    """saved_bytes with keep_states = 1 adds h (the autograd entry's rows: the most chunks
+    the sequences can form), w, kg and v_new in the intermediates' dtype."""
+    K, V, dtype = 32, 16, torch.bfloat16
+    q, k, v, g, beta, _ = kda.make_kda_inputs(1, 130, 1, 2, K, V, dtype, seed=71)
+    cu = torch.tensor((0, 1, 130), dtype=torch.int32, device=DEV)
+    redo, keep = _plans(K, V, dtype)
+    base = saved_bytes(q, k, v, g, beta, cu_seqlens=cu, plan=redo)
+    more = saved_bytes(q, k, v, g, beta, cu_seqlens=cu, plan=keep)
+    es = inter_dtype(keep, dtype).itemsize
+    rows = (130 + 63 * 2) // 64  # 4: one chunk of 1 token, then 129 tokens in 3 chunks
+    assert more - base == es * (rows * 2 * K * V + 130 * 2 * (2 * K + V))
+
+
+def test_plan_field_serialised_and_checked():
+    redo, keep = _plans(32, 32, torch.bfloat16)
+    for dev in ("cpu", "cuda"):
+        for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16)):
+            assert make_plan(K, V, dt, dev).keep_states == 0
+    d = keep.to_dict()
+    assert d["keep_states"] == 1 and d["version"] == 1
+    assert KDADetPlan.from_dict(d) == keep and keep.key != redo.key
+    assert KDADetPlan.from_dict(json.loads(keep.to_json())) == keep
+    assert hash(keep) != hash(redo) and {keep: 1}[dataclasses.replace(redo, keep_states=1)]
+    d.pop("keep_states")
+    assert KDADetPlan.from_dict(d) == redo  # a dict without the field loads it as 0
+    with pytest.raises(ValueError, match="keep_states"):
+        dataclasses.replace(redo, keep_states=2)
