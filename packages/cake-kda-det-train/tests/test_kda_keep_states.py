@@ -167,29 +167,37 @@ def test_saved_set_holds_states_and_backward_skips_recompute(kda, monkeypatch):
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got[:6], want[:6],
                           strict=True):
         assert bitwise_equal(a, b), name
-    # the autograd entry keeps them too (its h has the most chunks 5 sequences of 193
-    # tokens can form: 7 rows)
+    # the autograd entry keeps them too, eagerly h with one row per chunk (under
+    # torch.compile the most chunks 5 sequences of 193 tokens can form: 7)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
     monkeypatch.setattr(chunk, "_prep_and_state", real)
     o, ht = chunk_kda_det(*leaves[:5], initial_state=leaves[5], output_final_state=True,
                           cu_seqlens=cu, plan=keep)
+    kept = o.grad_fn.saved_tensors[13:]
+    assert [tuple(t.shape) for t in kept] == [(NC, HV, K, V), (NT, HV, K), (NT, HV, K),
+                                              (NT, HV, V)]
     monkeypatch.setattr(chunk, "_prep_and_state", boom)
     torch.autograd.backward([o, ht], [do, dht])
     for name, x, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), leaves, want[:6],
                           strict=True):
         assert bitwise_equal(x.grad, b), name
-    # another plan in the backward, or kept tensors that do not fit: recomputed, same bits
+    # a backward plan that differs only in keep_states: the same launches, the kept states
+    same = chunk_kda_det_bwd(do, dht, s1, plan=redo)
+    # a plan with other launches, or kept tensors that do not fit: recomputed
     monkeypatch.setattr(chunk, "_prep_and_state", spy)
-    other = chunk_kda_det_bwd(do, dht, s1, plan=redo)
+    other_plan = dataclasses.replace(redo, num_warps_prep=8 if redo.num_warps_prep == 4 else 4)
+    other = chunk_kda_det_bwd(do, dht, s1, plan=other_plan)
     assert calls == [1]
-    s1.meta["plan"] = redo
+    other_want = chunk_kda_det_bwd(do, dht, s0, plan=other_plan)
+    s1.meta["plan"] = other_plan
     assert api._kept_states(s1, keep, NT, NC, HV, K, V, idt, q.device) is None
     s1.meta["plan"] = keep
     s1._tensors["kg"] = s1.kg.float()
     again = chunk_kda_det_bwd(do, dht, s1)
-    assert calls == [1, 1]
-    for a, b, c in zip(other[:6], again[:6], want[:6], strict=True):
-        assert bitwise_equal(a, c) and bitwise_equal(b, c)
+    assert calls == [1, 1, 1]  # other, other_want (from s0), again
+    for a, b, c, d, e in zip(same[:6], again[:6], want[:6], other[:6], other_want[:6],
+                             strict=True):
+        assert bitwise_equal(a, c) and bitwise_equal(b, c) and bitwise_equal(d, e)
 
 
 def test_two_forwards_then_backwards_in_reverse_one_workspace(kda):
@@ -268,16 +276,16 @@ def test_checkpoint_keep_states(kda):
 
 
 def test_saved_bytes_counts_the_kept_states(kda):
-    """saved_bytes with keep_states = 1 adds h (the autograd entry's rows: the most chunks
-    the sequences can form), w, kg and v_new in the intermediates' dtype."""
+    """saved_bytes with keep_states = 1 adds h (a row per chunk: 3 here, where 3 sequences
+    of 130 tokens could form 4), w, kg and v_new in the intermediates' dtype."""
     K, V, dtype = 32, 16, torch.bfloat16
     q, k, v, g, beta, _ = kda.make_kda_inputs(1, 130, 1, 2, K, V, dtype, seed=71)
-    cu = torch.tensor((0, 1, 130), dtype=torch.int32, device=DEV)
+    cu = torch.tensor((0, 64, 128, 130), dtype=torch.int32, device=DEV)
     redo, keep = _plans(K, V, dtype)
     base = saved_bytes(q, k, v, g, beta, cu_seqlens=cu, plan=redo)
     more = saved_bytes(q, k, v, g, beta, cu_seqlens=cu, plan=keep)
     es = inter_dtype(keep, dtype).itemsize
-    rows = (130 + 63 * 2) // 64  # 4: one chunk of 1 token, then 129 tokens in 3 chunks
+    rows = 3
     assert more - base == es * (rows * 2 * K * V + 130 * 2 * (2 * K + V))
 
 

@@ -16,6 +16,7 @@ checks every argument before any allocation or launch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable
@@ -267,8 +268,12 @@ def _kept_states(saved: KDADetSavedSet, plan: KDADetPlan, NT: int, NC: int, HV: 
     """``(h, w, kg, v_new)`` the forward kept (``plan.keep_states``), contiguous, when all
     are there with this call's shapes, dtypes and device and the backward's plan is the
     forward's (the kept bits are those its recompute would give); else ``None``. h may
-    have more than NC rows (the custom op's; the first NC are the states)."""
-    if saved.h is None or plan != saved.meta.get("plan") or saved.h.shape[0] < NC:
+    have more than NC rows (the custom op's; the first NC are the states). A backward
+    plan that differs from the forward's only in ``keep_states`` uses them."""
+    fwd_plan = saved.meta.get("plan")
+    # a backward plan that differs only in keep_states launches the same kernels
+    if saved.h is None or fwd_plan is None or saved.h.shape[0] < NC or \
+            dataclasses.replace(plan, keep_states=fwd_plan.keep_states) != fwd_plan:
         return None
     want = ((saved.h[:NC], (NC, HV, K, V)), (saved.w, (NT, HV, K)),
             (saved.kg, (NT, HV, K)), (saved.v_new, (NT, HV, V)))
@@ -539,10 +544,11 @@ def chunk_kda_det_bwd(do: torch.Tensor, dht: torch.Tensor | None, saved: KDADetS
                       workspace: KDADetWorkspace | None = None) -> KDADetGrads:
     """Low-level backward of :func:`chunk_kda_det_fwd`.
 
-    Recomputes the chunk quantities from the saved inputs (and the forward's T when it kept
-    it), runs the chunk backward (state gradients over the chunks in reverse, fixed order),
-    then the in-kernel options' backward: the gate and beta sigmoid (dA_log, ddt_bias:
-    per-block partials summed in index order) and the L2 norm. No atomics: bitwise
+    Recomputes the chunk quantities from the saved inputs and the forward's T and Aqk (or
+    uses the chunk states the forward kept with ``plan.keep_states``), runs the chunk
+    backward (state gradients over the chunks in reverse, fixed order), then the in-kernel
+    options' backward: the gate and beta sigmoid (dA_log, ddt_bias: per-block partials
+    summed in index order) and the L2 norm. No atomics: bitwise
     repeatable for equal inputs, upstream gradients, plan and hardware.
 
     Args:
@@ -601,6 +607,28 @@ def register_ops(kinds: ModeKinds):
     namespace: here for :data:`DET_KINDS`, by cake-kda-nondet-train for its own."""
     ns = kinds.namespace
 
+    def fwd_run(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+                output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields,
+                exact_rows: bool):
+        """:func:`fwd_body`; ``exact_rows``: a kept h has one row per chunk (the eager
+        path), else :func:`_h_rows` rows (the op's shape rule)."""
+        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
+        B, T = q.shape[:2]
+        seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
+        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
+        gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
+        NT, HV, K, V = B * T, v.shape[2], q.shape[3], v.shape[3]
+        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
+            qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state,
+            use_l2, seqs.tables, plan, None, gate,
+            h_rows=None if exact_rows else _h_rows(NT, seqs.num_seqs))
+        if plan.keep_states and states is None:  # no tokens: the fake's (empty) shapes
+            states = tuple(q.new_empty(shape, dtype=A.dtype) for shape in _kept_shapes(
+                plan, NT, seqs.num_seqs, HV, K, V))
+        return (o, optional_output(ht, q), optional_output(q_rstd, q),
+                optional_output(k_rstd, q), g_cumsum, A,
+                *(optional_output(t, q) for t in (states or (None,) * 4)))
+
     def fwd_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                 beta: torch.Tensor, initial_state: torch.Tensor | None,
                 cu_seqlens: torch.Tensor | None, A_log: torch.Tensor | None,
@@ -615,21 +643,9 @@ def register_ops(kinds: ModeKinds):
         with :func:`_h_rows` rows); arguments checked by the entry, except the values of
         cu_seqlens (checked here, before any launch: a cache hit when the entry resolved
         them)."""
-        plan = plan_from_op_fields(kinds.plan_type, plan_fields, kinds.mode)
-        B, T = q.shape[:2]
-        seqs = resolve_chunks(cu_seqlens, B, T, q.device, CHUNK_SIZE)
-        qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
-        gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
-        NT, HV, K, V = B * T, v.shape[2], q.shape[3], v.shape[3]
-        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
-            qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state,
-            use_l2, seqs.tables, plan, None, gate, h_rows=_h_rows(NT, seqs.num_seqs))
-        if plan.keep_states and states is None:  # no tokens: the fake's (empty) shapes
-            states = tuple(q.new_empty(shape, dtype=A.dtype) for shape in _kept_shapes(
-                plan, NT, seqs.num_seqs, HV, K, V))
-        return (o, optional_output(ht, q), optional_output(q_rstd, q),
-                optional_output(k_rstd, q), g_cumsum, A,
-                *(optional_output(t, q) for t in (states or (None,) * 4)))
+        return fwd_run(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
+                       output_final_state, use_l2, use_gate, lower_bound, use_sigmoid,
+                       plan_fields, False)
 
     _fwd_op = torch.library.custom_op(f"{ns}::fwd", mutates_args=())(fwd_body)
 
@@ -734,8 +750,10 @@ def register_ops(kinds: ModeKinds):
     # not twice differentiable: a second differentiation raises (cake_core.autograd)
     _fwd_op.register_autograd(once_differentiable(_backward), setup_context=_setup_context)
     # eager calls: the same body and autograd without the dispatcher's Python (host time)
+    # eager calls: h with one row per chunk (no shape rule to follow outside a trace)
     _EAGER[ns] = eager_function(
-        f"_ChunkKDA{kinds.mode.value.capitalize()}Function", fwd_body, _setup_context,
+        f"_ChunkKDA{kinds.mode.value.capitalize()}Function",
+        lambda *args: fwd_run(*args, True), _setup_context,
         once_differentiable(lambda ctx, *grads: _backward(ctx, *grads, bwd=bwd_body)))
     return _fwd_op, _bwd_op
 
@@ -776,7 +794,8 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     inputs, g's within-chunk cumulative sum (fp32, 4 bytes per token, value head and
     channel), the L2-norm rstds and each chunk's T and Aqk (2 bytes each per token, value
     head and chunk position in 16-bit intermediates) and the fp32 copy of a 16-bit
-    ``initial_state``.
+    ``initial_state``; with ``plan.keep_states`` also the chunk states h, w, kg and v_new
+    (the backward then skips their recompute; :func:`saved_bytes` counts all of it).
 
     Under ``torch.compile`` (``fullgraph=True`` works) the call is the custom ops
     ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields) with their registered

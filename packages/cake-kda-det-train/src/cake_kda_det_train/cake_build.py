@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5a3930de3027bcad120cc6982f040313e6fff194b780476aedf8192ff98e540b"
+SOURCE_DIGEST = "sha256:bb549bed5241faefb2fe2d96b5d074d604af6cf96bc03c338d81f8d3264777db"
 # --- end of generated block ---
 
 MANIFEST = {

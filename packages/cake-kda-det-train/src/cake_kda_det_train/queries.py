@@ -78,8 +78,8 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     keeps for the backward, computed from shapes, dtypes and the plan without running
     anything: g's within-chunk cumulative sum (fp32 ``[B*T, HV, K]``), T and Aqk stacked
     (``[2, B*T, HV, 64]`` in the intermediates' dtype), the q/k rstds (fp32 ``[B, T, H]``
-    each) with the L2 norm, with ``plan.keep_states`` the chunk states h (``[R, HV, K,
-    V]``, R the most 64-token chunks the sequences can form), w and kg (``[B*T, HV, K]``)
+    each) with the L2 norm, with ``plan.keep_states`` the chunk states h (``[NC, HV, K,
+    V]``, NC the 64-token chunks of the sequences), w and kg (``[B*T, HV, K]``)
     and v_new (``[B*T, HV, V]``) in the intermediates' dtype, the fp32 copy of a 16-bit
     ``initial_state`` and the device
     copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one
@@ -132,8 +132,9 @@ def saved_bytes_for(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
     shapes = [((NT, HV, K), f32), (kept_a_shape(NT, HV), idt)]
     if use_qk_l2norm_in_kernel:
         shapes += [((B, T, H), f32)] * 2
-    if plan.keep_states:  # the autograd entry's h rows (the custom op's shape rule)
-        shapes += [((max_chunks(NT, N, CHUNK_SIZE), HV, K, V), idt), ((NT, HV, K), idt),
+    if plan.keep_states:  # h has a row per chunk (eager; traced: the most there can be)
+        nc = seqs.num_chunks if seqs is not None else max_chunks(NT, N, CHUNK_SIZE)
+        shapes += [((nc, HV, K, V), idt), ((NT, HV, K), idt),
                    ((NT, HV, K), idt), ((NT, HV, V), idt)]
     if initial_state is not None and initial_state.dtype != f32:  # the entry's fp32 copy
         shapes.append(((N, HV, K, V), f32))

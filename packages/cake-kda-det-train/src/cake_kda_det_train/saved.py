@@ -36,8 +36,9 @@ class KDADetSavedSet(SavedSet):
             ``use_gate_in_kernel``, or ``None``.
         h, w, kg, v_new: with ``plan.keep_states = 1`` (and at least one token), the
             forward's chunk states h ``[NC, HV, K, V]`` (the state at each chunk's start;
-            NC = the 64-token chunks of all sequences; the autograd entry's may have more
-            rows, the first NC are the states), w and kg (``k exp(G_last - G)``) ``[NT,
+            NC = the 64-token chunks of all sequences; under ``torch.compile`` the
+            autograd entry's has the most chunks the sequences could form, the first NC
+            being the states), w and kg (``k exp(G_last - G)``) ``[NT,
             HV, K]`` and v_new ``[NT, HV, V]``, in the intermediates' dtype (as A), each a
             fresh tensor owned by this set (never a workspace's buffer); else ``None``. The
             backward uses them (with g_cumsum and A) instead of recomputing when their

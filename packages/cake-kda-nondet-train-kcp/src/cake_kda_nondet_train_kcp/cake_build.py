@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f1a0e1f1b9fc118c09567baff3e9b0a077042e2066bc5e87b83c2a9678099b62"
+SOURCE_DIGEST = "sha256:c8d9b5a6fa942ac03d86f5b4b9706be85284751d13db08b30b4ca5d48368e466"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

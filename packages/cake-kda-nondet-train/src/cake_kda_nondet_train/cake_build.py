@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:3607c79346575d49b26c14aa00fada07f562f81e9a81ab4c5e10030ed050f010"
+SOURCE_DIGEST = "sha256:6347db3f4ad7c9b083afe62b895b5bb1f158faa1ebda007ef907d79188ac7ef1"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
