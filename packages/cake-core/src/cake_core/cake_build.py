@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b65de1f463a774df8d012731ebb95e1ec55d43ac58f0db40c5773b2856b9bf23"
+SOURCE_DIGEST = "sha256:eddb862412df60c6f122e4780ba3577118be161f469e058a3fa4a653b53e2df9"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -423,8 +423,9 @@ def resolve_chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, device: torc
 def max_chunks(num_tokens: int, num_seqs: int, chunk_size: int) -> int:
     """The most ``chunk_size``-token chunks that ``num_seqs`` sequences of ``num_tokens``
     tokens in all can form (what a workspace sized for that capacity must hold): each
-    sequence adds at most one partial chunk, and no chunk is empty."""
-    return min(num_tokens, (num_tokens + (chunk_size - 1) * num_seqs) // chunk_size)
+    sequence adds at most one partial chunk, and no chunk is empty. Symbolic sizes (a
+    custom op's fake under ``torch.compile``) give a symbolic size, without a guard."""
+    return torch.sym_min(num_tokens, (num_tokens + (chunk_size - 1) * num_seqs) // chunk_size)
 
 
 def group_sum(x: torch.Tensor, H: int) -> torch.Tensor:

@@ -838,7 +838,7 @@ def define_ops(types: ModeTypes):
         ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
         rstd = (B, T, H) if use_l2 else (0,)
         if plan.keep_states:  # the most chunks N sequences of NT tokens can form
-            nh = torch.sym_min(NT, (NT + (CHUNK_SIZE - 1) * N) // CHUNK_SIZE)
+            nh = _h_rows(NT, N)
             kept = ((NT, HV), (nh, HV, K, V), (NT, HV, K), (NT, HV, V))
         else:
             kept = ((0,),) * 4

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:1f9af88b3440b0995c7889863ce2eb23ef933621ba2cb47bde681dea34b74379"
+SOURCE_DIGEST = "sha256:df938d283f98182177f1e2292bf440a8558edf5756de2ab6bc6ca3063fa2c6db"
 # --- end of generated block ---
 
 MANIFEST = {

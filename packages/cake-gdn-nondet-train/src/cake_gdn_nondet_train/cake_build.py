@@ -56,7 +56,7 @@ PLANS = [
                 "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:4d31f921a7db03f6a532bc7174d6cad899377bc39f0554e13e266002b0b6284c"
+SOURCE_DIGEST = "sha256:06da93c341ca1b10149ff878eaf51422b917db7bf6a5bc5a822e8e481fd24f8f"
 # --- end of generated block ---
 
 MANIFEST = {

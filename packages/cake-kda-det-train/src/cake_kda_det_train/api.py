@@ -591,14 +591,12 @@ def _h_rows(NT: int, N: int) -> int:
     return max_chunks(NT, N, CHUNK_SIZE)
 
 
-def _kept_shapes(plan: KDADetPlan, NT, N, HV: int, K: int, V: int, symbolic: bool = False):
+def _kept_shapes(plan: KDADetPlan, NT, N, HV: int, K: int, V: int):
     """Shapes of the fwd op's kept ``(h, w, kg, v_new)``: ``[0]`` each without
-    ``plan.keep_states``. ``symbolic``: NT and N may be symbolic (the fake)."""
+    ``plan.keep_states`` (NT and N may be symbolic: the fake)."""
     if not plan.keep_states:
         return ((0,),) * 4
-    nh = torch.sym_min(NT, (NT + (CHUNK_SIZE - 1) * N) // CHUNK_SIZE) if symbolic else \
-        _h_rows(NT, N)
-    return (nh, HV, K, V), (NT, HV, K), (NT, HV, K), (NT, HV, V)
+    return (_h_rows(NT, N), HV, K, V), (NT, HV, K), (NT, HV, K), (NT, HV, V)
 
 
 def register_ops(kinds: ModeKinds):
@@ -661,7 +659,7 @@ def register_ops(kinds: ModeKinds):
         rstd = (B, T, H) if use_l2 else (0,)
         idt = inter_dtype(plan, q.dtype)
         A = q.new_empty(kept_a_shape(B * T, HV), dtype=idt)
-        kept = _kept_shapes(plan, B * T, N, HV, K, V, symbolic=True)
+        kept = _kept_shapes(plan, B * T, N, HV, K, V)
         return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
                 q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A,
                 *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)

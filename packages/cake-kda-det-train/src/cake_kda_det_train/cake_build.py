@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:bb549bed5241faefb2fe2d96b5d074d604af6cf96bc03c338d81f8d3264777db"
+SOURCE_DIGEST = "sha256:3bbd7eed1808271eb18418b7949aba3c8729796467586f7a2158896914ea6a16"
 # --- end of generated block ---
 
 MANIFEST = {

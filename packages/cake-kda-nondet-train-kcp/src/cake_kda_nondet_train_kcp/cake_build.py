@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:c8d9b5a6fa942ac03d86f5b4b9706be85284751d13db08b30b4ca5d48368e466"
+SOURCE_DIGEST = "sha256:51e03cfe579e6378776b4209dc396736ca96e454318b974028b8ec6effefbb04"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

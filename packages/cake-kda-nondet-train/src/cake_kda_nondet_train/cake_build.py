@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:6347db3f4ad7c9b083afe62b895b5bb1f158faa1ebda007ef907d79188ac7ef1"
+SOURCE_DIGEST = "sha256:061f6477f9bce68cff15fcea6833c92eb521063caa5c5cf4cf1d4e1918a5c25a"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs
