@@ -78,17 +78,21 @@ def test_fwd_bad_arguments():
 def test_bwd_matches_float64(shape, block_k, dtype):
     x = randn(shape, dtype, DEV, seed=7)
     dy = randn(shape, torch.float32, DEV, seed=8)
-    _, rstd = l2norm_fwd(x, block_k=block_k, **LAUNCH)
-    dx = l2norm_bwd(x, rstd, dy, block_k=block_k, out_dtype=torch.float32, **LAUNCH)
+    y, rstd = l2norm_fwd(x, block_k=block_k, **LAUNCH)
+    dx = l2norm_bwd(y, rstd, dy, block_k=block_k, out_dtype=torch.float32, **LAUNCH)
     assert dx.dtype == torch.float32 and dx.shape == shape
+    # the formula on the stored y (any dtype: exact in fp32) and fp32 rstd, in float64: only
+    # fp32 rounding separates dx from it
+    y64, r64 = y.double(), rstd.double()[..., None]
+    want = r64 * (dy.double() - y64 * (dy.double() * y64).sum(-1, keepdim=True))
+    assert_close_to_reference(dx, want, torch.float32, name="dx")
+    # and the true gradient, within the rounding of the stored y
     x64 = x.double().requires_grad_(True)
     (g64,) = torch.autograd.grad(_ref(x64)[0], x64, dy.double())
-    # x (any dtype) is exact in fp32 and dy is fp32: only fp32 rounding separates dx from
-    # float64 autograd, so the fp32 tolerance holds for bf16 x too
-    assert_close_to_reference(dx, g64, torch.float32, name="dx")
-    assert bitwise_equal(l2norm_bwd(x, rstd, dy, block_k=block_k, out_dtype=torch.float32,
+    assert_close_to_reference(dx, g64, dtype, name="dx")
+    assert bitwise_equal(l2norm_bwd(y, rstd, dy, block_k=block_k, out_dtype=torch.float32,
                                     **LAUNCH), dx)
-    lo = l2norm_bwd(x, rstd, dy, block_k=block_k, **LAUNCH)  # default: x's dtype
+    lo = l2norm_bwd(y, rstd, dy, block_k=block_k, **LAUNCH)  # default: y's dtype
     # the in-kernel cast (the interpreter's rounding may differ from torch's by one ulp)
     assert lo.dtype == dtype
     torch.testing.assert_close(lo.float(), dx, rtol=2 ** -7, atol=1e-6)
@@ -99,11 +103,11 @@ def test_bwd_rows_independent_and_strided_inputs():
     non-contiguous dy gives the bits of its contiguous copy."""
     x = randn((45, 32), torch.float32, DEV, seed=1)
     dy = randn((32, 45), torch.float32, DEV, seed=2).t()
-    _, rstd = l2norm_fwd(x, block_k=32, **LAUNCH)
-    a = l2norm_bwd(x, rstd, dy, block_k=32, **LAUNCH)
-    assert bitwise_equal(a, l2norm_bwd(x, rstd, dy.contiguous(), block_k=32, **LAUNCH))
-    b = l2norm_bwd(x[1:], rstd[1:], dy[1:], block_k=32, **LAUNCH)
+    y, rstd = l2norm_fwd(x, block_k=32, **LAUNCH)
+    a = l2norm_bwd(y, rstd, dy, block_k=32, **LAUNCH)
+    assert bitwise_equal(a, l2norm_bwd(y, rstd, dy.contiguous(), block_k=32, **LAUNCH))
+    b = l2norm_bwd(y[1:], rstd[1:], dy[1:], block_k=32, **LAUNCH)
     assert bitwise_equal(a[1:], b)
-    assert l2norm_bwd(x[:0], rstd[:0], dy[:0], block_k=32, **LAUNCH).shape == (0, 32)
+    assert l2norm_bwd(y[:0], rstd[:0], dy[:0], block_k=32, **LAUNCH).shape == (0, 32)
     with pytest.raises(ValueError, match="block_k"):
-        l2norm_bwd(x, rstd, dy, block_k=16, **LAUNCH)
+        l2norm_bwd(y, rstd, dy, block_k=16, **LAUNCH)

@@ -98,6 +98,13 @@ def test_saved_set_contents(gdn_inputs):
     assert saved.A.shape == (70, 2, 64) and saved.g_cumsum.shape == (70, 2)
     assert saved.A_log is None and saved.dt_bias is None
     assert not saved.use_gate_in_kernel and not saved.use_beta_sigmoid_in_kernel
+    # with the L2 norm the set keeps its outputs (the norm's backward needs no more)
+    _, _, saved = chunk_gdn_det_fwd(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    for name, x in (("q", q), ("k", k)):
+        y = getattr(saved, name)
+        want = x.double() * torch.rsqrt(x.double().pow(2).sum(-1, keepdim=True) + 1e-6)
+        assert y.dtype == x.dtype and y.data_ptr() != x.data_ptr()
+        assert_close_to_reference(y, want, x.dtype, name)
 
 
 def test_inputs_not_modified_and_noncontiguous_ok(gdn_inputs):

@@ -84,15 +84,17 @@ def test_custom_ops_opcheck(gdn_inputs, keep_states):
     torch.library.opcheck(torch.ops.cake_gdn_det_train.fwd, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
-    o, ht, q_rstd, k_rstd, g_cumsum, A, h, w, v_new = torch.ops.cake_gdn_det_train.fwd(*args)
+    o, ht, qn, kn, q_rstd, k_rstd, g_cumsum, A, h, w, v_new = \
+        torch.ops.cake_gdn_det_train.fwd(*args)
     assert ht.shape == (len(CU) - 1, HV, K, V) and q_rstd.shape == (1, T, H)
+    assert qn.shape == kn.shape == q.shape and qn.dtype == q.dtype  # the L2 norm's outputs
     assert A.shape == (T, HV, 64)
     if keep_states:
         assert h.shape == (max_chunks(T, len(CU) - 1), HV, K, V) and w.shape == (T, HV, K)
     else:
         assert [t.shape for t in (g_cumsum, h, w, v_new)] == [(0,)] * 4
     with torch.no_grad():
-        bwd_args = (torch.ones_like(o), torch.ones_like(ht), q, k, v, g, beta, h0, cu, q_rstd,
+        bwd_args = (torch.ones_like(o), torch.ones_like(ht), qn, kn, v, g, beta, h0, cu, q_rstd,
                     k_rstd, A_log, dt_bias, g_cumsum, A, h, w, v_new, 0.3, True, True, True,
                     fields)
     torch.library.opcheck(torch.ops.cake_gdn_det_train.bwd, bwd_args,

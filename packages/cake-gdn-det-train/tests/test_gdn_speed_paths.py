@@ -519,7 +519,9 @@ def test_l2norm_local_vs_reference_and_unfused(HV, dtype, gdn_inputs):
     block): against float64 with ``use_qk_l2norm_in_kernel`` (unnormalised q and k, packed
     1/70/0/65, an initial state and a final-state gradient), with one value head per q/k
     head (dq finished in the K-block kernel) and two (in the dk kernel); no L2-norm
-    backward launch; bitwise repeatable; close to ``l2norm_local = 0`` (other bits)."""
+    backward launch, and the norm's forward only in the forward (the backward reads the
+    normalised q and k it kept); bitwise repeatable; close to ``l2norm_local = 0`` (other
+    bits)."""
     import cake_core.l2norm as l2mod
 
     K = V = 32
@@ -533,9 +535,10 @@ def test_l2norm_local_vs_reference_and_unfused(HV, dtype, gdn_inputs):
     plan = dataclasses.replace(base, l2norm_local=1)
     run = lambda p: _grads(chunk_gated_delta_rule_det, (q, k, v, g, beta), h0, do, dht,
                            cu_seqlens=cu, plan=p, use_qk_l2norm_in_kernel=True)
-    with record_launches(l2mod, "l2norm_bwd_kernel") as launches:
+    with record_launches(l2mod, "l2norm_bwd_kernel", "l2norm_fwd_kernel") as launches:
         got = run(plan)
     assert launches.get("l2norm_bwd_kernel", []) == []
+    assert len(launches["l2norm_fwd_kernel"]) == 2  # q and k, in the forward
     again = run(plan)
     assert all(bitwise_equal(a, b) for a, b in zip(got, again, strict=True))
     with record_launches(l2mod, "l2norm_bwd_kernel") as launches:

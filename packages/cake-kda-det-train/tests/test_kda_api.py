@@ -71,7 +71,13 @@ def test_saved_set_contents(kda):
                                     A_log=A_log, dt_bias=dt_bias, lower_bound=-2.0,
                                     use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
     assert isinstance(saved, KDADetSavedSet) and saved.mode == Mode.DET
-    assert saved.q is q and saved.g is g and saved.beta is beta and saved.initial_state is h0
+    assert saved.v is v and saved.g is g and saved.beta is beta and saved.initial_state is h0
+    # with the L2 norm the set keeps its outputs (the norm's backward needs no more)
+    for name, x in (("q", q), ("k", k)):
+        y = getattr(saved, name)
+        want = x.double() * torch.rsqrt(x.double().pow(2).sum(-1, keepdim=True) + 1e-6)
+        assert y.dtype == x.dtype and y.data_ptr() != x.data_ptr()
+        assert_close_to_reference(y, want, x.dtype, name)
     assert saved.A_log is A_log and saved.dt_bias is dt_bias
     assert saved.scale == 0.5 and saved.use_qk_l2norm and not saved.varlen
     assert saved.use_gate_in_kernel and saved.lower_bound == -2.0

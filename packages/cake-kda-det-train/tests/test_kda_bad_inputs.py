@@ -185,7 +185,7 @@ def test_accepted_edge_arguments_do_not_raise(monkeypatch):
     with safe_gate, A_log None with lower_bound, integer scale and lower_bound."""
     seen = []
     monkeypatch.setattr(api, "_launch_fwd", lambda *a, **k: seen.append(a) or (None, None,
-                                                                               (None,) * 5))
+                                                                               (None,) * 7))
     a = _base()
     chunk_kda_det_fwd(**a, safe_gate=True)
     chunk_kda_det_fwd(**a, scale=1, use_gate_in_kernel=True, lower_bound=-5, safe_gate=True)

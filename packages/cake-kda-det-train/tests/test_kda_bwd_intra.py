@@ -87,10 +87,16 @@ def test_one_value_head_per_qk_head_stores_dq_dk_in_place_of_the_cast(dtype, l2,
 def test_l2norm_backward_in_the_token_kernel(H, HV, kda, monkeypatch):
     """With the q/k L2 norm and one value head per q/k head the token-parallel kernel runs
     the norm's backward on the whole rows it holds (no separate L2-norm backward launch);
-    with more value heads the fp32 value-head sums go through cake-core's kernel. Both
+    with more value heads the fp32 value-head sums go through cake-core's kernel. The
+    backward reads the normalised q and k the forward kept (no norm in the backward). Both
     against float64 on documents of 1, 20, 0 and 5 tokens, bf16."""
+    import cake_kda_det_train.api as api
     import cake_kda_det_train.chunk as chunk
 
+    norms, fwds = [], []
+    real_norm, real_fwd = api._l2norm, api._launch_fwd
+    monkeypatch.setattr(api, "_l2norm", lambda *a, **k: norms.append(1) or real_norm(*a, **k))
+    monkeypatch.setattr(api, "_launch_fwd", lambda *a, **k: fwds.append(1) or real_fwd(*a, **k))
     seen = []
     real = chunk.l2norm_bwd
     monkeypatch.setattr(chunk, "l2norm_bwd", lambda *a, **k: seen.append(1) or real(*a, **k))
@@ -106,3 +112,4 @@ def test_l2norm_backward_in_the_token_kernel(H, HV, kda, monkeypatch):
                            use_qk_l2norm_in_kernel=True)
     assert {kw["L2"] for _, kw in launches} == {H == HV}
     assert len(seen) == (0 if H == HV else 2)
+    assert fwds and len(norms) == 2 * len(fwds)  # q and k, in the forwards only

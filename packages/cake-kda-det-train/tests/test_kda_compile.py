@@ -74,7 +74,8 @@ def test_compile_fullgraph_plain_call(kda):
 @pytest.mark.parametrize("keep_states", [0, 1])
 def test_custom_ops_opcheck(kda, keep_states):
     """Schema, fake implementations and autograd registration (softplus gate: lower_bound
-    None through the op's ``float?``); with ``keep_states`` the fwd op also returns h (the
+    None through the op's ``float?``); with the L2 norm the fwd op returns the normalised q
+    and k, which the bwd op takes; with ``keep_states`` the fwd op also returns h (the
     most chunks the sequences can form), w, kg and v_new, and the bwd op takes them."""
     q, k, v, g, beta, h0, A_log, dt_bias = _inputs(kda)
     n = 20
@@ -87,8 +88,10 @@ def test_custom_ops_opcheck(kda, keep_states):
     torch.library.opcheck(torch.ops.cake_kda_det_train.fwd, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
-    o, ht, q_rstd, k_rstd, g_cumsum, A, h, w, kg, v_new = torch.ops.cake_kda_det_train.fwd(*args)
+    o, ht, qn, kn, q_rstd, k_rstd, g_cumsum, A, h, w, kg, v_new = \
+        torch.ops.cake_kda_det_train.fwd(*args)
     assert ht.shape == (2, HV, K, V) and q_rstd.shape == (1, n, H)
+    assert qn.shape == kn.shape == q.shape and qn.dtype == q.dtype
     assert g_cumsum.shape == (n, HV, K) and A.shape == (2, n, HV, 64)  # T, Aqk
     if keep_states:  # 2 chunks; two sequences of 20 tokens in all can form no more
         assert h.shape == (2, HV, K, V) and w.shape == kg.shape == (n, HV, K)
@@ -96,7 +99,7 @@ def test_custom_ops_opcheck(kda, keep_states):
     else:
         assert h.shape == w.shape == kg.shape == v_new.shape == (0,)
     with torch.no_grad():
-        bwd_args = (torch.ones_like(o), torch.ones_like(ht), q, k, v, g, beta, g_cumsum, A, h0,
+        bwd_args = (torch.ones_like(o), torch.ones_like(ht), qn, kn, v, g, beta, g_cumsum, A, h0,
                     cu, q_rstd, k_rstd, A_log, dt_bias, h, w, kg, v_new, 0.3, True, True, None,
                     1, fields)
     torch.library.opcheck(torch.ops.cake_kda_det_train.bwd, bwd_args,

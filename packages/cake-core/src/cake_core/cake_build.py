@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:eddb862412df60c6f122e4780ba3577118be161f469e058a3fa4a653b53e2df9"
+SOURCE_DIGEST = "sha256:1fc1afa39a776948bb770a25db61d15d7d62c29419ecf39c3daaf358a9c03804"
 # --- end of generated block ---
 
 MANIFEST = {

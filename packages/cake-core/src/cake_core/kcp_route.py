@@ -143,10 +143,10 @@ def local_saved(saved) -> dict[str, Any]:
 
 def backward_allgather(ctx: Context, gs: FragmentGroups, ws, saved, local_bwd: LocalBwd,
                        put: Callable[[LocalGroup, Any], None]) -> None:
-    """The all-gather backward of a KCP saved set (``q``, ``v``, ``P``, ``has_middle``,
-    its nested sets by group): each group's single-rank gradients handed to ``put(group,
-    gradients)``, in the route's order."""
-    HV, K, V = saved.v.shape[2], saved.q.shape[3], saved.v.shape[3]
+    """The all-gather backward of a KCP saved set (``qk_shape``, ``v``, ``P``,
+    ``has_middle``, its nested sets by group): each group's single-rank gradients handed
+    to ``put(group, gradients)``, in the route's order."""
+    HV, K, V = saved.v.shape[2], saved.qk_shape[3], saved.v.shape[3]
     dev = ctx.device
     local = local_saved(saved)
     if not ctx.crosses:
@@ -189,7 +189,7 @@ def backward_ring(ctx: Context, gs: FragmentGroups, ws, saved, local_bwd: LocalB
     positions last first; ``ring_ready(ctx)`` runs before the first step."""
     if not ctx.crosses:
         return backward_allgather(ctx, gs, ws, saved, local_bwd, put)
-    HV, K, V = saved.v.shape[2], saved.q.shape[3], saved.v.shape[3]
+    HV, K, V = saved.v.shape[2], saved.qk_shape[3], saved.v.shape[3]
     dev = ctx.device
     local = local_saved(saved)
     ring_ready(ctx)

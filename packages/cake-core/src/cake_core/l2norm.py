@@ -3,8 +3,9 @@ families (GDN, KDA).
 
 Forward: ``y = x * rstd`` with ``rstd = 1 / sqrt(sum(x**2) + eps)`` over the last dim,
 computed in fp32, ``y`` stored in x's dtype, ``rstd`` kept in fp32 for the backward.
-Backward: ``dx = rstd * (dy - y * sum(dy * y))`` with ``y`` recomputed in fp32, stored in the
-caller's dtype (FLA's ``l2norm_bwd``).
+Backward: ``dx = rstd * (dy - y * sum(dy * y))`` from the forward's stored ``y`` (so the
+forward's input need not be kept) and rstd, in fp32, stored in the caller's dtype (FLA's
+``l2norm_bwd``).
 
 :func:`l2norm_fwd_kernel` and :func:`l2norm_bwd_kernel` run one program per ``BLOCK_R`` rows;
 rows are independent and each row's sum is one in-register reduction, so equal inputs and
@@ -26,12 +27,11 @@ __all__ = ["L2NORM_EPS", "l2norm_bwd", "l2norm_bwd_kernel", "l2norm_bwd_rows", "
 
 
 @triton.jit
-def l2norm_bwd_rows(dy, x, rstd):
-    """The backward on whole rows held by the caller (fp32 ``[R, K]`` dy and raw input x,
-    fp32 ``[R]`` rstd): ``dx = rstd * (dy - y * sum(dy * y))`` with ``y = x * rstd``, the
-    row sum one in-register reduction. :func:`l2norm_bwd_kernel` and kernels that hold a
-    whole row of the gradient (GDN's local backward) call it."""
-    y = x * rstd[:, None]
+def l2norm_bwd_rows(dy, y, rstd):
+    """The backward on whole rows held by the caller (fp32 ``[R, K]`` dy and the forward's
+    output y, fp32 ``[R]`` rstd): ``dx = rstd * (dy - y * sum(dy * y))``, the row sum one
+    in-register reduction. :func:`l2norm_bwd_kernel` and kernels that hold a whole row of
+    the gradient (GDN's and KDA's local backwards) call it."""
     return rstd[:, None] * (dy - y * tl.sum(dy * y, axis=1)[:, None])
 
 
@@ -55,12 +55,12 @@ def l2norm_fwd_kernel(
 
 @triton.jit(do_not_specialize=["n_rows"])
 def l2norm_bwd_kernel(
-    X, RSTD, DY, DX, n_rows, KD,
+    Y, RSTD, DY, DX, n_rows, KD,
     BLOCK_R: tl.constexpr, BK: tl.constexpr,
 ):
-    """Rows ``[pid * BLOCK_R, (pid + 1) * BLOCK_R)`` of the contiguous ``[n_rows, KD]`` X, DY,
-    DX: ``DX = RSTD * (DY - Y * sum(DY * Y))``, ``Y = X * RSTD`` in fp32, stored in DX's
-    dtype; ``BK >= KD``."""
+    """Rows ``[pid * BLOCK_R, (pid + 1) * BLOCK_R)`` of the contiguous ``[n_rows, KD]`` Y, DY,
+    DX: ``DX = RSTD * (DY - Y * sum(DY * Y))`` in fp32, stored in DX's dtype;
+    ``BK >= KD``."""
     pid = tl.program_id(0)
     r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ck = tl.arange(0, BK)
@@ -68,9 +68,9 @@ def l2norm_bwd_kernel(
     mask = rmask[:, None] & (ck < KD)[None, :]
     offs = r[:, None] * KD + ck[None, :]
     rstd = tl.load(RSTD + r, mask=rmask, other=0.0)
-    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-    dx = l2norm_bwd_rows(dy, x, rstd)
+    dx = l2norm_bwd_rows(dy, y, rstd)
     tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
 
 
@@ -107,30 +107,30 @@ def l2norm_fwd(x: torch.Tensor, *, block_rows: int, block_k: int,
     return y, rstd
 
 
-def l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, *, block_rows: int,
+def l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, *, block_rows: int,
                block_k: int, num_warps: int, out_dtype: torch.dtype | None = None
                ) -> torch.Tensor:
-    """Gradient through ``y = x * rstd``, ``rstd = rsqrt(sum(x**2) + eps)``:
-    ``dx = rstd * (dy - y * sum(dy * y))``, ``y = x.float() * rstd`` recomputed, all in
-    fp32; one launch.
+    """Gradient through ``y = x * rstd``, ``rstd = rsqrt(sum(x**2) + eps)``, from the
+    forward's outputs: ``dx = rstd * (dy - y * sum(dy * y))`` in fp32 (y as
+    :func:`l2norm_fwd` stored it, as FLA's ``l2norm_bwd``); one launch.
 
     Args:
-        x: the forward's input ``[..., K]``; rstd: its fp32 ``[...]`` from :func:`l2norm_fwd`;
-            dy: the gradient of y, ``[..., K]`` (any float dtype; contiguous copies are made
-            of non-contiguous x / dy).
+        y, rstd: :func:`l2norm_fwd`'s outputs (``[..., K]`` and fp32 ``[...]``); dy: the
+            gradient of y, ``[..., K]`` (any float dtype; contiguous copies are made of
+            non-contiguous y / dy).
         block_rows, block_k, num_warps: launch parameters as :func:`l2norm_fwd`'s.
-        out_dtype: dx's dtype (default x's).
+        out_dtype: dx's dtype (default y's).
 
     Returns:
         dx ``[..., K]`` in ``out_dtype``. With no rows nothing is launched.
     """
-    K = x.shape[-1]
+    K = y.shape[-1]
     if block_k < K:
         raise ValueError(f"block_k: must be >= K = {K}, got {block_k}")
-    x, dy, rstd = x.contiguous(), dy.contiguous(), rstd.contiguous()
-    dx = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    rows = x.numel() // K if K else 0
+    y, dy, rstd = y.contiguous(), dy.contiguous(), rstd.contiguous()
+    dx = torch.empty(y.shape, dtype=out_dtype or y.dtype, device=y.device)
+    rows = y.numel() // K if K else 0
     if rows:
         l2norm_bwd_kernel[(cdiv(rows, block_rows),)](
-            x, rstd, dy, dx, rows, K, BLOCK_R=block_rows, BK=block_k, num_warps=num_warps)
+            y, rstd, dy, dx, rows, K, BLOCK_R=block_rows, BK=block_k, num_warps=num_warps)
     return dx

@@ -201,10 +201,10 @@ def _check_bwd(do, saved, ctx, plan, workspace, types=None):
     device = check_same_device(("saved", saved.v), ("do", do))
     launch_device_check(device, "do")
     check_context(ctx, device)
-    K, HV, V = saved.q.shape[3], saved.v.shape[2], saved.v.shape[3]
-    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device,
-                         types)
-    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.q.dtype, types)
+    K, HV, V = saved.qk_shape[3], saved.v.shape[2], saved.v.shape[3]
+    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.qk_dtype,
+                         device, types)
+    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.qk_dtype, types)
 
 
 # ----------------------------------------------------------------------------- local calls
@@ -276,8 +276,11 @@ def _forward(q, k, v, g, beta, ctx: Context, scale, use_l2, plan, ws, types=None
             "world_size": ctx.world_size, "exchange": ctx.exchange,
             "num_tokens": ctx.num_tokens, "groups": tuple((g_.kind, g_.frags) for g_, _ in runs),
             "plan": plan, "scale": scale, "use_qk_l2norm": use_l2,
-            "has_middle": has_middle_fragments(ctx.partition)}
-    saved = types.saved(types.mode, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "P": P},
+            "has_middle": has_middle_fragments(ctx.partition),
+            # q and k themselves are not kept: the nested sets hold what the backward reads
+            # (the normalised q and k with the L2 norm)
+            "qk_shape": tuple(q.shape), "qk_dtype": q.dtype}
+    saved = types.saved(types.mode, {"v": v, "g": g, "beta": beta, "P": P},
                         meta, tuple(s for _, s in runs))
     return o, saved
 
@@ -294,8 +297,10 @@ def _backward(do, saved: GDNDetKCPSavedSet, ctx: Context, plan, ws,
               types=None) -> GDNDetKCPGrads:
     """After :func:`_check_bwd` (and ``types.before_bwd``). ``types``: default :data:`DET`."""
     types = types or DET
-    out = [torch.empty(t.shape, dtype=t.dtype, device=t.device)
-           for t in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
+    dev = saved.v.device
+    out = [torch.empty(saved.qk_shape, dtype=saved.qk_dtype, device=dev) for _ in range(2)]
+    out += [torch.empty(t.shape, dtype=t.dtype, device=dev)
+            for t in (saved.v, saved.g, saved.beta)]
     gs = _groups(ctx)
     with torch.no_grad():
         do = do.contiguous()
@@ -409,8 +414,8 @@ def bwd_kcp_entry(types: KCPModeTypes, do, saved, ctx, plan, workspace):
     if types.before_bwd is not None:
         types.before_bwd()
     # the first collective: the ranks compare what their collectives use
-    agree_once(ctx, "chunk_gdn_bwd_kcp", HV=saved.v.shape[2], K=saved.q.shape[3],
-               V=saved.v.shape[3], dtype=saved.q.dtype, plan=plan)
+    agree_once(ctx, "chunk_gdn_bwd_kcp", HV=saved.v.shape[2], K=saved.qk_shape[3],
+               V=saved.v.shape[3], dtype=saved.qk_dtype, plan=plan)
     return _backward(do, saved, ctx, plan, ws, types)
 
 

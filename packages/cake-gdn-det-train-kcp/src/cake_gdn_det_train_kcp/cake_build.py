@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0e399ca2029285097b7a23a7d03ee82be963b2e57bad41fb15db0a4311bc57fb"
+SOURCE_DIGEST = "sha256:9576ed3ee10e2566177fbdaea1fac25005c52d9dca1b06646b24b5c9f7ec769d"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -64,8 +64,9 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     arguments) allocates on this rank and keeps for the backward, computed from shapes,
     dtypes, the plan and the partition without running anything. Per single-rank call of
     the route over ``T_g`` tokens and ``n_g`` fragments (``cake_core.kcp_state.route_runs``):
-    g_cumsum (fp32 ``[T_g, HV]``), A (``[T_g, HV, 64]`` in the intermediates' dtype), the
-    q/k rstds (fp32 ``[T_g, H]`` each) with the L2 norm, with ``plan.keep_states`` w,
+    g_cumsum (fp32 ``[T_g, HV]``), A (``[T_g, HV, 64]`` in the intermediates' dtype), with
+    the L2 norm the normalised q and k (``[T_g, H, K]`` in q's dtype) and their rstds (fp32
+    ``[T_g, H]`` each), with ``plan.keep_states`` w,
     v_new and the chunk states h, the received start states (fp32 ``[n_g, HV, K, V]``)
     of the groups that receive one, and copies of the inputs for a group whose fragments
     are not adjacent; the all-gather's middle-fragment transitions ``P`` (fp32 ``[n_mid,
@@ -110,11 +111,13 @@ def saved_bytes_for(types: KCPModeTypes, q, k, v, g, beta, ctx, scale,
     def per_run(grp):  # the single-rank forward's kept intermediates
         T = grp.num_tokens
         shapes = [((T, HV), f32), ((T, HV, CHUNK_SIZE), idt)]
-        if use_qk_l2norm_in_kernel:
-            shapes += [((T, H), f32)] * 2
+        if use_qk_l2norm_in_kernel:  # the normalised q and k and their rstds
+            shapes += [((T, H, K), q.dtype)] * 2 + [((T, H), f32)] * 2
         if plan.keep_states:
             nc = sum(-(-ctx.fragments[i].length // CHUNK_SIZE) for i in grp.frags)
             shapes += [((T, HV, K), idt), ((T, HV, V), idt), ((nc, HV, K, V), idt)]
         return shapes
 
-    return nbytes_of(route_saved_shapes(ctx, (q, k, v, g, beta), HV, K, V, per_run))
+    # with the L2 norm no copy of q or k is kept (the normalised ones are, per run)
+    inputs = (v, g, beta) if use_qk_l2norm_in_kernel else (q, k, v, g, beta)
+    return nbytes_of(route_saved_shapes(ctx, inputs, HV, K, V, per_run))

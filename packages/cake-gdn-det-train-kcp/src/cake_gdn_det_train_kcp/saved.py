@@ -14,7 +14,9 @@ class GDNDetKCPSavedSet(KCPStateSavedSet):
     """What :func:`~cake_gdn_det_train_kcp.chunk_gdn_det_fwd_kcp` keeps for its backward.
 
     Own tensors:
-        q, k, v, g, beta: the rank-local inputs as given (``[1, T_r, ...]``).
+        v, g, beta: the rank-local inputs as given (``[1, T_r, ...]``). q and k are not
+            kept (their shape and dtype are: ``qk_shape``, ``qk_dtype``): the nested sets
+            hold what the backward reads (with the L2 norm, its outputs).
         P: fp32 ``[n_mid, HV, K, K]``, the state transition of each of this rank's middle
             fragments (fragments that both receive and send a state; all-gather exchange
             only), in local order; ``None`` when there is none.
@@ -26,10 +28,11 @@ class GDNDetKCPSavedSet(KCPStateSavedSet):
     Meta: ``partition_key``, ``rank``, ``world_size``, ``exchange``, ``num_tokens`` (the
     context the forward ran on: the backward refuses another), ``groups`` (``(kind,
     fragment indices)`` per nested set), ``local_meta`` (their metadata), ``plan`` (the
-    local GDNDetPlan), ``scale``, ``use_qk_l2norm``, ``has_middle``.
+    local GDNDetPlan), ``scale``, ``use_qk_l2norm``, ``has_middle``, ``qk_shape`` (the
+    rank-local q's shape, k's too), ``qk_dtype``.
     """
 
-    tensor_names = ("q", "k", "v", "g", "beta", "P")
+    tensor_names = ("v", "g", "beta", "P")
     format_version = 1
     local_type = GDNDetSavedSet
 

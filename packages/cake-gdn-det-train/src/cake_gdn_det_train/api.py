@@ -215,10 +215,10 @@ def _l2norm(x: torch.Tensor, plan: GDNDetPlan):
                       num_warps=4)
 
 
-def _l2norm_bwd(x: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, plan: GDNDetPlan):
-    """The q/k L2 norm's backward (cake-core's kernel, the forward's launch fields): dx
-    in x's dtype."""
-    return l2norm_bwd(x, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
+def _l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, plan: GDNDetPlan):
+    """The q/k L2 norm's backward from its outputs y, rstd (cake-core's kernel, the
+    forward's launch fields): dx in y's dtype."""
+    return l2norm_bwd(y, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
                       num_warps=4)
 
 
@@ -331,7 +331,9 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     device chunk tables ``(starts, ends, chunk_off, cu, NC)``
     (:attr:`cake_core.varlen.SeqChunks.tables`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)``, tensors
-    contiguous. Returns ``(o, ht, (q_rstd, k_rstd, g_cumsum, A, states))``; ``states``:
+    contiguous. Returns ``(o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A, states))``; ``qn``,
+    ``kn``: q and k L2-normalised (the backward keeps them: the norm's backward needs only
+    its outputs), None without the norm (one tensor when q is k); ``states``:
     ``(h, w, v_new)`` in fresh tensors when ``plan.keep_states`` and there is a token, else
     ``None`` (h with ``h_rows`` rows when given: see :func:`_scratch`)."""
     keep_states = bool(plan.keep_states)
@@ -341,10 +343,11 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     dev = q.device
     f32 = torch.float32
     NC = dt[4]
-    q_rstd = k_rstd = None
+    q_rstd = k_rstd = qn = kn = None
     if use_l2:
-        q, q_rstd = _l2norm(q, plan)
-        k, k_rstd = _l2norm(k, plan)
+        qn, q_rstd = _l2norm(q, plan)
+        kn, k_rstd = (qn, q_rstd) if k is q else _l2norm(k, plan)
+        q, k = qn, kn
     o = torch.empty((B, T, HV, V), dtype=v.dtype, device=dev)
     g_cumsum = torch.empty((NT, HV), dtype=f32, device=dev)
     idt = inter_dtype(plan, q.dtype)
@@ -356,7 +359,7 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
                 ht.copy_(initial_state)
             else:
                 ht.zero_()
-        return o, ht, (q_rstd, k_rstd, g_cumsum, A, None)
+        return o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A, None)
     use_gate, A_log, dt_bias, use_sigmoid = gate
     g, beta = _gate_fwd(g, beta, A_log, dt_bias, use_gate, use_sigmoid, plan)
     scratch = _scratch(workspace, NT, NC, HV, K, V, dev, idt, keep_states, h_rows)
@@ -366,7 +369,8 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
                  K=K, V=V, dot_dtype=_dot_dtype(plan, q.dtype), precision=plan.dot_precision,
                  block_k=plan.block_k, block_v=plan.block_v, per_channel=False, num_warps=4,
                  chunk_size=CHUNK_SIZE)
-    return o, ht, (q_rstd, k_rstd, g_cumsum, A, (h, w, v_new) if keep_states else None)
+    return o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A,
+                   (h, w, v_new) if keep_states else None)
 
 
 def _kept_states(saved: GDNDetSavedSet, plan: GDNDetPlan, NT: int, NC: int, HV: int, K: int,
@@ -396,8 +400,8 @@ def _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, 
     need in an fp32 ``[NT, HV, 64]`` scratch. ``dq_hv``: the first kernel's dq per value
     head (fp32, or the gradients' dtype with one value head per q/k head); ``dk_hv``: its
     fp32 partial dk; ``dq_out`` / ``dk_out``: ``[NT, H, K]``, the value-head sums.
-    ``l2``: ``(q, q_rstd, k, k_rstd)`` (raw inputs, fp32 rstds) to apply the L2 norm's
-    backward in the kernels (``plan.l2norm_local``, one K block), else None."""
+    ``l2``: ``(q_rstd, k_rstd)`` (fp32; qn and kn are the norm's outputs) to apply the L2
+    norm's backward in the kernels (``plan.l2norm_local``, one K block), else None."""
     NT = dq_hv.shape[0]
     dz = torch.empty((NT, HV, CHUNK_SIZE), dtype=torch.float32, device=dq_hv.device)
     BK, BV = plan.block_k_local, plan.block_v_local
@@ -407,7 +411,8 @@ def _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, 
     wt = torch.empty((NT, HV, NK * CHUNK_SIZE), dtype=h.dtype, device=dq_hv.device)
     wv = torch.empty((NK, 2, NT, HV), dtype=torch.float32, device=dq_hv.device)
     G = HV // H
-    xq, rq, xk, rk = l2 if l2 is not None else (qn,) * 4
+    xq, xk = qn, kn  # the norm's backward reads its outputs' rows
+    rq, rk = l2 if l2 is not None else (qn, qn)
     gdn_bwd_local_kblock_kernel[(NC, HV, NK)](
         qn, kn, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt[0], dt[1],
         dq_hv, dk_hv, wt, wv, NT, xq, rq,
@@ -442,11 +447,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
     dt = saved_chunks(saved, CHUNK_SIZE, dev).tables_on(dev)
     N, NC = dt[3].numel() - 1, dt[4]
     f32 = torch.float32
-    if saved.use_qk_l2norm:
-        qn, _ = _l2norm(q, plan)
-        kn, _ = _l2norm(k, plan)
-    else:
-        qn, kn = q, k
+    qn, kn = q, k  # with the L2 norm the saved q and k are its outputs
     # every token lies in a chunk, so the local kernel writes every row of these
     # local_form = 2: the local kernels store dq and dk [NT, H, K] in the gradients'
     # dtype themselves (the value-head sum and its cast fused into the dk kernel; with one
@@ -516,8 +517,7 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         chunk_state_bwd(qn, kn, w, g_cumsum, None, do_c, dt[3], dt[2], dht_c, dh, dv_new, dh0,
                         saved.scale, H=H, HV=HV, K=K, V=V, **_rec_opts(plan, DT))
         if plan.local_form:
-            l2 = (q, saved.q_rstd.contiguous(), k, saved.k_rstd.contiguous()) \
-                if l2_local else None
+            l2 = (saved.q_rstd.contiguous(), saved.k_rstd.contiguous()) if l2_local else None
             _local_kblock(qn, kn, v, beta_eff, g_cumsum, A, h, dh, do_c, dv_new, v_new, dt,
                          dq_hv, dk_hv, dv, dg, dbeta, saved.scale, H, HV, K, V, NC, DT, plan,
                          dq_out, dk_out, l2)
@@ -540,8 +540,8 @@ def _launch_bwd(do, dht, saved: GDNDetSavedSet, plan: GDNDetPlan, workspace):
         dq = group_sum_cast(dq_hv, H, gdt).view(B, T, H, K)
         dk = group_sum_cast(dk_hv, H, gdt).view(B, T, H, K)
     if saved.use_qk_l2norm and not (l2_local and NC):  # one launch each, dx in q's dtype
-        dq = _l2norm_bwd(q, saved.q_rstd, dq, plan)
-        dk = _l2norm_bwd(k, saved.k_rstd, dk, plan)
+        dq = _l2norm_bwd(qn, saved.q_rstd, dq, plan)
+        dk = _l2norm_bwd(kn, saved.k_rstd, dk, plan)
     return GDNDetGrads(
         dq.to(q.dtype), dk.to(k.dtype), dv.view(B, T, HV, V).to(v.dtype),
         dg.view(B, T, HV).to(g.dtype), dbeta.view(B, T, HV).to(beta.dtype), dh0, dA_log,
@@ -648,9 +648,11 @@ def fwd_entry(types: ModeTypes, q, k, v, g, beta, scale, initial_state, output_f
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         gate = _gate_args(use_gate_in_kernel, A_log, dt_bias, sig)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
+        o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, h0, output_final_state, use_qk_l2norm_in_kernel,
             plan, workspace, seqs.tables, gate)
+    if use_qk_l2norm_in_kernel:  # the backward needs the norm's outputs, not q and k
+        q, k = qn, kn
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
                        cu_seqlens is not None, use_gate_in_kernel, sig, states=states,
@@ -771,7 +773,9 @@ def _bwd_fake(do, dht, q, k, v, g, beta, initial_state, cu_seqlens, q_rstd, k_rs
 def _setup_context(ctx, inputs, output):
     (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, output_final_state,
      use_l2, use_gate, use_sigmoid, plan_fields) = inputs
-    _, _, q_rstd, k_rstd, g_cumsum, A, h, w, v_new = output
+    _, _, qn, kn, q_rstd, k_rstd, g_cumsum, A, h, w, v_new = output
+    if use_l2:  # the backward needs the norm's outputs, not q and k
+        q, k = qn, kn
     # no zero grads made for the outputs only the backward reads (memsets of A, states)
     ctx.set_materialize_grads(False)
     cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
@@ -797,9 +801,11 @@ def define_ops(types: ModeTypes):
                dt_bias: torch.Tensor | None, scale: float, output_final_state: bool,
                use_l2: bool, use_gate: bool, use_sigmoid: int, plan_fields: list[int],
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                          torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum or [0], A,
-        h or [0], w or [0], v_new or [0])``; arguments checked by the entry, except the
+                          torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                          torch.Tensor]:
+        """``(o, final_state or [0], qn or [0], kn or [0], q_rstd or [0], k_rstd or [0],
+        g_cumsum or [0], A, h or [0], w or [0], v_new or [0])`` (q and k L2-normalised with
+        the norm); arguments checked by the entry, except the
         values of cu_seqlens (checked here, before any launch: a cache hit when the entry
         resolved them)."""
         plan = plan_from_op_fields(types.plan, plan_fields, types.mode)
@@ -809,10 +815,12 @@ def define_ops(types: ModeTypes):
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         NT, N = B * T, seqs.num_seqs
-        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
+        o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, float(scale), h0, output_final_state, use_l2, plan, None,
             seqs.tables, _gate_args(use_gate, A_log, dt_bias, use_sigmoid),
             h_rows=_h_rows(NT, N))
+        if kn is not None and kn is qn:  # q is k: an op's outputs may not alias
+            kn, k_rstd = kn.clone(), k_rstd.clone()
         if plan.keep_states:
             if states is None:  # no tokens: empty tensors of the shapes the fake gives
                 states = tuple(q.new_empty(shape, dtype=A.dtype)
@@ -820,7 +828,7 @@ def define_ops(types: ModeTypes):
             h, w, v_new = states
         else:
             g_cumsum = h = w = v_new = None
-        return (o, *(optional_output(t, q) for t in (ht, q_rstd, k_rstd, g_cumsum)), A,
+        return (o, *(optional_output(t, q) for t in (ht, qn, kn, q_rstd, k_rstd, g_cumsum)), A,
                 *(optional_output(t, q) for t in (h, w, v_new)))
 
     fwd_op = torch.library.custom_op(f"{types.ops}::fwd", mutates_args=())(fwd_body)
@@ -837,13 +845,15 @@ def define_ops(types: ModeTypes):
         idt = inter_dtype(plan, q.dtype)
         ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
         rstd = (B, T, H) if use_l2 else (0,)
+        qk = (B, T, H, K) if use_l2 else (0,)
         if plan.keep_states:  # the most chunks N sequences of NT tokens can form
             nh = _h_rows(NT, N)
             kept = ((NT, HV), (nh, HV, K, V), (NT, HV, K), (NT, HV, V))
         else:
             kept = ((0,),) * 4
-        return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
-                q.new_empty(rstd, dtype=f32), q.new_empty(kept[0], dtype=f32),
+        return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(qk),
+                k.new_empty(qk), q.new_empty(rstd, dtype=f32), q.new_empty(rstd, dtype=f32),
+                q.new_empty(kept[0], dtype=f32),
                 q.new_empty((NT, HV, CHUNK_SIZE), dtype=idt),
                 *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)
                   for shape in kept[1:]))
@@ -859,10 +869,10 @@ def define_ops(types: ModeTypes):
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                           torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or
-        [0])``: :func:`_launch_bwd` on a saved set rebuilt from the arguments (the fwd op's
-        kept tensors: ``[0]`` ones are absent). ``cu_seqlens``: the forward's device offsets
-        (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the forward's tables: a cache
-        hit) or the caller's tensor (traced)."""
+        [0])``: :func:`_launch_bwd` on a saved set rebuilt from the arguments (q and k
+        L2-normalised with ``use_l2``; the fwd op's kept tensors: ``[0]`` ones are absent).
+        ``cu_seqlens``: the forward's device offsets (:attr:`cake_core.varlen.SeqChunks.cu`,
+        resolved to the forward's tables: a cache hit) or the caller's tensor (traced)."""
         if types.before_bwd is not None:
             types.before_bwd()
         plan = plan_from_op_fields(types.plan, plan_fields, types.mode)

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:df938d283f98182177f1e2292bf440a8558edf5756de2ab6bc6ca3063fa2c6db"
+SOURCE_DIGEST = "sha256:ac879d88a36cba697d2379dcb2a2e08441c99ade62b0d63fe91e2c86bb803d07"
 # --- end of generated block ---
 
 MANIFEST = {

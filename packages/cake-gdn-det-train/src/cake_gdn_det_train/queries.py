@@ -71,14 +71,14 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
                 **fla_kwargs) -> int:
     """The bytes :func:`~cake_gdn_det_train.chunk_gated_delta_rule_det` (same arguments)
     allocates and keeps for the backward, computed from shapes, dtypes and the plan without
-    running anything: A (``[B*T, HV, 64]`` in the intermediates' dtype), the q/k rstds (fp32
-    ``[B, T, H]`` each) with the L2 norm, with ``plan.keep_states`` the chunk states h
-    (``[max_chunks, HV, K, V]``), w, v_new and g_cumsum, the fp32 copy of a 16-bit
-    ``initial_state`` and the device copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one storage
-    with the chunk tables) when it is
-    not the caller's tensor. The caller's tensors are not counted (the backward keeps
-    them too). The checks are the entry's, which refuse meta tensors (a device kernels can
-    launch on is needed).
+    running anything: A (``[B*T, HV, 64]`` in the intermediates' dtype), with the L2 norm
+    the normalised q and k (``[B, T, H, K]`` in q's dtype, kept instead of the caller's q
+    and k) and their rstds (fp32 ``[B, T, H]`` each), with ``plan.keep_states`` the chunk
+    states h (``[max_chunks, HV, K, V]``), w, v_new and g_cumsum, the fp32 copy of a 16-bit
+    ``initial_state`` and the device copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one
+    storage with the chunk tables) when it is not the caller's tensor. The caller's tensors
+    are not counted (the backward keeps those it reads). The checks are the entry's, which
+    refuse meta tensors (a device kernels can launch on is needed).
 
     Raises:
         ValueError: as the entry.
@@ -118,7 +118,7 @@ def saved_bytes_for(types: ModeTypes, entry: str, q, k, v, g, beta, scale, initi
     idt = inter_dtype(plan, q.dtype)
     shapes = [((NT, HV, CHUNK_SIZE), idt)]  # A (T), always kept
     if use_qk_l2norm_in_kernel:
-        shapes += [((B, T, H), f32)] * 2
+        shapes += [((B, T, H, K), q.dtype)] * 2 + [((B, T, H), f32)] * 2
     if plan.keep_states:  # g_cumsum, h (the custom op's max_chunks rows), w, v_new
         shapes += [((NT, HV), f32), ((max_chunks(NT, N), HV, K, V), idt), ((NT, HV, K), idt),
                    ((NT, HV, V), idt)]

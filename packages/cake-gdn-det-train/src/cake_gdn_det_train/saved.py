@@ -19,7 +19,9 @@ class GDNDetSavedSet(SavedSet):
     ``plan.keep_states``).
 
     Tensors (token dims flattened: ``NT = B * T``):
-        q, k: ``[B, T, H, K]`` as given (before any L2 norm). v: ``[B, T, HV, V]``.
+        q, k: ``[B, T, H, K]`` as given, or with the L2 norm (``use_qk_l2norm``) its
+            outputs, q and k normalised (fresh tensors of q's dtype: the norm's backward
+            needs only them and the rstds, as FLA's). v: ``[B, T, HV, V]``.
         g, beta: ``[B, T, HV]`` as given (the raw gate / pre-sigmoid beta with the in-kernel
             options; the backward recomputes the gate and sigmoid from them).
         g_cumsum: fp32 ``[NT, HV]``, the within-chunk cumulative sum of the log-decay (g, or

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0412c00e80ee67e24c5702ab94b1ca5d8286811019a2b161b2797169ac4170ac"
+SOURCE_DIGEST = "sha256:abb74d7ca463910c738ee8776744e12962b3da61720e1cb63a18b473e8c57aee"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

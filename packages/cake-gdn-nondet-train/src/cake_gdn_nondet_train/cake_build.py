@@ -56,7 +56,7 @@ PLANS = [
                 "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:06da93c341ca1b10149ff878eaf51422b917db7bf6a5bc5a822e8e481fd24f8f"
+SOURCE_DIGEST = "sha256:b6897eef3b428c286dda39a0fc8680b39ca178c11f39b7381188067c74657dac"
 # --- end of generated block ---
 
 MANIFEST = {

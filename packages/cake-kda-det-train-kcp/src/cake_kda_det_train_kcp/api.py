@@ -317,10 +317,10 @@ def _check_bwd(do, saved, ctx, plan, workspace, reduce, kinds):
     device = check_same_device(("saved", saved.v), ("do", do))
     launch_device_check(device, "do")
     check_context(ctx, device)
-    K, HV, V = saved.q.shape[3], saved.v.shape[2], saved.v.shape[3]
-    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.q.dtype, device,
-                         kinds)
-    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.q.dtype, kinds), reduce
+    K, HV, V = saved.qk_shape[3], saved.v.shape[2], saved.v.shape[3]
+    plan = _resolve_plan(plan if plan is not None else saved.plan, K, V, saved.qk_dtype,
+                         device, kinds)
+    return plan, _resolve_workspace(workspace, plan, ctx, HV, saved.qk_dtype, kinds), reduce
 
 
 # ----------------------------------------------------------------------------- local calls
@@ -396,9 +396,11 @@ def _forward(q, k, v, g, beta, A_log, dt_bias, ctx: Context, opts: _Opts, plan, 
             "use_beta_sigmoid_in_kernel": opts.use_sigmoid,
             "allow_neg_eigval": opts.allow_neg_eigval, "safe_gate": opts.safe_gate,
             "reduce_gate_param_grads": opts.reduce,
-            "has_middle": has_middle_fragments(ctx.partition)}
-    own = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias,
-           "P": P}
+            "has_middle": has_middle_fragments(ctx.partition),
+            # q and k themselves are not kept: the nested sets hold what the backward reads
+            # (the normalised q and k with the L2 norm)
+            "qk_shape": tuple(q.shape), "qk_dtype": q.dtype}
+    own = {"v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias, "P": P}
     saved = kinds.saved_type(kinds.mode, own, meta, tuple(s for _, s in runs))
     return o, saved
 
@@ -411,8 +413,11 @@ class _Out:
     one per gradient-producing single-rank call, in call order)."""
 
     def __init__(self, saved: KDADetKCPSavedSet):
-        self.grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device)
-                      for t in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
+        dev = saved.v.device
+        self.grads = [torch.empty(saved.qk_shape, dtype=saved.qk_dtype, device=dev)
+                      for _ in range(2)]
+        self.grads += [torch.empty(t.shape, dtype=t.dtype, device=dev)
+                       for t in (saved.v, saved.g, saved.beta)]
         self.gate: list[torch.Tensor] = []
         self.has_a = saved.use_gate_in_kernel and saved.A_log is not None
         self.has_b = saved.use_gate_in_kernel and saved.dt_bias is not None
@@ -431,7 +436,7 @@ def _gate_grads(saved: KDADetKCPSavedSet, ctx: Context, out: _Out, reduce: bool)
     to each parameter's dtype."""
     if not (out.has_a or out.has_b):
         return None, None
-    HV, K = saved.v.shape[2], saved.q.shape[3]
+    HV, K = saved.v.shape[2], saved.qk_shape[3]
     n = gate_grad_width(HV, K, out.has_a, out.has_b)
     if out.gate:
         share = out.gate[0]
@@ -452,8 +457,8 @@ def _backward(do, saved: KDADetKCPSavedSet, ctx: Context, plan, ws, reduce: bool
     if kinds.before_bwd is not None:
         kinds.before_bwd()
     # the first collective: the ranks compare what their collectives use
-    agree_once(ctx, "chunk_kda_bwd_kcp", HV=saved.v.shape[2], K=saved.q.shape[3],
-               V=saved.v.shape[3], dtype=saved.q.dtype, reduce_gate_param_grads=bool(reduce),
+    agree_once(ctx, "chunk_kda_bwd_kcp", HV=saved.v.shape[2], K=saved.qk_shape[3],
+               V=saved.v.shape[3], dtype=saved.qk_dtype, reduce_gate_param_grads=bool(reduce),
                plan=plan)
     out = _Out(saved)
     gs = _groups(ctx)

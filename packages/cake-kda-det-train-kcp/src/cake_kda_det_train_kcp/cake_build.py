@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:bc3dbe1a26557eda8fa3b2b31021e98cea6524a75124a41460533ae2ddda4924"
+SOURCE_DIGEST = "sha256:64ec391a4626c736d1d02704baab8693b29abadc4c1c95f9f5e8881bab5a947e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -76,8 +76,9 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     allocates on this rank and keeps for the backward, computed from shapes, dtypes, the
     plan and the partition without running anything. Per single-rank call of the route
     over ``T_g`` tokens (``cake_core.kcp_state.route_runs``): g_cumsum (fp32 ``[T_g, HV,
-    K]``), A (``[2, T_g, HV, 64]`` in the intermediates' dtype), the q/k rstds (fp32
-    ``[T_g, H]`` each) with the L2 norm; the received start states (fp32 ``[n_g, HV, K,
+    K]``), A (``[2, T_g, HV, 64]`` in the intermediates' dtype), with the L2 norm the
+    normalised q and k (``[T_g, H, K]`` in q's dtype) and their rstds (fp32 ``[T_g, H]``
+    each); the received start states (fp32 ``[n_g, HV, K,
     V]``), copies of the inputs for a group whose fragments are not adjacent, the
     all-gather's middle-fragment transitions ``P`` (fp32 ``[n_mid, HV, K, K]``), the fp32
     copies of a 16-bit A_log / dt_bias with the in-kernel gate, a contiguous copy of an
@@ -126,14 +127,16 @@ def saved_bytes_for(kinds: KCPKinds, q, k, v, g, beta, ctx, *args) -> int:
     def per_run(grp):  # the single-rank forward's kept intermediates
         T = grp.num_tokens
         shapes = [((T, HV, K), f32), (kept_a_shape(T, HV), idt)] + \
-            ([((T, H), f32)] * 2 if use_l2 else [])
+            ([((T, H, K), q.dtype)] * 2 + [((T, H), f32)] * 2 if use_l2 else [])
         if plan.keep_states:  # h (the run's chunks), w, kg, v_new
             nc = sum(-(-ctx.fragments[i].length // CHUNK_SIZE) for i in grp.frags)
             shapes += [((nc, HV, K, V), idt), ((T, HV, K), idt), ((T, HV, K), idt),
                        ((T, HV, V), idt)]
         return shapes
 
-    shapes = route_saved_shapes(ctx, (q, k, v, g, beta), HV, K, V, per_run)
+    # with the L2 norm no copy of q or k is kept (the normalised ones are, per run)
+    shapes = route_saved_shapes(ctx, (v, g, beta) if use_l2 else (q, k, v, g, beta), HV, K,
+                                V, per_run)
     if ctx.num_tokens:  # the fp32 gate parameters the local calls keep
         shapes += [(tuple(t.shape), f32) for t in (A_log, dt_bias)
                    if t is not None and (t.dtype != f32 or not t.is_contiguous())]

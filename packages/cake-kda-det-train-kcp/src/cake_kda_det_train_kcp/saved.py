@@ -14,9 +14,10 @@ class KDADetKCPSavedSet(KCPStateSavedSet):
     """What :func:`~cake_kda_det_train_kcp.chunk_kda_det_fwd_kcp` keeps for its backward.
 
     Own tensors:
-        q, k, v, g, beta: the rank-local inputs as given (``[1, T_r, ...]``; g the raw
-            gate with ``use_gate_in_kernel``, beta pre-sigmoid with
-            ``use_beta_sigmoid_in_kernel``).
+        v, g, beta: the rank-local inputs as given (``[1, T_r, ...]``; g the raw gate with
+            ``use_gate_in_kernel``, beta pre-sigmoid with ``use_beta_sigmoid_in_kernel``).
+            q and k are not kept (their shape and dtype are: ``qk_shape``, ``qk_dtype``):
+            the nested sets hold what the backward reads (with the L2 norm, its outputs).
         A_log, dt_bias: as given with ``use_gate_in_kernel`` (``[HV]``, ``[HV * K]``; their
             dtypes are the dtypes of dA_log / ddt_bias), else ``None``.
         P: fp32 ``[n_mid, HV, K, K]``, the state transition of each of this rank's middle
@@ -34,10 +35,11 @@ class KDADetKCPSavedSet(KCPStateSavedSet):
     fragment indices)`` per nested set), ``local_meta`` (their metadata), ``plan`` (the
     local KDADetPlan), ``scale``, ``use_qk_l2norm``, ``use_gate_in_kernel``,
     ``lower_bound``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``safe_gate``,
-    ``reduce_gate_param_grads``, ``has_middle``.
+    ``reduce_gate_param_grads``, ``has_middle``, ``qk_shape`` (the rank-local q's shape,
+    k's too), ``qk_dtype``.
     """
 
-    tensor_names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "P")
+    tensor_names = ("v", "g", "beta", "A_log", "dt_bias", "P")
     format_version = 1
     local_type = KDADetSavedSet
 

@@ -248,19 +248,22 @@ def _launch_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, use_
     """Normalises, gates, runs the chunk forward; inputs contiguous. ``tabs``: the device
     chunk tables (:attr:`cake_core.varlen.SeqChunks.tables`). ``gate``:
     ``(use_gate_in_kernel, A_log, dt_bias, lower_bound, beta code)``, tensors contiguous.
-    Returns ``(o, final_state, (q_rstd, k_rstd, g_cumsum, A, states))``; ``states``: the
-    kept ``(h, w, kg, v_new)`` with ``plan.keep_states`` and a token, else None (h with
+    Returns ``(o, final_state, (qn, kn, q_rstd, k_rstd, g_cumsum, A, states))``; ``qn``,
+    ``kn``: q and k L2-normalised (the backward keeps them: the norm's backward needs only
+    its outputs), None without the norm (one tensor when q is k); ``states``: the kept
+    ``(h, w, kg, v_new)`` with ``plan.keep_states`` and a token, else None (h with
     ``h_rows`` rows when given)."""
-    q_rstd = k_rstd = None
+    q_rstd = k_rstd = qn = kn = None
     if use_l2:
-        q, q_rstd = _l2norm(q, plan)
-        k, k_rstd = _l2norm(k, plan)
+        qn, q_rstd = _l2norm(q, plan)
+        kn, k_rstd = (qn, q_rstd) if k is q else _l2norm(k, plan)
+        q, k = qn, kn
     use_gate, A_log, dt_bias, lower_bound, use_sigmoid = gate
     beta = _beta_fwd(beta, use_sigmoid, plan)  # the gate: in kda_chunk_fwd's G kernel
     o, ht, g_cumsum, A, states = kda_chunk_fwd(
         q, k, v, g, beta, scale, initial_state, output_final_state, tabs, plan, workspace,
         gate=(A_log, dt_bias, lower_bound) if use_gate else None, h_rows=h_rows)
-    return o, ht, (q_rstd, k_rstd, g_cumsum, A, states)
+    return o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A, states)
 
 
 def _kept_states(saved: KDADetSavedSet, plan: KDADetPlan, NT: int, NC: int, HV: int, K: int,
@@ -300,11 +303,6 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
     # no forward state pass; else recomputed (the same kernels on the same inputs)
     states = _kept_states(saved, plan, NT, tabs[4], HV, K, V, inter_dtype(plan, q.dtype),
                           q.device)
-    if saved.use_qk_l2norm:  # the chunk backward runs the norm's backward too
-        qn, _ = _l2norm(q, plan)
-        kn, _ = _l2norm(k, plan)
-    else:
-        qn, kn = q, k
     beta_eff = _beta_fwd(beta, use_sigmoid, plan)
     kept = saved.A
     # T and Aqk stacked when the forward kept what this plan loads, else recomputed
@@ -312,11 +310,12 @@ def _launch_bwd(do, dht, saved: KDADetSavedSet, plan: KDADetPlan, workspace) -> 
         kept.dtype == inter_dtype(plan, q.dtype) and \
         tuple(kept.shape) == kept_a_shape(NT, HV) else None
     dq, dk, dv, dg, dbeta, dh0, *parts = kda_chunk_bwd(
-        do.contiguous(), dht.contiguous() if dht is not None else None, qn, kn, v,
+        do.contiguous(), dht.contiguous() if dht is not None else None, q, k, v,
         saved.g_cumsum.contiguous(), beta_eff, A, saved.scale, h0, tabs, plan, workspace,
         grad_dtype=q.dtype,
         gate=(g, A_log, dt_bias, lower_bound) if use_gate else None, dg_dtype=g.dtype,
-        l2norm=(q, k, saved.q_rstd.contiguous(), saved.k_rstd.contiguous())
+        # the saved q and k are the L2 norm's outputs: its backward runs in the chunk's
+        l2norm=(saved.q_rstd.contiguous(), saved.k_rstd.contiguous())
         if saved.use_qk_l2norm else None, states=states)
     # the gate's backward ran in the chunk backward (dg w.r.t. the raw g, per-chunk sums);
     # the sigmoid's in place on dbeta; with no tokens dA_log, ddt_bias are 0
@@ -373,9 +372,11 @@ def run_fwd(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state, output_fin
     with torch.no_grad():
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         gate = (use_gate_in_kernel, _contig(A_log), _contig(dt_bias), lower_bound, sig)
-        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
+        o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, scale, _contig(initial_state), output_final_state,
             use_qk_l2norm_in_kernel, seqs.tables, plan, workspace, gate)
+    if use_qk_l2norm_in_kernel:  # the backward needs the norm's outputs, not q and k
+        q, k = qn, kn
     saved = _saved_set(q, k, v, g, beta, g_cumsum, A, initial_state, seqs, q_rstd,
                        k_rstd, A_log, dt_bias, scale, use_qk_l2norm_in_kernel, plan,
                        cu_seqlens is not None, use_gate_in_kernel, lower_bound, sig, kinds,
@@ -616,15 +617,17 @@ def register_ops(kinds: ModeKinds):
         qc, kc, vc, gc, bc = (t.contiguous() for t in (q, k, v, g, beta))
         gate = (use_gate, _contig(A_log), _contig(dt_bias), lower_bound, use_sigmoid)
         NT, HV, K, V = B * T, v.shape[2], q.shape[3], v.shape[3]
-        o, ht, (q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
+        o, ht, (qn, kn, q_rstd, k_rstd, g_cumsum, A, states) = _launch_fwd(
             qc, kc, vc, gc, bc, float(scale), _contig(initial_state), output_final_state,
             use_l2, seqs.tables, plan, None, gate,
             h_rows=None if exact_rows else _h_rows(NT, seqs.num_seqs))
+        if kn is not None and kn is qn:  # q is k: an op's outputs may not alias
+            kn, k_rstd = kn.clone(), k_rstd.clone()
         if plan.keep_states and states is None:  # no tokens: the fake's (empty) shapes
             states = tuple(q.new_empty(shape, dtype=A.dtype) for shape in _kept_shapes(
                 plan, NT, seqs.num_seqs, HV, K, V))
-        return (o, optional_output(ht, q), optional_output(q_rstd, q),
-                optional_output(k_rstd, q), g_cumsum, A,
+        return (o, optional_output(ht, q), optional_output(qn, q), optional_output(kn, q),
+                optional_output(q_rstd, q), optional_output(k_rstd, q), g_cumsum, A,
                 *(optional_output(t, q) for t in (states or (None,) * 4)))
 
     def fwd_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -635,10 +638,11 @@ def register_ops(kinds: ModeKinds):
                 plan_fields: list[int],
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                           torch.Tensor, torch.Tensor]:
-        """``(o, final_state or [0], q_rstd or [0], k_rstd or [0], g_cumsum, A, h or [0],
-        w or [0], kg or [0], v_new or [0])`` (the kept states with ``plan.keep_states``, h
-        with :func:`_h_rows` rows); arguments checked by the entry, except the values of
+                           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(o, final_state or [0], qn or [0], kn or [0], q_rstd or [0], k_rstd or [0],
+        g_cumsum, A, h or [0], w or [0], kg or [0], v_new or [0])`` (q and k L2-normalised
+        with the norm; the kept states with ``plan.keep_states``, h with :func:`_h_rows`
+        rows); arguments checked by the entry, except the values of
         cu_seqlens (checked here, before any launch: a cache hit when the entry resolved
         them)."""
         return fwd_run(q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
@@ -657,11 +661,13 @@ def register_ops(kinds: ModeKinds):
         f32 = torch.float32
         ht = q.new_empty((N, HV, K, V) if output_final_state else (0,), dtype=f32)
         rstd = (B, T, H) if use_l2 else (0,)
+        qk = (B, T, H, K) if use_l2 else (0,)
         idt = inter_dtype(plan, q.dtype)
         A = q.new_empty(kept_a_shape(B * T, HV), dtype=idt)
         kept = _kept_shapes(plan, B * T, N, HV, K, V)
-        return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(rstd, dtype=f32),
-                q.new_empty(rstd, dtype=f32), q.new_empty((B * T, HV, K), dtype=f32), A,
+        return (q.new_empty((B, T, HV, V), dtype=v.dtype), ht, q.new_empty(qk),
+                k.new_empty(qk), q.new_empty(rstd, dtype=f32), q.new_empty(rstd, dtype=f32),
+                q.new_empty((B * T, HV, K), dtype=f32), A,
                 *(q.new_empty(shape, dtype=idt if plan.keep_states else f32)
                   for shape in kept))
 
@@ -678,7 +684,8 @@ def register_ops(kinds: ModeKinds):
                            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(dq, dk, dv, dg, dbeta, dinitial_state or [0], dA_log or [0], ddt_bias or
         [0])``: :func:`_launch_bwd` on a saved set rebuilt from the arguments (after
-        ``kinds.before_bwd``; the fwd op's kept states, ``[0]`` ones absent).
+        ``kinds.before_bwd``; q and k L2-normalised with ``use_l2``, the fwd op's kept
+        states, ``[0]`` ones absent).
         ``cu_seqlens``: the forward's device offsets
         (:attr:`cake_core.varlen.SeqChunks.cu`, resolved to the forward's tables: a cache
         hit) or the caller's tensor (traced)."""
@@ -717,7 +724,9 @@ def register_ops(kinds: ModeKinds):
     def _setup_context(ctx, inputs, output):
         (q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale,
          output_final_state, use_l2, use_gate, lower_bound, use_sigmoid, plan_fields) = inputs
-        _, _, q_rstd, k_rstd, g_cumsum, A, h, w, kg, v_new = output
+        _, _, qn, kn, q_rstd, k_rstd, g_cumsum, A, h, w, kg, v_new = output
+        if use_l2:  # the backward needs the norm's outputs, not q and k
+            q, k = qn, kn
         # no zero grads made for the outputs only the backward reads (memsets of A, states)
         ctx.set_materialize_grads(False)
         cu = autograd_cu_seqlens(cu_seqlens, q, CHUNK_SIZE)  # the forward's device offsets
@@ -729,8 +738,8 @@ def register_ops(kinds: ModeKinds):
 
     # kinds.before_bwd runs in the bwd op's body (at run time, before any launch), not
     # here: under torch.compile this function is traced when the forward compiles
-    def _backward(ctx, do, dht, _dq_rstd, _dk_rstd, _dg_cumsum, _dA, _dh, _dw, _dkg, _dvn,
-                  bwd=_bwd_op):
+    def _backward(ctx, do, dht, _dqn, _dkn, _dq_rstd, _dk_rstd, _dg_cumsum, _dA, _dh, _dw,
+                  _dkg, _dvn, bwd=_bwd_op):
         (q, k, v, g, beta, g_cumsum, A, h0, cu, q_rstd, k_rstd, A_log, dt_bias,
          h, w, kg, v_new) = ctx.saved_tensors
         if do is None:

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3bbd7eed1808271eb18418b7949aba3c8729796467586f7a2158896914ea6a16"
+SOURCE_DIGEST = "sha256:117588a11080d027f6a9ccf7b85df501b18bf6e9a2ff4d38f7b9e166a9d5f202"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -243,11 +243,12 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             value-head sum, or into the L2 norm's backward).
         gate: ``(g, A_log, dt_bias, lower_bound)`` with FLA's in-kernel gate (g raw), or
             None. dg_dtype: the dtype dg is stored in (g's, cast in the kernel).
-        l2norm: ``(q_raw, k_raw, q_rstd, k_rstd)`` when q and k (given normalised) came
-            from the q/k L2 norm (:func:`cake_core.l2norm.l2norm_fwd`): dq, dk are then
-            w.r.t. the raw inputs. With one value head per q/k head the norm's backward
-            runs in the last kernel on the whole rows it holds; with more, on the fp32
-            value-head sums, one cake-core launch each.
+        l2norm: ``(q_rstd, k_rstd)`` when q and k (given normalised) came from the q/k L2
+            norm (:func:`cake_core.l2norm.l2norm_fwd`): dq, dk are then w.r.t. the raw
+            inputs (the norm's backward needs only its outputs: the given q and k, and the
+            rstds). With one value head per q/k head it runs in the last kernel on the
+            whole rows it holds; with more, on the fp32 value-head sums, one cake-core
+            launch each.
         states: the forward's kept ``(h, w, kg, v_new)`` (``plan.keep_states``; h may have
             more rows than chunks), checked by the caller to fit this call: with ``A``
             loadable the chunk prep and the forward state pass are skipped (same bits).
@@ -344,10 +345,10 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
             H, HV, HV // H, K,
             BC=SUB_CHUNK, BKI=plan.block_k_inner, num_warps=4,
             DT=cst["DT"], PREC=cst["PREC"], BT=CHUNK_SIZE)
-        xq, xk, rq, rk = l2norm if l2_in_kernel else (q, k, dbeta, dbeta)
+        rq, rk = l2norm if l2_in_kernel else (dbeta, dbeta)
         kda_bwd_intra_tok_kernel[(NC * CHUNK_SIZE, _cdiv(HV, plan.tok_heads_bwd))](
             q, k, beta, g_cs, pscr, tabs[0], tabs[1], dq_hv, dk_hv, dg, dbeta,
-            dq_out, dk_out, xq, xk, rq, rk, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
+            dq_out, dk_out, rq, rk, H, HV, HV // H, K, BT=CHUNK_SIZE, BC=SUB_CHUNK,
             BKF=next_power_of_2(max(16, K)), BH=plan.tok_heads_bwd, L2=l2_in_kernel,
             num_warps=plan.num_warps_tok_bwd)
         parts = dg_cumsum_into(dgo, dg, tabs[0], tabs[1], NC, plan, gate)
@@ -359,13 +360,14 @@ def kda_chunk_bwd(do, dht, q, k, v, g_cumsum, beta, A, scale: float, initial_sta
         dq = group_sum_cast(dq_hv, H, sum_dtype).view(B, T, H, K)
         dk = group_sum_cast(dk_hv, H, sum_dtype).view(B, T, H, K)
     if l2norm is not None and not l2_in_kernel:  # one launch each, dx in grad_dtype
-        xq, xk, rq, rk = l2norm
-        dq = _l2norm_bwd(xq, rq, dq, plan, grad_dtype)
-        dk = _l2norm_bwd(xk, rk, dk, plan, grad_dtype)
+        rq, rk = l2norm
+        dq = _l2norm_bwd(q, rq, dq, plan, grad_dtype)
+        dk = _l2norm_bwd(k, rk, dk, plan, grad_dtype)
     return dq, dk, dv, dgo, dbeta, dh0, *parts
 
 
-def _l2norm_bwd(x, rstd, dy, plan: KDADetPlan, out_dtype: torch.dtype):
-    """The q/k L2 norm's backward (cake-core's kernel with the forward's launch fields)."""
-    return l2norm_bwd(x, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
+def _l2norm_bwd(y, rstd, dy, plan: KDADetPlan, out_dtype: torch.dtype):
+    """The q/k L2 norm's backward from its outputs y, rstd (cake-core's kernel with the
+    forward's launch fields)."""
+    return l2norm_bwd(y, rstd, dy, block_rows=plan.l2norm_block_rows, block_k=plan.block_k,
                       num_warps=4, out_dtype=out_dtype)

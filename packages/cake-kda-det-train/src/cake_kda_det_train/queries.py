@@ -77,14 +77,14 @@ def saved_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     """The bytes :func:`~cake_kda_det_train.chunk_kda_det` (same arguments) allocates and
     keeps for the backward, computed from shapes, dtypes and the plan without running
     anything: g's within-chunk cumulative sum (fp32 ``[B*T, HV, K]``), T and Aqk stacked
-    (``[2, B*T, HV, 64]`` in the intermediates' dtype), the q/k rstds (fp32 ``[B, T, H]``
-    each) with the L2 norm, with ``plan.keep_states`` the chunk states h (``[NC, HV, K,
-    V]``, NC the 64-token chunks of the sequences), w and kg (``[B*T, HV, K]``)
-    and v_new (``[B*T, HV, V]``) in the intermediates' dtype, the fp32 copy of a 16-bit
-    ``initial_state`` and the device
-    copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one
+    (``[2, B*T, HV, 64]`` in the intermediates' dtype), with the L2 norm the normalised q
+    and k (``[B, T, H, K]`` in q's dtype, kept instead of the caller's q and k) and their
+    rstds (fp32 ``[B, T, H]`` each), with ``plan.keep_states`` the chunk states h (``[NC,
+    HV, K, V]``, NC the 64-token chunks of the sequences), w and kg (``[B*T, HV, K]``) and
+    v_new (``[B*T, HV, V]``) in the intermediates' dtype, the fp32 copy of a 16-bit
+    ``initial_state`` and the device copy of ``cu_seqlens`` (int64 ``[N + 1]``, in one
     storage with the chunk tables) when it is not the caller's tensor. The caller's
-    tensors are not counted (the backward keeps them too). The checks are the entry's,
+    tensors are not counted (the backward keeps those it reads). The checks are the entry's,
     which refuse meta tensors (a device kernels can launch on is needed).
 
     Raises:
@@ -131,7 +131,7 @@ def saved_bytes_for(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
     idt = inter_dtype(plan, q.dtype)
     shapes = [((NT, HV, K), f32), (kept_a_shape(NT, HV), idt)]
     if use_qk_l2norm_in_kernel:
-        shapes += [((B, T, H), f32)] * 2
+        shapes += [((B, T, H, K), q.dtype)] * 2 + [((B, T, H), f32)] * 2
     if plan.keep_states:  # h has a row per chunk (eager; traced: the most there can be)
         nc = seqs.num_chunks if seqs is not None else max_chunks(NT, N, CHUNK_SIZE)
         shapes += [((nc, HV, K, V), idt), ((NT, HV, K), idt),

@@ -16,7 +16,9 @@ class KDADetSavedSet(SavedSet):
     forward kept them: ``plan.keep_states``).
 
     Tensors (``NT = B * T``):
-        q, k: ``[B, T, H, K]`` as given (before any L2 norm). v: ``[B, T, HV, V]``.
+        q, k: ``[B, T, H, K]`` as given, or with the L2 norm (``use_qk_l2norm``) its
+            outputs, q and k normalised (fresh tensors of q's dtype: the norm's backward
+            needs only them and the rstds, as FLA's). v: ``[B, T, HV, V]``.
         g: ``[B, T, HV, K]`` as given (the raw gate with ``use_gate_in_kernel``: the
             backward recomputes the gate's derivative from it).
         beta: ``[B, T, HV]`` as given (pre-sigmoid with ``use_beta_sigmoid_in_kernel``).

@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:51e03cfe579e6378776b4209dc396736ca96e454318b974028b8ec6effefbb04"
+SOURCE_DIGEST = "sha256:4942f1e17a608b063edf6bf38d143bf302cb0b01af175d37f1b4a87aa79ca82e"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:061f6477f9bce68cff15fcea6833c92eb521063caa5c5cf4cf1d4e1918a5c25a"
+SOURCE_DIGEST = "sha256:93b392f73e79ebc518c9d7ad650a4266fafd728815af6c62d6b1e929696fc684"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -45,12 +45,13 @@ from cake_core.l2norm import l2norm_bwd_rows
 
 
 @triton.jit
-def _l2norm_bwd_at(dy, X, RSTD, x_off, r_off, kmask, tmask):
+def _l2norm_bwd_at(dy, Y, RSTD, y_off, r_off, kmask, tmask):
     """The q/k L2 norm's backward on whole rows (cake_core.l2norm.l2norm_bwd_rows), reading
-    the raw input rows at ``x_off`` and their fp32 rstd at ``r_off``."""
+    the norm's output rows (the normalised q or k) at ``y_off`` and their fp32 rstd at
+    ``r_off``."""
     rstd = tl.load(RSTD + r_off, mask=tmask, other=0.0)
-    x = tl.load(X + x_off, mask=kmask, other=0.0).to(tl.float32)
-    return l2norm_bwd_rows(dy, x, rstd)
+    y = tl.load(Y + y_off, mask=kmask, other=0.0).to(tl.float32)
+    return l2norm_bwd_rows(dy, y, rstd)
 
 
 @triton.jit
@@ -270,8 +271,8 @@ def gdn_bwd_local_dk_kernel(
     (fp32 or k's dtype; ``DK`` itself when ``GROUP`` is 1 and DKO is fp32). ``SUM_DQ``:
     dq's fp32 parts ``DQ`` ``[NT, HV, K]`` (final per value head) added the same way into
     ``DQO``; else the first kernel stored dq as it is. ``L2`` (one K block: whole rows):
-    the q/k L2 norm's backward applied to the sums before the cast (raw inputs ``XQ`` /
-    ``XK`` ``[NT, H, K]``, fp32 rstds ``RQ`` / ``RK`` ``[NT, H]``)."""
+    the q/k L2 norm's backward applied to the sums before the cast (its outputs, the
+    normalised ``XQ`` / ``XK`` ``[NT, H, K]``, fp32 rstds ``RQ`` / ``RK`` ``[NT, H]``)."""
     c = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1)
     ik = tl.program_id(2)

@@ -266,7 +266,7 @@ def kda_bwd_intra_kernel(
 @triton.jit
 def kda_bwd_intra_tok_kernel(
     Qp, Kp, BETA, GCUM, PS, CHUNK_START, CHUNK_END, DQ, DK, DG, DBETA, DQO, DKO,
-    XQ, XK, RQ, RK,
+    RQ, RK,
     H: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KD: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, BKF: tl.constexpr, BH: tl.constexpr,
     L2: tl.constexpr,
@@ -285,8 +285,9 @@ def kda_bwd_intra_tok_kernel(
     gradients' dtype (the cast the value-head sum would make, rounded as it rounds).
     ``L2`` (one value head per q/k head only): q and k were L2-normalised by the forward;
     the norm's backward (``cake_core.l2norm.l2norm_bwd_rows``, each program holding whole
-    rows) runs here on dq and dk from the raw inputs ``XQ`` / ``XK`` and their fp32 rstds
-    ``RQ`` / ``RK`` (``[token, H]``), so dq and dk leave in ``DQO`` / ``DKO``'s dtype
+    rows) runs here on dq and dk from its outputs, the row's normalised q and k (loaded
+    above) and their fp32 rstds ``RQ`` / ``RK`` (``[token, H]``), so dq and dk leave in
+    ``DQO`` / ``DKO``'s dtype
     (the inputs', or fp32 for bf16 under the interpreter, cast by the caller)."""
     c = tl.program_id(0) // BT
     r = tl.program_id(0) % BT
@@ -339,13 +340,10 @@ def kda_bwd_intra_tok_kernel(
         dk = tl.load(DK + row, mask=m, other=0.0) + dk_row + dk_col + dk_colq
         dgc = tl.load(DG + row, mask=m, other=0.0) + q_i * dq_row + k_i * dk_row \
             - k_i * (dk_col + dk_colq)
-        if L2:  # GROUP == 1: value head hv is q/k head hv
-            x_off = i_tok * (H * KD) + qk_off
+        if L2:  # GROUP == 1: value head hv is q/k head hv, whose rows are q_i and k_i
             r_off = i_tok * H + hk
-            dq = l2norm_bwd_rows(dq, tl.load(XQ + x_off, mask=m, other=0.0).to(tl.float32),
-                                 tl.load(RQ + r_off, mask=hmask, other=0.0))
-            dk = l2norm_bwd_rows(dk, tl.load(XK + x_off, mask=m, other=0.0).to(tl.float32),
-                                 tl.load(RK + r_off, mask=hmask, other=0.0))
+            dq = l2norm_bwd_rows(dq, q_i, tl.load(RQ + r_off, mask=hmask, other=0.0))
+            dk = l2norm_bwd_rows(dk, k_i, tl.load(RK + r_off, mask=hmask, other=0.0))
         tl.store(DQO + row, dq.to(DQO.dtype.element_ty), mask=m)
         tl.store(DKO + row, dk.to(DKO.dtype.element_ty), mask=m)
         tl.store(DG + row, dgc, mask=m)
