@@ -50,13 +50,12 @@ def no_work(monkeypatch):
 
 def test_backward_refuses_foreign_saved_sets(setup, no_work):
     ctx, local, saved = setup
-    nondet_same_type = GDNDetKCPSavedSet(
-        Mode.NONDET, dict(zip(saved.tensor_names, saved.tensors()[:len(saved.tensor_names)], strict=True)),
-        saved.meta, saved.local)
+    own = dict(zip(saved.tensor_names, saved.tensors()[:len(saved.tensor_names)], strict=True))
+    nondet_same_type = GDNDetKCPSavedSet(Mode.NONDET, own, saved.meta, saved.local)
     foreign = {
         "GDNDetSavedSet": saved.local[0],                       # the single-rank package's
         "GDNDetKCPSavedSet with mode=nondet": nondet_same_type,
-        "dict": dict(zip(saved.tensor_names, saved.tensors()[:len(saved.tensor_names)], strict=True)),
+        "dict": own,
     }
     for label, obj in foreign.items():
         with pytest.raises(ValueError, match=r"^saved: got .*expected GDNDetKCPSavedSet with "
