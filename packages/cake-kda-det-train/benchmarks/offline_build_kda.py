@@ -179,7 +179,7 @@ def main():
     c = dict(BT=64, BC=16, BKF=triton.next_power_of_2(max(16, a.K)), BH=plan.tok_heads_bwd,
              L2=True)  # Kimi Linear's q/k L2 norm: its backward in this kernel
     it = dict(it, DQO="*bf16", DKO="*bf16",  # one value head per q/k head
-              XQ="*bf16", XK="*bf16", RQ="*fp32", RK="*fp32")
+              RQ="*fp32", RK="*fp32")
     rows.append(("bwd intra tok", plan.num_warps_tok_bwd,
                  *build(kda_bwd_intra_tok_kernel, it, c, plan.num_warps_tok_bwd)))
     _report(over, rows)
