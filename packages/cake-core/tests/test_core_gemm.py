@@ -122,6 +122,23 @@ def test_ordered_sum_order_and_accumulate():
     assert not bitwise_equal(rev, seq)  # the order matters on this input
 
 
+@pytest.mark.parametrize("n_parts", [1, 7, 8, 9, 17])
+def test_ordered_sum_order_around_the_unroll(n_parts):
+    """Part counts below, at and past the kernel's 8-part unroll keep the index order."""
+    parts = randn((n_parts, 5, 7), torch.float32, DEV, seed=20 + n_parts, scale=1e3)
+    parts[n_parts // 2] *= 1e-7
+    seq = torch.zeros(5, 7, device=DEV)
+    for s in range(n_parts):
+        seq = seq + parts[s]
+    out = poison_(torch.empty(5, 7, device=DEV))
+    assert bitwise_equal(ordered_sum(parts, out=out, block=16), seq)
+    if n_parts > 2:  # a reordered sum differs on this input: the check can fail
+        rev = torch.zeros(5, 7, device=DEV)
+        for s in reversed(range(n_parts)):
+            rev = rev + parts[s]
+        assert not bitwise_equal(rev, seq)
+
+
 def test_ordered_sum_bad_arguments():
     parts = torch.zeros(2, 4, device=DEV)
     with pytest.raises(ValueError, match="exactly one"):

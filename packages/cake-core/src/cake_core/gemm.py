@@ -201,16 +201,23 @@ def matmul_tma_kernel(
 
 @triton.jit
 def ordered_sum_kernel(P, OUT, n_parts, numel, stride_p,
-                       ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr):
+                       ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr,
+                       UNROLL: tl.constexpr = 8):
     """``OUT[i] (= | +=) sum_s P[s * stride_p + i]`` for s = 0, 1, ..., n_parts-1 in order."""
     pid = tl.program_id(0)
     offs = (pid * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
     m = offs < numel
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     ptrs = P + offs
-    for _ in range(0, n_parts):
+    # UNROLL independent loads per step, added in part order: few programs (a small numel
+    # over many parts) wait on one load latency per UNROLL parts, not per part
+    for _ in range(0, n_parts // UNROLL):
+        for _j in tl.static_range(UNROLL):
+            acc += tl.load(ptrs, mask=m, other=0.0)
+            ptrs += stride_p  # pointer steps: no int32 overflow of s * stride_p
+    for _ in range(0, n_parts % UNROLL):
         acc += tl.load(ptrs, mask=m, other=0.0)
-        ptrs += stride_p  # pointer steps: no int32 overflow of s * stride_p
+        ptrs += stride_p
     if ACCUMULATE:
         acc = tl.load(OUT + offs, mask=m, other=0.0) + acc
     tl.store(OUT + offs, acc.to(OUT.dtype.element_ty), mask=m)
