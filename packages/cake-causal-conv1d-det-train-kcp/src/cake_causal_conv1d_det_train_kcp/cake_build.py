@@ -62,7 +62,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:897be297357931e8b8c76d2aa3ed9a8813ffc7e2e40fe30011733b1d49a2f4b9"
+SOURCE_DIGEST = "sha256:ad370e33737909cbfde06af70c686bb32d111b8b5ca79642fe45f0a6e8e7f0ab"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -51,7 +51,7 @@ PLANS = [
                 "bwd_window", "weight_tap_major", "bwd_da_once", "fwd_sub_t", "fwd_sub_t_linear"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e4919393cdd3829a6884ced9befd868aa1bcfef0735ef2c25382ede4bbfbf709"
+SOURCE_DIGEST = "sha256:6ecea5bcb06dc8466dde019a0a7801d35e5369e368cf8c9f5c546cc525a79daa"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:28c8fc9a9b78ae431db9d08f3199ca89c66c0821e78103e7ea40dcbaec7eb0e1"
+SOURCE_DIGEST = "sha256:6f6945c06d8d13321a97630d8b24f924325488476251275b9eea9521b6dec227"
 # --- end of generated block ---
 
 MANIFEST = {

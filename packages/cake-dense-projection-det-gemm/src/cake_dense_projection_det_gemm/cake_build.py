@@ -42,7 +42,7 @@ PLANS = [
                 "reduce_block", "allow_tf32", "cublas_fwd_dgrad", "wgrad_tma", "fp32_dots"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:45795fcc59ec6fb7d98da82d2642919d5c425ae3f861e60dc5d0ba26046bc1b7"
+SOURCE_DIGEST = "sha256:e7686dd1748f37b5a94c6fa20c160d70de87a4146252f2fb846551fff1848f71"
 # --- end of generated block ---
 
 MANIFEST = {

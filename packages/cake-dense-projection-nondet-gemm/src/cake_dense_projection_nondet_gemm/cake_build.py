@@ -56,7 +56,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.gemm", "function": "ordered_sum_kernel"},
     ],
 }
-SOURCE_DIGEST = "sha256:57b400ddd5927e2707d9caffcadd3b4259837aa6e04d954a7053123278e5a684"
+SOURCE_DIGEST = "sha256:383b0d91dea14fb899d9be74547991949fc94d14c33174980a41fca715d0cab9"
 # --- end of generated block ---
 
 REUSES = [

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:9576ed3ee10e2566177fbdaea1fac25005c52d9dca1b06646b24b5c9f7ec769d"
+SOURCE_DIGEST = "sha256:5b30c0cf6325ce3fed323a1cee3ac8076f3aca9a9699c14943f33b341cdb8c91"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

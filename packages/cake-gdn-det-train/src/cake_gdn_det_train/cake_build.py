@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:ac879d88a36cba697d2379dcb2a2e08441c99ade62b0d63fe91e2c86bb803d07"
+SOURCE_DIGEST = "sha256:f4afb8af6da594257beeec52a612eec56558936b9dc6a0a6d07990a1334b7c44"
 # --- end of generated block ---
 
 MANIFEST = {

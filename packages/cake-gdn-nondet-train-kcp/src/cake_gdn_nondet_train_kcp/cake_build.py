@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:abb74d7ca463910c738ee8776744e12962b3da61720e1cb63a18b473e8c57aee"
+SOURCE_DIGEST = "sha256:0adb4c826686b90cd64ae3c1723d91b1c66e26f9c13e08ee2e344cba0bd34ed0"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

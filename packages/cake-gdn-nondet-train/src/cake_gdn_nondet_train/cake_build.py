@@ -56,7 +56,7 @@ PLANS = [
                 "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b6897eef3b428c286dda39a0fc8680b39ca178c11f39b7381188067c74657dac"
+SOURCE_DIGEST = "sha256:fc5fd5f8c9e7f0a3122f2f20606a0a1b4a7271060b8e790087cd7cb3e57b3fed"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:64ec391a4626c736d1d02704baab8693b29abadc4c1c95f9f5e8881bab5a947e"
+SOURCE_DIGEST = "sha256:8a3304a63623f4edb14f989d6f3bf485b1b31d0bd1c4a2445e05a95ff9efc815"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:117588a11080d027f6a9ccf7b85df501b18bf6e9a2ff4d38f7b9e166a9d5f202"
+SOURCE_DIGEST = "sha256:587ec3d8fd1ef128ffb7981d75e2cbdb39afc94c774785db85ec7478e6b12378"
 # --- end of generated block ---
 
 MANIFEST = {

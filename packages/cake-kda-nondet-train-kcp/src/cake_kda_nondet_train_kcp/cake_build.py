@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:4942f1e17a608b063edf6bf38d143bf302cb0b01af175d37f1b4a87aa79ca82e"
+SOURCE_DIGEST = "sha256:d91956af38b082b095fef9d9f5f04f5bdb4f96cc4e5217a3e7337547df95af2a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:93b392f73e79ebc518c9d7ad650a4266fafd728815af6c62d6b1e929696fc684"
+SOURCE_DIGEST = "sha256:f9bb4282e9dbd949a814082e81c180e4d33ab9389b0a77350645c73476404c03"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5141fdc643b53ed73eccb407635faae9f4d070da69a051f7773bdc5cfdde8a57"
+SOURCE_DIGEST = "sha256:7b6907084b1eefedafca2aba9f9bdf02a86c87df7d19c13b3b5619e935f80da3"
 # --- end of generated block ---
 
 MANIFEST = {

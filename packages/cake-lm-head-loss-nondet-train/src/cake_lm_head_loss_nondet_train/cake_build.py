@@ -43,7 +43,7 @@ PLANS = [
                 "grad_in_forward", "cublas_gemms", "defer_dw_tokens", "dw_tma", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:615ec54aaed5c81dc52172d42785d3a980a7db1541cccdbf28f0b8cfefc41759"
+SOURCE_DIGEST = "sha256:fed1dedaa0b8c761abe276c47588bc36fc1326323e035ff791b2026023a815fd"
 # --- end of generated block ---
 
 MANIFEST = {

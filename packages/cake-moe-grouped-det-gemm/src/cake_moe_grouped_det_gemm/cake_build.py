@@ -57,7 +57,7 @@ PLANS = [
                 "allow_tf32", "tma", "grouped_mm_fwd_dgrad", "wgrad_order"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3fb87cb153eecec5b62804440af7f0c5caec73d045178d46ebd79fa610d19641"
+SOURCE_DIGEST = "sha256:8719ccb6b07b2c6057a1ad327e17aa3eaa5d09ef7e47d27cb2b1b1eae32f6ef6"
 # --- end of generated block ---
 
 MANIFEST = {

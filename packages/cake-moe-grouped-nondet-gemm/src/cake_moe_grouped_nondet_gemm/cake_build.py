@@ -74,7 +74,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triton_utils", "function": "dot"},
     ],
 }
-SOURCE_DIGEST = "sha256:963d805584e33ef9aec053e25a88dfdbd57d64134c46d61bbc9dbd3e09f71ec0"
+SOURCE_DIGEST = "sha256:cb4ade3834cce9ac0416c3b6c37f70e028be613b5f375e825e2abb666b62a694"
 # --- end of generated block ---
 
 REUSES = [

@@ -43,7 +43,7 @@ PLANS = [
                 "block_m_bwd", "num_warps_bwd", "bwd_programs", "reduce_block", "bwd_stages"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:55b95e3376522b3a0e7c227d1a95a785ec49f101e925fa9a50f17c30ccc77010"
+SOURCE_DIGEST = "sha256:4e25e19ed7054819728a2b0dbebfb3ba0cf8d103ad40d2d97c4c2bf72b5e86ff"
 # --- end of generated block ---
 
 MANIFEST = {

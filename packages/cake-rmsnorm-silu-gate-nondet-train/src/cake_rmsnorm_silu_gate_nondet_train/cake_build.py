@@ -43,7 +43,7 @@ PLANS = [
                 "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:a7a20018510c270d2d4c6c08e860e81195d1456d607bdd3a1fb2b2eac42afd74"
+SOURCE_DIGEST = "sha256:177982775585d53ef73f85b075245289d24e7943b056c1fc9744c397c10b12a4"
 # --- end of generated block ---
 
 MANIFEST = {
