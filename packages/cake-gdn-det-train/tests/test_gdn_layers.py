@@ -134,11 +134,40 @@ def test_repeats_bitwise():
     assert all(torch.equal(s, t) for s, t in zip(a, b, strict=True))
 
 
+def test_keep_states_same_bits_no_recompute(monkeypatch):
+    """keep_states=True: the core runs the entry's rule plan with keep_states = 1 (the
+    backward does not recompute the chunk states) and gives the default layer's bits,
+    outputs and every gradient, on packed documents of 1, 70 and 3 tokens."""
+    import cake_gdn_det_train.api as api
+
+    cu = torch.tensor([0, 1, 71, 74], dtype=torch.int64, device=DEV)
+
+    def run(layer):
+        x = torch.randn(1, 74, 64, device=DEV, generator=torch.Generator(DEV).manual_seed(5))
+        x.requires_grad_(True)
+        out, _, _ = layer(x, cu_seqlens=cu)
+        out.square().sum().backward()
+        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+    calls = []
+    real = api._prep_and_state
+    monkeypatch.setattr(api, "_prep_and_state",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    want = run(_layer(seed=6))
+    assert len(calls) == 2  # the forward's, and the backward's recompute
+    layer = _layer(seed=6, keep_states=True)
+    assert "keep_states=True" in repr(layer)
+    got = run(layer)
+    assert len(calls) == 3  # the forward's only
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 @pytest.mark.parametrize("kw,match", [
     ({"num_heads": 3, "num_v_heads": 4}, "multiple of num_heads"),
     ({"mode": "parallel"}, "mode"),
     ({"head_dim": 16, "expand_v": 0.3}, "expand_v"),
     ({"hidden_size": 0}, "hidden_size"),
+    ({"keep_states": "yes"}, "keep_states: expected a bool"),
 ])
 def test_bad_constructor_arguments(kw, match):
     with pytest.raises(ValueError, match=match):

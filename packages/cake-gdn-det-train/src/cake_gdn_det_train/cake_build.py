@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f4afb8af6da594257beeec52a612eec56558936b9dc6a0a6d07990a1334b7c44"
+SOURCE_DIGEST = "sha256:dec3cbbbaf67195aca2901bb76268ba99722af96389a02d9f9be7717f3d92a72"
 # --- end of generated block ---
 
 MANIFEST = {

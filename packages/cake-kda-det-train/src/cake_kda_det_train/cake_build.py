@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:587ec3d8fd1ef128ffb7981d75e2cbdb39afc94c774785db85ec7478e6b12378"
+SOURCE_DIGEST = "sha256:0f1759207d8e210f74786253f09660213007a12550d58392f1d98e3b8e1ba002"
 # --- end of generated block ---
 
 MANIFEST = {
