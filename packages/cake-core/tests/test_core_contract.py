@@ -38,6 +38,11 @@ def test_require_mode_accepts_and_refuses():
         require_mode(ToySaved(Mode.NONDET, {"a": None, "b": None}), ToySaved, name="saved")
     with pytest.raises(ValueError, match="got int"):
         require_mode(3, ToySaved)
+    old = ToySaved(Mode.DET, {"a": None, "b": None})
+    old.version = 0  # as unpickled from an earlier format
+    with pytest.raises(ValueError, match="saved: a ToySaved of format version 0, but this "
+                                         "version of its package reads version 1"):
+        require_mode(old, ToySaved, name="saved")
 
 
 def test_plan_frozen_hashable_roundtrip():

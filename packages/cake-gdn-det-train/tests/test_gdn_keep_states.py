@@ -149,7 +149,7 @@ def test_saved_set_holds_states_and_backward_skips_recompute(gdn_inputs, monkeyp
     assert s1.v_new.shape == (NT, HV, V)
     assert {s1.h.dtype, s1.w.dtype, s1.v_new.dtype, s1.A.dtype} == {idt}
     assert s1.g_cumsum.dtype == torch.float32 and s1.g_cumsum.shape == (NT, HV)
-    assert len(s1.tensors()) == len(s1.tensor_names) == 16 and s1.version == 1
+    assert len(s1.tensors()) == len(s1.tensor_names) == 16 and s1.version == 2
 
     calls = []
 

@@ -16,6 +16,7 @@ from cake_kda_det_train import (
     KDADetPlan,
     KDADetSavedSet,
     chunk_kda_det,
+    chunk_kda_det_bwd,
     chunk_kda_det_fwd,
     kda_recurrence_ref,
     make_plan,
@@ -78,6 +79,11 @@ def test_saved_set_contents(kda):
         want = x.double() * torch.rsqrt(x.double().pow(2).sum(-1, keepdim=True) + 1e-6)
         assert y.dtype == x.dtype and y.data_ptr() != x.data_ptr()
         assert_close_to_reference(y, want, x.dtype, name)
+    # a set of the format before (raw q, k with the L2 norm), as unpickled: refused
+    assert saved.version == KDADetSavedSet.format_version == 2
+    saved.version = 1
+    with pytest.raises(ValueError, match="saved: a KDADetSavedSet of format version 1"):
+        chunk_kda_det_bwd(torch.ones_like(v), None, saved)
     assert saved.A_log is A_log and saved.dt_bias is dt_bias
     assert saved.scale == 0.5 and saved.use_qk_l2norm and not saved.varlen
     assert saved.use_gate_in_kernel and saved.lower_bound == -2.0

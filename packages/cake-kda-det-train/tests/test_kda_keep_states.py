@@ -149,7 +149,7 @@ def test_saved_set_holds_states_and_backward_skips_recompute(kda, monkeypatch):
     assert s1.h.shape == (NC, HV, K, V)
     assert s1.w.shape == s1.kg.shape == (NT, HV, K) and s1.v_new.shape == (NT, HV, V)
     assert {s1.h.dtype, s1.w.dtype, s1.kg.dtype, s1.v_new.dtype, s1.A.dtype} == {idt}
-    assert len(s1.tensors()) == len(s1.tensor_names) == 17 and s1.version == 1
+    assert len(s1.tensors()) == len(s1.tensor_names) == 17 and s1.version == 2
 
     calls = []
 

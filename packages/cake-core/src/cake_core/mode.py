@@ -31,7 +31,10 @@ def require_mode(obj: object, expected_type: type | tuple[type, ...], mode: Mode
         name: how the argument is called in the message (``"saved"``, ``"workspace"``).
 
     Raises:
-        ValueError: naming the argument, its actual type and mode, and what was expected.
+        ValueError: naming the argument, its actual type and mode, and what was expected;
+            or a saved set of another ``format_version`` than its class's (one made, then
+            pickled, by another version of its package, whose tensors may mean other
+            things).
     """
     types = expected_type if isinstance(expected_type, tuple) else (expected_type,)
     expected = " or ".join(t.__name__ for t in types)
@@ -47,6 +50,14 @@ def require_mode(obj: object, expected_type: type | tuple[type, ...], mode: Mode
         raise ValueError(
             f"{name}: got {type(obj).__name__} with mode={actual_mode}, expected {expected} "
             f"with mode={mode}"
+        )
+    want = getattr(type(obj), "format_version", None)
+    got = getattr(obj, "version", want)
+    if want is not None and got != want:
+        raise ValueError(
+            f"{name}: a {type(obj).__name__} of format version {got}, but this version of "
+            f"its package reads version {want} (made by another version: run the forward "
+            f"again)"
         )
 
 

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:5b30c0cf6325ce3fed323a1cee3ac8076f3aca9a9699c14943f33b341cdb8c91"
+SOURCE_DIGEST = "sha256:006ac8ce4e43880b65ce90de0b57f0be86fe522059ee88dcb407d5dea7b2de08"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -33,7 +33,8 @@ class GDNDetKCPSavedSet(KCPStateSavedSet):
     """
 
     tensor_names = ("v", "g", "beta", "P")
-    format_version = 1
+    # 2: with the L2 norm q and k are its outputs (the KCP sets: q, k not kept)
+    format_version = 2
     local_type = GDNDetSavedSet
 
 

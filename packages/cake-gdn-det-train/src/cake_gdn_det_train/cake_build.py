@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:dec3cbbbaf67195aca2901bb76268ba99722af96389a02d9f9be7717f3d92a72"
+SOURCE_DIGEST = "sha256:e74a2fda07f938daab8a29221d3c3c9cc4538ebbae7c6d2d3277aae37efd6f23"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -87,10 +87,13 @@ class GatedDeltaNet(nn.Module):
     baseline that needs no ``layers`` extra, launches no Triton kernel and serves any
     head dim. And cake's ``keep_states`` (default False): True runs the core with the
     rule's plan for the call (as the entry picks it) and ``keep_states = 1``: the forward
-    keeps the chunk states for the backward, which then skips their recompute, with the
-    same bits (10-13% less fwd+bwd time at 1 x 32768 tokens, 32 value heads on an H200 for
-    about 1.08 GB more per layer; ``cake_gdn_det_train.saved_bytes`` counts it). No effect
-    with ``impl="torch"``.
+    keeps the chunk states for the backward, which then skips their recompute (10-13% less
+    fwd+bwd time at 1 x 32768 tokens, 32 value heads on an H200 for about 1.08 GB more per
+    layer; ``cake_gdn_det_train.saved_bytes`` counts it). Eagerly the same bits as False;
+    under ``torch.compile`` the gradient of ``hidden_states`` may differ in its last bits
+    (the graph with the kept states adds the projections' gradients in another order; the
+    output and the parameters' gradients keep their bits). No effect with
+    ``impl="torch"``.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:

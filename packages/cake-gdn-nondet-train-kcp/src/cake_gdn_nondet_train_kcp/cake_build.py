@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:0adb4c826686b90cd64ae3c1723d91b1c66e26f9c13e08ee2e344cba0bd34ed0"
+SOURCE_DIGEST = "sha256:0df7123f2c7a455af95a096274f3d9e726fb4e95d5612742428df151e779864a"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries (and so kernels) every rank runs

@@ -25,7 +25,7 @@ class GDNNondetKCPSavedSet(KCPStateSavedSet):
     ``meta["plan"]`` the forward's :class:`cake_gdn_nondet_train.GDNNondetPlan`."""
 
     tensor_names = GDNDetKCPSavedSet.tensor_names
-    format_version = 1
+    format_version = GDNDetKCPSavedSet.format_version
     local_type = GDNNondetSavedSet
 
 

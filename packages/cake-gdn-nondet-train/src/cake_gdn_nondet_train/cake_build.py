@@ -56,7 +56,7 @@ PLANS = [
                 "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:fc5fd5f8c9e7f0a3122f2f20606a0a1b4a7271060b8e790087cd7cb3e57b3fed"
+SOURCE_DIGEST = "sha256:36138ccf17c0c9338a9bf1a362cbb77c224c893d4a8f99839534eae31ee0d15a"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -18,7 +18,7 @@ class GDNNondetSavedSet(SavedSet):
     it, and this package's backward refuses a det one (``ValueError``)."""
 
     tensor_names = GDNDetSavedSet.tensor_names
-    format_version = 1
+    format_version = GDNDetSavedSet.format_version
 
 
 class GDNNondetWorkspace(GDNDetWorkspace):

@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:8a3304a63623f4edb14f989d6f3bf485b1b31d0bd1c4a2445e05a95ff9efc815"
+SOURCE_DIGEST = "sha256:1ad4389b77eb7b20db2c1c111a798efce14ec289d2352083340498f0405b78d7"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

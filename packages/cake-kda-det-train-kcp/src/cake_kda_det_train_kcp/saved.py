@@ -40,7 +40,8 @@ class KDADetKCPSavedSet(KCPStateSavedSet):
     """
 
     tensor_names = ("v", "g", "beta", "A_log", "dt_bias", "P")
-    format_version = 1
+    # 2: with the L2 norm q and k are its outputs (the KCP sets: q, k not kept)
+    format_version = 2
     local_type = KDADetSavedSet
 
 

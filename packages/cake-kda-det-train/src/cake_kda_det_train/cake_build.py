@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:0f1759207d8e210f74786253f09660213007a12550d58392f1d98e3b8e1ba002"
+SOURCE_DIGEST = "sha256:6729c2e3cbf753cd18f18e690b46b4f16ae423e80a5666875dbd2c9fc17325c2"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -86,9 +86,12 @@ class KimiDeltaAttention(nn.Module):
     plain-torch baseline that needs no ``layers`` extra, launches no Triton kernel and
     serves any head dim. And cake's ``keep_states`` (default False): True runs the core
     with the rule's plan and ``keep_states = 1``: the forward keeps the chunk states for
-    the backward, which then skips their recompute, with the same bits (at 2 x 8192
-    tokens, 32 heads, K = V = 128, bf16: 0.92x the core's fwd+bwd time on an H100 for about
-    0.67 GB more per layer; ``cake_kda_det_train.saved_bytes`` counts it). No effect with
+    the backward, which then skips their recompute (at 2 x 8192 tokens, 32 heads, K = V =
+    128, bf16: 0.92x the core's fwd+bwd time on an H100 for about 0.67 GB more per layer;
+    ``cake_kda_det_train.saved_bytes`` counts it). Eagerly the same bits as False;
+    under ``torch.compile`` the gradient of ``hidden_states`` may differ in its last bits
+    (the graph with the kept states adds the projections' gradients in another order; the
+    output and the parameters' gradients keep their bits). No effect with
     ``impl="torch"``.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,

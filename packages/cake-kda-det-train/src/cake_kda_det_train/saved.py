@@ -60,7 +60,8 @@ class KDADetSavedSet(SavedSet):
 
     tensor_names = ("q", "k", "v", "g", "beta", "g_cumsum", "A", "initial_state", "cu_seqlens",
                     "q_rstd", "k_rstd", "A_log", "dt_bias", "h", "w", "kg", "v_new")
-    format_version = 1
+    # 2: with the L2 norm q and k are its outputs (the KCP sets: q, k not kept)
+    format_version = 2
 
 
 def workspace_shapes(plan: KDADetPlan, HV: int) -> dict[str, tuple[int, ...]]:

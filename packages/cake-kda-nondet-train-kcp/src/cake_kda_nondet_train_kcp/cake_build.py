@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:d91956af38b082b095fef9d9f5f04f5bdb4f96cc4e5217a3e7337547df95af2a"
+SOURCE_DIGEST = "sha256:04549f8551638a5cb64ff85774ff8012405e26cd6f4386ae66b0e1b8c889b612"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

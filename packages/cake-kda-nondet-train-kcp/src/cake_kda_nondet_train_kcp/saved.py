@@ -26,7 +26,7 @@ class KDANondetKCPSavedSet(KCPStateSavedSet):
     """
 
     tensor_names = KDADetKCPSavedSet.tensor_names
-    format_version = 1
+    format_version = KDADetKCPSavedSet.format_version
     local_type = KDANondetSavedSet
 
 

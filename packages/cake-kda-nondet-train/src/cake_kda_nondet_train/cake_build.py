@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:f9bb4282e9dbd949a814082e81c180e4d33ab9389b0a77350645c73476404c03"
+SOURCE_DIGEST = "sha256:4132f0d09d27d0eb011d658395c9d098a1dff9308bc5e4b725c3c64b7ca7e937"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -19,7 +19,7 @@ class KDANondetSavedSet(SavedSet):
     """
 
     tensor_names = KDADetSavedSet.tensor_names
-    format_version = 1
+    format_version = KDADetSavedSet.format_version
 
 
 class KDANondetWorkspace(Workspace):
