@@ -4,7 +4,11 @@ parameters, FLA's state_dict keys, padding masks and packed input, bad arguments
 import pytest
 import torch
 import torch.nn.functional as F
-from cake_core.testing import assert_close_to_reference, assert_raises_unmodified
+from cake_core.testing import (
+    assert_close_to_reference,
+    assert_layer_keep_states_same_bits,
+    assert_raises_unmodified,
+)
 from cake_core.triton_utils import default_device
 from cake_gdn_det_train import GatedDeltaNet, gdn_reference
 
@@ -140,26 +144,7 @@ def test_keep_states_same_bits_no_recompute(monkeypatch):
     outputs and every gradient, on packed documents of 1, 70 and 3 tokens."""
     import cake_gdn_det_train.api as api
 
-    cu = torch.tensor([0, 1, 71, 74], dtype=torch.int64, device=DEV)
-
-    def run(layer):
-        x = torch.randn(1, 74, 64, device=DEV, generator=torch.Generator(DEV).manual_seed(5))
-        x.requires_grad_(True)
-        out, _, _ = layer(x, cu_seqlens=cu)
-        out.square().sum().backward()
-        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
-
-    calls = []
-    real = api._prep_and_state
-    monkeypatch.setattr(api, "_prep_and_state",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    want = run(_layer(seed=6))
-    assert len(calls) == 2  # the forward's, and the backward's recompute
-    layer = _layer(seed=6, keep_states=True)
-    assert "keep_states=True" in repr(layer)
-    got = run(layer)
-    assert len(calls) == 3  # the forward's only
-    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert_layer_keep_states_same_bits(_layer, api, monkeypatch, hidden=64, device=DEV)
 
 
 @pytest.mark.parametrize("kw,match", [

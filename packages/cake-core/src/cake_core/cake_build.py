@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:14750fcc42b29a5a4295afa741352a65ccaeea76b7f04cf56d2b1f2174aa3946"
+SOURCE_DIGEST = "sha256:cd46d8ded153d5f982b3290a6821651f3fb1fa39d71e5ef6d69c53da40e5dba5"
 # --- end of generated block ---
 
 MANIFEST = {

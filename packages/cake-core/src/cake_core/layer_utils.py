@@ -6,6 +6,7 @@ parameters run without cake's kernels: a baseline to compare against)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -202,3 +203,13 @@ def torch_core(reference):
         return o.to(v.dtype), state
 
     return core
+
+
+def kept_states_plan(layer, plan):
+    """``plan`` with ``keep_states = 1`` for a layer built with ``keep_states=True`` (the
+    core keeps the chunk states for the backward), made once per rule plan and cached on
+    the layer (``layer._kept_plans``: a dict the layer's constructor sets)."""
+    kept = layer._kept_plans.get(plan)
+    if kept is None:
+        kept = layer._kept_plans[plan] = dataclasses.replace(plan, keep_states=1)
+    return kept

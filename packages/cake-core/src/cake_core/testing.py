@@ -806,3 +806,34 @@ def computed_once(tmp_path_factory: Any, name: str, compute: Callable[[], Any]) 
         result = compute()
         torch.save(result, path)
         return result
+
+
+def assert_layer_keep_states_same_bits(make_layer: Callable[..., Any], recompute_module: Any,
+                                       monkeypatch: Any, *, hidden: int,
+                                       device: torch.device | str) -> None:
+    """A family layer built with ``keep_states=True`` (``make_layer(seed=6,
+    keep_states=True)``) gives the default layer's bits, output and every gradient, on
+    packed documents of 1, 70 and 3 tokens (``hidden`` channels), and its backward does not
+    recompute the chunk states: ``recompute_module._prep_and_state`` (spied through
+    ``monkeypatch``) runs twice for the default layer's step, once for the kept one."""
+    cu = torch.tensor([0, 1, 71, 74], dtype=torch.int64, device=device)
+
+    def run(layer):
+        x = torch.randn(1, 74, hidden, device=device,
+                        generator=torch.Generator(device).manual_seed(5))
+        x.requires_grad_(True)
+        out, _, _ = layer(x, cu_seqlens=cu)
+        out.square().sum().backward()
+        return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+    calls = []
+    real = recompute_module._prep_and_state
+    monkeypatch.setattr(recompute_module, "_prep_and_state",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    want = run(make_layer(seed=6))
+    assert len(calls) == 2  # the forward's, and the backward's recompute
+    layer = make_layer(seed=6, keep_states=True)
+    assert "keep_states=True" in repr(layer)
+    got = run(layer)
+    assert len(calls) == 3  # the forward's only
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

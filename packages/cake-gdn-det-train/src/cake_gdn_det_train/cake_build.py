@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e74a2fda07f938daab8a29221d3c3c9cc4538ebbae7c6d2d3277aae37efd6f23"
+SOURCE_DIGEST = "sha256:2ee50c91f32a282f2bb05317b043582fe7828687b8fbab480baa94c8923368e3"
 # --- end of generated block ---
 
 MANIFEST = {

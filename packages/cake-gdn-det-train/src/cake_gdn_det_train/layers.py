@@ -5,10 +5,10 @@ projection packages); the core package alone needs only cake-core."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
+from cake_core.checks import check_flag
 from cake_core.layer_utils import (
     RMSNormGatedTorch,
     ShortConvolutionTorch,
@@ -16,6 +16,7 @@ from cake_core.layer_utils import (
     check_impl,
     check_training_call,
     head_dims,
+    kept_states_plan,
     pad,
     positive_int,
     project_qkv,
@@ -85,15 +86,14 @@ class GatedDeltaNet(nn.Module):
     :class:`~cake_core.layer_utils.RMSNormGatedTorch`) and runs the core as
     :func:`~cake_gdn_det_train.gdn_reference` in fp32, token by token: a slow plain-torch
     baseline that needs no ``layers`` extra, launches no Triton kernel and serves any
-    head dim. And cake's ``keep_states`` (default False): True runs the core with the
-    rule's plan for the call (as the entry picks it) and ``keep_states = 1``: the forward
-    keeps the chunk states for the backward, which then skips their recompute (10-13% less
-    fwd+bwd time at 1 x 32768 tokens, 32 value heads on an H200 for about 1.08 GB more per
-    layer; ``cake_gdn_det_train.saved_bytes`` counts it). Eagerly the same bits as False;
-    under ``torch.compile`` the gradient of ``hidden_states`` may differ in its last bits
-    (the graph with the kept states adds the projections' gradients in another order; the
-    output and the parameters' gradients keep their bits). No effect with
-    ``impl="torch"``.
+    head dim. And cake's ``keep_states`` (default False): True runs the core with the rule's
+    plan for the call (as the entry picks it) and ``keep_states = 1``: the forward keeps the
+    chunk states for the backward, which then skips their recompute: less time for more
+    memory (``cake_gdn_det_train.saved_bytes`` counts it; measurements:
+    docs/benchmarks/gdn.md). Eagerly the same bits as False; under ``torch.compile`` the
+    gradient of ``hidden_states`` may differ in its last bits (the graph with the kept
+    states adds the projections' gradients in another order; the output and the parameters'
+    gradients keep their bits). No effect with ``impl="torch"``.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
@@ -127,9 +127,7 @@ class GatedDeltaNet(nn.Module):
                  keep_states: bool = False, **kwargs) -> None:
         super().__init__()
         self.impl = check_impl(impl)
-        if not isinstance(keep_states, bool):
-            raise ValueError(f"keep_states: expected a bool, got {keep_states!r}")
-        self.keep_states = keep_states
+        self.keep_states = check_flag(keep_states, "keep_states")
         self._kept_plans: dict = {}  # make_plan's plan -> the same with keep_states = 1
         ShortConvolution, Linear, RMSNorm, RMSNormGated = _parts(impl)
         self._core = chunk_gated_delta_rule_det if impl == "cake" else torch_core(gdn_reference)
@@ -179,9 +177,7 @@ class GatedDeltaNet(nn.Module):
             plan = make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device,
                              state_programs=n * self.num_v_heads)
             if self.keep_states:
-                if plan not in self._kept_plans:
-                    self._kept_plans[plan] = dataclasses.replace(plan, keep_states=1)
-                core_kw["plan"] = self._kept_plans[plan]
+                core_kw["plan"] = kept_states_plan(self, plan)
         q, k, v = project_qkv(self, x, cu_seqlens)
         q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_heads, self.head_k_dim))

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:6729c2e3cbf753cd18f18e690b46b4f16ae423e80a5666875dbd2c9fc17325c2"
+SOURCE_DIGEST = "sha256:3523c8d3afe0aa11eb94746900e9b9e0e91c57d867decddf92bd5527191d1085"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -5,9 +5,8 @@ packages); the core package alone needs only cake-core."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
+from cake_core.checks import check_flag
 from cake_core.layer_utils import (
     RMSNormGatedTorch,
     ShortConvolutionTorch,
@@ -15,6 +14,7 @@ from cake_core.layer_utils import (
     check_impl,
     check_training_call,
     head_dims,
+    kept_states_plan,
     pad,
     positive_int,
     project_qkv,
@@ -84,15 +84,14 @@ class KimiDeltaAttention(nn.Module):
     :class:`~cake_core.layer_utils.RMSNormGatedTorch`) and runs the core as
     :func:`~cake_kda_det_train.kda_recurrence_ref` in fp32, token by token: a slow
     plain-torch baseline that needs no ``layers`` extra, launches no Triton kernel and
-    serves any head dim. And cake's ``keep_states`` (default False): True runs the core
-    with the rule's plan and ``keep_states = 1``: the forward keeps the chunk states for
-    the backward, which then skips their recompute (at 2 x 8192 tokens, 32 heads, K = V =
-    128, bf16: 0.92x the core's fwd+bwd time on an H100 for about 0.67 GB more per layer;
-    ``cake_kda_det_train.saved_bytes`` counts it). Eagerly the same bits as False;
-    under ``torch.compile`` the gradient of ``hidden_states`` may differ in its last bits
-    (the graph with the kept states adds the projections' gradients in another order; the
-    output and the parameters' gradients keep their bits). No effect with
-    ``impl="torch"``.
+    serves any head dim. And cake's ``keep_states`` (default False): True runs the core with
+    the rule's plan and ``keep_states = 1``: the forward keeps the chunk states for the
+    backward, which then skips their recompute: less time for more memory
+    (``cake_kda_det_train.saved_bytes`` counts it; measurements: docs/benchmarks/kda.md).
+    Eagerly the same bits as False; under ``torch.compile`` the gradient of
+    ``hidden_states`` may differ in its last bits (the graph with the kept states adds the
+    projections' gradients in another order; the output and the parameters' gradients keep
+    their bits). No effect with ``impl="torch"``.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
@@ -126,9 +125,7 @@ class KimiDeltaAttention(nn.Module):
                  **kwargs) -> None:
         super().__init__()
         self.impl = check_impl(impl)
-        if not isinstance(keep_states, bool):
-            raise ValueError(f"keep_states: expected a bool, got {keep_states!r}")
-        self.keep_states = keep_states
+        self.keep_states = check_flag(keep_states, "keep_states")
         self._kept_plans: dict = {}  # make_plan's plan -> the same with keep_states = 1
         ShortConvolution, Linear, RMSNormGated = _parts(impl)
         self._core = chunk_kda_det if impl == "cake" else torch_core(kda_recurrence_ref)
@@ -171,9 +168,7 @@ class KimiDeltaAttention(nn.Module):
         if self.impl == "cake":  # head dims, dtype, device the core serves: before any launch
             plan = make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
             if self.keep_states:
-                if plan not in self._kept_plans:
-                    self._kept_plans[plan] = dataclasses.replace(plan, keep_states=1)
-                core_kw["plan"] = self._kept_plans[plan]
+                core_kw["plan"] = kept_states_plan(self, plan)
         q, k, v = project_qkv(self, x, cu_seqlens)
         H, K = self.num_heads, self.head_k_dim
         o, _ = self._core(
