@@ -7,6 +7,7 @@ transformers' default ``use_cache=True``: the patched model must still train on 
 """
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -283,3 +284,96 @@ def test_a_second_call_adds_pieces_and_undoes_none(ids):
     assert out.logits is None
     assert {"_ChunkGDNDetFunctionBackward", "_CausalConv1dDetFunctionBackward"} <= \
         graph_names(out.loss)
+
+
+def _gdn_pieces(model):
+    """The flag set the Gated DeltaNet forward installed on ``model`` was built for."""
+    (gdn,) = [m for m in model.modules() if isinstance(m, hf.Qwen3NextGatedDeltaNet)]
+    return gdn.forward.__func__._cake_transformers_pieces
+
+
+def test_keep_states_same_bits_with_the_rules_plan_kept(ids, monkeypatch):
+    """keep_states=True: the core gets the plan the entry picks itself for the call with
+    keep_states = 1 (one plan object, cached), its backward recomputes no chunk state, and
+    the loss, the logits and every gradient are bitwise those of keep_states=False."""
+    import cake_gdn_det_train
+    from cake_gdn_det_train import api
+
+    given, resolved, recomputes = [], [], []
+    real_entry, real_resolve, real_prep = (cake_gdn_det_train.chunk_gated_delta_rule_det,
+                                           api._resolve_plan, api._prep_and_state)
+
+    def entry(*a, **kw):
+        given.append(kw.get("plan"))
+        return real_entry(*a, **kw)
+
+    def resolve(*a, **kw):
+        resolved.append(real_resolve(*a, **kw))
+        return resolved[-1]
+
+    monkeypatch.setattr(cake_gdn_det_train, "chunk_gated_delta_rule_det", entry)
+    monkeypatch.setattr(api, "_resolve_plan", resolve)
+    monkeypatch.setattr(api, "_prep_and_state",
+                        lambda *a, **kw: recomputes.append(1) or real_prep(*a, **kw))
+    ref = tiny_model()
+    base = apply_cake_kernels_to_qwen3_next(copy.deepcopy(ref))
+    kept = apply_cake_kernels_to_qwen3_next(copy.deepcopy(ref), keep_states=True)
+    assert "keep_states" in _gdn_pieces(kept) and "keep_states" not in _gdn_pieces(base)
+
+    want = step(base, ids)
+    assert given == [None] and len(recomputes) == 2  # the forward's, the backward's recompute
+    (default,) = set(resolved)  # the entry's own plan for [B=2, T] x HV=4 value heads
+    assert default.keep_states == 0
+    given.clear(), resolved.clear(), recomputes.clear()
+    got = step(kept, ids)
+    assert len(given) == 1 and given[0].keep_states == 1 and len(recomputes) == 1
+    assert given[0] == dataclasses.replace(default, keep_states=1)
+    assert set(resolved) == {given[0]}
+    with torch.no_grad():
+        logits_want = base(input_ids=ids, use_cache=False).logits
+        logits_got = kept(input_ids=ids, use_cache=False).logits
+    assert given[-1] is given[0]  # the kept plan is made once, not per call
+    assert torch.equal(got[0], want[0]) and torch.equal(logits_got, logits_want)
+    assert got[2].keys() == want[2].keys()
+    for name, g in want[2].items():
+        assert torch.equal(got[2][name], g), name
+    # without labels (transformers' logits and a loss on them): the same bits too
+    got, want = step(kept, ids, labels=False), step(base, ids, labels=False)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    for name, g in want[2].items():
+        assert torch.equal(got[2][name], g), name
+
+
+def test_keep_states_bad_values_refused_before_any_patch():
+    classes = [hf.Qwen3NextRMSNorm, hf.Qwen3NextGatedDeltaNet, hf.Qwen3NextAttention,
+               hf.Qwen3NextSparseMoeBlock, hf.Qwen3NextForCausalLM]
+    before = {c: c.forward for c in classes}
+    model = tiny_model()
+    for bad in (1, "yes", None, torch.tensor(True)):
+        with pytest.raises(ValueError, match="keep_states: expected a bool"):
+            apply_cake_kernels_to_qwen3_next(model, keep_states=bad)
+        with pytest.raises(ValueError, match="keep_states: expected a bool"):
+            apply_cake_kernels_to_qwen3_next(keep_states=bad)
+    # no effect without cake's Gated DeltaNet core: refused
+    with pytest.raises(ValueError, match="keep_states: .*linear_attention"):
+        apply_cake_kernels_to_qwen3_next(model, linear_attention=False, keep_states=True)
+    with pytest.raises(ValueError, match="keep_states: .*linear_attention"):
+        apply_cake_kernels_to_qwen3_next(linear_attention=False, keep_states=True)
+    assert all("forward" not in m.__dict__ for m in model.modules())  # nothing patched
+    assert all(c.forward is before[c] and "_cake_original_forward" not in c.__dict__
+               for c in classes)
+
+
+def test_keep_states_persists_across_calls_as_pieces_do():
+    # linear_attention on from an earlier call: keep_states=True is served (and adds it)
+    model = apply_cake_kernels_to_qwen3_next(tiny_model())
+    assert "keep_states" not in _gdn_pieces(model)
+    apply_cake_kernels_to_qwen3_next(model, linear_attention=False, keep_states=True)
+    assert {"linear_attention", "keep_states"} <= _gdn_pieces(model)
+    apply_cake_kernels_to_qwen3_next(model)  # keep_states=False does not turn it off
+    assert {"linear_attention", "keep_states"} <= _gdn_pieces(model)
+    # only the short convolution patched earlier: still no cake core, still refused
+    model = apply_cake_kernels_to_qwen3_next(tiny_model(), linear_attention=False)
+    with pytest.raises(ValueError, match="keep_states: .*linear_attention"):
+        apply_cake_kernels_to_qwen3_next(model, linear_attention=False, keep_states=True)
+    assert "keep_states" not in _gdn_pieces(model)

@@ -29,6 +29,8 @@ checkpoints stay transformers'. Decoding with a cache runs transformers' own for
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -52,6 +54,27 @@ __all__ = ["QWEN3_NEXT_PIECES", "apply_cake_kernels_to_qwen3_next"]
 #: the keyword flags of :func:`apply_cake_kernels_to_qwen3_next`, one per piece
 QWEN3_NEXT_PIECES = ("rms_norm", "linear_attention", "short_conv", "gated_norm", "attention",
                      "moe", "lm_head_loss")
+
+#: the switch of :func:`apply_cake_kernels_to_qwen3_next` that is not a piece: carried in the
+#: flag set ``on`` beside the pieces (so a later call keeps it, as it keeps pieces)
+KEEP_STATES = "keep_states"
+
+#: cake-gdn-det-train's rule plan -> the same plan with ``keep_states = 1`` (made once each)
+_KEPT_PLANS: dict = {}
+
+
+def _kept_states_plan(q: torch.Tensor, v: torch.Tensor):
+    """The plan ``chunk_gated_delta_rule_det`` picks itself for q ``[B, T, H, K]`` and v
+    ``[B, T, HV, V]`` (``make_plan`` with ``state_programs`` = B sequences x HV value
+    heads, as the entry does for a ``[B, T]`` batch), with ``keep_states = 1``."""
+    from cake_gdn_det_train.plan import make_plan
+
+    plan = make_plan(q.shape[-1], v.shape[-1], q.dtype, q.device,
+                     state_programs=v.shape[0] * v.shape[2])
+    kept = _KEPT_PLANS.get(plan)
+    if kept is None:
+        kept = _KEPT_PLANS[plan] = dataclasses.replace(plan, keep_states=1)
+    return kept
 
 
 def _hf():
@@ -121,13 +144,16 @@ def _make_gdn_forward(on: frozenset):
         if "linear_attention" in on:
             from cake_gdn_det_train import chunk_gated_delta_rule_det
 
+            # keep_states: the entry's own rule plan, keeping the chunk states for the
+            # backward (same bits; None: the entry picks that plan with keep_states = 0)
+            plan = _kept_states_plan(q, v) if KEEP_STATES in on else None
             # the decay -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) computed in
             # the kernels (FLA's flags): one launch each way instead of about ten torch ops
             o, _ = chunk_gated_delta_rule_det(q, k, v, g=a, beta=b,
                                               use_qk_l2norm_in_kernel=True,
                                               use_gate_in_kernel=True, A_log=self.A_log,
                                               dt_bias=self.dt_bias,
-                                              use_beta_sigmoid_in_kernel=True)
+                                              use_beta_sigmoid_in_kernel=True, plan=plan)
         else:
             beta = b.sigmoid()
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
@@ -248,7 +274,8 @@ def _forwards(m, on: frozenset) -> dict:
 def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
                                      linear_attention: bool = True, short_conv: bool = True,
                                      gated_norm: bool = True, attention: bool = True,
-                                     moe: bool = True, lm_head_loss: bool = True):
+                                     moe: bool = True, lm_head_loss: bool = True,
+                                     keep_states: bool = False):
     """Run a transformers Qwen3-Next model's training compute on cake's det kernels.
 
     Two modes (as Liger-Kernel's ``apply_liger_kernel_to_*``):
@@ -271,8 +298,25 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
     passed True); with a cache (generation), or a piece switched off, transformers' code
     runs. A bare ``Qwen3NextModel`` needs ``use_cache=False`` passed for training.
 
+    ``keep_states`` (default False; a switch of the ``linear_attention`` piece, not a piece
+    itself): True runs cake's Gated DeltaNet core with the plan it would pick itself for
+    the call (``make_plan`` with ``state_programs`` = sequences x value heads) and
+    ``keep_states = 1``, as ``cake_gdn_det_train.GatedDeltaNet(keep_states=True)``: the
+    forward keeps the chunk states for the backward, which then skips their recompute: less
+    time for more memory (``cake_gdn_det_train.saved_bytes`` counts it). Eagerly the same
+    bits as False (loss, logits and every gradient); under ``torch.compile`` gradients may
+    differ from False's in their last bits (the layer's own note: the graph with the kept
+    states may add the projections' gradients in another order).
+
+    A second call (on the same model, or on the classes again) adds the pieces it turns on
+    and keeps those of earlier calls; ``keep_states`` likewise: once a call turned it on, a
+    later call's ``keep_states=False`` (the default) does not turn it off, and a later
+    ``keep_states=True`` turns it on for a model patched without it.
+
     Raises:
-        ValueError: a flag that is not a bool; ``model`` not a Qwen3-Next model; a
+        ValueError: a flag that is not a bool (``keep_states`` too); ``keep_states=True``
+            where ``linear_attention`` is off both in this call and in every earlier one (it
+            would have no effect); ``model`` not a Qwen3-Next model; a
             configuration a piece does not serve: ``head_dim`` outside (64, 128, 256)
             (``attention``), ``hidden_act`` not SiLU (``moe``, ``short_conv``),
             ``attention_dropout`` > 0, ``output_router_logits`` (``moe``); transformers
@@ -283,10 +327,15 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
     """
     on = check_flags({"rms_norm": rms_norm, "linear_attention": linear_attention,
                       "short_conv": short_conv, "gated_norm": gated_norm,
-                      "attention": attention, "moe": moe, "lm_head_loss": lm_head_loss})
+                      "attention": attention, "moe": moe, "lm_head_loss": lm_head_loss,
+                      KEEP_STATES: keep_states})
     m = _hf()
-    # an earlier call's pieces stay on (its Gated DeltaNet and causal-LM forwards, built for
-    # its flags, are replaced below)
+    # an earlier call's pieces (and keep_states) stay on (its Gated DeltaNet and causal-LM
+    # forwards, built for its flags, are replaced below)
     on |= earlier_pieces(model, (m.Qwen3NextGatedDeltaNet, m.Qwen3NextForCausalLM))
+    if KEEP_STATES in on and "linear_attention" not in on:  # before anything is patched
+        raise ValueError("keep_states: True serves cake's Gated DeltaNet core only, and the "
+                         "linear_attention piece is off (in this call and in any earlier "
+                         "one); pass linear_attention=True or keep_states=False")
     return install(model, _forwards(m, on), (m.Qwen3NextForCausalLM, m.Qwen3NextModel),
                    _check_config, on)
