@@ -31,7 +31,7 @@ DIGEST_EXTRA = []
 KERNELS = []
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:24d4014aa5faba7d100dedc551748deddb7e487447081274a727aee5884f6360"
+SOURCE_DIGEST = "sha256:c1e06fe487ae32d1bb4e45dbdd42935d47670a4cfd5004d79bdf4df67792d0db"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -283,8 +283,10 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
     * ``model`` given (a ``Qwen3NextForCausalLM`` or ``Qwen3NextModel``): the ``forward``
       of each of its matching modules is replaced in place; the model is returned.
     * ``model=None``: transformers' Qwen3-Next classes get the cake forwards, so every model
-      built (or loaded) afterwards, and every existing one, uses them; returns None. The
-      configuration checks then run when a patched module first runs, before any launch.
+      built (or loaded) afterwards, and every existing one, uses them; returns None (a model
+      patched earlier in model mode keeps its own forwards: patch it again to change them).
+      The configuration checks then run when a patched module first runs, before any
+      launch.
 
     Each flag turns one piece on (module table of :mod:`cake_transformers.qwen3_next`).
     ``lm_head_loss``: with ``labels`` the loss comes from the fused LM head + cross entropy
@@ -315,8 +317,9 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
 
     Raises:
         ValueError: a flag that is not a bool (``keep_states`` too); ``keep_states=True``
-            where ``linear_attention`` is off both in this call and in every earlier one (it
-            would have no effect); ``model`` not a Qwen3-Next model; a
+            where ``linear_attention`` is off both in this call and in the earlier calls on
+            the same target (this model's patched modules and the classes, or the
+            classes; it would have no effect); ``model`` not a Qwen3-Next model; a
             configuration a piece does not serve: ``head_dim`` outside (64, 128, 256)
             (``attention``), ``hidden_act`` not SiLU (``moe``, ``short_conv``),
             ``attention_dropout`` > 0, ``output_router_logits`` (``moe``); transformers
@@ -335,7 +338,8 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
     on |= earlier_pieces(model, (m.Qwen3NextGatedDeltaNet, m.Qwen3NextForCausalLM))
     if KEEP_STATES in on and "linear_attention" not in on:  # before anything is patched
         raise ValueError("keep_states: True serves cake's Gated DeltaNet core only, and the "
-                         "linear_attention piece is off (in this call and in any earlier "
-                         "one); pass linear_attention=True or keep_states=False")
+                         "linear_attention piece is off (in this call and in the earlier "
+                         "calls on this model or the classes); pass linear_attention=True "
+                         "or keep_states=False")
     return install(model, _forwards(m, on), (m.Qwen3NextForCausalLM, m.Qwen3NextModel),
                    _check_config, on)
