@@ -12,7 +12,8 @@
 #          items of plan overrides) at case b in Kimi Linear's form, cake alone
 #   cand   a candidate patch ($CAND, required: a file in shared/candidates)
 #          applied to a copy of packages/: kda_kernels.py b (both forms, cake alone) on main
-#          and on the copy, --err on the copy, then the copy's backward test files
+#          and on the copy, --err on the copy, then (with $CAND_SWEEP, ';'-separated plan
+#          overrides) a sweep on the copy, then the copy's backward test files
 # Logs in $OUT: kda_tests.txt, kda_mixload.txt, kda_kernels.txt, kda_sweep.txt,
 # kda_cand.txt.
 set -u
@@ -58,6 +59,12 @@ if [[ $PARTS == *" cand "* ]]; then
     echo "== candidate $CAND"
     PYTHONPATH=$CSRC timeout 150 python3 shared/gpu/kda_kernels.py b --forms gate,pre --no-fla \
       --err 2>&1 | grep -v -i warn
+    if [ -n "${CAND_SWEEP:-}" ]; then  # plan overrides on the candidate tree (';'-separated)
+      IFS=';' read -ra CSW <<< "$CAND_SWEEP"
+      echo "== candidate sweep"
+      PYTHONPATH=$CSRC timeout ${SW_SECS:-200} python3 shared/gpu/kda_kernels.py b --forms gate \
+        --no-fla --err --repeat 1 --sweep "${CSW[@]}" 2>&1 | grep -v -i warn
+    fi
     for f in test_kda_bwd_intra test_kda_parity test_kda_determinism test_kda_gate; do
       PYTHONPATH=$CSRC timeout 150 python3 -m pytest -q -p no:cacheprovider -rfEx \
         /tmp/cand/packages/cake-kda-det-train/tests/$f.py > /tmp/ct_$f.txt 2>&1 &
