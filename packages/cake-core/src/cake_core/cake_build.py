@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:cd46d8ded153d5f982b3290a6821651f3fb1fa39d71e5ef6d69c53da40e5dba5"
+SOURCE_DIGEST = "sha256:b6edbb94c3e17ebc12672923f51a6969a7cf010151c0ce65801bad8baba87eb4"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -205,11 +205,11 @@ def torch_core(reference):
     return core
 
 
-def kept_states_plan(layer, plan):
-    """``plan`` with ``keep_states = 1`` for a layer built with ``keep_states=True`` (the
-    core keeps the chunk states for the backward), made once per rule plan and cached on
-    the layer (``layer._kept_plans``: a dict the layer's constructor sets)."""
-    kept = layer._kept_plans.get(plan)
+def kept_states_plan(cache: dict, plan):
+    """``plan`` with ``keep_states = 1`` (the core keeps the chunk states for the backward),
+    made once per plan and kept in ``cache`` (a dict its caller owns: a layer built with
+    ``keep_states=True``, or a model patch)."""
+    kept = cache.get(plan)
     if kept is None:
-        kept = layer._kept_plans[plan] = dataclasses.replace(plan, keep_states=1)
+        kept = cache[plan] = dataclasses.replace(plan, keep_states=1)
     return kept

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:2ee50c91f32a282f2bb05317b043582fe7828687b8fbab480baa94c8923368e3"
+SOURCE_DIGEST = "sha256:e650b2fb392dc962d62cd5bf36aba3fbdfe5c995a8760063d4af4a073a6881be"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -177,7 +177,7 @@ class GatedDeltaNet(nn.Module):
             plan = make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device,
                              state_programs=n * self.num_v_heads)
             if self.keep_states:
-                core_kw["plan"] = kept_states_plan(self, plan)
+                core_kw["plan"] = kept_states_plan(self._kept_plans, plan)
         q, k, v = project_qkv(self, x, cu_seqlens)
         q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_heads, self.head_k_dim))

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:3523c8d3afe0aa11eb94746900e9b9e0e91c57d867decddf92bd5527191d1085"
+SOURCE_DIGEST = "sha256:5e7e0557059fd6b0351d7708d28bb10c6c6852277e2d94e11a03bc19173c100c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -168,7 +168,7 @@ class KimiDeltaAttention(nn.Module):
         if self.impl == "cake":  # head dims, dtype, device the core serves: before any launch
             plan = make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
             if self.keep_states:
-                core_kw["plan"] = kept_states_plan(self, plan)
+                core_kw["plan"] = kept_states_plan(self._kept_plans, plan)
         q, k, v = project_qkv(self, x, cu_seqlens)
         H, K = self.num_heads, self.head_k_dim
         o, _ = self._core(

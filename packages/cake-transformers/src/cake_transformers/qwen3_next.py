@@ -29,8 +29,6 @@ checkpoints stay transformers'. Decoding with a cache runs transformers' own for
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 
@@ -67,14 +65,12 @@ def _kept_states_plan(q: torch.Tensor, v: torch.Tensor):
     """The plan ``chunk_gated_delta_rule_det`` picks itself for q ``[B, T, H, K]`` and v
     ``[B, T, HV, V]`` (``make_plan`` with ``state_programs`` = B sequences x HV value
     heads, as the entry does for a ``[B, T]`` batch), with ``keep_states = 1``."""
+    from cake_core.layer_utils import kept_states_plan
     from cake_gdn_det_train.plan import make_plan
 
     plan = make_plan(q.shape[-1], v.shape[-1], q.dtype, q.device,
                      state_programs=v.shape[0] * v.shape[2])
-    kept = _KEPT_PLANS.get(plan)
-    if kept is None:
-        kept = _KEPT_PLANS[plan] = dataclasses.replace(plan, keep_states=1)
-    return kept
+    return kept_states_plan(_KEPT_PLANS, plan)
 
 
 def _hf():
