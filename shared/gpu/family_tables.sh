@@ -3,8 +3,8 @@
 #   PARTS="kda gdn" bash shared/gpu/family_tables.sh
 # kda: KDA beside FLA (kda_kernels.py $KK_CASES, default a,b,c; both calling forms);
 # gdn: GDN beside FlashQLA (gdn_kernels.py $GQ_CASES, default b,a). FlashQLA compiles with
-# TileLang per shape (~2 min for b, more than 270 s for a after b on an H100): give the gdn
-# part a call of its own with GQ_SECS near the call's limit. Logs in $OUT: gpu.txt,
+# TileLang per shape, for minutes: give the gdn part a call of its own with GQ_SECS near
+# the call's limit (docs/benchmarks/gdn.md says what it took). Logs in $OUT: gpu.txt,
 # kda_fla.txt, gdn_qla.txt.
 set -u
 OUT=${OUT:-/tmp/tables}; mkdir -p "$OUT"
