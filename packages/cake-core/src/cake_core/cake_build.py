@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b6edbb94c3e17ebc12672923f51a6969a7cf010151c0ce65801bad8baba87eb4"
+SOURCE_DIGEST = "sha256:65a718c96354ed2648498e4361234739c22be145aa32b041f5b972eeeabf02ed"
 # --- end of generated block ---
 
 MANIFEST = {
