@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e650b2fb392dc962d62cd5bf36aba3fbdfe5c995a8760063d4af4a073a6881be"
+SOURCE_DIGEST = "sha256:92d73d289e3321d4b62ed8b33c53dab3544c0f385628b55eb90e49ae58150ee4"
 # --- end of generated block ---
 
 MANIFEST = {
