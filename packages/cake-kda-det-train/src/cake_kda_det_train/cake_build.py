@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5e7e0557059fd6b0351d7708d28bb10c6c6852277e2d94e11a03bc19173c100c"
+SOURCE_DIGEST = "sha256:daa0eb931aaf057f1072419e8fb046a95eb5f979a33ab3dcc859753333703355"
 # --- end of generated block ---
 
 MANIFEST = {
