@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:65a718c96354ed2648498e4361234739c22be145aa32b041f5b972eeeabf02ed"
+SOURCE_DIGEST = "sha256:e01ec24ae7a65f6b8e3818e3cc23c84d26bc9f29d8d73a8f315fbb4bd38c9e5c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:92d73d289e3321d4b62ed8b33c53dab3544c0f385628b55eb90e49ae58150ee4"
+SOURCE_DIGEST = "sha256:f84154f1608bd831531781a177be55a3d2f072c9acdf96b25f295221bda4ff70"
 # --- end of generated block ---
 
 MANIFEST = {

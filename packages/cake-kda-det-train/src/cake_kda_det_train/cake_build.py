@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:daa0eb931aaf057f1072419e8fb046a95eb5f979a33ab3dcc859753333703355"
+SOURCE_DIGEST = "sha256:34f64ea2be446fe256ab4269b452333696cda4e51498dab3506968a27adf07d7"
 # --- end of generated block ---
 
 MANIFEST = {
