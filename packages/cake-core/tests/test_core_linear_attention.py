@@ -229,6 +229,34 @@ def test_resolve_plan():
         la.resolve_plan(nondet, 16, 8, torch.float32, cpu, **kw)
 
 
+@dataclasses.dataclass(frozen=True)
+class KeepPlan(Plan):
+    family: ClassVar[str] = "cake-toy-det-train"
+    head_k_dim: int
+    keep_states: int = 0
+
+
+def test_disable_recompute_plan():
+    """FLA's disable_recompute=True: the rule's plan (none given) with keep_states = 1,
+    made once per plan in the entry's cache; a plan given that keeps the states as it is;
+    one that does not: ValueError saying what to pass."""
+    cache = {}
+    rule = KeepPlan(head_k_dim=16)
+    kept = la.disable_recompute_plan(rule, None, cache)
+    assert kept == dataclasses.replace(rule, keep_states=1) and rule.keep_states == 0
+    assert la.disable_recompute_plan(rule, None, cache) is kept and len(cache) == 1
+    other = la.disable_recompute_plan(KeepPlan(head_k_dim=32), None, cache)
+    assert other.head_k_dim == 32 and other.keep_states == 1 and len(cache) == 2
+    mine = KeepPlan(head_k_dim=16, keep_states=1)
+    assert la.disable_recompute_plan(mine, mine, cache) is mine
+    with pytest.raises(ValueError, match=r"disable_recompute=True: the plan given has "
+                       r"keep_states=0 .*pass a plan with keep_states=1 "
+                       r"\(dataclasses.replace\(plan, keep_states=1\)\) or drop "
+                       r"disable_recompute"):
+        la.disable_recompute_plan(rule, rule, cache)
+    assert len(cache) == 2
+
+
 def test_inter_dtype_and_beta_code():
     p16, p32 = HeadPlan(head_k_dim=16, head_v_dim=8), HeadPlan(head_k_dim=16, head_v_dim=8,
                                                               store_16bit=0)
@@ -287,8 +315,9 @@ def test_saved_meta():
 
 def test_check_fla_compat_values():
     """FLA's extra keywords: hints at any value; flags off by truthiness (None, 0, False,
-    numpy False); chunk_size an int-valued 64; anything else a ValueError saying why; a
-    keyword outside ``accepted`` a TypeError; a bool where cu_seqlens goes refused."""
+    numpy False); disable_recompute any value with a truth value; chunk_size an int-valued
+    64; anything else a ValueError saying why; a keyword outside ``accepted`` a TypeError; a
+    bool where cu_seqlens goes refused."""
     import numpy as np
     from cake_core.linear_attention import check_cu_seqlens_position, check_fla_compat
 
@@ -296,7 +325,9 @@ def test_check_fla_compat_values():
                dict(chunk_size=64), dict(chunk_size=64.0), dict(chunk_size=torch.tensor(64)),
                dict(state_v_first=None), dict(state_v_first=0), dict(head_first=np.False_),
                dict(transpose_state_layout=False), dict(cp_context=None),
-               dict(return_intermediate_states=False)):
+               dict(return_intermediate_states=False), dict(disable_recompute=True),
+               dict(disable_recompute=None), dict(disable_recompute=np.True_),
+               dict(disable_recompute="yes"), dict(disable_recompute=torch.tensor(0))):
         check_fla_compat(kw, "f")
     for kw, match in ((dict(chunk_size=True), "chunk_size=True"),
                       (dict(chunk_size=np.array([64, 64])), "chunk_size="),
@@ -304,7 +335,10 @@ def test_check_fla_compat_values():
                       (dict(state_v_first=1), "state_v_first=1"),
                       (dict(head_first=True), "refuses head_first"),
                       (dict(cp_context=0), "kcp"),
-                      (dict(return_intermediate_states=True), "final_state")):
+                      (dict(return_intermediate_states=True), "final_state"),
+                      (dict(disable_recompute=np.array([1, 0])),
+                       r"disable_recompute=.*expected a flag \(FLA tests it by truthiness\)"),
+                      (dict(disable_recompute=torch.ones(2)), "expected a flag")):
         with pytest.raises(ValueError, match=match):
             check_fla_compat(kw, "f")
     with pytest.raises(TypeError, match="f\\(\\) got an unexpected keyword argument 'use_graph'"):

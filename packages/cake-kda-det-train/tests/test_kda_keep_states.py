@@ -3,23 +3,28 @@ which then skips the chunk prep and the forward state pass. Same bits as keep_st
 (the backward's recompute runs the same kernels on the same inputs); the kept tensors are
 the saved set's own (no workspace aliasing); a backward with another plan, or with kept
 tensors that do not fit, recomputes; the custom ops under torch.compile and checkpointing
-give the eager bits; the plan field serialises."""
+give the eager bits; the plan field serialises. FLA's disable_recompute: the rule's plan
+with keep_states = 1 (a plan given must keep the states), off by truthiness."""
 
 import dataclasses
 import json
 
 import cake_kda_det_train.api as api
 import cake_kda_det_train.chunk as chunk
+import numpy as np
 import pytest
 import torch
 import torch.utils.checkpoint
 from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.linear_attention import inter_dtype
+from cake_core.support import owned_nbytes
 from cake_core.testing import (
     assert_bitwise_equal_named,
     assert_compiles_to_op,
+    assert_raises_unmodified,
     bitwise_equal,
     leaf_grads,
+    no_kernel_launches,
     randn,
 )
 from cake_core.triton_utils import default_device
@@ -29,6 +34,7 @@ from cake_kda_det_train import (
     chunk_kda_det,
     chunk_kda_det_bwd,
     chunk_kda_det_fwd,
+    is_supported,
     make_plan,
     saved_bytes,
 )
@@ -302,3 +308,163 @@ def test_plan_field_serialised_and_checked():
     assert KDADetPlan.from_dict(d) == redo  # a dict without the field loads it as 0
     with pytest.raises(ValueError, match="keep_states"):
         dataclasses.replace(redo, keep_states=2)
+
+
+# ----------------------------------------------------------------- FLA's disable_recompute
+
+
+def _dr_run(leaves, cu, opts, monkeypatch, **kw):
+    """``(outputs and leaf gradients, forward state passes)`` of one step of the entry on
+    ``leaves`` (with their initial state and a final-state gradient), ``kw`` passed on
+    (``plan``, ``disable_recompute``)."""
+    calls = []
+    real = chunk._prep_and_state
+    monkeypatch.setattr(chunk, "_prep_and_state",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    idx = [i for i, t in enumerate(leaves) if t is not None]
+
+    def f(*xs):
+        q, k, v, g, beta, h0, A_log, dt_bias = (
+            dict(zip(idx, xs, strict=True)).get(i) for i in range(len(leaves)))
+        gate = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                    use_beta_sigmoid_in_kernel=True) if opts else {}
+        o, ht = chunk_kda_det(q, k, v, g, beta, None, h0, True, use_qk_l2norm_in_kernel=opts,
+                              cu_seqlens=cu, **gate, **kw)
+        loss = (o.float() * o.detach().float().cos()).sum()
+        return loss + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
+
+    got = leaf_grads(f, [leaves[i] for i in idx])
+    monkeypatch.setattr(chunk, "_prep_and_state", real)
+    return got, len(calls)
+
+
+# (B, T, H, HV, K, V, dtype, packed, L2 norm + in-kernel gate + sigmoid)
+DR_CASES = [
+    (2, 65, 1, 2, 16, 16, torch.float32, False, False),
+    (1, 193, 1, 2, 16, 16, torch.float32, True, True),
+    (1, 193, 2, 2, 32, 32, torch.bfloat16, True, True),
+]
+
+
+@pytest.mark.parametrize("case", DR_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_disable_recompute_is_the_rules_plan_kept(case, kda, monkeypatch):
+    """disable_recompute=True: the call runs the plan it picks anyway with keep_states = 1,
+    made once; the backward recomputes nothing, and o, the final state and every gradient
+    are bitwise those of the default call and of that plan given explicitly (with or without
+    the flag)."""
+    B, T, H, HV, K, V, dtype, packed, opts = case
+    cu = torch.tensor(CU, dtype=torch.int32, device=DEV) if packed else None
+    N = len(CU) - 1 if packed else B
+    leaves = _leaves(kda, B, T, H, HV, K, V, dtype, seed=5 + T, n_states=N, gate=opts)
+    rule = api._resolve_plan(None, K, V, dtype, DEV)
+    kept = api._resolve_plan(None, K, V, dtype, DEV, disable_recompute=True)
+    assert rule.keep_states == 0 and kept == dataclasses.replace(rule, keep_states=1)
+    assert api._resolve_plan(None, K, V, dtype, DEV, disable_recompute=True) is kept
+    want, n = _dr_run(leaves, cu, opts, monkeypatch)
+    assert n == 2  # the forward's state pass and the backward's recompute
+    names = ["o", "final_state"] + [f"d{i}" for i, t in enumerate(leaves) if t is not None]
+    for kw in (dict(disable_recompute=True), dict(plan=kept, disable_recompute=True),
+               dict(plan=kept)):
+        got, n = _dr_run(leaves, cu, opts, monkeypatch, **kw)
+        assert n == 1, kw  # the forward's only: the backward read the kept states
+        assert_bitwise_equal_named(got, want, names, f"{kw} differs from the default")
+
+
+def test_disable_recompute_off_changes_nothing(kda, monkeypatch):
+    """disable_recompute off (FLA's default False, or None / 0: off by truthiness): the
+    default call's bits, recompute and saved bytes."""
+    cu = torch.tensor((0, 0, 1, 6, 70), dtype=torch.int32, device=DEV)
+    leaves = _leaves(kda, 1, 70, 1, 2, 16, 16, torch.bfloat16, seed=17, n_states=4,
+                     gate=True)
+    want, n = _dr_run(leaves, cu, True, monkeypatch)
+    assert n == 2
+    names = ["o", "final_state"] + [f"d{i}" for i in range(len(leaves))]
+    q, k, v, g, beta = leaves[:5]
+    for flag in (False, None, 0, np.False_):
+        got, n = _dr_run(leaves, cu, True, monkeypatch, disable_recompute=flag)
+        assert n == 2, flag
+        assert_bitwise_equal_named(got, want, names, f"disable_recompute={flag!r} differs")
+        assert saved_bytes(q, k, v, g, beta, cu_seqlens=cu, disable_recompute=flag) == \
+            saved_bytes(q, k, v, g, beta, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("dtype,cu", [(torch.float32, None),
+                                      (torch.bfloat16, (0, 6, 70, 130))])
+def test_disable_recompute_saved_set_keeps_the_states(dtype, cu, kda):
+    """The autograd graph of a disable_recompute call holds h (a row per chunk), w, kg and
+    v_new, and saved_bytes counts them: what the call keeps, as much as with the
+    keep_states = 1 plan, more than without; any truthy value counts as on (FLA tests the
+    flag by truthiness)."""
+    T, HV, K, V = 130, 2, 32, 16
+    N = len(cu) - 1 if cu else 1
+    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, T, 1, HV, K, V, dtype, seed=23, h0=True,
+                                               n_states=N)
+    kw = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, use_qk_l2norm_in_kernel=True)
+    if cu is not None:
+        kw["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device=DEV)
+    for t in (q, k, v, g, beta):
+        t.requires_grad_(True)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        o, _ = chunk_kda_det(**kw, disable_recompute=True)
+    NC = 3  # chunks: 130 tokens, or documents of 6, 64 and 60 tokens
+    kept_shapes = [tuple(t.shape) for t in o.grad_fn.saved_tensors[13:]]  # h, w, kg, v_new
+    assert kept_shapes == [(NC, HV, K, V), (T, HV, K), (T, HV, K), (T, HV, V)]
+    kept = dataclasses.replace(make_plan(K, V, dtype, DEV), keep_states=1)
+    inputs = [t for t in kw.values() if isinstance(t, torch.Tensor)]
+    more = saved_bytes(**kw, disable_recompute=True)
+    assert more == owned_nbytes(packed, exclude=inputs) == saved_bytes(**kw, plan=kept)
+    assert more > saved_bytes(**kw)
+    for flag in (1, np.True_, "yes"):  # FLA tests the flag by truthiness
+        assert saved_bytes(**kw, disable_recompute=flag) == more, flag
+
+
+def test_disable_recompute_with_a_recomputing_plan_refused(kda):
+    """disable_recompute on with a plan of keep_states = 0: ValueError saying what to pass,
+    before any launch, nothing the caller owns modified; is_supported says it, saved_bytes
+    raises it. A value without a truth value: ValueError too."""
+    q, k, v, g, beta, _ = kda.make_kda_inputs(1, 70, 1, 2, 16, 16, torch.float32, seed=29)
+    redo, keep = _plans(16, 16, torch.float32)
+    base = dict(q=q, k=k, v=v, g=g, beta=beta)
+    msg = (r"disable_recompute=True: the plan given has keep_states=0 .*pass a plan with "
+           r"keep_states=1 \(dataclasses.replace\(plan, keep_states=1\)\) or drop "
+           r"disable_recompute")
+    with no_kernel_launches(api, "_launch_fwd", "_launch_bwd", "_l2norm"):
+        for flag in (True, 1, np.True_):
+            kw = dict(base, plan=redo, disable_recompute=flag)
+            err = assert_raises_unmodified(chunk_kda_det, kw, msg)
+            s = is_supported(**kw)
+            assert not s and s.reason == str(err)
+            with pytest.raises(ValueError, match=msg):
+                saved_bytes(**kw)
+        assert is_supported(**base, plan=keep, disable_recompute=True)
+        assert is_supported(**base, plan=redo, disable_recompute=False)
+        for bad in (np.array([True, False]), torch.ones(2)):
+            assert_raises_unmodified(chunk_kda_det, dict(base, disable_recompute=bad),
+                                     r"disable_recompute=.*expected a flag \(FLA tests it by "
+                                     r"truthiness\)")
+
+
+def test_compile_disable_recompute_same_bits_as_eager(kda, monkeypatch):
+    """Under torch.compile (fullgraph) disable_recompute reaches the custom op as the
+    kept plan's fields: the op keeps the states (no recompute in the backward) and the
+    bits are the eager default call's."""
+    leaves, cu = _compile_leaves(kda)
+
+    def step(q, k, v, g, beta, h0, A_log, dt_bias, cu):
+        o, ht = chunk_kda_det(
+            q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+            use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=True, disable_recompute=True)
+        return (o * o).sum() + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
+
+    calls = []
+    real = chunk._prep_and_state
+    monkeypatch.setattr(chunk, "_prep_and_state",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    compiled = assert_compiles_to_op(step, leaves, (cu,), NAMES, backend=BACKEND,
+                                     op="cake_kda_det_train.fwd")
+    assert len(calls) == 2  # eager and compiled: one forward state pass each
+    assert_bitwise_equal_named(leaf_grads(compiled, leaves, cu),
+                               leaf_grads(_compile_step(None), leaves, cu), NAMES,
+                               "compiled disable_recompute differs from the default")

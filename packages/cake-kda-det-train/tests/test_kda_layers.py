@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from cake_core.testing import (
     assert_close_to_reference,
+    assert_layer_keep_states_compiles_as_default,
     assert_layer_keep_states_same_bits,
     assert_raises_unmodified,
 )
@@ -141,6 +142,12 @@ def test_keep_states_same_bits_no_recompute(monkeypatch):
     import cake_kda_det_train.chunk as chunk
 
     assert_layer_keep_states_same_bits(_layer, chunk, monkeypatch, hidden=64, device=DEV)
+
+
+def test_keep_states_compiled_one_graph_same_bits():
+    """Under torch.compile a keep_states=True layer traces as one graph (its core gets
+    disable_recompute=True; the layer builds no plan) and gives the default layer's bits."""
+    assert_layer_keep_states_compiles_as_default(_layer, hidden=64, device=DEV)
 
 
 @pytest.mark.parametrize("kw,match", [

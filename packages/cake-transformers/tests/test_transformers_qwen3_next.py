@@ -293,9 +293,10 @@ def _gdn_pieces(model):
 
 
 def test_keep_states_same_bits_with_the_rules_plan_kept(ids, monkeypatch):
-    """keep_states=True: the core gets the plan the entry picks itself for the call with
-    keep_states = 1 (one plan object, cached), its backward recomputes no chunk state, and
-    the loss, the logits and every gradient are bitwise those of keep_states=False."""
+    """keep_states=True: the core runs the plan the entry picks itself for the call with
+    keep_states = 1 (FLA's disable_recompute=True, no plan given; one plan object,
+    cached), its backward recomputes no chunk state, and the loss, the logits and every
+    gradient are bitwise those of keep_states=False."""
     import cake_gdn_det_train
     from cake_gdn_det_train import api
 
@@ -304,7 +305,7 @@ def test_keep_states_same_bits_with_the_rules_plan_kept(ids, monkeypatch):
                                            api._resolve_plan, api._prep_and_state)
 
     def entry(*a, **kw):
-        given.append(kw.get("plan"))
+        given.append((kw.get("plan"), kw.get("disable_recompute")))
         return real_entry(*a, **kw)
 
     def resolve(*a, **kw):
@@ -321,18 +322,18 @@ def test_keep_states_same_bits_with_the_rules_plan_kept(ids, monkeypatch):
     assert "keep_states" in _gdn_pieces(kept) and "keep_states" not in _gdn_pieces(base)
 
     want = step(base, ids)
-    assert given == [None] and len(recomputes) == 2  # the forward's, the backward's recompute
+    # the forward's recurrence, the backward's recompute
+    assert given == [(None, None)] and len(recomputes) == 2
     (default,) = set(resolved)  # the entry's own plan for [B=2, T] x HV=4 value heads
     assert default.keep_states == 0
     given.clear(), resolved.clear(), recomputes.clear()
     got = step(kept, ids)
-    assert len(given) == 1 and given[0].keep_states == 1 and len(recomputes) == 1
-    assert given[0] == dataclasses.replace(default, keep_states=1)
-    assert set(resolved) == {given[0]}
+    assert given == [(None, True)] and len(recomputes) == 1
+    assert set(resolved) == {dataclasses.replace(default, keep_states=1)}
     with torch.no_grad():
         logits_want = base(input_ids=ids, use_cache=False).logits
         logits_got = kept(input_ids=ids, use_cache=False).logits
-    assert given[-1] is given[0]  # the kept plan is made once, not per call
+    assert resolved[-1] is resolved[0]  # the kept plan is made once, not per call
     assert torch.equal(got[0], want[0]) and torch.equal(logits_got, logits_want)
     assert got[2].keys() == want[2].keys()
     for name, g in want[2].items():
@@ -342,6 +343,28 @@ def test_keep_states_same_bits_with_the_rules_plan_kept(ids, monkeypatch):
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
     for name, g in want[2].items():
         assert torch.equal(got[2][name], g), name
+
+
+def test_keep_states_compiled_gdn_forward_one_graph(ids):
+    """Under torch.compile (aot_eager) the patched Gated DeltaNet forward with keep_states
+    traces as one graph, as without it (the core takes disable_recompute=True; the forward
+    builds no plan), and the loss and every gradient keep keep_states=False's bits."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    ref, res = tiny_model(), {}
+    for keep in (False, True):
+        model = apply_cake_kernels_to_qwen3_next(copy.deepcopy(ref), keep_states=keep)
+        torch._dynamo.reset()
+        cnt = CompileCounterWithBackend("aot_eager")
+        for m in model.modules():
+            if isinstance(m, hf.Qwen3NextGatedDeltaNet):
+                m.forward = torch.compile(m.forward, backend=cnt)
+        res[keep] = step(model, ids)
+        assert cnt.frame_count == 1, (keep, cnt.frame_count)
+    (loss, _, grads, _), (loss_k, _, grads_k, _) = res[False], res[True]
+    assert torch.equal(loss_k, loss) and grads_k.keys() == grads.keys()
+    for name, g in grads.items():
+        assert torch.equal(grads_k[name], g), name
 
 
 def test_keep_states_bad_values_refused_before_any_patch():

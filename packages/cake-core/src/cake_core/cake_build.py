@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:b6edbb94c3e17ebc12672923f51a6969a7cf010151c0ce65801bad8baba87eb4"
+SOURCE_DIGEST = "sha256:e01ec24ae7a65f6b8e3818e3cc23c84d26bc9f29d8d73a8f315fbb4bd38c9e5c"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cake_core.plan import cached_plan
+
 #: a layer's ``impl``: ``"cake"`` (cake's kernels) or ``"torch"`` (plain torch, same parameters)
 IMPLS: tuple[str, ...] = ("cake", "torch")
 
@@ -207,9 +209,8 @@ def torch_core(reference):
 
 def kept_states_plan(cache: dict, plan):
     """``plan`` with ``keep_states = 1`` (the core keeps the chunk states for the backward),
-    made once per plan and kept in ``cache`` (a dict its caller owns: a layer built with
-    ``keep_states=True``, or a model patch)."""
-    kept = cache.get(plan)
-    if kept is None:
-        kept = cache[plan] = dataclasses.replace(plan, keep_states=1)
-    return kept
+    made once per plan and kept in ``cache`` (a dict its caller owns: the GDN and KDA
+    entries keep one per package and mode for FLA's ``disable_recompute=True``;
+    :func:`cake_core.plan.cached_plan`'s rules: bounded, not consulted while
+    ``torch.compile`` traces)."""
+    return cached_plan(cache, (plan,), lambda: dataclasses.replace(plan, keep_states=1))

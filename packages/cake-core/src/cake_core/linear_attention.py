@@ -36,6 +36,7 @@ from cake_core.checks import (
     check_shape,
     check_tensor,
 )
+from cake_core.layer_utils import kept_states_plan
 from cake_core.mode import Mode, require_mode
 from cake_core.plan import Plan, cached_plan
 from cake_core.varlen import SeqChunks, resolve_chunks
@@ -54,6 +55,7 @@ __all__ = [
     "check_options",
     "check_qkv_g_beta",
     "delta_rule_reference",
+    "disable_recompute_plan",
     "inter_dtype",
     "l2norm_reference",
     "make_head_plan",
@@ -161,12 +163,14 @@ def check_options(output_final_state: object, use_qk_l2norm_in_kernel: object,
                          "kernel then uses beta' = 2 * sigmoid(beta), as FLA)")
 
 
-#: FLA keywords the cake entry points accept only for compatibility: speed hints they
-#: ignore (cake reads ``cu_seqlens`` and builds its chunk tables itself) and options
-#: accepted at FLA's default value only. Values: the allowed value, or ``...`` for any.
+#: FLA keywords the cake entry points accept for drop-in calls: speed hints they ignore
+#: (cake reads ``cu_seqlens`` and builds its chunk tables itself), options accepted at
+#: FLA's default value only, and ``disable_recompute``, a flag the entries read
+#: (:func:`disable_recompute_plan`). Values: the allowed value, ``...`` for any, or
+#: ``bool`` for a flag (any value with a truth value, tested by truthiness as FLA does).
 FLA_COMPAT_KEYWORDS = {
     "cu_seqlens_cpu": ..., "chunk_indices": ..., "use_graph": ..., "max_num_seqs": ...,
-    "disable_recompute": ..., "chunk_size": 64, "state_v_first": False,
+    "disable_recompute": bool, "chunk_size": 64, "state_v_first": False,
     "transpose_state_layout": False, "head_first": False, "cp_context": None,
     "return_intermediate_states": False,
 }
@@ -185,20 +189,29 @@ _FLA_COMPAT_WHY = {
 def check_fla_compat(fla_kwargs: dict[str, object], entry: str,
                      accepted: tuple[str, ...] = tuple(FLA_COMPAT_KEYWORDS)) -> None:
     """Accept FLA's extra keywords of ``entry`` (a drop-in for FLA's function): the speed
-    hints of :data:`FLA_COMPAT_KEYWORDS` (ignored) and the options at FLA's default value
+    hints of :data:`FLA_COMPAT_KEYWORDS` (ignored), the options at FLA's default value
     (flags off by truthiness, as FLA tests them; ``head_first`` is refused by FLA 0.6.0
-    whatever its value, accepted here when off).
+    whatever its value, accepted here when off) and ``disable_recompute`` at any value
+    with a truth value (the entry reads it: :func:`disable_recompute_plan`).
 
     Raises:
         TypeError: a keyword not in ``accepted`` (FLA's functions take ``**kwargs`` and
             ignore unknown names; cake says so instead, as Python would).
-        ValueError: an option at a value cake does not implement, saying why.
+        ValueError: an option at a value cake does not implement, saying why; a flag
+            without a truth value (an array of several elements).
     """
     for name, value in fla_kwargs.items():
         if name not in accepted:
             raise TypeError(f"{entry}() got an unexpected keyword argument {name!r}")
         want = FLA_COMPAT_KEYWORDS[name]
         if want is ...:
+            continue
+        if want is bool:  # a flag the entry reads, by truthiness as FLA
+            try:
+                bool(value)
+            except (TypeError, ValueError, RuntimeError) as e:  # arrays, other non-scalars
+                raise ValueError(f"{name}={value!r}: expected a flag (FLA tests it by "
+                                 f"truthiness)") from e
             continue
         try:
             if want is None:
@@ -212,6 +225,28 @@ def check_fla_compat(fla_kwargs: dict[str, object], entry: str,
         if not same:
             raise ValueError(f"{name}={value!r} is not supported ({_FLA_COMPAT_WHY[name]}); "
                              f"only {name}={want!r}, FLA's default, is accepted")
+
+
+def disable_recompute_plan(plan: Plan, given: object, cache: dict) -> Plan:
+    """The plan a call with FLA's ``disable_recompute=True`` runs: the forward keeps the
+    chunk states for the backward, which then skips their recompute (cake's plan field
+    ``keep_states = 1``). ``plan``: the call's plan as the entry resolved it, ``given``:
+    the caller's (``None``: ``plan`` is the rule's). Returns ``plan`` when it keeps the
+    states already, else the rule's plan with ``keep_states = 1``, made once per plan and
+    kept in ``cache`` (the entry's, one per package and mode:
+    :func:`cake_core.layer_utils.kept_states_plan`).
+
+    Raises:
+        ValueError: ``given`` is a plan with ``keep_states = 0``.
+    """
+    if plan.keep_states:
+        return plan
+    if given is not None:
+        raise ValueError("disable_recompute=True: the plan given has keep_states=0 (its "
+                         "backward recomputes the chunk states); pass a plan with "
+                         "keep_states=1 (dataclasses.replace(plan, keep_states=1)) or drop "
+                         "disable_recompute")
+    return kept_states_plan(cache, plan)
 
 
 def check_cu_seqlens_position(cu_seqlens: object) -> None:

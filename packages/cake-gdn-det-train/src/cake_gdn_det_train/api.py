@@ -42,6 +42,7 @@ from cake_core.linear_attention import (
     check_grad_outputs,
     check_options,
     check_qkv_g_beta,
+    disable_recompute_plan,
     inter_dtype,
     resolve_for_backward,
     resolve_plan,
@@ -111,6 +112,7 @@ class ModeTypes(NamedTuple):
     make_plan: Callable  # (K, V, dtype, device, *, state_programs=None) -> plan
     ops: str  # the custom ops' namespace
     plans: dict  # the entries' default plans, per (K, V, dtype, device)
+    kept_plans: dict  # their keep_states = 1 copies (disable_recompute=True), per plan
     before_bwd: Callable[[], None] | None = None  # run by a backward before any launch
 
 
@@ -120,12 +122,13 @@ class ModeTypes(NamedTuple):
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
                   dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                  plan=None, types: ModeTypes | None = None):
+                  plan=None, types: ModeTypes | None = None, disable_recompute: bool = False):
     """All checks of :func:`chunk_gdn_det_fwd`, then the plan; returns ``(device, N, scale,
     A_log, dt_bias, beta code, plan, seqs)``. A_log and dt_bias are checked (and used)
     only with ``use_gate_in_kernel``, as in FLA (``None`` without it). seqs: the call's
     sequences and chunk tables, resolved once (:class:`cake_core.varlen.SeqChunks`,
-    read-only; ``None`` while torch.compile traces). ``types``: default :data:`DET`."""
+    read-only; ``None`` while torch.compile traces). ``types``: default :data:`DET`.
+    ``disable_recompute``: a plan that keeps the chunk states (:func:`_resolve_plan`)."""
     check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=False)
@@ -143,31 +146,39 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                                              A_log, dt_bias, chunk_size=CHUNK_SIZE)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return (device, N, scale, A_log, dt_bias, sig,
-            _resolve_plan(plan, K, V, q.dtype, device, state_programs=N * HV, types=types),
+            _resolve_plan(plan, K, V, q.dtype, device, state_programs=N * HV, types=types,
+                          disable_recompute=disable_recompute),
             seqs)
 
 
 _DEFAULT_PLANS: dict[tuple, GDNDetPlan] = {}
+_KEPT_PLANS: dict[tuple, GDNDetPlan] = {}
 
 #: this package's types: det plans, saved sets and workspaces, the ops ``cake_gdn_det_train::``
 DET = ModeTypes(Mode.DET, GDNDetPlan, GDNDetSavedSet, GDNDetWorkspace, make_plan,
-                "cake_gdn_det_train", _DEFAULT_PLANS)
+                "cake_gdn_det_train", _DEFAULT_PLANS, _KEPT_PLANS)
 
 
 def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device,
-                  state_programs: int | None = None,
-                  types: ModeTypes | None = None) -> GDNDetPlan:
+                  state_programs: int | None = None, types: ModeTypes | None = None,
+                  disable_recompute: bool = False) -> GDNDetPlan:
     """The call's plan: the caller's (checked: ``types.plan`` of ``types.mode``, default
     :data:`DET`), else the rule's for (K, V, dtype, device), narrowed by
     :func:`make_plan`'s ``state_programs`` rule when ``state_programs`` (``N * HV``) is
-    given."""
+    given. With ``disable_recompute`` (FLA's keyword): the rule's plan with
+    ``keep_states = 1`` (one object per plan, kept in ``types.kept_plans``), or the
+    caller's when it keeps the states
+    (:func:`cake_core.linear_attention.disable_recompute_plan`: ``ValueError`` for a
+    caller's plan with ``keep_states = 0``)."""
     types = types or DET
     got = resolve_plan(plan, K, V, dtype, device, plan_type=types.plan,
                        make_plan=types.make_plan, cuda_plan_problem=cuda_plan_problem,
                        cache=types.plans, mode=types.mode)
-    if plan is not None or state_programs is None:
-        return got
-    return narrowed_for(got, dtype, device, state_programs)
+    if plan is None and state_programs is not None:
+        got = narrowed_for(got, dtype, device, state_programs)
+    if disable_recompute:
+        got = disable_recompute_plan(got, plan, types.kept_plans)
+    return got
 
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -920,8 +931,8 @@ _fwd_op, _bwd_op = define_ops(DET)
 
 
 #: FLA ``chunk_gated_delta_rule`` keywords taken for compatibility (cake_core.linear_attention).
-_FLA_KEYWORDS = ("cu_seqlens_cpu", "chunk_indices", "chunk_size", "state_v_first",
-                 "transpose_state_layout", "head_first", "cp_context")
+_FLA_KEYWORDS = ("cu_seqlens_cpu", "chunk_indices", "disable_recompute", "chunk_size",
+                 "state_v_first", "transpose_state_layout", "head_first", "cp_context")
 
 
 def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -945,16 +956,25 @@ def chunk_gated_delta_rule_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ``use_beta_sigmoid_in_kernel``: pass FLA's flags by keyword; a bool there raises
     ``ValueError``). FLA's other keywords are accepted for drop-in calls: the speed hints
     ``cu_seqlens_cpu`` and ``chunk_indices`` (ignored: cake reads ``cu_seqlens`` and builds
-    its chunk tables itself), and ``chunk_size=64``, ``state_v_first=False``,
-    ``transpose_state_layout=False``, ``head_first=False``, ``cp_context=None`` (FLA's
-    defaults; another value raises ``ValueError``; context parallelism is
-    ``cake-gdn-det-train-kcp``). Unlike :func:`chunk_gdn_det_fwd`, and as FLA, a bf16 /
-    fp16 ``initial_state`` is taken (upcast to fp32 first; its gradient comes back in its
-    dtype).
+    its chunk tables itself), ``disable_recompute`` (below), and ``chunk_size=64``,
+    ``state_v_first=False``, ``transpose_state_layout=False``, ``head_first=False``,
+    ``cp_context=None`` (FLA's defaults; another value raises ``ValueError``; context
+    parallelism is ``cake-gdn-det-train-kcp``). Unlike :func:`chunk_gdn_det_fwd`, and as
+    FLA, a bf16 / fp16 ``initial_state`` is taken (upcast to fp32 first; its gradient comes
+    back in its dtype).
     Returns ``(o, final_state)`` (``final_state`` is ``None`` without
     ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
     dt_bias (through :func:`chunk_gdn_det_bwd`); bitwise repeatable for equal inputs,
     upstream gradients, plan and hardware; not twice differentiable.
+
+    ``disable_recompute`` (FLA's flag, tested by truthiness as FLA does; default off): on,
+    the forward keeps the chunk states (h, w, v_new and g's cumulative sum) for the
+    backward, which skips their recompute: less time for more memory (:func:`saved_bytes`
+    counts it), the same bits. Without a ``plan`` the call runs the plan it picks anyway
+    with ``keep_states = 1``; with a ``plan``, that plan must have ``keep_states = 1``
+    (else ``ValueError`` before any launch: pass ``dataclasses.replace(plan,
+    keep_states=1)`` or drop ``disable_recompute``). A value without a truth value (an
+    array of several elements) raises ``ValueError``.
 
     Under ``torch.compile`` (``fullgraph=True`` works) the call is the custom ops
     ``cake_gdn_det_train::fwd`` / ``::bwd`` (the plan passed by its fields) with their registered
@@ -998,6 +1018,7 @@ def entry_checks(types: ModeTypes, entry: str, q, k, v, g, beta, scale, initial_
     fp32 copy of a 16-bit one when ``convert_state``; without it, an fp32 stand-in of its
     shape, for checks that must not copy)."""
     check_fla_compat(fla_kwargs, entry, _FLA_KEYWORDS)
+    keep = bool(fla_kwargs.get("disable_recompute", False))  # by truthiness, as FLA
     if isinstance(initial_state, torch.Tensor) and \
             initial_state.dtype in (torch.bfloat16, torch.float16):
         # as FLA, which loads the state as fp32
@@ -1006,4 +1027,4 @@ def entry_checks(types: ModeTypes, entry: str, q, k, v, g, beta, scale, initial_
     return initial_state, _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-        allow_neg_eigval, plan, types)
+        allow_neg_eigval, plan, types, disable_recompute=keep)

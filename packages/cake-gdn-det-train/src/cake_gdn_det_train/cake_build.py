@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e650b2fb392dc962d62cd5bf36aba3fbdfe5c995a8760063d4af4a073a6881be"
+SOURCE_DIGEST = "sha256:f84154f1608bd831531781a177be55a3d2f072c9acdf96b25f295221bda4ff70"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -16,7 +16,6 @@ from cake_core.layer_utils import (
     check_impl,
     check_training_call,
     head_dims,
-    kept_states_plan,
     pad,
     positive_int,
     project_qkv,
@@ -87,13 +86,13 @@ class GatedDeltaNet(nn.Module):
     :func:`~cake_gdn_det_train.gdn_reference` in fp32, token by token: a slow plain-torch
     baseline that needs no ``layers`` extra, launches no Triton kernel and serves any
     head dim. And cake's ``keep_states`` (default False): True runs the core with the rule's
-    plan for the call (as the entry picks it) and ``keep_states = 1``: the forward keeps the
-    chunk states for the backward, which then skips their recompute: less time for more
-    memory (``cake_gdn_det_train.saved_bytes`` counts it; measurements:
-    docs/benchmarks/gdn.md). Eagerly the same bits as False; under ``torch.compile`` the
-    gradient of ``hidden_states`` may differ in its last bits (the graph with the kept
-    states adds the projections' gradients in another order; the output and the parameters'
-    gradients keep their bits). No effect with ``impl="torch"``.
+    plan for the call (as the entry picks it) and ``keep_states = 1`` (the core's
+    ``disable_recompute=True``): the forward keeps the chunk states for the backward, which
+    then skips their recompute: less time for more memory
+    (``cake_gdn_det_train.saved_bytes`` counts it; measurements: docs/benchmarks/gdn.md).
+    The same bits as False, eagerly and under ``torch.compile`` (where the layer traces as
+    one graph, as with False; tested with the ``aot_eager`` backend). No effect with
+    ``impl="torch"``.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
@@ -128,7 +127,6 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         self.impl = check_impl(impl)
         self.keep_states = check_flag(keep_states, "keep_states")
-        self._kept_plans: dict = {}  # make_plan's plan -> the same with keep_states = 1
         ShortConvolution, Linear, RMSNorm, RMSNormGated = _parts(impl)
         self._core = chunk_gated_delta_rule_det if impl == "cake" else torch_core(gdn_reference)
         self.hidden_size = positive_int("hidden_size", hidden_size)
@@ -172,12 +170,9 @@ class GatedDeltaNet(nn.Module):
         B, T = hidden_states.shape[:2]
         core_kw = {}
         if self.impl == "cake":  # head dims, dtype, device the core serves: before any launch
-            # the entry's rule for this call: state_programs = sequences x value heads
-            n = cu_seqlens.numel() - 1 if cu_seqlens is not None else x.shape[0]
-            plan = make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device,
-                             state_programs=n * self.num_v_heads)
-            if self.keep_states:
-                core_kw["plan"] = kept_states_plan(self._kept_plans, plan)
+            make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
+            if self.keep_states:  # the entry's own plan for the call, keep_states = 1
+                core_kw["disable_recompute"] = True
         q, k, v = project_qkv(self, x, cu_seqlens)
         q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
         k = k.unflatten(-1, (self.num_heads, self.head_k_dim))

@@ -37,7 +37,7 @@ def _alert() -> None:
 
 #: this package's types: nondet plans, saved sets and workspaces, its own custom ops
 NONDET = ModeTypes(Mode.NONDET, GDNNondetPlan, GDNNondetSavedSet, GDNNondetWorkspace,
-                   make_nondet_plan, "cake_gdn_nondet_train", {}, _alert)
+                   make_nondet_plan, "cake_gdn_nondet_train", {}, {}, _alert)
 
 _fwd_op, _bwd_op = define_ops(NONDET)
 
@@ -134,13 +134,15 @@ def chunk_gated_delta_rule_nondet(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
                                   allow_neg_eigval: bool = False, **fla_kwargs):
     """Non-deterministic drop-in for FLA's ``chunk_gated_delta_rule``, with autograd.
 
-    Arguments, FLA keywords (``cu_seqlens_cpu``, ``chunk_indices``, ``chunk_size=64``,
-    ``state_v_first``, ``transpose_state_layout``, ``head_first``, ``cp_context``), shapes
-    and errors as ``cake_gdn_det_train.chunk_gated_delta_rule_det``, with ``plan`` a
-    :class:`GDNNondetPlan`. Returns ``(o, final_state)`` (``final_state`` ``None`` without
-    ``output_final_state``); gradients flow to q, k, v, g, beta, initial_state, A_log and
-    dt_bias; not twice differentiable. Eager and under ``torch.compile`` the call is the
-    custom ops ``cake_gdn_nondet_train::fwd`` / ``::bwd``.
+    Arguments, FLA keywords (``cu_seqlens_cpu``, ``chunk_indices``, ``disable_recompute``,
+    ``chunk_size=64``, ``state_v_first``, ``transpose_state_layout``, ``head_first``,
+    ``cp_context``), shapes and errors as ``cake_gdn_det_train.chunk_gated_delta_rule_det``,
+    with ``plan`` a :class:`GDNNondetPlan` (``disable_recompute=True``: the plan it picks
+    with ``keep_states = 1``, or the ``plan`` given, which must have ``keep_states = 1``).
+    Returns ``(o, final_state)`` (``final_state`` ``None`` without ``output_final_state``);
+    gradients flow to q, k, v, g, beta, initial_state, A_log and dt_bias; not twice
+    differentiable. Eager and under ``torch.compile`` the call is the custom ops
+    ``cake_gdn_nondet_train::fwd`` / ``::bwd``.
 
     Raises:
         ValueError: as the det entry, and for a det plan.

@@ -56,7 +56,7 @@ PLANS = [
                 "keep_states", "l2norm_local", "mode"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:36138ccf17c0c9338a9bf1a362cbb77c224c893d4a8f99839534eae31ee0d15a"
+SOURCE_DIGEST = "sha256:07602c567dd6aaa5f459e5771aa162e3dc95485ab0165139535990031ca80d55"
 # --- end of generated block ---
 
 MANIFEST = {

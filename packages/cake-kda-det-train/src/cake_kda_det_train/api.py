@@ -43,6 +43,7 @@ from cake_core.linear_attention import (
     check_grad_outputs,
     check_options,
     check_qkv_g_beta,
+    disable_recompute_plan,
     resolve_for_backward,
     resolve_plan,
     resolve_scale,
@@ -98,7 +99,8 @@ class ModeKinds(NamedTuple):
     """What makes a package's entries det or nondet over these same checks and launches
     (this package's :data:`DET_KINDS`; cake-kda-nondet-train builds its own): the mode its
     plans, saved sets and workspaces carry, their classes (an entry refuses any other type
-    or mode), its gradients tuple, its plan rule and default-plan cache, the namespace of
+    or mode), its gradients tuple, its plan rule, default-plan cache and the cache of those
+    plans' ``keep_states = 1`` copies (FLA's ``disable_recompute=True``), the namespace of
     its custom ops, its autograd entry's name (in messages) and what its backward runs
     before any launch (``None``: nothing; nondet: the deterministic-algorithms alert)."""
 
@@ -109,6 +111,7 @@ class ModeKinds(NamedTuple):
     grads_type: type
     make_plan: Callable
     plan_cache: dict
+    kept_plan_cache: dict
     namespace: str
     entry: str
     before_bwd: Callable[[], None] | None = None
@@ -130,14 +133,17 @@ def _check_lower_bound(lower_bound: object) -> float | None:
 def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                   use_qk_l2norm_in_kernel, cu_seqlens, use_gate_in_kernel=False, A_log=None,
                   dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
-                  allow_neg_eigval=False, safe_gate=False, plan=None, kinds=None):
+                  allow_neg_eigval=False, safe_gate=False, plan=None, kinds=None,
+                  disable_recompute: bool = False):
     """All checks of :func:`chunk_kda_det_fwd`, then the plan (of ``kinds``, default
-    :data:`DET_KINDS`); returns ``(device, N, scale, A_log, dt_bias, lower_bound, beta code,
-    plan, seqs)`` with the gate parameters set to ``None`` where FLA ignores them (without
-    ``use_gate_in_kernel``). Reads nothing but shapes, dtypes and devices, except the values
-    of ``cu_seqlens`` (one host sync per tensor version; skipped while torch.compile
-    traces). seqs: the call's sequences and chunk tables, resolved once
-    (:class:`cake_core.varlen.SeqChunks`, read-only; ``None`` while torch.compile traces)."""
+    :data:`DET_KINDS`; one that keeps the chunk states with ``disable_recompute``:
+    :func:`_resolve_plan`); returns ``(device, N, scale, A_log, dt_bias, lower_bound, beta
+    code, plan, seqs)`` with the gate parameters set to ``None`` where FLA ignores them
+    (without ``use_gate_in_kernel``). Reads nothing but shapes, dtypes and devices, except
+    the values of ``cu_seqlens`` (one host sync per tensor version; skipped while
+    torch.compile traces). seqs: the call's sequences and chunk tables, resolved once
+    (:class:`cake_core.varlen.SeqChunks`, read-only; ``None`` while torch.compile
+    traces)."""
     check_cu_seqlens_position(cu_seqlens)  # before the shape checks: the FLA hint
     B, T, H, K, HV, V = check_qkv_g_beta(q, k, v, g, beta, max_head_dim=MAX_HEAD_DIM,
                                          per_channel_decay=True)
@@ -162,22 +168,34 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, output_final_state,
                                              A_log, dt_bias, chunk_size=CHUNK_SIZE)
     sig = beta_code(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return (device, N, scale, A_log, dt_bias, lower_bound, sig,
-            _resolve_plan(plan, K, V, q.dtype, device, kinds), seqs)
+            _resolve_plan(plan, K, V, q.dtype, device, kinds, disable_recompute), seqs)
 
 
 _DEFAULT_PLANS: dict[tuple, KDADetPlan] = {}
+_KEPT_PLANS: dict[tuple, KDADetPlan] = {}
 
 #: this package's kinds: det plans, saved sets and workspaces, ops ``cake_kda_det_train::``
 DET_KINDS = ModeKinds(Mode.DET, KDADetPlan, KDADetSavedSet, KDADetWorkspace, KDADetGrads,
-                      make_plan, _DEFAULT_PLANS, "cake_kda_det_train", "chunk_kda_det")
+                      make_plan, _DEFAULT_PLANS, _KEPT_PLANS, "cake_kda_det_train",
+                      "chunk_kda_det")
 
 
 def _resolve_plan(plan, K: int, V: int, dtype: torch.dtype, device: torch.device,
-                  kinds: ModeKinds | None = None) -> KDADetPlan:
+                  kinds: ModeKinds | None = None,
+                  disable_recompute: bool = False) -> KDADetPlan:
+    """The call's plan: the caller's (checked: ``kinds.plan_type`` of ``kinds.mode``,
+    default :data:`DET_KINDS`), else the rule's for (K, V, dtype, device). With
+    ``disable_recompute`` (FLA's keyword): the rule's plan with ``keep_states = 1`` (one
+    object per plan, kept in ``kinds.kept_plan_cache``), or the caller's when it keeps the
+    states (:func:`cake_core.linear_attention.disable_recompute_plan`: ``ValueError`` for
+    a caller's plan with ``keep_states = 0``)."""
     kinds = kinds or DET_KINDS
-    return resolve_plan(plan, K, V, dtype, device, plan_type=kinds.plan_type,
-                        make_plan=kinds.make_plan, cuda_plan_problem=cuda_plan_problem,
-                        cache=kinds.plan_cache, mode=kinds.mode)
+    got = resolve_plan(plan, K, V, dtype, device, plan_type=kinds.plan_type,
+                       make_plan=kinds.make_plan, cuda_plan_problem=cuda_plan_problem,
+                       cache=kinds.plan_cache, mode=kinds.mode)
+    if disable_recompute:
+        got = disable_recompute_plan(got, plan, kinds.kept_plan_cache)
+    return got
 
 
 def _resolve_workspace(workspace, plan: KDADetPlan, device: torch.device, HV: int, NT: int,
@@ -429,6 +447,7 @@ def autograd_checks(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
     entry runs with (an fp32 copy of a 16-bit one when ``convert_state``; without it, an
     fp32 stand-in of its shape, for checks that must not copy)."""
     check_fla_compat(fla_kwargs, kinds.entry)
+    keep = bool(fla_kwargs.get("disable_recompute", False))  # by truthiness, as FLA
     if isinstance(initial_state, torch.Tensor) and \
             initial_state.dtype in (torch.bfloat16, torch.float16):
         # as FLA, which loads the state as fp32
@@ -437,7 +456,7 @@ def autograd_checks(kinds: ModeKinds, q, k, v, g, beta, scale, initial_state,
     device, N, scale, A_log, dt_bias, lower_bound, sig, plan, seqs = _check_inputs(
         q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         cu_seqlens, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan, kinds)
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, plan, kinds, keep)
     if workspace is not None:
         if seqs is not None:
             B, T = q.shape[:2]
@@ -783,17 +802,16 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     Arguments, shapes and errors as :func:`chunk_kda_det_fwd` (FLA's names and meanings:
     ``use_qk_l2norm_in_kernel``, ``use_gate_in_kernel``, ``A_log``, ``dt_bias``,
     ``lower_bound``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``, ``safe_gate``).
-    Pass everything after ``cu_seqlens`` by keyword (FLA's positional order differs there;
-    a bool as the 10th positional argument raises ``ValueError``). FLA's other keywords are
+    Pass everything after ``cu_seqlens`` by keyword (FLA's positional order differs there; a
+    bool as the 10th positional argument raises ``ValueError``). FLA's other keywords are
     accepted for drop-in calls: the hints ``cu_seqlens_cpu``, ``chunk_indices``,
-    ``use_graph``, ``max_num_seqs`` and ``disable_recompute`` (ignored: the plan fixes what
-    the forward keeps), and ``chunk_size=64``, ``state_v_first=False``,
-    ``transpose_state_layout=False``, ``head_first=False``, ``cp_context=None``,
-    ``return_intermediate_states=False`` (FLA's defaults; another value raises
-    ``ValueError``; context parallelism is ``cake-kda-det-train-kcp``). Unlike
-    :func:`chunk_kda_det_fwd`, and as FLA, a bf16 / fp16 ``initial_state`` is taken
-    (upcast to an fp32 copy first, the caller's tensor unchanged; its gradient comes back
-    in its dtype).
+    ``use_graph`` and ``max_num_seqs`` (ignored), ``disable_recompute`` (below), and
+    ``chunk_size=64``, ``state_v_first=False``, ``transpose_state_layout=False``,
+    ``head_first=False``, ``cp_context=None``, ``return_intermediate_states=False`` (FLA's
+    defaults; another value raises ``ValueError``; context parallelism is
+    ``cake-kda-det-train-kcp``). Unlike :func:`chunk_kda_det_fwd`, and as FLA, a bf16 / fp16
+    ``initial_state`` is taken (upcast to an fp32 copy first, the caller's tensor unchanged;
+    its gradient comes back in its dtype).
     Returns ``(o, final_state)`` (``final_state`` is ``None`` without
     ``output_final_state``). Gradients flow to q, k, v, g, beta, initial_state, A_log and
     dt_bias (through :func:`chunk_kda_det_bwd`); bitwise repeatable for equal inputs,
@@ -803,6 +821,14 @@ def chunk_kda_det(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     head and chunk position in 16-bit intermediates) and the fp32 copy of a 16-bit
     ``initial_state``; with ``plan.keep_states`` also the chunk states h, w, kg and v_new
     (the backward then skips their recompute; :func:`saved_bytes` counts all of it).
+
+    ``disable_recompute`` (FLA's flag, tested by truthiness as FLA does; default off): on,
+    the forward keeps the chunk states for the backward, as ``plan.keep_states``: less time
+    for more memory, the same bits. Without a ``plan`` the call runs the plan it picks
+    anyway with ``keep_states = 1``; with a ``plan``, that plan must have
+    ``keep_states = 1`` (else ``ValueError`` before any launch: pass
+    ``dataclasses.replace(plan, keep_states=1)`` or drop ``disable_recompute``). A value
+    without a truth value (an array of several elements) raises ``ValueError``.
 
     Under ``torch.compile`` (``fullgraph=True`` works) the call is the custom ops
     ``cake_kda_det_train::fwd`` / ``::bwd`` (the plan passed by its fields) with their registered

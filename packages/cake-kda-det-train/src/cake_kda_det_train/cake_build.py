@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:5e7e0557059fd6b0351d7708d28bb10c6c6852277e2d94e11a03bc19173c100c"
+SOURCE_DIGEST = "sha256:34f64ea2be446fe256ab4269b452333696cda4e51498dab3506968a27adf07d7"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -14,7 +14,6 @@ from cake_core.layer_utils import (
     check_impl,
     check_training_call,
     head_dims,
-    kept_states_plan,
     pad,
     positive_int,
     project_qkv,
@@ -85,13 +84,12 @@ class KimiDeltaAttention(nn.Module):
     :func:`~cake_kda_det_train.kda_recurrence_ref` in fp32, token by token: a slow
     plain-torch baseline that needs no ``layers`` extra, launches no Triton kernel and
     serves any head dim. And cake's ``keep_states`` (default False): True runs the core with
-    the rule's plan and ``keep_states = 1``: the forward keeps the chunk states for the
-    backward, which then skips their recompute: less time for more memory
-    (``cake_kda_det_train.saved_bytes`` counts it; measurements: docs/benchmarks/kda.md).
-    Eagerly the same bits as False; under ``torch.compile`` the gradient of
-    ``hidden_states`` may differ in its last bits (the graph with the kept states adds the
-    projections' gradients in another order; the output and the parameters' gradients keep
-    their bits). No effect with ``impl="torch"``.
+    the rule's plan and ``keep_states = 1`` (the core's ``disable_recompute=True``): the
+    forward keeps the chunk states for the backward, which then skips their recompute: less
+    time for more memory (``cake_kda_det_train.saved_bytes`` counts it; measurements:
+    docs/benchmarks/kda.md). The same bits as False, eagerly and under ``torch.compile``
+    (where the layer traces as one graph, as with False; tested with the ``aot_eager``
+    backend). No effect with ``impl="torch"``.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
@@ -126,7 +124,6 @@ class KimiDeltaAttention(nn.Module):
         super().__init__()
         self.impl = check_impl(impl)
         self.keep_states = check_flag(keep_states, "keep_states")
-        self._kept_plans: dict = {}  # make_plan's plan -> the same with keep_states = 1
         ShortConvolution, Linear, RMSNormGated = _parts(impl)
         self._core = chunk_kda_det if impl == "cake" else torch_core(kda_recurrence_ref)
         self.hidden_size = positive_int("hidden_size", hidden_size)
@@ -166,9 +163,9 @@ class KimiDeltaAttention(nn.Module):
         B, T = hidden_states.shape[:2]
         core_kw = {}
         if self.impl == "cake":  # head dims, dtype, device the core serves: before any launch
-            plan = make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
-            if self.keep_states:
-                core_kw["plan"] = kept_states_plan(self._kept_plans, plan)
+            make_plan(self.head_k_dim, self.head_v_dim, x.dtype, x.device)
+            if self.keep_states:  # the entry's own plan for the call, keep_states = 1
+                core_kw["disable_recompute"] = True
         q, k, v = project_qkv(self, x, cu_seqlens)
         H, K = self.num_heads, self.head_k_dim
         o, _ = self._core(

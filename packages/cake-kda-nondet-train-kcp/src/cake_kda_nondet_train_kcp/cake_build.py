@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:04549f8551638a5cb64ff85774ff8012405e26cd6f4386ae66b0e1b8c889b612"
+SOURCE_DIGEST = "sha256:4c897ead940953c7e8af446057fd88092a21f1fa9277cb7419c9f6f5a1b7c669"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

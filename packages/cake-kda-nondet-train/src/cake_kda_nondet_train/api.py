@@ -60,11 +60,12 @@ def _deterministic_alert() -> None:
 
 
 _DEFAULT_PLANS: dict[tuple, KDANondetPlan] = {}
+_KEPT_PLANS: dict[tuple, KDANondetPlan] = {}
 
 #: this package's kinds: nondet plans, saved sets and workspaces, ops
 #: ``cake_kda_nondet_train::``, the alert before any backward launch
 NONDET_KINDS = ModeKinds(Mode.NONDET, KDANondetPlan, KDANondetSavedSet, KDANondetWorkspace,
-                         KDANondetGrads, make_nondet_plan, _DEFAULT_PLANS,
+                         KDANondetGrads, make_nondet_plan, _DEFAULT_PLANS, _KEPT_PLANS,
                          "cake_kda_nondet_train", "chunk_kda_nondet", _deterministic_alert)
 
 _fwd_op, _bwd_op = register_ops(NONDET_KINDS)

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:4132f0d09d27d0eb011d658395c9d098a1dff9308bc5e4b725c3c64b7ca7e937"
+SOURCE_DIGEST = "sha256:15b41d62314a351a74dd3d28452c488b557a1ea07ef7bf529e3574b0edf707c6"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

@@ -57,21 +57,6 @@ QWEN3_NEXT_PIECES = ("rms_norm", "linear_attention", "short_conv", "gated_norm",
 #: flag set ``on`` beside the pieces (so a later call keeps it, as it keeps pieces)
 KEEP_STATES = "keep_states"
 
-#: cake-gdn-det-train's rule plan -> the same plan with ``keep_states = 1`` (made once each)
-_KEPT_PLANS: dict = {}
-
-
-def _kept_states_plan(q: torch.Tensor, v: torch.Tensor):
-    """The plan ``chunk_gated_delta_rule_det`` picks itself for q ``[B, T, H, K]`` and v
-    ``[B, T, HV, V]`` (``make_plan`` with ``state_programs`` = B sequences x HV value
-    heads, as the entry does for a ``[B, T]`` batch), with ``keep_states = 1``."""
-    from cake_core.layer_utils import kept_states_plan
-    from cake_gdn_det_train.plan import make_plan
-
-    plan = make_plan(q.shape[-1], v.shape[-1], q.dtype, q.device,
-                     state_programs=v.shape[0] * v.shape[2])
-    return kept_states_plan(_KEPT_PLANS, plan)
-
 
 def _hf():
     """transformers' Qwen3-Next modeling module (ValueError where transformers lacks it)."""
@@ -140,16 +125,16 @@ def _make_gdn_forward(on: frozenset):
         if "linear_attention" in on:
             from cake_gdn_det_train import chunk_gated_delta_rule_det
 
-            # keep_states: the entry's own rule plan, keeping the chunk states for the
-            # backward (same bits; None: the entry picks that plan with keep_states = 0)
-            plan = _kept_states_plan(q, v) if KEEP_STATES in on else None
+            # keep_states: the entry's own rule plan with keep_states = 1 (FLA's
+            # disable_recompute: the chunk states kept for the backward; the same bits)
+            kept = {"disable_recompute": True} if KEEP_STATES in on else {}
             # the decay -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) computed in
             # the kernels (FLA's flags): one launch each way instead of about ten torch ops
             o, _ = chunk_gated_delta_rule_det(q, k, v, g=a, beta=b,
                                               use_qk_l2norm_in_kernel=True,
                                               use_gate_in_kernel=True, A_log=self.A_log,
                                               dt_bias=self.dt_bias,
-                                              use_beta_sigmoid_in_kernel=True, plan=plan)
+                                              use_beta_sigmoid_in_kernel=True, **kept)
         else:
             beta = b.sigmoid()
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
@@ -297,14 +282,14 @@ def apply_cake_kernels_to_qwen3_next(model=None, *, rms_norm: bool = True,
     runs. A bare ``Qwen3NextModel`` needs ``use_cache=False`` passed for training.
 
     ``keep_states`` (default False; a switch of the ``linear_attention`` piece, not a piece
-    itself): True runs cake's Gated DeltaNet core with the plan it would pick itself for
-    the call (``make_plan`` with ``state_programs`` = sequences x value heads) and
-    ``keep_states = 1``, as ``cake_gdn_det_train.GatedDeltaNet(keep_states=True)``: the
-    forward keeps the chunk states for the backward, which then skips their recompute: less
-    time for more memory (``cake_gdn_det_train.saved_bytes`` counts it). Eagerly the same
-    bits as False (loss, logits and every gradient); under ``torch.compile`` gradients may
-    differ from False's in their last bits (the layer's own note: the graph with the kept
-    states may add the projections' gradients in another order).
+    itself): True runs cake's Gated DeltaNet core with the plan it would pick itself for the
+    call (``make_plan`` with ``state_programs`` = sequences x value heads) and ``keep_states
+    = 1`` (the core's ``disable_recompute=True``), as
+    ``cake_gdn_det_train.GatedDeltaNet(keep_states=True)``: the forward keeps the chunk
+    states for the backward, which then skips their recompute: less time for more memory
+    (``cake_gdn_det_train.saved_bytes`` counts it). Eagerly the same bits as False (loss,
+    logits and every gradient); under ``torch.compile`` the patched Gated DeltaNet forward
+    traces as one graph, as with False (it builds no plan itself).
 
     A second call (on the same model, or on the classes again) adds the pieces it turns on
     and keeps those of earlier calls; ``keep_states`` likewise: once a call turned it on, a
