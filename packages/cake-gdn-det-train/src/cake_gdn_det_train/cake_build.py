@@ -54,7 +54,7 @@ PLANS = [
                 "keep_states", "l2norm_local"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:f84154f1608bd831531781a177be55a3d2f072c9acdf96b25f295221bda4ff70"
+SOURCE_DIGEST = "sha256:1615406ced9c5f3a1485b5a06d9d52caa5c2e7cc83476449a5d1389a8afad4a1"
 # --- end of generated block ---
 
 MANIFEST = {

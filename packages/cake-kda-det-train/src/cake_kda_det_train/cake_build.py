@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:34f64ea2be446fe256ab4269b452333696cda4e51498dab3506968a27adf07d7"
+SOURCE_DIGEST = "sha256:26d11574aca62148076fb5a564aca821fe59813a348d64dc5f1fede2ba52d8b1"
 # --- end of generated block ---
 
 MANIFEST = {

@@ -88,8 +88,8 @@ class KimiDeltaAttention(nn.Module):
     forward keeps the chunk states for the backward, which then skips their recompute: less
     time for more memory (``cake_kda_det_train.saved_bytes`` counts it; measurements:
     docs/benchmarks/kda.md). The same bits as False, eagerly and under ``torch.compile``
-    (where the layer traces as one graph, as with False; tested with the ``aot_eager``
-    backend). No effect with ``impl="torch"``.
+    (where the layer traces as one graph, as with False, without a padding
+    ``attention_mask``; tested with the ``aot_eager`` backend). No effect with ``impl="torch"``.
 
     ``forward(hidden_states, attention_mask=None, past_key_values=None, use_cache=False,
     output_attentions=False, **kwargs)`` returns ``(o, None, past_key_values)`` as FLA's:
