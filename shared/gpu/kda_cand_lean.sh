@@ -21,7 +21,7 @@ IFS=';' read -ra CSW <<< "${CAND_SWEEP:-}"
     --no-fla --err --repeat 1 --sweep "${CSW[@]}" 2>&1 | grep -v -i warn
 } > "$OUT/kda_cand.txt"
 for f in test_kda_bwd_intra test_kda_determinism; do
-  env ${CAND_TEST_ENV:-} PYTHONPATH=$CSRC timeout 100 python3 -m pytest -q -p no:cacheprovider \
+  env ${CAND_TEST_ENV:-} PYTHONPATH=$CSRC timeout ${TEST_SECS:-100} python3 -m pytest -q -p no:cacheprovider \
     -rfEx /tmp/cand/packages/cake-kda-det-train/tests/$f.py > /tmp/ct_$f.txt 2>&1 &
 done
 wait
