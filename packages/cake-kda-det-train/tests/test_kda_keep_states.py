@@ -4,27 +4,29 @@ which then skips the chunk prep and the forward state pass. Same bits as keep_st
 the saved set's own (no workspace aliasing); a backward with another plan, or with kept
 tensors that do not fit, recomputes; the custom ops under torch.compile and checkpointing
 give the eager bits; the plan field serialises. FLA's disable_recompute: the rule's plan
-with keep_states = 1 (a plan given must keep the states), off by truthiness."""
+with keep_states = 1 (a plan given must keep the states), off by truthiness. The checks
+live in cake_core.testing (shared with GDN)."""
 
 import dataclasses
-import json
 
 import cake_kda_det_train.api as api
 import cake_kda_det_train.chunk as chunk
-import numpy as np
 import pytest
 import torch
-import torch.utils.checkpoint
-from cake_core.compile import plan_from_op_fields, plan_to_op_fields
 from cake_core.linear_attention import inter_dtype
-from cake_core.support import owned_nbytes
 from cake_core.testing import (
-    assert_bitwise_equal_named,
-    assert_compiles_to_op,
-    assert_raises_unmodified,
-    bitwise_equal,
-    leaf_grads,
-    no_kernel_launches,
+    assert_backward_reads_kept_states,
+    assert_checkpoint_keep_states,
+    assert_disable_recompute_calls,
+    assert_disable_recompute_compiles,
+    assert_keep_states_field_serialised,
+    assert_keep_states_plan_compiles,
+    assert_keep_states_same_bits,
+    assert_kept_plan_resolved,
+    assert_recomputing_plan_refused,
+    assert_two_forwards_keep_their_states,
+    disable_recompute_saved_states,
+    keep_states_plans,
     randn,
 )
 from cake_core.triton_utils import default_device
@@ -41,16 +43,13 @@ from cake_kda_det_train import (
 
 DEV = default_device()
 BACKEND = "aot_eager" if DEV.type == "cpu" else "inductor"
+OP = "cake_kda_det_train.fwd"
 # packed: an empty document, then lengths 1, 63, 64 and 65
 CU = (0, 0, 1, 64, 128, 193)
-NAMES = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log",
-         "ddt_bias")
 
 
 def _plans(K, V, dtype):
-    base = make_plan(K, V, dtype, DEV)
-    assert base.keep_states == 0
-    return base, dataclasses.replace(base, keep_states=1)
+    return keep_states_plans(make_plan(K, V, dtype, DEV))
 
 
 def _leaves(kda, B, T, H, HV, K, V, dtype, *, seed, n_states=None, gate=False):
@@ -66,19 +65,6 @@ def _leaves(kda, B, T, H, HV, K, V, dtype, *, seed, n_states=None, gate=False):
     return q, k, v, g, beta, h0, A_log, dt_bias
 
 
-def _step_fn(plan, *, use_h0, use_dht, opts, cu):
-    def step(q, k, v, g, beta, h0, A_log, dt_bias):
-        kw = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-                  use_beta_sigmoid_in_kernel=True) if opts else {}
-        o, ht = chunk_kda_det(q, k, v, g, beta, None, h0 if use_h0 else None, use_dht,
-                              use_qk_l2norm_in_kernel=opts, cu_seqlens=cu, plan=plan, **kw)
-        loss = (o.float() * o.detach().float().cos()).sum()
-        if not use_dht:
-            return loss, o
-        return loss + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
-    return step
-
-
 # (B, T, H, HV, K, V, dtype, packed, initial state, dht, L2 norm + in-kernel gate + sigmoid)
 CASES = [
     (2, 65, 2, 2, 16, 16, torch.float32, False, False, False, False),
@@ -90,164 +76,50 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
-def test_keep_states_same_bits_as_recompute(case, kda, monkeypatch):
+def test_keep_states_same_bits_as_recompute(case, kda):
     B, T, H, HV, K, V, dtype, packed, use_h0, use_dht, opts = case
     cu = torch.tensor(CU, dtype=torch.int32, device=DEV) if packed else None
     leaves = _leaves(kda, B, T, H, HV, K, V, dtype, seed=7 + T,
                      n_states=len(CU) - 1 if packed else None, gate=opts)
-    redo, keep = _plans(K, V, dtype)
-    args = dict(use_h0=use_h0, use_dht=use_dht, opts=opts, cu=cu)
-    idx = [i for i, t in enumerate(leaves) if t is not None]
-    present = [leaves[i] for i in idx]
-
-    calls = []
-    real = chunk._prep_and_state
-
-    def spy(*a, **kw):
-        calls.append(plan.keep_states)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(chunk, "_prep_and_state", spy)
-
-    def run(plan_):
-        nonlocal plan
-        plan = plan_
-        step = _step_fn(plan, **args)
-
-        def f(*xs):
-            full = list(leaves)
-            for i, x in zip(idx, xs, strict=True):
-                full[i] = x
-            return step(*full)
-        return leaf_grads(f, present)
-
-    plan = None
-    want, got = run(redo), run(keep)
-    # recompute: prep + state pass in the forward and again in the backward; kept: forward
-    assert calls == [0, 0, 1]
-    names = ("o",) + (("final_state",) if use_dht else ()) + tuple(f"d{i}" for i in idx)
-    for name, a, b in zip(names, got, want, strict=True):
-        if name == "d5" and not use_h0:  # h0 given but not used
-            assert a is None and b is None, name
-            continue
-        assert a is not None and b is not None, name
-        assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert bool(torch.isfinite(a.float()).all()), name
-        assert bitwise_equal(a, b), f"{name}: keep_states=1 differs from 0"
+    assert_keep_states_same_bits(chunk_kda_det, chunk, leaves, _plans(K, V, dtype), cu=cu,
+                                 opts=opts, use_h0=use_h0, use_dht=use_dht)
 
 
-def test_saved_set_holds_states_and_backward_skips_recompute(kda, monkeypatch):
+def test_saved_set_holds_states_and_backward_skips_recompute(kda):
     K, V, dtype = 32, 32, torch.bfloat16
-    q, k, v, g, beta, h0 = kda.make_kda_inputs(1, 193, 1, 2, K, V, dtype, seed=31, h0=True,
-                                               n_states=len(CU) - 1)
-    cu = torch.tensor(CU, dtype=torch.int64, device=DEV)
+    inputs = kda.make_kda_inputs(1, 193, 1, 2, K, V, dtype, seed=31, h0=True,
+                                 n_states=len(CU) - 1)
     redo, keep = _plans(K, V, dtype)
-    do = randn(v.shape, dtype, DEV, seed=32)
-    dht = randn(h0.shape, torch.float32, DEV, seed=33)
     NT, NC, HV = 193, 0 + 1 + 1 + 1 + 2, 2
     idt = inter_dtype(keep, dtype)
-    _, _, s0 = chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                 cu_seqlens=cu, plan=redo)
-    assert s0.h is None and s0.w is None and s0.kg is None and s0.v_new is None
-    want = chunk_kda_det_bwd(do, dht, s0)
-    _, _, s1 = chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                 cu_seqlens=cu, plan=keep)
-    assert s1.h.shape == (NC, HV, K, V)
-    assert s1.w.shape == s1.kg.shape == (NT, HV, K) and s1.v_new.shape == (NT, HV, V)
-    assert {s1.h.dtype, s1.w.dtype, s1.kg.dtype, s1.v_new.dtype, s1.A.dtype} == {idt}
+    # a backward plan that differs only in keep_states: the same launches, the kept states;
+    # a plan with other launches, or kept tensors that do not fit (kg in a dtype no plan
+    # keeps): recomputed
+    kept = dict(h=(NC, HV, K, V), w=(NT, HV, K), kg=(NT, HV, K), v_new=(NT, HV, V))
+    s1, saved = assert_backward_reads_kept_states(
+        chunk_kda_det_fwd, chunk_kda_det_bwd, chunk_kda_det, chunk, inputs, (redo, keep),
+        cu=torch.tensor(CU, dtype=torch.int64, device=DEV), seed=32, kept=kept, dtype=idt,
+        kept_states=lambda s: api._kept_states(s, keep, NT, NC, HV, K, V, idt, DEV),
+        other_plan=dataclasses.replace(redo, num_warps_prep=8 if redo.num_warps_prep == 4
+                                       else 4),
+        spoil=("kg", torch.float64), same_plan=redo)
     assert len(s1.tensors()) == len(s1.tensor_names) == 17 and s1.version == 2
-
-    calls = []
-
-    def spy(*a, **kw):
-        calls.append(1)
-        return real(*a, **kw)
-
-    def boom(*a, **kw):
-        raise AssertionError("the backward recomputed the chunk states")
-
-    real = chunk._prep_and_state
-    monkeypatch.setattr(chunk, "_prep_and_state", boom)
-    got = chunk_kda_det_bwd(do, dht, s1)
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got[:6], want[:6],
-                          strict=True):
-        assert bitwise_equal(a, b), name
     # the autograd entry keeps them too, eagerly h with one row per chunk (under
     # torch.compile the most chunks 5 sequences of 193 tokens can form: 7)
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta, h0)]
-    monkeypatch.setattr(chunk, "_prep_and_state", real)
-    o, ht = chunk_kda_det(*leaves[:5], initial_state=leaves[5], output_final_state=True,
-                          cu_seqlens=cu, plan=keep)
-    kept = o.grad_fn.saved_tensors[13:]
-    assert [tuple(t.shape) for t in kept] == [(NC, HV, K, V), (NT, HV, K), (NT, HV, K),
-                                              (NT, HV, V)]
-    monkeypatch.setattr(chunk, "_prep_and_state", boom)
-    torch.autograd.backward([o, ht], [do, dht])
-    for name, x, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), leaves, want[:6],
-                          strict=True):
-        assert bitwise_equal(x.grad, b), name
-    # a backward plan that differs only in keep_states: the same launches, the kept states
-    same = chunk_kda_det_bwd(do, dht, s1, plan=redo)
-    # a plan with other launches, or kept tensors that do not fit: recomputed
-    monkeypatch.setattr(chunk, "_prep_and_state", spy)
-    other_plan = dataclasses.replace(redo, num_warps_prep=8 if redo.num_warps_prep == 4 else 4)
-    other = chunk_kda_det_bwd(do, dht, s1, plan=other_plan)
-    assert calls == [1]
-    other_want = chunk_kda_det_bwd(do, dht, s0, plan=other_plan)
-    s1.meta["plan"] = other_plan
-    assert api._kept_states(s1, keep, NT, NC, HV, K, V, idt, q.device) is None
-    s1.meta["plan"] = keep
-    s1._tensors["kg"] = s1.kg.double()  # a dtype no plan keeps: recomputed
-    again = chunk_kda_det_bwd(do, dht, s1)
-    assert calls == [1, 1, 1]  # other, other_want (from s0), again
-    for a, b, c, d, e in zip(same[:6], again[:6], want[:6], other[:6], other_want[:6],
-                             strict=True):
-        assert bitwise_equal(a, c) and bitwise_equal(b, c) and bitwise_equal(d, e)
+    assert saved == list(kept.values())
 
 
 def test_two_forwards_then_backwards_in_reverse_one_workspace(kda):
     # the kept tensors are the saved set's own: a second forward through the same workspace
     # does not overwrite the first's, so backwards in any order give the right gradients
     K, V, dtype, T = 16, 16, torch.float32, 100
-    redo, keep = _plans(K, V, dtype)
-    ws = KDADetWorkspace.for_plan(keep, DEV, num_v_heads=2, max_tokens=T, dtype=dtype)
+    plans = _plans(K, V, dtype)
+    ws = KDADetWorkspace.for_plan(plans[1], DEV, num_v_heads=2, max_tokens=T, dtype=dtype)
     ins = [kda.make_kda_inputs(1, T, 1, 2, K, V, dtype, seed=s, h0=True) for s in (41, 51)]
     dos = [randn((1, T, 2, V), dtype, DEV, seed=s) for s in (42, 52)]
-    want = []
-    for (q, k, v, g, beta, h0), do in zip(ins, dos, strict=True):
-        _, _, s = chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, plan=redo)
-        want.append(chunk_kda_det_bwd(do, None, s))
-    saved = [chunk_kda_det_fwd(q, k, v, g, beta, initial_state=h0, plan=keep,
-                               workspace=ws)[2] for q, k, v, g, beta, h0 in ins]
-    bufs = [ws[n] for n in ("w", "u", "v_new", "h", "aqk")]
-    for s in saved:
-        for t in (s.h, s.w, s.kg, s.v_new):
-            lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-            for b in bufs:
-                blo = b.data_ptr()
-                bhi = blo + b.numel() * b.element_size()
-                assert hi <= blo or lo >= bhi, "a kept tensor aliases the workspace"
-    for i in (1, 0):
-        got = chunk_kda_det_bwd(dos[i], None, saved[i], workspace=ws)
-        for a, b in zip(got[:6], want[i][:6], strict=True):
-            assert bitwise_equal(a, b), i
-    # autograd: two forwards, then the second's backward before the first's
-    leaves = [[t.detach().clone().requires_grad_() for t in x] for x in ins]
-    outs = [chunk_kda_det(*x[:5], initial_state=x[5], plan=keep)[0] for x in leaves]
-    for i in (1, 0):
-        outs[i].backward(dos[i])
-        for x, b in zip(leaves[i], want[i][:6], strict=True):
-            assert bitwise_equal(x.grad, b), i
-
-
-def _compile_step(plan):
-    def step(q, k, v, g, beta, h0, A_log, dt_bias, cu):
-        o, ht = chunk_kda_det(
-            q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-            use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-            use_beta_sigmoid_in_kernel=True, plan=plan)
-        return (o * o).sum() + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
-    return step
+    assert_two_forwards_keep_their_states(chunk_kda_det_fwd, chunk_kda_det_bwd, chunk_kda_det,
+                                          ws, ins, dos, plans, kept=("h", "w", "kg", "v_new"),
+                                          buffers=("w", "u", "v_new", "h", "aqk"))
 
 
 def _compile_leaves(kda):
@@ -258,26 +130,13 @@ def _compile_leaves(kda):
 
 def test_compile_keep_states_plan_same_bits_as_eager(kda):
     leaves, cu = _compile_leaves(kda)
-    redo, keep = _plans(16, 16, torch.float32)
-    assert plan_from_op_fields(KDADetPlan, plan_to_op_fields(keep)) == keep
-    assert_compiles_to_op(_compile_step(keep), leaves, (cu,), NAMES, backend=BACKEND,
-                          op="cake_kda_det_train.fwd")
-    assert_bitwise_equal_named(leaf_grads(_compile_step(keep), leaves, cu),
-                               leaf_grads(_compile_step(redo), leaves, cu), NAMES,
-                               "keep_states=1 differs from 0")
+    assert_keep_states_plan_compiles(chunk_kda_det, _plans(16, 16, torch.float32), leaves, cu,
+                                     backend=BACKEND, op=OP)
 
 
 def test_checkpoint_keep_states(kda):
     leaves, cu = _compile_leaves(kda)
-    redo, keep = _plans(16, 16, torch.float32)
-    step = _compile_step(keep)
-
-    def ckpt(*args):
-        return torch.utils.checkpoint.checkpoint(step, *args, use_reentrant=False)
-
-    assert_bitwise_equal_named(leaf_grads(ckpt, leaves, cu),
-                               leaf_grads(_compile_step(redo), leaves, cu), NAMES,
-                               "checkpointed keep_states=1 differs")
+    assert_checkpoint_keep_states(chunk_kda_det, _plans(16, 16, torch.float32), leaves, cu)
 
 
 def test_saved_bytes_counts_the_kept_states(kda):
@@ -296,46 +155,13 @@ def test_saved_bytes_counts_the_kept_states(kda):
 
 def test_plan_field_serialised_and_checked():
     redo, keep = _plans(32, 32, torch.bfloat16)
-    for dev in ("cpu", "cuda"):
-        for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16)):
-            assert make_plan(K, V, dt, dev).keep_states == 0
+    assert_keep_states_field_serialised(make_plan, (redo, keep))
     d = keep.to_dict()
-    assert d["keep_states"] == 1 and d["version"] == 1
-    assert KDADetPlan.from_dict(d) == keep and keep.key != redo.key
-    assert KDADetPlan.from_dict(json.loads(keep.to_json())) == keep
-    assert hash(keep) != hash(redo) and {keep: 1}[dataclasses.replace(redo, keep_states=1)]
     d.pop("keep_states")
     assert KDADetPlan.from_dict(d) == redo  # a dict without the field loads it as 0
-    with pytest.raises(ValueError, match="keep_states"):
-        dataclasses.replace(redo, keep_states=2)
 
 
 # ----------------------------------------------------------------- FLA's disable_recompute
-
-
-def _dr_run(leaves, cu, opts, monkeypatch, **kw):
-    """``(outputs and leaf gradients, forward state passes)`` of one step of the entry on
-    ``leaves`` (with their initial state and a final-state gradient), ``kw`` passed on
-    (``plan``, ``disable_recompute``)."""
-    calls = []
-    real = chunk._prep_and_state
-    monkeypatch.setattr(chunk, "_prep_and_state",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    idx = [i for i, t in enumerate(leaves) if t is not None]
-
-    def f(*xs):
-        q, k, v, g, beta, h0, A_log, dt_bias = (
-            dict(zip(idx, xs, strict=True)).get(i) for i in range(len(leaves)))
-        gate = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-                    use_beta_sigmoid_in_kernel=True) if opts else {}
-        o, ht = chunk_kda_det(q, k, v, g, beta, None, h0, True, use_qk_l2norm_in_kernel=opts,
-                              cu_seqlens=cu, **gate, **kw)
-        loss = (o.float() * o.detach().float().cos()).sum()
-        return loss + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
-
-    got = leaf_grads(f, [leaves[i] for i in idx])
-    monkeypatch.setattr(chunk, "_prep_and_state", real)
-    return got, len(calls)
 
 
 # (B, T, H, HV, K, V, dtype, packed, L2 norm + in-kernel gate + sigmoid)
@@ -347,7 +173,7 @@ DR_CASES = [
 
 
 @pytest.mark.parametrize("case", DR_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_disable_recompute_is_the_rules_plan_kept(case, kda, monkeypatch):
+def test_disable_recompute_is_the_rules_plan_kept(case, kda):
     """disable_recompute=True: the call runs the plan it picks anyway with keep_states = 1,
     made once; the backward recomputes nothing, and o, the final state and every gradient
     are bitwise those of the default call and of that plan given explicitly (with or without
@@ -356,36 +182,22 @@ def test_disable_recompute_is_the_rules_plan_kept(case, kda, monkeypatch):
     cu = torch.tensor(CU, dtype=torch.int32, device=DEV) if packed else None
     N = len(CU) - 1 if packed else B
     leaves = _leaves(kda, B, T, H, HV, K, V, dtype, seed=5 + T, n_states=N, gate=opts)
-    rule = api._resolve_plan(None, K, V, dtype, DEV)
-    kept = api._resolve_plan(None, K, V, dtype, DEV, disable_recompute=True)
-    assert rule.keep_states == 0 and kept == dataclasses.replace(rule, keep_states=1)
-    assert api._resolve_plan(None, K, V, dtype, DEV, disable_recompute=True) is kept
-    want, n = _dr_run(leaves, cu, opts, monkeypatch)
-    assert n == 2  # the forward's state pass and the backward's recompute
-    names = ["o", "final_state"] + [f"d{i}" for i, t in enumerate(leaves) if t is not None]
-    for kw in (dict(disable_recompute=True), dict(plan=kept, disable_recompute=True),
-               dict(plan=kept)):
-        got, n = _dr_run(leaves, cu, opts, monkeypatch, **kw)
-        assert n == 1, kw  # the forward's only: the backward read the kept states
-        assert_bitwise_equal_named(got, want, names, f"{kw} differs from the default")
+    kept = assert_kept_plan_resolved(lambda **kw: api._resolve_plan(None, K, V, dtype, DEV,
+                                                                     **kw))
+    assert_disable_recompute_calls(chunk_kda_det, chunk, leaves, cu=cu, l2=opts, gate=opts,
+                                   on=(dict(disable_recompute=True),
+                                       dict(plan=kept, disable_recompute=True),
+                                       dict(plan=kept)))
 
 
-def test_disable_recompute_off_changes_nothing(kda, monkeypatch):
+def test_disable_recompute_off_changes_nothing(kda):
     """disable_recompute off (FLA's default False, or None / 0: off by truthiness): the
     default call's bits, recompute and saved bytes."""
     cu = torch.tensor((0, 0, 1, 6, 70), dtype=torch.int32, device=DEV)
     leaves = _leaves(kda, 1, 70, 1, 2, 16, 16, torch.bfloat16, seed=17, n_states=4,
                      gate=True)
-    want, n = _dr_run(leaves, cu, True, monkeypatch)
-    assert n == 2
-    names = ["o", "final_state"] + [f"d{i}" for i in range(len(leaves))]
-    q, k, v, g, beta = leaves[:5]
-    for flag in (False, None, 0, np.False_):
-        got, n = _dr_run(leaves, cu, True, monkeypatch, disable_recompute=flag)
-        assert n == 2, flag
-        assert_bitwise_equal_named(got, want, names, f"disable_recompute={flag!r} differs")
-        assert saved_bytes(q, k, v, g, beta, cu_seqlens=cu, disable_recompute=flag) == \
-            saved_bytes(q, k, v, g, beta, cu_seqlens=cu)
+    assert_disable_recompute_calls(chunk_kda_det, chunk, leaves, cu=cu, l2=True, gate=True,
+                                   off=True, saved_bytes=saved_bytes)
 
 
 @pytest.mark.parametrize("dtype,cu", [(torch.float32, None),
@@ -402,21 +214,11 @@ def test_disable_recompute_saved_set_keeps_the_states(dtype, cu, kda):
     kw = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, use_qk_l2norm_in_kernel=True)
     if cu is not None:
         kw["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device=DEV)
-    for t in (q, k, v, g, beta):
-        t.requires_grad_(True)
-    packed = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
-        o, _ = chunk_kda_det(**kw, disable_recompute=True)
+    kept = disable_recompute_saved_states(chunk_kda_det, saved_bytes, kw,
+                                          _plans(K, V, dtype)[1])
     NC = 3  # chunks: 130 tokens, or documents of 6, 64 and 60 tokens
-    kept_shapes = [tuple(t.shape) for t in o.grad_fn.saved_tensors[13:]]  # h, w, kg, v_new
-    assert kept_shapes == [(NC, HV, K, V), (T, HV, K), (T, HV, K), (T, HV, V)]
-    kept = dataclasses.replace(make_plan(K, V, dtype, DEV), keep_states=1)
-    inputs = [t for t in kw.values() if isinstance(t, torch.Tensor)]
-    more = saved_bytes(**kw, disable_recompute=True)
-    assert more == owned_nbytes(packed, exclude=inputs) == saved_bytes(**kw, plan=kept)
-    assert more > saved_bytes(**kw)
-    for flag in (1, np.True_, "yes"):  # FLA tests the flag by truthiness
-        assert saved_bytes(**kw, disable_recompute=flag) == more, flag
+    assert [tuple(t.shape) for t in kept] == [(NC, HV, K, V), (T, HV, K), (T, HV, K),
+                                              (T, HV, V)]  # h, w, kg, v_new
 
 
 def test_disable_recompute_with_a_recomputing_plan_refused(kda):
@@ -424,47 +226,14 @@ def test_disable_recompute_with_a_recomputing_plan_refused(kda):
     before any launch, nothing the caller owns modified; is_supported says it, saved_bytes
     raises it. A value without a truth value: ValueError too."""
     q, k, v, g, beta, _ = kda.make_kda_inputs(1, 70, 1, 2, 16, 16, torch.float32, seed=29)
-    redo, keep = _plans(16, 16, torch.float32)
-    base = dict(q=q, k=k, v=v, g=g, beta=beta)
-    msg = (r"disable_recompute=True: the plan given has keep_states=0 .*pass a plan with "
-           r"keep_states=1 \(dataclasses.replace\(plan, keep_states=1\)\) or drop "
-           r"disable_recompute")
-    with no_kernel_launches(api, "_launch_fwd", "_launch_bwd", "_l2norm"):
-        for flag in (True, 1, np.True_):
-            kw = dict(base, plan=redo, disable_recompute=flag)
-            err = assert_raises_unmodified(chunk_kda_det, kw, msg)
-            s = is_supported(**kw)
-            assert not s and s.reason == str(err)
-            with pytest.raises(ValueError, match=msg):
-                saved_bytes(**kw)
-        assert is_supported(**base, plan=keep, disable_recompute=True)
-        assert is_supported(**base, plan=redo, disable_recompute=False)
-        for bad in (np.array([True, False]), torch.ones(2)):
-            assert_raises_unmodified(chunk_kda_det, dict(base, disable_recompute=bad),
-                                     r"disable_recompute=.*expected a flag \(FLA tests it by "
-                                     r"truthiness\)")
+    assert_recomputing_plan_refused(chunk_kda_det, is_supported, saved_bytes, api,
+                                    dict(q=q, k=k, v=v, g=g, beta=beta),
+                                    make_plan(16, 16, torch.float32, DEV))
 
 
-def test_compile_disable_recompute_same_bits_as_eager(kda, monkeypatch):
+def test_compile_disable_recompute_same_bits_as_eager(kda):
     """Under torch.compile (fullgraph) disable_recompute reaches the custom op as the
     kept plan's fields: the op keeps the states (no recompute in the backward) and the
     bits are the eager default call's."""
     leaves, cu = _compile_leaves(kda)
-
-    def step(q, k, v, g, beta, h0, A_log, dt_bias, cu):
-        o, ht = chunk_kda_det(
-            q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-            use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-            use_beta_sigmoid_in_kernel=True, disable_recompute=True)
-        return (o * o).sum() + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
-
-    calls = []
-    real = chunk._prep_and_state
-    monkeypatch.setattr(chunk, "_prep_and_state",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    compiled = assert_compiles_to_op(step, leaves, (cu,), NAMES, backend=BACKEND,
-                                     op="cake_kda_det_train.fwd")
-    assert len(calls) == 2  # eager and compiled: one forward state pass each
-    assert_bitwise_equal_named(leaf_grads(compiled, leaves, cu),
-                               leaf_grads(_compile_step(None), leaves, cu), NAMES,
-                               "compiled disable_recompute differs from the default")
+    assert_disable_recompute_compiles(chunk_kda_det, chunk, leaves, cu, backend=BACKEND, op=OP)

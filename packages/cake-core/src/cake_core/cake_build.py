@@ -50,7 +50,7 @@ KERNELS = [
 ]
 PLANS = []
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:e01ec24ae7a65f6b8e3818e3cc23c84d26bc9f29d8d73a8f315fbb4bd38c9e5c"
+SOURCE_DIGEST = "sha256:0388d0fd42ad1d2bf89059c98bd2ec707b8146d9d5d23231bab517ac4f385b23"
 # --- end of generated block ---
 
 MANIFEST = {

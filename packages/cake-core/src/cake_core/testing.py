@@ -1,13 +1,15 @@
 """Testing tools every family uses: float64 references, bitwise repeats, ragged batches,
 output poisoning (of buffers, or of every ``torch.empty`` in a block), bad-input tables,
 compiled-versus-eager bits, CUDA-graph-replay-versus-eager bits, import checks, probes of
-the ``cu_seqlens`` offsets cache.
+the ``cu_seqlens`` offsets cache, the GDN / KDA entries' keep_states and disable_recompute
+checks.
 Imported by tests and benchmarks only, never by kernels.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import subprocess
@@ -864,3 +866,396 @@ def assert_layer_keep_states_compiles_as_default(make_layer: Callable[..., Any],
     want = run(make_layer(seed=6))
     got = run(make_layer(seed=6, keep_states=True))
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+# ------------------------------------------------ keep_states / disable_recompute (GDN, KDA)
+
+#: The leaves of a GDN / KDA entry step, in order (:func:`recurrence_step_grads`).
+RECURRENCE_LEAVES = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+#: The names of a full step's results: o, the final state, then each leaf's gradient.
+RECURRENCE_NAMES = ("o", "final_state") + tuple(f"d{n}" for n in RECURRENCE_LEAVES)
+_BWD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+_RECOMPUTE = "_prep_and_state"
+
+
+@contextlib.contextmanager
+def counting_calls(module: Any, name: str):
+    """For the block, count the calls of ``module.<name>`` (each still runs as it is):
+    yields a list that gets one entry per call. Restored on exit."""
+    real = getattr(module, name)
+    calls: list[int] = []
+
+    def spy(*args: Any, **kwargs: Any):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    setattr(module, name, spy)
+    try:
+        yield calls
+    finally:
+        setattr(module, name, real)
+
+
+def recurrence_step_grads(entry: Callable[..., Any], leaves: Sequence[torch.Tensor | None], *,
+                          cu: torch.Tensor | None = None, l2: bool = False, gate: bool = False,
+                          use_h0: bool = True, use_dht: bool = True,
+                          **kw: Any) -> tuple[list[str], list[torch.Tensor | None]]:
+    """One step of a GDN / KDA entry, ``entry(q, k, v, g, beta, None, h0, use_dht,
+    use_qk_l2norm_in_kernel=l2, cu_seqlens=cu, **kw)`` (with ``gate``: also the in-kernel
+    gate with A_log and dt_bias, and beta's sigmoid) on fresh copies of ``leaves`` (q, k,
+    v, g, beta[, h0[, A_log, dt_bias]], None where absent; without ``use_h0`` the initial
+    state is not passed), with the loss ``sum(o * cos(o))`` (plus ``0.1 * sum(ht *
+    sin(ht))`` with ``use_dht``). Returns ``(names, values)``: o, the final state (with
+    ``use_dht``), then each present leaf's gradient (:data:`RECURRENCE_NAMES`' names)."""
+    idx = [i for i, t in enumerate(leaves) if t is not None]
+
+    def step(*xs: torch.Tensor):
+        given = dict(zip(idx, xs, strict=True))
+        q, k, v, g, beta, h0, A_log, dt_bias = (given.get(i) for i in range(8))
+        extra = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                     use_beta_sigmoid_in_kernel=True) if gate else {}
+        o, ht = entry(q, k, v, g, beta, None, h0 if use_h0 else None, use_dht,
+                      use_qk_l2norm_in_kernel=l2, cu_seqlens=cu, **extra, **kw)
+        loss = (o.float() * o.detach().float().cos()).sum()
+        if not use_dht:
+            return loss, o
+        return loss + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
+
+    names = ["o"] + ["final_state"] * use_dht + [f"d{RECURRENCE_LEAVES[i]}" for i in idx]
+    return names, leaf_grads(step, [leaves[i] for i in idx])
+
+
+def assert_keep_states_same_bits(entry: Callable[..., Any], recompute_module: Any,
+                                 leaves: Sequence[torch.Tensor | None], plans: Sequence[Any],
+                                 *, cu: torch.Tensor | None = None, opts: bool = False,
+                                 use_h0: bool = True, use_dht: bool = True) -> None:
+    """``plans = (recompute, keep)``, plans that differ in ``keep_states`` only: a step
+    (:func:`recurrence_step_grads`, ``opts`` turning on both the L2 norm and the in-kernel
+    gate) with the keep plan gives the recompute plan's o, final state and gradients
+    bitwise (finite, same dtype and shape; the initial state's gradient None for both
+    without ``use_h0``), and ``recompute_module._prep_and_state`` (chunk prep and forward
+    state pass) runs twice for the recompute plan's step (forward and backward), once for
+    the keep plan's."""
+    runs = []
+    for plan in plans:
+        with counting_calls(recompute_module, _RECOMPUTE) as calls:
+            names, got = recurrence_step_grads(entry, leaves, cu=cu, l2=opts, gate=opts,
+                                               use_h0=use_h0, use_dht=use_dht, plan=plan)
+        runs.append((got, len(calls)))
+    (want, n_redo), (got, n_keep) = runs
+    assert (n_redo, n_keep) == (2, 1), f"{_RECOMPUTE} runs: {n_redo}, {n_keep}"
+    for name, a, b in zip(names, got, want, strict=True):
+        if name == "dinitial_state" and not use_h0:  # given but not passed
+            assert a is None and b is None, name
+        else:
+            assert_bitwise_equal_named([a], [b], [name], "keep_states=1 differs from 0")
+
+
+def assert_kept_plan_resolved(resolve: Callable[..., Any]) -> Any:
+    """``resolve(**kw)`` gives an entry call's plan (e.g. a family's ``api._resolve_plan``
+    for the call's shapes): the rule's plan (no keywords) has ``keep_states = 0``, and with
+    ``disable_recompute=True`` it is that plan with ``keep_states = 1``, the same object on
+    every call (made once). Returns the kept plan."""
+    rule = resolve()
+    kept = resolve(disable_recompute=True)
+    assert rule.keep_states == 0 and kept == dataclasses.replace(rule, keep_states=1)
+    assert resolve(disable_recompute=True) is kept, "the kept plan is made again"
+    return kept
+
+
+def assert_disable_recompute_calls(entry: Callable[..., Any], recompute_module: Any,
+                                   leaves: Sequence[torch.Tensor | None], *,
+                                   cu: torch.Tensor | None, l2: bool, gate: bool,
+                                   on: Sequence[dict[str, Any]] = (), off: bool = False,
+                                   saved_bytes: Callable[..., int] | None = None) -> None:
+    """A step (:func:`recurrence_step_grads`, initial state and final-state gradient) of
+    the default call runs ``recompute_module._prep_and_state`` twice (the forward's state
+    pass and the backward's recompute). With each keyword set of ``on`` (e.g.
+    ``disable_recompute=True``, or a kept plan) it runs once (the backward reads the kept
+    states), and with ``off`` for ``disable_recompute`` False, None, 0 and ``np.False_``
+    twice; each gives the default call's o, final state and gradients bitwise. With
+    ``saved_bytes`` (the family's) too: ``saved_bytes(q, k, v, g, beta, cu_seqlens=cu,
+    disable_recompute=flag)`` for those off values is the default's."""
+    import numpy as np
+
+    def run(**kw: Any):
+        with counting_calls(recompute_module, _RECOMPUTE) as calls:
+            names, got = recurrence_step_grads(entry, leaves, cu=cu, l2=l2, gate=gate, **kw)
+        return names, got, len(calls)
+
+    names, want, n = run()
+    assert n == 2, f"the default call ran {_RECOMPUTE} {n} times"
+    for kw in on:
+        _, got, n = run(**kw)
+        assert n == 1, kw  # the forward's only: the backward read the kept states
+        assert_bitwise_equal_named(got, want, names, f"{kw} differs from the default")
+    for flag in (False, None, 0, np.False_) if off else ():
+        _, got, n = run(disable_recompute=flag)
+        assert n == 2, flag
+        assert_bitwise_equal_named(got, want, names, f"disable_recompute={flag!r} differs")
+        if saved_bytes is not None:
+            q, k, v, g, beta = leaves[:5]
+            assert saved_bytes(q, k, v, g, beta, cu_seqlens=cu, disable_recompute=flag) == \
+                saved_bytes(q, k, v, g, beta, cu_seqlens=cu), flag
+
+
+def assert_recomputing_plan_refused(entry: Callable[..., Any], is_supported: Callable[..., Any],
+                                    saved_bytes: Callable[..., int], launch_module: Any,
+                                    base: dict[str, Any], plan: Any) -> None:
+    """``disable_recompute`` on (True, 1, ``np.True_``) with ``plan`` (``keep_states =
+    0``) on the call ``base`` (q, k, v, g, beta): ``entry`` raises ValueError saying to
+    pass a plan with ``keep_states=1`` or drop the keyword, before any launch
+    (``launch_module``'s ``_launch_fwd``, ``_launch_bwd``, ``_l2norm``) and with nothing
+    the caller owns modified; ``is_supported`` gives that reason, ``saved_bytes`` raises
+    it. With the plan's ``keep_states = 1`` variant, or the keyword off, ``is_supported``
+    accepts; a value without a truth value is refused (ValueError). ``saved_bytes`` with
+    ``disable_recompute=True`` is that of the kept plan and more than without (or 0)."""
+    import numpy as np
+
+    msg = (r"disable_recompute=True: the plan given has keep_states=0 .*pass a plan with "
+           r"keep_states=1 \(dataclasses.replace\(plan, keep_states=1\)\) or drop "
+           r"disable_recompute")
+    kept = dataclasses.replace(plan, keep_states=1)
+    with no_kernel_launches(launch_module, "_launch_fwd", "_launch_bwd", "_l2norm"):
+        for flag in (True, 1, np.True_):
+            kw = dict(base, plan=plan, disable_recompute=flag)
+            err = assert_raises_unmodified(entry, kw, msg)
+            s = is_supported(**kw)
+            assert not s and s.reason == str(err), flag
+            assert_raises_unmodified(saved_bytes, kw, msg)
+        assert is_supported(**base, plan=kept, disable_recompute=True)
+        assert is_supported(**base, plan=plan, disable_recompute=False)
+        for bad in (np.array([True, False]), torch.ones(2)):
+            assert_raises_unmodified(entry, dict(base, disable_recompute=bad),
+                                     r"disable_recompute=.*expected a flag \(FLA tests it by "
+                                     r"truthiness\)")
+        more = saved_bytes(**base, disable_recompute=True)
+        assert more == saved_bytes(**base, plan=kept)
+        assert more > saved_bytes(**base) == saved_bytes(**base, disable_recompute=0)
+
+
+def disable_recompute_saved_states(entry: Callable[..., Any], saved_bytes: Callable[..., int],
+                                   kwargs: dict[str, Any], kept_plan: Any,
+                                   first: int = 13) -> tuple[torch.Tensor, ...]:
+    """A ``disable_recompute=True`` call ``entry(**kwargs)`` (q, k, v, g and beta set to
+    require grad) keeps what ``saved_bytes(**kwargs, disable_recompute=True)`` counts (the
+    bytes of what its autograd graph saves, less the inputs): as much as with
+    ``kept_plan``, more than without the keyword; any truthy value (1, ``np.True_``,
+    ``"yes"``) counts as on. Returns the kept states: the graph's saved tensors from
+    position ``first`` on."""
+    import numpy as np
+
+    from cake_core.support import owned_nbytes
+
+    for n in ("q", "k", "v", "g", "beta"):
+        kwargs[n].requires_grad_(True)
+    packed: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        o, _ = entry(**kwargs, disable_recompute=True)
+    inputs = [t for t in kwargs.values() if isinstance(t, torch.Tensor)]
+    more = saved_bytes(**kwargs, disable_recompute=True)
+    assert more == owned_nbytes(packed, exclude=inputs) == saved_bytes(**kwargs, plan=kept_plan)
+    assert more > saved_bytes(**kwargs)
+    for flag in (1, np.True_, "yes"):  # FLA tests the flag by truthiness
+        assert saved_bytes(**kwargs, disable_recompute=flag) == more, flag
+    return o.grad_fn.saved_tensors[first:]
+
+
+def assert_backward_reads_kept_states(fwd: Callable[..., Any], bwd: Callable[..., Any],
+                                      entry: Callable[..., Any], recompute_module: Any,
+                                      inputs: Sequence[torch.Tensor], plans: Sequence[Any], *,
+                                      cu: torch.Tensor | None, kept: dict[str, tuple],
+                                      dtype: torch.dtype, kept_states: Callable[[Any], Any],
+                                      other_plan: Any, spoil: tuple[str, torch.dtype],
+                                      same_plan: Any = None, seed: int = 0):
+    """The low-level ``fwd`` / ``bwd`` pair with ``plans = (recompute, keep)`` on
+    ``inputs`` (q, k, v, g, beta, h0; ``cu``), upstream gradients drawn from ``seed``,
+    ``seed + 1``. The recompute plan's saved set holds none of the states ``kept`` names;
+    the keep plan's holds each with its shape (``kept``: ``{name: shape}``) and, as its
+    ``A``, ``dtype``. ``bwd`` of the kept set (also with ``same_plan``, a plan of the same
+    launches, when given) and the autograd ``entry``'s backward with the keep plan run no
+    ``recompute_module._prep_and_state`` and give the recompute set's gradients (dq, dk,
+    dv, dg, dbeta, dh0) bitwise. ``bwd`` with ``other_plan`` (other launches), or of the
+    kept set with one state of another dtype (``spoil = (name, dtype)``), recomputes once
+    and gives the recompute set's bits with that plan; ``kept_states(saved)`` (the
+    family's check of the kept set) is None while the set names ``other_plan``. Returns
+    the kept saved set (``spoil`` applied) and the shapes of the tensors the entry's
+    autograd graph saves from position 13 on."""
+    redo, keep = plans
+    q, k, v, g, beta, h0 = inputs
+    do = randn(v.shape, v.dtype, v.device, seed=seed)
+    dht = randn(h0.shape, torch.float32, v.device, seed=seed + 1)
+
+    def forward(plan):
+        return fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                   cu_seqlens=cu, plan=plan)[2]
+
+    def recomputed(saved, plan=None):
+        with counting_calls(recompute_module, _RECOMPUTE) as calls:
+            grads = bwd(do, dht, saved, plan=plan)[:6]
+        assert len(calls) == 1, f"{_RECOMPUTE} runs: {len(calls)}"
+        return grads
+
+    s0 = forward(redo)
+    assert all(getattr(s0, n) is None for n in kept), "the recompute plan kept states"
+    want = bwd(do, dht, s0)[:6]
+    s1 = forward(keep)
+    for n, shape in kept.items():
+        assert tuple(getattr(s1, n).shape) == shape and getattr(s1, n).dtype == dtype, n
+    assert s1.A.dtype == dtype
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    o, ht = entry(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu,
+                  plan=keep)
+    saved_shapes = [tuple(t.shape) for t in o.grad_fn.saved_tensors[13:]]
+    with no_kernel_launches(recompute_module, _RECOMPUTE):
+        runs = [bwd(do, dht, s1)[:6]]
+        if same_plan is not None:
+            runs.append(bwd(do, dht, s1, plan=same_plan)[:6])
+        torch.autograd.backward([o, ht], [do, dht])
+    runs.append([x.grad for x in leaves])
+    for got in runs:
+        for name, a, b in zip(_BWD_NAMES, got, want, strict=True):
+            assert bitwise_equal(a, b), f"{name}: the kept states' backward differs"
+    other = recomputed(s1, other_plan)
+    other_want = want if other_plan == redo else recomputed(s0, other_plan)
+    s1.meta["plan"] = other_plan
+    assert kept_states(s1) is None, "kept states taken for another plan"
+    s1.meta["plan"] = keep
+    s1._tensors[spoil[0]] = getattr(s1, spoil[0]).to(spoil[1])
+    again = recomputed(s1)
+    for name, a, b, c, d in zip(_BWD_NAMES, again, want, other, other_want, strict=True):
+        assert bitwise_equal(a, b) and bitwise_equal(c, d), name
+    return s1, saved_shapes
+
+
+def assert_two_forwards_keep_their_states(fwd: Callable[..., Any], bwd: Callable[..., Any],
+                                          entry: Callable[..., Any], workspace: Any,
+                                          inputs: Sequence[Sequence[torch.Tensor]],
+                                          dos: Sequence[torch.Tensor], plans: Sequence[Any], *,
+                                          kept: Sequence[str], buffers: Sequence[str]) -> None:
+    """Two forwards (``inputs``: two (q, k, v, g, beta, h0); ``dos``: their output
+    gradients) with the keep plan of ``plans = (recompute, keep)`` through one
+    ``workspace``: no state a saved set keeps (its attributes ``kept``) overlaps a
+    workspace buffer (``workspace[name]`` for ``buffers``), and the backwards, the second
+    forward's first, give the recompute plan's gradients bitwise, also through the
+    autograd ``entry``."""
+    redo, keep = plans
+    want = []
+    for (q, k, v, g, beta, h0), do in zip(inputs, dos, strict=True):
+        _, _, s = fwd(q, k, v, g, beta, initial_state=h0, plan=redo)
+        want.append(bwd(do, None, s)[:6])
+    saved = [fwd(q, k, v, g, beta, initial_state=h0, plan=keep, workspace=workspace)[2]
+             for q, k, v, g, beta, h0 in inputs]
+
+    def span(t):
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    for s in saved:
+        for n in kept:
+            lo, hi = span(getattr(s, n))
+            for b in buffers:
+                blo, bhi = span(workspace[b])
+                assert hi <= blo or lo >= bhi, f"kept {n} aliases the workspace's {b}"
+    for i in (1, 0):
+        got = bwd(dos[i], None, saved[i], workspace=workspace)[:6]
+        for a, b in zip(got, want[i], strict=True):
+            assert bitwise_equal(a, b), i
+    leaves = [[t.detach().clone().requires_grad_() for t in x] for x in inputs]
+    outs = [entry(*x[:5], initial_state=x[5], plan=keep)[0] for x in leaves]
+    for i in (1, 0):
+        outs[i].backward(dos[i])
+        for x, b in zip(leaves[i], want[i], strict=True):
+            assert bitwise_equal(x.grad, b), i
+
+
+def gated_step(entry: Callable[..., Any], **kw: Any) -> Callable[..., Any]:
+    """``step(q, k, v, g, beta, h0, A_log, dt_bias, cu)`` of a GDN / KDA entry for compile
+    tests: scale 0.3, the initial and final states, the L2 norm, the in-kernel gate and
+    beta's sigmoid, ``kw`` (e.g. ``plan``); returns ``(loss, o, final state)``."""
+    def step(q, k, v, g, beta, h0, A_log, dt_bias, cu):
+        o, ht = entry(q, k, v, g, beta, 0.3, h0, True, use_qk_l2norm_in_kernel=True,
+                      cu_seqlens=cu, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                      use_beta_sigmoid_in_kernel=True, **kw)
+        return (o * o).sum() + 0.1 * (ht * ht.detach().sin()).sum(), o, ht
+    return step
+
+
+def assert_keep_states_plan_compiles(entry: Callable[..., Any], plans: Sequence[Any],
+                                     leaves: Sequence[torch.Tensor], cu: torch.Tensor, *,
+                                     backend: str, op: str) -> None:
+    """The keep plan of ``plans = (recompute, keep)`` survives the custom op's fields
+    (``plan_to_op_fields`` and back); a :func:`gated_step` with it traces to the custom op
+    ``op`` with the eager bits (:func:`assert_compiles_to_op`), which are the recompute
+    plan's."""
+    from cake_core.compile import plan_from_op_fields, plan_to_op_fields
+
+    redo, keep = plans
+    assert plan_from_op_fields(type(keep), plan_to_op_fields(keep)) == keep
+    assert_compiles_to_op(gated_step(entry, plan=keep), leaves, (cu,), RECURRENCE_NAMES,
+                          backend=backend, op=op)
+    assert_bitwise_equal_named(leaf_grads(gated_step(entry, plan=keep), leaves, cu),
+                               leaf_grads(gated_step(entry, plan=redo), leaves, cu),
+                               RECURRENCE_NAMES, "keep_states=1 differs from 0")
+
+
+def assert_checkpoint_keep_states(entry: Callable[..., Any], plans: Sequence[Any],
+                                  leaves: Sequence[torch.Tensor], cu: torch.Tensor) -> None:
+    """A :func:`gated_step` with the keep plan of ``plans = (recompute, keep)`` under
+    ``torch.utils.checkpoint`` (non-reentrant) gives the recompute plan's bits."""
+    import torch.utils.checkpoint
+
+    redo, keep = plans
+    step = gated_step(entry, plan=keep)
+
+    def ckpt(*args):
+        return torch.utils.checkpoint.checkpoint(step, *args, use_reentrant=False)
+
+    assert_bitwise_equal_named(leaf_grads(ckpt, leaves, cu),
+                               leaf_grads(gated_step(entry, plan=redo), leaves, cu),
+                               RECURRENCE_NAMES, "checkpointed keep_states=1 differs")
+
+
+def assert_disable_recompute_compiles(entry: Callable[..., Any], recompute_module: Any,
+                                      leaves: Sequence[torch.Tensor], cu: torch.Tensor, *,
+                                      backend: str, op: str) -> None:
+    """A :func:`gated_step` with ``disable_recompute=True`` traces to the custom op ``op``
+    with the eager bits (:func:`assert_compiles_to_op`), running
+    ``recompute_module._prep_and_state`` once eagerly and once compiled (the backwards
+    recompute nothing), and gives the default call's bits."""
+    with counting_calls(recompute_module, _RECOMPUTE) as calls:
+        compiled = assert_compiles_to_op(gated_step(entry, disable_recompute=True), leaves,
+                                         (cu,), RECURRENCE_NAMES, backend=backend, op=op)
+        assert len(calls) == 2, f"{_RECOMPUTE} runs: {len(calls)}"
+        assert_bitwise_equal_named(leaf_grads(compiled, leaves, cu),
+                                   leaf_grads(gated_step(entry, plan=None), leaves, cu),
+                                   RECURRENCE_NAMES,
+                                   "compiled disable_recompute differs from the default")
+
+
+def assert_keep_states_field_serialised(make_plan: Callable[..., Any],
+                                        plans: Sequence[Any]) -> None:
+    """The rule's plans (``make_plan(K, V, dtype, device)``, on cpu and cuda, 16 fp32 and
+    128 bf16) keep no states; the keep plan of ``plans = (recompute, keep)`` serialises
+    (``to_dict`` with ``keep_states`` 1 and ``version`` 1, ``from_dict``, JSON), has its
+    own key and hash, equals any plan with its fields; ``keep_states`` 2 or -1 is
+    refused (ValueError)."""
+    import json
+
+    redo, keep = plans
+    for dev in ("cpu", "cuda"):
+        for K, V, dt in ((16, 16, torch.float32), (128, 128, torch.bfloat16)):
+            assert make_plan(K, V, dt, dev).keep_states == 0
+    d = keep.to_dict()
+    assert d["keep_states"] == 1 and d["version"] == 1
+    assert type(keep).from_dict(d) == keep and keep.key != redo.key
+    assert type(keep).from_dict(json.loads(keep.to_json())) == keep
+    assert hash(keep) != hash(redo) and {keep: 1}[dataclasses.replace(redo, keep_states=1)]
+    for bad in (2, -1):
+        assert_raises_unmodified(lambda **kw: dataclasses.replace(redo, **kw),
+                                 dict(keep_states=bad), "keep_states")
+
+
+def keep_states_plans(plan: Any) -> tuple[Any, Any]:
+    """``(plan, plan with keep_states = 1)`` for a ``plan`` that keeps no states (checked)."""
+    assert plan.keep_states == 0, plan
+    return plan, dataclasses.replace(plan, keep_states=1)
