@@ -12,6 +12,9 @@
 #   bash shared/gpu/owed_checks.sh suites   issues 41, 43, 44: GQA at D 256 in bf16, the
 #                                           patched model's whole-step CUDA graph, the
 #                                           rmsnorm nondet table with more rounds
+#   bash shared/gpu/owed_checks.sh repeat46 issue 46: FlashQLA's (and cake's) GDN hashes in
+#                                           two processes (gdn_repeat.py), beside the
+#                                           GDN / KDA keep_states test files on CUDA
 set -uo pipefail
 OUT=${OUT:-/tmp/cake-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -90,6 +93,23 @@ case ${1:-} in
     OUT=$OUT timeout 150 python3 shared/gpu/gqa_session.py sweep32
     timeout 120 python3 -m pytest -q -p no:cacheprovider --tb=short \
       packages/cake-tinylm/tests/test_tinylm.py -k cuda_graph 2>&1 | tail -8 ;;
-  *) echo "usage: $0 engine|model|suites|mainjob"; exit 2 ;;
+  repeat46)
+    SRC=$(ls -d "$PWD"/packages/*/src | paste -sd:)
+    export TRITON_CACHE_DIR=/tmp/tc
+    (export PYTHONPATH=$SRC; par_pytest ks 250 \
+      packages/cake-gdn-det-train/tests/test_gdn_keep_states.py \
+      packages/cake-kda-det-train/tests/test_kda_keep_states.py \
+      packages/cake-gdn-nondet-train/tests/test_gdn_nondet_keep_states.py \
+      packages/cake-kda-nondet-train/tests/test_kda_nondet_keep_states.py > "$OUT/ks.txt") &
+    anchors
+    export PYTHONPATH=/tmp/anchors_site:$SRC CUDA_HOME=/usr/local/cuda
+    # FlashQLA's first process compiles its TileLang kernels (about two minutes at b)
+    for p in 1 2; do
+      echo "== process $p"
+      timeout $((p == 1 ? 300 : 150)) python3 shared/gpu/gdn_repeat.py b --calls 3 2>&1 \
+        | grep -E "^case|not importable|Error"
+    done | tee "$OUT/repeat.txt"
+    wait; cat "$OUT/ks.txt" ;;
+  *) echo "usage: $0 engine|model|suites|mainjob|repeat46"; exit 2 ;;
 esac
 echo "owed_checks $1: $((SECONDS - S)) s"
