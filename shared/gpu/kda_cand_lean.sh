@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One short device call for a KDA candidate patch (when device time is short): main's
-# rule at case b in Kimi Linear's form, then the candidate tree's rule and $CAND_SWEEP
-# items (';'-separated; upper-case NAME=value items set environment variables) with
-# --err and --repeat 1, then two CUDA test files on the candidate with $CAND_TEST_ENV.
+# rule at case b in Kimi Linear's form (with the hash of its outputs' bits), then the
+# candidate tree's rule and $CAND_SWEEP items (';'-separated; upper-case NAME=value items
+# set environment variables) with --err and --repeat 1 (their hashes: equal to main's =
+# the same bits), then two CUDA test files on the candidate with $CAND_TEST_ENV.
 #   CAND=shared/candidates/<patch> CAND_SWEEP="..." bash shared/gpu/kda_cand_lean.sh
 set -u
 OUT=${OUT:-/tmp/kda-lean}; mkdir -p "$OUT"
@@ -14,7 +15,7 @@ rm -rf /tmp/cand && mkdir -p /tmp/cand && cp -r packages /tmp/cand/
 CSRC=$(ls -d /tmp/cand/packages/*/src | paste -sd:)
 IFS=';' read -ra CSW <<< "${CAND_SWEEP:-}"
 { echo "== main"
-  PYTHONPATH=$SRC timeout 100 python3 shared/gpu/kda_kernels.py b --forms gate --no-fla 2>&1 \
+  PYTHONPATH=$SRC timeout 100 python3 shared/gpu/kda_kernels.py b --forms gate --no-fla --sweep 2>&1 \
     | grep -v -i warn
   echo "== candidate $CAND"
   PYTHONPATH=$CSRC timeout ${SW_SECS:-280} python3 shared/gpu/kda_kernels.py b --forms gate \

@@ -12,7 +12,8 @@ then one step under ``torch.profiler``: each kernel's device time (with ``--rows
 launch order), the sum, and the device idle time between kernels. FLA comes from the
 anchor pack (../shared/anchors); without it only cake runs. ``--sweep``: cake alone, the
 rule and each quoted set of plan overrides, each checked against the rule's outputs
-(largest difference relative to the largest value), with ``--repeat N`` against N more
+(largest difference relative to the largest value) and a hash of their bits (to compare
+trees across processes), with ``--repeat N`` against N more
 calls of its own (bit for bit) and, with ``--err``, against the float64
 recurrence (the benchmark's ``--err`` check: a 1000-token case, fixed length and packed). An
 upper-case ``NAME=value`` in a sweep item sets that environment variable while the item runs
@@ -21,12 +22,14 @@ switched off for the run (to measure a plan that the CUDA limits refuse, e.g. af
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import sys
 
 import torch
 import triton
+from cake_core.testing import bits
 from profile_rows import bench_and_profile, max_rel_diff
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
@@ -39,6 +42,16 @@ spec.loader.exec_module(b)
 
 def arg(name, default):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+def bits_hash(tensors):
+    """The first 16 hex digits of a sha256 over the bits of the non-None tensors (to compare
+    two trees' outputs across processes)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        if t is not None:
+            h.update(bits(t.detach().contiguous()).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def main():
@@ -82,7 +95,7 @@ def main():
                         continue
                     ref = got if ref is None else ref
                     print(f"   {name}: max difference to the rule's outputs "
-                          f"{max_rel_diff(got, ref):.2e}", flush=True)
+                          f"{max_rel_diff(got, ref):.2e}; hash {bits_hash(got)}", flush=True)
                     reps = int(arg("--repeat", "0"))
                     same = sum(all(torch.equal(a, r) for a, r in
                                    zip(b.grads_of(fn, c), got, strict=True) if a is not None)
