@@ -13,13 +13,12 @@ shows the environment it needs).
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 
 import torch
-from cake_core.testing import bits
 from gdn_kernels import b as bench
 from gdn_kernels import cake, qla
+from profile_rows import bits_hash
 
 
 def main():
@@ -37,10 +36,7 @@ def main():
         for i in range(calls):
             got = bench.grads_of(fn, c)
             torch.cuda.synchronize()
-            hsh = hashlib.sha256()
-            for t in got:
-                hsh.update(bits(t.contiguous()).cpu().numpy().tobytes())
-            print(f"case {case} {name} call {i}: {hsh.hexdigest()[:16]}", flush=True)
+            print(f"case {case} {name} call {i}: {bits_hash(got)}", flush=True)
 
 
 if __name__ == "__main__":

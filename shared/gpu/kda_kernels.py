@@ -22,15 +22,13 @@ switched off for the run (to measure a plan that the CUDA limits refuse, e.g. af
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import sys
 
 import torch
 import triton
-from cake_core.testing import bits
-from profile_rows import bench_and_profile, max_rel_diff
+from profile_rows import bench_and_profile, bits_hash, max_rel_diff
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 spec = importlib.util.spec_from_file_location(
@@ -42,16 +40,6 @@ spec.loader.exec_module(b)
 
 def arg(name, default):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
-
-
-def bits_hash(tensors):
-    """The first 16 hex digits of a sha256 over the bits of the non-None tensors (to compare
-    two trees' outputs across processes)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        if t is not None:
-            h.update(bits(t.detach().contiguous()).cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def main():

@@ -103,7 +103,7 @@ case ${1:-} in
       packages/cake-kda-nondet-train/tests/test_kda_nondet_keep_states.py > "$OUT/ks.txt") &
     anchors
     export PYTHONPATH=/tmp/anchors_site:$SRC CUDA_HOME=/usr/local/cuda
-    # FlashQLA's first process compiles its TileLang kernels (about two minutes at b)
+    # FlashQLA's first process compiles its TileLang kernels: it gets the longer limit
     for p in 1 2; do
       echo "== process $p"
       timeout $((p == 1 ? 300 : 150)) python3 shared/gpu/gdn_repeat.py b --calls 3 2>&1 \

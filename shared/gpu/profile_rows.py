@@ -1,9 +1,11 @@
 """The measuring loop shared by the kernel-by-kernel scripts (gdn_kernels.py,
 kda_kernels.py): one step's CUDA kernels under ``torch.profiler``, the ``do_bench`` time
-and the printed table, and the difference of a variant's outputs to the rule's. Imported
+and the printed table, the difference of a variant's outputs to the rule's and a hash of
+their bits (to compare trees or processes). Imported
 from this folder, which is the running script's own (``sys.path[0]``)."""
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 
 import torch
@@ -62,3 +64,15 @@ def max_rel_diff(got, ref):
     return max(float((a.detach().float() - r.detach().float()).abs().max()
                      / r.detach().float().abs().max().clamp_min(1e-30))
                for a, r in zip(got, ref, strict=True) if a is not None)
+
+
+def bits_hash(tensors):
+    """The first 16 hex digits of a sha256 over the bits of the non-None tensors, in order
+    (equal hashes: the same bits, across processes and trees)."""
+    from cake_core.testing import bits
+
+    h = hashlib.sha256()
+    for t in tensors:
+        if t is not None:
+            h.update(bits(t.detach().contiguous()).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
