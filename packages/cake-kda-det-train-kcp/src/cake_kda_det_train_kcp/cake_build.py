@@ -64,7 +64,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:1ad4389b77eb7b20db2c1c111a798efce14ec289d2352083340498f0405b78d7"
+SOURCE_DIGEST = "sha256:28b48ecaea23557696ef79cf6eb2023e3ede6aa33d6400de7e93ed88053ded59"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose kernels every rank runs

@@ -58,7 +58,7 @@ PLANS = [
                 "num_warps_tok_bwd", "block_k_bwd", "keep_states"]},
 ]
 PACKAGE_DATA = []
-SOURCE_DIGEST = "sha256:26d11574aca62148076fb5a564aca821fe59813a348d64dc5f1fede2ba52d8b1"
+SOURCE_DIGEST = "sha256:34ff4531a8477d349fb09529c235f668800933a67e8da375e37d8ed5fee2439f"
 # --- end of generated block ---
 
 MANIFEST = {

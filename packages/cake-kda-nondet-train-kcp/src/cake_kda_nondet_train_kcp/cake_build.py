@@ -73,7 +73,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:4c897ead940953c7e8af446057fd88092a21f1fa9277cb7419c9f6f5a1b7c669"
+SOURCE_DIGEST = "sha256:38e42fa37ca0433b9078e545e928d9ccef089579e312751a393e4f395b3c7d32"
 # --- end of generated block ---
 
 #: the sibling registry: the local package whose entries every rank runs

@@ -68,7 +68,7 @@ REUSED_KERNELS = {
         {"module": "cake_core.triangular", "function": "unit_lower_inverse"},
     ],
 }
-SOURCE_DIGEST = "sha256:15b41d62314a351a74dd3d28452c488b557a1ea07ef7bf529e3574b0edf707c6"
+SOURCE_DIGEST = "sha256:5f740986ca1b0696ee082775f5da47fb64ef3d11f0e817c4cb3c842ea73fcf0e"
 # --- end of generated block ---
 
 #: the sibling registry: the det package whose kernels and launches this package runs

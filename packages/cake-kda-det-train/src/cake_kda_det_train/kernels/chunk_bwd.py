@@ -91,6 +91,11 @@ def kda_bwd_local_kernel(
         tl.store(DV + u_off, (dbv * beta[:, None]).to(DV.dtype.element_ty), mask=vmask)
         dbeta += tl.sum(dbv * vb, axis=1)
         tl.debug_barrier()  # all warps' dots done before the next step (module docstring)
+    # the gated dAqk leaves now (daqk is not live through step 2)
+    ps_da = PS + hv * (2 * BT)  # [token, 2 * BT] rows: dA, then pq (this chunk's rows only)
+    p_off = tok[:, None] * (HV * 2 * BT) + rows[None, :]
+    pq = tl.where((rows[:, None] >= rows[None, :]) & tmask[:, None], daqk * scale, 0.0)
+    tl.store(ps_da + BT + p_off, pq, mask=tmask[:, None])
 
     # 2. per block of key channels: the terms through the chunk states (S0 = h, dS = dh),
     # the w part of dT; what is final for dq, dk and dG before the pair products goes to
@@ -100,10 +105,6 @@ def kda_bwd_local_kernel(
         kmask = tmask[:, None] & (ck < KD)[None, :]
         g_off = tok[:, None] * (HV * KD) + hv * KD + ck[None, :]
         qk_off = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
-        glast = tl.load(GCUM + last_off + ck, mask=ck < KD, other=0.0)
-        gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
-        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
-        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
         dqg = tl.zeros([BT, BKI], dtype=tl.float32)
         dkd = tl.zeros([BT, BKI], dtype=tl.float32)
         dw = tl.zeros([BT, BKI], dtype=tl.float32)
@@ -125,6 +126,11 @@ def kda_bwd_local_kernel(
             dw = tl.dot(du, tl.trans(h.to(DT)), dw, input_precision=PREC)
             tl.debug_barrier()
         dw = -dw
+        # loaded after the loop over V: not live through it (fewer registers)
+        glast = tl.load(GCUM + last_off + ck, mask=ck < KD, other=0.0)
+        gc = tl.load(GCUM + g_off, mask=kmask, other=0.0)
+        kb = tl.load(Kp + qk_off, mask=kmask, other=0.0).to(tl.float32)
+        qb = tl.load(Qp + qk_off, mask=kmask, other=0.0).to(tl.float32)
         eg = tl.where(kmask, tl.exp(tl.where(kmask, gc, 0.0)), 0.0)
         dtm = tl.dot(dw.to(DT), tl.trans((kb * eg * beta[:, None]).to(DT)), dtm,
                      input_precision=PREC)
@@ -149,12 +155,8 @@ def kda_bwd_local_kernel(
     da = tl.zeros([BT, BT], dtype=tl.float32)
     da = tl.dot(t1, tl.trans(tm), da, input_precision=PREC)
     da = tl.where((rows[:, None] > rows[None, :]) & tmask[:, None], -da, 0.0)
-    pq = tl.where((rows[:, None] >= rows[None, :]) & tmask[:, None], daqk * scale, 0.0)
-    ps_da = PS + hv * (2 * BT)  # [token, 2 * BT] rows: dA, then pq (this chunk's rows only)
     # to kda_bwd_intra_kernel (one program per sub-chunk) and kda_bwd_intra_tok_kernel
-    p_off = tok[:, None] * (HV * 2 * BT) + rows[None, :]
     tl.store(ps_da + p_off, da, mask=tmask[:, None])
-    tl.store(ps_da + BT + p_off, pq, mask=tmask[:, None])
     tl.store(DBETA + tok * HV + hv, dbeta, mask=tmask)
 
 
@@ -194,12 +196,15 @@ def kda_bwd_intra_kernel(
         ps = HV * 2 * BT
         psb = PS + hv * (2 * BT)
         # P's rows of s [BC, BT] and columns of s [BT, BC] (zero outside the chunk's rows)
-        da_s = tl.load(psb + stok[:, None] * ps + rows[None, :], mask=smask[:, None], other=0.0)
+        # kept as the dots' operands (DT): what the dots read, in half the registers
+        da_s = tl.load(psb + stok[:, None] * ps + rows[None, :], mask=smask[:, None],
+                       other=0.0).to(DT)
         pq_s = tl.load(psb + BT + stok[:, None] * ps + rows[None, :], mask=smask[:, None],
-                       other=0.0)
+                       other=0.0).to(DT)
         c_off = tok[:, None] * ps + (s * BC + sr)[None, :]
-        dab_c = tl.load(psb + c_off, mask=tmask[:, None], other=0.0) * beta_all[:, None]
-        pq_c = tl.load(psb + BT + c_off, mask=tmask[:, None], other=0.0)
+        dab_c = (tl.load(psb + c_off, mask=tmask[:, None], other=0.0)
+                 * beta_all[:, None]).to(DT)
+        pq_c = tl.load(psb + BT + c_off, mask=tmask[:, None], other=0.0).to(DT)
         dbeta = tl.load(DBETA + stok * HV + hv, mask=smask, other=0.0)
         last_off = (end - 1) * (HV * KD) + hv * KD
         for k0 in range(0, KD, BKI):
@@ -214,7 +219,6 @@ def kda_bwd_intra_kernel(
             g_all = tl.where(tmask[:, None], g_all, glast[None, :])
             qk_all = tok[:, None] * (H * KD) + hk * KD + ck[None, :]
             k_all = tl.load(Kp + qk_all, mask=kmask, other=0.0).to(tl.float32)
-            q_all = tl.load(Qp + qk_all, mask=kmask, other=0.0).to(tl.float32)
             g_off = stok[:, None] * (HV * KD) + hv * KD + ck[None, :]
             g_s = tl.where(smask[:, None], tl.load(GCUM + g_off, mask=smk, other=0.0),
                            glast[None, :])
@@ -232,10 +236,10 @@ def kda_bwd_intra_kernel(
                                                                   0.0)), 0.0)
                 eg = tl.exp(g_s - r[None, :])
                 t = tl.zeros([BC, BKI], dtype=tl.float32)
-                t = tl.dot(da_s.to(DT), right.to(DT), t, input_precision=PREC)
+                t = tl.dot(da_s, right.to(DT), t, input_precision=PREC)
                 x += eg * t
                 t = tl.zeros([BC, BKI], dtype=tl.float32)
-                t = tl.dot(pq_s.to(DT), right.to(DT), t, input_precision=PREC)
+                t = tl.dot(pq_s, right.to(DT), t, input_precision=PREC)
                 dq_row += eg * t
             if s < BT // BC - 1:  # the later sub-chunks, reference: the last row of s
                 rr = tl.minimum(s0 + BC, end) - 1
@@ -243,13 +247,15 @@ def kda_bwd_intra_kernel(
                 after = (rows >= (s + 1) * BC)[:, None]
                 ea = tl.exp(tl.where(after, g_all - r[None, :], 0.0))
                 left_k = tl.where(after, k_all * ea, 0.0)
+                # q's rows loaded where used: not live through the earlier sub-chunks' part
+                q_all = tl.load(Qp + qk_all, mask=kmask, other=0.0).to(tl.float32)
                 left_q = tl.where(after, q_all * ea, 0.0)
                 er = tl.exp(r[None, :] - g_s)
                 t = tl.zeros([BC, BKI], dtype=tl.float32)
-                t = tl.dot(tl.trans(dab_c).to(DT), left_k.to(DT), t, input_precision=PREC)
+                t = tl.dot(tl.trans(dab_c), left_k.to(DT), t, input_precision=PREC)
                 dk_col += er * t
                 t = tl.zeros([BC, BKI], dtype=tl.float32)
-                t = tl.dot(tl.trans(pq_c).to(DT), left_q.to(DT), t, input_precision=PREC)
+                t = tl.dot(tl.trans(pq_c), left_q.to(DT), t, input_precision=PREC)
                 dk_colq += er * t
             dbeta += tl.sum(k_s * x, axis=1)
             dk_row = x * beta_s[:, None]

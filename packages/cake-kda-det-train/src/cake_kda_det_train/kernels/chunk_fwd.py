@@ -36,6 +36,7 @@ from cake_kda_det_train.kernels.gate import _gate_math
 @triton.jit
 def kda_fwd_prep_kernel(
     Kp, Vp, GCUM, BETA, CHUNK_START, CHUNK_END, Ap, W, U, KG,
+    # runtime ints: as tl.constexpr this kernel hit an illegal address on an H100 (Triton 3.6)
     H, HV, GROUP, KD, VD,
     DT: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BKI: tl.constexpr,
     BVF: tl.constexpr,
@@ -107,7 +108,7 @@ def _inv_store(Ap, t, start, end, hv, HV, R: tl.constexpr, C: tl.constexpr,
 
 @triton.jit
 def kda_fwd_inv_kernel(
-    AKKS, BETA, CHUNK_START, CHUNK_END, Ap, HV,
+    AKKS, BETA, CHUNK_START, CHUNK_END, Ap, HV: tl.constexpr,
     PREC: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, LOG2_BC: tl.constexpr,
 ):
     """Each chunk's T = (I + A)^-1 from the raw gated ``k k^T`` of the pairs kernels (fp32
@@ -170,8 +171,8 @@ def kda_fwd_inv_kernel(
 
 @triton.jit
 def kda_chunk_cumsum_kernel(
-    Gp, GCUM, CHUNK_START, CHUNK_END, A_LOG, DT_BIAS, lower_bound, HV, KD,
-    BT: tl.constexpr, BKI: tl.constexpr, GATE: tl.constexpr, HAS_A: tl.constexpr,
+    Gp, GCUM, CHUNK_START, CHUNK_END, A_LOG, DT_BIAS, lower_bound, HV: tl.constexpr,
+    KD: tl.constexpr, BT: tl.constexpr, BKI: tl.constexpr, GATE: tl.constexpr, HAS_A: tl.constexpr,
     HAS_BIAS: tl.constexpr, LOWER_BOUND: tl.constexpr, THRESHOLD: tl.constexpr,
 ):
     """G, the cumulative sum of the per-token log decays within each chunk (grid: chunk,
