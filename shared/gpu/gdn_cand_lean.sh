@@ -6,13 +6,8 @@
 # CUDA test files $CAND_TESTS in parallel.
 #   CAND=shared/candidates/<patch> bash shared/gpu/gdn_cand_lean.sh
 set -u
-OUT=${OUT:-/tmp/gdn-lean}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
-SRC=$(ls -d "$PWD"/packages/*/src | paste -sd:)
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-rm -rf /tmp/cand && mkdir -p /tmp/cand && cp -r packages /tmp/cand/
-(cd /tmp/cand && patch -s -p1 < "$OLDPWD/${CAND:?}")
-CSRC=$(ls -d /tmp/cand/packages/*/src | paste -sd:)
+OUT=${OUT:-/tmp/gdn-lean}
+. shared/gpu/cand_tree.sh  # SRC, CSRC (the copy of packages/ with $CAND applied)
 for side in main candidate; do
   src=$SRC; [ $side = candidate ] && src=$CSRC
   echo "== $side"

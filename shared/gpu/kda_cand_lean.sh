@@ -6,13 +6,8 @@
 # the same bits), then two CUDA test files on the candidate with $CAND_TEST_ENV.
 #   CAND=shared/candidates/<patch> CAND_SWEEP="..." bash shared/gpu/kda_cand_lean.sh
 set -u
-OUT=${OUT:-/tmp/kda-lean}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
-SRC=$(ls -d "$PWD"/packages/*/src | paste -sd:)
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-rm -rf /tmp/cand && mkdir -p /tmp/cand && cp -r packages /tmp/cand/
-(cd /tmp/cand && patch -s -p1 < "$OLDPWD/${CAND:?}")
-CSRC=$(ls -d /tmp/cand/packages/*/src | paste -sd:)
+OUT=${OUT:-/tmp/kda-lean}
+. shared/gpu/cand_tree.sh  # SRC, CSRC (the copy of packages/ with $CAND applied)
 IFS=';' read -ra CSW <<< "${CAND_SWEEP:-}"
 { echo "== main"
   PYTHONPATH=$SRC timeout 100 python3 shared/gpu/kda_kernels.py b --forms gate --no-fla --sweep 2>&1 \
